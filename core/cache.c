@@ -1,0 +1,1481 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * cache.c - the CacheBuffer: owner/waiter arbitration, CLOCK eviction, leases,
+ * Touch, Prealloc, recovery and stats, all on shared memory.
+ *
+ * The slot lifecycle. A slot is FREE (on no chain) until a Get that misses
+ * claims it: the claimer becomes the owner, the slot goes on its key's bucket
+ * chain as LOADING with the owner's lease on it. The owner fills the bytes and
+ * publishes READY (or FAILED with an error). Other Gets of the key take a
+ * lease and either read (READY) or wait (LOADING) on the slot's version word,
+ * a shared futex. A Get of a FAILED or IDLE key takes ownership again. When
+ * the last lease goes, the slot stays resident until the CLOCK hand evicts it.
+ *
+ * No lost wakeups. Whoever changes a slot's state stores the state, then
+ * bumps `version`, then wakes. A waiter reads `version` before it reads the
+ * state and sleeps only if `version` still holds what it read: a publish in
+ * between changes the word and the futex returns at once.
+ *
+ * Eviction is CLOCK second chance (see docs/eviction.md for the essay). The
+ * hand is a shared counter; an evictor holding its own bucket lock scans at
+ * most two laps: a set accessed bit is cleared and skipped, a clear bit on an
+ * unleased slot is the victim. After one lap of set bits the second lap meets
+ * the first position again with its bit now clear: that is the "raw hand"
+ * fallback of seed 000, with no special case. A victim in another bucket is
+ * taken only with trylock, so two evictors never wait on each other's locks.
+ *
+ * Recovery. Every bucket lock is a robust process-shared mutex. When a process
+ * dies holding one, the next locker gets EOWNERDEAD and repairs the chain:
+ * walks it (bounded, indices checked), and recounts each slot's refcount from
+ * the lease tables, which change only under the same lock. The order of
+ * writes when a slot is claimed (unlink, bucket, key, link, lease entry,
+ * refcount) makes any prefix of it repairable: a slot cut off mid-move is an
+ * orphan that the next evictor finds by walking its chain, and it never has a
+ * lease entry pointing at it. Leases of a dead process are freed by the
+ * reaper, which also resets its half-filled slots to IDLE so the next Get (or
+ * a waiter) takes them over.
+ */
+#include "cache_i.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#define DEFAULT_SHARD_SIZE (256u << 10)
+#define DEFAULT_CAPACITY   (1ull << 30)
+#define DEFAULT_SEGMENT    (1ull << 30)
+#define DEFAULT_MAX_PROCS  64u
+#define DEFAULT_MAX_LEASES 16384u
+#define HUGE_2M            (2ull << 20)
+#define STRIDE_ALIGN       4096u
+/* A waiter checks its owner's pulse this often while it sleeps. */
+#define OWNER_CHECK_NS (100 * 1000 * 1000ll)
+
+/* ---------------------------------------------------------------------------
+ * Layout: one function computes offsets from the geometry, for the creator
+ * and for every attacher's validation.
+ */
+
+struct geometry {
+    uint64_t shard_size, stride, seg_size;
+    uint32_t nslots, nreserved, nbuckets, max_procs, max_leases, nsegments, slots_per_seg;
+    uint64_t off_buckets, off_slots, off_procs, off_leases, size;
+};
+
+static void layout(struct geometry *g)
+{
+    uint64_t off = SFS_ALIGN_UP(sizeof(struct sfs_header), SFS_CACHELINE);
+
+    g->off_buckets = off;
+    off += (uint64_t)g->nbuckets * sizeof(struct sfs_bucket_rec);
+    g->off_slots = off;
+    off += (uint64_t)g->nslots * sizeof(struct sfs_slot_rec);
+    g->off_procs = off;
+    off += (uint64_t)g->max_procs * sizeof(struct sfs_proc_rec);
+    g->off_leases = off;
+    off += (uint64_t)g->max_procs * g->max_leases * sizeof(uint32_t);
+    g->size = SFS_ALIGN_UP(off, 4096);
+}
+
+static uint64_t fnv(uint64_t h, uint64_t v)
+{
+    for (int i = 0; i < 8; i++) {
+        h ^= (v >> (8 * i)) & 0xff;
+        h *= 0x100000001b3ull;
+    }
+    return h;
+}
+
+uint64_t sfs_layout_format(void)
+{
+    const uint64_t parts[] = {
+        SFS_LAYOUT_VERSION,
+        sizeof(struct sfs_header),
+        offsetof(struct sfs_header, hand),
+        offsetof(struct sfs_header, release_seq),
+        offsetof(struct sfs_header, proc_lock),
+        offsetof(struct sfs_header, retired),
+        sizeof(struct sfs_bucket_rec),
+        offsetof(struct sfs_bucket_rec, head),
+        sizeof(struct sfs_slot_rec),
+        offsetof(struct sfs_slot_rec, state),
+        offsetof(struct sfs_slot_rec, version),
+        offsetof(struct sfs_slot_rec, refcount),
+        offsetof(struct sfs_slot_rec, accessed),
+        sizeof(struct sfs_proc_rec),
+        offsetof(struct sfs_proc_rec, ctr),
+        CTR_COUNT,
+        sizeof(pthread_mutex_t),
+    };
+    uint64_t h = 0xcbf29ce484222325ull;
+
+    for (size_t i = 0; i < sizeof(parts) / sizeof(parts[0]); i++)
+        h = fnv(h, parts[i]);
+    return h;
+}
+
+static uint32_t pow2_at_least(uint64_t v)
+{
+    uint32_t p = 1;
+
+    while (p < v && p < (1u << 31))
+        p <<= 1;
+    return p;
+}
+
+static int geometry_from_config(const struct sfs_cache_config *cfg, struct geometry *g)
+{
+    uint64_t cap = cfg->capacity ? cfg->capacity : DEFAULT_CAPACITY;
+    uint64_t segbytes = cfg->segment_size ? cfg->segment_size : DEFAULT_SEGMENT;
+    uint64_t nslots;
+
+    memset(g, 0, sizeof(*g));
+    g->shard_size = cfg->shard_size ? cfg->shard_size : DEFAULT_SHARD_SIZE;
+    if (g->shard_size > UINT32_MAX)
+        return -EINVAL;
+    g->stride = SFS_ALIGN_UP(g->shard_size, STRIDE_ALIGN);
+    nslots = cfg->nslots ? cfg->nslots : cap / g->shard_size;
+    if (nslots < 1 || nslots >= (1u << 30))
+        return -EINVAL;
+    g->nslots = (uint32_t)nslots;
+    if (cfg->no_reserved)
+        g->nreserved = 0;
+    else
+        g->nreserved = cfg->nreserved ? cfg->nreserved : g->nslots / 64;
+    if (g->nreserved >= g->nslots)
+        return -EINVAL;
+    g->nbuckets = pow2_at_least(cfg->nbuckets ? cfg->nbuckets : g->nslots / 2);
+    if (g->nbuckets < 64)
+        g->nbuckets = 64;
+    g->max_procs = cfg->max_procs ? cfg->max_procs : DEFAULT_MAX_PROCS;
+    g->max_leases = cfg->max_leases ? cfg->max_leases : DEFAULT_MAX_LEASES;
+    if (g->max_procs > 4096 || g->max_leases > (1u << 24))
+        return -EINVAL;
+    /* Slots per segment: a power of two when it can be, for shift + mask. */
+    uint64_t sps = segbytes / g->stride;
+    if (sps < 1)
+        sps = 1;
+    if (sps > g->nslots)
+        sps = g->nslots;
+    uint32_t p2 = 1;
+    while ((uint64_t)p2 * 2 <= sps)
+        p2 *= 2;
+    if (p2 * 2 > sps && sps != g->nslots)
+        sps = p2;
+    g->slots_per_seg = (uint32_t)sps;
+    g->nsegments = (uint32_t)((g->nslots + sps - 1) / sps);
+    g->seg_size = SFS_ALIGN_UP(sps * g->stride, HUGE_2M);
+    layout(g);
+    return 0;
+}
+
+static void adopt_geometry(struct sfs_cache *c, const struct geometry *g)
+{
+    c->shard_size = g->shard_size;
+    c->stride = g->stride;
+    c->seg_size = g->seg_size;
+    c->nslots = g->nslots;
+    c->nreserved = g->nreserved;
+    c->nregular = g->nslots - g->nreserved;
+    c->nbuckets = g->nbuckets;
+    c->bucket_mask = g->nbuckets - 1;
+    c->max_procs = g->max_procs;
+    c->max_leases = g->max_leases;
+    c->nsegments = g->nsegments;
+    c->slots_per_seg = g->slots_per_seg;
+    c->seg_shift = 0;
+    c->seg_mask = 0;
+    if ((g->slots_per_seg & (g->slots_per_seg - 1)) == 0 && g->slots_per_seg > 1) {
+        c->seg_shift = (uint32_t)__builtin_ctz(g->slots_per_seg);
+        c->seg_mask = g->slots_per_seg - 1;
+    }
+    c->hdr = c->ctl;
+    c->buckets = (struct sfs_bucket_rec *)((uint8_t *)c->ctl + g->off_buckets);
+    c->slots = (struct sfs_slot_rec *)((uint8_t *)c->ctl + g->off_slots);
+    c->procs = (struct sfs_proc_rec *)((uint8_t *)c->ctl + g->off_procs);
+    c->off_leases = g->off_leases;
+}
+
+int sfs_ctl_init(struct sfs_cache *c, const struct sfs_cache_config *cfg)
+{
+    struct geometry g;
+    struct sfs_header *h;
+    int r;
+
+    r = geometry_from_config(cfg, &g);
+    if (r < 0)
+        return r;
+    c->ctl_fd = memfd_create("shardfs-ctl", MFD_CLOEXEC | MFD_ALLOW_SEALING);
+    if (c->ctl_fd < 0)
+        return -errno;
+    if (ftruncate(c->ctl_fd, (off_t)g.size) < 0)
+        return -errno;
+    /* The control plane never changes size: seal it so no one can shrink it
+     * under another process's mapping. */
+    fcntl(c->ctl_fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW);
+    c->ctl = mmap(NULL, g.size, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, c->ctl_fd, 0);
+    if (c->ctl == MAP_FAILED) {
+        c->ctl = NULL;
+        return -errno;
+    }
+    c->ctl_len = g.size;
+    adopt_geometry(c, &g);
+
+    h = c->hdr;
+    h->region_size = g.size;
+    h->shard_size = g.shard_size;
+    h->stride = g.stride;
+    h->segment_size = g.seg_size;
+    h->nslots = g.nslots;
+    h->nreserved = g.nreserved;
+    h->nbuckets = g.nbuckets;
+    h->max_procs = g.max_procs;
+    h->max_leases = g.max_leases;
+    h->nsegments = g.nsegments;
+    h->slots_per_segment = g.slots_per_seg;
+    h->seg_shift = c->seg_shift;
+    h->off_buckets = g.off_buckets;
+    h->off_slots = g.off_slots;
+    h->off_procs = g.off_procs;
+    h->off_leases = g.off_leases;
+    r = sfs_robust_mutex_init(&h->proc_lock);
+    if (r < 0)
+        return r;
+    for (uint32_t b = 0; b < g.nbuckets; b++) {
+        r = sfs_robust_mutex_init(&c->buckets[b].lock);
+        if (r < 0)
+            return r;
+        atomic_store_explicit(&c->buckets[b].head, SFS_NIL, memory_order_relaxed);
+    }
+    for (uint32_t s = 0; s < g.nslots; s++) {
+        struct sfs_slot_rec *sl = &c->slots[s];
+
+        atomic_store_explicit(&sl->bucket, SFS_NIL, memory_order_relaxed);
+        atomic_store_explicit(&sl->next, SFS_NIL, memory_order_relaxed);
+        atomic_store_explicit(&sl->owner, SFS_NIL, memory_order_relaxed);
+        if (s >= c->nregular)
+            atomic_store_explicit(&sl->flags, SLOT_F_RESERVED, memory_order_relaxed);
+    }
+    /* Publish: magic last, so a half-built region is never taken for valid. */
+    h->format = sfs_layout_format();
+    atomic_thread_fence(memory_order_release);
+    h->magic = SFS_MAGIC;
+    return 0;
+}
+
+int sfs_ctl_validate(struct sfs_cache *c)
+{
+    const struct sfs_header *h = c->ctl;
+    struct geometry g;
+    struct stat st;
+
+    if (fstat(c->ctl_fd, &st) < 0)
+        return -errno;
+    if ((uint64_t)st.st_size < sizeof(struct sfs_header))
+        return -EBADMSG;
+    if (h->magic != SFS_MAGIC)
+        return -EBADMSG;
+    if (h->format != sfs_layout_format())
+        return -EPROTO;
+    memset(&g, 0, sizeof(g));
+    g.shard_size = h->shard_size;
+    g.stride = h->stride;
+    g.seg_size = h->segment_size;
+    g.nslots = h->nslots;
+    g.nreserved = h->nreserved;
+    g.nbuckets = h->nbuckets;
+    g.max_procs = h->max_procs;
+    g.max_leases = h->max_leases;
+    g.nsegments = h->nsegments;
+    g.slots_per_seg = h->slots_per_segment;
+    if (g.shard_size == 0 || g.shard_size > UINT32_MAX || g.stride < g.shard_size ||
+        g.stride % STRIDE_ALIGN || g.nslots == 0 || g.nslots >= (1u << 30) ||
+        g.nreserved >= g.nslots || g.nbuckets == 0 || (g.nbuckets & (g.nbuckets - 1)) ||
+        g.max_procs == 0 || g.max_procs > 4096 || g.max_leases == 0 ||
+        g.max_leases > (1u << 24) || g.slots_per_seg == 0 ||
+        g.nsegments != (g.nslots + (uint64_t)g.slots_per_seg - 1) / g.slots_per_seg ||
+        g.seg_size < (uint64_t)g.slots_per_seg * g.stride)
+        return -EBADMSG;
+    layout(&g);
+    if (g.size != h->region_size || g.size != (uint64_t)st.st_size ||
+        g.size != c->ctl_len || g.off_buckets != h->off_buckets ||
+        g.off_slots != h->off_slots || g.off_procs != h->off_procs ||
+        g.off_leases != h->off_leases)
+        return -EBADMSG;
+    adopt_geometry(c, &g);
+    return 0;
+}
+
+/* ---------------------------------------------------------------------------
+ * Indices from shared memory are input: check them before use.
+ */
+
+static inline bool slot_ok(const struct sfs_cache *c, uint32_t s)
+{
+    return s < c->nslots;
+}
+
+static inline uint32_t bucket_of(const struct sfs_cache *c, const struct sfs_key *k)
+{
+    /* Shards of a block sit in consecutive buckets, so Touch visits only
+     * hash(block) + [0, max_shard]. */
+    return (uint32_t)(sfs_key_hash(&k->block) + k->shard) & c->bucket_mask;
+}
+
+static inline bool key_eq(const struct sfs_slot_rec *s, const struct sfs_key *k)
+{
+    return s->shard == k->shard && memcmp(s->block, k->block.b, SFS_BLOCK_ID_LEN) == 0;
+}
+
+static inline _Atomic uint32_t *lease_table(const struct sfs_cache *c, uint32_t proc)
+{
+    return (_Atomic uint32_t *)((uint8_t *)c->ctl + c->off_leases) + (uint64_t)proc * c->max_leases;
+}
+
+/* ---------------------------------------------------------------------------
+ * Bucket locks and their repair.
+ */
+
+/* Walk a chain, checking indices and bounding the walk. Returns its length,
+ * or -EBADMSG for an index out of range or a cycle. */
+static int chain_check(struct sfs_cache *c, uint32_t b, bool fix)
+{
+    _Atomic uint32_t *link = &c->buckets[b].head;
+    uint32_t n = 0;
+
+    for (;;) {
+        /* Under the bucket lock: relaxed loads see our own and prior owners'
+         * stores (the mutex orders them). */
+        uint32_t s = atomic_load_explicit(link, memory_order_relaxed);
+
+        if (s == SFS_NIL)
+            return (int)n;
+        if (!slot_ok(c, s) || n >= c->nslots) {
+            if (!fix)
+                return -EBADMSG;
+            atomic_store_explicit(link, SFS_NIL, memory_order_relaxed); /* cut: rest are orphans */
+            return (int)n;
+        }
+        if (fix)
+            atomic_store_explicit(&c->slots[s].bucket, b, memory_order_relaxed);
+        link = &c->slots[s].next;
+        n++;
+    }
+}
+
+/*
+ * A process died holding bucket b's lock. Cut the chain at any bad link and
+ * recount each chain slot's refcount from all lease tables: entries for slots
+ * on this chain change only under this lock, so the count is exact.
+ */
+static void repair_bucket(struct sfs_cache *c, uint32_t b)
+{
+    uint32_t chain[64], n = 0, s;
+    bool all = false;
+
+    chain_check(c, b, true);
+    s = atomic_load_explicit(&c->buckets[b].head, memory_order_relaxed);
+    while (s != SFS_NIL && slot_ok(c, s)) {
+        if (n < 64)
+            chain[n++] = s;
+        else
+            all = true;
+        atomic_store_explicit(&c->slots[s].refcount, 0, memory_order_relaxed);
+        s = atomic_load_explicit(&c->slots[s].next, memory_order_relaxed);
+    }
+    for (uint32_t p = 0; p < c->max_procs; p++) {
+        _Atomic uint32_t *t = lease_table(c, p);
+
+        for (uint32_t e = 0; e < c->max_leases; e++) {
+            uint32_t v = atomic_load_explicit(&t[e], memory_order_relaxed);
+
+            if (v == SFS_ENTRY_FREE || !slot_ok(c, v - 1))
+                continue;
+            s = v - 1;
+            bool on = false;
+            if (all) {
+                on = atomic_load_explicit(&c->slots[s].bucket, memory_order_relaxed) == b;
+            } else {
+                for (uint32_t i = 0; i < n && !on; i++)
+                    on = chain[i] == s;
+            }
+            if (on)
+                atomic_fetch_add_explicit(&c->slots[s].refcount, 1, memory_order_relaxed);
+        }
+    }
+    sfs_log(LOG_WARNING, "bucket %u: lock holder died; chain repaired", b);
+}
+
+static int bucket_lock(struct sfs_cache *c, uint32_t b)
+{
+    int r = pthread_mutex_lock(&c->buckets[b].lock);
+
+    if (r == EOWNERDEAD) {
+        repair_bucket(c, b);
+        pthread_mutex_consistent(&c->buckets[b].lock);
+        return 0;
+    }
+    return -r;
+}
+
+/* 0 when locked, -EBUSY when held by someone else. */
+static int bucket_trylock(struct sfs_cache *c, uint32_t b)
+{
+    int r = pthread_mutex_trylock(&c->buckets[b].lock);
+
+    if (r == EOWNERDEAD) {
+        repair_bucket(c, b);
+        pthread_mutex_consistent(&c->buckets[b].lock);
+        return 0;
+    }
+    return -r;
+}
+
+static void bucket_unlock(struct sfs_cache *c, uint32_t b)
+{
+    pthread_mutex_unlock(&c->buckets[b].lock);
+}
+
+/* Find key on chain b (lock held). Returns the slot, SFS_NIL, or sets *err. */
+static uint32_t chain_find(struct sfs_cache *c, uint32_t b, const struct sfs_key *k, int *err)
+{
+    uint32_t s = atomic_load_explicit(&c->buckets[b].head, memory_order_relaxed);
+    uint32_t n = 0;
+
+    while (s != SFS_NIL) {
+        if (!slot_ok(c, s) || ++n > c->nslots) {
+            *err = -EBADMSG;
+            return SFS_NIL;
+        }
+        if (key_eq(&c->slots[s], k))
+            return s;
+        s = atomic_load_explicit(&c->slots[s].next, memory_order_relaxed);
+    }
+    return SFS_NIL;
+}
+
+/* Unlink s from chain b (lock held). Returns false if s is not on it. */
+static bool chain_unlink(struct sfs_cache *c, uint32_t b, uint32_t s)
+{
+    _Atomic uint32_t *link = &c->buckets[b].head;
+    uint32_t n = 0;
+
+    for (;;) {
+        uint32_t cur = atomic_load_explicit(link, memory_order_relaxed);
+
+        if (cur == SFS_NIL || !slot_ok(c, cur) || ++n > c->nslots)
+            return false;
+        if (cur == s) {
+            /* One store removes it: a crash before or after leaves a chain. */
+            atomic_store_explicit(link, atomic_load_explicit(&c->slots[s].next,
+                                                             memory_order_relaxed),
+                                  memory_order_release);
+            return true;
+        }
+        link = &c->slots[cur].next;
+    }
+}
+
+static void chain_link(struct sfs_cache *c, uint32_t b, uint32_t s)
+{
+    atomic_store_explicit(&c->slots[s].next,
+                          atomic_load_explicit(&c->buckets[b].head, memory_order_relaxed),
+                          memory_order_relaxed);
+    /* Release: the slot's key and state are visible before it is reachable. */
+    atomic_store_explicit(&c->buckets[b].head, s, memory_order_release);
+}
+
+/* ---------------------------------------------------------------------------
+ * State changes and wakes.
+ */
+
+static void set_state(struct sfs_slot_rec *s, uint32_t state)
+{
+    /* Release: error/length/bytes written before are seen with the state. */
+    atomic_store_explicit(&s->state, state, memory_order_release);
+    /* seq_cst: ordered against the waiter's nwaiters increment (Dekker). */
+    atomic_fetch_add_explicit(&s->version, 1, memory_order_seq_cst);
+    if (atomic_load_explicit(&s->nwaiters, memory_order_seq_cst))
+        sfs_futex_wake(&s->version, INT32_MAX);
+}
+
+static bool owner_alive_rec(struct sfs_cache *c, const struct sfs_slot_rec *s)
+{
+    uint32_t o = atomic_load_explicit(&s->owner, memory_order_acquire);
+    uint32_t gen = atomic_load_explicit(&s->owner_gen, memory_order_acquire);
+
+    if (o >= c->max_procs)
+        return false;
+    return atomic_load_explicit(&c->procs[o].state, memory_order_acquire) == PROC_ALIVE &&
+           atomic_load_explicit(&c->procs[o].gen, memory_order_acquire) == gen;
+}
+
+static void make_owner(struct sfs_cache *c, struct sfs_slot_rec *s)
+{
+    atomic_store_explicit(&s->owner, c->me, memory_order_relaxed);
+    atomic_store_explicit(&s->owner_gen, c->my_gen, memory_order_relaxed);
+    atomic_store_explicit(&s->error, 0, memory_order_relaxed);
+    atomic_store_explicit(&s->length, 0, memory_order_relaxed);
+}
+
+/* ---------------------------------------------------------------------------
+ * Lease entries: our table in shared memory, a free stack in private memory.
+ */
+
+static int entry_alloc(struct sfs_cache *c, uint32_t *e)
+{
+    int r = 0;
+
+    pthread_mutex_lock(&c->lease_mu);
+    if (c->nfree == 0)
+        r = -ENOBUFS;
+    else
+        *e = c->lease_free[--c->nfree];
+    pthread_mutex_unlock(&c->lease_mu);
+    return r;
+}
+
+static void entry_free(struct sfs_cache *c, uint32_t e)
+{
+    pthread_mutex_lock(&c->lease_mu);
+    c->lease_free[c->nfree++] = e;
+    pthread_mutex_unlock(&c->lease_mu);
+}
+
+/* Bucket lock held: record the lease, then count it (repair recounts). */
+static void lease_take(struct sfs_cache *c, uint32_t s, uint32_t e, struct sfs_lease *out)
+{
+    atomic_store_explicit(&c->leases[e], s + 1, memory_order_relaxed);
+    atomic_fetch_add_explicit(&c->slots[s].refcount, 1, memory_order_relaxed);
+    out->slot = s;
+    out->entry = e;
+}
+
+static void refcount_drop(struct sfs_cache *c, struct sfs_slot_rec *s)
+{
+    uint32_t rc = atomic_load_explicit(&s->refcount, memory_order_relaxed);
+
+    if (rc == 0)
+        return; /* saturate: a repaired count is never driven below zero */
+    atomic_store_explicit(&s->refcount, rc - 1, memory_order_relaxed);
+    if (rc == 1 && atomic_load_explicit(&c->hdr->release_waiters, memory_order_seq_cst)) {
+        atomic_fetch_add_explicit(&c->hdr->release_seq, 1, memory_order_seq_cst);
+        sfs_futex_wake(&c->hdr->release_seq, INT32_MAX);
+    }
+}
+
+/* ---------------------------------------------------------------------------
+ * Taking a slot: never-used slots first, then CLOCK.
+ */
+
+/* Try to take slot s for bucket b (b locked). Returns 0 with s detached and
+ * s->bucket == b, or -EAGAIN to move on. */
+static int take_slot(struct sfs_cache *c, uint32_t b, uint32_t s)
+{
+    struct sfs_slot_rec *sl = &c->slots[s];
+    uint32_t sb = atomic_load_explicit(&sl->bucket, memory_order_acquire);
+
+    if (sb == SFS_NIL) {
+        /* A free slot: the CAS is the claim (acq_rel: pairs with remove()). */
+        uint32_t nil = SFS_NIL;
+        return atomic_compare_exchange_strong_explicit(&sl->bucket, &nil, b,
+                                                       memory_order_acq_rel,
+                                                       memory_order_relaxed)
+                   ? 0
+                   : -EAGAIN;
+    }
+    if (sb >= c->nbuckets)
+        return -EAGAIN; /* corrupt hint: never index with it */
+    if (sb != b && bucket_trylock(c, sb) < 0)
+        return -EAGAIN;
+    int r = -EAGAIN;
+    if (atomic_load_explicit(&sl->bucket, memory_order_relaxed) != sb)
+        goto out_unlock;
+    if (!chain_unlink(c, sb, s)) {
+        /* On no chain though it names one: cut off by a dead mover. Ours. */
+        sfs_log(LOG_NOTICE, "slot %u: orphan reclaimed", s);
+    } else if (atomic_load_explicit(&sl->refcount, memory_order_relaxed) != 0) {
+        chain_link(c, sb, s); /* leased after all: put it back */
+        goto out_unlock;
+    } else {
+        uint32_t st = atomic_load_explicit(&sl->state, memory_order_relaxed);
+
+        if (st == SFS_STATE_READY)
+            sfs_ctr_add(c, CTR_RESIDENT_DELTA,
+                        -(int64_t)atomic_load_explicit(&sl->length, memory_order_relaxed));
+        if (st != SFS_STATE_FREE)
+            sfs_ctr_add(c, CTR_EVICTIONS, 1);
+    }
+    atomic_store_explicit(&sl->bucket, b, memory_order_relaxed);
+    r = 0;
+out_unlock:
+    if (sb != b)
+        bucket_unlock(c, sb);
+    return r;
+}
+
+static int take_fresh(struct sfs_cache *c, uint32_t b, _Atomic uint32_t *fresh, uint32_t base,
+                      uint32_t n, uint32_t *out)
+{
+    /* Relaxed: the counter only hands out indices; the CAS on bucket claims. */
+    while (atomic_load_explicit(fresh, memory_order_relaxed) < n) {
+        uint32_t i = atomic_fetch_add_explicit(fresh, 1, memory_order_relaxed);
+
+        if (i >= n)
+            break;
+        if (take_slot(c, b, base + i) == 0) {
+            *out = base + i;
+            return 0;
+        }
+    }
+    return -ENOSPC;
+}
+
+/*
+ * CLOCK over slots [base, base + n): at most two laps. A set bit is cleared
+ * (leased or not) and skipped; the first clear, unleased slot is the victim.
+ */
+static int clock_scan(struct sfs_cache *c, uint32_t b, _Atomic uint64_t *hand, uint32_t base,
+                      uint32_t n, uint32_t *out)
+{
+    if (n == 0)
+        return -ENOSPC;
+    for (uint64_t step = 0; step < 2ull * n; step++) {
+        /* Relaxed: concurrent evictors share the hand; each position is
+         * examined by one of them. */
+        uint32_t s = base + (uint32_t)(atomic_fetch_add_explicit(hand, 1, memory_order_relaxed) % n);
+        struct sfs_slot_rec *sl = &c->slots[s];
+
+        if (atomic_load_explicit(&sl->accessed, memory_order_relaxed)) {
+            atomic_store_explicit(&sl->accessed, 0, memory_order_relaxed);
+            continue;
+        }
+        if (atomic_load_explicit(&sl->refcount, memory_order_relaxed) != 0)
+            continue; /* hint; re-checked under the lock */
+        if (take_slot(c, b, s) == 0) {
+            *out = s;
+            return 0;
+        }
+    }
+    return -ENOSPC;
+}
+
+enum pool { POOL_REGULAR = 1, POOL_RESERVED = 2, POOL_FRESH_ONLY = 4 };
+
+static int alloc_slot(struct sfs_cache *c, uint32_t b, unsigned pools, uint32_t *out)
+{
+    struct sfs_header *h = c->hdr;
+
+    if (pools & POOL_REGULAR) {
+        if (take_fresh(c, b, &h->fresh, 0, c->nregular, out) == 0)
+            return 0;
+        if (!(pools & POOL_FRESH_ONLY) && clock_scan(c, b, &h->hand, 0, c->nregular, out) == 0)
+            return 0;
+    }
+    if (pools & POOL_RESERVED) {
+        if (take_fresh(c, b, &h->fresh_reserved, c->nregular, c->nreserved, out) == 0)
+            return 0;
+        if (clock_scan(c, b, &h->hand_reserved, c->nregular, c->nreserved, out) == 0)
+            return 0;
+    }
+    return -ENOSPC;
+}
+
+/* Put key on slot s (detached, s->bucket == b, b locked) in `state`. */
+static void install(struct sfs_cache *c, uint32_t b, uint32_t s, const struct sfs_key *k,
+                    uint32_t state, bool prefetch)
+{
+    struct sfs_slot_rec *sl = &c->slots[s];
+    uint8_t flags = s >= c->nregular ? SLOT_F_RESERVED : 0;
+
+    memcpy(sl->block, k->block.b, SFS_BLOCK_ID_LEN);
+    sl->shard = k->shard;
+    make_owner(c, sl);
+    atomic_store_explicit(&sl->flags, flags | (prefetch ? SLOT_F_PREFETCHED : 0),
+                          memory_order_relaxed);
+    atomic_store_explicit(&sl->refcount, 0, memory_order_relaxed);
+    /* A new load gets a second chance; a prewarmed guess does not. */
+    atomic_store_explicit(&sl->accessed, state == SFS_STATE_LOADING, memory_order_relaxed);
+    set_state(sl, state);
+    chain_link(c, b, s);
+    uint32_t m = atomic_load_explicit(&c->hdr->max_shard, memory_order_relaxed);
+    while (k->shard > m &&
+           !atomic_compare_exchange_weak_explicit(&c->hdr->max_shard, &m, k->shard,
+                                                  memory_order_relaxed, memory_order_relaxed))
+        ;
+}
+
+/* ---------------------------------------------------------------------------
+ * Get / Wait / Publish / Release.
+ */
+
+static int wait_for_release(struct sfs_cache *c, uint32_t seq, int64_t deadline_ns)
+{
+    struct sfs_header *h = c->hdr;
+    int r = 0;
+
+    atomic_fetch_add_explicit(&h->release_waiters, 1, memory_order_seq_cst);
+    if (atomic_load_explicit(&h->release_seq, memory_order_seq_cst) == seq) {
+        int64_t slice = sfs_now_ns() + OWNER_CHECK_NS;
+
+        r = sfs_futex_wait(&h->release_seq, seq, slice < deadline_ns ? slice : deadline_ns);
+    }
+    atomic_fetch_sub_explicit(&h->release_waiters, 1, memory_order_seq_cst);
+    return r == -ETIMEDOUT || r == -EAGAIN || r == -EINTR ? 0 : r;
+}
+
+int sfs_cache_get(struct sfs_cache *c, const struct sfs_key *key, unsigned flags,
+                  int64_t deadline_ns, struct sfs_lease *lease)
+{
+    uint32_t b, s, e;
+    int r, role, err = 0;
+    bool reaped = false;
+
+    if (!c || !key || !lease)
+        return -EINVAL;
+    r = entry_alloc(c, &e);
+    if (r < 0)
+        return r;
+    b = bucket_of(c, key);
+    sfs_ctr_add(c, CTR_REQUESTS, 1);
+retry:;
+    uint32_t seq = atomic_load_explicit(&c->hdr->release_seq, memory_order_seq_cst);
+
+    r = bucket_lock(c, b);
+    if (r < 0)
+        goto out_free;
+    s = chain_find(c, b, key, &err);
+    if (err) {
+        r = err;
+        goto out_unlock;
+    }
+    if (s != SFS_NIL) {
+        struct sfs_slot_rec *sl = &c->slots[s];
+        uint32_t st = atomic_load_explicit(&sl->state, memory_order_acquire);
+
+        if (flags & SFS_GET_PREFETCH) {
+            r = -EEXIST; /* already there: nothing to prefetch */
+            goto out_unlock;
+        }
+        if (flags & SFS_GET_WRITE) {
+            if (atomic_load_explicit(&sl->refcount, memory_order_relaxed) ||
+                st == SFS_STATE_LOADING) {
+                r = -EBUSY;
+                goto out_unlock;
+            }
+            if (st == SFS_STATE_READY)
+                sfs_ctr_add(c, CTR_RESIDENT_DELTA,
+                            -(int64_t)atomic_load_explicit(&sl->length, memory_order_relaxed));
+            make_owner(c, sl);
+            atomic_store_explicit(&sl->flags, s >= c->nregular ? SLOT_F_RESERVED : 0,
+                                  memory_order_relaxed);
+            set_state(sl, SFS_STATE_LOADING);
+            atomic_store_explicit(&sl->accessed, 1, memory_order_relaxed);
+            lease_take(c, s, e, lease);
+            role = SFS_OWNER;
+            goto out_owner;
+        }
+        switch (st) {
+        case SFS_STATE_READY:
+            lease_take(c, s, e, lease);
+            atomic_store_explicit(&sl->accessed, 1, memory_order_relaxed);
+            if (atomic_load_explicit(&sl->flags, memory_order_relaxed) & SLOT_F_PREFETCHED) {
+                atomic_fetch_and_explicit(&sl->flags, (uint8_t)~SLOT_F_PREFETCHED,
+                                          memory_order_relaxed);
+                sfs_ctr_add(c, CTR_PREFETCH_HITS, 1);
+            }
+            sfs_ctr_add(c, CTR_HITS, 1);
+            bucket_unlock(c, b);
+            return SFS_HIT;
+        case SFS_STATE_LOADING:
+            if (owner_alive_rec(c, sl)) {
+                lease_take(c, s, e, lease);
+                atomic_store_explicit(&sl->accessed, 1, memory_order_relaxed);
+                sfs_ctr_add(c, CTR_MISSES, 1);
+                sfs_ctr_add(c, CTR_WAITS, 1);
+                bucket_unlock(c, b);
+                return SFS_WAITER;
+            }
+            sfs_ctr_add(c, CTR_TAKEOVERS, 1);
+            /* The owner is gone: take it over. */
+            __attribute__((fallthrough));
+        case SFS_STATE_IDLE:
+        case SFS_STATE_FAILED:
+        default:
+            if (st == SFS_STATE_IDLE)
+                sfs_ctr_add(c, CTR_TAKEOVERS, 1);
+            make_owner(c, sl);
+            atomic_fetch_and_explicit(&sl->flags, (uint8_t)SLOT_F_RESERVED, memory_order_relaxed);
+            set_state(sl, SFS_STATE_LOADING);
+            atomic_store_explicit(&sl->accessed, 1, memory_order_relaxed);
+            lease_take(c, s, e, lease);
+            sfs_ctr_add(c, CTR_MISSES, 1);
+            role = SFS_OWNER;
+            goto out_owner;
+        }
+    }
+    if (flags & SFS_GET_NOALLOC) {
+        r = -ENOENT;
+        goto out_unlock;
+    }
+    r = alloc_slot(c, b, (flags & SFS_GET_PREFETCH) ? POOL_REGULAR : POOL_REGULAR | POOL_RESERVED,
+                   &s);
+    if (r < 0) {
+        bucket_unlock(c, b);
+        if (flags & SFS_GET_PREFETCH)
+            goto out_free;
+        if (!reaped) {
+            reaped = true;
+            if (sfs_cache_reap(c) > 0)
+                goto retry;
+        }
+        if (deadline_ns <= 0 || sfs_now_ns() >= deadline_ns)
+            goto out_free;
+        r = wait_for_release(c, seq, deadline_ns);
+        if (r < 0)
+            goto out_free;
+        reaped = false;
+        goto retry;
+    }
+    install(c, b, s, key, SFS_STATE_LOADING, flags & SFS_GET_PREFETCH);
+    lease_take(c, s, e, lease);
+    sfs_ctr_add(c, CTR_MISSES, 1);
+    role = SFS_OWNER;
+out_owner:
+    sfs_ctr_add(c, CTR_OWNER_LOADS, 1);
+    bucket_unlock(c, b);
+    return role;
+
+out_unlock:
+    bucket_unlock(c, b);
+out_free:
+    entry_free(c, e);
+    return r;
+}
+
+/* The lease must be ours: checked against our table, never trusted. */
+static struct sfs_slot_rec *lease_slot(struct sfs_cache *c, const struct sfs_lease *l)
+{
+    if (!c || !l || l->entry >= c->max_leases || !slot_ok(c, l->slot))
+        return NULL;
+    if (atomic_load_explicit(&c->leases[l->entry], memory_order_relaxed) != l->slot + 1)
+        return NULL;
+    return &c->slots[l->slot];
+}
+
+static bool i_own(struct sfs_cache *c, const struct sfs_slot_rec *s)
+{
+    return atomic_load_explicit(&s->owner, memory_order_acquire) == c->me &&
+           atomic_load_explicit(&s->owner_gen, memory_order_acquire) == c->my_gen;
+}
+
+/* Under the lock: take a slot whose owner is gone (or that was reset). */
+static bool try_takeover(struct sfs_cache *c, uint32_t s)
+{
+    struct sfs_slot_rec *sl = &c->slots[s];
+    uint32_t b = atomic_load_explicit(&sl->bucket, memory_order_relaxed);
+    bool won = false;
+
+    if (b >= c->nbuckets || bucket_lock(c, b) < 0)
+        return false;
+    uint32_t st = atomic_load_explicit(&sl->state, memory_order_acquire);
+    if (st == SFS_STATE_IDLE || (st == SFS_STATE_LOADING && !owner_alive_rec(c, sl))) {
+        make_owner(c, sl);
+        set_state(sl, SFS_STATE_LOADING);
+        sfs_ctr_add(c, CTR_TAKEOVERS, 1);
+        sfs_ctr_add(c, CTR_OWNER_LOADS, 1);
+        won = true;
+    }
+    bucket_unlock(c, b);
+    return won;
+}
+
+int sfs_cache_wait(struct sfs_cache *c, const struct sfs_lease *lease, int64_t deadline_ns)
+{
+    struct sfs_slot_rec *sl = lease_slot(c, lease);
+
+    if (!sl)
+        return -EINVAL;
+    for (;;) {
+        /* Acquire: version first, then state (the no-lost-wakeup order). */
+        uint32_t v = atomic_load_explicit(&sl->version, memory_order_acquire);
+        uint32_t st = atomic_load_explicit(&sl->state, memory_order_acquire);
+
+        if (st == SFS_STATE_READY || st == SFS_STATE_FAILED)
+            return (int)st;
+        if (st == SFS_STATE_LOADING && i_own(c, sl))
+            return SFS_WAIT_OWNER; /* ours to fill (a takeover we made) */
+        if (st == SFS_STATE_IDLE || st == SFS_STATE_FREE ||
+            (st == SFS_STATE_LOADING && !owner_alive_rec(c, sl))) {
+            if (try_takeover(c, lease->slot))
+                return SFS_WAIT_OWNER;
+            continue;
+        }
+        int64_t now = sfs_now_ns();
+        if (deadline_ns > 0 && now >= deadline_ns)
+            return -ETIMEDOUT;
+        int64_t slice = now + OWNER_CHECK_NS;
+        if (deadline_ns > 0 && deadline_ns < slice)
+            slice = deadline_ns;
+        /* seq_cst pairs with set_state's bump-then-read of nwaiters. */
+        atomic_fetch_add_explicit(&sl->nwaiters, 1, memory_order_seq_cst);
+        int r = 0;
+        if (atomic_load_explicit(&sl->version, memory_order_seq_cst) == v)
+            r = sfs_futex_wait(&sl->version, v, slice);
+        atomic_fetch_sub_explicit(&sl->nwaiters, 1, memory_order_seq_cst);
+        if (r == -ETIMEDOUT) {
+            /* A slice passed with no news: is the owner still alive? */
+            uint32_t o = atomic_load_explicit(&sl->owner, memory_order_acquire);
+
+            if (o < c->max_procs) {
+                struct sfs_proc_rec *p = &c->procs[o];
+
+                if (atomic_load_explicit(&p->state, memory_order_acquire) == PROC_ALIVE &&
+                    !sfs_pid_alive(atomic_load_explicit(&p->pid, memory_order_relaxed),
+                                   atomic_load_explicit(&p->start_time, memory_order_relaxed)))
+                    sfs_cache_reap(c);
+            }
+        }
+    }
+}
+
+int sfs_cache_publish(struct sfs_cache *c, const struct sfs_lease *lease, uint32_t length,
+                      unsigned flags)
+{
+    struct sfs_slot_rec *sl = lease_slot(c, lease);
+
+    if (!sl || length > c->shard_size)
+        return -EINVAL;
+    if (atomic_load_explicit(&sl->state, memory_order_acquire) != SFS_STATE_LOADING ||
+        !i_own(c, sl))
+        return -EPERM;
+    atomic_store_explicit(&sl->length, length, memory_order_relaxed);
+    atomic_store_explicit(&sl->error, 0, memory_order_relaxed);
+    sfs_ctr_add(c, CTR_RESIDENT_DELTA, length);
+    if (!(flags & SFS_PUBLISH_WRITTEN))
+        sfs_ctr_add(c, CTR_BYTES_READ, length);
+    if (atomic_load_explicit(&sl->flags, memory_order_relaxed) & SLOT_F_PREFETCHED)
+        sfs_ctr_add(c, CTR_PREFETCHED, 1);
+    set_state(sl, SFS_STATE_READY);
+    return 0;
+}
+
+int sfs_cache_fail(struct sfs_cache *c, const struct sfs_lease *lease, int error)
+{
+    struct sfs_slot_rec *sl = lease_slot(c, lease);
+
+    if (!sl || error >= 0)
+        return -EINVAL;
+    if (atomic_load_explicit(&sl->state, memory_order_acquire) != SFS_STATE_LOADING ||
+        !i_own(c, sl))
+        return -EPERM;
+    /* Error first, then state, then version (set_state): waiters that see
+     * Failed see the error. */
+    atomic_store_explicit(&sl->error, error, memory_order_relaxed);
+    sfs_ctr_add(c, CTR_FAILURES, 1);
+    set_state(sl, SFS_STATE_FAILED);
+    return 0;
+}
+
+int sfs_cache_error(struct sfs_cache *c, const struct sfs_lease *lease)
+{
+    struct sfs_slot_rec *sl = lease_slot(c, lease);
+
+    if (!sl)
+        return -EINVAL;
+    /* Acquire on state pairs with fail()'s release store. */
+    if (atomic_load_explicit(&sl->state, memory_order_acquire) != SFS_STATE_FAILED)
+        return 0;
+    int e = atomic_load_explicit(&sl->error, memory_order_relaxed);
+    return e < 0 ? e : -EIO;
+}
+
+uint32_t sfs_cache_length(struct sfs_cache *c, const struct sfs_lease *lease)
+{
+    struct sfs_slot_rec *sl = lease_slot(c, lease);
+    uint32_t len;
+
+    if (!sl)
+        return 0;
+    len = atomic_load_explicit(&sl->length, memory_order_acquire);
+    return len <= c->shard_size ? len : 0;
+}
+
+void *sfs_cache_data(struct sfs_cache *c, const struct sfs_lease *lease)
+{
+    if (!c || c->query_only || !lease || !slot_ok(c, lease->slot))
+        return NULL;
+    return sfs_dp_addr(c, lease->slot);
+}
+
+/* Drop the lease in entry e on slot s: bucket lock held. An owner that lets
+ * go of a slot it never published leaves it Idle, and waiters take over. */
+static void release_locked(struct sfs_cache *c, uint32_t proc, uint32_t gen,
+                           _Atomic uint32_t *table, uint32_t e, uint32_t s)
+{
+    struct sfs_slot_rec *sl = &c->slots[s];
+
+    atomic_store_explicit(&table[e], SFS_ENTRY_FREE, memory_order_relaxed);
+    if (atomic_load_explicit(&sl->state, memory_order_relaxed) == SFS_STATE_LOADING &&
+        atomic_load_explicit(&sl->owner, memory_order_relaxed) == proc &&
+        atomic_load_explicit(&sl->owner_gen, memory_order_relaxed) == gen) {
+        atomic_store_explicit(&sl->owner, SFS_NIL, memory_order_relaxed);
+        set_state(sl, SFS_STATE_IDLE);
+    }
+    refcount_drop(c, sl);
+}
+
+int sfs_cache_release(struct sfs_cache *c, const struct sfs_lease *lease)
+{
+    struct sfs_slot_rec *sl = lease_slot(c, lease);
+    uint32_t b;
+    int r;
+
+    if (!sl)
+        return -EINVAL;
+    /* Stable while we hold the lease: a leased slot never moves. */
+    b = atomic_load_explicit(&sl->bucket, memory_order_relaxed);
+    if (b >= c->nbuckets)
+        return -EBADMSG;
+    r = bucket_lock(c, b);
+    if (r < 0)
+        return r;
+    release_locked(c, c->me, c->my_gen, c->leases, lease->entry, lease->slot);
+    bucket_unlock(c, b);
+    entry_free(c, lease->entry);
+    return 0;
+}
+
+/* ---------------------------------------------------------------------------
+ * Lookups without leases, Remove, Prealloc, Touch.
+ */
+
+int sfs_cache_state(struct sfs_cache *c, const struct sfs_key *key)
+{
+    uint32_t b, s;
+    int r, err = 0;
+
+    if (!c || !key)
+        return -EINVAL;
+    b = bucket_of(c, key);
+    r = bucket_lock(c, b);
+    if (r < 0)
+        return r;
+    s = chain_find(c, b, key, &err);
+    if (err)
+        r = err;
+    else if (s == SFS_NIL)
+        r = -ENOENT;
+    else
+        r = (int)atomic_load_explicit(&c->slots[s].state, memory_order_acquire);
+    bucket_unlock(c, b);
+    return r;
+}
+
+bool sfs_cache_exists(struct sfs_cache *c, const struct sfs_key *key)
+{
+    return sfs_cache_state(c, key) == SFS_STATE_READY;
+}
+
+int sfs_cache_remove(struct sfs_cache *c, const struct sfs_key *key)
+{
+    uint32_t b, s;
+    int r, err = 0;
+
+    if (!c || !key)
+        return -EINVAL;
+    b = bucket_of(c, key);
+    r = bucket_lock(c, b);
+    if (r < 0)
+        return r;
+    s = chain_find(c, b, key, &err);
+    if (err) {
+        r = err;
+    } else if (s == SFS_NIL) {
+        r = -ENOENT;
+    } else if (atomic_load_explicit(&c->slots[s].refcount, memory_order_relaxed)) {
+        r = -EBUSY;
+    } else {
+        struct sfs_slot_rec *sl = &c->slots[s];
+
+        chain_unlink(c, b, s);
+        if (atomic_load_explicit(&sl->state, memory_order_relaxed) == SFS_STATE_READY)
+            sfs_ctr_add(c, CTR_RESIDENT_DELTA,
+                        -(int64_t)atomic_load_explicit(&sl->length, memory_order_relaxed));
+        atomic_store_explicit(&sl->accessed, 0, memory_order_relaxed);
+        set_state(sl, SFS_STATE_FREE);
+        /* Release: the slot is fully reset before an evictor's CAS claims it. */
+        atomic_store_explicit(&sl->bucket, SFS_NIL, memory_order_release);
+        r = 0;
+    }
+    bucket_unlock(c, b);
+    return r;
+}
+
+int sfs_cache_prealloc(struct sfs_cache *c, const struct sfs_key *key)
+{
+    uint32_t b, s;
+    int r, err = 0;
+
+    if (!c || !key)
+        return -EINVAL;
+    b = bucket_of(c, key);
+    r = bucket_lock(c, b);
+    if (r < 0)
+        return r;
+    s = chain_find(c, b, key, &err);
+    if (err) {
+        r = err;
+    } else if (s != SFS_NIL) {
+        r = 0;
+    } else if (alloc_slot(c, b, POOL_REGULAR | POOL_FRESH_ONLY | POOL_RESERVED, &s) == 0) {
+        install(c, b, s, key, SFS_STATE_IDLE, false);
+        atomic_store_explicit(&c->slots[s].owner, SFS_NIL, memory_order_relaxed);
+        sfs_ctr_add(c, CTR_PREALLOC, 1);
+        r = 1;
+    } else {
+        r = 0;
+    }
+    bucket_unlock(c, b);
+    return r;
+}
+
+static int cmp_u32(const void *a, const void *b)
+{
+    uint32_t x = *(const uint32_t *)a, y = *(const uint32_t *)b;
+
+    return x < y ? -1 : x > y;
+}
+
+static bool block_in(const struct sfs_block_id *blocks, size_t n, const uint8_t *id)
+{
+    for (size_t i = 0; i < n; i++)
+        if (memcmp(blocks[i].b, id, SFS_BLOCK_ID_LEN) == 0)
+            return true;
+    return false;
+}
+
+int sfs_cache_touch(struct sfs_cache *c, const struct sfs_block_id *blocks, size_t n)
+{
+    uint32_t max_shard, span, *bk = NULL;
+    size_t nb = 0;
+    int marked = 0;
+
+    if (!c || (!blocks && n))
+        return -EINVAL;
+    if (n == 0)
+        return 0;
+    max_shard = atomic_load_explicit(&c->hdr->max_shard, memory_order_relaxed);
+    span = max_shard >= c->nbuckets - 1 ? c->nbuckets : max_shard + 1;
+    if ((uint64_t)span * n >= c->nbuckets) {
+        /* The walk would cover every bucket anyway: visit each once. */
+        nb = c->nbuckets;
+    } else {
+        bk = malloc(sizeof(*bk) * span * n);
+        if (!bk)
+            return -ENOMEM;
+        for (size_t i = 0; i < n; i++) {
+            uint64_t h = sfs_key_hash(&blocks[i]);
+
+            for (uint32_t k = 0; k < span; k++)
+                bk[nb++] = (uint32_t)(h + k) & c->bucket_mask;
+        }
+        /* Clustered by bucket: each lock taken once. */
+        qsort(bk, nb, sizeof(*bk), cmp_u32);
+    }
+    for (size_t i = 0; i < nb; i++) {
+        uint32_t b = bk ? bk[i] : (uint32_t)i;
+
+        if (bk && i && bk[i - 1] == b)
+            continue;
+        if (bucket_lock(c, b) < 0)
+            continue;
+        uint32_t s = atomic_load_explicit(&c->buckets[b].head, memory_order_relaxed);
+        for (uint32_t steps = 0; s != SFS_NIL && slot_ok(c, s) && steps < c->nslots; steps++) {
+            struct sfs_slot_rec *sl = &c->slots[s];
+            uint32_t st = atomic_load_explicit(&sl->state, memory_order_relaxed);
+
+            if ((st == SFS_STATE_READY || st == SFS_STATE_LOADING) &&
+                block_in(blocks, n, sl->block)) {
+                atomic_store_explicit(&sl->accessed, 1, memory_order_relaxed);
+                marked++;
+            }
+            s = atomic_load_explicit(&sl->next, memory_order_relaxed);
+        }
+        bucket_unlock(c, b);
+    }
+    free(bk);
+    sfs_ctr_add(c, CTR_TOUCHED, marked);
+    if (c->touch_fn)
+        c->touch_fn(blocks, n, c->touch_arg);
+    return marked;
+}
+
+void sfs_cache_set_touch_hook(struct sfs_cache *c, sfs_touch_hook_fn *fn, void *arg)
+{
+    c->touch_fn = fn;
+    c->touch_arg = arg;
+}
+
+int sfs_cache_foreach(struct sfs_cache *c, unsigned state_mask, sfs_key_visit_fn *fn, void *arg)
+{
+    if (!c || !fn)
+        return -EINVAL;
+    for (uint32_t b = 0; b < c->nbuckets; b++) {
+        struct sfs_key keys[32];
+        int states[32], n = 0;
+
+        if (atomic_load_explicit(&c->buckets[b].head, memory_order_relaxed) == SFS_NIL)
+            continue; /* racy peek is fine: a snapshot */
+        if (bucket_lock(c, b) < 0)
+            continue;
+        uint32_t s = atomic_load_explicit(&c->buckets[b].head, memory_order_relaxed);
+        for (uint32_t steps = 0; s != SFS_NIL && slot_ok(c, s) && steps < c->nslots && n < 32;
+             steps++) {
+            struct sfs_slot_rec *sl = &c->slots[s];
+            uint32_t st = atomic_load_explicit(&sl->state, memory_order_relaxed);
+
+            if (st < 32 && (state_mask & (1u << st))) {
+                memcpy(keys[n].block.b, sl->block, SFS_BLOCK_ID_LEN);
+                keys[n].shard = sl->shard;
+                states[n++] = (int)st;
+            }
+            s = atomic_load_explicit(&sl->next, memory_order_relaxed);
+        }
+        bucket_unlock(c, b);
+        for (int i = 0; i < n; i++) {
+            int r = fn(&keys[i], states[i], arg);
+
+            if (r)
+                return r;
+        }
+    }
+    return 0;
+}
+
+/* ---------------------------------------------------------------------------
+ * Processes: registration, reaping, stats.
+ */
+
+static void fold_counters(struct sfs_cache *c, struct sfs_proc_rec *p)
+{
+    int r = pthread_mutex_lock(&c->hdr->proc_lock);
+
+    if (r == EOWNERDEAD)
+        pthread_mutex_consistent(&c->hdr->proc_lock);
+    for (int i = 0; i < CTR_COUNT; i++) {
+        /* Relaxed: the record's writer is gone or is us. */
+        c->hdr->retired[i] += atomic_exchange_explicit(&p->ctr[i], 0, memory_order_relaxed);
+    }
+    pthread_mutex_unlock(&c->hdr->proc_lock);
+}
+
+int sfs_proc_register(struct sfs_cache *c, int device_id)
+{
+    uint64_t st = 0;
+    int pid = getpid();
+    bool tried_reap = false;
+
+    sfs_proc_start_time(pid, &st);
+again:
+    for (uint32_t i = 0; i < c->max_procs; i++) {
+        struct sfs_proc_rec *p = &c->procs[i];
+        uint32_t expect = PROC_FREE;
+
+        /* acq_rel: the record's reset by its last reaper happens-before us. */
+        if (!atomic_compare_exchange_strong_explicit(&p->state, &expect, PROC_REAPING,
+                                                     memory_order_acq_rel, memory_order_relaxed))
+            continue;
+        atomic_store_explicit(&p->pid, pid, memory_order_relaxed);
+        atomic_store_explicit(&p->start_time, st, memory_order_relaxed);
+        p->device_id = device_id;
+        c->my_gen = atomic_fetch_add_explicit(&p->gen, 1, memory_order_relaxed) + 1;
+        for (int k = 0; k < CTR_COUNT; k++)
+            atomic_store_explicit(&p->ctr[k], 0, memory_order_relaxed);
+        /* Release: pid/gen visible before anyone sees the record alive. */
+        atomic_store_explicit(&p->state, PROC_ALIVE, memory_order_release);
+        c->me = i;
+        c->self = p;
+        c->leases = lease_table(c, i);
+        return 0;
+    }
+    if (!tried_reap) {
+        tried_reap = true;
+        if (sfs_cache_reap(c) > 0)
+            goto again;
+    }
+    return -EUSERS;
+}
+
+/* Free every lease in proc p's table (p is dead, or is us detaching). */
+static void drop_all_leases(struct sfs_cache *c, uint32_t p, uint32_t gen)
+{
+    _Atomic uint32_t *t = lease_table(c, p);
+
+    for (uint32_t e = 0; e < c->max_leases; e++) {
+        uint32_t v = atomic_load_explicit(&t[e], memory_order_relaxed);
+
+        if (v == SFS_ENTRY_FREE)
+            continue;
+        if (!slot_ok(c, v - 1)) {
+            atomic_store_explicit(&t[e], SFS_ENTRY_FREE, memory_order_relaxed);
+            continue;
+        }
+        uint32_t s = v - 1;
+        uint32_t b = atomic_load_explicit(&c->slots[s].bucket, memory_order_relaxed);
+        if (b >= c->nbuckets || bucket_lock(c, b) < 0) {
+            atomic_store_explicit(&t[e], SFS_ENTRY_FREE, memory_order_relaxed);
+            continue;
+        }
+        if (atomic_load_explicit(&t[e], memory_order_relaxed) == v)
+            release_locked(c, p, gen, t, e, s);
+        bucket_unlock(c, b);
+    }
+}
+
+int sfs_cache_reap(struct sfs_cache *c)
+{
+    int n = 0;
+
+    if (!c)
+        return -EINVAL;
+    for (uint32_t i = 0; i < c->max_procs; i++) {
+        struct sfs_proc_rec *p = &c->procs[i];
+        uint32_t expect = PROC_ALIVE;
+
+        if (i == c->me || atomic_load_explicit(&p->state, memory_order_acquire) != PROC_ALIVE)
+            continue;
+        if (sfs_pid_alive(atomic_load_explicit(&p->pid, memory_order_relaxed),
+                          atomic_load_explicit(&p->start_time, memory_order_relaxed)))
+            continue;
+        /* One reaper per record (acq_rel claim). */
+        if (!atomic_compare_exchange_strong_explicit(&p->state, &expect, PROC_REAPING,
+                                                     memory_order_acq_rel, memory_order_relaxed))
+            continue;
+        uint32_t gen = atomic_load_explicit(&p->gen, memory_order_relaxed);
+        sfs_log(LOG_NOTICE, "reaping process %d (record %u)",
+                atomic_load_explicit(&p->pid, memory_order_relaxed), i);
+        drop_all_leases(c, i, gen);
+        sfs_ctr_add(c, CTR_REAPED, 1);
+        fold_counters(c, p);
+        /* Release: the record is clean before it can be claimed again. */
+        atomic_store_explicit(&p->state, PROC_FREE, memory_order_release);
+        n++;
+    }
+    return n;
+}
+
+static void sum_proc(const struct sfs_proc_rec *p, int64_t *acc)
+{
+    for (int i = 0; i < CTR_COUNT; i++)
+        acc[i] += atomic_load_explicit(&p->ctr[i], memory_order_relaxed);
+}
+
+static void fill_stats(struct sfs_cache *c, const int64_t *acc, struct sfs_stats *o)
+{
+    memset(o, 0, sizeof(*o));
+    o->requests = (uint64_t)acc[CTR_REQUESTS];
+    o->hits = (uint64_t)acc[CTR_HITS];
+    o->misses = (uint64_t)acc[CTR_MISSES];
+    o->prefetched = (uint64_t)acc[CTR_PREFETCHED];
+    o->prefetch_hits = (uint64_t)acc[CTR_PREFETCH_HITS];
+    o->bytes_read = (uint64_t)acc[CTR_BYTES_READ];
+    o->resident_bytes = acc[CTR_RESIDENT_DELTA] > 0 ? (uint64_t)acc[CTR_RESIDENT_DELTA] : 0;
+    o->capacity_bytes = (uint64_t)c->nslots * c->shard_size;
+    o->owner_loads = (uint64_t)acc[CTR_OWNER_LOADS];
+    o->waits = (uint64_t)acc[CTR_WAITS];
+    o->evictions = (uint64_t)acc[CTR_EVICTIONS];
+    o->failures = (uint64_t)acc[CTR_FAILURES];
+    o->takeovers = (uint64_t)acc[CTR_TAKEOVERS];
+    o->prealloc = (uint64_t)acc[CTR_PREALLOC];
+    o->touched = (uint64_t)acc[CTR_TOUCHED];
+    o->reaped = (uint64_t)acc[CTR_REAPED];
+}
+
+void sfs_cache_stats(struct sfs_cache *c, struct sfs_stats *out)
+{
+    int64_t acc[CTR_COUNT] = {0};
+
+    int r = pthread_mutex_lock(&c->hdr->proc_lock);
+    if (r == EOWNERDEAD)
+        pthread_mutex_consistent(&c->hdr->proc_lock);
+    for (int i = 0; i < CTR_COUNT; i++)
+        acc[i] = c->hdr->retired[i];
+    for (uint32_t i = 0; i < c->max_procs; i++)
+        sum_proc(&c->procs[i], acc);
+    pthread_mutex_unlock(&c->hdr->proc_lock);
+    fill_stats(c, acc, out);
+}
+
+void sfs_cache_stats_local(struct sfs_cache *c, struct sfs_stats *out)
+{
+    int64_t acc[CTR_COUNT] = {0};
+
+    sum_proc(c->self, acc);
+    fill_stats(c, acc, out);
+}
+
+void sfs_cache_info(struct sfs_cache *c, struct sfs_cache_info *o)
+{
+    memset(o, 0, sizeof(*o));
+    o->shard_size = c->shard_size;
+    o->nslots = c->nslots;
+    o->nreserved = c->nreserved;
+    o->nbuckets = c->nbuckets;
+    o->nsegments = c->nsegments;
+    o->max_procs = c->max_procs;
+    o->hugepages = c->hugepages;
+    o->query_only = c->query_only;
+    o->proc_index = (int)c->me;
+    o->control_bytes = c->ctl_len;
+}
+
+void *sfs_cache_segment(struct sfs_cache *c, uint32_t i, size_t *len)
+{
+    if (!c || c->query_only || i >= c->nsegments)
+        return NULL;
+    if (len)
+        *len = c->seg_size;
+    return c->seg_base[i];
+}
+
+/* ---------------------------------------------------------------------------
+ * Handles.
+ */
+
+int sfs_lease_table_init(struct sfs_cache *c)
+{
+    c->lease_free = malloc(sizeof(*c->lease_free) * c->max_leases);
+    if (!c->lease_free)
+        return -ENOMEM;
+    for (uint32_t i = 0; i < c->max_leases; i++)
+        c->lease_free[i] = c->max_leases - 1 - i;
+    c->nfree = c->max_leases;
+    return 0;
+}
+
+void sfs_cache_free_handle(struct sfs_cache *c)
+{
+    if (!c)
+        return;
+    if (c->self) {
+        uint32_t expect = PROC_ALIVE;
+
+        drop_all_leases(c, c->me, c->my_gen);
+        fold_counters(c, c->self);
+        atomic_compare_exchange_strong_explicit(&c->self->state, &expect, PROC_FREE,
+                                                memory_order_acq_rel, memory_order_relaxed);
+    }
+    sfs_dp_unmap(c);
+    if (c->ctl)
+        munmap(c->ctl, c->ctl_len);
+    if (c->ctl_fd >= 0)
+        close(c->ctl_fd);
+    pthread_mutex_destroy(&c->lease_mu);
+    free(c->lease_free);
+    free(c);
+}

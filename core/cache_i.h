@@ -1,0 +1,123 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * cache_i.h - the process-local handle of a CacheBuffer, and the helpers the
+ * core's files share.
+ *
+ * A handle keeps its own validated copy of the geometry: after attach, sizes
+ * and offsets are never re-read from shared memory, so a corrupted header
+ * cannot steer this process outside its mappings.
+ */
+#ifndef SHARDFS_CACHE_I_H
+#define SHARDFS_CACHE_I_H
+
+#include <shardfs/cache.h>
+
+#include "layout_i.h"
+
+#include <pthread.h>
+#include <stdarg.h>
+#include <syslog.h>
+
+struct sfs_server;
+
+struct sfs_cache {
+    /* Control plane. */
+    int ctl_fd;
+    void *ctl;
+    size_t ctl_len;
+    struct sfs_header *hdr;
+    struct sfs_bucket_rec *buckets;
+    struct sfs_slot_rec *slots;
+    struct sfs_proc_rec *procs;
+    _Atomic uint32_t *leases; /* this process's lease table */
+    uint64_t off_leases;
+
+    /* Validated geometry (local copies). */
+    uint64_t shard_size;
+    uint64_t stride;
+    uint64_t seg_size;
+    uint32_t nslots;
+    uint32_t nregular; /* slots [0, nregular) are the regular pool */
+    uint32_t nreserved;
+    uint32_t nbuckets;
+    uint32_t bucket_mask;
+    uint32_t max_procs;
+    uint32_t max_leases;
+    uint32_t nsegments;
+    uint32_t slots_per_seg;
+    uint32_t seg_shift; /* 0: use div/mod */
+    uint32_t seg_mask;
+
+    /* Data plane (NULL for the query-only role). */
+    int *seg_fds;
+    uint8_t **seg_base;
+    bool query_only;
+    bool hugepages;
+    bool creator;
+    int device_id;
+
+    /* This process's record. */
+    uint32_t me;
+    uint32_t my_gen;
+    struct sfs_proc_rec *self;
+
+    /* Free entries of our lease table: a stack, process-local. */
+    pthread_mutex_t lease_mu;
+    uint32_t *lease_free;
+    uint32_t nfree;
+
+    /* Touch cascade. */
+    sfs_touch_hook_fn *touch_fn;
+    void *touch_arg;
+
+    struct sfs_server *server;
+};
+
+/* util.c */
+void sfs_log(int level, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+uint64_t sfs_key_hash(const struct sfs_block_id *block);
+int sfs_proc_start_time(int pid, uint64_t *out);
+bool sfs_pid_alive(int pid, uint64_t start_time);
+int sfs_futex_wait(_Atomic uint32_t *word, uint32_t expect, int64_t deadline_ns);
+int sfs_futex_wake(_Atomic uint32_t *word, int n);
+int sfs_robust_mutex_init(pthread_mutex_t *m);
+
+/* dataplane.c */
+int sfs_dp_create(struct sfs_cache *c, int hugepages, int numa_node, bool populate);
+int sfs_dp_map(struct sfs_cache *c, const int *fds, uint32_t n);
+void sfs_dp_unmap(struct sfs_cache *c);
+
+static inline void *sfs_dp_addr(const struct sfs_cache *c, uint32_t slot)
+{
+    uint32_t seg, idx;
+
+    if (c->seg_shift) {
+        seg = slot >> c->seg_shift;
+        idx = slot & c->seg_mask;
+    } else {
+        seg = slot / c->slots_per_seg;
+        idx = slot % c->slots_per_seg;
+    }
+    return c->seg_base[seg] + (uint64_t)idx * c->stride;
+}
+
+/* cache.c: lay out / validate the control plane, register this process. */
+int sfs_ctl_init(struct sfs_cache *c, const struct sfs_cache_config *cfg);
+int sfs_ctl_validate(struct sfs_cache *c);
+int sfs_proc_register(struct sfs_cache *c, int device_id);
+void sfs_cache_free_handle(struct sfs_cache *c);
+int sfs_lease_table_init(struct sfs_cache *c);
+
+/* attach.c. attach_fds: for tests and tools that hold the memfds already;
+ * takes ownership of every fd. */
+struct sfs_cache *sfs_cache_attach_fds(int ctl_fd, const int *seg_fds, uint32_t nseg,
+                                       int device_id, int *err);
+void sfs_server_stop(struct sfs_server *s);
+
+static inline void sfs_ctr_add(struct sfs_cache *c, enum sfs_ctr i, int64_t v)
+{
+    /* Single writer (this process): relaxed is enough; readers sum. */
+    atomic_fetch_add_explicit(&c->self->ctr[i], v, memory_order_relaxed);
+}
+
+#endif /* SHARDFS_CACHE_I_H */

@@ -1,0 +1,121 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * shardfs/backend.h - the slower stores below the cache.
+ *
+ * A backend is a small vtable (load, dump, exists, touch, close) behind a
+ * batched, asynchronous interface: a caller submits an array of I/O requests
+ * and each one completes exactly once through its `done` callback, called
+ * from a thread of the backend (or inline, before submit returns). The
+ * caller that publishes cache slots does so from that callback.
+ *
+ * Backends are chosen by a spec string, so the daemon, tests and benchmarks
+ * share one way to name them:
+ *
+ *   /path/to/dir                     posix store (UCM PosixStore layout)
+ *   posix:/path/to/dir?dir_prefix=2&direct=1&depth=64
+ *   mem:                             in-process store (tests)
+ *   fault:latency_us=200,eio=0.1,short=0.05,stall_ms=0,seed=7:<inner spec>
+ *
+ * Posix layout: block file <root>/data/<32 hex id> (dir_prefix=0), or
+ * <root>/<first N hex chars>/<32 hex id>; shard n at byte offset
+ * n * shard_size. Writers write <file>.tmp and rename it on commit, so no
+ * reader ever sees a torn shard.
+ */
+#ifndef SHARDFS_BACKEND_H
+#define SHARDFS_BACKEND_H
+
+#include <shardfs/cache.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+struct sfs_backend;
+struct sfs_io;
+
+typedef void sfs_io_done_fn(struct sfs_io *io);
+
+/* One request: one shard. The caller owns the struct until done() runs. */
+struct sfs_io {
+    struct sfs_key key;
+    void *buf;            /* load: destination; dump: source */
+    uint32_t len;         /* bytes: normally the backend's shard_size */
+    int result;           /* on completion: bytes moved (== len) or -errno:
+                           * -ENOENT absent, -EIO error or short read */
+    sfs_io_done_fn *done; /* called exactly once per submitted request */
+    void *arg;            /* the caller's */
+    void *priv[4];        /* the backend's; do not touch */
+};
+
+struct sfs_backend_params {
+    uint64_t shard_size; /* bytes per shard (required) */
+    unsigned dir_prefix; /* posix: default when the spec does not say */
+    bool direct;         /* posix: O_DIRECT reads when the spec does not say */
+    bool read_only;      /* dumps and removes fail with -EROFS */
+};
+
+struct sfs_backend_ops {
+    const char *name;
+    int (*load)(struct sfs_backend *be, struct sfs_io **ios, size_t n);
+    int (*dump)(struct sfs_backend *be, struct sfs_io **ios, size_t n);
+    int (*exists)(struct sfs_backend *be, const struct sfs_key *keys, size_t n, bool *present);
+    int (*shard_count)(struct sfs_backend *be, const struct sfs_block_id *block);
+    int (*touch)(struct sfs_backend *be, const struct sfs_block_id *blocks, size_t n);
+    int (*remove)(struct sfs_backend *be, const struct sfs_key *key);
+    int (*list)(struct sfs_backend *be,
+                int (*fn)(const struct sfs_block_id *block, void *arg), void *arg);
+    void (*close)(struct sfs_backend *be);
+};
+
+/* Every backend starts with this header. */
+struct sfs_backend {
+    const struct sfs_backend_ops *ops;
+    uint64_t shard_size;
+};
+
+/*
+ * Open the backend a spec names. Returns NULL and sets *err: -EINVAL for a
+ * malformed spec (and, when errbuf is given, a one-line reason naming what is
+ * wrong), -ENOENT for a missing directory.
+ */
+SFS_API struct sfs_backend *sfs_backend_open(const char *spec,
+                                             const struct sfs_backend_params *params,
+                                             char *errbuf, size_t errlen, int *err);
+
+/* Submit loads/dumps. Returns how many were submitted (all, on success) or
+ * -errno if none was; each submitted request completes exactly once. */
+SFS_API int sfs_backend_load(struct sfs_backend *be, struct sfs_io **ios, size_t n);
+SFS_API int sfs_backend_dump(struct sfs_backend *be, struct sfs_io **ios, size_t n);
+
+/* Synchronous: does each key exist (without reading data)? 0 or -errno. */
+SFS_API int sfs_backend_exists(struct sfs_backend *be, const struct sfs_key *keys, size_t n,
+                               bool *present);
+
+/* How many shards the block has in the store, -ENOENT if none. */
+SFS_API int sfs_backend_shard_count(struct sfs_backend *be, const struct sfs_block_id *block);
+
+/* A hint: these blocks will be read soon (readahead / WILLNEED). 0 or -errno. */
+SFS_API int sfs_backend_touch(struct sfs_backend *be, const struct sfs_block_id *blocks,
+                              size_t n);
+
+/* Remove one shard (posix: the whole block file when its last shard goes,
+ * documented in the backend). 0 or -errno. */
+SFS_API int sfs_backend_remove(struct sfs_backend *be, const struct sfs_key *key);
+
+/* Visit every block the store holds; stops when fn returns non-zero. */
+SFS_API int sfs_backend_list(struct sfs_backend *be,
+                             int (*fn)(const struct sfs_block_id *block, void *arg), void *arg);
+
+SFS_API void sfs_backend_close(struct sfs_backend *be);
+
+/* Synchronous convenience: load or dump one shard and wait. Returns bytes or
+ * -errno. */
+SFS_API int sfs_backend_load_sync(struct sfs_backend *be, const struct sfs_key *key, void *buf,
+                                  uint32_t len);
+SFS_API int sfs_backend_dump_sync(struct sfs_backend *be, const struct sfs_key *key,
+                                  const void *buf, uint32_t len);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* SHARDFS_BACKEND_H */

@@ -1,0 +1,285 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * shardfs/cache.h - the CacheBuffer shared by every rank of a node.
+ *
+ * One process (the daemon, or a test) creates a cache: a control plane in one
+ * shared memfd (bucket chains, slot metadata, per-process records) and a data
+ * plane of huge-page memfd segments. It serves a Unix socket; every other
+ * process attaches through it and receives the memfds with SCM_RIGHTS. After
+ * attach, all operations work directly on shared memory: no RPC per Get.
+ *
+ * A Get of a key returns a lease and a role. A hit is Ready data. The first
+ * process to miss a key becomes its owner: it fills the slot and publishes
+ * Ready (or Failed with an error). Everyone else is a waiter and blocks on a
+ * shared futex until the owner publishes. A leased slot is never evicted.
+ *
+ * Conventions: actions return 0 or -errno; predicates return bool;
+ * constructors return a pointer and take `int *err`. Deadlines are absolute
+ * CLOCK_MONOTONIC nanoseconds (see sfs_deadline_after()).
+ */
+#ifndef SHARDFS_CACHE_H
+#define SHARDFS_CACHE_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#if defined(__GNUC__)
+#define SFS_API __attribute__((visibility("default")))
+#else
+#define SFS_API
+#endif
+
+/* A block id is 16 bytes (an md5-style hash of a token block). */
+#define SFS_BLOCK_ID_LEN  16
+/* Printed as 32 lowercase hex characters; buffers need one more for the NUL. */
+#define SFS_BLOCK_HEX_LEN 32
+
+struct sfs_block_id {
+    uint8_t b[SFS_BLOCK_ID_LEN];
+};
+
+/* A key: (block id, shard index). */
+struct sfs_key {
+    struct sfs_block_id block;
+    uint32_t shard;
+};
+
+/* Slot states, as one word in shared memory. */
+enum sfs_state {
+    SFS_STATE_FREE = 0,    /* not on any chain: no key */
+    SFS_STATE_IDLE = 1,    /* on its chain with no data: any Get may take it over */
+    SFS_STATE_LOADING = 2, /* an owner is filling it */
+    SFS_STATE_READY = 3,   /* data valid */
+    SFS_STATE_FAILED = 4,  /* the owner published an error; the next Get retries */
+};
+
+/* What a Get made of the caller. */
+enum sfs_role {
+    SFS_HIT = 0,    /* the slot is Ready: read it, then release */
+    SFS_OWNER = 1,  /* fill the slot, then sfs_cache_publish() or sfs_cache_fail() */
+    SFS_WAITER = 2, /* someone else fills it: sfs_cache_wait() */
+};
+
+/* A lease: a reference on one slot, held between Get and Release. Plain data:
+ * it may be copied between threads of the process that took it, not to other
+ * processes. */
+struct sfs_lease {
+    uint32_t slot;  /* slot index */
+    uint32_t entry; /* index in this process's lease table */
+};
+
+/* Flags for sfs_cache_get(). */
+enum {
+    SFS_GET_NOALLOC = 1u << 0,  /* never allocate: a miss returns -ENOENT */
+    SFS_GET_PREFETCH = 1u << 1, /* advisory fill: no reserved slots, marks prefetched */
+    SFS_GET_WRITE = 1u << 2,    /* become owner to rewrite: a present key that is not
+                                 * leased is taken over (-EBUSY if it is leased) */
+};
+
+/* Flags for sfs_cache_publish(). */
+enum {
+    SFS_PUBLISH_WRITTEN = 1u << 0, /* the bytes came from a writer, not the backend:
+                                    * not counted in bytes_read */
+};
+
+/* Log callback: syslog levels (LOG_ERR ... LOG_DEBUG). The library is silent
+ * unless one is set. Process-wide. */
+typedef void sfs_log_fn(int level, const char *msg, void *arg);
+SFS_API void sfs_set_log(sfs_log_fn *fn, void *arg, int max_level);
+
+enum sfs_hugepages {
+    SFS_HUGEPAGES_AUTO = 0, /* try MFD_HUGETLB, fall back to ordinary memfds */
+    SFS_HUGEPAGES_ON = 1,   /* huge pages or fail with -ENOMEM */
+    SFS_HUGEPAGES_OFF = 2,
+};
+
+/* Geometry and policy of a new cache. Zero fields take the defaults. */
+struct sfs_cache_config {
+    uint64_t shard_size;    /* bytes per shard (default 256 KiB) */
+    uint64_t capacity;      /* data-plane bytes; slots = capacity / shard_size (default 1 GiB) */
+    uint32_t nslots;        /* if set, overrides capacity */
+    uint32_t nreserved;     /* of nslots, how many form the reserved pool (default 1/64, 0 ok) */
+    uint32_t nbuckets;      /* rounded up to a power of two (default ~nslots/2, >= 64) */
+    uint32_t max_procs;     /* attached processes at once (default 64) */
+    uint32_t max_leases;    /* leases one process may hold at once (default 16384) */
+    uint64_t segment_size;  /* bytes per data-plane memfd (default 1 GiB, rounded) */
+    int hugepages;          /* enum sfs_hugepages */
+    int numa_node;          /* bind the data plane to this node; -1 = no binding */
+    bool populate;          /* prefault the data plane at create (default false) */
+    bool no_reserved;       /* nreserved is exactly 0 (0 in nreserved means default) */
+};
+
+struct sfs_cache;
+
+/*
+ * Create a cache. The caller becomes the first attached process. Returns NULL
+ * and sets *err to -errno on failure (-EINVAL for a bad config).
+ */
+SFS_API struct sfs_cache *sfs_cache_create(const struct sfs_cache_config *cfg, int *err);
+
+/*
+ * Serve the attach socket at `path` from a background thread of this process
+ * (the creator). An existing socket file at path is replaced. Returns 0 or
+ * -errno. Stopped by sfs_cache_close(), which also unlinks the socket.
+ */
+SFS_API int sfs_cache_serve(struct sfs_cache *c, const char *path);
+
+/*
+ * Attach to the cache served at `path`. device_id < 0 is the query-only
+ * (scheduler) role: control plane only, sfs_cache_data() returns NULL.
+ * A cache of another layout is refused with -EPROTO; a corrupt or truncated
+ * region with -EBADMSG.
+ */
+SFS_API struct sfs_cache *sfs_cache_attach(const char *path, int device_id, int *err);
+
+/* Release this process's leases, unregister it, unmap. Safe on NULL. */
+SFS_API void sfs_cache_close(struct sfs_cache *c);
+
+/*
+ * Look up `key`. On success returns the role (enum sfs_role >= 0) and fills
+ * *lease. A miss makes the caller owner: the slot is Loading, and the caller
+ * must publish or fail it. Returns -ENOENT with SFS_GET_NOALLOC on a miss,
+ * -ENOSPC when every evictable slot is leased and deadline_ns has passed
+ * (0: do not wait), -ENOBUFS when this process holds max_leases leases.
+ */
+SFS_API int sfs_cache_get(struct sfs_cache *c, const struct sfs_key *key, unsigned flags,
+                          int64_t deadline_ns, struct sfs_lease *lease);
+
+/*
+ * Block until the leased slot is no longer Loading, or deadline_ns.
+ * Returns SFS_STATE_READY, SFS_STATE_FAILED (sfs_cache_error() tells why), or
+ * SFS_OWNER-as-state (1, i.e. the owner died or the slot was reset and the
+ * caller now owns it: fill and publish), or -ETIMEDOUT.
+ */
+#define SFS_WAIT_OWNER SFS_STATE_IDLE
+SFS_API int sfs_cache_wait(struct sfs_cache *c, const struct sfs_lease *lease,
+                           int64_t deadline_ns);
+
+/* Owner: publish the filled slot as Ready with `length` valid bytes
+ * (<= shard_size). Counts `length` into bytes_read unless SFS_PUBLISH_WRITTEN.
+ * The lease stays held: release it when done reading. */
+SFS_API int sfs_cache_publish(struct sfs_cache *c, const struct sfs_lease *lease,
+                              uint32_t length, unsigned flags);
+
+/* Owner: publish failure `error` (negative errno). The next Get retries. */
+SFS_API int sfs_cache_fail(struct sfs_cache *c, const struct sfs_lease *lease, int error);
+
+/* The error a Failed slot carries (negative errno), or 0. */
+SFS_API int sfs_cache_error(struct sfs_cache *c, const struct sfs_lease *lease);
+
+/* Valid bytes of a Ready slot. */
+SFS_API uint32_t sfs_cache_length(struct sfs_cache *c, const struct sfs_lease *lease);
+
+/* Drop a lease. Returns 0 or -EINVAL for a lease this process does not hold. */
+SFS_API int sfs_cache_release(struct sfs_cache *c, const struct sfs_lease *lease);
+
+/* The slot's bytes in this process's mapping; NULL for the query-only role. */
+SFS_API void *sfs_cache_data(struct sfs_cache *c, const struct sfs_lease *lease);
+
+/* State of `key` without taking a lease: enum sfs_state, or -ENOENT. */
+SFS_API int sfs_cache_state(struct sfs_cache *c, const struct sfs_key *key);
+
+/* True when `key` is Ready in the cache. */
+SFS_API bool sfs_cache_exists(struct sfs_cache *c, const struct sfs_key *key);
+
+/*
+ * Block-level Touch: set the accessed bit of every resident shard of each
+ * block, walking only the buckets those shards can be in, then forward the
+ * batch to the touch hook (the cascade contract). Returns the number of slots
+ * marked, or -errno.
+ */
+SFS_API int sfs_cache_touch(struct sfs_cache *c, const struct sfs_block_id *blocks, size_t n);
+
+/* The hook Touch forwards its batch to (a backend's touch). Process-local. */
+typedef void sfs_touch_hook_fn(const struct sfs_block_id *blocks, size_t n, void *arg);
+SFS_API void sfs_cache_set_touch_hook(struct sfs_cache *c, sfs_touch_hook_fn *fn, void *arg);
+
+/*
+ * Idle-window prewarm: put an Idle slot for `key` on its chain with refcount
+ * 0, taking a never-used regular slot if one is left, else a reserved one; it
+ * never evicts from the regular pool. Returns 1 if a slot was placed, 0 if the
+ * key was already there or no slot could be had, or -errno.
+ */
+SFS_API int sfs_cache_prealloc(struct sfs_cache *c, const struct sfs_key *key);
+
+/*
+ * Remove `key`: unlink it and free its slot. -EBUSY if leased, -ENOENT if
+ * absent.
+ */
+SFS_API int sfs_cache_remove(struct sfs_cache *c, const struct sfs_key *key);
+
+/*
+ * Free the leases of processes that died and hand their half-filled slots to
+ * the next Get. Returns the number of processes reaped. Called by waiters
+ * and by evictors that find the cache full; the daemon calls it periodically.
+ */
+SFS_API int sfs_cache_reap(struct sfs_cache *c);
+
+/* Visit every key in a given state mask (1u << SFS_STATE_x), without leases:
+ * a snapshot taken bucket by bucket. Stops early when fn returns non-zero and
+ * returns that value. */
+typedef int sfs_key_visit_fn(const struct sfs_key *key, int state, void *arg);
+SFS_API int sfs_cache_foreach(struct sfs_cache *c, unsigned state_mask, sfs_key_visit_fn *fn,
+                              void *arg);
+
+/* Counters, summed over every process that ever attached. */
+struct sfs_stats {
+    uint64_t requests;      /* Gets */
+    uint64_t hits;          /* Gets that found Ready data */
+    uint64_t misses;        /* Gets that did not (owner or waiter) */
+    uint64_t prefetched;    /* slots filled by prefetch */
+    uint64_t prefetch_hits; /* Gets served by a prefetched slot (first hit) */
+    uint64_t bytes_read;    /* bytes loaded from the backend */
+    uint64_t resident_bytes;
+    uint64_t capacity_bytes;
+    uint64_t owner_loads;   /* Gets that made the caller owner */
+    uint64_t waits;         /* Gets that made the caller waiter */
+    uint64_t evictions;     /* slots with a key taken by CLOCK */
+    uint64_t failures;      /* owners that published Failed */
+    uint64_t takeovers;     /* ownership taken from a dead owner or an Idle slot */
+    uint64_t prealloc;      /* Idle slots placed by Prealloc */
+    uint64_t touched;       /* slots marked by Touch */
+    uint64_t reaped;        /* dead processes reaped */
+};
+
+SFS_API void sfs_cache_stats(struct sfs_cache *c, struct sfs_stats *out);
+
+/* Counters of this process alone. */
+SFS_API void sfs_cache_stats_local(struct sfs_cache *c, struct sfs_stats *out);
+
+/* Geometry, for callers that size buffers. */
+struct sfs_cache_info {
+    uint64_t shard_size;
+    uint32_t nslots;
+    uint32_t nreserved;
+    uint32_t nbuckets;
+    uint32_t nsegments;
+    uint32_t max_procs;
+    bool hugepages;   /* the data plane is on huge pages */
+    bool query_only;  /* this handle has no data plane */
+    int proc_index;   /* this process's record */
+    uint64_t control_bytes;
+};
+SFS_API void sfs_cache_info(struct sfs_cache *c, struct sfs_cache_info *out);
+
+/* Data-plane segment i of this mapping (for device registration). Returns the
+ * base address and sets *len, or NULL past the last segment. */
+SFS_API void *sfs_cache_segment(struct sfs_cache *c, uint32_t i, size_t *len);
+
+/* Helpers. */
+SFS_API int64_t sfs_now_ns(void);
+SFS_API int64_t sfs_deadline_after(int64_t ns); /* now + ns */
+SFS_API void sfs_block_to_hex(const struct sfs_block_id *id, char out[SFS_BLOCK_HEX_LEN + 1]);
+/* Parses exactly 32 hex characters (either case). Returns 0 or -EINVAL. */
+SFS_API int sfs_block_from_hex(const char *hex, size_t len, struct sfs_block_id *id);
+SFS_API const char *sfs_state_name(int state);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* SHARDFS_CACHE_H */

@@ -1,0 +1,181 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * layout_i.h - the control plane's shared-memory layout, in one place.
+ *
+ * The control plane is one memfd mapped by every attached process, at any
+ * address, so it holds offsets and indices, never pointers. It is laid out as
+ *
+ *   [header][bucket table][slot table][process table][lease tables]
+ *
+ * each part cache-line aligned. Every field says who writes it and what
+ * protects it. Everything read from here is input: an index is checked
+ * against its table's size before use (see cache.c), and a region whose magic,
+ * format word or geometry does not match is refused at attach.
+ *
+ * The format word is computed from the sizes and offsets below (and the size
+ * of pthread_mutex_t), so two builds with different layouts refuse each
+ * other instead of misreading shared memory.
+ */
+#ifndef SHARDFS_LAYOUT_I_H
+#define SHARDFS_LAYOUT_I_H
+
+#include <pthread.h>
+#include <stdalign.h>
+#include <stdatomic.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#define SFS_MAGIC          0x3153465344524148ull /* "HARDSFS1" little-endian */
+#define SFS_LAYOUT_VERSION 1u
+#define SFS_NIL            UINT32_MAX /* "no slot / no bucket" in links */
+#define SFS_CACHELINE      64
+
+/* Lease-table entries: 0 is free, else slot index + 1. */
+#define SFS_ENTRY_FREE 0u
+
+/* Per-process counters; indices into sfs_proc_rec.ctr. */
+enum sfs_ctr {
+    CTR_REQUESTS,
+    CTR_HITS,
+    CTR_MISSES,
+    CTR_PREFETCHED,
+    CTR_PREFETCH_HITS,
+    CTR_BYTES_READ,
+    CTR_RESIDENT_DELTA, /* signed: + on publish Ready, - on evict/remove of Ready */
+    CTR_OWNER_LOADS,
+    CTR_WAITS,
+    CTR_EVICTIONS,
+    CTR_FAILURES,
+    CTR_TAKEOVERS,
+    CTR_PREALLOC,
+    CTR_TOUCHED,
+    CTR_REAPED,
+    CTR_COUNT
+};
+
+/*
+ * One bucket: a robust process-shared mutex and the head of a singly linked
+ * chain of slots. A cache line each, so neighbours do not share a line.
+ */
+struct sfs_bucket_rec {
+    alignas(SFS_CACHELINE) pthread_mutex_t lock; /* robust, pshared; protects the chain */
+    _Atomic uint32_t head;  /* first slot or SFS_NIL; written under lock */
+    uint32_t pad0;
+};
+
+/*
+ * One slot: a cache entry's metadata. Its bytes live in the data plane at
+ * slot * stride (see dataplane.c).
+ *
+ * Who writes what:
+ * - key, shard, next, refcount, accessed(set on claim): under the lock of the
+ *   bucket the slot is on (or is being moved to).
+ * - bucket: under the lock of the bucket it leaves or joins; read lock-free
+ *   by the CLOCK hand as a hint, re-checked under that bucket's lock.
+ * - state: claimed (FREE/IDLE/FAILED -> LOADING) under the bucket lock;
+ *   published (LOADING -> READY/FAILED) by the owner, lock-free, while it
+ *   holds a lease (so the slot cannot move).
+ * - version: bumped by whoever changes state, after the state store and
+ *   before the futex wake. Waiters sleep on it.
+ * - accessed: set on hit and claim, cleared by the CLOCK hand; lock-free.
+ */
+struct sfs_slot_rec {
+    uint8_t block[16];          /* key: block id */
+    uint32_t shard;             /* key: shard index */
+    _Atomic uint32_t bucket;    /* chain it is on, or SFS_NIL */
+    _Atomic uint32_t next;      /* next slot on the chain or SFS_NIL */
+    _Atomic uint32_t state;     /* enum sfs_state */
+    _Atomic uint32_t version;   /* futex word: bumped on every state change */
+    _Atomic uint32_t nwaiters;  /* processes sleeping on version */
+    _Atomic uint32_t refcount;  /* leases held, all processes; under bucket lock */
+    _Atomic int32_t error;      /* -errno a Failed slot carries */
+    _Atomic uint32_t length;    /* valid bytes when Ready */
+    _Atomic uint32_t owner;     /* proc index of the owner while Loading */
+    _Atomic uint32_t owner_gen; /* that proc record's generation */
+    _Atomic uint8_t accessed;   /* CLOCK bit */
+    _Atomic uint8_t flags;      /* SLOT_F_* */
+    uint8_t pad[2];
+};
+
+enum {
+    SLOT_F_PREFETCHED = 1u << 0, /* filled by prefetch, not yet hit */
+    SLOT_F_RESERVED = 1u << 1,   /* constant: belongs to the reserved pool */
+};
+
+enum sfs_proc_state {
+    PROC_FREE = 0,
+    PROC_ALIVE = 1,
+    PROC_REAPING = 2,
+};
+
+/*
+ * One attached process. The record's owner writes its counters (relaxed,
+ * single writer: no shared hot line); registration and reaping CAS `state`.
+ */
+struct sfs_proc_rec {
+    alignas(SFS_CACHELINE) _Atomic uint32_t state; /* enum sfs_proc_state; CAS */
+    _Atomic uint32_t gen;          /* bumped at each registration */
+    _Atomic int32_t pid;           /* the process */
+    int32_t device_id;             /* as attached (-1: query-only) */
+    _Atomic uint64_t start_time;   /* /proc/pid/stat field 22: detects pid reuse */
+    uint8_t pad0[SFS_CACHELINE - 24];
+    alignas(SFS_CACHELINE) _Atomic int64_t ctr[CTR_COUNT]; /* written by the owner only */
+};
+
+/*
+ * The header. Geometry is written once by the creator before any other
+ * process can see the region; the rest is shared mutable state.
+ */
+struct sfs_header {
+    uint64_t magic;
+    uint64_t format;      /* sfs_layout_format() of the creator */
+    uint64_t region_size; /* bytes of the control memfd */
+    uint64_t shard_size;
+    uint64_t stride;      /* bytes between slots in the data plane */
+    uint64_t segment_size;
+    uint32_t nslots;
+    uint32_t nreserved;   /* the last nreserved slots form the reserved pool */
+    uint32_t nbuckets;    /* a power of two */
+    uint32_t max_procs;
+    uint32_t max_leases;  /* entries per process lease table */
+    uint32_t nsegments;
+    uint32_t slots_per_segment;
+    uint32_t seg_shift;   /* log2(slots_per_segment) when a power of two, else 0 */
+    uint32_t hugepages;   /* the data plane is on huge pages */
+    uint32_t pad0;
+    uint64_t off_buckets;
+    uint64_t off_slots;
+    uint64_t off_procs;
+    uint64_t off_leases;
+
+    /* CLOCK hands (regular and reserved pools): fetch_add, relaxed. */
+    alignas(SFS_CACHELINE) _Atomic uint64_t hand;
+    _Atomic uint64_t hand_reserved;
+    /* Never-used slots are handed out in order before the hand moves. */
+    _Atomic uint32_t fresh;          /* next never-used regular slot */
+    _Atomic uint32_t fresh_reserved; /* next never-used reserved slot (offset) */
+    /* Highest shard index ever inserted: bounds Touch's bucket walk. */
+    _Atomic uint32_t max_shard;
+
+    /* Slot-free notification for Gets waiting on a full cache. */
+    alignas(SFS_CACHELINE) _Atomic uint32_t release_seq; /* futex word */
+    _Atomic uint32_t release_waiters;
+
+    /* Counters of reaped or detached processes, folded in under proc_lock. */
+    alignas(SFS_CACHELINE) pthread_mutex_t proc_lock; /* robust, pshared */
+    int64_t retired[CTR_COUNT];
+};
+
+#define SFS_ALIGN_UP(x, a) (((x) + ((a)-1)) & ~((uint64_t)(a)-1))
+
+_Static_assert(sizeof(struct sfs_slot_rec) == 64, "slot record is one cache line");
+_Static_assert(sizeof(struct sfs_bucket_rec) == SFS_CACHELINE, "bucket is one line");
+_Static_assert(offsetof(struct sfs_proc_rec, ctr) == SFS_CACHELINE, "counters on own line");
+_Static_assert(sizeof(struct sfs_proc_rec) % SFS_CACHELINE == 0, "proc rec is whole lines");
+_Static_assert(offsetof(struct sfs_header, hand) % SFS_CACHELINE == 0, "hand on own line");
+_Static_assert(sizeof(_Atomic uint32_t) == 4, "futex words are 32-bit");
+
+/* Derived from the layout: differs whenever a size or offset above does. */
+uint64_t sfs_layout_format(void);
+
+#endif /* SHARDFS_LAYOUT_I_H */

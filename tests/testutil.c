@@ -1,0 +1,135 @@
+/* SPDX-License-Identifier: MIT */
+/* testutil.c - see testutil.h. */
+#include "testutil.h"
+
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+const char *tu_path(const char *tag)
+{
+    static __thread char buf[128];
+    static int seq;
+
+    snprintf(buf, sizeof(buf), "/tmp/sfs-test-%d-%d-%s", getpid(), __atomic_fetch_add(&seq, 1, __ATOMIC_RELAXED), tag);
+    return buf;
+}
+
+static uint64_t mix(uint64_t x)
+{
+    x += 0x9e3779b97f4a7c15ull;
+    x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
+    x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
+    return x ^ (x >> 31);
+}
+
+struct sfs_block_id tu_block(uint64_t n)
+{
+    struct sfs_block_id id;
+    uint64_t a = mix(n), b = mix(n ^ 0x5555555555555555ull);
+
+    memcpy(id.b, &a, 8);
+    memcpy(id.b + 8, &b, 8);
+    return id;
+}
+
+struct sfs_key tu_key(uint64_t block, uint32_t shard)
+{
+    struct sfs_key k = {.block = tu_block(block), .shard = shard};
+
+    return k;
+}
+
+static uint64_t key_seed(const struct sfs_key *k)
+{
+    uint64_t a, b;
+
+    memcpy(&a, k->block.b, 8);
+    memcpy(&b, k->block.b + 8, 8);
+    return mix(a ^ mix(b) ^ ((uint64_t)k->shard << 32));
+}
+
+void tu_fill(const struct sfs_key *k, void *buf, size_t len)
+{
+    uint64_t s = key_seed(k);
+    uint8_t *p = buf;
+
+    for (size_t i = 0; i < len; i += 8) {
+        uint64_t v = mix(s + i);
+        memcpy(p + i, &v, len - i < 8 ? len - i : 8);
+    }
+}
+
+long tu_check(const struct sfs_key *k, const void *buf, size_t len)
+{
+    uint64_t s = key_seed(k);
+    const uint8_t *p = buf;
+
+    for (size_t i = 0; i < len; i += 8) {
+        uint64_t v = mix(s + i);
+        if (memcmp(p + i, &v, len - i < 8 ? len - i : 8) != 0)
+            return (long)i;
+    }
+    return -1;
+}
+
+struct sfs_cache *tu_cache(uint32_t nslots, uint32_t nreserved, uint64_t shard_size)
+{
+    struct sfs_cache_config cfg = {
+        .shard_size = shard_size,
+        .nslots = nslots,
+        .nreserved = nreserved,
+        .no_reserved = nreserved == 0,
+        .hugepages = SFS_HUGEPAGES_OFF,
+    };
+    int err = 0;
+    struct sfs_cache *c = sfs_cache_create(&cfg, &err);
+
+    if (!c)
+        fprintf(stderr, "tu_cache: %s\n", strerror(-err));
+    return c;
+}
+
+pid_t tu_fork(int (*fn)(void *arg), void *arg)
+{
+    pid_t pid = fork();
+
+    if (pid == 0)
+        _exit(fn(arg));
+    return pid;
+}
+
+int tu_wait(pid_t pid)
+{
+    int st;
+
+    while (waitpid(pid, &st, 0) < 0)
+        if (errno != EINTR)
+            return -1;
+    if (WIFEXITED(st))
+        return WEXITSTATUS(st);
+    if (WIFSIGNALED(st))
+        return 128 + WTERMSIG(st);
+    return -1;
+}
+
+int tu_load(struct sfs_cache *c, const struct sfs_key *k)
+{
+    struct sfs_lease l;
+    int role = sfs_cache_get(c, k, 0, 0, &l);
+
+    if (role < 0)
+        return role;
+    if (role == SFS_OWNER) {
+        struct sfs_cache_info info;
+
+        sfs_cache_info(c, &info);
+        tu_fill(k, sfs_cache_data(c, &l), info.shard_size);
+        sfs_cache_publish(c, &l, (uint32_t)info.shard_size, 0);
+    }
+    sfs_cache_release(c, &l);
+    return role;
+}
