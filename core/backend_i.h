@@ -1,0 +1,120 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * backend_i.h - private glue between the backend dispatcher (backend.c) and
+ * the backends it opens (posix, mem, fault).
+ *
+ * backend.c parses spec strings and hands each backend an already-validated
+ * option struct; the constructors here only check what needs the system (a
+ * directory exists, a ring can be set up). Error text goes to the caller's
+ * errbuf as one line; the library never prints.
+ */
+#ifndef SHARDFS_BACKEND_I_H
+#define SHARDFS_BACKEND_I_H
+
+#include <shardfs/backend.h>
+
+#include <errno.h>
+#include <stdarg.h>
+#include <stdio.h>
+
+/* Options of the posix backend, from the spec and the params. */
+struct sfs_posix_opts {
+    unsigned dir_prefix; /* 0: <root>/data/; 1..32: <root>/<N hex chars>/ */
+    unsigned depth;      /* io_uring entries, 1..32768 */
+    bool direct;         /* O_DIRECT loads where buffers and offsets allow */
+    bool sync;           /* fsync the tmp file and directory before commit */
+    bool read_only;      /* dumps and removes fail with -EROFS */
+};
+
+#define SFS_POSIX_DEPTH_DEFAULT 64u
+#define SFS_POSIX_DEPTH_MAX     32768u
+#define SFS_DIR_PREFIX_MAX      32u
+
+/* Options of the fault backend (the part of the spec between "fault:" and
+ * the inner spec). Probabilities are in [0, 1]. */
+struct sfs_fault_opts {
+    uint64_t latency_us;  /* added to every completion */
+    uint64_t jitter_us;   /* plus a uniform extra in [0, jitter_us] */
+    double eio;           /* fail a request with -EIO (it never reaches the inner) */
+    double short_read;    /* load: inner reads a prefix only; result -EIO */
+    uint64_t stall_ms;    /* extra delay of every stall_every-th request */
+    uint64_t stall_every; /* 0 or 1: every request */
+    uint64_t seed;
+};
+
+struct sfs_backend *sfs_posix_open(const char *root, const struct sfs_posix_opts *o,
+                                   uint64_t shard_size, char *errbuf, size_t errlen, int *err);
+
+struct sfs_backend *sfs_mem_open(uint64_t shard_size, bool read_only, int *err);
+
+/* Parse fault options from s[0..len). Returns 0 or -EINVAL with a reason in
+ * errbuf. Unnamed options are zero. */
+int sfs_fault_parse(const char *s, size_t len, struct sfs_fault_opts *o, char *errbuf,
+                    size_t errlen);
+
+/* Wrap `inner`. On success the fault backend owns inner (closes it on close);
+ * on failure the caller still does. */
+struct sfs_backend *sfs_fault_wrap(struct sfs_backend *inner, const struct sfs_fault_opts *o,
+                                   int *err);
+
+/* One-line error text into errbuf, when the caller gave one. */
+static inline void __attribute__((format(printf, 3, 4)))
+sfs_errf(char *errbuf, size_t errlen, const char *fmt, ...)
+{
+    va_list ap;
+
+    if (!errbuf || errlen == 0)
+        return;
+    va_start(ap, fmt);
+    vsnprintf(errbuf, errlen, fmt, ap);
+    va_end(ap);
+}
+
+/* Local hex helpers: the posix layout prints ids in lowercase and accepts
+ * only lowercase names when listing (a name it would not write is not one of
+ * its files). */
+static inline void sfs_hex_encode(const struct sfs_block_id *id, char out[SFS_BLOCK_HEX_LEN + 1])
+{
+    static const char digits[] = "0123456789abcdef";
+
+    for (int i = 0; i < SFS_BLOCK_ID_LEN; i++) {
+        out[2 * i] = digits[id->b[i] >> 4];
+        out[2 * i + 1] = digits[id->b[i] & 15];
+    }
+    out[SFS_BLOCK_HEX_LEN] = '\0';
+}
+
+static inline int sfs_hex_lower_val(char c)
+{
+    if (c >= '0' && c <= '9')
+        return c - '0';
+    if (c >= 'a' && c <= 'f')
+        return c - 'a' + 10;
+    return -1;
+}
+
+/* Exactly 32 lowercase hex characters followed by NUL. 0 or -EINVAL. */
+static inline int sfs_hex_decode_name(const char *name, struct sfs_block_id *id)
+{
+    for (int i = 0; i < SFS_BLOCK_ID_LEN; i++) {
+        int hi = sfs_hex_lower_val(name[2 * i]);
+        int lo = hi < 0 ? -1 : sfs_hex_lower_val(name[2 * i + 1]);
+
+        if (hi < 0 || lo < 0)
+            return -EINVAL;
+        id->b[i] = (uint8_t)(hi << 4 | lo);
+    }
+    return name[SFS_BLOCK_HEX_LEN] == '\0' ? 0 : -EINVAL;
+}
+
+/* splitmix64: the one PRNG of the backends (fault decisions, test data). */
+static inline uint64_t sfs_splitmix64(uint64_t *state)
+{
+    uint64_t z = (*state += 0x9e3779b97f4a7c15ull);
+
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+}
+
+#endif /* SHARDFS_BACKEND_I_H */
