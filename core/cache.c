@@ -331,6 +331,16 @@ static inline bool key_eq(const struct sfs_slot_rec *s, const struct sfs_key *k)
     return s->shard == k->shard && memcmp(s->block, k->block.b, SFS_BLOCK_ID_LEN) == 0;
 }
 
+/*
+ * A lease-table entry is slot + 1, with ENTRY_OWNER set on the one lease that
+ * made its holder owner, from the claim until publish or fail. Ownership is
+ * the process (slot->owner) *and* that lease: releasing another lease the
+ * owner's process holds on the slot (a waiter thread's) does not abandon the
+ * load. Slots are < 2^30, so bit 31 is free.
+ */
+#define ENTRY_OWNER      (1u << 31)
+#define ENTRY_SLOT1(v)   ((v) & ~ENTRY_OWNER) /* slot + 1, or SFS_ENTRY_FREE */
+
 static inline _Atomic uint32_t *lease_table(const struct sfs_cache *c, uint32_t proc)
 {
     return (_Atomic uint32_t *)((uint8_t *)c->ctl + c->off_leases) + (uint64_t)proc * c->max_leases;
@@ -391,7 +401,7 @@ static void repair_bucket(struct sfs_cache *c, uint32_t b)
         _Atomic uint32_t *t = lease_table(c, p);
 
         for (uint32_t e = 0; e < c->max_leases; e++) {
-            uint32_t v = atomic_load_explicit(&t[e], memory_order_relaxed);
+            uint32_t v = ENTRY_SLOT1(atomic_load_explicit(&t[e], memory_order_relaxed));
 
             if (v == SFS_ENTRY_FREE || !slot_ok(c, v - 1))
                 continue;
@@ -544,6 +554,12 @@ static void entry_free(struct sfs_cache *c, uint32_t e)
     pthread_mutex_lock(&c->lease_mu);
     c->lease_free[c->nfree++] = e;
     pthread_mutex_unlock(&c->lease_mu);
+}
+
+/* Bucket lock held: mark our lease e on slot s as the owner's. */
+static void lease_mark_owner(struct sfs_cache *c, uint32_t s, uint32_t e)
+{
+    atomic_store_explicit(&c->leases[e], (s + 1) | ENTRY_OWNER, memory_order_relaxed);
 }
 
 /* Bucket lock held: record the lease, then count it (repair recounts). */
@@ -846,6 +862,7 @@ retry:;
     sfs_ctr_add(c, CTR_MISSES, 1);
     role = SFS_OWNER;
 out_owner:
+    lease_mark_owner(c, lease->slot, e);
     sfs_ctr_add(c, CTR_OWNER_LOADS, 1);
     bucket_unlock(c, b);
     return role;
@@ -862,7 +879,8 @@ static struct sfs_slot_rec *lease_slot(struct sfs_cache *c, const struct sfs_lea
 {
     if (!c || !l || l->entry >= c->max_leases || !slot_ok(c, l->slot))
         return NULL;
-    if (atomic_load_explicit(&c->leases[l->entry], memory_order_relaxed) != l->slot + 1)
+    if (ENTRY_SLOT1(atomic_load_explicit(&c->leases[l->entry], memory_order_relaxed)) !=
+        l->slot + 1)
         return NULL;
     return &c->slots[l->slot];
 }
@@ -873,8 +891,14 @@ static bool i_own(struct sfs_cache *c, const struct sfs_slot_rec *s)
            atomic_load_explicit(&s->owner_gen, memory_order_acquire) == c->my_gen;
 }
 
+/* The owner's own lease, not another lease of the owner's process. */
+static bool lease_is_owner(struct sfs_cache *c, const struct sfs_lease *l)
+{
+    return atomic_load_explicit(&c->leases[l->entry], memory_order_relaxed) & ENTRY_OWNER;
+}
+
 /* Under the lock: take a slot whose owner is gone (or that was reset). */
-static bool try_takeover(struct sfs_cache *c, uint32_t s)
+static bool try_takeover(struct sfs_cache *c, uint32_t s, uint32_t e)
 {
     struct sfs_slot_rec *sl = &c->slots[s];
     uint32_t b = atomic_load_explicit(&sl->bucket, memory_order_relaxed);
@@ -885,6 +909,7 @@ static bool try_takeover(struct sfs_cache *c, uint32_t s)
     uint32_t st = atomic_load_explicit(&sl->state, memory_order_acquire);
     if (st == SFS_STATE_IDLE || (st == SFS_STATE_LOADING && !owner_alive_rec(c, sl))) {
         make_owner(c, sl);
+        lease_mark_owner(c, s, e);
         set_state(sl, SFS_STATE_LOADING);
         sfs_ctr_add(c, CTR_TAKEOVERS, 1);
         sfs_ctr_add(c, CTR_OWNER_LOADS, 1);
@@ -907,11 +932,9 @@ int sfs_cache_wait(struct sfs_cache *c, const struct sfs_lease *lease, int64_t d
 
         if (st == SFS_STATE_READY || st == SFS_STATE_FAILED)
             return (int)st;
-        if (st == SFS_STATE_LOADING && i_own(c, sl))
-            return SFS_WAIT_OWNER; /* ours to fill (a takeover we made) */
         if (st == SFS_STATE_IDLE || st == SFS_STATE_FREE ||
             (st == SFS_STATE_LOADING && !owner_alive_rec(c, sl))) {
-            if (try_takeover(c, lease->slot))
+            if (try_takeover(c, lease->slot, lease->entry))
                 return SFS_WAIT_OWNER;
             continue;
         }
@@ -951,7 +974,7 @@ int sfs_cache_publish(struct sfs_cache *c, const struct sfs_lease *lease, uint32
     if (!sl || length > c->shard_size)
         return -EINVAL;
     if (atomic_load_explicit(&sl->state, memory_order_acquire) != SFS_STATE_LOADING ||
-        !i_own(c, sl))
+        !i_own(c, sl) || !lease_is_owner(c, lease))
         return -EPERM;
     atomic_store_explicit(&sl->length, length, memory_order_relaxed);
     atomic_store_explicit(&sl->error, 0, memory_order_relaxed);
@@ -960,6 +983,8 @@ int sfs_cache_publish(struct sfs_cache *c, const struct sfs_lease *lease, uint32
         sfs_ctr_add(c, CTR_BYTES_READ, length);
     if (atomic_load_explicit(&sl->flags, memory_order_relaxed) & SLOT_F_PREFETCHED)
         sfs_ctr_add(c, CTR_PREFETCHED, 1);
+    /* No longer an owner's lease: a later retry's owner is someone else. */
+    atomic_fetch_and_explicit(&c->leases[lease->entry], ~ENTRY_OWNER, memory_order_relaxed);
     set_state(sl, SFS_STATE_READY);
     return 0;
 }
@@ -971,12 +996,13 @@ int sfs_cache_fail(struct sfs_cache *c, const struct sfs_lease *lease, int error
     if (!sl || error >= 0)
         return -EINVAL;
     if (atomic_load_explicit(&sl->state, memory_order_acquire) != SFS_STATE_LOADING ||
-        !i_own(c, sl))
+        !i_own(c, sl) || !lease_is_owner(c, lease))
         return -EPERM;
     /* Error first, then state, then version (set_state): waiters that see
      * Failed see the error. */
     atomic_store_explicit(&sl->error, error, memory_order_relaxed);
     sfs_ctr_add(c, CTR_FAILURES, 1);
+    atomic_fetch_and_explicit(&c->leases[lease->entry], ~ENTRY_OWNER, memory_order_relaxed);
     set_state(sl, SFS_STATE_FAILED);
     return 0;
 }
@@ -1018,9 +1044,11 @@ static void release_locked(struct sfs_cache *c, uint32_t proc, uint32_t gen,
                            _Atomic uint32_t *table, uint32_t e, uint32_t s)
 {
     struct sfs_slot_rec *sl = &c->slots[s];
+    uint32_t v = atomic_load_explicit(&table[e], memory_order_relaxed);
 
     atomic_store_explicit(&table[e], SFS_ENTRY_FREE, memory_order_relaxed);
-    if (atomic_load_explicit(&sl->state, memory_order_relaxed) == SFS_STATE_LOADING &&
+    if ((v & ENTRY_OWNER) &&
+        atomic_load_explicit(&sl->state, memory_order_relaxed) == SFS_STATE_LOADING &&
         atomic_load_explicit(&sl->owner, memory_order_relaxed) == proc &&
         atomic_load_explicit(&sl->owner_gen, memory_order_relaxed) == gen) {
         atomic_store_explicit(&sl->owner, SFS_NIL, memory_order_relaxed);
@@ -1223,23 +1251,39 @@ void sfs_cache_set_touch_hook(struct sfs_cache *c, sfs_touch_hook_fn *fn, void *
 
 int sfs_cache_foreach(struct sfs_cache *c, unsigned state_mask, sfs_key_visit_fn *fn, void *arg)
 {
+    struct sfs_key *keys = NULL;
+    int *states = NULL, r = 0;
+    uint32_t cap = 0;
+
     if (!c || !fn)
         return -EINVAL;
-    for (uint32_t b = 0; b < c->nbuckets; b++) {
-        struct sfs_key keys[32];
-        int states[32], n = 0;
+    for (uint32_t b = 0; b < c->nbuckets && r == 0; b++) {
+        uint32_t n = 0;
 
         if (atomic_load_explicit(&c->buckets[b].head, memory_order_relaxed) == SFS_NIL)
             continue; /* racy peek is fine: a snapshot */
         if (bucket_lock(c, b) < 0)
             continue;
         uint32_t s = atomic_load_explicit(&c->buckets[b].head, memory_order_relaxed);
-        for (uint32_t steps = 0; s != SFS_NIL && slot_ok(c, s) && steps < c->nslots && n < 32;
-             steps++) {
+        for (uint32_t steps = 0; s != SFS_NIL && slot_ok(c, s) && steps < c->nslots; steps++) {
             struct sfs_slot_rec *sl = &c->slots[s];
             uint32_t st = atomic_load_explicit(&sl->state, memory_order_relaxed);
 
             if (st < 32 && (state_mask & (1u << st))) {
+                if (n == cap) {
+                    uint32_t ncap = cap ? cap * 2 : 16;
+                    struct sfs_key *nk = realloc(keys, sizeof(*keys) * ncap);
+                    int *ns = nk ? realloc(states, sizeof(*states) * ncap) : NULL;
+
+                    if (nk)
+                        keys = nk;
+                    if (!ns) {
+                        r = -ENOMEM;
+                        break;
+                    }
+                    states = ns;
+                    cap = ncap;
+                }
                 memcpy(keys[n].block.b, sl->block, SFS_BLOCK_ID_LEN);
                 keys[n].shard = sl->shard;
                 states[n++] = (int)st;
@@ -1247,14 +1291,13 @@ int sfs_cache_foreach(struct sfs_cache *c, unsigned state_mask, sfs_key_visit_fn
             s = atomic_load_explicit(&sl->next, memory_order_relaxed);
         }
         bucket_unlock(c, b);
-        for (int i = 0; i < n; i++) {
-            int r = fn(&keys[i], states[i], arg);
-
-            if (r)
-                return r;
-        }
+        /* Callbacks run with no lock held: they may call back into the cache. */
+        for (uint32_t i = 0; i < n && r == 0; i++)
+            r = fn(&keys[i], states[i], arg);
     }
-    return 0;
+    free(keys);
+    free(states);
+    return r;
 }
 
 /* ---------------------------------------------------------------------------
@@ -1321,11 +1364,11 @@ static void drop_all_leases(struct sfs_cache *c, uint32_t p, uint32_t gen)
 
         if (v == SFS_ENTRY_FREE)
             continue;
-        if (!slot_ok(c, v - 1)) {
+        if (!slot_ok(c, ENTRY_SLOT1(v) - 1)) {
             atomic_store_explicit(&t[e], SFS_ENTRY_FREE, memory_order_relaxed);
             continue;
         }
-        uint32_t s = v - 1;
+        uint32_t s = ENTRY_SLOT1(v) - 1;
         uint32_t b = atomic_load_explicit(&c->slots[s].bucket, memory_order_relaxed);
         if (b >= c->nbuckets || bucket_lock(c, b) < 0) {
             atomic_store_explicit(&t[e], SFS_ENTRY_FREE, memory_order_relaxed);

@@ -126,7 +126,12 @@ uint64_t sfs_key_hash(const struct sfs_block_id *block)
     return a;
 }
 
-int sfs_proc_start_time(int pid, uint64_t *out)
+/*
+ * Fields of /proc/pid/stat: state (field 3), num_threads (20), start time
+ * (22). comm may contain spaces and parentheses: fields start after the last
+ * ')'.
+ */
+static int proc_stat(int pid, char *state, long *nthreads, uint64_t *start)
 {
     char path[64], buf[1024];
     ssize_t n;
@@ -142,31 +147,51 @@ int sfs_proc_start_time(int pid, uint64_t *out)
     if (n <= 0)
         return -EIO;
     buf[n] = '\0';
-    /* comm may contain spaces and parentheses: fields start after the last ')'. */
     p = strrchr(buf, ')');
-    if (!p)
+    if (!p || p[1] != ' ' || !p[2])
         return -EIO;
+    *state = p[2];
     p++;
-    /* After ")": field 3 (state) is the first; start time is field 22. */
+    /* After ")": field 3 (state) is the first. */
     for (int field = 3; field < 22; field++) {
         p = strchr(p + 1, ' ');
         if (!p)
             return -EIO;
+        if (field == 19)
+            *nthreads = strtol(p + 1, NULL, 10);
     }
-    *out = strtoull(p + 1, NULL, 10);
+    *start = strtoull(p + 1, NULL, 10);
     return 0;
 }
 
+int sfs_proc_start_time(int pid, uint64_t *out)
+{
+    char state;
+    long nthreads;
+
+    return proc_stat(pid, &state, &nthreads, out);
+}
+
+/*
+ * A zombie is dead for us: the kernel released its robust mutexes and its
+ * mappings before it became one, and its parent may be slow to reap it (or be
+ * a rank blocked on a key the dead one owned). A thread-group leader that
+ * exited while other threads run also shows 'Z', but with num_threads > 1.
+ */
 bool sfs_pid_alive(int pid, uint64_t start_time)
 {
     uint64_t st;
+    long nthreads = 0;
+    char state;
 
     if (pid <= 0)
         return false;
     if (kill(pid, 0) < 0 && errno == ESRCH)
         return false;
-    if (sfs_proc_start_time(pid, &st) < 0)
+    if (proc_stat(pid, &state, &nthreads, &st) < 0)
         return false; /* gone between the two checks (or a zombie reaped) */
+    if (state == 'X' || (state == 'Z' && nthreads <= 1))
+        return false;
     return st == start_time;
 }
 

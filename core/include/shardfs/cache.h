@@ -151,7 +151,8 @@ SFS_API int sfs_cache_get(struct sfs_cache *c, const struct sfs_key *key, unsign
                           int64_t deadline_ns, struct sfs_lease *lease);
 
 /*
- * Block until the leased slot is no longer Loading, or deadline_ns.
+ * Block until the leased slot is no longer Loading, or deadline_ns (0: no
+ * deadline; library callers always pass one).
  * Returns SFS_STATE_READY, SFS_STATE_FAILED (sfs_cache_error() tells why), or
  * SFS_OWNER-as-state (1, i.e. the owner died or the slot was reset and the
  * caller now owns it: fill and publish), or -ETIMEDOUT.
