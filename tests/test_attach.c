@@ -1,0 +1,499 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * test_attach.c - handing the cache to other processes, and refusing what
+ * should be refused.
+ *
+ * Good attaches come from forked children (a data rank and a query-only
+ * scheduler). Bad input comes in two kinds: on the socket (garbage, a short
+ * hello, a hello of another format or protocol, a silent client), where the
+ * client must be refused and the server must keep serving; and in the region
+ * itself (another format word, a bad magic, bad geometry, a truncated memfd,
+ * an index out of range), where attach or the operation must return an
+ * error, never crash.
+ */
+#include "testutil.h"
+#include "cache_i.h" /* the header and the control memfd of a handle */
+
+#include <criterion/criterion.h>
+
+#include <errno.h>
+#include <stdio.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#define SHARD 4096u
+
+#define CK(cond)                                                                    \
+    do {                                                                            \
+        if (!(cond)) {                                                              \
+            fprintf(stderr, "child %d: check failed at line %d: %s\n", getpid(),   \
+                    __LINE__, #cond);                                               \
+            return 1;                                                               \
+        }                                                                           \
+    } while (0)
+
+/* The wire format of attach.c, restated: a test that drifts from it fails. */
+#define HELLO_MAGIC   0x6f6c6c6548534653ull
+#define WELCOME_MAGIC 0x656d6f6c6557534full
+#define PROTO_VERSION 1u
+
+struct hello {
+    uint64_t magic;
+    uint32_t proto;
+    uint32_t flags;
+    uint64_t format;
+    int32_t device_id;
+    uint32_t pad;
+};
+
+struct welcome {
+    uint64_t magic;
+    uint32_t proto;
+    int32_t status;
+    uint64_t format;
+    uint64_t ctl_size;
+    uint32_t nsegments;
+    uint32_t nfds;
+};
+
+static struct sfs_cache *served(const char **path)
+{
+    struct sfs_cache *c = tu_cache(8, 0, SHARD);
+
+    cr_assert_not_null(c);
+    *path = tu_path("attach");
+    cr_assert_eq(sfs_cache_serve(c, *path), 0);
+    return c;
+}
+
+/* ---------------------------------------------------------------------------
+ * Good attaches.
+ */
+struct child {
+    const char *path;
+    struct sfs_key have, absent, write;
+};
+
+static int data_child(void *arg)
+{
+    struct child *a = arg;
+    struct sfs_cache_info info;
+    struct sfs_lease l;
+    size_t len = 0;
+    int err = 0;
+    struct sfs_cache *c = sfs_cache_attach(a->path, 3, &err);
+
+    CK(c);
+    sfs_cache_info(c, &info);
+    CK(!info.query_only);
+    CK(info.nslots == 8 && info.shard_size == SHARD);
+    CK(sfs_cache_segment(c, 0, &len) != NULL && len >= SHARD);
+    CK(sfs_cache_get(c, &a->have, 0, 0, &l) == SFS_HIT);
+    CK(sfs_cache_data(c, &l) != NULL);
+    CK(tu_check(&a->have, sfs_cache_data(c, &l), SHARD) == -1);
+    CK(sfs_cache_release(c, &l) == 0);
+    /* Bytes written here are the parent's bytes too. */
+    CK(sfs_cache_get(c, &a->write, 0, 0, &l) == SFS_OWNER);
+    tu_fill(&a->write, sfs_cache_data(c, &l), SHARD);
+    CK(sfs_cache_publish(c, &l, SHARD, 0) == 0);
+    CK(sfs_cache_release(c, &l) == 0);
+    sfs_cache_close(c);
+    return 0;
+}
+
+Test(attach, data_rank_shares_bytes, .timeout = 30)
+{
+    const char *path;
+    struct sfs_cache *c = served(&path);
+    struct child a = {.path = path, .have = tu_key(1, 0), .write = tu_key(2, 0)};
+    struct sfs_lease l;
+
+    cr_assert_eq(tu_load(c, &a.have), SFS_OWNER);
+    cr_assert_eq(tu_wait(tu_fork(data_child, &a)), 0);
+    cr_assert_eq(sfs_cache_get(c, &a.write, 0, 0, &l), SFS_HIT);
+    cr_assert_eq(tu_check(&a.write, sfs_cache_data(c, &l), SHARD), -1,
+                 "the child's bytes are not in the parent's mapping");
+    cr_assert_eq(sfs_cache_release(c, &l), 0);
+    sfs_cache_close(c);
+}
+
+static int query_child(void *arg)
+{
+    struct child *a = arg;
+    struct sfs_cache_info info;
+    struct sfs_lease l;
+    int err = 0;
+    struct sfs_cache *c = sfs_cache_attach(a->path, -1, &err);
+
+    CK(c);
+    sfs_cache_info(c, &info);
+    CK(info.query_only);
+    CK(sfs_cache_segment(c, 0, NULL) == NULL);
+    CK(sfs_cache_exists(c, &a->have));
+    CK(!sfs_cache_exists(c, &a->absent));
+    CK(sfs_cache_state(c, &a->have) == SFS_STATE_READY);
+    CK(sfs_cache_state(c, &a->absent) == -ENOENT);
+    CK(sfs_cache_get(c, &a->have, SFS_GET_NOALLOC, 0, &l) == SFS_HIT);
+    CK(sfs_cache_data(c, &l) == NULL);
+    CK(sfs_cache_release(c, &l) == 0);
+    sfs_cache_close(c);
+    return 0;
+}
+
+Test(attach, query_only_role, .timeout = 30)
+{
+    const char *path;
+    struct sfs_cache *c = served(&path);
+    struct child a = {.path = path, .have = tu_key(3, 1), .absent = tu_key(4, 0)};
+
+    cr_assert_eq(tu_load(c, &a.have), SFS_OWNER);
+    cr_assert_eq(tu_wait(tu_fork(query_child, &a)), 0);
+    sfs_cache_close(c);
+}
+
+/* ---------------------------------------------------------------------------
+ * Bad clients on the socket.
+ */
+
+static int raw_connect(const char *path)
+{
+    struct sockaddr_un addr = {.sun_family = AF_UNIX};
+    struct timeval tv = {.tv_sec = 5};
+    int s = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+
+    cr_assert_geq(s, 0);
+    strcpy(addr.sun_path, path);
+    setsockopt(s, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+    cr_assert_eq(connect(s, (struct sockaddr *)&addr, sizeof(addr)), 0);
+    return s;
+}
+
+/* Read the server's answer: the welcome's status, or 1 for a bare close.
+ * A refusal never carries fds. */
+static int answer(int s)
+{
+    struct welcome w;
+    char cbuf[CMSG_SPACE(sizeof(int) * 4)];
+    struct iovec iov = {.iov_base = &w, .iov_len = sizeof(w)};
+    struct msghdr msg = {.msg_iov = &iov, .msg_iovlen = 1, .msg_control = cbuf,
+                         .msg_controllen = sizeof(cbuf)};
+    ssize_t n = recvmsg(s, &msg, MSG_WAITALL | MSG_CMSG_CLOEXEC);
+
+    cr_assert_geq(n, 0, "no answer from the server: %s", strerror(errno));
+    if (n == 0)
+        return 1;
+    cr_assert_eq(n, (ssize_t)sizeof(w));
+    cr_assert_eq(w.magic, WELCOME_MAGIC);
+    cr_assert_null(CMSG_FIRSTHDR(&msg), "a refused client was sent fds");
+    return w.status;
+}
+
+/* A good attach right after: the server kept serving. */
+static void good_attach(const char *path)
+{
+    int err = 0;
+    struct sfs_cache *c = sfs_cache_attach(path, 0, &err);
+    struct sfs_key k = tu_key(1, 0);
+
+    cr_assert_not_null(c, "the server stopped serving: %s", strerror(-err));
+    cr_assert_eq(sfs_cache_state(c, &k), -ENOENT);
+    sfs_cache_close(c);
+}
+
+Test(attach, garbage_client_refused, .timeout = 30)
+{
+    const char *path;
+    struct sfs_cache *c = served(&path);
+    char junk[13] = "not a hello!";
+    int s = raw_connect(path);
+
+    cr_assert_eq(send(s, junk, sizeof(junk), 0), (ssize_t)sizeof(junk));
+    shutdown(s, SHUT_WR);
+    int st = answer(s);
+    cr_assert(st == -EBADMSG || st == 1, "garbage got status %d", st);
+    close(s);
+    /* 40 bytes of garbage: full size, wrong magic. */
+    char big[sizeof(struct hello)];
+    memset(big, 0xa5, sizeof(big));
+    s = raw_connect(path);
+    cr_assert_eq(send(s, big, sizeof(big), 0), (ssize_t)sizeof(big));
+    cr_assert_eq(answer(s), -EBADMSG);
+    close(s);
+    good_attach(path);
+    sfs_cache_close(c);
+}
+
+Test(attach, short_hello_refused, .timeout = 30)
+{
+    const char *path;
+    struct sfs_cache *c = served(&path);
+    struct hello h = {.magic = HELLO_MAGIC, .proto = PROTO_VERSION, .flags = 1,
+                      .format = sfs_layout_format()};
+    int s = raw_connect(path);
+
+    cr_assert_eq(send(s, &h, 12, 0), 12);
+    shutdown(s, SHUT_WR);
+    int st = answer(s);
+    cr_assert(st == -EBADMSG || st == 1, "a short hello got status %d", st);
+    close(s);
+    good_attach(path);
+    sfs_cache_close(c);
+}
+
+Test(attach, wrong_format_or_proto_hello_refused, .timeout = 30)
+{
+    const char *path;
+    struct sfs_cache *c = served(&path);
+    struct hello h = {.magic = HELLO_MAGIC, .proto = PROTO_VERSION, .flags = 1,
+                      .format = sfs_layout_format() ^ 0x10};
+    int s = raw_connect(path);
+
+    cr_assert_eq(send(s, &h, sizeof(h), 0), (ssize_t)sizeof(h));
+    cr_assert_eq(answer(s), -EPROTO, "another layout must be refused with EPROTO");
+    close(s);
+    h.format = sfs_layout_format();
+    h.proto = PROTO_VERSION + 1;
+    s = raw_connect(path);
+    cr_assert_eq(send(s, &h, sizeof(h), 0), (ssize_t)sizeof(h));
+    cr_assert_eq(answer(s), -EPROTO, "another protocol must be refused with EPROTO");
+    close(s);
+    /* The same hello, right: welcomed with the control fd. */
+    h.proto = PROTO_VERSION;
+    s = raw_connect(path);
+    cr_assert_eq(send(s, &h, sizeof(h), 0), (ssize_t)sizeof(h));
+    {
+        struct welcome w;
+        char cbuf[CMSG_SPACE(sizeof(int))];
+        struct iovec iov = {.iov_base = &w, .iov_len = sizeof(w)};
+        struct msghdr msg = {.msg_iov = &iov, .msg_iovlen = 1, .msg_control = cbuf,
+                             .msg_controllen = sizeof(cbuf)};
+
+        cr_assert_eq(recvmsg(s, &msg, MSG_WAITALL | MSG_CMSG_CLOEXEC), (ssize_t)sizeof(w));
+        cr_assert_eq(w.status, 0);
+        cr_assert_eq(w.format, sfs_layout_format());
+        struct cmsghdr *cm = CMSG_FIRSTHDR(&msg);
+        cr_assert_not_null(cm, "a good hello got no control fd");
+        int fd;
+        memcpy(&fd, CMSG_DATA(cm), sizeof(fd));
+        close(fd);
+    }
+    close(s);
+    good_attach(path);
+    sfs_cache_close(c);
+}
+
+/* A client that connects and says nothing stalls the server at most its
+ * receive timeout; the next client is served. */
+Test(attach, silent_client_does_not_stall_server, .timeout = 30)
+{
+    const char *path;
+    struct sfs_cache *c = served(&path);
+    int s = raw_connect(path);
+
+    int64_t t0 = sfs_now_ns();
+    good_attach(path);
+    int64_t dt = sfs_now_ns() - t0;
+    cr_assert_lt(dt, 4000 * 1000 * 1000ll, "a silent client stalled the server %lld ns",
+                 (long long)dt);
+    close(s);
+    sfs_cache_close(c);
+}
+
+/* ---------------------------------------------------------------------------
+ * Bad regions.
+ */
+
+Test(attach, region_of_another_format_is_eproto, .timeout = 30)
+{
+    const char *path;
+    struct sfs_cache *c = served(&path);
+    uint64_t fmt = c->hdr->format;
+    int err = 0;
+
+    c->hdr->format = fmt ^ 1;
+    cr_assert_null(sfs_cache_attach(path, 0, &err));
+    cr_assert_eq(err, -EPROTO, "attach to a region of another layout: %d", err);
+    err = 0;
+    cr_assert_null(sfs_cache_attach(path, -1, &err));
+    cr_assert_eq(err, -EPROTO);
+    err = 0;
+    cr_assert_null(sfs_cache_attach_fds(dup(c->ctl_fd), NULL, 0, -1, &err));
+    cr_assert_eq(err, -EPROTO);
+    c->hdr->format = fmt;
+    good_attach(path);
+    sfs_cache_close(c);
+}
+
+Test(attach, region_with_bad_magic_is_ebadmsg, .timeout = 30)
+{
+    const char *path;
+    struct sfs_cache *c = served(&path);
+    int err = 0;
+
+    c->hdr->magic ^= 0xff;
+    cr_assert_null(sfs_cache_attach(path, 0, &err));
+    cr_assert_eq(err, -EBADMSG, "bad magic: %d", err);
+    c->hdr->magic ^= 0xff;
+    good_attach(path);
+    sfs_cache_close(c);
+}
+
+/* A memfd holding the first n bytes of c's control plane, edited by fn. */
+static int region_copy(struct sfs_cache *c, size_t n, void (*fn)(struct sfs_header *))
+{
+    int fd = memfd_create("test-ctl", MFD_CLOEXEC);
+
+    cr_assert_geq(fd, 0);
+    cr_assert_eq(ftruncate(fd, (off_t)n), 0);
+    if (n) {
+        uint8_t *p = mmap(NULL, n, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+
+        cr_assert_neq(p, MAP_FAILED);
+        memcpy(p, c->ctl, n);
+        if (fn && n >= sizeof(struct sfs_header))
+            fn((struct sfs_header *)p);
+        munmap(p, n);
+    }
+    return fd;
+}
+
+static void bad_magic(struct sfs_header *h)
+{
+    h->magic = 0x4141414141414141ull;
+}
+
+static void bad_nslots(struct sfs_header *h)
+{
+    h->nslots = 1u << 29;
+}
+
+static void bad_nbuckets(struct sfs_header *h)
+{
+    h->nbuckets = 100; /* not a power of two */
+}
+
+static void bad_region_size(struct sfs_header *h)
+{
+    h->region_size /= 2;
+}
+
+static void bad_offset(struct sfs_header *h)
+{
+    h->off_slots += 64;
+}
+
+static int attach_copy(struct sfs_cache *c, size_t n, void (*fn)(struct sfs_header *))
+{
+    int err = 0;
+    struct sfs_cache *a = sfs_cache_attach_fds(region_copy(c, n, fn), NULL, 0, -1, &err);
+
+    if (a) {
+        sfs_cache_close(a);
+        return 0;
+    }
+    cr_assert_lt(err, 0);
+    return err;
+}
+
+Test(attach, truncated_region_is_ebadmsg, .timeout = 30)
+{
+    struct sfs_cache *c = tu_cache(64, 0, SHARD);
+    size_t full = c->ctl_len;
+    size_t sizes[] = {0, 8, 64, sizeof(struct sfs_header) - 1, sizeof(struct sfs_header),
+                      sizeof(struct sfs_header) + 100, 4096, full / 2, full - 4096};
+
+    cr_assert_not_null(c);
+    cr_assert_gt(full, 3 * 4096, "the region is too small to truncate meaningfully");
+    /* Control: the whole copy attaches, so only the truncation is refused. */
+    cr_assert_eq(attach_copy(c, full, NULL), 0);
+    for (size_t i = 0; i < sizeof(sizes) / sizeof(sizes[0]); i++)
+        cr_assert_eq(attach_copy(c, sizes[i], NULL), -EBADMSG, "a region of %zu of %zu bytes",
+                     sizes[i], full);
+    sfs_cache_close(c);
+}
+
+Test(attach, corrupt_header_copies_are_refused, .timeout = 30)
+{
+    struct sfs_cache *c = tu_cache(64, 0, SHARD);
+
+    cr_assert_not_null(c);
+    cr_assert_eq(attach_copy(c, c->ctl_len, bad_magic), -EBADMSG);
+    cr_assert_eq(attach_copy(c, c->ctl_len, bad_nslots), -EBADMSG);
+    cr_assert_eq(attach_copy(c, c->ctl_len, bad_nbuckets), -EBADMSG);
+    cr_assert_eq(attach_copy(c, c->ctl_len, bad_region_size), -EBADMSG);
+    cr_assert_eq(attach_copy(c, c->ctl_len, bad_offset), -EBADMSG);
+    sfs_cache_close(c);
+}
+
+/* An index out of range in a live region: an error, never a wild access. */
+Test(attach, corrupt_chain_index_is_ebadmsg, .timeout = 30)
+{
+    struct sfs_cache *c = tu_cache(8, 0, SHARD);
+    struct sfs_key k = tu_key(5, 0);
+    struct sfs_lease l;
+    uint32_t b, head;
+
+    cr_assert_not_null(c);
+    cr_assert_eq(tu_load(c, &k), SFS_OWNER);
+    b = c->slots[0].bucket;
+    cr_assert_lt(b, c->nbuckets);
+    head = atomic_load(&c->buckets[b].head);
+    atomic_store(&c->buckets[b].head, c->nslots + 1000);
+    cr_assert_eq(sfs_cache_get(c, &k, 0, 0, &l), -EBADMSG);
+    cr_assert_eq(sfs_cache_state(c, &k), -EBADMSG);
+    cr_assert_eq(sfs_cache_remove(c, &k), -EBADMSG);
+    cr_assert_eq(sfs_cache_prealloc(c, &k), -EBADMSG);
+    cr_assert_geq(sfs_cache_touch(c, &k.block, 1), 0);
+    atomic_store(&c->buckets[b].head, head);
+    cr_assert_eq(sfs_cache_get(c, &k, 0, 0, &l), SFS_HIT);
+    cr_assert_eq(sfs_cache_release(c, &l), 0);
+    sfs_cache_close(c);
+}
+
+/* ---------------------------------------------------------------------------
+ * The socket's life.
+ */
+
+Test(attach, close_unlinks_socket, .timeout = 30)
+{
+    const char *path;
+    struct sfs_cache *c = tu_cache(8, 0, SHARD);
+    struct stat st;
+    int err = 0;
+    char p[128];
+
+    cr_assert_not_null(c);
+    path = tu_path("sock");
+    snprintf(p, sizeof(p), "%s", path);
+    /* A stale file at the path is replaced. */
+    FILE *f = fopen(p, "w");
+    cr_assert_not_null(f);
+    fclose(f);
+    cr_assert_eq(sfs_cache_serve(c, p), 0);
+    cr_assert_eq(stat(p, &st), 0);
+    cr_assert(S_ISSOCK(st.st_mode));
+    cr_assert_eq(sfs_cache_serve(c, p), -EINVAL, "a second server on one cache");
+    good_attach(p);
+    sfs_cache_close(c);
+    cr_assert_eq(stat(p, &st), -1);
+    cr_assert_eq(errno, ENOENT, "the socket outlived the cache");
+    cr_assert_null(sfs_cache_attach(p, 0, &err));
+    cr_assert(err == -ENOENT || err == -ECONNREFUSED, "attach to nothing: %d", err);
+}
+
+Test(attach, attacher_cannot_serve, .timeout = 30)
+{
+    const char *path;
+    struct sfs_cache *c = served(&path);
+    int err = 0;
+    struct sfs_cache *a = sfs_cache_attach(path, 0, &err);
+
+    cr_assert_not_null(a);
+    cr_assert_eq(sfs_cache_serve(a, tu_path("other")), -EINVAL);
+    sfs_cache_close(a);
+    sfs_cache_close(c);
+}
