@@ -1,0 +1,25 @@
+#!/usr/bin/env bash
+# SPDX-License-Identifier: MIT
+# Install what shardfs needs to build and test on Debian 12 (idempotent).
+# The CUDA toolkit is optional: CMake finds it at /usr/local/cuda when present.
+set -euo pipefail
+
+pkgs=(build-essential cmake pkg-config git
+      libfuse3-dev fuse3 liburing-dev libnuma-dev libcriterion-dev
+      attr util-linux procps)
+
+missing=()
+for p in "${pkgs[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if [ ${#missing[@]} -eq 0 ]; then
+  exit 0
+fi
+SUDO=""
+if [ "$(id -u)" -ne 0 ]; then
+  SUDO=sudo
+fi
+echo "install-deps: installing ${missing[*]}"
+export DEBIAN_FRONTEND=noninteractive
+$SUDO apt-get update -qq
+$SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
