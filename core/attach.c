@@ -72,7 +72,6 @@ static struct sfs_cache *handle_alloc(void)
         return NULL;
     c->ctl_fd = -1;
     c->me = SFS_NIL;
-    pthread_mutex_init(&c->lease_mu, NULL);
     return c;
 }
 

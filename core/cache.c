@@ -536,24 +536,48 @@ static void make_owner(struct sfs_cache *c, struct sfs_slot_rec *s)
  * Lease entries: our table in shared memory, a free stack in private memory.
  */
 
+/*
+ * The free entries form a Treiber stack in private memory: the head packs a
+ * tag (bumped on every pop, against ABA) with the top entry + 1. Pop and push
+ * are one CAS each, so threads of one process never serialise on a mutex
+ * here.
+ */
+#define FREE_TOP(h) ((uint32_t)(h))
+#define FREE_TAG(h) ((h) >> 32)
+
 static int entry_alloc(struct sfs_cache *c, uint32_t *e)
 {
-    int r = 0;
+    /* Acquire: the next link of the top was written before it was pushed. */
+    uint64_t h = atomic_load_explicit(&c->free_head, memory_order_acquire);
 
-    pthread_mutex_lock(&c->lease_mu);
-    if (c->nfree == 0)
-        r = -ENOBUFS;
-    else
-        *e = c->lease_free[--c->nfree];
-    pthread_mutex_unlock(&c->lease_mu);
-    return r;
+    for (;;) {
+        uint32_t top = FREE_TOP(h);
+
+        if (top == 0)
+            return -ENOBUFS;
+        uint32_t next = atomic_load_explicit(&c->free_next[top - 1], memory_order_relaxed);
+        uint64_t nh = (FREE_TAG(h) + 1) << 32 | next;
+
+        if (atomic_compare_exchange_weak_explicit(&c->free_head, &h, nh, memory_order_acquire,
+                                                  memory_order_acquire)) {
+            *e = top - 1;
+            return 0;
+        }
+    }
 }
 
 static void entry_free(struct sfs_cache *c, uint32_t e)
 {
-    pthread_mutex_lock(&c->lease_mu);
-    c->lease_free[c->nfree++] = e;
-    pthread_mutex_unlock(&c->lease_mu);
+    uint64_t h = atomic_load_explicit(&c->free_head, memory_order_relaxed);
+
+    for (;;) {
+        atomic_store_explicit(&c->free_next[e], FREE_TOP(h), memory_order_relaxed);
+        /* Release: the link is visible before the entry is on top. */
+        if (atomic_compare_exchange_weak_explicit(&c->free_head, &h,
+                                                  FREE_TAG(h) << 32 | (e + 1),
+                                                  memory_order_release, memory_order_relaxed))
+            return;
+    }
 }
 
 /* Bucket lock held: mark our lease e on slot s as the owner's. */
@@ -565,8 +589,13 @@ static void lease_mark_owner(struct sfs_cache *c, uint32_t s, uint32_t e)
 /* Bucket lock held: record the lease, then count it (repair recounts). */
 static void lease_take(struct sfs_cache *c, uint32_t s, uint32_t e, struct sfs_lease *out)
 {
+    struct sfs_slot_rec *sl = &c->slots[s];
+
     atomic_store_explicit(&c->leases[e], s + 1, memory_order_relaxed);
-    atomic_fetch_add_explicit(&c->slots[s].refcount, 1, memory_order_relaxed);
+    /* Under the bucket lock: a plain read-modify-write, no locked add. */
+    atomic_store_explicit(&sl->refcount,
+                          atomic_load_explicit(&sl->refcount, memory_order_relaxed) + 1,
+                          memory_order_relaxed);
     out->slot = s;
     out->entry = e;
 }
@@ -804,7 +833,6 @@ retry:;
                                           memory_order_relaxed);
                 sfs_ctr_add(c, CTR_PREFETCH_HITS, 1);
             }
-            sfs_ctr_add(c, CTR_HITS, 1);
             bucket_unlock(c, b);
             return SFS_HIT;
         case SFS_STATE_LOADING:
@@ -871,6 +899,7 @@ out_unlock:
     bucket_unlock(c, b);
 out_free:
     entry_free(c, e);
+    sfs_ctr_add(c, CTR_UNSERVED, 1);
     return r;
 }
 
@@ -1422,7 +1451,10 @@ static void fill_stats(struct sfs_cache *c, const int64_t *acc, struct sfs_stats
 {
     memset(o, 0, sizeof(*o));
     o->requests = (uint64_t)acc[CTR_REQUESTS];
-    o->hits = (uint64_t)acc[CTR_HITS];
+    /* Hits are not counted on the hit path: every request is a hit, a miss
+     * (owner or waiter) or unserved (an error). */
+    int64_t hits = acc[CTR_REQUESTS] - acc[CTR_MISSES] - acc[CTR_UNSERVED];
+    o->hits = hits > 0 ? (uint64_t)hits : 0; /* counters are read one by one */
     o->misses = (uint64_t)acc[CTR_MISSES];
     o->prefetched = (uint64_t)acc[CTR_PREFETCHED];
     o->prefetch_hits = (uint64_t)acc[CTR_PREFETCH_HITS];
@@ -1492,12 +1524,13 @@ void *sfs_cache_segment(struct sfs_cache *c, uint32_t i, size_t *len)
 
 int sfs_lease_table_init(struct sfs_cache *c)
 {
-    c->lease_free = malloc(sizeof(*c->lease_free) * c->max_leases);
-    if (!c->lease_free)
+    c->free_next = malloc(sizeof(*c->free_next) * c->max_leases);
+    if (!c->free_next)
         return -ENOMEM;
+    /* Entry i links to i + 1 (as "top" values: index + 1), 0 ends the stack. */
     for (uint32_t i = 0; i < c->max_leases; i++)
-        c->lease_free[i] = c->max_leases - 1 - i;
-    c->nfree = c->max_leases;
+        atomic_init(&c->free_next[i], i + 1 < c->max_leases ? i + 2 : 0);
+    atomic_init(&c->free_head, 1);
     return 0;
 }
 
@@ -1518,7 +1551,6 @@ void sfs_cache_free_handle(struct sfs_cache *c)
         munmap(c->ctl, c->ctl_len);
     if (c->ctl_fd >= 0)
         close(c->ctl_fd);
-    pthread_mutex_destroy(&c->lease_mu);
-    free(c->lease_free);
+    free(c->free_next);
     free(c);
 }

@@ -61,10 +61,10 @@ struct sfs_cache {
     uint32_t my_gen;
     struct sfs_proc_rec *self;
 
-    /* Free entries of our lease table: a stack, process-local. */
-    pthread_mutex_t lease_mu;
-    uint32_t *lease_free;
-    uint32_t nfree;
+    /* Free entries of our lease table: a lock-free stack, process-local
+     * (see entry_alloc in cache.c). */
+    _Atomic uint64_t free_head;
+    _Atomic uint32_t *free_next;
 
     /* Touch cascade. */
     sfs_touch_hook_fn *touch_fn;
@@ -75,12 +75,24 @@ struct sfs_cache {
 
 /* util.c */
 void sfs_log(int level, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-uint64_t sfs_key_hash(const struct sfs_block_id *block);
 int sfs_proc_start_time(int pid, uint64_t *out);
 bool sfs_pid_alive(int pid, uint64_t start_time);
 int sfs_futex_wait(_Atomic uint32_t *word, uint32_t expect, int64_t deadline_ns);
 int sfs_futex_wake(_Atomic uint32_t *word, int n);
 int sfs_robust_mutex_init(pthread_mutex_t *m);
+
+/* Hash of a block id. Ids are already md5-style hashes, so one multiply and
+ * a fold suffice to spread ids that are not (sequential test ids, say) over
+ * the low bits the bucket mask keeps. Inline: it is on every Get. */
+static inline uint64_t sfs_key_hash(const struct sfs_block_id *block)
+{
+    uint64_t a, b;
+
+    __builtin_memcpy(&a, block->b, 8);
+    __builtin_memcpy(&b, block->b + 8, 8);
+    a = (a ^ (b + 0x9e3779b97f4a7c15ull)) * 0xbf58476d1ce4e5b9ull;
+    return a ^ (a >> 29);
+}
 
 /* dataplane.c */
 int sfs_dp_create(struct sfs_cache *c, int hugepages, int numa_node, bool populate);

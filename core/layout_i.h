@@ -36,7 +36,7 @@
 /* Per-process counters; indices into sfs_proc_rec.ctr. */
 enum sfs_ctr {
     CTR_REQUESTS,
-    CTR_HITS,
+    CTR_UNSERVED, /* Gets that returned an error; hits are derived */
     CTR_MISSES,
     CTR_PREFETCHED,
     CTR_PREFETCH_HITS,

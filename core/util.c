@@ -109,23 +109,6 @@ const char *sfs_state_name(int state)
     }
 }
 
-/* 64-bit mix of the block id (ids are already hashes; mixing guards against
- * ids that are not). */
-uint64_t sfs_key_hash(const struct sfs_block_id *block)
-{
-    uint64_t a, b;
-
-    memcpy(&a, block->b, 8);
-    memcpy(&b, block->b + 8, 8);
-    a ^= b * 0x9e3779b97f4a7c15ull;
-    a ^= a >> 33;
-    a *= 0xff51afd7ed558ccdull;
-    a ^= a >> 33;
-    a *= 0xc4ceb9fe1a85ec53ull;
-    a ^= a >> 33;
-    return a;
-}
-
 /*
  * Fields of /proc/pid/stat: state (field 3), num_threads (20), start time
  * (22). comm may contain spaces and parentheses: fields start after the last
