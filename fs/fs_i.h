@@ -1,0 +1,107 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * fs_i.h - private to the shardfs daemon: its state, the inode table, and
+ * what main.c (setup, options, lifetime) and ops.c (the FUSE low-level
+ * handlers) share.
+ *
+ * The tree is virtual: every name is a pure function of (kind, block id,
+ * shard index), so an inode is that triple. 128-bit block ids do not fit in a
+ * 64-bit inode number, so the daemon keeps a table: each triple the kernel
+ * holds a reference to (lookup count > 0) has one node with a number that is
+ * never reused. A number the table does not know gives ESTALE, never a crash.
+ */
+#ifndef SHARDFS_FS_I_H
+#define SHARDFS_FS_I_H
+
+#define FUSE_USE_VERSION 312
+#include <fuse_lowlevel.h>
+
+#include <shardfs/backend.h>
+#include <shardfs/cache.h>
+
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stdint.h>
+#include <time.h>
+
+/* What an inode is. */
+enum fs_kind {
+    FS_ROOT = 1, /* MOUNTPOINT */
+    FS_BLOCKS,   /* MOUNTPOINT/block */
+    FS_STATS,    /* MOUNTPOINT/stats */
+    FS_BLOCK,    /* MOUNTPOINT/block/<32 hex> */
+    FS_SHARDDIR, /* MOUNTPOINT/block/<32 hex>/shard */
+    FS_SHARD,    /* MOUNTPOINT/block/<32 hex>/shard/<n> */
+};
+
+/* Fixed inode numbers; the table hands out numbers from FS_INO_DYNAMIC up. */
+#define FS_INO_ROOT    FUSE_ROOT_ID
+#define FS_INO_BLOCKS  2
+#define FS_INO_STATS   3
+#define FS_INO_DYNAMIC 16
+
+/* An object of the tree: what an inode number resolves to. */
+struct fs_obj {
+    int kind;           /* enum fs_kind */
+    struct sfs_key key; /* block for FS_BLOCK/FS_SHARDDIR; block and shard for FS_SHARD */
+};
+
+/* One table entry. Every field is protected by fs.lock. */
+struct fs_node {
+    fuse_ino_t ino;
+    struct fs_obj obj;
+    uint64_t nlookup;                    /* kernel references: + on each entry reply, - on forget */
+    uint32_t nwriters;                   /* open write handles (a created shard exists while > 0) */
+    struct fs_node *next_ino, *next_obj; /* hash chains */
+};
+
+/* Counters the daemon keeps itself (the cache keeps the shared ones).
+ * Relaxed atomics: statistics, read only by /stats. */
+struct fs_counters {
+    _Atomic uint64_t backend_loads;     /* loads this daemon submitted to its backend */
+    _Atomic uint64_t backend_errors;    /* loads and dumps that completed with an error */
+    _Atomic uint64_t reads;             /* FUSE read requests on shard files */
+    _Atomic uint64_t read_bytes;        /* bytes answered to those reads */
+    _Atomic uint64_t writes;            /* shards stored through the mount */
+    _Atomic uint64_t wait_timeouts;     /* reads that gave up waiting (ETIMEDOUT/EAGAIN) */
+    _Atomic uint64_t prefetch_accepted; /* shards user.shardfs.prefetch started loading */
+};
+
+struct fs {
+    /* Set up by main() before the session starts; read-only afterwards. */
+    struct sfs_cache *cache;
+    struct sfs_backend *be;
+    uint64_t shard_size;
+    uint32_t max_read; /* bytes per read request (conn->max_read) */
+    bool ro;           /* -o ro: every change is EROFS */
+    int64_t wait_ns;   /* deadline of a waiter, and of a load on a full cache */
+    char socket_path[108];
+    struct timespec start; /* mtime/ctime/atime of every inode */
+
+    /* The inode table. */
+    pthread_mutex_t lock;
+    struct fs_node **by_ino, **by_obj; /* nbuckets chains each; lock */
+    size_t nbuckets, nnodes;           /* lock */
+    uint64_t next_ino;                 /* lock */
+
+    /* Asynchronous loads (reads and prefetches) still running: the session
+     * must outlive them, so main() waits for this to reach 0. */
+    _Atomic uint32_t inflight; /* seq_cst: waited on at shutdown */
+
+    struct fs_counters ctr;
+};
+
+/* ops.c */
+extern const struct fuse_lowlevel_ops fs_ops;
+int fs_table_init(struct fs *fs);
+void fs_table_destroy(struct fs *fs);
+/* Write the Prometheus text of the counters into buf; returns its length
+ * (which may exceed len: then the text was cut). */
+size_t fs_stats_text(struct fs *fs, char *buf, size_t len);
+/* Parse a shard index: canonical decimal (no sign, no leading zero). */
+bool fs_parse_shard(const char *name, uint32_t *out);
+/* Parse a block directory name: exactly 32 lowercase hex characters. */
+bool fs_parse_block(const char *name, struct sfs_block_id *out);
+
+#endif /* SHARDFS_FS_I_H */

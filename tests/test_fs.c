@@ -1,0 +1,1148 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * test_fs.c - the shardfs daemon through real mounts.
+ *
+ * Each test writes a store in UCM PosixStore layout (data/<32 hex>, shard n at
+ * n * shard_size, bytes from tu_fill), starts the daemon binary in the
+ * foreground in a child, waits for the mount, and drives it with the tools an
+ * operator uses (cp, dd, ls, setfattr) and with plain system calls. The
+ * suite's fini always unmounts (fusermount3 -u, then SIGKILL) so a failed
+ * test never leaves a mount behind.
+ *
+ * Needs /dev/fuse and fusermount3 (CI runs as root); skips without them.
+ */
+#include "testutil.h"
+
+#include <shardfs/backend.h>
+#include <shardfs/cache.h>
+
+#include <criterion/criterion.h>
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <sys/xattr.h>
+#include <time.h>
+#include <unistd.h>
+
+#ifndef SHARDFS_BIN
+#error "SHARDFS_BIN must name the daemon binary (tests/CMakeLists.txt)"
+#endif
+
+#define SHARD (64u << 10)
+
+struct mount {
+    char store[128], mnt[128], sock[128], log[128];
+    pid_t pid;
+};
+
+static struct mount M;
+
+/* ---------------------------------------------------------------------------
+ * Helpers.
+ */
+
+static int sh(const char *fmt, ...)
+{
+    char cmd[2048];
+    va_list ap;
+    int st;
+
+    va_start(ap, fmt);
+    vsnprintf(cmd, sizeof(cmd), fmt, ap);
+    va_end(ap);
+    st = system(cmd);
+    if (st == -1)
+        return -1;
+    return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
+}
+
+static void sleep_ms(long ms)
+{
+    struct timespec ts = {ms / 1000, (ms % 1000) * 1000000};
+
+    while (nanosleep(&ts, &ts) < 0 && errno == EINTR)
+        ;
+}
+
+static double now_s(void)
+{
+    return (double)sfs_now_ns() / 1e9;
+}
+
+static void hex_of(uint64_t b, char out[SFS_BLOCK_HEX_LEN + 1])
+{
+    struct sfs_block_id id = tu_block(b);
+
+    sfs_block_to_hex(&id, out);
+}
+
+/* MOUNT/block/<hex of b>/shard/<n> (n < 0: the shard directory). */
+static const char *shard_path(uint64_t b, long n)
+{
+    static __thread char buf[4][256];
+    static __thread int i;
+    char hex[SFS_BLOCK_HEX_LEN + 1];
+    char *p = buf[i++ & 3];
+
+    hex_of(b, hex);
+    if (n < 0)
+        snprintf(p, 256, "%s/block/%s/shard", M.mnt, hex);
+    else
+        snprintf(p, 256, "%s/block/%s/shard/%ld", M.mnt, hex, n);
+    return p;
+}
+
+/* Write blocks [first, first+nblocks) of nshards each into dir/data/. */
+static void store_write(const char *dir, uint64_t first, unsigned nblocks, unsigned nshards)
+{
+    char path[512];
+    uint8_t *buf = malloc(SHARD);
+
+    cr_assert_not_null(buf);
+    snprintf(path, sizeof(path), "%s/data", dir);
+    mkdir(dir, 0755);
+    mkdir(path, 0755);
+    for (uint64_t b = first; b < first + nblocks; b++) {
+        char hex[SFS_BLOCK_HEX_LEN + 1];
+        int fd;
+
+        hex_of(b, hex);
+        snprintf(path, sizeof(path), "%s/data/%s", dir, hex);
+        fd = open(path, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+        cr_assert_geq(fd, 0, "create %s: %s", path, strerror(errno));
+        for (uint32_t s = 0; s < nshards; s++) {
+            struct sfs_key k = tu_key(b, s);
+
+            tu_fill(&k, buf, SHARD);
+            cr_assert_eq(pwrite(fd, buf, SHARD, (off_t)s * SHARD), (ssize_t)SHARD);
+        }
+        close(fd);
+    }
+    free(buf);
+}
+
+static bool is_mounted(const char *mnt)
+{
+    FILE *f = fopen("/proc/self/mountinfo", "re");
+    char line[4096], pat[300];
+    bool found = false;
+
+    if (!f)
+        return false;
+    snprintf(pat, sizeof(pat), " %s ", mnt);
+    while (!found && fgets(line, sizeof(line), f))
+        found = strstr(line, pat) && strstr(line, "fuse.shardfs");
+    fclose(f);
+    return found;
+}
+
+/* Start the daemon on a fresh mount point, in the foreground, with the given
+ * backend spec ("" = the store directory) and extra -o options. */
+static void start_spec(const char *spec, const char *opts)
+{
+    char o[512], specbuf[512];
+    double t0;
+
+    if (!M.mnt[0]) {
+        snprintf(M.mnt, sizeof(M.mnt), "%s", tu_path("mnt"));
+        mkdir(M.mnt, 0755);
+    }
+    if (!M.sock[0])
+        snprintf(M.sock, sizeof(M.sock), "%s", tu_path("sock"));
+    if (!M.log[0])
+        snprintf(M.log, sizeof(M.log), "%s", tu_path("log"));
+    snprintf(o, sizeof(o), "socket=%s,hugepages=off%s%s", M.sock, opts && *opts ? "," : "",
+             opts ? opts : "");
+    if (!spec || !*spec)
+        snprintf(specbuf, sizeof(specbuf), "%s", M.store);
+    else
+        snprintf(specbuf, sizeof(specbuf), "%s", spec);
+    M.pid = fork();
+    cr_assert_geq(M.pid, 0);
+    if (M.pid == 0) {
+        int fd = open(M.log, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+
+        if (fd >= 0) {
+            dup2(fd, 1);
+            dup2(fd, 2);
+        }
+        execl(SHARDFS_BIN, "shardfs", "-f", "-o", o, specbuf, M.mnt, (char *)NULL);
+        _exit(127);
+    }
+    t0 = now_s();
+    while (!is_mounted(M.mnt)) {
+        int st;
+
+        if (waitpid(M.pid, &st, WNOHANG) == M.pid) {
+            M.pid = 0;
+            cr_assert_fail("daemon exited before mounting (status %d), see %s", st, M.log);
+        }
+        cr_assert_lt(now_s() - t0, 10.0, "mount did not appear");
+        sleep_ms(10);
+    }
+}
+
+static void start(const char *opts)
+{
+    start_spec(NULL, opts);
+}
+
+/* Unmount and reap the daemon; returns its exit status (-1: had to kill). */
+static int stop(void)
+{
+    double t0 = now_s();
+    int st = 0;
+
+    if (M.pid <= 0)
+        return -1;
+    if (is_mounted(M.mnt))
+        sh("fusermount3 -u %s 2>/dev/null", M.mnt);
+    while (waitpid(M.pid, &st, WNOHANG) != M.pid) {
+        if (now_s() - t0 > 10.0) {
+            kill(M.pid, SIGKILL);
+            waitpid(M.pid, &st, 0);
+            sh("fusermount3 -uz %s 2>/dev/null", M.mnt);
+            M.pid = 0;
+            return -1;
+        }
+        sleep_ms(10);
+    }
+    M.pid = 0;
+    return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
+}
+
+static void setup(void)
+{
+    int fd = open("/dev/fuse", O_RDWR | O_CLOEXEC);
+
+    if (fd < 0 || sh("command -v fusermount3 >/dev/null") != 0) {
+        if (fd >= 0)
+            close(fd);
+        cr_skip_test("no usable /dev/fuse or fusermount3: FUSE tests skipped");
+    }
+    close(fd);
+    memset(&M, 0, sizeof(M));
+    snprintf(M.store, sizeof(M.store), "%s", tu_path("store"));
+    mkdir(M.store, 0755);
+}
+
+static void teardown(void)
+{
+    if (M.pid > 0)
+        stop();
+    if (M.mnt[0] && is_mounted(M.mnt))
+        sh("fusermount3 -uz %s 2>/dev/null", M.mnt);
+    if (M.mnt[0] && !is_mounted(M.mnt))
+        rmdir(M.mnt);
+    if (M.store[0])
+        sh("rm -rf %s", M.store);
+    if (M.log[0] && !getenv("SFS_TEST_KEEP_LOGS"))
+        unlink(M.log); /* the daemon's stderr */
+}
+
+TestSuite(fs, .init = setup, .fini = teardown, .timeout = 120);
+
+/* A counter of MOUNT/stats; -1 if absent. */
+static long long stat_of(const char *name)
+{
+    char path[256], line[512];
+    size_t nl = strlen(name);
+    long long v = -1;
+    FILE *f;
+
+    snprintf(path, sizeof(path), "%s/stats", M.mnt);
+    f = fopen(path, "re");
+    if (!f)
+        return -1;
+    while (fgets(line, sizeof(line), f))
+        if (strncmp(line, name, nl) == 0 && line[nl] == ' ')
+            v = atoll(line + nl + 1);
+    fclose(f);
+    return v;
+}
+
+/* Read a whole file with read(2); returns bytes or -errno. */
+static long read_all(const char *path, void *buf, size_t len)
+{
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    size_t got = 0;
+
+    if (fd < 0)
+        return -errno;
+    while (got < len) {
+        ssize_t n = read(fd, (char *)buf + got, len - got);
+
+        if (n < 0) {
+            int e = errno;
+
+            close(fd);
+            return -e;
+        }
+        if (n == 0)
+            break;
+        got += (size_t)n;
+    }
+    close(fd);
+    return (long)got;
+}
+
+/* Check that file `path` (outside the mount) holds shard (b, s). */
+static void assert_file_is_shard(const char *path, uint64_t b, uint32_t s)
+{
+    uint8_t *buf = malloc(SHARD + 1);
+    struct sfs_key k = tu_key(b, s);
+    long n;
+
+    cr_assert_not_null(buf);
+    n = read_all(path, buf, SHARD + 1);
+    cr_assert_eq(n, (long)SHARD, "%s: %ld bytes", path, n);
+    cr_assert_eq(tu_check(&k, buf, SHARD), -1, "%s: wrong bytes for (%llu, %u)", path,
+                 (unsigned long long)b, s);
+    free(buf);
+}
+
+static int get_state(uint64_t b, uint32_t s, char *out, size_t len)
+{
+    ssize_t n = getxattr(shard_path(b, s), "user.shardfs.state", out, len - 1);
+
+    if (n < 0)
+        return -errno;
+    out[n] = '\0';
+    return 0;
+}
+
+static bool have_tool(const char *t)
+{
+    return sh("command -v %s >/dev/null 2>&1", t) == 0;
+}
+
+/* setfattr when installed (the operator's tool), else setxattr(2). */
+static int xattr_set(const char *path, const char *name, const char *value)
+{
+    if (have_tool("setfattr"))
+        return sh("setfattr -n %s -v '%s' %s 2>/dev/null", name, value, path) == 0 ? 0 : -1;
+    return setxattr(path, name, value, strlen(value), 0);
+}
+
+static size_t dir_list(const char *path, char names[][64], size_t max)
+{
+    DIR *d = opendir(path);
+    struct dirent *e;
+    size_t n = 0;
+
+    cr_assert_not_null(d, "opendir %s: %s", path, strerror(errno));
+    while ((e = readdir(d))) {
+        if (strcmp(e->d_name, ".") == 0 || strcmp(e->d_name, "..") == 0)
+            continue;
+        if (n < max)
+            snprintf(names[n], 64, "%.63s", e->d_name);
+        n++;
+    }
+    closedir(d);
+    return n;
+}
+
+/* ---------------------------------------------------------------------------
+ * The tree.
+ */
+
+Test(fs, tree_stat_listing_enoent, .timeout = 60)
+{
+    char names[16][64], path[512], hex[SFS_BLOCK_HEX_LEN + 1], upper[SFS_BLOCK_HEX_LEN + 1];
+    struct stat st;
+
+    store_write(M.store, 0, 3, 4);
+    start("shard_size=64K,capacity=1M");
+
+    cr_assert_eq(dir_list(M.mnt, names, 16), 2);
+    snprintf(path, sizeof(path), "%s/block", M.mnt);
+    cr_assert_eq(dir_list(path, names, 16), 0, "nothing resident yet");
+
+    for (uint64_t b = 0; b < 3; b++) {
+        cr_assert_eq(stat(shard_path(b, -1), &st), 0);
+        cr_assert(S_ISDIR(st.st_mode));
+        cr_assert_eq(dir_list(shard_path(b, -1), names, 16), 4);
+        for (uint32_t s = 0; s < 4; s++) {
+            char want[8];
+
+            snprintf(want, sizeof(want), "%u", s);
+            cr_assert_str_eq(names[s], want);
+            cr_assert_eq(stat(shard_path(b, s), &st), 0, "%s", shard_path(b, s));
+            cr_assert(S_ISREG(st.st_mode));
+            cr_assert_eq(st.st_size, (off_t)SHARD);
+        }
+    }
+    /* ls of the mount: block, stats; ls -l of a shard directory works. */
+    cr_assert_eq(sh("ls -l %s >/dev/null", shard_path(1, -1)), 0);
+
+    /* ENOENT for everything outside block/<32 hex>/shard/<decimal>. */
+    hex_of(0, hex);
+    for (int i = 0; i < SFS_BLOCK_HEX_LEN; i++)
+        upper[i] = (hex[i] >= 'a' && hex[i] <= 'f') ? (char)(hex[i] - 32) : hex[i];
+    upper[SFS_BLOCK_HEX_LEN] = '\0';
+    const char *bad[] = {"nothing",
+                         "block/xyz",
+                         "block/0123",
+                         "block/0123456789abcdef0123456789abcdeg",
+                         "block/0123456789abcdef0123456789abcdef0",
+                         NULL, /* uppercase id */
+                         NULL, /* shard 4: not in the store */
+                         NULL, /* shard "01": not canonical */
+                         NULL, /* shard "-1" */
+                         NULL, /* block/<id>/foo */
+                         NULL, /* shard 4294967296 */
+                         "stats/x"};
+    char b5[256], b6[256], b7[256], b8[256], b9[256], b10[256];
+    snprintf(b5, sizeof(b5), "block/%s", upper);
+    snprintf(b6, sizeof(b6), "block/%s/shard/4", hex);
+    snprintf(b7, sizeof(b7), "block/%s/shard/01", hex);
+    snprintf(b8, sizeof(b8), "block/%s/shard/-1", hex);
+    snprintf(b9, sizeof(b9), "block/%s/foo", hex);
+    snprintf(b10, sizeof(b10), "block/%s/shard/4294967296", hex);
+    bad[5] = b5;
+    bad[6] = b6;
+    bad[7] = b7;
+    bad[8] = b8;
+    bad[9] = b9;
+    bad[10] = b10;
+    for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+        snprintf(path, sizeof(path), "%s/%s", M.mnt, bad[i]);
+        errno = 0;
+        cr_assert_eq(stat(path, &st), -1, "%s exists", bad[i]);
+        cr_assert(errno == ENOENT || (i == 11 && errno == ENOTDIR), "%s: %s", bad[i],
+                  strerror(errno));
+        cr_assert_eq(open(path, O_RDONLY), -1);
+    }
+    /* Any well-formed id is a directory (empty when nothing is stored). */
+    cr_assert_eq(stat(shard_path(999, -1), &st), 0);
+    cr_assert_eq(dir_list(shard_path(999, -1), names, 16), 0);
+
+    /* After a read, /block lists the block with a resident shard. */
+    cr_assert_eq(sh("cat %s >/dev/null", shard_path(2, 1)), 0);
+    snprintf(path, sizeof(path), "%s/block", M.mnt);
+    cr_assert_eq(dir_list(path, names, 16), 1);
+    hex_of(2, hex);
+    cr_assert_str_eq(names[0], hex);
+
+    /* /stats: Prometheus text with every fixed counter. */
+    const char *need[] = {"shardfs_requests_total",      "shardfs_hits_total",
+                          "shardfs_misses_total",        "shardfs_prefetched_total",
+                          "shardfs_prefetch_hits_total", "shardfs_bytes_read_total",
+                          "shardfs_resident_bytes",      "shardfs_capacity_bytes",
+                          "shardfs_backend_loads_total", "shardfs_evictions_total"};
+    for (size_t i = 0; i < sizeof(need) / sizeof(need[0]); i++) {
+        cr_assert_geq(stat_of(need[i]), 0, "%s missing", need[i]);
+        cr_assert_eq(sh("grep -q '^# TYPE %s ' %s/stats", need[i], M.mnt), 0, "%s: no # TYPE",
+                     need[i]);
+        cr_assert_eq(sh("grep -q '^# HELP %s ' %s/stats", need[i], M.mnt), 0, "%s: no # HELP",
+                     need[i]);
+    }
+    cr_assert_eq(stat_of("shardfs_capacity_bytes"), 1 << 20);
+    cr_assert_eq(stat_of("shardfs_resident_bytes"), SHARD);
+    cr_assert_eq(stat_of("shardfs_bytes_read_total"), SHARD);
+    cr_assert_eq(stat_of("shardfs_backend_loads_total"), 1);
+    cr_assert_eq(stop(), 0);
+}
+
+/* ---------------------------------------------------------------------------
+ * Reads.
+ */
+
+Test(fs, read_every_shard_cp_dd_with_eviction, .timeout = 120)
+{
+    const unsigned nb = 8, ns = 4; /* 2 MiB of store, 512K of cache */
+    char tmp[256], cmd[1024];
+    uint8_t *want = malloc(SHARD), *got = malloc(SHARD);
+
+    cr_assert(want && got);
+    store_write(M.store, 0, nb, ns);
+    start("shard_size=64K,capacity=512K");
+    snprintf(tmp, sizeof(tmp), "%s", tu_path("cp"));
+
+    for (int pass = 0; pass < 2; pass++) {
+        for (uint64_t b = 0; b < nb; b++) {
+            for (uint32_t s = 0; s < ns; s++) {
+                cr_assert_eq(sh("cp %s %s", shard_path(b, s), tmp), 0);
+                assert_file_is_shard(tmp, b, s);
+            }
+        }
+    }
+    /* dd at offsets and odd sizes: skip/count in 4 KiB and 1000-byte units. */
+    for (uint64_t b = 0; b < nb; b += 3) {
+        struct sfs_key k = tu_key(b, 2);
+
+        tu_fill(&k, want, SHARD);
+        snprintf(cmd, sizeof(cmd), "dd if=%s of=%s bs=4096 skip=3 count=5 status=none",
+                 shard_path(b, 2), tmp);
+        cr_assert_eq(sh("%s", cmd), 0);
+        cr_assert_eq(read_all(tmp, got, SHARD), 5 * 4096);
+        cr_assert_eq(memcmp(got, want + 3 * 4096, 5 * 4096), 0, "dd bs=4096 skip=3");
+        snprintf(cmd, sizeof(cmd), "dd if=%s of=%s bs=1000 skip=17 count=100 status=none",
+                 shard_path(b, 2), tmp);
+        cr_assert_eq(sh("%s", cmd), 0);
+        /* 17000 + 100*1000 > 64K: dd stops at the end of the shard. */
+        cr_assert_eq(read_all(tmp, got, SHARD), (long)SHARD - 17000);
+        cr_assert_eq(memcmp(got, want + 17000, SHARD - 17000), 0, "dd bs=1000 skip=17");
+        /* One big request past the end: a whole shard, then EOF. */
+        snprintf(cmd, sizeof(cmd), "dd if=%s of=%s bs=1M status=none", shard_path(b, 2), tmp);
+        cr_assert_eq(sh("%s", cmd), 0);
+        assert_file_is_shard(tmp, b, 2);
+    }
+    /* pread at odd offsets from this process. */
+    {
+        int fd = open(shard_path(5, 3), O_RDONLY);
+        struct sfs_key k = tu_key(5, 3);
+
+        cr_assert_geq(fd, 0);
+        tu_fill(&k, want, SHARD);
+        cr_assert_eq(pread(fd, got, 7777, 12345), 7777);
+        cr_assert_eq(memcmp(got, want + 12345, 7777), 0);
+        cr_assert_eq(pread(fd, got, 100, SHARD - 10), 10);
+        cr_assert_eq(pread(fd, got, 100, SHARD), 0);
+        cr_assert_eq(pread(fd, got, 100, 10 * SHARD), 0);
+        close(fd);
+    }
+    cr_assert_gt(stat_of("shardfs_evictions_total"), 0, "a cache smaller than the store evicts");
+    cr_assert_geq(stat_of("shardfs_backend_loads_total"), (long long)(2 * nb * ns) - 8);
+    cr_assert_leq(stat_of("shardfs_resident_bytes"), 512 << 10);
+    cr_assert_gt(stat_of("shardfs_hits_total"), 0);
+    unlink(tmp);
+    free(want);
+    free(got);
+    cr_assert_eq(stop(), 0);
+}
+
+struct reader_arg {
+    const char *src, *dst;
+};
+
+static int reader_cp(void *arg)
+{
+    struct reader_arg *a = arg;
+    char cmd[1024];
+
+    snprintf(cmd, sizeof(cmd), "cp %s %s", a->src, a->dst);
+    return sh("%s", cmd);
+}
+
+Test(fs, eight_readers_of_a_missing_shard_one_load, .timeout = 60)
+{
+    char spec[512], dst[8][256];
+    struct reader_arg ra[8];
+    pid_t pids[8];
+
+    store_write(M.store, 7, 1, 2);
+    snprintf(spec, sizeof(spec), "fault:latency_us=400000,seed=1:%s", M.store);
+    start_spec(spec, "shard_size=64K,capacity=1M");
+    cr_assert_eq(stat_of("shardfs_backend_loads_total"), 0);
+    for (int i = 0; i < 8; i++) {
+        snprintf(dst[i], sizeof(dst[i]), "%s", tu_path("reader"));
+        ra[i].src = shard_path(7, 1);
+        ra[i].dst = dst[i];
+        pids[i] = tu_fork(reader_cp, &ra[i]);
+        cr_assert_gt(pids[i], 0);
+    }
+    for (int i = 0; i < 8; i++)
+        cr_assert_eq(tu_wait(pids[i]), 0, "reader %d failed", i);
+    for (int i = 0; i < 8; i++) {
+        assert_file_is_shard(dst[i], 7, 1);
+        unlink(dst[i]);
+    }
+    cr_assert_eq(stat_of("shardfs_backend_loads_total"), 1, "one owner, one backend load");
+    cr_assert_eq(stat_of("shardfs_owner_loads_total"), 1);
+    cr_assert_geq(stat_of("shardfs_waits_total"), 1, "the others waited on the owner");
+    cr_assert_eq(stat_of("shardfs_requests_total"),
+                 stat_of("shardfs_hits_total") + stat_of("shardfs_misses_total"));
+    cr_assert_eq(stop(), 0);
+}
+
+/* ---------------------------------------------------------------------------
+ * Seed 000 scenario D through the mount: Touch keeps a block resident.
+ */
+
+static void scenario_d_fs(bool touch)
+{
+    /* T = block 70 shards 0..2; U, V, W = blocks 71..73 shard 0; X = 74. */
+    struct sfs_key all[6] = {tu_key(70, 0), tu_key(70, 1), tu_key(70, 2),
+                             tu_key(71, 0), tu_key(72, 0), tu_key(73, 0)};
+    struct sfs_key sweep = tu_key(75, 0);
+    struct sfs_lease held[6], l;
+    struct sfs_cache *c;
+    char st[32], hex[SFS_BLOCK_HEX_LEN + 1], path[256];
+    int err = 0;
+
+    store_write(M.store, 70, 1, 3);
+    store_write(M.store, 71, 4, 1);
+    start("shard_size=64K,capacity=384K,reserved=0");
+
+    /* Load T.s0..2, U, V, W through the mount: slots 0..5. */
+    for (int i = 0; i < 6; i++) {
+        uint64_t b = i < 3 ? 70 : 68 + (uint64_t)i;
+
+        cr_assert_eq(sh("cat %s >/dev/null", shard_path(b, i < 3 ? i : 0)), 0);
+    }
+    /* A rank attached to the daemon's cache sweeps every bit clear: it holds
+     * a lease on every slot and misses (two laps, -ENOSPC, hand back at 0). */
+    c = sfs_cache_attach(M.sock, 0, &err);
+    cr_assert_not_null(c, "attach %s: %s", M.sock, strerror(-err));
+    for (int i = 0; i < 6; i++) {
+        cr_assert_eq(sfs_cache_get(c, &all[i], 0, 0, &held[i]), SFS_HIT);
+        cr_assert_eq(held[i].slot, (uint32_t)i, "loads fill slots in order");
+    }
+    cr_assert_eq(sfs_cache_get(c, &sweep, 0, 0, &l), -ENOSPC);
+    for (int i = 0; i < 6; i++)
+        cr_assert_eq(sfs_cache_release(c, &held[i]), 0);
+
+    if (touch) {
+        hex_of(70, hex);
+        snprintf(path, sizeof(path), "%s/block/%s", M.mnt, hex);
+        cr_assert_eq(xattr_set(path, "user.shardfs.touch", "1"), 0);
+        cr_assert_eq(stat_of("shardfs_touched_total"), 3, "Touch marks T's 3 shards");
+    }
+    /* Miss X through the mount. */
+    cr_assert_eq(sh("cat %s >/dev/null", shard_path(74, 0)), 0);
+    for (uint32_t s = 0; s < 3; s++) {
+        cr_assert_eq(get_state(70, s, st, sizeof(st)), 0);
+        if (touch || s > 0)
+            cr_assert_str_eq(st, "ready", "T.s%u must survive", s);
+        else
+            cr_assert_str_eq(st, "absent", "without Touch, T.s0 at the hand is the victim");
+    }
+    cr_assert_eq(get_state(71, 0, st, sizeof(st)), 0);
+    cr_assert_str_eq(st, touch ? "absent" : "ready", "U");
+    cr_assert_eq(get_state(74, 0, st, sizeof(st)), 0);
+    cr_assert_str_eq(st, "ready");
+    sfs_cache_close(c);
+    cr_assert_eq(stop(), 0);
+}
+
+Test(fs, touch_keeps_block_resident_scenario_d, .timeout = 60)
+{
+    scenario_d_fs(true);
+}
+
+Test(fs, scenario_d_control_without_touch, .timeout = 60)
+{
+    scenario_d_fs(false);
+}
+
+/* ---------------------------------------------------------------------------
+ * Failures.
+ */
+
+Test(fs, backend_error_is_eio_and_next_read_retries, .timeout = 60)
+{
+    char spec[512], st[32], tmp[256];
+    uint8_t *buf = malloc(SHARD);
+    long n;
+
+    cr_assert_not_null(buf);
+    store_write(M.store, 3, 1, 2);
+    snprintf(spec, sizeof(spec), "fault:seed=5:%s", M.store);
+    start_spec(spec, "shard_size=64K,capacity=1M");
+    snprintf(tmp, sizeof(tmp), "%s", tu_path("cp"));
+
+    cr_assert_eq(setxattr(M.mnt, "user.shardfs.fault", "eio=1", 5, 0), 0, "%s", strerror(errno));
+    n = read_all(shard_path(3, 0), buf, SHARD);
+    cr_assert_eq(n, -EIO, "read: %ld", n);
+    cr_assert_neq(sh("cp %s %s 2>/dev/null", shard_path(3, 0), tmp), 0, "cp must fail");
+    cr_assert_eq(get_state(3, 0, st, sizeof(st)), 0);
+    cr_assert_str_eq(st, "failed");
+    cr_assert_geq(stat_of("shardfs_failures_total"), 1);
+    cr_assert_geq(stat_of("shardfs_backend_errors_total"), 1);
+    /* Short reads are EIO too. */
+    cr_assert_eq(setxattr(M.mnt, "user.shardfs.fault", "short=1", 7, 0), 0);
+    cr_assert_eq(read_all(shard_path(3, 1), buf, SHARD), -EIO);
+    /* Bad fault options: EINVAL. */
+    cr_assert_eq(setxattr(M.mnt, "user.shardfs.fault", "bogus=1", 7, 0), -1);
+    cr_assert_eq(errno, EINVAL);
+    /* Cleared: the next read takes ownership again and succeeds. */
+    cr_assert_eq(setxattr(M.mnt, "user.shardfs.fault", "off", 3, 0), 0);
+    cr_assert_eq(sh("cp %s %s", shard_path(3, 0), tmp), 0);
+    assert_file_is_shard(tmp, 3, 0);
+    cr_assert_eq(read_all(shard_path(3, 1), buf, SHARD), (long)SHARD);
+    cr_assert_eq(get_state(3, 0, st, sizeof(st)), 0);
+    cr_assert_str_eq(st, "ready");
+    unlink(tmp);
+    free(buf);
+    cr_assert_eq(stop(), 0);
+}
+
+static int slow_reader(void *arg)
+{
+    char buf[4096];
+    int fd = open(arg, O_RDONLY);
+
+    if (fd < 0)
+        return 1;
+    return read(fd, buf, sizeof(buf)) < 0 ? 2 : 0;
+}
+
+Test(fs, reader_killed_mid_read_leaks_no_lease, .timeout = 60)
+{
+    char spec[512], st[32];
+    pid_t pid;
+    double t0;
+
+    store_write(M.store, 9, 1, 2);
+    snprintf(spec, sizeof(spec), "fault:latency_us=500000,seed=2:%s", M.store);
+    start_spec(spec, "shard_size=64K,capacity=1M");
+    pid = tu_fork(slow_reader, (void *)shard_path(9, 1));
+    cr_assert_gt(pid, 0);
+    sleep_ms(150); /* the load is in flight */
+    cr_assert_eq(get_state(9, 1, st, sizeof(st)), 0);
+    cr_assert_str_eq(st, "loading");
+    kill(pid, SIGKILL);
+    tu_wait(pid);
+    /* The owner's load completes and its lease goes: the shard becomes
+     * Ready and unleased, so removing it from the cache succeeds. */
+    t0 = now_s();
+    do {
+        sleep_ms(50);
+        cr_assert_eq(get_state(9, 1, st, sizeof(st)), 0);
+    } while (strcmp(st, "ready") != 0 && now_s() - t0 < 5.0);
+    cr_assert_str_eq(st, "ready");
+    sleep_ms(50);
+    cr_assert_eq(unlink(shard_path(9, 1)), 0, "unlink: %s (a lease leaked?)", strerror(errno));
+    cr_assert_eq(get_state(9, 0, st, sizeof(st)), 0);
+    cr_assert_eq(access(shard_path(9, 1), F_OK), -1);
+    cr_assert_eq(stop(), 0);
+}
+
+struct lease_holder {
+    const char *sock;
+    int ready[2], go[2];
+};
+
+/* A rank that fills two keys as owner and keeps their leases until told. */
+static int hold_leases(void *arg)
+{
+    struct lease_holder *h = arg;
+    struct sfs_key k[2] = {tu_key(200, 0), tu_key(201, 0)};
+    struct sfs_lease l[2];
+    struct sfs_cache *c;
+    int err = 0;
+    char ch = 0;
+
+    c = sfs_cache_attach(h->sock, 0, &err);
+    if (!c)
+        return 10;
+    for (int i = 0; i < 2; i++) {
+        if (sfs_cache_get(c, &k[i], 0, 0, &l[i]) != SFS_OWNER)
+            return 11;
+        tu_fill(&k[i], sfs_cache_data(c, &l[i]), SHARD);
+        if (sfs_cache_publish(c, &l[i], SHARD, 0) != 0)
+            return 12;
+    }
+    if (write(h->ready[1], &ch, 1) != 1)
+        return 13;
+    if (read(h->go[0], &ch, 1) < 0)
+        return 14;
+    for (int i = 0; i < 2; i++)
+        sfs_cache_release(c, &l[i]);
+    sfs_cache_close(c);
+    return 0;
+}
+
+Test(fs, cache_full_of_leases_answers_eagain_not_a_hang, .timeout = 60)
+{
+    struct lease_holder h;
+    uint8_t *buf = malloc(SHARD);
+    double t0, dt;
+    long n;
+    pid_t pid;
+    char ch = 1;
+
+    cr_assert_not_null(buf);
+    store_write(M.store, 11, 1, 1);
+    start("shard_size=64K,capacity=128K,reserved=0,wait_timeout=1");
+    h.sock = M.sock;
+    cr_assert_eq(pipe(h.ready), 0);
+    cr_assert_eq(pipe(h.go), 0);
+    pid = tu_fork(hold_leases, &h);
+    cr_assert_eq(read(h.ready[0], &ch, 1), 1, "lease holder failed");
+    t0 = now_s();
+    n = read_all(shard_path(11, 0), buf, SHARD);
+    dt = now_s() - t0;
+    cr_assert_eq(n, -EAGAIN, "read: %ld", n);
+    cr_assert(dt >= 0.9 && dt < 10.0, "waited %.2fs for a 1 s deadline", dt);
+    cr_assert_geq(stat_of("shardfs_fs_wait_timeouts_total"), 1);
+    cr_assert_eq(write(h.go[1], &ch, 1), 1);
+    cr_assert_eq(tu_wait(pid), 0);
+    n = read_all(shard_path(11, 0), buf, SHARD);
+    cr_assert_eq(n, (long)SHARD);
+    {
+        struct sfs_key k = tu_key(11, 0);
+
+        cr_assert_eq(tu_check(&k, buf, SHARD), -1);
+    }
+    free(buf);
+    cr_assert_eq(stop(), 0);
+}
+
+/* ---------------------------------------------------------------------------
+ * Lifetime.
+ */
+
+struct rank_arg {
+    const char *sock;
+    int ready[2], go[2];
+};
+
+static int attached_rank(void *arg)
+{
+    struct rank_arg *a = arg;
+    struct sfs_cache *c;
+    struct sfs_key k = tu_key(12, 0);
+    struct sfs_lease l;
+    int err = 0;
+    char ch = 0;
+
+    c = sfs_cache_attach(a->sock, 0, &err);
+    if (!c)
+        return 10;
+    /* The rank sees what the mount loaded. */
+    if (sfs_cache_get(c, &k, 0, 0, &l) != SFS_HIT)
+        return 11;
+    if (tu_check(&k, sfs_cache_data(c, &l), SHARD) != -1)
+        return 12;
+    sfs_cache_release(c, &l);
+    if (write(a->ready[1], &ch, 1) != 1)
+        return 13;
+    if (read(a->go[0], &ch, 1) < 0)
+        return 14;
+    sfs_cache_close(c);
+    return 0;
+}
+
+Test(fs, unmount_with_a_rank_attached_exits_cleanly, .timeout = 60)
+{
+    struct rank_arg a;
+    struct stat st;
+    pid_t pid;
+    char ch = 0;
+
+    store_write(M.store, 12, 1, 1);
+    start("shard_size=64K,capacity=1M");
+    cr_assert_eq(sh("cat %s >/dev/null", shard_path(12, 0)), 0);
+    cr_assert_eq(stat(M.sock, &st), 0);
+    cr_assert(S_ISSOCK(st.st_mode));
+    {
+        char v[256];
+        ssize_t n = getxattr(M.mnt, "user.shardfs.socket", v, sizeof(v) - 1);
+
+        cr_assert_gt(n, 0);
+        v[n] = '\0';
+        cr_assert_str_eq(v, M.sock);
+    }
+    a.sock = M.sock;
+    cr_assert_eq(pipe(a.ready), 0);
+    cr_assert_eq(pipe(a.go), 0);
+    pid = tu_fork(attached_rank, &a);
+    cr_assert_eq(read(a.ready[0], &ch, 1), 1, "rank failed to attach");
+    /* Counters are shared: the rank's Get shows in the mount's stats. */
+    cr_assert_geq(stat_of("shardfs_hits_total"), 1);
+    cr_assert_eq(stop(), 0, "daemon exit status");
+    cr_assert(!is_mounted(M.mnt));
+    cr_assert_eq(stat(M.sock, &st), -1, "socket removed");
+    cr_assert_eq(write(a.go[1], &ch, 1), 1);
+    cr_assert_eq(tu_wait(pid), 0);
+}
+
+Test(fs, sigterm_unmounts_and_exits_zero, .timeout = 60)
+{
+    struct stat st;
+    int status;
+    double t0 = now_s();
+
+    store_write(M.store, 13, 1, 1);
+    start("shard_size=64K,capacity=1M");
+    cr_assert_eq(kill(M.pid, SIGTERM), 0);
+    while (waitpid(M.pid, &status, WNOHANG) != M.pid) {
+        cr_assert_lt(now_s() - t0, 10.0, "daemon did not stop on SIGTERM");
+        sleep_ms(10);
+    }
+    M.pid = 0;
+    cr_assert(WIFEXITED(status) && WEXITSTATUS(status) == 0, "status %d", status);
+    cr_assert(!is_mounted(M.mnt));
+    cr_assert_eq(stat(M.sock, &st), -1);
+}
+
+/* ---------------------------------------------------------------------------
+ * Writes.
+ */
+
+Test(fs, write_cp_dd_readback_store_unlink, .timeout = 60)
+{
+    char src[256], tmp[256], disk[512], hex[SFS_BLOCK_HEX_LEN + 1], cmd[1024];
+    uint8_t *buf = malloc(2 * SHARD), *got = malloc(SHARD);
+    struct sfs_key k0 = tu_key(100, 0), k1 = tu_key(100, 1);
+    int fd;
+
+    cr_assert(buf && got);
+    start("shard_size=64K,capacity=1M");
+    snprintf(src, sizeof(src), "%s", tu_path("src"));
+    snprintf(tmp, sizeof(tmp), "%s", tu_path("tmp"));
+    hex_of(100, hex);
+    snprintf(disk, sizeof(disk), "%s/data/%s", M.store, hex);
+
+    /* cp a whole shard in: mkdir -p works on any well-formed id. */
+    tu_fill(&k0, buf, SHARD);
+    fd = open(src, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    cr_assert_eq(write(fd, buf, SHARD), (ssize_t)SHARD);
+    close(fd);
+    cr_assert_eq(sh("mkdir -p %s", shard_path(100, -1)), 0);
+    cr_assert_eq(sh("cp %s %s", src, shard_path(100, 0)), 0);
+    assert_file_is_shard(shard_path(100, 0), 100, 0); /* through the mount */
+    assert_file_is_shard(disk, 100, 0);               /* on disk, written through */
+    cr_assert_eq(stat_of("shardfs_fs_writes_total"), 1);
+
+    /* dd a second shard in 4 KiB writes. */
+    tu_fill(&k1, buf, SHARD);
+    fd = open(src, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    cr_assert_eq(write(fd, buf, SHARD), (ssize_t)SHARD);
+    close(fd);
+    snprintf(cmd, sizeof(cmd), "dd if=%s of=%s bs=4096 status=none", src, shard_path(100, 1));
+    cr_assert_eq(sh("%s", cmd), 0);
+    assert_file_is_shard(shard_path(100, 1), 100, 1);
+    cr_assert_eq(read_all(disk, buf, 2 * SHARD), 2 * (long)SHARD);
+    cr_assert_eq(tu_check(&k1, buf + SHARD, SHARD), -1, "shard 1 on disk");
+    cr_assert_eq(sh("ls %s | tr '\\n' ' ' | grep -qx '0 1 '", shard_path(100, -1)), 0);
+
+    /* A partial update with conv=notrunc keeps the other bytes. */
+    snprintf(cmd, sizeof(cmd), "printf 'HELLO' | dd of=%s bs=1 seek=1000 conv=notrunc status=none",
+             shard_path(100, 0));
+    cr_assert_eq(sh("%s", cmd), 0);
+    cr_assert_eq(read_all(shard_path(100, 0), got, SHARD), (long)SHARD);
+    tu_fill(&k0, buf, SHARD);
+    memcpy(buf + 1000, "HELLO", 5);
+    cr_assert_eq(memcmp(got, buf, SHARD), 0, "partial update");
+    cr_assert_eq(read_all(disk, got, SHARD), (long)SHARD);
+    cr_assert_eq(memcmp(got, buf, SHARD), 0, "partial update on disk");
+
+    /* A short cp makes a whole shard: the rest is zeros. */
+    cr_assert_eq(sh("printf 'abc' > %s && cp %s %s", tmp, tmp, shard_path(101, 0)), 0);
+    cr_assert_eq(read_all(shard_path(101, 0), got, SHARD), (long)SHARD);
+    cr_assert_eq(memcmp(got, "abc", 3), 0);
+    for (size_t i = 3; i < SHARD; i++)
+        cr_assert_eq(got[i], 0);
+
+    /* More than a shard: EFBIG. */
+    fd = open(shard_path(101, 0), O_WRONLY);
+    cr_assert_geq(fd, 0);
+    cr_assert_eq(pwrite(fd, "x", 1, SHARD), -1);
+    cr_assert_eq(errno, EFBIG);
+    close(fd);
+
+    /* Unlink: gone from the mount, the cache and the store. */
+    cr_assert_eq(unlink(shard_path(101, 0)), 0);
+    cr_assert_eq(access(shard_path(101, 0), F_OK), -1);
+    cr_assert_eq(errno, ENOENT);
+    hex_of(101, hex);
+    snprintf(cmd, sizeof(cmd), "test -e %s/data/%s", M.store, hex);
+    cr_assert_neq(sh("%s", cmd), 0, "block file removed");
+    cr_assert_eq(unlink(shard_path(101, 0)), -1);
+    cr_assert_eq(errno, ENOENT);
+    /* An empty block directory can be "removed" (rm -r works). */
+    cr_assert_eq(sh("rm -r %s/block/%s", M.mnt, hex), 0);
+
+    unlink(src);
+    unlink(tmp);
+    free(buf);
+    free(got);
+    cr_assert_eq(stop(), 0);
+}
+
+Test(fs, read_only_mount_is_erofs, .timeout = 60)
+{
+    char src[256];
+    int fd;
+
+    store_write(M.store, 20, 1, 2);
+    start("shard_size=64K,capacity=1M,ro");
+    snprintf(src, sizeof(src), "%s", tu_path("src"));
+    cr_assert_eq(sh("head -c 100 /dev/zero > %s", src), 0);
+    assert_file_is_shard(shard_path(20, 1), 20, 1);
+    cr_assert_neq(sh("cp %s %s 2>/dev/null", src, shard_path(20, 0)), 0);
+    cr_assert_neq(sh("cp %s %s 2>/dev/null", src, shard_path(20, 5)), 0);
+    fd = open(shard_path(20, 0), O_WRONLY);
+    cr_assert_eq(fd, -1);
+    cr_assert_eq(errno, EROFS);
+    cr_assert_eq(unlink(shard_path(20, 0)), -1);
+    cr_assert_eq(errno, EROFS);
+    assert_file_is_shard(shard_path(20, 0), 20, 0); /* untouched */
+    unlink(src);
+    cr_assert_eq(stop(), 0);
+}
+
+/* ---------------------------------------------------------------------------
+ * xattrs.
+ */
+
+Test(fs, xattrs_prefetch_state_errors, .timeout = 60)
+{
+    char path[256], hex[SFS_BLOCK_HEX_LEN + 1], v[256], st[32];
+    ssize_t n;
+    double t0;
+
+    store_write(M.store, 30, 1, 4);
+    start("shard_size=64K,capacity=1M");
+    hex_of(30, hex);
+    snprintf(path, sizeof(path), "%s/block/%s", M.mnt, hex);
+
+    cr_assert_eq(get_state(30, 0, st, sizeof(st)), 0);
+    cr_assert_str_eq(st, "absent");
+    /* Prefetch returns at once and loads in the background. */
+    cr_assert_eq(xattr_set(path, "user.shardfs.prefetch", "1"), 0);
+    t0 = now_s();
+    for (uint32_t s = 0; s < 4; s++) {
+        do {
+            cr_assert_eq(get_state(30, s, st, sizeof(st)), 0);
+            if (strcmp(st, "ready") == 0)
+                break;
+            sleep_ms(5);
+        } while (now_s() - t0 < 5.0);
+        cr_assert_str_eq(st, "ready", "shard %u after prefetch", s);
+    }
+    cr_assert_eq(stat_of("shardfs_prefetched_total"), 4);
+    assert_file_is_shard(shard_path(30, 2), 30, 2);
+    cr_assert_eq(stat_of("shardfs_prefetch_hits_total"), 1);
+    cr_assert_eq(xattr_set(path, "user.shardfs.touch", "1"), 0);
+
+    /* Unknown names: ENODATA on get, ENOTSUP on set; bad values EINVAL. */
+    cr_assert_eq(getxattr(path, "user.shardfs.nope", v, sizeof(v)), -1);
+    cr_assert_eq(errno, ENODATA);
+    cr_assert_eq(getxattr(shard_path(30, 0), "user.other", v, sizeof(v)), -1);
+    cr_assert_eq(errno, ENODATA);
+    cr_assert_eq(setxattr(path, "user.shardfs.nope", "1", 1, 0), -1);
+    cr_assert_eq(errno, ENOTSUP);
+    cr_assert_eq(setxattr(path, "user.shardfs.touch", "2", 1, 0), -1);
+    cr_assert_eq(errno, EINVAL);
+    cr_assert_eq(setxattr(path, "user.shardfs.prefetch", "yes", 3, 0), -1);
+    cr_assert_eq(errno, EINVAL);
+    cr_assert_eq(setxattr(shard_path(30, 0), "user.shardfs.state", "ready", 5, 0), -1);
+    cr_assert_eq(errno, ENOTSUP);
+    /* The fault hook answers EINVAL on a backend that is not a fault one. */
+    cr_assert_eq(setxattr(M.mnt, "user.shardfs.fault", "eio=1", 5, 0), -1);
+    cr_assert_eq(errno, EINVAL);
+    /* Too small a buffer: ERANGE; size 0 asks for the length. */
+    cr_assert_eq(getxattr(M.mnt, "user.shardfs.socket", v, 2), -1);
+    cr_assert_eq(errno, ERANGE);
+    cr_assert_eq(getxattr(M.mnt, "user.shardfs.socket", NULL, 0), (ssize_t)strlen(M.sock));
+    /* listxattr names what get answers. */
+    n = listxattr(shard_path(30, 0), v, sizeof(v));
+    cr_assert_eq(n, (ssize_t)sizeof("user.shardfs.state"));
+    cr_assert_str_eq(v, "user.shardfs.state");
+    n = listxattr(M.mnt, v, sizeof(v));
+    cr_assert_eq(n, (ssize_t)sizeof("user.shardfs.socket"));
+    if (have_tool("getfattr"))
+        cr_assert_eq(
+            sh("getfattr --absolute-names -n user.shardfs.state --only-values %s | grep -qx ready",
+               shard_path(30, 1)),
+            0);
+    cr_assert_eq(stop(), 0);
+}
+
+/* ---------------------------------------------------------------------------
+ * Options.
+ */
+
+/* Run the daemon with args; expect exit 1 and one line on stderr that
+ * contains `want`. */
+static void expect_refused(const char *args, const char *want)
+{
+    char out[256], cmd[2048], line[1024];
+    FILE *f;
+    int lines = 0;
+    bool found = false;
+
+    snprintf(out, sizeof(out), "%s", tu_path("err"));
+    snprintf(cmd, sizeof(cmd), "%s -f %s >/dev/null 2>%s", SHARDFS_BIN, args, out);
+    cr_assert_eq(sh("%s", cmd), 1, "exit status of: %s", args);
+    f = fopen(out, "re");
+    cr_assert_not_null(f);
+    while (fgets(line, sizeof(line), f)) {
+        lines++;
+        found = found || strstr(line, want);
+    }
+    fclose(f);
+    unlink(out);
+    cr_assert_eq(lines, 1, "%d lines of error for: %s", lines, args);
+    cr_assert(found, "the error of '%s' must name '%s'", args, want);
+}
+
+Test(fs, bad_options_exit_1_with_one_line, .timeout = 60)
+{
+    char args[1024], mnt[256], sock[256];
+
+    snprintf(mnt, sizeof(mnt), "%s", tu_path("badmnt"));
+    snprintf(sock, sizeof(sock), "%s", tu_path("badsock"));
+    mkdir(mnt, 0755);
+#define REFUSE(opts, want)                                                                         \
+    do {                                                                                           \
+        snprintf(args, sizeof(args), "-o socket=%s%s%s %s %s", sock, *(opts) ? "," : "", opts,     \
+                 M.store, mnt);                                                                    \
+        expect_refused(args, want);                                                                \
+    } while (0)
+    REFUSE("capacity=lots", "capacity");
+    REFUSE("capacity=1K", "capacity");
+    REFUSE("shard_size=0", "shard_size");
+    REFUSE("shard_size=3X", "shard_size");
+    REFUSE("shard_size=2G", "shard_size");
+    REFUSE("dir_prefix=33", "dir_prefix");
+    REFUSE("dir_prefix=-1", "dir_prefix");
+    REFUSE("hugepages=maybe", "hugepages");
+    REFUSE("reserved=99999", "reserved");
+    REFUSE("wait_timeout=0", "wait_timeout");
+    REFUSE("max_read=1", "max_read");
+#undef REFUSE
+    snprintf(args, sizeof(args), "-o socket=%s /nonexistent/store %s", sock, mnt);
+    expect_refused(args, "/nonexistent/store");
+    snprintf(args, sizeof(args), "-o socket=%s %s", sock, M.store);
+    expect_refused(args, "MOUNTPOINT");
+    snprintf(args, sizeof(args), "-o socket=%s 'fault:bogus=1:%s' %s", sock, M.store, mnt);
+    expect_refused(args, "bogus");
+
+    /* A busy mount point: already mounted. */
+    start("shard_size=64K,capacity=1M");
+    snprintf(args, sizeof(args), "-o socket=%s %s %s", sock, M.store, M.mnt);
+    expect_refused(args, M.mnt);
+    /* The socket of a live daemon is not stolen. */
+    snprintf(args, sizeof(args), "-o socket=%s %s %s", M.sock, M.store, mnt);
+    expect_refused(args, "socket");
+    cr_assert_eq(stop(), 0);
+    rmdir(mnt);
+
+    /* --help and --version exit 0. */
+    cr_assert_eq(sh("%s --help >/dev/null 2>&1", SHARDFS_BIN), 0);
+    cr_assert_eq(sh("%s --version >/dev/null 2>&1", SHARDFS_BIN), 0);
+}
+
+Test(fs, daemonizes_without_f, .timeout = 60)
+{
+    char cmd[1024];
+    double t0;
+
+    store_write(M.store, 40, 1, 1);
+    snprintf(M.mnt, sizeof(M.mnt), "%s", tu_path("mnt"));
+    snprintf(M.sock, sizeof(M.sock), "%s", tu_path("sock"));
+    mkdir(M.mnt, 0755);
+    snprintf(cmd, sizeof(cmd), "%s -o socket=%s,hugepages=off,shard_size=64K,capacity=1M %s %s",
+             SHARDFS_BIN, M.sock, M.store, M.mnt);
+    /* The parent returns once the child is mounted. */
+    cr_assert_eq(sh("%s", cmd), 0);
+    cr_assert(is_mounted(M.mnt));
+    assert_file_is_shard(shard_path(40, 0), 40, 0);
+    cr_assert_eq(sh("fusermount3 -u %s", M.mnt), 0);
+    t0 = now_s();
+    while (access(M.sock, F_OK) == 0 && now_s() - t0 < 10.0)
+        sleep_ms(10);
+    cr_assert_neq(access(M.sock, F_OK), 0, "socket removed after unmount");
+}
