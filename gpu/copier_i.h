@@ -1,0 +1,65 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * copier_i.h - the copier interface: how a rank moves shard bytes between
+ * the data plane (host memory every rank maps) and its destinations.
+ *
+ * Two implementations: copier_host.c (memcpy; destinations are host memory)
+ * and copier_cuda.cu (one gather kernel per batch reading the registered,
+ * device-mapped data plane; a scatter kernel for dumps). Which one a rank
+ * gets is decided in one place, sfs_copier_open() in copier.c; that is the
+ * only code that knows whether the library was built with CUDA.
+ *
+ * A batch call copies every element, sets each one's result, and returns
+ * when every copy is complete (the source may be released, the destination
+ * read). Batches come from one thread, the rank's copier thread.
+ */
+#ifndef SHARDFS_COPIER_I_H
+#define SHARDFS_COPIER_I_H
+
+#include <shardfs/cache.h>
+
+#include <stddef.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+struct sfs_copy {
+    void *dst;
+    const void *src;
+    size_t len;
+    int result; /* out: 0 or -errno */
+};
+
+struct sfs_copier;
+
+struct sfs_copier_ops {
+    const char *name;
+    /* Data plane -> destination (load). Returns 0, with per-element results,
+     * or -errno when nothing was copied (every result is set to it too). */
+    int (*load)(struct sfs_copier *cp, struct sfs_copy *v, size_t n);
+    /* Source -> data plane slot or a host bounce buffer (dump). */
+    int (*dump)(struct sfs_copier *cp, struct sfs_copy *v, size_t n);
+    void (*close)(struct sfs_copier *cp);
+};
+
+struct sfs_copier {
+    const struct sfs_copier_ops *ops;
+};
+
+/* Open the copier `mode` (enum sfs_rank_copier) for device_id, registering
+ * the data plane of `c` where the copier needs it. 0 or -errno (-ENODEV:
+ * CUDA asked for and not available). */
+int sfs_copier_open(int mode, int device_id, struct sfs_cache *c, struct sfs_copier **out);
+int sfs_copier_cuda_device_count(void);
+
+struct sfs_copier *sfs_copier_host_open(int *err);
+
+/* copier_cuda.cu (only when SHARDFS_HAVE_CUDA). */
+int sfs_cuda_device_count(void);
+struct sfs_copier *sfs_copier_cuda_open(int device, struct sfs_cache *c, int *err);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* SHARDFS_COPIER_I_H */

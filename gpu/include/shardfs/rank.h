@@ -1,0 +1,238 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * shardfs/rank.h - libshardfs-rank, the library every tensor-parallel rank
+ * links to load KV-cache shards from the node's shared CacheBuffer into its
+ * device (or host) memory, and to dump them back.
+ *
+ * A rank attaches once to the cache (through the daemon's Unix socket) and
+ * opens its own instance of the backend the cache sits on. Each rank runs a
+ * LoadQueue: a dispatcher thread that takes tasks (batches of entries, one
+ * shard of one block each), walks them in RearrangeIndex order and arbitrates
+ * every key in the cache (hit / owner / waiter); owners load from the backend
+ * asynchronously, at most `load_depth` loads per rank at once; and a copier
+ * thread that copies each Ready shard to its destination as soon as it is
+ * Ready (CUDA gather kernel, or memcpy without a GPU), releases the lease and
+ * records a per-entry status, so an engine can recompute only what failed.
+ *
+ * Conventions: actions return 0 or -errno; predicates return bool;
+ * constructors return a pointer and take `int *err`. Every function is safe
+ * to call from several threads of the process that opened the rank, except
+ * sfs_rank_close(), which must be the last call on a rank.
+ */
+#ifndef SHARDFS_RANK_H
+#define SHARDFS_RANK_H
+
+#include <shardfs/cache.h>
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* Which copier moves bytes between the data plane and destinations. */
+enum sfs_rank_copier {
+    SFS_COPIER_AUTO = 0, /* CUDA when built with it and device_id names a device; else host */
+    SFS_COPIER_HOST = 1, /* memcpy: destinations are host pointers */
+    SFS_COPIER_CUDA = 2, /* CUDA; -ENODEV at open when there is no such device */
+};
+
+/*
+ * Configuration of a rank. Fill it with sfs_rank_config_init() first: that
+ * sets the defaults (rotate = true, load_depth = 32, ...), which a zeroed
+ * struct does not all have.
+ */
+struct sfs_rank_config {
+    /* Where the cache is: the attach socket, or a shardfs mount point whose
+     * `user.shardfs.socket` xattr names it. Exactly one must be set. */
+    const char *socket_path;
+    const char *mount_point;
+    /* This rank's device. < 0: the query-only scheduler role (control plane
+     * only): lookups and touch work, loads, dumps and prefetch return -EPERM. */
+    int device_id;
+    /* Ranks on this node (N of RearrangeIndex); 0 is taken as 1. */
+    int local_rank_size;
+    /* Backend spec (see shardfs/backend.h), opened by this rank to load
+     * misses, e.g. the same posix directory as the daemon. NULL: no backend:
+     * a miss fails with -ENOENT, dumps only fill the cache. Its shard size is
+     * the cache's. */
+    const char *backend;
+    /* Backend loads and dumps in flight per rank (default 32). */
+    unsigned load_depth;
+    /* RearrangeIndex order (default true); false walks tasks in natural
+     * order 0, 1, 2... (the benchmark baseline). */
+    bool rotate;
+    /* The dispatcher blocks on each key another rank is loading before it
+     * goes on, as the seed's old LoadQueue did (default false). A benchmark
+     * baseline only: it stalls the walk behind every slow key. */
+    bool blocking_waits;
+    /* Prealloc (block, shard + 1) of the last task's blocks when the queue
+     * runs empty (default true). */
+    bool prealloc;
+    /* enum sfs_rank_copier (default AUTO). */
+    int copier;
+    /* Threads that block on keys other ranks are loading (default 4). */
+    unsigned waiters;
+    /* Deadline for one key, ms: a key another rank is loading, or a cache
+     * full of leased slots, fails the entry with -ETIMEDOUT / -ENOSPC after
+     * this long (default 30000). */
+    unsigned key_timeout_ms;
+};
+
+/* One entry of a task: a key and an address. For loads `addr` is the
+ * destination (shard_size bytes, device or host memory); for dumps the
+ * source. */
+struct sfs_rank_entry {
+    struct sfs_block_id block;
+    uint32_t shard;
+    void *addr;
+};
+
+struct sfs_rank;
+struct sfs_task;
+
+/* Fill *cfg with the defaults; socket_path/mount_point stay NULL,
+ * device_id 0, local_rank_size 1. */
+SFS_API void sfs_rank_config_init(struct sfs_rank_config *cfg);
+
+/*
+ * Attach to the cache, open the backend, start the dispatcher, the waiters
+ * and the copier. With a CUDA copier, every data-plane segment is registered
+ * with the device here (cudaHostRegister, mapped), once per rank. Returns NULL
+ * and sets *err: -EINVAL for a bad config, -ENODEV when copier = CUDA and the
+ * device does not exist (or the library was built without CUDA), -ENODATA
+ * when the mount point has no socket xattr, or the attach / backend error.
+ */
+SFS_API struct sfs_rank *sfs_rank_open(const struct sfs_rank_config *cfg, int *err);
+
+/*
+ * Stop the rank: tasks still queued (not yet started by the dispatcher) are
+ * cancelled, their entries complete with -ECANCELED; entries already started
+ * run to completion (each bounded by key_timeout_ms), so no copy writes a
+ * destination after close returns. Then every lease is released, the backend
+ * closed and the cache detached. Tasks not yet freed stay valid for
+ * sfs_rank_wait() and sfs_rank_task_free(). Safe on NULL.
+ */
+SFS_API void sfs_rank_close(struct sfs_rank *rank);
+
+/*
+ * Queue a load of n entries: each shard is copied to its entry's addr when
+ * Ready. The entries are copied: the array may be reused at once; the
+ * destinations must stay valid until the task completes. Returns 0 and a
+ * task in *task, -EINVAL for n == 0 or bad pointers, -EPERM for the
+ * scheduler role, -ESHUTDOWN while closing, -ENOMEM.
+ */
+SFS_API int sfs_rank_load(struct sfs_rank *rank, const struct sfs_rank_entry *entries, size_t n,
+                          struct sfs_task **task);
+
+/*
+ * Queue a dump of n entries (addr = source, shard_size bytes), write-through:
+ * each key is taken for writing in the cache (SFS_GET_WRITE), the source is
+ * copied into its slot, the slot is dumped to the backend, and published
+ * Ready once the backend has it. A key another process holds leased is
+ * dumped to the backend from a bounce buffer and left alone in the cache.
+ * Returns as sfs_rank_load().
+ */
+SFS_API int sfs_rank_dump(struct sfs_rank *rank, const struct sfs_rank_entry *entries, size_t n,
+                          struct sfs_task **task);
+
+/*
+ * Wait for a task. timeout_ms < 0 waits without a limit; 0 polls. Returns 0
+ * when every entry is done, then fills status[0..n) (if not NULL) with each
+ * entry's result: 0, or -errno (-EIO backend error or short read, -ENOENT
+ * not in the backend, -ETIMEDOUT, -ENOSPC cache full of leased slots,
+ * -ECANCELED). Returns -ETIMEDOUT when the timeout passes first: the wait
+ * never outlives its timeout. -EINVAL for NULL.
+ */
+SFS_API int sfs_rank_wait(struct sfs_task *task, int timeout_ms, int *status);
+
+/* True once every entry of the task is done. */
+SFS_API bool sfs_rank_task_done(struct sfs_task *task);
+
+/* Entries of the task. */
+SFS_API size_t sfs_rank_task_size(struct sfs_task *task);
+
+/*
+ * Free a task. Freeing one that is not done detaches it: the rank finishes
+ * it (its copies still write the destinations) and frees it then. Safe on
+ * NULL.
+ */
+SFS_API void sfs_rank_task_free(struct sfs_task *task);
+
+/*
+ * Does shard `shard` of each block exist, in the cache (Ready) or in the
+ * backend? present[i] answers blocks[i]. Works in the scheduler role.
+ * Returns 0 or -errno.
+ */
+SFS_API int sfs_rank_lookup(struct sfs_rank *rank, const struct sfs_block_id *blocks, size_t n,
+                            uint32_t shard, bool *present);
+
+/* Length of the leading run of blocks whose shard `shard` exists (as
+ * sfs_rank_lookup), or -errno. */
+SFS_API long sfs_rank_lookup_prefix(struct sfs_rank *rank, const struct sfs_block_id *blocks,
+                                    size_t n, uint32_t shard);
+
+/* Block-level Touch: mark every resident shard of each block recently used
+ * and forward the batch to the backend. Returns the number of slots marked,
+ * or -errno. */
+SFS_API int sfs_rank_touch(struct sfs_rank *rank, const struct sfs_block_id *blocks, size_t n);
+
+/*
+ * Advisory prefetch: start loading keys into the cache, with no destination
+ * and no lease kept once loaded. Keys already present, keys that would need
+ * an eviction of a reserved slot, and keys beyond the free load depth are
+ * rejected. Returns how many were accepted (0 is not an error); never fails
+ * for rejection. -EINVAL for bad pointers only. The scheduler role returns 0.
+ */
+SFS_API int sfs_rank_prefetch(struct sfs_rank *rank, const struct sfs_key *keys, size_t n);
+
+/* Counters of this rank, and the cache's (summed over all processes). */
+struct sfs_rank_stats {
+    uint64_t tasks;         /* load and dump tasks queued */
+    uint64_t entries;       /* entries of those tasks */
+    uint64_t hits;          /* entries found Ready */
+    uint64_t owner_loads;   /* backend loads this rank submitted as owner */
+    uint64_t takeovers;     /* of those, keys taken from a dead owner while waiting */
+    uint64_t waits;         /* entries another rank was loading */
+    uint64_t dumps;         /* backend dumps submitted */
+    uint64_t dumps_bounced; /* of those, through a bounce buffer (key leased elsewhere) */
+    uint64_t failed;        /* entries that completed with an error */
+    uint64_t copies;        /* shards copied by the copier */
+    uint64_t copy_batches;  /* copier batches (kernel launches with CUDA) */
+    uint64_t bytes_copied;
+    uint64_t prealloc;      /* Idle slots placed in idle windows */
+    uint64_t prefetched;    /* prefetch keys accepted */
+    uint64_t max_inflight;  /* most backend requests in flight at once */
+    struct sfs_stats cache; /* sfs_cache_stats() */
+};
+
+SFS_API void sfs_rank_stats(struct sfs_rank *rank, struct sfs_rank_stats *out);
+
+/* Geometry of the attached cache and which copier runs ("host", "cuda"). */
+SFS_API uint64_t sfs_rank_shard_size(struct sfs_rank *rank);
+SFS_API const char *sfs_rank_copier_name(struct sfs_rank *rank);
+
+/* The backend this rank loads from (owned by the rank; NULL without one),
+ * e.g. for sfs_fault_set() in tests. */
+struct sfs_backend;
+SFS_API struct sfs_backend *sfs_rank_backend(struct sfs_rank *rank);
+
+/*
+ * RearrangeIndex: the order in which rank r of N walks a task of n entries:
+ * r, r+N, r+2N, ... (< n), then r+1, r+1+N, ..., wrapping through every
+ * residue mod N, so that at each step the N ranks touch N different keys.
+ * order[0..n) receives a permutation of 0..n-1. N == 0 is taken as 1, r is
+ * taken mod N. Returns 0 or -EINVAL (order NULL with n > 0).
+ */
+SFS_API int sfs_rank_rearrange(size_t n, unsigned r, unsigned N, uint32_t *order);
+
+/* CUDA devices the library can use: 0 when built without CUDA or when none
+ * is present. Initialises the CUDA runtime in this process. */
+SFS_API int sfs_rank_cuda_devices(void);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* SHARDFS_RANK_H */

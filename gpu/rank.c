@@ -1,0 +1,543 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * rank.c - the public face of libshardfs-rank: opening a rank (attach,
+ * backend, copier, threads), tasks and their completion, lookups, touch,
+ * prefetch and counters. The moving parts live in loadqueue.c (dispatcher,
+ * waiters, backend callbacks) and copier.c (copier thread).
+ *
+ * A task is a small refcounted object: one reference for the caller (dropped
+ * by sfs_rank_task_free), one for the dispatcher (dropped after its walk and
+ * the idle window), one for completion (dropped by the last entry). So a task
+ * freed early finishes quietly, and a finished task outlives its rank.
+ */
+#include "rank_i.h"
+
+#include <errno.h>
+#include <limits.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/xattr.h>
+#include <syslog.h>
+#include <time.h>
+
+#define SOCKET_XATTR "user.shardfs.socket"
+
+void sfs_rank_config_init(struct sfs_rank_config *cfg)
+{
+    if (!cfg)
+        return;
+    memset(cfg, 0, sizeof(*cfg));
+    cfg->local_rank_size = 1;
+    cfg->load_depth = 32;
+    cfg->rotate = true;
+    cfg->prealloc = true;
+    cfg->copier = SFS_COPIER_AUTO;
+    cfg->waiters = 4;
+    cfg->key_timeout_ms = 30000;
+}
+
+static void touch_hook(const struct sfs_block_id *blocks, size_t n, void *arg)
+{
+    struct sfs_rank *rk = arg;
+
+    if (rk->be)
+        sfs_backend_touch(rk->be, blocks, n); /* a hint: errors do not matter */
+}
+
+/* The socket a mount point names in its xattr. */
+static int socket_from_mount(const char *mnt, char *out, size_t len)
+{
+    ssize_t n = getxattr(mnt, SOCKET_XATTR, out, len - 1);
+
+    if (n < 0)
+        return errno == ENOTSUP ? -ENODATA : -errno;
+    out[n] = '\0';
+    while (n > 0 && (out[n - 1] == '\n' || out[n - 1] == '\0'))
+        out[--n] = '\0';
+    return n > 0 ? 0 : -ENODATA;
+}
+
+static void rank_free(struct sfs_rank *rk)
+{
+    if (rk->copier)
+        rk->copier->ops->close(rk->copier);
+    if (rk->be)
+        sfs_backend_close(rk->be);
+    sfs_cache_close(rk->cache);
+    pthread_mutex_destroy(&rk->mu);
+    pthread_cond_destroy(&rk->task_cv);
+    pthread_cond_destroy(&rk->idle_cv);
+    pthread_mutex_destroy(&rk->ready_mu);
+    pthread_cond_destroy(&rk->ready_cv);
+    pthread_mutex_destroy(&rk->wait_mu);
+    pthread_cond_destroy(&rk->wait_cv);
+    pthread_mutex_destroy(&rk->depth_mu);
+    pthread_cond_destroy(&rk->depth_cv);
+    pthread_mutex_destroy(&rk->own_mu);
+    free(rk);
+}
+
+struct sfs_rank *sfs_rank_open(const struct sfs_rank_config *cfg, int *err)
+{
+    struct sfs_rank *rk;
+    struct sfs_cache_info info;
+    char sock[PATH_MAX];
+    const char *path;
+    int r;
+
+    if (!err)
+        return NULL;
+    if (!cfg || (!cfg->socket_path == !cfg->mount_point) || cfg->local_rank_size < 0 ||
+        cfg->copier < SFS_COPIER_AUTO || cfg->copier > SFS_COPIER_CUDA) {
+        *err = -EINVAL;
+        return NULL;
+    }
+    path = cfg->socket_path;
+    if (cfg->mount_point) {
+        r = socket_from_mount(cfg->mount_point, sock, sizeof(sock));
+        if (r < 0) {
+            *err = r;
+            return NULL;
+        }
+        path = sock;
+    }
+    rk = calloc(1, sizeof(*rk));
+    if (!rk) {
+        *err = -ENOMEM;
+        return NULL;
+    }
+    pthread_mutex_init(&rk->mu, NULL);
+    pthread_cond_init(&rk->task_cv, NULL);
+    pthread_cond_init(&rk->idle_cv, NULL);
+    pthread_mutex_init(&rk->ready_mu, NULL);
+    pthread_cond_init(&rk->ready_cv, NULL);
+    pthread_mutex_init(&rk->wait_mu, NULL);
+    pthread_cond_init(&rk->wait_cv, NULL);
+    pthread_mutex_init(&rk->depth_mu, NULL);
+    pthread_cond_init(&rk->depth_cv, NULL);
+    pthread_mutex_init(&rk->own_mu, NULL);
+
+    rk->query_only = cfg->device_id < 0;
+    rk->N = cfg->local_rank_size > 0 ? (unsigned)cfg->local_rank_size : 1;
+    rk->r = rk->query_only ? 0 : (unsigned)cfg->device_id % rk->N;
+    rk->depth = cfg->load_depth ? cfg->load_depth : 32;
+    rk->nwaiters = cfg->waiters ? cfg->waiters : 4;
+    rk->rotate = cfg->rotate;
+    rk->blocking_waits = cfg->blocking_waits;
+    rk->prealloc = cfg->prealloc;
+    rk->key_timeout_ns = (int64_t)(cfg->key_timeout_ms ? cfg->key_timeout_ms : 30000) * 1000000;
+
+    rk->cache = sfs_cache_attach(path, rk->query_only ? -1 : cfg->device_id, err);
+    if (!rk->cache)
+        goto out_free;
+    sfs_cache_info(rk->cache, &info);
+    rk->shard_size = info.shard_size;
+    if (rk->shard_size > UINT32_MAX) {
+        *err = -EINVAL;
+        goto out_free;
+    }
+    if (cfg->backend) {
+        struct sfs_backend_params bp = {.shard_size = rk->shard_size};
+        char errbuf[256] = "";
+
+        rk->be = sfs_backend_open(cfg->backend, &bp, errbuf, sizeof(errbuf), err);
+        if (!rk->be) {
+            sfs_log(LOG_ERR, "rank %d: backend '%s': %s", cfg->device_id, cfg->backend,
+                    errbuf[0] ? errbuf : strerror(-*err));
+            goto out_free;
+        }
+        sfs_cache_set_touch_hook(rk->cache, touch_hook, rk);
+    }
+    if (!rk->query_only) {
+        r = sfs_copier_open(cfg->copier, cfg->device_id, rk->cache, &rk->copier);
+        if (r < 0) {
+            *err = r;
+            goto out_free;
+        }
+        r = sfs_copier_start(rk);
+        if (r == 0)
+            r = sfs_lq_start(rk);
+        if (r < 0) {
+            *err = r;
+            sfs_lq_stop(rk);
+            sfs_copier_stop(rk);
+            goto out_free;
+        }
+    }
+    *err = 0;
+    return rk;
+
+out_free:
+    rank_free(rk);
+    return NULL;
+}
+
+/* Complete every entry of a task the dispatcher never started. mu held. */
+static void cancel_task(struct sfs_task *t)
+{
+    pthread_mutex_lock(&t->mu);
+    for (size_t i = 0; i < t->n; i++)
+        t->status[i] = -ECANCELED;
+    t->pending = 0;
+    pthread_cond_broadcast(&t->cv);
+    pthread_mutex_unlock(&t->mu);
+}
+
+void sfs_rank_close(struct sfs_rank *rk)
+{
+    struct sfs_task *t, *cancelled;
+
+    if (!rk)
+        return;
+    pthread_mutex_lock(&rk->mu);
+    rk->stopping = true;
+    cancelled = rk->tq_head;
+    rk->tq_head = rk->tq_tail = NULL;
+    for (t = cancelled; t; t = t->next) {
+        cancel_task(t);
+        rk->active--;
+    }
+    pthread_cond_broadcast(&rk->task_cv);
+    while (rk->active > 0)
+        pthread_cond_wait(&rk->idle_cv, &rk->mu);
+    pthread_mutex_unlock(&rk->mu);
+    while (cancelled) {
+        t = cancelled;
+        cancelled = t->next;
+        sfs_lq_task_unref(t); /* dispatcher's */
+        sfs_lq_task_unref(t); /* completion's */
+    }
+    sfs_lq_stop(rk);
+    sfs_copier_stop(rk);
+    if (rk->be)
+        sfs_cache_set_touch_hook(rk->cache, NULL, NULL);
+    rank_free(rk); /* sfs_cache_close() drops any lease left */
+}
+
+static int submit(struct sfs_rank *rk, const struct sfs_rank_entry *entries, size_t n, int kind,
+                  struct sfs_task **out)
+{
+    struct sfs_task *t;
+    pthread_condattr_t ca;
+
+    if (!rk || !entries || !out || n == 0 || n > UINT32_MAX)
+        return -EINVAL;
+    *out = NULL;
+    if (rk->query_only)
+        return -EPERM;
+    t = calloc(1, sizeof(*t));
+    if (!t)
+        return -ENOMEM;
+    t->entries = malloc(n * sizeof(*t->entries));
+    t->items = calloc(n, sizeof(*t->items));
+    t->status = calloc(n, sizeof(*t->status));
+    if (!t->entries || !t->items || !t->status) {
+        free(t->entries);
+        free(t->items);
+        free(t->status);
+        free(t);
+        return -ENOMEM;
+    }
+    memcpy(t->entries, entries, n * sizeof(*entries));
+    t->rank = rk;
+    t->kind = kind;
+    t->n = n;
+    t->pending = n;
+    t->refs = 3; /* caller, dispatcher, completion */
+    pthread_mutex_init(&t->mu, NULL);
+    pthread_condattr_init(&ca);
+    pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+    pthread_cond_init(&t->cv, &ca);
+    pthread_condattr_destroy(&ca);
+    for (size_t i = 0; i < n; i++) {
+        struct rank_item *it = &t->items[i];
+
+        it->rank = rk;
+        it->task = t;
+        it->idx = (uint32_t)i;
+        it->kind = (uint8_t)kind;
+        it->key.block = entries[i].block;
+        it->key.shard = entries[i].shard;
+        it->addr = entries[i].addr;
+        t->status[i] = -EINPROGRESS;
+    }
+
+    pthread_mutex_lock(&rk->mu);
+    if (rk->stopping) {
+        pthread_mutex_unlock(&rk->mu);
+        t->refs = 1;
+        sfs_lq_task_unref(t);
+        return -ESHUTDOWN;
+    }
+    if (rk->tq_tail)
+        rk->tq_tail->next = t;
+    else
+        rk->tq_head = t;
+    rk->tq_tail = t;
+    rk->active++;
+    pthread_cond_signal(&rk->task_cv);
+    pthread_mutex_unlock(&rk->mu);
+    rank_ctr_add(rk, RC_TASKS, 1);
+    rank_ctr_add(rk, RC_ENTRIES, n);
+    *out = t;
+    return 0;
+}
+
+int sfs_rank_load(struct sfs_rank *rk, const struct sfs_rank_entry *entries, size_t n,
+                  struct sfs_task **task)
+{
+    return submit(rk, entries, n, ITEM_LOAD, task);
+}
+
+int sfs_rank_dump(struct sfs_rank *rk, const struct sfs_rank_entry *entries, size_t n,
+                  struct sfs_task **task)
+{
+    return submit(rk, entries, n, ITEM_DUMP, task);
+}
+
+int sfs_rank_wait(struct sfs_task *t, int timeout_ms, int *status)
+{
+    struct timespec ts;
+    int r = 0;
+
+    if (!t)
+        return -EINVAL;
+    if (timeout_ms >= 0) {
+        int64_t d = sfs_deadline_after((int64_t)timeout_ms * 1000000);
+
+        ts.tv_sec = d / 1000000000;
+        ts.tv_nsec = d % 1000000000;
+    }
+    pthread_mutex_lock(&t->mu);
+    while (t->pending > 0) {
+        if (timeout_ms < 0) {
+            pthread_cond_wait(&t->cv, &t->mu);
+        } else if (pthread_cond_timedwait(&t->cv, &t->mu, &ts) == ETIMEDOUT) {
+            if (t->pending > 0)
+                r = -ETIMEDOUT;
+            break;
+        }
+    }
+    if (r == 0 && status)
+        memcpy(status, t->status, t->n * sizeof(*status));
+    pthread_mutex_unlock(&t->mu);
+    return r;
+}
+
+bool sfs_rank_task_done(struct sfs_task *t)
+{
+    bool done;
+
+    if (!t)
+        return false;
+    pthread_mutex_lock(&t->mu);
+    done = t->pending == 0;
+    pthread_mutex_unlock(&t->mu);
+    return done;
+}
+
+size_t sfs_rank_task_size(struct sfs_task *t)
+{
+    return t ? t->n : 0;
+}
+
+void sfs_rank_task_free(struct sfs_task *t)
+{
+    if (t)
+        sfs_lq_task_unref(t);
+}
+
+/* ---------------------------------------------------------------------------
+ * Lookups, touch, prefetch.
+ */
+
+int sfs_rank_lookup(struct sfs_rank *rk, const struct sfs_block_id *blocks, size_t n,
+                    uint32_t shard, bool *present)
+{
+    struct sfs_key *miss = NULL;
+    size_t *where = NULL, nmiss = 0;
+    bool *found = NULL;
+    int r = 0;
+
+    if (!rk || (n && (!blocks || !present)))
+        return -EINVAL;
+    for (size_t i = 0; i < n; i++) {
+        struct sfs_key k = {.block = blocks[i], .shard = shard};
+
+        present[i] = sfs_cache_exists(rk->cache, &k);
+        if (!present[i])
+            nmiss++;
+    }
+    if (nmiss == 0 || !rk->be)
+        return 0;
+    miss = malloc(nmiss * sizeof(*miss));
+    where = malloc(nmiss * sizeof(*where));
+    found = malloc(nmiss * sizeof(*found));
+    if (!miss || !where || !found) {
+        r = -ENOMEM;
+        goto out;
+    }
+    nmiss = 0;
+    for (size_t i = 0; i < n; i++) {
+        if (present[i])
+            continue;
+        miss[nmiss] = (struct sfs_key){.block = blocks[i], .shard = shard};
+        where[nmiss++] = i;
+    }
+    r = sfs_backend_exists(rk->be, miss, nmiss, found);
+    if (r == 0)
+        for (size_t j = 0; j < nmiss; j++)
+            present[where[j]] = found[j];
+out:
+    free(miss);
+    free(where);
+    free(found);
+    return r;
+}
+
+long sfs_rank_lookup_prefix(struct sfs_rank *rk, const struct sfs_block_id *blocks, size_t n,
+                            uint32_t shard)
+{
+    size_t i = 0;
+    bool *present;
+    int r;
+
+    if (!rk || (n && !blocks))
+        return -EINVAL;
+    /* The cache answers the common case (a resident prefix) without I/O. */
+    for (; i < n; i++) {
+        struct sfs_key k = {.block = blocks[i], .shard = shard};
+
+        if (!sfs_cache_exists(rk->cache, &k))
+            break;
+    }
+    if (i == n || !rk->be)
+        return (long)i;
+    present = malloc((n - i) * sizeof(*present));
+    if (!present)
+        return -ENOMEM;
+    r = sfs_rank_lookup(rk, blocks + i, n - i, shard, present);
+    if (r == 0) {
+        size_t j = 0;
+
+        while (i + j < n && present[j])
+            j++;
+        i += j;
+    }
+    free(present);
+    return r < 0 ? r : (long)i;
+}
+
+int sfs_rank_touch(struct sfs_rank *rk, const struct sfs_block_id *blocks, size_t n)
+{
+    if (!rk || (n && !blocks))
+        return -EINVAL;
+    return sfs_cache_touch(rk->cache, blocks, n);
+}
+
+int sfs_rank_prefetch(struct sfs_rank *rk, const struct sfs_key *keys, size_t n)
+{
+    int accepted = 0;
+
+    if (!rk || (n && !keys))
+        return -EINVAL;
+    if (rk->query_only || !rk->be)
+        return 0;
+    for (size_t i = 0; i < n; i++) {
+        struct rank_item *it;
+        int role;
+
+        /* Advisory: no free load slot means no, not later. */
+        if (!sfs_lq_token_try(rk))
+            break;
+        it = calloc(1, sizeof(*it));
+        if (!it) {
+            sfs_lq_token_put(rk);
+            break;
+        }
+        it->rank = rk;
+        it->kind = ITEM_PREFETCH;
+        it->key = keys[i];
+        pthread_mutex_lock(&rk->mu);
+        if (rk->stopping) {
+            pthread_mutex_unlock(&rk->mu);
+            sfs_lq_token_put(rk);
+            free(it);
+            break;
+        }
+        rk->active++;
+        pthread_mutex_unlock(&rk->mu);
+        role = sfs_cache_get(rk->cache, &it->key, SFS_GET_PREFETCH, 0, &it->lease);
+        if (role != SFS_OWNER) {
+            /* Present, loading, or no slot without evicting: rejected. */
+            if (role >= 0)
+                sfs_cache_release(rk->cache, &it->lease);
+            sfs_lq_token_put(rk);
+            free(it);
+            pthread_mutex_lock(&rk->mu);
+            if (--rk->active == 0)
+                pthread_cond_broadcast(&rk->idle_cv);
+            pthread_mutex_unlock(&rk->mu);
+            continue;
+        }
+        it->leased = true;
+        rank_ctr_add(rk, RC_PREFETCHED, 1);
+        accepted++;
+        sfs_lq_submit_load(it); /* done: publish, release, free */
+    }
+    return accepted;
+}
+
+/* ---------------------------------------------------------------------------
+ * Counters and accessors.
+ */
+
+void sfs_rank_stats(struct sfs_rank *rk, struct sfs_rank_stats *o)
+{
+    if (!rk || !o)
+        return;
+    memset(o, 0, sizeof(*o));
+    /* Relaxed loads: statistics. */
+#define LD(c) atomic_load_explicit(&rk->ctr[c], memory_order_relaxed)
+    o->tasks = LD(RC_TASKS);
+    o->entries = LD(RC_ENTRIES);
+    o->hits = LD(RC_HITS);
+    o->owner_loads = LD(RC_OWNER_LOADS);
+    o->takeovers = LD(RC_TAKEOVERS);
+    o->waits = LD(RC_WAITS);
+    o->dumps = LD(RC_DUMPS);
+    o->dumps_bounced = LD(RC_DUMPS_BOUNCED);
+    o->failed = LD(RC_FAILED);
+    o->copies = LD(RC_COPIES);
+    o->copy_batches = LD(RC_COPY_BATCHES);
+    o->bytes_copied = LD(RC_BYTES_COPIED);
+    o->prealloc = LD(RC_PREALLOC);
+    o->prefetched = LD(RC_PREFETCHED);
+#undef LD
+    pthread_mutex_lock(&rk->depth_mu);
+    o->max_inflight = rk->max_inflight;
+    pthread_mutex_unlock(&rk->depth_mu);
+    sfs_cache_stats(rk->cache, &o->cache);
+}
+
+uint64_t sfs_rank_shard_size(struct sfs_rank *rk)
+{
+    return rk ? rk->shard_size : 0;
+}
+
+const char *sfs_rank_copier_name(struct sfs_rank *rk)
+{
+    if (!rk)
+        return NULL;
+    return rk->copier ? rk->copier->ops->name : "none";
+}
+
+struct sfs_backend *sfs_rank_backend(struct sfs_rank *rk)
+{
+    return rk ? rk->be : NULL;
+}
+
+int sfs_rank_cuda_devices(void)
+{
+    return sfs_copier_cuda_device_count();
+}

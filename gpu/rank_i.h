@@ -1,0 +1,181 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * rank_i.h - the private state of a rank: its task queue, the items that
+ * carry one entry through dispatcher -> (backend | waiter) -> copier, and the
+ * counters. Shared by rank.c (API), loadqueue.c (dispatcher, waiters,
+ * backend callbacks) and copier.c (copier thread).
+ *
+ * Threads of a rank and what they own:
+ *   dispatcher  takes tasks from `tq`, Gets every key in RearrangeIndex order,
+ *               submits owner loads, runs Prealloc in the idle window;
+ *   waiters     block in sfs_cache_wait() on keys other ranks load, and
+ *               submit dumps (a posix dump runs in the submitter's thread);
+ *   copier      copies Ready shards to destinations in batches, releases;
+ *   backend     its own threads call load_done()/dump_done().
+ * An item is owned by exactly one of them at a time: whoever took it off a
+ * queue (or the backend, between submit and done).
+ */
+#ifndef SHARDFS_RANK_I_H
+#define SHARDFS_RANK_I_H
+
+#include <shardfs/backend.h>
+#include <shardfs/rank.h>
+
+#include "copier_i.h"
+
+#include <pthread.h>
+#include <stdatomic.h>
+
+enum item_kind {
+    ITEM_LOAD = 0,
+    ITEM_DUMP = 1,
+    ITEM_PREFETCH = 2,
+};
+
+enum item_step {
+    STEP_COPY_OUT = 0,    /* Ready in the cache: copier copies slot -> addr */
+    STEP_COPY_IN = 1,     /* dump: copier copies addr -> slot (or bounce) */
+    STEP_WAIT = 2,        /* another rank loads it: a waiter blocks on it */
+    STEP_DUMP_SUBMIT = 3, /* dump: copied in, a waiter submits it */
+};
+
+struct sfs_task;
+struct sfs_rank;
+
+/* One entry in flight. */
+struct rank_item {
+    struct rank_item *next; /* in one queue at a time */
+    struct sfs_rank *rank;
+    struct sfs_task *task; /* NULL for prefetch */
+    uint32_t idx;          /* entry index in the task */
+    uint8_t kind;          /* enum item_kind */
+    uint8_t step;          /* enum item_step */
+    bool leased;
+    bool bounce; /* dump through a private buffer (key leased elsewhere) */
+    struct sfs_key key;
+    struct sfs_lease lease;
+    void *buf;                   /* the slot's bytes, or the bounce buffer */
+    void *addr;                  /* the entry's destination (load) or source (dump) */
+    struct rank_item *own_next;  /* rank->own list, under own_mu */
+    struct rank_item *followers; /* under own_mu: items of ours waiting on this load */
+    struct sfs_io io;
+};
+
+struct item_queue {
+    struct rank_item *head, *tail;
+};
+
+struct sfs_task {
+    struct sfs_rank *rank;
+    struct sfs_task *next; /* rank->tq, under rank->mu */
+    int kind;              /* ITEM_LOAD or ITEM_DUMP */
+    size_t n;
+    struct sfs_rank_entry *entries;
+    struct rank_item *items;
+    int *status; /* under mu */
+    pthread_mutex_t mu;
+    pthread_cond_t cv; /* CLOCK_MONOTONIC; signalled when pending reaches 0 */
+    size_t pending;    /* under mu: entries not done */
+    int refs;          /* under mu: user + dispatcher + completion */
+};
+
+enum rank_ctr {
+    RC_TASKS,
+    RC_ENTRIES,
+    RC_HITS,
+    RC_OWNER_LOADS,
+    RC_TAKEOVERS,
+    RC_WAITS,
+    RC_DUMPS,
+    RC_DUMPS_BOUNCED,
+    RC_FAILED,
+    RC_COPIES,
+    RC_COPY_BATCHES,
+    RC_BYTES_COPIED,
+    RC_PREALLOC,
+    RC_PREFETCHED,
+    RC_COUNT
+};
+
+struct sfs_rank {
+    struct sfs_cache *cache;
+    struct sfs_backend *be;    /* NULL: no backend */
+    struct sfs_copier *copier; /* NULL in the scheduler role */
+    uint64_t shard_size;
+    unsigned r, N; /* RearrangeIndex: r = device_id % N */
+    unsigned depth;
+    unsigned nwaiters;
+    bool rotate;
+    bool blocking_waits;
+    bool prealloc;
+    bool query_only;
+    int64_t key_timeout_ns;
+
+    /* Task queue and lifetime. */
+    pthread_mutex_t mu;
+    pthread_cond_t task_cv;             /* dispatcher: a task arrived, or stopping */
+    pthread_cond_t idle_cv;             /* close: active reached 0 */
+    struct sfs_task *tq_head, *tq_tail; /* under mu */
+    size_t active;                      /* under mu: tasks not complete + prefetches in flight */
+    bool stopping;                      /* under mu */
+
+    /* Items ready to copy (copier thread). */
+    pthread_mutex_t ready_mu;
+    pthread_cond_t ready_cv;
+    struct item_queue ready; /* under ready_mu */
+    bool copier_stop;        /* under ready_mu */
+
+    /* Items to wait on / dumps to submit (waiter threads). */
+    pthread_mutex_t wait_mu;
+    pthread_cond_t wait_cv;
+    struct item_queue waitq; /* under wait_mu */
+    bool waiters_stop;       /* under wait_mu */
+
+    /* Backend requests in flight: at most `depth`. */
+    pthread_mutex_t depth_mu;
+    pthread_cond_t depth_cv;
+    unsigned inflight;     /* under depth_mu */
+    unsigned max_inflight; /* under depth_mu */
+
+    /* Loads this process has in flight, by slot: the core's ownership is
+     * per process, so a second item of ours on the same slot follows the
+     * first instead of loading it again. */
+    pthread_mutex_t own_mu;
+    struct rank_item *own_head; /* under own_mu */
+
+    pthread_t dispatcher;
+    pthread_t copier_thread;
+    pthread_t *waiter_threads;
+    unsigned nwaiter_threads; /* started */
+    bool dispatcher_started, copier_started;
+
+    /* Relaxed counters: single numbers, read by sfs_rank_stats(). */
+    _Atomic uint64_t ctr[RC_COUNT];
+};
+
+static inline void rank_ctr_add(struct sfs_rank *rk, enum rank_ctr c, uint64_t v)
+{
+    /* Relaxed: statistics only. */
+    atomic_fetch_add_explicit(&rk->ctr[c], v, memory_order_relaxed);
+}
+
+/* The core's logger (util.c, linked into this library). */
+void sfs_log(int level, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+
+/* loadqueue.c */
+int sfs_lq_start(struct sfs_rank *rk);
+void sfs_lq_stop(struct sfs_rank *rk);
+void sfs_lq_push_wait(struct sfs_rank *rk, struct rank_item *it);
+void sfs_lq_item_done(struct rank_item *it, int status);
+void sfs_lq_token_put(struct sfs_rank *rk);
+bool sfs_lq_token_try(struct sfs_rank *rk);
+int sfs_lq_submit_load(struct rank_item *it);
+void sfs_lq_dump_copied(struct rank_item *it);
+void sfs_lq_task_unref(struct sfs_task *t);
+
+/* copier.c */
+int sfs_copier_start(struct sfs_rank *rk);
+void sfs_copier_stop(struct sfs_rank *rk);
+void sfs_copier_push(struct sfs_rank *rk, struct rank_item *it);
+
+#endif /* SHARDFS_RANK_I_H */

@@ -1,0 +1,1170 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * test_rank.c - libshardfs-rank: RearrangeIndex (seed scenario A, exactly),
+ * the LoadQueue across real rank processes, the copier, dumps, lookups,
+ * prefetch, Prealloc in the idle window (scenario E), failures, timeouts and
+ * a rank killed mid-load.
+ *
+ * The test process creates the cache and serves its socket; rank processes
+ * are forked and attach through the socket, each with its own backend
+ * instance over a posix store the test writes in the UCM layout (mem: is
+ * per process, so it cannot be shared). Every shard's bytes are a pure
+ * function of its key (tu_fill), and every byte a rank copies is checked.
+ * Ranks report through a shared anonymous mapping.
+ */
+#include "testutil.h"
+
+#include <shardfs/backend.h>
+#include <shardfs/fault.h>
+#include <shardfs/rank.h>
+
+#include <criterion/criterion.h>
+
+#include <dlfcn.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <ftw.h>
+#include <signal.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+#define SHARD (32u * 1024)
+#define MAXR  16
+
+/* ---------------------------------------------------------------------------
+ * Helpers: a posix store, a served cache, shared results.
+ */
+
+static void write_store(const char *dir, uint64_t first, uint64_t nblocks, uint32_t nshards,
+                        uint32_t shard_size)
+{
+    char path[512], hex[SFS_BLOCK_HEX_LEN + 1];
+    uint8_t *buf = malloc(shard_size);
+
+    cr_assert_not_null(buf);
+    mkdir(dir, 0755);
+    snprintf(path, sizeof(path), "%s/data", dir);
+    mkdir(path, 0755);
+    for (uint64_t b = first; b < first + nblocks; b++) {
+        struct sfs_block_id id = tu_block(b);
+
+        sfs_block_to_hex(&id, hex);
+        snprintf(path, sizeof(path), "%s/data/%s", dir, hex);
+        int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+        cr_assert(fd >= 0, "open %s: %s", path, strerror(errno));
+        for (uint32_t s = 0; s < nshards; s++) {
+            struct sfs_key k = tu_key(b, s);
+
+            tu_fill(&k, buf, shard_size);
+            cr_assert_eq(pwrite(fd, buf, shard_size, (off_t)s * shard_size), (ssize_t)shard_size);
+        }
+        close(fd);
+    }
+    free(buf);
+}
+
+static int rm_one(const char *p, const struct stat *st, int flag, struct FTW *f)
+{
+    return remove(p);
+}
+
+static void rm_tree(const char *dir)
+{
+    nftw(dir, rm_one, 16, FTW_DEPTH | FTW_PHYS);
+}
+
+struct env {
+    struct sfs_cache *c;
+    char sock[128];
+    char dir[128];
+};
+
+static void env_up(struct env *e, uint32_t nslots, uint32_t nreserved)
+{
+    snprintf(e->sock, sizeof(e->sock), "%s", tu_path("sock"));
+    snprintf(e->dir, sizeof(e->dir), "%s", tu_path("store"));
+    e->c = tu_cache(nslots, nreserved, SHARD);
+    cr_assert_not_null(e->c);
+    cr_assert_eq(sfs_cache_serve(e->c, e->sock), 0);
+}
+
+static int count_key(const struct sfs_key *k, int state, void *arg)
+{
+    (*(int *)arg)++;
+    return 0;
+}
+
+/* Every slot the cache holds can be removed: nobody holds a lease. */
+struct lease_scan {
+    struct sfs_key keys[4096];
+    int n;
+};
+
+static int collect_key(const struct sfs_key *k, int state, void *arg)
+{
+    struct lease_scan *ls = arg;
+
+    if (ls->n < 4096)
+        ls->keys[ls->n++] = *k;
+    return 0;
+}
+
+static void assert_no_leases(struct sfs_cache *c)
+{
+    struct lease_scan *ls = calloc(1, sizeof(*ls));
+
+    cr_assert_not_null(ls);
+    sfs_cache_foreach(c, ~0u, collect_key, ls);
+    for (int i = 0; i < ls->n; i++) {
+        int r = sfs_cache_remove(c, &ls->keys[i]);
+
+        cr_assert(r == 0 || r == -ENOENT, "key %d still leased (%d)", i, r);
+    }
+    free(ls);
+}
+
+static void env_down(struct env *e)
+{
+    assert_no_leases(e->c);
+    sfs_cache_close(e->c);
+    rm_tree(e->dir);
+}
+
+struct child_res {
+    int rc;
+    int line;
+    int bad_status;
+    long bad_byte;
+    int n_eio;
+    int n_ok;
+    uint64_t owner_loads, takeovers, waits, hits, fault_loads, failed, prealloc;
+    uint64_t max_inflight;
+};
+
+struct shared {
+    _Atomic int bar[4];
+    _Atomic int submitted[MAXR];
+    struct child_res res[MAXR];
+};
+
+static struct shared *shared_new(void)
+{
+    struct shared *sh =
+        mmap(NULL, sizeof(*sh), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+
+    cr_assert(sh != MAP_FAILED);
+    memset(sh, 0, sizeof(*sh));
+    return sh;
+}
+
+/* A barrier across rank processes, with a deadline (a child that died must
+ * not hang the others forever). */
+static bool barrier(_Atomic int *ctr, int n)
+{
+    int64_t end = sfs_deadline_after(20ll * 1000 * 1000 * 1000);
+
+    atomic_fetch_add(ctr, 1);
+    while (atomic_load(ctr) < n) {
+        if (sfs_now_ns() > end)
+            return false;
+        usleep(100);
+    }
+    return true;
+}
+
+enum mode {
+    MODE_LOAD,   /* load the task, check every byte */
+    MODE_EIO,    /* load under eio=1 (all -EIO), clear the fault, load again */
+    MODE_VICTIM, /* load, then hang until killed */
+};
+
+struct job {
+    const char *sock;
+    char spec[512];
+    int dev, N;
+    unsigned depth;
+    bool rotate;
+    int copier;
+    uint32_t nblocks, shard;
+    enum mode mode;
+    struct shared *sh;
+};
+
+#define CHECKC(cond)                                                                               \
+    do {                                                                                           \
+        if (!(cond)) {                                                                             \
+            res->line = __LINE__;                                                                  \
+            return 1;                                                                              \
+        }                                                                                          \
+    } while (0)
+
+static struct sfs_rank *open_rank(const struct job *j, int *err)
+{
+    struct sfs_rank_config cfg;
+
+    sfs_rank_config_init(&cfg);
+    cfg.socket_path = j->sock;
+    cfg.device_id = j->dev;
+    cfg.local_rank_size = j->N;
+    cfg.backend = j->spec[0] ? j->spec : NULL;
+    cfg.load_depth = j->depth;
+    cfg.rotate = j->rotate;
+    cfg.copier = j->copier ? j->copier : SFS_COPIER_HOST;
+    cfg.key_timeout_ms = 20000;
+    return sfs_rank_open(&cfg, err);
+}
+
+/* Load blocks [0, nblocks) at shard j->shard into fresh buffers. Returns the
+ * statuses' summary in res; every Ready entry's bytes are checked. */
+static int load_and_check(struct sfs_rank *rk, const struct job *j, struct child_res *res,
+                          int *first_status)
+{
+    size_t n = j->nblocks;
+    struct sfs_rank_entry *e = calloc(n, sizeof(*e));
+    int *st = calloc(n, sizeof(*st));
+    uint8_t *bufs = malloc(n * SHARD);
+    struct sfs_task *t;
+
+    CHECKC(e && st && bufs);
+    memset(bufs, 0xee, n * SHARD);
+    for (size_t i = 0; i < n; i++) {
+        e[i].block = tu_block(i);
+        e[i].shard = j->shard;
+        e[i].addr = bufs + i * SHARD;
+    }
+    CHECKC(sfs_rank_load(rk, e, n, &t) == 0);
+    atomic_store(&j->sh->submitted[j->dev], 1);
+    CHECKC(sfs_rank_wait(t, 30000, st) == 0);
+    CHECKC(sfs_rank_task_done(t));
+    sfs_rank_task_free(t);
+    res->n_ok = res->n_eio = 0;
+    *first_status = 0;
+    for (size_t i = 0; i < n; i++) {
+        if (st[i] == 0) {
+            struct sfs_key k = tu_key(i, j->shard);
+            long bad = tu_check(&k, bufs + i * SHARD, SHARD);
+
+            if (bad >= 0) {
+                res->bad_byte = bad;
+                res->line = __LINE__;
+                return 1;
+            }
+            res->n_ok++;
+        } else {
+            if (st[i] == -EIO)
+                res->n_eio++;
+            if (!*first_status)
+                *first_status = st[i];
+        }
+    }
+    free(e);
+    free(st);
+    free(bufs);
+    return 0;
+}
+
+static void fill_res(struct sfs_rank *rk, struct child_res *res)
+{
+    struct sfs_rank_stats s;
+
+    sfs_rank_stats(rk, &s);
+    res->owner_loads = s.owner_loads;
+    res->takeovers = s.takeovers;
+    res->waits = s.waits;
+    res->hits = s.hits;
+    res->failed = s.failed;
+    res->prealloc = s.prealloc;
+    res->max_inflight = s.max_inflight;
+    sfs_fault_counts(sfs_rank_backend(rk), &res->fault_loads, NULL, NULL);
+}
+
+static int child_main(void *arg)
+{
+    struct job *j = arg;
+    struct child_res *res = &j->sh->res[j->dev];
+    int err = 0, first;
+    struct sfs_rank *rk = open_rank(j, &err);
+
+    CHECKC(rk);
+    CHECKC(barrier(&j->sh->bar[0], j->N));
+    if (j->mode == MODE_VICTIM) {
+        struct sfs_rank_entry *e = calloc(j->nblocks, sizeof(*e));
+        uint8_t *bufs = malloc((size_t)j->nblocks * SHARD);
+        struct sfs_task *t;
+
+        for (uint32_t i = 0; i < j->nblocks; i++)
+            e[i] = (struct sfs_rank_entry){tu_block(i), j->shard, bufs + (size_t)i * SHARD};
+        CHECKC(sfs_rank_load(rk, e, j->nblocks, &t) == 0);
+        usleep(20000); /* let the dispatcher take its share */
+        atomic_store(&j->sh->submitted[j->dev], 1);
+        for (;;)
+            pause(); /* killed here, loads in flight */
+    }
+    if (load_and_check(rk, j, res, &first))
+        return 1;
+    if (j->mode == MODE_EIO) {
+        /* Every entry failed with the owner's error, in every rank. */
+        res->bad_status = first;
+        CHECKC(res->n_eio == (int)j->nblocks);
+        CHECKC(barrier(&j->sh->bar[1], j->N));
+        CHECKC(sfs_fault_set(sfs_rank_backend(rk), "latency_us=1000") == 0);
+        CHECKC(barrier(&j->sh->bar[2], j->N));
+        if (load_and_check(rk, j, res, &first))
+            return 1;
+    }
+    res->bad_status = first;
+    CHECKC(res->n_ok == (int)j->nblocks);
+    fill_res(rk, res);
+    CHECKC(barrier(&j->sh->bar[3], j->N));
+    sfs_rank_close(rk);
+    return 0;
+}
+
+static void report(struct shared *sh, int N, int *status)
+{
+    for (int i = 0; i < N; i++) {
+        struct child_res *r = &sh->res[i];
+
+        cr_expect_eq(status[i], 0, "rank %d: exit %d line %d status %d bad byte %ld ok %d eio %d",
+                     i, status[i], r->line, r->bad_status, r->bad_byte, r->n_ok, r->n_eio);
+    }
+}
+
+/* N ranks load the same task of M keys through a slow backend. */
+static void run_ranks(int N, uint32_t M, unsigned depth, bool rotate)
+{
+    struct env e;
+    struct shared *sh = shared_new();
+    struct job jobs[MAXR];
+    pid_t pids[MAXR];
+    int status[MAXR];
+    uint64_t owner_sum = 0, fault_sum = 0, waits = 0;
+    struct sfs_stats cs;
+
+    env_up(&e, 4 * M, 0);
+    write_store(e.dir, 0, M, 2, SHARD);
+    for (int i = 0; i < N; i++) {
+        jobs[i] = (struct job){.sock = e.sock,
+                               .dev = i,
+                               .N = N,
+                               .depth = depth,
+                               .rotate = rotate,
+                               .nblocks = M,
+                               .shard = 0,
+                               .sh = sh};
+        snprintf(jobs[i].spec, sizeof(jobs[i].spec), "fault:latency_us=20000:%s", e.dir);
+        pids[i] = tu_fork(child_main, &jobs[i]);
+        cr_assert(pids[i] > 0);
+    }
+    for (int i = 0; i < N; i++)
+        status[i] = tu_wait(pids[i]);
+    report(sh, N, status);
+    for (int i = 0; i < N; i++) {
+        owner_sum += sh->res[i].owner_loads;
+        fault_sum += sh->res[i].fault_loads;
+        waits += sh->res[i].waits;
+    }
+    /* Each missing key went to the backend exactly once. */
+    cr_expect_eq(owner_sum, M, "owner loads %lu, keys %u", (unsigned long)owner_sum, M);
+    cr_expect_eq(fault_sum, M, "backend loads %lu, keys %u", (unsigned long)fault_sum, M);
+    sfs_cache_stats(e.c, &cs);
+    cr_expect_eq(cs.bytes_read, (uint64_t)M * SHARD);
+    cr_expect_eq(cs.owner_loads, M);
+    cr_expect_eq(cs.failures, 0);
+    cr_expect(waits + owner_sum + cs.hits >= (uint64_t)M * N);
+    if (rotate && N <= sysconf(_SC_NPROCESSORS_ONLN)) {
+        /* Owner share per rank: about M/N each. Only meaningful when every
+         * rank has a CPU: on an oversubscribed host a descheduled rank's
+         * share is rightly taken by the others (bench_rank reports it). */
+        double share = (double)M / N;
+
+        for (int i = 0; i < N; i++)
+            cr_expect(
+                sh->res[i].owner_loads >= share * 0.75 && sh->res[i].owner_loads <= share * 1.25,
+                "rank %d owned %lu of %u (N=%d)", i, (unsigned long)sh->res[i].owner_loads, M, N);
+    }
+    /* Prealloc placed (block, 1) for the task's blocks in the idle window. */
+    int idle = 0;
+    for (uint32_t i = 0; i < M; i++) {
+        struct sfs_key k = tu_key(i, 1);
+
+        idle += sfs_cache_state(e.c, &k) == SFS_STATE_IDLE;
+    }
+    cr_expect(idle > 0, "no (block, 1) slot was prewarmed");
+    env_down(&e);
+    munmap(sh, sizeof(*sh));
+}
+
+/* ---------------------------------------------------------------------------
+ * RearrangeIndex.
+ */
+
+Test(rank, rearrange_scenario_a, .timeout = 10)
+{
+    /* Seed 000, scenario A: 4 ranks x 12 shards. */
+    static const uint32_t want[4][12] = {
+        {0, 4, 8, 1, 5, 9, 2, 6, 10, 3, 7, 11},
+        {1, 5, 9, 2, 6, 10, 3, 7, 11, 0, 4, 8},
+        {2, 6, 10, 3, 7, 11, 0, 4, 8, 1, 5, 9},
+        {3, 7, 11, 0, 4, 8, 1, 5, 9, 2, 6, 10},
+    };
+    uint32_t got[4][12];
+
+    for (unsigned r = 0; r < 4; r++) {
+        cr_assert_eq(sfs_rank_rearrange(12, r, 4, got[r]), 0);
+        for (int i = 0; i < 12; i++)
+            cr_assert_eq(got[r][i], want[r][i], "rank %u step %d: %u, want %u", r, i, got[r][i],
+                         want[r][i]);
+    }
+    /* Step 0: shards 0,1,2,3; step 1: 4,5,6,7; step 2: 8,9,10,11; and at
+     * every step the four ranks touch four different shards. */
+    for (int step = 0; step < 12; step++) {
+        unsigned seen = 0;
+
+        for (int r = 0; r < 4; r++)
+            seen |= 1u << got[r][step];
+        cr_assert_eq(__builtin_popcount(seen), 4, "step %d: ranks collide", step);
+        if (step < 3)
+            cr_assert_eq(seen, 0xfu << (4 * step), "step %d", step);
+    }
+    /* device_id is taken mod local_rank_size: device 6 of 4 is rank 2. */
+    cr_assert_eq(sfs_rank_rearrange(12, 6, 4, got[0]), 0);
+    cr_assert_eq(memcmp(got[0], want[2], sizeof(want[2])), 0);
+}
+
+Test(rank, rearrange_is_a_permutation, .timeout = 10)
+{
+    uint32_t order[257];
+
+    for (unsigned N = 0; N <= 9; N++)
+        for (size_t n = 0; n <= 257; n += (n < 20 ? 1 : 37))
+            for (unsigned r = 0; r < (N ? N : 1) + 1; r++) {
+                bool seen[257] = {false};
+
+                cr_assert_eq(sfs_rank_rearrange(n, r, N, order), 0);
+                for (size_t i = 0; i < n; i++) {
+                    cr_assert(order[i] < n && !seen[order[i]], "n %zu N %u r %u", n, N, r);
+                    seen[order[i]] = true;
+                }
+            }
+    cr_assert_eq(sfs_rank_rearrange(3, 0, 1, NULL), -EINVAL);
+    /* N = 1: natural order. */
+    cr_assert_eq(sfs_rank_rearrange(5, 0, 1, order), 0);
+    for (uint32_t i = 0; i < 5; i++)
+        cr_assert_eq(order[i], i);
+}
+
+/* ---------------------------------------------------------------------------
+ * Multi-process loads.
+ */
+
+Test(rank, two_ranks_load_once, .timeout = 120)
+{
+    run_ranks(2, 128, 8, true);
+}
+
+Test(rank, four_ranks_load_once, .timeout = 120)
+{
+    run_ranks(4, 128, 8, true);
+}
+
+Test(rank, eight_ranks_load_once, .timeout = 180)
+{
+    run_ranks(8, 256, 8, true);
+}
+
+Test(rank, four_ranks_natural_order, .timeout = 120)
+{
+    /* The benchmark baseline is still correct: one load per key. */
+    run_ranks(4, 64, 8, false);
+}
+
+Test(rank, errors_reach_every_rank_then_retry, .timeout = 120)
+{
+    const int N = 4;
+    const uint32_t M = 32;
+    struct env e;
+    struct shared *sh = shared_new();
+    struct job jobs[MAXR];
+    pid_t pids[MAXR];
+    int status[MAXR];
+    struct sfs_stats cs;
+
+    env_up(&e, 4 * M, 0);
+    write_store(e.dir, 0, M, 1, SHARD);
+    for (int i = 0; i < N; i++) {
+        jobs[i] = (struct job){.sock = e.sock,
+                               .dev = i,
+                               .N = N,
+                               .depth = 8,
+                               .rotate = true,
+                               .nblocks = M,
+                               .mode = MODE_EIO,
+                               .sh = sh};
+        snprintf(jobs[i].spec, sizeof(jobs[i].spec), "fault:latency_us=5000,eio=1:%s", e.dir);
+        pids[i] = tu_fork(child_main, &jobs[i]);
+    }
+    for (int i = 0; i < N; i++)
+        status[i] = tu_wait(pids[i]);
+    report(sh, N, status);
+    sfs_cache_stats(e.c, &cs);
+    cr_expect(cs.failures >= M, "failures %lu", (unsigned long)cs.failures);
+    cr_expect(cs.waits > 0, "no rank waited on a failing owner");
+    env_down(&e);
+    munmap(sh, sizeof(*sh));
+}
+
+Test(rank, killed_rank_share_is_retaken, .timeout = 120)
+{
+    const int N = 4;
+    const uint32_t M = 64;
+    struct env e;
+    struct shared *sh = shared_new();
+    struct job jobs[MAXR];
+    pid_t pids[MAXR];
+    int status[MAXR];
+    uint64_t takeovers = 0;
+    struct sfs_stats cs;
+
+    env_up(&e, 4 * M, 0);
+    write_store(e.dir, 0, M, 1, SHARD);
+    for (int i = 0; i < N; i++) {
+        jobs[i] = (struct job){.sock = e.sock,
+                               .dev = i,
+                               .N = N,
+                               .depth = 64,
+                               .rotate = true,
+                               .nblocks = M,
+                               .mode = i == 0 ? MODE_VICTIM : MODE_LOAD,
+                               .sh = sh};
+        /* Slow enough that rank 0 dies with its loads in flight. */
+        snprintf(jobs[i].spec, sizeof(jobs[i].spec), "fault:latency_us=%d:%s",
+                 i == 0 ? 5000000 : 300000, e.dir);
+        pids[i] = tu_fork(child_main, &jobs[i]);
+    }
+    /* The survivors' final barrier counts the victim's arrival too. */
+    atomic_fetch_add(&sh->bar[3], 1);
+    int64_t end = sfs_deadline_after(20ll * 1000 * 1000 * 1000);
+    while (!atomic_load(&sh->submitted[0]) && sfs_now_ns() < end)
+        usleep(1000);
+    cr_assert(atomic_load(&sh->submitted[0]), "victim never submitted");
+    kill(pids[0], SIGKILL);
+    cr_expect_eq(tu_wait(pids[0]), 128 + SIGKILL); /* reaped: no zombie looks alive */
+    status[0] = 0;
+    for (int i = 1; i < N; i++)
+        status[i] = tu_wait(pids[i]);
+    report(sh, N, status);
+    for (int i = 1; i < N; i++)
+        takeovers += sh->res[i].takeovers;
+    sfs_cache_stats(e.c, &cs);
+    cr_expect(takeovers > 0, "no survivor took over the victim's keys");
+    cr_expect(cs.reaped >= 1, "the victim was never reaped");
+    env_down(&e);
+    munmap(sh, sizeof(*sh));
+}
+
+/* ---------------------------------------------------------------------------
+ * One rank in the test process.
+ */
+
+static struct sfs_rank *rank_depth(struct env *e, const char *spec, int dev, unsigned key_ms,
+                                   unsigned depth)
+{
+    struct sfs_rank_config cfg;
+    struct sfs_rank *rk;
+    int err = 0;
+
+    sfs_rank_config_init(&cfg);
+    cfg.socket_path = e->sock;
+    cfg.device_id = dev;
+    cfg.backend = spec;
+    cfg.copier = SFS_COPIER_HOST;
+    if (key_ms)
+        cfg.key_timeout_ms = key_ms;
+    if (depth)
+        cfg.load_depth = depth;
+    rk = sfs_rank_open(&cfg, &err);
+    cr_assert_not_null(rk, "sfs_rank_open: %s", strerror(-err));
+    return rk;
+}
+
+static struct sfs_rank *rank_here(struct env *e, const char *spec, int dev, unsigned key_ms)
+{
+    return rank_depth(e, spec, dev, key_ms, 0);
+}
+
+static int load_sync(struct sfs_rank *rk, uint64_t first, uint32_t n, uint32_t shard, void *bufs,
+                     int *st)
+{
+    struct sfs_rank_entry e[256];
+    struct sfs_task *t;
+    int r;
+
+    cr_assert(n <= 256);
+    for (uint32_t i = 0; i < n; i++)
+        e[i] = (struct sfs_rank_entry){tu_block(first + i), shard,
+                                       (uint8_t *)bufs + (size_t)i * SHARD};
+    r = sfs_rank_load(rk, e, n, &t);
+    if (r < 0)
+        return r;
+    r = sfs_rank_wait(t, 20000, st);
+    sfs_rank_task_free(t);
+    return r;
+}
+
+static void check_bufs(uint64_t first, uint32_t n, uint32_t shard, const void *bufs, const int *st)
+{
+    for (uint32_t i = 0; i < n; i++) {
+        struct sfs_key k = tu_key(first + i, shard);
+
+        cr_assert_eq(st[i], 0, "entry %u: %d", i, st[i]);
+        cr_assert_eq(tu_check(&k, (const uint8_t *)bufs + (size_t)i * SHARD, SHARD), -1,
+                     "entry %u: wrong bytes", i);
+    }
+}
+
+Test(rank, hits_and_prealloc_scenario_e, .timeout = 60)
+{
+    struct env e;
+    char spec[256];
+    uint8_t *bufs = malloc(8 * SHARD);
+    int st[8];
+    struct sfs_rank_stats s;
+
+    env_up(&e, 64, 8);
+    write_store(e.dir, 0, 3, 3, SHARD);
+    snprintf(spec, sizeof(spec), "posix:%s", e.dir);
+    struct sfs_rank *rk = rank_here(&e, spec, 0, 0);
+
+    cr_assert_str_eq(sfs_rank_copier_name(rk), "host");
+    cr_assert_eq(sfs_rank_shard_size(rk), SHARD);
+    /* B0.s, B1.s, B2.s with s = 1. */
+    cr_assert_eq(load_sync(rk, 0, 3, 1, bufs, st), 0);
+    check_bufs(0, 3, 1, bufs, st);
+    /* The idle window prewarms (Bi, 2): Idle slots with no lease. */
+    int idle = 0;
+    for (int tries = 0; tries < 1000 && idle < 3; tries++) {
+        idle = 0;
+        for (int i = 0; i < 3; i++) {
+            struct sfs_key k = tu_key(i, 2);
+
+            idle += sfs_cache_state(e.c, &k) == SFS_STATE_IDLE;
+        }
+        if (idle < 3)
+            usleep(1000);
+    }
+    cr_assert_eq(idle, 3, "prewarmed %d of 3", idle);
+    /* B3 was not in the task: nothing for it. */
+    struct sfs_key b3 = tu_key(3, 2);
+    cr_assert_eq(sfs_cache_state(e.c, &b3), -ENOENT);
+    struct sfs_stats before;
+    sfs_cache_stats(e.c, &before);
+    /* The next task takes the prewarmed slots over. */
+    cr_assert_eq(load_sync(rk, 0, 3, 2, bufs, st), 0);
+    check_bufs(0, 3, 2, bufs, st);
+    sfs_rank_stats(rk, &s);
+    cr_assert_geq(s.prealloc, 3);
+    cr_assert_geq(s.cache.takeovers, before.takeovers + 3);
+    /* The same task again: all hits. */
+    memset(bufs, 0, 3 * SHARD);
+    cr_assert_eq(load_sync(rk, 0, 3, 2, bufs, st), 0);
+    check_bufs(0, 3, 2, bufs, st);
+    sfs_rank_stats(rk, &s);
+    cr_assert_eq(s.hits, 3);
+    cr_assert_eq(s.owner_loads, 6);
+    cr_assert_eq(s.copies, 9);
+    sfs_rank_close(rk);
+    free(bufs);
+    env_down(&e);
+}
+
+Test(rank, missing_keys_and_no_backend, .timeout = 60)
+{
+    struct env e;
+    char spec[256];
+    uint8_t *bufs = malloc(4 * SHARD);
+    int st[4];
+
+    env_up(&e, 64, 0);
+    write_store(e.dir, 0, 2, 1, SHARD);
+    snprintf(spec, sizeof(spec), "%s", e.dir);
+    struct sfs_rank *rk = rank_here(&e, spec, 0, 0);
+    /* Blocks 0, 1 exist; 2, 3 do not. */
+    cr_assert_eq(load_sync(rk, 0, 4, 0, bufs, st), 0);
+    check_bufs(0, 2, 0, bufs, st);
+    cr_assert_eq(st[2], -ENOENT);
+    cr_assert_eq(st[3], -ENOENT);
+    /* A Failed key is retried by the next load (still absent). */
+    cr_assert_eq(load_sync(rk, 2, 1, 0, bufs, st), 0);
+    cr_assert_eq(st[0], -ENOENT);
+    sfs_rank_close(rk);
+
+    /* No backend at all: misses fail with -ENOENT, hits still work. */
+    rk = rank_here(&e, NULL, 0, 0);
+    cr_assert_eq(load_sync(rk, 0, 4, 0, bufs, st), 0);
+    check_bufs(0, 2, 0, bufs, st);
+    cr_assert_eq(st[2], -ENOENT);
+    sfs_rank_close(rk);
+    free(bufs);
+    env_down(&e);
+}
+
+Test(rank, wait_timeout_holds, .timeout = 60)
+{
+    struct env e;
+    char spec[256];
+    uint8_t *bufs = malloc(4 * SHARD);
+    int st[4];
+    struct sfs_rank_entry ent[2];
+    struct sfs_task *t;
+
+    env_up(&e, 64, 0);
+    write_store(e.dir, 0, 4, 1, SHARD);
+    snprintf(spec, sizeof(spec), "fault:latency_us=400000:%s", e.dir);
+    struct sfs_rank *rk = rank_here(&e, spec, 0, 300);
+
+    for (int i = 0; i < 2; i++)
+        ent[i] = (struct sfs_rank_entry){tu_block(i), 0, bufs + i * SHARD};
+    cr_assert_eq(sfs_rank_load(rk, ent, 2, &t), 0);
+    int64_t t0 = sfs_now_ns();
+    cr_assert_eq(sfs_rank_wait(t, 50, st), -ETIMEDOUT);
+    int64_t dt = sfs_now_ns() - t0;
+    cr_assert(dt >= 45 * 1000000ll && dt < 250 * 1000000ll, "waited %ld ms", (long)(dt / 1000000));
+    cr_assert_eq(sfs_rank_wait(t, 0, st), -ETIMEDOUT);
+    cr_assert(!sfs_rank_task_done(t));
+    cr_assert_eq(sfs_rank_wait(t, -1, st), 0);
+    check_bufs(0, 2, 0, bufs, st);
+    sfs_rank_task_free(t);
+
+    /* A key whose owner (this process, through the core API) never
+     * publishes: the entry times out after key_timeout_ms (300). */
+    struct sfs_key k2 = tu_key(2, 0);
+    struct sfs_lease l;
+    cr_assert_eq(sfs_cache_get(e.c, &k2, 0, 0, &l), SFS_OWNER);
+    t0 = sfs_now_ns();
+    cr_assert_eq(load_sync(rk, 2, 2, 0, bufs, st), 0);
+    dt = sfs_now_ns() - t0;
+    cr_assert_eq(st[0], -ETIMEDOUT);
+    cr_assert_eq(st[1], 0);
+    cr_assert(dt >= 290 * 1000000ll && dt < 3000 * 1000000ll, "took %ld ms", (long)(dt / 1000000));
+    sfs_cache_fail(e.c, &l, -EIO);
+    sfs_cache_release(e.c, &l);
+
+    /* A task freed before it is done finishes on its own. */
+    cr_assert_eq(sfs_rank_load(rk, ent, 2, &t), 0);
+    sfs_rank_task_free(t);
+    sfs_rank_close(rk); /* waits for it: nothing writes bufs after this */
+    free(bufs);
+    env_down(&e);
+}
+
+Test(rank, close_cancels_queued_tasks, .timeout = 60)
+{
+    struct env e;
+    char spec[256];
+    uint8_t *bufs = malloc(16 * SHARD);
+    struct sfs_rank_entry ent[16];
+    struct sfs_task *t[4];
+    int st[16];
+
+    env_up(&e, 128, 0);
+    write_store(e.dir, 0, 16, 1, SHARD);
+    snprintf(spec, sizeof(spec), "fault:latency_us=200000:%s", e.dir);
+    /* Depth 2: the dispatcher waits for load slots in the first task, so
+     * later tasks are still queued when close comes. */
+    struct sfs_rank *rk = rank_depth(&e, spec, 0, 0, 2);
+    for (int i = 0; i < 16; i++)
+        ent[i] = (struct sfs_rank_entry){tu_block(i), 0, bufs + i * SHARD};
+    for (int i = 0; i < 4; i++)
+        cr_assert_eq(sfs_rank_load(rk, ent + 4 * i, 4, &t[i]), 0);
+    usleep(20000);
+    sfs_rank_close(rk);
+    /* Every task is done: the first ran, later ones may be cancelled. */
+    int cancelled = 0;
+    for (int i = 0; i < 4; i++) {
+        cr_assert_eq(sfs_rank_wait(t[i], 0, st), 0);
+        for (int k = 0; k < 4; k++) {
+            cr_assert(st[k] == 0 || st[k] == -ECANCELED, "task %d entry %d: %d", i, k, st[k]);
+            cancelled += st[k] == -ECANCELED;
+        }
+        sfs_rank_task_free(t[i]);
+    }
+    cr_assert_gt(cancelled, 0);
+    free(bufs);
+    env_down(&e);
+}
+
+Test(rank, dump_then_load_round_trip, .timeout = 60)
+{
+    struct env e;
+    char spec[256];
+    const uint32_t n = 16;
+    uint8_t *src = malloc(n * SHARD), *dst = malloc(n * SHARD);
+    struct sfs_rank_entry ent[16];
+    struct sfs_task *t;
+    int st[16];
+    struct sfs_rank_stats s;
+
+    env_up(&e, 64, 0);
+    write_store(e.dir, 1000, 1, 1, SHARD); /* an existing store, other blocks */
+    snprintf(spec, sizeof(spec), "fault:latency_us=1000:%s", e.dir);
+    struct sfs_rank *rk = rank_here(&e, spec, 0, 0);
+    for (uint32_t i = 0; i < n; i++) {
+        struct sfs_key k = tu_key(100 + i, 3);
+
+        tu_fill(&k, src + (size_t)i * SHARD, SHARD);
+        ent[i] = (struct sfs_rank_entry){k.block, 3, src + (size_t)i * SHARD};
+    }
+    /* Block 100's key is leased by someone else: it is dumped through a
+     * bounce buffer and left alone in the cache. */
+    struct sfs_key busy = tu_key(100, 3);
+    struct sfs_lease l;
+    cr_assert_eq(sfs_cache_get(e.c, &busy, 0, 0, &l), SFS_OWNER);
+    cr_assert_eq(sfs_rank_dump(rk, ent, n, &t), 0);
+    cr_assert_eq(sfs_rank_wait(t, 20000, st), 0);
+    sfs_rank_task_free(t);
+    for (uint32_t i = 0; i < n; i++)
+        cr_assert_eq(st[i], 0, "dump %u: %d", i, st[i]);
+    sfs_cache_fail(e.c, &l, -EIO);
+    sfs_cache_release(e.c, &l);
+    sfs_rank_stats(rk, &s);
+    cr_assert_eq(s.dumps, n);
+    cr_assert_eq(s.dumps_bounced, 1);
+    cr_assert_eq(s.cache.bytes_read, 0); /* written, not read */
+
+    /* Resident after the dump: loads are hits (except the bounced one). */
+    memset(dst, 0, n * SHARD);
+    for (uint32_t i = 0; i < n; i++)
+        ent[i].addr = dst + (size_t)i * SHARD;
+    cr_assert_eq(sfs_rank_load(rk, ent, n, &t), 0);
+    cr_assert_eq(sfs_rank_wait(t, 20000, st), 0);
+    sfs_rank_task_free(t);
+    for (uint32_t i = 0; i < n; i++) {
+        struct sfs_key k = tu_key(100 + i, 3);
+
+        cr_assert_eq(st[i], 0);
+        cr_assert_eq(tu_check(&k, dst + (size_t)i * SHARD, SHARD), -1, "entry %u", i);
+    }
+    sfs_rank_stats(rk, &s);
+    cr_assert_eq(s.hits, n - 1);
+
+    /* Dropped from the cache: the backend has every byte. */
+    assert_no_leases(e.c);
+    memset(dst, 0, n * SHARD);
+    cr_assert_eq(sfs_rank_load(rk, ent, n, &t), 0);
+    cr_assert_eq(sfs_rank_wait(t, 20000, st), 0);
+    sfs_rank_task_free(t);
+    for (uint32_t i = 0; i < n; i++) {
+        struct sfs_key k = tu_key(100 + i, 3);
+
+        cr_assert_eq(st[i], 0);
+        cr_assert_eq(tu_check(&k, dst + (size_t)i * SHARD, SHARD), -1, "entry %u", i);
+    }
+    sfs_rank_close(rk);
+    free(src);
+    free(dst);
+    env_down(&e);
+}
+
+Test(rank, scheduler_role_lookups, .timeout = 60)
+{
+    struct env e;
+    char spec[256];
+    struct sfs_block_id blocks[6];
+    bool present[6];
+    struct sfs_rank_entry ent = {tu_block(0), 0, NULL};
+    struct sfs_task *t = NULL;
+
+    env_up(&e, 64, 0);
+    write_store(e.dir, 2, 2, 1, SHARD); /* blocks 2, 3 in the backend */
+    for (int i = 0; i < 2; i++) {
+        struct sfs_key k = tu_key(i, 0); /* blocks 0, 1 in the cache only */
+
+        cr_assert_eq(tu_load(e.c, &k), SFS_OWNER);
+    }
+    for (int i = 0; i < 6; i++)
+        blocks[i] = tu_block(i);
+    snprintf(spec, sizeof(spec), "%s", e.dir);
+    struct sfs_rank *rk = rank_here(&e, spec, -1, 0);
+
+    cr_assert_str_eq(sfs_rank_copier_name(rk), "none");
+    cr_assert_eq(sfs_rank_lookup(rk, blocks, 6, 0, present), 0);
+    for (int i = 0; i < 6; i++)
+        cr_assert_eq(present[i], i < 4, "block %d", i);
+    cr_assert_eq(sfs_rank_lookup_prefix(rk, blocks, 6, 0), 4);
+    cr_assert_eq(sfs_rank_lookup_prefix(rk, blocks, 1, 0), 1);
+    cr_assert_eq(sfs_rank_lookup_prefix(rk, blocks + 4, 2, 0), 0);
+    cr_assert_eq(sfs_rank_lookup_prefix(rk, blocks, 6, 1), 0);
+    /* Touch works on the control plane. */
+    cr_assert_geq(sfs_rank_touch(rk, blocks, 2), 2);
+    /* No data plane: no loads, dumps or prefetch. */
+    cr_assert_eq(sfs_rank_load(rk, &ent, 1, &t), -EPERM);
+    cr_assert_eq(sfs_rank_dump(rk, &ent, 1, &t), -EPERM);
+    struct sfs_key k = tu_key(2, 0);
+    cr_assert_eq(sfs_rank_prefetch(rk, &k, 1), 0);
+    sfs_rank_close(rk);
+    env_down(&e);
+}
+
+Test(rank, prefetch_is_advisory, .timeout = 60)
+{
+    struct env e;
+    char spec[256];
+    struct sfs_key keys[8];
+    uint8_t *bufs = malloc(8 * SHARD);
+    int st[8];
+    struct sfs_stats cs;
+
+    env_up(&e, 64, 0);
+    write_store(e.dir, 0, 8, 1, SHARD);
+    snprintf(spec, sizeof(spec), "fault:latency_us=2000:%s", e.dir);
+    struct sfs_rank *rk = rank_here(&e, spec, 0, 0);
+    for (int i = 0; i < 8; i++)
+        keys[i] = tu_key(i, 0);
+    cr_assert_eq(sfs_rank_prefetch(rk, keys, 6), 6);
+    /* Present or loading: rejected, not an error. */
+    cr_assert_eq(sfs_rank_prefetch(rk, keys, 6), 0);
+    int ready = 0;
+    for (int tries = 0; tries < 2000 && ready < 6; tries++) {
+        ready = 0;
+        for (int i = 0; i < 6; i++)
+            ready += sfs_cache_state(e.c, &keys[i]) == SFS_STATE_READY;
+        if (ready < 6)
+            usleep(1000);
+    }
+    cr_assert_eq(ready, 6);
+    /* No lease is kept: every prefetched slot can be removed. */
+    cr_assert_eq(sfs_cache_remove(e.c, &keys[5]), 0);
+    cr_assert_eq(load_sync(rk, 0, 8, 0, bufs, st), 0);
+    check_bufs(0, 8, 0, bufs, st);
+    sfs_cache_stats(e.c, &cs);
+    cr_assert_eq(cs.prefetched, 6);
+    cr_assert_eq(cs.prefetch_hits, 5);
+    cr_assert_eq(sfs_rank_prefetch(rk, NULL, 1), -EINVAL);
+    sfs_rank_close(rk);
+    free(bufs);
+    env_down(&e);
+}
+
+Test(rank, same_key_twice_in_one_process, .timeout = 60)
+{
+    /* The core's ownership is per process: a second item of ours on a slot
+     * we are loading must follow that load, not load it again. */
+    struct env e;
+    char spec[256];
+    static const uint32_t blocks[8] = {0, 1, 1, 2, 2, 2, 3, 4};
+    struct sfs_key keys[4];
+    struct sfs_rank_entry ent[8];
+    uint8_t *bufs = malloc(8 * SHARD);
+    struct sfs_task *t;
+    int st[8];
+    uint64_t loads = 0;
+    struct sfs_rank_stats s;
+
+    env_up(&e, 64, 0);
+    write_store(e.dir, 0, 5, 1, SHARD);
+    snprintf(spec, sizeof(spec), "fault:latency_us=50000:%s", e.dir);
+    struct sfs_rank *rk = rank_here(&e, spec, 0, 0);
+    for (int i = 0; i < 4; i++)
+        keys[i] = tu_key(i, 0);
+    cr_assert_eq(sfs_rank_prefetch(rk, keys, 2), 2); /* 0 and 1 in flight */
+    for (int i = 0; i < 8; i++)
+        ent[i] = (struct sfs_rank_entry){tu_block(blocks[i]), 0, bufs + (size_t)i * SHARD};
+    cr_assert_eq(sfs_rank_load(rk, ent, 8, &t), 0);
+    cr_assert_eq(sfs_rank_wait(t, 20000, st), 0);
+    sfs_rank_task_free(t);
+    for (int i = 0; i < 8; i++) {
+        struct sfs_key k = tu_key(blocks[i], 0);
+
+        cr_assert_eq(st[i], 0, "entry %d: %d", i, st[i]);
+        cr_assert_eq(tu_check(&k, bufs + (size_t)i * SHARD, SHARD), -1, "entry %d", i);
+    }
+    sfs_rank_stats(rk, &s);
+    sfs_fault_counts(sfs_rank_backend(rk), &loads, NULL, NULL);
+    cr_assert_eq(loads, 5, "backend loads %lu for 5 keys", (unsigned long)loads);
+    cr_assert_eq(s.owner_loads, 5);
+    cr_assert_eq(s.cache.bytes_read, 5ull * SHARD);
+    sfs_rank_close(rk);
+    free(bufs);
+    env_down(&e);
+}
+
+Test(rank, open_errors, .timeout = 30)
+{
+    struct sfs_rank_config cfg;
+    int err = 0;
+    struct env e;
+
+    sfs_rank_config_init(&cfg);
+    cr_assert(cfg.rotate && cfg.load_depth == 32 && cfg.copier == SFS_COPIER_AUTO);
+    cr_assert_null(sfs_rank_open(&cfg, &err)); /* neither socket nor mount */
+    cr_assert_eq(err, -EINVAL);
+    cfg.socket_path = "/nonexistent";
+    cfg.mount_point = "/tmp";
+    cr_assert_null(sfs_rank_open(&cfg, &err)); /* both */
+    cr_assert_eq(err, -EINVAL);
+    cfg.socket_path = NULL; /* a mount point without the xattr */
+    cr_assert_null(sfs_rank_open(&cfg, &err));
+    cr_assert(err == -ENODATA || err == -ENOTSUP, "%d", err);
+
+    env_up(&e, 64, 0);
+    sfs_rank_config_init(&cfg);
+    cfg.socket_path = e.sock;
+    cfg.backend = "fault:bogus=1:mem:";
+    cr_assert_null(sfs_rank_open(&cfg, &err));
+    cr_assert_eq(err, -EINVAL);
+    cfg.backend = NULL;
+    cfg.copier = SFS_COPIER_CUDA;
+    cfg.device_id = 0;
+    if (sfs_rank_cuda_devices() == 0) {
+        /* copier=cuda with no GPU (or no CUDA build) is a clear error. */
+        cr_assert_null(sfs_rank_open(&cfg, &err));
+        cr_assert_eq(err, -ENODEV);
+    }
+    cfg.copier = SFS_COPIER_AUTO;
+    struct sfs_rank *rk = sfs_rank_open(&cfg, &err);
+    cr_assert_not_null(rk);
+    cr_assert_str_eq(sfs_rank_copier_name(rk), sfs_rank_cuda_devices() > 0 ? "cuda" : "host");
+    sfs_rank_close(rk);
+    env_down(&e);
+}
+
+/* ---------------------------------------------------------------------------
+ * The CUDA copier (skipped without a GPU). The CUDA runtime is reached with
+ * dlopen so this file builds and runs the same with or without the toolkit.
+ */
+
+struct cudart {
+    void *h;
+    int (*malloc_)(void **, size_t);
+    int (*free_)(void *);
+    int (*memcpy_)(void *, const void *, size_t, int);
+    int (*malloc_host)(void **, size_t);
+    int (*free_host)(void *);
+};
+
+static bool cudart_open(struct cudart *c)
+{
+    c->h = dlopen("libcudart.so", RTLD_NOW | RTLD_NOLOAD);
+    if (!c->h)
+        c->h = dlopen("libcudart.so.13", RTLD_NOW);
+    if (!c->h)
+        c->h = dlopen("libcudart.so", RTLD_NOW);
+    if (!c->h)
+        return false;
+    c->malloc_ = (int (*)(void **, size_t))dlsym(c->h, "cudaMalloc");
+    c->free_ = (int (*)(void *))dlsym(c->h, "cudaFree");
+    c->memcpy_ = (int (*)(void *, const void *, size_t, int))dlsym(c->h, "cudaMemcpy");
+    c->malloc_host = (int (*)(void **, size_t))dlsym(c->h, "cudaMallocHost");
+    c->free_host = (int (*)(void *))dlsym(c->h, "cudaFreeHost");
+    return c->malloc_ && c->free_ && c->memcpy_ && c->malloc_host && c->free_host;
+}
+
+#define CUDA_H2D 1
+#define CUDA_D2H 2
+
+Test(rank, cuda_load_dump_device_memory, .timeout = 120)
+{
+    struct cudart cu;
+    struct env e;
+    char spec[256];
+    const uint32_t n = 64;
+    struct sfs_rank_config cfg;
+    struct sfs_rank_entry ent[64];
+    struct sfs_task *t;
+    int st[64], err = 0;
+    void *dev = NULL, *pinned = NULL;
+    uint8_t *host = malloc((size_t)n * SHARD);
+
+    if (sfs_rank_cuda_devices() <= 0) {
+        cr_skip_test("no CUDA device (or built without CUDA): CUDA copier not tested");
+    }
+    cr_assert(cudart_open(&cu), "libcudart not loadable");
+    env_up(&e, 4 * n, 0);
+    write_store(e.dir, 0, n, 1, SHARD);
+    snprintf(spec, sizeof(spec), "%s", e.dir);
+    sfs_rank_config_init(&cfg);
+    cfg.socket_path = e.sock;
+    cfg.device_id = 0;
+    cfg.backend = spec;
+    cfg.copier = SFS_COPIER_CUDA;
+    struct sfs_rank *rk = sfs_rank_open(&cfg, &err);
+    cr_assert_not_null(rk, "open: %d", err);
+    cr_assert_str_eq(sfs_rank_copier_name(rk), "cuda");
+    cr_assert_eq(cu.malloc_(&dev, (size_t)n * SHARD), 0);
+    cr_assert_eq(cu.malloc_host(&pinned, (size_t)n * SHARD), 0);
+
+    /* Load into device memory (twice: misses, then hits). */
+    for (int pass = 0; pass < 2; pass++) {
+        for (uint32_t i = 0; i < n; i++)
+            ent[i] = (struct sfs_rank_entry){tu_block(i), 0, (uint8_t *)dev + (size_t)i * SHARD};
+        cr_assert_eq(sfs_rank_load(rk, ent, n, &t), 0);
+        cr_assert_eq(sfs_rank_wait(t, 30000, st), 0);
+        sfs_rank_task_free(t);
+        memset(host, 0, (size_t)n * SHARD);
+        cr_assert_eq(cu.memcpy_(host, dev, (size_t)n * SHARD, CUDA_D2H), 0);
+        check_bufs(0, n, 0, host, st);
+    }
+    /* Load into pinned host memory and pageable host memory. */
+    for (uint32_t i = 0; i < n; i++)
+        ent[i] = (struct sfs_rank_entry){tu_block(i), 0,
+                                         i % 2 ? (uint8_t *)pinned + (size_t)i * SHARD
+                                               : host + (size_t)i * SHARD};
+    memset(host, 0, (size_t)n * SHARD);
+    memset(pinned, 0, (size_t)n * SHARD);
+    cr_assert_eq(sfs_rank_load(rk, ent, n, &t), 0);
+    cr_assert_eq(sfs_rank_wait(t, 30000, st), 0);
+    sfs_rank_task_free(t);
+    for (uint32_t i = 0; i < n; i++) {
+        struct sfs_key k = tu_key(i, 0);
+
+        cr_assert_eq(st[i], 0);
+        cr_assert_eq(tu_check(&k, (uint8_t *)ent[i].addr, SHARD), -1, "entry %u", i);
+    }
+    /* Dump from device memory (new keys), then load them back. */
+    for (uint32_t i = 0; i < n; i++) {
+        struct sfs_key k = tu_key(500 + i, 0);
+
+        tu_fill(&k, host + (size_t)i * SHARD, SHARD);
+        ent[i] = (struct sfs_rank_entry){k.block, 0, (uint8_t *)dev + (size_t)i * SHARD};
+    }
+    cr_assert_eq(cu.memcpy_(dev, host, (size_t)n * SHARD, CUDA_H2D), 0);
+    cr_assert_eq(sfs_rank_dump(rk, ent, n, &t), 0);
+    cr_assert_eq(sfs_rank_wait(t, 30000, st), 0);
+    sfs_rank_task_free(t);
+    for (uint32_t i = 0; i < n; i++)
+        cr_assert_eq(st[i], 0, "dump %u: %d", i, st[i]);
+    assert_no_leases(e.c); /* drop them: the next load reads the backend */
+    memset(host, 0, (size_t)n * SHARD);
+    for (uint32_t i = 0; i < n; i++)
+        ent[i].addr = host + (size_t)i * SHARD;
+    cr_assert_eq(sfs_rank_load(rk, ent, n, &t), 0);
+    cr_assert_eq(sfs_rank_wait(t, 30000, st), 0);
+    sfs_rank_task_free(t);
+    check_bufs(500, n, 0, host, st);
+    sfs_rank_close(rk);
+    cu.free_(dev);
+    cu.free_host(pinned);
+    free(host);
+    env_down(&e);
+}
+
+Test(rank, counts_keys_helper, .timeout = 10)
+{
+    /* The helper the tests rely on to see the cache empty. */
+    struct env e;
+    int n = 0;
+
+    env_up(&e, 16, 0);
+    struct sfs_key k = tu_key(1, 0);
+    cr_assert_eq(tu_load(e.c, &k), SFS_OWNER);
+    sfs_cache_foreach(e.c, ~0u, count_key, &n);
+    cr_assert_eq(n, 1);
+    env_down(&e);
+}
