@@ -1,0 +1,676 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * bench_rank.c - libshardfs-rank against its baselines, in the same run.
+ *
+ *   bench_rank [--quick] [--ranks 1,2,4,8] [--shards M] [--latency-us L]
+ *              [--depth D] [--shard-size BYTES] [--reps R] [--out FILE]
+ *   bench_rank --gpu [--quick] [--copier auto|host|cuda] [--out FILE]
+ *
+ * Default mode, three tables:
+ *  1. TP scaling: N rank processes load the same task of M shards through a
+ *     fault backend with a fixed latency L and per-rank depth D, RearrangeIndex
+ *     order against natural order. Wall time (first start to last finish),
+ *     speedup of rotated over natural, scaling over one rank, the backend
+ *     concurrency reached (M * L / wall: the mean number of loads in flight;
+ *     and the sum of per-rank peaks), and the owner share per rank (min..max
+ *     of owner loads, against M/N).
+ *  2. Hit path: one rank loads a resident task into host buffers, against a
+ *     plain memcpy of the same bytes into the same buffers.
+ * --gpu mode (needs a CUDA device to mean anything; with --copier host it
+ * runs the same code on the host copier):
+ *  3. Load GB/s of resident tasks of 16 KiB .. 4 MiB shards into device
+ *     memory against one big pinned cudaMemcpy; dump likewise; latency of a
+ *     resident task of 64 x 16 KiB, p50/p99.
+ *
+ * Each figure is the median of --reps runs after a warm-up. Tables go to
+ * stdout and, with --out, are appended to FILE (docs/PERFORMANCE.md).
+ */
+#include <shardfs/backend.h>
+#include <shardfs/cache.h>
+#include <shardfs/fault.h>
+#include <shardfs/rank.h>
+
+#include <dlfcn.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <ftw.h>
+#include <stdarg.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#define MAXR 16
+
+static struct {
+    bool quick, gpu;
+    int ranks[MAXR], nranks;
+    uint32_t M;
+    unsigned lat_us, depth;
+    uint32_t shard;
+    int reps;
+    const char *out;
+    int copier;
+} O = {
+    .ranks = {1, 2, 4, 8},
+    .nranks = 4,
+    .M = 256,
+    .lat_us = 2000,
+    .depth = 4,
+    .shard = 64 * 1024,
+    .reps = 3,
+    .copier = SFS_COPIER_AUTO,
+};
+
+static FILE *outf;
+
+static void __attribute__((format(printf, 1, 2))) emit(const char *fmt, ...)
+{
+    va_list ap;
+
+    va_start(ap, fmt);
+    vprintf(fmt, ap);
+    va_end(ap);
+    if (outf) {
+        va_start(ap, fmt);
+        vfprintf(outf, fmt, ap);
+        va_end(ap);
+    }
+    fflush(stdout);
+}
+
+static void die(const char *what, int err)
+{
+    fprintf(stderr, "bench_rank: %s: %s\n", what, strerror(err < 0 ? -err : err));
+    exit(1);
+}
+
+/* Block ids: a pure function of n. */
+static struct sfs_block_id blk(uint64_t n)
+{
+    struct sfs_block_id id;
+    uint64_t a = n * 0x9e3779b97f4a7c15ull + 1, b = ~n * 0xbf58476d1ce4e5b9ull;
+
+    memcpy(id.b, &a, 8);
+    memcpy(id.b + 8, &b, 8);
+    return id;
+}
+
+static double median(double *v, int n)
+{
+    for (int i = 1; i < n; i++)
+        for (int j = i; j > 0 && v[j - 1] > v[j]; j--) {
+            double t = v[j];
+            v[j] = v[j - 1];
+            v[j - 1] = t;
+        }
+    return n ? v[n / 2] : 0;
+}
+
+static void write_store(const char *dir, uint32_t nblocks, uint32_t shard)
+{
+    char path[512], hex[SFS_BLOCK_HEX_LEN + 1];
+    uint8_t *buf = malloc(shard);
+
+    memset(buf, 0x5a, shard);
+    mkdir(dir, 0755);
+    snprintf(path, sizeof(path), "%s/data", dir);
+    mkdir(path, 0755);
+    for (uint32_t b = 0; b < nblocks; b++) {
+        struct sfs_block_id id = blk(b);
+
+        sfs_block_to_hex(&id, hex);
+        snprintf(path, sizeof(path), "%s/data/%s", dir, hex);
+        int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+        if (fd < 0 || pwrite(fd, buf, shard, 0) != (ssize_t)shard)
+            die("write store", errno);
+        close(fd);
+    }
+    free(buf);
+}
+
+static int rm_one(const char *p, const struct stat *st, int flag, struct FTW *f)
+{
+    return remove(p);
+}
+
+static int drop_key(const struct sfs_key *k, int state, void *arg)
+{
+    sfs_cache_remove(arg, k);
+    return 0;
+}
+
+static struct sfs_cache *make_cache(uint64_t shard, uint32_t nslots, const char *sock)
+{
+    struct sfs_cache_config cfg = {
+        .shard_size = shard,
+        .nslots = nslots,
+        .no_reserved = false,
+        .hugepages = SFS_HUGEPAGES_AUTO,
+    };
+    int err = 0;
+    struct sfs_cache *c = sfs_cache_create(&cfg, &err);
+
+    if (!c)
+        die("sfs_cache_create", err);
+    err = sfs_cache_serve(c, sock);
+    if (err)
+        die("sfs_cache_serve", err);
+    return c;
+}
+
+/* ---------------------------------------------------------------------------
+ * 1. TP scaling.
+ */
+
+struct bres {
+    int rc;
+    int64_t t0, t1;
+    uint64_t owner, max_inflight, waits, failed;
+};
+
+struct bshared {
+    _Atomic int arrived;
+    _Atomic int go;
+    struct bres r[MAXR];
+};
+
+struct bjob {
+    const char *sock;
+    char spec[512];
+    int dev, N;
+    bool rotate, blocking;
+    struct bshared *sh;
+};
+
+static int tp_child(struct bjob *j)
+{
+    struct bres *res = &j->sh->r[j->dev];
+    struct sfs_rank_config cfg;
+    struct sfs_rank_entry *e = calloc(O.M, sizeof(*e));
+    uint8_t *bufs = malloc((size_t)O.M * O.shard);
+    int *st = calloc(O.M, sizeof(*st));
+    struct sfs_rank_stats s;
+    struct sfs_task *t;
+    int err = 0;
+
+    sfs_rank_config_init(&cfg);
+    cfg.socket_path = j->sock;
+    cfg.device_id = j->dev;
+    cfg.local_rank_size = j->N;
+    cfg.backend = j->spec;
+    cfg.load_depth = O.depth;
+    cfg.rotate = j->rotate;
+    cfg.blocking_waits = j->blocking;
+    cfg.copier = SFS_COPIER_HOST;
+    cfg.prealloc = false;
+    struct sfs_rank *rk = sfs_rank_open(&cfg, &err);
+    if (!rk || !e || !bufs || !st)
+        return 2;
+    memset(bufs, 0, (size_t)O.M * O.shard); /* first touch outside the timing */
+    for (uint32_t i = 0; i < O.M; i++)
+        e[i] = (struct sfs_rank_entry){blk(i), 0, bufs + (size_t)i * O.shard};
+    atomic_fetch_add(&j->sh->arrived, 1);
+    while (!atomic_load(&j->sh->go))
+        ; /* the start gun: spin briefly so every rank leaves at once */
+    res->t0 = sfs_now_ns();
+    if (sfs_rank_load(rk, e, O.M, &t) != 0 || sfs_rank_wait(t, 120000, st) != 0)
+        return 3;
+    res->t1 = sfs_now_ns();
+    sfs_rank_task_free(t);
+    sfs_rank_stats(rk, &s);
+    res->owner = s.owner_loads;
+    res->max_inflight = s.max_inflight;
+    res->waits = s.waits;
+    res->failed = s.failed;
+    sfs_rank_close(rk);
+    return s.failed ? 4 : 0;
+}
+
+struct tp_result {
+    double wall_ms, conc_mean, conc_peak;
+    uint64_t own_min, own_max;
+};
+
+static void tp_run(struct sfs_cache *c, const char *sock, const char *dir, int N, bool rotate,
+                   bool blocking, struct tp_result *out)
+{
+    struct bshared *sh =
+        mmap(NULL, sizeof(*sh), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+    struct bjob jobs[MAXR];
+    pid_t pids[MAXR];
+    int64_t t0 = INT64_MAX, t1 = 0;
+
+    sfs_cache_foreach(c, ~0u, drop_key, c); /* every run starts cold */
+    memset(sh, 0, sizeof(*sh));
+    for (int i = 0; i < N; i++) {
+        jobs[i] = (struct bjob){
+            .sock = sock, .dev = i, .N = N, .rotate = rotate, .blocking = blocking, .sh = sh};
+        snprintf(jobs[i].spec, sizeof(jobs[i].spec), "fault:latency_us=%u:%s", O.lat_us, dir);
+        pids[i] = fork();
+        if (pids[i] == 0)
+            _exit(tp_child(&jobs[i]));
+    }
+    while (atomic_load(&sh->arrived) < N)
+        usleep(100);
+    usleep(2000);
+    atomic_store(&sh->go, 1);
+    memset(out, 0, sizeof(*out));
+    out->own_min = UINT64_MAX;
+    for (int i = 0; i < N; i++) {
+        int stt;
+
+        waitpid(pids[i], &stt, 0);
+        if (!WIFEXITED(stt) || WEXITSTATUS(stt) != 0) {
+            fprintf(stderr, "bench_rank: rank %d failed (status %d)\n", i, stt);
+            exit(1);
+        }
+        struct bres *r = &sh->r[i];
+        if (r->t0 < t0)
+            t0 = r->t0;
+        if (r->t1 > t1)
+            t1 = r->t1;
+        out->conc_peak += (double)r->max_inflight;
+        if (r->owner < out->own_min)
+            out->own_min = r->owner;
+        if (r->owner > out->own_max)
+            out->own_max = r->owner;
+    }
+    out->wall_ms = (double)(t1 - t0) / 1e6;
+    out->conc_mean = (double)O.M * O.lat_us / 1e3 / out->wall_ms;
+    munmap(sh, sizeof(*sh));
+}
+
+static void bench_tp(void)
+{
+    char sock[128], dir[128];
+    struct tp_result rot[MAXR], nat[MAXR];
+    double base_ms = 0;
+
+    snprintf(sock, sizeof(sock), "/tmp/bench-rank-%d.sock", getpid());
+    snprintf(dir, sizeof(dir), "/tmp/bench-rank-%d-store", getpid());
+    write_store(dir, O.M, O.shard);
+    struct sfs_cache *c = make_cache(O.shard, O.M * 2 + 64, sock);
+
+    emit("\n### TP scaling: N ranks load one task of %u x %u KiB shards\n\n", O.M, O.shard / 1024);
+    emit("fault backend latency %u us, load depth %u per rank; median of %d runs; "
+         "ideal wall = M / (N x depth) x latency = %.1f ms at N=1\n\n",
+         O.lat_us, O.depth, O.reps, (double)O.M / O.depth * O.lat_us / 1e3);
+    emit("| N | seed's old LoadQueue: natural, blocking waits (ms) | natural, waiters handed "
+         "off (ms) | rotated (ms) | rotated speedup vs old / vs natural | wall N=%d / wall N "
+         "(rotated) | backend concurrency mean (peak) | owner share min..max (M/N), rotated; "
+         "natural |\n",
+         O.ranks[0]);
+    emit("|---|---|---|---|---|---|---|---|\n");
+    tp_run(c, sock, dir, 1, true, false, &rot[0]); /* warm-up */
+    for (int k = 0; k < O.nranks; k++) {
+        int N = O.ranks[k];
+        double vr[16], vn[16], vb[16];
+        struct tp_result r, n, b;
+
+        for (int rep = 0; rep < O.reps; rep++) {
+            tp_run(c, sock, dir, N, false, true, &b);
+            tp_run(c, sock, dir, N, false, false, &n);
+            tp_run(c, sock, dir, N, true, false, &r);
+            vb[rep] = b.wall_ms;
+            vn[rep] = n.wall_ms;
+            vr[rep] = r.wall_ms;
+            rot[k] = r;
+            nat[k] = n;
+        }
+        double mr = median(vr, O.reps), mn = median(vn, O.reps), mb = median(vb, O.reps);
+        if (k == 0)
+            base_ms = mr;
+        emit("| %d | %.1f | %.1f | %.1f | %.2fx / %.2fx | %.2fx | %.1f (%.0f) | %lu..%lu (%.0f); "
+             "%lu..%lu |\n",
+             N, mb, mn, mr, mb / mr, mn / mr, base_ms / mr, (double)O.M * O.lat_us / 1e3 / mr,
+             rot[k].conc_peak, (unsigned long)rot[k].own_min, (unsigned long)rot[k].own_max,
+             (double)O.M / N, (unsigned long)nat[k].own_min, (unsigned long)nat[k].own_max);
+    }
+    sfs_cache_close(c);
+    nftw(dir, rm_one, 16, FTW_DEPTH | FTW_PHYS);
+}
+
+/* ---------------------------------------------------------------------------
+ * 2. Hit path into host buffers vs memcpy.
+ */
+
+static void bench_hits(void)
+{
+    char sock[128];
+    uint32_t M = O.quick ? 256 : 1024;
+    uint64_t shard = O.shard;
+    struct sfs_rank_config cfg;
+    int err = 0, reps = O.quick ? 5 : 20;
+    uint8_t *bufs = malloc(M * shard), *src = malloc(M * shard);
+    struct sfs_rank_entry *e = calloc(M, sizeof(*e));
+    int *st = calloc(M, sizeof(*st));
+    double vr[64], vm[64];
+
+    snprintf(sock, sizeof(sock), "/tmp/bench-rank-hit-%d.sock", getpid());
+    struct sfs_cache *c = make_cache(shard, M + 64, sock);
+    struct sfs_cache_info info;
+    uint8_t **slot = calloc(M, sizeof(*slot));
+    double vs[64];
+
+    sfs_cache_info(c, &info);
+    /* Resident: this process owns and fills every key. Nothing evicts in
+     * this run, so the slot addresses stay valid for the baseline. */
+    for (uint32_t i = 0; i < M; i++) {
+        struct sfs_key k = {.block = blk(i), .shard = 0};
+        struct sfs_lease l;
+
+        if (sfs_cache_get(c, &k, 0, 0, &l) == SFS_OWNER) {
+            memset(sfs_cache_data(c, &l), (int)i, shard);
+            sfs_cache_publish(c, &l, (uint32_t)shard, 0);
+        }
+        slot[i] = sfs_cache_data(c, &l);
+        sfs_cache_release(c, &l);
+        e[i] = (struct sfs_rank_entry){k.block, 0, bufs + (size_t)i * shard};
+    }
+    memset(bufs, 1, M * shard);
+    memset(src, 2, M * shard);
+    sfs_rank_config_init(&cfg);
+    cfg.socket_path = sock;
+    cfg.copier = SFS_COPIER_HOST;
+    struct sfs_rank *rk = sfs_rank_open(&cfg, &err);
+    if (!rk)
+        die("sfs_rank_open", err);
+    for (int rep = -1; rep < reps; rep++) {
+        struct sfs_task *t;
+        int64_t t0 = sfs_now_ns();
+
+        if (sfs_rank_load(rk, e, M, &t) || sfs_rank_wait(t, 60000, st))
+            die("load", EIO);
+        int64_t t1 = sfs_now_ns();
+        sfs_rank_task_free(t);
+        for (uint32_t i = 0; i < M; i++)
+            memcpy(bufs + (size_t)i * shard, src + (size_t)i * shard, shard);
+        int64_t t2 = sfs_now_ns();
+        for (uint32_t i = 0; i < M; i++)
+            memcpy(bufs + (size_t)i * shard, slot[i], shard);
+        int64_t t3 = sfs_now_ns();
+        if (rep >= 0) {
+            vr[rep] = (double)M * shard / (double)(t1 - t0);
+            vm[rep] = (double)M * shard / (double)(t2 - t1);
+            vs[rep] = (double)M * shard / (double)(t3 - t2);
+        }
+    }
+    double r = median(vr, reps), m = median(vm, reps), sl = median(vs, reps);
+    emit("\n### Hit path: one rank, resident task of %u x %lu KiB into host buffers\n\n", M,
+         (unsigned long)(shard / 1024));
+    emit("| path | GB/s | ratio |\n|---|---|---|\n");
+    emit("| memcpy from the same data-plane slots (baseline) | %.2f | 1.00 |\n", sl);
+    emit("| sfs_rank_load + wait (Get, copy, release) | %.2f | %.2f |\n", r, r / sl);
+    emit("| memcpy from malloc'd memory (context) | %.2f | %.2f |\n", m, m / sl);
+    emit("\ndata plane on huge pages: %s\n", info.hugepages ? "yes" : "no");
+    sfs_rank_close(rk);
+    sfs_cache_close(c);
+    free(bufs);
+    free(src);
+    free(slot);
+    free(e);
+    free(st);
+}
+
+/* ---------------------------------------------------------------------------
+ * 3. GPU: load / dump GB/s by shard size, and small-task latency.
+ */
+
+struct cudart {
+    void *h;
+    int (*malloc_)(void **, size_t);
+    int (*free_)(void *);
+    int (*memcpy_)(void *, const void *, size_t, int);
+    int (*malloc_host)(void **, size_t);
+    int (*free_host)(void *);
+    int (*sync)(void);
+};
+
+static bool cudart_open(struct cudart *c)
+{
+    const char *names[] = {"libcudart.so.13", "libcudart.so.12", "libcudart.so"};
+
+    for (int i = 0; i < 3 && !c->h; i++)
+        c->h = dlopen(names[i], RTLD_NOW);
+    if (!c->h)
+        return false;
+    c->malloc_ = (int (*)(void **, size_t))dlsym(c->h, "cudaMalloc");
+    c->free_ = (int (*)(void *))dlsym(c->h, "cudaFree");
+    c->memcpy_ = (int (*)(void *, const void *, size_t, int))dlsym(c->h, "cudaMemcpy");
+    c->malloc_host = (int (*)(void **, size_t))dlsym(c->h, "cudaMallocHost");
+    c->free_host = (int (*)(void *))dlsym(c->h, "cudaFreeHost");
+    c->sync = (int (*)(void))dlsym(c->h, "cudaDeviceSynchronize");
+    return c->malloc_ && c->free_ && c->memcpy_ && c->malloc_host && c->free_host && c->sync;
+}
+
+static int cmp_i64(const void *a, const void *b)
+{
+    int64_t x = *(const int64_t *)a, y = *(const int64_t *)b;
+
+    return x < y ? -1 : x > y;
+}
+
+static void bench_gpu(void)
+{
+    static const uint64_t sizes[] = {16 << 10, 64 << 10, 256 << 10, 1 << 20, 4 << 20};
+    uint64_t total = O.quick ? (64ull << 20) : (512ull << 20);
+    int reps = O.quick ? 3 : 7;
+    struct cudart cu = {0};
+    bool gpu = sfs_rank_cuda_devices() > 0 && O.copier != SFS_COPIER_HOST;
+
+    if (!gpu && O.copier == SFS_COPIER_CUDA) {
+        emit("\n### GPU: skipped (no CUDA device, or built without CUDA)\n");
+        return;
+    }
+    if (gpu && !cudart_open(&cu)) {
+        emit("\n### GPU: skipped (libcudart not loadable)\n");
+        return;
+    }
+    if (!gpu)
+        emit("\n(no GPU: the GPU table below runs the host copier into host memory)\n");
+    /* Destination/baseline buffers: device + pinned with a GPU, host without. */
+    void *dev = NULL, *pinned = NULL;
+    if (gpu) {
+        if (cu.malloc_(&dev, total) || cu.malloc_host(&pinned, total))
+            die("cudaMalloc", ENOMEM);
+    } else {
+        dev = malloc(total);
+        pinned = malloc(total);
+        memset(dev, 0, total);
+        memset(pinned, 0, total);
+    }
+    emit("\n### GPU copy: resident task of %lu MiB, median of %d runs (%s copier)\n\n",
+         (unsigned long)(total >> 20), reps, gpu ? "cuda" : "host");
+    emit("| shard | load GB/s | dump GB/s | one big pinned copy H2D / D2H GB/s | load ratio | "
+         "dump ratio |\n|---|---|---|---|---|---|\n");
+    for (size_t si = 0; si < sizeof(sizes) / sizeof(sizes[0]); si++) {
+        uint64_t shard = sizes[si];
+        uint32_t n = (uint32_t)(total / shard);
+        char sock[128];
+        struct sfs_rank_config cfg;
+        int err = 0;
+        double vl[16], vd[16], vh[16], vdh[16];
+
+        snprintf(sock, sizeof(sock), "/tmp/bench-rank-gpu-%d-%zu.sock", getpid(), si);
+        struct sfs_cache *c = make_cache(shard, n + 64, sock);
+        struct sfs_rank_entry *e = calloc(n, sizeof(*e));
+        int *st = calloc(n, sizeof(*st));
+
+        for (uint32_t i = 0; i < n; i++) {
+            struct sfs_key k = {.block = blk(i), .shard = 0};
+            struct sfs_lease l;
+
+            if (sfs_cache_get(c, &k, 0, 0, &l) == SFS_OWNER) {
+                memset(sfs_cache_data(c, &l), (int)i, shard);
+                sfs_cache_publish(c, &l, (uint32_t)shard, 0);
+            }
+            sfs_cache_release(c, &l);
+            e[i] = (struct sfs_rank_entry){k.block, 0, (uint8_t *)dev + (size_t)i * shard};
+        }
+        sfs_rank_config_init(&cfg);
+        cfg.socket_path = sock;
+        cfg.device_id = 0;
+        cfg.copier = O.copier;
+        cfg.prealloc = false;
+        struct sfs_rank *rk = sfs_rank_open(&cfg, &err);
+        if (!rk)
+            die("sfs_rank_open", err);
+        for (int rep = -1; rep < reps; rep++) {
+            struct sfs_task *t;
+            int64_t t0 = sfs_now_ns();
+
+            if (sfs_rank_load(rk, e, n, &t) || sfs_rank_wait(t, 60000, st))
+                die("load", EIO);
+            int64_t t1 = sfs_now_ns();
+            sfs_rank_task_free(t);
+            if (sfs_rank_dump(rk, e, n, &t) || sfs_rank_wait(t, 60000, st))
+                die("dump", EIO);
+            int64_t t2 = sfs_now_ns();
+            sfs_rank_task_free(t);
+            if (gpu) {
+                cu.memcpy_(dev, pinned, total, 1);
+                cu.sync();
+            } else {
+                memcpy(dev, pinned, total);
+            }
+            int64_t t3 = sfs_now_ns();
+            if (gpu) {
+                cu.memcpy_(pinned, dev, total, 2);
+                cu.sync();
+            } else {
+                memcpy(pinned, dev, total);
+            }
+            int64_t t4 = sfs_now_ns();
+            if (rep >= 0) {
+                vl[rep] = (double)total / (double)(t1 - t0);
+                vd[rep] = (double)total / (double)(t2 - t1);
+                vh[rep] = (double)total / (double)(t3 - t2);
+                vdh[rep] = (double)total / (double)(t4 - t3);
+            }
+            for (uint32_t i = 0; i < n; i++)
+                if (st[i])
+                    die("entry status", st[i]);
+        }
+        double l = median(vl, reps), d = median(vd, reps), h = median(vh, reps),
+               dh = median(vdh, reps);
+        emit("| %lu KiB | %.1f | %.1f | %.1f / %.1f | %.2f | %.2f |\n",
+             (unsigned long)(shard >> 10), l, d, h, dh, l / h, d / dh);
+
+        if (shard == (16 << 10)) {
+            /* Latency: a resident task of 64 x 16 KiB, end to end. */
+            int iters = O.quick ? 200 : 2000;
+            int64_t *lat = malloc(iters * sizeof(*lat));
+
+            for (int i = -20; i < iters; i++) {
+                struct sfs_task *t;
+                int64_t t0 = sfs_now_ns();
+
+                if (sfs_rank_load(rk, e, 64, &t) || sfs_rank_wait(t, 60000, st))
+                    die("load", EIO);
+                int64_t t1 = sfs_now_ns();
+                sfs_rank_task_free(t);
+                if (i >= 0)
+                    lat[i] = t1 - t0;
+            }
+            qsort(lat, iters, sizeof(*lat), cmp_i64);
+            fprintf(stderr, "64 x 16 KiB resident task: p50 %.1f us, p99 %.1f us\n",
+                    lat[iters / 2] / 1e3, lat[iters * 99 / 100] / 1e3);
+            emit("| 64 x 16 KiB task latency | p50 %.1f us | p99 %.1f us | | | |\n",
+                 lat[iters / 2] / 1e3, lat[iters * 99 / 100] / 1e3);
+            free(lat);
+        }
+        sfs_rank_close(rk);
+        sfs_cache_close(c);
+        free(e);
+        free(st);
+    }
+    if (gpu) {
+        cu.free_(dev);
+        cu.free_host(pinned);
+    } else {
+        free(dev);
+        free(pinned);
+    }
+}
+
+/* ---------------------------------------------------------------------------
+ * Options.
+ */
+
+static void usage(void)
+{
+    fprintf(stderr, "usage: bench_rank [--quick] [--gpu] [--ranks 1,2,4,8] [--shards M] "
+                    "[--latency-us L] [--depth D] [--shard-size BYTES] [--reps R] "
+                    "[--copier auto|host|cuda] [--out FILE]\n");
+    exit(2);
+}
+
+int main(int argc, char **argv)
+{
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i];
+        const char *v = i + 1 < argc ? argv[i + 1] : NULL;
+
+        if (!strcmp(a, "--quick")) {
+            O.quick = true;
+            O.M = 64;
+            O.reps = 1;
+            O.nranks = 3;
+        } else if (!strcmp(a, "--gpu")) {
+            O.gpu = true;
+        } else if (!strcmp(a, "--ranks") && v) {
+            char *s = strdup(v), *tok, *save;
+
+            O.nranks = 0;
+            for (tok = strtok_r(s, ",", &save); tok && O.nranks < MAXR;
+                 tok = strtok_r(NULL, ",", &save)) {
+                int n = atoi(tok);
+                if (n < 1 || n > MAXR)
+                    usage();
+                O.ranks[O.nranks++] = n;
+            }
+            free(s);
+            i++;
+        } else if (!strcmp(a, "--shards") && v) {
+            O.M = (uint32_t)atoi(v), i++;
+        } else if (!strcmp(a, "--latency-us") && v) {
+            O.lat_us = (unsigned)atoi(v), i++;
+        } else if (!strcmp(a, "--depth") && v) {
+            O.depth = (unsigned)atoi(v), i++;
+        } else if (!strcmp(a, "--shard-size") && v) {
+            O.shard = (uint32_t)strtoul(v, NULL, 0), i++;
+        } else if (!strcmp(a, "--reps") && v) {
+            O.reps = atoi(v), i++;
+        } else if (!strcmp(a, "--out") && v) {
+            O.out = v, i++;
+        } else if (!strcmp(a, "--copier") && v) {
+            O.copier = !strcmp(v, "host")   ? SFS_COPIER_HOST
+                       : !strcmp(v, "cuda") ? SFS_COPIER_CUDA
+                                            : SFS_COPIER_AUTO;
+            i++;
+        } else {
+            usage();
+        }
+    }
+    if (O.M == 0 || O.depth == 0 || O.reps < 1 || O.reps > 16 || O.shard == 0)
+        usage();
+    if (O.out) {
+        outf = fopen(O.out, "a");
+        if (!outf)
+            die(O.out, errno);
+    }
+    if (O.gpu) {
+        bench_gpu();
+    } else {
+        bench_tp();
+        bench_hits();
+    }
+    if (outf)
+        fclose(outf);
+    return 0;
+}

@@ -1,0 +1,85 @@
+#!/usr/bin/env bash
+# SPDX-License-Identifier: MIT
+#
+# run.sh - build the benchmarks if needed and run every one that exists.
+#
+#   tests/bench/run.sh [--quick] [BUILD_DIR]     (BUILD_DIR defaults to build)
+#
+# Full mode runs each bench_* program and lets it replace its own section of
+# docs/PERFORMANCE.md (--md; a program whose usage offers only --out FILE gets
+# that instead); --quick is the CI smoke mode: seconds, stdout
+# only, the file untouched. A program that exits 77 was skipped (say, no FUSE
+# or no GPU here); any other non-zero status fails the run, after the rest ran.
+set -euo pipefail
+
+usage() {
+    echo "usage: $0 [--quick] [BUILD_DIR]" >&2
+}
+
+root=$(cd "$(dirname "$0")/../.." && pwd)
+quick=0
+build=build
+for a in "$@"; do
+    case $a in
+    --quick) quick=1 ;;
+    -h | --help) usage; exit 0 ;;
+    -*) usage; exit 2 ;;
+    *) build=$a ;;
+    esac
+done
+case $build in
+/*) ;;
+*) build=$root/$build ;;
+esac
+
+if [ ! -f "$build/CMakeCache.txt" ]; then
+    cmake -S "$root" -B "$build" -DCMAKE_BUILD_TYPE=Release -DSHARDFS_BENCH=ON
+fi
+cmake --build "$build" -j"$(nproc)"
+
+btype=$(sed -n 's/^CMAKE_BUILD_TYPE:[A-Z]*=//p' "$build/CMakeCache.txt")
+case $btype in
+Release | RelWithDebInfo) ;;
+*) echo "run.sh: warning: $build is a '${btype:-no type}' build; numbers need Release" >&2 ;;
+esac
+if grep -qE '^SHARDFS_(SANITIZE|TSAN):BOOL=ON' "$build/CMakeCache.txt"; then
+    echo "run.sh: warning: $build has sanitizers on; numbers are not representative" >&2
+fi
+
+cd "$root"
+failed=()
+ran=0
+for name in bench_cache bench_wake bench_clock bench_rank bench_fs; do
+    bin=$(find "$build" -name "$name" -type f -perm -u+x 2>/dev/null | head -n 1)
+    [ -n "$bin" ] || continue
+    echo "== $name" >&2
+    if [ "$quick" = 1 ]; then
+        args=(--quick)
+    elif grep -qa -e '--md' "$bin"; then
+        args=(--md "$root/docs/PERFORMANCE.md") # replaces its own section
+    elif grep -qa -e '--out' "$bin"; then
+        args=(--out "$root/docs/PERFORMANCE.md") # a program that only knows --out
+    else
+        args=()
+    fi
+    set +e
+    "$bin" "${args[@]}"
+    rc=$?
+    set -e
+    ran=$((ran + 1))
+    if [ "$rc" = 77 ]; then
+        echo "== $name: skipped" >&2
+    elif [ "$rc" != 0 ]; then
+        echo "== $name: failed (exit $rc)" >&2
+        failed+=("$name")
+    fi
+done
+
+if [ "$ran" = 0 ]; then
+    echo "run.sh: no bench_* programs in $build (configured with -DSHARDFS_BENCH=ON?)" >&2
+    exit 1
+fi
+if [ "${#failed[@]}" -gt 0 ]; then
+    echo "run.sh: failed: ${failed[*]}" >&2
+    exit 1
+fi
