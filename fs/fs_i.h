@@ -66,7 +66,14 @@ struct fs_counters {
     _Atomic uint64_t writes;            /* shards stored through the mount */
     _Atomic uint64_t wait_timeouts;     /* reads that gave up waiting (ETIMEDOUT/EAGAIN) */
     _Atomic uint64_t prefetch_accepted; /* shards user.shardfs.prefetch started loading */
+    _Atomic uint64_t readahead_started; /* shards readahead started loading */
 };
+
+/* Readahead markers: a direct-mapped set of hashes of shards that readahead
+ * loaded and no read has consumed yet. The first read that finds its shard
+ * here (a hit, or a waiter on the load) moves the window on. Lossy on
+ * purpose: a collision only costs one readahead. */
+#define FS_RA_MARKS 1024
 
 struct fs {
     /* Set up by main() before the session starts; read-only afterwards. */
@@ -76,6 +83,7 @@ struct fs {
     uint32_t max_read; /* bytes per read request (conn->max_read) */
     bool ro;           /* -o ro: every change is EROFS */
     int64_t wait_ns;   /* deadline of a waiter, and of a load on a full cache */
+    uint32_t readahead; /* shards loaded ahead of a missed read (0: off) */
     char socket_path[108];
     struct timespec start; /* mtime/ctime/atime of every inode */
 
@@ -90,6 +98,8 @@ struct fs {
     _Atomic uint32_t inflight; /* seq_cst: waited on at shutdown */
 
     struct fs_counters ctr;
+
+    _Atomic uint64_t ra_mark[FS_RA_MARKS]; /* relaxed: advisory */
 };
 
 /* ops.c */

@@ -44,6 +44,8 @@
 #define DEFAULT_WAIT_S      30
 #define DEFAULT_MAX_READ    (1u << 20)
 #define DEFAULT_MAX_THREADS 64
+#define DEFAULT_READAHEAD   4
+#define MAX_READAHEAD       1024
 #define REAP_INTERVAL_NS    (200 * 1000 * 1000ll)
 
 /* What the command line says. Strings are owned by fuse_opt (free them). */
@@ -55,6 +57,7 @@ struct options {
     char *hugepages;
     char *reserved;
     char *wait_timeout;
+    char *readahead;
     char *backend; /* the first non-option argument */
     unsigned max_read;
     bool max_read_set;
@@ -78,7 +81,8 @@ static const struct fuse_opt opt_table[] = {
     OPT("shard_size=%s", shard_size),        OPT("capacity=%s", capacity),
     OPT("dir_prefix=%s", dir_prefix),        OPT("socket=%s", socket),
     OPT("hugepages=%s", hugepages),          OPT("reserved=%s", reserved),
-    OPT("wait_timeout=%s", wait_timeout),    FUSE_OPT_KEY("ro", KEY_RO),
+    OPT("wait_timeout=%s", wait_timeout),    OPT("readahead=%s", readahead),
+    FUSE_OPT_KEY("ro", KEY_RO),
     FUSE_OPT_KEY("max_read=", KEY_MAX_READ), FUSE_OPT_END,
 };
 #undef OPT
@@ -102,9 +106,11 @@ static void usage(const char *prog)
            "    -o reserved=N          slots only loads and prewarming may take (default 1/64)\n"
            "    -o wait_timeout=SECS   deadline of a waiting read (default %d)\n"
            "    -o max_read=N          bytes per read request (default 1M)\n"
+           "    -o readahead=N         shards of a block loaded ahead of a missed read\n"
+           "                           (default %d, 0: off)\n"
            "    -o ro                  read-only: every change is EROFS\n"
            "\n",
-           prog, DEFAULT_WAIT_S);
+           prog, DEFAULT_WAIT_S, DEFAULT_READAHEAD);
 }
 
 static int opt_proc(void *data, const char *arg, int key, struct fuse_args *outargs)
@@ -214,6 +220,7 @@ struct config {
     struct sfs_cache_config cache;
     unsigned dir_prefix;
     int64_t wait_ns;
+    uint32_t readahead;
     char socket[sizeof(((struct sockaddr_un *)0)->sun_path)];
     bool default_socket;
 };
@@ -272,6 +279,7 @@ static int validate(const struct options *o, const char *mnt, struct config *cfg
      * not in every rank and not in the first reads (BENCHMARKS.md). */
     cfg->cache.populate = true;
     cfg->wait_ns = DEFAULT_WAIT_S * 1000000000ll;
+    cfg->readahead = DEFAULT_READAHEAD;
 
     if (o->shard_size) {
         if (!parse_size(o->shard_size, &v))
@@ -321,6 +329,11 @@ static int validate(const struct options *o, const char *mnt, struct config *cfg
         if (!parse_uint(o->wait_timeout, 86400, &v) || v == 0)
             FAIL("wait_timeout=%s: out of range (1..86400 seconds)", o->wait_timeout);
         cfg->wait_ns = (int64_t)v * 1000000000ll;
+    }
+    if (o->readahead) {
+        if (!parse_uint(o->readahead, MAX_READAHEAD, &v))
+            FAIL("readahead=%s: out of range (0..%d shards)", o->readahead, MAX_READAHEAD);
+        cfg->readahead = (uint32_t)v;
     }
     if (o->socket) {
         if (!o->socket[0])
@@ -633,6 +646,7 @@ int main(int argc, char *argv[])
     fs.max_read = o.max_read;
     fs.ro = o.ro;
     fs.wait_ns = cfg.wait_ns;
+    fs.readahead = cfg.readahead;
     snprintf(fs.socket_path, sizeof(fs.socket_path), "%s", cfg.socket);
     clock_gettime(CLOCK_REALTIME, &fs.start);
     if (fs_table_init(&fs) < 0) {
@@ -742,6 +756,7 @@ out_args:
     free(o.hugepages);
     free(o.reserved);
     free(o.wait_timeout);
+    free(o.readahead);
     free(o.backend);
     free(co.mountpoint);
     fuse_opt_free_args(&args);

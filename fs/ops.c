@@ -700,6 +700,83 @@ static void start_load(struct fs *fs, fuse_req_t req, const struct sfs_key *key,
     }
 }
 
+/* Readahead markers (fs_i.h): 0 is "empty", so a hash is never 0. */
+static uint64_t ra_hash(const struct sfs_key *key)
+{
+    struct fs_obj o = make_obj(FS_SHARD, &key->block, key->shard);
+    uint64_t h = obj_hash(&o);
+
+    return h ? h : 1;
+}
+
+static void ra_mark_set(struct fs *fs, const struct sfs_key *key)
+{
+    uint64_t h = ra_hash(key);
+
+    atomic_store_explicit(&fs->ra_mark[h & (FS_RA_MARKS - 1)], h, memory_order_relaxed);
+}
+
+/* True (once) when key carries a readahead marker. */
+static bool ra_mark_take(struct fs *fs, const struct sfs_key *key)
+{
+    uint64_t h = ra_hash(key);
+    _Atomic uint64_t *m = &fs->ra_mark[h & (FS_RA_MARKS - 1)];
+    uint64_t v = atomic_load_explicit(m, memory_order_relaxed);
+
+    return v == h &&
+           atomic_compare_exchange_strong_explicit(m, &v, 0, memory_order_relaxed,
+                                                   memory_order_relaxed);
+}
+
+/* Advisory: start background loads of shards [first, first + n) of block,
+ * only those the backend has (0..shard_count-1) and the cache lacks
+ * (SFS_GET_PREFETCH: no reserved slots, never waits, never evicts a leased
+ * slot). mark: set a readahead marker on each load started. Returns how many
+ * loads started. Used by user.shardfs.prefetch and by readahead. */
+static int prefetch_shards(struct fs *fs, const struct sfs_block_id *block, uint32_t first,
+                           uint32_t n, bool mark)
+{
+    int count = sfs_backend_shard_count(fs->be, block), started = 0;
+    uint32_t end;
+
+    if (count <= 0 || first >= (uint32_t)count)
+        return 0;
+    end = n < (uint32_t)count - first ? first + n : (uint32_t)count;
+    for (uint32_t i = first; i < end; i++) {
+        struct sfs_key k = {.block = *block, .shard = i};
+        struct sfs_lease l;
+        int r = sfs_cache_get(fs->cache, &k, SFS_GET_PREFETCH, 0, &l);
+
+        if (r == -EEXIST)
+            continue; /* already there */
+        if (r < 0)
+            break; /* no free slot without evicting: stop, it is advice */
+        if (r != SFS_OWNER) {
+            sfs_cache_release(fs->cache, &l);
+            continue;
+        }
+        if (mark)
+            ra_mark_set(fs, &k);
+        start_load(fs, NULL, &k, &l, 0, 0);
+        started++;
+    }
+    return started;
+}
+
+/* A read of key missed (or consumed a readahead marker): have the next
+ * fs->readahead shards of its block loading, so a sequential reader finds
+ * several backend loads in flight instead of waiting for each in turn. */
+static void read_ahead(struct fs *fs, const struct sfs_key *key)
+{
+    int started;
+
+    if (!fs->readahead || key->shard == UINT32_MAX)
+        return;
+    started = prefetch_shards(fs, &key->block, key->shard + 1, fs->readahead, true);
+    if (started > 0)
+        CTR_ADD(fs, readahead_started, (uint64_t)started);
+}
+
 /* Errors of a Get, for a reader. */
 static int get_errno(struct fs *fs, int r)
 {
@@ -710,10 +787,13 @@ static int get_errno(struct fs *fs, int r)
     return r == -ENOENT ? ENOENT : EIO;
 }
 
-static void read_shard(fuse_req_t req, struct fs *fs, const struct sfs_key *key, size_t size,
+static void read_shard(fuse_req_t req, struct fs *fs, const struct sfs_key *keyp, size_t size,
                        off_t off)
 {
+    /* A copy: once req is answered, a RELEASE may free the handle keyp is in. */
+    const struct sfs_key key = *keyp;
     struct sfs_lease l;
+    bool ra = false;
     int r;
 
     CTR_ADD(fs, reads, 1);
@@ -723,20 +803,26 @@ static void read_shard(fuse_req_t req, struct fs *fs, const struct sfs_key *key,
     }
     if (size > fs->shard_size - (uint64_t)off)
         size = fs->shard_size - (size_t)off;
-    r = sfs_cache_get(fs->cache, key, 0, sfs_deadline_after(fs->wait_ns), &l);
+    r = sfs_cache_get(fs->cache, &key, 0, sfs_deadline_after(fs->wait_ns), &l);
     if (r < 0) {
         fuse_reply_err(req, get_errno(fs, r));
         return;
     }
     if (r == SFS_OWNER) {
-        start_load(fs, req, key, &l, off, size);
+        start_load(fs, req, &key, &l, off, size);
+        read_ahead(fs, &key); /* after ours: our load goes first */
         return;
     }
     if (r == SFS_WAITER) {
+        /* Before blocking: the loads behind this one overlap the wait. */
+        if (fs->readahead) {
+            ra_mark_take(fs, &key);
+            read_ahead(fs, &key);
+        }
         r = sfs_cache_wait(fs->cache, &l, sfs_deadline_after(fs->wait_ns));
         if (r == SFS_WAIT_OWNER) {
             /* The owner died or gave the slot back: ours to fill now. */
-            start_load(fs, req, key, &l, off, size);
+            start_load(fs, req, &key, &l, off, size);
             return;
         }
         if (r == -ETIMEDOUT) {
@@ -752,9 +838,14 @@ static void read_shard(fuse_req_t req, struct fs *fs, const struct sfs_key *key,
             sfs_cache_release(fs->cache, &l);
             return;
         }
+    } else {
+        /* A hit on a shard readahead loaded: move the window on. */
+        ra = fs->readahead && ra_mark_take(fs, &key);
     }
     reply_slot(fs, req, &l, off, size);
     sfs_cache_release(fs->cache, &l);
+    if (ra)
+        read_ahead(fs, &key);
 }
 
 /* Synchronous: copy the shard's current bytes into buf (via the cache, so
@@ -1280,6 +1371,24 @@ out_err:
  * block as one run of shards, so its remove drops shard n and every later
  * shard; resident copies of shards the backend no longer has are dropped
  * too, so the cache never serves what the store lost. */
+/* sfs_cache_remove, waiting out a load in flight (a readahead, say): a
+ * Loading slot is leased only until its load completes. A slot a reader or a
+ * rank holds Ready stays -EBUSY at once. */
+static int cache_remove_settled(struct fs *fs, const struct sfs_key *key)
+{
+    int64_t deadline = sfs_deadline_after(fs->wait_ns);
+
+    for (;;) {
+        int r = sfs_cache_remove(fs->cache, key);
+
+        if (r != -EBUSY || sfs_cache_state(fs->cache, key) != SFS_STATE_LOADING ||
+            sfs_now_ns() >= deadline)
+            return r;
+        struct timespec ts = {0, 1000 * 1000};
+        nanosleep(&ts, NULL);
+    }
+}
+
 static int remove_shard(struct fs *fs, const struct sfs_key *key)
 {
     struct fs_obj o = make_obj(FS_SHARD, &key->block, key->shard);
@@ -1289,7 +1398,7 @@ static int remove_shard(struct fs *fs, const struct sfs_key *key)
 
     if (has_writers(fs, &o))
         return -EBUSY;
-    r = sfs_cache_remove(fs->cache, key);
+    r = cache_remove_settled(fs, key);
     if (r == -EBUSY)
         return -EBUSY;
     in_cache = r == 0;
@@ -1309,7 +1418,7 @@ static int remove_shard(struct fs *fs, const struct sfs_key *key)
         if (k.shard <= key->shard)
             continue;
         if (sfs_backend_exists(fs->be, &k, 1, &present) == 0 && !present)
-            sfs_cache_remove(fs->cache, &k);
+            cache_remove_settled(fs, &k);
     }
     free(s.idx);
     return 0;
@@ -1592,29 +1701,12 @@ static bool value_is_one(const char *v, size_t n)
     return (n == 1 && v[0] == '1') || (n == 2 && v[0] == '1' && v[1] == '\n');
 }
 
-/* Advisory: start background loads of every shard of block the backend has
- * and the cache lacks. Never waits, never evicts a leased slot. Returns how
- * many loads started. */
+/* user.shardfs.prefetch: start background loads of every shard of block the
+ * backend has and the cache lacks. Returns how many loads started. */
 static int prefetch_block(struct fs *fs, const struct sfs_block_id *block)
 {
-    int count = sfs_backend_shard_count(fs->be, block), started = 0;
+    int started = prefetch_shards(fs, block, 0, UINT32_MAX, false);
 
-    for (int i = 0; i < count; i++) {
-        struct sfs_key k = {.block = *block, .shard = (uint32_t)i};
-        struct sfs_lease l;
-        int r = sfs_cache_get(fs->cache, &k, SFS_GET_PREFETCH, 0, &l);
-
-        if (r == -EEXIST)
-            continue; /* already there */
-        if (r < 0)
-            break; /* no free slot without evicting: stop, it is advice */
-        if (r != SFS_OWNER) {
-            sfs_cache_release(fs->cache, &l);
-            continue;
-        }
-        start_load(fs, NULL, &k, &l, 0, 0);
-        started++;
-    }
     CTR_ADD(fs, prefetch_accepted, (uint64_t)started);
     return started;
 }
@@ -1864,6 +1956,8 @@ size_t fs_stats_text(struct fs *fs, char *buf, size_t len)
     C("fs_writes_total", "Shards stored through the mount.", L(writes));
     C("fs_wait_timeouts_total", "Reads that gave up at their deadline.", L(wait_timeouts));
     C("fs_prefetch_started_total", "Loads started by user.shardfs.prefetch.", L(prefetch_accepted));
+    C("fs_readahead_started_total", "Loads started by readahead after a read.",
+      L(readahead_started));
     G("shard_size_bytes", "Bytes per shard.", ci.shard_size);
     G("slots", "Slots in the cache.", ci.nslots);
 #undef C

@@ -359,7 +359,8 @@ Test(fs, tree_stat_listing_enoent, .timeout = 60)
     struct stat st;
 
     store_write(M.store, 0, 3, 4);
-    start("shard_size=64K,capacity=1M");
+    /* readahead=0: this test counts the loads of exactly one read. */
+    start("shard_size=64K,capacity=1M,readahead=0");
 
     cr_assert_eq(dir_list(M.mnt, names, 16), 2);
     snprintf(path, sizeof(path), "%s/block", M.mnt);
@@ -516,6 +517,106 @@ Test(fs, read_every_shard_cp_dd_with_eviction, .timeout = 120)
     unlink(tmp);
     free(want);
     free(got);
+    cr_assert_eq(stop(), 0);
+}
+
+/* Wait until shard s of block b is Ready; false at the deadline. */
+static bool wait_ready(uint64_t b, uint32_t s, double deadline_s)
+{
+    char st[32];
+    double t0 = now_s();
+
+    do {
+        if (get_state(b, s, st, sizeof(st)) == 0 && strcmp(st, "ready") == 0)
+            return true;
+        sleep_ms(5);
+    } while (now_s() - t0 < deadline_s);
+    return false;
+}
+
+Test(fs, readahead_loads_following_shards, .timeout = 60)
+{
+    char spec[512], st[32];
+    uint8_t *buf = malloc(SHARD);
+    long long pf0, loads;
+
+    cr_assert_not_null(buf);
+    /* Block 40: 8 shards; a slow backend, so loads overlap visibly. */
+    store_write(M.store, 40, 1, 8);
+    store_write(M.store, 41, 1, 3);
+    snprintf(spec, sizeof(spec), "fault:latency_us=20000,seed=3:%s", M.store);
+    start_spec(spec, "shard_size=64K,capacity=2M,readahead=3");
+    pf0 = stat_of("shardfs_prefetched_total");
+    cr_assert_eq(pf0, 0);
+
+    /* A cold read of shard 0 starts loads of shards 1..3, not 4. */
+    cr_assert_eq(read_all(shard_path(40, 0), buf, SHARD), (long)SHARD);
+    for (uint32_t s = 1; s <= 3; s++)
+        cr_assert(wait_ready(40, s, 5.0), "shard %u not loaded ahead", s);
+    cr_assert_eq(stat_of("shardfs_prefetched_total"), 3);
+    cr_assert_eq(stat_of("shardfs_fs_readahead_started_total"), 3);
+    cr_assert_eq(get_state(40, 4, st, sizeof(st)), 0);
+    cr_assert_str_eq(st, "absent", "shard 4 is outside the window");
+
+    /* Reading shard 1 (loaded ahead) moves the window on: shard 4 loads; the
+     * data is the store's. */
+    cr_assert_eq(read_all(shard_path(40, 1), buf, SHARD), (long)SHARD);
+    {
+        struct sfs_key k = tu_key(40, 1);
+
+        cr_assert_eq(tu_check(&k, buf, SHARD), -1);
+    }
+    cr_assert_geq(stat_of("shardfs_prefetch_hits_total"), 1);
+    cr_assert(wait_ready(40, 4, 5.0), "shard 4 not loaded ahead after a hit on shard 1");
+    cr_assert_eq(stat_of("shardfs_prefetched_total"), 4);
+
+    /* Never past the backend's shard count: block 41 has 3 shards. */
+    cr_assert_eq(read_all(shard_path(41, 1), buf, SHARD), (long)SHARD);
+    cr_assert(wait_ready(41, 2, 5.0));
+    sleep_ms(100);
+    cr_assert_eq(stat_of("shardfs_prefetched_total"), 5);
+    cr_assert_eq(stat_of("shardfs_backend_errors_total"), 0);
+    cr_assert_eq(get_state(41, 0, st, sizeof(st)), 0);
+    cr_assert_str_eq(st, "absent", "readahead only looks forward");
+
+    /* A sequential reader of the whole block: every shard right, one load
+     * each, most of them started ahead. */
+    for (uint32_t s = 0; s < 8; s++) {
+        struct sfs_key k = tu_key(40, s);
+
+        cr_assert_eq(read_all(shard_path(40, s), buf, SHARD), (long)SHARD);
+        cr_assert_eq(tu_check(&k, buf, SHARD), -1, "shard %u", s);
+    }
+    loads = stat_of("shardfs_backend_loads_total");
+    cr_assert_eq(loads, 8 + 2, "one load per shard read or read ahead: %lld", loads);
+    cr_assert_geq(stat_of("shardfs_prefetched_total"), 7);
+
+    /* Unlinking a shard whose readahead load is in flight waits for it
+     * instead of failing EBUSY. */
+    store_write(M.store, 42, 1, 4);
+    cr_assert_eq(read_all(shard_path(42, 0), buf, SHARD), (long)SHARD);
+    cr_assert_eq(unlink(shard_path(42, 2)), 0, "unlink: %s", strerror(errno));
+    cr_assert_eq(access(shard_path(42, 3), F_OK), -1, "the later shard went with it");
+    cr_assert_eq(access(shard_path(42, 1), F_OK), 0);
+    free(buf);
+    cr_assert_eq(stop(), 0);
+}
+
+Test(fs, readahead_zero_loads_only_what_is_read, .timeout = 60)
+{
+    uint8_t *buf = malloc(SHARD);
+    char st[32];
+
+    cr_assert_not_null(buf);
+    store_write(M.store, 43, 1, 4);
+    start("shard_size=64K,capacity=1M,readahead=0");
+    cr_assert_eq(read_all(shard_path(43, 0), buf, SHARD), (long)SHARD);
+    sleep_ms(100);
+    cr_assert_eq(get_state(43, 1, st, sizeof(st)), 0);
+    cr_assert_str_eq(st, "absent");
+    cr_assert_eq(stat_of("shardfs_prefetched_total"), 0);
+    cr_assert_eq(stat_of("shardfs_backend_loads_total"), 1);
+    free(buf);
     cr_assert_eq(stop(), 0);
 }
 
@@ -1102,6 +1203,8 @@ Test(fs, bad_options_exit_1_with_one_line, .timeout = 60)
     REFUSE("reserved=99999", "reserved");
     REFUSE("wait_timeout=0", "wait_timeout");
     REFUSE("max_read=1", "max_read");
+    REFUSE("readahead=-1", "readahead");
+    REFUSE("readahead=100000", "readahead");
 #undef REFUSE
     snprintf(args, sizeof(args), "-o socket=%s /nonexistent/store %s", sock, mnt);
     expect_refused(args, "/nonexistent/store");
