@@ -98,7 +98,7 @@ struct sfs_cache *sfs_cache_create(const struct sfs_cache_config *cfg, int *err)
     if (r < 0)
         goto out_free;
     c->hdr->hugepages = 0;
-    r = sfs_dp_create(c, cfg->hugepages, cfg->numa_node > 0 ? cfg->numa_node : -1,
+    r = sfs_dp_create(c, cfg->hugepages, cfg->numa_bind ? cfg->numa_node : -1,
                       cfg->populate);
     if (r < 0)
         goto out_free;

@@ -1359,17 +1359,20 @@ again:
         uint32_t expect = PROC_FREE;
 
         /* acq_rel: the record's reset by its last reaper happens-before us. */
-        if (!atomic_compare_exchange_strong_explicit(&p->state, &expect, PROC_REAPING,
+        if (!atomic_compare_exchange_strong_explicit(&p->state, &expect, PROC_CLAIMING,
                                                      memory_order_acq_rel, memory_order_relaxed))
             continue;
-        atomic_store_explicit(&p->pid, pid, memory_order_relaxed);
+        atomic_store_explicit(&p->busy_pid, pid, memory_order_release);
+        /* Start time before pid: a reaper that sees our pid sees our start. */
         atomic_store_explicit(&p->start_time, st, memory_order_relaxed);
+        atomic_store_explicit(&p->pid, pid, memory_order_release);
         p->device_id = device_id;
         c->my_gen = atomic_fetch_add_explicit(&p->gen, 1, memory_order_relaxed) + 1;
         for (int k = 0; k < CTR_COUNT; k++)
             atomic_store_explicit(&p->ctr[k], 0, memory_order_relaxed);
         /* Release: pid/gen visible before anyone sees the record alive. */
         atomic_store_explicit(&p->state, PROC_ALIVE, memory_order_release);
+        atomic_store_explicit(&p->busy_pid, 0, memory_order_relaxed);
         c->me = i;
         c->self = p;
         c->leases = lease_table(c, i);
@@ -1409,33 +1412,60 @@ static void drop_all_leases(struct sfs_cache *c, uint32_t p, uint32_t gen)
     }
 }
 
+/* Clean record i of a dead process (claimed by us) and free it. */
+static void reap_record(struct sfs_cache *c, uint32_t i)
+{
+    struct sfs_proc_rec *p = &c->procs[i];
+    uint32_t gen = atomic_load_explicit(&p->gen, memory_order_relaxed);
+
+    sfs_log(LOG_NOTICE, "reaping process %d (record %u)",
+            atomic_load_explicit(&p->pid, memory_order_relaxed), i);
+    drop_all_leases(c, i, gen);
+    sfs_ctr_add(c, CTR_REAPED, 1);
+    fold_counters(c, p);
+    atomic_store_explicit(&p->pid, 0, memory_order_relaxed);
+    atomic_store_explicit(&p->busy_pid, 0, memory_order_relaxed);
+    /* Release: the record is clean before it can be claimed again. */
+    atomic_store_explicit(&p->state, PROC_FREE, memory_order_release);
+}
+
 int sfs_cache_reap(struct sfs_cache *c)
 {
-    int n = 0;
+    int n = 0, me = getpid();
 
     if (!c)
         return -EINVAL;
     for (uint32_t i = 0; i < c->max_procs; i++) {
         struct sfs_proc_rec *p = &c->procs[i];
-        uint32_t expect = PROC_ALIVE;
+        uint32_t st = atomic_load_explicit(&p->state, memory_order_acquire);
 
-        if (i == c->me || atomic_load_explicit(&p->state, memory_order_acquire) != PROC_ALIVE)
+        if (i == c->me || st == PROC_FREE)
             continue;
-        if (sfs_pid_alive(atomic_load_explicit(&p->pid, memory_order_relaxed),
-                          atomic_load_explicit(&p->start_time, memory_order_relaxed)))
-            continue;
-        /* One reaper per record (acq_rel claim). */
-        if (!atomic_compare_exchange_strong_explicit(&p->state, &expect, PROC_REAPING,
-                                                     memory_order_acq_rel, memory_order_relaxed))
-            continue;
-        uint32_t gen = atomic_load_explicit(&p->gen, memory_order_relaxed);
-        sfs_log(LOG_NOTICE, "reaping process %d (record %u)",
-                atomic_load_explicit(&p->pid, memory_order_relaxed), i);
-        drop_all_leases(c, i, gen);
-        sfs_ctr_add(c, CTR_REAPED, 1);
-        fold_counters(c, p);
-        /* Release: the record is clean before it can be claimed again. */
-        atomic_store_explicit(&p->state, PROC_FREE, memory_order_release);
+        if (st == PROC_ALIVE) {
+            uint32_t expect = PROC_ALIVE;
+
+            if (sfs_pid_alive(atomic_load_explicit(&p->pid, memory_order_acquire),
+                              atomic_load_explicit(&p->start_time, memory_order_relaxed)))
+                continue;
+            /* One reaper per record (acq_rel claim). */
+            if (!atomic_compare_exchange_strong_explicit(&p->state, &expect, PROC_REAPING,
+                                                         memory_order_acq_rel,
+                                                         memory_order_relaxed))
+                continue;
+            atomic_store_explicit(&p->busy_pid, me, memory_order_relaxed);
+        } else {
+            /* Claiming or reaping: only if whoever does it died half-way. The
+             * CAS on busy_pid makes us its one successor. */
+            int32_t busy = atomic_load_explicit(&p->busy_pid, memory_order_acquire);
+
+            if (busy <= 0 || busy == me || !sfs_pid_gone(busy))
+                continue;
+            if (!atomic_compare_exchange_strong_explicit(&p->busy_pid, &busy, me,
+                                                         memory_order_acq_rel,
+                                                         memory_order_relaxed))
+                continue;
+        }
+        reap_record(c, i);
         n++;
     }
     return n;
@@ -1543,6 +1573,7 @@ void sfs_cache_free_handle(struct sfs_cache *c)
 
         drop_all_leases(c, c->me, c->my_gen);
         fold_counters(c, c->self);
+        atomic_store_explicit(&c->self->pid, 0, memory_order_relaxed);
         atomic_compare_exchange_strong_explicit(&c->self->state, &expect, PROC_FREE,
                                                 memory_order_acq_rel, memory_order_relaxed);
     }

@@ -106,11 +106,14 @@ enum sfs_proc_state {
     PROC_FREE = 0,
     PROC_ALIVE = 1,
     PROC_REAPING = 2,
+    PROC_CLAIMING = 3,
 };
 
 /*
  * One attached process. The record's owner writes its counters (relaxed,
- * single writer: no shared hot line); registration and reaping CAS `state`.
+ * single writer: no shared hot line); registration and reaping CAS `state`
+ * and name themselves in `busy_pid`, so a record whose claimer or reaper
+ * died half-way is reclaimed by the next reaper.
  */
 struct sfs_proc_rec {
     alignas(SFS_CACHELINE) _Atomic uint32_t state; /* enum sfs_proc_state; CAS */
@@ -118,7 +121,8 @@ struct sfs_proc_rec {
     _Atomic int32_t pid;           /* the process */
     int32_t device_id;             /* as attached (-1: query-only) */
     _Atomic uint64_t start_time;   /* /proc/pid/stat field 22: detects pid reuse */
-    uint8_t pad0[SFS_CACHELINE - 24];
+    _Atomic int32_t busy_pid;      /* who is claiming or reaping the record, else 0 */
+    uint8_t pad0[SFS_CACHELINE - 28];
     alignas(SFS_CACHELINE) _Atomic int64_t ctr[CTR_COUNT]; /* written by the owner only */
 };
 

@@ -216,3 +216,20 @@ int sfs_robust_mutex_init(pthread_mutex_t *m)
     pthread_mutexattr_destroy(&a);
     return -r;
 }
+
+/* True when pid is gone or a zombie (no start-time check: for the short
+ * windows in which a record names a claimer or reaper). */
+bool sfs_pid_gone(int pid)
+{
+    uint64_t st;
+    long nthreads = 0;
+    char state;
+
+    if (pid <= 0)
+        return false;
+    if (kill(pid, 0) < 0 && errno == ESRCH)
+        return true;
+    if (proc_stat(pid, &state, &nthreads, &st) < 0)
+        return true;
+    return state == 'X' || (state == 'Z' && nthreads <= 1);
+}

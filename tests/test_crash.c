@@ -736,3 +736,71 @@ Test(crash, pid_alive_guards_against_reuse, .timeout = 10)
     cr_assert_eq(tu_wait(child), 0);
     cr_assert_not(sfs_pid_alive(child, cst));
 }
+
+/*
+ * A process killed half-way through registering (its record claimed, not yet
+ * alive), or half-way through reaping another's record, must not leak the
+ * record: it names itself in busy_pid, and the next reaper takes over.
+ */
+static int claim_and_die(void *arg)
+{
+    struct sfs_proc_rec *p = arg;
+    uint32_t expect = PROC_FREE;
+
+    if (!atomic_compare_exchange_strong(&p->state, &expect, PROC_CLAIMING))
+        return 3;
+    atomic_store(&p->busy_pid, getpid());
+    raise(SIGKILL); /* between the claim and "alive" */
+    return 4;
+}
+
+Test(crash, record_claimer_killed_half_way, .timeout = 30)
+{
+    struct sfs_cache *c = tu_cache(8, 0, SHARD);
+    cr_assert_not_null(c);
+    uint32_t victim = c->me + 1;
+    struct sfs_proc_rec *p = &c->procs[victim];
+
+    pid_t pid = tu_fork(claim_and_die, p);
+    cr_assert_eq(tu_wait(pid), 128 + SIGKILL);
+    cr_assert_eq(atomic_load(&p->state), PROC_CLAIMING);
+    cr_assert_eq(sfs_cache_reap(c), 1, "a half-claimed record is reclaimed");
+    cr_assert_eq(atomic_load(&p->state), PROC_FREE);
+    cr_assert_eq(atomic_load(&p->busy_pid), 0);
+    sfs_cache_close(c);
+}
+
+static int reap_and_die(void *arg)
+{
+    struct sfs_proc_rec *p = arg;
+    uint32_t expect = PROC_FREE;
+
+    /* Pose as a reaper that claimed the record and died. */
+    if (!atomic_compare_exchange_strong(&p->state, &expect, PROC_REAPING))
+        return 3;
+    atomic_store(&p->busy_pid, getpid());
+    raise(SIGKILL);
+    return 4;
+}
+
+Test(crash, record_reaper_killed_half_way, .timeout = 30)
+{
+    struct sfs_cache *c = tu_cache(8, 0, SHARD);
+    cr_assert_not_null(c);
+    struct sfs_proc_rec *p = &c->procs[c->me + 1];
+
+    pid_t pid = tu_fork(reap_and_die, p);
+    cr_assert_eq(tu_wait(pid), 128 + SIGKILL);
+    cr_assert_eq(atomic_load(&p->state), PROC_REAPING);
+    cr_assert_eq(sfs_cache_reap(c), 1);
+    cr_assert_eq(atomic_load(&p->state), PROC_FREE);
+    /* A record being claimed by a live process is left alone. */
+    uint32_t expect = PROC_FREE;
+    cr_assert(atomic_compare_exchange_strong(&p->state, &expect, PROC_CLAIMING));
+    atomic_store(&p->busy_pid, getpid());
+    cr_assert_eq(sfs_cache_reap(c), 0);
+    cr_assert_eq(atomic_load(&p->state), PROC_CLAIMING);
+    atomic_store(&p->busy_pid, 0);
+    atomic_store(&p->state, PROC_FREE);
+    sfs_cache_close(c);
+}

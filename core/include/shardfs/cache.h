@@ -109,7 +109,8 @@ struct sfs_cache_config {
     uint32_t max_leases;    /* leases one process may hold at once (default 16384) */
     uint64_t segment_size;  /* bytes per data-plane memfd (default 1 GiB, rounded) */
     int hugepages;          /* enum sfs_hugepages */
-    int numa_node;          /* bind the data plane to this node; -1 = no binding */
+    int numa_node;          /* with numa_bind: the node the data plane is bound to */
+    bool numa_bind;         /* bind the data plane to numa_node (default: no binding) */
     bool populate;          /* prefault the data plane at create (default false) */
     bool no_reserved;       /* nreserved is exactly 0 (0 in nreserved means default) */
 };
