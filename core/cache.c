@@ -995,6 +995,83 @@ int sfs_cache_wait(struct sfs_cache *c, const struct sfs_lease *lease, int64_t d
     }
 }
 
+/* A slot that is no longer Loading, or one we just took over: its state for
+ * the caller, or -1 to keep waiting. */
+static int settled(struct sfs_cache *c, const struct sfs_lease *l, struct sfs_slot_rec *sl)
+{
+    uint32_t st = atomic_load_explicit(&sl->state, memory_order_acquire);
+
+    if (st == SFS_STATE_READY || st == SFS_STATE_FAILED)
+        return (int)st;
+    if (st == SFS_STATE_IDLE || st == SFS_STATE_FREE ||
+        (st == SFS_STATE_LOADING && !owner_alive_rec(c, sl))) {
+        if (try_takeover(c, l->slot, l->entry))
+            return SFS_WAIT_OWNER;
+    }
+    return -1;
+}
+
+/* After a quiet slice: reap if any owner we wait on has died. */
+static void check_owners(struct sfs_cache *c, struct sfs_slot_rec *const *sls, size_t n)
+{
+    for (size_t i = 0; i < n; i++) {
+        uint32_t o = atomic_load_explicit(&sls[i]->owner, memory_order_acquire);
+        struct sfs_proc_rec *p;
+
+        if (o >= c->max_procs)
+            continue;
+        p = &c->procs[o];
+        if (atomic_load_explicit(&p->state, memory_order_acquire) == PROC_ALIVE &&
+            !sfs_pid_alive(atomic_load_explicit(&p->pid, memory_order_relaxed),
+                           atomic_load_explicit(&p->start_time, memory_order_relaxed))) {
+            sfs_cache_reap(c);
+            return;
+        }
+    }
+}
+
+int sfs_cache_wait_any(struct sfs_cache *c, const struct sfs_lease *leases, size_t n,
+                       int64_t deadline_ns, int *state)
+{
+    struct sfs_slot_rec *sls[SFS_WAIT_ANY_MAX];
+    uint32_t v[SFS_WAIT_ANY_MAX];
+
+    if (!c || !leases || !state || n == 0 || n > SFS_WAIT_ANY_MAX)
+        return -EINVAL;
+    for (size_t i = 0; i < n; i++) {
+        sls[i] = lease_slot(c, &leases[i]);
+        if (!sls[i])
+            return -EINVAL;
+    }
+    for (;;) {
+        for (size_t i = 0; i < n; i++) {
+            /* Acquire: version first, then state (the no-lost-wakeup order). */
+            v[i] = atomic_load_explicit(&sls[i]->version, memory_order_acquire);
+            int st = settled(c, &leases[i], sls[i]);
+
+            if (st >= 0) {
+                *state = st;
+                return (int)i;
+            }
+        }
+        int64_t now = sfs_now_ns();
+        if (deadline_ns > 0 && now >= deadline_ns)
+            return -ETIMEDOUT;
+        int64_t slice = now + OWNER_CHECK_NS;
+        if (deadline_ns > 0 && deadline_ns < slice)
+            slice = deadline_ns;
+        for (size_t i = 0; i < n; i++)
+            atomic_fetch_add_explicit(&sls[i]->nwaiters, 1, memory_order_seq_cst);
+        int r = sfs_futex_waitv(sls, v, n, slice);
+        for (size_t i = 0; i < n; i++)
+            atomic_fetch_sub_explicit(&sls[i]->nwaiters, 1, memory_order_seq_cst);
+        if (r == -ETIMEDOUT)
+            check_owners(c, sls, n);
+        else if (r == -ENOSYS)
+            return r;
+    }
+}
+
 int sfs_cache_publish(struct sfs_cache *c, const struct sfs_lease *lease, uint32_t length,
                       unsigned flags)
 {

@@ -10,6 +10,7 @@
 #include <fcntl.h>
 #include <limits.h>
 #include <linux/futex.h>
+#include "layout_i.h"
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -194,6 +195,38 @@ int sfs_futex_wait(_Atomic uint32_t *word, uint32_t expect, int64_t deadline_ns)
                 FUTEX_BITSET_MATCH_ANY);
     if (r < 0)
         return -errno; /* -EAGAIN: word changed; -ETIMEDOUT; -EINTR */
+    return 0;
+}
+
+/*
+ * Sleep until the version word of any of the slots differs from expect[i]
+ * (futex_waitv, Linux 5.16: shared futexes, so no FUTEX_PRIVATE_FLAG). The
+ * caller has re-read every word after announcing itself in nwaiters; any
+ * publish since then changed a word and the kernel returns at once.
+ */
+int sfs_futex_waitv(struct sfs_slot_rec *const *slots, const uint32_t *expect, size_t n,
+                    int64_t deadline_ns)
+{
+    struct futex_waitv w[128];
+    struct timespec ts, *tsp = NULL;
+    long r;
+
+    if (n > 128)
+        return -EINVAL;
+    memset(w, 0, sizeof(w[0]) * n);
+    for (size_t i = 0; i < n; i++) {
+        w[i].uaddr = (uintptr_t)&slots[i]->version;
+        w[i].val = expect[i];
+        w[i].flags = FUTEX_32;
+    }
+    if (deadline_ns > 0) {
+        ts.tv_sec = deadline_ns / 1000000000;
+        ts.tv_nsec = deadline_ns % 1000000000;
+        tsp = &ts;
+    }
+    r = syscall(__NR_futex_waitv, w, (unsigned)n, 0, tsp, CLOCK_MONOTONIC);
+    if (r < 0)
+        return -errno; /* -EAGAIN: a word changed; -ETIMEDOUT; -EINTR */
     return 0;
 }
 

@@ -1150,3 +1150,73 @@ Test(cache, hugepages_auto_falls_back, .timeout = 30)
     cr_assert_null(sfs_cache_create(&cfg, &err));
     cr_assert_eq(err, -EINVAL);
 }
+
+/* ---------------------------------------------------------------------------
+ * Waiting on many keys at once: one sleep, woken by whichever is published
+ * first, never held behind a slow key.
+ */
+
+static int wait_any_child(void *arg)
+{
+    struct child *a = arg;
+    struct sfs_lease l[3];
+    int err = 0, st = -1;
+    struct sfs_cache *c = sfs_cache_attach(a->path, 1, &err);
+
+    CK(c);
+    for (int i = 0; i < 3; i++) {
+        struct sfs_key k = tu_key(40 + i, 0);
+        CK(sfs_cache_get(c, &k, 0, 0, &l[i]) == SFS_WAITER);
+    }
+    sig(a->to_parent);
+    /* The parent publishes key 2 first, then key 0 (failed), and key 1 late. */
+    CK(sfs_cache_wait_any(c, l, 3, sfs_deadline_after(5000 * MS), &st) == 2);
+    CK(st == SFS_STATE_READY);
+    struct sfs_key k2 = tu_key(42, 0);
+    CK(tu_check(&k2, sfs_cache_data(c, &l[2]), SHARD) == -1);
+    sig(a->to_parent);
+    CK(sfs_cache_wait_any(c, l, 2, sfs_deadline_after(5000 * MS), &st) == 0);
+    CK(st == SFS_STATE_FAILED && sfs_cache_error(c, &l[0]) == -EIO);
+    /* Key 1 is still loading: a short deadline times out. */
+    int64_t t0 = sfs_now_ns();
+    CK(sfs_cache_wait_any(c, &l[1], 1, sfs_deadline_after(100 * MS), &st) == -ETIMEDOUT);
+    CK(sfs_now_ns() - t0 >= 90 * MS);
+    sig(a->to_parent);
+    CK(sfs_cache_wait_any(c, &l[1], 1, sfs_deadline_after(5000 * MS), &st) == 0);
+    CK(st == SFS_STATE_READY);
+    for (int i = 0; i < 3; i++)
+        CK(sfs_cache_release(c, &l[i]) == 0);
+    CK(sfs_cache_wait_any(c, l, 0, 0, &st) == -EINVAL);
+    sfs_cache_close(c);
+    return 0;
+}
+
+Test(cache, wait_any_wakes_on_first_published, .timeout = 30)
+{
+    const char *path;
+    struct sfs_cache *c = served(8, 0, &path);
+    struct sfs_lease own[3];
+    struct child a = {.path = path};
+    struct chan ch;
+
+    chan_open(&ch, &a);
+    for (int i = 0; i < 3; i++) {
+        struct sfs_key k = tu_key(40 + i, 0);
+        cr_assert_eq(sfs_cache_get(c, &k, 0, 0, &own[i]), SFS_OWNER);
+    }
+    pid_t pid = tu_fork(wait_any_child, &a);
+    chan_forked(&ch);
+    cr_assert(await_fd(ch.up[0]));
+    sleep_ms(30);
+    struct sfs_key k2 = tu_key(42, 0);
+    fill_publish(c, &k2, &own[2]);
+    cr_assert(await_fd(ch.up[0]), "the child woke for key 2 alone");
+    cr_assert_eq(sfs_cache_fail(c, &own[0], -EIO), 0);
+    cr_assert(await_fd(ch.up[0]));
+    struct sfs_key k1 = tu_key(41, 0);
+    fill_publish(c, &k1, &own[1]);
+    cr_assert_eq(tu_wait(pid), 0);
+    for (int i = 0; i < 3; i++)
+        cr_assert_eq(sfs_cache_release(c, &own[i]), 0);
+    sfs_cache_close(c);
+}

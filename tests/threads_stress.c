@@ -71,7 +71,16 @@ static void *worker(void *arg)
         }
         if (role == SFS_WAITER) {
             atomic_fetch_add(&waits, 1);
-            int st = sfs_cache_wait(cache, &l, sfs_deadline_after(2000000000));
+            int st;
+            /* Half the waits through futex_waitv (wait_any), half through
+             * the single-word futex. */
+            if ((r >> 40) & 1) {
+                int got = sfs_cache_wait_any(cache, &l, 1, sfs_deadline_after(2000000000), &st);
+                if (got < 0)
+                    st = got;
+            } else {
+                st = sfs_cache_wait(cache, &l, sfs_deadline_after(2000000000));
+            }
             if (st == -ETIMEDOUT)
                 atomic_fetch_add(&timeouts, 1);
             if (st == SFS_WAIT_OWNER)

@@ -162,6 +162,18 @@ SFS_API int sfs_cache_get(struct sfs_cache *c, const struct sfs_key *key, unsign
 SFS_API int sfs_cache_wait(struct sfs_cache *c, const struct sfs_lease *lease,
                            int64_t deadline_ns);
 
+/*
+ * Block until any of the leased slots is no longer Loading, or deadline_ns.
+ * Returns the index i of one such lease and sets *state as sfs_cache_wait()
+ * would for leases[i] (Ready, Failed, or SFS_WAIT_OWNER after a takeover),
+ * or -ETIMEDOUT, -EINVAL. At most SFS_WAIT_ANY_MAX leases; one sleep on all
+ * their futexes (futex_waitv), so a caller with many keys in flight is never
+ * held behind one slow key.
+ */
+#define SFS_WAIT_ANY_MAX 128
+SFS_API int sfs_cache_wait_any(struct sfs_cache *c, const struct sfs_lease *leases, size_t n,
+                               int64_t deadline_ns, int *state);
+
 /* Owner: publish the filled slot as Ready with `length` valid bytes
  * (<= shard_size). Counts `length` into bytes_read unless SFS_PUBLISH_WRITTEN.
  * The lease stays held: release it when done reading. */
