@@ -19,6 +19,11 @@
  * and answers when the owner publishes. The lease is released after the reply
  * is written, so a slot is never evicted under a reply.
  *
+ * Readahead: a read that misses (owner or waiter) also starts advisory loads
+ * of the next -o readahead shards of its block (the prefetch xattr's path),
+ * and marks them; the first read of a marked shard moves the window on. So a
+ * sequential reader keeps several backend loads in flight.
+ *
  * Writes produce whole shards: a write handle buffers the shard in private
  * memory (starting from the stored bytes, or zeros for a new shard or
  * O_TRUNC) and stores it on flush/fsync/release: a Get with SFS_GET_WRITE

@@ -452,7 +452,7 @@ int main(int argc, char **argv)
     int reps, ops, fd;
     double cold_raw, cold_fs, res_fs, res_shm, par_fs, par_shm, r_fs, r_shm, open_fs;
     double p50_fs = 0, p99_fs = 0, p50_shm = 0, p99_shm = 0;
-    long long loads_cold;
+    long long loads_cold, pf_cold, pfh_cold;
     int64_t t0;
 
     if (bench_init(&b, "bench_fs", argc, argv) != 0)
@@ -490,6 +490,8 @@ int main(int argc, char **argv)
     }
     cold_fs = pass_gbs(true, S.buf);
     loads_cold = stat_of("shardfs_backend_loads_total");
+    pf_cold = stat_of("shardfs_prefetched_total");
+    pfh_cold = stat_of("shardfs_prefetch_hits_total");
 
     /* Resident: warm-up passes, then medians. */
     pass_gbs(true, S.buf);
@@ -531,9 +533,11 @@ int main(int argc, char **argv)
             "store) | %.2fx | |\n\n",
             cold_fs, cold_raw, cold_fs / cold_raw);
     fprintf(b.out,
-            "Backend loads for the cold pass: %lld (one per shard: %u). Counters after the "
-            "run: hits %lld, misses %lld, evictions %lld.\n",
-            loads_cold, S.nblocks * NSHARDS_B, stat_of("shardfs_hits_total"),
+            "Backend loads for the cold pass: %lld (one per shard: %u), of them started by "
+            "the daemon's readahead (default -o readahead=4): %lld, of which already Ready "
+            "when read: %lld. Counters after the run: hits %lld, misses %lld, "
+            "evictions %lld.\n",
+            loads_cold, S.nblocks * NSHARDS_B, pf_cold, pfh_cold, stat_of("shardfs_hits_total"),
             stat_of("shardfs_misses_total"), stat_of("shardfs_evictions_total"));
     cleanup();
     free(S.buf);
