@@ -58,6 +58,7 @@ struct options {
     char *reserved;
     char *wait_timeout;
     char *readahead;
+    char *numa_node;
     char *backend; /* the first non-option argument */
     unsigned max_read;
     bool max_read_set;
@@ -82,6 +83,7 @@ static const struct fuse_opt opt_table[] = {
     OPT("dir_prefix=%s", dir_prefix),        OPT("socket=%s", socket),
     OPT("hugepages=%s", hugepages),          OPT("reserved=%s", reserved),
     OPT("wait_timeout=%s", wait_timeout),    OPT("readahead=%s", readahead),
+    OPT("numa_node=%s", numa_node),
     FUSE_OPT_KEY("ro", KEY_RO),
     FUSE_OPT_KEY("max_read=", KEY_MAX_READ), FUSE_OPT_END,
 };
@@ -108,6 +110,7 @@ static void usage(const char *prog)
            "    -o max_read=N          bytes per read request (default 1M)\n"
            "    -o readahead=N         shards of a block loaded ahead of a missed read\n"
            "                           (default %d, 0: off)\n"
+           "    -o numa_node=N         bind the data plane to NUMA node N (default: none)\n"
            "    -o ro                  read-only: every change is EROFS\n"
            "\n",
            prog, DEFAULT_WAIT_S, DEFAULT_READAHEAD);
@@ -334,6 +337,12 @@ static int validate(const struct options *o, const char *mnt, struct config *cfg
         if (!parse_uint(o->readahead, MAX_READAHEAD, &v))
             FAIL("readahead=%s: out of range (0..%d shards)", o->readahead, MAX_READAHEAD);
         cfg->readahead = (uint32_t)v;
+    }
+    if (o->numa_node) {
+        if (!parse_uint(o->numa_node, 1023, &v))
+            FAIL("numa_node=%s: out of range (0..1023)", o->numa_node);
+        cfg->cache.numa_node = (int)v;
+        cfg->cache.numa_bind = true;
     }
     if (o->socket) {
         if (!o->socket[0])
@@ -757,6 +766,7 @@ out_args:
     free(o.reserved);
     free(o.wait_timeout);
     free(o.readahead);
+    free(o.numa_node);
     free(o.backend);
     free(co.mountpoint);
     fuse_opt_free_args(&args);
