@@ -420,10 +420,9 @@ static void repair_bucket(struct sfs_cache *c, uint32_t b)
     sfs_log(LOG_WARNING, "bucket %u: lock holder died; chain repaired", b);
 }
 
-static int bucket_lock(struct sfs_cache *c, uint32_t b)
+/* What a lock call returned: a dead holder's bucket is repaired, then ours. */
+static int locked(struct sfs_cache *c, uint32_t b, int r)
 {
-    int r = pthread_mutex_lock(&c->buckets[b].lock);
-
     if (r == EOWNERDEAD) {
         repair_bucket(c, b);
         pthread_mutex_consistent(&c->buckets[b].lock);
@@ -432,17 +431,15 @@ static int bucket_lock(struct sfs_cache *c, uint32_t b)
     return -r;
 }
 
+static int bucket_lock(struct sfs_cache *c, uint32_t b)
+{
+    return locked(c, b, pthread_mutex_lock(&c->buckets[b].lock));
+}
+
 /* 0 when locked, -EBUSY when held by someone else. */
 static int bucket_trylock(struct sfs_cache *c, uint32_t b)
 {
-    int r = pthread_mutex_trylock(&c->buckets[b].lock);
-
-    if (r == EOWNERDEAD) {
-        repair_bucket(c, b);
-        pthread_mutex_consistent(&c->buckets[b].lock);
-        return 0;
-    }
-    return -r;
+    return locked(c, b, pthread_mutex_trylock(&c->buckets[b].lock));
 }
 
 static void bucket_unlock(struct sfs_cache *c, uint32_t b)
