@@ -1,0 +1,700 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * bench_posix.c - N rank processes loading a posix store from disk, against
+ * raw io_uring O_DIRECT reads of the same files, in the same run.
+ *
+ *   bench_posix [--quick] [--md FILE] [--dir DIR] [--depth D] [--reps R]
+ *
+ * The store (UCM layout: <dir>/data/<32 hex>, 4 shards per block file) is
+ * written to a real disk file system (default: a directory under /var/tmp;
+ * the file system type is checked with statfs and printed). Total 1 GiB per
+ * shard size (64 MiB with --quick); shard sizes 256 KiB and 1 MiB.
+ *
+ * Baseline: one thread, one io_uring of N x D entries, O_DIRECT reads of
+ * every shard, in block order, into a pre-touched 4 KiB-aligned buffer; each
+ * block file is opened once (when its first shard is submitted) and closed
+ * after its last shard completes, inside the timed region.
+ *
+ * shardfs: a cache created here (sfs_cache_create + sfs_cache_serve,
+ * populated, room for the whole store so nothing is evicted), N forked rank
+ * processes that live for the whole (shard size, N) configuration: each
+ * opens a rank on the socket with backend `posix:<dir>?direct=1&depth=D`
+ * (load_depth D, host copier, no prealloc) and loads one task of every key
+ * into its own pre-touched host buffer. The ranks share the work: each key is
+ * loaded from the backend once, by its owner; the other ranks wait and copy.
+ * Wall time: first sfs_rank_load to the last rank's wait returning; GB/s =
+ * store bytes / wall.
+ *
+ * Every run starts cold: the parent removes every key from the cache and
+ * posix_fadvise(DONTNEED)s every block file (writing 3 to
+ * /proc/sys/vm/drop_caches too when it is allowed). Baseline and shardfs runs
+ * alternate (the order flips every rep), after one warm-up of each; figures
+ * are medians of --reps runs; the ratio is the median of the per-rep ratios.
+ * The first 16 bytes of every shard name its key and are checked after every
+ * run, in every rank and in the baseline.
+ */
+#include "bench_util.h"
+
+#include <shardfs/cache.h>
+#include <shardfs/rank.h>
+
+#include <fcntl.h>
+#include <ftw.h>
+#include <liburing.h>
+#include <linux/magic.h>
+#include <signal.h>
+#include <stdatomic.h>
+#include <sys/mman.h>
+#include <sys/resource.h>
+#include <sys/stat.h>
+#include <sys/statfs.h>
+#include <sys/sysmacros.h>
+#include <sys/wait.h>
+
+#define SHARDS_PER_BLOCK 4u
+#define MAXN             8
+#define MAXREPS          32
+#define ALIGN            4096u
+
+static struct {
+    const char *dir;
+    unsigned depth;
+    int reps;
+    uint64_t total;
+} O = {.depth = 16, .reps = 5};
+
+static void die(const char *what, int err)
+{
+    fprintf(stderr, "bench_posix: %s: %s\n", what, strerror(err < 0 ? -err : err));
+    exit(1);
+}
+
+/* Block ids: a pure function of n. */
+static struct sfs_block_id blk(uint64_t n)
+{
+    struct sfs_block_id id;
+    uint64_t a = n * 0x9e3779b97f4a7c15ull + 7, b = ~n * 0xbf58476d1ce4e5b9ull;
+
+    memcpy(id.b, &a, 8);
+    memcpy(id.b + 8, &b, 8);
+    return id;
+}
+
+/* ---------------------------------------------------------------------------
+ * The store.
+ */
+
+struct store {
+    char dir[512];
+    uint64_t shard;
+    uint32_t nblocks, nkeys;
+    char (*paths)[600]; /* block file paths */
+};
+
+static void key_tag(uint8_t *p, uint32_t b, uint32_t s)
+{
+    uint64_t v[2] = {0x5346534200000000ull | b, 0x5346534300000000ull | s};
+
+    memcpy(p, v, sizeof(v));
+}
+
+static bool key_ok(const uint8_t *p, uint32_t b, uint32_t s)
+{
+    uint8_t want[16];
+
+    key_tag(want, b, s);
+    return memcmp(p, want, 16) == 0;
+}
+
+static void store_write(struct store *st, const char *root, uint64_t shard, uint64_t total)
+{
+    char path[600], hex[SFS_BLOCK_HEX_LEN + 1];
+    size_t blen = SHARDS_PER_BLOCK * shard;
+    uint8_t *buf = malloc(blen);
+
+    if (!buf)
+        die("malloc", ENOMEM);
+    st->shard = shard;
+    st->nblocks = (uint32_t)(total / blen);
+    st->nkeys = st->nblocks * SHARDS_PER_BLOCK;
+    snprintf(st->dir, sizeof(st->dir), "%s/%luk", root, (unsigned long)(shard >> 10));
+    if (mkdir(st->dir, 0755) < 0 && errno != EEXIST)
+        die(st->dir, errno);
+    snprintf(path, sizeof(path), "%s/data", st->dir);
+    if (mkdir(path, 0755) < 0 && errno != EEXIST)
+        die(path, errno);
+    st->paths = calloc(st->nblocks, sizeof(*st->paths));
+    if (!st->paths)
+        die("calloc", ENOMEM);
+    for (uint32_t b = 0; b < st->nblocks; b++) {
+        struct sfs_block_id id = blk(b);
+        int fd;
+
+        memset(buf, (int)(b & 0xff), blen);
+        for (uint32_t s = 0; s < SHARDS_PER_BLOCK; s++)
+            key_tag(buf + s * shard, b, s);
+        sfs_block_to_hex(&id, hex);
+        snprintf(st->paths[b], sizeof(st->paths[b]), "%s/data/%s", st->dir, hex);
+        fd = open(st->paths[b], O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+        if (fd < 0 || pwrite(fd, buf, blen, 0) != (ssize_t)blen || fsync(fd) < 0)
+            die("write store", errno);
+        close(fd);
+    }
+    free(buf);
+}
+
+/* Cold: nothing of the store in the page cache. */
+static void drop_page_cache(const struct store *st)
+{
+    for (uint32_t b = 0; b < st->nblocks; b++) {
+        int fd = open(st->paths[b], O_RDONLY | O_CLOEXEC);
+
+        if (fd >= 0) {
+            posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED);
+            close(fd);
+        }
+    }
+    int fd = open("/proc/sys/vm/drop_caches", O_WRONLY | O_CLOEXEC);
+    if (fd >= 0) {
+        if (write(fd, "3", 1) < 0) {
+            /* not allowed here (a container): fadvise is enough with O_DIRECT */
+        }
+        close(fd);
+    }
+}
+
+static int rm_one(const char *p, const struct stat *sb, int flag, struct FTW *f)
+{
+    return remove(p);
+}
+
+static const char *fs_name(long type)
+{
+    switch ((unsigned long)type) {
+    case EXT4_SUPER_MAGIC:
+        return "ext2/3/4";
+    case XFS_SUPER_MAGIC:
+        return "xfs";
+    case BTRFS_SUPER_MAGIC:
+        return "btrfs";
+    case TMPFS_MAGIC:
+        return "tmpfs";
+    case OVERLAYFS_SUPER_MAGIC:
+        return "overlayfs";
+    case 0x65735546:
+        return "fuse";
+    case NFS_SUPER_MAGIC:
+        return "nfs";
+    default:
+        return "other";
+    }
+}
+
+/* "ext2/3/4 on vda (253:0)" */
+static void describe_fs(const char *dir, char *out, size_t len, bool *is_tmpfs)
+{
+    struct statfs sf;
+    struct stat sb;
+    char link[256], target[512] = "";
+    const char *dev = "?";
+
+    if (statfs(dir, &sf) < 0 || stat(dir, &sb) < 0)
+        die(dir, errno);
+    *is_tmpfs = (unsigned long)sf.f_type == TMPFS_MAGIC ||
+                (unsigned long)sf.f_type == RAMFS_MAGIC;
+    snprintf(link, sizeof(link), "/sys/dev/block/%u:%u", major(sb.st_dev), minor(sb.st_dev));
+    ssize_t n = readlink(link, target, sizeof(target) - 1);
+    if (n > 0) {
+        target[n] = 0;
+        dev = strrchr(target, '/') ? strrchr(target, '/') + 1 : target;
+    }
+    snprintf(out, len, "%s (f_type 0x%lx) on %s (%u:%u)", fs_name((long)sf.f_type),
+             (unsigned long)sf.f_type, dev, major(sb.st_dev), minor(sb.st_dev));
+}
+
+/* ---------------------------------------------------------------------------
+ * Baseline: raw io_uring O_DIRECT reads, one thread.
+ */
+
+struct base_result {
+    double gbps;
+    double cpu_s;
+};
+
+static int64_t self_cpu_ns(int who)
+{
+    struct rusage ru;
+
+    getrusage(who, &ru);
+    return ((int64_t)ru.ru_utime.tv_sec + ru.ru_stime.tv_sec) * 1000000000ll +
+           ((int64_t)ru.ru_utime.tv_usec + ru.ru_stime.tv_usec) * 1000ll;
+}
+
+/* CPU-seconds all CPUs spent busy (user, nice, system, irq, softirq), and
+ * steal, from /proc/stat. */
+static void proc_stat_busy(double *busy, double *steal)
+{
+    unsigned long long u = 0, n = 0, sy = 0, id = 0, io = 0, irq = 0, sirq = 0, st = 0;
+    FILE *f = fopen("/proc/stat", "r");
+
+    *busy = *steal = 0;
+    if (!f)
+        return;
+    if (fscanf(f, "cpu %llu %llu %llu %llu %llu %llu %llu %llu", &u, &n, &sy, &id, &io, &irq,
+               &sirq, &st) == 8) {
+        double hz = (double)sysconf(_SC_CLK_TCK);
+
+        *busy = (double)(u + n + sy + irq + sirq) / hz;
+        *steal = (double)st / hz;
+    }
+    fclose(f);
+}
+
+static void baseline_run(const struct store *st, unsigned qd, uint8_t *dst, struct base_result *r)
+{
+    struct io_uring ring;
+    int *fds = malloc(st->nblocks * sizeof(*fds));
+    uint8_t *left = malloc(st->nblocks); /* shards of the block still in flight or unsent */
+    uint32_t next = 0, done = 0;
+    unsigned inflight = 0;
+    int ret;
+
+    if (!fds || !left)
+        die("malloc", ENOMEM);
+    ret = io_uring_queue_init(qd, &ring, 0);
+    if (ret < 0)
+        die("io_uring_queue_init", ret);
+    memset(left, SHARDS_PER_BLOCK, st->nblocks);
+    for (uint32_t i = 0; i < st->nkeys; i++)
+        memset(dst + (size_t)i * st->shard, 0, 16);
+
+    int64_t c0 = self_cpu_ns(RUSAGE_THREAD), t0 = bench_now_ns();
+    while (done < st->nkeys) {
+        while (next < st->nkeys && inflight < qd) {
+            uint32_t b = next / SHARDS_PER_BLOCK, s = next % SHARDS_PER_BLOCK;
+            struct io_uring_sqe *sqe = io_uring_get_sqe(&ring);
+
+            if (!sqe)
+                break;
+            if (s == 0) {
+                fds[b] = open(st->paths[b], O_RDONLY | O_DIRECT | O_CLOEXEC);
+                if (fds[b] < 0)
+                    die(st->paths[b], errno);
+            }
+            io_uring_prep_read(sqe, fds[b], dst + (size_t)next * st->shard, (unsigned)st->shard,
+                               (uint64_t)s * st->shard);
+            io_uring_sqe_set_data64(sqe, next);
+            next++;
+            inflight++;
+        }
+        ret = io_uring_submit_and_wait(&ring, 1);
+        if (ret < 0 && ret != -EINTR)
+            die("io_uring_submit_and_wait", ret);
+        struct io_uring_cqe *cqe;
+        unsigned head, count = 0;
+        io_uring_for_each_cqe(&ring, head, cqe)
+        {
+            uint32_t k = (uint32_t)io_uring_cqe_get_data64(cqe), b = k / SHARDS_PER_BLOCK;
+
+            if (cqe->res != (int)st->shard)
+                die("baseline read", cqe->res < 0 ? cqe->res : EIO);
+            if (--left[b] == 0)
+                close(fds[b]);
+            count++;
+        }
+        io_uring_cq_advance(&ring, count);
+        inflight -= count;
+        done += count;
+    }
+    int64_t t1 = bench_now_ns(), c1 = self_cpu_ns(RUSAGE_THREAD);
+    io_uring_queue_exit(&ring);
+    for (uint32_t i = 0; i < st->nkeys; i++)
+        if (!key_ok(dst + (size_t)i * st->shard, i / SHARDS_PER_BLOCK, i % SHARDS_PER_BLOCK))
+            die("baseline: wrong bytes", EIO);
+    r->gbps = (double)st->nkeys * (double)st->shard / (double)(t1 - t0);
+    r->cpu_s = (double)(c1 - c0) / 1e9;
+    free(fds);
+    free(left);
+}
+
+/* ---------------------------------------------------------------------------
+ * shardfs: forked ranks.
+ */
+
+enum { CMD_RUN = 'r', CMD_QUIT = 'q' };
+
+struct rank_res {
+    int rc;
+    int64_t t0, t1;
+    uint64_t owner, waits, hits, failed, max_inflight;
+    int64_t cpu_ns;
+};
+
+struct shared {
+    struct rank_res r[MAXN];
+};
+
+struct child {
+    pid_t pid;
+    int cmd_w;  /* parent -> child */
+    int done_r; /* child -> parent */
+};
+
+static int rank_main(const struct store *st, const char *sock, int r, int N, struct shared *sh,
+                     int cmd_r, int done_w)
+{
+    struct sfs_rank_config cfg;
+    char spec[700];
+    size_t bytes = (size_t)st->nkeys * st->shard;
+    uint8_t *dst = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    struct sfs_rank_entry *e = calloc(st->nkeys, sizeof(*e));
+    int *status = calloc(st->nkeys, sizeof(*status));
+    struct sfs_rank_stats s0, s1;
+    struct sfs_rank *rk;
+    int err = 0;
+    char c;
+
+    if (dst == MAP_FAILED || !e || !status)
+        return 2;
+    memset(dst, 0, bytes); /* first touch outside the timing */
+    snprintf(spec, sizeof(spec), "posix:%s?direct=1&depth=%u", st->dir, O.depth);
+    sfs_rank_config_init(&cfg);
+    cfg.socket_path = sock;
+    cfg.device_id = r;
+    cfg.local_rank_size = N;
+    cfg.backend = spec;
+    cfg.load_depth = O.depth;
+    cfg.copier = SFS_COPIER_HOST;
+    cfg.prealloc = false;
+    rk = sfs_rank_open(&cfg, &err);
+    if (!rk) {
+        fprintf(stderr, "bench_posix: rank %d: sfs_rank_open: %s\n", r, strerror(-err));
+        return 3;
+    }
+    for (uint32_t i = 0; i < st->nkeys; i++)
+        e[i] = (struct sfs_rank_entry){blk(i / SHARDS_PER_BLOCK), i % SHARDS_PER_BLOCK,
+                                       dst + (size_t)i * st->shard};
+    if (write(done_w, "o", 1) != 1)
+        return 4;
+    while (read(cmd_r, &c, 1) == 1 && c == CMD_RUN) {
+        struct rank_res *res = &sh->r[r];
+        struct sfs_task *t;
+        int rc = 0;
+
+        for (uint32_t i = 0; i < st->nkeys; i++)
+            memset(dst + (size_t)i * st->shard, 0, 16);
+        sfs_rank_stats(rk, &s0);
+        int64_t c0 = self_cpu_ns(RUSAGE_SELF);
+        res->t0 = bench_now_ns();
+        if (sfs_rank_load(rk, e, st->nkeys, &t) != 0 || sfs_rank_wait(t, 300000, status) != 0)
+            rc = 5;
+        res->t1 = bench_now_ns();
+        res->cpu_ns = self_cpu_ns(RUSAGE_SELF) - c0;
+        if (rc == 0)
+            sfs_rank_task_free(t);
+        sfs_rank_stats(rk, &s1);
+        for (uint32_t i = 0; rc == 0 && i < st->nkeys; i++) {
+            if (status[i] != 0) {
+                fprintf(stderr, "bench_posix: rank %d: entry %u: %s\n", r, i,
+                        strerror(-status[i]));
+                rc = 6;
+            } else if (!key_ok(dst + (size_t)i * st->shard, i / SHARDS_PER_BLOCK,
+                               i % SHARDS_PER_BLOCK)) {
+                fprintf(stderr, "bench_posix: rank %d: entry %u: wrong bytes\n", r, i);
+                rc = 7;
+            }
+        }
+        res->owner = s1.owner_loads - s0.owner_loads;
+        res->waits = s1.waits - s0.waits;
+        res->hits = s1.hits - s0.hits;
+        res->failed = s1.failed - s0.failed;
+        res->max_inflight = s1.max_inflight;
+        res->rc = rc;
+        if (write(done_w, "d", 1) != 1)
+            break;
+    }
+    sfs_rank_close(rk);
+    return 0;
+}
+
+static void spawn_ranks(const struct store *st, const char *sock, int N, struct shared *sh,
+                        struct child *ch)
+{
+    for (int r = 0; r < N; r++) {
+        int cmd[2], done[2];
+        char c;
+
+        if (pipe2(cmd, O_CLOEXEC) < 0 || pipe2(done, O_CLOEXEC) < 0)
+            die("pipe", errno);
+        ch[r].pid = fork();
+        if (ch[r].pid < 0)
+            die("fork", errno);
+        if (ch[r].pid == 0) {
+            close(cmd[1]);
+            close(done[0]);
+            _exit(rank_main(st, sock, r, N, sh, cmd[0], done[1]));
+        }
+        close(cmd[0]);
+        close(done[1]);
+        ch[r].cmd_w = cmd[1];
+        ch[r].done_r = done[0];
+        if (read(ch[r].done_r, &c, 1) != 1 || c != 'o')
+            die("rank start", EIO);
+    }
+}
+
+static void stop_ranks(int N, struct child *ch)
+{
+    for (int r = 0; r < N; r++) {
+        int stt;
+
+        if (write(ch[r].cmd_w, "q", 1) != 1) {
+            /* it is gone already: waitpid reports it */
+        }
+        close(ch[r].cmd_w);
+        close(ch[r].done_r);
+        waitpid(ch[r].pid, &stt, 0);
+        if (!WIFEXITED(stt) || WEXITSTATUS(stt) != 0) {
+            fprintf(stderr, "bench_posix: rank %d exited with status %d\n", r, stt);
+            exit(1);
+        }
+    }
+}
+
+static int drop_key(const struct sfs_key *k, int state, void *arg)
+{
+    sfs_cache_remove(arg, k);
+    return 0;
+}
+
+struct sfs_result {
+    double gbps;
+    uint64_t loads, own_min, own_max, waits, hits, peak_inflight;
+    double cpu_s;
+};
+
+static void sfs_run(struct sfs_cache *c, const struct store *st, int N, struct shared *sh,
+                    struct child *ch, struct sfs_result *out)
+{
+    int64_t t0 = INT64_MAX, t1 = 0;
+
+    memset(out, 0, sizeof(*out));
+    out->own_min = UINT64_MAX;
+    memset(sh, 0, sizeof(*sh));
+    for (int r = 0; r < N; r++)
+        if (write(ch[r].cmd_w, "r", 1) != 1)
+            die("rank command", errno);
+    for (int r = 0; r < N; r++) {
+        char cc;
+        struct rank_res *rr = &sh->r[r];
+
+        if (read(ch[r].done_r, &cc, 1) != 1 || rr->rc != 0) {
+            fprintf(stderr, "bench_posix: rank %d failed (rc %d)\n", r, rr->rc);
+            exit(1);
+        }
+        t0 = rr->t0 < t0 ? rr->t0 : t0;
+        t1 = rr->t1 > t1 ? rr->t1 : t1;
+        out->loads += rr->owner;
+        out->own_min = rr->owner < out->own_min ? rr->owner : out->own_min;
+        out->own_max = rr->owner > out->own_max ? rr->owner : out->own_max;
+        out->waits += rr->waits;
+        out->hits += rr->hits;
+        out->peak_inflight += rr->max_inflight;
+        out->cpu_s += (double)rr->cpu_ns / 1e9;
+    }
+    out->gbps = (double)st->nkeys * (double)st->shard / (double)(t1 - t0);
+}
+
+/* ---------------------------------------------------------------------------
+ * One shard size: the store, the cache, N = 1 and 2.
+ */
+
+static void bench_shard(struct bench *b, const char *root, uint64_t shard, bool *hdr)
+{
+    static const int Ns[] = {1, 2};
+    struct store st = {0};
+    char sock[128];
+    int err = 0;
+
+    store_write(&st, root, shard, O.total);
+    snprintf(sock, sizeof(sock), "/tmp/bench-posix-%d-%luk.sock", (int)getpid(),
+             (unsigned long)(shard >> 10));
+    struct sfs_cache_config cc = {
+        .shard_size = shard,
+        .nslots = st.nkeys + st.nkeys / 8 + 64, /* the store, the reserved pool, slack */
+        .hugepages = SFS_HUGEPAGES_AUTO,
+        .populate = true,
+    };
+    struct sfs_cache *c = sfs_cache_create(&cc, &err);
+    if (!c)
+        die("sfs_cache_create", err);
+    err = sfs_cache_serve(c, sock);
+    if (err)
+        die("sfs_cache_serve", err);
+    struct sfs_cache_info info;
+    sfs_cache_info(c, &info);
+
+    size_t bytes = (size_t)st.nkeys * shard;
+    uint8_t *dst = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (dst == MAP_FAILED)
+        die("mmap", errno);
+    madvise(dst, bytes, MADV_DONTFORK); /* no copy-on-write after the ranks fork */
+    memset(dst, 0, bytes);
+    struct shared *sh =
+        mmap(NULL, sizeof(*sh), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+    if (sh == MAP_FAILED)
+        die("mmap", errno);
+
+    if (!*hdr) {
+        fprintf(b->out, "| shard | N ranks | depth per rank (total) | raw io_uring GB/s | "
+                        "shardfs GB/s | ratio (min..max) | met (>= 0.9x) | backend loads "
+                        "(keys) | owner loads per rank | CPU s per pass: ranks / raw |\n");
+        fprintf(b->out, "|---|---|---|---|---|---|---|---|---|---|\n");
+        *hdr = true;
+    }
+    for (size_t k = 0; k < sizeof(Ns) / sizeof(Ns[0]); k++) {
+        int N = Ns[k];
+        unsigned qd = O.depth * (unsigned)N;
+        struct child ch[MAXN];
+        struct base_result br = {0};
+        struct sfs_result sr = {0};
+        double vb[MAXREPS], vs[MAXREPS], vr[MAXREPS], cb[MAXREPS], cs[MAXREPS];
+        uint64_t loads = 0, omin = UINT64_MAX, omax = 0;
+        bool loads_ok = true;
+
+        spawn_ranks(&st, sock, N, sh, ch);
+        /* Warm-up passes: the first loads of a rank fault the data-plane
+         * pages into its mapping (slow GUP in the O_DIRECT submit); the
+         * cache hands out its spare slots in the following passes too. */
+        int warm = b->quick ? 1 : 3;
+        for (int rep = -warm; rep < O.reps; rep++) {
+            bool base_first = rep < 0 || rep % 2 == 0;
+
+            for (int pass = 0; pass < 2; pass++) {
+                sfs_cache_foreach(c, ~0u, drop_key, c);
+                drop_page_cache(&st);
+                if ((pass == 0) == base_first)
+                    baseline_run(&st, qd, dst, &br);
+                else
+                    sfs_run(c, &st, N, sh, ch, &sr);
+            }
+            if (rep < 0)
+                continue; /* warm-up */
+            vb[rep] = br.gbps;
+            vs[rep] = sr.gbps;
+            vr[rep] = sr.gbps / br.gbps;
+            cb[rep] = br.cpu_s;
+            cs[rep] = sr.cpu_s;
+            loads = sr.loads;
+            loads_ok = loads_ok && sr.loads == st.nkeys;
+            omin = sr.own_min < omin ? sr.own_min : omin;
+            omax = sr.own_max > omax ? sr.own_max : omax;
+            fprintf(stderr,
+                    "bench_posix: %4lu KiB N=%d rep %d: raw %.2f GB/s, shardfs %.2f GB/s "
+                    "(%.2fx), loads %lu, waits %lu, hits %lu, peak in flight %lu\n",
+                    (unsigned long)(shard >> 10), N, rep, br.gbps, sr.gbps, sr.gbps / br.gbps,
+                    (unsigned long)sr.loads, (unsigned long)sr.waits, (unsigned long)sr.hits,
+                    (unsigned long)sr.peak_inflight);
+        }
+        stop_ranks(N, ch);
+        double mb = bench_median(vb, (size_t)O.reps), ms = bench_median(vs, (size_t)O.reps);
+        double mr = bench_median(vr, (size_t)O.reps);
+        double lo = vr[0], hi = vr[O.reps - 1]; /* sorted by bench_median */
+        fprintf(b->out,
+                "| %lu KiB | %d | %u (%u) | %.2f | %.2f | %.2fx (%.2f..%.2f) | %s | %lu%s (%u) | "
+                "%lu..%lu | %.2f / %.2f |\n",
+                (unsigned long)(shard >> 10), N, O.depth, qd, mb, ms, mr, lo, hi,
+                mr >= 0.9 ? "yes" : "**no**",
+                (unsigned long)loads, loads_ok ? "" : " (!)", st.nkeys, (unsigned long)omin,
+                (unsigned long)omax, bench_median(cs, (size_t)O.reps),
+                bench_median(cb, (size_t)O.reps));
+        fflush(b->out);
+    }
+    fprintf(stderr, "bench_posix: %lu KiB: data plane on huge pages: %s\n",
+            (unsigned long)(shard >> 10), info.hugepages ? "yes" : "no");
+    munmap(sh, sizeof(*sh));
+    munmap(dst, bytes);
+    sfs_cache_close(c);
+    unlink(sock);
+    nftw(st.dir, rm_one, 16, FTW_DEPTH | FTW_PHYS);
+    free(st.paths);
+}
+
+int main(int argc, char **argv)
+{
+    struct bench b;
+    char *args[8] = {argv[0]};
+    int nargs = 1;
+    char root[512], fsdesc[256];
+    bool tmpfs = false, hdr = false;
+
+    /* Our own options first; the rest goes to bench_init. */
+    for (int i = 1; i < argc; i++) {
+        const char *v = i + 1 < argc ? argv[i + 1] : NULL;
+
+        if (!strcmp(argv[i], "--dir") && v) {
+            O.dir = v, i++;
+        } else if (!strcmp(argv[i], "--depth") && v) {
+            O.depth = (unsigned)atoi(v), i++;
+        } else if (!strcmp(argv[i], "--reps") && v) {
+            O.reps = atoi(v), i++;
+        } else if (nargs < 7) {
+            args[nargs++] = argv[i];
+        }
+    }
+    if (bench_init(&b, "bench_posix", nargs, args) != 0) {
+        fprintf(stderr, "       bench_posix options: [--dir DIR] [--depth D] [--reps R]\n");
+        return 2;
+    }
+    if (b.quick && O.reps == 5)
+        O.reps = 2;
+    if (O.depth == 0 || O.depth > 4096 || O.reps < 1 || O.reps > MAXREPS) {
+        fprintf(stderr, "bench_posix: bad --depth or --reps\n");
+        return 2;
+    }
+    O.total = b.quick ? (64ull << 20) : (1ull << 30);
+    signal(SIGPIPE, SIG_IGN);
+
+    snprintf(root, sizeof(root), "%s/shardfs-bench-posix-%d", O.dir ? O.dir : "/var/tmp",
+             (int)getpid());
+    if (mkdir(root, 0755) < 0)
+        die(root, errno);
+    describe_fs(root, fsdesc, sizeof(fsdesc), &tmpfs);
+    fprintf(stderr, "bench_posix: store under %s: %s\n", root, fsdesc);
+
+    fprintf(b.out, "## N ranks loading from the posix backend vs raw io_uring (`bench_posix`)\n\n");
+    bench_stamp(&b);
+    fprintf(b.out,
+            "Store: %lu MiB per shard size (blocks of %u shards, UCM layout) on %s%s. "
+            "Every pass cold (keys removed from the cache, `posix_fadvise(DONTNEED)` on every "
+            "block file). Raw: one thread, one io_uring of N x depth entries, O_DIRECT reads "
+            "into a pre-touched aligned buffer, each block file opened once. shardfs: N forked "
+            "rank processes, backend `posix:DIR?direct=1&depth=D`, load_depth D, host copier, "
+            "each rank loads the task of every key into its own host buffer (each key loaded "
+            "from the backend once, by its owner). Median of %d interleaved runs after %d "
+            "warm-up pairs; ratio = median of per-run ratios (min..max).\n\n",
+            (unsigned long)(O.total >> 20), SHARDS_PER_BLOCK, fsdesc,
+            tmpfs ? " (**tmpfs: not a disk, figures meaningless**)" : "", O.reps, b.quick ? 1 : 3);
+
+    double busy0, steal0, busy1, steal1;
+    int64_t wall0 = bench_now_ns();
+    proc_stat_busy(&busy0, &steal0);
+    bench_shard(&b, root, 256u << 10, &hdr);
+    bench_shard(&b, root, 1u << 20, &hdr);
+    proc_stat_busy(&busy1, &steal1);
+    rmdir(root);
+    {
+        double wall = (double)(bench_now_ns() - wall0) / 1e9;
+        double ours = (double)(self_cpu_ns(RUSAGE_SELF) + self_cpu_ns(RUSAGE_CHILDREN)) / 1e9;
+        double others = busy1 - busy0 - ours;
+        long ncpu = sysconf(_SC_NPROCESSORS_ONLN);
+
+        fprintf(b.out,
+                "\nDuring the run (%.0f s, %ld CPUs): this program used %.1f CPU-s; other work "
+                "on the machine %.1f CPU-s (%.0f%% of all CPUs); steal %.1f CPU-s.\n",
+                wall, ncpu, ours, others > 0 ? others : 0,
+                others > 0 ? 100.0 * others / (wall * (double)ncpu) : 0, steal1 - steal0);
+    }
+    fprintf(b.out, "\nCommand: `build/tests/bench/bench_posix --md docs/PERFORMANCE.md`\n");
+    return bench_finish(&b);
+}
