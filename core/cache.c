@@ -328,7 +328,12 @@ static inline uint32_t bucket_of(const struct sfs_cache *c, const struct sfs_key
 
 static inline bool key_eq(const struct sfs_slot_rec *s, const struct sfs_key *k)
 {
-    return s->shard == k->shard && memcmp(s->block, k->block.b, SFS_BLOCK_ID_LEN) == 0;
+    uint64_t a[2], b[2];
+
+    /* Two word compares, not a memcmp call: this runs on every chain step. */
+    __builtin_memcpy(a, s->block, 16);
+    __builtin_memcpy(b, k->block.b, 16);
+    return s->shard == k->shard && ((a[0] ^ b[0]) | (a[1] ^ b[1])) == 0;
 }
 
 /*
@@ -542,7 +547,7 @@ static void make_owner(struct sfs_cache *c, struct sfs_slot_rec *s)
 #define FREE_TOP(h) ((uint32_t)(h))
 #define FREE_TAG(h) ((h) >> 32)
 
-static int entry_alloc(struct sfs_cache *c, uint32_t *e)
+static int stack_pop(struct sfs_cache *c, uint32_t *e)
 {
     /* Acquire: the next link of the top was written before it was pushed. */
     uint64_t h = atomic_load_explicit(&c->free_head, memory_order_acquire);
@@ -563,7 +568,7 @@ static int entry_alloc(struct sfs_cache *c, uint32_t *e)
     }
 }
 
-static void entry_free(struct sfs_cache *c, uint32_t e)
+static void stack_push(struct sfs_cache *c, uint32_t e)
 {
     uint64_t h = atomic_load_explicit(&c->free_head, memory_order_relaxed);
 
@@ -575,6 +580,98 @@ static void entry_free(struct sfs_cache *c, uint32_t e)
                                                   memory_order_release, memory_order_relaxed))
             return;
     }
+}
+
+/*
+ * Each thread keeps one spare entry of one handle, so the common Get/Release
+ * pair of a thread touches no shared word for its entry. A spare goes back
+ * to its handle's stack when the thread exits, if the handle is still open
+ * (handles are looked up by id in a process-wide registry, so a closed
+ * handle is never touched).
+ */
+struct spare {
+    uint64_t id; /* handle id, 0: none */
+    uint32_t e;
+    bool keyed;  /* the exit destructor is armed for this thread */
+};
+
+/* initial-exec: a plain %fs-relative access, not a __tls_get_addr call. */
+static __thread struct spare spare __attribute__((tls_model("initial-exec")));
+static pthread_key_t spare_key;
+static pthread_once_t spare_once = PTHREAD_ONCE_INIT;
+static pthread_mutex_t registry_mu = PTHREAD_MUTEX_INITIALIZER;
+static struct sfs_cache *registry; /* open handles, by reg_next; registry_mu */
+static _Atomic uint64_t next_handle_id;
+
+static void spare_exit(void *arg)
+{
+    struct spare *sp = arg;
+
+    pthread_mutex_lock(&registry_mu);
+    for (struct sfs_cache *c = registry; c; c = c->reg_next) {
+        if (c->id == sp->id) {
+            stack_push(c, sp->e);
+            break;
+        }
+    }
+    pthread_mutex_unlock(&registry_mu);
+    sp->id = 0;
+}
+
+static void spare_init(void)
+{
+    pthread_key_create(&spare_key, spare_exit);
+}
+
+static int entry_alloc(struct sfs_cache *c, uint32_t *e)
+{
+    if (spare.id == c->id) {
+        spare.id = 0;
+        *e = spare.e;
+        return 0;
+    }
+    return stack_pop(c, e);
+}
+
+static void entry_free(struct sfs_cache *c, uint32_t e)
+{
+    if (spare.id == 0) {
+        spare.id = c->id;
+        spare.e = e;
+        /* Only this thread reads its spare; the key makes the destructor
+         * run at thread exit. */
+        if (!spare.keyed) {
+            spare.keyed = true;
+            pthread_setspecific(spare_key, &spare);
+        }
+        return;
+    }
+    stack_push(c, e);
+}
+
+/* Called once per handle when its lease table is ready, and at close. */
+static void registry_add(struct sfs_cache *c)
+{
+    pthread_once(&spare_once, spare_init);
+    c->id = atomic_fetch_add_explicit(&next_handle_id, 1, memory_order_relaxed) + 1;
+    pthread_mutex_lock(&registry_mu);
+    c->reg_next = registry;
+    registry = c;
+    pthread_mutex_unlock(&registry_mu);
+}
+
+static void registry_remove(struct sfs_cache *c)
+{
+    pthread_mutex_lock(&registry_mu);
+    for (struct sfs_cache **p = &registry; *p; p = &(*p)->reg_next) {
+        if (*p == c) {
+            *p = c->reg_next;
+            break;
+        }
+    }
+    pthread_mutex_unlock(&registry_mu);
+    if (spare.id == c->id)
+        spare.id = 0; /* ours was of this handle: it goes with it */
 }
 
 /* Bucket lock held: mark our lease e on slot s as the owner's. */
@@ -1635,6 +1732,7 @@ int sfs_lease_table_init(struct sfs_cache *c)
     for (uint32_t i = 0; i < c->max_leases; i++)
         atomic_init(&c->free_next[i], i + 1 < c->max_leases ? i + 2 : 0);
     atomic_init(&c->free_head, 1);
+    registry_add(c);
     return 0;
 }
 
@@ -1656,6 +1754,8 @@ void sfs_cache_free_handle(struct sfs_cache *c)
         munmap(c->ctl, c->ctl_len);
     if (c->ctl_fd >= 0)
         close(c->ctl_fd);
+    if (c->id)
+        registry_remove(c);
     free(c->free_next);
     free(c);
 }

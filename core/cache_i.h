@@ -65,6 +65,8 @@ struct sfs_cache {
      * (see entry_alloc in cache.c). */
     _Atomic uint64_t free_head;
     _Atomic uint32_t *free_next;
+    uint64_t id;                  /* process-unique handle id (thread spares) */
+    struct sfs_cache *reg_next;   /* in the registry of open handles */
 
     /* Touch cascade. */
     sfs_touch_hook_fn *touch_fn;

@@ -1220,3 +1220,39 @@ Test(cache, wait_any_wakes_on_first_published, .timeout = 30)
         cr_assert_eq(sfs_cache_release(c, &own[i]), 0);
     sfs_cache_close(c);
 }
+
+/* A thread keeps one spare lease entry; when it exits the entry goes back to
+ * its cache, so short-lived threads (FUSE workers) never leak entries. */
+static void *get_release_thread(void *p)
+{
+    struct sfs_cache *c = p;
+    struct sfs_key k = tu_key(77, 0);
+    struct sfs_lease l;
+
+    if (sfs_cache_get(c, &k, 0, 0, &l) < 0)
+        return (void *)1;
+    return (void *)(intptr_t)sfs_cache_release(c, &l);
+}
+
+Test(cache, thread_exit_returns_spare_entry, .timeout = 30)
+{
+    struct sfs_cache *c = cache_cfg(8, 2);
+    struct sfs_key k = tu_key(77, 0);
+    struct sfs_lease a, b;
+    void *ret;
+
+    cr_assert_eq(tu_load(c, &k), SFS_OWNER);
+    for (int i = 0; i < 8; i++) {
+        pthread_t t;
+        cr_assert_eq(pthread_create(&t, NULL, get_release_thread, c), 0);
+        cr_assert_eq(pthread_join(t, &ret), 0);
+        cr_assert_null(ret);
+    }
+    /* Both entries are free again: two leases at once. */
+    cr_assert_eq(sfs_cache_get(c, &k, 0, 0, &a), SFS_HIT);
+    cr_assert_eq(sfs_cache_get(c, &k, 0, 0, &b), SFS_HIT, "an exited thread kept an entry");
+    cr_assert_eq(sfs_cache_get(c, &k, 0, 0, &(struct sfs_lease){0}), -ENOBUFS);
+    cr_assert_eq(sfs_cache_release(c, &a), 0);
+    cr_assert_eq(sfs_cache_release(c, &b), 0);
+    sfs_cache_close(c);
+}
