@@ -4,7 +4,7 @@
  *
  * Key idea: items reach the copier in the order they become Ready, from the
  * dispatcher (hits), the backend's done callbacks (our own loads) and the
- * waiter threads (loads of other ranks), so a slow key never holds back the
+ * watcher threads (loads of other ranks), so a slow key never holds back the
  * ones behind it: there is no per-task order to respect. The thread takes
  * everything queued at once, up to a batch, and hands it to the copier
  * implementation in one call (one kernel launch with CUDA). Leases are

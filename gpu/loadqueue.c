@@ -1,7 +1,7 @@
 /* SPDX-License-Identifier: MIT */
 /*
- * loadqueue.c - the LoadQueue of a rank: the dispatcher, the waiters and the
- * backend completions.
+ * loadqueue.c - the LoadQueue of a rank: the dispatcher, the watchers, the
+ * workers and the backend completions.
  *
  * Key idea: the dispatcher never blocks on one key. It walks a task in
  * RearrangeIndex order and Gets each key:
@@ -9,9 +9,11 @@
  *   owner   -> a backend load into the slot is submitted; its done callback
  *              (a backend thread) publishes Ready or Failed and hands the item
  *              to the copier;
- *   waiter  -> the item goes to a waiter thread, which blocks on the slot's
- *              futex (no polling) and hands it to the copier when Ready, or
- *              becomes its owner and loads it when the owner died.
+ *   waiter  -> the item goes to a watcher thread, which sleeps on it together
+ *              with every other waiting key (sfs_cache_wait_any: one
+ *              futex_waitv, no polling) and hands each to the copier the
+ *              moment it is Ready, or to a worker that loads it when its
+ *              owner died.
  * The only thing the dispatcher waits for is a free load slot: at most
  * `depth` backend requests per rank are in flight. It takes that token
  * *before* a Get that may make it owner, so it never sits on an ownership it
@@ -24,7 +26,7 @@
  * the chain and take it over on the fast path (seed scenario E).
  *
  * Dumps take the same road the other way: Get with SFS_GET_WRITE, the copier
- * copies the source into the slot, a waiter thread submits the backend dump
+ * copies the source into the slot, a worker thread submits the backend dump
  * (a posix dump is synchronous in its submitter), and the done callback
  * publishes the slot (SFS_PUBLISH_WRITTEN) or fails it.
  */
@@ -146,71 +148,12 @@ void sfs_lq_item_done(struct rank_item *it, int status)
 
 /* ---------------------------------------------------------------------------
  * Backend completions (backend threads, or inline in submit).
+ *
+ * The core's ownership is the owner's lease: another Get of ours on a slot
+ * we are loading makes that item a waiter, which waits for our publish like
+ * any other (and releasing it does not abandon the load). So a load needs to
+ * know nothing about other items of ours on the same key.
  */
-
-/*
- * Claim the load of it's slot for this process: true if it is ours to load
- * (it is now on the own list), false if a load of ours is already in flight
- * (it follows that one and completes with it).
- */
-static bool claim_load(struct rank_item *it)
-{
-    struct sfs_rank *rk = it->rank;
-    bool mine = true;
-
-    pthread_mutex_lock(&rk->own_mu);
-    for (struct rank_item *o = rk->own_head; o; o = o->own_next) {
-        if (o->lease.slot == it->lease.slot) {
-            it->own_next = o->followers;
-            o->followers = it;
-            mine = false;
-            break;
-        }
-    }
-    if (mine) {
-        it->followers = NULL;
-        it->own_next = rk->own_head;
-        rk->own_head = it;
-    }
-    pthread_mutex_unlock(&rk->own_mu);
-    return mine;
-}
-
-/* The load is published (or failed): take it off the own list and hand
- * back its followers. After the publish, so that a thread of ours that
- * finds the slot no longer Loading never looks for the list entry. */
-static struct rank_item *unclaim_load(struct rank_item *it)
-{
-    struct sfs_rank *rk = it->rank;
-    struct rank_item **pp, *f;
-
-    pthread_mutex_lock(&rk->own_mu);
-    for (pp = &rk->own_head; *pp; pp = &(*pp)->own_next) {
-        if (*pp == it) {
-            *pp = it->own_next;
-            break;
-        }
-    }
-    f = it->followers;
-    it->followers = NULL;
-    pthread_mutex_unlock(&rk->own_mu);
-    return f;
-}
-
-static void finish_followers(struct sfs_rank *rk, struct rank_item *f, int res)
-{
-    while (f) {
-        struct rank_item *next = f->own_next;
-
-        if (res == 0) {
-            f->step = STEP_COPY_OUT;
-            sfs_copier_push(rk, f);
-        } else {
-            sfs_lq_item_done(f, res);
-        }
-        f = next;
-    }
-}
 
 static void load_done(struct sfs_io *io)
 {
@@ -227,7 +170,6 @@ static void load_done(struct sfs_io *io)
             res = -EIO; /* short */
         sfs_cache_fail(rk->cache, &it->lease, res);
     }
-    finish_followers(rk, unclaim_load(it), res);
     if (res == 0 && it->kind != ITEM_PREFETCH) {
         it->step = STEP_COPY_OUT;
         sfs_copier_push(rk, it);
@@ -236,8 +178,8 @@ static void load_done(struct sfs_io *io)
     sfs_lq_item_done(it, res); /* a prefetch keeps no lease */
 }
 
-/* Owner of it->lease, holding a depth token, on the own list: load it. */
-static int start_load(struct rank_item *it)
+/* Owner of it->lease, holding a depth token: start loading it. */
+int sfs_lq_submit_load(struct rank_item *it)
 {
     struct sfs_rank *rk = it->rank;
     struct sfs_io *iop = &it->io;
@@ -261,34 +203,20 @@ static int start_load(struct rank_item *it)
 out_fail:
     sfs_lq_token_put(rk);
     sfs_cache_fail(rk->cache, &it->lease, r);
-    finish_followers(rk, unclaim_load(it), r);
     sfs_lq_item_done(it, r);
     return r;
 }
 
-/* Owner of it->lease, holding a depth token: start loading it, or follow a
- * load of ours already in flight on the slot. */
-int sfs_lq_submit_load(struct rank_item *it)
-{
-    if (!claim_load(it)) {
-        sfs_lq_token_put(it->rank);
-        return 0;
-    }
-    return start_load(it);
-}
-
-/* A waiter told it owns the slot: the owner died (or let go) and the load
- * is ours, or it is a load of this process in flight (the core's ownership
- * is per process): follow that one, without taking a load slot. */
-static void submit_load_waiter(struct rank_item *it)
+/* A wait made this item owner (the owner died, or the slot was reset): load
+ * it ourselves. Blocks for a depth token: a worker (or the blocking
+ * dispatcher) runs it, never a watcher. */
+static void takeover_load(struct rank_item *it)
 {
     struct sfs_rank *rk = it->rank;
 
-    if (!claim_load(it))
-        return;
     rank_ctr_add(rk, RC_TAKEOVERS, 1);
     token_get(rk);
-    start_load(it);
+    sfs_lq_submit_load(it);
 }
 
 static void dump_done(struct sfs_io *io)
@@ -309,7 +237,7 @@ static void dump_done(struct sfs_io *io)
     sfs_lq_item_done(it, res < 0 ? res : 0);
 }
 
-/* A waiter thread: the bytes are in it->buf; write them through. */
+/* A worker thread: the bytes are in it->buf; write them through. */
 static void submit_dump(struct rank_item *it)
 {
     struct sfs_rank *rk = it->rank;
@@ -334,27 +262,90 @@ static void submit_dump(struct rank_item *it)
 }
 
 /* ---------------------------------------------------------------------------
- * Waiters.
+ * Workers: dump submits and takeover loads, both of which may block.
  */
 
-void sfs_lq_push_wait(struct sfs_rank *rk, struct rank_item *it)
+void sfs_lq_push_work(struct sfs_rank *rk, struct rank_item *it)
 {
     it->next = NULL;
-    pthread_mutex_lock(&rk->wait_mu);
-    if (rk->waitq.tail)
-        rk->waitq.tail->next = it;
+    pthread_mutex_lock(&rk->work_mu);
+    if (rk->workq.tail)
+        rk->workq.tail->next = it;
     else
-        rk->waitq.head = it;
-    rk->waitq.tail = it;
-    pthread_cond_signal(&rk->wait_cv);
-    pthread_mutex_unlock(&rk->wait_mu);
+        rk->workq.head = it;
+    rk->workq.tail = it;
+    pthread_cond_signal(&rk->work_cv);
+    pthread_mutex_unlock(&rk->work_mu);
 }
 
-static void wait_one(struct sfs_rank *rk, struct rank_item *it)
+static void *worker_main(void *arg)
 {
-    int64_t deadline = sfs_deadline_after(rk->key_timeout_ns);
-    int r = sfs_cache_wait(rk->cache, &it->lease, deadline);
+    struct sfs_rank *rk = arg;
 
+    for (;;) {
+        struct rank_item *it;
+
+        pthread_mutex_lock(&rk->work_mu);
+        while (!rk->workq.head && !rk->workers_stop)
+            pthread_cond_wait(&rk->work_cv, &rk->work_mu);
+        it = rk->workq.head;
+        if (!it) {
+            pthread_mutex_unlock(&rk->work_mu);
+            break;
+        }
+        rk->workq.head = it->next;
+        if (!rk->workq.head)
+            rk->workq.tail = NULL;
+        pthread_mutex_unlock(&rk->work_mu);
+
+        if (it->step == STEP_DUMP_SUBMIT)
+            submit_dump(it);
+        else
+            takeover_load(it);
+    }
+    return NULL;
+}
+
+/* ---------------------------------------------------------------------------
+ * Watchers: keys other ranks are loading.
+ *
+ * A watcher owns a set of up to SFS_WAIT_ANY_MAX waiting items and sleeps in
+ * one sfs_cache_wait_any() on all of them (futex_waitv on their version
+ * words): whichever settles first is handed on at once (Ready -> copier,
+ * Failed -> the owner's error, owner -> a worker loads it), so no key waits
+ * behind another.
+ *
+ * The catch is joining: wait_any sleeps only on slot words, so a key pushed
+ * while a watcher sleeps cannot wake it. Hence each watcher is "available"
+ * (it will look at the inbox within WATCH_SLICE_NS) or not, and a push that
+ * finds no available watcher starts another one (at most WATCHERS_MAX). A
+ * watcher sleeps in short slices while keys may still come (it just took
+ * some, or the dispatcher is walking a load task, or no one else could take
+ * new keys); otherwise it sleeps until its first key deadline, at ~0 CPU,
+ * and leaves new keys to an idle or new watcher. More than SFS_WAIT_ANY_MAX
+ * pending keys likewise spill over into more watchers.
+ */
+
+#define WATCH_SLICE_NS (2 * 1000 * 1000ll)
+#define WATCHERS_MAX   64 /* x SFS_WAIT_ANY_MAX keys = 8192 keys asleep at once */
+
+struct watch_set {
+    size_t n;
+    struct rank_item *items[SFS_WAIT_ANY_MAX];
+    struct sfs_lease leases[SFS_WAIT_ANY_MAX];
+};
+
+static void set_remove(struct watch_set *ws, size_t i)
+{
+    ws->n--;
+    ws->items[i] = ws->items[ws->n];
+    ws->leases[i] = ws->leases[ws->n];
+}
+
+/* A wait on `it` ended with `r` as sfs_cache_wait() returns it. `may_block`:
+ * the caller may wait for a depth token (the blocking dispatcher). */
+static void wait_settled(struct sfs_rank *rk, struct rank_item *it, int r, bool may_block)
+{
     switch (r) {
     case SFS_STATE_READY:
         it->step = STEP_COPY_OUT;
@@ -365,7 +356,12 @@ static void wait_one(struct sfs_rank *rk, struct rank_item *it)
         sfs_lq_item_done(it, r < 0 ? r : -EIO);
         return;
     case SFS_WAIT_OWNER:
-        submit_load_waiter(it);
+        if (may_block) {
+            takeover_load(it);
+        } else {
+            it->step = STEP_TAKEOVER;
+            sfs_lq_push_work(rk, it);
+        }
         return;
     default:
         sfs_lq_item_done(it, r < 0 ? r : -EIO);
@@ -373,32 +369,182 @@ static void wait_one(struct sfs_rank *rk, struct rank_item *it)
     }
 }
 
-static void *waiter_main(void *arg)
+static void *watcher_main(void *arg);
+
+/* wait_mu held: start one more watcher, counted available. */
+static void start_watcher(struct sfs_rank *rk)
+{
+    int r = pthread_create(&rk->watcher_threads[rk->nwatchers], NULL, watcher_main, rk);
+
+    if (r) {
+        /* The keys still get watched: every watcher looks at the inbox by
+         * its first key deadline at the latest. */
+        sfs_log(LOG_WARNING, "rank: cannot start a watcher thread: %s", strerror(r));
+        return;
+    }
+    rk->nwatchers++;
+    rk->w_avail++;
+}
+
+/* wait_mu held: make sure someone will take the inbox promptly. */
+static void kick(struct sfs_rank *rk)
+{
+    if (!rk->inbox.head || rk->watchers_stop)
+        return;
+    if (rk->w_idle > 0)
+        pthread_cond_signal(&rk->wait_cv);
+    else if (rk->w_avail == 0 && rk->nwatchers < WATCHERS_MAX)
+        start_watcher(rk);
+}
+
+static void push_wait(struct sfs_rank *rk, struct rank_item *it)
+{
+    it->next = NULL;
+    pthread_mutex_lock(&rk->wait_mu);
+    if (rk->inbox.tail)
+        rk->inbox.tail->next = it;
+    else
+        rk->inbox.head = it;
+    rk->inbox.tail = it;
+    kick(rk);
+    pthread_mutex_unlock(&rk->wait_mu);
+}
+
+/*
+ * sfs_cache_wait_any() for kernels without futex_waitv (before 5.16): look
+ * at every key without sleeping, then sleep on one of them, in turn, for a
+ * slice. A key other than the one slept on is seen within a slice.
+ */
+static int wait_any_compat(struct sfs_cache *c, const struct watch_set *ws, int64_t deadline,
+                           int *state, size_t *turn)
+{
+    for (;;) {
+        for (size_t i = 0; i < ws->n; i++) {
+            int r = sfs_cache_wait(c, &ws->leases[i], 1); /* long past: no sleep */
+
+            if (r != -ETIMEDOUT) {
+                *state = r;
+                return (int)i;
+            }
+        }
+        int64_t now = sfs_now_ns();
+
+        if (now >= deadline)
+            return -ETIMEDOUT;
+        int64_t d = now + WATCH_SLICE_NS < deadline ? now + WATCH_SLICE_NS : deadline;
+        size_t j = (*turn)++ % ws->n;
+        int r = sfs_cache_wait(c, &ws->leases[j], d);
+
+        if (r != -ETIMEDOUT) {
+            *state = r;
+            return (int)j;
+        }
+    }
+}
+
+static void *watcher_main(void *arg)
 {
     struct sfs_rank *rk = arg;
+    struct watch_set ws = {.n = 0};
+    bool compat = false;
+    size_t turn = 0;
 
+    pthread_mutex_lock(&rk->wait_mu); /* counted available by start_watcher */
     for (;;) {
-        struct rank_item *it;
+        size_t took = 0;
 
-        pthread_mutex_lock(&rk->wait_mu);
-        while (!rk->waitq.head && !rk->waiters_stop)
-            pthread_cond_wait(&rk->wait_cv, &rk->wait_mu);
-        it = rk->waitq.head;
-        if (!it) {
-            pthread_mutex_unlock(&rk->wait_mu);
-            break;
+        while (ws.n < SFS_WAIT_ANY_MAX && rk->inbox.head) {
+            struct rank_item *it = rk->inbox.head;
+
+            rk->inbox.head = it->next;
+            if (!rk->inbox.head)
+                rk->inbox.tail = NULL;
+            ws.items[ws.n] = it;
+            ws.leases[ws.n] = it->lease;
+            ws.n++;
+            took++;
         }
-        rk->waitq.head = it->next;
-        if (!rk->waitq.head)
-            rk->waitq.tail = NULL;
+        if (ws.n == 0) {
+            if (rk->watchers_stop)
+                break;
+            rk->w_idle++;
+            pthread_cond_wait(&rk->wait_cv, &rk->wait_mu);
+            rk->w_idle--;
+            continue;
+        }
+        /* Relaxed: a hint; promptness rests on w_avail and kick(). */
+        bool more =
+            took > 0 || rk->inbox.head || atomic_load_explicit(&rk->walking, memory_order_relaxed);
+        bool others = rk->w_avail > 1 || rk->nwatchers < WATCHERS_MAX;
+        bool long_sleep = !more && others;
+        bool avail = !long_sleep && ws.n < SFS_WAIT_ANY_MAX;
+
+        if (!avail) {
+            rk->w_avail--;
+            kick(rk); /* a full set leaves the rest of the inbox to another */
+        }
         pthread_mutex_unlock(&rk->wait_mu);
 
-        if (it->step == STEP_DUMP_SUBMIT)
-            submit_dump(it);
-        else
-            wait_one(rk, it);
+        int64_t first = ws.items[0]->deadline_ns;
+        for (size_t i = 1; i < ws.n; i++)
+            if (ws.items[i]->deadline_ns < first)
+                first = ws.items[i]->deadline_ns;
+        int64_t now = sfs_now_ns();
+        int64_t d = first;
+        if (!long_sleep && now + WATCH_SLICE_NS < d)
+            d = now + WATCH_SLICE_NS;
+        int st = 0, i = -ETIMEDOUT;
+
+        if (first > now) {
+            if (!compat) {
+                i = sfs_cache_wait_any(rk->cache, ws.leases, ws.n, d, &st);
+                if (i == -ENOSYS) {
+                    sfs_log(LOG_WARNING, "rank: no futex_waitv: watching keys in slices");
+                    compat = true;
+                }
+            }
+            if (compat)
+                i = wait_any_compat(rk->cache, &ws, d, &st, &turn);
+        }
+        if (i >= 0) {
+            struct rank_item *it = ws.items[i];
+
+            set_remove(&ws, (size_t)i);
+            wait_settled(rk, it, st, false);
+        } else if (i == -ETIMEDOUT) {
+            now = sfs_now_ns();
+            for (size_t k = ws.n; k-- > 0;) {
+                struct rank_item *it = ws.items[k];
+
+                if (it->deadline_ns <= now) {
+                    set_remove(&ws, k);
+                    sfs_lq_item_done(it, -ETIMEDOUT);
+                }
+            }
+        } else {
+            /* -EINVAL: a lease that is not ours. Cannot happen; fail the
+             * set rather than spin on it. */
+            sfs_log(LOG_ERR, "rank: sfs_cache_wait_any: %d", i);
+            while (ws.n > 0) {
+                struct rank_item *it = ws.items[ws.n - 1];
+
+                set_remove(&ws, ws.n - 1);
+                sfs_lq_item_done(it, i);
+            }
+        }
+        pthread_mutex_lock(&rk->wait_mu);
+        if (!avail)
+            rk->w_avail++;
     }
+    rk->w_avail--;
+    pthread_mutex_unlock(&rk->wait_mu);
     return NULL;
+}
+
+/* The blocking_waits baseline: the dispatcher itself waits. */
+static void wait_one(struct sfs_rank *rk, struct rank_item *it)
+{
+    wait_settled(rk, it, sfs_cache_wait(rk->cache, &it->lease, it->deadline_ns), true);
 }
 
 /* ---------------------------------------------------------------------------
@@ -442,10 +588,11 @@ static void dispatch_load(struct sfs_rank *rk, struct rank_item *it)
             sfs_lq_token_put(rk);
         rank_ctr_add(rk, RC_WAITS, 1);
         it->step = STEP_WAIT;
+        it->deadline_ns = deadline;
         if (rk->blocking_waits)
             wait_one(rk, it); /* the old way: the walk stalls here */
         else
-            sfs_lq_push_wait(rk, it);
+            push_wait(rk, it);
         break;
     case SFS_OWNER:
     default:
@@ -503,7 +650,7 @@ void sfs_lq_dump_copied(struct rank_item *it)
         return;
     }
     it->step = STEP_DUMP_SUBMIT;
-    sfs_lq_push_wait(rk, it);
+    sfs_lq_push_work(rk, it);
 }
 
 static void walk_task(struct sfs_rank *rk, struct sfs_task *t)
@@ -576,7 +723,10 @@ static void *dispatcher_main(void *arg)
         pthread_mutex_unlock(&rk->mu);
         if (last)
             sfs_lq_task_unref(last);
+        /* Relaxed: a hint for the watchers (keys may still come). */
+        atomic_store_explicit(&rk->walking, t->kind == ITEM_LOAD, memory_order_relaxed);
         walk_task(rk, t);
+        atomic_store_explicit(&rk->walking, false, memory_order_relaxed);
         last = t;
         pthread_mutex_lock(&rk->mu);
     }
@@ -592,15 +742,23 @@ int sfs_lq_start(struct sfs_rank *rk)
 {
     int r;
 
-    rk->waiter_threads = calloc(rk->nwaiters, sizeof(*rk->waiter_threads));
-    if (!rk->waiter_threads)
+    rk->worker_threads = calloc(rk->nworkers, sizeof(*rk->worker_threads));
+    rk->watcher_threads = calloc(WATCHERS_MAX, sizeof(*rk->watcher_threads));
+    if (!rk->worker_threads || !rk->watcher_threads)
         return -ENOMEM;
-    for (unsigned i = 0; i < rk->nwaiters; i++) {
-        r = pthread_create(&rk->waiter_threads[i], NULL, waiter_main, rk);
+    for (unsigned i = 0; i < rk->nworkers; i++) {
+        r = pthread_create(&rk->worker_threads[i], NULL, worker_main, rk);
         if (r)
             return -r;
-        rk->nwaiter_threads++;
+        rk->nworker_threads++;
     }
+    /* One watcher from the start; more when keys need them. */
+    pthread_mutex_lock(&rk->wait_mu);
+    start_watcher(rk);
+    r = rk->nwatchers ? 0 : -EAGAIN;
+    pthread_mutex_unlock(&rk->wait_mu);
+    if (r)
+        return r;
     r = pthread_create(&rk->dispatcher, NULL, dispatcher_main, rk);
     if (r)
         return -r;
@@ -612,6 +770,8 @@ int sfs_lq_start(struct sfs_rank *rk)
  * stopping is set: join the threads. */
 void sfs_lq_stop(struct sfs_rank *rk)
 {
+    unsigned n;
+
     if (rk->dispatcher_started) {
         pthread_mutex_lock(&rk->mu);
         rk->stopping = true;
@@ -620,13 +780,25 @@ void sfs_lq_stop(struct sfs_rank *rk)
         pthread_join(rk->dispatcher, NULL);
         rk->dispatcher_started = false;
     }
+    /* Watchers before workers: a watcher may hand a takeover to a worker. */
     pthread_mutex_lock(&rk->wait_mu);
-    rk->waiters_stop = true;
+    rk->watchers_stop = true;
     pthread_cond_broadcast(&rk->wait_cv);
+    n = rk->nwatchers; /* none start once stopping */
     pthread_mutex_unlock(&rk->wait_mu);
-    for (unsigned i = 0; i < rk->nwaiter_threads; i++)
-        pthread_join(rk->waiter_threads[i], NULL);
-    rk->nwaiter_threads = 0;
-    free(rk->waiter_threads);
-    rk->waiter_threads = NULL;
+    for (unsigned i = 0; i < n; i++)
+        pthread_join(rk->watcher_threads[i], NULL);
+    rk->nwatchers = 0;
+    free(rk->watcher_threads);
+    rk->watcher_threads = NULL;
+
+    pthread_mutex_lock(&rk->work_mu);
+    rk->workers_stop = true;
+    pthread_cond_broadcast(&rk->work_cv);
+    pthread_mutex_unlock(&rk->work_mu);
+    for (unsigned i = 0; i < rk->nworker_threads; i++)
+        pthread_join(rk->worker_threads[i], NULL);
+    rk->nworker_threads = 0;
+    free(rk->worker_threads);
+    rk->worker_threads = NULL;
 }

@@ -3,7 +3,7 @@
  * rank.c - the public face of libshardfs-rank: opening a rank (attach,
  * backend, copier, threads), tasks and their completion, lookups, touch,
  * prefetch and counters. The moving parts live in loadqueue.c (dispatcher,
- * waiters, backend callbacks) and copier.c (copier thread).
+ * watchers, workers, backend callbacks) and copier.c (copier thread).
  *
  * A task is a small refcounted object: one reference for the caller (dropped
  * by sfs_rank_task_free), one for the dispatcher (dropped after its walk and
@@ -71,9 +71,10 @@ static void rank_free(struct sfs_rank *rk)
     pthread_cond_destroy(&rk->ready_cv);
     pthread_mutex_destroy(&rk->wait_mu);
     pthread_cond_destroy(&rk->wait_cv);
+    pthread_mutex_destroy(&rk->work_mu);
+    pthread_cond_destroy(&rk->work_cv);
     pthread_mutex_destroy(&rk->depth_mu);
     pthread_cond_destroy(&rk->depth_cv);
-    pthread_mutex_destroy(&rk->own_mu);
     free(rk);
 }
 
@@ -113,15 +114,16 @@ struct sfs_rank *sfs_rank_open(const struct sfs_rank_config *cfg, int *err)
     pthread_cond_init(&rk->ready_cv, NULL);
     pthread_mutex_init(&rk->wait_mu, NULL);
     pthread_cond_init(&rk->wait_cv, NULL);
+    pthread_mutex_init(&rk->work_mu, NULL);
+    pthread_cond_init(&rk->work_cv, NULL);
     pthread_mutex_init(&rk->depth_mu, NULL);
     pthread_cond_init(&rk->depth_cv, NULL);
-    pthread_mutex_init(&rk->own_mu, NULL);
 
     rk->query_only = cfg->device_id < 0;
     rk->N = cfg->local_rank_size > 0 ? (unsigned)cfg->local_rank_size : 1;
     rk->r = rk->query_only ? 0 : (unsigned)cfg->device_id % rk->N;
     rk->depth = cfg->load_depth ? cfg->load_depth : 32;
-    rk->nwaiters = cfg->waiters ? cfg->waiters : 4;
+    rk->nworkers = cfg->waiters ? cfg->waiters : 4;
     rk->rotate = cfg->rotate;
     rk->blocking_waits = cfg->blocking_waits;
     rk->prealloc = cfg->prealloc;

@@ -8,8 +8,12 @@
  * Threads of a rank and what they own:
  *   dispatcher  takes tasks from `tq`, Gets every key in RearrangeIndex order,
  *               submits owner loads, runs Prealloc in the idle window;
- *   waiters     block in sfs_cache_wait() on keys other ranks load, and
- *               submit dumps (a posix dump runs in the submitter's thread);
+ *   watchers    each sleeps in one sfs_cache_wait_any() on a set of up to
+ *               SFS_WAIT_ANY_MAX keys other ranks load, and hands each key to
+ *               the copier as soon as it settles; started on demand;
+ *   workers     submit dumps (a posix dump runs in the submitter's thread)
+ *               and loads taken over from dead owners (they may block on a
+ *               depth token, which a watcher must never do);
  *   copier      copies Ready shards to destinations in batches, releases;
  *   backend     its own threads call load_done()/dump_done().
  * An item is owned by exactly one of them at a time: whoever took it off a
@@ -35,8 +39,9 @@ enum item_kind {
 enum item_step {
     STEP_COPY_OUT = 0,    /* Ready in the cache: copier copies slot -> addr */
     STEP_COPY_IN = 1,     /* dump: copier copies addr -> slot (or bounce) */
-    STEP_WAIT = 2,        /* another rank loads it: a waiter blocks on it */
-    STEP_DUMP_SUBMIT = 3, /* dump: copied in, a waiter submits it */
+    STEP_WAIT = 2,        /* another rank loads it: a watcher sleeps on it */
+    STEP_DUMP_SUBMIT = 3, /* dump: copied in, a worker submits it */
+    STEP_TAKEOVER = 4,    /* a wait made us owner (dead owner): a worker loads it */
 };
 
 struct sfs_task;
@@ -54,10 +59,9 @@ struct rank_item {
     bool bounce; /* dump through a private buffer (key leased elsewhere) */
     struct sfs_key key;
     struct sfs_lease lease;
-    void *buf;                   /* the slot's bytes, or the bounce buffer */
-    void *addr;                  /* the entry's destination (load) or source (dump) */
-    struct rank_item *own_next;  /* rank->own list, under own_mu */
-    struct rank_item *followers; /* under own_mu: items of ours waiting on this load */
+    void *buf;           /* the slot's bytes, or the bounce buffer */
+    void *addr;          /* the entry's destination (load) or source (dump) */
+    int64_t deadline_ns; /* STEP_WAIT: when the wait gives up (-ETIMEDOUT) */
     struct sfs_io io;
 };
 
@@ -104,7 +108,7 @@ struct sfs_rank {
     uint64_t shard_size;
     unsigned r, N; /* RearrangeIndex: r = device_id % N */
     unsigned depth;
-    unsigned nwaiters;
+    unsigned nworkers;
     bool rotate;
     bool blocking_waits;
     bool prealloc;
@@ -125,11 +129,25 @@ struct sfs_rank {
     struct item_queue ready; /* under ready_mu */
     bool copier_stop;        /* under ready_mu */
 
-    /* Items to wait on / dumps to submit (waiter threads). */
+    /* Keys to watch (watcher threads, see loadqueue.c). A watcher is
+     * "available" while it will look at `inbox` within WATCH_SLICE_NS: idle
+     * on wait_cv, awake, or in a short sleep with room in its set. A push
+     * that finds none available starts another watcher. */
     pthread_mutex_t wait_mu;
-    pthread_cond_t wait_cv;
-    struct item_queue waitq; /* under wait_mu */
-    bool waiters_stop;       /* under wait_mu */
+    pthread_cond_t wait_cv;     /* idle watchers: inbox non-empty, or stopping */
+    struct item_queue inbox;    /* under wait_mu: STEP_WAIT items not in a set yet */
+    unsigned w_idle;            /* under wait_mu: watchers in pthread_cond_wait */
+    unsigned w_avail;           /* under wait_mu: available watchers (incl. idle) */
+    unsigned nwatchers;         /* under wait_mu: started */
+    pthread_t *watcher_threads; /* [WATCHERS_MAX], under wait_mu */
+    bool watchers_stop;         /* under wait_mu */
+    _Atomic bool walking;       /* the dispatcher is walking a load task (a hint) */
+
+    /* Dumps to submit and takeover loads (worker threads). */
+    pthread_mutex_t work_mu;
+    pthread_cond_t work_cv;
+    struct item_queue workq; /* under work_mu */
+    bool workers_stop;       /* under work_mu */
 
     /* Backend requests in flight: at most `depth`. */
     pthread_mutex_t depth_mu;
@@ -137,16 +155,10 @@ struct sfs_rank {
     unsigned inflight;     /* under depth_mu */
     unsigned max_inflight; /* under depth_mu */
 
-    /* Loads this process has in flight, by slot: the core's ownership is
-     * per process, so a second item of ours on the same slot follows the
-     * first instead of loading it again. */
-    pthread_mutex_t own_mu;
-    struct rank_item *own_head; /* under own_mu */
-
     pthread_t dispatcher;
     pthread_t copier_thread;
-    pthread_t *waiter_threads;
-    unsigned nwaiter_threads; /* started */
+    pthread_t *worker_threads;
+    unsigned nworker_threads; /* started */
     bool dispatcher_started, copier_started;
 
     /* Relaxed counters: single numbers, read by sfs_rank_stats(). */
@@ -165,7 +177,7 @@ void sfs_log(int level, const char *fmt, ...) __attribute__((format(printf, 2, 3
 /* loadqueue.c */
 int sfs_lq_start(struct sfs_rank *rk);
 void sfs_lq_stop(struct sfs_rank *rk);
-void sfs_lq_push_wait(struct sfs_rank *rk, struct rank_item *it);
+void sfs_lq_push_work(struct sfs_rank *rk, struct rank_item *it);
 void sfs_lq_item_done(struct rank_item *it, int status);
 void sfs_lq_token_put(struct sfs_rank *rk);
 bool sfs_lq_token_try(struct sfs_rank *rk);

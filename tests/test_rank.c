@@ -193,6 +193,7 @@ struct job {
     int copier;
     uint32_t nblocks, shard;
     enum mode mode;
+    bool after_victim; /* load only once rank 0 (the victim) has loads in flight */
     struct shared *sh;
 };
 
@@ -301,10 +302,26 @@ static int child_main(void *arg)
         for (uint32_t i = 0; i < j->nblocks; i++)
             e[i] = (struct sfs_rank_entry){tu_block(i), j->shard, bufs + (size_t)i * SHARD};
         CHECKC(sfs_rank_load(rk, e, j->nblocks, &t) == 0);
-        usleep(20000); /* let the dispatcher take its share */
+        /* Announce only once the dispatcher owns keys with loads in flight
+         * (a fixed sleep lost the race on a loaded host). */
+        for (int tries = 0; tries < 5000; tries++) {
+            struct sfs_rank_stats s;
+
+            sfs_rank_stats(rk, &s);
+            if (s.owner_loads > 0)
+                break;
+            usleep(1000);
+        }
+        usleep(5000); /* let it take the rest of its walk */
         atomic_store(&j->sh->submitted[j->dev], 1);
         for (;;)
             pause(); /* killed here, loads in flight */
+    }
+    if (j->after_victim) {
+        int64_t end = sfs_deadline_after(20ll * 1000 * 1000 * 1000);
+
+        while (!atomic_load(&j->sh->submitted[0]) && sfs_now_ns() < end)
+            usleep(1000);
     }
     if (load_and_check(rk, j, res, &first))
         return 1;
@@ -542,6 +559,7 @@ Test(rank, killed_rank_share_is_retaken, .timeout = 120)
                                .rotate = true,
                                .nblocks = M,
                                .mode = i == 0 ? MODE_VICTIM : MODE_LOAD,
+                               .after_victim = i > 0,
                                .sh = sh};
         /* Slow enough that rank 0 dies with its loads in flight. */
         snprintf(jobs[i].spec, sizeof(jobs[i].spec), "fault:latency_us=%d:%s",
@@ -554,6 +572,11 @@ Test(rank, killed_rank_share_is_retaken, .timeout = 120)
     while (!atomic_load(&sh->submitted[0]) && sfs_now_ns() < end)
         usleep(1000);
     cr_assert(atomic_load(&sh->submitted[0]), "victim never submitted");
+    /* Then the survivors: they wait on the victim's keys when it dies. */
+    for (int i = 1; i < N; i++)
+        while (!atomic_load(&sh->submitted[i]) && sfs_now_ns() < end)
+            usleep(1000);
+    usleep(50000);
     kill(pids[0], SIGKILL);
     cr_expect_eq(tu_wait(pids[0]), 128 + SIGKILL); /* reaped: no zombie looks alive */
     status[0] = 0;
@@ -954,8 +977,8 @@ Test(rank, prefetch_is_advisory, .timeout = 60)
 
 Test(rank, same_key_twice_in_one_process, .timeout = 60)
 {
-    /* The core's ownership is per process: a second item of ours on a slot
-     * we are loading must follow that load, not load it again. */
+    /* A second item of ours on a slot we are loading (a prefetch, or an
+     * earlier entry of the task) waits for that load, not load it again. */
     struct env e;
     char spec[256];
     static const uint32_t blocks[8] = {0, 1, 1, 2, 2, 2, 3, 4};
@@ -992,6 +1015,149 @@ Test(rank, same_key_twice_in_one_process, .timeout = 60)
     cr_assert_eq(s.cache.bytes_read, 5ull * SHARD);
     sfs_rank_close(rk);
     free(bufs);
+    env_down(&e);
+}
+
+/* Publish a key this process owns, with its bytes. */
+static void publish_owned(struct sfs_cache *c, uint64_t block, const struct sfs_lease *l)
+{
+    struct sfs_key k = tu_key(block, 0);
+
+    tu_fill(&k, sfs_cache_data(c, l), SHARD);
+    cr_assert_eq(sfs_cache_publish(c, l, SHARD, 0), 0);
+    cr_assert_eq(sfs_cache_release(c, l), 0);
+}
+
+static int64_t cpu_ns(void)
+{
+    struct timespec ts;
+
+    clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
+    return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
+}
+
+Test(rank, slow_keys_do_not_block_ready_ones, .timeout = 60)
+{
+    /* Another process (the test's own attachment, as far as the rank can
+     * tell) owns K slow keys, more than the old 4 waiter threads, and
+     * publishes them only after ~1.2 s; it publishes M quick keys after
+     * 50 ms. The quick entries must land long before the slow ones, and
+     * the rank's threads must sleep meanwhile. */
+    enum { K = 6, M = 10, N = K + M };
+    struct env e;
+    struct sfs_lease l[N];
+    struct sfs_rank_entry ent[N];
+    uint8_t *bufs = calloc(N, SHARD);
+    struct sfs_task *t;
+    struct sfs_rank_stats s;
+    int st[N];
+
+    env_up(&e, 64, 0);
+    /* No backend: the rank can only wait for these keys. */
+    struct sfs_rank *rk = rank_here(&e, NULL, 0, 20000);
+    for (int i = 0; i < N; i++) {
+        struct sfs_key k = tu_key(i, 0);
+
+        cr_assert_eq(sfs_cache_get(e.c, &k, 0, 0, &l[i]), SFS_OWNER);
+        /* Slow keys first, so they are the first waits the rank takes. */
+        ent[i] = (struct sfs_rank_entry){k.block, 0, bufs + (size_t)i * SHARD};
+    }
+    int64_t t0 = sfs_now_ns();
+    cr_assert_eq(sfs_rank_load(rk, ent, N, &t), 0);
+    usleep(50000);
+    for (int i = K; i < N; i++)
+        publish_owned(e.c, i, &l[i]);
+    int64_t tp = sfs_now_ns();
+
+    /* Every quick entry's bytes arrive within 500 ms of their publish. */
+    int ok = 0;
+    while (ok < M && sfs_now_ns() - tp < 500 * 1000000ll) {
+        ok = 0;
+        for (int i = K; i < N; i++) {
+            struct sfs_key k = tu_key(i, 0);
+
+            ok += tu_check(&k, bufs + (size_t)i * SHARD, SHARD) == -1;
+        }
+        if (ok < M)
+            usleep(1000);
+    }
+    int64_t dt = sfs_now_ns() - tp;
+    cr_assert_eq(ok, M, "%d of %d quick entries after %ld ms", ok, M, (long)(dt / 1000000));
+    cr_assert(!sfs_rank_task_done(t));
+    for (int i = 0; i < K; i++)
+        for (size_t b = 0; b < SHARD; b++)
+            cr_assert_eq(bufs[(size_t)i * SHARD + b], 0, "slow entry %d written early", i);
+
+    /* The slow keys are still pending: the rank's threads sleep. */
+    int64_t c0 = cpu_ns();
+    usleep(300000);
+    int64_t cpu = cpu_ns() - c0;
+    cr_assert_lt(cpu, 30 * 1000000ll, "%ld us of CPU in 300 ms with keys pending",
+                 (long)(cpu / 1000));
+
+    while (sfs_now_ns() - t0 < 1200 * 1000000ll)
+        usleep(10000);
+    for (int i = 0; i < K; i++)
+        publish_owned(e.c, i, &l[i]);
+    cr_assert_eq(sfs_rank_wait(t, 5000, st), 0);
+    sfs_rank_task_free(t);
+    for (int i = 0; i < N; i++) {
+        struct sfs_key k = tu_key(i, 0);
+
+        cr_assert_eq(st[i], 0, "entry %d: %d", i, st[i]);
+        cr_assert_eq(tu_check(&k, bufs + (size_t)i * SHARD, SHARD), -1, "entry %d", i);
+    }
+    sfs_rank_stats(rk, &s);
+    cr_assert_eq(s.waits, N);
+    cr_assert_eq(s.copies, N);
+    cr_assert_eq(s.failed, 0);
+    cr_log_info("slow_keys: %d quick entries in %ld ms after publish, %ld us CPU in 300 ms idle", M,
+                (long)(dt / 1000000), (long)(cpu / 1000));
+    sfs_rank_close(rk);
+    free(bufs);
+    env_down(&e);
+}
+
+Test(rank, many_waits_spill_over_watchers, .timeout = 60)
+{
+    /* More waiting keys than one sfs_cache_wait_any() takes (128): every
+     * one is seen, published in reverse order, a few at a time. */
+    enum { N = 300 };
+    struct env e;
+    struct sfs_lease *l = calloc(N, sizeof(*l));
+    struct sfs_rank_entry *ent = calloc(N, sizeof(*ent));
+    uint8_t *bufs = calloc(N, SHARD);
+    int *st = calloc(N, sizeof(*st));
+    struct sfs_task *t;
+
+    env_up(&e, 512, 0);
+    struct sfs_rank *rk = rank_here(&e, NULL, 0, 20000);
+    for (int i = 0; i < N; i++) {
+        struct sfs_key k = tu_key(i, 0);
+
+        cr_assert_eq(sfs_cache_get(e.c, &k, 0, 0, &l[i]), SFS_OWNER);
+        ent[i] = (struct sfs_rank_entry){k.block, 0, bufs + (size_t)i * SHARD};
+    }
+    cr_assert_eq(sfs_rank_load(rk, ent, N, &t), 0);
+    usleep(20000);
+    for (int i = N - 1; i >= 0; i--) {
+        publish_owned(e.c, i, &l[i]);
+        if (i % 16 == 0)
+            usleep(1000);
+    }
+    cr_assert_eq(sfs_rank_wait(t, 10000, st), 0);
+    sfs_rank_task_free(t);
+    for (int i = 0; i < N; i++) {
+        struct sfs_key k = tu_key(i, 0);
+
+        cr_assert_eq(st[i], 0, "entry %d: %d", i, st[i]);
+        cr_assert_eq(tu_check(&k, bufs + (size_t)i * SHARD, SHARD), -1, "entry %d", i);
+    }
+    sfs_rank_close(rk);
+    free(l);
+    free(ent);
+    free(bufs);
+    free(st);
     env_down(&e);
 }
 

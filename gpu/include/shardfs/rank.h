@@ -73,7 +73,11 @@ struct sfs_rank_config {
     bool prealloc;
     /* enum sfs_rank_copier (default AUTO). */
     int copier;
-    /* Threads that block on keys other ranks are loading (default 4). */
+    /* Worker threads that submit write-through dumps and load keys taken
+     * over from a dead owner (default 4). Keys other ranks are loading are
+     * not waited on by these: watcher threads, started as needed, each
+     * sleep on up to SFS_WAIT_ANY_MAX of them at once, so no waiting key is
+     * held behind another. */
     unsigned waiters;
     /* Deadline for one key, ms: a key another rank is loading, or a cache
      * full of leased slots, fails the entry with -ETIMEDOUT / -ENOSPC after
@@ -98,12 +102,13 @@ struct sfs_task;
 SFS_API void sfs_rank_config_init(struct sfs_rank_config *cfg);
 
 /*
- * Attach to the cache, open the backend, start the dispatcher, the waiters
- * and the copier. With a CUDA copier, every data-plane segment is registered
- * with the device here (cudaHostRegister, mapped), once per rank. Returns NULL
- * and sets *err: -EINVAL for a bad config, -ENODEV when copier = CUDA and the
- * device does not exist (or the library was built without CUDA), -ENODATA
- * when the mount point has no socket xattr, or the attach / backend error.
+ * Attach to the cache, open the backend, start the dispatcher, the workers,
+ * a watcher and the copier. With a CUDA copier, every data-plane segment is
+ * registered with the device here (cudaHostRegister, mapped), once per rank.
+ * Returns NULL and sets *err: -EINVAL for a bad config, -ENODEV when
+ * copier = CUDA and the device does not exist (or the library was built
+ * without CUDA), -ENODATA when the mount point has no socket xattr, or the
+ * attach / backend error.
  */
 SFS_API struct sfs_rank *sfs_rank_open(const struct sfs_rank_config *cfg, int *err);
 
