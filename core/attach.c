@@ -28,10 +28,10 @@
 #include <sys/un.h>
 #include <unistd.h>
 
-#define HELLO_MAGIC   0x6f6c6c6548534653ull /* "SFSHello" */
-#define WELCOME_MAGIC 0x656d6f6c6557534full /* "OSWelcome" */
-#define PROTO_VERSION 1u
-#define FDS_PER_MSG   128u
+#define HELLO_MAGIC     0x6f6c6c6548534653ull /* "SFSHello" */
+#define WELCOME_MAGIC   0x656d6f6c6557534full /* "OSWelcome" */
+#define PROTO_VERSION   1u
+#define FDS_PER_MSG     128u
 #define HELLO_WANT_DATA 1u
 
 struct hello {
@@ -98,8 +98,7 @@ struct sfs_cache *sfs_cache_create(const struct sfs_cache_config *cfg, int *err)
     if (r < 0)
         goto out_free;
     c->hdr->hugepages = 0;
-    r = sfs_dp_create(c, cfg->hugepages, cfg->numa_bind ? cfg->numa_node : -1,
-                      cfg->populate);
+    r = sfs_dp_create(c, cfg->hugepages, cfg->numa_bind ? cfg->numa_node : -1, cfg->populate);
     if (r < 0)
         goto out_free;
     c->hdr->hugepages = c->hugepages;
@@ -161,8 +160,8 @@ static int recv_fds(int sock, void *buf, size_t len, int *fds, unsigned max_fds)
         struct cmsghdr align;
     } u;
     struct iovec iov = {.iov_base = buf, .iov_len = len};
-    struct msghdr msg = {.msg_iov = &iov, .msg_iovlen = 1, .msg_control = u.buf,
-                         .msg_controllen = sizeof(u.buf)};
+    struct msghdr msg = {
+        .msg_iov = &iov, .msg_iovlen = 1, .msg_control = u.buf, .msg_controllen = sizeof(u.buf)};
     ssize_t n;
     int got = 0;
 
@@ -197,7 +196,9 @@ static int recv_fds(int sock, void *buf, size_t len, int *fds, unsigned max_fds)
 
 static void refuse(int sock, int status)
 {
-    struct welcome w = {.magic = WELCOME_MAGIC, .proto = PROTO_VERSION, .status = status,
+    struct welcome w = {.magic = WELCOME_MAGIC,
+                        .proto = PROTO_VERSION,
+                        .status = status,
                         .format = sfs_layout_format()};
 
     send_fds(sock, &w, sizeof(w), NULL, 0);
@@ -230,17 +231,20 @@ static void serve_one(struct sfs_server *s, int sock)
         return;
     }
     if (h.proto != PROTO_VERSION || h.format != sfs_layout_format()) {
-        sfs_log(LOG_WARNING,
-                "attach: refused pid %d: protocol %u format %016llx (ours %u %016llx)",
+        sfs_log(LOG_WARNING, "attach: refused pid %d: protocol %u format %016llx (ours %u %016llx)",
                 cred.pid, h.proto, (unsigned long long)h.format, PROTO_VERSION,
                 (unsigned long long)sfs_layout_format());
         refuse(sock, -EPROTO);
         return;
     }
     bool data = h.flags & HELLO_WANT_DATA;
-    struct welcome w = {.magic = WELCOME_MAGIC, .proto = PROTO_VERSION, .status = 0,
-                        .format = sfs_layout_format(), .ctl_size = c->ctl_len,
-                        .nsegments = c->nsegments, .nfds = 1 + (data ? c->nsegments : 0)};
+    struct welcome w = {.magic = WELCOME_MAGIC,
+                        .proto = PROTO_VERSION,
+                        .status = 0,
+                        .format = sfs_layout_format(),
+                        .ctl_size = c->ctl_len,
+                        .nsegments = c->nsegments,
+                        .nfds = 1 + (data ? c->nsegments : 0)};
     if (send_fds(sock, &w, sizeof(w), &c->ctl_fd, 1) < 0)
         return;
     for (uint32_t i = 0; data && i < c->nsegments; i += FDS_PER_MSG) {
@@ -373,9 +377,11 @@ static int connect_to(const char *path)
 
 struct sfs_cache *sfs_cache_attach(const char *path, int device_id, int *err)
 {
-    struct hello h = {.magic = HELLO_MAGIC, .proto = PROTO_VERSION,
+    struct hello h = {.magic = HELLO_MAGIC,
+                      .proto = PROTO_VERSION,
                       .flags = device_id >= 0 ? HELLO_WANT_DATA : 0,
-                      .format = sfs_layout_format(), .device_id = device_id};
+                      .format = sfs_layout_format(),
+                      .device_id = device_id};
     struct welcome w;
     struct sfs_cache *c = NULL;
     int sock, r, *fds = NULL, nseg = 0;
@@ -515,8 +521,8 @@ out_handle:
     return NULL;
 }
 
-struct sfs_cache *sfs_cache_attach_fds(int ctl_fd, const int *seg_fds, uint32_t nseg,
-                                       int device_id, int *err)
+struct sfs_cache *sfs_cache_attach_fds(int ctl_fd, const int *seg_fds, uint32_t nseg, int device_id,
+                                       int *err)
 {
     struct sfs_cache *c = handle_alloc();
     int *fds = NULL;

@@ -295,16 +295,15 @@ int sfs_ctl_validate(struct sfs_cache *c)
     if (g.shard_size == 0 || g.shard_size > UINT32_MAX || g.stride < g.shard_size ||
         g.stride % STRIDE_ALIGN || g.nslots == 0 || g.nslots >= (1u << 30) ||
         g.nreserved >= g.nslots || g.nbuckets == 0 || (g.nbuckets & (g.nbuckets - 1)) ||
-        g.max_procs == 0 || g.max_procs > 4096 || g.max_leases == 0 ||
-        g.max_leases > (1u << 24) || g.slots_per_seg == 0 ||
+        g.max_procs == 0 || g.max_procs > 4096 || g.max_leases == 0 || g.max_leases > (1u << 24) ||
+        g.slots_per_seg == 0 ||
         g.nsegments != (g.nslots + (uint64_t)g.slots_per_seg - 1) / g.slots_per_seg ||
         g.seg_size < (uint64_t)g.slots_per_seg * g.stride)
         return -EBADMSG;
     layout(&g);
-    if (g.size != h->region_size || g.size != (uint64_t)st.st_size ||
-        g.size != c->ctl_len || g.off_buckets != h->off_buckets ||
-        g.off_slots != h->off_slots || g.off_procs != h->off_procs ||
-        g.off_leases != h->off_leases)
+    if (g.size != h->region_size || g.size != (uint64_t)st.st_size || g.size != c->ctl_len ||
+        g.off_buckets != h->off_buckets || g.off_slots != h->off_slots ||
+        g.off_procs != h->off_procs || g.off_leases != h->off_leases)
         return -EBADMSG;
     adopt_geometry(c, &g);
     return 0;
@@ -343,8 +342,8 @@ static inline bool key_eq(const struct sfs_slot_rec *s, const struct sfs_key *k)
  * owner's process holds on the slot (a waiter thread's) does not abandon the
  * load. Slots are < 2^30, so bit 31 is free.
  */
-#define ENTRY_OWNER      (1u << 31)
-#define ENTRY_SLOT1(v)   ((v) & ~ENTRY_OWNER) /* slot + 1, or SFS_ENTRY_FREE */
+#define ENTRY_OWNER    (1u << 31)
+#define ENTRY_SLOT1(v) ((v) & ~ENTRY_OWNER) /* slot + 1, or SFS_ENTRY_FREE */
 
 static inline _Atomic uint32_t *lease_table(const struct sfs_cache *c, uint32_t proc)
 {
@@ -483,8 +482,8 @@ static bool chain_unlink(struct sfs_cache *c, uint32_t b, uint32_t s)
             return false;
         if (cur == s) {
             /* One store removes it: a crash before or after leaves a chain. */
-            atomic_store_explicit(link, atomic_load_explicit(&c->slots[s].next,
-                                                             memory_order_relaxed),
+            atomic_store_explicit(link,
+                                  atomic_load_explicit(&c->slots[s].next, memory_order_relaxed),
                                   memory_order_release);
             return true;
         }
@@ -575,8 +574,7 @@ static void stack_push(struct sfs_cache *c, uint32_t e)
     for (;;) {
         atomic_store_explicit(&c->free_next[e], FREE_TOP(h), memory_order_relaxed);
         /* Release: the link is visible before the entry is on top. */
-        if (atomic_compare_exchange_weak_explicit(&c->free_head, &h,
-                                                  FREE_TAG(h) << 32 | (e + 1),
+        if (atomic_compare_exchange_weak_explicit(&c->free_head, &h, FREE_TAG(h) << 32 | (e + 1),
                                                   memory_order_release, memory_order_relaxed))
             return;
     }
@@ -592,7 +590,7 @@ static void stack_push(struct sfs_cache *c, uint32_t e)
 struct spare {
     uint64_t id; /* handle id, 0: none */
     uint32_t e;
-    bool keyed;  /* the exit destructor is armed for this thread */
+    bool keyed; /* the exit destructor is armed for this thread */
 };
 
 /* initial-exec: a plain %fs-relative access, not a __tls_get_addr call. */
@@ -721,8 +719,7 @@ static int take_slot(struct sfs_cache *c, uint32_t b, uint32_t s)
     if (sb == SFS_NIL) {
         /* A free slot: the CAS is the claim (acq_rel: pairs with remove()). */
         uint32_t nil = SFS_NIL;
-        return atomic_compare_exchange_strong_explicit(&sl->bucket, &nil, b,
-                                                       memory_order_acq_rel,
+        return atomic_compare_exchange_strong_explicit(&sl->bucket, &nil, b, memory_order_acq_rel,
                                                        memory_order_relaxed)
                    ? 0
                    : -EAGAIN;
@@ -786,7 +783,8 @@ static int clock_scan(struct sfs_cache *c, uint32_t b, _Atomic uint64_t *hand, u
     for (uint64_t step = 0; step < 2ull * n; step++) {
         /* Relaxed: concurrent evictors share the hand; each position is
          * examined by one of them. */
-        uint32_t s = base + (uint32_t)(atomic_fetch_add_explicit(hand, 1, memory_order_relaxed) % n);
+        uint32_t s =
+            base + (uint32_t)(atomic_fetch_add_explicit(hand, 1, memory_order_relaxed) % n);
         struct sfs_slot_rec *sl = &c->slots[s];
 
         if (atomic_load_explicit(&sl->accessed, memory_order_relaxed)) {
@@ -1619,9 +1617,8 @@ int sfs_cache_reap(struct sfs_cache *c)
                               atomic_load_explicit(&p->start_time, memory_order_relaxed)))
                 continue;
             /* One reaper per record (acq_rel claim). */
-            if (!atomic_compare_exchange_strong_explicit(&p->state, &expect, PROC_REAPING,
-                                                         memory_order_acq_rel,
-                                                         memory_order_relaxed))
+            if (!atomic_compare_exchange_strong_explicit(
+                    &p->state, &expect, PROC_REAPING, memory_order_acq_rel, memory_order_relaxed))
                 continue;
             atomic_store_explicit(&p->busy_pid, me, memory_order_relaxed);
         } else {
@@ -1631,9 +1628,8 @@ int sfs_cache_reap(struct sfs_cache *c)
 
             if (busy <= 0 || busy == me || !sfs_pid_gone(busy))
                 continue;
-            if (!atomic_compare_exchange_strong_explicit(&p->busy_pid, &busy, me,
-                                                         memory_order_acq_rel,
-                                                         memory_order_relaxed))
+            if (!atomic_compare_exchange_strong_explicit(
+                    &p->busy_pid, &busy, me, memory_order_acq_rel, memory_order_relaxed))
                 continue;
         }
         reap_record(c, i);

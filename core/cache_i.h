@@ -65,8 +65,8 @@ struct sfs_cache {
      * (see entry_alloc in cache.c). */
     _Atomic uint64_t free_head;
     _Atomic uint32_t *free_next;
-    uint64_t id;                  /* process-unique handle id (thread spares) */
-    struct sfs_cache *reg_next;   /* in the registry of open handles */
+    uint64_t id;                /* process-unique handle id (thread spares) */
+    struct sfs_cache *reg_next; /* in the registry of open handles */
 
     /* Touch cascade. */
     sfs_touch_hook_fn *touch_fn;
@@ -128,8 +128,8 @@ int sfs_lease_table_init(struct sfs_cache *c);
 
 /* attach.c. attach_fds: for tests and tools that hold the memfds already;
  * takes ownership of every fd. */
-struct sfs_cache *sfs_cache_attach_fds(int ctl_fd, const int *seg_fds, uint32_t nseg,
-                                       int device_id, int *err);
+struct sfs_cache *sfs_cache_attach_fds(int ctl_fd, const int *seg_fds, uint32_t nseg, int device_id,
+                                       int *err);
 void sfs_server_stop(struct sfs_server *s);
 
 static inline void sfs_ctr_add(struct sfs_cache *c, enum sfs_ctr i, int64_t v)

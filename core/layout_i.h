@@ -59,7 +59,7 @@ enum sfs_ctr {
  */
 struct sfs_bucket_rec {
     alignas(SFS_CACHELINE) pthread_mutex_t lock; /* robust, pshared; protects the chain */
-    _Atomic uint32_t head;  /* first slot or SFS_NIL; written under lock */
+    _Atomic uint32_t head;                       /* first slot or SFS_NIL; written under lock */
     uint32_t pad0;
 };
 
@@ -117,11 +117,11 @@ enum sfs_proc_state {
  */
 struct sfs_proc_rec {
     alignas(SFS_CACHELINE) _Atomic uint32_t state; /* enum sfs_proc_state; CAS */
-    _Atomic uint32_t gen;          /* bumped at each registration */
-    _Atomic int32_t pid;           /* the process */
-    int32_t device_id;             /* as attached (-1: query-only) */
-    _Atomic uint64_t start_time;   /* /proc/pid/stat field 22: detects pid reuse */
-    _Atomic int32_t busy_pid;      /* who is claiming or reaping the record, else 0 */
+    _Atomic uint32_t gen;                          /* bumped at each registration */
+    _Atomic int32_t pid;                           /* the process */
+    int32_t device_id;                             /* as attached (-1: query-only) */
+    _Atomic uint64_t start_time;                   /* /proc/pid/stat field 22: detects pid reuse */
+    _Atomic int32_t busy_pid; /* who is claiming or reaping the record, else 0 */
     uint8_t pad0[SFS_CACHELINE - 28];
     alignas(SFS_CACHELINE) _Atomic int64_t ctr[CTR_COUNT]; /* written by the owner only */
 };
@@ -135,17 +135,17 @@ struct sfs_header {
     uint64_t format;      /* sfs_layout_format() of the creator */
     uint64_t region_size; /* bytes of the control memfd */
     uint64_t shard_size;
-    uint64_t stride;      /* bytes between slots in the data plane */
+    uint64_t stride; /* bytes between slots in the data plane */
     uint64_t segment_size;
     uint32_t nslots;
-    uint32_t nreserved;   /* the last nreserved slots form the reserved pool */
-    uint32_t nbuckets;    /* a power of two */
+    uint32_t nreserved; /* the last nreserved slots form the reserved pool */
+    uint32_t nbuckets;  /* a power of two */
     uint32_t max_procs;
-    uint32_t max_leases;  /* entries per process lease table */
+    uint32_t max_leases; /* entries per process lease table */
     uint32_t nsegments;
     uint32_t slots_per_segment;
-    uint32_t seg_shift;   /* log2(slots_per_segment) when a power of two, else 0 */
-    uint32_t hugepages;   /* the data plane is on huge pages */
+    uint32_t seg_shift; /* log2(slots_per_segment) when a power of two, else 0 */
+    uint32_t hugepages; /* the data plane is on huge pages */
     uint32_t pad0;
     uint64_t off_buckets;
     uint64_t off_slots;

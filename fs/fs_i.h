@@ -80,9 +80,9 @@ struct fs {
     struct sfs_cache *cache;
     struct sfs_backend *be;
     uint64_t shard_size;
-    uint32_t max_read; /* bytes per read request (conn->max_read) */
-    bool ro;           /* -o ro: every change is EROFS */
-    int64_t wait_ns;   /* deadline of a waiter, and of a load on a full cache */
+    uint32_t max_read;  /* bytes per read request (conn->max_read) */
+    bool ro;            /* -o ro: every change is EROFS */
+    int64_t wait_ns;    /* deadline of a waiter, and of a load on a full cache */
     uint32_t readahead; /* shards loaded ahead of a missed read (0: off) */
     char socket_path[108];
     struct timespec start; /* mtime/ctime/atime of every inode */

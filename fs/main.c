@@ -83,8 +83,7 @@ static const struct fuse_opt opt_table[] = {
     OPT("dir_prefix=%s", dir_prefix),        OPT("socket=%s", socket),
     OPT("hugepages=%s", hugepages),          OPT("reserved=%s", reserved),
     OPT("wait_timeout=%s", wait_timeout),    OPT("readahead=%s", readahead),
-    OPT("numa_node=%s", numa_node),
-    FUSE_OPT_KEY("ro", KEY_RO),
+    OPT("numa_node=%s", numa_node),          FUSE_OPT_KEY("ro", KEY_RO),
     FUSE_OPT_KEY("max_read=", KEY_MAX_READ), FUSE_OPT_END,
 };
 #undef OPT

@@ -728,9 +728,8 @@ static bool ra_mark_take(struct fs *fs, const struct sfs_key *key)
     _Atomic uint64_t *m = &fs->ra_mark[h & (FS_RA_MARKS - 1)];
     uint64_t v = atomic_load_explicit(m, memory_order_relaxed);
 
-    return v == h &&
-           atomic_compare_exchange_strong_explicit(m, &v, 0, memory_order_relaxed,
-                                                   memory_order_relaxed);
+    return v == h && atomic_compare_exchange_strong_explicit(m, &v, 0, memory_order_relaxed,
+                                                             memory_order_relaxed);
 }
 
 /* Advisory: start background loads of shards [first, first + n) of block,

@@ -27,13 +27,12 @@
 
 #define SHARD 4096u
 
-#define CK(cond)                                                                    \
-    do {                                                                            \
-        if (!(cond)) {                                                              \
-            fprintf(stderr, "child %d: check failed at line %d: %s\n", getpid(),   \
-                    __LINE__, #cond);                                               \
-            return 1;                                                               \
-        }                                                                           \
+#define CK(cond)                                                                                   \
+    do {                                                                                           \
+        if (!(cond)) {                                                                             \
+            fprintf(stderr, "child %d: check failed at line %d: %s\n", getpid(), __LINE__, #cond); \
+            return 1;                                                                              \
+        }                                                                                          \
     } while (0)
 
 /* The wire format of attach.c, restated: a test that drifts from it fails. */
@@ -179,8 +178,8 @@ static int answer(int s)
     struct welcome w;
     char cbuf[CMSG_SPACE(sizeof(int) * 4)];
     struct iovec iov = {.iov_base = &w, .iov_len = sizeof(w)};
-    struct msghdr msg = {.msg_iov = &iov, .msg_iovlen = 1, .msg_control = cbuf,
-                         .msg_controllen = sizeof(cbuf)};
+    struct msghdr msg = {
+        .msg_iov = &iov, .msg_iovlen = 1, .msg_control = cbuf, .msg_controllen = sizeof(cbuf)};
     ssize_t n = recvmsg(s, &msg, MSG_WAITALL | MSG_CMSG_CLOEXEC);
 
     cr_assert_geq(n, 0, "no answer from the server: %s", strerror(errno));
@@ -231,8 +230,8 @@ Test(attach, short_hello_refused, .timeout = 30)
 {
     const char *path;
     struct sfs_cache *c = served(&path);
-    struct hello h = {.magic = HELLO_MAGIC, .proto = PROTO_VERSION, .flags = 1,
-                      .format = sfs_layout_format()};
+    struct hello h = {
+        .magic = HELLO_MAGIC, .proto = PROTO_VERSION, .flags = 1, .format = sfs_layout_format()};
     int s = raw_connect(path);
 
     cr_assert_eq(send(s, &h, 12, 0), 12);
@@ -248,7 +247,9 @@ Test(attach, wrong_format_or_proto_hello_refused, .timeout = 30)
 {
     const char *path;
     struct sfs_cache *c = served(&path);
-    struct hello h = {.magic = HELLO_MAGIC, .proto = PROTO_VERSION, .flags = 1,
+    struct hello h = {.magic = HELLO_MAGIC,
+                      .proto = PROTO_VERSION,
+                      .flags = 1,
                       .format = sfs_layout_format() ^ 0x10};
     int s = raw_connect(path);
 
@@ -269,8 +270,8 @@ Test(attach, wrong_format_or_proto_hello_refused, .timeout = 30)
         struct welcome w;
         char cbuf[CMSG_SPACE(sizeof(int))];
         struct iovec iov = {.iov_base = &w, .iov_len = sizeof(w)};
-        struct msghdr msg = {.msg_iov = &iov, .msg_iovlen = 1, .msg_control = cbuf,
-                             .msg_controllen = sizeof(cbuf)};
+        struct msghdr msg = {
+            .msg_iov = &iov, .msg_iovlen = 1, .msg_control = cbuf, .msg_controllen = sizeof(cbuf)};
 
         cr_assert_eq(recvmsg(s, &msg, MSG_WAITALL | MSG_CMSG_CLOEXEC), (ssize_t)sizeof(w));
         cr_assert_eq(w.status, 0);
@@ -403,8 +404,15 @@ Test(attach, truncated_region_is_ebadmsg, .timeout = 30)
 {
     struct sfs_cache *c = tu_cache(64, 0, SHARD);
     size_t full = c->ctl_len;
-    size_t sizes[] = {0, 8, 64, sizeof(struct sfs_header) - 1, sizeof(struct sfs_header),
-                      sizeof(struct sfs_header) + 100, 4096, full / 2, full - 4096};
+    size_t sizes[] = {0,
+                      8,
+                      64,
+                      sizeof(struct sfs_header) - 1,
+                      sizeof(struct sfs_header),
+                      sizeof(struct sfs_header) + 100,
+                      4096,
+                      full / 2,
+                      full - 4096};
 
     cr_assert_not_null(c);
     cr_assert_gt(full, 3 * 4096, "the region is too small to truncate meaningfully");

@@ -29,13 +29,12 @@
 #define MS    (1000 * 1000ll)
 
 /* Child-side check: report and exit non-zero. */
-#define CK(cond)                                                                    \
-    do {                                                                            \
-        if (!(cond)) {                                                              \
-            fprintf(stderr, "child %d: check failed at line %d: %s\n", getpid(),   \
-                    __LINE__, #cond);                                               \
-            return 1;                                                               \
-        }                                                                           \
+#define CK(cond)                                                                                   \
+    do {                                                                                           \
+        if (!(cond)) {                                                                             \
+            fprintf(stderr, "child %d: check failed at line %d: %s\n", getpid(), __LINE__, #cond); \
+            return 1;                                                                              \
+        }                                                                                          \
     } while (0)
 
 static void sig(int fd)
@@ -469,8 +468,7 @@ Test(cache, all_leased_get_enospc_within_deadline, .timeout = 30)
     cr_assert_lt(t1 - t0, 500 * MS, "deadline 0 must not wait");
     cr_assert_eq(sfs_cache_get(c, &N, 0, sfs_deadline_after(200 * MS), &l), -ENOSPC);
     int64_t t2 = sfs_now_ns();
-    cr_assert_geq(t2 - t1, 195 * MS, "gave up before its deadline (%lld ns)",
-                  (long long)(t2 - t1));
+    cr_assert_geq(t2 - t1, 195 * MS, "gave up before its deadline (%lld ns)", (long long)(t2 - t1));
     cr_assert_lt(t2 - t1, 2000 * MS, "overran its deadline (%lld ns)", (long long)(t2 - t1));
     cr_assert_eq(sfs_cache_state(c, &N), -ENOENT);
     for (uint32_t i = 0; i < 4; i++) {
@@ -589,8 +587,11 @@ Test(cache, wait_deadline_times_out, .timeout = 30)
 static struct sfs_cache *cache_cfg(uint32_t nslots, uint32_t max_leases)
 {
     struct sfs_cache_config cfg = {
-        .shard_size = SHARD, .nslots = nslots, .no_reserved = true,
-        .max_leases = max_leases, .hugepages = SFS_HUGEPAGES_OFF,
+        .shard_size = SHARD,
+        .nslots = nslots,
+        .no_reserved = true,
+        .max_leases = max_leases,
+        .hugepages = SFS_HUGEPAGES_OFF,
     };
     int err = 0;
     struct sfs_cache *c = sfs_cache_create(&cfg, &err);
@@ -803,8 +804,7 @@ static int stats_child(void *arg)
     struct child *a = arg;
     struct sfs_lease l;
     struct stats_report rep;
-    struct sfs_key K1 = tu_key(40, 0), K2 = tu_key(41, 0), K3 = tu_key(42, 0),
-                   K4 = tu_key(43, 0);
+    struct sfs_key K1 = tu_key(40, 0), K2 = tu_key(41, 0), K3 = tu_key(42, 0), K4 = tu_key(43, 0);
     int err = 0;
     struct sfs_cache *c = sfs_cache_attach(a->path, 1, &err);
 
@@ -956,8 +956,8 @@ static void check_addressing(struct sfs_cache *c, uint32_t nslots, uint32_t per_
         if (seg_fds) {
             /* The bytes are in the right memfd at the right offset. */
             uint8_t buf[SHARD];
-            cr_assert_eq(pread(seg_fds[i / per_seg], buf, SHARD,
-                               (off_t)(i % per_seg) * SHARD), (ssize_t)SHARD);
+            cr_assert_eq(pread(seg_fds[i / per_seg], buf, SHARD, (off_t)(i % per_seg) * SHARD),
+                         (ssize_t)SHARD);
             cr_assert_eq(tu_check(&k[i], buf, SHARD), -1, "slot %u not in its segment", i);
         }
     }
@@ -967,8 +967,11 @@ static void check_addressing(struct sfs_cache *c, uint32_t nslots, uint32_t per_
 
 Test(cache, addressing_power_of_two_segments, .timeout = 30)
 {
-    struct sfs_cache_config cfg = {.shard_size = SHARD, .nslots = 8, .no_reserved = true,
-                                   .segment_size = 2 * SHARD, .hugepages = SFS_HUGEPAGES_OFF};
+    struct sfs_cache_config cfg = {.shard_size = SHARD,
+                                   .nslots = 8,
+                                   .no_reserved = true,
+                                   .segment_size = 2 * SHARD,
+                                   .hugepages = SFS_HUGEPAGES_OFF};
     int err = 0;
     struct sfs_cache *c = sfs_cache_create(&cfg, &err);
     struct sfs_cache_info info;
@@ -1108,15 +1111,16 @@ static void check_data_works(struct sfs_cache *c)
 
 Test(cache, hugepages_on, .timeout = 30)
 {
-    struct sfs_cache_config cfg = {.shard_size = SHARD, .nslots = 8, .no_reserved = true,
-                                   .hugepages = SFS_HUGEPAGES_ON};
+    struct sfs_cache_config cfg = {
+        .shard_size = SHARD, .nslots = 8, .no_reserved = true, .hugepages = SFS_HUGEPAGES_ON};
     struct sfs_cache_info info;
     int err = 0;
     struct sfs_cache *c = sfs_cache_create(&cfg, &err);
 
     if (!c && err == -ENOMEM)
         cr_skip_test("no huge pages reserved (vm.nr_hugepages, %ld free): "
-                     "SFS_HUGEPAGES_ON correctly refused with -ENOMEM", hugepages_free());
+                     "SFS_HUGEPAGES_ON correctly refused with -ENOMEM",
+                     hugepages_free());
     cr_assert_not_null(c, "create with huge pages: %s", strerror(-err));
     sfs_cache_info(c, &info);
     cr_assert(info.hugepages, "ON must give a huge-page data plane");
@@ -1126,8 +1130,8 @@ Test(cache, hugepages_on, .timeout = 30)
 
 Test(cache, hugepages_auto_falls_back, .timeout = 30)
 {
-    struct sfs_cache_config cfg = {.shard_size = SHARD, .nslots = 8, .no_reserved = true,
-                                   .hugepages = SFS_HUGEPAGES_AUTO};
+    struct sfs_cache_config cfg = {
+        .shard_size = SHARD, .nslots = 8, .no_reserved = true, .hugepages = SFS_HUGEPAGES_AUTO};
     struct sfs_cache_info info;
     int err = 0;
     long free0 = hugepages_free();

@@ -76,8 +76,8 @@ static void assert_absent(struct sfs_cache *c, const struct sfs_key *k, const ch
 Test(scenario, C_clock_keeps_hit_block, .timeout = 30)
 {
     struct sfs_cache *c = tu_cache(4, 0, SHARD);
-    struct sfs_key A = tu_key(0xA, 0), B = tu_key(0xB, 0), C = tu_key(0xC, 0),
-                   D = tu_key(0xD, 0), E = tu_key(0xE, 0), F = tu_key(0xF, 0);
+    struct sfs_key A = tu_key(0xA, 0), B = tu_key(0xB, 0), C = tu_key(0xC, 0), D = tu_key(0xD, 0),
+                   E = tu_key(0xE, 0), F = tu_key(0xF, 0);
     struct sfs_stats st;
 
     cr_assert_not_null(c);
@@ -238,11 +238,9 @@ Test(scenario, E_prealloc_reserved_takeover, .timeout = 30)
 
         for (uint32_t k = 0; k < 8; k++)
             if (atomic_load(&c->slots[k].state) == SFS_STATE_IDLE &&
-                memcmp(c->slots[k].block, next[i].block.b, 16) == 0 &&
-                c->slots[k].shard == s + 1)
+                memcmp(c->slots[k].block, next[i].block.b, 16) == 0 && c->slots[k].shard == s + 1)
                 found = k;
-        cr_assert(found >= 5 && found < 8, "B%u.s+1 in slot %u: not the reserved pool", i,
-                  found);
+        cr_assert(found >= 5 && found < 8, "B%u.s+1 in slot %u: not the reserved pool", i, found);
         cr_assert_eq(atomic_load(&c->slots[found].refcount), 0, "prewarmed slot is leased");
         pslot[i] = found;
     }

@@ -14,7 +14,8 @@ const char *tu_path(const char *tag)
     static __thread char buf[128];
     static int seq;
 
-    snprintf(buf, sizeof(buf), "/tmp/sfs-test-%d-%d-%s", getpid(), __atomic_fetch_add(&seq, 1, __ATOMIC_RELAXED), tag);
+    snprintf(buf, sizeof(buf), "/tmp/sfs-test-%d-%d-%s", getpid(),
+             __atomic_fetch_add(&seq, 1, __ATOMIC_RELAXED), tag);
     return buf;
 }
 

@@ -19,11 +19,11 @@
 #include <stdlib.h>
 #include <string.h>
 
-#define NTHREADS  6
-#define NKEYS     20
-#define NSLOTS    24
-#define SHARD     4096
-#define OPS       30000
+#define NTHREADS 6
+#define NKEYS    20
+#define NSLOTS   24
+#define SHARD    4096
+#define OPS      30000
 
 static struct sfs_cache *cache;
 static atomic_long wrong, timeouts, errors, hits, owners, waits, fails_seen;
@@ -122,8 +122,8 @@ int main(void)
         pthread_join(t[i], NULL);
     sfs_cache_stats(cache, &st);
     printf("threads_stress: hits %ld owners %ld waits %ld failed-seen %ld evictions %llu\n",
-           atomic_load(&hits), atomic_load(&owners), atomic_load(&waits),
-           atomic_load(&fails_seen), (unsigned long long)st.evictions);
+           atomic_load(&hits), atomic_load(&owners), atomic_load(&waits), atomic_load(&fails_seen),
+           (unsigned long long)st.evictions);
     printf("threads_stress: wrong bytes %ld, timeouts %ld, errors %ld\n", atomic_load(&wrong),
            atomic_load(&timeouts), atomic_load(&errors));
     /* Every slot must be unleased now: a full cycle of Gets of fresh keys

@@ -165,26 +165,47 @@ static int run_rank(const struct opts *o, int r)
 
 int main(int argc, char **argv)
 {
-    static const struct option lo[] = {
-        {"mount", required_argument, NULL, 'm'},  {"socket", required_argument, NULL, 'S'},
-        {"backend", required_argument, NULL, 'b'}, {"ranks", required_argument, NULL, 'r'},
-        {"shard", required_argument, NULL, 'n'},  {"verify", no_argument, NULL, 'V'},
-        {"natural", no_argument, NULL, 'N'},      {"help", no_argument, NULL, 'h'},
-        {NULL, 0, NULL, 0}};
+    static const struct option lo[] = {{"mount", required_argument, NULL, 'm'},
+                                       {"socket", required_argument, NULL, 'S'},
+                                       {"backend", required_argument, NULL, 'b'},
+                                       {"ranks", required_argument, NULL, 'r'},
+                                       {"shard", required_argument, NULL, 'n'},
+                                       {"verify", no_argument, NULL, 'V'},
+                                       {"natural", no_argument, NULL, 'N'},
+                                       {"help", no_argument, NULL, 'h'},
+                                       {NULL, 0, NULL, 0}};
     static struct opts o = {.ranks = 2};
     int c, rc = 0;
 
     while ((c = getopt_long(argc, argv, "m:S:b:r:n:Vh", lo, NULL)) != -1) {
         switch (c) {
-        case 'm': o.mount = optarg; break;
-        case 'S': o.socket = optarg; break;
-        case 'b': o.backend = optarg; break;
-        case 'r': o.ranks = atoi(optarg); break;
-        case 'n': o.shard = (uint32_t)strtoul(optarg, NULL, 10); break;
-        case 'V': o.verify = true; break;
-        case 'N': o.natural = true; break;
-        case 'h': usage(stdout); return 0;
-        default: usage(stderr); return 1;
+        case 'm':
+            o.mount = optarg;
+            break;
+        case 'S':
+            o.socket = optarg;
+            break;
+        case 'b':
+            o.backend = optarg;
+            break;
+        case 'r':
+            o.ranks = atoi(optarg);
+            break;
+        case 'n':
+            o.shard = (uint32_t)strtoul(optarg, NULL, 10);
+            break;
+        case 'V':
+            o.verify = true;
+            break;
+        case 'N':
+            o.natural = true;
+            break;
+        case 'h':
+            usage(stdout);
+            return 0;
+        default:
+            usage(stderr);
+            return 1;
         }
     }
     if ((!o.mount == !o.socket) || !o.backend || o.ranks < 1 || o.ranks > 64 || optind >= argc) {

@@ -350,7 +350,8 @@ int main(int argc, char **argv)
     }
     double pair_lo = bench_percentile(pair, runs, 0), pair_med = bench_median(pair, runs);
     double gr_lo = bench_percentile(gr, runs, 0), gr_med = bench_median(gr, runs);
-    double ratio_lo = bench_percentile(ratio, runs, 0), ratio_hi = bench_percentile(ratio, runs, 100);
+    double ratio_lo = bench_percentile(ratio, runs, 0),
+           ratio_hi = bench_percentile(ratio, runs, 100);
     double ratio_med = bench_median(ratio, runs);
 
     /* 2. Where the hit path's time goes. */
@@ -424,27 +425,31 @@ int main(int argc, char **argv)
     FILE *o = b.out;
     fprintf(o, "## Hit path: Get+Release of a resident key (`bench_cache`)\n\n");
     bench_stamp(&b);
-    fprintf(o, "Baseline in the same run: an uncontended robust process-shared mutex "
-               "lock/unlock pair (the kind that guards a bucket), in shared memory. "
-               "%d runs of %llu operations each after a warm-up; within a run the two "
-               "alternate in %d chunks and the run's figure is the median chunk; then the "
-               "median over runs (min in brackets).\n\n",
+    fprintf(o,
+            "Baseline in the same run: an uncontended robust process-shared mutex "
+            "lock/unlock pair (the kind that guards a bucket), in shared memory. "
+            "%d runs of %llu operations each after a warm-up; within a run the two "
+            "alternate in %d chunks and the run's figure is the median chunk; then the "
+            "median over runs (min in brackets).\n\n",
             runs, (unsigned long long)n, CHUNKS);
     fprintf(o, "| what | ns/op | ratio to the pair | target | met |\n|---|---|---|---|---|\n");
     fprintf(o, "| robust mutex lock+unlock pair (baseline) | %.1f (%.1f) | 1.00 | | |\n", pair_med,
             pair_lo);
-    fprintf(o, "| `sfs_cache_get` + `sfs_cache_release`, hit | %.1f (%.1f) | %.2f (runs: %.2f-%.2f) | "
-               "<= 3.00 | %s |\n\n",
+    fprintf(o,
+            "| `sfs_cache_get` + `sfs_cache_release`, hit | %.1f (%.1f) | %.2f (runs: %.2f-%.2f) | "
+            "<= 3.00 | %s |\n\n",
             gr_med, gr_lo, ratio_med, ratio_lo, ratio_hi, ratio_med <= 3.0 ? "yes" : "**no**");
     fprintf(o, "Every Get here was a hit: %llu requests, %llu hits, before the scaling runs.\n\n",
             (unsigned long long)req_single, (unsigned long long)hit_single);
 
-    fprintf(o, "Where the time goes (medians of %d runs, every part timed in the same "
-               "alternating chunks, so this table has its own pair and total). Get and Release "
-               "apart: the same key Get %d times, then released %d times. A hit takes the bucket lock once in Get "
-               "and once in Release, pops and pushes a lease-table entry on a lock-free stack "
-               "(a CAS each), and makes one atomic add (the request counter; hits are "
-               "derived); the refcount is a plain update under the bucket lock.\n\n",
+    fprintf(o,
+            "Where the time goes (medians of %d runs, every part timed in the same "
+            "alternating chunks, so this table has its own pair and total). Get and Release "
+            "apart: the same key Get %d times, then released %d times. A hit takes the bucket lock "
+            "once in Get "
+            "and once in Release, pops and pushes a lease-table entry on a lock-free stack "
+            "(a CAS each), and makes one atomic add (the request counter; hits are "
+            "derived); the refcount is a plain update under the bucket lock.\n\n",
             runs, HOLD, HOLD);
     fprintf(o, "| part | ns | times per Get+Release | ns in total |\n|---|---|---|---|\n");
     fprintf(o, "| Get+Release, hit (as above, this phase) | %.1f | 1 | %.1f |\n", bgr_med, bgr_med);
@@ -461,18 +466,21 @@ int main(int argc, char **argv)
     fprintf(o, "| rest (chain walk, key compare, checks, call overhead) | | | %.1f |\n\n",
             bgr_med - parts);
 
-    fprintf(o, "Scaling: forked processes attached through the socket, each on %d resident "
-               "keys in buckets no other process uses, for %.1f s per trial; %d trials, "
-               "interleaved; medians. The bare-mutex row is this machine's own ceiling "
-               "(one mutex per process, on its own cache line). The machine has %ld CPUs.\n\n",
+    fprintf(o,
+            "Scaling: forked processes attached through the socket, each on %d resident "
+            "keys in buckets no other process uses, for %.1f s per trial; %d trials, "
+            "interleaved; medians. The bare-mutex row is this machine's own ceiling "
+            "(one mutex per process, on its own cache line). The machine has %ld CPUs.\n\n",
             NKEYS_PER_PROC, (double)dur / 1e9, strials, sysconf(_SC_NPROCESSORS_ONLN));
     fprintf(o, "| workload | 1 process, ops/s | 2 processes, aggregate ops/s | scaling | "
                "target | met | CPUs got, 1 / 2 processes | ops per CPU-second, 2 vs 1 |\n"
                "|---|---|---|---|---|---|---|---|\n");
-    fprintf(o, "| robust mutex pair (baseline) | %.2fM | %.2fM | %.2fx | | | %.2f / %.2f | %.2f |\n",
+    fprintf(o,
+            "| robust mutex pair (baseline) | %.2fM | %.2fM | %.2fx | | | %.2f / %.2f | %.2f |\n",
             m1m / 1e6, m2m / 1e6, m2m / m1m, shm1m, shm2m, pm2m / pm1m);
-    fprintf(o, "| Get+Release, hit | %.2fM | %.2fM | %.2fx (trials %.2f-%.2f) | >= 1.80x | %s | "
-               "%.2f / %.2f | %.2f |\n\n",
+    fprintf(o,
+            "| Get+Release, hit | %.2fM | %.2fM | %.2fx (trials %.2f-%.2f) | >= 1.80x | %s | "
+            "%.2f / %.2f | %.2f |\n\n",
             c1m / 1e6, c2m / 1e6, c2m / c1m, scale_lo, scale_hi,
             c2m / c1m >= 1.8 ? "yes" : "**no**", sh1m, sh2m, pc2m / pc1m);
     fprintf(o, "\"CPUs got\" is the children's CPU time over their windows (2.00: two "

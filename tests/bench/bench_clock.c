@@ -24,17 +24,17 @@ enum kind { REAL, CLOCK_SIM, CLOCK_NOBIT, LRU, FIFO, NPOL };
 static const char *const pol_name[NPOL] = {
     "CLOCK (the cache)", "CLOCK model", "CLOCK, no new-load bit", "LRU (exact)", "FIFO",
 };
-#define NONE UINT32_MAX
+#define NONE  UINT32_MAX
 #define SHARD 4096u
 
 /* One policy instance over nkeys keys and cap slots. */
 struct pol {
     enum kind kind;
     uint32_t cap, nkeys, used;
-    uint32_t *where;  /* key -> slot (CLOCK, FIFO) or 1/NONE (LRU) */
-    uint32_t *skey;   /* slot -> key */
-    uint8_t *bit;     /* CLOCK accessed bit */
-    uint32_t *ref;    /* CLOCK: leases held */
+    uint32_t *where; /* key -> slot (CLOCK, FIFO) or 1/NONE (LRU) */
+    uint32_t *skey;  /* slot -> key */
+    uint8_t *bit;    /* CLOCK accessed bit */
+    uint32_t *ref;   /* CLOCK: leases held */
     uint64_t hand;
     /* LRU list over keys */
     uint32_t *prev, *next, head, tail;
@@ -357,8 +357,8 @@ static void gen_scan_bursts(struct trace *t, uint32_t cap, uint32_t len)
 }
 
 /* Batches of `batch` distinct Zipf keys. */
-static void gen_batches(struct trace *t, uint32_t cap, uint32_t batch, uint32_t nbatches,
-                        bool held, uint32_t lag)
+static void gen_batches(struct trace *t, uint32_t cap, uint32_t batch, uint32_t nbatches, bool held,
+                        uint32_t lag)
 {
     struct zipf z;
     uint32_t mult = 8;
@@ -396,9 +396,9 @@ static void gen_batches(struct trace *t, uint32_t cap, uint32_t batch, uint32_t 
 }
 
 struct outcome {
-    uint64_t acc, hits;      /* counted after warm-up (batch traces: loads only) */
-    uint64_t loaded;         /* batch traces: keys loaded (misses) */
-    uint64_t lost;           /* loaded, then evicted before copied */
+    uint64_t acc, hits; /* counted after warm-up (batch traces: loads only) */
+    uint64_t loaded;    /* batch traces: keys loaded (misses) */
+    uint64_t lost;      /* loaded, then evicted before copied */
     int err;
 };
 
@@ -510,14 +510,15 @@ int main(int argc, char **argv)
     FILE *o = b.out;
     fprintf(o, "## CLOCK against exact LRU and FIFO (`bench_clock`)\n\n");
     bench_stamp(&b);
-    fprintf(o, "The cache (%u slots of %u KiB, one process: Get, fill, publish, release per "
-               "access) and simulators replay the same deterministic traces of %u accesses; "
-               "hit rates count the accesses after the first fifth. \"CLOCK model\" is the "
-               "cache's algorithm re-implemented here (it should match the cache exactly); "
-               "\"no new-load bit\" is the same without the second chance a new load gets. "
-               "Batch traces: B keys are loaded, then copied; \"lost\" counts keys that a batch "
-               "loaded and that were gone when their copy came (hit rates count the loads "
-               "only).\n\n",
+    fprintf(o,
+            "The cache (%u slots of %u KiB, one process: Get, fill, publish, release per "
+            "access) and simulators replay the same deterministic traces of %u accesses; "
+            "hit rates count the accesses after the first fifth. \"CLOCK model\" is the "
+            "cache's algorithm re-implemented here (it should match the cache exactly); "
+            "\"no new-load bit\" is the same without the second chance a new load gets. "
+            "Batch traces: B keys are loaded, then copied; \"lost\" counts keys that a batch "
+            "loaded and that were gone when their copy came (hit rates count the loads "
+            "only).\n\n",
             cap, SHARD >> 10, len);
     fprintf(o, "| trace | CLOCK (the cache) | CLOCK model | no new-load bit | LRU | FIFO | "
                "cache - LRU, points | within 2 points | lost: cache / model / no bit / LRU / "
@@ -572,7 +573,9 @@ int main(int argc, char **argv)
         }
         fprintf(o, "| %s | %.2f%% | %.2f%% | %.2f%% | %.2f%% | %.2f%% | %+.2f | %s |", tr[i].name,
                 hr[REAL], hr[CLOCK_SIM], hr[CLOCK_NOBIT], hr[LRU], hr[FIFO], d,
-                sweep ? (within ? "yes (sweep)" : "no (sweep)") : within ? "yes" : "**no**");
+                sweep    ? (within ? "yes (sweep)" : "no (sweep)")
+                : within ? "yes"
+                         : "**no**");
         if (tr[i].batch && !tr[i].held) {
             fifo_lost += res[FIFO].lost;
             fifo_loaded += res[FIFO].loaded;
@@ -583,10 +586,9 @@ int main(int argc, char **argv)
             if (tr[i].held)
                 lost_held += res[REAL].lost;
             else
-                fprintf(lf, "%s%llu of %llu at %u%% of capacity in flight",
-                         nafter++ ? ", " : "", (unsigned long long)res[REAL].lost,
-                         (unsigned long long)res[REAL].loaded,
-                         (unsigned)(100ull * tr[i].batch * (tr[i].lag + 1) / cap));
+                fprintf(lf, "%s%llu of %llu at %u%% of capacity in flight", nafter++ ? ", " : "",
+                        (unsigned long long)res[REAL].lost, (unsigned long long)res[REAL].loaded,
+                        (unsigned)(100ull * tr[i].batch * (tr[i].lag + 1) / cap));
             fprintf(o, " %llu / %llu / %llu / %llu / %llu of %llu loaded |",
                     (unsigned long long)res[REAL].lost, (unsigned long long)res[CLOCK_SIM].lost,
                     (unsigned long long)res[CLOCK_NOBIT].lost, (unsigned long long)res[LRU].lost,
@@ -600,21 +602,24 @@ int main(int argc, char **argv)
     fclose(mf);
     fclose(lf);
     fprintf(o, "\n| target | figure | met |\n|---|---|---|\n");
-    fprintf(o, "| hit rate within 2 points of LRU | %d of %d traces within (the copy-after-release "
-               "sweep rows are not counted)%s%s | %s |\n",
+    fprintf(o,
+            "| hit rate within 2 points of LRU | %d of %d traces within (the copy-after-release "
+            "sweep rows are not counted)%s%s | %s |\n",
             ntarget - nmiss, ntarget, nmiss ? "; below: " : "", misses, nmiss ? "**no**" : "yes");
-    fprintf(o, "| zero loaded-then-evicted-before-copied | leases held until the copy: %llu "
-               "lost | %s |\n",
+    fprintf(o,
+            "| zero loaded-then-evicted-before-copied | leases held until the copy: %llu "
+            "lost | %s |\n",
             (unsigned long long)lost_held, lost_held ? "**no**" : "yes");
-    fprintf(o, "| (copy after release: only the accessed bit protects) | %s | - |\n\n",
-            lost_after);
-    fprintf(o, "The new-load bit costs the CLOCK model %.2f points of hit rate on average over "
-               "the traces that do not copy after release (no bit minus bit); it is what keeps "
-               "released, not yet copied loads resident (the \"lost\" column).\n\n",
+    fprintf(o, "| (copy after release: only the accessed bit protects) | %s | - |\n\n", lost_after);
+    fprintf(o,
+            "The new-load bit costs the CLOCK model %.2f points of hit rate on average over "
+            "the traces that do not copy after release (no bit minus bit); it is what keeps "
+            "released, not yet copied loads resident (the \"lost\" column).\n\n",
             bitcost / nbitcost);
-    fprintf(o, "FIFO lost %llu of %llu loads over the copy-after-release rows: it evicts strictly "
-               "in load order, so a load survives as many further loads as there are slots "
-               "whatever the hits; it pays in hit rate (down to %+.2f points from LRU here).\n\n",
+    fprintf(o,
+            "FIFO lost %llu of %llu loads over the copy-after-release rows: it evicts strictly "
+            "in load order, so a load survives as many further loads as there are slots "
+            "whatever the hits; it pays in hit rate (down to %+.2f points from LRU here).\n\n",
             (unsigned long long)fifo_lost, (unsigned long long)fifo_loaded, fifo_gap);
     fprintf(o, "(%llu Gets on the cache; all policies replayed in %.1f s.)\n\n",
             (unsigned long long)real_acc, secs);

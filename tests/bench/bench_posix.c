@@ -200,8 +200,7 @@ static void describe_fs(const char *dir, char *out, size_t len, bool *is_tmpfs)
 
     if (statfs(dir, &sf) < 0 || stat(dir, &sb) < 0)
         die(dir, errno);
-    *is_tmpfs = (unsigned long)sf.f_type == TMPFS_MAGIC ||
-                (unsigned long)sf.f_type == RAMFS_MAGIC;
+    *is_tmpfs = (unsigned long)sf.f_type == TMPFS_MAGIC || (unsigned long)sf.f_type == RAMFS_MAGIC;
     snprintf(link, sizeof(link), "/sys/dev/block/%u:%u", major(sb.st_dev), minor(sb.st_dev));
     ssize_t n = readlink(link, target, sizeof(target) - 1);
     if (n > 0) {
@@ -240,8 +239,8 @@ static void proc_stat_busy(double *busy, double *steal)
     *busy = *steal = 0;
     if (!f)
         return;
-    if (fscanf(f, "cpu %llu %llu %llu %llu %llu %llu %llu %llu", &u, &n, &sy, &id, &io, &irq,
-               &sirq, &st) == 8) {
+    if (fscanf(f, "cpu %llu %llu %llu %llu %llu %llu %llu %llu", &u, &n, &sy, &id, &io, &irq, &sirq,
+               &st) == 8) {
         double hz = (double)sysconf(_SC_CLK_TCK);
 
         *busy = (double)(u + n + sy + irq + sirq) / hz;
@@ -395,8 +394,7 @@ static int rank_main(const struct store *st, const char *sock, int r, int N, str
         sfs_rank_stats(rk, &s1);
         for (uint32_t i = 0; rc == 0 && i < st->nkeys; i++) {
             if (status[i] != 0) {
-                fprintf(stderr, "bench_posix: rank %d: entry %u: %s\n", r, i,
-                        strerror(-status[i]));
+                fprintf(stderr, "bench_posix: rank %d: entry %u: %s\n", r, i, strerror(-status[i]));
                 rc = 6;
             } else if (!key_ok(dst + (size_t)i * st->shard, i / SHARDS_PER_BLOCK,
                                i % SHARDS_PER_BLOCK)) {
@@ -604,10 +602,9 @@ static void bench_shard(struct bench *b, const char *root, uint64_t shard, bool 
                 "| %lu KiB | %d | %u (%u) | %.2f | %.2f | %.2fx (%.2f..%.2f) | %s | %lu%s (%u) | "
                 "%lu..%lu | %.2f / %.2f |\n",
                 (unsigned long)(shard >> 10), N, O.depth, qd, mb, ms, mr, lo, hi,
-                mr >= 0.9 ? "yes" : "**no**",
-                (unsigned long)loads, loads_ok ? "" : " (!)", st.nkeys, (unsigned long)omin,
-                (unsigned long)omax, bench_median(cs, (size_t)O.reps),
-                bench_median(cb, (size_t)O.reps));
+                mr >= 0.9 ? "yes" : "**no**", (unsigned long)loads, loads_ok ? "" : " (!)",
+                st.nkeys, (unsigned long)omin, (unsigned long)omax,
+                bench_median(cs, (size_t)O.reps), bench_median(cb, (size_t)O.reps));
         fflush(b->out);
     }
     fprintf(stderr, "bench_posix: %lu KiB: data plane on huge pages: %s\n",

@@ -26,8 +26,8 @@
 struct bench {
     const char *name; /* section name, e.g. "bench_cache" */
     bool quick;
-    const char *md;   /* file to update, or NULL */
-    char *buf;        /* the report (open_memstream) */
+    const char *md; /* file to update, or NULL */
+    char *buf;      /* the report (open_memstream) */
     size_t len;
     FILE *out;
 };

@@ -34,17 +34,17 @@ static const char *const mode_name[NMODES] = {
 #define MAXR 8192
 
 struct wshm {
-    _Atomic int64_t t0;      /* owner: CLOCK_MONOTONIC just before publish */
-    _Atomic uint32_t polls;  /* waiter (poll mode): checks done this round */
-    struct sfs_key key;      /* this round's key */
+    _Atomic int64_t t0;     /* owner: CLOCK_MONOTONIC just before publish */
+    _Atomic uint32_t polls; /* waiter (poll mode): checks done this round */
+    struct sfs_key key;     /* this round's key */
     char path[108];
     /* Waiter's results per mode and round. */
     uint32_t n[NMODES];
     double lat_us[NMODES][MAXR];
-    double cpu_us[NMODES][MAXR];   /* getrusage(RUSAGE_THREAD) utime+stime */
-    double tcpu_us[NMODES][MAXR];  /* CLOCK_THREAD_CPUTIME_ID */
-    double wall_us[NMODES][MAXR];  /* the wait's wall time */
-    long nvcsw[NMODES];            /* voluntary context switches in waits */
+    double cpu_us[NMODES][MAXR];  /* getrusage(RUSAGE_THREAD) utime+stime */
+    double tcpu_us[NMODES][MAXR]; /* CLOCK_THREAD_CPUTIME_ID */
+    double wall_us[NMODES][MAXR]; /* the wait's wall time */
+    long nvcsw[NMODES];           /* voluntary context switches in waits */
     int err;
 };
 
@@ -277,14 +277,15 @@ int main(int argc, char **argv)
     FILE *o = b.out;
     fprintf(o, "## Waiter wake after the owner publishes (`bench_wake`)\n\n");
     bench_stamp(&b);
-    fprintf(o, "Owner and waiter are different processes (the waiter attached through the "
-               "socket). Latency: the owner stamps CLOCK_MONOTONIC just before "
-               "`sfs_cache_publish`, the waiter just after `sfs_cache_wait` returns; the owner "
-               "publishes only once the waiter is asleep (slot waiter count up, /proc state S). "
-               "Baseline in the same run: lock-read-unlock (`sfs_cache_state`) then sleep 10 ms, "
-               "with the publish at a random point of the period. Modes interleaved in %d "
-               "blocks after %d warm-up rounds each. Waiter CPU: getrusage(RUSAGE_THREAD) "
-               "user+system over the Get and the wait (the poll: the whole loop), per wait.\n\n",
+    fprintf(o,
+            "Owner and waiter are different processes (the waiter attached through the "
+            "socket). Latency: the owner stamps CLOCK_MONOTONIC just before "
+            "`sfs_cache_publish`, the waiter just after `sfs_cache_wait` returns; the owner "
+            "publishes only once the waiter is asleep (slot waiter count up, /proc state S). "
+            "Baseline in the same run: lock-read-unlock (`sfs_cache_state`) then sleep 10 ms, "
+            "with the publish at a random point of the period. Modes interleaved in %d "
+            "blocks after %d warm-up rounds each. Waiter CPU: getrusage(RUSAGE_THREAD) "
+            "user+system over the Get and the wait (the poll: the whole loop), per wait.\n\n",
             blocks, warm);
     fprintf(o, "| mode | rounds | p50 us | p99 us | max us | waiter CPU us/wait (rusage) | "
                "(thread clock) | wall us/wait | voluntary switches/wait |\n"
@@ -303,23 +304,26 @@ int main(int argc, char **argv)
         p99[m] = bench_percentile(sh->lat_us[m], n, 99);
         cpu[m] = cpus / n;
         wall[m] = walls / n;
-        fprintf(o, "| %s | %u | %.1f | %.1f | %.1f | %.2f | %.2f | %.0f | %.2f |\n",
-                mode_name[m], n, p50[m], p99[m], bench_percentile(sh->lat_us[m], n, 100),
-                cpu[m], tcpus / n, wall[m], (double)sh->nvcsw[m] / n);
+        fprintf(o, "| %s | %u | %.1f | %.1f | %.1f | %.2f | %.2f | %.0f | %.2f |\n", mode_name[m],
+                n, p50[m], p99[m], bench_percentile(sh->lat_us[m], n, 100), cpu[m], tcpus / n,
+                wall[m], (double)sh->nvcsw[m] / n);
     }
     fprintf(o, "\n| target | figure | met |\n|---|---|---|\n");
-    fprintf(o, "| p50 <= 20 us (hot / idle) | %.1f / %.1f us; the poll loop: %.0f us (%.0fx "
-               "the idle futex p50) | %s |\n",
+    fprintf(o,
+            "| p50 <= 20 us (hot / idle) | %.1f / %.1f us; the poll loop: %.0f us (%.0fx "
+            "the idle futex p50) | %s |\n",
             p50[HOT], p50[IDLE], p50[POLL], p50[POLL] / p50[IDLE],
             p50[HOT] <= 20 && p50[IDLE] <= 20 ? "yes" : "**no**");
     /* A spinning waiter would burn 100% of its wait: compare CPU with the wait's length. */
-    fprintf(o, "| waiters use ~0 CPU | hot %.1f us, idle %.1f us of CPU per wait (%.2f%% of the "
-               "idle wait's %.0f us); the poll loop %.1f us (%.2f%% of %.0f us) | %s |\n",
+    fprintf(o,
+            "| waiters use ~0 CPU | hot %.1f us, idle %.1f us of CPU per wait (%.2f%% of the "
+            "idle wait's %.0f us); the poll loop %.1f us (%.2f%% of %.0f us) | %s |\n",
             cpu[HOT], cpu[IDLE], 100 * cpu[IDLE] / wall[IDLE], wall[IDLE], cpu[POLL],
             100 * cpu[POLL] / wall[POLL], wall[POLL],
             cpu[IDLE] / wall[IDLE] < 0.05 ? "yes" : "**no**");
-    fprintf(o, "\nCounters over the measured rounds: %llu Gets made the caller a waiter "
-               "(expected %u futex-mode rounds), %llu owner loads.\n\n",
+    fprintf(o,
+            "\nCounters over the measured rounds: %llu Gets made the caller a waiter "
+            "(expected %u futex-mode rounds), %llu owner loads.\n\n",
             (unsigned long long)(st1.waits - st0.waits), sh->n[HOT] + sh->n[IDLE],
             (unsigned long long)(st1.owner_loads - st0.owner_loads));
     close(statfd);

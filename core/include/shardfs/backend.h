@@ -62,8 +62,8 @@ struct sfs_backend_ops {
     int (*shard_count)(struct sfs_backend *be, const struct sfs_block_id *block);
     int (*touch)(struct sfs_backend *be, const struct sfs_block_id *blocks, size_t n);
     int (*remove)(struct sfs_backend *be, const struct sfs_key *key);
-    int (*list)(struct sfs_backend *be,
-                int (*fn)(const struct sfs_block_id *block, void *arg), void *arg);
+    int (*list)(struct sfs_backend *be, int (*fn)(const struct sfs_block_id *block, void *arg),
+                void *arg);
     void (*close)(struct sfs_backend *be);
 };
 
@@ -79,8 +79,8 @@ struct sfs_backend {
  * wrong), -ENOENT for a missing directory.
  */
 SFS_API struct sfs_backend *sfs_backend_open(const char *spec,
-                                             const struct sfs_backend_params *params,
-                                             char *errbuf, size_t errlen, int *err);
+                                             const struct sfs_backend_params *params, char *errbuf,
+                                             size_t errlen, int *err);
 
 /* Submit loads/dumps. Returns how many were submitted (all, on success) or
  * -errno if none was; each submitted request completes exactly once. */
@@ -95,8 +95,7 @@ SFS_API int sfs_backend_exists(struct sfs_backend *be, const struct sfs_key *key
 SFS_API int sfs_backend_shard_count(struct sfs_backend *be, const struct sfs_block_id *block);
 
 /* A hint: these blocks will be read soon (readahead / WILLNEED). 0 or -errno. */
-SFS_API int sfs_backend_touch(struct sfs_backend *be, const struct sfs_block_id *blocks,
-                              size_t n);
+SFS_API int sfs_backend_touch(struct sfs_backend *be, const struct sfs_block_id *blocks, size_t n);
 
 /* Remove one shard (posix: the whole block file when its last shard goes,
  * documented in the backend). 0 or -errno. */

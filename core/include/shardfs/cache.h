@@ -35,7 +35,7 @@ extern "C" {
 #endif
 
 /* A block id is 16 bytes (an md5-style hash of a token block). */
-#define SFS_BLOCK_ID_LEN  16
+#define SFS_BLOCK_ID_LEN 16
 /* Printed as 32 lowercase hex characters; buffers need one more for the NUL. */
 #define SFS_BLOCK_HEX_LEN 32
 
@@ -100,19 +100,19 @@ enum sfs_hugepages {
 
 /* Geometry and policy of a new cache. Zero fields take the defaults. */
 struct sfs_cache_config {
-    uint64_t shard_size;    /* bytes per shard (default 256 KiB) */
-    uint64_t capacity;      /* data-plane bytes; slots = capacity / shard_size (default 1 GiB) */
-    uint32_t nslots;        /* if set, overrides capacity */
-    uint32_t nreserved;     /* of nslots, how many form the reserved pool (default 1/64, 0 ok) */
-    uint32_t nbuckets;      /* rounded up to a power of two (default ~nslots/2, >= 64) */
-    uint32_t max_procs;     /* attached processes at once (default 64) */
-    uint32_t max_leases;    /* leases one process may hold at once (default 16384) */
-    uint64_t segment_size;  /* bytes per data-plane memfd (default 1 GiB, rounded) */
-    int hugepages;          /* enum sfs_hugepages */
-    int numa_node;          /* with numa_bind: the node the data plane is bound to */
-    bool numa_bind;         /* bind the data plane to numa_node (default: no binding) */
-    bool populate;          /* prefault the data plane at create (default false) */
-    bool no_reserved;       /* nreserved is exactly 0 (0 in nreserved means default) */
+    uint64_t shard_size;   /* bytes per shard (default 256 KiB) */
+    uint64_t capacity;     /* data-plane bytes; slots = capacity / shard_size (default 1 GiB) */
+    uint32_t nslots;       /* if set, overrides capacity */
+    uint32_t nreserved;    /* of nslots, how many form the reserved pool (default 1/64, 0 ok) */
+    uint32_t nbuckets;     /* rounded up to a power of two (default ~nslots/2, >= 64) */
+    uint32_t max_procs;    /* attached processes at once (default 64) */
+    uint32_t max_leases;   /* leases one process may hold at once (default 16384) */
+    uint64_t segment_size; /* bytes per data-plane memfd (default 1 GiB, rounded) */
+    int hugepages;         /* enum sfs_hugepages */
+    int numa_node;         /* with numa_bind: the node the data plane is bound to */
+    bool numa_bind;        /* bind the data plane to numa_node (default: no binding) */
+    bool populate;         /* prefault the data plane at create (default false) */
+    bool no_reserved;      /* nreserved is exactly 0 (0 in nreserved means default) */
 };
 
 struct sfs_cache;
@@ -159,8 +159,7 @@ SFS_API int sfs_cache_get(struct sfs_cache *c, const struct sfs_key *key, unsign
  * caller now owns it: fill and publish), or -ETIMEDOUT.
  */
 #define SFS_WAIT_OWNER SFS_STATE_IDLE
-SFS_API int sfs_cache_wait(struct sfs_cache *c, const struct sfs_lease *lease,
-                           int64_t deadline_ns);
+SFS_API int sfs_cache_wait(struct sfs_cache *c, const struct sfs_lease *lease, int64_t deadline_ns);
 
 /*
  * Block until any of the leased slots is no longer Loading, or deadline_ns.
@@ -177,8 +176,8 @@ SFS_API int sfs_cache_wait_any(struct sfs_cache *c, const struct sfs_lease *leas
 /* Owner: publish the filled slot as Ready with `length` valid bytes
  * (<= shard_size). Counts `length` into bytes_read unless SFS_PUBLISH_WRITTEN.
  * The lease stays held: release it when done reading. */
-SFS_API int sfs_cache_publish(struct sfs_cache *c, const struct sfs_lease *lease,
-                              uint32_t length, unsigned flags);
+SFS_API int sfs_cache_publish(struct sfs_cache *c, const struct sfs_lease *lease, uint32_t length,
+                              unsigned flags);
 
 /* Owner: publish failure `error` (negative errno). The next Get retries. */
 SFS_API int sfs_cache_fail(struct sfs_cache *c, const struct sfs_lease *lease, int error);
@@ -251,14 +250,14 @@ struct sfs_stats {
     uint64_t bytes_read;    /* bytes loaded from the backend */
     uint64_t resident_bytes;
     uint64_t capacity_bytes;
-    uint64_t owner_loads;   /* Gets that made the caller owner */
-    uint64_t waits;         /* Gets that made the caller waiter */
-    uint64_t evictions;     /* slots with a key taken by CLOCK */
-    uint64_t failures;      /* owners that published Failed */
-    uint64_t takeovers;     /* ownership taken from a dead owner or an Idle slot */
-    uint64_t prealloc;      /* Idle slots placed by Prealloc */
-    uint64_t touched;       /* slots marked by Touch */
-    uint64_t reaped;        /* dead processes reaped */
+    uint64_t owner_loads; /* Gets that made the caller owner */
+    uint64_t waits;       /* Gets that made the caller waiter */
+    uint64_t evictions;   /* slots with a key taken by CLOCK */
+    uint64_t failures;    /* owners that published Failed */
+    uint64_t takeovers;   /* ownership taken from a dead owner or an Idle slot */
+    uint64_t prealloc;    /* Idle slots placed by Prealloc */
+    uint64_t touched;     /* slots marked by Touch */
+    uint64_t reaped;      /* dead processes reaped */
 };
 
 SFS_API void sfs_cache_stats(struct sfs_cache *c, struct sfs_stats *out);
@@ -274,9 +273,9 @@ struct sfs_cache_info {
     uint32_t nbuckets;
     uint32_t nsegments;
     uint32_t max_procs;
-    bool hugepages;   /* the data plane is on huge pages */
-    bool query_only;  /* this handle has no data plane */
-    int proc_index;   /* this process's record */
+    bool hugepages;  /* the data plane is on huge pages */
+    bool query_only; /* this handle has no data plane */
+    int proc_index;  /* this process's record */
     uint64_t control_bytes;
 };
 SFS_API void sfs_cache_info(struct sfs_cache *c, struct sfs_cache_info *out);
