@@ -1122,13 +1122,17 @@ static void check_owners(struct sfs_cache *c, struct sfs_slot_rec *const *sls, s
     }
 }
 
-int sfs_cache_wait_any(struct sfs_cache *c, const struct sfs_lease *leases, size_t n,
-                       int64_t deadline_ns, int *state)
+int sfs_cache_wait_any_bell(struct sfs_cache *c, const struct sfs_lease *leases, size_t n,
+                            int64_t deadline_ns, int *state, uint32_t *bell_word,
+                            uint32_t bell_seen)
 {
+    /* The public type is plain uint32_t (C++ includes the header); every
+     * access here is atomic. */
+    _Atomic uint32_t *bell = (_Atomic uint32_t *)bell_word;
     struct sfs_slot_rec *sls[SFS_WAIT_ANY_MAX];
     uint32_t v[SFS_WAIT_ANY_MAX];
 
-    if (!c || !leases || !state || n == 0 || n > SFS_WAIT_ANY_MAX)
+    if (!c || (!leases && n) || !state || (n == 0 && !bell) || n > SFS_WAIT_ANY_MAX)
         return -EINVAL;
     for (size_t i = 0; i < n; i++) {
         sls[i] = lease_slot(c, &leases[i]);
@@ -1146,6 +1150,9 @@ int sfs_cache_wait_any(struct sfs_cache *c, const struct sfs_lease *leases, size
                 return (int)i;
             }
         }
+        /* Acquire: pairs with the ringer's release bump. */
+        if (bell && atomic_load_explicit(bell, memory_order_acquire) != bell_seen)
+            return (int)n;
         int64_t now = sfs_now_ns();
         if (deadline_ns > 0 && now >= deadline_ns)
             return -ETIMEDOUT;
@@ -1154,7 +1161,7 @@ int sfs_cache_wait_any(struct sfs_cache *c, const struct sfs_lease *leases, size
             slice = deadline_ns;
         for (size_t i = 0; i < n; i++)
             atomic_fetch_add_explicit(&sls[i]->nwaiters, 1, memory_order_seq_cst);
-        int r = sfs_futex_waitv(sls, v, n, slice);
+        int r = sfs_futex_waitv(sls, v, n, bell, bell_seen, slice);
         for (size_t i = 0; i < n; i++)
             atomic_fetch_sub_explicit(&sls[i]->nwaiters, 1, memory_order_seq_cst);
         if (r == -ETIMEDOUT)
@@ -1162,6 +1169,24 @@ int sfs_cache_wait_any(struct sfs_cache *c, const struct sfs_lease *leases, size
         else if (r == -ENOSYS)
             return r;
     }
+}
+
+int sfs_cache_wait_any(struct sfs_cache *c, const struct sfs_lease *leases, size_t n,
+                       int64_t deadline_ns, int *state)
+{
+    if (n == 0)
+        return -EINVAL;
+    return sfs_cache_wait_any_bell(c, leases, n, deadline_ns, state, NULL, 0);
+}
+
+void sfs_bell_ring(uint32_t *bell_word)
+{
+    _Atomic uint32_t *bell = (_Atomic uint32_t *)bell_word;
+
+    /* Release: what the ringer queued is visible to whoever sees the bump.
+     * The bell is process-private memory: a private futex wake. */
+    atomic_fetch_add_explicit(bell, 1, memory_order_release);
+    sfs_futex_wake_private(bell, INT32_MAX);
 }
 
 int sfs_cache_publish(struct sfs_cache *c, const struct sfs_lease *lease, uint32_t length,

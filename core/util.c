@@ -205,29 +205,44 @@ int sfs_futex_wait(_Atomic uint32_t *word, uint32_t expect, int64_t deadline_ns)
  * publish since then changed a word and the kernel returns at once.
  */
 int sfs_futex_waitv(struct sfs_slot_rec *const *slots, const uint32_t *expect, size_t n,
-                    int64_t deadline_ns)
+                    _Atomic uint32_t *bell, uint32_t bell_seen, int64_t deadline_ns)
 {
-    struct futex_waitv w[128];
+    struct futex_waitv w[129];
     struct timespec ts, *tsp = NULL;
+    size_t k = n;
     long r;
 
     if (n > 128)
         return -EINVAL;
-    memset(w, 0, sizeof(w[0]) * n);
+    memset(w, 0, sizeof(w[0]) * (n + 1));
     for (size_t i = 0; i < n; i++) {
         w[i].uaddr = (uintptr_t)&slots[i]->version;
         w[i].val = expect[i];
         w[i].flags = FUTEX_32;
+    }
+    if (bell) {
+        /* The caller's doorbell lives in its private memory. */
+        w[k].uaddr = (uintptr_t)bell;
+        w[k].val = bell_seen;
+        w[k].flags = FUTEX_32 | FUTEX_PRIVATE_FLAG;
+        k++;
     }
     if (deadline_ns > 0) {
         ts.tv_sec = deadline_ns / 1000000000;
         ts.tv_nsec = deadline_ns % 1000000000;
         tsp = &ts;
     }
-    r = syscall(__NR_futex_waitv, w, (unsigned)n, 0, tsp, CLOCK_MONOTONIC);
+    r = syscall(__NR_futex_waitv, w, (unsigned)k, 0, tsp, CLOCK_MONOTONIC);
     if (r < 0)
         return -errno; /* -EAGAIN: a word changed; -ETIMEDOUT; -EINTR */
     return 0;
+}
+
+int sfs_futex_wake_private(_Atomic uint32_t *word, int n)
+{
+    long r = syscall(SYS_futex, (uint32_t *)word, FUTEX_WAKE_PRIVATE, n, NULL, NULL, 0);
+
+    return r < 0 ? -errno : (int)r;
 }
 
 int sfs_futex_wake(_Atomic uint32_t *word, int n)

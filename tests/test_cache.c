@@ -1260,3 +1260,63 @@ Test(cache, thread_exit_returns_spare_entry, .timeout = 30)
     cr_assert_eq(sfs_cache_release(c, &b), 0);
     sfs_cache_close(c);
 }
+
+/* A doorbell in the waiter's own memory wakes wait_any_bell, so another
+ * thread can hand it more work without a publish. */
+struct bell_arg {
+    struct sfs_cache *c;
+    struct sfs_lease l;
+    uint32_t bell;
+    int first, second, state;
+    int64_t rung_ns, woke_ns;
+};
+
+static void *bell_waiter(void *p)
+{
+    struct bell_arg *a = p;
+    uint32_t seen = __atomic_load_n(&a->bell, __ATOMIC_ACQUIRE);
+
+    a->first = sfs_cache_wait_any_bell(a->c, &a->l, 1, sfs_deadline_after(5000 * MS), &a->state,
+                                       &a->bell, seen);
+    a->woke_ns = sfs_now_ns();
+    seen = __atomic_load_n(&a->bell, __ATOMIC_ACQUIRE);
+    a->second = sfs_cache_wait_any_bell(a->c, &a->l, 1, sfs_deadline_after(5000 * MS),
+                                        &a->state, &a->bell, seen);
+    return NULL;
+}
+
+Test(cache, wait_any_bell_wakes_on_ring_then_publish, .timeout = 30)
+{
+    struct sfs_cache *c = tu_cache(8, 0, SHARD);
+    struct sfs_key k = tu_key(91, 0);
+    struct sfs_lease own;
+    struct bell_arg a = {.c = c};
+    pthread_t t;
+    int st;
+
+    cr_assert_eq(sfs_cache_get(c, &k, 0, 0, &own), SFS_OWNER);
+    cr_assert_eq(sfs_cache_get(c, &k, 0, 0, &a.l), SFS_WAITER);
+    cr_assert_eq(pthread_create(&t, NULL, bell_waiter, &a), 0);
+    sleep_ms(50);
+    a.rung_ns = sfs_now_ns();
+    sfs_bell_ring(&a.bell);
+    sleep_ms(50);
+    cr_assert_eq(a.first, 1, "the ring is reported as index n");
+    cr_assert(a.woke_ns - a.rung_ns < 20 * MS, "woke %lld us after the ring",
+              (long long)(a.woke_ns - a.rung_ns) / 1000);
+    fill_publish(c, &k, &own);
+    cr_assert_eq(pthread_join(t, NULL), 0);
+    cr_assert_eq(a.second, 0);
+    cr_assert_eq(a.state, SFS_STATE_READY);
+    /* A bell alone: times out, or returns 0 (= n) when rung before. */
+    uint32_t bell = 0;
+    cr_assert_eq(sfs_cache_wait_any_bell(c, NULL, 0, sfs_deadline_after(20 * MS), &st, &bell, 0),
+                 -ETIMEDOUT);
+    sfs_bell_ring(&bell);
+    cr_assert_eq(sfs_cache_wait_any_bell(c, NULL, 0, sfs_deadline_after(20 * MS), &st, &bell, 0),
+                 0);
+    cr_assert_eq(sfs_cache_wait_any_bell(c, NULL, 0, 0, &st, NULL, 0), -EINVAL);
+    cr_assert_eq(sfs_cache_release(c, &a.l), 0);
+    cr_assert_eq(sfs_cache_release(c, &own), 0);
+    sfs_cache_close(c);
+}

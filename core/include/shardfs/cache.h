@@ -173,6 +173,18 @@ SFS_API int sfs_cache_wait(struct sfs_cache *c, const struct sfs_lease *lease, i
 SFS_API int sfs_cache_wait_any(struct sfs_cache *c, const struct sfs_lease *leases, size_t n,
                                int64_t deadline_ns, int *state);
 
+/*
+ * sfs_cache_wait_any() that also wakes when a doorbell rings: `bell` is a
+ * word in the caller's own memory that its other threads bump only with
+ * sfs_bell_ring() (and read with __atomic_load_n or C11 atomics) (to add work to a waiter's set, say). Returns n when
+ * *bell differs from bell_seen (read it before checking for work, then pass
+ * what was read). n may be 0 with a bell.
+ */
+SFS_API int sfs_cache_wait_any_bell(struct sfs_cache *c, const struct sfs_lease *leases,
+                                    size_t n, int64_t deadline_ns, int *state,
+                                    uint32_t *bell, uint32_t bell_seen);
+SFS_API void sfs_bell_ring(uint32_t *bell);
+
 /* Owner: publish the filled slot as Ready with `length` valid bytes
  * (<= shard_size). Counts `length` into bytes_read unless SFS_PUBLISH_WRITTEN.
  * The lease stays held: release it when done reading. */
