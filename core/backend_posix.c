@@ -15,9 +15,11 @@
  * completion queue: it finishes short reads, retries -EAGAIN, falls back
  * from O_DIRECT to buffered reads when the file system refuses it, tops the
  * ring up from the pending list and calls io->done outside every lock, so a
- * done() may submit again. Each load opens the block file itself and the
- * reaper closes it: a cached descriptor would keep reading a block file that
- * a commit has since replaced, so there is no descriptor cache.
+ * done() may submit again. A batch (one posix_load call) is queued with one
+ * io_uring_submit, and opens each block file once for all of its loads of
+ * that block (struct block_fd); the reaper closes it after the last of them.
+ * Descriptors never outlive their batch: a cached descriptor would keep
+ * reading a block file that a commit has since replaced.
  * Result: len; -ENOENT when the block file is missing or ends at or before the
  * shard; -EIO when it ends inside the shard (a short read); else -errno.
  *
@@ -65,7 +67,7 @@
 
 /* io->priv[] of a load, owned by this file while the load is in flight. */
 enum {
-    PRIV_FD = 0,   /* the block file's descriptor (intptr_t) */
+    PRIV_FD = 0,   /* struct block_fd * shared by the batch's loads of a block */
     PRIV_NEXT = 1, /* pending / local list link */
     PRIV_DONE = 2, /* bytes read so far (uintptr_t) */
     PRIV_FLAGS = 3 /* F_DIRECT | retries << F_RETRY_SHIFT */
@@ -89,9 +91,54 @@ struct posix_backend {
     atomic_bool direct_off;   /* set once the fs refused O_DIRECT */
 };
 
-static inline intptr_t io_fd(struct sfs_io *io)
+/* One open of a block file, shared by the loads of one posix_load() batch
+ * that read that block the same way (O_DIRECT or not); closed when the last
+ * of them finishes. Never reused across batches: a commit replaces the block
+ * file by rename, and a later batch must see the new file. refs is touched by
+ * the submitter before the loads are queued (published by sq_lock) and then
+ * only by the reaper thread. */
+struct block_fd {
+    int fd;
+    unsigned refs;
+};
+
+static inline struct block_fd *io_bfd(struct sfs_io *io)
 {
-    return (intptr_t)io->priv[PRIV_FD];
+    return io->priv[PRIV_FD];
+}
+
+static inline int io_fd(struct sfs_io *io)
+{
+    struct block_fd *b = io_bfd(io);
+
+    return b ? b->fd : -1;
+}
+
+/* Drop io's reference to its block file. */
+static void io_put_fd(struct sfs_io *io)
+{
+    struct block_fd *b = io_bfd(io);
+
+    io->priv[PRIV_FD] = NULL;
+    if (b && --b->refs == 0) {
+        close(b->fd);
+        free(b);
+    }
+}
+
+/* A block_fd of one reference for an open fd; closes fd on failure. */
+static struct block_fd *bfd_new(int fd, int *err)
+{
+    struct block_fd *b = malloc(sizeof(*b));
+
+    if (!b) {
+        close(fd);
+        *err = -ENOMEM;
+        return NULL;
+    }
+    b->fd = fd;
+    b->refs = 1;
+    return b;
 }
 
 static inline struct sfs_io *io_next(struct sfs_io *io)
@@ -184,7 +231,7 @@ static bool prep_read_locked(struct posix_backend *p, struct sfs_io *io)
 
     if (!sqe)
         return false;
-    io_uring_prep_read(sqe, (int)io_fd(io), (char *)io->buf + got, io->len - (unsigned)got, off);
+    io_uring_prep_read(sqe, io_fd(io), (char *)io->buf + got, io->len - (unsigned)got, off);
     io_uring_sqe_set_data(sqe, io);
     return true;
 }
@@ -241,24 +288,38 @@ static void finish_list(struct sfs_io *head)
         struct sfs_io *io = head;
 
         head = io_next(io);
-        if (io_fd(io) >= 0)
-            close((int)io_fd(io));
+        io_put_fd(io);
         io->done(io); /* io is the caller's again from here */
     }
 }
 
+/* Blocks a batch remembers while opening: loads of a block usually come
+ * close together (a stretch of a task), so a short window finds them. */
+#define OPEN_WINDOW 16
+
+struct open_ent {
+    struct sfs_block_id id;
+    bool direct; /* the mode asked for */
+    bool actual; /* the mode the open got */
+    struct block_fd *bfd;
+};
+
 static int posix_load(struct sfs_backend *be, struct sfs_io **ios, size_t n)
 {
     struct posix_backend *p = (struct posix_backend *)be;
-    struct sfs_io *ready = NULL, *failed = NULL;
+    struct sfs_io *ready = NULL, *failed = NULL, *ready_tail = NULL;
+    struct open_ent win[OPEN_WINDOW];
+    size_t nwin = 0, wnext = 0;
 
-    /* Opens happen outside the lock: they may wait on directory I/O. */
-    for (size_t i = n; i-- > 0;) {
+    /* Opens happen outside the lock: they may wait on directory I/O. Each
+     * block is opened once for the loads of this batch that read it. */
+    for (size_t i = 0; i < n; i++) {
         struct sfs_io *io = ios[i];
+        struct block_fd *bfd = NULL;
         bool direct;
         int fd;
 
-        io->priv[PRIV_FD] = (void *)(intptr_t)-1;
+        io->priv[PRIV_FD] = NULL;
         io->priv[PRIV_DONE] = (void *)0;
         io->priv[PRIV_FLAGS] = (void *)0;
         if (!io->buf || io->len == 0 || io->len > be->shard_size) {
@@ -268,17 +329,44 @@ static int posix_load(struct sfs_backend *be, struct sfs_io **ios, size_t n)
             continue;
         }
         direct = want_direct(p, io);
-        fd = open_block_read(p, &io->key.block, &direct);
-        if (fd < 0) {
-            io->result = fd;
-            io_set_next(io, failed);
-            failed = io;
-            continue;
+        for (size_t w = 0; w < nwin; w++) {
+            if (win[w].direct == direct &&
+                memcmp(&win[w].id, &io->key.block, sizeof(win[w].id)) == 0) {
+                bfd = win[w].bfd;
+                bfd->refs++;
+                direct = win[w].actual;
+                break;
+            }
         }
-        io->priv[PRIV_FD] = (void *)(intptr_t)fd;
+        if (!bfd) {
+            bool asked = direct;
+
+            fd = open_block_read(p, &io->key.block, &direct);
+            if (fd >= 0)
+                bfd = bfd_new(fd, &fd);
+            if (!bfd) {
+                io->result = fd;
+                io_set_next(io, failed);
+                failed = io;
+                continue;
+            }
+            /* Remember it under the mode asked for: the next load of the
+             * block asks the same way and gets the same answer. */
+            win[wnext] = (struct open_ent){
+                .id = io->key.block, .direct = asked, .actual = direct, .bfd = bfd};
+            wnext = (wnext + 1) % OPEN_WINDOW;
+            if (nwin < OPEN_WINDOW)
+                nwin++;
+        }
+        io->priv[PRIV_FD] = bfd;
         io->priv[PRIV_FLAGS] = (void *)(uintptr_t)(direct ? F_DIRECT : 0);
-        io_set_next(io, ready);
-        ready = io;
+        /* Keep the batch's order: the caller put its loads in walk order. */
+        io_set_next(io, NULL);
+        if (ready_tail)
+            io_set_next(ready_tail, io);
+        else
+            ready = io;
+        ready_tail = io;
     }
 
     pthread_mutex_lock(&p->sq_lock);
@@ -322,10 +410,11 @@ static enum cqe_verdict handle_cqe(struct posix_backend *p, struct sfs_io *io, i
 
         /* Relaxed: see open_block_read. */
         atomic_store_explicit(&p->direct_off, true, memory_order_relaxed);
-        close((int)io_fd(io));
+        io_put_fd(io); /* the batch's other loads of the block fall back alike */
         fd = open_block_read(p, &io->key.block, &direct);
-        io->priv[PRIV_FD] = (void *)(intptr_t)fd;
         io->priv[PRIV_FLAGS] = (void *)(flags & ~(uintptr_t)F_DIRECT);
+        if (fd >= 0)
+            io->priv[PRIV_FD] = bfd_new(fd, &fd);
         if (fd < 0) {
             io->result = fd;
             return CQE_FINISH;

@@ -178,16 +178,18 @@ static void load_done(struct sfs_io *io)
     sfs_lq_item_done(it, res); /* a prefetch keeps no lease */
 }
 
-/* Owner of it->lease, holding a depth token: start loading it. */
-int sfs_lq_submit_load(struct rank_item *it)
+/* Owner of it->lease, holding a depth token: fill in its request. False
+ * (and the item is finished) when there is no backend. */
+static bool prep_load(struct rank_item *it)
 {
     struct sfs_rank *rk = it->rank;
     struct sfs_io *iop = &it->io;
-    int r;
 
     if (!rk->be) {
-        r = -ENOENT;
-        goto out_fail;
+        sfs_lq_token_put(rk);
+        sfs_cache_fail(rk->cache, &it->lease, -ENOENT);
+        sfs_lq_item_done(it, -ENOENT);
+        return false;
     }
     it->buf = sfs_cache_data(rk->cache, &it->lease);
     memset(iop, 0, sizeof(*iop));
@@ -196,15 +198,43 @@ int sfs_lq_submit_load(struct rank_item *it)
     iop->len = (uint32_t)rk->shard_size;
     iop->done = load_done;
     iop->arg = it;
-    rank_ctr_add(rk, RC_OWNER_LOADS, 1);
-    r = sfs_backend_load(rk->be, &iop, 1);
-    if (r >= 0)
-        return 0;
-out_fail:
-    sfs_lq_token_put(rk);
-    sfs_cache_fail(rk->cache, &it->lease, r);
-    sfs_lq_item_done(it, r);
-    return r;
+    return true;
+}
+
+/* Submit prepared loads with one backend call (one io_uring submit in the
+ * posix backend, which also opens each block file once for the batch). */
+static void submit_loads(struct sfs_rank *rk, struct sfs_io **ios, size_t n)
+{
+    int r;
+
+    if (n == 0)
+        return;
+    rank_ctr_add(rk, RC_OWNER_LOADS, n);
+    r = sfs_backend_load(rk->be, ios, n);
+    if (r >= (int)n)
+        return;
+    /* None taken (-errno), or a prefix (the contract allows it; our
+     * backends take all or none): fail the rest. */
+    int err = r < 0 ? r : -EIO;
+
+    for (size_t i = r < 0 ? 0 : (size_t)r; i < n; i++) {
+        struct rank_item *it = ios[i]->arg;
+
+        sfs_lq_token_put(rk);
+        sfs_cache_fail(rk->cache, &it->lease, err);
+        sfs_lq_item_done(it, err);
+    }
+}
+
+/* Owner of it->lease, holding a depth token: start loading it. */
+int sfs_lq_submit_load(struct rank_item *it)
+{
+    struct sfs_io *iop = &it->io;
+
+    if (!prep_load(it))
+        return -ENOENT;
+    submit_loads(it->rank, &iop, 1);
+    return 0;
 }
 
 /* A wait made this item owner (the owner died, or the slot was reset): load
@@ -551,7 +581,23 @@ static void wait_one(struct sfs_rank *rk, struct rank_item *it)
  * The dispatcher.
  */
 
-static void dispatch_load(struct sfs_rank *rk, struct rank_item *it)
+/* Owner loads the walk has taken (each holds a token and its key's
+ * ownership) but not yet submitted. Flushed whenever the dispatcher would
+ * block (a token, a blocking wait), when it holds `depth` of them, and at the
+ * end of the walk: so an ownership is never held while its load waits for
+ * anything but the walk's next few Gets. */
+struct load_batch {
+    size_t n, cap;
+    struct sfs_io **ios;
+};
+
+static void batch_flush(struct sfs_rank *rk, struct load_batch *b)
+{
+    submit_loads(rk, b->ios, b->n);
+    b->n = 0;
+}
+
+static void dispatch_load(struct sfs_rank *rk, struct rank_item *it, struct load_batch *b)
 {
     int64_t deadline = sfs_deadline_after(rk->key_timeout_ns);
     bool token = sfs_lq_token_try(rk);
@@ -563,11 +609,18 @@ static void dispatch_load(struct sfs_rank *rk, struct rank_item *it)
         int st = sfs_cache_state(rk->cache, &it->key);
 
         if (st != SFS_STATE_READY && st != SFS_STATE_LOADING) {
+            batch_flush(rk, b); /* their tokens are the ones we wait for */
             token_get(rk);
             token = true;
         }
     }
-    role = sfs_cache_get(rk->cache, &it->key, 0, deadline, &it->lease);
+    /* With loads batched, try without waiting for a slot first: a full
+     * cache must not wait on slots whose loads we have not submitted yet. */
+    role = sfs_cache_get(rk->cache, &it->key, 0, b->n ? 0 : deadline, &it->lease);
+    if (role == -ENOSPC && b->n) {
+        batch_flush(rk, b);
+        role = sfs_cache_get(rk->cache, &it->key, 0, deadline, &it->lease);
+    }
     if (role < 0) {
         if (token)
             sfs_lq_token_put(rk);
@@ -589,16 +642,28 @@ static void dispatch_load(struct sfs_rank *rk, struct rank_item *it)
         rank_ctr_add(rk, RC_WAITS, 1);
         it->step = STEP_WAIT;
         it->deadline_ns = deadline;
-        if (rk->blocking_waits)
+        if (rk->blocking_waits) {
+            batch_flush(rk, b);
             wait_one(rk, it); /* the old way: the walk stalls here */
-        else
+        } else {
             push_wait(rk, it);
+        }
         break;
     case SFS_OWNER:
     default:
-        if (!token)
+        if (!token) {
+            batch_flush(rk, b);
             token_get(rk); /* lost the race with the peek: rare */
-        sfs_lq_submit_load(it);
+        }
+        if (!b->ios) {
+            sfs_lq_submit_load(it); /* no batch array: one at a time */
+            break;
+        }
+        if (!prep_load(it))
+            break;
+        b->ios[b->n++] = &it->io;
+        if (b->n == b->cap)
+            batch_flush(rk, b);
         break;
     }
 }
@@ -663,14 +728,20 @@ static void walk_task(struct sfs_rank *rk, struct sfs_task *t)
         for (size_t i = 0; i < t->n; i++)
             order[i] = (uint32_t)i;
     }
+    struct load_batch b = {.n = 0, .cap = rk->depth ? rk->depth : 1, .ios = NULL};
+
+    if (t->kind != ITEM_DUMP)
+        b.ios = malloc(b.cap * sizeof(*b.ios)); /* NULL: loads go one by one */
     for (size_t k = 0; k < t->n; k++) {
         struct rank_item *it = &t->items[order ? order[k] : k];
 
         if (t->kind == ITEM_DUMP)
             dispatch_dump(rk, it);
         else
-            dispatch_load(rk, it);
+            dispatch_load(rk, it, &b);
     }
+    batch_flush(rk, &b);
+    free(b.ios);
     free(order);
 }
 
