@@ -23,8 +23,13 @@
  *     resident task of 64 x 16 KiB, p50/p99.
  *
  * Each figure is the median of --reps runs after a warm-up. Tables go to
- * stdout and, with --out, are appended to FILE (docs/PERFORMANCE.md).
+ * stdout and, with --out FILE (or --md FILE), replace this program's section
+ * of FILE (docs/PERFORMANCE.md): between <!-- bench_rank:begin --> and
+ * <!-- bench_rank:end --> (--gpu: bench_rank_gpu), as bench_util.h does for
+ * every bench, so the file stays one document.
  */
+#include "bench_util.h"
+
 #include <shardfs/backend.h>
 #include <shardfs/cache.h>
 #include <shardfs/fault.h>
@@ -646,7 +651,7 @@ int main(int argc, char **argv)
             O.shard = (uint32_t)strtoul(v, NULL, 0), i++;
         } else if (!strcmp(a, "--reps") && v) {
             O.reps = atoi(v), i++;
-        } else if (!strcmp(a, "--out") && v) {
+        } else if ((!strcmp(a, "--out") || !strcmp(a, "--md")) && v) {
             O.out = v, i++;
         } else if (!strcmp(a, "--copier") && v) {
             O.copier = !strcmp(v, "host")   ? SFS_COPIER_HOST
@@ -659,10 +664,18 @@ int main(int argc, char **argv)
     }
     if (O.M == 0 || O.depth == 0 || O.reps < 1 || O.reps > 16 || O.shard == 0)
         usage();
+    struct bench b = {
+        .name = O.gpu ? "bench_rank_gpu" : "bench_rank", .quick = O.quick, .md = O.out};
+
     if (O.out) {
-        outf = fopen(O.out, "a");
+        /* The section is collected here and replaces the old one at the end. */
+        outf = open_memstream(&b.buf, &b.len);
         if (!outf)
-            die(O.out, errno);
+            die("open_memstream", errno);
+        b.out = outf;
+        fprintf(outf, "## libshardfs-rank: %s (`bench_rank%s`)\n\n",
+                O.gpu ? "GPU copies" : "TP scaling and the hit path", O.gpu ? " --gpu" : "");
+        bench_stamp(&b);
     }
     if (O.gpu) {
         bench_gpu();
@@ -670,7 +683,18 @@ int main(int argc, char **argv)
         bench_tp();
         bench_hits();
     }
-    if (outf)
+    if (outf) {
+        int rc;
+
+        emit("\nCommand: `build/tests/bench/bench_rank%s --out docs/PERFORMANCE.md`\n",
+             O.gpu ? " --gpu" : "");
         fclose(outf);
+        outf = NULL;
+        rc = bench_write_md(&b);
+        free(b.buf);
+        if (rc < 0)
+            return 1;
+        fprintf(stderr, "bench_rank: section written to %s\n", O.out);
+    }
     return 0;
 }
