@@ -878,7 +878,11 @@ int sfs_cache_get(struct sfs_cache *c, const struct sfs_key *key, unsigned flags
     if (r < 0)
         return r;
     b = bucket_of(c, key);
-    sfs_ctr_add(c, CTR_REQUESTS, 1);
+    /* A prefetch is not a lookup: it counts as a load (owner_loads,
+     * prefetched), never as a request, miss or unserved Get. */
+    const bool lookup = !(flags & SFS_GET_PREFETCH);
+    if (lookup)
+        sfs_ctr_add(c, CTR_REQUESTS, 1);
 retry:;
     uint32_t seq = atomic_load_explicit(&c->hdr->release_seq, memory_order_seq_cst);
 
@@ -977,9 +981,10 @@ retry:;
         reaped = false;
         goto retry;
     }
-    install(c, b, s, key, SFS_STATE_LOADING, flags & SFS_GET_PREFETCH);
+    install(c, b, s, key, SFS_STATE_LOADING, !lookup);
     lease_take(c, s, e, lease);
-    sfs_ctr_add(c, CTR_MISSES, 1);
+    if (lookup)
+        sfs_ctr_add(c, CTR_MISSES, 1);
     role = SFS_OWNER;
 out_owner:
     lease_mark_owner(c, lease->slot, e);
@@ -991,7 +996,8 @@ out_unlock:
     bucket_unlock(c, b);
 out_free:
     entry_free(c, e);
-    sfs_ctr_add(c, CTR_UNSERVED, 1);
+    if (lookup)
+        sfs_ctr_add(c, CTR_UNSERVED, 1);
     return r;
 }
 

@@ -683,6 +683,10 @@ Test(cache, get_prefetch, .timeout = 30)
     cr_assert_eq(st.prefetch_hits, 1);
     cr_assert_eq(st.hits, 2);
     cr_assert_eq(st.prefetched, 1);
+    /* Prefetches are loads, not lookups: requests are the two demand Gets. */
+    cr_assert_eq(st.requests, 2);
+    cr_assert_eq(st.misses, 0);
+    cr_assert_eq(st.owner_loads, 1);
 
     /* Regular pool all leased (P, Q): prefetch gives up rather than take a
      * reserved slot or a leased one. */
