@@ -39,6 +39,7 @@
 
 #include <errno.h>
 #include <fcntl.h>
+#include <sched.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
@@ -710,7 +711,7 @@ static void refcount_drop(struct sfs_cache *c, struct sfs_slot_rec *s)
  */
 
 /* Try to take slot s for bucket b (b locked). Returns 0 with s detached and
- * s->bucket == b, or -EAGAIN to move on. */
+ * s->bucket == b, -EBUSY when its bucket was busy, or -EAGAIN to move on. */
 static int take_slot(struct sfs_cache *c, uint32_t b, uint32_t s)
 {
     struct sfs_slot_rec *sl = &c->slots[s];
@@ -727,7 +728,7 @@ static int take_slot(struct sfs_cache *c, uint32_t b, uint32_t s)
     if (sb >= c->nbuckets)
         return -EAGAIN; /* corrupt hint: never index with it */
     if (sb != b && bucket_trylock(c, sb) < 0)
-        return -EAGAIN;
+        return -EBUSY; /* another evictor or reader holds it: not "all leased" */
     int r = -EAGAIN;
     if (atomic_load_explicit(&sl->bucket, memory_order_relaxed) != sb)
         goto out_unlock;
@@ -776,7 +777,7 @@ static int take_fresh(struct sfs_cache *c, uint32_t b, _Atomic uint32_t *fresh, 
  * (leased or not) and skipped; the first clear, unleased slot is the victim.
  */
 static int clock_scan(struct sfs_cache *c, uint32_t b, _Atomic uint64_t *hand, uint32_t base,
-                      uint32_t n, uint32_t *out)
+                      uint32_t n, uint32_t *out, bool *busy)
 {
     if (n == 0)
         return -ENOSPC;
@@ -793,33 +794,41 @@ static int clock_scan(struct sfs_cache *c, uint32_t b, _Atomic uint64_t *hand, u
         }
         if (atomic_load_explicit(&sl->refcount, memory_order_relaxed) != 0)
             continue; /* hint; re-checked under the lock */
-        if (take_slot(c, b, s) == 0) {
+        int r = take_slot(c, b, s);
+
+        if (r == 0) {
             *out = s;
             return 0;
         }
+        if (r == -EBUSY)
+            *busy = true;
     }
     return -ENOSPC;
 }
 
 enum pool { POOL_REGULAR = 1, POOL_RESERVED = 2, POOL_FRESH_ONLY = 4 };
 
+/* -ENOSPC when every candidate was leased; -EAGAIN when some unleased one
+ * sat in a bucket that was busy at that instant (worth another try). */
 static int alloc_slot(struct sfs_cache *c, uint32_t b, unsigned pools, uint32_t *out)
 {
     struct sfs_header *h = c->hdr;
+    bool busy = false;
 
     if (pools & POOL_REGULAR) {
         if (take_fresh(c, b, &h->fresh, 0, c->nregular, out) == 0)
             return 0;
-        if (!(pools & POOL_FRESH_ONLY) && clock_scan(c, b, &h->hand, 0, c->nregular, out) == 0)
+        if (!(pools & POOL_FRESH_ONLY) &&
+            clock_scan(c, b, &h->hand, 0, c->nregular, out, &busy) == 0)
             return 0;
     }
     if (pools & POOL_RESERVED) {
         if (take_fresh(c, b, &h->fresh_reserved, c->nregular, c->nreserved, out) == 0)
             return 0;
-        if (clock_scan(c, b, &h->hand_reserved, c->nregular, c->nreserved, out) == 0)
+        if (clock_scan(c, b, &h->hand_reserved, c->nregular, c->nreserved, out, &busy) == 0)
             return 0;
     }
-    return -ENOSPC;
+    return busy ? -EAGAIN : -ENOSPC;
 }
 
 /* Put key on slot s (detached, s->bucket == b, b locked) in `state`. */
@@ -871,6 +880,7 @@ int sfs_cache_get(struct sfs_cache *c, const struct sfs_key *key, unsigned flags
     uint32_t b, s, e;
     int r, role, err = 0;
     bool reaped = false;
+    int busy_retries = 0;
 
     if (!c || !key || !lease)
         return -EINVAL;
@@ -964,7 +974,14 @@ retry:;
     }
     r = alloc_slot(c, b, (flags & SFS_GET_PREFETCH) ? POOL_REGULAR : POOL_REGULAR | POOL_RESERVED,
                    &s);
+    if (r == -EAGAIN && busy_retries++ < 64) {
+        /* A victim's bucket was busy: let its holder finish, then rescan. */
+        bucket_unlock(c, b);
+        sched_yield();
+        goto retry;
+    }
     if (r < 0) {
+        r = -ENOSPC;
         bucket_unlock(c, b);
         if (flags & SFS_GET_PREFETCH)
             goto out_free;
