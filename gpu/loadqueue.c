@@ -10,10 +10,11 @@
  *              (a backend thread) publishes Ready or Failed and hands the item
  *              to the copier;
  *   waiter  -> the item goes to a watcher thread, which sleeps on it together
- *              with every other waiting key (sfs_cache_wait_any: one
- *              futex_waitv, no polling) and hands each to the copier the
- *              moment it is Ready, or to a worker that loads it when its
- *              owner died.
+ *              with every other waiting key and its doorbell
+ *              (sfs_cache_wait_any_bell: one futex_waitv, no polling; the
+ *              dispatcher rings the bell when it gives the watcher a new
+ *              key) and hands each to the copier the moment it is Ready,
+ *              or to a worker that loads it when its owner died.
  * The only thing the dispatcher waits for is a free load slot: at most
  * `depth` backend requests per rank are in flight. It takes that token
  * *before* a Get that may make it owner, so it never sits on an ownership it
@@ -340,24 +341,38 @@ static void *worker_main(void *arg)
  * Watchers: keys other ranks are loading.
  *
  * A watcher owns a set of up to SFS_WAIT_ANY_MAX waiting items and sleeps in
- * one sfs_cache_wait_any() on all of them (futex_waitv on their version
+ * one sfs_cache_wait_any_bell() on all of them (futex_waitv on their version
  * words): whichever settles first is handed on at once (Ready -> copier,
  * Failed -> the owner's error, owner -> a worker loads it), so no key waits
  * behind another.
  *
- * The catch is joining: wait_any sleeps only on slot words, so a key pushed
- * while a watcher sleeps cannot wake it. Hence each watcher is "available"
- * (it will look at the inbox within WATCH_SLICE_NS) or not, and a push that
- * finds no available watcher starts another one (at most WATCHERS_MAX). A
- * watcher sleeps in short slices while keys may still come (it just took
- * some, or the dispatcher is walking a load task, or no one else could take
- * new keys); otherwise it sleeps until its first key deadline, at ~0 CPU,
- * and leaves new keys to an idle or new watcher. More than SFS_WAIT_ANY_MAX
- * pending keys likewise spill over into more watchers.
+ * Joining: each watcher has its own inbox and a doorbell, a private futex
+ * word that the same futex_waitv sleeps on. push_wait() gives a new item to
+ * the first watcher with room (its `load`: set + inbox, below
+ * SFS_WAIT_ANY_MAX), then rings its bell (or signals it if it is idle, with
+ * an empty set); the watcher reads its bell before it looks at its inbox, so
+ * a ring after that look always wakes it, and it takes the inbox whenever
+ * the wait returns n. Otherwise it sleeps until the first deadline of its
+ * set, at ~0 CPU. When every watcher is full, a push starts another one (at
+ * most WATCHERS_MAX); past that, items go to a shared overflow queue that
+ * any watcher drains into its set when it has room.
+ *
+ * Without futex_waitv (the wait returns -ENOSYS) a watcher watches its keys
+ * in WATCH_SLICE_NS slices and looks at its bell between slices.
  */
 
-#define WATCH_SLICE_NS (2 * 1000 * 1000ll)
-#define WATCHERS_MAX   64 /* x SFS_WAIT_ANY_MAX keys = 8192 keys asleep at once */
+#define WATCH_SLICE_NS (2 * 1000 * 1000ll) /* futex_waitv-less kernels only */
+#define WATCHERS_MAX   64                  /* x SFS_WAIT_ANY_MAX keys = 8192 keys asleep at once */
+
+struct sfs_watcher {
+    struct sfs_rank *rk;
+    pthread_t thread;
+    pthread_cond_t cv;       /* idle (empty set): inbox non-empty, or stopping */
+    struct item_queue inbox; /* under wait_mu: given to this watcher, not in its set yet */
+    unsigned load;           /* under wait_mu: set (as of its last look) + inbox */
+    bool idle;               /* under wait_mu: in pthread_cond_wait on cv */
+    uint32_t bell;           /* sfs_bell_ring() after a push to a non-idle watcher */
+};
 
 struct watch_set {
     size_t n;
@@ -370,6 +385,28 @@ static void set_remove(struct watch_set *ws, size_t i)
     ws->n--;
     ws->items[i] = ws->items[ws->n];
     ws->leases[i] = ws->leases[ws->n];
+}
+
+static void set_add(struct watch_set *ws, struct item_queue *q)
+{
+    struct rank_item *it = q->head;
+
+    q->head = it->next;
+    if (!q->head)
+        q->tail = NULL;
+    ws->items[ws->n] = it;
+    ws->leases[ws->n] = it->lease;
+    ws->n++;
+}
+
+static void queue_push(struct item_queue *q, struct rank_item *it)
+{
+    it->next = NULL;
+    if (q->tail)
+        q->tail->next = it;
+    else
+        q->head = it;
+    q->tail = it;
 }
 
 /* A wait on `it` ended with `r` as sfs_cache_wait() returns it. `may_block`:
@@ -401,52 +438,66 @@ static void wait_settled(struct sfs_rank *rk, struct rank_item *it, int r, bool 
 
 static void *watcher_main(void *arg);
 
-/* wait_mu held: start one more watcher, counted available. */
-static void start_watcher(struct sfs_rank *rk)
+/* wait_mu held: start one more watcher. NULL when the thread cannot start. */
+static struct sfs_watcher *start_watcher(struct sfs_rank *rk)
 {
-    int r = pthread_create(&rk->watcher_threads[rk->nwatchers], NULL, watcher_main, rk);
+    struct sfs_watcher *w = &rk->watchers[rk->nwatchers];
+    int r;
 
+    memset(w, 0, sizeof(*w));
+    w->rk = rk;
+    r = pthread_cond_init(&w->cv, NULL);
+    if (r == 0) {
+        r = pthread_create(&w->thread, NULL, watcher_main, w);
+        if (r)
+            pthread_cond_destroy(&w->cv);
+    }
     if (r) {
-        /* The keys still get watched: every watcher looks at the inbox by
-         * its first key deadline at the latest. */
         sfs_log(LOG_WARNING, "rank: cannot start a watcher thread: %s", strerror(r));
-        return;
+        return NULL;
     }
     rk->nwatchers++;
-    rk->w_avail++;
-}
-
-/* wait_mu held: make sure someone will take the inbox promptly. */
-static void kick(struct sfs_rank *rk)
-{
-    if (!rk->inbox.head || rk->watchers_stop)
-        return;
-    if (rk->w_idle > 0)
-        pthread_cond_signal(&rk->wait_cv);
-    else if (rk->w_avail == 0 && rk->nwatchers < WATCHERS_MAX)
-        start_watcher(rk);
+    return w;
 }
 
 static void push_wait(struct sfs_rank *rk, struct rank_item *it)
 {
-    it->next = NULL;
+    struct sfs_watcher *w = NULL;
+    bool ring = false;
+
     pthread_mutex_lock(&rk->wait_mu);
-    if (rk->inbox.tail)
-        rk->inbox.tail->next = it;
-    else
-        rk->inbox.head = it;
-    rk->inbox.tail = it;
-    kick(rk);
+    for (unsigned i = 0; i < rk->nwatchers && !w; i++)
+        if (rk->watchers[i].load < SFS_WAIT_ANY_MAX)
+            w = &rk->watchers[i];
+    if (!w && rk->nwatchers < WATCHERS_MAX)
+        w = start_watcher(rk);
+    if (!w) {
+        /* Every set is full: the first watcher with room takes it. */
+        queue_push(&rk->overflow, it);
+        pthread_mutex_unlock(&rk->wait_mu);
+        return;
+    }
+    /* A non-empty inbox already has a ring (or a signal) on its way. */
+    ring = !w->inbox.head;
+    queue_push(&w->inbox, it);
+    w->load++;
+    if (w->idle) {
+        pthread_cond_signal(&w->cv);
+        ring = false;
+    }
     pthread_mutex_unlock(&rk->wait_mu);
+    if (ring)
+        sfs_bell_ring(&w->bell); /* watchers live until sfs_lq_stop() */
 }
 
 /*
- * sfs_cache_wait_any() for kernels without futex_waitv (before 5.16): look
- * at every key without sleeping, then sleep on one of them, in turn, for a
- * slice. A key other than the one slept on is seen within a slice.
+ * sfs_cache_wait_any_bell() for kernels without futex_waitv (before 5.16):
+ * look at every key without sleeping, then at the bell, then sleep on one
+ * key, in turn, for a slice. A key other than the one slept on, and a ring,
+ * are seen within a slice.
  */
 static int wait_any_compat(struct sfs_cache *c, const struct watch_set *ws, int64_t deadline,
-                           int *state, size_t *turn)
+                           int *state, size_t *turn, uint32_t *bell, uint32_t bell_seen)
 {
     for (;;) {
         for (size_t i = 0; i < ws->n; i++) {
@@ -457,6 +508,8 @@ static int wait_any_compat(struct sfs_cache *c, const struct watch_set *ws, int6
                 return (int)i;
             }
         }
+        if (__atomic_load_n(bell, __ATOMIC_ACQUIRE) != bell_seen)
+            return (int)ws->n;
         int64_t now = sfs_now_ns();
 
         if (now >= deadline)
@@ -474,44 +527,31 @@ static int wait_any_compat(struct sfs_cache *c, const struct watch_set *ws, int6
 
 static void *watcher_main(void *arg)
 {
-    struct sfs_rank *rk = arg;
+    struct sfs_watcher *w = arg;
+    struct sfs_rank *rk = w->rk;
     struct watch_set ws = {.n = 0};
-    bool compat = false;
+    bool compat = rk->wait_compat;
     size_t turn = 0;
 
-    pthread_mutex_lock(&rk->wait_mu); /* counted available by start_watcher */
+    pthread_mutex_lock(&rk->wait_mu);
     for (;;) {
-        size_t took = 0;
+        /* Acquire, before looking at the inbox: a push after this look
+         * rings after it, and the wait below returns n at once. */
+        uint32_t seen = __atomic_load_n(&w->bell, __ATOMIC_ACQUIRE);
 
-        while (ws.n < SFS_WAIT_ANY_MAX && rk->inbox.head) {
-            struct rank_item *it = rk->inbox.head;
-
-            rk->inbox.head = it->next;
-            if (!rk->inbox.head)
-                rk->inbox.tail = NULL;
-            ws.items[ws.n] = it;
-            ws.leases[ws.n] = it->lease;
-            ws.n++;
-            took++;
-        }
+        /* The inbox always fits: push_wait() keeps load <= the maximum. */
+        while (ws.n < SFS_WAIT_ANY_MAX && w->inbox.head)
+            set_add(&ws, &w->inbox);
+        while (ws.n < SFS_WAIT_ANY_MAX && rk->overflow.head)
+            set_add(&ws, &rk->overflow);
+        w->load = (unsigned)ws.n;
         if (ws.n == 0) {
             if (rk->watchers_stop)
                 break;
-            rk->w_idle++;
-            pthread_cond_wait(&rk->wait_cv, &rk->wait_mu);
-            rk->w_idle--;
+            w->idle = true;
+            pthread_cond_wait(&w->cv, &rk->wait_mu);
+            w->idle = false;
             continue;
-        }
-        /* Relaxed: a hint; promptness rests on w_avail and kick(). */
-        bool more =
-            took > 0 || rk->inbox.head || atomic_load_explicit(&rk->walking, memory_order_relaxed);
-        bool others = rk->w_avail > 1 || rk->nwatchers < WATCHERS_MAX;
-        bool long_sleep = !more && others;
-        bool avail = !long_sleep && ws.n < SFS_WAIT_ANY_MAX;
-
-        if (!avail) {
-            rk->w_avail--;
-            kick(rk); /* a full set leaves the rest of the inbox to another */
         }
         pthread_mutex_unlock(&rk->wait_mu);
 
@@ -519,30 +559,29 @@ static void *watcher_main(void *arg)
         for (size_t i = 1; i < ws.n; i++)
             if (ws.items[i]->deadline_ns < first)
                 first = ws.items[i]->deadline_ns;
-        int64_t now = sfs_now_ns();
-        int64_t d = first;
-        if (!long_sleep && now + WATCH_SLICE_NS < d)
-            d = now + WATCH_SLICE_NS;
         int st = 0, i = -ETIMEDOUT;
 
-        if (first > now) {
+        if (first > sfs_now_ns()) {
             if (!compat) {
-                i = sfs_cache_wait_any(rk->cache, ws.leases, ws.n, d, &st);
+                i = sfs_cache_wait_any_bell(rk->cache, ws.leases, ws.n, first, &st, &w->bell, seen);
                 if (i == -ENOSYS) {
                     sfs_log(LOG_WARNING, "rank: no futex_waitv: watching keys in slices");
                     compat = true;
                 }
             }
             if (compat)
-                i = wait_any_compat(rk->cache, &ws, d, &st, &turn);
+                i = wait_any_compat(rk->cache, &ws, first, &st, &turn, &w->bell, seen);
         }
-        if (i >= 0) {
+        if (i == (int)ws.n) {
+            /* The bell: new items in the inbox. */
+        } else if (i >= 0) {
             struct rank_item *it = ws.items[i];
 
             set_remove(&ws, (size_t)i);
             wait_settled(rk, it, st, false);
         } else if (i == -ETIMEDOUT) {
-            now = sfs_now_ns();
+            int64_t now = sfs_now_ns();
+
             for (size_t k = ws.n; k-- > 0;) {
                 struct rank_item *it = ws.items[k];
 
@@ -554,7 +593,7 @@ static void *watcher_main(void *arg)
         } else {
             /* -EINVAL: a lease that is not ours. Cannot happen; fail the
              * set rather than spin on it. */
-            sfs_log(LOG_ERR, "rank: sfs_cache_wait_any: %d", i);
+            sfs_log(LOG_ERR, "rank: sfs_cache_wait_any_bell: %d", i);
             while (ws.n > 0) {
                 struct rank_item *it = ws.items[ws.n - 1];
 
@@ -563,10 +602,7 @@ static void *watcher_main(void *arg)
             }
         }
         pthread_mutex_lock(&rk->wait_mu);
-        if (!avail)
-            rk->w_avail++;
     }
-    rk->w_avail--;
     pthread_mutex_unlock(&rk->wait_mu);
     return NULL;
 }
@@ -794,10 +830,7 @@ static void *dispatcher_main(void *arg)
         pthread_mutex_unlock(&rk->mu);
         if (last)
             sfs_lq_task_unref(last);
-        /* Relaxed: a hint for the watchers (keys may still come). */
-        atomic_store_explicit(&rk->walking, t->kind == ITEM_LOAD, memory_order_relaxed);
         walk_task(rk, t);
-        atomic_store_explicit(&rk->walking, false, memory_order_relaxed);
         last = t;
         pthread_mutex_lock(&rk->mu);
     }
@@ -814,9 +847,11 @@ int sfs_lq_start(struct sfs_rank *rk)
     int r;
 
     rk->worker_threads = calloc(rk->nworkers, sizeof(*rk->worker_threads));
-    rk->watcher_threads = calloc(WATCHERS_MAX, sizeof(*rk->watcher_threads));
-    if (!rk->worker_threads || !rk->watcher_threads)
+    rk->watchers = calloc(WATCHERS_MAX, sizeof(*rk->watchers));
+    if (!rk->worker_threads || !rk->watchers)
         return -ENOMEM;
+    /* Tests only: watch keys as on a kernel without futex_waitv. */
+    rk->wait_compat = getenv("SHARDFS_RANK_WAIT_COMPAT") != NULL;
     for (unsigned i = 0; i < rk->nworkers; i++) {
         r = pthread_create(&rk->worker_threads[i], NULL, worker_main, rk);
         if (r)
@@ -825,8 +860,7 @@ int sfs_lq_start(struct sfs_rank *rk)
     }
     /* One watcher from the start; more when keys need them. */
     pthread_mutex_lock(&rk->wait_mu);
-    start_watcher(rk);
-    r = rk->nwatchers ? 0 : -EAGAIN;
+    r = start_watcher(rk) ? 0 : -EAGAIN;
     pthread_mutex_unlock(&rk->wait_mu);
     if (r)
         return r;
@@ -854,14 +888,17 @@ void sfs_lq_stop(struct sfs_rank *rk)
     /* Watchers before workers: a watcher may hand a takeover to a worker. */
     pthread_mutex_lock(&rk->wait_mu);
     rk->watchers_stop = true;
-    pthread_cond_broadcast(&rk->wait_cv);
-    n = rk->nwatchers; /* none start once stopping */
+    for (unsigned i = 0; i < rk->nwatchers; i++)
+        pthread_cond_signal(&rk->watchers[i].cv); /* every set is empty by now */
+    n = rk->nwatchers;                            /* none start once the dispatcher is gone */
     pthread_mutex_unlock(&rk->wait_mu);
-    for (unsigned i = 0; i < n; i++)
-        pthread_join(rk->watcher_threads[i], NULL);
+    for (unsigned i = 0; i < n; i++) {
+        pthread_join(rk->watchers[i].thread, NULL);
+        pthread_cond_destroy(&rk->watchers[i].cv);
+    }
     rk->nwatchers = 0;
-    free(rk->watcher_threads);
-    rk->watcher_threads = NULL;
+    free(rk->watchers);
+    rk->watchers = NULL;
 
     pthread_mutex_lock(&rk->work_mu);
     rk->workers_stop = true;

@@ -70,7 +70,6 @@ static void rank_free(struct sfs_rank *rk)
     pthread_mutex_destroy(&rk->ready_mu);
     pthread_cond_destroy(&rk->ready_cv);
     pthread_mutex_destroy(&rk->wait_mu);
-    pthread_cond_destroy(&rk->wait_cv);
     pthread_mutex_destroy(&rk->work_mu);
     pthread_cond_destroy(&rk->work_cv);
     pthread_mutex_destroy(&rk->depth_mu);
@@ -113,7 +112,6 @@ struct sfs_rank *sfs_rank_open(const struct sfs_rank_config *cfg, int *err)
     pthread_mutex_init(&rk->ready_mu, NULL);
     pthread_cond_init(&rk->ready_cv, NULL);
     pthread_mutex_init(&rk->wait_mu, NULL);
-    pthread_cond_init(&rk->wait_cv, NULL);
     pthread_mutex_init(&rk->work_mu, NULL);
     pthread_cond_init(&rk->work_cv, NULL);
     pthread_mutex_init(&rk->depth_mu, NULL);

@@ -8,9 +8,10 @@
  * Threads of a rank and what they own:
  *   dispatcher  takes tasks from `tq`, Gets every key in RearrangeIndex order,
  *               submits owner loads, runs Prealloc in the idle window;
- *   watchers    each sleeps in one sfs_cache_wait_any() on a set of up to
- *               SFS_WAIT_ANY_MAX keys other ranks load, and hands each key to
- *               the copier as soon as it settles; started on demand;
+ *   watchers    each sleeps in one sfs_cache_wait_any_bell() on a set of up
+ *               to SFS_WAIT_ANY_MAX keys other ranks load and on its doorbell
+ *               (rung when it is given a new key), and hands each key to the
+ *               copier as soon as it settles; started on demand;
  *   workers     submit dumps (a posix dump runs in the submitter's thread)
  *               and loads taken over from dead owners (they may block on a
  *               depth token, which a watcher must never do);
@@ -46,6 +47,7 @@ enum item_step {
 
 struct sfs_task;
 struct sfs_rank;
+struct sfs_watcher;
 
 /* One entry in flight. */
 struct rank_item {
@@ -129,19 +131,15 @@ struct sfs_rank {
     struct item_queue ready; /* under ready_mu */
     bool copier_stop;        /* under ready_mu */
 
-    /* Keys to watch (watcher threads, see loadqueue.c). A watcher is
-     * "available" while it will look at `inbox` within WATCH_SLICE_NS: idle
-     * on wait_cv, awake, or in a short sleep with room in its set. A push
-     * that finds none available starts another watcher. */
+    /* Keys to watch (watcher threads, see loadqueue.c). Each watcher has
+     * its own inbox and doorbell; a push goes to the first with room and
+     * rings its bell, so no watcher polls. */
     pthread_mutex_t wait_mu;
-    pthread_cond_t wait_cv;     /* idle watchers: inbox non-empty, or stopping */
-    struct item_queue inbox;    /* under wait_mu: STEP_WAIT items not in a set yet */
-    unsigned w_idle;            /* under wait_mu: watchers in pthread_cond_wait */
-    unsigned w_avail;           /* under wait_mu: available watchers (incl. idle) */
-    unsigned nwatchers;         /* under wait_mu: started */
-    pthread_t *watcher_threads; /* [WATCHERS_MAX], under wait_mu */
-    bool watchers_stop;         /* under wait_mu */
-    _Atomic bool walking;       /* the dispatcher is walking a load task (a hint) */
+    struct sfs_watcher *watchers; /* [WATCHERS_MAX]; inboxes and loads under wait_mu */
+    unsigned nwatchers;           /* under wait_mu: started */
+    struct item_queue overflow;   /* under wait_mu: STEP_WAIT items no set had room for */
+    bool watchers_stop;           /* under wait_mu */
+    bool wait_compat;             /* watch as without futex_waitv (tests) */
 
     /* Dumps to submit and takeover loads (worker threads). */
     pthread_mutex_t work_mu;
