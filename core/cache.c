@@ -1328,24 +1328,38 @@ int sfs_cache_release(struct sfs_cache *c, const struct sfs_lease *lease)
  * Lookups without leases, Remove, Prealloc, Touch.
  */
 
-int sfs_cache_state(struct sfs_cache *c, const struct sfs_key *key)
+/*
+ * Lock key's bucket and find the key on it. Returns 0 with the bucket locked
+ * and *s the slot or SFS_NIL; -errno (bucket unlocked) on a bad argument, a
+ * lock error or a corrupt chain.
+ */
+static int lock_find(struct sfs_cache *c, const struct sfs_key *key, uint32_t *b, uint32_t *s)
 {
-    uint32_t b, s;
     int r, err = 0;
 
     if (!c || !key)
         return -EINVAL;
-    b = bucket_of(c, key);
-    r = bucket_lock(c, b);
+    *b = bucket_of(c, key);
+    r = bucket_lock(c, *b);
     if (r < 0)
         return r;
-    s = chain_find(c, b, key, &err);
-    if (err)
-        r = err;
-    else if (s == SFS_NIL)
-        r = -ENOENT;
-    else
-        r = (int)atomic_load_explicit(&c->slots[s].state, memory_order_acquire);
+    *s = chain_find(c, *b, key, &err);
+    if (err) {
+        bucket_unlock(c, *b);
+        return err;
+    }
+    return 0;
+}
+
+int sfs_cache_state(struct sfs_cache *c, const struct sfs_key *key)
+{
+    uint32_t b, s;
+    int r = lock_find(c, key, &b, &s);
+
+    if (r < 0)
+        return r;
+    r = s == SFS_NIL ? -ENOENT
+                     : (int)atomic_load_explicit(&c->slots[s].state, memory_order_acquire);
     bucket_unlock(c, b);
     return r;
 }
@@ -1358,18 +1372,11 @@ bool sfs_cache_exists(struct sfs_cache *c, const struct sfs_key *key)
 int sfs_cache_remove(struct sfs_cache *c, const struct sfs_key *key)
 {
     uint32_t b, s;
-    int r, err = 0;
+    int r = lock_find(c, key, &b, &s);
 
-    if (!c || !key)
-        return -EINVAL;
-    b = bucket_of(c, key);
-    r = bucket_lock(c, b);
     if (r < 0)
         return r;
-    s = chain_find(c, b, key, &err);
-    if (err) {
-        r = err;
-    } else if (s == SFS_NIL) {
+    if (s == SFS_NIL) {
         r = -ENOENT;
     } else if (atomic_load_explicit(&c->slots[s].refcount, memory_order_relaxed)) {
         r = -EBUSY;
@@ -1393,18 +1400,11 @@ int sfs_cache_remove(struct sfs_cache *c, const struct sfs_key *key)
 int sfs_cache_prealloc(struct sfs_cache *c, const struct sfs_key *key)
 {
     uint32_t b, s;
-    int r, err = 0;
+    int r = lock_find(c, key, &b, &s);
 
-    if (!c || !key)
-        return -EINVAL;
-    b = bucket_of(c, key);
-    r = bucket_lock(c, b);
     if (r < 0)
         return r;
-    s = chain_find(c, b, key, &err);
-    if (err) {
-        r = err;
-    } else if (s != SFS_NIL) {
+    if (s != SFS_NIL) {
         r = 0;
     } else if (alloc_slot(c, b, POOL_REGULAR | POOL_FRESH_ONLY | POOL_RESERVED, &s) == 0) {
         install(c, b, s, key, SFS_STATE_IDLE, false);
