@@ -7,8 +7,9 @@
  *
  * The test process creates the cache and serves its socket; rank processes
  * are forked and attach through the socket, each with its own backend
- * instance over a posix store the test writes in the UCM layout (mem: is
- * per process, so it cannot be shared). Every shard's bytes are a pure
+ * instance over a posix store the test writes in the UCM layout, or over a
+ * mem: store of its own that it fills with the same bytes first (mem: is
+ * per process). Every shard's bytes are a pure
  * function of its key (tu_fill), and every byte a rank copies is checked.
  * Ranks report through a shared anonymous mapping.
  */
@@ -195,6 +196,7 @@ struct job {
     uint32_t nblocks, shard;
     enum mode mode;
     bool after_victim; /* load only once rank 0 (the victim) has loads in flight */
+    bool fill_mem;     /* mem backend: put every key in it before loading */
     struct shared *sh;
 };
 
@@ -294,6 +296,21 @@ static int child_main(void *arg)
     struct sfs_rank *rk = open_rank(j, &err);
 
     CHECKC(rk);
+    if (j->fill_mem) {
+        /* mem: is per process: each rank's store gets the same bytes, so
+         * whichever rank owns a key loads the right ones. Straight into the
+         * backend, not through the cache. */
+        uint8_t *buf = malloc(SHARD);
+
+        CHECKC(buf);
+        for (uint32_t i = 0; i < j->nblocks; i++) {
+            struct sfs_key k = tu_key(i, j->shard);
+
+            tu_fill(&k, buf, SHARD);
+            CHECKC(sfs_backend_dump_sync(sfs_rank_backend(rk), &k, buf, SHARD) == SHARD);
+        }
+        free(buf);
+    }
     CHECKC(barrier(&j->sh->bar[0], j->N));
     if (j->mode == MODE_VICTIM) {
         struct sfs_rank_entry *e = calloc(j->nblocks, sizeof(*e));
@@ -354,8 +371,9 @@ static void report(struct shared *sh, int N, int *status)
     }
 }
 
-/* N ranks load the same task of M keys through a slow backend. */
-static void run_ranks(int N, uint32_t M, unsigned depth, bool rotate)
+/* N ranks load the same task of M keys through a slow backend: a posix
+ * store, or (mem) each rank's own in-process store holding the same bytes. */
+static void run_ranks_be(int N, uint32_t M, unsigned depth, bool rotate, bool mem)
 {
     struct env e;
     struct shared *sh = shared_new();
@@ -376,7 +394,12 @@ static void run_ranks(int N, uint32_t M, unsigned depth, bool rotate)
                                .nblocks = M,
                                .shard = 0,
                                .sh = sh};
-        snprintf(jobs[i].spec, sizeof(jobs[i].spec), "fault:latency_us=20000:%s", e.dir);
+        if (mem) {
+            jobs[i].fill_mem = true;
+            snprintf(jobs[i].spec, sizeof(jobs[i].spec), "fault:latency_us=2000:mem:");
+        } else {
+            snprintf(jobs[i].spec, sizeof(jobs[i].spec), "fault:latency_us=20000:%s", e.dir);
+        }
         pids[i] = tu_fork(child_main, &jobs[i]);
         cr_assert(pids[i] > 0);
     }
@@ -417,6 +440,11 @@ static void run_ranks(int N, uint32_t M, unsigned depth, bool rotate)
     cr_expect(idle > 0, "no (block, 1) slot was prewarmed");
     env_down(&e);
     munmap(sh, sizeof(*sh));
+}
+
+static void run_ranks(int N, uint32_t M, unsigned depth, bool rotate)
+{
+    run_ranks_be(N, M, depth, rotate, false);
 }
 
 /* ---------------------------------------------------------------------------
@@ -495,6 +523,11 @@ Test(rank, four_ranks_load_once, .timeout = 120)
 Test(rank, eight_ranks_load_once, .timeout = 180)
 {
     run_ranks(8, 256, 8, true);
+}
+
+Test(rank, four_ranks_load_once_from_mem, .timeout = 120)
+{
+    run_ranks_be(4, 128, 8, true, true);
 }
 
 Test(rank, four_ranks_natural_order, .timeout = 120)
