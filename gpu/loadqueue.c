@@ -824,7 +824,8 @@ static void *dispatcher_main(void *arg)
             pthread_cond_wait(&rk->task_cv, &rk->mu);
             continue;
         }
-        rk->tq_head = t->next;
+        /* Relaxed store: idle_prealloc peeks at it without the lock. */
+        __atomic_store_n(&rk->tq_head, t->next, __ATOMIC_RELAXED);
         if (!rk->tq_head)
             rk->tq_tail = NULL;
         pthread_mutex_unlock(&rk->mu);

@@ -272,7 +272,7 @@ static int submit(struct sfs_rank *rk, const struct sfs_rank_entry *entries, siz
     if (rk->tq_tail)
         rk->tq_tail->next = t;
     else
-        rk->tq_head = t;
+        __atomic_store_n(&rk->tq_head, t, __ATOMIC_RELAXED); /* peeked lock-free */
     rk->tq_tail = t;
     rk->active++;
     pthread_cond_signal(&rk->task_cv);

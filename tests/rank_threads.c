@@ -1,0 +1,159 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * rank_threads.c - the rank library's threads (dispatcher, watchers,
+ * workers, copier, backend completions) under one roof, for ThreadSanitizer.
+ *
+ * A plain program, not a Criterion one, so it runs under TSan (Criterion's
+ * runner does not start there). One process creates a cache and attaches
+ * two ranks to it through the socket; application threads load, dump and
+ * prefetch overlapping tasks at once over a fault backend with latency, so
+ * hits, owners, waiters and hand-offs between the library's threads all
+ * happen. Every byte copied is verified. Exit status 0 means all held.
+ */
+#include "testutil.h"
+
+#include <shardfs/backend.h>
+#include <shardfs/rank.h>
+
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define SHARD   8192
+#define NBLOCKS 96
+#define ROUNDS  12
+
+static const char *sock;
+static atomic_long wrong, failed;
+
+struct app {
+    struct sfs_rank *rank;
+    int id;
+};
+
+static void *app_thread(void *arg)
+{
+    struct app *a = arg;
+    struct sfs_rank_entry e[NBLOCKS];
+    int st[NBLOCKS];
+    uint8_t *buf = malloc((size_t)NBLOCKS * SHARD);
+
+    for (int round = 0; round < ROUNDS; round++) {
+        uint32_t shard = (uint32_t)(round % 3);
+        struct sfs_task *t;
+
+        for (int i = 0; i < NBLOCKS; i++) {
+            e[i].block = tu_block((uint64_t)(i + a->id * 7) % NBLOCKS);
+            e[i].shard = shard;
+            e[i].addr = buf + (size_t)i * SHARD;
+        }
+        if (round % 4 == 3) {
+            /* Dump what we hold, write-through, then keep loading. */
+            for (int i = 0; i < NBLOCKS; i++) {
+                struct sfs_key k = {.block = e[i].block, .shard = 50 + (uint32_t)a->id};
+                e[i].shard = k.shard;
+                tu_fill(&k, e[i].addr, SHARD);
+            }
+            if (sfs_rank_dump(a->rank, e, NBLOCKS, &t) == 0) {
+                sfs_rank_wait(t, 30000, st);
+                sfs_rank_task_free(t);
+            }
+            continue;
+        }
+        if (round % 5 == 4) {
+            struct sfs_key keys[8];
+            for (int i = 0; i < 8; i++)
+                keys[i] = tu_key((uint64_t)i, 7);
+            sfs_rank_prefetch(a->rank, keys, 8);
+        }
+        if (sfs_rank_load(a->rank, e, NBLOCKS, &t) < 0 || sfs_rank_wait(t, 30000, st) < 0) {
+            atomic_fetch_add(&failed, 1);
+            continue;
+        }
+        sfs_rank_task_free(t);
+        for (int i = 0; i < NBLOCKS; i++) {
+            struct sfs_key k = {.block = e[i].block, .shard = shard};
+
+            if (st[i] < 0)
+                atomic_fetch_add(&failed, 1);
+            else if (tu_check(&k, e[i].addr, SHARD) >= 0)
+                atomic_fetch_add(&wrong, 1);
+        }
+    }
+    free(buf);
+    return NULL;
+}
+
+int main(void)
+{
+    static char dir[128], spec[256];
+    struct sfs_rank *ranks[2];
+    struct app apps[4];
+    pthread_t th[4];
+    int err = 0;
+
+    struct sfs_cache *c = tu_cache(NBLOCKS * 2, 8, SHARD);
+    if (!c)
+        return 1;
+    sock = strdup(tu_path("sock"));
+    if (sfs_cache_serve(c, sock) < 0)
+        return 1;
+    /* A posix store of 3 shards per block, written through a backend. */
+    snprintf(dir, sizeof(dir), "%s", tu_path("store"));
+    char cmd[300];
+    snprintf(cmd, sizeof(cmd), "mkdir -p %s/data", dir);
+    if (system(cmd) != 0)
+        return 1;
+    struct sfs_backend_params bp = {.shard_size = SHARD};
+    struct sfs_backend *be = sfs_backend_open(dir, &bp, NULL, 0, &err);
+    uint8_t *buf = malloc(SHARD);
+    for (int b = 0; b < NBLOCKS && be; b++)
+        for (uint32_t s = 0; s < 8; s++) {
+            struct sfs_key k = tu_key((uint64_t)b, s);
+            tu_fill(&k, buf, SHARD);
+            if (sfs_backend_dump_sync(be, &k, buf, SHARD) != SHARD)
+                return 1;
+        }
+    sfs_backend_close(be);
+    free(buf);
+    snprintf(spec, sizeof(spec), "fault:latency_us=300,jitter_us=300:%s", dir);
+
+    for (int r = 0; r < 2; r++) {
+        struct sfs_rank_config cfg;
+
+        sfs_rank_config_init(&cfg);
+        cfg.socket_path = sock;
+        cfg.device_id = r;
+        cfg.local_rank_size = 2;
+        cfg.backend = spec;
+        cfg.copier = SFS_COPIER_HOST;
+        cfg.load_depth = 8;
+        ranks[r] = sfs_rank_open(&cfg, &err);
+        if (!ranks[r]) {
+            fprintf(stderr, "rank_threads: open: %s\n", strerror(-err));
+            return 1;
+        }
+    }
+    for (int i = 0; i < 4; i++) {
+        apps[i] = (struct app){.rank = ranks[i % 2], .id = i};
+        pthread_create(&th[i], NULL, app_thread, &apps[i]);
+    }
+    for (int i = 0; i < 4; i++)
+        pthread_join(th[i], NULL);
+    struct sfs_stats st;
+    sfs_cache_stats(c, &st);
+    for (int r = 0; r < 2; r++)
+        sfs_rank_close(ranks[r]);
+    sfs_cache_close(c);
+    snprintf(cmd, sizeof(cmd), "rm -rf %s", dir);
+    if (system(cmd) != 0)
+        fprintf(stderr, "rank_threads: could not remove %s\n", dir);
+    printf("rank_threads: owner loads %llu, waits %llu, hits %llu; wrong %ld, failed %ld\n",
+           (unsigned long long)st.owner_loads, (unsigned long long)st.waits,
+           (unsigned long long)st.hits, atomic_load(&wrong), atomic_load(&failed));
+    bool ok = atomic_load(&wrong) == 0 && atomic_load(&failed) == 0 && st.owner_loads > 0;
+    printf("%d passed, %d failed\n", ok ? 1 : 0, ok ? 0 : 1);
+    return ok ? 0 : 1;
+}
