@@ -134,7 +134,9 @@ SFS_API int sfs_cache_serve(struct sfs_cache *c, const char *path);
  * Attach to the cache served at `path`. device_id < 0 is the query-only
  * (scheduler) role: control plane only, sfs_cache_data() returns NULL.
  * A cache of another layout is refused with -EPROTO; a corrupt or truncated
- * region with -EBADMSG.
+ * region with -EBADMSG. A handle belongs to the process that made it: after
+ * fork(), the child attaches anew and never uses the parent's handle (its
+ * process record, leases and counters are the parent's).
  */
 SFS_API struct sfs_cache *sfs_cache_attach(const char *path, int device_id, int *err);
 
