@@ -1936,7 +1936,9 @@ size_t fs_stats_text(struct fs *fs, char *buf, size_t len)
 #define C(name, help, v) emit(&t, "shardfs_" name, "counter", help, (uint64_t)(v))
 #define G(name, help, v) emit(&t, "shardfs_" name, "gauge", help, (uint64_t)(v))
 #define L(f)             atomic_load_explicit(&fs->ctr.f, memory_order_relaxed)
-    C("requests_total", "Cache Gets, from the mount and every attached rank.", s.requests);
+    C("requests_total",
+      "Cache lookups, from the mount and every attached rank (prefetches are loads, not lookups).",
+      s.requests);
     C("hits_total", "Gets that found the shard Ready.", s.hits);
     C("misses_total", "Gets that did not (owner or waiter).", s.misses);
     C("prefetched_total", "Slots filled by prefetch.", s.prefetched);
