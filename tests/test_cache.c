@@ -203,8 +203,10 @@ Test(cache, waiter_thread_in_owner_process, .timeout = 30)
     cr_assert_eq(sfs_cache_get(c, &t.key, 0, 0, &own), SFS_OWNER);
     cr_assert_eq(pthread_create(&th, NULL, thr_waiter, &t), 0);
     sleep_ms(50);
-    fill_publish(c, &t.key, &own);
+    /* Stamped before the publish: the waiter may wake before this thread
+     * returns from it. */
     int64_t pub = sfs_now_ns();
+    fill_publish(c, &t.key, &own);
     pthread_join(th, NULL);
     cr_assert_eq(t.role, SFS_WAITER);
     cr_assert_eq(t.wait_ret, SFS_STATE_READY,
