@@ -64,7 +64,9 @@ step "cp a shard out of the mount and compare with the store's bytes"
 show cp "$mnt/block/$b0/shard/1" "$work/s1"
 show cmp "$work/s1" <(dd if="$store/data/$b0" bs=$shard skip=1 count=1 status=none) && echo "identical"
 xattr user.shardfs.state "$mnt/block/$b0/shard/1"
+echo "(the miss on shard 1 also started readahead of the shards after it:)"
 xattr user.shardfs.state "$mnt/block/$b0/shard/2"
+xattr user.shardfs.state "$mnt/block/$b0/shard/0"
 
 step "dd at an offset inside a shard (4 KiB at 8 KiB of shard 3)"
 show dd if="$mnt/block/$b0/shard/3" of="$work/piece" bs=4096 skip=2 count=1 status=none
