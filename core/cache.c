@@ -1563,6 +1563,25 @@ static void fold_counters(struct sfs_cache *c, struct sfs_proc_rec *p)
     pthread_mutex_unlock(&c->hdr->proc_lock);
 }
 
+/*
+ * busy_pid is the record's transition lock: whoever moves a record between
+ * states (claiming it, reaping it) first CASes busy_pid from 0 to its pid,
+ * and clears it last. A process that dies holding it leaves its pid there,
+ * and the next reaper inherits the transition with a second CAS.
+ */
+static bool rec_busy_take(struct sfs_proc_rec *p, int32_t from, int32_t me)
+{
+    /* acq_rel: what the last holder did happens-before us. */
+    return atomic_compare_exchange_strong_explicit(&p->busy_pid, &from, me, memory_order_acq_rel,
+                                                   memory_order_relaxed);
+}
+
+static void rec_busy_drop(struct sfs_proc_rec *p)
+{
+    /* Release: the record's new state is visible before the lock is free. */
+    atomic_store_explicit(&p->busy_pid, 0, memory_order_release);
+}
+
 int sfs_proc_register(struct sfs_cache *c, int device_id)
 {
     uint64_t st = 0;
@@ -1573,23 +1592,25 @@ int sfs_proc_register(struct sfs_cache *c, int device_id)
 again:
     for (uint32_t i = 0; i < c->max_procs; i++) {
         struct sfs_proc_rec *p = &c->procs[i];
-        uint32_t expect = PROC_FREE;
 
-        /* acq_rel: the record's reset by its last reaper happens-before us. */
-        if (!atomic_compare_exchange_strong_explicit(&p->state, &expect, PROC_CLAIMING,
-                                                     memory_order_acq_rel, memory_order_relaxed))
+        if (atomic_load_explicit(&p->state, memory_order_acquire) != PROC_FREE ||
+            atomic_load_explicit(&p->busy_pid, memory_order_relaxed) != 0 ||
+            !rec_busy_take(p, 0, pid))
             continue;
-        atomic_store_explicit(&p->busy_pid, pid, memory_order_release);
-        /* Start time before pid: a reaper that sees our pid sees our start. */
+        if (atomic_load_explicit(&p->state, memory_order_acquire) != PROC_FREE) {
+            rec_busy_drop(p);
+            continue;
+        }
+        atomic_store_explicit(&p->state, PROC_CLAIMING, memory_order_relaxed);
         atomic_store_explicit(&p->start_time, st, memory_order_relaxed);
-        atomic_store_explicit(&p->pid, pid, memory_order_release);
+        atomic_store_explicit(&p->pid, pid, memory_order_relaxed);
         p->device_id = device_id;
         c->my_gen = atomic_fetch_add_explicit(&p->gen, 1, memory_order_relaxed) + 1;
         for (int k = 0; k < CTR_COUNT; k++)
             atomic_store_explicit(&p->ctr[k], 0, memory_order_relaxed);
         /* Release: pid/gen visible before anyone sees the record alive. */
         atomic_store_explicit(&p->state, PROC_ALIVE, memory_order_release);
-        atomic_store_explicit(&p->busy_pid, 0, memory_order_relaxed);
+        rec_busy_drop(p);
         c->me = i;
         c->self = p;
         c->leases = lease_table(c, i);
@@ -1630,20 +1651,22 @@ static void drop_all_leases(struct sfs_cache *c, uint32_t p, uint32_t gen)
 }
 
 /* Clean record i of a dead process (claimed by us) and free it. */
+/* Clean record i of a dead process (we hold its busy lock) and free it. */
 static void reap_record(struct sfs_cache *c, uint32_t i)
 {
     struct sfs_proc_rec *p = &c->procs[i];
     uint32_t gen = atomic_load_explicit(&p->gen, memory_order_relaxed);
 
+    atomic_store_explicit(&p->state, PROC_REAPING, memory_order_relaxed);
     sfs_log(LOG_NOTICE, "reaping process %d (record %u)",
             atomic_load_explicit(&p->pid, memory_order_relaxed), i);
     drop_all_leases(c, i, gen);
     sfs_ctr_add(c, CTR_REAPED, 1);
     fold_counters(c, p);
     atomic_store_explicit(&p->pid, 0, memory_order_relaxed);
-    atomic_store_explicit(&p->busy_pid, 0, memory_order_relaxed);
     /* Release: the record is clean before it can be claimed again. */
     atomic_store_explicit(&p->state, PROC_FREE, memory_order_release);
+    rec_busy_drop(p);
 }
 
 int sfs_cache_reap(struct sfs_cache *c)
@@ -1654,31 +1677,34 @@ int sfs_cache_reap(struct sfs_cache *c)
         return -EINVAL;
     for (uint32_t i = 0; i < c->max_procs; i++) {
         struct sfs_proc_rec *p = &c->procs[i];
-        uint32_t st = atomic_load_explicit(&p->state, memory_order_acquire);
+        int32_t busy = atomic_load_explicit(&p->busy_pid, memory_order_acquire);
 
-        if (i == c->me || st == PROC_FREE)
+        if (i == c->me)
             continue;
-        if (st == PROC_ALIVE) {
-            uint32_t expect = PROC_ALIVE;
-
-            if (sfs_pid_alive(atomic_load_explicit(&p->pid, memory_order_acquire),
+        if (busy != 0) {
+            /* Someone is claiming or reaping it: step in only if they died
+             * half-way; the CAS makes us their one successor. */
+            if (busy == me || !sfs_pid_gone(busy) || !rec_busy_take(p, busy, me))
+                continue;
+            if (atomic_load_explicit(&p->state, memory_order_acquire) == PROC_FREE) {
+                rec_busy_drop(p); /* died before changing anything */
+                continue;
+            }
+        } else {
+            if (atomic_load_explicit(&p->state, memory_order_acquire) != PROC_ALIVE ||
+                sfs_pid_alive(atomic_load_explicit(&p->pid, memory_order_relaxed),
                               atomic_load_explicit(&p->start_time, memory_order_relaxed)))
                 continue;
-            /* One reaper per record (acq_rel claim). */
-            if (!atomic_compare_exchange_strong_explicit(
-                    &p->state, &expect, PROC_REAPING, memory_order_acq_rel, memory_order_relaxed))
+            if (!rec_busy_take(p, 0, me))
+                continue; /* another reaper has it */
+            /* Re-check under the lock: a record freed and claimed anew in the
+             * meantime belongs to a live process. */
+            if (atomic_load_explicit(&p->state, memory_order_acquire) != PROC_ALIVE ||
+                sfs_pid_alive(atomic_load_explicit(&p->pid, memory_order_relaxed),
+                              atomic_load_explicit(&p->start_time, memory_order_relaxed))) {
+                rec_busy_drop(p);
                 continue;
-            atomic_store_explicit(&p->busy_pid, me, memory_order_relaxed);
-        } else {
-            /* Claiming or reaping: only if whoever does it died half-way. The
-             * CAS on busy_pid makes us its one successor. */
-            int32_t busy = atomic_load_explicit(&p->busy_pid, memory_order_acquire);
-
-            if (busy <= 0 || busy == me || !sfs_pid_gone(busy))
-                continue;
-            if (!atomic_compare_exchange_strong_explicit(
-                    &p->busy_pid, &busy, me, memory_order_acq_rel, memory_order_relaxed))
-                continue;
+            }
         }
         reap_record(c, i);
         n++;

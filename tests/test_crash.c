@@ -740,67 +740,87 @@ Test(crash, pid_alive_guards_against_reuse, .timeout = 10)
 /*
  * A process killed half-way through registering (its record claimed, not yet
  * alive), or half-way through reaping another's record, must not leak the
- * record: it names itself in busy_pid, and the next reaper takes over.
+ * record: busy_pid is the record's transition lock, taken first and dropped
+ * last, and the next reaper inherits a dead holder's transition.
  */
-static int claim_and_die(void *arg)
-{
-    struct sfs_proc_rec *p = arg;
-    uint32_t expect = PROC_FREE;
+enum { DIE_AFTER_LOCK, DIE_CLAIMING, DIE_REAPING };
 
-    if (!atomic_compare_exchange_strong(&p->state, &expect, PROC_CLAIMING))
+static int die_in_transition(void *arg)
+{
+    struct sfs_proc_rec *p = ((void **)arg)[0];
+    int how = *(int *)((void **)arg)[1];
+    int32_t zero = 0;
+
+    if (!atomic_compare_exchange_strong(&p->busy_pid, &zero, getpid()))
         return 3;
-    atomic_store(&p->busy_pid, getpid());
-    raise(SIGKILL); /* between the claim and "alive" */
+    if (how == DIE_CLAIMING)
+        atomic_store(&p->state, PROC_CLAIMING);
+    else if (how == DIE_REAPING)
+        atomic_store(&p->state, PROC_REAPING);
+    raise(SIGKILL); /* holding the record's lock, mid-transition */
     return 4;
 }
 
-Test(crash, record_claimer_killed_half_way, .timeout = 30)
-{
-    struct sfs_cache *c = tu_cache(8, 0, SHARD);
-    cr_assert_not_null(c);
-    uint32_t victim = c->me + 1;
-    struct sfs_proc_rec *p = &c->procs[victim];
-
-    pid_t pid = tu_fork(claim_and_die, p);
-    cr_assert_eq(tu_wait(pid), 128 + SIGKILL);
-    cr_assert_eq(atomic_load(&p->state), PROC_CLAIMING);
-    cr_assert_eq(sfs_cache_reap(c), 1, "a half-claimed record is reclaimed");
-    cr_assert_eq(atomic_load(&p->state), PROC_FREE);
-    cr_assert_eq(atomic_load(&p->busy_pid), 0);
-    sfs_cache_close(c);
-}
-
-static int reap_and_die(void *arg)
-{
-    struct sfs_proc_rec *p = arg;
-    uint32_t expect = PROC_FREE;
-
-    /* Pose as a reaper that claimed the record and died. */
-    if (!atomic_compare_exchange_strong(&p->state, &expect, PROC_REAPING))
-        return 3;
-    atomic_store(&p->busy_pid, getpid());
-    raise(SIGKILL);
-    return 4;
-}
-
-Test(crash, record_reaper_killed_half_way, .timeout = 30)
+static void kill_mid_transition(int how)
 {
     struct sfs_cache *c = tu_cache(8, 0, SHARD);
     cr_assert_not_null(c);
     struct sfs_proc_rec *p = &c->procs[c->me + 1];
+    void *arg[2] = {p, &how};
 
-    pid_t pid = tu_fork(reap_and_die, p);
+    if (how == DIE_REAPING) {
+        /* A record that was alive for some process, now being reaped. */
+        atomic_store(&p->state, PROC_ALIVE);
+        atomic_store(&p->pid, 1 << 30); /* no such pid */
+    }
+    pid_t pid = tu_fork(die_in_transition, arg);
     cr_assert_eq(tu_wait(pid), 128 + SIGKILL);
-    cr_assert_eq(atomic_load(&p->state), PROC_REAPING);
-    cr_assert_eq(sfs_cache_reap(c), 1);
+    cr_assert_eq(atomic_load(&p->busy_pid), pid);
+    /* A registrant skips a locked record; the reaper frees it. */
+    cr_assert_eq(sfs_cache_reap(c), how == DIE_AFTER_LOCK ? 0 : 1);
     cr_assert_eq(atomic_load(&p->state), PROC_FREE);
-    /* A record being claimed by a live process is left alone. */
-    uint32_t expect = PROC_FREE;
-    cr_assert(atomic_compare_exchange_strong(&p->state, &expect, PROC_CLAIMING));
-    atomic_store(&p->busy_pid, getpid());
+    cr_assert_eq(atomic_load(&p->busy_pid), 0, "the dead holder's lock was not released");
+    /* ... and the record serves the next attach. */
+    const char *path = tu_path("sock");
+    cr_assert_eq(sfs_cache_serve(c, path), 0);
+    int err = 0;
+    struct sfs_cache *c2 = sfs_cache_attach(path, 1, &err);
+    cr_assert_not_null(c2, "attach: %s", strerror(-err));
+    cr_assert_eq(atomic_load(&p->state), PROC_ALIVE, "the freed record was not the first free");
+    sfs_cache_close(c2);
+    sfs_cache_close(c);
+}
+
+Test(crash, record_locker_killed_before_any_change, .timeout = 30)
+{
+    kill_mid_transition(DIE_AFTER_LOCK);
+}
+
+Test(crash, record_claimer_killed_half_way, .timeout = 30)
+{
+    kill_mid_transition(DIE_CLAIMING);
+}
+
+Test(crash, record_reaper_killed_half_way, .timeout = 30)
+{
+    kill_mid_transition(DIE_REAPING);
+}
+
+Test(crash, record_of_a_live_claimer_is_left_alone, .timeout = 30)
+{
+    struct sfs_cache *c = tu_cache(8, 0, SHARD);
+    cr_assert_not_null(c);
+    struct sfs_proc_rec *p = &c->procs[c->me + 1];
+    int32_t zero = 0;
+
+    /* We (alive) hold the record mid-claim: no reaper may step in. A second
+     * handle in this process reaps, so its own pid is not the holder's
+     * excuse: use our parent's pid, which is alive. */
+    cr_assert(atomic_compare_exchange_strong(&p->busy_pid, &zero, getppid()));
+    atomic_store(&p->state, PROC_CLAIMING);
     cr_assert_eq(sfs_cache_reap(c), 0);
     cr_assert_eq(atomic_load(&p->state), PROC_CLAIMING);
-    atomic_store(&p->busy_pid, 0);
     atomic_store(&p->state, PROC_FREE);
+    atomic_store(&p->busy_pid, 0);
     sfs_cache_close(c);
 }
