@@ -111,17 +111,18 @@ enum sfs_proc_state {
 
 /*
  * One attached process. The record's owner writes its counters (relaxed,
- * single writer: no shared hot line); registration and reaping CAS `state`
- * and name themselves in `busy_pid`, so a record whose claimer or reaper
- * died half-way is reclaimed by the next reaper.
+ * single writer: no shared hot line). `busy_pid` is the record's transition
+ * lock: registration and reaping CAS it from 0 to their pid before touching
+ * `state`, pid or start time, and clear it last, so a record whose claimer or
+ * reaper died half-way is finished by the next reaper.
  */
 struct sfs_proc_rec {
-    alignas(SFS_CACHELINE) _Atomic uint32_t state; /* enum sfs_proc_state; CAS */
+    alignas(SFS_CACHELINE) _Atomic uint32_t state; /* enum sfs_proc_state; under busy_pid */
     _Atomic uint32_t gen;                          /* bumped at each registration */
     _Atomic int32_t pid;                           /* the process */
     int32_t device_id;                             /* as attached (-1: query-only) */
     _Atomic uint64_t start_time;                   /* /proc/pid/stat field 22: detects pid reuse */
-    _Atomic int32_t busy_pid; /* who is claiming or reaping the record, else 0 */
+    _Atomic int32_t busy_pid; /* lock: pid changing the record's state, else 0 */
     uint8_t pad0[SFS_CACHELINE - 28];
     alignas(SFS_CACHELINE) _Atomic int64_t ctr[CTR_COUNT]; /* written by the owner only */
 };
