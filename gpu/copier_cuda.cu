@@ -187,8 +187,12 @@ static int cuda_move(struct sfs_copier *cp, struct sfs_copy *v, size_t n)
             /* One end is pageable host memory, or the shard is big enough
              * for the copy engines: let the runtime stage it. */
             e = cudaMemcpyAsync(v[i].dst, v[i].src, v[i].len, cudaMemcpyDefault, cc->stream);
-            if (e != cudaSuccess)
+            if (e != cudaSuccess) {
                 v[i].result = cuda_errno(e);
+                /* Clear it, or the launch check below takes this element's
+                 * error for the kernel's and fails the whole batch. */
+                cudaGetLastError();
+            }
             async = true;
             continue;
         }
@@ -224,6 +228,13 @@ static int cuda_move(struct sfs_copier *cp, struct sfs_copy *v, size_t n)
     return 0;
 
 out_fail:
+    if (async || nd) {
+        /* Copies (and the descriptor upload) queued before the failure may
+         * still be running: the caller releases the slots and reuses hdesc
+         * as soon as we return, so wait for them first. */
+        cudaStreamSynchronize(cc->stream);
+        cudaGetLastError();
+    }
     for (size_t i = 0; i < n; i++)
         if (v[i].result == 0)
             v[i].result = err;

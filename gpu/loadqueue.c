@@ -635,7 +635,7 @@ static void batch_flush(struct sfs_rank *rk, struct load_batch *b)
 
 static void dispatch_load(struct sfs_rank *rk, struct rank_item *it, struct load_batch *b)
 {
-    int64_t deadline = sfs_deadline_after(rk->key_timeout_ns);
+    int64_t deadline;
     bool token = sfs_lq_token_try(rk);
     int role;
 
@@ -650,6 +650,9 @@ static void dispatch_load(struct sfs_rank *rk, struct rank_item *it, struct load
             token = true;
         }
     }
+    /* The key's deadline starts at its Get, not before the wait for a load
+     * slot above (which can outlast key_timeout_ms behind slow loads). */
+    deadline = sfs_deadline_after(rk->key_timeout_ns);
     /* With loads batched, try without waiting for a slot first: a full
      * cache must not wait on slots whose loads we have not submitted yet. */
     role = sfs_cache_get(rk->cache, &it->key, 0, b->n ? 0 : deadline, &it->lease);
@@ -880,7 +883,7 @@ void sfs_lq_stop(struct sfs_rank *rk)
 
     if (rk->dispatcher_started) {
         pthread_mutex_lock(&rk->mu);
-        rk->stopping = true;
+        __atomic_store_n(&rk->stopping, true, __ATOMIC_RELAXED); /* peeked lock-free */
         pthread_cond_broadcast(&rk->task_cv);
         pthread_mutex_unlock(&rk->mu);
         pthread_join(rk->dispatcher, NULL);

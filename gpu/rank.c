@@ -132,7 +132,9 @@ struct sfs_rank *sfs_rank_open(const struct sfs_rank_config *cfg, int *err)
         goto out_free;
     sfs_cache_info(rk->cache, &info);
     rk->shard_size = info.shard_size;
-    if (rk->shard_size > UINT32_MAX) {
+    /* A backend reports bytes moved in an int (struct sfs_io): a shard of
+     * 2 GiB or more would read as an error, so refuse it here. */
+    if (rk->shard_size > INT_MAX) {
         *err = -EINVAL;
         goto out_free;
     }
@@ -190,9 +192,11 @@ void sfs_rank_close(struct sfs_rank *rk)
     if (!rk)
         return;
     pthread_mutex_lock(&rk->mu);
-    rk->stopping = true;
+    /* Atomic stores: idle_prealloc() peeks at both without the lock. */
+    __atomic_store_n(&rk->stopping, true, __ATOMIC_RELAXED);
     cancelled = rk->tq_head;
-    rk->tq_head = rk->tq_tail = NULL;
+    __atomic_store_n(&rk->tq_head, NULL, __ATOMIC_RELAXED);
+    rk->tq_tail = NULL;
     for (t = cancelled; t; t = t->next) {
         cancel_task(t);
         rk->active--;

@@ -1471,3 +1471,65 @@ Test(rank, counts_keys_helper, .timeout = 10)
     cr_assert_eq(n, 1);
     env_down(&e);
 }
+
+Test(rank, wait_deadline_starts_at_the_get, .timeout = 60)
+{
+    /* A key another process loads gets key_timeout_ms from the Get that made
+     * the entry a waiter, not from before the dispatcher waited for a load
+     * slot. Depth 1: entry 0 is ours (400 ms load) and holds the only slot;
+     * entry 1 is absent when the dispatcher peeks at it, so it waits for the
+     * slot (~400 ms, longer than the 300 ms key timeout). Meanwhile this
+     * process becomes entry 1's owner and publishes it at ~550 ms: ~150 ms
+     * after the rank's Get, well within its 300 ms. */
+    struct env e;
+    char spec[256];
+    uint8_t *bufs = malloc(2 * SHARD);
+    int st[2];
+    struct sfs_rank_entry ent[2];
+    struct sfs_task *t;
+    struct sfs_lease l;
+
+    env_up(&e, 64, 0);
+    write_store(e.dir, 0, 2, 1, SHARD);
+    snprintf(spec, sizeof(spec), "fault:latency_us=400000:%s", e.dir);
+    struct sfs_rank *rk = rank_depth(&e, spec, 0, 300, 1);
+
+    for (int i = 0; i < 2; i++)
+        ent[i] = (struct sfs_rank_entry){tu_block(i), 0, bufs + i * SHARD};
+    int64_t t0 = sfs_now_ns();
+    cr_assert_eq(sfs_rank_load(rk, ent, 2, &t), 0);
+    usleep(100 * 1000);
+    struct sfs_key k1 = tu_key(1, 0);
+    cr_assert_eq(sfs_cache_get(e.c, &k1, 0, 0, &l), SFS_OWNER);
+    int64_t until = t0 + 550 * 1000000ll;
+    while (sfs_now_ns() < until)
+        usleep(5000);
+    publish_owned(e.c, 1, &l); /* and releases */
+    cr_assert_eq(sfs_rank_wait(t, 20000, st), 0);
+    sfs_rank_task_free(t);
+    check_bufs(0, 2, 0, bufs, st);
+    sfs_rank_close(rk);
+    free(bufs);
+    env_down(&e);
+}
+
+Test(rank, shard_sizes_past_int_max_are_refused, .timeout = 30)
+{
+    /* struct sfs_io reports bytes moved as an int: with shards of 2 GiB a
+     * completed dump reads as error INT_MIN. The rank refuses them at open. */
+    char sock[128];
+    struct sfs_cache *c = tu_cache(1, 0, 1ull << 31); /* sparse: never touched */
+    struct sfs_rank_config cfg;
+    int err = 0;
+
+    cr_assert_not_null(c);
+    snprintf(sock, sizeof(sock), "%s", tu_path("sock"));
+    cr_assert_eq(sfs_cache_serve(c, sock), 0);
+    sfs_rank_config_init(&cfg);
+    cfg.socket_path = sock;
+    cfg.copier = SFS_COPIER_HOST;
+    struct sfs_rank *rk = sfs_rank_open(&cfg, &err);
+    cr_assert_null(rk, "a rank opened on 2 GiB shards");
+    cr_assert_eq(err, -EINVAL);
+    sfs_cache_close(c);
+}
