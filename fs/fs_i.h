@@ -51,8 +51,11 @@ struct fs_obj {
 struct fs_node {
     fuse_ino_t ino;
     struct fs_obj obj;
-    uint64_t nlookup;                    /* kernel references: + on each entry reply, - on forget */
-    uint32_t nwriters;                   /* open write handles (a created shard exists while > 0) */
+    uint64_t nlookup;  /* kernel references: + on each entry reply, - on forget */
+    uint32_t nwriters; /* open write handles */
+    uint32_t ndirty;   /* of those, handles holding bytes not yet stored: the shard exists
+                        * (and unlink is EBUSY) while > 0. Not nwriters: RELEASE comes
+                        * after close(2) returns, so a closed handle may linger. */
     struct fs_node *next_ino, *next_obj; /* hash chains */
 };
 

@@ -303,6 +303,15 @@ static int validate(const struct options *o, const char *mnt, struct config *cfg
     if (cfg->cache.capacity / cfg->cache.shard_size >= (1u << 30))
         FAIL("capacity=%s: too many slots for shard_size=%" PRIu64 " (at most 2^30)",
              o->capacity ? o->capacity : "1G", cfg->cache.shard_size);
+    {
+        /* The data plane is prefaulted at create (populate): more than the
+         * machine has would wake the OOM killer, not give an error. */
+        long pages = sysconf(_SC_PHYS_PAGES), psz = sysconf(_SC_PAGESIZE);
+
+        if (pages > 0 && psz > 0 && cfg->cache.capacity > (uint64_t)pages * (uint64_t)psz)
+            FAIL("capacity=%s: larger than this machine's memory (%" PRIu64 " bytes)",
+                 o->capacity ? o->capacity : "1G", (uint64_t)pages * (uint64_t)psz);
+    }
     if (o->dir_prefix) {
         if (!parse_uint(o->dir_prefix, 32, &v))
             FAIL("dir_prefix=%s: out of range (0..32)", o->dir_prefix);

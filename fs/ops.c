@@ -297,7 +297,8 @@ static int resolve(struct fs *fs, fuse_ino_t ino, struct fs_obj *out)
     return n ? 0 : -ESTALE;
 }
 
-/* Take one kernel reference on o and return its number (0 on ENOMEM). */
+/* Take one kernel reference on o and return its number (0 on ENOMEM).
+ * writer: also count a new write handle with unstored bytes (create). */
 static fuse_ino_t obj_ref(struct fs *fs, const struct fs_obj *o, bool writer)
 {
     struct fs_node *n;
@@ -315,16 +316,19 @@ static fuse_ino_t obj_ref(struct fs *fs, const struct fs_obj *o, bool writer)
     n = node_get(fs, o);
     if (n) {
         n->nlookup++;
-        if (writer)
+        if (writer) {
             n->nwriters++;
+            n->ndirty++;
+        }
         ino = n->ino;
     }
     pthread_mutex_unlock(&fs->lock);
     return ino;
 }
 
-/* Count (or uncount) an open write handle on a shard. */
-static void writers_add(struct fs *fs, const struct fs_obj *o, int delta)
+/* Count (or uncount) an open write handle on a shard (delta), and a handle
+ * with bytes not yet stored (dirty). */
+static void writers_add(struct fs *fs, const struct fs_obj *o, int delta, int dirty)
 {
     struct fs_node *n;
 
@@ -333,13 +337,20 @@ static void writers_add(struct fs *fs, const struct fs_obj *o, int delta)
     if (n) {
         if (delta > 0)
             n->nwriters++;
-        else if (n->nwriters > 0)
+        else if (delta < 0 && n->nwriters > 0)
             n->nwriters--;
+        if (dirty > 0)
+            n->ndirty++;
+        else if (dirty < 0 && n->ndirty > 0)
+            n->ndirty--;
         node_maybe_free(fs, n);
     }
     pthread_mutex_unlock(&fs->lock);
 }
 
+/* True while a write handle of the mount holds bytes of o not yet stored. A
+ * handle whose bytes are stored does not count: its RELEASE is sent after
+ * close(2) returns, and must not make a following unlink EBUSY. */
 static bool has_writers(struct fs *fs, const struct fs_obj *o)
 {
     struct fs_node *n;
@@ -347,7 +358,7 @@ static bool has_writers(struct fs *fs, const struct fs_obj *o)
 
     pthread_mutex_lock(&fs->lock);
     n = node_by_obj(fs, o);
-    w = n && n->nwriters > 0;
+    w = n && n->ndirty > 0;
     pthread_mutex_unlock(&fs->lock);
     return w;
 }
@@ -982,6 +993,16 @@ static struct fs_handle *fh_of(struct fuse_file_info *fi)
     return (struct fs_handle *)(uintptr_t)fi->fh;
 }
 
+/* Under h->lock, on a write handle counted by writers_add: mark whether it
+ * holds bytes not yet stored. */
+static void handle_set_dirty(struct fs *fs, struct fs_handle *h, bool dirty)
+{
+    if (h->dirty == dirty)
+        return;
+    h->dirty = dirty;
+    writers_add(fs, &h->obj, 0, dirty ? 1 : -1);
+}
+
 static void handle_free(struct fs_handle *h)
 {
     if (!h)
@@ -1038,7 +1059,7 @@ static int flush_handle(struct fs *fs, struct fs_handle *h)
     if (h->dirty) {
         r = store_shard(fs, &h->obj.key, h->buf);
         if (r == 0)
-            h->dirty = false;
+            handle_set_dirty(fs, h, false);
     }
     pthread_mutex_unlock(&h->lock);
     return r;
@@ -1088,7 +1109,7 @@ static void op_open(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi)
             r = open_writer(fs, &o, fi->flags, false, &h);
             if (r < 0)
                 goto out_err;
-            writers_add(fs, &o, 1);
+            writers_add(fs, &o, 1, h->dirty ? 1 : 0);
         } else {
             h = calloc(1, sizeof(*h));
             if (!h) {
@@ -1109,7 +1130,7 @@ static void op_open(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi)
     fi->noflush = !h->writable;
     if (fuse_reply_open(req, fi) != 0) {
         if (h->writable)
-            writers_add(fs, &o, -1);
+            writers_add(fs, &o, -1, h->dirty ? -1 : 0);
         handle_free(h);
     }
     return;
@@ -1156,7 +1177,7 @@ static void op_create(fuse_req_t req, fuse_ino_t parent, const char *name, mode_
     fi->fh = (uintptr_t)h;
     fi->direct_io = 1;
     if (fuse_reply_create(req, &e, fi) != 0) {
-        writers_add(fs, &o, -1);
+        writers_add(fs, &o, -1, -1);
         forget_one(fs, e.ino, 1);
         handle_free(h);
     }
@@ -1268,7 +1289,7 @@ static void op_write(fuse_req_t req, fuse_ino_t ino, const char *buf, size_t siz
         size = fs->shard_size - (size_t)off; /* a short write; the rest gets EFBIG */
     pthread_mutex_lock(&h->lock);
     memcpy(h->buf + off, buf, size);
-    h->dirty = true;
+    handle_set_dirty(fs, h, true);
     pthread_mutex_unlock(&h->lock);
     fuse_reply_write(req, size);
 }
@@ -1302,7 +1323,9 @@ static void op_release(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi
             fprintf(stderr, "shardfs: storing %s shard %u on release: %s\n", hex, h->obj.key.shard,
                     strerror(-r));
         }
-        writers_add(fs, &h->obj, -1);
+        pthread_mutex_lock(&h->lock);
+        writers_add(fs, &h->obj, -1, h->dirty ? -1 : 0);
+        pthread_mutex_unlock(&h->lock);
     }
     handle_free(h);
     fuse_reply_err(req, 0);
@@ -1338,7 +1361,7 @@ static void op_setattr(fuse_req_t req, fuse_ino_t ino, struct stat *attr, int to
             /* The file keeps its size; the cut bytes read as zeros. */
             pthread_mutex_lock(&h->lock);
             memset(h->buf + size, 0, fs->shard_size - size);
-            h->dirty = true;
+            handle_set_dirty(fs, h, true);
             pthread_mutex_unlock(&h->lock);
         } else if (size < fs->shard_size) {
             /* truncate(2) with no handle: rewrite the shard, zero-filled. */

@@ -45,7 +45,6 @@ static const char *daemon_bin(void)
     return e && *e ? e : SHARDFS_BIN;
 }
 
-
 #define SHARD (64u << 10)
 
 struct mount {
@@ -1072,6 +1071,53 @@ Test(fs, write_cp_dd_readback_store_unlink, .timeout = 60)
     cr_assert_eq(stop(), 0);
 }
 
+/* close(2) returns after FLUSH stored the shard, but the kernel sends RELEASE
+ * afterwards, asynchronously: an unlink right after the close must not see
+ * the lingering handle (EBUSY), nor a lookup after the unlink find the shard.
+ * A handle that still holds unstored bytes keeps the shard (EBUSY). */
+Test(fs, unlink_right_after_close_is_not_ebusy, .timeout = 60)
+{
+    const char *p;
+    int busy = 0, exists = 0, fd;
+
+    start("shard_size=64K,capacity=1M");
+    cr_assert_eq(sh("mkdir -p %s", shard_path(102, -1)), 0);
+    p = shard_path(102, 0);
+    for (int i = 0; i < 300; i++) {
+        fd = open(p, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+        cr_assert_geq(fd, 0, "open: %s", strerror(errno));
+        cr_assert_eq(write(fd, "abc", 3), 3);
+        cr_assert_eq(close(fd), 0);
+        if (unlink(p) != 0) {
+            cr_assert_eq(errno, EBUSY, "unlink: %s", strerror(errno));
+            busy++;
+            continue;
+        }
+        if (access(p, F_OK) == 0)
+            exists++;
+    }
+    cr_assert_eq(busy, 0, "%d of 300 unlinks after close failed EBUSY", busy);
+    cr_assert_eq(exists, 0, "%d of 300 shards still there after unlink", exists);
+
+    /* An open handle with bytes not yet stored: EBUSY, the bytes survive. */
+    fd = open(p, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    cr_assert_geq(fd, 0);
+    cr_assert_eq(write(fd, "xyz", 3), 3);
+    cr_assert_eq(unlink(p), -1);
+    cr_assert_eq(errno, EBUSY);
+    cr_assert_eq(close(fd), 0);
+    {
+        char got[4] = "";
+        int rfd = open(p, O_RDONLY);
+
+        cr_assert_geq(rfd, 0);
+        cr_assert_eq(read(rfd, got, 3), 3);
+        close(rfd);
+        cr_assert_eq(memcmp(got, "xyz", 3), 0);
+    }
+    cr_assert_eq(stop(), 0);
+}
+
 Test(fs, read_only_mount_is_erofs, .timeout = 60)
 {
     char src[256];
@@ -1216,6 +1262,16 @@ Test(fs, bad_options_exit_1_with_one_line, .timeout = 60)
     REFUSE("max_read=1", "max_read");
     REFUSE("readahead=-1", "readahead");
     REFUSE("readahead=100000", "readahead");
+    {
+        /* More than the machine's memory: refused, not prefaulted into the
+         * OOM killer (capacity=1T for 1G is one typo away). */
+        char big[64];
+        unsigned long long mem =
+            (unsigned long long)sysconf(_SC_PHYS_PAGES) * (unsigned long long)sysconf(_SC_PAGESIZE);
+
+        snprintf(big, sizeof(big), "capacity=%lluK", 2 * (mem >> 10) + 1024);
+        REFUSE(big, "capacity");
+    }
 #undef REFUSE
     snprintf(args, sizeof(args), "-o socket=%s /nonexistent/store %s", sock, mnt);
     expect_refused(args, "/nonexistent/store");
