@@ -72,27 +72,6 @@ static bool wait_step(uint32_t at_least, int64_t timeout_ns)
     return true;
 }
 
-static int wait_child(pid_t pid, int64_t timeout_ns)
-{
-    int64_t end = sfs_now_ns() + timeout_ns;
-    int st;
-
-    for (;;) {
-        pid_t r = waitpid(pid, &st, WNOHANG);
-
-        if (r == pid)
-            return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
-        if (r < 0 && errno != EINTR)
-            return -2;
-        if (sfs_now_ns() > end) {
-            kill(pid, SIGKILL);
-            waitpid(pid, &st, 0);
-            return -1;
-        }
-        usleep(500);
-    }
-}
-
 static void park(void)
 {
     for (;;)
@@ -244,7 +223,7 @@ Test(crash, owner_killed_mid_fill_waiter_takes_over, .timeout = 30)
     atomic_store(&sh->t_kill, sfs_now_ns());
     kill(owner, SIGKILL);
     /* The owner stays a zombie until the waiter is done. */
-    int st = wait_child(waiter, 10 * SEC);
+    int st = tu_wait_for(waiter, 10 * SEC);
     int64_t lat = atomic_load(&sh->t_ret) - atomic_load(&sh->t_kill);
 
     fprintf(stderr, "owner_killed: waiter took over %.1f ms after the kill (wait rc %d)\n",

@@ -74,29 +74,6 @@ static void atomic_max(_Atomic int64_t *m, int64_t v)
         ;
 }
 
-/* Wait for a child with a time limit; a child that overruns is killed and
- * the result is -1 (a hang). */
-static int wait_child(pid_t pid, int64_t timeout_ns)
-{
-    int64_t end = sfs_now_ns() + timeout_ns;
-    int st;
-
-    for (;;) {
-        pid_t r = waitpid(pid, &st, WNOHANG);
-
-        if (r == pid)
-            return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
-        if (r < 0 && errno != EINTR)
-            return -2;
-        if (sfs_now_ns() > end) {
-            kill(pid, SIGKILL);
-            waitpid(pid, &st, 0);
-            return -1;
-        }
-        usleep(1000);
-    }
-}
-
 /* Leases anywhere in the cache: non-zero refcounts plus non-free lease-table
  * entries of every process record. Read with no lock: call when quiet. */
 static unsigned leases_left(struct sfs_cache *c, unsigned *entries)
@@ -346,7 +323,7 @@ Test(stress, lost_wakeup_publish_vs_wait, .timeout = 120)
     atomic_store(&lw->abort, 1);
     int64_t elapsed = sfs_now_ns() - t0;
     for (int i = 0; i < LW_CHILDREN; i++)
-        cr_expect_eq(wait_child(kids[i], 10 * SEC), 0, "child %d", i);
+        cr_expect_eq(tu_wait_for(kids[i], 10 * SEC), 0, "child %d", i);
 
     uint64_t nwaits = atomic_load(&lw->ready) + atomic_load(&lw->failed);
     fprintf(stderr,
@@ -615,7 +592,7 @@ static void content_stress(bool side_jobs)
     atomic_store(&cs->stop, 1);
     int hung = 0;
     for (int i = 0; i < CS_WORKERS; i++) {
-        int st = wait_child(kids[i], 10 * SEC);
+        int st = tu_wait_for(kids[i], 10 * SEC);
 
         cr_expect_eq(st, 0, "worker %d exit %d", i, st);
         hung += st == -1;

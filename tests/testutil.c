@@ -3,6 +3,7 @@
 #include "testutil.h"
 
 #include <errno.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -115,6 +116,27 @@ int tu_wait(pid_t pid)
     if (WIFSIGNALED(st))
         return 128 + WTERMSIG(st);
     return -1;
+}
+
+int tu_wait_for(pid_t pid, int64_t timeout_ns)
+{
+    int64_t end = sfs_now_ns() + timeout_ns;
+    int st;
+
+    for (;;) {
+        pid_t r = waitpid(pid, &st, WNOHANG);
+
+        if (r == pid)
+            return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
+        if (r < 0 && errno != EINTR)
+            return -2;
+        if (sfs_now_ns() > end) {
+            kill(pid, SIGKILL);
+            waitpid(pid, &st, 0);
+            return -1;
+        }
+        usleep(500);
+    }
 }
 
 int tu_load(struct sfs_cache *c, const struct sfs_key *k)

@@ -33,6 +33,9 @@ struct sfs_cache *tu_cache(uint32_t nslots, uint32_t nreserved, uint64_t shard_s
 pid_t tu_fork(int (*fn)(void *arg), void *arg);
 /* Wait for a child; returns its exit status, or 128+signal. */
 int tu_wait(pid_t pid);
+/* The same with a time limit: a child that overruns is killed and the result
+ * is -1 (a hang); -2 if it cannot be waited for. */
+int tu_wait_for(pid_t pid, int64_t timeout_ns);
 
 /* Load key as owner with the pattern and publish; for tests that need data. */
 int tu_load(struct sfs_cache *c, const struct sfs_key *k);
