@@ -437,6 +437,8 @@ static int cmp_u32(const void *a, const void *b)
 
 /* The shard indices of block: 0..count-1 from the backend, plus resident
  * (Ready or Loading) ones, sorted and unique. *out is malloc'd. */
+#define MAX_LISTED_SHARDS (1 << 20)
+
 static int block_shards(struct fs *fs, const struct sfs_block_id *block, uint32_t **out,
                         size_t *nout)
 {
@@ -447,6 +449,10 @@ static int block_shards(struct fs *fs, const struct sfs_block_id *block, uint32_
 
     if (count < 0)
         count = 0;
+    /* A store file can be huge or sparse: list at most this many (every
+     * shard stays reachable by name; docs/fs.md). */
+    if (count > MAX_LISTED_SHARDS)
+        count = MAX_LISTED_SHARDS;
     sfs_cache_foreach(fs->cache, (1u << SFS_STATE_READY) | (1u << SFS_STATE_LOADING), scan_block_cb,
                       &s);
     if (s.err) {
