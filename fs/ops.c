@@ -1144,26 +1144,32 @@ out_err:
     fuse_reply_err(req, -r);
 }
 
+/* The shard a create or mknod names: a regular file in a shard/ directory
+ * of a writable mount. */
+static int new_shard_obj(struct fs *fs, fuse_ino_t parent, const char *name, mode_t mode,
+                         struct fs_obj *o)
+{
+    struct fs_obj p;
+    int r = resolve(fs, parent, &p);
+
+    if (r < 0)
+        return r;
+    if (fs->ro)
+        return -EROFS;
+    if (!S_ISREG(mode) || p.kind != FS_SHARDDIR)
+        return p.kind == FS_SHARDDIR ? -EINVAL : -ENOENT;
+    return child_obj(fs, &p, name, false, o);
+}
+
 static void op_create(fuse_req_t req, fuse_ino_t parent, const char *name, mode_t mode,
                       struct fuse_file_info *fi)
 {
     struct fs *fs = fs_of(req);
     struct fuse_entry_param e;
     struct fs_handle *h = NULL;
-    struct fs_obj p, o;
-    int r = resolve(fs, parent, &p);
+    struct fs_obj o;
+    int r = new_shard_obj(fs, parent, name, mode, &o);
 
-    if (r < 0)
-        goto out_err;
-    if (fs->ro) {
-        r = -EROFS;
-        goto out_err;
-    }
-    if (!S_ISREG(mode) || p.kind != FS_SHARDDIR) {
-        r = p.kind == FS_SHARDDIR ? -EINVAL : -ENOENT;
-        goto out_err;
-    }
-    r = child_obj(fs, &p, name, false, &o);
     if (r < 0)
         goto out_err;
     r = open_writer(fs, &o, fi->flags, true, &h);
@@ -1195,21 +1201,10 @@ out_err:
 static void op_mknod(fuse_req_t req, fuse_ino_t parent, const char *name, mode_t mode, dev_t rdev)
 {
     struct fs *fs = fs_of(req);
-    struct fs_obj p, o;
+    struct fs_obj o;
     void *zeros;
-    int r = resolve(fs, parent, &p);
+    int r = new_shard_obj(fs, parent, name, mode, &o);
 
-    if (r < 0)
-        goto out_err;
-    if (fs->ro) {
-        r = -EROFS;
-        goto out_err;
-    }
-    if (!S_ISREG(mode) || p.kind != FS_SHARDDIR) {
-        r = p.kind == FS_SHARDDIR ? -EINVAL : -ENOENT;
-        goto out_err;
-    }
-    r = child_obj(fs, &p, name, false, &o);
     if (r < 0)
         goto out_err;
     if (shard_exists(fs, &o.key)) {
