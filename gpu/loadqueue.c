@@ -633,29 +633,38 @@ static void batch_flush(struct sfs_rank *rk, struct load_batch *b)
     b->n = 0;
 }
 
-static void dispatch_load(struct sfs_rank *rk, struct rank_item *it, struct load_batch *b)
+/*
+ * The walk of a load task. The cursor `pos` takes the keys in walk order
+ * (RearrangeIndex, or natural); that order decides which keys this rank owns.
+ * While the cursor waits for a load slot, the look-ahead takes keys further
+ * on that need none -- Ready ones and ones another rank is loading -- so
+ * their copies overlap our own loads instead of all coming after them.
+ * `taken` marks what the look-ahead dispatched; missing keys it leaves to the
+ * cursor, so ownership stays where the walk order puts it.
+ */
+struct walk {
+    struct sfs_task *t;
+    const uint32_t *order;
+    bool *taken; /* NULL: no look-ahead */
+    size_t pos, ahead;
+    struct load_batch b;
+};
+
+/* Keys peeked per wait for a load slot: bounds the look-ahead's cost on a
+ * long task to a few microseconds per owner load. */
+#define LOOKAHEAD_PEEKS 64
+
+/* Get `it` and route it by role. `token`: we hold a depth token for it. */
+static void get_and_route(struct sfs_rank *rk, struct rank_item *it, struct load_batch *b,
+                          bool token)
 {
-    int64_t deadline;
-    bool token = sfs_lq_token_try(rk);
-    int role;
-
-    if (!token) {
-        /* Depth used up: a key that is Ready or loading needs no token, so
-         * do not stall behind our own loads for it. */
-        int st = sfs_cache_state(rk->cache, &it->key);
-
-        if (st != SFS_STATE_READY && st != SFS_STATE_LOADING) {
-            batch_flush(rk, b); /* their tokens are the ones we wait for */
-            token_get(rk);
-            token = true;
-        }
-    }
     /* The key's deadline starts at its Get, not before the wait for a load
-     * slot above (which can outlast key_timeout_ms behind slow loads). */
-    deadline = sfs_deadline_after(rk->key_timeout_ns);
+     * slot (which can outlast key_timeout_ms behind slow loads). */
+    int64_t deadline = sfs_deadline_after(rk->key_timeout_ns);
     /* With loads batched, try without waiting for a slot first: a full
      * cache must not wait on slots whose loads we have not submitted yet. */
-    role = sfs_cache_get(rk->cache, &it->key, 0, b->n ? 0 : deadline, &it->lease);
+    int role = sfs_cache_get(rk->cache, &it->key, 0, b->n ? 0 : deadline, &it->lease);
+
     if (role == -ENOSPC && b->n) {
         batch_flush(rk, b);
         role = sfs_cache_get(rk->cache, &it->key, 0, deadline, &it->lease);
@@ -692,7 +701,7 @@ static void dispatch_load(struct sfs_rank *rk, struct rank_item *it, struct load
     default:
         if (!token) {
             batch_flush(rk, b);
-            token_get(rk); /* lost the race with the peek: rare */
+            token_get(rk); /* lost the race with a peek: rare */
         }
         if (!b->ios) {
             sfs_lq_submit_load(it); /* no batch array: one at a time */
@@ -705,6 +714,58 @@ static void dispatch_load(struct sfs_rank *rk, struct rank_item *it, struct load
             batch_flush(rk, b);
         break;
     }
+}
+
+static bool needs_no_token(int state)
+{
+    return state == SFS_STATE_READY || state == SFS_STATE_LOADING;
+}
+
+/* The cursor waits for a load slot (our batch is flushed): dispatch keys
+ * ahead of it that need none, until a slot frees or LOOKAHEAD_PEEKS keys
+ * have been peeked. The look-ahead resumes where it stopped and wraps, so
+ * a key still missing now is looked at again later. True: we took a token. */
+static bool look_ahead(struct sfs_rank *rk, struct walk *w)
+{
+    size_t n = w->t->n, left = n - w->pos - 1;
+    unsigned peeks = 0;
+
+    for (; left && peeks < LOOKAHEAD_PEEKS; left--) {
+        if (w->ahead <= w->pos || w->ahead >= n)
+            w->ahead = w->pos + 1;
+        size_t i = w->ahead++;
+
+        if (w->taken[i])
+            continue;
+        /* A slot may have come back meanwhile: our own share goes first. */
+        if (peeks++ % 8 == 0 && sfs_lq_token_try(rk))
+            return true;
+
+        struct rank_item *it = &w->t->items[w->order[i]];
+
+        if (needs_no_token(sfs_cache_state(rk->cache, &it->key))) {
+            w->taken[i] = true;
+            get_and_route(rk, it, &w->b, false);
+        }
+    }
+    return false;
+}
+
+/* The cursor's key: take a depth token first unless the key needs none. */
+static void dispatch_load(struct sfs_rank *rk, struct walk *w, struct rank_item *it)
+{
+    bool token = sfs_lq_token_try(rk);
+
+    /* Depth used up: a key that is Ready or loading needs no token, so do
+     * not stall behind our own loads for it. */
+    if (!token && !needs_no_token(sfs_cache_state(rk->cache, &it->key))) {
+        batch_flush(rk, &w->b); /* their tokens are the ones we wait for */
+        token = w->taken && look_ahead(rk, w);
+        if (!token)
+            token_get(rk);
+        token = true;
+    }
+    get_and_route(rk, it, &w->b, token);
 }
 
 static void dispatch_dump(struct sfs_rank *rk, struct rank_item *it)
@@ -760,6 +821,7 @@ void sfs_lq_dump_copied(struct rank_item *it)
 static void walk_task(struct sfs_rank *rk, struct sfs_task *t)
 {
     uint32_t *order = malloc(t->n * sizeof(*order));
+    struct walk w = {.t = t, .order = order};
 
     if (order && rk->rotate) {
         sfs_rank_rearrange(t->n, rk->r, rk->N, order);
@@ -767,20 +829,25 @@ static void walk_task(struct sfs_rank *rk, struct sfs_task *t)
         for (size_t i = 0; i < t->n; i++)
             order[i] = (uint32_t)i;
     }
-    struct load_batch b = {.n = 0, .cap = rk->depth ? rk->depth : 1, .ios = NULL};
-
-    if (t->kind != ITEM_DUMP)
-        b.ios = malloc(b.cap * sizeof(*b.ios)); /* NULL: loads go one by one */
-    for (size_t k = 0; k < t->n; k++) {
-        struct rank_item *it = &t->items[order ? order[k] : k];
+    if (t->kind == ITEM_LOAD) {
+        w.b.cap = rk->depth ? rk->depth : 1;
+        w.b.ios = malloc(w.b.cap * sizeof(*w.b.ios)); /* NULL: loads go one by one */
+        /* The seed's blocking LoadQueue (a baseline) had no look-ahead. */
+        if (order && !rk->blocking_waits)
+            w.taken = calloc(t->n, sizeof(*w.taken)); /* NULL: none */
+    }
+    /* No memory for the order: natural order, still correct. */
+    for (w.pos = 0; w.pos < t->n; w.pos++) {
+        struct rank_item *it = &t->items[order ? order[w.pos] : w.pos];
 
         if (t->kind == ITEM_DUMP)
             dispatch_dump(rk, it);
-        else
-            dispatch_load(rk, it, &b);
+        else if (!w.taken || !w.taken[w.pos])
+            dispatch_load(rk, &w, it);
     }
-    batch_flush(rk, &b);
-    free(b.ios);
+    batch_flush(rk, &w.b);
+    free(w.b.ios);
+    free(w.taken);
     free(order);
 }
 

@@ -1154,6 +1154,88 @@ Test(rank, slow_keys_do_not_block_ready_ones, .timeout = 60)
     env_down(&e);
 }
 
+/* Poll until entries [from, to) of `bufs` hold their keys' bytes, for at
+ * most `ms`. Returns how many do. */
+static int await_entries(const uint8_t *bufs, int from, int to, int ms)
+{
+    int64_t end = sfs_now_ns() + (int64_t)ms * 1000000;
+    int ok;
+
+    for (;;) {
+        ok = 0;
+        for (int i = from; i < to; i++) {
+            struct sfs_key k = tu_key(i, 0);
+
+            ok += tu_check(&k, bufs + (size_t)i * SHARD, SHARD) == -1;
+        }
+        if (ok == to - from || sfs_now_ns() > end)
+            return ok;
+        usleep(2000);
+    }
+}
+
+Test(rank, look_ahead_copies_while_own_loads_wait, .timeout = 60)
+{
+    /* One load slot (depth 1) and a backend that takes 2 s per load. The
+     * walk owns key 0, then reaches key 1 (missing too) with no slot free.
+     * Keys 2..5 are Ready and keys 6..7 are being loaded by another owner
+     * (the test): none of them needs a slot, so the look-ahead must hand
+     * them on meanwhile -- the Ready ones copied at once, the others as
+     * soon as they are published -- instead of after our own two loads
+     * (4 s). Key 1 must still be ours, loaded when the slot frees. */
+    enum { N = 8, READY0 = 2, BUSY0 = 6 };
+    struct env e;
+    char spec[256];
+    uint8_t *bufs = calloc(N, SHARD);
+    struct sfs_rank_entry ent[N];
+    struct sfs_lease busy[N - BUSY0];
+    struct sfs_rank_stats s;
+    struct sfs_task *t;
+    int st[N];
+
+    env_up(&e, 64, 0);
+    write_store(e.dir, 0, N, 1, SHARD);
+    snprintf(spec, sizeof(spec), "fault:latency_us=2000000:%s", e.dir);
+    struct sfs_rank *rk = rank_depth(&e, spec, 0, 20000, 1);
+    for (int i = READY0; i < BUSY0; i++) {
+        struct sfs_key k = tu_key(i, 0);
+        struct sfs_lease l;
+
+        cr_assert_eq(sfs_cache_get(e.c, &k, 0, 0, &l), SFS_OWNER);
+        publish_owned(e.c, i, &l);
+    }
+    for (int i = BUSY0; i < N; i++) {
+        struct sfs_key k = tu_key(i, 0);
+
+        cr_assert_eq(sfs_cache_get(e.c, &k, 0, 0, &busy[i - BUSY0]), SFS_OWNER);
+    }
+    for (int i = 0; i < N; i++)
+        ent[i] = (struct sfs_rank_entry){tu_block(i), 0, bufs + (size_t)i * SHARD};
+    cr_assert_eq(sfs_rank_load(rk, ent, N, &t), 0);
+
+    cr_assert_eq(await_entries(bufs, READY0, BUSY0, 1000), BUSY0 - READY0,
+                 "Ready keys not copied while the walk waits for a load slot");
+    for (int i = BUSY0; i < N; i++)
+        publish_owned(e.c, i, &busy[i - BUSY0]);
+    cr_assert_eq(await_entries(bufs, BUSY0, N, 500), N - BUSY0,
+                 "published keys not copied while the walk waits for a load slot");
+    cr_assert(!sfs_rank_task_done(t), "the 2 s loads cannot be done yet");
+    sfs_rank_stats(rk, &s);
+    cr_assert_eq(s.owner_loads, 1, "key 1 must wait for the slot, not be skipped or lost");
+    cr_assert_eq(await_entries(bufs, 0, 2, 0), 0);
+
+    cr_assert_eq(sfs_rank_wait(t, 20000, st), 0);
+    sfs_rank_task_free(t);
+    check_bufs(0, N, 0, bufs, st);
+    sfs_rank_stats(rk, &s);
+    cr_assert_eq(s.owner_loads, 2);
+    cr_assert_eq(s.hits, BUSY0 - READY0);
+    cr_assert_eq(s.waits, N - BUSY0);
+    sfs_rank_close(rk);
+    free(bufs);
+    env_down(&e);
+}
+
 Test(rank, many_waits_spill_over_watchers, .timeout = 60)
 {
     /* More waiting keys than one sfs_cache_wait_any() takes (128): every

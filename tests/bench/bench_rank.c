@@ -175,6 +175,7 @@ static struct sfs_cache *make_cache(uint64_t shard, uint32_t nslots, const char 
 struct bres {
     int rc;
     int64_t t0, t1;
+    int64_t cpu_ns; /* every thread of the rank's process, t0..t1 */
     uint64_t owner, max_inflight, waits, failed;
 };
 
@@ -223,9 +224,11 @@ static int tp_child(struct bjob *j)
     while (!atomic_load(&j->sh->go))
         ; /* the start gun: spin briefly so every rank leaves at once */
     res->t0 = sfs_now_ns();
+    res->cpu_ns = -bench_process_cpu_ns();
     if (sfs_rank_load(rk, e, O.M, &t) != 0 || sfs_rank_wait(t, 120000, st) != 0)
         return 3;
     res->t1 = sfs_now_ns();
+    res->cpu_ns += bench_process_cpu_ns();
     sfs_rank_task_free(t);
     sfs_rank_stats(rk, &s);
     res->owner = s.owner_loads;
@@ -238,6 +241,7 @@ static int tp_child(struct bjob *j)
 
 struct tp_result {
     double wall_ms, conc_mean, conc_peak;
+    double cpus; /* CPU time of all ranks / wall: near the CPU count = CPU-bound */
     uint64_t own_min, own_max;
 };
 
@@ -280,6 +284,7 @@ static void tp_run(struct sfs_cache *c, const char *sock, const char *dir, int N
         if (r->t1 > t1)
             t1 = r->t1;
         out->conc_peak += (double)r->max_inflight;
+        out->cpus += (double)r->cpu_ns;
         if (r->owner < out->own_min)
             out->own_min = r->owner;
         if (r->owner > out->own_max)
@@ -287,6 +292,7 @@ static void tp_run(struct sfs_cache *c, const char *sock, const char *dir, int N
     }
     out->wall_ms = (double)(t1 - t0) / 1e6;
     out->conc_mean = (double)O.M * O.lat_us / 1e3 / out->wall_ms;
+    out->cpus /= (double)(t1 - t0);
     munmap(sh, sizeof(*sh));
 }
 
@@ -303,14 +309,18 @@ static void bench_tp(void)
 
     emit("\n### TP scaling: N ranks load one task of %u x %u KiB shards\n\n", O.M, O.shard / 1024);
     emit("fault backend latency %u us, load depth %u per rank; median of %d runs; "
-         "ideal wall = M / (N x depth) x latency = %.1f ms at N=1\n\n",
-         O.lat_us, O.depth, O.reps, (double)O.M / O.depth * O.lat_us / 1e3);
+         "ideal wall = M / (N x depth) x latency = %.1f ms at N=1; %ld CPUs online. "
+         "Target: rotated >= 0.9 x N faster than the seed's natural-order LoadQueue. "
+         "\"CPUs busy\" is the ranks' CPU time (every thread) over the wall time of "
+         "the rotated run: near the CPU count, the run is CPU-bound, not load-bound.\n\n",
+         O.lat_us, O.depth, O.reps, (double)O.M / O.depth * O.lat_us / 1e3,
+         sysconf(_SC_NPROCESSORS_ONLN));
     emit("| N | seed's old LoadQueue: natural, blocking waits (ms) | natural, waiters handed "
-         "off (ms) | rotated (ms) | rotated speedup vs old / vs natural | wall N=%d / wall N "
-         "(rotated) | backend concurrency mean (peak) | owner share min..max (M/N), rotated; "
-         "natural |\n",
+         "off (ms) | rotated (ms) | rotated speedup vs old / vs natural | met (>= 0.9 x N) | "
+         "wall N=%d / wall N (rotated) | backend concurrency mean (peak) | CPUs busy "
+         "(rotated) | owner share min..max (M/N), rotated; natural |\n",
          O.ranks[0]);
-    emit("|---|---|---|---|---|---|---|---|\n");
+    emit("|---|---|---|---|---|---|---|---|---|---|\n");
     tp_run(c, sock, dir, 1, true, false, &rot[0]); /* warm-up */
     for (int k = 0; k < O.nranks; k++) {
         int N = O.ranks[k];
@@ -330,10 +340,11 @@ static void bench_tp(void)
         double mr = median(vr, O.reps), mn = median(vn, O.reps), mb = median(vb, O.reps);
         if (k == 0)
             base_ms = mr;
-        emit("| %d | %.1f | %.1f | %.1f | %.2fx / %.2fx | %.2fx | %.1f (%.0f) | %lu..%lu (%.0f); "
-             "%lu..%lu |\n",
-             N, mb, mn, mr, mb / mr, mn / mr, base_ms / mr, (double)O.M * O.lat_us / 1e3 / mr,
-             rot[k].conc_peak, (unsigned long)rot[k].own_min, (unsigned long)rot[k].own_max,
+        emit("| %d | %.1f | %.1f | %.1f | %.2fx / %.2fx | %s | %.2fx | %.1f (%.0f) | %.2f | "
+             "%lu..%lu (%.0f); %lu..%lu |\n",
+             N, mb, mn, mr, mb / mr, mn / mr, mb / mr >= 0.9 * N ? "yes" : "**no**",
+             base_ms / mr, (double)O.M * O.lat_us / 1e3 / mr, rot[k].conc_peak, rot[k].cpus,
+             (unsigned long)rot[k].own_min, (unsigned long)rot[k].own_max,
              (double)O.M / N, (unsigned long)nat[k].own_min, (unsigned long)nat[k].own_max);
     }
     sfs_cache_close(c);
