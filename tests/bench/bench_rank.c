@@ -3,11 +3,13 @@
  * bench_rank.c - libshardfs-rank against its baselines, in the same run.
  *
  *   bench_rank [--quick] [--ranks 1,2,4,8] [--shards M] [--latency-us L]
- *              [--depth D] [--shard-size BYTES] [--reps R] [--out FILE]
+ *              [--depth D] [--shard-size BYTES[,BYTES..]] [--reps R] [--out FILE]
  *   bench_rank --gpu [--quick] [--copier auto|host|cuda] [--out FILE]
  *
  * Default mode, three tables:
- *  1. TP scaling: N rank processes load the same task of M shards through a
+ *  1. TP scaling, once per TP shard size (default 16 KiB and 64 KiB; one
+ *     --shard-size sets every table's size, a list only the TP sizes):
+ *     N rank processes load the same task of M shards through a
  *     fault backend with a fixed latency L and per-rank depth D, RearrangeIndex
  *     order against natural order. Wall time (first start to last finish),
  *     speedup of rotated over natural, scaling over one rank, the backend
@@ -56,7 +58,8 @@ static struct {
     int ranks[MAXR], nranks;
     uint32_t M;
     unsigned lat_us, depth;
-    uint32_t shard;
+    uint32_t shard;             /* the hit path's, and the TP run's at hand */
+    uint32_t tp_shard[4], ntp;  /* the TP table's shard sizes */
     int reps;
     const char *out;
     int copier;
@@ -67,6 +70,11 @@ static struct {
     .lat_us = 2000,
     .depth = 4,
     .shard = 64 * 1024,
+    /* 16 KiB, the GPU brief's smallest shard, keeps the host copier's
+     * memcpy (every rank copies the whole task) from taking the CPUs the
+     * ranks' loads need on a small host; 64 KiB shows that cost. */
+    .tp_shard = {16 * 1024, 64 * 1024},
+    .ntp = 2,
     .reps = 3,
     .copier = SFS_COPIER_AUTO,
 };
@@ -296,7 +304,7 @@ static void tp_run(struct sfs_cache *c, const char *sock, const char *dir, int N
     munmap(sh, sizeof(*sh));
 }
 
-static void bench_tp(void)
+static void bench_tp_one(void)
 {
     char sock[128], dir[128];
     struct tp_result rot[MAXR], nat[MAXR];
@@ -349,6 +357,17 @@ static void bench_tp(void)
     }
     sfs_cache_close(c);
     nftw(dir, rm_one, 16, FTW_DEPTH | FTW_PHYS);
+}
+
+static void bench_tp(void)
+{
+    uint32_t hit_shard = O.shard;
+
+    for (uint32_t i = 0; i < O.ntp; i++) {
+        O.shard = O.tp_shard[i];
+        bench_tp_one();
+    }
+    O.shard = hit_shard;
 }
 
 /* ---------------------------------------------------------------------------
@@ -621,7 +640,7 @@ static void bench_gpu(void)
 static void usage(void)
 {
     fprintf(stderr, "usage: bench_rank [--quick] [--gpu] [--ranks 1,2,4,8] [--shards M] "
-                    "[--latency-us L] [--depth D] [--shard-size BYTES] [--reps R] "
+                    "[--latency-us L] [--depth D] [--shard-size BYTES[,BYTES..]] [--reps R] "
                     "[--copier auto|host|cuda] [--out FILE]\n");
     exit(2);
 }
@@ -659,7 +678,16 @@ int main(int argc, char **argv)
         } else if (!strcmp(a, "--depth") && v) {
             O.depth = (unsigned)atoi(v), i++;
         } else if (!strcmp(a, "--shard-size") && v) {
-            O.shard = (uint32_t)strtoul(v, NULL, 0), i++;
+            /* One size: for every table. A list: the TP table's sizes. */
+            char *sv = strdup(v), *tok, *save;
+
+            O.ntp = 0;
+            for (tok = strtok_r(sv, ",", &save); tok && O.ntp < 4; tok = strtok_r(NULL, ",", &save))
+                O.tp_shard[O.ntp++] = (uint32_t)strtoul(tok, NULL, 0);
+            if (O.ntp == 1)
+                O.shard = O.tp_shard[0];
+            free(sv);
+            i++;
         } else if (!strcmp(a, "--reps") && v) {
             O.reps = atoi(v), i++;
         } else if ((!strcmp(a, "--out") || !strcmp(a, "--md")) && v) {
@@ -673,8 +701,11 @@ int main(int argc, char **argv)
             usage();
         }
     }
-    if (O.M == 0 || O.depth == 0 || O.reps < 1 || O.reps > 16 || O.shard == 0)
+    if (O.M == 0 || O.depth == 0 || O.reps < 1 || O.reps > 16 || O.shard == 0 || O.ntp == 0)
         usage();
+    for (uint32_t i = 0; i < O.ntp; i++)
+        if (O.tp_shard[i] == 0)
+            usage();
     struct bench b = {
         .name = O.gpu ? "bench_rank_gpu" : "bench_rank", .quick = O.quick, .md = O.out};
 
