@@ -27,14 +27,6 @@
 
 #define SHARD 4096u
 
-#define CK(cond)                                                                                   \
-    do {                                                                                           \
-        if (!(cond)) {                                                                             \
-            fprintf(stderr, "child %d: check failed at line %d: %s\n", getpid(), __LINE__, #cond); \
-            return 1;                                                                              \
-        }                                                                                          \
-    } while (0)
-
 /* The wire format of attach.c, restated: a test that drifts from it fails. */
 #define HELLO_MAGIC   0x6f6c6c6548534653ull
 #define WELCOME_MAGIC 0x656d6f6c6557534full
@@ -73,34 +65,29 @@ static struct sfs_cache *served(const char **path)
  * Good attaches.
  */
 struct child {
-    const char *path;
     struct sfs_key have, absent, write;
 };
 
-static int data_child(void *arg)
+/* Attached as device 3. */
+static int data_child(struct sfs_cache *c, void *arg)
 {
     struct child *a = arg;
     struct sfs_cache_info info;
     struct sfs_lease l;
     size_t len = 0;
-    int err = 0;
-    struct sfs_cache *c = sfs_cache_attach(a->path, 3, &err);
 
-    CK(c);
     sfs_cache_info(c, &info);
-    CK(!info.query_only);
-    CK(info.nslots == 8 && info.shard_size == SHARD);
-    CK(sfs_cache_segment(c, 0, &len) != NULL && len >= SHARD);
-    CK(sfs_cache_get(c, &a->have, 0, 0, &l) == SFS_HIT);
-    CK(sfs_cache_data(c, &l) != NULL);
-    CK(tu_check(&a->have, sfs_cache_data(c, &l), SHARD) == -1);
-    CK(sfs_cache_release(c, &l) == 0);
+    TU_CK(!info.query_only);
+    TU_CK(info.nslots == 8 && info.shard_size == SHARD);
+    TU_CK(sfs_cache_segment(c, 0, &len) != NULL && len >= SHARD);
+    TU_CK(sfs_cache_get(c, &a->have, 0, 0, &l) == SFS_HIT);
+    TU_CK(sfs_cache_data(c, &l) != NULL);
+    TU_CK(tu_check(&a->have, sfs_cache_data(c, &l), SHARD) == -1);
+    TU_CK(sfs_cache_release(c, &l) == 0);
     /* Bytes written here are the parent's bytes too. */
-    CK(sfs_cache_get(c, &a->write, 0, 0, &l) == SFS_OWNER);
-    tu_fill(&a->write, sfs_cache_data(c, &l), SHARD);
-    CK(sfs_cache_publish(c, &l, SHARD, 0) == 0);
-    CK(sfs_cache_release(c, &l) == 0);
-    sfs_cache_close(c);
+    TU_CK(sfs_cache_get(c, &a->write, 0, 0, &l) == SFS_OWNER);
+    TU_CK(tu_publish(c, &a->write, &l) == 0);
+    TU_CK(sfs_cache_release(c, &l) == 0);
     return 0;
 }
 
@@ -108,11 +95,11 @@ Test(attach, data_rank_shares_bytes, .timeout = 30)
 {
     const char *path;
     struct sfs_cache *c = served(&path);
-    struct child a = {.path = path, .have = tu_key(1, 0), .write = tu_key(2, 0)};
+    struct child a = {.have = tu_key(1, 0), .write = tu_key(2, 0)};
     struct sfs_lease l;
 
     cr_assert_eq(tu_load(c, &a.have), SFS_OWNER);
-    cr_assert_eq(tu_wait(tu_fork(data_child, &a)), 0);
+    cr_assert_eq(tu_wait(tu_fork_attached(path, 3, data_child, &a)), 0);
     cr_assert_eq(sfs_cache_get(c, &a.write, 0, 0, &l), SFS_HIT);
     cr_assert_eq(tu_check(&a.write, sfs_cache_data(c, &l), SHARD), -1,
                  "the child's bytes are not in the parent's mapping");
@@ -120,26 +107,23 @@ Test(attach, data_rank_shares_bytes, .timeout = 30)
     sfs_cache_close(c);
 }
 
-static int query_child(void *arg)
+/* Attached query-only (device -1). */
+static int query_child(struct sfs_cache *c, void *arg)
 {
     struct child *a = arg;
     struct sfs_cache_info info;
     struct sfs_lease l;
-    int err = 0;
-    struct sfs_cache *c = sfs_cache_attach(a->path, -1, &err);
 
-    CK(c);
     sfs_cache_info(c, &info);
-    CK(info.query_only);
-    CK(sfs_cache_segment(c, 0, NULL) == NULL);
-    CK(sfs_cache_exists(c, &a->have));
-    CK(!sfs_cache_exists(c, &a->absent));
-    CK(sfs_cache_state(c, &a->have) == SFS_STATE_READY);
-    CK(sfs_cache_state(c, &a->absent) == -ENOENT);
-    CK(sfs_cache_get(c, &a->have, SFS_GET_NOALLOC, 0, &l) == SFS_HIT);
-    CK(sfs_cache_data(c, &l) == NULL);
-    CK(sfs_cache_release(c, &l) == 0);
-    sfs_cache_close(c);
+    TU_CK(info.query_only);
+    TU_CK(sfs_cache_segment(c, 0, NULL) == NULL);
+    TU_CK(sfs_cache_exists(c, &a->have));
+    TU_CK(!sfs_cache_exists(c, &a->absent));
+    TU_CK(sfs_cache_state(c, &a->have) == SFS_STATE_READY);
+    TU_CK(sfs_cache_state(c, &a->absent) == -ENOENT);
+    TU_CK(sfs_cache_get(c, &a->have, SFS_GET_NOALLOC, 0, &l) == SFS_HIT);
+    TU_CK(sfs_cache_data(c, &l) == NULL);
+    TU_CK(sfs_cache_release(c, &l) == 0);
     return 0;
 }
 
@@ -147,10 +131,10 @@ Test(attach, query_only_role, .timeout = 30)
 {
     const char *path;
     struct sfs_cache *c = served(&path);
-    struct child a = {.path = path, .have = tu_key(3, 1), .absent = tu_key(4, 0)};
+    struct child a = {.have = tu_key(3, 1), .absent = tu_key(4, 0)};
 
     cr_assert_eq(tu_load(c, &a.have), SFS_OWNER);
-    cr_assert_eq(tu_wait(tu_fork(query_child, &a)), 0);
+    cr_assert_eq(tu_wait(tu_fork_attached(path, -1, query_child, &a)), 0);
     sfs_cache_close(c);
 }
 
@@ -191,6 +175,20 @@ static int answer(int s)
     return w.status;
 }
 
+/* Connect, send len bytes of msg (then shut the write side, when shut) and
+ * return the server's answer, as answer() reads it. */
+static int exchange(const char *path, const void *msg, size_t len, bool shut)
+{
+    int s = raw_connect(path), st;
+
+    cr_assert_eq(send(s, msg, len, 0), (ssize_t)len);
+    if (shut)
+        shutdown(s, SHUT_WR);
+    st = answer(s);
+    close(s);
+    return st;
+}
+
 /* A good attach right after: the server kept serving. */
 static void good_attach(const char *path)
 {
@@ -208,20 +206,13 @@ Test(attach, garbage_client_refused, .timeout = 30)
     const char *path;
     struct sfs_cache *c = served(&path);
     char junk[13] = "not a hello!";
-    int s = raw_connect(path);
+    int st = exchange(path, junk, sizeof(junk), true);
 
-    cr_assert_eq(send(s, junk, sizeof(junk), 0), (ssize_t)sizeof(junk));
-    shutdown(s, SHUT_WR);
-    int st = answer(s);
     cr_assert(st == -EBADMSG || st == 1, "garbage got status %d", st);
-    close(s);
     /* 40 bytes of garbage: full size, wrong magic. */
     char big[sizeof(struct hello)];
     memset(big, 0xa5, sizeof(big));
-    s = raw_connect(path);
-    cr_assert_eq(send(s, big, sizeof(big), 0), (ssize_t)sizeof(big));
-    cr_assert_eq(answer(s), -EBADMSG);
-    close(s);
+    cr_assert_eq(exchange(path, big, sizeof(big), false), -EBADMSG);
     good_attach(path);
     sfs_cache_close(c);
 }
@@ -232,13 +223,9 @@ Test(attach, short_hello_refused, .timeout = 30)
     struct sfs_cache *c = served(&path);
     struct hello h = {
         .magic = HELLO_MAGIC, .proto = PROTO_VERSION, .flags = 1, .format = sfs_layout_format()};
-    int s = raw_connect(path);
+    int st = exchange(path, &h, 12, true);
 
-    cr_assert_eq(send(s, &h, 12, 0), 12);
-    shutdown(s, SHUT_WR);
-    int st = answer(s);
     cr_assert(st == -EBADMSG || st == 1, "a short hello got status %d", st);
-    close(s);
     good_attach(path);
     sfs_cache_close(c);
 }
@@ -251,20 +238,16 @@ Test(attach, wrong_format_or_proto_hello_refused, .timeout = 30)
                       .proto = PROTO_VERSION,
                       .flags = 1,
                       .format = sfs_layout_format() ^ 0x10};
-    int s = raw_connect(path);
 
-    cr_assert_eq(send(s, &h, sizeof(h), 0), (ssize_t)sizeof(h));
-    cr_assert_eq(answer(s), -EPROTO, "another layout must be refused with EPROTO");
-    close(s);
+    cr_assert_eq(exchange(path, &h, sizeof(h), false), -EPROTO,
+                 "another layout must be refused with EPROTO");
     h.format = sfs_layout_format();
     h.proto = PROTO_VERSION + 1;
-    s = raw_connect(path);
-    cr_assert_eq(send(s, &h, sizeof(h), 0), (ssize_t)sizeof(h));
-    cr_assert_eq(answer(s), -EPROTO, "another protocol must be refused with EPROTO");
-    close(s);
+    cr_assert_eq(exchange(path, &h, sizeof(h), false), -EPROTO,
+                 "another protocol must be refused with EPROTO");
     /* The same hello, right: welcomed with the control fd. */
     h.proto = PROTO_VERSION;
-    s = raw_connect(path);
+    int s = raw_connect(path);
     cr_assert_eq(send(s, &h, sizeof(h), 0), (ssize_t)sizeof(h));
     {
         struct welcome w;

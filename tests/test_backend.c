@@ -19,6 +19,7 @@
 #include <ftw.h>
 #include <pthread.h>
 #include <signal.h>
+#include <stdarg.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -188,6 +189,30 @@ static struct sfs_backend *open_be(const char *spec, uint64_t S, bool ro)
     return be;
 }
 
+/* open_be (S_SMALL shards, writable) on the spec fmt formats. */
+__attribute__((format(printf, 1, 2))) static struct sfs_backend *open_spec(const char *fmt, ...)
+{
+    char spec[400];
+    va_list ap;
+
+    va_start(ap, fmt);
+    vsnprintf(spec, sizeof(spec), fmt, ap);
+    va_end(ap);
+    return open_be(spec, S_SMALL, false);
+}
+
+/* In a forked child: the store at g_root, or _exit(2). */
+static struct sfs_backend *child_open(void)
+{
+    struct sfs_backend_params p = {.shard_size = S_SMALL};
+    int e;
+    struct sfs_backend *be = sfs_backend_open(g_root, &p, NULL, 0, &e);
+
+    if (!be)
+        _exit(2);
+    return be;
+}
+
 /* A batch of loads and a way to wait for all of them. */
 struct batch {
     pthread_mutex_t lock;
@@ -224,6 +249,18 @@ static void batch_wait(struct batch *b)
     pthread_mutex_unlock(&b->lock);
 }
 
+/* io[0..n) complete into b (set up here for n) and read or write len bytes
+ * each at bufs + i * len; ios[i] = &io[i]. The caller sets the keys. */
+static void batch_prepare(struct batch *b, struct sfs_io *io, struct sfs_io **ios, size_t n,
+                          char *bufs, uint32_t len)
+{
+    batch_init(b, n);
+    for (size_t i = 0; i < n; i++) {
+        io[i] = (struct sfs_io){.buf = bufs + i * len, .len = len, .done = batch_done, .arg = b};
+        ios[i] = &io[i];
+    }
+}
+
 static int64_t mono_ns(void)
 {
     struct timespec ts;
@@ -250,15 +287,9 @@ static void load_all_and_check(struct sfs_backend *be, uint64_t nblocks, uint32_
     char *bufs = xalloc(n * S);
     struct batch b;
 
-    batch_init(&b, n);
-    for (size_t i = 0; i < n; i++) {
+    batch_prepare(&b, io, ios, n, bufs, S);
+    for (size_t i = 0; i < n; i++)
         io[i].key = mkkey(i / nshards, (uint32_t)(i % nshards));
-        io[i].buf = bufs + i * S;
-        io[i].len = S;
-        io[i].done = batch_done;
-        io[i].arg = &b;
-        ios[i] = &io[i];
-    }
     cr_assert_eq(sfs_backend_load(be, ios, n), (int)n);
     batch_wait(&b);
     cr_assert_eq(atomic_load(&b.calls), (int)n, "done() called %d times for %zu loads",
@@ -289,13 +320,10 @@ Test(backend, posix_load_many_prefix0, .timeout = 30)
 
 Test(backend, posix_load_many_prefix2_small_ring, .timeout = 30)
 {
-    char spec[400];
-
     for (uint64_t b = 0; b < 100; b++)
         write_block(2, b, 3, S_SMALL);
     /* depth=4: most of the 300 loads wait on the pending list. */
-    snprintf(spec, sizeof(spec), "posix:%s?dir_prefix=2&depth=4", g_root);
-    struct sfs_backend *be = open_be(spec, S_SMALL, false);
+    struct sfs_backend *be = open_spec("posix:%s?dir_prefix=2&depth=4", g_root);
 
     load_all_and_check(be, 100, 3, S_SMALL);
     sfs_backend_close(be);
@@ -358,15 +386,13 @@ Test(backend, posix_missing_and_short, .timeout = 30)
 
 Test(backend, posix_direct, .timeout = 30)
 {
-    char spec[400];
     struct sfs_key k = mkkey(3, 1);
     char *buf = xalloc(S_SMALL);
     char *odd = malloc(S_SMALL + 1);
 
     for (uint64_t b = 0; b < 16; b++)
         write_block(0, b, 4, S_SMALL);
-    snprintf(spec, sizeof(spec), "posix:%s?direct=1&depth=8", g_root);
-    struct sfs_backend *be = open_be(spec, S_SMALL, false);
+    struct sfs_backend *be = open_spec("posix:%s?direct=1&depth=8", g_root);
 
     /* O_DIRECT where the fs takes it, buffered where not: same bytes. */
     load_all_and_check(be, 16, 4, S_SMALL);
@@ -417,12 +443,10 @@ Test(backend, posix_resubmit_from_done, .timeout = 30)
 {
     struct chain c = {.left = 200};
     struct sfs_io *p = &c.io;
-    char spec[400];
 
     for (uint64_t b = 0; b < 8; b++)
         write_block(0, b, 1, S_SMALL);
-    snprintf(spec, sizeof(spec), "posix:%s?depth=1", g_root);
-    c.be = open_be(spec, S_SMALL, false);
+    c.be = open_spec("posix:%s?depth=1", g_root);
     c.buf = xalloc(S_SMALL);
     pthread_mutex_init(&c.lock, NULL);
     pthread_cond_init(&c.cond, NULL);
@@ -442,28 +466,20 @@ Test(backend, posix_resubmit_from_done, .timeout = 30)
 
 Test(backend, posix_dump_roundtrip, .timeout = 30)
 {
-    char spec[400];
-
     for (unsigned prefix = 0; prefix <= 2; prefix += 2) {
-        snprintf(spec, sizeof(spec), "posix:%s?dir_prefix=%u&sync=%u", g_root, prefix,
-                 prefix ? 1u : 0u);
-        struct sfs_backend *be = open_be(spec, S_SMALL, false);
+        struct sfs_backend *be =
+            open_spec("posix:%s?dir_prefix=%u&sync=%u", g_root, prefix, prefix ? 1u : 0u);
         char *buf = xalloc(S_SMALL), *disk = xalloc(S_SMALL);
         const size_t n = 40; /* 10 blocks x 4 shards in one batch */
         struct sfs_io io[40], *ios[40];
         char *bufs = xalloc(n * S_SMALL);
         struct batch b;
 
-        batch_init(&b, n);
+        batch_prepare(&b, io, ios, n, bufs, S_SMALL);
         for (size_t i = 0; i < n; i++) {
             /* Interleave blocks so grouping has work to do. */
-            io[i] = (struct sfs_io){.key = mkkey(100 + i % 10, (uint32_t)(i / 10)),
-                                    .buf = bufs + i * S_SMALL,
-                                    .len = S_SMALL,
-                                    .done = batch_done,
-                                    .arg = &b};
+            io[i].key = mkkey(100 + i % 10, (uint32_t)(i / 10));
             fill(&io[i].key.block, io[i].key.shard, 0, io[i].buf, S_SMALL);
-            ios[i] = &io[i];
         }
         cr_assert_eq(sfs_backend_dump(be, ios, n), (int)n);
         batch_wait(&b);
@@ -569,15 +585,10 @@ Test(backend, posix_concurrent_dumps_processes, .timeout = 30)
         pids[i] = fork();
         cr_assert_geq(pids[i], 0);
         if (pids[i] == 0) {
-            struct sfs_backend_params p = {.shard_size = S_SMALL};
-            int e;
-            struct sfs_backend *be = sfs_backend_open(g_root, &p, NULL, 0, &e);
-            struct dumper_arg a = {.be = be, .first = i, .step = 4, .nshards = 64};
+            struct dumper_arg a = {.be = child_open(), .first = i, .step = 4, .nshards = 64};
 
-            if (!be)
-                _exit(2);
             dumper_thread(&a);
-            sfs_backend_close(be);
+            sfs_backend_close(a.be);
             _exit(a.errors ? 1 : 0);
         }
     }
@@ -629,28 +640,19 @@ Test(backend, posix_sigkill_mid_dump_never_torn, .timeout = 30)
         pid = fork();
         cr_assert_geq(pid, 0);
         if (pid == 0) {
-            struct sfs_backend_params p = {.shard_size = S_SMALL};
-            int e;
-            struct sfs_backend *be = sfs_backend_open(g_root, &p, NULL, 0, &e);
+            struct sfs_backend *be = child_open();
             struct sfs_io io[4], *ios[4];
             char *b = malloc(4 * S_SMALL);
 
-            if (!be)
-                _exit(2);
             for (uint32_t i = 0;; i++) {
                 struct batch bt;
 
                 /* A batch of 4 shards of block 11, whole versions each. */
-                batch_init(&bt, 4);
+                batch_prepare(&bt, io, ios, 4, b, S_SMALL);
                 for (uint32_t j = 0; j < 4; j++) {
-                    io[j] = (struct sfs_io){.key = mkkey(11, (i + j * 2) % nshards),
-                                            .buf = b + j * S_SMALL,
-                                            .len = S_SMALL,
-                                            .done = batch_done,
-                                            .arg = &bt};
+                    io[j].key = mkkey(11, (i + j * 2) % nshards);
                     fill(&io[j].key.block, io[j].key.shard, (i + j) % nversions, io[j].buf,
                          S_SMALL);
-                    ios[j] = &io[j];
                 }
                 sfs_backend_dump(be, ios, 4);
                 batch_wait(&bt);
@@ -718,7 +720,7 @@ static bool listed(const struct listing *l, uint64_t blk)
 
 static void metadata_checks(unsigned prefix)
 {
-    char spec[400], junk[400];
+    char junk[400];
     struct sfs_backend *be;
     struct listing l = {0};
     struct sfs_key keys[4];
@@ -736,8 +738,7 @@ static void metadata_checks(unsigned prefix)
     block_path(prefix, &id, junk, sizeof(junk), false);
     strcpy(strrchr(junk, '/') + 1, "not-a-block");
     close(open(junk, O_CREAT | O_WRONLY, 0644));
-    snprintf(spec, sizeof(spec), "posix:%s?dir_prefix=%u", g_root, prefix);
-    be = open_be(spec, S_SMALL, false);
+    be = open_spec("posix:%s?dir_prefix=%u", g_root, prefix);
 
     keys[0] = mkkey(1, 2);
     keys[1] = mkkey(1, 3);
@@ -805,7 +806,6 @@ Test(backend, posix_metadata_prefix2, .timeout = 30)
 
 Test(backend, posix_read_only, .timeout = 30)
 {
-    char spec[400];
     char *buf = malloc(S_SMALL);
     struct sfs_key k = mkkey(1, 0);
     struct sfs_backend *be;
@@ -816,8 +816,7 @@ Test(backend, posix_read_only, .timeout = 30)
     cr_assert_eq(sfs_backend_remove(be, &k), -EROFS);
     cr_assert_eq(sfs_backend_load_sync(be, &k, buf, S_SMALL), (int)S_SMALL);
     sfs_backend_close(be);
-    snprintf(spec, sizeof(spec), "posix:%s?read_only=1", g_root);
-    be = open_be(spec, S_SMALL, false);
+    be = open_spec("posix:%s?read_only=1", g_root);
     cr_assert_eq(sfs_backend_dump_sync(be, &k, buf, S_SMALL), -EROFS);
     sfs_backend_close(be);
     free(buf);
@@ -875,11 +874,9 @@ Test(backend, bad_specs, .timeout = 30)
     struct sfs_backend *be = open_be("mem:", S_SMALL, false);
 
     sfs_backend_close(be);
-    snprintf(spec, sizeof(spec), "fault::posix:%s?dir_prefix=4&direct=0&depth=2&sync=1", g_root);
-    be = open_be(spec, S_SMALL, false);
+    be = open_spec("fault::posix:%s?dir_prefix=4&direct=0&depth=2&sync=1", g_root);
     sfs_backend_close(be);
-    snprintf(spec, sizeof(spec), "fault:eio=0:fault:latency_us=1:%s", g_root);
-    be = open_be(spec, S_SMALL, false);
+    be = open_spec("fault:eio=0:fault:latency_us=1:%s", g_root);
     sfs_backend_close(be);
 }
 
@@ -1020,9 +1017,20 @@ Test(backend, fault_short_reads, .timeout = 30)
     sfs_backend_close(be);
 }
 
+/* Blocks 0..n-1 written with one shard each, and a batch that loads them:
+ * io[i] reads block i into bufs + i * S_SMALL. */
+static void one_shard_blocks(struct batch *b, struct sfs_io *io, struct sfs_io **ios, size_t n,
+                             char *bufs)
+{
+    for (uint64_t blk = 0; blk < n; blk++)
+        write_block(0, blk, 1, S_SMALL);
+    batch_prepare(b, io, ios, n, bufs, S_SMALL);
+    for (size_t i = 0; i < n; i++)
+        io[i].key = mkkey(i, 0);
+}
+
 Test(backend, fault_latency_does_not_block_submit, .timeout = 30)
 {
-    char spec[400];
     struct sfs_backend *be;
     enum { N = 32 };
     struct sfs_io io[N], *ios[N];
@@ -1030,19 +1038,8 @@ Test(backend, fault_latency_does_not_block_submit, .timeout = 30)
     struct batch b;
     int64_t t0, t_submit, t_done;
 
-    for (uint64_t blk = 0; blk < N; blk++)
-        write_block(0, blk, 1, S_SMALL);
-    snprintf(spec, sizeof(spec), "fault:latency_us=300000,jitter_us=1000,seed=3:%s", g_root);
-    be = open_be(spec, S_SMALL, false);
-    batch_init(&b, N);
-    for (int i = 0; i < N; i++) {
-        io[i] = (struct sfs_io){.key = mkkey((uint64_t)i, 0),
-                                .buf = bufs + i * S_SMALL,
-                                .len = S_SMALL,
-                                .done = batch_done,
-                                .arg = &b};
-        ios[i] = &io[i];
-    }
+    one_shard_blocks(&b, io, ios, N, bufs);
+    be = open_spec("fault:latency_us=300000,jitter_us=1000,seed=3:%s", g_root);
     t0 = mono_ns();
     cr_assert_eq(sfs_backend_load(be, ios, N), N);
     t_submit = mono_ns() - t0;
@@ -1087,7 +1084,6 @@ Test(backend, fault_latency_does_not_block_submit, .timeout = 30)
 /* "each missing key loaded exactly once": the fault backend counts loads. */
 Test(backend, fault_counts_loads_over_posix_with_faults, .timeout = 30)
 {
-    char spec[400];
     struct sfs_backend *be;
     enum { N = 64 };
     struct sfs_io io[N], *ios[N];
@@ -1096,22 +1092,10 @@ Test(backend, fault_counts_loads_over_posix_with_faults, .timeout = 30)
     uint64_t loads, injected;
     int failed = 0;
 
-    for (uint64_t blk = 0; blk < N; blk++)
-        write_block(0, blk, 1, S_SMALL);
-    snprintf(spec, sizeof(spec),
-             "fault:eio=0.2,short=0.2,latency_us=100,jitter_us=500,seed=9:"
-             "posix:%s?depth=8",
-             g_root);
-    be = open_be(spec, S_SMALL, false);
-    batch_init(&b, N);
-    for (int i = 0; i < N; i++) {
-        io[i] = (struct sfs_io){.key = mkkey((uint64_t)i, 0),
-                                .buf = bufs + i * S_SMALL,
-                                .len = S_SMALL,
-                                .done = batch_done,
-                                .arg = &b};
-        ios[i] = &io[i];
-    }
+    one_shard_blocks(&b, io, ios, N, bufs);
+    be = open_spec("fault:eio=0.2,short=0.2,latency_us=100,jitter_us=500,seed=9:"
+                   "posix:%s?depth=8",
+                   g_root);
     cr_assert_eq(sfs_backend_load(be, ios, N), N);
     batch_wait(&b);
     cr_assert_eq(atomic_load(&b.calls), N);

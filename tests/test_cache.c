@@ -28,15 +28,6 @@
 #define SHARD 4096u
 #define MS    (1000 * 1000ll)
 
-/* Child-side check: report and exit non-zero. */
-#define CK(cond)                                                                                   \
-    do {                                                                                           \
-        if (!(cond)) {                                                                             \
-            fprintf(stderr, "child %d: check failed at line %d: %s\n", getpid(), __LINE__, #cond); \
-            return 1;                                                                              \
-        }                                                                                          \
-    } while (0)
-
 static void sig(int fd)
 {
     char one = 1;
@@ -60,51 +51,77 @@ static void sleep_ms(long ms)
         ;
 }
 
-static struct sfs_cache *served(uint32_t nslots, uint32_t nreserved, const char **path)
-{
-    struct sfs_cache *c = tu_cache(nslots, nreserved, SHARD);
-
-    cr_assert_not_null(c);
-    *path = tu_path("cache");
-    cr_assert_eq(sfs_cache_serve(c, *path), 0);
-    return c;
-}
-
 static void fill_publish(struct sfs_cache *c, const struct sfs_key *k, struct sfs_lease *l)
 {
-    tu_fill(k, sfs_cache_data(c, l), SHARD);
-    cr_assert_eq(sfs_cache_publish(c, l, SHARD, 0), 0);
+    cr_assert_eq(tu_publish(c, k, l), 0);
 }
 
-/* Shared by the children: what to attach to and how to talk to the parent. */
+/* Get k, expect a hit with the right bytes, release. */
+static void assert_hit(struct sfs_cache *c, const struct sfs_key *k)
+{
+    struct sfs_lease l;
+
+    cr_assert_eq(sfs_cache_get(c, k, 0, 0, &l), SFS_HIT);
+    cr_assert_eq(tu_check(k, sfs_cache_data(c, &l), SHARD), -1);
+    cr_assert_eq(sfs_cache_release(c, &l), 0);
+}
+
+/* What a test shares with its children: the socket they attach to, the key
+ * they work on, an argument, and two pipes, up (child -> parent) and down
+ * (parent -> child). */
 struct child {
     const char *path;
     struct sfs_key key;
-    int to_parent;   /* write end */
-    int from_parent; /* read end */
     int arg;
-    int64_t deadline_ns;
+    int to_parent, from_parent; /* the child's ends */
+    int from_child, to_child;   /* the parent's ends */
+    int (*body)(struct sfs_cache *c, struct child *a);
 };
 
-/* Two pipes: up (child -> parent) and down (parent -> child). */
-struct chan {
-    int up[2], down[2];
-};
-
-static void chan_open(struct chan *ch, struct child *a)
+/* A cache of nslots served at a fresh path for a's children, and their pipes. */
+static struct sfs_cache *served(struct child *a, uint32_t nslots)
 {
-    cr_assert_eq(pipe(ch->up), 0);
-    cr_assert_eq(pipe(ch->down), 0);
-    a->to_parent = ch->up[1];
-    a->from_parent = ch->down[0];
+    struct sfs_cache *c = tu_cache(nslots, 0, SHARD);
+    int up[2], down[2];
+
+    cr_assert_not_null(c);
+    a->path = tu_path("cache");
+    cr_assert_eq(sfs_cache_serve(c, a->path), 0);
+    cr_assert_eq(pipe(up), 0);
+    cr_assert_eq(pipe(down), 0);
+    a->from_child = up[0];
+    a->to_parent = up[1];
+    a->from_parent = down[0];
+    a->to_child = down[1];
+    return c;
 }
 
-/* After the forks: drop the children's ends, so a child that dies early is
- * an EOF for the parent, not a hang. */
-static void chan_forked(struct chan *ch)
+static int run_body(struct sfs_cache *c, void *arg)
 {
-    close(ch->up[1]);
-    close(ch->down[0]);
+    struct child *a = arg;
+
+    return a->body(c, a);
+}
+
+/* Fork n children that attach to a->path and run body(c, a), then drop the
+ * children's ends of the pipes, so a child that dies early is an EOF for the
+ * parent, not a hang. A child that fails a check exits non-zero. */
+static void fork_children(struct child *a, int (*body)(struct sfs_cache *c, struct child *a),
+                          pid_t *pids, int n)
+{
+    a->body = body;
+    for (int i = 0; i < n; i++)
+        pids[i] = tu_fork_attached(a->path, 1, run_body, a);
+    close(a->to_parent);
+    close(a->from_parent);
+}
+
+static pid_t fork_child(struct child *a, int (*body)(struct sfs_cache *c, struct child *a))
+{
+    pid_t pid;
+
+    fork_children(a, body, &pid, 1);
+    return pid;
 }
 
 /* ---------------------------------------------------------------------------
@@ -112,37 +129,29 @@ static void chan_forked(struct chan *ch)
  */
 
 /* Waiter in another process: blocks until Ready, then reads, then hits. */
-static int roles_child(void *arg)
+static int roles_child(struct sfs_cache *c, struct child *a)
 {
-    struct child *a = arg;
     struct sfs_lease l;
-    int err = 0;
-    struct sfs_cache *c = sfs_cache_attach(a->path, 1, &err);
 
-    CK(c);
-    CK(sfs_cache_get(c, &a->key, 0, 0, &l) == SFS_WAITER);
+    TU_CK(sfs_cache_get(c, &a->key, 0, 0, &l) == SFS_WAITER);
     sig(a->to_parent);
-    CK(sfs_cache_wait(c, &l, sfs_deadline_after(5000 * MS)) == SFS_STATE_READY);
-    CK(sfs_cache_length(c, &l) == SHARD);
-    CK(tu_check(&a->key, sfs_cache_data(c, &l), SHARD) == -1);
-    CK(sfs_cache_release(c, &l) == 0);
-    CK(sfs_cache_get(c, &a->key, 0, 0, &l) == SFS_HIT);
-    CK(tu_check(&a->key, sfs_cache_data(c, &l), SHARD) == -1);
-    CK(sfs_cache_release(c, &l) == 0);
-    sfs_cache_close(c);
+    TU_CK(sfs_cache_wait(c, &l, sfs_deadline_after(5000 * MS)) == SFS_STATE_READY);
+    TU_CK(sfs_cache_length(c, &l) == SHARD);
+    TU_CK(tu_check(&a->key, sfs_cache_data(c, &l), SHARD) == -1);
+    TU_CK(sfs_cache_release(c, &l) == 0);
+    TU_CK(sfs_cache_get(c, &a->key, 0, 0, &l) == SFS_HIT);
+    TU_CK(tu_check(&a->key, sfs_cache_data(c, &l), SHARD) == -1);
+    TU_CK(sfs_cache_release(c, &l) == 0);
     return 0;
 }
 
 Test(cache, roles_owner_waiter_hit, .timeout = 30)
 {
-    const char *path;
-    struct sfs_cache *c = served(8, 0, &path);
     struct sfs_key X = tu_key(1, 0);
+    struct child a = {.key = X};
+    struct sfs_cache *c = served(&a, 8);
     struct sfs_lease own, w, h;
-    struct child a = {.path = path, .key = X};
-    struct chan ch;
 
-    chan_open(&ch, &a);
     cr_assert_eq(sfs_cache_state(c, &X), -ENOENT);
     cr_assert_eq(sfs_cache_get(c, &X, 0, 0, &own), SFS_OWNER);
     cr_assert_eq(sfs_cache_state(c, &X), SFS_STATE_LOADING);
@@ -150,9 +159,8 @@ Test(cache, roles_owner_waiter_hit, .timeout = 30)
     cr_assert_eq(sfs_cache_get(c, &X, 0, 0, &w), SFS_WAITER);
     cr_assert_eq(w.slot, own.slot);
     cr_assert_eq(sfs_cache_release(c, &w), 0);
-    pid_t pid = tu_fork(roles_child, &a);
-    chan_forked(&ch);
-    cr_assert(await_fd(ch.up[0]));
+    pid_t pid = fork_child(&a, roles_child);
+    cr_assert(await_fd(a.from_child));
     sleep_ms(20);
     fill_publish(c, &X, &own);
     cr_assert_eq(sfs_cache_state(c, &X), SFS_STATE_READY);
@@ -259,33 +267,27 @@ Test(cache, owner_is_a_lease_not_a_process, .timeout = 30)
  * Publish / fail / release by the owner.
  */
 
-static int eperm_child(void *arg)
+static int eperm_child(struct sfs_cache *c, struct child *a)
 {
-    struct child *a = arg;
     struct sfs_lease l;
-    int err = 0;
-    struct sfs_cache *c = sfs_cache_attach(a->path, 1, &err);
 
-    CK(c);
-    CK(sfs_cache_get(c, &a->key, 0, 0, &l) == SFS_WAITER);
+    TU_CK(sfs_cache_get(c, &a->key, 0, 0, &l) == SFS_WAITER);
     /* Not the owner: may neither publish nor fail. */
-    CK(sfs_cache_publish(c, &l, SHARD, 0) == -EPERM);
-    CK(sfs_cache_fail(c, &l, -EIO) == -EPERM);
-    CK(sfs_cache_release(c, &l) == 0);
-    sfs_cache_close(c);
+    TU_CK(sfs_cache_publish(c, &l, SHARD, 0) == -EPERM);
+    TU_CK(sfs_cache_fail(c, &l, -EIO) == -EPERM);
+    TU_CK(sfs_cache_release(c, &l) == 0);
     return 0;
 }
 
 Test(cache, publish_by_non_owner_is_eperm, .timeout = 30)
 {
-    const char *path;
-    struct sfs_cache *c = served(8, 0, &path);
     struct sfs_key X = tu_key(3, 0);
+    struct child a = {.key = X};
+    struct sfs_cache *c = served(&a, 8);
     struct sfs_lease own, forged;
-    struct child a = {.path = path, .key = X};
 
     cr_assert_eq(sfs_cache_get(c, &X, 0, 0, &own), SFS_OWNER);
-    cr_assert_eq(tu_wait(tu_fork(eperm_child, &a)), 0);
+    cr_assert_eq(tu_wait(fork_child(&a, eperm_child)), 0);
     cr_assert_eq(sfs_cache_state(c, &X), SFS_STATE_LOADING, "a non-owner changed the state");
     /* A lease we do not hold is refused; too long a length too. */
     forged = own;
@@ -302,41 +304,31 @@ Test(cache, publish_by_non_owner_is_eperm, .timeout = 30)
     sfs_cache_close(c);
 }
 
-static int fail_child(void *arg)
+static int fail_child(struct sfs_cache *c, struct child *a)
 {
-    struct child *a = arg;
     struct sfs_lease l;
-    int err = 0;
-    struct sfs_cache *c = sfs_cache_attach(a->path, 1, &err);
 
-    CK(c);
-    CK(sfs_cache_get(c, &a->key, 0, 0, &l) == SFS_WAITER);
+    TU_CK(sfs_cache_get(c, &a->key, 0, 0, &l) == SFS_WAITER);
     sig(a->to_parent);
-    CK(sfs_cache_wait(c, &l, sfs_deadline_after(5000 * MS)) == SFS_STATE_FAILED);
-    CK(sfs_cache_error(c, &l) == a->arg);
-    CK(sfs_cache_release(c, &l) == 0);
-    sfs_cache_close(c);
+    TU_CK(sfs_cache_wait(c, &l, sfs_deadline_after(5000 * MS)) == SFS_STATE_FAILED);
+    TU_CK(sfs_cache_error(c, &l) == a->arg);
+    TU_CK(sfs_cache_release(c, &l) == 0);
     return 0;
 }
 
 Test(cache, fail_reaches_waiters_then_retry, .timeout = 30)
 {
-    const char *path;
-    struct sfs_cache *c = served(8, 0, &path);
     struct sfs_key X = tu_key(4, 0);
+    struct child a = {.key = X, .arg = -EREMOTEIO};
+    struct sfs_cache *c = served(&a, 8);
     struct sfs_lease own, l;
-    struct child a = {.path = path, .key = X, .arg = -EREMOTEIO};
-    struct chan ch;
     struct sfs_stats st;
     pid_t pid[2];
 
-    chan_open(&ch, &a);
     cr_assert_eq(sfs_cache_get(c, &X, 0, 0, &own), SFS_OWNER);
+    fork_children(&a, fail_child, pid, 2);
     for (int i = 0; i < 2; i++)
-        pid[i] = tu_fork(fail_child, &a);
-    chan_forked(&ch);
-    for (int i = 0; i < 2; i++)
-        cr_assert(await_fd(ch.up[0]));
+        cr_assert(await_fd(a.from_child));
     sleep_ms(20);
     cr_assert_eq(sfs_cache_fail(c, &own, -EREMOTEIO), 0);
     cr_assert_eq(sfs_cache_error(c, &own), -EREMOTEIO);
@@ -354,59 +346,45 @@ Test(cache, fail_reaches_waiters_then_retry, .timeout = 30)
     cr_assert_eq(sfs_cache_error(c, &l), 0, "a retried slot still carries the old error");
     fill_publish(c, &X, &l);
     cr_assert_eq(sfs_cache_release(c, &l), 0);
-    cr_assert_eq(sfs_cache_get(c, &X, 0, 0, &l), SFS_HIT);
-    cr_assert_eq(tu_check(&X, sfs_cache_data(c, &l), SHARD), -1);
-    cr_assert_eq(sfs_cache_release(c, &l), 0);
+    assert_hit(c, &X);
     sfs_cache_close(c);
 }
 
 /* The owner lets go without publishing: a waiter in another process takes
  * the slot over, fills and publishes it. */
-static int takeover_child(void *arg)
+static int takeover_child(struct sfs_cache *c, struct child *a)
 {
-    struct child *a = arg;
     struct sfs_lease l;
-    int err = 0;
-    struct sfs_cache *c = sfs_cache_attach(a->path, 1, &err);
 
-    CK(c);
-    CK(sfs_cache_get(c, &a->key, 0, 0, &l) == SFS_WAITER);
+    TU_CK(sfs_cache_get(c, &a->key, 0, 0, &l) == SFS_WAITER);
     sig(a->to_parent);
-    CK(sfs_cache_wait(c, &l, sfs_deadline_after(5000 * MS)) == SFS_WAIT_OWNER);
-    CK(sfs_cache_state(c, &a->key) == SFS_STATE_LOADING);
-    tu_fill(&a->key, sfs_cache_data(c, &l), SHARD);
-    CK(sfs_cache_publish(c, &l, SHARD, 0) == 0);
-    CK(sfs_cache_release(c, &l) == 0);
-    sfs_cache_close(c);
+    TU_CK(sfs_cache_wait(c, &l, sfs_deadline_after(5000 * MS)) == SFS_WAIT_OWNER);
+    TU_CK(sfs_cache_state(c, &a->key) == SFS_STATE_LOADING);
+    TU_CK(tu_publish(c, &a->key, &l) == 0);
+    TU_CK(sfs_cache_release(c, &l) == 0);
     return 0;
 }
 
 Test(cache, release_unpublished_goes_idle_waiter_takes_over, .timeout = 30)
 {
-    const char *path;
-    struct sfs_cache *c = served(8, 0, &path);
     struct sfs_key X = tu_key(5, 0), Y = tu_key(6, 0);
-    struct sfs_lease own, l;
-    struct child a = {.path = path, .key = X};
-    struct chan ch;
+    struct child a = {.key = X};
+    struct sfs_cache *c = served(&a, 8);
+    struct sfs_lease own;
     struct sfs_stats st;
 
-    chan_open(&ch, &a);
     /* Alone: an owner that releases unpublished leaves the slot Idle. */
     cr_assert_eq(sfs_cache_get(c, &Y, 0, 0, &own), SFS_OWNER);
     cr_assert_eq(sfs_cache_release(c, &own), 0);
     cr_assert_eq(sfs_cache_state(c, &Y), SFS_STATE_IDLE);
 
     cr_assert_eq(sfs_cache_get(c, &X, 0, 0, &own), SFS_OWNER);
-    pid_t pid = tu_fork(takeover_child, &a);
-    chan_forked(&ch);
-    cr_assert(await_fd(ch.up[0]));
+    pid_t pid = fork_child(&a, takeover_child);
+    cr_assert(await_fd(a.from_child));
     sleep_ms(20);
     cr_assert_eq(sfs_cache_release(c, &own), 0);
     cr_assert_eq(tu_wait(pid), 0, "the waiter did not take over and publish");
-    cr_assert_eq(sfs_cache_get(c, &X, 0, 0, &l), SFS_HIT);
-    cr_assert_eq(tu_check(&X, sfs_cache_data(c, &l), SHARD), -1);
-    cr_assert_eq(sfs_cache_release(c, &l), 0);
+    assert_hit(c, &X);
     sfs_cache_stats(c, &st);
     cr_assert_geq(st.takeovers, 1);
     sfs_cache_close(c);
@@ -485,50 +463,40 @@ Test(cache, all_leased_get_enospc_within_deadline, .timeout = 30)
 }
 
 /* Holds every slot, then lets one go while the parent waits for a slot. */
-static int holder_child(void *arg)
+static int holder_child(struct sfs_cache *c, struct child *a)
 {
-    struct child *a = arg;
     struct sfs_lease l[4];
-    int err = 0;
-    struct sfs_cache *c = sfs_cache_attach(a->path, 1, &err);
 
-    CK(c);
     for (uint32_t i = 0; i < 4; i++) {
         struct sfs_key k = tu_key(200 + i, 0);
 
-        CK(sfs_cache_get(c, &k, 0, 0, &l[i]) == SFS_OWNER);
-        tu_fill(&k, sfs_cache_data(c, &l[i]), SHARD);
-        CK(sfs_cache_publish(c, &l[i], SHARD, 0) == 0);
+        TU_CK(sfs_cache_get(c, &k, 0, 0, &l[i]) == SFS_OWNER);
+        TU_CK(tu_publish(c, &k, &l[i]) == 0);
     }
     sig(a->to_parent);
     struct timespec ts = {.tv_nsec = 150 * MS};
     nanosleep(&ts, NULL);
     int64_t released = sfs_now_ns();
-    CK(sfs_cache_release(c, &l[2]) == 0);
-    CK(write(a->to_parent, &released, sizeof(released)) == sizeof(released));
-    CK(await_fd(a->from_parent)); /* keep the other three until told */
-    sfs_cache_close(c);
+    TU_CK(sfs_cache_release(c, &l[2]) == 0);
+    TU_CK(write(a->to_parent, &released, sizeof(released)) == sizeof(released));
+    TU_CK(await_fd(a->from_parent)); /* keep the other three until told */
     return 0;
 }
 
 Test(cache, get_with_deadline_waits_for_release, .timeout = 30)
 {
-    const char *path;
-    struct sfs_cache *c = served(4, 0, &path);
+    struct child a = {0};
+    struct sfs_cache *c = served(&a, 4);
     struct sfs_key N = tu_key(299, 0), freed = tu_key(202, 0);
     struct sfs_lease l;
-    struct child a = {.path = path};
-    struct chan ch;
 
-    chan_open(&ch, &a);
-    pid_t pid = tu_fork(holder_child, &a);
-    chan_forked(&ch);
-    cr_assert(await_fd(ch.up[0]));
+    pid_t pid = fork_child(&a, holder_child);
+    cr_assert(await_fd(a.from_child));
     cr_assert_eq(sfs_cache_get(c, &N, 0, 0, &l), -ENOSPC, "every slot should be leased");
     int r = sfs_cache_get(c, &N, 0, sfs_deadline_after(5000 * MS), &l);
     int64_t got = sfs_now_ns(), released = 0;
-    cr_assert_eq(read(ch.up[0], &released, sizeof(released)), (ssize_t)sizeof(released));
-    sig(ch.down[1]);
+    cr_assert_eq(read(a.from_child, &released, sizeof(released)), (ssize_t)sizeof(released));
+    sig(a.to_child);
     cr_assert_eq(tu_wait(pid), 0);
     cr_assert_eq(r, SFS_OWNER, "the Get did not get the released slot: %d", r);
     /* Causal: the slot came from the release, promptly (not at the deadline). */
@@ -545,39 +513,33 @@ Test(cache, get_with_deadline_waits_for_release, .timeout = 30)
  * Deadlines on wait.
  */
 
-static int timeout_child(void *arg)
+static int timeout_child(struct sfs_cache *c, struct child *a)
 {
-    struct child *a = arg;
     struct sfs_lease l;
-    int err = 0;
-    struct sfs_cache *c = sfs_cache_attach(a->path, 1, &err);
 
-    CK(c);
-    CK(sfs_cache_get(c, &a->key, 0, 0, &l) == SFS_WAITER);
+    TU_CK(sfs_cache_get(c, &a->key, 0, 0, &l) == SFS_WAITER);
     int64_t t0 = sfs_now_ns();
-    CK(sfs_cache_wait(c, &l, 1) == -ETIMEDOUT); /* long past */
-    CK(sfs_now_ns() - t0 < 500 * MS);
+    TU_CK(sfs_cache_wait(c, &l, 1) == -ETIMEDOUT); /* long past */
+    TU_CK(sfs_now_ns() - t0 < 500 * MS);
     t0 = sfs_now_ns();
-    CK(sfs_cache_wait(c, &l, sfs_deadline_after(150 * MS)) == -ETIMEDOUT);
+    TU_CK(sfs_cache_wait(c, &l, sfs_deadline_after(150 * MS)) == -ETIMEDOUT);
     int64_t dt = sfs_now_ns() - t0;
-    CK(dt >= 145 * MS);
-    CK(dt < 2000 * MS);
-    CK(sfs_cache_state(c, &a->key) == SFS_STATE_LOADING);
-    CK(sfs_cache_release(c, &l) == 0);
-    sfs_cache_close(c);
+    TU_CK(dt >= 145 * MS);
+    TU_CK(dt < 2000 * MS);
+    TU_CK(sfs_cache_state(c, &a->key) == SFS_STATE_LOADING);
+    TU_CK(sfs_cache_release(c, &l) == 0);
     return 0;
 }
 
 Test(cache, wait_deadline_times_out, .timeout = 30)
 {
-    const char *path;
-    struct sfs_cache *c = served(8, 0, &path);
     struct sfs_key X = tu_key(8, 0);
+    struct child a = {.key = X};
+    struct sfs_cache *c = served(&a, 8);
     struct sfs_lease own;
-    struct child a = {.path = path, .key = X};
 
     cr_assert_eq(sfs_cache_get(c, &X, 0, 0, &own), SFS_OWNER);
-    cr_assert_eq(tu_wait(tu_fork(timeout_child, &a)), 0);
+    cr_assert_eq(tu_wait(fork_child(&a, timeout_child)), 0);
     cr_assert_eq(sfs_cache_release(c, &own), 0);
     sfs_cache_close(c);
 }
@@ -805,51 +767,42 @@ struct stats_report {
     struct sfs_stats local, summed;
 };
 
-static int stats_child(void *arg)
+static int stats_child(struct sfs_cache *c, struct child *a)
 {
-    struct child *a = arg;
     struct sfs_lease l;
     struct stats_report rep;
     struct sfs_key K1 = tu_key(40, 0), K2 = tu_key(41, 0), K3 = tu_key(42, 0), K4 = tu_key(43, 0);
-    int err = 0;
-    struct sfs_cache *c = sfs_cache_attach(a->path, 1, &err);
 
-    CK(c);
-    CK(sfs_cache_get(c, &K1, 0, 0, &l) == SFS_HIT);
-    CK(sfs_cache_release(c, &l) == 0);
-    CK(tu_load(c, &K2) == SFS_OWNER);
-    CK(sfs_cache_get(c, &K3, 0, 0, &l) == SFS_WAITER);
-    CK(sfs_cache_release(c, &l) == 0);
-    CK(sfs_cache_get(c, &K4, 0, 0, &l) == SFS_OWNER);
-    CK(sfs_cache_fail(c, &l, -EIO) == 0);
-    CK(sfs_cache_release(c, &l) == 0);
+    TU_CK(sfs_cache_get(c, &K1, 0, 0, &l) == SFS_HIT);
+    TU_CK(sfs_cache_release(c, &l) == 0);
+    TU_CK(tu_load(c, &K2) == SFS_OWNER);
+    TU_CK(sfs_cache_get(c, &K3, 0, 0, &l) == SFS_WAITER);
+    TU_CK(sfs_cache_release(c, &l) == 0);
+    TU_CK(sfs_cache_get(c, &K4, 0, 0, &l) == SFS_OWNER);
+    TU_CK(sfs_cache_fail(c, &l, -EIO) == 0);
+    TU_CK(sfs_cache_release(c, &l) == 0);
     sfs_cache_stats_local(c, &rep.local);
     sfs_cache_stats(c, &rep.summed);
-    CK(write(a->to_parent, &rep, sizeof(rep)) == sizeof(rep));
-    sfs_cache_close(c);
+    TU_CK(write(a->to_parent, &rep, sizeof(rep)) == sizeof(rep));
     return 0;
 }
 
 Test(cache, stats_per_process_and_summed, .timeout = 30)
 {
-    const char *path;
-    struct sfs_cache *c = served(8, 0, &path);
+    struct child a = {0};
+    struct sfs_cache *c = served(&a, 8);
     struct sfs_key K1 = tu_key(40, 0), K3 = tu_key(42, 0);
     struct sfs_lease l, own3;
-    struct child a = {.path = path};
-    struct chan ch;
     struct stats_report rep;
     struct sfs_stats mine, all, before;
 
-    chan_open(&ch, &a);
     cr_assert_eq(tu_load(c, &K1), SFS_OWNER);
     cr_assert_eq(sfs_cache_get(c, &K1, 0, 0, &l), SFS_HIT);
     cr_assert_eq(sfs_cache_release(c, &l), 0);
     cr_assert_eq(sfs_cache_get(c, &K3, 0, 0, &own3), SFS_OWNER);
     sfs_cache_stats_local(c, &before);
-    pid_t pid = tu_fork(stats_child, &a);
-    chan_forked(&ch);
-    cr_assert_eq(read(ch.up[0], &rep, sizeof(rep)), (ssize_t)sizeof(rep));
+    pid_t pid = fork_child(&a, stats_child);
+    cr_assert_eq(read(a.from_child, &rep, sizeof(rep)), (ssize_t)sizeof(rep));
     cr_assert_eq(tu_wait(pid), 0);
     fill_publish(c, &K3, &own3);
     cr_assert_eq(sfs_cache_release(c, &own3), 0);
@@ -1107,12 +1060,9 @@ static long hugepages_free(void)
 static void check_data_works(struct sfs_cache *c)
 {
     struct sfs_key k = tu_key(900, 1);
-    struct sfs_lease l;
 
     cr_assert_eq(tu_load(c, &k), SFS_OWNER);
-    cr_assert_eq(sfs_cache_get(c, &k, 0, 0, &l), SFS_HIT);
-    cr_assert_eq(tu_check(&k, sfs_cache_data(c, &l), SHARD), -1);
-    cr_assert_eq(sfs_cache_release(c, &l), 0);
+    assert_hit(c, &k);
 }
 
 Test(cache, hugepages_on, .timeout = 30)
@@ -1166,63 +1116,55 @@ Test(cache, hugepages_auto_falls_back, .timeout = 30)
  * first, never held behind a slow key.
  */
 
-static int wait_any_child(void *arg)
+static int wait_any_child(struct sfs_cache *c, struct child *a)
 {
-    struct child *a = arg;
     struct sfs_lease l[3];
-    int err = 0, st = -1;
-    struct sfs_cache *c = sfs_cache_attach(a->path, 1, &err);
+    int st = -1;
 
-    CK(c);
     for (int i = 0; i < 3; i++) {
         struct sfs_key k = tu_key(40 + i, 0);
-        CK(sfs_cache_get(c, &k, 0, 0, &l[i]) == SFS_WAITER);
+        TU_CK(sfs_cache_get(c, &k, 0, 0, &l[i]) == SFS_WAITER);
     }
     sig(a->to_parent);
     /* The parent publishes key 2 first, then key 0 (failed), and key 1 late. */
-    CK(sfs_cache_wait_any(c, l, 3, sfs_deadline_after(5000 * MS), &st) == 2);
-    CK(st == SFS_STATE_READY);
+    TU_CK(sfs_cache_wait_any(c, l, 3, sfs_deadline_after(5000 * MS), &st) == 2);
+    TU_CK(st == SFS_STATE_READY);
     struct sfs_key k2 = tu_key(42, 0);
-    CK(tu_check(&k2, sfs_cache_data(c, &l[2]), SHARD) == -1);
+    TU_CK(tu_check(&k2, sfs_cache_data(c, &l[2]), SHARD) == -1);
     sig(a->to_parent);
-    CK(sfs_cache_wait_any(c, l, 2, sfs_deadline_after(5000 * MS), &st) == 0);
-    CK(st == SFS_STATE_FAILED && sfs_cache_error(c, &l[0]) == -EIO);
+    TU_CK(sfs_cache_wait_any(c, l, 2, sfs_deadline_after(5000 * MS), &st) == 0);
+    TU_CK(st == SFS_STATE_FAILED && sfs_cache_error(c, &l[0]) == -EIO);
     /* Key 1 is still loading: a short deadline times out. */
     int64_t t0 = sfs_now_ns();
-    CK(sfs_cache_wait_any(c, &l[1], 1, sfs_deadline_after(100 * MS), &st) == -ETIMEDOUT);
-    CK(sfs_now_ns() - t0 >= 90 * MS);
+    TU_CK(sfs_cache_wait_any(c, &l[1], 1, sfs_deadline_after(100 * MS), &st) == -ETIMEDOUT);
+    TU_CK(sfs_now_ns() - t0 >= 90 * MS);
     sig(a->to_parent);
-    CK(sfs_cache_wait_any(c, &l[1], 1, sfs_deadline_after(5000 * MS), &st) == 0);
-    CK(st == SFS_STATE_READY);
+    TU_CK(sfs_cache_wait_any(c, &l[1], 1, sfs_deadline_after(5000 * MS), &st) == 0);
+    TU_CK(st == SFS_STATE_READY);
     for (int i = 0; i < 3; i++)
-        CK(sfs_cache_release(c, &l[i]) == 0);
-    CK(sfs_cache_wait_any(c, l, 0, 0, &st) == -EINVAL);
-    sfs_cache_close(c);
+        TU_CK(sfs_cache_release(c, &l[i]) == 0);
+    TU_CK(sfs_cache_wait_any(c, l, 0, 0, &st) == -EINVAL);
     return 0;
 }
 
 Test(cache, wait_any_wakes_on_first_published, .timeout = 30)
 {
-    const char *path;
-    struct sfs_cache *c = served(8, 0, &path);
+    struct child a = {0};
+    struct sfs_cache *c = served(&a, 8);
     struct sfs_lease own[3];
-    struct child a = {.path = path};
-    struct chan ch;
 
-    chan_open(&ch, &a);
     for (int i = 0; i < 3; i++) {
         struct sfs_key k = tu_key(40 + i, 0);
         cr_assert_eq(sfs_cache_get(c, &k, 0, 0, &own[i]), SFS_OWNER);
     }
-    pid_t pid = tu_fork(wait_any_child, &a);
-    chan_forked(&ch);
-    cr_assert(await_fd(ch.up[0]));
+    pid_t pid = fork_child(&a, wait_any_child);
+    cr_assert(await_fd(a.from_child));
     sleep_ms(30);
     struct sfs_key k2 = tu_key(42, 0);
     fill_publish(c, &k2, &own[2]);
-    cr_assert(await_fd(ch.up[0]), "the child woke for key 2 alone");
+    cr_assert(await_fd(a.from_child), "the child woke for key 2 alone");
     cr_assert_eq(sfs_cache_fail(c, &own[0], -EIO), 0);
-    cr_assert(await_fd(ch.up[0]));
+    cr_assert(await_fd(a.from_child));
     struct sfs_key k1 = tu_key(41, 0);
     fill_publish(c, &k1, &own[1]);
     cr_assert_eq(tu_wait(pid), 0);

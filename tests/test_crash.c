@@ -97,26 +97,17 @@ static uint32_t slot_of(const struct sfs_cache *c, const struct sfs_key *k)
     return SFS_NIL;
 }
 
-static unsigned leases_left(struct sfs_cache *c, unsigned *entries)
+/* Wait until the child is dead, but leave it a zombie (WNOWAIT). */
+static void wait_dead_unreaped(pid_t child)
 {
-    unsigned rc = 0, ent = 0;
+    siginfo_t si;
 
-    for (uint32_t s = 0; s < c->nslots; s++)
-        if (atomic_load(&c->slots[s].refcount))
-            rc++;
-    _Atomic uint32_t *t = (_Atomic uint32_t *)((uint8_t *)c->ctl + c->off_leases);
-    for (uint64_t i = 0; i < (uint64_t)c->max_procs * c->max_leases; i++)
-        if (atomic_load_explicit(&t[i], memory_order_relaxed) != SFS_ENTRY_FREE)
-            ent++;
-    if (entries)
-        *entries = ent;
-    return rc;
+    cr_assert_eq(waitid(P_PID, (id_t)child, &si, WEXITED | WNOWAIT), 0);
 }
 
 static void fill_publish(struct sfs_cache *c, const struct sfs_key *k, struct sfs_lease *l)
 {
-    tu_fill(k, sfs_cache_data(c, l), SHARD);
-    cr_assert_eq(sfs_cache_publish(c, l, SHARD, 0), 0);
+    cr_assert_eq(tu_publish(c, k, l), 0);
 }
 
 /* Get k, expect a hit with the right bytes, release. */
@@ -141,18 +132,27 @@ static struct sfs_cache *served_cache(uint32_t nslots, uint32_t nreserved, const
     return c;
 }
 
-static struct sfs_cache *child_attach(void)
+/* What a child of this file runs once attached. */
+struct child_body {
+    int (*run)(struct sfs_cache *c);
+};
+
+static int attached_child(struct sfs_cache *c, void *arg)
 {
-    int err = 0;
-    struct sfs_cache *c = sfs_cache_attach(sh->path, 1, &err);
+    struct sfs_cache_info info;
 
-    if (c) {
-        struct sfs_cache_info info;
+    sfs_cache_info(c, &info);
+    atomic_store(&sh->proc_index, info.proc_index);
+    return ((const struct child_body *)arg)->run(c);
+}
 
-        sfs_cache_info(c, &info);
-        atomic_store(&sh->proc_index, info.proc_index);
-    }
-    return c;
+/* Fork a child that attaches to sh->path as device 1 (exit 10 when it cannot),
+ * records its process index in sh->proc_index and runs run(c). */
+static pid_t fork_attached(int (*run)(struct sfs_cache *c))
+{
+    struct child_body b = {.run = run};
+
+    return tu_fork_attached(sh->path, 1, attached_child, &b);
 }
 
 /* ---------------------------------------------------------------------------
@@ -160,15 +160,11 @@ static struct sfs_cache *child_attach(void)
  */
 
 /* Gets sh->key as owner, writes half of it, reports, and waits to die. */
-static int owner_half_fill(void *arg)
+static int owner_half_fill(struct sfs_cache *c)
 {
-    struct sfs_cache *c = child_attach();
     struct sfs_lease l;
     uint8_t buf[SHARD];
 
-    (void)arg;
-    if (!c)
-        return 10;
     if (sfs_cache_get(c, &sh->key, 0, sfs_deadline_after(SEC), &l) != SFS_OWNER)
         return 11;
     tu_fill(&sh->key, buf, SHARD);
@@ -179,14 +175,10 @@ static int owner_half_fill(void *arg)
 }
 
 /* Waits on sh->key; expects to take it over when the owner dies. */
-static int waiter_takes_over(void *arg)
+static int waiter_takes_over(struct sfs_cache *c)
 {
-    struct sfs_cache *c = child_attach();
     struct sfs_lease l;
 
-    (void)arg;
-    if (!c)
-        return 10;
     if (sfs_cache_get(c, &sh->key, 0, sfs_deadline_after(SEC), &l) != SFS_WAITER)
         return 11;
     atomic_store(&sh->step, 2);
@@ -195,8 +187,7 @@ static int waiter_takes_over(void *arg)
     atomic_store(&sh->rc, w);
     if (w != SFS_WAIT_OWNER)
         return 12;
-    tu_fill(&sh->key, sfs_cache_data(c, &l), SHARD);
-    if (sfs_cache_publish(c, &l, SHARD, 0) != 0)
+    if (tu_publish(c, &sh->key, &l) != 0)
         return 13;
     sfs_cache_release(c, &l);
     if (sfs_cache_get(c, &sh->key, 0, 0, &l) != SFS_HIT)
@@ -204,7 +195,6 @@ static int waiter_takes_over(void *arg)
     if (tu_check(&sh->key, sfs_cache_data(c, &l), SHARD) != -1)
         return 15;
     sfs_cache_release(c, &l);
-    sfs_cache_close(c);
     return 0;
 }
 
@@ -213,9 +203,9 @@ Test(crash, owner_killed_mid_fill_waiter_takes_over, .timeout = 30)
     struct sfs_cache *c = served_cache(16, 0, "own.sock");
 
     sh->key = tu_key(42, 3);
-    pid_t owner = tu_fork(owner_half_fill, NULL);
+    pid_t owner = fork_attached(owner_half_fill);
     cr_assert(wait_step(1, 5 * SEC), "owner never started");
-    pid_t waiter = tu_fork(waiter_takes_over, NULL);
+    pid_t waiter = fork_attached(waiter_takes_over);
     cr_assert(wait_step(2, 5 * SEC), "waiter never started");
     usleep(30 * 1000); /* let the waiter fall asleep on the futex */
     cr_assert_eq(sfs_cache_state(c, &sh->key), SFS_STATE_LOADING);
@@ -238,7 +228,7 @@ Test(crash, owner_killed_mid_fill_waiter_takes_over, .timeout = 30)
     sfs_cache_stats(c, &s);
     cr_assert_eq(s.reaped, 1);
     cr_assert_geq(s.takeovers, 1);
-    cr_assert_eq(leases_left(c, NULL), 0);
+    cr_assert_eq(tu_leases_left(c, NULL), 0);
     sfs_cache_close(c);
 }
 
@@ -248,7 +238,7 @@ Test(crash, owner_killed_mid_fill_next_get_owns, .timeout = 30)
     struct sfs_lease l;
 
     sh->key = tu_key(43, 0);
-    pid_t owner = tu_fork(owner_half_fill, NULL);
+    pid_t owner = fork_attached(owner_half_fill);
     cr_assert(wait_step(1, 5 * SEC), "owner never started");
     kill(owner, SIGKILL);
     /* Not waited for: the dead owner is a zombie. Give the kernel time to
@@ -268,7 +258,7 @@ Test(crash, owner_killed_mid_fill_next_get_owns, .timeout = 30)
     cr_assert_eq(sfs_cache_release(c, &l), 0);
     assert_hit(c, &sh->key);
     cr_assert_eq(tu_wait(owner), 128 + SIGKILL);
-    cr_assert_eq(leases_left(c, NULL), 0);
+    cr_assert_eq(tu_leases_left(c, NULL), 0);
     sfs_cache_close(c);
 }
 
@@ -292,13 +282,8 @@ static void count_repairs(int level, const char *msg, void *arg)
  * (lease_take cut between its two stores), a made-up refcount on the
  * unleased slot sh->slot2, and a wrong bucket hint on slot sh->slot3.
  */
-static int die_holding_bucket_lock(void *arg)
+static int die_holding_bucket_lock(struct sfs_cache *c)
 {
-    struct sfs_cache *c = child_attach();
-
-    (void)arg;
-    if (!c)
-        return 10;
     if (pthread_mutex_lock(&c->buckets[sh->bucket].lock) != 0)
         return 11;
     atomic_store(&c->leases[0], sh->slot + 1);
@@ -336,7 +321,7 @@ Test(crash, bucket_lock_holder_killed, .timeout = 30)
     sh->slot3 = slot_of(c, &same[3]);
     cr_assert(sh->slot != SFS_NIL && sh->slot2 != SFS_NIL && sh->slot3 != SFS_NIL);
 
-    pid_t child = tu_fork(die_holding_bucket_lock, NULL);
+    pid_t child = fork_attached(die_holding_bucket_lock);
     cr_assert(wait_step(1, 5 * SEC));
     kill(child, SIGKILL); /* left a zombie: the robust list is handled at exit */
 
@@ -361,8 +346,7 @@ Test(crash, bucket_lock_holder_killed, .timeout = 30)
     /* Reaping drops the dead entry; our lease still pins the slot. The
      * mutex is released early in the kernel's exit path: wait until the
      * child is all the way dead (a zombie, not waited for) before reaping. */
-    siginfo_t si;
-    cr_assert_eq(waitid(P_PID, (id_t)child, &si, WEXITED | WNOWAIT), 0);
+    wait_dead_unreaped(child);
     cr_assert_eq(sfs_cache_reap(c), 1);
     cr_assert_eq(atomic_load(&c->slots[sh->slot].refcount), 1);
     cr_assert_eq(sfs_cache_remove(c, &same[0]), -EBUSY);
@@ -374,7 +358,7 @@ Test(crash, bucket_lock_holder_killed, .timeout = 30)
     cr_assert_eq(sfs_cache_release(c, &lc), 0);
     assert_hit(c, &same[2]);
     cr_assert_eq(tu_wait(child), 128 + SIGKILL);
-    cr_assert_eq(leases_left(c, NULL), 0);
+    cr_assert_eq(tu_leases_left(c, NULL), 0);
     sfs_set_log(NULL, NULL, 0);
     sfs_cache_close(c);
 }
@@ -384,14 +368,10 @@ Test(crash, bucket_lock_holder_killed, .timeout = 30)
  */
 
 /* Leases sh->keys[0..nkeys) (all Ready), reports, waits to die. */
-static int die_holding_leases(void *arg)
+static int die_holding_leases(struct sfs_cache *c)
 {
-    struct sfs_cache *c = child_attach();
     struct sfs_lease l;
 
-    (void)arg;
-    if (!c)
-        return 10;
     for (uint32_t i = 0; i < sh->nkeys; i++) {
         if (sfs_cache_get(c, &sh->keys[i], 0, 0, &l) != SFS_HIT)
             return 11;
@@ -403,14 +383,9 @@ static int die_holding_leases(void *arg)
     return 0;
 }
 
-static int attach_and_leave(void *arg)
+/* Attached (which records its process index) and closes again at once. */
+static int attach_and_leave(struct sfs_cache *c)
 {
-    struct sfs_cache *c = child_attach();
-
-    (void)arg;
-    if (!c)
-        return 10;
-    sfs_cache_close(c);
     return 0;
 }
 
@@ -425,13 +400,12 @@ Test(crash, lease_holder_killed, .timeout = 30)
         sh->keys[i] = tu_key(100 + i, 0);
         cr_assert_eq(tu_load(c, &sh->keys[i]), SFS_OWNER);
     }
-    pid_t child = tu_fork(die_holding_leases, NULL);
+    pid_t child = fork_attached(die_holding_leases);
     cr_assert(wait_step(1, 5 * SEC));
     int32_t dead_index = atomic_load(&sh->proc_index);
     kill(child, SIGKILL);
-    /* Dead, but left a zombie (WNOWAIT) until the end of this phase. */
-    siginfo_t si;
-    cr_assert_eq(waitid(P_PID, (id_t)child, &si, WEXITED | WNOWAIT), 0);
+    /* Dead, but left a zombie until the end of this phase. */
+    wait_dead_unreaped(child);
 
     /* Before reaping: the dead leases pin their slots. */
     for (uint32_t i = 0; i < sh->nkeys; i++) {
@@ -480,7 +454,7 @@ Test(crash, lease_holder_killed, .timeout = 30)
         sh->keys[i] = tu_key(500 + i, 0);
         cr_assert_eq(tu_load(c, &sh->keys[i]), SFS_OWNER);
     }
-    child = tu_fork(die_holding_leases, NULL);
+    child = fork_attached(die_holding_leases);
     cr_assert(wait_step(1, 5 * SEC));
     cr_assert_eq(atomic_load(&sh->proc_index), dead_index, "dead record not reused");
     kill(child, SIGKILL);
@@ -493,10 +467,10 @@ Test(crash, lease_holder_killed, .timeout = 30)
         cr_assert_eq(sfs_cache_remove(c, &sh->keys[i]), 0);
     sfs_cache_stats(c, &s);
     cr_assert_eq(s.reaped, 2);
-    cr_assert_eq(leases_left(c, NULL), 0);
+    cr_assert_eq(tu_leases_left(c, NULL), 0);
 
     atomic_store(&sh->proc_index, -1);
-    child = tu_fork(attach_and_leave, NULL);
+    child = fork_attached(attach_and_leave);
     cr_assert_eq(tu_wait(child), 0);
     cr_assert_eq(atomic_load(&sh->proc_index), dead_index);
     sfs_cache_close(c);
@@ -515,20 +489,12 @@ static struct sfs_key rk_key(uint64_t i)
     return tu_key(7000 + i % (RK_KEYS / 2), (uint32_t)(i / (RK_KEYS / 2)) % 2);
 }
 
-static uint64_t rng_next(uint64_t *s)
-{
-    *s ^= *s >> 12;
-    *s ^= *s << 25;
-    *s ^= *s >> 27;
-    return *s * 0x2545f4914f6cdd1dull;
-}
-
 /* Fill as owner in 8 pieces (a kill can land between any two). */
 static int rk_fill(struct sfs_cache *c, const struct sfs_key *k, struct sfs_lease *l, uint64_t *rng)
 {
     uint8_t buf[SHARD], *d = sfs_cache_data(c, l);
 
-    if (rng_next(rng) % 8 == 0)
+    if (tu_rng_next(rng) % 8 == 0)
         return sfs_cache_fail(c, l, -EIO);
     tu_fill(k, buf, SHARD);
     for (int p = 0; p < 8; p++)
@@ -536,19 +502,15 @@ static int rk_fill(struct sfs_cache *c, const struct sfs_key *k, struct sfs_leas
     return sfs_cache_publish(c, l, SHARD, 0);
 }
 
-static int busy_until_killed(void *arg)
+static int busy_until_killed(struct sfs_cache *c)
 {
-    struct sfs_cache *c = child_attach();
     uint64_t rng = (uint64_t)getpid() * 0x9e3779b97f4a7c15ull;
     struct sfs_lease hold[2];
     bool held[2] = {false, false};
 
-    (void)arg;
-    if (!c)
-        return 10;
     atomic_store(&sh->step, 1);
     for (uint64_t op = 0;; op++) {
-        struct sfs_key k = rk_key(rng_next(&rng));
+        struct sfs_key k = rk_key(tu_rng_next(&rng));
         struct sfs_lease l;
         int role = sfs_cache_get(c, &k, 0, sfs_deadline_after(2 * SEC), &l);
 
@@ -575,7 +537,7 @@ static int busy_until_killed(void *arg)
         hold[slot] = l;
         held[slot] = true;
         if (op % 64 == 0) {
-            struct sfs_key p = rk_key(rng_next(&rng));
+            struct sfs_key p = rk_key(tu_rng_next(&rng));
             sfs_cache_prealloc(c, &p);
         }
     }
@@ -649,9 +611,9 @@ Test(crash, killed_at_random_instants, .timeout = 120)
     log_repairs = 0;
     for (int it = 0; it < RK_ITERS; it++) {
         atomic_store(&sh->step, 0);
-        pid_t child = tu_fork(busy_until_killed, NULL);
+        pid_t child = fork_attached(busy_until_killed);
         cr_assert(wait_step(1, 5 * SEC), "child %d never attached", it);
-        usleep((useconds_t)(rng_next(&rng) % 20000));
+        usleep((useconds_t)(tu_rng_next(&rng) % 20000));
         kill(child, SIGKILL);
         int st = tu_wait(child);
         if (st != 128 + SIGKILL) {
@@ -661,7 +623,7 @@ Test(crash, killed_at_random_instants, .timeout = 120)
         bad += verify_all(c, &takeovers, &max_ns);
     }
     sfs_cache_reap(c);
-    unsigned entries = 0, rc = leases_left(c, &entries);
+    unsigned entries = 0, rc = tu_leases_left(c, &entries);
     struct sfs_stats s;
     sfs_cache_stats(c, &s);
     fprintf(stderr,
@@ -707,9 +669,7 @@ Test(crash, pid_alive_guards_against_reuse, .timeout = 10)
     pid_t child = tu_fork(exit_now, NULL);
     uint64_t cst = 0;
     cr_assert(child > 0);
-    siginfo_t si;
-    /* WNOWAIT: wait for the exit but leave the zombie in place. */
-    cr_assert_eq(waitid(P_PID, (id_t)child, &si, WEXITED | WNOWAIT), 0);
+    wait_dead_unreaped(child);
     cr_assert_eq(sfs_proc_start_time(child, &cst), 0, "a zombie still has /proc/pid/stat");
     cr_assert_not(sfs_pid_alive(child, cst), "a zombie is dead: its locks and leases are free");
     cr_assert_eq(tu_wait(child), 0);

@@ -30,8 +30,7 @@ static uint32_t load_slot(struct sfs_cache *c, const struct sfs_key *k)
     int role = sfs_cache_get(c, k, 0, 0, &l);
 
     cr_assert_eq(role, SFS_OWNER, "load of shard %u: role %d, want owner", k->shard, role);
-    tu_fill(k, sfs_cache_data(c, &l), SHARD);
-    cr_assert_eq(sfs_cache_publish(c, &l, SHARD, 0), 0);
+    cr_assert_eq(tu_publish(c, k, &l), 0);
     cr_assert_eq(sfs_cache_release(c, &l), 0);
     return l.slot;
 }
@@ -178,28 +177,22 @@ Test(scenario, D_control_without_touch, .timeout = 30)
  * Scenario E - prewarming the next slot.
  */
 struct e_child {
-    const char *path;
     struct sfs_key key;
     uint32_t want_slot;
 };
 
-/* Attach and Get a key another process already owns: must be a waiter. */
-static int e_waiter(void *arg)
+/* Attached, Get a key another process already owns: must be a waiter. */
+static int e_waiter(struct sfs_cache *c, void *arg)
 {
     struct e_child *a = arg;
     struct sfs_lease l;
-    int err = 0, role;
-    struct sfs_cache *c = sfs_cache_attach(a->path, 1, &err);
+    int role = sfs_cache_get(c, &a->key, 0, 0, &l);
 
-    if (!c)
-        return 10;
-    role = sfs_cache_get(c, &a->key, 0, 0, &l);
     if (role != SFS_WAITER)
         return 20 + (role < 0 ? 0 : role);
     if (l.slot != a->want_slot)
         return 30;
     sfs_cache_release(c, &l);
-    sfs_cache_close(c);
     return 0;
 }
 
@@ -268,15 +261,13 @@ Test(scenario, E_prealloc_reserved_takeover, .timeout = 30)
     /* (B1, s+1) taken over by us; another process then sees ref > 0: waiter. */
     cr_assert_eq(sfs_cache_get(c, &next[1], 0, 0, &own1), SFS_OWNER);
     cr_assert_eq(own1.slot, pslot[1]);
-    struct e_child a = {.path = path, .key = next[1], .want_slot = pslot[1]};
-    pid_t pid = tu_fork(e_waiter, &a);
+    struct e_child a = {.key = next[1], .want_slot = pslot[1]};
+    pid_t pid = tu_fork_attached(path, 1, e_waiter, &a);
     cr_assert_eq(tu_wait(pid), 0, "the second process must be a waiter on slot %u", pslot[1]);
 
-    tu_fill(&next[0], sfs_cache_data(c, &own0), SHARD);
-    cr_assert_eq(sfs_cache_publish(c, &own0, SHARD, 0), 0);
+    cr_assert_eq(tu_publish(c, &next[0], &own0), 0);
     cr_assert_eq(sfs_cache_release(c, &own0), 0);
-    tu_fill(&next[1], sfs_cache_data(c, &own1), SHARD);
-    cr_assert_eq(sfs_cache_publish(c, &own1, SHARD, 0), 0);
+    cr_assert_eq(tu_publish(c, &next[1], &own1), 0);
     cr_assert_eq(sfs_cache_release(c, &own1), 0);
     assert_ready(c, &next[0], pslot[0], "B0.s+1");
     assert_ready(c, &next[1], pslot[1], "B1.s+1");

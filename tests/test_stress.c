@@ -49,15 +49,6 @@ static void *shared_page(size_t len)
     return p;
 }
 
-static uint64_t rng_next(uint64_t *s)
-{
-    /* xorshift64* */
-    *s ^= *s >> 12;
-    *s ^= *s << 25;
-    *s ^= *s >> 27;
-    return *s * 0x2545f4914f6cdd1dull;
-}
-
 static void spin_ns(int64_t ns)
 {
     int64_t end = sfs_now_ns() + ns;
@@ -74,22 +65,22 @@ static void atomic_max(_Atomic int64_t *m, int64_t v)
         ;
 }
 
-/* Leases anywhere in the cache: non-zero refcounts plus non-free lease-table
- * entries of every process record. Read with no lock: call when quiet. */
-static unsigned leases_left(struct sfs_cache *c, unsigned *entries)
+/* Serve c at a fresh socket path named for tag, written to path[len] (in a
+ * shared page: the children read it). */
+static void serve_at(struct sfs_cache *c, char *path, size_t len, const char *tag)
 {
-    unsigned rc = 0, ent = 0;
+    snprintf(path, len, "%s", tu_path(tag));
+    cr_assert_eq(sfs_cache_serve(c, path), 0);
+}
 
-    for (uint32_t s = 0; s < c->nslots; s++)
-        if (atomic_load(&c->slots[s].refcount))
-            rc++;
-    _Atomic uint32_t *t = (_Atomic uint32_t *)((uint8_t *)c->ctl + c->off_leases);
-    for (uint64_t i = 0; i < (uint64_t)c->max_procs * c->max_leases; i++)
-        if (atomic_load_explicit(&t[i], memory_order_relaxed) != SFS_ENTRY_FREE)
-            ent++;
-    if (entries)
-        *entries = ent;
-    return rc;
+/* Fork n children running fn; child i sees *index == i. */
+static void fork_each(pid_t *kids, int n, int *index, int (*fn)(void *arg))
+{
+    for (int i = 0; i < n; i++) {
+        *index = i;
+        kids[i] = tu_fork(fn, NULL);
+        cr_assert(kids[i] > 0);
+    }
 }
 
 /* Every slot free of leases: holding a lease on nslots distinct new keys at
@@ -215,7 +206,7 @@ static int lw_child(void *arg)
             continue;
         }
         atomic_store_explicit(&lw->got[lw_index], r, memory_order_release);
-        uint64_t cx = rng_next(&crng);
+        uint64_t cx = tu_rng_next(&crng);
         if (cx % 2)
             spin_ns((int64_t)((cx >> 8) % 1500));
         int w;
@@ -274,13 +265,8 @@ Test(stress, lost_wakeup_publish_vs_wait, .timeout = 120)
 
     cr_assert(c);
     lw = shared_page(sizeof(*lw));
-    snprintf(lw->path, sizeof(lw->path), "%s", tu_path("lw.sock"));
-    cr_assert_eq(sfs_cache_serve(c, lw->path), 0);
-    for (int i = 0; i < LW_CHILDREN; i++) {
-        lw_index = i;
-        kids[i] = tu_fork(lw_child, NULL);
-        cr_assert(kids[i] > 0);
-    }
+    serve_at(c, lw->path, sizeof(lw->path), "lw.sock");
+    fork_each(kids, LW_CHILDREN, &lw_index, lw_child);
     int64_t t0 = sfs_now_ns();
     for (uint32_t r = 1; r <= LW_ROUNDS && !stuck; r++) {
         struct sfs_key k = lw_key(r);
@@ -296,7 +282,7 @@ Test(stress, lost_wakeup_publish_vs_wait, .timeout = 120)
         atomic_store_explicit(&lw->round, r, memory_order_release);
         for (int i = 0; i < LW_CHILDREN && !stuck; i++)
             stuck = !lw_wait_eq(&lw->got[i], r, sfs_deadline_after(10 * SEC));
-        uint64_t x = rng_next(&seed);
+        uint64_t x = tu_rng_next(&seed);
         /* The window a lost wakeup needs is the waiter's path from Get to
          * the futex sleep: about a microsecond. Publish at once in 2/5 of the
          * rounds, after 0-1 us in 2/5, after 0-50 us in the rest; the
@@ -356,7 +342,7 @@ Test(stress, lost_wakeup_publish_vs_wait, .timeout = 120)
     struct sfs_stats st;
     sfs_cache_stats(c, &st);
     cr_assert_eq(st.waits, (uint64_t)LW_ROUNDS * LW_CHILDREN);
-    cr_assert_eq(leases_left(c, NULL), 0);
+    cr_assert_eq(tu_leases_left(c, NULL), 0);
     sfs_cache_close(c);
     munmap(lw, sizeof(*lw));
 }
@@ -428,17 +414,17 @@ static bool cs_fill(struct sfs_cache *c, const struct sfs_key *k, struct sfs_lea
     uint8_t *d = sfs_cache_data(c, l);
     uint8_t buf[SHARD];
 
-    if (rng_next(rng) % 16 == 0) {
+    if (tu_rng_next(rng) % 16 == 0) {
         atomic_fetch_add(&cs->fails_injected, 1);
         if (sfs_cache_fail(c, l, -EIO) != 0)
             atomic_fetch_add(&cs->other, 1);
         return false;
     }
-    if (rng_next(rng) % 8 == 0)
-        spin_ns((int64_t)(rng_next(rng) % 200000)); /* a slow load: waiters pile up */
+    if (tu_rng_next(rng) % 8 == 0)
+        spin_ns((int64_t)(tu_rng_next(rng) % 200000)); /* a slow load: waiters pile up */
     tu_fill(k, buf, SHARD);
     memcpy(d, buf, SHARD / 2);
-    if (rng_next(rng) % 4 == 0)
+    if (tu_rng_next(rng) % 4 == 0)
         sched_yield();
     memcpy(d + SHARD / 2, buf + SHARD / 2, SHARD / 2);
     if (sfs_cache_publish(c, l, SHARD, 0) != 0) {
@@ -462,7 +448,7 @@ static int cs_worker(void *arg)
         return 10;
     for (uint64_t op = 0; op < CS_MAXOPS && !atomic_load(&cs->stop); op++) {
         struct held *h = &held[next++ % HOLD];
-        struct sfs_key k = cs_key(rng_next(&rng));
+        struct sfs_key k = cs_key(tu_rng_next(&rng));
         struct sfs_lease l;
         bool readable = false;
 
@@ -521,7 +507,7 @@ static int cs_worker(void *arg)
 /* The parent's side job in the Touch/Prealloc variant. */
 static void cs_touch_prealloc(struct sfs_cache *c, uint64_t *rng)
 {
-    uint64_t x = rng_next(rng);
+    uint64_t x = tu_rng_next(rng);
 
     switch (x % 8) {
     case 0:
@@ -531,7 +517,7 @@ static void cs_touch_prealloc(struct sfs_cache *c, uint64_t *rng)
         size_t n = 1 + (x >> 8) % 8;
 
         for (size_t i = 0; i < n; i++)
-            b[i] = tu_block(rng_next(rng) % CS_BLOCKS);
+            b[i] = tu_block(tu_rng_next(rng) % CS_BLOCKS);
         int r = sfs_cache_touch(c, b, n);
         if (r < 0)
             atomic_fetch_add(&cs->touch_errors, 1);
@@ -544,7 +530,7 @@ static void cs_touch_prealloc(struct sfs_cache *c, uint64_t *rng)
     case 5:
     case 6: {
         /* The next shard of a block, as the dispatcher's idle window does. */
-        struct sfs_key k = cs_key(rng_next(rng));
+        struct sfs_key k = cs_key(tu_rng_next(rng));
         int r = sfs_cache_prealloc(c, &k);
         if (r < 0)
             atomic_fetch_add(&cs->touch_errors, 1);
@@ -553,7 +539,7 @@ static void cs_touch_prealloc(struct sfs_cache *c, uint64_t *rng)
         break;
     }
     default: {
-        struct sfs_key k = cs_key(rng_next(rng));
+        struct sfs_key k = cs_key(tu_rng_next(rng));
         int r = sfs_cache_remove(c, &k);
         if (r == 0)
             atomic_fetch_add(&cs->removed, 1);
@@ -572,18 +558,13 @@ static void content_stress(bool side_jobs)
 
     cr_assert(c);
     cs = shared_page(sizeof(*cs));
-    snprintf(cs->path, sizeof(cs->path), "%s", tu_path("cs.sock"));
-    cr_assert_eq(sfs_cache_serve(c, cs->path), 0);
-    for (int i = 0; i < CS_WORKERS; i++) {
-        cs_index = i;
-        kids[i] = tu_fork(cs_worker, NULL);
-        cr_assert(kids[i] > 0);
-    }
+    serve_at(c, cs->path, sizeof(cs->path), "cs.sock");
+    fork_each(kids, CS_WORKERS, &cs_index, cs_worker);
     int64_t end = sfs_now_ns() + CS_RUN_NS;
     while (sfs_now_ns() < end) {
         if (side_jobs) {
             cs_touch_prealloc(c, &rng);
-            if (rng_next(&rng) % 4 == 0)
+            if (tu_rng_next(&rng) % 4 == 0)
                 usleep(100);
         } else {
             usleep(10000);
@@ -601,7 +582,7 @@ static void content_stress(bool side_jobs)
     struct sfs_stats s;
     unsigned entries = 0, rc;
     sfs_cache_stats(c, &s);
-    rc = leases_left(c, &entries);
+    rc = tu_leases_left(c, &entries);
     fprintf(stderr,
             "content%s: ops %llu hits %llu owners %llu waits %llu (ready %llu failed %llu "
             "takeover %llu) fails %llu | stats: requests %llu hits %llu owner_loads %llu "

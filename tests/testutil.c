@@ -1,9 +1,11 @@
 /* SPDX-License-Identifier: MIT */
 /* testutil.c - see testutil.h. */
 #include "testutil.h"
+#include "cache_i.h" /* the slots and lease tables, for tu_leases_left */
 
 #include <errno.h>
 #include <signal.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -139,6 +141,46 @@ int tu_wait_for(pid_t pid, int64_t timeout_ns)
     }
 }
 
+struct attached {
+    const char *path;
+    int device_id;
+    int (*body)(struct sfs_cache *c, void *arg);
+    void *arg;
+};
+
+static int run_attached(void *p)
+{
+    const struct attached *a = p;
+    int err = 0, ret;
+    struct sfs_cache *c = sfs_cache_attach(a->path, a->device_id, &err);
+
+    if (!c) {
+        fprintf(stderr, "child %d: attach to %s: %s\n", getpid(), a->path, strerror(-err));
+        return 10;
+    }
+    ret = a->body(c, a->arg);
+    if (ret == 0)
+        sfs_cache_close(c);
+    return ret;
+}
+
+pid_t tu_fork_attached(const char *path, int device_id, int (*body)(struct sfs_cache *c, void *arg),
+                       void *arg)
+{
+    struct attached a = {.path = path, .device_id = device_id, .body = body, .arg = arg};
+
+    return tu_fork(run_attached, &a);
+}
+
+int tu_publish(struct sfs_cache *c, const struct sfs_key *k, struct sfs_lease *l)
+{
+    struct sfs_cache_info info;
+
+    sfs_cache_info(c, &info);
+    tu_fill(k, sfs_cache_data(c, l), info.shard_size);
+    return sfs_cache_publish(c, l, (uint32_t)info.shard_size, 0);
+}
+
 int tu_load(struct sfs_cache *c, const struct sfs_key *k)
 {
     struct sfs_lease l;
@@ -146,13 +188,32 @@ int tu_load(struct sfs_cache *c, const struct sfs_key *k)
 
     if (role < 0)
         return role;
-    if (role == SFS_OWNER) {
-        struct sfs_cache_info info;
-
-        sfs_cache_info(c, &info);
-        tu_fill(k, sfs_cache_data(c, &l), info.shard_size);
-        sfs_cache_publish(c, &l, (uint32_t)info.shard_size, 0);
-    }
+    if (role == SFS_OWNER)
+        tu_publish(c, k, &l);
     sfs_cache_release(c, &l);
     return role;
+}
+
+unsigned tu_leases_left(struct sfs_cache *c, unsigned *entries)
+{
+    unsigned rc = 0, ent = 0;
+
+    for (uint32_t s = 0; s < c->nslots; s++)
+        if (atomic_load(&c->slots[s].refcount))
+            rc++;
+    _Atomic uint32_t *t = (_Atomic uint32_t *)((uint8_t *)c->ctl + c->off_leases);
+    for (uint64_t i = 0; i < (uint64_t)c->max_procs * c->max_leases; i++)
+        if (atomic_load_explicit(&t[i], memory_order_relaxed) != SFS_ENTRY_FREE)
+            ent++;
+    if (entries)
+        *entries = ent;
+    return rc;
+}
+
+uint64_t tu_rng_next(uint64_t *state)
+{
+    *state ^= *state >> 12;
+    *state ^= *state << 25;
+    *state ^= *state >> 27;
+    return *state * 0x2545f4914f6cdd1dull;
 }

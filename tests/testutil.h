@@ -1,8 +1,9 @@
 /* SPDX-License-Identifier: MIT */
 /*
  * testutil.h - helpers shared by the test programs: unique names per test
- * process, keys and shard contents that are pure functions of the key, and
- * forking real child processes.
+ * process, keys and shard contents that are pure functions of the key, forking
+ * real child processes (attached to a served cache, or not), and reading what
+ * leases are left.
  */
 #ifndef SHARDFS_TESTUTIL_H
 #define SHARDFS_TESTUTIL_H
@@ -12,7 +13,9 @@
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <stdio.h>
 #include <sys/types.h>
+#include <unistd.h>
 
 /* A path unique to this process and call: /tmp/sfs-test-<pid>-<n>-<tag>. */
 const char *tu_path(const char *tag);
@@ -29,6 +32,17 @@ long tu_check(const struct sfs_key *k, const void *buf, size_t len);
 /* A small cache (ordinary memfds, no reserved pool unless given). */
 struct sfs_cache *tu_cache(uint32_t nslots, uint32_t nreserved, uint64_t shard_size);
 
+/* A check in a forked child, which never asserts (Criterion's asserts belong
+ * to the test process): when cond is false, name it on stderr and return 1
+ * from the child's function, for the parent to assert on its exit status. */
+#define TU_CK(cond)                                                                                \
+    do {                                                                                           \
+        if (!(cond)) {                                                                             \
+            fprintf(stderr, "child %d: check failed at line %d: %s\n", getpid(), __LINE__, #cond); \
+            return 1;                                                                              \
+        }                                                                                          \
+    } while (0)
+
 /* Fork a child that runs fn(arg) and _exits with its return value. */
 pid_t tu_fork(int (*fn)(void *arg), void *arg);
 /* Wait for a child; returns its exit status, or 128+signal. */
@@ -37,7 +51,28 @@ int tu_wait(pid_t pid);
  * is -1 (a hang); -2 if it cannot be waited for. */
 int tu_wait_for(pid_t pid, int64_t timeout_ns);
 
+/* Fork a child that attaches to the cache served at path (device_id as for
+ * sfs_cache_attach), runs body(c, arg) and _exits with its result; the child
+ * closes the handle when body returns 0 and keeps it otherwise (a failed check
+ * leaves the state it found). A child that cannot attach says why on stderr
+ * and exits 10. */
+pid_t tu_fork_attached(const char *path, int device_id, int (*body)(struct sfs_cache *c, void *arg),
+                       void *arg);
+
+/* Fill the slot of owner lease l with k's bytes and publish the whole shard;
+ * returns sfs_cache_publish's result. */
+int tu_publish(struct sfs_cache *c, const struct sfs_key *k, struct sfs_lease *l);
+
 /* Load key as owner with the pattern and publish; for tests that need data. */
 int tu_load(struct sfs_cache *c, const struct sfs_key *k);
+
+/* Leases anywhere in the cache: the number of slots with a non-zero refcount;
+ * *entries (when not NULL) gets the non-free lease-table entries of every
+ * process record. Read with no lock: call when quiet. */
+unsigned tu_leases_left(struct sfs_cache *c, unsigned *entries);
+
+/* xorshift64*: the next pseudo-random number of the sequence in *state
+ * (non-zero). */
+uint64_t tu_rng_next(uint64_t *state);
 
 #endif
