@@ -18,6 +18,7 @@
 
 #include <errno.h>
 #include <stdlib.h>
+#include <string.h>
 #include <syslog.h>
 
 #define COPY_BATCH_MAX 1024
@@ -57,8 +58,12 @@ int sfs_copier_open(int mode, int device_id, struct sfs_cache *c, struct sfs_cop
             return 0;
         if (mode == SFS_COPIER_CUDA)
             return err;
-        sfs_log(LOG_WARNING, "rank %d: CUDA copier failed (%d), using the host copier", device_id,
-                err);
+        /* The host copier cannot tell device pointers from host ones: say
+         * loudly that device destinations would fault from now on. */
+        sfs_log(LOG_ERR,
+                "rank %d: CUDA copier failed (%s), using the host copier: destinations must be "
+                "host memory",
+                device_id, strerror(-err));
     } else if (mode == SFS_COPIER_CUDA) {
         sfs_log(LOG_ERR, "rank %d: copier=cuda but there is no CUDA device %d", device_id,
                 device_id);

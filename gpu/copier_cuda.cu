@@ -5,34 +5,59 @@
  * Key idea (measured on an H200, docs/rank.md): one cudaMemcpyAsync per
  * shard runs at 5 GB/s for 16 KiB shards, because every call pays a fixed
  * cost; a kernel that reads the device-mapped host data plane directly moves
- * 51 GB/s at every shard size. So each rank registers its mapping of every
- * data-plane segment once (cudaHostRegister, mapped | portable), and a batch
- * of copies becomes one array of descriptors (src, dst, len) uploaded with
- * the batch, and one launch of a gather kernel: grid.y walks descriptors,
- * grid.x the 64 KiB chunks of a shard, each thread moving 16-byte vectors
- * when the addresses allow it. Dumps launch the same kernel the other way
- * (a scatter into mapped host memory). Shards of at least memcpy_min bytes
- * (default 4 MiB, env SHARDFS_CUDA_MEMCPY_MIN; 0 = never) go through
- * cudaMemcpyAsync, which is as fast there.
+ * 51 GB/s at every shard size. So each rank's mapping of every data-plane
+ * segment is registered once (cudaHostRegister, mapped | portable), and a
+ * batch of copies becomes one array of descriptors (src, dst, len) uploaded
+ * with the batch, and one launch of a gather kernel: grid.y walks
+ * descriptors, grid.x the 64 KiB chunks of a shard, each thread moving
+ * 16-byte vectors on whichever side the addresses allow it. Dumps launch the
+ * same kernel the other way (a scatter into mapped host memory). Shards of at
+ * least memcpy_min bytes (default 4 MiB, env SHARDFS_CUDA_MEMCPY_MIN; 0 =
+ * never) go through cudaMemcpyAsync, which is as fast there.
  *
- * Destinations (sources, for dumps) may be device memory, pinned or
- * registered host memory (through its device mapping), or plain pageable
- * host memory (a host memcpy: both ends are host memory then). CUDA errors
- * become -errno here, once.
+ * The kernel may only touch memory our device can reach, or the context
+ * dies for the whole process. So every end of every copy is placed first:
+ * the data plane (through its registration), device memory of our device,
+ * of a peer whose memory we may map (peer access), managed memory, pinned
+ * host memory with a device mapping go to the kernel; any other device
+ * memory goes through cudaMemcpyAsync, and plain pageable host memory is
+ * copied by the CPU when the other end is host memory too.
+ *
+ * Registrations are per process (a mapping registered twice fails, and
+ * unregistering it under another rank's feet faults that rank's kernel), so
+ * they live in one refcounted table. A segment that cannot be registered
+ * (hugetlb on some drivers, a limit) is copied through cudaMemcpyAsync,
+ * slower but correct, and says so once in the log.
+ *
+ * cudaSetDevice is per thread: the copier thread sets its device before
+ * every batch, and open and close run on a short-lived thread of their own
+ * so the caller's current device is left as it was. CUDA errors become
+ * -errno here, once.
  */
 #include "copier_i.h"
 
+#include <cuda.h>
 #include <cuda_runtime.h>
 
 #include <errno.h>
+#include <pthread.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+#include <syslog.h>
 
 #define CHUNK              (64u * 1024)
 #define THREADS            256u
 #define BATCH_MAX          1024u
 #define MEMCPY_MIN_DEFAULT (4ull << 20)
+/* One cudaHostRegister call at most: drivers fail single registrations of
+ * hundreds of GiB (page-table metadata beyond their allocation limit). */
+#define REG_PIECE_MAX (64ull << 30)
+/* Device allocations remembered within one batch. */
+#define SPANS 16u
+
+/* The core's logger (util.c, linked into this library). */
+extern "C" void sfs_log(int level, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 
 struct desc {
     const uint8_t *src;
@@ -40,22 +65,54 @@ struct desc {
     uint64_t len;
 };
 
+/* One registered piece of this rank's data-plane mapping. */
 struct seg {
     uintptr_t base;
     size_t len;
-    uintptr_t dev;
-    bool registered_here; /* unregister at close */
+    uintptr_t dev; /* its device address; 0: the kernel cannot read it */
+    uintptr_t reg; /* the process registration we hold (its key); 0: none */
 };
+
+/* Where one end of a copy lies, as seen from the copier thread. */
+struct place {
+    uintptr_t dev; /* the kernel's address for it, when `kernel` */
+    bool kernel;   /* the kernel on our device may read and write it */
+    bool host;     /* the CPU may read and write it (memcpy) */
+    bool bad;      /* it runs past the end of its allocation */
+};
+
+/* A device allocation placed earlier in this batch: [lo, hi). */
+struct span {
+    uintptr_t lo, hi;
+    bool kernel;
+};
+
+enum {
+    PATH_DONE = 0, /* copied by the CPU, skipped, or failed: result is final */
+    PATH_ASYNC,    /* cudaMemcpyAsync on our stream */
+    PATH_KERNEL,   /* a descriptor of this batch's launch */
+};
+
+typedef CUresult (*ptr_attrs_fn)(unsigned int n, CUpointer_attribute *which, void **data,
+                                 CUdeviceptr p);
 
 struct cuda_copier {
     struct sfs_copier cp;
     int device;
+    int ndev;
     cudaStream_t stream;
     struct seg *segs;
     uint32_t nseg;
     struct desc *hdesc; /* pinned */
     struct desc *ddesc; /* device */
     size_t memcpy_min;
+    signed char *peer;      /* [ndev]: 0 not asked yet, 1 peer access on, -1 none */
+    ptr_attrs_fn ptr_attrs; /* cuPointerGetAttributes; NULL: not available */
+    /* Copier thread only: */
+    struct span spans[SPANS];
+    unsigned nspans, next_span;
+    uint8_t path[BATCH_MAX];
+    bool failed_once; /* a failed batch was logged */
 };
 
 static int cuda_errno(cudaError_t e)
@@ -64,6 +121,7 @@ static int cuda_errno(cudaError_t e)
     case cudaSuccess:
         return 0;
     case cudaErrorMemoryAllocation:
+    case cudaErrorLaunchOutOfResources:
         return -ENOMEM;
     case cudaErrorInvalidValue:
     case cudaErrorInvalidDevicePointer:
@@ -71,7 +129,12 @@ static int cuda_errno(cudaError_t e)
     case cudaErrorNoDevice:
     case cudaErrorInvalidDevice:
     case cudaErrorInsufficientDriver:
+    case cudaErrorInitializationError:
         return -ENODEV;
+    case cudaErrorDevicesUnavailable:
+        return -EBUSY;
+    case cudaErrorHostMemoryAlreadyRegistered:
+        return -EEXIST;
     case cudaErrorNotSupported:
         return -EOPNOTSUPP;
     default:
@@ -79,176 +142,446 @@ static int cuda_errno(cudaError_t e)
     }
 }
 
-__global__ void sfs_move_kernel(const struct desc *d)
+/* This thread never captures: a capture another thread runs in global mode
+ * (PyTorch's default) must not turn our calls into capture errors. For our
+ * own threads only (the mode is per thread, and is not put back). */
+static void capture_mode_local(void)
+{
+    cudaStreamCaptureMode m = cudaStreamCaptureModeThreadLocal;
+
+    if (cudaThreadExchangeStreamCaptureMode(&m) != cudaSuccess)
+        (void)cudaGetLastError();
+}
+
+/* ---------------------------------------------------------------------------
+ * The kernel.
+ */
+
+template <bool V> __device__ __forceinline__ uint4 load16(const uint8_t *p)
+{
+    uint4 v;
+
+    if (V)
+        return *(const uint4 *)p;
+    memcpy(&v, p, sizeof(v)); /* no alignment known: byte loads */
+    return v;
+}
+
+template <bool V> __device__ __forceinline__ void store16(uint8_t *p, uint4 v)
+{
+    if (V)
+        *(uint4 *)p = v;
+    else
+        memcpy(p, &v, sizeof(v));
+}
+
+/* Move n bytes s -> t with this block's threads. VS/VT: the source/target
+ * side moves as aligned 16-byte vectors (after a head of bytes that aligns
+ * it); the other side byte by byte. Both, when the two are congruent mod 16. */
+template <bool VS, bool VT>
+__device__ __forceinline__ void move_bytes(const uint8_t *s, uint8_t *t, uint64_t n)
+{
+    const uint64_t bd = blockDim.x;
+    const uintptr_t al = VS ? (uintptr_t)s : (uintptr_t)t;
+    uint64_t head = (16 - (al & 15)) & 15;
+
+    if (head > n)
+        head = n;
+    for (uint64_t k = threadIdx.x; k < head; k += bd)
+        t[k] = s[k];
+    s += head;
+    t += head;
+    n -= head;
+
+    const uint64_t nv = n / 16;
+    uint64_t i = threadIdx.x;
+
+    /* Four loads in flight per thread before the stores: reads of mapped
+     * host memory cross PCIe and need many outstanding requests. */
+    for (; i + 3 * bd < nv; i += 4 * bd) {
+        uint4 a = load16<VS>(s + 16 * i), b = load16<VS>(s + 16 * (i + bd)),
+              c = load16<VS>(s + 16 * (i + 2 * bd)), e = load16<VS>(s + 16 * (i + 3 * bd));
+        store16<VT>(t + 16 * i, a);
+        store16<VT>(t + 16 * (i + bd), b);
+        store16<VT>(t + 16 * (i + 2 * bd), c);
+        store16<VT>(t + 16 * (i + 3 * bd), e);
+    }
+    for (; i < nv; i += bd)
+        store16<VT>(t + 16 * i, load16<VS>(s + 16 * i));
+    for (uint64_t k = nv * 16 + threadIdx.x; k < n; k += bd)
+        t[k] = s[k];
+}
+
+/* grid.y: one descriptor each; grid.x: its 64 KiB chunks. When source and
+ * target disagree mod 16, the host-memory side gets the vectors (it crosses
+ * PCIe): the target for dumps (host_dst), the source for loads. */
+__global__ void __launch_bounds__(THREADS) sfs_move_kernel(const struct desc *d, int host_dst)
 {
     const struct desc x = d[blockIdx.y];
-    uint64_t start = (uint64_t)blockIdx.x * CHUNK;
+    const uint64_t start = (uint64_t)blockIdx.x * CHUNK;
 
     if (start >= x.len)
         return;
-    uint64_t end = start + CHUNK < x.len ? start + CHUNK : x.len;
+    const uint64_t n = x.len - start < CHUNK ? x.len - start : CHUNK;
     const uint8_t *s = x.src + start;
     uint8_t *t = x.dst + start;
-    uint64_t n = end - start;
 
-    if ((((uintptr_t)s | (uintptr_t)t) & 15) == 0) {
-        const uint4 *sv = (const uint4 *)s;
-        uint4 *tv = (uint4 *)t;
-        uint64_t nv = n / 16, i = threadIdx.x;
-        const uint64_t bd = blockDim.x;
-
-        /* Four loads in flight per thread before the stores: reads of mapped
-         * host memory cross PCIe and need many outstanding requests. */
-        for (; i + 3 * bd < nv; i += 4 * bd) {
-            uint4 a = sv[i], b = sv[i + bd], c = sv[i + 2 * bd], e = sv[i + 3 * bd];
-            tv[i] = a;
-            tv[i + bd] = b;
-            tv[i + 2 * bd] = c;
-            tv[i + 3 * bd] = e;
-        }
-        for (; i < nv; i += bd)
-            tv[i] = sv[i];
-        for (uint64_t k = nv * 16 + threadIdx.x; k < n; k += bd)
-            t[k] = s[k];
-    } else {
-        for (uint64_t k = threadIdx.x; k < n; k += blockDim.x)
-            t[k] = s[k];
-    }
+    if ((((uintptr_t)s ^ (uintptr_t)t) & 15) == 0)
+        move_bytes<true, true>(s, t, n);
+    else if (host_dst)
+        move_bytes<false, true>(s, t, n);
+    else
+        move_bytes<true, false>(s, t, n);
 }
 
-/* The device address of data-plane memory, or 0 if p is not in it. */
-static uintptr_t seg_dev(const struct cuda_copier *cc, const void *p, size_t len)
+/* ---------------------------------------------------------------------------
+ * Host registrations, per process: [base, base + len) registered once,
+ * refcounted by the ranks' data-plane pieces that lie in it.
+ */
+
+struct reg {
+    uintptr_t base;
+    size_t len;
+    unsigned refs;
+    bool ours; /* we registered it, so we unregister it; else the program did */
+};
+
+static pthread_mutex_t reg_mu = PTHREAD_MUTEX_INITIALIZER;
+static struct reg *regs; /* under reg_mu */
+static size_t nregs, cap_regs;
+
+/* Hold a registration covering [base, base + len), registering it (with our
+ * device current) if nobody has. 0 and its key in *key, or -errno. */
+static int reg_get(uintptr_t base, size_t len, uintptr_t *key)
 {
+    cudaError_t e;
+    bool ours = true;
+    int r = 0;
+
+    pthread_mutex_lock(&reg_mu);
+    for (size_t i = 0; i < nregs; i++) {
+        struct reg *g = &regs[i];
+
+        if (base >= g->base && base + len <= g->base + g->len) {
+            g->refs++;
+            *key = g->base;
+            goto out;
+        }
+        if (base < g->base + g->len && g->base < base + len) {
+            r = -EEXIST; /* overlaps partly: not ours to split */
+            goto out;
+        }
+    }
+    if (nregs == cap_regs) {
+        size_t cap = cap_regs ? 2 * cap_regs : 16;
+        struct reg *nr = (struct reg *)realloc(regs, cap * sizeof(*nr));
+
+        if (!nr) {
+            r = -ENOMEM;
+            goto out;
+        }
+        regs = nr;
+        cap_regs = cap;
+    }
+    e = cudaHostRegister((void *)base, len, cudaHostRegisterMapped | cudaHostRegisterPortable);
+    if (e == cudaErrorHostMemoryAlreadyRegistered) {
+        /* Registered outside this table: by the program. Use it, never
+         * unregister it. */
+        (void)cudaGetLastError();
+        ours = false;
+    } else if (e != cudaSuccess) {
+        (void)cudaGetLastError();
+        r = cuda_errno(e);
+        goto out;
+    }
+    regs[nregs++] = (struct reg){base, len, 1, ours};
+    *key = base;
+out:
+    pthread_mutex_unlock(&reg_mu);
+    return r;
+}
+
+/* Drop a hold from reg_get(); the last one unregisters. Before the memory is
+ * unmapped: a registration that outlives its mapping pins the old pages, and
+ * a new mapping at the same address would be read through them. */
+static void reg_put(uintptr_t key)
+{
+    pthread_mutex_lock(&reg_mu);
+    for (size_t i = 0; i < nregs; i++) {
+        if (regs[i].base != key)
+            continue;
+        if (--regs[i].refs == 0) {
+            if (regs[i].ours && cudaHostUnregister((void *)key) != cudaSuccess)
+                (void)cudaGetLastError();
+            regs[i] = regs[--nregs];
+        }
+        break;
+    }
+    pthread_mutex_unlock(&reg_mu);
+}
+
+/* ---------------------------------------------------------------------------
+ * Placing the ends of a copy.
+ */
+
+/* cuPointerGetAttributes, through the runtime (no link to libcuda: the
+ * library must load on machines without a driver). NULL when unavailable:
+ * then no span cache, and no kernel on other devices' memory. */
+static ptr_attrs_fn driver_ptr_attrs(void)
+{
+#if CUDART_VERSION >= 12050
+    cudaDriverEntryPointQueryResult q = cudaDriverEntryPointSymbolNotFound;
+    void *fn = NULL;
+
+    if (cudaGetDriverEntryPointByVersion("cuPointerGetAttributes", &fn, 12000, cudaEnableDefault,
+                                         &q) != cudaSuccess ||
+        q != cudaDriverEntryPointSuccess) {
+        (void)cudaGetLastError();
+        return NULL;
+    }
+    return (ptr_attrs_fn)fn;
+#else
+    return NULL;
+#endif
+}
+
+/* The allocation p lies in, and whether it is an ordinary cudaMalloc one
+ * (the kind peer access maps; pool and VMM memory have their own access
+ * lists). false when the driver does not say. */
+static bool alloc_range(const struct cuda_copier *cc, const void *p, uintptr_t *lo, size_t *size,
+                        bool *legacy)
+{
+    CUpointer_attribute which[3] = {CU_POINTER_ATTRIBUTE_RANGE_START_ADDR,
+                                    CU_POINTER_ATTRIBUTE_RANGE_SIZE,
+                                    CU_POINTER_ATTRIBUTE_IS_LEGACY_CUDA_IPC_CAPABLE};
+    /* 8 bytes each, zeroed: the boolean may be written narrower. */
+    unsigned long long start = 0, sz = 0, leg = 0;
+    void *data[3] = {&start, &sz, &leg};
     uintptr_t a = (uintptr_t)p;
 
+    if (!cc->ptr_attrs || cc->ptr_attrs(3, which, data, (CUdeviceptr)a) != CUDA_SUCCESS)
+        return false;
+    if (sz == 0 || a < start || a - start >= sz)
+        return false;
+    *lo = (uintptr_t)start;
+    *size = (size_t)sz;
+    *legacy = leg != 0;
+    return true;
+}
+
+/* May the kernel on our device reach memory of device `dev`? Peer access is
+ * enabled the first time it is needed (process-wide, as the runtime has it),
+ * and kept. Copier thread, our device current. */
+static bool peer_ok(struct cuda_copier *cc, int dev)
+{
+    if (dev < 0 || dev >= cc->ndev)
+        return false;
+    if (cc->peer[dev] == 0) {
+        int can = 0;
+        cudaError_t e;
+
+        cc->peer[dev] = -1;
+        if (cudaDeviceCanAccessPeer(&can, cc->device, dev) == cudaSuccess && can) {
+            e = cudaDeviceEnablePeerAccess(dev, 0);
+            if (e == cudaSuccess || e == cudaErrorPeerAccessAlreadyEnabled)
+                cc->peer[dev] = 1;
+        }
+        (void)cudaGetLastError();
+    }
+    return cc->peer[dev] > 0;
+}
+
+static void span_add(struct cuda_copier *cc, uintptr_t lo, size_t size, bool kernel)
+{
+    unsigned i = cc->nspans < SPANS ? cc->nspans++ : cc->next_span++ % SPANS;
+
+    cc->spans[i] = (struct span){lo, lo + size, kernel};
+}
+
+/* Where [p, p + len) lies and who may reach it. Copier thread, our device
+ * current. Device allocations are remembered for the rest of the batch
+ * only: every destination of a batch is live until its entry completes, but
+ * between batches the program may free memory and reuse its addresses. */
+static void place_of(struct cuda_copier *cc, const void *p, size_t len, struct place *o)
+{
+    uintptr_t a = (uintptr_t)p, lo = 0;
+    size_t size = 0;
+    bool known, legacy = false;
+    cudaPointerAttributes at;
+
+    *o = (struct place){0, false, false, false};
+    /* The data plane: host memory, for the kernel through its mapping. */
     for (uint32_t i = 0; i < cc->nseg; i++) {
         const struct seg *s = &cc->segs[i];
 
-        if (a >= s->base && a + len <= s->base + s->len)
-            return s->dev + (a - s->base);
+        if (a - s->base < s->len) {
+            o->host = true;
+            if (s->dev && len <= s->len - (a - s->base)) {
+                o->kernel = true;
+                o->dev = s->dev + (a - s->base);
+            }
+            return;
+        }
     }
-    return 0;
-}
+    for (unsigned i = 0; i < cc->nspans; i++) {
+        const struct span *sp = &cc->spans[i];
 
-/* How the GPU reaches memory at p: its device address, or 0 when it cannot
- * (pageable host memory). */
-static uintptr_t dev_addr(const struct cuda_copier *cc, const void *p, size_t len)
-{
-    uintptr_t d = seg_dev(cc, p, len);
-    cudaPointerAttributes at;
-
-    if (d)
-        return d;
+        if (a - sp->lo < sp->hi - sp->lo) {
+            o->bad = len > sp->hi - a;
+            o->kernel = sp->kernel;
+            o->dev = a;
+            return;
+        }
+    }
     if (cudaPointerGetAttributes(&at, p) != cudaSuccess) {
-        cudaGetLastError(); /* clear it: plain host memory on old drivers */
-        return 0;
+        /* Drivers before CUDA 11 say so for plain host memory. */
+        (void)cudaGetLastError();
+        o->host = true;
+        return;
     }
     switch (at.type) {
+    case cudaMemoryTypeHost:
+        /* Pinned or registered: the kernel goes through its device alias,
+         * which exists only if it was mapped for our device. */
+        o->host = true;
+        if (at.devicePointer) {
+            o->kernel = true;
+            o->dev = (uintptr_t)at.devicePointer;
+        }
+        return;
     case cudaMemoryTypeDevice:
     case cudaMemoryTypeManaged:
-        return (uintptr_t)at.devicePointer;
-    case cudaMemoryTypeHost:
-        return (uintptr_t)at.devicePointer; /* pinned/registered: mapped, or 0 */
-    default:
-        return 0;
+        break;
+    default: /* unregistered: pageable host memory */
+        o->host = true;
+        return;
     }
+    known = alloc_range(cc, p, &lo, &size, &legacy);
+    if (known && len > size - (a - lo)) {
+        o->bad = true; /* the kernel would run off its allocation */
+        return;
+    }
+    if (at.type == cudaMemoryTypeManaged)
+        o->kernel = at.devicePointer != NULL; /* never the CPU: concurrent access rules */
+    else if (at.device == cc->device)
+        o->kernel = true;
+    else
+        o->kernel = known && legacy && peer_ok(cc, at.device);
+    o->dev = a; /* unified addressing: device memory has one address */
+    if (known)
+        span_add(cc, lo, size, o->kernel);
 }
 
-/* Move a batch: each element by kernel, cudaMemcpyAsync or host memcpy. */
-static int cuda_move(struct sfs_copier *cp, struct sfs_copy *v, size_t n)
+/* ---------------------------------------------------------------------------
+ * Batches.
+ */
+
+/* Move a batch of at most BATCH_MAX: each element by the kernel,
+ * cudaMemcpyAsync or the CPU; returns when every copy is complete. */
+static int cuda_move(struct cuda_copier *cc, struct sfs_copy *v, size_t n, bool dump)
 {
-    struct cuda_copier *cc = (struct cuda_copier *)cp;
-    size_t nd = 0;
+    cudaError_t e, launch = cudaSuccess, sync = cudaSuccess;
     uint64_t maxlen = 0;
-    bool async = false;
-    int err = 0;
-    cudaError_t e;
+    size_t nd = 0, nasync = 0;
 
-    e = cudaSetDevice(cc->device);
+    e = cudaSetDevice(cc->device); /* per thread: the copier thread's */
     if (e != cudaSuccess) {
-        err = cuda_errno(e);
-        goto out_fail;
-    }
-    for (size_t i = 0; i < n; i++) {
-        uintptr_t s, d;
+        int err = cuda_errno(e);
 
+        (void)cudaGetLastError();
+        for (size_t i = 0; i < n; i++)
+            v[i].result = err;
+        return err;
+    }
+    capture_mode_local();
+    cc->nspans = 0;
+    for (size_t i = 0; i < n; i++) {
+        struct place s, d;
+
+        cc->path[i] = PATH_DONE;
         v[i].result = 0;
         if (!v[i].src || !v[i].dst) {
             v[i].result = -EFAULT;
             continue;
         }
-        s = dev_addr(cc, v[i].src, v[i].len);
-        d = dev_addr(cc, v[i].dst, v[i].len);
-        if (!s && !d) {
+        if (v[i].len == 0)
+            continue;
+        place_of(cc, v[i].src, v[i].len, &s);
+        place_of(cc, v[i].dst, v[i].len, &d);
+        if (s.bad || d.bad) {
+            v[i].result = -EFAULT;
+            continue;
+        }
+        if (s.kernel && d.kernel && !(cc->memcpy_min && v[i].len >= cc->memcpy_min)) {
+            cc->hdesc[nd].src = (const uint8_t *)s.dev;
+            cc->hdesc[nd].dst = (uint8_t *)d.dev;
+            cc->hdesc[nd].len = v[i].len;
+            if (v[i].len > maxlen)
+                maxlen = v[i].len;
+            nd++;
+            cc->path[i] = PATH_KERNEL;
+            continue;
+        }
+        if (s.host && d.host) {
             memcpy(v[i].dst, v[i].src, v[i].len); /* both in host memory */
             continue;
         }
-        if (!s || !d || (cc->memcpy_min && v[i].len >= cc->memcpy_min)) {
-            /* One end is pageable host memory, or the shard is big enough
-             * for the copy engines: let the runtime stage it. */
-            e = cudaMemcpyAsync(v[i].dst, v[i].src, v[i].len, cudaMemcpyDefault, cc->stream);
-            if (e != cudaSuccess) {
-                v[i].result = cuda_errno(e);
-                /* Clear it, or the launch check below takes this element's
-                 * error for the kernel's and fails the whole batch. */
-                cudaGetLastError();
-            }
-            async = true;
+        /* Device memory the kernel may not touch, or pageable memory on one
+         * side, or a shard big enough for the copy engines: the runtime
+         * stages it (host pointers: unified addressing finds the aliases). */
+        e = cudaMemcpyAsync(v[i].dst, v[i].src, v[i].len, cudaMemcpyDefault, cc->stream);
+        if (e != cudaSuccess) {
+            v[i].result = cuda_errno(e);
+            (void)cudaGetLastError();
             continue;
         }
-        cc->hdesc[nd].src = (const uint8_t *)s;
-        cc->hdesc[nd].dst = (uint8_t *)d;
-        cc->hdesc[nd].len = v[i].len;
-        if (v[i].len > maxlen)
-            maxlen = v[i].len;
-        nd++;
+        cc->path[i] = PATH_ASYNC;
+        nasync++;
     }
     if (nd) {
-        e = cudaMemcpyAsync(cc->ddesc, cc->hdesc, nd * sizeof(struct desc), cudaMemcpyHostToDevice,
-                            cc->stream);
-        if (e == cudaSuccess) {
-            dim3 grid((unsigned)((maxlen + CHUNK - 1) / CHUNK), (unsigned)nd);
+        /* grid.x <= 2^31 / CHUNK (shards are < 2 GiB), grid.y <= BATCH_MAX. */
+        dim3 grid((unsigned)((maxlen + CHUNK - 1) / CHUNK), (unsigned)nd);
 
-            sfs_move_kernel<<<grid, THREADS, 0, cc->stream>>>(cc->ddesc);
-            e = cudaGetLastError();
+        launch = cudaMemcpyAsync(cc->ddesc, cc->hdesc, nd * sizeof(struct desc),
+                                 cudaMemcpyHostToDevice, cc->stream);
+        if (launch == cudaSuccess) {
+            (void)cudaGetLastError(); /* what we read next is this launch's */
+            sfs_move_kernel<<<grid, THREADS, 0, cc->stream>>>(cc->ddesc, dump ? 1 : 0);
+            launch = cudaGetLastError();
+        } else {
+            (void)cudaGetLastError();
         }
-        if (e != cudaSuccess) {
-            err = cuda_errno(e);
-            goto out_fail;
-        }
-        async = true;
     }
-    if (async) {
-        e = cudaStreamSynchronize(cc->stream);
-        if (e != cudaSuccess) {
-            err = cuda_errno(e);
-            goto out_fail;
-        }
+    if (nd || nasync) {
+        /* Every copy complete before the caller releases a slot, reads a
+         * destination or refills hdesc; a failed launch too, since the
+         * copies queued before it may still run. */
+        sync = cudaStreamSynchronize(cc->stream);
+        if (sync != cudaSuccess)
+            (void)cudaGetLastError();
+    }
+    for (size_t i = 0; i < n; i++) {
+        if (cc->path[i] == PATH_KERNEL)
+            v[i].result = cuda_errno(launch != cudaSuccess ? launch : sync);
+        else if (cc->path[i] == PATH_ASYNC)
+            v[i].result = cuda_errno(sync);
+    }
+    if ((launch != cudaSuccess || sync != cudaSuccess) && !cc->failed_once) {
+        cc->failed_once = true;
+        sfs_log(LOG_ERR, "cuda copier: device %d: a batch of %zu failed: %s", cc->device, n,
+                cudaGetErrorString(launch != cudaSuccess ? launch : sync));
     }
     return 0;
-
-out_fail:
-    if (async || nd) {
-        /* Copies (and the descriptor upload) queued before the failure may
-         * still be running: the caller releases the slots and reuses hdesc
-         * as soon as we return, so wait for them first. */
-        cudaStreamSynchronize(cc->stream);
-        cudaGetLastError();
-    }
-    for (size_t i = 0; i < n; i++)
-        if (v[i].result == 0)
-            v[i].result = err;
-    return err;
 }
 
-static int cuda_batch(struct sfs_copier *cp, struct sfs_copy *v, size_t n)
+static int cuda_batch(struct cuda_copier *cc, struct sfs_copy *v, size_t n, bool dump)
 {
     int r = 0;
 
     /* The descriptor buffers hold BATCH_MAX entries. */
     for (size_t off = 0; off < n; off += BATCH_MAX) {
         size_t k = n - off < BATCH_MAX ? n - off : BATCH_MAX;
-        int rr = cuda_move(cp, v + off, k);
+        int rr = cuda_move(cc, v + off, k, dump);
 
         if (rr < 0 && r == 0)
             r = rr;
@@ -256,32 +589,189 @@ static int cuda_batch(struct sfs_copier *cp, struct sfs_copy *v, size_t n)
     return r;
 }
 
-static void cuda_close(struct sfs_copier *cp)
+static int cuda_load(struct sfs_copier *cp, struct sfs_copy *v, size_t n)
 {
-    struct cuda_copier *cc = (struct cuda_copier *)cp;
+    return cuda_batch((struct cuda_copier *)cp, v, n, false);
+}
 
-    if (!cc)
+static int cuda_dump(struct sfs_copier *cp, struct sfs_copy *v, size_t n)
+{
+    return cuda_batch((struct cuda_copier *)cp, v, n, true);
+}
+
+/* ---------------------------------------------------------------------------
+ * Open and close, each on a thread of its own.
+ */
+
+/* Run fn(arg) on a new thread and wait for it: cudaSetDevice there leaves
+ * the caller's current device alone (setting it back afterwards would create
+ * a context on device 0 in a thread that never used one). */
+static int run_apart(void *(*fn)(void *), void *arg)
+{
+    pthread_t th;
+    int r = pthread_create(&th, NULL, fn, arg);
+
+    if (r)
+        return -r;
+    pthread_join(th, NULL);
+    return 0;
+}
+
+/* Register and map one piece of the data plane. A piece that cannot be is
+ * left to cudaMemcpyAsync (correct, slower), and the log says why. */
+static void seg_add(struct cuda_copier *cc, uintptr_t base, size_t len)
+{
+    struct seg *s = &cc->segs[cc->nseg++];
+    cudaPointerAttributes at;
+    void *dev = NULL;
+    int r;
+
+    *s = (struct seg){base, len, 0, 0};
+    r = reg_get(base, len, &s->reg);
+    if (r < 0) {
+        sfs_log(LOG_WARNING,
+                "cuda copier: device %d: cannot register %zu bytes of the data plane at %p "
+                "(%s): copies from it go through cudaMemcpyAsync",
+                cc->device, len, (void *)base, strerror(-r));
         return;
-    cudaSetDevice(cc->device);
+    }
+    if (cudaHostGetDevicePointer(&dev, (void *)base, 0) != cudaSuccess || !dev) {
+        (void)cudaGetLastError();
+        sfs_log(LOG_WARNING, "cuda copier: device %d: the data plane at %p has no device mapping",
+                cc->device, (void *)base);
+        return;
+    }
+    /* The kernel addresses the whole piece through this one alias: check
+     * that its last byte is where the alias says. */
+    if (cudaPointerGetAttributes(&at, (void *)(base + len - 1)) != cudaSuccess ||
+        at.type != cudaMemoryTypeHost || (uintptr_t)at.devicePointer != (uintptr_t)dev + len - 1) {
+        (void)cudaGetLastError();
+        sfs_log(LOG_WARNING,
+                "cuda copier: device %d: the data plane at %p is not mapped as one range",
+                cc->device, (void *)base);
+        return;
+    }
+    s->dev = (uintptr_t)dev;
+}
+
+struct open_job {
+    struct cuda_copier *cc;
+    struct sfs_cache *c;
+    int err;
+};
+
+static int open_here(struct cuda_copier *cc, struct sfs_cache *c)
+{
+    struct sfs_cache_info info;
+    size_t npieces = 0;
+    uint32_t mapped = 0;
+    cudaError_t e;
+
+    capture_mode_local();
+    e = cudaSetDevice(cc->device);
+    if (e == cudaSuccess)
+        e = cudaGetDeviceCount(&cc->ndev);
+    if (e == cudaSuccess)
+        e = cudaStreamCreateWithFlags(&cc->stream, cudaStreamNonBlocking);
+    if (e == cudaSuccess)
+        e = cudaMallocHost((void **)&cc->hdesc, BATCH_MAX * sizeof(struct desc));
+    if (e == cudaSuccess)
+        e = cudaMalloc((void **)&cc->ddesc, BATCH_MAX * sizeof(struct desc));
+    if (e != cudaSuccess) {
+        (void)cudaGetLastError();
+        return cuda_errno(e);
+    }
+    cc->peer = (signed char *)calloc(cc->ndev > 0 ? (size_t)cc->ndev : 1, 1);
+    if (!cc->peer)
+        return -ENOMEM;
+    cc->ptr_attrs = driver_ptr_attrs();
+
+    sfs_cache_info(c, &info);
+    for (uint32_t i = 0; i < info.nsegments; i++) {
+        size_t len = 0;
+
+        if (!sfs_cache_segment(c, i, &len))
+            break;
+        npieces += (len + REG_PIECE_MAX - 1) / REG_PIECE_MAX;
+    }
+    cc->segs = (struct seg *)calloc(npieces ? npieces : 1, sizeof(*cc->segs));
+    if (!cc->segs)
+        return -ENOMEM;
+    for (uint32_t i = 0; i < info.nsegments; i++) {
+        size_t len = 0;
+        uintptr_t base = (uintptr_t)sfs_cache_segment(c, i, &len);
+
+        if (!base)
+            break;
+        for (size_t off = 0; off < len; off += REG_PIECE_MAX)
+            seg_add(cc, base + off, len - off < REG_PIECE_MAX ? len - off : REG_PIECE_MAX);
+    }
+    for (uint32_t i = 0; i < cc->nseg; i++)
+        mapped += cc->segs[i].dev != 0;
+    sfs_log(LOG_INFO, "cuda copier: device %d: %u of %u data-plane pieces mapped%s", cc->device,
+            mapped, cc->nseg, cc->ptr_attrs ? "" : " (no driver pointer queries)");
+    return 0;
+}
+
+static void *open_main(void *arg)
+{
+    struct open_job *j = (struct open_job *)arg;
+
+    j->err = open_here(j->cc, j->c);
+    return NULL;
+}
+
+static void close_here(struct cuda_copier *cc)
+{
+    if (cudaSetDevice(cc->device) != cudaSuccess)
+        (void)cudaGetLastError();
     if (cc->stream)
         cudaStreamSynchronize(cc->stream);
     for (uint32_t i = 0; i < cc->nseg; i++)
-        if (cc->segs[i].registered_here)
-            cudaHostUnregister((void *)cc->segs[i].base);
+        if (cc->segs[i].reg)
+            reg_put(cc->segs[i].reg);
     if (cc->ddesc)
         cudaFree(cc->ddesc);
     if (cc->hdesc)
         cudaFreeHost(cc->hdesc);
     if (cc->stream)
         cudaStreamDestroy(cc->stream);
+    (void)cudaGetLastError();
+}
+
+static void *close_main(void *arg)
+{
+    capture_mode_local();
+    close_here((struct cuda_copier *)arg);
+    return NULL;
+}
+
+/* Before the cache is detached (its mapping goes with it). */
+static void cuda_close(struct sfs_copier *cp)
+{
+    struct cuda_copier *cc = (struct cuda_copier *)cp;
+
+    if (!cc)
+        return;
+    if (run_apart(close_main, cc) < 0) {
+        /* No thread to spare: here, at the cost of this thread's device. */
+        int prev = -1;
+
+        if (cudaGetDevice(&prev) != cudaSuccess)
+            (void)cudaGetLastError();
+        close_here(cc);
+        if (prev >= 0 && prev != cc->device && cudaSetDevice(prev) != cudaSuccess)
+            (void)cudaGetLastError();
+    }
     free(cc->segs);
+    free(cc->peer);
     free(cc);
 }
 
 static const struct sfs_copier_ops cuda_ops = {
     "cuda",
-    cuda_batch,
-    cuda_batch,
+    cuda_load,
+    cuda_dump,
     cuda_close,
 };
 
@@ -290,7 +780,7 @@ extern "C" int sfs_cuda_device_count(void)
     int n = 0;
 
     if (cudaGetDeviceCount(&n) != cudaSuccess) {
-        cudaGetLastError();
+        (void)cudaGetLastError();
         return 0;
     }
     return n;
@@ -299,9 +789,9 @@ extern "C" int sfs_cuda_device_count(void)
 extern "C" struct sfs_copier *sfs_copier_cuda_open(int device, struct sfs_cache *c, int *err)
 {
     struct cuda_copier *cc = (struct cuda_copier *)calloc(1, sizeof(*cc));
-    struct sfs_cache_info info;
     const char *env = getenv("SHARDFS_CUDA_MEMCPY_MIN");
-    cudaError_t e;
+    struct open_job job = {cc, c, 0};
+    int r;
 
     if (!cc) {
         *err = -ENOMEM;
@@ -310,54 +800,14 @@ extern "C" struct sfs_copier *sfs_copier_cuda_open(int device, struct sfs_cache 
     cc->cp.ops = &cuda_ops;
     cc->device = device;
     cc->memcpy_min = env ? (size_t)strtoull(env, NULL, 0) : MEMCPY_MIN_DEFAULT;
-    e = cudaSetDevice(device);
-    if (e == cudaSuccess)
-        e = cudaStreamCreateWithFlags(&cc->stream, cudaStreamNonBlocking);
-    if (e == cudaSuccess)
-        e = cudaMallocHost((void **)&cc->hdesc, BATCH_MAX * sizeof(struct desc));
-    if (e == cudaSuccess)
-        e = cudaMalloc((void **)&cc->ddesc, BATCH_MAX * sizeof(struct desc));
-    if (e != cudaSuccess)
-        goto out_cuda;
-
-    /* Register every data-plane segment of this mapping, once. */
-    sfs_cache_info(c, &info);
-    cc->segs = (struct seg *)calloc(info.nsegments ? info.nsegments : 1, sizeof(*cc->segs));
-    if (!cc->segs) {
-        *err = -ENOMEM;
-        goto out_close;
-    }
-    for (uint32_t i = 0; i < info.nsegments; i++) {
-        size_t len = 0;
-        void *base = sfs_cache_segment(c, i, &len);
-        void *dev = NULL;
-        struct seg *s = &cc->segs[cc->nseg];
-
-        if (!base)
-            break;
-        e = cudaHostRegister(base, len, cudaHostRegisterMapped | cudaHostRegisterPortable);
-        if (e == cudaErrorHostMemoryAlreadyRegistered) {
-            cudaGetLastError(); /* another handle of this process did it */
-        } else if (e != cudaSuccess) {
-            goto out_cuda;
-        } else {
-            s->registered_here = true;
-        }
-        s->base = (uintptr_t)base;
-        s->len = len;
-        cc->nseg++;
-        e = cudaHostGetDevicePointer(&dev, base, 0);
-        if (e != cudaSuccess)
-            goto out_cuda;
-        s->dev = (uintptr_t)dev;
+    r = run_apart(open_main, &job);
+    if (r == 0)
+        r = job.err;
+    if (r < 0) {
+        *err = r;
+        cuda_close(&cc->cp);
+        return NULL;
     }
     *err = 0;
     return &cc->cp;
-
-out_cuda:
-    *err = cuda_errno(e);
-    cudaGetLastError();
-out_close:
-    cuda_close(&cc->cp);
-    return NULL;
 }

@@ -1423,6 +1423,8 @@ Test(rank, open_errors, .timeout = 30)
 /* ---------------------------------------------------------------------------
  * The CUDA copier (skipped without a GPU). The CUDA runtime is reached with
  * dlopen so this file builds and runs the same with or without the toolkit.
+ * The copier runs on its own non-blocking stream, so the tests synchronize
+ * the device after filling a dump's source, as a program must.
  */
 
 struct cudart {
@@ -1430,29 +1432,147 @@ struct cudart {
     int (*malloc_)(void **, size_t);
     int (*free_)(void *);
     int (*memcpy_)(void *, const void *, size_t, int);
+    int (*memset_)(void *, int, size_t);
     int (*malloc_host)(void **, size_t);
     int (*free_host)(void *);
+    int (*host_register)(void *, size_t, unsigned);
+    int (*host_unregister)(void *);
+    int (*sync)(void);
+    int (*device_count)(int *);
+    int (*set_device)(int);
+    int (*get_device)(int *);
 };
 
 static bool cudart_open(struct cudart *c)
 {
-    c->h = dlopen("libcudart.so", RTLD_NOW | RTLD_NOLOAD);
-    if (!c->h)
-        c->h = dlopen("libcudart.so.13", RTLD_NOW);
-    if (!c->h)
-        c->h = dlopen("libcudart.so", RTLD_NOW);
+    /* The runtime the library loaded, whichever its version: a second one
+     * in the process would be a second set of runtime state. */
+    static const char *const names[] = {"libcudart.so.13", "libcudart.so.12", "libcudart.so.11.0",
+                                        "libcudart.so"};
+
+    c->h = NULL;
+    for (size_t i = 0; i < 4 && !c->h; i++)
+        c->h = dlopen(names[i], RTLD_NOW | RTLD_NOLOAD);
+    for (size_t i = 0; i < 4 && !c->h; i++)
+        c->h = dlopen(names[i], RTLD_NOW);
     if (!c->h)
         return false;
-    c->malloc_ = (int (*)(void **, size_t))dlsym(c->h, "cudaMalloc");
-    c->free_ = (int (*)(void *))dlsym(c->h, "cudaFree");
-    c->memcpy_ = (int (*)(void *, const void *, size_t, int))dlsym(c->h, "cudaMemcpy");
-    c->malloc_host = (int (*)(void **, size_t))dlsym(c->h, "cudaMallocHost");
-    c->free_host = (int (*)(void *))dlsym(c->h, "cudaFreeHost");
-    return c->malloc_ && c->free_ && c->memcpy_ && c->malloc_host && c->free_host;
+#define CUDART_SYM(f, name) (c->f = (__typeof__(c->f))dlsym(c->h, name))
+    return CUDART_SYM(malloc_, "cudaMalloc") && CUDART_SYM(free_, "cudaFree") &&
+           CUDART_SYM(memcpy_, "cudaMemcpy") && CUDART_SYM(memset_, "cudaMemset") &&
+           CUDART_SYM(malloc_host, "cudaMallocHost") && CUDART_SYM(free_host, "cudaFreeHost") &&
+           CUDART_SYM(host_register, "cudaHostRegister") &&
+           CUDART_SYM(host_unregister, "cudaHostUnregister") &&
+           CUDART_SYM(sync, "cudaDeviceSynchronize") &&
+           CUDART_SYM(device_count, "cudaGetDeviceCount") &&
+           CUDART_SYM(set_device, "cudaSetDevice") && CUDART_SYM(get_device, "cudaGetDevice");
+#undef CUDART_SYM
 }
 
-#define CUDA_H2D 1
-#define CUDA_D2H 2
+#define CUDA_H2D     1
+#define CUDA_D2H     2
+#define CUDA_DEFAULT 4
+#define LOG_WARN_LVL 4 /* syslog's LOG_WARNING */
+#define LOG_INFO_LVL 6 /* syslog's LOG_INFO */
+
+/* The copier's log lines: shown (a slow fallback is otherwise silent) and
+ * kept for the tests that check the data plane is mapped. */
+static char cuda_info[256];
+static int cuda_warnings;
+
+static void cuda_log(int level, const char *msg, void *arg)
+{
+    if (!strstr(msg, "cuda copier"))
+        return;
+    fprintf(stderr, "[copier log, level %d] %s\n", level, msg);
+    if (level <= LOG_WARN_LVL)
+        cuda_warnings++;
+    else
+        snprintf(cuda_info, sizeof(cuda_info), "%s", msg);
+}
+
+/* Skip without a GPU; otherwise the runtime, and the copier's log. */
+static void cuda_need(struct cudart *cu)
+{
+    if (sfs_rank_cuda_devices() <= 0)
+        cr_skip_test("no CUDA device (or built without CUDA): CUDA copier not tested");
+    cr_assert(cudart_open(cu), "libcudart not loadable");
+    sfs_set_log(cuda_log, NULL, LOG_INFO_LVL);
+}
+
+static struct sfs_rank *cuda_rank(const char *sock, int device)
+{
+    struct sfs_rank_config cfg;
+    struct sfs_rank *rk;
+    int err = 0;
+
+    sfs_rank_config_init(&cfg);
+    cfg.socket_path = sock;
+    cfg.device_id = device;
+    cfg.copier = SFS_COPIER_CUDA;
+    cfg.prealloc = false;
+    rk = sfs_rank_open(&cfg, &err);
+    cr_assert_not_null(rk, "CUDA rank on device %d: %d", device, err);
+    cr_assert_str_eq(sfs_rank_copier_name(rk), "cuda");
+    return rk;
+}
+
+/* A served cache of SHARD shards with its own data-plane geometry; false if
+ * it cannot be made (huge pages asked for and none reserved). */
+static bool cuda_env_up(struct env *e, uint32_t nslots, uint64_t segment_size, int hugepages)
+{
+    struct sfs_cache_config cfg = {
+        .shard_size = SHARD,
+        .nslots = nslots,
+        .no_reserved = true,
+        .segment_size = segment_size,
+        .hugepages = hugepages,
+    };
+    int err = 0;
+
+    snprintf(e->sock, sizeof(e->sock), "%s", tu_path("sock"));
+    snprintf(e->dir, sizeof(e->dir), "%s", tu_path("store"));
+    e->c = sfs_cache_create(&cfg, &err);
+    if (!e->c)
+        return false;
+    cr_assert_eq(sfs_cache_serve(e->c, e->sock), 0);
+    return true;
+}
+
+/* Keys [first, first + n) of shard 0 Ready in the cache, key i holding
+ * len_of(i) bytes (SHARD when NULL), as a backend load leaves them. */
+static void cuda_fill(struct sfs_cache *c, uint64_t first, uint32_t n, uint32_t (*len_of)(uint32_t))
+{
+    for (uint32_t i = 0; i < n; i++) {
+        struct sfs_key k = tu_key(first + i, 0);
+        uint32_t len = len_of ? len_of(i) : SHARD;
+        struct sfs_lease l;
+
+        cr_assert_eq(sfs_cache_get(c, &k, 0, 0, &l), SFS_OWNER);
+        tu_fill(&k, sfs_cache_data(c, &l), len);
+        cr_assert_eq(sfs_cache_publish(c, &l, len, 0), 0);
+        cr_assert_eq(sfs_cache_release(c, &l), 0);
+    }
+}
+
+/* One task of keys [first, first + n) at addr[i]; every entry succeeds. */
+static void cuda_task(struct sfs_rank *rk, bool dump, uint64_t first, uint32_t n, void **addr)
+{
+    struct sfs_rank_entry *ent = calloc(n, sizeof(*ent));
+    int *st = calloc(n, sizeof(*st));
+    struct sfs_task *t;
+
+    cr_assert(ent && st);
+    for (uint32_t i = 0; i < n; i++)
+        ent[i] = (struct sfs_rank_entry){tu_block(first + i), 0, addr[i]};
+    cr_assert_eq(dump ? sfs_rank_dump(rk, ent, n, &t) : sfs_rank_load(rk, ent, n, &t), 0);
+    cr_assert_eq(sfs_rank_wait(t, 60000, st), 0);
+    sfs_rank_task_free(t);
+    for (uint32_t i = 0; i < n; i++)
+        cr_assert_eq(st[i], 0, "%s entry %u: %d", dump ? "dump" : "load", i, st[i]);
+    free(ent);
+    free(st);
+}
 
 Test(rank, cuda_load_dump_device_memory, .timeout = 120)
 {
@@ -1467,10 +1587,7 @@ Test(rank, cuda_load_dump_device_memory, .timeout = 120)
     void *dev = NULL, *pinned = NULL;
     uint8_t *host = malloc((size_t)n * SHARD);
 
-    if (sfs_rank_cuda_devices() <= 0) {
-        cr_skip_test("no CUDA device (or built without CUDA): CUDA copier not tested");
-    }
-    cr_assert(cudart_open(&cu), "libcudart not loadable");
+    cuda_need(&cu);
     env_up(&e, 4 * n, 0);
     write_store(e.dir, 0, n, 1, SHARD);
     snprintf(spec, sizeof(spec), "%s", e.dir);
@@ -1519,7 +1636,10 @@ Test(rank, cuda_load_dump_device_memory, .timeout = 120)
         tu_fill(&k, host + (size_t)i * SHARD, SHARD);
         ent[i] = (struct sfs_rank_entry){k.block, 0, (uint8_t *)dev + (size_t)i * SHARD};
     }
+    /* From pageable memory cudaMemcpy may return before its DMA is done,
+     * and the copier's stream does not wait for the legacy one. */
     cr_assert_eq(cu.memcpy_(dev, host, (size_t)n * SHARD, CUDA_H2D), 0);
+    cr_assert_eq(cu.sync(), 0);
     cr_assert_eq(sfs_rank_dump(rk, ent, n, &t), 0);
     cr_assert_eq(sfs_rank_wait(t, 30000, st), 0);
     sfs_rank_task_free(t);
@@ -1536,6 +1656,359 @@ Test(rank, cuda_load_dump_device_memory, .timeout = 120)
     sfs_rank_close(rk);
     cu.free_(dev);
     cu.free_host(pinned);
+    free(host);
+    env_down(&e);
+}
+
+Test(rank, cuda_data_plane_is_mapped, .timeout = 60)
+{
+    /* Every data-plane piece registered and mapped for the kernel: the fast
+     * path. A piece that is not still copies (cudaMemcpyAsync), slowly; this
+     * test is what says so. Many small segments: one registration each. */
+    struct cudart cu;
+    struct env e;
+    unsigned a = 0, b = 1;
+
+    cuda_need(&cu);
+    cr_assert(cuda_env_up(&e, 256, 2u << 20, SFS_HUGEPAGES_OFF));
+    cuda_warnings = 0;
+    cuda_info[0] = '\0';
+    struct sfs_rank *rk = cuda_rank(e.sock, 0);
+    cr_assert_eq(sscanf(cuda_info, "cuda copier: device 0: %u of %u", &a, &b), 2, "log: '%s'",
+                 cuda_info);
+    cr_assert(a == b && a >= 4, "%u of %u data-plane pieces mapped", a, b);
+    cr_assert_eq(cuda_warnings, 0);
+    sfs_rank_close(rk);
+    env_down(&e);
+}
+
+Test(rank, cuda_two_ranks_in_one_process, .timeout = 120)
+{
+    /* Two CUDA ranks of one process on one cache, loading at once; closing
+     * one leaves the other's registrations alone. Then a new cache, whose
+     * mapping may reuse the freed addresses: a registration left behind
+     * would pin the old pages and show them to the GPU. */
+    struct cudart cu;
+    struct env e;
+    const uint32_t n = 64;
+    uint8_t *dev = NULL, *host = malloc(2 * (size_t)n * SHARD);
+    void *addr[2 * 64];
+    struct sfs_rank_entry ent[2][64];
+    struct sfs_task *t[2];
+    int st[2][64];
+
+    cuda_need(&cu);
+    cr_assert_not_null(host);
+    env_up(&e, 4 * n, 0);
+    cuda_fill(e.c, 0, n, NULL);
+    struct sfs_rank *a = cuda_rank(e.sock, 0);
+    struct sfs_rank *b = cuda_rank(e.sock, 0);
+    cr_assert_eq(cu.malloc_((void **)&dev, 2 * (size_t)n * SHARD), 0);
+
+    for (uint32_t i = 0; i < n; i++) {
+        ent[0][i] = (struct sfs_rank_entry){tu_block(i), 0, dev + (size_t)i * SHARD};
+        ent[1][i] = (struct sfs_rank_entry){tu_block(i), 0, dev + (size_t)(n + i) * SHARD};
+    }
+    cr_assert_eq(sfs_rank_load(a, ent[0], n, &t[0]), 0);
+    cr_assert_eq(sfs_rank_load(b, ent[1], n, &t[1]), 0);
+    for (int r = 0; r < 2; r++) {
+        cr_assert_eq(sfs_rank_wait(t[r], 60000, st[r]), 0);
+        sfs_rank_task_free(t[r]);
+    }
+    cr_assert_eq(cu.memcpy_(host, dev, 2 * (size_t)n * SHARD, CUDA_D2H), 0);
+    check_bufs(0, n, 0, host, st[0]);
+    check_bufs(0, n, 0, host + (size_t)n * SHARD, st[1]);
+
+    sfs_rank_close(a);
+    cr_assert_eq(cu.memset_(dev, 0, 2 * (size_t)n * SHARD), 0);
+    cr_assert_eq(cu.sync(), 0);
+    for (uint32_t i = 0; i < n; i++)
+        addr[i] = dev + (size_t)i * SHARD;
+    cuda_task(b, false, 0, n, addr);
+    cr_assert_eq(cu.memcpy_(host, dev, (size_t)n * SHARD, CUDA_D2H), 0);
+    check_bufs(0, n, 0, host, st[0]);
+    /* And b dumps (the kernel writing its mapping) after a is gone. */
+    for (uint32_t i = 0; i < n; i++) {
+        struct sfs_key k = tu_key(300 + i, 0);
+
+        tu_fill(&k, host + (size_t)i * SHARD, SHARD);
+    }
+    cr_assert_eq(cu.memcpy_(dev, host, (size_t)n * SHARD, CUDA_H2D), 0);
+    cr_assert_eq(cu.sync(), 0);
+    cuda_task(b, true, 300, n, addr);
+    memset(host, 0, (size_t)n * SHARD);
+    for (uint32_t i = 0; i < n; i++)
+        addr[i] = host + (size_t)i * SHARD;
+    cuda_task(b, false, 300, n, addr);
+    check_bufs(300, n, 0, host, st[0]);
+    sfs_rank_close(b);
+    env_down(&e);
+
+    env_up(&e, 4 * n, 0);
+    cuda_fill(e.c, 1000, n, NULL);
+    struct sfs_rank *c = cuda_rank(e.sock, 0);
+    for (uint32_t i = 0; i < n; i++)
+        addr[i] = dev + (size_t)i * SHARD;
+    cuda_task(c, false, 1000, n, addr);
+    cr_assert_eq(cu.memcpy_(host, dev, (size_t)n * SHARD, CUDA_D2H), 0);
+    check_bufs(1000, n, 0, host, st[0]);
+    sfs_rank_close(c);
+    cu.free_(dev);
+    free(host);
+    env_down(&e);
+}
+
+Test(rank, cuda_host_memory_ends, .timeout = 120)
+{
+    /* Loads into, and dumps from, the three kinds of host memory: pinned
+     * (cudaMallocHost), registered by the program (cudaHostRegister, default
+     * flags: mapped), and pageable. */
+    struct cudart cu;
+    struct env e;
+    const uint32_t n = 48;
+    const size_t part = 16 * (size_t)SHARD;
+    uint8_t *pinned = NULL, *reg = aligned_alloc(4096, part), *pageable = malloc(part);
+    uint8_t *kinds[3];
+    static const char *const kind_name[3] = {"pinned", "registered", "pageable"};
+    void *addr[48];
+
+    cuda_need(&cu);
+    cr_assert(reg && pageable);
+    env_up(&e, 4 * n, 0);
+    cuda_fill(e.c, 0, n, NULL);
+    cr_assert_eq(cu.malloc_host((void **)&pinned, part), 0);
+    cr_assert_eq(cu.host_register(reg, part, 0), 0);
+    kinds[0] = pinned;
+    kinds[1] = reg;
+    kinds[2] = pageable;
+    struct sfs_rank *rk = cuda_rank(e.sock, 0);
+
+    for (uint32_t i = 0; i < n; i++)
+        addr[i] = kinds[i % 3] + (size_t)(i / 3) * SHARD;
+    for (int k = 0; k < 3; k++)
+        memset(kinds[k], 0, part);
+    cuda_task(rk, false, 0, n, addr);
+    for (uint32_t i = 0; i < n; i++) {
+        struct sfs_key k = tu_key(i, 0);
+
+        cr_assert_eq(tu_check(&k, addr[i], SHARD), -1, "load into %s memory, entry %u",
+                     kind_name[i % 3], i);
+    }
+    for (uint32_t i = 0; i < n; i++) {
+        struct sfs_key k = tu_key(400 + i, 0);
+
+        tu_fill(&k, addr[i], SHARD);
+    }
+    cuda_task(rk, true, 400, n, addr);
+    for (int k = 0; k < 3; k++)
+        memset(kinds[k], 0, part);
+    cuda_task(rk, false, 400, n, addr);
+    for (uint32_t i = 0; i < n; i++) {
+        struct sfs_key k = tu_key(400 + i, 0);
+
+        cr_assert_eq(tu_check(&k, addr[i], SHARD), -1, "dump from %s memory, entry %u",
+                     kind_name[i % 3], i);
+    }
+    sfs_rank_close(rk);
+    cr_assert_eq(cu.host_unregister(reg), 0);
+    cu.free_host(pinned);
+    free(reg);
+    free(pageable);
+    env_down(&e);
+}
+
+#define ODD_N      1100 /* more than one copier batch (1024) */
+#define ODD_STRIDE (SHARD + 64)
+
+static uint32_t odd_len(uint32_t i)
+{
+    return SHARD - (i * 7) % 29; /* SHARD .. SHARD - 28 */
+}
+
+static size_t odd_off(uint32_t i)
+{
+    return (size_t)i * ODD_STRIDE + (i * 5) % 32; /* every offset mod 16, both sides of it */
+}
+
+/* Entry i's bytes at odd_off(i), and nothing written around them. */
+static void odd_check(const uint8_t *buf, uint64_t first, uint32_t (*len_of)(uint32_t))
+{
+    size_t at = 0;
+
+    for (uint32_t i = 0; i < ODD_N; i++) {
+        struct sfs_key k = tu_key(first + i, 0);
+        uint32_t len = len_of(i);
+
+        for (; at < odd_off(i); at++)
+            cr_assert_eq(buf[at], 0xa5, "byte %zu before entry %u written", at, i);
+        cr_assert_eq(tu_check(&k, buf + at, len), -1, "entry %u (offset %zu, %u bytes)", i, at,
+                     len);
+        at += len;
+    }
+    for (; at < (size_t)ODD_N * ODD_STRIDE; at++)
+        cr_assert_eq(buf[at], 0xa5, "byte %zu after the last entry written", at);
+}
+
+static uint32_t full_len(uint32_t i)
+{
+    return SHARD;
+}
+
+Test(rank, cuda_odd_lengths_and_unaligned_addresses, .timeout = 240)
+{
+    /* Shards shorter than the slot by 0..28 bytes, destinations and dump
+     * sources at every alignment mod 32, in device and pinned memory, more
+     * entries than one batch; the bytes around each entry stay as they were.
+     * Data-plane segments of 2 MiB: dozens of registrations. */
+    struct cudart cu;
+    struct env e;
+    const size_t bytes = (size_t)ODD_N * ODD_STRIDE;
+    uint8_t *host = malloc(bytes), *pinned = NULL, *dev = NULL;
+    void **addr = calloc(ODD_N, sizeof(*addr));
+
+    cuda_need(&cu);
+    cr_assert(host && addr);
+    cr_assert(cuda_env_up(&e, 2 * ODD_N + 64, 2u << 20, SFS_HUGEPAGES_OFF));
+    cuda_fill(e.c, 0, ODD_N, odd_len);
+    struct sfs_rank *rk = cuda_rank(e.sock, 0);
+    cr_assert_eq(cu.malloc_((void **)&dev, bytes), 0);
+    cr_assert_eq(cu.malloc_host((void **)&pinned, bytes), 0);
+
+    for (int pass = 0; pass < 2; pass++) {
+        uint8_t *base = pass ? pinned : dev;
+
+        memset(host, 0xa5, bytes);
+        if (pass)
+            memcpy(pinned, host, bytes);
+        else
+            cr_assert_eq(cu.memcpy_(dev, host, bytes, CUDA_H2D), 0);
+        cr_assert_eq(cu.sync(), 0);
+        for (uint32_t i = 0; i < ODD_N; i++)
+            addr[i] = base + odd_off(i);
+        cuda_task(rk, false, 0, ODD_N, addr);
+        if (pass)
+            memcpy(host, pinned, bytes);
+        else
+            cr_assert_eq(cu.memcpy_(host, dev, bytes, CUDA_D2H), 0);
+        odd_check(host, 0, odd_len);
+    }
+
+    /* Dumps from unaligned device memory (the kernel's other direction),
+     * read back through the CPU path into pageable memory. */
+    memset(host, 0xa5, bytes);
+    for (uint32_t i = 0; i < ODD_N; i++) {
+        struct sfs_key k = tu_key(20000 + i, 0);
+
+        tu_fill(&k, host + odd_off(i), SHARD);
+        addr[i] = dev + odd_off(i);
+    }
+    cr_assert_eq(cu.memcpy_(dev, host, bytes, CUDA_H2D), 0);
+    cr_assert_eq(cu.sync(), 0);
+    cuda_task(rk, true, 20000, ODD_N, addr);
+    memset(host, 0xa5, bytes);
+    for (uint32_t i = 0; i < ODD_N; i++)
+        addr[i] = host + odd_off(i);
+    cuda_task(rk, false, 20000, ODD_N, addr);
+    odd_check(host, 20000, full_len);
+
+    sfs_rank_close(rk);
+    cu.free_(dev);
+    cu.free_host(pinned);
+    free(host);
+    free(addr);
+    env_down(&e);
+}
+
+Test(rank, cuda_huge_page_data_plane, .timeout = 120)
+{
+    /* The daemon's data plane is hugetlb memfds when huge pages are
+     * reserved: registered like any other, or, if the driver refuses, copied
+     * through cudaMemcpyAsync (the log says which). Either way correct. */
+    struct cudart cu;
+    struct env e;
+    const uint32_t n = 64;
+    uint8_t *dev = NULL, *host = malloc((size_t)n * SHARD);
+    void *addr[64];
+    int st[64] = {0};
+
+    cuda_need(&cu);
+    cr_assert_not_null(host);
+    if (!cuda_env_up(&e, 128, 0, SFS_HUGEPAGES_ON))
+        cr_skip_test("no huge pages reserved: a hugetlb data plane not tested");
+    cuda_fill(e.c, 0, n, NULL);
+    cuda_warnings = 0;
+    struct sfs_rank *rk = cuda_rank(e.sock, 0);
+    if (cuda_warnings)
+        cr_log_warn("the hugetlb data plane is not mapped for the kernel (see the log above)");
+    cr_assert_eq(cu.malloc_((void **)&dev, (size_t)n * SHARD), 0);
+    for (uint32_t i = 0; i < n; i++)
+        addr[i] = dev + (size_t)i * SHARD;
+    cuda_task(rk, false, 0, n, addr);
+    cr_assert_eq(cu.memcpy_(host, dev, (size_t)n * SHARD, CUDA_D2H), 0);
+    check_bufs(0, n, 0, host, st);
+    sfs_rank_close(rk);
+    cu.free_(dev);
+    free(host);
+    env_down(&e);
+}
+
+Test(rank, cuda_other_device_and_current_device, .timeout = 120)
+{
+    /* Destinations on another GPU (peer access, or cudaMemcpyAsync where
+     * there is none), and the caller's current device left as it was by
+     * open and close (they run their CUDA calls on a thread of their own). */
+    struct cudart cu;
+    struct env e;
+    const uint32_t n = 64;
+    uint8_t *d0 = NULL, *d1 = NULL, *host = malloc((size_t)n * SHARD);
+    void *addr[64];
+    int ndev = 0, cur = -1, st[64] = {0};
+
+    cuda_need(&cu);
+    cr_assert_not_null(host);
+    cr_assert_eq(cu.device_count(&ndev), 0);
+    if (ndev < 2)
+        cr_skip_test("needs two CUDA devices: destinations on another GPU not tested");
+    env_up(&e, 4 * n, 0);
+    cuda_fill(e.c, 0, n, NULL);
+    cr_assert_eq(cu.set_device(1), 0);
+    cr_assert_eq(cu.malloc_((void **)&d1, (size_t)n * SHARD), 0);
+    struct sfs_rank *rk = cuda_rank(e.sock, 0);
+    cr_assert_eq(cu.get_device(&cur), 0);
+    cr_assert_eq(cur, 1, "sfs_rank_open changed the caller's current device");
+    cr_assert_eq(cu.set_device(0), 0);
+    cr_assert_eq(cu.malloc_((void **)&d0, (size_t)n * SHARD), 0);
+    cr_assert_eq(cu.set_device(1), 0);
+
+    for (uint32_t i = 0; i < n; i++)
+        addr[i] = (i % 2 ? d1 : d0) + (size_t)i * SHARD;
+    cuda_task(rk, false, 0, n, addr);
+    for (uint32_t i = 0; i < n; i++) {
+        struct sfs_key k = tu_key(i, 0);
+
+        cr_assert_eq(cu.memcpy_(host, addr[i], SHARD, CUDA_DEFAULT), 0);
+        cr_assert_eq(tu_check(&k, host, SHARD), -1, "entry %u on device %u", i, i % 2);
+    }
+    /* Dump from the other device's memory, read back on ours. */
+    for (uint32_t i = 0; i < n; i++) {
+        struct sfs_key k = tu_key(700 + i, 0);
+
+        tu_fill(&k, host + (size_t)i * SHARD, SHARD);
+        addr[i] = d1 + (size_t)i * SHARD;
+    }
+    cr_assert_eq(cu.memcpy_(d1, host, (size_t)n * SHARD, CUDA_H2D), 0);
+    cr_assert_eq(cu.sync(), 0);
+    cuda_task(rk, true, 700, n, addr);
+    for (uint32_t i = 0; i < n; i++)
+        addr[i] = d0 + (size_t)i * SHARD;
+    cuda_task(rk, false, 700, n, addr);
+    cr_assert_eq(cu.memcpy_(host, d0, (size_t)n * SHARD, CUDA_DEFAULT), 0);
+    check_bufs(700, n, 0, host, st);
+    sfs_rank_close(rk);
+    cr_assert_eq(cu.get_device(&cur), 0);
+    cr_assert_eq(cur, 1, "sfs_rank_close changed the caller's current device");
+    cu.free_(d1);
+    cu.free_(d0);
     free(host);
     env_down(&e);
 }
