@@ -19,6 +19,7 @@
 #include <shardfs/backend.h>
 #include <shardfs/cache.h>
 
+#include <limits.h>
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdbool.h>
@@ -95,10 +96,20 @@ struct fs {
     struct fs_node **by_ino, **by_obj; /* nbuckets chains each; lock */
     size_t nbuckets, nnodes;           /* lock */
     uint64_t next_ino;                 /* lock */
+    struct fs_handle *handles;         /* lock: open files (ops.c) */
 
-    /* Asynchronous loads (reads and prefetches) still running: the session
-     * must outlive them, so main() waits for this to reach 0. */
-    _Atomic uint32_t inflight; /* seq_cst: waited on at shutdown */
+    /* The session: handlers that block (waiters) poll fuse_session_exited()
+     * so that a stop is not held up by them. Set before the loop starts. */
+    struct fuse_session *se;
+
+    /* Asynchronous loads (reads and prefetches) still running. Their
+     * completions answer requests and publish slots, so the session and the
+     * cache must outlive them: at shutdown fs_loads_stop() waits a grace
+     * period, then abandons the rest (fails their slots). */
+    pthread_mutex_t load_lock;
+    pthread_cond_t loads_idle; /* load_lock, CLOCK_MONOTONIC: nloads reached 0 */
+    struct load_op *loads;     /* load_lock: in flight (and abandoned, until they complete) */
+    uint32_t nloads;           /* load_lock: in flight, not abandoned */
 
     struct fs_counters ctr;
 
@@ -107,8 +118,20 @@ struct fs {
 
 /* ops.c */
 extern const struct fuse_lowlevel_ops fs_ops;
+/* The inode table and the list of loads in flight. */
 int fs_table_init(struct fs *fs);
 void fs_table_destroy(struct fs *fs);
+/*
+ * After the session loop: wait up to grace_ns for the loads in flight, then
+ * abandon the rest: each one's slot is failed with -ECANCELED (waiters in
+ * other processes get that error and their next Get retries), its reader, if
+ * any, gets EIO. Their leases stay with this process until sfs_cache_close()
+ * drops them. A completion that comes later touches nothing but its own
+ * record. Returns how many were abandoned: when > 0 the backend still holds
+ * requests, so it must not be closed (its close would wait for them) and fs
+ * must stay where it is until the process exits.
+ */
+unsigned fs_loads_stop(struct fs *fs, int64_t grace_ns);
 /* Write the Prometheus text of the counters into buf; returns its length
  * (which may exceed len: then the text was cut). */
 size_t fs_stats_text(struct fs *fs, char *buf, size_t len);
@@ -116,5 +139,26 @@ size_t fs_stats_text(struct fs *fs, char *buf, size_t len);
 bool fs_parse_shard(const char *name, uint32_t *out);
 /* Parse a block directory name: exactly 32 lowercase hex characters. */
 bool fs_parse_block(const char *name, struct sfs_block_id *out);
+
+/* cgroup.c */
+/* One limit: bytes (UINT64_MAX: none) and the file that set it. */
+struct fs_limit {
+    uint64_t bytes;
+    char where[PATH_MAX + 64];
+};
+
+struct fs_cgroup_limits {
+    struct fs_limit memory;  /* smallest memory.max / memory.limit_in_bytes */
+    struct fs_limit hugetlb; /* smallest hugetlb.<size>.max / .limit_in_bytes */
+    bool hugetlb_in_memory;  /* cgroup2 memory_hugetlb_accounting: huge pages count in memory */
+};
+
+/* The limits of this process's cgroup and all its ancestors, for huge pages of
+ * hugepage_size bytes (0: none). Never fails: what cannot be read is no limit. */
+void fs_cgroup_limits(uint64_t hugepage_size, struct fs_cgroup_limits *out);
+/* The default huge page size (Hugepagesize in /proc/meminfo), or 0. */
+uint64_t fs_hugepage_size(void);
+/* Undo the octal escapes of /proc/self/mountinfo (\040 for a space) in place. */
+void fs_unescape(char *s);
 
 #endif /* SHARDFS_FS_I_H */

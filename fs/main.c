@@ -47,6 +47,7 @@
 #define DEFAULT_READAHEAD   4
 #define MAX_READAHEAD       1024
 #define REAP_INTERVAL_NS    (200 * 1000 * 1000ll)
+#define STOP_GRACE_NS       (2 * 1000 * 1000 * 1000ll) /* loads in flight get this to finish */
 
 /* What the command line says. Strings are owned by fuse_opt (free them). */
 struct options {
@@ -225,6 +226,10 @@ struct config {
     uint32_t readahead;
     char socket[sizeof(((struct sockaddr_un *)0)->sun_path)];
     bool default_socket;
+    /* hugepages=auto turned into on: ordinary memory for the data plane
+     * would be above this cgroup memory limit. */
+    bool no_fallback;
+    struct fs_limit memory_limit;
 };
 
 #define FAIL(...)                                                                                  \
@@ -266,6 +271,45 @@ static int default_socket(const char *mnt, char *out, size_t outlen)
     }
     snprintf(out, outlen, "%s/%s.sock", SOCKET_DIR, name);
     return 0;
+}
+
+/*
+ * The data plane is prefaulted: a capacity above what this process's cgroups
+ * let it have is an OOM kill, not an error, so refuse it here. Ordinary
+ * memfds (hugepages=off, and the fallback of auto) are charged to the memory
+ * limit; huge pages to the hugetlb limit of their size instead (and to the
+ * memory limit too on a cgroup2 mount with memory_hugetlb_accounting). So:
+ * off checks memory, on checks hugetlb, and auto, when only huge pages fit,
+ * becomes on: better no mount than a fallback into the OOM killer.
+ */
+static int check_cgroup(const char *capacity, struct config *cfg)
+{
+    struct fs_cgroup_limits lim;
+    uint64_t cap = cfg->cache.capacity;
+    int hp = cfg->cache.hugepages;
+
+    fs_cgroup_limits(hp == SFS_HUGEPAGES_OFF ? 0 : fs_hugepage_size(), &lim);
+    if (hp == SFS_HUGEPAGES_ON) {
+        if (cap > lim.hugetlb.bytes)
+            FAIL("capacity=%s: above the huge page limit of this process's cgroup (%" PRIu64
+                 " bytes, %s)",
+                 capacity, lim.hugetlb.bytes, lim.hugetlb.where);
+        if (lim.hugetlb_in_memory && cap > lim.memory.bytes)
+            goto refuse;
+        return 0;
+    }
+    if (cap <= lim.memory.bytes)
+        return 0;
+    if (hp == SFS_HUGEPAGES_OFF || lim.hugetlb_in_memory || cap > lim.hugetlb.bytes)
+        goto refuse;
+    /* auto, and only huge pages can hold it: no fallback. */
+    cfg->cache.hugepages = SFS_HUGEPAGES_ON;
+    cfg->no_fallback = true;
+    cfg->memory_limit = lim.memory;
+    return 0;
+refuse:
+    FAIL("capacity=%s: above the memory limit of this process's cgroup (%" PRIu64 " bytes, %s)",
+         capacity, lim.memory.bytes, lim.memory.where);
 }
 
 static int validate(const struct options *o, const char *mnt, struct config *cfg)
@@ -327,6 +371,8 @@ static int validate(const struct options *o, const char *mnt, struct config *cfg
         else
             FAIL("hugepages=%s: must be auto, on or off", o->hugepages);
     }
+    if (check_cgroup(o->capacity ? o->capacity : "1G", cfg) < 0)
+        return -1;
     if (o->reserved) {
         uint64_t nslots = cfg->cache.capacity / cfg->cache.shard_size;
 
@@ -383,23 +429,6 @@ static int check_backend(const char *spec)
     return 0;
 }
 
-/* Undo the octal escapes of /proc/self/mountinfo in place. */
-static void unescape(char *s)
-{
-    char *w = s;
-
-    for (char *r = s; *r;) {
-        if (r[0] == '\\' && r[1] >= '0' && r[1] <= '7' && r[2] >= '0' && r[2] <= '7' &&
-            r[3] >= '0' && r[3] <= '7') {
-            *w++ = (char)((r[1] - '0') * 64 + (r[2] - '0') * 8 + (r[3] - '0'));
-            r += 4;
-        } else {
-            *w++ = *r++;
-        }
-    }
-    *w = '\0';
-}
-
 /* The kernel lets a mount stack on another; an operator almost never means
  * that, so a mount point that already is one is "busy". */
 static int check_mountpoint(const char *mnt)
@@ -421,7 +450,7 @@ static int check_mountpoint(const char *mnt)
         for (int i = 1; tok && i < 5; i++)
             tok = strtok_r(NULL, " ", &save);
         if (tok) {
-            unescape(tok);
+            fs_unescape(tok);
             busy = strcmp(tok, mnt) == 0;
         }
     }
@@ -596,7 +625,9 @@ int main(int argc, char *argv[])
     struct fuse_cmdline_opts co;
     struct options o;
     struct config cfg;
-    struct fs fs;
+    /* Static: a backend may still complete an abandoned load while the
+     * process exits (fs_loads_stop). */
+    static struct fs fs;
     struct sfs_backend_params bp;
     struct fuse_session *se;
     struct fuse_loop_config *lc;
@@ -604,6 +635,7 @@ int main(int argc, char *argv[])
     sigset_t stopsigs;
     char errbuf[256] = "";
     int ret = 1, err = 0, ready_fd = -1;
+    unsigned abandoned = 0;
 
     memset(&o, 0, sizeof(o));
     memset(&co, 0, sizeof(co));
@@ -681,7 +713,19 @@ int main(int argc, char *argv[])
                 errbuf[0] ? errbuf : strerror(-err));
         goto out_table;
     }
+    if (cfg.no_fallback) /* its one line says it all: the data plane's own is noise */
+        sfs_set_log(log_fn, NULL, co.debug ? LOG_DEBUG : LOG_CRIT);
     fs.cache = sfs_cache_create(&cfg.cache, &err);
+    sfs_set_log(log_fn, NULL, co.debug ? LOG_DEBUG : LOG_WARNING);
+    if (!fs.cache && cfg.no_fallback) {
+        fprintf(stderr,
+                "shardfs: capacity=%s: no huge pages for the data plane (%s), and ordinary "
+                "memory is above the memory limit of this process's cgroup (%" PRIu64
+                " bytes, %s)\n",
+                o.capacity ? o.capacity : "1G", strerror(-err), cfg.memory_limit.bytes,
+                cfg.memory_limit.where);
+        goto out_backend;
+    }
     if (!fs.cache) {
         fprintf(stderr,
                 "shardfs: cannot create the cache (capacity=%" PRIu64 " shard_size=%" PRIu64
@@ -700,6 +744,7 @@ int main(int argc, char *argv[])
     se = fuse_session_new(&args, &fs_ops, sizeof(fs_ops), &fs);
     if (!se)
         goto out_cache; /* libfuse printed the reason */
+    fs.se = se;
     if (fuse_set_signal_handlers(se) != 0) {
         fprintf(stderr, "shardfs: cannot set signal handlers\n");
         goto out_session;
@@ -746,11 +791,18 @@ int main(int argc, char *argv[])
         fprintf(stderr, "shardfs: session loop: %s\n", strerror(-err));
 
     /* Loads in flight answer requests from backend threads: let them finish
-     * while the session still exists. Bounded by the backend's own latency. */
-    for (int i = 0; atomic_load(&fs.inflight) && i < 60000; i++) {
-        struct timespec ts = {0, 1000 * 1000};
+     * while the session still exists, for a moment. A backend that is stuck
+     * must not keep us (and the mount) alive: what is left is abandoned, its
+     * slots failed so that no rank waits on a load that will never come. */
+    abandoned = fs_loads_stop(&fs, STOP_GRACE_NS);
+    if (abandoned) {
+        char msg[160];
 
-        nanosleep(&ts, NULL);
+        snprintf(msg, sizeof(msg),
+                 "stopping: %u backend load%s still in flight after %lld s abandoned "
+                 "(their slots failed with ECANCELED)",
+                 abandoned, abandoned == 1 ? "" : "s", STOP_GRACE_NS / 1000000000);
+        log_fn(LOG_WARNING, msg, NULL);
     }
     reaper_stop(&reaper);
 out_unmount:
@@ -762,7 +814,10 @@ out_session:
 out_cache:
     sfs_cache_close(fs.cache); /* stops the socket server, unlinks the socket */
 out_backend:
-    sfs_backend_close(fs.be);
+    /* Closing waits for every request: not for those we abandoned. The
+     * process exit takes the backend's threads and rings with it. */
+    if (!abandoned)
+        sfs_backend_close(fs.be);
 out_table:
     fs_table_destroy(&fs);
 out_args:

@@ -52,6 +52,7 @@
 #define ATTR_TIMEOUT  1.0
 #define UNKNOWN_INO   0xffffffffu
 #define STATS_MAX     (16u << 10)
+#define STOP_POLL_NS  (100 * 1000 * 1000ll) /* how often a blocked handler checks for a stop */
 
 #define XATTR_TOUCH    "user.shardfs.touch"
 #define XATTR_PREFETCH "user.shardfs.prefetch"
@@ -155,11 +156,26 @@ int fs_table_init(struct fs *fs)
     }
     fs->nnodes = 0;
     fs->next_ino = FS_INO_DYNAMIC;
+    fs->handles = NULL;
+    fs->loads = NULL;
+    fs->nloads = 0;
+    {
+        pthread_condattr_t ca;
+
+        pthread_condattr_init(&ca);
+        pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+        pthread_cond_init(&fs->loads_idle, &ca);
+        pthread_condattr_destroy(&ca);
+    }
+    pthread_mutex_init(&fs->load_lock, NULL);
     return -pthread_mutex_init(&fs->lock, NULL);
 }
 
+static void handles_drop(struct fs *fs);
+
 void fs_table_destroy(struct fs *fs)
 {
+    handles_drop(fs);
     for (size_t i = 0; fs->by_ino && i < fs->nbuckets; i++) {
         struct fs_node *n = fs->by_ino[i];
 
@@ -174,6 +190,14 @@ void fs_table_destroy(struct fs *fs)
     free(fs->by_obj);
     fs->by_ino = fs->by_obj = NULL;
     pthread_mutex_destroy(&fs->lock);
+    /* Abandoned loads may still complete (and take load_lock) until exit. */
+    pthread_mutex_lock(&fs->load_lock);
+    bool idle = !fs->loads;
+    pthread_mutex_unlock(&fs->load_lock);
+    if (idle) {
+        pthread_cond_destroy(&fs->loads_idle);
+        pthread_mutex_destroy(&fs->load_lock);
+    }
 }
 
 /* Under fs->lock. */
@@ -618,7 +642,10 @@ static void op_getattr(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi
  */
 
 /* An asynchronous backend load into a leased slot; req is NULL for a
- * prefetch (nobody to answer). Freed by load_done(). */
+ * prefetch (nobody to answer). On fs->loads from submission until its
+ * completion; freed by load_done(). Exactly one of load_done() and
+ * fs_loads_stop() handles it: whichever sets its flag first, under
+ * fs->load_lock. */
 struct load_op {
     struct fs *fs;
     fuse_req_t req;
@@ -626,6 +653,9 @@ struct load_op {
     off_t off;
     size_t size;
     struct sfs_io io;
+    struct load_op *prev, *next; /* fs->load_lock */
+    bool completing;             /* fs->load_lock: load_done() is handling it */
+    bool abandoned;              /* fs->load_lock: fs_loads_stop() handled it */
 };
 
 /* The errno a reader gets for a load error: ENOENT for a shard that is gone,
@@ -656,6 +686,16 @@ static void reply_slot(struct fs *fs, fuse_req_t req, const struct sfs_lease *l,
     fuse_reply_buf(req, data + off, size);
 }
 
+static void loads_unlink(struct fs *fs, struct load_op *op)
+{
+    if (op->prev)
+        op->prev->next = op->next;
+    else
+        fs->loads = op->next;
+    if (op->next)
+        op->next->prev = op->prev;
+}
+
 /* Backend completion: publish, answer the reader (if any), release. Runs on a
  * backend thread, or inline in submit. */
 static void load_done(struct sfs_io *io)
@@ -663,6 +703,18 @@ static void load_done(struct sfs_io *io)
     struct load_op *op = io->arg;
     struct fs *fs = op->fs;
     int err = 0;
+
+    pthread_mutex_lock(&fs->load_lock);
+    if (op->abandoned) {
+        /* Too late: shutdown failed the slot and answered the reader. The
+         * bytes the backend wrote are for this key; nobody reads them. */
+        loads_unlink(fs, op);
+        pthread_mutex_unlock(&fs->load_lock);
+        free(op);
+        return;
+    }
+    op->completing = true;
+    pthread_mutex_unlock(&fs->load_lock);
 
     if (io->result == (int)io->len) {
         err = sfs_cache_publish(fs->cache, &op->lease, io->len, 0);
@@ -678,9 +730,12 @@ static void load_done(struct sfs_io *io)
             reply_slot(fs, op->req, &op->lease, op->off, op->size);
     }
     sfs_cache_release(fs->cache, &op->lease);
+    pthread_mutex_lock(&fs->load_lock);
+    loads_unlink(fs, op);
+    if (--fs->nloads == 0)
+        pthread_cond_broadcast(&fs->loads_idle);
+    pthread_mutex_unlock(&fs->load_lock);
     free(op);
-    /* seq_cst: shutdown waits for this to reach 0 before the session goes. */
-    atomic_fetch_sub(&fs->inflight, 1);
 }
 
 /* As owner of lease: load the shard asynchronously. Consumes the lease (and
@@ -712,7 +767,13 @@ static void start_load(struct fs *fs, fuse_req_t req, const struct sfs_key *key,
     op->io.done = load_done;
     op->io.arg = op;
     iop = &op->io;
-    atomic_fetch_add(&fs->inflight, 1); /* seq_cst: see load_done */
+    pthread_mutex_lock(&fs->load_lock);
+    op->next = fs->loads;
+    if (op->next)
+        op->next->prev = op;
+    fs->loads = op;
+    fs->nloads++;
+    pthread_mutex_unlock(&fs->load_lock);
     CTR_ADD(fs, backend_loads, 1);
     r = sfs_backend_load(fs->be, &iop, 1);
     if (r < 0) {
@@ -720,6 +781,38 @@ static void start_load(struct fs *fs, fuse_req_t req, const struct sfs_key *key,
         op->io.result = r;
         load_done(&op->io);
     }
+}
+
+unsigned fs_loads_stop(struct fs *fs, int64_t grace_ns)
+{
+    int64_t deadline = sfs_deadline_after(grace_ns);
+    struct timespec ts = {deadline / 1000000000, deadline % 1000000000};
+    unsigned n = 0;
+
+    pthread_mutex_lock(&fs->load_lock);
+    while (fs->nloads && pthread_cond_timedwait(&fs->loads_idle, &fs->load_lock, &ts) != ETIMEDOUT)
+        ;
+    for (struct load_op *op = fs->loads; op; op = op->next) {
+        if (op->completing || op->abandoned)
+            continue;
+        /* Failed, not given back: every waiter learns at once that this
+         * load will not come, and the next Get (any process) retries. The
+         * lease stays ours until sfs_cache_close(), so the slot cannot go
+         * to another key while the backend may still write into it. */
+        op->abandoned = true;
+        sfs_cache_fail(fs->cache, &op->lease, -ECANCELED);
+        if (op->req)
+            fuse_reply_err(op->req, EIO);
+        op->req = NULL;
+        fs->nloads--;
+        n++;
+    }
+    /* Those already completing finish in a moment: they answer requests on
+     * the session main() is about to destroy. */
+    while (fs->nloads)
+        pthread_cond_wait(&fs->loads_idle, &fs->load_lock);
+    pthread_mutex_unlock(&fs->load_lock);
+    return n;
 }
 
 /* Readahead markers (fs_i.h): 0 is "empty", so a hash is never 0. */
@@ -798,6 +891,31 @@ static void read_ahead(struct fs *fs, const struct sfs_key *key)
         CTR_ADD(fs, readahead_started, (uint64_t)started);
 }
 
+/* The session is ending (a signal, an unmount): handlers stop waiting. */
+static bool stopping(struct fs *fs)
+{
+    return fs->se && fuse_session_exited(fs->se);
+}
+
+/* sfs_cache_wait() in slices of STOP_POLL_NS, so that a stop is not held up
+ * for wait_timeout by a load that may never come (the session loop joins
+ * its workers before main() can abandon anything). Waking is still the
+ * futex's: a publish ends the wait at once. Returns what sfs_cache_wait()
+ * returns, or -ESHUTDOWN. */
+static int wait_slot(struct fs *fs, const struct sfs_lease *l, int64_t deadline)
+{
+    for (;;) {
+        int64_t slice = sfs_now_ns() + STOP_POLL_NS;
+        int r;
+
+        if (stopping(fs))
+            return -ESHUTDOWN;
+        r = sfs_cache_wait(fs->cache, l, slice < deadline ? slice : deadline);
+        if (r != -ETIMEDOUT || slice >= deadline)
+            return r;
+    }
+}
+
 /* Errors of a Get, for a reader. */
 static int get_errno(struct fs *fs, int r)
 {
@@ -840,7 +958,7 @@ static void read_shard(fuse_req_t req, struct fs *fs, const struct sfs_key *keyp
             ra_mark_take(fs, &key);
             read_ahead(fs, &key);
         }
-        r = sfs_cache_wait(fs->cache, &l, sfs_deadline_after(fs->wait_ns));
+        r = wait_slot(fs, &l, sfs_deadline_after(fs->wait_ns));
         if (r == SFS_WAIT_OWNER) {
             /* The owner died or gave the slot back: ours to fill now. */
             start_load(fs, req, &key, &l, off, size);
@@ -884,7 +1002,7 @@ static int load_copy(struct fs *fs, const struct sfs_key *key, void *buf)
     if (r < 0)
         return r;
     if (r == SFS_WAITER) {
-        r = sfs_cache_wait(fs->cache, &l, sfs_deadline_after(fs->wait_ns));
+        r = wait_slot(fs, &l, sfs_deadline_after(fs->wait_ns));
         if (r == SFS_WAIT_OWNER) {
             r = SFS_OWNER;
         } else if (r != SFS_STATE_READY) {
@@ -992,6 +1110,11 @@ struct fs_handle {
     bool dirty;           /* lock: buf differs from what was last stored */
     char *text;           /* /stats: the snapshot taken at open */
     size_t text_len;
+    /* On fs->handles from just before the open is answered until release
+     * (fs->lock), so that those the kernel never releases (files still open
+     * when the session ends) are freed at exit. */
+    struct fs *fs;
+    struct fs_handle *prev, *next;
 };
 
 static struct fs_handle *fh_of(struct fuse_file_info *fi)
@@ -1009,15 +1132,60 @@ static void handle_set_dirty(struct fs *fs, struct fs_handle *h, bool dirty)
     writers_add(fs, &h->obj, 0, dirty ? 1 : -1);
 }
 
+/* Put h on fs->handles: call before answering the open. */
+static void handle_track(struct fs *fs, struct fs_handle *h)
+{
+    pthread_mutex_lock(&fs->lock);
+    h->fs = fs;
+    h->prev = NULL;
+    h->next = fs->handles;
+    if (h->next)
+        h->next->prev = h;
+    fs->handles = h;
+    pthread_mutex_unlock(&fs->lock);
+}
+
 static void handle_free(struct fs_handle *h)
 {
     if (!h)
         return;
+    if (h->fs) {
+        struct fs *fs = h->fs;
+
+        pthread_mutex_lock(&fs->lock);
+        if (h->prev)
+            h->prev->next = h->next;
+        else
+            fs->handles = h->next;
+        if (h->next)
+            h->next->prev = h->prev;
+        pthread_mutex_unlock(&fs->lock);
+    }
     if (h->writable)
         pthread_mutex_destroy(&h->lock);
     free(h->buf);
     free(h->text);
     free(h);
+}
+
+/* Files still open when the session ended: the kernel will not release
+ * them any more. Bytes written and not stored are lost: say so. */
+static void handles_drop(struct fs *fs)
+{
+    while (fs->handles) {
+        struct fs_handle *h = fs->handles;
+
+        if (h->writable && h->dirty) {
+            char hex[SFS_BLOCK_HEX_LEN + 1];
+
+            sfs_block_to_hex(&h->obj.key.block, hex);
+            fprintf(stderr,
+                    "shardfs: stopping: block %s shard %u was open for writing; "
+                    "bytes not yet stored are lost\n",
+                    hex, h->obj.key.shard);
+        }
+        handle_free(h);
+    }
 }
 
 /* A write handle on shard o: the buffer starts from the stored bytes unless
@@ -1134,6 +1302,7 @@ static void op_open(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi)
     fi->keep_cache = 0;
     /* Closing a reader has nothing to store: spare the FLUSH round trip. */
     fi->noflush = !h->writable;
+    handle_track(fs, h);
     if (fuse_reply_open(req, fi) != 0) {
         if (h->writable)
             writers_add(fs, &o, -1, h->dirty ? -1 : 0);
@@ -1188,6 +1357,7 @@ static void op_create(fuse_req_t req, fuse_ino_t parent, const char *name, mode_
     e.entry_timeout = ENTRY_TIMEOUT;
     fi->fh = (uintptr_t)h;
     fi->direct_io = 1;
+    handle_track(fs, h);
     if (fuse_reply_create(req, &e, fi) != 0) {
         writers_add(fs, &o, -1, -1);
         forget_one(fs, e.ino, 1);
@@ -1410,7 +1580,7 @@ static int cache_remove_settled(struct fs *fs, const struct sfs_key *key)
         int r = sfs_cache_remove(fs->cache, key);
 
         if (r != -EBUSY || sfs_cache_state(fs->cache, key) != SFS_STATE_LOADING ||
-            sfs_now_ns() >= deadline)
+            sfs_now_ns() >= deadline || stopping(fs))
             return r;
         struct timespec ts = {0, 1000 * 1000};
         nanosleep(&ts, NULL);

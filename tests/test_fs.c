@@ -50,6 +50,10 @@ static const char *daemon_bin(void)
 struct mount {
     char store[128], mnt[128], sock[128], log[128];
     pid_t pid;
+    char cgroup[2100], cgfile[32]; /* a cgroup this test made (removed at teardown) */
+    bool join_cgroup;              /* start the daemon in it */
+    pid_t kids[4];                 /* children a failed test leaves: killed at teardown */
+    int nkids;
 };
 
 static struct mount M;
@@ -183,6 +187,15 @@ static void start_spec(const char *spec, const char *opts)
             dup2(fd, 1);
             dup2(fd, 2);
         }
+        if (M.join_cgroup) {
+            char procs[2200];
+            FILE *f;
+
+            snprintf(procs, sizeof(procs), "%s/cgroup.procs", M.cgroup);
+            f = fopen(procs, "we");
+            if (!f || fprintf(f, "%d\n", (int)getpid()) < 0 || fclose(f) != 0)
+                _exit(126);
+        }
         execl(daemon_bin(), "shardfs", "-f", "-o", o, specbuf, M.mnt, (char *)NULL);
         _exit(127);
     }
@@ -245,6 +258,11 @@ static void setup(void)
 
 static void teardown(void)
 {
+    for (int i = 0; i < M.nkids; i++)
+        if (M.kids[i] > 0 && waitpid(M.kids[i], NULL, WNOHANG) == 0) {
+            kill(M.kids[i], SIGKILL);
+            waitpid(M.kids[i], NULL, 0);
+        }
     if (M.pid > 0)
         stop();
     if (M.mnt[0] && is_mounted(M.mnt))
@@ -255,6 +273,9 @@ static void teardown(void)
         sh("rm -rf %s", M.store);
     if (M.log[0] && !getenv("SFS_TEST_KEEP_LOGS"))
         unlink(M.log); /* the daemon's stderr */
+    /* Empty once the daemon is reaped; the kernel may take a moment. */
+    for (int i = 0; M.cgroup[0] && rmdir(M.cgroup) < 0 && errno == EBUSY && i < 100; i++)
+        sleep_ms(10);
 }
 
 TestSuite(fs, .init = setup, .fini = teardown, .timeout = 120);
@@ -986,6 +1007,216 @@ Test(fs, sigterm_unmounts_and_exits_zero, .timeout = 60)
     cr_assert_eq(stat(M.sock, &st), -1);
 }
 
+/* Shutdown with backend loads stuck in flight (the fault backend's stall):
+ * the daemon exits within a bound, abandoning them, and a rank attached to the
+ * same cache finds their slots Failed (not Loading forever) and unleased. */
+
+#define STALL_SPEC   "fault:stall_ms=120000,seed=1:%s"
+#define STOP_BOUND_S 8.0 /* the daemon's grace for loads is 2 s */
+
+struct stall_rank {
+    const char *sock;
+    uint64_t block;
+    uint32_t nloading; /* shards 0..nloading-1 are loading when told to go */
+    int ready[2], go[2], gone[2];
+};
+
+/* A rank waiting on the daemon's stuck load of shard 0. Exit status: 0 when
+ * every check held, else the number of the first that failed. */
+static int stall_rank(void *arg)
+{
+    struct stall_rank *a = arg;
+    struct sfs_key k0 = tu_key(a->block, 0);
+    struct sfs_lease l;
+    struct sfs_cache *c;
+    int err = 0, r;
+    char ch = 0;
+    int64_t t0;
+
+    /* Only the test's ends: if it dies, our reads see EOF, not a hang. */
+    close(a->ready[0]);
+    close(a->go[1]);
+    close(a->gone[1]);
+    c = sfs_cache_attach(a->sock, 0, &err);
+    if (!c)
+        return 10;
+    if (write(a->ready[1], &ch, 1) != 1 || read(a->go[0], &ch, 1) != 1)
+        return 11;
+    r = sfs_cache_get(c, &k0, 0, 0, &l);
+    if (r != SFS_WAITER)
+        return 20; /* the daemon is not loading it */
+    if (write(a->ready[1], &ch, 1) != 1)
+        return 12;
+    /* Woken by the daemon's shutdown with an error, not at our deadline. */
+    t0 = sfs_now_ns();
+    r = sfs_cache_wait(c, &l, sfs_deadline_after(60 * 1000000000ll));
+    if (r != SFS_STATE_FAILED)
+        return 21;
+    if (sfs_cache_error(c, &l) != -ECANCELED)
+        return 22;
+    if (sfs_now_ns() - t0 > (int64_t)(STOP_BOUND_S * 1e9))
+        return 23;
+    sfs_cache_release(c, &l);
+    if (read(a->gone[0], &ch, 1) != 1)
+        return 13;
+    /* The daemon is gone: nothing of it is left Loading ... */
+    for (uint32_t s = 1; s < a->nloading; s++) {
+        struct sfs_key k = tu_key(a->block, s);
+
+        if (sfs_cache_state(c, &k) != SFS_STATE_FAILED)
+            return 30 + (int)s;
+    }
+    /* ... the next Get retries (ownership again) ... */
+    if (sfs_cache_get(c, &k0, 0, 0, &l) != SFS_OWNER)
+        return 24;
+    tu_fill(&k0, sfs_cache_data(c, &l), SHARD);
+    if (sfs_cache_publish(c, &l, SHARD, 0) != 0)
+        return 25;
+    sfs_cache_release(c, &l);
+    /* ... and it left no lease: a leased slot cannot be removed. */
+    for (uint32_t s = 0; s < a->nloading; s++) {
+        struct sfs_key k = tu_key(a->block, s);
+
+        if (sfs_cache_remove(c, &k) != 0)
+            return 40 + (int)s;
+    }
+    sfs_cache_close(c);
+    return 0;
+}
+
+static void stall_rank_start(struct stall_rank *a, pid_t *pid)
+{
+    char ch;
+
+    a->sock = M.sock;
+    cr_assert_eq(pipe(a->ready), 0);
+    cr_assert_eq(pipe(a->go), 0);
+    cr_assert_eq(pipe(a->gone), 0);
+    *pid = tu_fork(stall_rank, a);
+    cr_assert_gt(*pid, 0);
+    M.kids[M.nkids++] = *pid;
+    cr_assert_eq(read(a->ready[0], &ch, 1), 1, "rank failed to attach");
+}
+
+/* Tell the rank to wait on shard 0; returns once it waits. */
+static void stall_rank_wait(struct stall_rank *a, pid_t pid)
+{
+    char ch = 0;
+
+    cr_assert_eq(write(a->go[1], &ch, 1), 1);
+    if (read(a->ready[0], &ch, 1) != 1)
+        cr_assert_fail("rank is not a waiter on the stalled load (status %d)", tu_wait(pid));
+}
+
+/* Wait for the daemon to exit; returns seconds since t0 (asserts the bound). */
+static double daemon_exit_within(double t0, int *status)
+{
+    while (waitpid(M.pid, status, WNOHANG) != M.pid) {
+        if (now_s() - t0 > 30.0) {
+            kill(M.pid, SIGKILL);
+            waitpid(M.pid, status, 0);
+            M.pid = 0;
+            cr_assert_fail("daemon still running 30 s after the stop");
+        }
+        sleep_ms(10);
+    }
+    M.pid = 0;
+    return now_s() - t0;
+}
+
+static bool wait_state(uint64_t b, uint32_t s, const char *want, double deadline_s)
+{
+    char st[32];
+    double t0 = now_s();
+
+    do {
+        if (get_state(b, s, st, sizeof(st)) == 0 && strcmp(st, want) == 0)
+            return true;
+        sleep_ms(5);
+    } while (now_s() - t0 < deadline_s);
+    return false;
+}
+
+/* A reader of a shard whose load is stuck: 0 when its read fails with EIO. */
+static int stuck_reader(void *arg)
+{
+    char buf[4096];
+    int fd = open(arg, O_RDONLY);
+
+    if (fd < 0)
+        return 1;
+    if (read(fd, buf, sizeof(buf)) >= 0)
+        return 2;
+    return errno == EIO ? 0 : 3;
+}
+
+Test(fs, sigterm_with_a_stalled_load_exits_promptly_and_fails_its_slots, .timeout = 90)
+{
+    struct stall_rank a = {.block = 60, .nloading = 2};
+    char spec[512], ch = 0;
+    pid_t rank, owner, waiter;
+    int status;
+    double t0, dt;
+
+    store_write(M.store, 60, 1, 3);
+    snprintf(spec, sizeof(spec), STALL_SPEC, M.store);
+    start_spec(spec, "shard_size=64K,capacity=1M,readahead=1");
+    stall_rank_start(&a, &rank);
+    /* A reader owns the load of shard 0 (and readahead that of shard 1);
+     * a second reader waits in the daemon on the same load. */
+    owner = tu_fork(stuck_reader, (void *)shard_path(60, 0));
+    M.kids[M.nkids++] = owner;
+    cr_assert(wait_state(60, 0, "loading", 5.0), "shard 0 not loading");
+    cr_assert(wait_state(60, 1, "loading", 5.0), "readahead did not start shard 1");
+    waiter = tu_fork(stuck_reader, (void *)shard_path(60, 0));
+    M.kids[M.nkids++] = waiter;
+    sleep_ms(300);
+    stall_rank_wait(&a, rank);
+
+    t0 = now_s();
+    cr_assert_eq(kill(M.pid, SIGTERM), 0);
+    dt = daemon_exit_within(t0, &status);
+    cr_assert_lt(dt, STOP_BOUND_S, "the daemon took %.1f s to stop", dt);
+    cr_assert(WIFEXITED(status) && WEXITSTATUS(status) == 0, "status %d", status);
+    cr_assert(!is_mounted(M.mnt));
+    cr_assert_neq(access(M.sock, F_OK), 0, "socket removed");
+    /* Both readers were answered: EIO, not a hang. */
+    cr_assert_eq(tu_wait_for(owner, 5000000000ll), 0, "the owner's reader");
+    cr_assert_eq(tu_wait_for(waiter, 5000000000ll), 0, "the waiting reader");
+    cr_assert_eq(write(a.gone[1], &ch, 1), 1);
+    cr_assert_eq(tu_wait_for(rank, 10000000000ll), 0, "rank's checks (see stall_rank)");
+}
+
+Test(fs, unmount_with_stalled_prefetch_exits_promptly_and_fails_its_slots, .timeout = 90)
+{
+    struct stall_rank a = {.block = 61, .nloading = 3};
+    char spec[512], hex[SFS_BLOCK_HEX_LEN + 1], path[512], ch = 0;
+    pid_t rank;
+    int status;
+    double t0, dt;
+
+    store_write(M.store, 61, 1, 3);
+    snprintf(spec, sizeof(spec), STALL_SPEC, M.store);
+    start_spec(spec, "shard_size=64K,capacity=1M,readahead=0");
+    stall_rank_start(&a, &rank);
+    /* Loads in flight with no file open: the unmount itself succeeds. */
+    hex_of(61, hex);
+    snprintf(path, sizeof(path), "%s/block/%s", M.mnt, hex);
+    cr_assert_eq(xattr_set(path, "user.shardfs.prefetch", "1"), 0);
+    for (uint32_t s = 0; s < 3; s++)
+        cr_assert(wait_state(61, s, "loading", 5.0), "shard %u not loading", s);
+    stall_rank_wait(&a, rank);
+
+    t0 = now_s();
+    cr_assert_eq(sh("fusermount3 -u %s", M.mnt), 0);
+    dt = daemon_exit_within(t0, &status);
+    cr_assert_lt(dt, STOP_BOUND_S, "the daemon took %.1f s to exit", dt);
+    cr_assert(WIFEXITED(status) && WEXITSTATUS(status) == 0, "status %d", status);
+    cr_assert_neq(access(M.sock, F_OK), 0, "socket removed");
+    cr_assert_eq(write(a.gone[1], &ch, 1), 1);
+    cr_assert_eq(tu_wait_for(rank, 10000000000ll), 0, "rank's checks (see stall_rank)");
+}
+
 /* ---------------------------------------------------------------------------
  * Writes.
  */
@@ -1212,28 +1443,36 @@ Test(fs, xattrs_prefetch_state_errors, .timeout = 60)
  * Options.
  */
 
-/* Run the daemon with args; expect exit 1 and one line on stderr that
- * contains `want`. */
-static void expect_refused(const char *args, const char *want)
+/* Run the daemon with args, after the shell words in prefix ("VAR=x", or
+ * "echo $$ >F && exec"); expect exit 1 and one line on stderr that contains
+ * `want` (and `want2`, unless NULL). */
+static void expect_refused_in(const char *prefix, const char *args, const char *want,
+                              const char *want2)
 {
-    char out[256], cmd[2048], line[1024];
+    char out[256], cmd[4096], line[2048] = "";
     FILE *f;
     int lines = 0;
     bool found = false;
 
     snprintf(out, sizeof(out), "%s", tu_path("err"));
-    snprintf(cmd, sizeof(cmd), "%s -f %s >/dev/null 2>%s", daemon_bin(), args, out);
-    cr_assert_eq(sh("%s", cmd), 1, "exit status of: %s", args);
+    snprintf(cmd, sizeof(cmd), "%s %s -f %s >/dev/null 2>%s", prefix, daemon_bin(), args, out);
+    cr_assert_eq(sh("%s", cmd), 1, "exit status of: %s", cmd);
     f = fopen(out, "re");
     cr_assert_not_null(f);
     while (fgets(line, sizeof(line), f)) {
         lines++;
-        found = found || strstr(line, want);
+        found = found || (strstr(line, want) && (!want2 || strstr(line, want2)));
     }
     fclose(f);
     unlink(out);
-    cr_assert_eq(lines, 1, "%d lines of error for: %s", lines, args);
-    cr_assert(found, "the error of '%s' must name '%s'", args, want);
+    cr_assert_eq(lines, 1, "%d lines of error for: %s", lines, cmd);
+    cr_assert(found, "the error of '%s' must name '%s'%s%s (it is: %s)", cmd, want,
+              want2 ? " and " : "", want2 ? want2 : "", line);
+}
+
+static void expect_refused(const char *args, const char *want)
+{
+    expect_refused_in("", args, want, NULL);
 }
 
 Test(fs, bad_options_exit_1_with_one_line, .timeout = 60)
@@ -1293,6 +1532,248 @@ Test(fs, bad_options_exit_1_with_one_line, .timeout = 60)
     /* --help and --version exit 0. */
     cr_assert_eq(sh("%s --help >/dev/null 2>&1", daemon_bin()), 0);
     cr_assert_eq(sh("%s --version >/dev/null 2>&1", daemon_bin()), 0);
+}
+
+/* ---------------------------------------------------------------------------
+ * The capacity against cgroup memory limits.
+ */
+
+/* Write root/rel (creating its directories) with text. */
+static void put(const char *root, const char *rel, const char *text)
+{
+    char path[1024];
+    FILE *f;
+
+    snprintf(path, sizeof(path), "%s/%s", root, rel);
+    cr_assert_eq(sh("mkdir -p \"$(dirname '%s')\"", path), 0);
+    f = fopen(path, "we");
+    cr_assert_not_null(f, "%s: %s", path, strerror(errno));
+    fputs(text, f);
+    fclose(f);
+}
+
+/* This machine's default huge page size, as cgroup files name it ("2MB"),
+ * and how many bytes of huge pages are free; false without huge pages. */
+static bool host_hugepages(char *name, size_t len, unsigned long long *free_bytes)
+{
+    char line[256];
+    unsigned long long kb = 0, nfree = 0;
+    FILE *f = fopen("/proc/meminfo", "re");
+
+    if (!f)
+        return false;
+    while (fgets(line, sizeof(line), f)) {
+        sscanf(line, "Hugepagesize: %llu kB", &kb);
+        sscanf(line, "HugePages_Free: %llu", &nfree);
+    }
+    fclose(f);
+    if (!kb)
+        return false;
+    if (kb >= (1ull << 20))
+        snprintf(name, len, "%lluGB", kb >> 20);
+    else if (kb >= (1ull << 10))
+        snprintf(name, len, "%lluMB", kb >> 10);
+    else
+        snprintf(name, len, "%lluKB", kb);
+    *free_bytes = nfree * kb * 1024;
+    return true;
+}
+
+/* The daemon reads its cgroups from a fake tree (SHARDFS_TEST_CGROUP_ROOT):
+ * the limit of every ancestor counts, the smallest wins, "max" and v1's
+ * "unlimited" are none, huge pages answer to the hugetlb limit (and to the
+ * memory one with memory_hugetlb_accounting), a bind-mounted subtree resolves
+ * relative to its root. A capacity that passes the check stops at the
+ * missing backend directory instead. */
+Test(fs, capacity_checked_against_cgroup_limits_fake_tree, .timeout = 60)
+{
+    char root[256], env[512], args[1024], want[1024], hp[32], file[256];
+    char sock[256], nostore[256], mnt[256];
+    const char *v2mi = "30 20 0:26 / /sys/fs/cgroup rw,nosuid - cgroup2 cgroup2 rw,nsdelegate\n";
+    unsigned long long hpfree = 0;
+    bool huge = host_hugepages(hp, sizeof(hp), &hpfree);
+
+    snprintf(root, sizeof(root), "%s", tu_path("cgroot"));
+    snprintf(env, sizeof(env), "SHARDFS_TEST_CGROUP_ROOT=%s", root);
+    snprintf(sock, sizeof(sock), "%s", tu_path("cgsock"));
+    snprintf(nostore, sizeof(nostore), "%s", tu_path("nostore")); /* never created */
+    snprintf(mnt, sizeof(mnt), "%s", tu_path("cgmnt"));
+    mkdir(mnt, 0755);
+#define REFUSED(opts, w1, w2)                                                                      \
+    do {                                                                                           \
+        snprintf(args, sizeof(args), "-o socket=%s,%s %s %s", sock, opts, nostore, mnt);           \
+        expect_refused_in(env, args, w1, w2);                                                      \
+    } while (0)
+#define PASSES(opts) REFUSED(opts, "BACKEND_DIR", nostore)
+
+    /* cgroup v2, /a/b: the parent's limit binds the child with "max". */
+    put(root, "proc/self/cgroup", "0::/a/b\n");
+    put(root, "proc/self/mountinfo", v2mi);
+    put(root, "sys/fs/cgroup/a/memory.max", "1073741824\n");
+    put(root, "sys/fs/cgroup/a/b/memory.max", "max\n");
+    snprintf(want, sizeof(want), "%s/sys/fs/cgroup/a/memory.max", root);
+    REFUSED("hugepages=off,capacity=2G", want, "1073741824 bytes");
+    PASSES("hugepages=off,capacity=512M");
+    /* A smaller limit deeper down wins. */
+    put(root, "sys/fs/cgroup/a/b/memory.max", "268435456\n");
+    snprintf(want, sizeof(want), "%s/sys/fs/cgroup/a/b/memory.max", root);
+    REFUSED("hugepages=off,capacity=512M", want, "268435456 bytes");
+    PASSES("hugepages=off,capacity=256M");
+    if (huge) {
+        /* Huge pages are not charged to memory.max: on passes ... */
+        PASSES("hugepages=on,capacity=512M");
+        /* ... up to the hugetlb limit of their size ... */
+        snprintf(file, sizeof(file), "sys/fs/cgroup/a/hugetlb.%s.max", hp);
+        put(root, file, "134217728\n");
+        snprintf(want, sizeof(want), "%s/%s", root, file);
+        REFUSED("hugepages=on,capacity=512M", want, "huge page limit");
+        put(root, file, "max\n");
+        /* ... unless the mount charges them to memory too. */
+        put(root, "proc/self/mountinfo",
+            "30 20 0:26 / /sys/fs/cgroup rw - cgroup2 cgroup2 rw,memory_hugetlb_accounting\n");
+        snprintf(want, sizeof(want), "%s/sys/fs/cgroup/a/b/memory.max", root);
+        REFUSED("hugepages=on,capacity=512M", want, "memory limit");
+        REFUSED("capacity=512M", want, "memory limit");
+        put(root, "proc/self/mountinfo", v2mi);
+        /* auto with only huge pages fitting: on, never the ordinary
+         * fallback; without free huge pages it is refused at create. */
+        if (hpfree < (512ull << 20)) {
+            snprintf(args, sizeof(args), "-o socket=%s,capacity=512M %s %s", sock, M.store, mnt);
+            expect_refused_in(env, args, "no huge pages", want);
+        }
+    }
+    /* cgroup v1: "unlimited" is none; the hierarchy's root limit counts. */
+    put(root, "proc/self/cgroup", "5:cpu,cpuacct:/x\n4:memory:/x\n0::/x\n");
+    put(root, "proc/self/mountinfo",
+        "35 31 0:32 / /sys/fs/cgroup/memory rw - cgroup cgroup rw,memory\n"
+        "32 31 0:29 / /sys/fs/cgroup/cpu,cpuacct rw - cgroup cgroup rw,cpu,cpuacct\n");
+    put(root, "sys/fs/cgroup/memory/x/memory.limit_in_bytes", "9223372036854771712\n");
+    put(root, "sys/fs/cgroup/memory/memory.limit_in_bytes", "268435456\n");
+    put(root, "sys/fs/cgroup/cpu,cpuacct/x/memory.limit_in_bytes", "4096\n"); /* not memory's */
+    snprintf(want, sizeof(want), "%s/sys/fs/cgroup/memory/memory.limit_in_bytes", root);
+    REFUSED("hugepages=off,capacity=512M", want, "268435456 bytes");
+    PASSES("hugepages=off,capacity=128M");
+    /* A container's view: the mount is the subtree /pods/p1 of the
+     * hierarchy, our cgroup /pods/p1/c is its c/. */
+    put(root, "proc/self/cgroup", "0::/pods/p1/c\n");
+    put(root, "proc/self/mountinfo",
+        "30 20 0:26 /pods/p1 /sys/fs/cgroup rw - cgroup2 cgroup2 rw\n");
+    put(root, "sys/fs/cgroup/c/memory.max", "67108864\n");
+    snprintf(want, sizeof(want), "%s/sys/fs/cgroup/c/memory.max", root);
+    REFUSED("hugepages=off,capacity=128M", want, "67108864 bytes");
+    PASSES("hugepages=off,capacity=64M");
+#undef PASSES
+#undef REFUSED
+    rmdir(mnt);
+    sh("rm -rf %s", root);
+}
+
+/* A real cgroup with a memory limit (v2 memory.max; v1 memory.limit_in_bytes
+ * where the memory controller is on v1), under the mount of that hierarchy,
+ * or under our own cgroup on v1. Returns false (and says why in why) when
+ * there is none to be had. */
+static bool cgroup_make(uint64_t limit, char *why, size_t whylen)
+{
+    char line[4096], v2[1024] = "", v1[1024] = "", mine[1024] = "", path[2200], val[32];
+    FILE *f = fopen("/proc/self/mountinfo", "re");
+
+    if (!f) {
+        snprintf(why, whylen, "no /proc/self/mountinfo");
+        return false;
+    }
+    while (fgets(line, sizeof(line), f)) {
+        char root[1024], point[1024], *sep = strstr(line, " - ");
+
+        if (!sep || sscanf(line, "%*s %*s %*s %1023s %1023s", root, point) != 2 ||
+            strcmp(root, "/") != 0)
+            continue;
+        if (strncmp(sep, " - cgroup2 ", 11) == 0)
+            snprintf(v2, sizeof(v2), "%s", point);
+        else if (strncmp(sep, " - cgroup ", 10) == 0 && strstr(sep, ",memory"))
+            snprintf(v1, sizeof(v1), "%s", point);
+    }
+    fclose(f);
+    if (v2[0]) {
+        snprintf(path, sizeof(path), "%s/cgroup.subtree_control", v2);
+        f = fopen(path, "re");
+        line[0] = '\0';
+        if (f) {
+            if (!fgets(line, sizeof(line), f))
+                line[0] = '\0';
+            fclose(f);
+        }
+        if (strstr(line, "memory")) {
+            snprintf(M.cgroup, sizeof(M.cgroup), "%s/shardfs-test-%d", v2, (int)getpid());
+            snprintf(M.cgfile, sizeof(M.cgfile), "memory.max");
+        }
+    }
+    if (!M.cgroup[0] && v1[0]) {
+        f = fopen("/proc/self/cgroup", "re");
+        while (f && fgets(line, sizeof(line), f)) {
+            char *c1 = strchr(line, ':'), *c2 = c1 ? strchr(c1 + 1, ':') : NULL;
+
+            if (c2 && strncmp(c1 + 1, "memory:", 7) == 0) {
+                c2[1 + strcspn(c2 + 1, "\n")] = '\0';
+                snprintf(mine, sizeof(mine), "%s", strcmp(c2 + 1, "/") ? c2 + 1 : "");
+            }
+        }
+        if (f)
+            fclose(f);
+        snprintf(M.cgroup, sizeof(M.cgroup), "%s%s/shardfs-test-%d", v1, mine, (int)getpid());
+        snprintf(M.cgfile, sizeof(M.cgfile), "memory.limit_in_bytes");
+    }
+    if (!M.cgroup[0]) {
+        snprintf(why, whylen, "no cgroup2 mount with the memory controller, nor a v1 one");
+        return false;
+    }
+    if (mkdir(M.cgroup, 0755) < 0) {
+        snprintf(why, whylen, "mkdir %s: %s", M.cgroup, strerror(errno));
+        M.cgroup[0] = '\0';
+        return false;
+    }
+    snprintf(path, sizeof(path), "%s/%s", M.cgroup, M.cgfile);
+    snprintf(val, sizeof(val), "%llu", (unsigned long long)limit);
+    f = fopen(path, "we");
+    if (!f || fputs(val, f) < 0 || fclose(f) != 0) {
+        snprintf(why, whylen, "cannot set %s: %s", path, strerror(errno));
+        return false;
+    }
+    return true;
+}
+
+Test(fs, capacity_above_cgroup_memory_limit_is_refused, .timeout = 60)
+{
+    char why[2400], join[2300], args[1024], want[2300], mnt[256], sock[256];
+
+    if (!cgroup_make(64ull << 20, why, sizeof(why)))
+        cr_skip_test("no cgroup to limit (%s): cgroup limit test skipped", why);
+    snprintf(join, sizeof(join), "echo $$ > %s/cgroup.procs && exec", M.cgroup);
+    snprintf(want, sizeof(want), "%s/%s", M.cgroup, M.cgfile);
+    snprintf(mnt, sizeof(mnt), "%s", tu_path("cgmnt"));
+    snprintf(sock, sizeof(sock), "%s", tu_path("cgsock"));
+    mkdir(mnt, 0755);
+    /* Under RAM, above the cgroup's 64M: refused, naming the limit and where
+     * it came from, instead of prefaulting into the OOM killer. */
+    snprintf(args, sizeof(args), "-o socket=%s,hugepages=off,capacity=128M %s %s", sock, M.store,
+             mnt);
+    expect_refused_in(join, args, want, "67108864 bytes");
+    {
+        char hp[32];
+        unsigned long long hpfree = 0;
+
+        /* auto: ordinary memory would not fit, so no fallback to it. */
+        if (!host_hugepages(hp, sizeof(hp), &hpfree) || hpfree < (128ull << 20)) {
+            snprintf(args, sizeof(args), "-o socket=%s,capacity=128M %s %s", sock, M.store, mnt);
+            expect_refused_in(join, args, want, "no huge pages");
+        }
+    }
+    rmdir(mnt);
+    /* Below it: mounts, and serves. */
+    store_write(M.store, 70, 1, 1);
+    M.join_cgroup = true;
+    start("shard_size=64K,capacity=16M");
+    assert_file_is_shard(shard_path(70, 0), 70, 0);
+    cr_assert_eq(stop(), 0);
 }
 
 Test(fs, daemonizes_without_f, .timeout = 60)
