@@ -16,6 +16,7 @@
 # Exit status: non-zero if the build, a test or the benchmark fails, or if no
 # GPU is visible (so a CUDA run that silently fell back is not a pass). Tests
 # that need what this machine lacks (two GPUs, huge pages) skip and say so.
+# Without a GPU, ctest's rank_cuda_fake* run them on tests/fakecuda (control logic only).
 set -eu
 here=$(cd "$(dirname "$0")/../.." && pwd)
 build=${1:-"$here/build-gpu"}
