@@ -21,7 +21,7 @@
 #include <string.h>
 #include <syslog.h>
 
-#define COPY_BATCH_MAX 1024
+#define COPY_BATCH_MAX SFS_COPY_BATCH_MAX
 
 /* ---------------------------------------------------------------------------
  * Choosing a copier.
@@ -84,131 +84,202 @@ int sfs_copier_open(int mode, int device_id, struct sfs_cache *c, struct sfs_cop
  * The copier thread.
  */
 
-void sfs_copier_push(struct sfs_rank *rk, struct rank_item *it)
+/* Hand the copier a chain of items, head..tail linked by ->next: one lock
+ * and at most one wake for all of them. */
+void sfs_copier_push_chain(struct sfs_rank *rk, struct rank_item *head, struct rank_item *tail)
 {
-    it->next = NULL;
+    tail->next = NULL;
     pthread_mutex_lock(&rk->ready_mu);
     if (rk->ready.tail)
-        rk->ready.tail->next = it;
+        rk->ready.tail->next = head;
     else
-        rk->ready.head = it;
-    rk->ready.tail = it;
+        rk->ready.head = head;
+    rk->ready.tail = tail;
     pthread_cond_signal(&rk->ready_cv);
     pthread_mutex_unlock(&rk->ready_mu);
+}
+
+void sfs_copier_push(struct sfs_rank *rk, struct rank_item *it)
+{
+    sfs_copier_push_chain(rk, it, it);
 }
 
 struct batch {
     struct rank_item *items[COPY_BATCH_MAX];
     struct sfs_copy copies[COPY_BATCH_MAX];
     size_t n;
+    bool dump; /* every item STEP_COPY_IN; else every item STEP_COPY_OUT */
 };
 
-static void run_loads(struct sfs_rank *rk, struct batch *b)
+/* The copier thread's batches: one being filled, and with a pipelining
+ * copier (ops->start) at most one more in flight. */
+struct copier_state {
+    struct batch b[2];
+    int fill;     /* the batch being filled */
+    int inflight; /* started and not finished; -1: none */
+};
+
+static void batch_prepare(struct sfs_rank *rk, struct batch *b)
 {
-    if (b->n == 0)
-        return;
     for (size_t i = 0; i < b->n; i++) {
         struct rank_item *it = b->items[i];
-        uint32_t len = sfs_cache_length(rk->cache, &it->lease);
 
-        b->copies[i] = (struct sfs_copy){
-            .dst = it->addr,
-            .src = sfs_cache_data(rk->cache, &it->lease),
-            .len = len ? len : rk->shard_size,
-        };
-    }
-    rk->copier->ops->load(rk->copier, b->copies, b->n);
-    rank_ctr_add(rk, RC_COPY_BATCHES, 1);
-    for (size_t i = 0; i < b->n; i++) {
-        if (b->copies[i].result == 0) {
-            rank_ctr_add(rk, RC_COPIES, 1);
-            rank_ctr_add(rk, RC_BYTES_COPIED, b->copies[i].len);
+        if (b->dump) {
+            b->copies[i] = (struct sfs_copy){.dst = it->buf, .src = it->addr, .len = rk->shard_size};
+        } else {
+            uint32_t len = sfs_cache_length(rk->cache, &it->lease);
+
+            b->copies[i] = (struct sfs_copy){
+                .dst = it->addr,
+                .src = sfs_cache_data(rk->cache, &it->lease),
+                .len = len ? len : rk->shard_size,
+            };
         }
-        /* The copy is complete: only now may the slot go. */
-        sfs_lq_item_done(b->items[i], b->copies[i].result);
     }
-    b->n = 0;
 }
 
-static void run_dumps(struct sfs_rank *rk, struct batch *b)
+/* Every copy of b is complete (each result set): hand each item on. */
+static void batch_done(struct sfs_rank *rk, struct batch *b)
 {
-    if (b->n == 0)
-        return;
-    for (size_t i = 0; i < b->n; i++) {
-        struct rank_item *it = b->items[i];
+    uint64_t copies = 0, bytes = 0;
 
-        b->copies[i] = (struct sfs_copy){.dst = it->buf, .src = it->addr, .len = rk->shard_size};
+    /* Counted before any item is handed on: a task that completes must find
+     * its copies in the counters. */
+    for (size_t i = 0; i < b->n; i++) {
+        if (b->copies[i].result == 0) {
+            copies++;
+            bytes += b->copies[i].len;
+        }
     }
-    rk->copier->ops->dump(rk->copier, b->copies, b->n);
     rank_ctr_add(rk, RC_COPY_BATCHES, 1);
+    rank_ctr_add(rk, RC_COPIES, copies);
+    rank_ctr_add(rk, RC_BYTES_COPIED, bytes);
     for (size_t i = 0; i < b->n; i++) {
         struct rank_item *it = b->items[i];
         int r = b->copies[i].result;
 
-        if (r < 0) {
+        if (!b->dump) {
+            /* The copy is complete: only now may the slot go. */
+            sfs_lq_item_done(it, r);
+        } else if (r < 0) {
             if (it->leased && !it->bounce)
                 sfs_cache_fail(rk->cache, &it->lease, r);
             sfs_lq_item_done(it, r);
-            continue;
+        } else {
+            sfs_lq_dump_copied(it);
         }
-        rank_ctr_add(rk, RC_COPIES, 1);
-        rank_ctr_add(rk, RC_BYTES_COPIED, b->copies[i].len);
-        sfs_lq_dump_copied(it);
     }
     b->n = 0;
+}
+
+/* Finish the batch in flight, if any. */
+static void drain(struct sfs_rank *rk, struct copier_state *st)
+{
+    if (st->inflight < 0)
+        return;
+    rk->copier->ops->finish(rk->copier, st->inflight);
+    batch_done(rk, &st->b[st->inflight]);
+    st->inflight = -1;
+}
+
+/* Copy the batch being filled. A pipelining copier starts it, then
+ * finishes the one before (whose copies ran meanwhile), so the next batch
+ * is prepared while this one is in flight; others copy it here and now. */
+static void batch_run(struct sfs_rank *rk, struct copier_state *st)
+{
+    const struct sfs_copier_ops *ops = rk->copier->ops;
+    struct batch *b = &st->b[st->fill];
+    int r;
+
+    if (b->n == 0)
+        return;
+    batch_prepare(rk, b);
+    if (!ops->start) {
+        (b->dump ? ops->dump : ops->load)(rk->copier, b->copies, b->n);
+        batch_done(rk, b);
+        return;
+    }
+    r = ops->start(rk->copier, b->copies, b->n, b->dump, st->fill);
+    if (r < 0) {
+        for (size_t i = 0; i < b->n; i++)
+            b->copies[i].result = r;
+        batch_done(rk, b);
+        return;
+    }
+    drain(rk, st);
+    st->inflight = st->fill;
+    st->fill ^= 1;
+}
+
+static void batch_add(struct sfs_rank *rk, struct copier_state *st, struct rank_item *it)
+{
+    bool dump = it->step == STEP_COPY_IN;
+    struct batch *b = &st->b[st->fill];
+
+    if (b->n && b->dump != dump) {
+        batch_run(rk, st);
+        b = &st->b[st->fill];
+    }
+    b->dump = dump;
+    b->items[b->n++] = it;
+    if (b->n == COPY_BATCH_MAX)
+        batch_run(rk, st);
+}
+
+/* No memory for the batches: fail what arrives (never leave a waiter). */
+static void item_fail(struct sfs_rank *rk, struct rank_item *it)
+{
+    if (it->step == STEP_COPY_IN && it->leased && !it->bounce)
+        sfs_cache_fail(rk->cache, &it->lease, -ENOMEM);
+    sfs_lq_item_done(it, -ENOMEM);
 }
 
 static void *copier_main(void *arg)
 {
     struct sfs_rank *rk = arg;
-    struct batch *loads = malloc(sizeof(*loads));
-    struct batch *dumps = malloc(sizeof(*dumps));
+    struct copier_state *st = malloc(sizeof(*st));
 
-    if (!loads || !dumps) {
-        /* Cannot run: fail everything that arrives (never leave a waiter). */
-        free(loads);
-        free(dumps);
-        loads = dumps = NULL;
-    } else {
-        loads->n = dumps->n = 0;
+    if (st) {
+        st->b[0].n = st->b[1].n = 0;
+        st->fill = 0;
+        st->inflight = -1;
     }
     for (;;) {
         struct rank_item *it;
 
         pthread_mutex_lock(&rk->ready_mu);
-        while (!rk->ready.head && !rk->copier_stop)
+        while (!rk->ready.head && !rk->copier_stop) {
+            if (st && st->inflight >= 0) {
+                /* Nothing more to prepare: complete the batch in flight
+                 * before sleeping. */
+                pthread_mutex_unlock(&rk->ready_mu);
+                drain(rk, st);
+                pthread_mutex_lock(&rk->ready_mu);
+                continue;
+            }
             pthread_cond_wait(&rk->ready_cv, &rk->ready_mu);
+        }
         it = rk->ready.head;
         rk->ready.head = rk->ready.tail = NULL;
         pthread_mutex_unlock(&rk->ready_mu);
         if (!it)
-            break; /* stopping, nothing left */
+            break; /* stopping, nothing left (and nothing in flight) */
 
         while (it) {
             struct rank_item *next = it->next;
 
-            if (!loads) {
-                if (it->step == STEP_COPY_IN && it->leased && !it->bounce)
-                    sfs_cache_fail(rk->cache, &it->lease, -ENOMEM);
-                sfs_lq_item_done(it, -ENOMEM);
-            } else if (it->step == STEP_COPY_IN) {
-                dumps->items[dumps->n++] = it;
-                if (dumps->n == COPY_BATCH_MAX)
-                    run_dumps(rk, dumps);
-            } else {
-                loads->items[loads->n++] = it;
-                if (loads->n == COPY_BATCH_MAX)
-                    run_loads(rk, loads);
-            }
+            if (st)
+                batch_add(rk, st, it);
+            else
+                item_fail(rk, it);
             it = next;
         }
-        if (loads) {
-            run_loads(rk, loads);
-            run_dumps(rk, dumps);
-        }
+        if (st)
+            batch_run(rk, st);
     }
-    free(loads);
-    free(dumps);
+    if (st)
+        drain(rk, st);
+    free(st);
     return NULL;
 }
 

@@ -48,7 +48,7 @@
 
 #define CHUNK              (64u * 1024)
 #define THREADS            256u
-#define BATCH_MAX          1024u
+#define BATCH_MAX          ((size_t)SFS_COPY_BATCH_MAX)
 #define MEMCPY_MIN_DEFAULT (4ull << 20)
 /* One cudaHostRegister call at most: drivers fail single registrations of
  * hundreds of GiB (page-table metadata beyond their allocation limit). */
@@ -59,6 +59,9 @@
 /* The core's logger (util.c, linked into this library). */
 extern "C" void sfs_log(int level, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 
+/* What sfs_move_kernel reads, one per grid.y. tests/fakecuda/fakecudart.cpp
+ * emulates the kernel by reading this array (and relies on CHUNK, the launch
+ * shape and the kernel's name): a change here is a change there. */
 struct desc {
     const uint8_t *src;
     uint8_t *dst;
@@ -96,22 +99,35 @@ enum {
 typedef CUresult (*ptr_attrs_fn)(unsigned int n, CUpointer_attribute *which, void **data,
                                  CUdeviceptr p);
 
+/* One batch on its way: the copier has two, so that the CPU work of one
+ * (placing, releasing leases) overlaps the other's transfer on the GPU.
+ * Each has its own stream, so finishing one never waits for the other. */
+struct slot {
+    cudaStream_t stream;
+    struct desc *hdesc; /* pinned */
+    struct desc *ddesc; /* device */
+    struct sfs_copy *v; /* the batch, between start and finish */
+    size_t n;
+    cudaError_t launch; /* the descriptor upload or the launch */
+    bool queued;        /* work on the stream to wait for */
+    uint8_t path[BATCH_MAX];
+};
+
+#define NSLOTS 2
+
 struct cuda_copier {
     struct sfs_copier cp;
     int device;
     int ndev;
-    cudaStream_t stream;
+    struct slot slots[NSLOTS];
     struct seg *segs;
     uint32_t nseg;
-    struct desc *hdesc; /* pinned */
-    struct desc *ddesc; /* device */
     size_t memcpy_min;
     signed char *peer;      /* [ndev]: 0 not asked yet, 1 peer access on, -1 none */
     ptr_attrs_fn ptr_attrs; /* cuPointerGetAttributes; NULL: not available */
     /* Copier thread only: */
     struct span spans[SPANS];
     unsigned nspans, next_span;
-    uint8_t path[BATCH_MAX];
     bool failed_once; /* a failed batch was logged */
 };
 
@@ -476,29 +492,38 @@ static void place_of(struct cuda_copier *cc, const void *p, size_t len, struct p
  * Batches.
  */
 
-/* Move a batch of at most BATCH_MAX: each element by the kernel,
- * cudaMemcpyAsync or the CPU; returns when every copy is complete. */
-static int cuda_move(struct cuda_copier *cc, struct sfs_copy *v, size_t n, bool dump)
+/* Queue a batch of at most BATCH_MAX in slot `k`: each element by the
+ * kernel or cudaMemcpyAsync on the slot's stream, or by the CPU right here.
+ * The slot must be finished. Results of copies that could not be queued are
+ * set now; cuda_finish() sets the others. */
+static void cuda_start(struct cuda_copier *cc, struct sfs_copy *v, size_t n, bool dump, int k)
 {
-    cudaError_t e, launch = cudaSuccess, sync = cudaSuccess;
+    struct slot *sl = &cc->slots[k];
+    cudaError_t e;
     uint64_t maxlen = 0;
     size_t nd = 0, nasync = 0;
 
+    sl->v = v;
+    sl->n = n;
+    sl->launch = cudaSuccess;
+    sl->queued = false;
     e = cudaSetDevice(cc->device); /* per thread: the copier thread's */
     if (e != cudaSuccess) {
         int err = cuda_errno(e);
 
         (void)cudaGetLastError();
-        for (size_t i = 0; i < n; i++)
+        for (size_t i = 0; i < n; i++) {
             v[i].result = err;
-        return err;
+            sl->path[i] = PATH_DONE;
+        }
+        return;
     }
     capture_mode_local();
     cc->nspans = 0;
     for (size_t i = 0; i < n; i++) {
         struct place s, d;
 
-        cc->path[i] = PATH_DONE;
+        sl->path[i] = PATH_DONE;
         v[i].result = 0;
         if (!v[i].src || !v[i].dst) {
             v[i].result = -EFAULT;
@@ -513,13 +538,13 @@ static int cuda_move(struct cuda_copier *cc, struct sfs_copy *v, size_t n, bool 
             continue;
         }
         if (s.kernel && d.kernel && !(cc->memcpy_min && v[i].len >= cc->memcpy_min)) {
-            cc->hdesc[nd].src = (const uint8_t *)s.dev;
-            cc->hdesc[nd].dst = (uint8_t *)d.dev;
-            cc->hdesc[nd].len = v[i].len;
+            sl->hdesc[nd].src = (const uint8_t *)s.dev;
+            sl->hdesc[nd].dst = (uint8_t *)d.dev;
+            sl->hdesc[nd].len = v[i].len;
             if (v[i].len > maxlen)
                 maxlen = v[i].len;
             nd++;
-            cc->path[i] = PATH_KERNEL;
+            sl->path[i] = PATH_KERNEL;
             continue;
         }
         if (s.host && d.host) {
@@ -529,64 +554,72 @@ static int cuda_move(struct cuda_copier *cc, struct sfs_copy *v, size_t n, bool 
         /* Device memory the kernel may not touch, or pageable memory on one
          * side, or a shard big enough for the copy engines: the runtime
          * stages it (host pointers: unified addressing finds the aliases). */
-        e = cudaMemcpyAsync(v[i].dst, v[i].src, v[i].len, cudaMemcpyDefault, cc->stream);
+        e = cudaMemcpyAsync(v[i].dst, v[i].src, v[i].len, cudaMemcpyDefault, sl->stream);
         if (e != cudaSuccess) {
             v[i].result = cuda_errno(e);
             (void)cudaGetLastError();
             continue;
         }
-        cc->path[i] = PATH_ASYNC;
+        sl->path[i] = PATH_ASYNC;
         nasync++;
     }
     if (nd) {
         /* grid.x <= 2^31 / CHUNK (shards are < 2 GiB), grid.y <= BATCH_MAX. */
         dim3 grid((unsigned)((maxlen + CHUNK - 1) / CHUNK), (unsigned)nd);
 
-        launch = cudaMemcpyAsync(cc->ddesc, cc->hdesc, nd * sizeof(struct desc),
-                                 cudaMemcpyHostToDevice, cc->stream);
-        if (launch == cudaSuccess) {
+        sl->launch = cudaMemcpyAsync(sl->ddesc, sl->hdesc, nd * sizeof(struct desc),
+                                     cudaMemcpyHostToDevice, sl->stream);
+        if (sl->launch == cudaSuccess) {
             (void)cudaGetLastError(); /* what we read next is this launch's */
-            sfs_move_kernel<<<grid, THREADS, 0, cc->stream>>>(cc->ddesc, dump ? 1 : 0);
-            launch = cudaGetLastError();
+            sfs_move_kernel<<<grid, THREADS, 0, sl->stream>>>(sl->ddesc, dump ? 1 : 0);
+            sl->launch = cudaGetLastError();
         } else {
             (void)cudaGetLastError();
         }
     }
-    if (nd || nasync) {
-        /* Every copy complete before the caller releases a slot, reads a
-         * destination or refills hdesc; a failed launch too, since the
-         * copies queued before it may still run. */
-        sync = cudaStreamSynchronize(cc->stream);
-        if (sync != cudaSuccess)
-            (void)cudaGetLastError();
-    }
-    for (size_t i = 0; i < n; i++) {
-        if (cc->path[i] == PATH_KERNEL)
-            v[i].result = cuda_errno(launch != cudaSuccess ? launch : sync);
-        else if (cc->path[i] == PATH_ASYNC)
-            v[i].result = cuda_errno(sync);
-    }
-    if ((launch != cudaSuccess || sync != cudaSuccess) && !cc->failed_once) {
-        cc->failed_once = true;
-        sfs_log(LOG_ERR, "cuda copier: device %d: a batch of %zu failed: %s", cc->device, n,
-                cudaGetErrorString(launch != cudaSuccess ? launch : sync));
-    }
-    return 0;
+    /* A failed launch too: the copies queued before it may still run. */
+    sl->queued = nd || nasync;
 }
 
+/* Wait for slot `k`'s batch: every copy complete (the caller may release a
+ * slot, read a destination; hdesc may be refilled), every result set. */
+static void cuda_finish(struct cuda_copier *cc, int k)
+{
+    struct slot *sl = &cc->slots[k];
+    cudaError_t sync = cudaSuccess;
+
+    if (sl->queued) {
+        sync = cudaStreamSynchronize(sl->stream);
+        if (sync != cudaSuccess)
+            (void)cudaGetLastError();
+        sl->queued = false;
+    }
+    for (size_t i = 0; i < sl->n; i++) {
+        if (sl->path[i] == PATH_KERNEL)
+            sl->v[i].result = cuda_errno(sl->launch != cudaSuccess ? sl->launch : sync);
+        else if (sl->path[i] == PATH_ASYNC)
+            sl->v[i].result = cuda_errno(sync);
+    }
+    if ((sl->launch != cudaSuccess || sync != cudaSuccess) && !cc->failed_once) {
+        cc->failed_once = true;
+        sfs_log(LOG_ERR, "cuda copier: device %d: a batch of %zu failed: %s", cc->device, sl->n,
+                cudaGetErrorString(sl->launch != cudaSuccess ? sl->launch : sync));
+    }
+    sl->n = 0;
+}
+
+/* A whole batch, synchronously, through slot 0 (the copier thread uses
+ * start/finish instead; slot 0 is finished whenever it calls this). */
 static int cuda_batch(struct cuda_copier *cc, struct sfs_copy *v, size_t n, bool dump)
 {
-    int r = 0;
-
     /* The descriptor buffers hold BATCH_MAX entries. */
     for (size_t off = 0; off < n; off += BATCH_MAX) {
         size_t k = n - off < BATCH_MAX ? n - off : BATCH_MAX;
-        int rr = cuda_move(cc, v + off, k, dump);
 
-        if (rr < 0 && r == 0)
-            r = rr;
+        cuda_start(cc, v + off, k, dump, 0);
+        cuda_finish(cc, 0);
     }
-    return r;
+    return 0;
 }
 
 static int cuda_load(struct sfs_copier *cp, struct sfs_copy *v, size_t n)
@@ -597,6 +630,19 @@ static int cuda_load(struct sfs_copier *cp, struct sfs_copy *v, size_t n)
 static int cuda_dump(struct sfs_copier *cp, struct sfs_copy *v, size_t n)
 {
     return cuda_batch((struct cuda_copier *)cp, v, n, true);
+}
+
+static int cuda_start_op(struct sfs_copier *cp, struct sfs_copy *v, size_t n, bool dump, int k)
+{
+    if (n > BATCH_MAX || k < 0 || k >= NSLOTS)
+        return -EINVAL;
+    cuda_start((struct cuda_copier *)cp, v, n, dump, k);
+    return 0;
+}
+
+static void cuda_finish_op(struct sfs_copier *cp, int k)
+{
+    cuda_finish((struct cuda_copier *)cp, k);
 }
 
 /* ---------------------------------------------------------------------------
@@ -671,12 +717,15 @@ static int open_here(struct cuda_copier *cc, struct sfs_cache *c)
     e = cudaSetDevice(cc->device);
     if (e == cudaSuccess)
         e = cudaGetDeviceCount(&cc->ndev);
-    if (e == cudaSuccess)
-        e = cudaStreamCreateWithFlags(&cc->stream, cudaStreamNonBlocking);
-    if (e == cudaSuccess)
-        e = cudaMallocHost((void **)&cc->hdesc, BATCH_MAX * sizeof(struct desc));
-    if (e == cudaSuccess)
-        e = cudaMalloc((void **)&cc->ddesc, BATCH_MAX * sizeof(struct desc));
+    for (int k = 0; k < NSLOTS && e == cudaSuccess; k++) {
+        struct slot *sl = &cc->slots[k];
+
+        e = cudaStreamCreateWithFlags(&sl->stream, cudaStreamNonBlocking);
+        if (e == cudaSuccess)
+            e = cudaMallocHost((void **)&sl->hdesc, BATCH_MAX * sizeof(struct desc));
+        if (e == cudaSuccess)
+            e = cudaMalloc((void **)&sl->ddesc, BATCH_MAX * sizeof(struct desc));
+    }
     if (e != cudaSuccess) {
         (void)cudaGetLastError();
         return cuda_errno(e);
@@ -725,17 +774,22 @@ static void close_here(struct cuda_copier *cc)
 {
     if (cudaSetDevice(cc->device) != cudaSuccess)
         (void)cudaGetLastError();
-    if (cc->stream)
-        cudaStreamSynchronize(cc->stream);
+    for (int k = 0; k < NSLOTS; k++)
+        if (cc->slots[k].stream)
+            cudaStreamSynchronize(cc->slots[k].stream);
     for (uint32_t i = 0; i < cc->nseg; i++)
         if (cc->segs[i].reg)
             reg_put(cc->segs[i].reg);
-    if (cc->ddesc)
-        cudaFree(cc->ddesc);
-    if (cc->hdesc)
-        cudaFreeHost(cc->hdesc);
-    if (cc->stream)
-        cudaStreamDestroy(cc->stream);
+    for (int k = 0; k < NSLOTS; k++) {
+        struct slot *sl = &cc->slots[k];
+
+        if (sl->ddesc)
+            cudaFree(sl->ddesc);
+        if (sl->hdesc)
+            cudaFreeHost(sl->hdesc);
+        if (sl->stream)
+            cudaStreamDestroy(sl->stream);
+    }
     (void)cudaGetLastError();
 }
 
@@ -769,10 +823,7 @@ static void cuda_close(struct sfs_copier *cp)
 }
 
 static const struct sfs_copier_ops cuda_ops = {
-    "cuda",
-    cuda_load,
-    cuda_dump,
-    cuda_close,
+    "cuda", cuda_load, cuda_dump, cuda_close, cuda_start_op, cuda_finish_op,
 };
 
 extern "C" int sfs_cuda_device_count(void)

@@ -12,17 +12,27 @@
  * A batch call copies every element, sets each one's result, and returns
  * when every copy is complete (the source may be released, the destination
  * read). Batches come from one thread, the rank's copier thread.
+ *
+ * A copier whose copies run on their own (the GPU) may also offer start and
+ * finish, so that the copier thread prepares and completes one batch while
+ * another is in flight: start(slot) queues a batch and returns at once;
+ * finish(slot) returns when all of it is complete, with every result set.
+ * Slot 0 or 1 holds one batch each between its start and its finish.
  */
 #ifndef SHARDFS_COPIER_I_H
 #define SHARDFS_COPIER_I_H
 
 #include <shardfs/cache.h>
 
+#include <stdbool.h>
 #include <stddef.h>
 
 #ifdef __cplusplus
 extern "C" {
 #endif
+
+/* The most copies one batch call gets. */
+#define SFS_COPY_BATCH_MAX 1024
 
 struct sfs_copy {
     void *dst;
@@ -41,6 +51,10 @@ struct sfs_copier_ops {
     /* Source -> data plane slot or a host bounce buffer (dump). */
     int (*dump)(struct sfs_copier *cp, struct sfs_copy *v, size_t n);
     void (*close)(struct sfs_copier *cp);
+    /* Optional (NULL: load and dump only). start: 0, or -errno when nothing
+     * was queued (the caller then fails the batch); n <= SFS_COPY_BATCH_MAX. */
+    int (*start)(struct sfs_copier *cp, struct sfs_copy *v, size_t n, bool dump, int slot);
+    void (*finish)(struct sfs_copier *cp, int slot);
 };
 
 struct sfs_copier {

@@ -617,18 +617,32 @@ static void wait_one(struct sfs_rank *rk, struct rank_item *it)
  * The dispatcher.
  */
 
-/* Owner loads the walk has taken (each holds a token and its key's
- * ownership) but not yet submitted. Flushed whenever the dispatcher would
- * block (a token, a blocking wait), when it holds `depth` of them, and at the
- * end of the walk: so an ownership is never held while its load waits for
- * anything but the walk's next few Gets. */
+/* What the walk holds back: owner loads it has taken (each holds a token
+ * and its key's ownership) but not yet submitted, and hits not yet handed to
+ * the copier (one lock and one wake for a run of them, not one per key).
+ * Flushed whenever the dispatcher would block (a token, a blocking wait, a
+ * full cache), when it holds `depth` loads or HITS_HELD hits, and at the end
+ * of the walk: so nothing held waits for more than the walk's next few Gets. */
 struct load_batch {
     size_t n, cap;
     struct sfs_io **ios;
+    struct item_queue hits;
+    unsigned nhits;
 };
+
+#define HITS_HELD 32
+
+static void hits_flush(struct sfs_rank *rk, struct load_batch *b)
+{
+    if (b->nhits)
+        sfs_copier_push_chain(rk, b->hits.head, b->hits.tail);
+    b->hits.head = b->hits.tail = NULL;
+    b->nhits = 0;
+}
 
 static void batch_flush(struct sfs_rank *rk, struct load_batch *b)
 {
+    hits_flush(rk, b);
     submit_loads(rk, b->ios, b->n);
     b->n = 0;
 }
@@ -663,9 +677,10 @@ static void get_and_route(struct sfs_rank *rk, struct rank_item *it, struct load
     int64_t deadline = sfs_deadline_after(rk->key_timeout_ns);
     /* With loads batched, try without waiting for a slot first: a full
      * cache must not wait on slots whose loads we have not submitted yet. */
-    int role = sfs_cache_get(rk->cache, &it->key, 0, b->n ? 0 : deadline, &it->lease);
+    int role =
+        sfs_cache_get(rk->cache, &it->key, 0, b->n || b->nhits ? 0 : deadline, &it->lease);
 
-    if (role == -ENOSPC && b->n) {
+    if (role == -ENOSPC && (b->n || b->nhits)) {
         batch_flush(rk, b);
         role = sfs_cache_get(rk->cache, &it->key, 0, deadline, &it->lease);
     }
@@ -682,7 +697,9 @@ static void get_and_route(struct sfs_rank *rk, struct rank_item *it, struct load
             sfs_lq_token_put(rk);
         rank_ctr_add(rk, RC_HITS, 1);
         it->step = STEP_COPY_OUT;
-        sfs_copier_push(rk, it);
+        queue_push(&b->hits, it);
+        if (++b->nhits == HITS_HELD)
+            hits_flush(rk, b);
         break;
     case SFS_WAITER:
         if (token)
@@ -761,8 +778,10 @@ static void dispatch_load(struct sfs_rank *rk, struct walk *w, struct rank_item 
     if (!token && !needs_no_token(sfs_cache_state(rk->cache, &it->key))) {
         batch_flush(rk, &w->b); /* their tokens are the ones we wait for */
         token = w->taken && look_ahead(rk, w);
-        if (!token)
+        if (!token) {
+            hits_flush(rk, &w->b); /* the look-ahead's */
             token_get(rk);
+        }
         token = true;
     }
     get_and_route(rk, it, &w->b, token);

@@ -187,5 +187,6 @@ void sfs_lq_task_unref(struct sfs_task *t);
 int sfs_copier_start(struct sfs_rank *rk);
 void sfs_copier_stop(struct sfs_rank *rk);
 void sfs_copier_push(struct sfs_rank *rk, struct rank_item *it);
+void sfs_copier_push_chain(struct sfs_rank *rk, struct rank_item *head, struct rank_item *tail);
 
 #endif /* SHARDFS_RANK_I_H */
