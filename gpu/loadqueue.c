@@ -37,6 +37,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <syslog.h>
+#include <time.h>
 
 /* ---------------------------------------------------------------------------
  * Depth tokens: backend requests in flight.
@@ -108,10 +109,43 @@ static void rank_idle_one(struct sfs_rank *rk)
 /* Drop the item's lease (if it still holds one). */
 static void item_release(struct rank_item *it)
 {
-    if (it->leased) {
-        sfs_cache_release(it->rank->cache, &it->lease);
-        it->leased = false;
+    struct sfs_rank *rk = it->rank;
+
+    if (!it->leased)
+        return;
+    sfs_cache_release(rk->cache, &it->lease);
+    it->leased = false;
+    if (atomic_load_explicit(&rk->lease_waiters, memory_order_relaxed)) {
+        pthread_mutex_lock(&rk->lease_mu);
+        pthread_cond_broadcast(&rk->lease_cv);
+        pthread_mutex_unlock(&rk->lease_mu);
     }
+}
+
+/* This process holds every lease the cache allows it (-ENOBUFS: a task far
+ * bigger than max_leases, the copier behind the dispatcher). Wait until an
+ * item releases one, 10 ms at most (leases held elsewhere in the process
+ * signal nobody), or until `deadline`. */
+static void lease_wait(struct sfs_rank *rk, int64_t deadline)
+{
+    int64_t ns = deadline - sfs_now_ns();
+    struct timespec ts;
+
+    if (ns <= 0)
+        return;
+    if (ns > 10 * 1000000ll)
+        ns = 10 * 1000000ll;
+    clock_gettime(CLOCK_REALTIME, &ts); /* the condvar's clock */
+    ts.tv_nsec += ns;
+    ts.tv_sec += ts.tv_nsec / 1000000000;
+    ts.tv_nsec %= 1000000000;
+    pthread_mutex_lock(&rk->lease_mu);
+    /* A release between our failed Get and this count signals nobody: it
+     * costs at most the 10 ms bound, then the Get is tried again. */
+    atomic_fetch_add_explicit(&rk->lease_waiters, 1, memory_order_relaxed);
+    pthread_cond_timedwait(&rk->lease_cv, &rk->lease_mu, &ts);
+    atomic_fetch_sub_explicit(&rk->lease_waiters, 1, memory_order_relaxed);
+    pthread_mutex_unlock(&rk->lease_mu);
 }
 
 /* The item is finished with `status`: its lease is gone, its bounce buffer
@@ -682,6 +716,13 @@ static void get_and_route(struct sfs_rank *rk, struct rank_item *it, struct load
 
     if (role == -ENOSPC && (b->n || b->nhits)) {
         batch_flush(rk, b);
+        role = sfs_cache_get(rk->cache, &it->key, 0, deadline, &it->lease);
+    }
+    /* Out of leases: what we hold goes on (the copier releases it), then
+     * wait for a free one, until the key's deadline. */
+    while (role == -ENOBUFS && sfs_now_ns() < deadline) {
+        batch_flush(rk, b);
+        lease_wait(rk, deadline);
         role = sfs_cache_get(rk->cache, &it->key, 0, deadline, &it->lease);
     }
     if (role < 0) {

@@ -74,6 +74,8 @@ static void rank_free(struct sfs_rank *rk)
     pthread_cond_destroy(&rk->work_cv);
     pthread_mutex_destroy(&rk->depth_mu);
     pthread_cond_destroy(&rk->depth_cv);
+    pthread_mutex_destroy(&rk->lease_mu);
+    pthread_cond_destroy(&rk->lease_cv);
     free(rk);
 }
 
@@ -116,6 +118,8 @@ struct sfs_rank *sfs_rank_open(const struct sfs_rank_config *cfg, int *err)
     pthread_cond_init(&rk->work_cv, NULL);
     pthread_mutex_init(&rk->depth_mu, NULL);
     pthread_cond_init(&rk->depth_cv, NULL);
+    pthread_mutex_init(&rk->lease_mu, NULL);
+    pthread_cond_init(&rk->lease_cv, NULL);
 
     rk->query_only = cfg->device_id < 0;
     rk->N = cfg->local_rank_size > 0 ? (unsigned)cfg->local_rank_size : 1;

@@ -153,6 +153,12 @@ struct sfs_rank {
     unsigned inflight;     /* under depth_mu */
     unsigned max_inflight; /* under depth_mu */
 
+    /* The dispatcher waits here when this process holds every lease the
+     * cache allows it (-ENOBUFS); items signal when they release one. */
+    pthread_mutex_t lease_mu;
+    pthread_cond_t lease_cv;
+    _Atomic unsigned lease_waiters;
+
     pthread_t dispatcher;
     pthread_t copier_thread;
     pthread_t *worker_threads;

@@ -1154,6 +1154,52 @@ Test(rank, slow_keys_do_not_block_ready_ones, .timeout = 60)
     env_down(&e);
 }
 
+Test(rank, task_bigger_than_the_lease_table, .timeout = 60)
+{
+    /* The cache lets a process hold 64 leases; a task of 1000 resident keys
+     * must still load whole: when the dispatcher runs out of leases it hands
+     * on what it holds and waits for the copier to release some, instead of
+     * failing entries with -ENOBUFS. */
+    enum { N = 1000 };
+    struct sfs_cache_config cc = {
+        .shard_size = SHARD, .nslots = N + 64, .max_leases = 64, .no_reserved = true};
+    struct env e;
+    int err = 0, st[N];
+    uint8_t *bufs = calloc(N, SHARD);
+    struct sfs_rank_stats s;
+
+    snprintf(e.sock, sizeof(e.sock), "%s", tu_path("sock"));
+    e.c = sfs_cache_create(&cc, &err);
+    cr_assert_not_null(e.c, "sfs_cache_create: %s", strerror(-err));
+    cr_assert_eq(sfs_cache_serve(e.c, e.sock), 0);
+    for (int i = 0; i < N; i++) {
+        struct sfs_key k = tu_key(i, 0);
+        struct sfs_lease l;
+
+        cr_assert_eq(sfs_cache_get(e.c, &k, 0, 0, &l), SFS_OWNER);
+        publish_owned(e.c, i, &l);
+    }
+    struct sfs_rank *rk = rank_here(&e, NULL, 0, 20000);
+
+    struct sfs_rank_entry *ent = calloc(N, sizeof(*ent));
+    struct sfs_task *t;
+
+    for (int i = 0; i < N; i++)
+        ent[i] = (struct sfs_rank_entry){tu_block(i), 0, bufs + (size_t)i * SHARD};
+    cr_assert_eq(sfs_rank_load(rk, ent, N, &t), 0);
+    cr_assert_eq(sfs_rank_wait(t, 30000, st), 0);
+    sfs_rank_task_free(t);
+    check_bufs(0, N, 0, bufs, st);
+    sfs_rank_stats(rk, &s);
+    cr_assert_eq(s.hits, N);
+    cr_assert_eq(s.failed, 0);
+    sfs_rank_close(rk);
+    free(ent);
+    free(bufs);
+    assert_no_leases(e.c);
+    sfs_cache_close(e.c);
+}
+
 /* Poll until entries [from, to) of `bufs` hold their keys' bytes, for at
  * most `ms`. Returns how many do. */
 static int await_entries(const uint8_t *bufs, int from, int to, int ms)
