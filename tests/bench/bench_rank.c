@@ -102,6 +102,17 @@ static void die(const char *what, int err)
     exit(1);
 }
 
+/* Every entry of a task went well: a failed one would be skipped, not
+ * copied, and flatter the figure. */
+static void check_status(const int *st, uint32_t n, const char *what)
+{
+    for (uint32_t i = 0; i < n; i++)
+        if (st[i]) {
+            fprintf(stderr, "bench_rank: %s: entry %u of %u: %s\n", what, i, n, strerror(-st[i]));
+            exit(1);
+        }
+}
+
 /* Block ids: a pure function of n. */
 static struct sfs_block_id blk(uint64_t n)
 {
@@ -159,10 +170,14 @@ static int drop_key(const struct sfs_key *k, int state, void *arg)
 
 static struct sfs_cache *make_cache(uint64_t shard, uint32_t nslots, const char *sock)
 {
+    /* Sized for the run's keys: no reserved pool (it would leave fewer
+     * slots than keys, and a resident task would not be), and leases for a
+     * whole task held at once. */
     struct sfs_cache_config cfg = {
         .shard_size = shard,
         .nslots = nslots,
-        .no_reserved = false,
+        .no_reserved = true,
+        .max_leases = nslots > 16384 ? nslots : 0,
         .hugepages = SFS_HUGEPAGES_AUTO,
     };
     int err = 0;
@@ -423,6 +438,7 @@ static void bench_hits(void)
             die("load", EIO);
         int64_t t1 = sfs_now_ns();
         sfs_rank_task_free(t);
+        check_status(st, M, "load");
         for (uint32_t i = 0; i < M; i++)
             memcpy(bufs + (size_t)i * shard, src + (size_t)i * shard, shard);
         int64_t t2 = sfs_now_ns();
@@ -490,6 +506,30 @@ static int cmp_i64(const void *a, const void *b)
     return x < y ? -1 : x > y;
 }
 
+/* After a dump (which leaves dev as it was) and the baseline copies (which
+ * overwrite it), load once more and check every byte in host memory. */
+static bool verify_loaded(struct cudart *cu, bool gpu, void *dev, void *pinned, uint64_t shard,
+                          uint32_t n)
+{
+    const uint8_t *p = pinned;
+
+    if (gpu) {
+        if (cu->memcpy_(pinned, dev, (size_t)n * shard, 2))
+            return false;
+        cu->sync();
+    } else {
+        p = dev;
+    }
+    for (uint32_t i = 0; i < n; i++)
+        for (uint64_t b = 0; b < shard; b++)
+            if (p[(size_t)i * shard + b] != (uint8_t)i) {
+                fprintf(stderr, "bench_rank: shard %u of %u, byte %lu: %u, not %u\n", i, n,
+                        (unsigned long)b, p[(size_t)i * shard + b], i & 0xffu);
+                return false;
+            }
+    return true;
+}
+
 static void bench_gpu(void)
 {
     static const uint64_t sizes[] = {16 << 10, 64 << 10, 256 << 10, 1 << 20, 4 << 20};
@@ -522,7 +562,7 @@ static void bench_gpu(void)
     emit("\n### GPU copy: resident task of %lu MiB, median of %d runs (%s copier)\n\n",
          (unsigned long)(total >> 20), reps, gpu ? "cuda" : "host");
     emit("| shard | load GB/s | dump GB/s | one big pinned copy H2D / D2H GB/s | load ratio | "
-         "dump ratio |\n|---|---|---|---|---|---|\n");
+         "dump ratio | copies per batch | bytes checked |\n|---|---|---|---|---|---|---|---|\n");
     for (size_t si = 0; si < sizeof(sizes) / sizeof(sizes[0]); si++) {
         uint64_t shard = sizes[si];
         uint32_t n = (uint32_t)(total / shard);
@@ -563,8 +603,10 @@ static void bench_gpu(void)
                 die("load", EIO);
             int64_t t1 = sfs_now_ns();
             sfs_rank_task_free(t);
+            check_status(st, n, "load");
             if (sfs_rank_dump(rk, e, n, &t) || sfs_rank_wait(t, 60000, st))
                 die("dump", EIO);
+            check_status(st, n, "dump");
             int64_t t2 = sfs_now_ns();
             sfs_rank_task_free(t);
             if (gpu) {
@@ -587,14 +629,24 @@ static void bench_gpu(void)
                 vh[rep] = (double)total / (double)(t3 - t2);
                 vdh[rep] = (double)total / (double)(t4 - t3);
             }
-            for (uint32_t i = 0; i < n; i++)
-                if (st[i])
-                    die("entry status", st[i]);
         }
         double l = median(vl, reps), d = median(vd, reps), h = median(vh, reps),
                dh = median(vdh, reps);
-        emit("| %lu KiB | %.1f | %.1f | %.1f / %.1f | %.2f | %.2f |\n",
-             (unsigned long)(shard >> 10), l, d, h, dh, l / h, d / dh);
+        struct sfs_rank_stats rs;
+
+        sfs_rank_stats(rk, &rs);
+        /* The timed loads' bytes were overwritten by the baseline: load
+         * once more and check every byte (shard i is all i & 0xff). */
+        struct sfs_task *vt;
+
+        if (sfs_rank_load(rk, e, n, &vt) || sfs_rank_wait(vt, 60000, st))
+            die("load", EIO);
+        sfs_rank_task_free(vt);
+        check_status(st, n, "load");
+        const char *checked = verify_loaded(&cu, gpu, dev, pinned, shard, n) ? "all" : "**WRONG**";
+        emit("| %lu KiB | %.1f | %.1f | %.1f / %.1f | %.2f | %.2f | %.0f | %s |\n",
+             (unsigned long)(shard >> 10), l, d, h, dh, l / h, d / dh,
+             rs.copy_batches ? (double)rs.copies / (double)rs.copy_batches : 0.0, checked);
 
         if (shard == (16 << 10)) {
             /* Latency: a resident task of 64 x 16 KiB, end to end. */
@@ -609,6 +661,7 @@ static void bench_gpu(void)
                     die("load", EIO);
                 int64_t t1 = sfs_now_ns();
                 sfs_rank_task_free(t);
+                check_status(st, 64, "load");
                 if (i >= 0)
                     lat[i] = t1 - t0;
             }
