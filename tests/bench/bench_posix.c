@@ -4,6 +4,7 @@
  * raw io_uring O_DIRECT reads of the same files, in the same run.
  *
  *   bench_posix [--quick] [--md FILE] [--dir DIR] [--depth D] [--reps R]
+ *               [--hugepages N]
  *
  * The store (UCM layout: <dir>/data/<32 hex>, 4 shards per block file) is
  * written to a real disk file system (default: a directory under /var/tmp;
@@ -14,6 +15,22 @@
  * every shard, in block order, into a pre-touched 4 KiB-aligned buffer; each
  * block file is opened once (when its first shard is submitted) and closed
  * after its last shard completes, inside the timed region.
+ *
+ * Memory matters as much as the I/O path: the disk DMAs into physically
+ * contiguous runs of pages, one scatter-gather segment each, and a virtio
+ * disk without indirect descriptors (seg_max 254, 256 descriptors a queue,
+ * as on Firecracker) pays per segment: fewer bytes per request and fewer
+ * requests in flight. 4 KiB pages come wherever the page allocator has them
+ * (1-3 pages per run for a fresh memfd, measured; more or less by luck), so
+ * without huge pages the ratio measures the allocator, not shardfs. Hence:
+ * the baseline's buffer asks for transparent huge pages (MADV_HUGEPAGE: the
+ * disk's best case, stable from run to run; SFS_BENCH_RAW_4K=1 leaves it on
+ * 4 KiB pages); the data plane is on hugetlb segments when huge pages are
+ * reserved (as in production), in 64 MiB segments so that ~610 huge pages
+ * hold a 1 GiB store; --hugepages N raises vm.nr_hugepages to N for this run
+ * only (root) and writes the old value back at exit. Each run's notes say
+ * what the data plane was on and how contiguous both buffers were (from
+ * /proc/self/pagemap, root only).
  *
  * shardfs: a cache created here (sfs_cache_create + sfs_cache_serve,
  * populated, room for the whole store so nothing is evicted), N forked rank
@@ -32,6 +49,10 @@
  * are medians of --reps runs; the ratio is the median of the per-rep ratios.
  * The first 16 bytes of every shard name its key and are checked after every
  * run, in every rank and in the baseline.
+ *
+ * SFS_BENCH_TRACE=1 prints, per run, the disk's requests (count, mean size,
+ * merges, from /sys/dev/block/M:m/stat), its requests in flight sampled every
+ * ~100 us, and how long the disk sat idle at the start and the end.
  */
 #include "bench_util.h"
 
@@ -42,6 +63,7 @@
 #include <ftw.h>
 #include <liburing.h>
 #include <linux/magic.h>
+#include <pthread.h>
 #include <signal.h>
 #include <stdatomic.h>
 #include <sys/mman.h>
@@ -61,7 +83,21 @@ static struct {
     unsigned depth;
     int reps;
     uint64_t total;
+    long hugepages; /* --hugepages N: vm.nr_hugepages for the run (0: leave it) */
 } O = {.depth = 16, .reps = 5};
+
+/* What each shard size ran on, for the notes under the table. */
+struct mem_note {
+    unsigned long shard_kib;
+    bool huge;
+    double dp_run, raw_run; /* 4 KiB pages per physically contiguous run */
+    uint64_t dp_bytes;
+};
+static struct mem_note notes[2];
+static int nnotes;
+
+static char dev_sys[128]; /* "/sys/dev/block/M:m" of the store */
+static bool trace_on;     /* SFS_BENCH_TRACE: disk diagnostics per run */
 
 static void die(const char *what, int err)
 {
@@ -207,8 +243,149 @@ static void describe_fs(const char *dir, char *out, size_t len, bool *is_tmpfs)
         target[n] = 0;
         dev = strrchr(target, '/') ? strrchr(target, '/') + 1 : target;
     }
+    snprintf(dev_sys, sizeof(dev_sys), "/sys/dev/block/%u:%u", major(sb.st_dev),
+             minor(sb.st_dev));
     snprintf(out, len, "%s (f_type 0x%lx) on %s (%u:%u)", fs_name((long)sf.f_type),
              (unsigned long)sf.f_type, dev, major(sb.st_dev), minor(sb.st_dev));
+}
+
+/* ---------------------------------------------------------------------------
+ * Diagnostics (SFS_BENCH_TRACE=1): the disk's request count and size per run
+ * from /sys/dev/block/M:m/stat, and its requests in flight sampled every
+ * ~100 us from .../inflight by a thread of the parent.
+ */
+
+
+struct dev_snap {
+    unsigned long long ios, merges, sectors;
+};
+
+static void dev_stat(struct dev_snap *s)
+{
+    char p[160];
+    FILE *f;
+
+    memset(s, 0, sizeof(*s));
+    snprintf(p, sizeof(p), "%s/stat", dev_sys);
+    f = fopen(p, "r");
+    if (!f)
+        return;
+    if (fscanf(f, "%llu %llu %llu", &s->ios, &s->merges, &s->sectors) != 3)
+        memset(s, 0, sizeof(*s));
+    fclose(f);
+}
+
+static struct {
+    pthread_t th;
+    atomic_bool run;
+    uint64_t samples, sum, zero;
+    int64_t t_start, first_busy, last_busy; /* ns */
+} smp;
+
+static void *sampler_main(void *arg)
+{
+    char p[160], b[64];
+    int fd;
+
+    snprintf(p, sizeof(p), "%s/inflight", dev_sys);
+    fd = open(p, O_RDONLY | O_CLOEXEC);
+    while (fd >= 0 && atomic_load(&smp.run)) {
+        ssize_t n = pread(fd, b, sizeof(b) - 1, 0);
+        unsigned r = 0, w = 0;
+
+        if (n > 0) {
+            b[n] = 0;
+            if (sscanf(b, "%u %u", &r, &w) == 2) {
+                smp.samples++;
+                smp.sum += r;
+                smp.zero += r == 0;
+                if (r) {
+                    int64_t now = bench_now_ns();
+
+                    if (!smp.first_busy)
+                        smp.first_busy = now;
+                    smp.last_busy = now;
+                }
+            }
+        }
+        bench_sleep_ns(100000);
+    }
+    if (fd >= 0)
+        close(fd);
+    return arg;
+}
+
+struct trace {
+    struct dev_snap a;
+};
+
+/* Pages of [p, p + len) per physically contiguous run (from
+ * /proc/self/pagemap; 0 when the PFNs are hidden, i.e. without
+ * CAP_SYS_ADMIN). The disk is read by DMA into such runs: each run is one
+ * scatter-gather segment of a request. */
+static double phys_pages_per_run(const void *p, size_t len)
+{
+    size_t np = len / 4096, runs = 0, got = 0;
+    uint64_t prev = 0, buf[512];
+    int fd = open("/proc/self/pagemap", O_RDONLY | O_CLOEXEC);
+
+    if (fd < 0)
+        return 0;
+    for (size_t i = 0; i < np; i += 512) {
+        size_t k = np - i < 512 ? np - i : 512;
+
+        if (pread(fd, buf, k * 8, (off_t)(((uintptr_t)p / 4096 + i) * 8)) != (ssize_t)(k * 8))
+            break;
+        for (size_t j = 0; j < k; j++) {
+            uint64_t pfn = buf[j] & ((1ull << 55) - 1);
+
+            if (!(buf[j] >> 63) || pfn == 0) {
+                close(fd);
+                return 0;
+            }
+            if (got == 0 || pfn != prev + 1)
+                runs++;
+            prev = pfn;
+            got++;
+        }
+    }
+    close(fd);
+    return runs ? (double)got / (double)runs : 0;
+}
+
+static void trace_begin(struct trace *t)
+{
+    if (!trace_on)
+        return;
+    smp.samples = smp.sum = smp.zero = 0;
+    smp.first_busy = smp.last_busy = 0;
+    smp.t_start = bench_now_ns();
+    atomic_store(&smp.run, true);
+    pthread_create(&smp.th, NULL, sampler_main, NULL);
+    dev_stat(&t->a);
+}
+
+static void trace_end(struct trace *t, const char *what)
+{
+    struct dev_snap b;
+
+    if (!trace_on)
+        return;
+    dev_stat(&b);
+    int64_t t_end = bench_now_ns();
+    atomic_store(&smp.run, false);
+    pthread_join(smp.th, NULL);
+    unsigned long long ios = b.ios - t->a.ios;
+    fprintf(stderr,
+            "  trace %-7s: disk reads %llu (%.0f KiB avg), merges %llu; in flight mean %.1f, "
+            "idle %.0f%% of %llu samples; disk first busy after %.1f ms, last busy %.1f ms "
+            "before the end\n",
+            what, ios, ios ? (double)(b.sectors - t->a.sectors) * 512 / 1024 / (double)ios : 0,
+            b.merges - t->a.merges, smp.samples ? (double)smp.sum / (double)smp.samples : 0,
+            smp.samples ? 100.0 * (double)smp.zero / (double)smp.samples : 0,
+            (unsigned long long)smp.samples,
+            smp.first_busy ? (double)(smp.first_busy - smp.t_start) / 1e6 : 0,
+            smp.last_busy ? (double)(t_end - smp.last_busy) / 1e6 : 0);
 }
 
 /* ---------------------------------------------------------------------------
@@ -267,6 +444,8 @@ static void baseline_run(const struct store *st, unsigned qd, uint8_t *dst, stru
     for (uint32_t i = 0; i < st->nkeys; i++)
         memset(dst + (size_t)i * st->shard, 0, 16);
 
+    struct trace tr;
+    trace_begin(&tr);
     int64_t c0 = self_cpu_ns(RUSAGE_THREAD), t0 = bench_now_ns();
     while (done < st->nkeys) {
         while (next < st->nkeys && inflight < qd) {
@@ -306,6 +485,7 @@ static void baseline_run(const struct store *st, unsigned qd, uint8_t *dst, stru
         done += count;
     }
     int64_t t1 = bench_now_ns(), c1 = self_cpu_ns(RUSAGE_THREAD);
+    trace_end(&tr, "raw");
     io_uring_queue_exit(&ring);
     for (uint32_t i = 0; i < st->nkeys; i++)
         if (!key_ok(dst + (size_t)i * st->shard, i / SHARDS_PER_BLOCK, i % SHARDS_PER_BLOCK))
@@ -479,6 +659,8 @@ static void sfs_run(struct sfs_cache *c, const struct store *st, int N, struct s
     memset(out, 0, sizeof(*out));
     out->own_min = UINT64_MAX;
     memset(sh, 0, sizeof(*sh));
+    struct trace tr;
+    trace_begin(&tr);
     for (int r = 0; r < N; r++)
         if (write(ch[r].cmd_w, "r", 1) != 1)
             die("rank command", errno);
@@ -500,6 +682,7 @@ static void sfs_run(struct sfs_cache *c, const struct store *st, int N, struct s
         out->peak_inflight += rr->max_inflight;
         out->cpu_s += (double)rr->cpu_ns / 1e9;
     }
+    trace_end(&tr, "shardfs");
     out->gbps = (double)st->nkeys * (double)st->shard / (double)(t1 - t0);
 }
 
@@ -522,6 +705,10 @@ static void bench_shard(struct bench *b, const char *root, uint64_t shard, bool 
         .nslots = st.nkeys + st.nkeys / 8 + 64, /* the store, the reserved pool, slack */
         .hugepages = SFS_HUGEPAGES_AUTO,
         .populate = true,
+        /* Small segments: the data plane is the slots rounded up to 64 MiB,
+         * not to 1 GiB (a store of 1 GiB + the pool needs ~610 huge pages,
+         * not 1024). */
+        .segment_size = 64ull << 20,
     };
     struct sfs_cache *c = sfs_cache_create(&cc, &err);
     if (!c)
@@ -531,13 +718,43 @@ static void bench_shard(struct bench *b, const char *root, uint64_t shard, bool 
         die("sfs_cache_serve", err);
     struct sfs_cache_info info;
     sfs_cache_info(c, &info);
+    /* How the data plane lies in physical memory: see the notes. */
+    double dp_run = 0;
+    uint64_t dp_bytes = 0;
+    {
+        size_t sl = 0, np = 0;
+        double runs = 0;
+        void *sp;
+
+        for (uint32_t i = 0; (sp = sfs_cache_segment(c, i, &sl)) != NULL; i++) {
+            double r = phys_pages_per_run(sp, sl);
+
+            dp_bytes += sl;
+            if (r == 0) {
+                runs = -1; /* PFNs hidden: unknown */
+            } else if (runs >= 0) {
+                runs += (double)(sl / 4096) / r;
+                np += sl / 4096;
+            }
+        }
+        dp_run = runs > 0 ? (double)np / runs : 0;
+    }
 
     size_t bytes = (size_t)st.nkeys * shard;
     uint8_t *dst = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
     if (dst == MAP_FAILED)
         die("mmap", errno);
     madvise(dst, bytes, MADV_DONTFORK); /* no copy-on-write after the ranks fork */
+    if (!getenv("SFS_BENCH_RAW_4K"))
+        madvise(dst, bytes, MADV_HUGEPAGE); /* see the notes under the table */
     memset(dst, 0, bytes);
+    double raw_run = phys_pages_per_run(dst, bytes);
+    if (nnotes < 2)
+        notes[nnotes++] = (struct mem_note){.shard_kib = (unsigned long)(shard >> 10),
+                                            .huge = info.hugepages,
+                                            .dp_run = dp_run,
+                                            .raw_run = raw_run,
+                                            .dp_bytes = dp_bytes};
     struct shared *sh =
         mmap(NULL, sizeof(*sh), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
     if (sh == MAP_FAILED)
@@ -607,14 +824,90 @@ static void bench_shard(struct bench *b, const char *root, uint64_t shard, bool 
                 bench_median(cs, (size_t)O.reps), bench_median(cb, (size_t)O.reps));
         fflush(b->out);
     }
-    fprintf(stderr, "bench_posix: %lu KiB: data plane on huge pages: %s\n",
-            (unsigned long)(shard >> 10), info.hugepages ? "yes" : "no");
+    fprintf(stderr,
+            "bench_posix: %lu KiB: data plane on huge pages: %s; 4 KiB pages per physically "
+            "contiguous run: data plane %.1f, raw buffer %.1f\n",
+            (unsigned long)(shard >> 10), info.hugepages ? "yes" : "no", dp_run, raw_run);
     munmap(sh, sizeof(*sh));
     munmap(dst, bytes);
     sfs_cache_close(c);
     unlink(sock);
     nftw(st.dir, rm_one, 16, FTW_DEPTH | FTW_PHYS);
     free(st.paths);
+}
+
+/* ---------------------------------------------------------------------------
+ * --hugepages N: reserve huge pages for this run only (root), so the data
+ * plane is on hugetlb segments as in production, and give the old
+ * vm.nr_hugepages back at exit, on SIGINT/SIGTERM/SIGHUP too.
+ */
+
+static pid_t hp_owner;     /* the process that reserved (not the forked ranks) */
+static char hp_old[24];    /* the value to write back, "N\n"; empty: nothing to undo */
+static size_t hp_old_len;
+
+static long hp_get(void)
+{
+    long v = -1;
+    FILE *f = fopen("/proc/sys/vm/nr_hugepages", "r");
+
+    if (f) {
+        if (fscanf(f, "%ld", &v) != 1)
+            v = -1;
+        fclose(f);
+    }
+    return v;
+}
+
+/* Async-signal-safe: open, write, close. */
+static bool hp_write(const char *buf, size_t len)
+{
+    int fd = open("/proc/sys/vm/nr_hugepages", O_WRONLY | O_CLOEXEC);
+    bool ok = fd >= 0 && write(fd, buf, len) == (ssize_t)len;
+
+    if (fd >= 0)
+        close(fd);
+    return ok;
+}
+
+static void hp_restore(void)
+{
+    if (hp_old_len && getpid() == hp_owner) {
+        hp_write(hp_old, hp_old_len);
+        hp_old_len = 0;
+    }
+}
+
+static void hp_signal(int sig)
+{
+    hp_restore();
+    signal(sig, SIG_DFL);
+    raise(sig);
+}
+
+static void hp_reserve(long n)
+{
+    char buf[24];
+    long old = hp_get();
+    int len;
+
+    if (old < 0 || old >= n)
+        return; /* unreadable, or enough already */
+    len = snprintf(buf, sizeof(buf), "%ld\n", n);
+    if (!hp_write(buf, (size_t)len)) {
+        fprintf(stderr,
+                "bench_posix: --hugepages: cannot write vm.nr_hugepages (%s); running without\n",
+                strerror(errno));
+        return;
+    }
+    hp_owner = getpid();
+    hp_old_len = (size_t)snprintf(hp_old, sizeof(hp_old), "%ld\n", old);
+    atexit(hp_restore);
+    signal(SIGINT, hp_signal);
+    signal(SIGTERM, hp_signal);
+    signal(SIGHUP, hp_signal);
+    fprintf(stderr, "bench_posix: vm.nr_hugepages %ld -> %ld for this run (%ld now)\n", old, n,
+            hp_get());
 }
 
 int main(int argc, char **argv)
@@ -635,21 +928,28 @@ int main(int argc, char **argv)
             O.depth = (unsigned)atoi(v), i++;
         } else if (!strcmp(argv[i], "--reps") && v) {
             O.reps = atoi(v), i++;
+        } else if (!strcmp(argv[i], "--hugepages") && v) {
+            O.hugepages = atol(v), i++;
         } else if (nargs < 7) {
             args[nargs++] = argv[i];
         }
     }
     if (bench_init(&b, "bench_posix", nargs, args) != 0) {
-        fprintf(stderr, "       bench_posix options: [--dir DIR] [--depth D] [--reps R]\n");
+        fprintf(stderr, "       bench_posix options: [--dir DIR] [--depth D] [--reps R] "
+                        "[--hugepages N]\n");
         return 2;
     }
     if (b.quick && O.reps == 5)
         O.reps = 2;
-    if (O.depth == 0 || O.depth > 4096 || O.reps < 1 || O.reps > MAXREPS) {
-        fprintf(stderr, "bench_posix: bad --depth or --reps\n");
+    if (O.depth == 0 || O.depth > 4096 || O.reps < 1 || O.reps > MAXREPS || O.hugepages < 0 ||
+        O.hugepages > (1l << 20)) {
+        fprintf(stderr, "bench_posix: bad --depth, --reps or --hugepages\n");
         return 2;
     }
     O.total = b.quick ? (64ull << 20) : (1ull << 30);
+    trace_on = getenv("SFS_BENCH_TRACE") != NULL;
+    if (O.hugepages)
+        hp_reserve(O.hugepages);
     signal(SIGPIPE, SIG_IGN);
 
     snprintf(root, sizeof(root), "%s/shardfs-bench-posix-%d", O.dir ? O.dir : "/var/tmp",
@@ -665,7 +965,8 @@ int main(int argc, char **argv)
             "Store: %lu MiB per shard size (blocks of %u shards, UCM layout) on %s%s. "
             "Every pass cold (keys removed from the cache, `posix_fadvise(DONTNEED)` on every "
             "block file). Raw: one thread, one io_uring of N x depth entries, O_DIRECT reads "
-            "into a pre-touched aligned buffer, each block file opened once. shardfs: N forked "
+            "into a pre-touched aligned buffer on transparent huge pages, each block file "
+            "opened once. shardfs: N forked "
             "rank processes, backend `posix:DIR?direct=1&depth=D`, load_depth D, host copier, "
             "each rank loads the task of every key into its own host buffer (each key loaded "
             "from the backend once, by its owner). Median of %d interleaved runs after %d "
@@ -680,6 +981,24 @@ int main(int argc, char **argv)
     bench_shard(&b, root, 1u << 20, &hdr);
     proc_stat_busy(&busy1, &steal1);
     rmdir(root);
+    fprintf(b.out, "\nMemory the disk reads into (4 KiB pages per physically contiguous run: "
+                   "each run is one scatter-gather segment of a request; 512 = 2 MiB pages):");
+    for (int i = 0; i < nnotes; i++) {
+        const struct mem_note *n = &notes[i];
+
+        fprintf(b.out, "%s %lu KiB: data plane %.0f MiB on %s, ", i ? ";" : "", n->shard_kib,
+                (double)n->dp_bytes / (1 << 20), n->huge ? "huge pages" : "**4 KiB pages**");
+        if (n->dp_run > 0)
+            fprintf(b.out, "%.1f pages per run, raw buffer %.1f", n->dp_run, n->raw_run);
+        else
+            fprintf(b.out, "contiguity unknown (no CAP_SYS_ADMIN)");
+    }
+    fprintf(b.out, ".%s\n",
+            nnotes && !notes[0].huge
+                ? " Without huge pages the data plane is wherever the page allocator scattered "
+                  "it, and on a disk that pays per segment the ratio measures that, not "
+                  "shardfs: run with `--hugepages N` (root) or reserve them first."
+                : "");
     {
         double wall = (double)(bench_now_ns() - wall0) / 1e9;
         double ours = (double)(self_cpu_ns(RUSAGE_SELF) + self_cpu_ns(RUSAGE_CHILDREN)) / 1e9;
@@ -692,6 +1011,12 @@ int main(int argc, char **argv)
                 wall, ncpu, ours, others > 0 ? others : 0,
                 others > 0 ? 100.0 * others / (wall * (double)ncpu) : 0, steal1 - steal0);
     }
-    fprintf(b.out, "\nCommand: `build/tests/bench/bench_posix --md docs/PERFORMANCE.md`\n");
+    if (O.hugepages)
+        fprintf(b.out,
+                "\nCommand: `build/tests/bench/bench_posix --hugepages %ld --md "
+                "docs/PERFORMANCE.md`\n",
+                O.hugepages);
+    else
+        fprintf(b.out, "\nCommand: `build/tests/bench/bench_posix --md docs/PERFORMANCE.md`\n");
     return bench_finish(&b);
 }
