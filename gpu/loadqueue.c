@@ -45,36 +45,49 @@
 
 bool sfs_lq_token_try(struct sfs_rank *rk)
 {
-    bool ok = false;
+    unsigned cur = atomic_load_explicit(&rk->inflight, memory_order_relaxed);
+    unsigned max;
 
-    pthread_mutex_lock(&rk->depth_mu);
-    if (rk->inflight < rk->depth) {
-        if (++rk->inflight > rk->max_inflight)
-            rk->max_inflight = rk->inflight;
-        ok = true;
-    }
-    pthread_mutex_unlock(&rk->depth_mu);
-    return ok;
+    do {
+        if (cur >= rk->depth)
+            return false;
+    } while (!atomic_compare_exchange_weak_explicit(&rk->inflight, &cur, cur + 1,
+                                                    memory_order_seq_cst, memory_order_relaxed));
+    /* A statistic: a racy maximum is fine as long as it only grows. */
+    max = atomic_load_explicit(&rk->max_inflight, memory_order_relaxed);
+    while (cur + 1 > max && !atomic_compare_exchange_weak_explicit(&rk->max_inflight, &max,
+                                                                  cur + 1, memory_order_relaxed,
+                                                                  memory_order_relaxed))
+        ;
+    return true;
 }
 
 /* Block until a token is free. Tokens come back from backend completions,
  * which never wait for anything of ours: this always ends. */
 static void token_get(struct sfs_rank *rk)
 {
+    if (sfs_lq_token_try(rk))
+        return;
     pthread_mutex_lock(&rk->depth_mu);
-    while (rk->inflight >= rk->depth)
+    /* Counted before the try, both seq_cst, and the putter's decrement
+     * before its look at the count (Dekker): either our try sees the token
+     * come back or the putter sees us waiting and signals under the mutex,
+     * which we hold until pthread_cond_wait releases it. */
+    atomic_fetch_add_explicit(&rk->token_waiters, 1, memory_order_seq_cst);
+    while (!sfs_lq_token_try(rk))
         pthread_cond_wait(&rk->depth_cv, &rk->depth_mu);
-    if (++rk->inflight > rk->max_inflight)
-        rk->max_inflight = rk->inflight;
+    atomic_fetch_sub_explicit(&rk->token_waiters, 1, memory_order_relaxed);
     pthread_mutex_unlock(&rk->depth_mu);
 }
 
 void sfs_lq_token_put(struct sfs_rank *rk)
 {
-    pthread_mutex_lock(&rk->depth_mu);
-    rk->inflight--;
-    pthread_cond_signal(&rk->depth_cv);
-    pthread_mutex_unlock(&rk->depth_mu);
+    atomic_fetch_sub_explicit(&rk->inflight, 1, memory_order_seq_cst);
+    if (atomic_load_explicit(&rk->token_waiters, memory_order_seq_cst)) {
+        pthread_mutex_lock(&rk->depth_mu);
+        pthread_cond_signal(&rk->depth_cv);
+        pthread_mutex_unlock(&rk->depth_mu);
+    }
 }
 
 /* ---------------------------------------------------------------------------
@@ -664,7 +677,7 @@ struct load_batch {
     unsigned nhits;
 };
 
-#define HITS_HELD 32
+#define HITS_HELD 128
 
 static void hits_flush(struct sfs_rank *rk, struct load_batch *b)
 {
@@ -707,19 +720,22 @@ static void get_and_route(struct sfs_rank *rk, struct rank_item *it, struct load
                           bool token)
 {
     /* The key's deadline starts at its Get, not before the wait for a load
-     * slot (which can outlast key_timeout_ms behind slow loads). */
-    int64_t deadline = sfs_deadline_after(rk->key_timeout_ns);
-    /* With loads batched, try without waiting for a slot first: a full
-     * cache must not wait on slots whose loads we have not submitted yet. */
-    int role =
-        sfs_cache_get(rk->cache, &it->key, 0, b->n || b->nhits ? 0 : deadline, &it->lease);
+     * slot (which can outlast key_timeout_ms behind slow loads); it is read
+     * from the clock only when needed: hits, most keys, need none. First a
+     * Get that does not wait for a free slot: a full cache must not wait on
+     * slots whose loads (or copies) we hold back. */
+    int64_t deadline = 0;
+    int role = sfs_cache_get(rk->cache, &it->key, 0, 0, &it->lease);
 
-    if (role == -ENOSPC && (b->n || b->nhits)) {
+    if (role == -ENOSPC) {
         batch_flush(rk, b);
+        deadline = sfs_deadline_after(rk->key_timeout_ns);
         role = sfs_cache_get(rk->cache, &it->key, 0, deadline, &it->lease);
     }
     /* Out of leases: what we hold goes on (the copier releases it), then
      * wait for a free one, until the key's deadline. */
+    if (role == -ENOBUFS && !deadline)
+        deadline = sfs_deadline_after(rk->key_timeout_ns);
     while (role == -ENOBUFS && sfs_now_ns() < deadline) {
         batch_flush(rk, b);
         lease_wait(rk, deadline);
@@ -747,7 +763,7 @@ static void get_and_route(struct sfs_rank *rk, struct rank_item *it, struct load
             sfs_lq_token_put(rk);
         rank_ctr_add(rk, RC_WAITS, 1);
         it->step = STEP_WAIT;
-        it->deadline_ns = deadline;
+        it->deadline_ns = deadline ? deadline : sfs_deadline_after(rk->key_timeout_ns);
         if (rk->blocking_waits) {
             batch_flush(rk, b);
             wait_one(rk, it); /* the old way: the walk stalls here */

@@ -522,9 +522,7 @@ void sfs_rank_stats(struct sfs_rank *rk, struct sfs_rank_stats *o)
     o->prealloc = LD(RC_PREALLOC);
     o->prefetched = LD(RC_PREFETCHED);
 #undef LD
-    pthread_mutex_lock(&rk->depth_mu);
-    o->max_inflight = rk->max_inflight;
-    pthread_mutex_unlock(&rk->depth_mu);
+    o->max_inflight = atomic_load_explicit(&rk->max_inflight, memory_order_relaxed);
     sfs_cache_stats(rk->cache, &o->cache);
 }
 

@@ -147,11 +147,14 @@ struct sfs_rank {
     struct item_queue workq; /* under work_mu */
     bool workers_stop;       /* under work_mu */
 
-    /* Backend requests in flight: at most `depth`. */
+    /* Backend requests in flight: at most `depth`. Taken and returned
+     * without a lock (a resident key takes one and gives it back at once);
+     * depth_mu and depth_cv only for the dispatcher waiting for one. */
     pthread_mutex_t depth_mu;
     pthread_cond_t depth_cv;
-    unsigned inflight;     /* under depth_mu */
-    unsigned max_inflight; /* under depth_mu */
+    _Atomic unsigned inflight;
+    _Atomic unsigned max_inflight;
+    _Atomic unsigned token_waiters;
 
     /* The dispatcher waits here when this process holds every lease the
      * cache allows it (-ENOBUFS); items signal when they release one. */
