@@ -138,27 +138,28 @@ static void batch_prepare(struct sfs_rank *rk, struct batch *b)
     }
 }
 
-/* Every copy of b is complete (each result set): hand each item on. */
-static void batch_done(struct sfs_rank *rk, struct batch *b)
+/* Every copy is complete (each result set): hand each item on. */
+static void items_done(struct sfs_rank *rk, struct rank_item **items, const struct sfs_copy *copies,
+                       size_t n, bool dump)
 {
-    uint64_t copies = 0, bytes = 0;
+    uint64_t ncopies = 0, bytes = 0;
 
     /* Counted before any item is handed on: a task that completes must find
      * its copies in the counters. */
-    for (size_t i = 0; i < b->n; i++) {
-        if (b->copies[i].result == 0) {
-            copies++;
-            bytes += b->copies[i].len;
+    for (size_t i = 0; i < n; i++) {
+        if (copies[i].result == 0) {
+            ncopies++;
+            bytes += copies[i].len;
         }
     }
     rank_ctr_add(rk, RC_COPY_BATCHES, 1);
-    rank_ctr_add(rk, RC_COPIES, copies);
+    rank_ctr_add(rk, RC_COPIES, ncopies);
     rank_ctr_add(rk, RC_BYTES_COPIED, bytes);
-    for (size_t i = 0; i < b->n; i++) {
-        struct rank_item *it = b->items[i];
-        int r = b->copies[i].result;
+    for (size_t i = 0; i < n; i++) {
+        struct rank_item *it = items[i];
+        int r = copies[i].result;
 
-        if (!b->dump) {
+        if (!dump) {
             /* The copy is complete: only now may the slot go. */
             sfs_lq_item_done(it, r);
         } else if (r < 0) {
@@ -169,7 +170,134 @@ static void batch_done(struct sfs_rank *rk, struct batch *b)
             sfs_lq_dump_copied(it);
         }
     }
+}
+
+static void batch_done(struct sfs_rank *rk, struct batch *b)
+{
+    items_done(rk, b->items, b->copies, b->n, b->dump);
     b->n = 0;
+}
+
+/* ---------------------------------------------------------------------------
+ * The releaser: with a pipelining copier, finished batches are handed on
+ * (leases released, tasks completed, dumps written through) by a thread of
+ * their own. On a GPU host that work -- a bucket lock and the task's lock
+ * per shard, lines last touched by the dispatcher's core -- cost the copier
+ * thread more than the transfer of a 16 KiB shard, so the GPU waited for
+ * it; now it overlaps the next batches' placing and launching.
+ */
+
+struct done_batch {
+    struct done_batch *next;
+    size_t n;
+    bool dump;
+    struct rank_item **items;
+    struct sfs_copy *copies;
+};
+
+struct sfs_releaser {
+    pthread_t thread;
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    struct done_batch *head, *tail; /* under mu */
+    bool stop;                      /* under mu */
+};
+
+static void *releaser_main(void *arg)
+{
+    struct sfs_rank *rk = arg;
+    struct sfs_releaser *rl = rk->releaser;
+
+    pthread_mutex_lock(&rl->mu);
+    for (;;) {
+        struct done_batch *d = rl->head;
+
+        if (!d) {
+            if (rl->stop)
+                break;
+            pthread_cond_wait(&rl->cv, &rl->mu);
+            continue;
+        }
+        rl->head = d->next;
+        if (!rl->head)
+            rl->tail = NULL;
+        pthread_mutex_unlock(&rl->mu);
+        items_done(rk, d->items, d->copies, d->n, d->dump);
+        free(d);
+        pthread_mutex_lock(&rl->mu);
+    }
+    pthread_mutex_unlock(&rl->mu);
+    return NULL;
+}
+
+/* Hand a finished batch to the releaser (a copy of its items and results:
+ * the batch is refilled at once); with no releaser or no memory, here. */
+static void batch_release(struct sfs_rank *rk, struct batch *b)
+{
+    struct sfs_releaser *rl = rk->releaser;
+    struct done_batch *d = NULL;
+
+    if (rl)
+        d = malloc(sizeof(*d) + b->n * (sizeof(*d->items) + sizeof(*d->copies)));
+    if (!d) {
+        batch_done(rk, b);
+        return;
+    }
+    d->next = NULL;
+    d->n = b->n;
+    d->dump = b->dump;
+    d->copies = (struct sfs_copy *)(d + 1);
+    d->items = (struct rank_item **)(d->copies + b->n);
+    memcpy(d->copies, b->copies, b->n * sizeof(*d->copies));
+    memcpy(d->items, b->items, b->n * sizeof(*d->items));
+    b->n = 0;
+    pthread_mutex_lock(&rl->mu);
+    if (rl->tail)
+        rl->tail->next = d;
+    else
+        rl->head = d;
+    rl->tail = d;
+    pthread_cond_signal(&rl->cv);
+    pthread_mutex_unlock(&rl->mu);
+}
+
+static int releaser_start(struct sfs_rank *rk)
+{
+    struct sfs_releaser *rl = calloc(1, sizeof(*rl));
+    int r;
+
+    if (!rl)
+        return -ENOMEM;
+    pthread_mutex_init(&rl->mu, NULL);
+    pthread_cond_init(&rl->cv, NULL);
+    rk->releaser = rl;
+    r = pthread_create(&rl->thread, NULL, releaser_main, rk);
+    if (r) {
+        rk->releaser = NULL;
+        pthread_mutex_destroy(&rl->mu);
+        pthread_cond_destroy(&rl->cv);
+        free(rl);
+        return -r;
+    }
+    return 0;
+}
+
+/* After the copier thread is gone: everything it handed on is done. */
+static void releaser_stop(struct sfs_rank *rk)
+{
+    struct sfs_releaser *rl = rk->releaser;
+
+    if (!rl)
+        return;
+    pthread_mutex_lock(&rl->mu);
+    rl->stop = true;
+    pthread_cond_signal(&rl->cv);
+    pthread_mutex_unlock(&rl->mu);
+    pthread_join(rl->thread, NULL);
+    pthread_mutex_destroy(&rl->mu);
+    pthread_cond_destroy(&rl->cv);
+    free(rl);
+    rk->releaser = NULL;
 }
 
 /* Finish the batch in flight, if any. */
@@ -178,7 +306,7 @@ static void drain(struct sfs_rank *rk, struct copier_state *st)
     if (st->inflight < 0)
         return;
     rk->copier->ops->finish(rk->copier, st->inflight);
-    batch_done(rk, &st->b[st->inflight]);
+    batch_release(rk, &st->b[st->inflight]);
     st->inflight = -1;
 }
 
@@ -196,7 +324,7 @@ static void batch_run(struct sfs_rank *rk, struct copier_state *st)
     batch_prepare(rk, b);
     if (!ops->start) {
         (b->dump ? ops->dump : ops->load)(rk->copier, b->copies, b->n);
-        batch_done(rk, b);
+        batch_release(rk, b);
         return;
     }
     r = ops->start(rk->copier, b->copies, b->n, b->dump, st->fill);
@@ -285,10 +413,18 @@ static void *copier_main(void *arg)
 
 int sfs_copier_start(struct sfs_rank *rk)
 {
-    int r = pthread_create(&rk->copier_thread, NULL, copier_main, rk);
+    int r;
 
-    if (r)
+    /* Only a pipelining copier gains from it; without one (no thread to
+     * spare), batches are handed on by the copier thread itself. Tests (the
+     * TSan run, which has no GPU) ask for it with SHARDFS_RANK_RELEASER. */
+    if ((rk->copier->ops->start || getenv("SHARDFS_RANK_RELEASER")) && releaser_start(rk) < 0)
+        sfs_log(LOG_WARNING, "rank: no releaser thread: the copier hands batches on itself");
+    r = pthread_create(&rk->copier_thread, NULL, copier_main, rk);
+    if (r) {
+        releaser_stop(rk);
         return -r;
+    }
     rk->copier_started = true;
     return 0;
 }
@@ -303,4 +439,5 @@ void sfs_copier_stop(struct sfs_rank *rk)
     pthread_mutex_unlock(&rk->ready_mu);
     pthread_join(rk->copier_thread, NULL);
     rk->copier_started = false;
+    releaser_stop(rk);
 }

@@ -878,7 +878,7 @@ static void dispatch_dump(struct sfs_rank *rk, struct rank_item *it)
 }
 
 /* After the copier has copied a dump's bytes in: write them through. Called
- * by the copier thread. */
+ * by the copier thread, or its releaser. */
 void sfs_lq_dump_copied(struct rank_item *it)
 {
     struct sfs_rank *rk = it->rank;

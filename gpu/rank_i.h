@@ -164,6 +164,7 @@ struct sfs_rank {
 
     pthread_t dispatcher;
     pthread_t copier_thread;
+    struct sfs_releaser *releaser; /* copier.c; NULL: none */
     pthread_t *worker_threads;
     unsigned nworker_threads; /* started */
     bool dispatcher_started, copier_started;
