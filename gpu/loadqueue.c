@@ -668,16 +668,20 @@ static void wait_one(struct sfs_rank *rk, struct rank_item *it)
  * and its key's ownership) but not yet submitted, and hits not yet handed to
  * the copier (one lock and one wake for a run of them, not one per key).
  * Flushed whenever the dispatcher would block (a token, a blocking wait, a
- * full cache), when it holds `depth` loads or HITS_HELD hits, and at the end
- * of the walk: so nothing held waits for more than the walk's next few Gets. */
+ * full cache), when it holds `depth` loads or `hits_max` hits, and at the
+ * end of the walk: so nothing held waits for more than the walk's next few
+ * Gets. The first run of a walk is short, so the copier starts early on a
+ * small task (its latency); runs then double to HITS_HELD, fewer wakes on a
+ * big one (its throughput). */
 struct load_batch {
     size_t n, cap;
     struct sfs_io **ios;
     struct item_queue hits;
-    unsigned nhits;
+    unsigned nhits, hits_max;
 };
 
-#define HITS_HELD 128
+#define HITS_FIRST 16
+#define HITS_HELD  128
 
 static void hits_flush(struct sfs_rank *rk, struct load_batch *b)
 {
@@ -755,8 +759,11 @@ static void get_and_route(struct sfs_rank *rk, struct rank_item *it, struct load
         rank_ctr_add(rk, RC_HITS, 1);
         it->step = STEP_COPY_OUT;
         queue_push(&b->hits, it);
-        if (++b->nhits == HITS_HELD)
+        if (++b->nhits >= b->hits_max) {
             hits_flush(rk, b);
+            if (b->hits_max < HITS_HELD)
+                b->hits_max *= 2;
+        }
         break;
     case SFS_WAITER:
         if (token)
@@ -897,7 +904,7 @@ void sfs_lq_dump_copied(struct rank_item *it)
 static void walk_task(struct sfs_rank *rk, struct sfs_task *t)
 {
     uint32_t *order = malloc(t->n * sizeof(*order));
-    struct walk w = {.t = t, .order = order};
+    struct walk w = {.t = t, .order = order, .b = {.hits_max = HITS_FIRST}};
 
     if (order && rk->rotate) {
         sfs_rank_rearrange(t->n, rk->r, rk->N, order);
