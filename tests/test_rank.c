@@ -1635,50 +1635,180 @@ static void cuda_task(struct sfs_rank *rk, bool dump, uint64_t first, uint32_t n
     free(st);
 }
 
-Test(rank, cuda_load_dump_device_memory, .timeout = 120)
+/* One task of keys [first, first + n) at n consecutive shards from base. */
+static void cuda_task_at(struct sfs_rank *rk, bool dump, uint64_t first, uint32_t n, uint8_t *base)
 {
+    void **addr = calloc(n, sizeof(*addr));
+
+    cr_assert_not_null(addr);
+    for (uint32_t i = 0; i < n; i++)
+        addr[i] = base + (size_t)i * SHARD;
+    cuda_task(rk, dump, first, n, addr);
+    free(addr);
+}
+
+/* Keys [first, first + n) in n consecutive shards of host memory at buf, of
+ * entries that succeeded (cuda_task checked their status). */
+static void cuda_check(uint64_t first, uint32_t n, const uint8_t *buf)
+{
+    int *st = calloc(n, sizeof(*st));
+
+    cr_assert_not_null(st);
+    check_bufs(first, n, 0, buf, st);
+    free(st);
+}
+
+/* A CUDA test's world: the runtime, a served cache, the rank under test,
+ * and the memory the test made. cuda_down undoes whichever are set, the
+ * rank first. */
+struct cuda_fx {
     struct cudart cu;
     struct env e;
+    struct sfs_rank *rk; /* the helpers below run their tasks on it */
+    uint8_t *host;       /* pageable (malloc): the staging buffer */
+    uint8_t *pinned;     /* cudaMallocHost */
+    uint8_t *dev[2];     /* cudaMalloc, on whichever device was current */
+};
+
+/* cuda_need (skip without a GPU), then host_bytes of pageable memory (none
+ * for 0). No cache yet: cuda_served, env_up or cuda_env_up makes it. */
+static void cuda_up(struct cuda_fx *f, size_t host_bytes)
+{
+    memset(f, 0, sizeof(*f));
+    cuda_need(&f->cu);
+    if (host_bytes) {
+        f->host = malloc(host_bytes);
+        cr_assert_not_null(f->host);
+    }
+}
+
+/* Skip with fewer than two devices (fail when two are required); what says
+ * what goes untested. */
+static void cuda_need_two(struct cuda_fx *f, const char *what)
+{
+    int ndev = 0;
+
+    cr_assert_eq(f->cu.device_count(&ndev), 0);
+    if (ndev < 2) {
+        cr_assert_lt(cuda_required(), 2, "one CUDA device, and SHARDFS_TEST_REQUIRE_CUDA=%d",
+                     cuda_required());
+        cr_skip_test("needs two CUDA devices: %s not tested", what);
+    }
+}
+
+/* A served cache of 4n slots with keys [first, first + n) Ready in it. */
+static void cuda_served(struct cuda_fx *f, uint32_t n, uint64_t first)
+{
+    env_up(&f->e, 4 * n, 0);
+    cuda_fill(f->e.c, first, n, NULL);
+}
+
+/* bytes of device memory on the current device (two at most). */
+static uint8_t *cuda_dev(struct cuda_fx *f, size_t bytes)
+{
+    uint8_t **d = f->dev[0] ? &f->dev[1] : &f->dev[0];
+
+    cr_assert_null(*d, "a third device buffer");
+    cr_assert_eq(f->cu.malloc_((void **)d, bytes), 0);
+    return *d;
+}
+
+/* bytes of pinned host memory (one buffer). */
+static uint8_t *cuda_pinned(struct cuda_fx *f, size_t bytes)
+{
+    cr_assert_null(f->pinned, "a second pinned buffer");
+    cr_assert_eq(f->cu.malloc_host((void **)&f->pinned, bytes), 0);
+    return f->pinned;
+}
+
+/* Keys [first, first + n) loaded into n shards of device memory at dev, and
+ * checked in the staging buffer after a cudaMemcpy of the given kind. */
+static void cuda_load_device(struct cuda_fx *f, uint64_t first, uint32_t n, uint8_t *dev, int kind)
+{
+    cuda_task_at(f->rk, false, first, n, dev);
+    cr_assert_eq(f->cu.memcpy_(f->host, dev, (size_t)n * SHARD, kind), 0);
+    cuda_check(first, n, f->host);
+}
+
+/* Keys [first, first + n) written into n shards of device memory at dev
+ * (from the staging buffer, by a cudaMemcpy of the given kind) and dumped
+ * from there. From pageable memory cudaMemcpy may return before its DMA is
+ * done, and the copier's stream does not wait for the legacy one: hence the
+ * synchronize. */
+static void cuda_dump_device(struct cuda_fx *f, uint64_t first, uint32_t n, uint8_t *dev, int kind)
+{
+    for (uint32_t i = 0; i < n; i++) {
+        struct sfs_key k = tu_key(first + i, 0);
+
+        tu_fill(&k, f->host + (size_t)i * SHARD, SHARD);
+    }
+    cr_assert_eq(f->cu.memcpy_(dev, f->host, (size_t)n * SHARD, kind), 0);
+    cr_assert_eq(f->cu.sync(), 0);
+    cuda_task_at(f->rk, true, first, n, dev);
+}
+
+/* Keys [first, first + n) loaded into the zeroed staging buffer (the CPU
+ * path), and checked. */
+static void cuda_load_host(struct cuda_fx *f, uint64_t first, uint32_t n)
+{
+    memset(f->host, 0, (size_t)n * SHARD);
+    cuda_task_at(f->rk, false, first, n, f->host);
+    cuda_check(first, n, f->host);
+}
+
+static void cuda_down(struct cuda_fx *f)
+{
+    if (f->rk)
+        sfs_rank_close(f->rk);
+    for (int i = 0; i < 2; i++)
+        if (f->dev[i])
+            f->cu.free_(f->dev[i]);
+    if (f->pinned)
+        f->cu.free_host(f->pinned);
+    free(f->host);
+    env_down(&f->e);
+}
+
+Test(rank, cuda_load_dump_device_memory, .timeout = 120)
+{
+    struct cuda_fx f;
     char spec[256];
     const uint32_t n = 64;
     struct sfs_rank_config cfg;
     struct sfs_rank_entry ent[64];
     struct sfs_task *t;
     int st[64], err = 0;
-    void *dev = NULL, *pinned = NULL;
-    uint8_t *host = malloc((size_t)n * SHARD);
 
-    cuda_need(&cu);
-    env_up(&e, 4 * n, 0);
-    write_store(e.dir, 0, n, 1, SHARD);
-    snprintf(spec, sizeof(spec), "%s", e.dir);
+    cuda_up(&f, (size_t)n * SHARD);
+    env_up(&f.e, 4 * n, 0);
+    write_store(f.e.dir, 0, n, 1, SHARD);
+    snprintf(spec, sizeof(spec), "%s", f.e.dir);
     sfs_rank_config_init(&cfg);
-    cfg.socket_path = e.sock;
+    cfg.socket_path = f.e.sock;
     cfg.device_id = 0;
     cfg.backend = spec;
     cfg.copier = SFS_COPIER_CUDA;
-    struct sfs_rank *rk = sfs_rank_open(&cfg, &err);
+    struct sfs_rank *rk = f.rk = sfs_rank_open(&cfg, &err);
     cr_assert_not_null(rk, "open: %d", err);
     cr_assert_str_eq(sfs_rank_copier_name(rk), "cuda");
-    cr_assert_eq(cu.malloc_(&dev, (size_t)n * SHARD), 0);
-    cr_assert_eq(cu.malloc_host(&pinned, (size_t)n * SHARD), 0);
+    uint8_t *host = f.host, *dev = cuda_dev(&f, (size_t)n * SHARD),
+            *pinned = cuda_pinned(&f, (size_t)n * SHARD);
 
     /* Load into device memory (twice: misses, then hits). */
     for (int pass = 0; pass < 2; pass++) {
         for (uint32_t i = 0; i < n; i++)
-            ent[i] = (struct sfs_rank_entry){tu_block(i), 0, (uint8_t *)dev + (size_t)i * SHARD};
+            ent[i] = (struct sfs_rank_entry){tu_block(i), 0, dev + (size_t)i * SHARD};
         cr_assert_eq(sfs_rank_load(rk, ent, n, &t), 0);
         cr_assert_eq(sfs_rank_wait(t, 30000, st), 0);
         sfs_rank_task_free(t);
         memset(host, 0, (size_t)n * SHARD);
-        cr_assert_eq(cu.memcpy_(host, dev, (size_t)n * SHARD, CUDA_D2H), 0);
+        cr_assert_eq(f.cu.memcpy_(host, dev, (size_t)n * SHARD, CUDA_D2H), 0);
         check_bufs(0, n, 0, host, st);
     }
     /* Load into pinned host memory and pageable host memory. */
     for (uint32_t i = 0; i < n; i++)
-        ent[i] = (struct sfs_rank_entry){tu_block(i), 0,
-                                         i % 2 ? (uint8_t *)pinned + (size_t)i * SHARD
-                                               : host + (size_t)i * SHARD};
+        ent[i] = (struct sfs_rank_entry){
+            tu_block(i), 0, i % 2 ? pinned + (size_t)i * SHARD : host + (size_t)i * SHARD};
     memset(host, 0, (size_t)n * SHARD);
     memset(pinned, 0, (size_t)n * SHARD);
     cr_assert_eq(sfs_rank_load(rk, ent, n, &t), 0);
@@ -1695,18 +1825,18 @@ Test(rank, cuda_load_dump_device_memory, .timeout = 120)
         struct sfs_key k = tu_key(500 + i, 0);
 
         tu_fill(&k, host + (size_t)i * SHARD, SHARD);
-        ent[i] = (struct sfs_rank_entry){k.block, 0, (uint8_t *)dev + (size_t)i * SHARD};
+        ent[i] = (struct sfs_rank_entry){k.block, 0, dev + (size_t)i * SHARD};
     }
     /* From pageable memory cudaMemcpy may return before its DMA is done,
      * and the copier's stream does not wait for the legacy one. */
-    cr_assert_eq(cu.memcpy_(dev, host, (size_t)n * SHARD, CUDA_H2D), 0);
-    cr_assert_eq(cu.sync(), 0);
+    cr_assert_eq(f.cu.memcpy_(dev, host, (size_t)n * SHARD, CUDA_H2D), 0);
+    cr_assert_eq(f.cu.sync(), 0);
     cr_assert_eq(sfs_rank_dump(rk, ent, n, &t), 0);
     cr_assert_eq(sfs_rank_wait(t, 30000, st), 0);
     sfs_rank_task_free(t);
     for (uint32_t i = 0; i < n; i++)
         cr_assert_eq(st[i], 0, "dump %u: %d", i, st[i]);
-    assert_no_leases(e.c); /* drop them: the next load reads the backend */
+    assert_no_leases(f.e.c); /* drop them: the next load reads the backend */
     memset(host, 0, (size_t)n * SHARD);
     for (uint32_t i = 0; i < n; i++)
         ent[i].addr = host + (size_t)i * SHARD;
@@ -1714,11 +1844,7 @@ Test(rank, cuda_load_dump_device_memory, .timeout = 120)
     cr_assert_eq(sfs_rank_wait(t, 30000, st), 0);
     sfs_rank_task_free(t);
     check_bufs(500, n, 0, host, st);
-    sfs_rank_close(rk);
-    cu.free_(dev);
-    cu.free_host(pinned);
-    free(host);
-    env_down(&e);
+    cuda_down(&f);
 }
 
 Test(rank, cuda_data_plane_is_mapped, .timeout = 60)
@@ -1726,21 +1852,19 @@ Test(rank, cuda_data_plane_is_mapped, .timeout = 60)
     /* Every data-plane piece registered and mapped for the kernel: the fast
      * path. A piece that is not still copies (cudaMemcpyAsync), slowly; this
      * test is what says so. Many small segments: one registration each. */
-    struct cudart cu;
-    struct env e;
+    struct cuda_fx f;
     unsigned a = 0, b = 1;
 
-    cuda_need(&cu);
-    cr_assert(cuda_env_up(&e, 256, 2u << 20, SFS_HUGEPAGES_OFF));
+    cuda_up(&f, 0);
+    cr_assert(cuda_env_up(&f.e, 256, 2u << 20, SFS_HUGEPAGES_OFF));
     cuda_warnings = 0;
     cuda_info[0] = '\0';
-    struct sfs_rank *rk = cuda_rank(e.sock, 0);
+    f.rk = cuda_rank(f.e.sock, 0);
     cr_assert_eq(sscanf(cuda_info, "cuda copier: device 0: %u of %u", &a, &b), 2, "log: '%s'",
                  cuda_info);
     cr_assert(a == b && a >= 4, "%u of %u data-plane pieces mapped", a, b);
     cr_assert_eq(cuda_warnings, 0);
-    sfs_rank_close(rk);
-    env_down(&e);
+    cuda_down(&f);
 }
 
 Test(rank, cuda_two_ranks_in_one_process, .timeout = 120)
@@ -1749,22 +1873,17 @@ Test(rank, cuda_two_ranks_in_one_process, .timeout = 120)
      * one leaves the other's registrations alone. Then a new cache, whose
      * mapping may reuse the freed addresses: a registration left behind
      * would pin the old pages and show them to the GPU. */
-    struct cudart cu;
-    struct env e;
+    struct cuda_fx f;
     const uint32_t n = 64;
-    uint8_t *dev = NULL, *host = malloc(2 * (size_t)n * SHARD);
-    void *addr[2 * 64];
     struct sfs_rank_entry ent[2][64];
     struct sfs_task *t[2];
     int st[2][64];
 
-    cuda_need(&cu);
-    cr_assert_not_null(host);
-    env_up(&e, 4 * n, 0);
-    cuda_fill(e.c, 0, n, NULL);
-    struct sfs_rank *a = cuda_rank(e.sock, 0);
-    struct sfs_rank *b = cuda_rank(e.sock, 0);
-    cr_assert_eq(cu.malloc_((void **)&dev, 2 * (size_t)n * SHARD), 0);
+    cuda_up(&f, 2 * (size_t)n * SHARD);
+    cuda_served(&f, n, 0);
+    struct sfs_rank *a = cuda_rank(f.e.sock, 0);
+    struct sfs_rank *b = f.rk = cuda_rank(f.e.sock, 0); /* the helpers' rank */
+    uint8_t *dev = cuda_dev(&f, 2 * (size_t)n * SHARD);
 
     for (uint32_t i = 0; i < n; i++) {
         ent[0][i] = (struct sfs_rank_entry){tu_block(i), 0, dev + (size_t)i * SHARD};
@@ -1776,47 +1895,24 @@ Test(rank, cuda_two_ranks_in_one_process, .timeout = 120)
         cr_assert_eq(sfs_rank_wait(t[r], 60000, st[r]), 0);
         sfs_rank_task_free(t[r]);
     }
-    cr_assert_eq(cu.memcpy_(host, dev, 2 * (size_t)n * SHARD, CUDA_D2H), 0);
-    check_bufs(0, n, 0, host, st[0]);
-    check_bufs(0, n, 0, host + (size_t)n * SHARD, st[1]);
+    cr_assert_eq(f.cu.memcpy_(f.host, dev, 2 * (size_t)n * SHARD, CUDA_D2H), 0);
+    check_bufs(0, n, 0, f.host, st[0]);
+    check_bufs(0, n, 0, f.host + (size_t)n * SHARD, st[1]);
 
     sfs_rank_close(a);
-    cr_assert_eq(cu.memset_(dev, 0, 2 * (size_t)n * SHARD), 0);
-    cr_assert_eq(cu.sync(), 0);
-    for (uint32_t i = 0; i < n; i++)
-        addr[i] = dev + (size_t)i * SHARD;
-    cuda_task(b, false, 0, n, addr);
-    cr_assert_eq(cu.memcpy_(host, dev, (size_t)n * SHARD, CUDA_D2H), 0);
-    check_bufs(0, n, 0, host, st[0]);
+    cr_assert_eq(f.cu.memset_(dev, 0, 2 * (size_t)n * SHARD), 0);
+    cr_assert_eq(f.cu.sync(), 0);
+    cuda_load_device(&f, 0, n, dev, CUDA_D2H);
     /* And b dumps (the kernel writing its mapping) after a is gone. */
-    for (uint32_t i = 0; i < n; i++) {
-        struct sfs_key k = tu_key(300 + i, 0);
-
-        tu_fill(&k, host + (size_t)i * SHARD, SHARD);
-    }
-    cr_assert_eq(cu.memcpy_(dev, host, (size_t)n * SHARD, CUDA_H2D), 0);
-    cr_assert_eq(cu.sync(), 0);
-    cuda_task(b, true, 300, n, addr);
-    memset(host, 0, (size_t)n * SHARD);
-    for (uint32_t i = 0; i < n; i++)
-        addr[i] = host + (size_t)i * SHARD;
-    cuda_task(b, false, 300, n, addr);
-    check_bufs(300, n, 0, host, st[0]);
+    cuda_dump_device(&f, 300, n, dev, CUDA_H2D);
+    cuda_load_host(&f, 300, n);
     sfs_rank_close(b);
-    env_down(&e);
+    env_down(&f.e);
 
-    env_up(&e, 4 * n, 0);
-    cuda_fill(e.c, 1000, n, NULL);
-    struct sfs_rank *c = cuda_rank(e.sock, 0);
-    for (uint32_t i = 0; i < n; i++)
-        addr[i] = dev + (size_t)i * SHARD;
-    cuda_task(c, false, 1000, n, addr);
-    cr_assert_eq(cu.memcpy_(host, dev, (size_t)n * SHARD, CUDA_D2H), 0);
-    check_bufs(1000, n, 0, host, st[0]);
-    sfs_rank_close(c);
-    cu.free_(dev);
-    free(host);
-    env_down(&e);
+    cuda_served(&f, n, 1000);
+    f.rk = cuda_rank(f.e.sock, 0);
+    cuda_load_device(&f, 1000, n, dev, CUDA_D2H);
+    cuda_down(&f);
 }
 
 Test(rank, cuda_host_memory_ends, .timeout = 120)
@@ -1824,31 +1920,28 @@ Test(rank, cuda_host_memory_ends, .timeout = 120)
     /* Loads into, and dumps from, the three kinds of host memory: pinned
      * (cudaMallocHost), registered by the program (cudaHostRegister, default
      * flags: mapped), and pageable. */
-    struct cudart cu;
-    struct env e;
+    struct cuda_fx f;
     const uint32_t n = 48;
     const size_t part = 16 * (size_t)SHARD;
-    uint8_t *pinned = NULL, *reg = aligned_alloc(4096, part), *pageable = malloc(part);
+    uint8_t *reg = aligned_alloc(4096, part), *pageable = malloc(part);
     uint8_t *kinds[3];
     static const char *const kind_name[3] = {"pinned", "registered", "pageable"};
     void *addr[48];
 
-    cuda_need(&cu);
+    cuda_up(&f, 0);
     cr_assert(reg && pageable);
-    env_up(&e, 4 * n, 0);
-    cuda_fill(e.c, 0, n, NULL);
-    cr_assert_eq(cu.malloc_host((void **)&pinned, part), 0);
-    cr_assert_eq(cu.host_register(reg, part, 0), 0);
-    kinds[0] = pinned;
+    cuda_served(&f, n, 0);
+    kinds[0] = cuda_pinned(&f, part);
+    cr_assert_eq(f.cu.host_register(reg, part, 0), 0);
     kinds[1] = reg;
     kinds[2] = pageable;
-    struct sfs_rank *rk = cuda_rank(e.sock, 0);
+    f.rk = cuda_rank(f.e.sock, 0);
 
     for (uint32_t i = 0; i < n; i++)
         addr[i] = kinds[i % 3] + (size_t)(i / 3) * SHARD;
     for (int k = 0; k < 3; k++)
         memset(kinds[k], 0, part);
-    cuda_task(rk, false, 0, n, addr);
+    cuda_task(f.rk, false, 0, n, addr);
     for (uint32_t i = 0; i < n; i++) {
         struct sfs_key k = tu_key(i, 0);
 
@@ -1860,22 +1953,22 @@ Test(rank, cuda_host_memory_ends, .timeout = 120)
 
         tu_fill(&k, addr[i], SHARD);
     }
-    cuda_task(rk, true, 400, n, addr);
+    cuda_task(f.rk, true, 400, n, addr);
     for (int k = 0; k < 3; k++)
         memset(kinds[k], 0, part);
-    cuda_task(rk, false, 400, n, addr);
+    cuda_task(f.rk, false, 400, n, addr);
     for (uint32_t i = 0; i < n; i++) {
         struct sfs_key k = tu_key(400 + i, 0);
 
         cr_assert_eq(tu_check(&k, addr[i], SHARD), -1, "dump from %s memory, entry %u",
                      kind_name[i % 3], i);
     }
-    sfs_rank_close(rk);
-    cr_assert_eq(cu.host_unregister(reg), 0);
-    cu.free_host(pinned);
+    sfs_rank_close(f.rk);
+    f.rk = NULL;
+    cr_assert_eq(f.cu.host_unregister(reg), 0);
     free(reg);
     free(pageable);
-    env_down(&e);
+    cuda_down(&f);
 }
 
 #define ODD_N      1100 /* more than one copier batch (1024) */
@@ -1921,19 +2014,16 @@ Test(rank, cuda_odd_lengths_and_unaligned_addresses, .timeout = 240)
      * sources at every alignment mod 32, in device and pinned memory, more
      * entries than one batch; the bytes around each entry stay as they were.
      * Data-plane segments of 2 MiB: dozens of registrations. */
-    struct cudart cu;
-    struct env e;
+    struct cuda_fx f;
     const size_t bytes = (size_t)ODD_N * ODD_STRIDE;
-    uint8_t *host = malloc(bytes), *pinned = NULL, *dev = NULL;
     void **addr = calloc(ODD_N, sizeof(*addr));
 
-    cuda_need(&cu);
-    cr_assert(host && addr);
-    cr_assert(cuda_env_up(&e, 2 * ODD_N + 64, 2u << 20, SFS_HUGEPAGES_OFF));
-    cuda_fill(e.c, 0, ODD_N, odd_len);
-    struct sfs_rank *rk = cuda_rank(e.sock, 0);
-    cr_assert_eq(cu.malloc_((void **)&dev, bytes), 0);
-    cr_assert_eq(cu.malloc_host((void **)&pinned, bytes), 0);
+    cuda_up(&f, bytes);
+    cr_assert(f.host && addr);
+    cr_assert(cuda_env_up(&f.e, 2 * ODD_N + 64, 2u << 20, SFS_HUGEPAGES_OFF));
+    cuda_fill(f.e.c, 0, ODD_N, odd_len);
+    f.rk = cuda_rank(f.e.sock, 0);
+    uint8_t *host = f.host, *dev = cuda_dev(&f, bytes), *pinned = cuda_pinned(&f, bytes);
 
     for (int pass = 0; pass < 2; pass++) {
         uint8_t *base = pass ? pinned : dev;
@@ -1942,15 +2032,15 @@ Test(rank, cuda_odd_lengths_and_unaligned_addresses, .timeout = 240)
         if (pass)
             memcpy(pinned, host, bytes);
         else
-            cr_assert_eq(cu.memcpy_(dev, host, bytes, CUDA_H2D), 0);
-        cr_assert_eq(cu.sync(), 0);
+            cr_assert_eq(f.cu.memcpy_(dev, host, bytes, CUDA_H2D), 0);
+        cr_assert_eq(f.cu.sync(), 0);
         for (uint32_t i = 0; i < ODD_N; i++)
             addr[i] = base + odd_off(i);
-        cuda_task(rk, false, 0, ODD_N, addr);
+        cuda_task(f.rk, false, 0, ODD_N, addr);
         if (pass)
             memcpy(host, pinned, bytes);
         else
-            cr_assert_eq(cu.memcpy_(host, dev, bytes, CUDA_D2H), 0);
+            cr_assert_eq(f.cu.memcpy_(host, dev, bytes, CUDA_D2H), 0);
         odd_check(host, 0, odd_len);
     }
 
@@ -1963,21 +2053,17 @@ Test(rank, cuda_odd_lengths_and_unaligned_addresses, .timeout = 240)
         tu_fill(&k, host + odd_off(i), SHARD);
         addr[i] = dev + odd_off(i);
     }
-    cr_assert_eq(cu.memcpy_(dev, host, bytes, CUDA_H2D), 0);
-    cr_assert_eq(cu.sync(), 0);
-    cuda_task(rk, true, 20000, ODD_N, addr);
+    cr_assert_eq(f.cu.memcpy_(dev, host, bytes, CUDA_H2D), 0);
+    cr_assert_eq(f.cu.sync(), 0);
+    cuda_task(f.rk, true, 20000, ODD_N, addr);
     memset(host, 0xa5, bytes);
     for (uint32_t i = 0; i < ODD_N; i++)
         addr[i] = host + odd_off(i);
-    cuda_task(rk, false, 20000, ODD_N, addr);
+    cuda_task(f.rk, false, 20000, ODD_N, addr);
     odd_check(host, 20000, full_len);
 
-    sfs_rank_close(rk);
-    cu.free_(dev);
-    cu.free_host(pinned);
-    free(host);
     free(addr);
-    env_down(&e);
+    cuda_down(&f);
 }
 
 Test(rank, cuda_huge_page_data_plane, .timeout = 120)
@@ -1985,34 +2071,21 @@ Test(rank, cuda_huge_page_data_plane, .timeout = 120)
     /* The daemon's data plane is hugetlb memfds when huge pages are
      * reserved: registered like any other, or, if the driver refuses, copied
      * through cudaMemcpyAsync (the log says which). Either way correct. */
-    struct cudart cu;
-    struct env e;
+    struct cuda_fx f;
     const uint32_t n = 64;
-    uint8_t *dev = NULL, *host = malloc((size_t)n * SHARD);
-    void *addr[64];
-    int st[64] = {0};
 
-    cuda_need(&cu);
-    cr_assert_not_null(host);
-    if (!cuda_env_up(&e, 128, 0, SFS_HUGEPAGES_ON))
+    cuda_up(&f, (size_t)n * SHARD);
+    if (!cuda_env_up(&f.e, 128, 0, SFS_HUGEPAGES_ON))
         cr_skip_test("no huge pages reserved: a hugetlb data plane not tested");
-    cuda_fill(e.c, 0, n, NULL);
+    cuda_fill(f.e.c, 0, n, NULL);
     cuda_warnings = 0;
-    struct sfs_rank *rk = cuda_rank(e.sock, 0);
+    f.rk = cuda_rank(f.e.sock, 0);
     /* Not cr_log_warn: a Criterion warning makes the run exit non-zero. */
     if (cuda_warnings)
         fprintf(stderr, "[note] the hugetlb data plane is not mapped for the kernel (see the log "
                         "above): its copies go through cudaMemcpyAsync\n");
-    cr_assert_eq(cu.malloc_((void **)&dev, (size_t)n * SHARD), 0);
-    for (uint32_t i = 0; i < n; i++)
-        addr[i] = dev + (size_t)i * SHARD;
-    cuda_task(rk, false, 0, n, addr);
-    cr_assert_eq(cu.memcpy_(host, dev, (size_t)n * SHARD, CUDA_D2H), 0);
-    check_bufs(0, n, 0, host, st);
-    sfs_rank_close(rk);
-    cu.free_(dev);
-    free(host);
-    env_down(&e);
+    cuda_load_device(&f, 0, n, cuda_dev(&f, (size_t)n * SHARD), CUDA_D2H);
+    cuda_down(&f);
 }
 
 Test(rank, cuda_other_device_and_current_device, .timeout = 120)
@@ -2020,63 +2093,40 @@ Test(rank, cuda_other_device_and_current_device, .timeout = 120)
     /* Destinations on another GPU (peer access, or cudaMemcpyAsync where
      * there is none), and the caller's current device left as it was by
      * open and close (they run their CUDA calls on a thread of their own). */
-    struct cudart cu;
-    struct env e;
+    struct cuda_fx f;
     const uint32_t n = 64;
-    uint8_t *d0 = NULL, *d1 = NULL, *host = malloc((size_t)n * SHARD);
     void *addr[64];
-    int ndev = 0, cur = -1, st[64] = {0};
+    int cur = -1;
 
-    cuda_need(&cu);
-    cr_assert_not_null(host);
-    cr_assert_eq(cu.device_count(&ndev), 0);
-    if (ndev < 2) {
-        cr_assert_lt(cuda_required(), 2, "one CUDA device, and SHARDFS_TEST_REQUIRE_CUDA=%d",
-                     cuda_required());
-        cr_skip_test("needs two CUDA devices: destinations on another GPU not tested");
-    }
-    env_up(&e, 4 * n, 0);
-    cuda_fill(e.c, 0, n, NULL);
-    cr_assert_eq(cu.set_device(1), 0);
-    cr_assert_eq(cu.malloc_((void **)&d1, (size_t)n * SHARD), 0);
-    struct sfs_rank *rk = cuda_rank(e.sock, 0);
-    cr_assert_eq(cu.get_device(&cur), 0);
+    cuda_up(&f, (size_t)n * SHARD);
+    cuda_need_two(&f, "destinations on another GPU");
+    cuda_served(&f, n, 0);
+    cr_assert_eq(f.cu.set_device(1), 0);
+    uint8_t *d1 = cuda_dev(&f, (size_t)n * SHARD);
+    f.rk = cuda_rank(f.e.sock, 0);
+    cr_assert_eq(f.cu.get_device(&cur), 0);
     cr_assert_eq(cur, 1, "sfs_rank_open changed the caller's current device");
-    cr_assert_eq(cu.set_device(0), 0);
-    cr_assert_eq(cu.malloc_((void **)&d0, (size_t)n * SHARD), 0);
-    cr_assert_eq(cu.set_device(1), 0);
+    cr_assert_eq(f.cu.set_device(0), 0);
+    uint8_t *d0 = cuda_dev(&f, (size_t)n * SHARD);
+    cr_assert_eq(f.cu.set_device(1), 0);
 
     for (uint32_t i = 0; i < n; i++)
         addr[i] = (i % 2 ? d1 : d0) + (size_t)i * SHARD;
-    cuda_task(rk, false, 0, n, addr);
+    cuda_task(f.rk, false, 0, n, addr);
     for (uint32_t i = 0; i < n; i++) {
         struct sfs_key k = tu_key(i, 0);
 
-        cr_assert_eq(cu.memcpy_(host, addr[i], SHARD, CUDA_DEFAULT), 0);
-        cr_assert_eq(tu_check(&k, host, SHARD), -1, "entry %u on device %u", i, i % 2);
+        cr_assert_eq(f.cu.memcpy_(f.host, addr[i], SHARD, CUDA_DEFAULT), 0);
+        cr_assert_eq(tu_check(&k, f.host, SHARD), -1, "entry %u on device %u", i, i % 2);
     }
     /* Dump from the other device's memory, read back on ours. */
-    for (uint32_t i = 0; i < n; i++) {
-        struct sfs_key k = tu_key(700 + i, 0);
-
-        tu_fill(&k, host + (size_t)i * SHARD, SHARD);
-        addr[i] = d1 + (size_t)i * SHARD;
-    }
-    cr_assert_eq(cu.memcpy_(d1, host, (size_t)n * SHARD, CUDA_H2D), 0);
-    cr_assert_eq(cu.sync(), 0);
-    cuda_task(rk, true, 700, n, addr);
-    for (uint32_t i = 0; i < n; i++)
-        addr[i] = d0 + (size_t)i * SHARD;
-    cuda_task(rk, false, 700, n, addr);
-    cr_assert_eq(cu.memcpy_(host, d0, (size_t)n * SHARD, CUDA_DEFAULT), 0);
-    check_bufs(700, n, 0, host, st);
-    sfs_rank_close(rk);
-    cr_assert_eq(cu.get_device(&cur), 0);
+    cuda_dump_device(&f, 700, n, d1, CUDA_H2D);
+    cuda_load_device(&f, 700, n, d0, CUDA_DEFAULT);
+    sfs_rank_close(f.rk);
+    f.rk = NULL;
+    cr_assert_eq(f.cu.get_device(&cur), 0);
     cr_assert_eq(cur, 1, "sfs_rank_close changed the caller's current device");
-    cu.free_(d1);
-    cu.free_(d0);
-    free(host);
-    env_down(&e);
+    cuda_down(&f);
 }
 
 Test(rank, cuda_rank_on_second_device, .timeout = 120)
@@ -2085,52 +2135,23 @@ Test(rank, cuda_rank_on_second_device, .timeout = 120)
      * descriptors and registrations are made on device 1, and the copier
      * thread (which starts on device 0, as every thread does) must make
      * device 1 current before each batch, or its launches fail. */
-    struct cudart cu;
-    struct env e;
+    struct cuda_fx f;
     const uint32_t n = 64;
-    uint8_t *d1 = NULL, *host = malloc((size_t)n * SHARD);
-    void *addr[64];
-    int ndev = 0, st[64] = {0};
 
-    cuda_need(&cu);
-    cr_assert_not_null(host);
-    cr_assert_eq(cu.device_count(&ndev), 0);
-    if (ndev < 2) {
-        cr_assert_lt(cuda_required(), 2, "one CUDA device, and SHARDFS_TEST_REQUIRE_CUDA=%d",
-                     cuda_required());
-        cr_skip_test("needs two CUDA devices: a rank on device 1 not tested");
-    }
-    env_up(&e, 4 * n, 0);
-    cuda_fill(e.c, 0, n, NULL);
-    cr_assert_eq(cu.set_device(1), 0);
-    cr_assert_eq(cu.malloc_((void **)&d1, (size_t)n * SHARD), 0);
-    cr_assert_eq(cu.set_device(0), 0);
-    struct sfs_rank *rk = cuda_rank(e.sock, 1);
+    cuda_up(&f, (size_t)n * SHARD);
+    cuda_need_two(&f, "a rank on device 1");
+    cuda_served(&f, n, 0);
+    cr_assert_eq(f.cu.set_device(1), 0);
+    uint8_t *d1 = cuda_dev(&f, (size_t)n * SHARD);
+    cr_assert_eq(f.cu.set_device(0), 0);
+    f.rk = cuda_rank(f.e.sock, 1);
 
-    for (uint32_t i = 0; i < n; i++)
-        addr[i] = d1 + (size_t)i * SHARD;
-    cuda_task(rk, false, 0, n, addr);
-    cr_assert_eq(cu.memcpy_(host, d1, (size_t)n * SHARD, CUDA_DEFAULT), 0);
-    check_bufs(0, n, 0, host, st);
+    cuda_load_device(&f, 0, n, d1, CUDA_DEFAULT);
     /* Dump from device 1 (the kernel writing the mapping), read back by the
      * CPU path. */
-    for (uint32_t i = 0; i < n; i++) {
-        struct sfs_key k = tu_key(900 + i, 0);
-
-        tu_fill(&k, host + (size_t)i * SHARD, SHARD);
-    }
-    cr_assert_eq(cu.memcpy_(d1, host, (size_t)n * SHARD, CUDA_DEFAULT), 0);
-    cr_assert_eq(cu.sync(), 0);
-    cuda_task(rk, true, 900, n, addr);
-    memset(host, 0, (size_t)n * SHARD);
-    for (uint32_t i = 0; i < n; i++)
-        addr[i] = host + (size_t)i * SHARD;
-    cuda_task(rk, false, 900, n, addr);
-    check_bufs(900, n, 0, host, st);
-    sfs_rank_close(rk);
-    cu.free_(d1);
-    free(host);
-    env_down(&e);
+    cuda_dump_device(&f, 900, n, d1, CUDA_DEFAULT);
+    cuda_load_host(&f, 900, n);
+    cuda_down(&f);
 }
 
 Test(rank, counts_keys_helper, .timeout = 10)
