@@ -22,7 +22,9 @@
  * runs the same code on the host copier):
  *  3. Load GB/s of resident tasks of 16 KiB .. 4 MiB shards into device
  *     memory against one big pinned cudaMemcpy; dump likewise; latency of a
- *     resident task of 64 x 16 KiB, p50/p99.
+ *     resident task of 64 x 16 KiB, p50/p99; every byte of a load checked.
+ *  4. Rank attach: sfs_rank_open on a populated 4 GiB data plane (map,
+ *     fault in, register) against cudaHostRegister alone, ms per GiB.
  *
  * Each figure is the median of --reps runs after a warm-up. Tables go to
  * stdout and, with --out FILE (or --md FILE), replace this program's section
@@ -482,6 +484,8 @@ struct cudart {
     int (*malloc_host)(void **, size_t);
     int (*free_host)(void *);
     int (*sync)(void);
+    int (*host_register)(void *, size_t, unsigned); /* optional */
+    int (*host_unregister)(void *);                 /* optional */
 };
 
 static bool cudart_open(struct cudart *c)
@@ -498,6 +502,8 @@ static bool cudart_open(struct cudart *c)
     c->malloc_host = (int (*)(void **, size_t))dlsym(c->h, "cudaMallocHost");
     c->free_host = (int (*)(void *))dlsym(c->h, "cudaFreeHost");
     c->sync = (int (*)(void))dlsym(c->h, "cudaDeviceSynchronize");
+    c->host_register = (int (*)(void *, size_t, unsigned))dlsym(c->h, "cudaHostRegister");
+    c->host_unregister = (int (*)(void *))dlsym(c->h, "cudaHostUnregister");
     return c->malloc_ && c->free_ && c->memcpy_ && c->malloc_host && c->free_host && c->sync;
 }
 
@@ -530,6 +536,83 @@ static bool verify_loaded(struct cudart *cu, bool gpu, void *dev, void *pinned, 
                 return false;
             }
     return true;
+}
+
+/*
+ * Rank attach: sfs_rank_open on a cache whose data plane the daemon has
+ * populated (the rank maps every segment, faults its page tables in and, with
+ * CUDA, registers it), against cudaHostRegister alone of as many touched
+ * bytes (without a GPU: against nothing; the figure is the mapping's cost).
+ */
+static void bench_attach(struct cudart *cu, bool gpu)
+{
+    const uint64_t gib = O.quick ? 1 : 4, bytes = gib << 30, shard = 1 << 20;
+    const int reps = O.quick ? 2 : 3;
+    struct sfs_cache_config cc = {
+        .shard_size = shard,
+        .nslots = (uint32_t)(bytes / shard),
+        .no_reserved = true,
+        .populate = true,
+        .hugepages = SFS_HUGEPAGES_AUTO,
+    };
+    char sock[128];
+    int err = 0;
+    double vo[8], vr[8];
+    struct sfs_cache_info info;
+
+    snprintf(sock, sizeof(sock), "/tmp/bench-rank-attach-%d.sock", getpid());
+    struct sfs_cache *c = sfs_cache_create(&cc, &err);
+    if (!c)
+        die("sfs_cache_create", err);
+    if ((err = sfs_cache_serve(c, sock)))
+        die("sfs_cache_serve", err);
+    sfs_cache_info(c, &info);
+    for (int rep = 0; rep < reps; rep++) {
+        struct sfs_rank_config cfg;
+
+        sfs_rank_config_init(&cfg);
+        cfg.socket_path = sock;
+        cfg.device_id = 0;
+        cfg.copier = O.copier;
+        cfg.prealloc = false;
+        int64_t t0 = sfs_now_ns();
+        struct sfs_rank *rk = sfs_rank_open(&cfg, &err);
+        int64_t t1 = sfs_now_ns();
+
+        if (!rk)
+            die("sfs_rank_open", err);
+        vo[rep] = (double)(t1 - t0) / 1e6;
+        sfs_rank_close(rk);
+    }
+    sfs_cache_close(c);
+    bool base = gpu && cu->host_register && cu->host_unregister;
+
+    for (int rep = 0; base && rep < reps; rep++) {
+        void *buf = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+
+        if (buf == MAP_FAILED)
+            die("mmap", errno);
+        memset(buf, 1, bytes); /* touched, as the daemon's data plane is */
+        int64_t t0 = sfs_now_ns();
+        int r = cu->host_register(buf, bytes, 3 /* portable | mapped */);
+        int64_t t1 = sfs_now_ns();
+
+        if (r)
+            base = false;
+        else
+            cu->host_unregister(buf);
+        vr[rep] = (double)(t1 - t0) / 1e6;
+        munmap(buf, bytes);
+    }
+    double mo = median(vo, reps), mr = base ? median(vr, reps) : 0;
+
+    emit("\n### Rank attach: %lu GiB data plane (%s), median of %d\n\n", (unsigned long)gib,
+         info.hugepages ? "huge pages" : "4 KiB pages", reps);
+    emit("| what | ms | ms per GiB | target |\n|---|---|---|---|\n");
+    emit("| sfs_rank_open (%s copier): map, fault in, %s | %.1f | %.1f | <= 60 |\n",
+         gpu ? "cuda" : "host", gpu ? "register" : "no registration", mo, mo / (double)gib);
+    if (base)
+        emit("| cudaHostRegister alone (baseline) | %.1f | %.1f | |\n", mr, mr / (double)gib);
 }
 
 static void bench_gpu(void)
@@ -686,6 +769,7 @@ static void bench_gpu(void)
         free(dev);
         free(pinned);
     }
+    bench_attach(&cu, gpu);
 }
 
 /* ---------------------------------------------------------------------------
