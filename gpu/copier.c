@@ -88,13 +88,8 @@ int sfs_copier_open(int mode, int device_id, struct sfs_cache *c, struct sfs_cop
  * and at most one wake for all of them. */
 void sfs_copier_push_chain(struct sfs_rank *rk, struct rank_item *head, struct rank_item *tail)
 {
-    tail->next = NULL;
     pthread_mutex_lock(&rk->ready_mu);
-    if (rk->ready.tail)
-        rk->ready.tail->next = head;
-    else
-        rk->ready.head = head;
-    rk->ready.tail = tail;
+    item_queue_append(&rk->ready, head, tail);
     pthread_cond_signal(&rk->ready_cv);
     pthread_mutex_unlock(&rk->ready_mu);
 }
@@ -125,7 +120,8 @@ static void batch_prepare(struct sfs_rank *rk, struct batch *b)
         struct rank_item *it = b->items[i];
 
         if (b->dump) {
-            b->copies[i] = (struct sfs_copy){.dst = it->buf, .src = it->addr, .len = rk->shard_size};
+            b->copies[i] =
+                (struct sfs_copy){.dst = it->buf, .src = it->addr, .len = rk->shard_size};
         } else {
             uint32_t len = sfs_cache_length(rk->cache, &it->lease);
 

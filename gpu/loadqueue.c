@@ -55,9 +55,9 @@ bool sfs_lq_token_try(struct sfs_rank *rk)
                                                     memory_order_seq_cst, memory_order_relaxed));
     /* A statistic: a racy maximum is fine as long as it only grows. */
     max = atomic_load_explicit(&rk->max_inflight, memory_order_relaxed);
-    while (cur + 1 > max && !atomic_compare_exchange_weak_explicit(&rk->max_inflight, &max,
-                                                                  cur + 1, memory_order_relaxed,
-                                                                  memory_order_relaxed))
+    while (cur + 1 > max &&
+           !atomic_compare_exchange_weak_explicit(&rk->max_inflight, &max, cur + 1,
+                                                  memory_order_relaxed, memory_order_relaxed))
         ;
     return true;
 }
@@ -226,12 +226,24 @@ static void load_done(struct sfs_io *io)
     sfs_lq_item_done(it, res); /* a prefetch keeps no lease */
 }
 
+/* The backend request of `it`: its key, one shard to or from it->buf. */
+static void io_prep(struct rank_item *it, void (*done)(struct sfs_io *))
+{
+    struct sfs_io *iop = &it->io;
+
+    memset(iop, 0, sizeof(*iop));
+    iop->key = it->key;
+    iop->buf = it->buf;
+    iop->len = (uint32_t)it->rank->shard_size;
+    iop->done = done;
+    iop->arg = it;
+}
+
 /* Owner of it->lease, holding a depth token: fill in its request. False
  * (and the item is finished) when there is no backend. */
 static bool prep_load(struct rank_item *it)
 {
     struct sfs_rank *rk = it->rank;
-    struct sfs_io *iop = &it->io;
 
     if (!rk->be) {
         sfs_lq_token_put(rk);
@@ -240,12 +252,7 @@ static bool prep_load(struct rank_item *it)
         return false;
     }
     it->buf = sfs_cache_data(rk->cache, &it->lease);
-    memset(iop, 0, sizeof(*iop));
-    iop->key = it->key;
-    iop->buf = it->buf;
-    iop->len = (uint32_t)rk->shard_size;
-    iop->done = load_done;
-    iop->arg = it;
+    io_prep(it, load_done);
     return true;
 }
 
@@ -323,12 +330,7 @@ static void submit_dump(struct rank_item *it)
     int r;
 
     token_get(rk);
-    memset(iop, 0, sizeof(*iop));
-    iop->key = it->key;
-    iop->buf = it->buf;
-    iop->len = (uint32_t)rk->shard_size;
-    iop->done = dump_done;
-    iop->arg = it;
+    io_prep(it, dump_done);
     rank_ctr_add(rk, RC_DUMPS, 1);
     r = sfs_backend_dump(rk->be, &iop, 1);
     if (r < 0) {
@@ -345,13 +347,8 @@ static void submit_dump(struct rank_item *it)
 
 void sfs_lq_push_work(struct sfs_rank *rk, struct rank_item *it)
 {
-    it->next = NULL;
     pthread_mutex_lock(&rk->work_mu);
-    if (rk->workq.tail)
-        rk->workq.tail->next = it;
-    else
-        rk->workq.head = it;
-    rk->workq.tail = it;
+    item_queue_append(&rk->workq, it, it);
     pthread_cond_signal(&rk->work_cv);
     pthread_mutex_unlock(&rk->work_mu);
 }
@@ -448,12 +445,7 @@ static void set_add(struct watch_set *ws, struct item_queue *q)
 
 static void queue_push(struct item_queue *q, struct rank_item *it)
 {
-    it->next = NULL;
-    if (q->tail)
-        q->tail->next = it;
-    else
-        q->head = it;
-    q->tail = it;
+    item_queue_append(q, it, it);
 }
 
 /* A wait on `it` ended with `r` as sfs_cache_wait() returns it. `may_block`:

@@ -71,6 +71,19 @@ struct item_queue {
     struct rank_item *head, *tail;
 };
 
+/* Append the chain head..tail (linked by ->next) to q; the caller holds
+ * whatever guards q. */
+static inline void item_queue_append(struct item_queue *q, struct rank_item *head,
+                                     struct rank_item *tail)
+{
+    tail->next = NULL;
+    if (q->tail)
+        q->tail->next = head;
+    else
+        q->head = head;
+    q->tail = tail;
+}
+
 struct sfs_task {
     struct sfs_rank *rank;
     struct sfs_task *next; /* rank->tq, under rank->mu */
