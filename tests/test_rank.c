@@ -361,6 +361,14 @@ static int child_main(void *arg)
     return 0;
 }
 
+/* Rank i of N, loading blocks [0, M) of e's store in rotated order. */
+static struct job job_at(const struct env *e, struct shared *sh, int i, int N, uint32_t M,
+                         unsigned depth)
+{
+    return (struct job){
+        .sock = e->sock, .dev = i, .N = N, .depth = depth, .rotate = true, .nblocks = M, .sh = sh};
+}
+
 static void report(struct shared *sh, int N, int *status)
 {
     for (int i = 0; i < N; i++) {
@@ -386,14 +394,8 @@ static void run_ranks_be(int N, uint32_t M, unsigned depth, bool rotate, bool me
     env_up(&e, 4 * M, 0);
     write_store(e.dir, 0, M, 2, SHARD);
     for (int i = 0; i < N; i++) {
-        jobs[i] = (struct job){.sock = e.sock,
-                               .dev = i,
-                               .N = N,
-                               .depth = depth,
-                               .rotate = rotate,
-                               .nblocks = M,
-                               .shard = 0,
-                               .sh = sh};
+        jobs[i] = job_at(&e, sh, i, N, M, depth);
+        jobs[i].rotate = rotate;
         if (mem) {
             jobs[i].fill_mem = true;
             snprintf(jobs[i].spec, sizeof(jobs[i].spec), "fault:latency_us=2000:mem:");
@@ -550,14 +552,8 @@ Test(rank, errors_reach_every_rank_then_retry, .timeout = 120)
     env_up(&e, 4 * M, 0);
     write_store(e.dir, 0, M, 1, SHARD);
     for (int i = 0; i < N; i++) {
-        jobs[i] = (struct job){.sock = e.sock,
-                               .dev = i,
-                               .N = N,
-                               .depth = 8,
-                               .rotate = true,
-                               .nblocks = M,
-                               .mode = MODE_EIO,
-                               .sh = sh};
+        jobs[i] = job_at(&e, sh, i, N, M, 8);
+        jobs[i].mode = MODE_EIO;
         snprintf(jobs[i].spec, sizeof(jobs[i].spec), "fault:latency_us=5000,eio=1:%s", e.dir);
         pids[i] = tu_fork(child_main, &jobs[i]);
     }
@@ -586,15 +582,9 @@ Test(rank, killed_rank_share_is_retaken, .timeout = 120)
     env_up(&e, 4 * M, 0);
     write_store(e.dir, 0, M, 1, SHARD);
     for (int i = 0; i < N; i++) {
-        jobs[i] = (struct job){.sock = e.sock,
-                               .dev = i,
-                               .N = N,
-                               .depth = 64,
-                               .rotate = true,
-                               .nblocks = M,
-                               .mode = i == 0 ? MODE_VICTIM : MODE_LOAD,
-                               .after_victim = i > 0,
-                               .sh = sh};
+        jobs[i] = job_at(&e, sh, i, N, M, 64);
+        jobs[i].mode = i == 0 ? MODE_VICTIM : MODE_LOAD;
+        jobs[i].after_victim = i > 0;
         /* Slow enough that rank 0 dies with its loads in flight. */
         snprintf(jobs[i].spec, sizeof(jobs[i].spec), "fault:latency_us=%d:%s",
                  i == 0 ? 5000000 : 300000, e.dir);

@@ -243,8 +243,7 @@ static void describe_fs(const char *dir, char *out, size_t len, bool *is_tmpfs)
         target[n] = 0;
         dev = strrchr(target, '/') ? strrchr(target, '/') + 1 : target;
     }
-    snprintf(dev_sys, sizeof(dev_sys), "/sys/dev/block/%u:%u", major(sb.st_dev),
-             minor(sb.st_dev));
+    snprintf(dev_sys, sizeof(dev_sys), "/sys/dev/block/%u:%u", major(sb.st_dev), minor(sb.st_dev));
     snprintf(out, len, "%s (f_type 0x%lx) on %s (%u:%u)", fs_name((long)sf.f_type),
              (unsigned long)sf.f_type, dev, major(sb.st_dev), minor(sb.st_dev));
 }
@@ -254,7 +253,6 @@ static void describe_fs(const char *dir, char *out, size_t len, bool *is_tmpfs)
  * from /sys/dev/block/M:m/stat, and its requests in flight sampled every
  * ~100 us from .../inflight by a thread of the parent.
  */
-
 
 struct dev_snap {
     unsigned long long ios, merges, sectors;
@@ -842,8 +840,8 @@ static void bench_shard(struct bench *b, const char *root, uint64_t shard, bool 
  * vm.nr_hugepages back at exit, on SIGINT/SIGTERM/SIGHUP too.
  */
 
-static pid_t hp_owner;     /* the process that reserved (not the forked ranks) */
-static char hp_old[24];    /* the value to write back, "N\n"; empty: nothing to undo */
+static pid_t hp_owner;  /* the process that reserved (not the forked ranks) */
+static char hp_old[24]; /* the value to write back, "N\n"; empty: nothing to undo */
 static size_t hp_old_len;
 
 static long hp_get(void)

@@ -60,8 +60,8 @@ static struct {
     int ranks[MAXR], nranks;
     uint32_t M;
     unsigned lat_us, depth;
-    uint32_t shard;             /* the hit path's, and the TP run's at hand */
-    uint32_t tp_shard[4], ntp;  /* the TP table's shard sizes */
+    uint32_t shard;            /* the hit path's, and the TP run's at hand */
+    uint32_t tp_shard[4], ntp; /* the TP table's shard sizes */
     int reps;
     const char *out;
     int copier;
@@ -191,6 +191,46 @@ static struct sfs_cache *make_cache(uint64_t shard, uint32_t nslots, const char 
     if (err)
         die("sfs_cache_serve", err);
     return c;
+}
+
+/* Make keys 0..n-1 resident, key i all bytes (i & 0xff), and point entry i
+ * at dst + i * shard. `slot` (optional) gets each key's data-plane address:
+ * valid while nothing evicts. */
+static void fill_resident(struct sfs_cache *c, uint32_t n, uint64_t shard, uint8_t *dst,
+                          struct sfs_rank_entry *e, uint8_t **slot)
+{
+    for (uint32_t i = 0; i < n; i++) {
+        struct sfs_key k = {.block = blk(i), .shard = 0};
+        struct sfs_lease l;
+
+        if (sfs_cache_get(c, &k, 0, 0, &l) == SFS_OWNER) {
+            memset(sfs_cache_data(c, &l), (int)i, shard);
+            sfs_cache_publish(c, &l, (uint32_t)shard, 0);
+        }
+        if (slot)
+            slot[i] = sfs_cache_data(c, &l);
+        sfs_cache_release(c, &l);
+        e[i] = (struct sfs_rank_entry){k.block, 0, dst + (size_t)i * shard};
+    }
+}
+
+/* A rank of device 0 on the cache at `sock`, without idle-window prealloc
+ * (the benches time tasks, not guesses). */
+static struct sfs_rank *bench_rank_open(const char *sock, int copier)
+{
+    struct sfs_rank_config cfg;
+    int err = 0;
+
+    sfs_rank_config_init(&cfg);
+    cfg.socket_path = sock;
+    cfg.device_id = 0;
+    cfg.copier = copier;
+    cfg.prealloc = false;
+    struct sfs_rank *rk = sfs_rank_open(&cfg, &err);
+
+    if (!rk)
+        die("sfs_rank_open", err);
+    return rk;
 }
 
 /* ---------------------------------------------------------------------------
@@ -367,10 +407,10 @@ static void bench_tp_one(void)
             base_ms = mr;
         emit("| %d | %.1f | %.1f | %.1f | %.2fx / %.2fx | %s | %.2fx | %.1f (%.0f) | %.2f | "
              "%lu..%lu (%.0f); %lu..%lu |\n",
-             N, mb, mn, mr, mb / mr, mn / mr, mb / mr >= 0.9 * N ? "yes" : "**no**",
-             base_ms / mr, (double)O.M * O.lat_us / 1e3 / mr, rot[k].conc_peak, rot[k].cpus,
-             (unsigned long)rot[k].own_min, (unsigned long)rot[k].own_max,
-             (double)O.M / N, (unsigned long)nat[k].own_min, (unsigned long)nat[k].own_max);
+             N, mb, mn, mr, mb / mr, mn / mr, mb / mr >= 0.9 * N ? "yes" : "**no**", base_ms / mr,
+             (double)O.M * O.lat_us / 1e3 / mr, rot[k].conc_peak, rot[k].cpus,
+             (unsigned long)rot[k].own_min, (unsigned long)rot[k].own_max, (double)O.M / N,
+             (unsigned long)nat[k].own_min, (unsigned long)nat[k].own_max);
     }
     sfs_cache_close(c);
     nftw(dir, rm_one, 16, FTW_DEPTH | FTW_PHYS);
@@ -396,8 +436,7 @@ static void bench_hits(void)
     char sock[128];
     uint32_t M = O.quick ? 256 : 1024;
     uint64_t shard = O.shard;
-    struct sfs_rank_config cfg;
-    int err = 0, reps = O.quick ? 5 : 20;
+    int reps = O.quick ? 5 : 20;
     /* Page-aligned like the slots: glibc copies between buffers of different
      * alignment mod 64 far slower on some CPUs, which is not what we measure. */
     uint8_t *bufs = aligned_alloc(4096, M * shard), *src = aligned_alloc(4096, M * shard);
@@ -414,26 +453,11 @@ static void bench_hits(void)
     sfs_cache_info(c, &info);
     /* Resident: this process owns and fills every key. Nothing evicts in
      * this run, so the slot addresses stay valid for the baseline. */
-    for (uint32_t i = 0; i < M; i++) {
-        struct sfs_key k = {.block = blk(i), .shard = 0};
-        struct sfs_lease l;
-
-        if (sfs_cache_get(c, &k, 0, 0, &l) == SFS_OWNER) {
-            memset(sfs_cache_data(c, &l), (int)i, shard);
-            sfs_cache_publish(c, &l, (uint32_t)shard, 0);
-        }
-        slot[i] = sfs_cache_data(c, &l);
-        sfs_cache_release(c, &l);
-        e[i] = (struct sfs_rank_entry){k.block, 0, bufs + (size_t)i * shard};
-    }
+    fill_resident(c, M, shard, bufs, e, slot);
     memset(bufs, 1, M * shard);
     memset(src, 2, M * shard);
-    sfs_rank_config_init(&cfg);
-    cfg.socket_path = sock;
-    cfg.copier = SFS_COPIER_HOST;
-    struct sfs_rank *rk = sfs_rank_open(&cfg, &err);
-    if (!rk)
-        die("sfs_rank_open", err);
+    struct sfs_rank *rk = bench_rank_open(sock, SFS_COPIER_HOST);
+
     for (int rep = -1; rep < reps; rep++) {
         struct sfs_task *t;
         int64_t t0 = sfs_now_ns();
@@ -568,19 +592,10 @@ static void bench_attach(struct cudart *cu, bool gpu)
         die("sfs_cache_serve", err);
     sfs_cache_info(c, &info);
     for (int rep = 0; rep < reps; rep++) {
-        struct sfs_rank_config cfg;
-
-        sfs_rank_config_init(&cfg);
-        cfg.socket_path = sock;
-        cfg.device_id = 0;
-        cfg.copier = O.copier;
-        cfg.prealloc = false;
         int64_t t0 = sfs_now_ns();
-        struct sfs_rank *rk = sfs_rank_open(&cfg, &err);
+        struct sfs_rank *rk = bench_rank_open(sock, O.copier);
         int64_t t1 = sfs_now_ns();
 
-        if (!rk)
-            die("sfs_rank_open", err);
         vo[rep] = (double)(t1 - t0) / 1e6;
         sfs_rank_close(rk);
     }
@@ -652,8 +667,6 @@ static void bench_gpu(void)
         uint64_t shard = sizes[si];
         uint32_t n = (uint32_t)(total / shard);
         char sock[128];
-        struct sfs_rank_config cfg;
-        int err = 0;
         double vl[16], vd[16], vh[16], vdh[16];
 
         snprintf(sock, sizeof(sock), "/tmp/bench-rank-gpu-%d-%zu.sock", getpid(), si);
@@ -661,25 +674,8 @@ static void bench_gpu(void)
         struct sfs_rank_entry *e = calloc(n, sizeof(*e));
         int *st = calloc(n, sizeof(*st));
 
-        for (uint32_t i = 0; i < n; i++) {
-            struct sfs_key k = {.block = blk(i), .shard = 0};
-            struct sfs_lease l;
-
-            if (sfs_cache_get(c, &k, 0, 0, &l) == SFS_OWNER) {
-                memset(sfs_cache_data(c, &l), (int)i, shard);
-                sfs_cache_publish(c, &l, (uint32_t)shard, 0);
-            }
-            sfs_cache_release(c, &l);
-            e[i] = (struct sfs_rank_entry){k.block, 0, (uint8_t *)dev + (size_t)i * shard};
-        }
-        sfs_rank_config_init(&cfg);
-        cfg.socket_path = sock;
-        cfg.device_id = 0;
-        cfg.copier = O.copier;
-        cfg.prealloc = false;
-        struct sfs_rank *rk = sfs_rank_open(&cfg, &err);
-        if (!rk)
-            die("sfs_rank_open", err);
+        fill_resident(c, n, shard, dev, e, NULL);
+        struct sfs_rank *rk = bench_rank_open(sock, O.copier);
         for (int rep = -1; rep < reps; rep++) {
             struct sfs_task *t;
             int64_t t0 = sfs_now_ns();
