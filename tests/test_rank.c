@@ -1190,6 +1190,49 @@ Test(rank, task_bigger_than_the_lease_table, .timeout = 60)
     sfs_cache_close(e.c);
 }
 
+Test(rank, out_of_leases_waits_no_longer_than_the_key_deadline, .timeout = 30)
+{
+    /* One lease per process. Key 0 is owned by the test and never published,
+     * so the rank's waiter on it holds its only lease until key 0 times out;
+     * key 1 then finds no lease (-ENOBUFS). Waiting for one is a wait like
+     * any other: it ends at key 1's deadline (invariant 6), with -ENOBUFS. */
+    struct sfs_cache_config cc = {.shard_size = SHARD, .nslots = 64, .max_leases = 1};
+    struct env e;
+    struct sfs_lease l0;
+    struct sfs_rank_entry ent[2];
+    struct sfs_task *t;
+    uint8_t *bufs = calloc(2, SHARD);
+    int err = 0, st[2];
+
+    snprintf(e.sock, sizeof(e.sock), "%s", tu_path("sock"));
+    e.c = sfs_cache_create(&cc, &err);
+    cr_assert_not_null(e.c, "sfs_cache_create: %s", strerror(-err));
+    cr_assert_eq(sfs_cache_serve(e.c, e.sock), 0);
+    struct sfs_key k0 = tu_key(0, 0);
+
+    cr_assert_eq(sfs_cache_get(e.c, &k0, 0, 0, &l0), SFS_OWNER);
+    struct sfs_rank *rk = rank_here(&e, NULL, 0, 300);
+
+    for (int i = 0; i < 2; i++)
+        ent[i] = (struct sfs_rank_entry){tu_block(i), 0, bufs + (size_t)i * SHARD};
+    int64_t t0 = sfs_now_ns();
+
+    cr_assert_eq(sfs_rank_load(rk, ent, 2, &t), 0);
+    cr_assert_eq(sfs_rank_wait(t, 10000, st), 0);
+    int64_t dt = sfs_now_ns() - t0;
+
+    sfs_rank_task_free(t);
+    cr_assert_eq(st[0], -ETIMEDOUT, "key 0: %d", st[0]);
+    cr_assert(st[1] == -ENOBUFS, "key 1: %d", st[1]);
+    cr_assert_lt(dt, 5000 * 1000000ll, "took %ld ms", (long)(dt / 1000000));
+    sfs_rank_close(rk);
+    sfs_cache_fail(e.c, &l0, -EIO);
+    sfs_cache_release(e.c, &l0);
+    free(bufs);
+    assert_no_leases(e.c);
+    sfs_cache_close(e.c);
+}
+
 /* Poll until entries [from, to) of `bufs` hold their keys' bytes, for at
  * most `ms`. Returns how many do. */
 static int await_entries(const uint8_t *bufs, int from, int to, int ms)
