@@ -36,6 +36,7 @@
  * a waiter) takes them over.
  */
 #include "cache_i.h"
+#include "futex_i.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -1153,6 +1154,7 @@ int sfs_cache_wait_any_bell(struct sfs_cache *c, const struct sfs_lease *leases,
      * access here is atomic. */
     _Atomic uint32_t *bell = (_Atomic uint32_t *)bell_word;
     struct sfs_slot_rec *sls[SFS_WAIT_ANY_MAX];
+    _Atomic uint32_t *words[SFS_WAIT_ANY_MAX];
     uint32_t v[SFS_WAIT_ANY_MAX];
 
     if (!c || (!leases && n) || !state || (n == 0 && !bell) || n > SFS_WAIT_ANY_MAX)
@@ -1161,6 +1163,7 @@ int sfs_cache_wait_any_bell(struct sfs_cache *c, const struct sfs_lease *leases,
         sls[i] = lease_slot(c, &leases[i]);
         if (!sls[i])
             return -EINVAL;
+        words[i] = &sls[i]->version;
     }
     for (;;) {
         for (size_t i = 0; i < n; i++) {
@@ -1184,7 +1187,7 @@ int sfs_cache_wait_any_bell(struct sfs_cache *c, const struct sfs_lease *leases,
             slice = deadline_ns;
         for (size_t i = 0; i < n; i++)
             atomic_fetch_add_explicit(&sls[i]->nwaiters, 1, memory_order_seq_cst);
-        int r = sfs_futex_waitv(sls, v, n, bell, bell_seen, slice);
+        int r = sfs_futex_waitv(words, v, n, bell, bell_seen, slice);
         for (size_t i = 0; i < n; i++)
             atomic_fetch_sub_explicit(&sls[i]->nwaiters, 1, memory_order_seq_cst);
         if (r == -ETIMEDOUT)

@@ -80,12 +80,6 @@ void sfs_log(int level, const char *fmt, ...) __attribute__((format(printf, 2, 3
 int sfs_proc_start_time(int pid, uint64_t *out);
 bool sfs_pid_alive(int pid, uint64_t start_time);
 bool sfs_pid_gone(int pid);
-int sfs_futex_wait(_Atomic uint32_t *word, uint32_t expect, int64_t deadline_ns);
-int sfs_futex_wake(_Atomic uint32_t *word, int n);
-struct sfs_slot_rec;
-int sfs_futex_waitv(struct sfs_slot_rec *const *slots, const uint32_t *expect, size_t n,
-                    _Atomic uint32_t *bell, uint32_t bell_seen, int64_t deadline_ns);
-int sfs_futex_wake_private(_Atomic uint32_t *word, int n);
 int sfs_robust_mutex_init(pthread_mutex_t *m);
 
 /* Hash of a block id. Ids are already md5-style hashes, so one multiply and

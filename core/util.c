@@ -1,21 +1,19 @@
 /* SPDX-License-Identifier: MIT */
 /*
  * util.c - small things every part of the core uses: the log callback,
- * clocks, hex ids, hashing, shared futexes, robust mutexes, and the pid
- * liveness test that survives pid reuse (pid + start time, as LMDB does).
+ * clocks, hex ids, robust mutexes, and the pid liveness test that survives
+ * pid reuse (pid + start time, as LMDB does). The futex calls are futex.c's.
  */
 #include "cache_i.h"
 
 #include <errno.h>
 #include <fcntl.h>
 #include <limits.h>
-#include <linux/futex.h>
 #include "layout_i.h"
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/syscall.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -177,79 +175,6 @@ bool sfs_pid_alive(int pid, uint64_t start_time)
     if (state == 'X' || (state == 'Z' && nthreads <= 1))
         return false;
     return st == start_time;
-}
-
-/* Shared (not private) futex: the word is in memory mapped by several
- * processes. Deadline is absolute CLOCK_MONOTONIC; 0 or negative = forever. */
-int sfs_futex_wait(_Atomic uint32_t *word, uint32_t expect, int64_t deadline_ns)
-{
-    struct timespec ts, *tsp = NULL;
-    long r;
-
-    if (deadline_ns > 0) {
-        ts.tv_sec = deadline_ns / 1000000000;
-        ts.tv_nsec = deadline_ns % 1000000000;
-        tsp = &ts;
-    }
-    r = syscall(SYS_futex, (uint32_t *)word, FUTEX_WAIT_BITSET, expect, tsp, NULL,
-                FUTEX_BITSET_MATCH_ANY);
-    if (r < 0)
-        return -errno; /* -EAGAIN: word changed; -ETIMEDOUT; -EINTR */
-    return 0;
-}
-
-/*
- * Sleep until the version word of any of the slots differs from expect[i]
- * (futex_waitv, Linux 5.16: shared futexes, so no FUTEX_PRIVATE_FLAG). The
- * caller has re-read every word after announcing itself in nwaiters; any
- * publish since then changed a word and the kernel returns at once.
- */
-int sfs_futex_waitv(struct sfs_slot_rec *const *slots, const uint32_t *expect, size_t n,
-                    _Atomic uint32_t *bell, uint32_t bell_seen, int64_t deadline_ns)
-{
-    struct futex_waitv w[129];
-    struct timespec ts, *tsp = NULL;
-    size_t k = n;
-    long r;
-
-    if (n > 128)
-        return -EINVAL;
-    memset(w, 0, sizeof(w[0]) * (n + 1));
-    for (size_t i = 0; i < n; i++) {
-        w[i].uaddr = (uintptr_t)&slots[i]->version;
-        w[i].val = expect[i];
-        w[i].flags = FUTEX_32;
-    }
-    if (bell) {
-        /* The caller's doorbell lives in its private memory. */
-        w[k].uaddr = (uintptr_t)bell;
-        w[k].val = bell_seen;
-        w[k].flags = FUTEX_32 | FUTEX_PRIVATE_FLAG;
-        k++;
-    }
-    if (deadline_ns > 0) {
-        ts.tv_sec = deadline_ns / 1000000000;
-        ts.tv_nsec = deadline_ns % 1000000000;
-        tsp = &ts;
-    }
-    r = syscall(__NR_futex_waitv, w, (unsigned)k, 0, tsp, CLOCK_MONOTONIC);
-    if (r < 0)
-        return -errno; /* -EAGAIN: a word changed; -ETIMEDOUT; -EINTR */
-    return 0;
-}
-
-int sfs_futex_wake_private(_Atomic uint32_t *word, int n)
-{
-    long r = syscall(SYS_futex, (uint32_t *)word, FUTEX_WAKE_PRIVATE, n, NULL, NULL, 0);
-
-    return r < 0 ? -errno : (int)r;
-}
-
-int sfs_futex_wake(_Atomic uint32_t *word, int n)
-{
-    long r = syscall(SYS_futex, (uint32_t *)word, FUTEX_WAKE, n, NULL, NULL, 0);
-
-    return r < 0 ? -errno : (int)r;
 }
 
 int sfs_robust_mutex_init(pthread_mutex_t *m)
