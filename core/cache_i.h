@@ -114,7 +114,7 @@ static inline void *sfs_dp_addr(const struct sfs_cache *c, uint32_t slot)
     return c->seg_base[seg] + (uint64_t)idx * c->stride;
 }
 
-/* cache.c: lay out / validate the control plane, register this process. */
+/* ctl.c: lay out / validate the control plane. cache.c: register, close. */
 int sfs_ctl_init(struct sfs_cache *c, const struct sfs_cache_config *cfg);
 int sfs_ctl_validate(struct sfs_cache *c);
 int sfs_proc_register(struct sfs_cache *c, int device_id);

@@ -1,0 +1,284 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * ctl.c - the control plane's geometry: laid out by its creator, validated by
+ * every attacher.
+ *
+ * Key idea: one function (layout) computes every offset and the region size
+ * from the geometry, for the creator and for each attacher's check, so the
+ * two can never disagree. The creator writes the header, then the format word
+ * (a hash of the layout's sizes and offsets, see layout_i.h), then the magic
+ * last, so a half-built region is never taken for valid. An attacher trusts
+ * nothing in the header: it recomputes the layout from the geometry it reads,
+ * requires every stored size and offset to equal the recomputed one, and
+ * keeps its own copy (cache_i.h) so nothing is re-read from shared memory.
+ */
+#include "cache_i.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#define DEFAULT_SHARD_SIZE (256u << 10)
+#define DEFAULT_CAPACITY   (1ull << 30)
+#define DEFAULT_SEGMENT    (1ull << 30)
+#define DEFAULT_MAX_PROCS  64u
+#define DEFAULT_MAX_LEASES 16384u
+#define HUGE_2M            (2ull << 20)
+#define STRIDE_ALIGN       4096u
+
+/* ---------------------------------------------------------------------------
+ * Layout: one function computes offsets from the geometry, for the creator
+ * and for every attacher's validation.
+ */
+
+struct geometry {
+    uint64_t shard_size, stride, seg_size;
+    uint32_t nslots, nreserved, nbuckets, max_procs, max_leases, nsegments, slots_per_seg;
+    uint64_t off_buckets, off_slots, off_procs, off_leases, size;
+};
+
+static void layout(struct geometry *g)
+{
+    uint64_t off = SFS_ALIGN_UP(sizeof(struct sfs_header), SFS_CACHELINE);
+
+    g->off_buckets = off;
+    off += (uint64_t)g->nbuckets * sizeof(struct sfs_bucket_rec);
+    g->off_slots = off;
+    off += (uint64_t)g->nslots * sizeof(struct sfs_slot_rec);
+    g->off_procs = off;
+    off += (uint64_t)g->max_procs * sizeof(struct sfs_proc_rec);
+    g->off_leases = off;
+    off += (uint64_t)g->max_procs * g->max_leases * sizeof(uint32_t);
+    g->size = SFS_ALIGN_UP(off, 4096);
+}
+
+static uint64_t fnv(uint64_t h, uint64_t v)
+{
+    for (int i = 0; i < 8; i++) {
+        h ^= (v >> (8 * i)) & 0xff;
+        h *= 0x100000001b3ull;
+    }
+    return h;
+}
+
+uint64_t sfs_layout_format(void)
+{
+    const uint64_t parts[] = {
+        SFS_LAYOUT_VERSION,
+        sizeof(struct sfs_header),
+        offsetof(struct sfs_header, hand),
+        offsetof(struct sfs_header, release_seq),
+        offsetof(struct sfs_header, proc_lock),
+        offsetof(struct sfs_header, retired),
+        sizeof(struct sfs_bucket_rec),
+        offsetof(struct sfs_bucket_rec, head),
+        sizeof(struct sfs_slot_rec),
+        offsetof(struct sfs_slot_rec, state),
+        offsetof(struct sfs_slot_rec, version),
+        offsetof(struct sfs_slot_rec, refcount),
+        offsetof(struct sfs_slot_rec, accessed),
+        sizeof(struct sfs_proc_rec),
+        offsetof(struct sfs_proc_rec, ctr),
+        CTR_COUNT,
+        sizeof(pthread_mutex_t),
+    };
+    uint64_t h = 0xcbf29ce484222325ull;
+
+    for (size_t i = 0; i < sizeof(parts) / sizeof(parts[0]); i++)
+        h = fnv(h, parts[i]);
+    return h;
+}
+
+static uint32_t pow2_at_least(uint64_t v)
+{
+    uint32_t p = 1;
+
+    while (p < v && p < (1u << 31))
+        p <<= 1;
+    return p;
+}
+
+static int geometry_from_config(const struct sfs_cache_config *cfg, struct geometry *g)
+{
+    uint64_t cap = cfg->capacity ? cfg->capacity : DEFAULT_CAPACITY;
+    uint64_t segbytes = cfg->segment_size ? cfg->segment_size : DEFAULT_SEGMENT;
+    uint64_t nslots;
+
+    memset(g, 0, sizeof(*g));
+    g->shard_size = cfg->shard_size ? cfg->shard_size : DEFAULT_SHARD_SIZE;
+    if (g->shard_size > UINT32_MAX)
+        return -EINVAL;
+    g->stride = SFS_ALIGN_UP(g->shard_size, STRIDE_ALIGN);
+    nslots = cfg->nslots ? cfg->nslots : cap / g->shard_size;
+    if (nslots < 1 || nslots >= (1u << 30))
+        return -EINVAL;
+    g->nslots = (uint32_t)nslots;
+    if (cfg->no_reserved)
+        g->nreserved = 0;
+    else
+        g->nreserved = cfg->nreserved ? cfg->nreserved : g->nslots / 64;
+    if (g->nreserved >= g->nslots)
+        return -EINVAL;
+    g->nbuckets = pow2_at_least(cfg->nbuckets ? cfg->nbuckets : g->nslots / 2);
+    if (g->nbuckets < 64)
+        g->nbuckets = 64;
+    g->max_procs = cfg->max_procs ? cfg->max_procs : DEFAULT_MAX_PROCS;
+    g->max_leases = cfg->max_leases ? cfg->max_leases : DEFAULT_MAX_LEASES;
+    if (g->max_procs > 4096 || g->max_leases > (1u << 24))
+        return -EINVAL;
+    /* Slots per segment: a power of two when it can be, for shift + mask. */
+    uint64_t sps = segbytes / g->stride;
+    if (sps < 1)
+        sps = 1;
+    if (sps > g->nslots)
+        sps = g->nslots;
+    uint32_t p2 = 1;
+    while ((uint64_t)p2 * 2 <= sps)
+        p2 *= 2;
+    if (p2 * 2 > sps && sps != g->nslots)
+        sps = p2;
+    g->slots_per_seg = (uint32_t)sps;
+    g->nsegments = (uint32_t)((g->nslots + sps - 1) / sps);
+    g->seg_size = SFS_ALIGN_UP(sps * g->stride, HUGE_2M);
+    layout(g);
+    return 0;
+}
+
+static void adopt_geometry(struct sfs_cache *c, const struct geometry *g)
+{
+    c->shard_size = g->shard_size;
+    c->stride = g->stride;
+    c->seg_size = g->seg_size;
+    c->nslots = g->nslots;
+    c->nreserved = g->nreserved;
+    c->nregular = g->nslots - g->nreserved;
+    c->nbuckets = g->nbuckets;
+    c->bucket_mask = g->nbuckets - 1;
+    c->max_procs = g->max_procs;
+    c->max_leases = g->max_leases;
+    c->nsegments = g->nsegments;
+    c->slots_per_seg = g->slots_per_seg;
+    c->seg_shift = 0;
+    c->seg_mask = 0;
+    if ((g->slots_per_seg & (g->slots_per_seg - 1)) == 0 && g->slots_per_seg > 1) {
+        c->seg_shift = (uint32_t)__builtin_ctz(g->slots_per_seg);
+        c->seg_mask = g->slots_per_seg - 1;
+    }
+    c->hdr = c->ctl;
+    c->buckets = (struct sfs_bucket_rec *)((uint8_t *)c->ctl + g->off_buckets);
+    c->slots = (struct sfs_slot_rec *)((uint8_t *)c->ctl + g->off_slots);
+    c->procs = (struct sfs_proc_rec *)((uint8_t *)c->ctl + g->off_procs);
+    c->off_leases = g->off_leases;
+}
+
+int sfs_ctl_init(struct sfs_cache *c, const struct sfs_cache_config *cfg)
+{
+    struct geometry g;
+    struct sfs_header *h;
+    int r;
+
+    r = geometry_from_config(cfg, &g);
+    if (r < 0)
+        return r;
+    c->ctl_fd = memfd_create("shardfs-ctl", MFD_CLOEXEC | MFD_ALLOW_SEALING);
+    if (c->ctl_fd < 0)
+        return -errno;
+    if (ftruncate(c->ctl_fd, (off_t)g.size) < 0)
+        return -errno;
+    /* The control plane never changes size: seal it so no one can shrink it
+     * under another process's mapping. */
+    fcntl(c->ctl_fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW);
+    c->ctl = mmap(NULL, g.size, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, c->ctl_fd, 0);
+    if (c->ctl == MAP_FAILED) {
+        c->ctl = NULL;
+        return -errno;
+    }
+    c->ctl_len = g.size;
+    adopt_geometry(c, &g);
+
+    h = c->hdr;
+    h->region_size = g.size;
+    h->shard_size = g.shard_size;
+    h->stride = g.stride;
+    h->segment_size = g.seg_size;
+    h->nslots = g.nslots;
+    h->nreserved = g.nreserved;
+    h->nbuckets = g.nbuckets;
+    h->max_procs = g.max_procs;
+    h->max_leases = g.max_leases;
+    h->nsegments = g.nsegments;
+    h->slots_per_segment = g.slots_per_seg;
+    h->seg_shift = c->seg_shift;
+    h->off_buckets = g.off_buckets;
+    h->off_slots = g.off_slots;
+    h->off_procs = g.off_procs;
+    h->off_leases = g.off_leases;
+    r = sfs_robust_mutex_init(&h->proc_lock);
+    if (r < 0)
+        return r;
+    for (uint32_t b = 0; b < g.nbuckets; b++) {
+        r = sfs_robust_mutex_init(&c->buckets[b].lock);
+        if (r < 0)
+            return r;
+        atomic_store_explicit(&c->buckets[b].head, SFS_NIL, memory_order_relaxed);
+    }
+    for (uint32_t s = 0; s < g.nslots; s++) {
+        struct sfs_slot_rec *sl = &c->slots[s];
+
+        atomic_store_explicit(&sl->bucket, SFS_NIL, memory_order_relaxed);
+        atomic_store_explicit(&sl->next, SFS_NIL, memory_order_relaxed);
+        atomic_store_explicit(&sl->owner, SFS_NIL, memory_order_relaxed);
+        if (s >= c->nregular)
+            atomic_store_explicit(&sl->flags, SLOT_F_RESERVED, memory_order_relaxed);
+    }
+    /* Publish: magic last, so a half-built region is never taken for valid. */
+    h->format = sfs_layout_format();
+    atomic_thread_fence(memory_order_release);
+    h->magic = SFS_MAGIC;
+    return 0;
+}
+
+int sfs_ctl_validate(struct sfs_cache *c)
+{
+    const struct sfs_header *h = c->ctl;
+    struct geometry g;
+    struct stat st;
+
+    if (fstat(c->ctl_fd, &st) < 0)
+        return -errno;
+    if ((uint64_t)st.st_size < sizeof(struct sfs_header))
+        return -EBADMSG;
+    if (h->magic != SFS_MAGIC)
+        return -EBADMSG;
+    if (h->format != sfs_layout_format())
+        return -EPROTO;
+    memset(&g, 0, sizeof(g));
+    g.shard_size = h->shard_size;
+    g.stride = h->stride;
+    g.seg_size = h->segment_size;
+    g.nslots = h->nslots;
+    g.nreserved = h->nreserved;
+    g.nbuckets = h->nbuckets;
+    g.max_procs = h->max_procs;
+    g.max_leases = h->max_leases;
+    g.nsegments = h->nsegments;
+    g.slots_per_seg = h->slots_per_segment;
+    if (g.shard_size == 0 || g.shard_size > UINT32_MAX || g.stride < g.shard_size ||
+        g.stride % STRIDE_ALIGN || g.nslots == 0 || g.nslots >= (1u << 30) ||
+        g.nreserved >= g.nslots || g.nbuckets == 0 || (g.nbuckets & (g.nbuckets - 1)) ||
+        g.max_procs == 0 || g.max_procs > 4096 || g.max_leases == 0 || g.max_leases > (1u << 24) ||
+        g.slots_per_seg == 0 ||
+        g.nsegments != (g.nslots + (uint64_t)g.slots_per_seg - 1) / g.slots_per_seg ||
+        g.seg_size < (uint64_t)g.slots_per_seg * g.stride)
+        return -EBADMSG;
+    layout(&g);
+    if (g.size != h->region_size || g.size != (uint64_t)st.st_size || g.size != c->ctl_len ||
+        g.off_buckets != h->off_buckets || g.off_slots != h->off_slots ||
+        g.off_procs != h->off_procs || g.off_leases != h->off_leases)
+        return -EBADMSG;
+    adopt_geometry(c, &g);
+    return 0;
+}
