@@ -35,8 +35,7 @@
  * reaper, which also resets its half-filled slots to IDLE so the next Get (or
  * a waiter) takes them over.
  */
-#include "cache_i.h"
-#include "futex_i.h"
+#include "slot_i.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -51,209 +50,8 @@
 #define OWNER_CHECK_NS (100 * 1000 * 1000ll)
 
 /* ---------------------------------------------------------------------------
- * Indices from shared memory are input: check them before use.
+ * State changes and wakes (set_state, make_owner: slot_i.h).
  */
-
-static inline bool slot_ok(const struct sfs_cache *c, uint32_t s)
-{
-    return s < c->nslots;
-}
-
-static inline uint32_t bucket_of(const struct sfs_cache *c, const struct sfs_key *k)
-{
-    /* Shards of a block sit in consecutive buckets, so Touch visits only
-     * hash(block) + [0, max_shard]. */
-    return (uint32_t)(sfs_key_hash(&k->block) + k->shard) & c->bucket_mask;
-}
-
-static inline bool key_eq(const struct sfs_slot_rec *s, const struct sfs_key *k)
-{
-    uint64_t a[2], b[2];
-
-    /* Two word compares, not a memcmp call: this runs on every chain step. */
-    __builtin_memcpy(a, s->block, 16);
-    __builtin_memcpy(b, k->block.b, 16);
-    return s->shard == k->shard && ((a[0] ^ b[0]) | (a[1] ^ b[1])) == 0;
-}
-
-/*
- * A lease-table entry is slot + 1, with ENTRY_OWNER set on the one lease that
- * made its holder owner, from the claim until publish or fail. Ownership is
- * the process (slot->owner) *and* that lease: releasing another lease the
- * owner's process holds on the slot (a waiter thread's) does not abandon the
- * load. Slots are < 2^30, so bit 31 is free.
- */
-#define ENTRY_OWNER    (1u << 31)
-#define ENTRY_SLOT1(v) ((v) & ~ENTRY_OWNER) /* slot + 1, or SFS_ENTRY_FREE */
-
-static inline _Atomic uint32_t *lease_table(const struct sfs_cache *c, uint32_t proc)
-{
-    return (_Atomic uint32_t *)((uint8_t *)c->ctl + c->off_leases) + (uint64_t)proc * c->max_leases;
-}
-
-/* ---------------------------------------------------------------------------
- * Bucket locks and their repair.
- */
-
-/* Walk a chain, checking indices and bounding the walk. Returns its length,
- * or -EBADMSG for an index out of range or a cycle. */
-static int chain_check(struct sfs_cache *c, uint32_t b, bool fix)
-{
-    _Atomic uint32_t *link = &c->buckets[b].head;
-    uint32_t n = 0;
-
-    for (;;) {
-        /* Under the bucket lock: relaxed loads see our own and prior owners'
-         * stores (the mutex orders them). */
-        uint32_t s = atomic_load_explicit(link, memory_order_relaxed);
-
-        if (s == SFS_NIL)
-            return (int)n;
-        if (!slot_ok(c, s) || n >= c->nslots) {
-            if (!fix)
-                return -EBADMSG;
-            atomic_store_explicit(link, SFS_NIL, memory_order_relaxed); /* cut: rest are orphans */
-            return (int)n;
-        }
-        if (fix)
-            atomic_store_explicit(&c->slots[s].bucket, b, memory_order_relaxed);
-        link = &c->slots[s].next;
-        n++;
-    }
-}
-
-/*
- * A process died holding bucket b's lock. Cut the chain at any bad link and
- * recount each chain slot's refcount from all lease tables: entries for slots
- * on this chain change only under this lock, so the count is exact.
- */
-static void repair_bucket(struct sfs_cache *c, uint32_t b)
-{
-    uint32_t chain[64], n = 0, s;
-    bool all = false;
-
-    chain_check(c, b, true);
-    s = atomic_load_explicit(&c->buckets[b].head, memory_order_relaxed);
-    while (s != SFS_NIL && slot_ok(c, s)) {
-        if (n < 64)
-            chain[n++] = s;
-        else
-            all = true;
-        atomic_store_explicit(&c->slots[s].refcount, 0, memory_order_relaxed);
-        s = atomic_load_explicit(&c->slots[s].next, memory_order_relaxed);
-    }
-    for (uint32_t p = 0; p < c->max_procs; p++) {
-        _Atomic uint32_t *t = lease_table(c, p);
-
-        for (uint32_t e = 0; e < c->max_leases; e++) {
-            uint32_t v = ENTRY_SLOT1(atomic_load_explicit(&t[e], memory_order_relaxed));
-
-            if (v == SFS_ENTRY_FREE || !slot_ok(c, v - 1))
-                continue;
-            s = v - 1;
-            bool on = false;
-            if (all) {
-                on = atomic_load_explicit(&c->slots[s].bucket, memory_order_relaxed) == b;
-            } else {
-                for (uint32_t i = 0; i < n && !on; i++)
-                    on = chain[i] == s;
-            }
-            if (on)
-                atomic_fetch_add_explicit(&c->slots[s].refcount, 1, memory_order_relaxed);
-        }
-    }
-    sfs_log(LOG_WARNING, "bucket %u: lock holder died; chain repaired", b);
-}
-
-/* What a lock call returned: a dead holder's bucket is repaired, then ours. */
-static int locked(struct sfs_cache *c, uint32_t b, int r)
-{
-    if (r == EOWNERDEAD) {
-        repair_bucket(c, b);
-        pthread_mutex_consistent(&c->buckets[b].lock);
-        return 0;
-    }
-    return -r;
-}
-
-static int bucket_lock(struct sfs_cache *c, uint32_t b)
-{
-    return locked(c, b, pthread_mutex_lock(&c->buckets[b].lock));
-}
-
-/* 0 when locked, -EBUSY when held by someone else. */
-static int bucket_trylock(struct sfs_cache *c, uint32_t b)
-{
-    return locked(c, b, pthread_mutex_trylock(&c->buckets[b].lock));
-}
-
-static void bucket_unlock(struct sfs_cache *c, uint32_t b)
-{
-    pthread_mutex_unlock(&c->buckets[b].lock);
-}
-
-/* Find key on chain b (lock held). Returns the slot, SFS_NIL, or sets *err. */
-static uint32_t chain_find(struct sfs_cache *c, uint32_t b, const struct sfs_key *k, int *err)
-{
-    uint32_t s = atomic_load_explicit(&c->buckets[b].head, memory_order_relaxed);
-    uint32_t n = 0;
-
-    while (s != SFS_NIL) {
-        if (!slot_ok(c, s) || ++n > c->nslots) {
-            *err = -EBADMSG;
-            return SFS_NIL;
-        }
-        if (key_eq(&c->slots[s], k))
-            return s;
-        s = atomic_load_explicit(&c->slots[s].next, memory_order_relaxed);
-    }
-    return SFS_NIL;
-}
-
-/* Unlink s from chain b (lock held). Returns false if s is not on it. */
-static bool chain_unlink(struct sfs_cache *c, uint32_t b, uint32_t s)
-{
-    _Atomic uint32_t *link = &c->buckets[b].head;
-    uint32_t n = 0;
-
-    for (;;) {
-        uint32_t cur = atomic_load_explicit(link, memory_order_relaxed);
-
-        if (cur == SFS_NIL || !slot_ok(c, cur) || ++n > c->nslots)
-            return false;
-        if (cur == s) {
-            /* One store removes it: a crash before or after leaves a chain. */
-            atomic_store_explicit(link,
-                                  atomic_load_explicit(&c->slots[s].next, memory_order_relaxed),
-                                  memory_order_release);
-            return true;
-        }
-        link = &c->slots[cur].next;
-    }
-}
-
-static void chain_link(struct sfs_cache *c, uint32_t b, uint32_t s)
-{
-    atomic_store_explicit(&c->slots[s].next,
-                          atomic_load_explicit(&c->buckets[b].head, memory_order_relaxed),
-                          memory_order_relaxed);
-    /* Release: the slot's key and state are visible before it is reachable. */
-    atomic_store_explicit(&c->buckets[b].head, s, memory_order_release);
-}
-
-/* ---------------------------------------------------------------------------
- * State changes and wakes.
- */
-
-static void set_state(struct sfs_slot_rec *s, uint32_t state)
-{
-    /* Release: error/length/bytes written before are seen with the state. */
-    atomic_store_explicit(&s->state, state, memory_order_release);
-    /* seq_cst: ordered against the waiter's nwaiters increment (Dekker). */
-    atomic_fetch_add_explicit(&s->version, 1, memory_order_seq_cst);
-    if (atomic_load_explicit(&s->nwaiters, memory_order_seq_cst))
-        sfs_futex_wake(&s->version, INT32_MAX);
-}
 
 static bool owner_alive_rec(struct sfs_cache *c, const struct sfs_slot_rec *s)
 {
@@ -264,14 +62,6 @@ static bool owner_alive_rec(struct sfs_cache *c, const struct sfs_slot_rec *s)
         return false;
     return atomic_load_explicit(&c->procs[o].state, memory_order_acquire) == PROC_ALIVE &&
            atomic_load_explicit(&c->procs[o].gen, memory_order_acquire) == gen;
-}
-
-static void make_owner(struct sfs_cache *c, struct sfs_slot_rec *s)
-{
-    atomic_store_explicit(&s->owner, c->me, memory_order_relaxed);
-    atomic_store_explicit(&s->owner_gen, c->my_gen, memory_order_relaxed);
-    atomic_store_explicit(&s->error, 0, memory_order_relaxed);
-    atomic_store_explicit(&s->length, 0, memory_order_relaxed);
 }
 
 /* ---------------------------------------------------------------------------

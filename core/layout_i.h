@@ -9,7 +9,7 @@
  *
  * each part cache-line aligned. Every field says who writes it and what
  * protects it. Everything read from here is input: an index is checked
- * against its table's size before use (see cache.c), and a region whose magic,
+ * against its table's size before use (see slot_i.h), and a region whose magic,
  * format word or geometry does not match is refused at attach.
  *
  * The format word is computed from the sizes and offsets below (and the size

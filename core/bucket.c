@@ -1,0 +1,118 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * bucket.c - bucket locks, the chains they protect, and their repair.
+ *
+ * Every bucket lock is a robust process-shared mutex. When a process dies
+ * holding one, the next locker gets EOWNERDEAD and repairs the chain: walks
+ * it (bounded, indices checked), and recounts each slot's refcount from the
+ * lease tables, which change only under the same lock. The order of writes
+ * when a slot is claimed (unlink, bucket, key, link, lease entry, refcount)
+ * makes any prefix of it repairable: a slot cut off mid-move is an orphan
+ * that the next evictor finds by walking its chain (evict.c), and it never
+ * has a lease entry pointing at it.
+ */
+#include "slot_i.h"
+
+/* Walk a chain, checking indices and bounding the walk. Returns its length,
+ * or -EBADMSG for an index out of range or a cycle. */
+static int chain_check(struct sfs_cache *c, uint32_t b, bool fix)
+{
+    _Atomic uint32_t *link = &c->buckets[b].head;
+    uint32_t n = 0;
+
+    for (;;) {
+        /* Under the bucket lock: relaxed loads see our own and prior owners'
+         * stores (the mutex orders them). */
+        uint32_t s = atomic_load_explicit(link, memory_order_relaxed);
+
+        if (s == SFS_NIL)
+            return (int)n;
+        if (!slot_ok(c, s) || n >= c->nslots) {
+            if (!fix)
+                return -EBADMSG;
+            atomic_store_explicit(link, SFS_NIL, memory_order_relaxed); /* cut: rest are orphans */
+            return (int)n;
+        }
+        if (fix)
+            atomic_store_explicit(&c->slots[s].bucket, b, memory_order_relaxed);
+        link = &c->slots[s].next;
+        n++;
+    }
+}
+
+/*
+ * A process died holding bucket b's lock. Cut the chain at any bad link and
+ * recount each chain slot's refcount from all lease tables: entries for slots
+ * on this chain change only under this lock, so the count is exact.
+ */
+static void repair_bucket(struct sfs_cache *c, uint32_t b)
+{
+    uint32_t chain[64], n = 0, s;
+    bool all = false;
+
+    chain_check(c, b, true);
+    s = atomic_load_explicit(&c->buckets[b].head, memory_order_relaxed);
+    while (s != SFS_NIL && slot_ok(c, s)) {
+        if (n < 64)
+            chain[n++] = s;
+        else
+            all = true;
+        atomic_store_explicit(&c->slots[s].refcount, 0, memory_order_relaxed);
+        s = atomic_load_explicit(&c->slots[s].next, memory_order_relaxed);
+    }
+    for (uint32_t p = 0; p < c->max_procs; p++) {
+        _Atomic uint32_t *t = lease_table(c, p);
+
+        for (uint32_t e = 0; e < c->max_leases; e++) {
+            uint32_t v = ENTRY_SLOT1(atomic_load_explicit(&t[e], memory_order_relaxed));
+
+            if (v == SFS_ENTRY_FREE || !slot_ok(c, v - 1))
+                continue;
+            s = v - 1;
+            bool on = false;
+            if (all) {
+                on = atomic_load_explicit(&c->slots[s].bucket, memory_order_relaxed) == b;
+            } else {
+                for (uint32_t i = 0; i < n && !on; i++)
+                    on = chain[i] == s;
+            }
+            if (on)
+                atomic_fetch_add_explicit(&c->slots[s].refcount, 1, memory_order_relaxed);
+        }
+    }
+    sfs_log(LOG_WARNING, "bucket %u: lock holder died; chain repaired", b);
+}
+
+/* What a lock call returned: a dead holder's bucket is repaired, then ours. */
+int bucket_locked(struct sfs_cache *c, uint32_t b, int r)
+{
+    if (r == EOWNERDEAD) {
+        repair_bucket(c, b);
+        pthread_mutex_consistent(&c->buckets[b].lock);
+        return 0;
+    }
+    return -r;
+}
+
+/* Unlink s from chain b (lock held). Returns false if s is not on it. */
+bool chain_unlink(struct sfs_cache *c, uint32_t b, uint32_t s)
+{
+    _Atomic uint32_t *link = &c->buckets[b].head;
+    uint32_t n = 0;
+
+    for (;;) {
+        uint32_t cur = atomic_load_explicit(link, memory_order_relaxed);
+
+        if (cur == SFS_NIL || !slot_ok(c, cur) || ++n > c->nslots)
+            return false;
+        if (cur == s) {
+            /* One store removes it: a crash before or after leaves a chain. */
+            atomic_store_explicit(link,
+                                  atomic_load_explicit(&c->slots[s].next, memory_order_relaxed),
+                                  memory_order_release);
+            return true;
+        }
+        link = &c->slots[cur].next;
+    }
+}
+

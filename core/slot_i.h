@@ -1,0 +1,150 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * slot_i.h - what the cache's rooms share: index checks, the key's bucket,
+ * lease-table entries, bucket locks and chains, and state changes.
+ *
+ * The rooms: bucket.c (robust bucket locks, chains, repair), lease.c (lease
+ * tables, free entries, thread spares, handle registry), evict.c (fresh slots,
+ * CLOCK, allocation and install), proc.c (process records, reaping, stats),
+ * ctl.c (geometry), and cache.c (Get, Wait, Publish, Fail, Release, Touch,
+ * Prealloc). Calls go from cache.c down to the others and from evict.c and
+ * proc.c down to bucket.c and lease.c, never back up.
+ *
+ * What is on every Get (index checks, the key's bucket and compare, taking
+ * and dropping a bucket lock, finding a key on a chain, taking a lease) is
+ * inline here, so the split costs the Get path no calls.
+ */
+#ifndef SHARDFS_SLOT_I_H
+#define SHARDFS_SLOT_I_H
+
+#include "cache_i.h"
+#include "futex_i.h"
+
+#include <errno.h>
+#include <stdint.h>
+
+/* ---------------------------------------------------------------------------
+ * Indices from shared memory are input: check them before use.
+ */
+
+static inline bool slot_ok(const struct sfs_cache *c, uint32_t s)
+{
+    return s < c->nslots;
+}
+
+static inline uint32_t bucket_of(const struct sfs_cache *c, const struct sfs_key *k)
+{
+    /* Shards of a block sit in consecutive buckets, so Touch visits only
+     * hash(block) + [0, max_shard]. */
+    return (uint32_t)(sfs_key_hash(&k->block) + k->shard) & c->bucket_mask;
+}
+
+static inline bool key_eq(const struct sfs_slot_rec *s, const struct sfs_key *k)
+{
+    uint64_t a[2], b[2];
+
+    /* Two word compares, not a memcmp call: this runs on every chain step. */
+    __builtin_memcpy(a, s->block, 16);
+    __builtin_memcpy(b, k->block.b, 16);
+    return s->shard == k->shard && ((a[0] ^ b[0]) | (a[1] ^ b[1])) == 0;
+}
+
+/*
+ * A lease-table entry is slot + 1, with ENTRY_OWNER set on the one lease that
+ * made its holder owner, from the claim until publish or fail. Ownership is
+ * the process (slot->owner) *and* that lease: releasing another lease the
+ * owner's process holds on the slot (a waiter thread's) does not abandon the
+ * load. Slots are < 2^30, so bit 31 is free.
+ */
+#define ENTRY_OWNER    (1u << 31)
+#define ENTRY_SLOT1(v) ((v) & ~ENTRY_OWNER) /* slot + 1, or SFS_ENTRY_FREE */
+
+static inline _Atomic uint32_t *lease_table(const struct sfs_cache *c, uint32_t proc)
+{
+    return (_Atomic uint32_t *)((uint8_t *)c->ctl + c->off_leases) + (uint64_t)proc * c->max_leases;
+}
+
+/* ---------------------------------------------------------------------------
+ * bucket.c: robust bucket locks and the chains they protect.
+ */
+
+/* A lock call returned r != 0: repair after a dead holder (EOWNERDEAD: then
+ * 0, locked), else -r. */
+int bucket_locked(struct sfs_cache *c, uint32_t b, int r);
+
+static inline int bucket_lock(struct sfs_cache *c, uint32_t b)
+{
+    int r = pthread_mutex_lock(&c->buckets[b].lock);
+
+    return r ? bucket_locked(c, b, r) : 0;
+}
+
+/* 0 when locked, -EBUSY when held by someone else. */
+static inline int bucket_trylock(struct sfs_cache *c, uint32_t b)
+{
+    int r = pthread_mutex_trylock(&c->buckets[b].lock);
+
+    return r ? bucket_locked(c, b, r) : 0;
+}
+
+static inline void bucket_unlock(struct sfs_cache *c, uint32_t b)
+{
+    pthread_mutex_unlock(&c->buckets[b].lock);
+}
+
+/* Find key on chain b (lock held). Returns the slot, SFS_NIL, or sets *err
+ * (-EBADMSG: an index out of range or a chain longer than nslots). */
+static inline uint32_t chain_find(struct sfs_cache *c, uint32_t b, const struct sfs_key *k,
+                                  int *err)
+{
+    uint32_t s = atomic_load_explicit(&c->buckets[b].head, memory_order_relaxed);
+    uint32_t n = 0;
+
+    while (s != SFS_NIL) {
+        if (!slot_ok(c, s) || ++n > c->nslots) {
+            *err = -EBADMSG;
+            return SFS_NIL;
+        }
+        if (key_eq(&c->slots[s], k))
+            return s;
+        s = atomic_load_explicit(&c->slots[s].next, memory_order_relaxed);
+    }
+    return SFS_NIL;
+}
+
+/* Unlink s from chain b (lock held). Returns false if s is not on it. */
+bool chain_unlink(struct sfs_cache *c, uint32_t b, uint32_t s);
+
+/* Push s on chain b (lock held). */
+static inline void chain_link(struct sfs_cache *c, uint32_t b, uint32_t s)
+{
+    atomic_store_explicit(&c->slots[s].next,
+                          atomic_load_explicit(&c->buckets[b].head, memory_order_relaxed),
+                          memory_order_relaxed);
+    /* Release: the slot's key and state are visible before it is reachable. */
+    atomic_store_explicit(&c->buckets[b].head, s, memory_order_release);
+}
+
+/* ---------------------------------------------------------------------------
+ * State changes and wakes.
+ */
+
+static inline void set_state(struct sfs_slot_rec *s, uint32_t state)
+{
+    /* Release: error/length/bytes written before are seen with the state. */
+    atomic_store_explicit(&s->state, state, memory_order_release);
+    /* seq_cst: ordered against the waiter's nwaiters increment (Dekker). */
+    atomic_fetch_add_explicit(&s->version, 1, memory_order_seq_cst);
+    if (atomic_load_explicit(&s->nwaiters, memory_order_seq_cst))
+        sfs_futex_wake(&s->version, INT32_MAX);
+}
+
+static inline void make_owner(struct sfs_cache *c, struct sfs_slot_rec *s)
+{
+    atomic_store_explicit(&s->owner, c->me, memory_order_relaxed);
+    atomic_store_explicit(&s->owner_gen, c->my_gen, memory_order_relaxed);
+    atomic_store_explicit(&s->error, 0, memory_order_relaxed);
+    atomic_store_explicit(&s->length, 0, memory_order_relaxed);
+}
+
+#endif /* SHARDFS_SLOT_I_H */
