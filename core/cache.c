@@ -65,178 +65,6 @@ static bool owner_alive_rec(struct sfs_cache *c, const struct sfs_slot_rec *s)
 }
 
 /* ---------------------------------------------------------------------------
- * Lease entries: our table in shared memory, a free stack in private memory.
- */
-
-/*
- * The free entries form a Treiber stack in private memory: the head packs a
- * tag (bumped on every pop, against ABA) with the top entry + 1. Pop and push
- * are one CAS each, so threads of one process never serialise on a mutex
- * here.
- */
-#define FREE_TOP(h) ((uint32_t)(h))
-#define FREE_TAG(h) ((h) >> 32)
-
-static int stack_pop(struct sfs_cache *c, uint32_t *e)
-{
-    /* Acquire: the next link of the top was written before it was pushed. */
-    uint64_t h = atomic_load_explicit(&c->free_head, memory_order_acquire);
-
-    for (;;) {
-        uint32_t top = FREE_TOP(h);
-
-        if (top == 0)
-            return -ENOBUFS;
-        uint32_t next = atomic_load_explicit(&c->free_next[top - 1], memory_order_relaxed);
-        uint64_t nh = (FREE_TAG(h) + 1) << 32 | next;
-
-        if (atomic_compare_exchange_weak_explicit(&c->free_head, &h, nh, memory_order_acquire,
-                                                  memory_order_acquire)) {
-            *e = top - 1;
-            return 0;
-        }
-    }
-}
-
-static void stack_push(struct sfs_cache *c, uint32_t e)
-{
-    uint64_t h = atomic_load_explicit(&c->free_head, memory_order_relaxed);
-
-    for (;;) {
-        atomic_store_explicit(&c->free_next[e], FREE_TOP(h), memory_order_relaxed);
-        /* Release: the link is visible before the entry is on top. */
-        if (atomic_compare_exchange_weak_explicit(&c->free_head, &h, FREE_TAG(h) << 32 | (e + 1),
-                                                  memory_order_release, memory_order_relaxed))
-            return;
-    }
-}
-
-/*
- * Each thread keeps one spare entry of one handle, so the common Get/Release
- * pair of a thread touches no shared word for its entry. A spare goes back
- * to its handle's stack when the thread exits, if the handle is still open
- * (handles are looked up by id in a process-wide registry, so a closed
- * handle is never touched).
- */
-struct spare {
-    uint64_t id; /* handle id, 0: none */
-    uint32_t e;
-    bool keyed; /* the exit destructor is armed for this thread */
-};
-
-/* initial-exec: a plain %fs-relative access, not a __tls_get_addr call. */
-static __thread struct spare spare __attribute__((tls_model("initial-exec")));
-static pthread_key_t spare_key;
-static pthread_once_t spare_once = PTHREAD_ONCE_INIT;
-static pthread_mutex_t registry_mu = PTHREAD_MUTEX_INITIALIZER;
-static struct sfs_cache *registry; /* open handles, by reg_next; registry_mu */
-static _Atomic uint64_t next_handle_id;
-
-static void spare_exit(void *arg)
-{
-    struct spare *sp = arg;
-
-    pthread_mutex_lock(&registry_mu);
-    for (struct sfs_cache *c = registry; c; c = c->reg_next) {
-        if (c->id == sp->id) {
-            stack_push(c, sp->e);
-            break;
-        }
-    }
-    pthread_mutex_unlock(&registry_mu);
-    sp->id = 0;
-}
-
-static void spare_init(void)
-{
-    pthread_key_create(&spare_key, spare_exit);
-}
-
-static int entry_alloc(struct sfs_cache *c, uint32_t *e)
-{
-    if (spare.id == c->id) {
-        spare.id = 0;
-        *e = spare.e;
-        return 0;
-    }
-    return stack_pop(c, e);
-}
-
-static void entry_free(struct sfs_cache *c, uint32_t e)
-{
-    if (spare.id == 0) {
-        spare.id = c->id;
-        spare.e = e;
-        /* Only this thread reads its spare; the key makes the destructor
-         * run at thread exit. */
-        if (!spare.keyed) {
-            spare.keyed = true;
-            pthread_setspecific(spare_key, &spare);
-        }
-        return;
-    }
-    stack_push(c, e);
-}
-
-/* Called once per handle when its lease table is ready, and at close. */
-static void registry_add(struct sfs_cache *c)
-{
-    pthread_once(&spare_once, spare_init);
-    c->id = atomic_fetch_add_explicit(&next_handle_id, 1, memory_order_relaxed) + 1;
-    pthread_mutex_lock(&registry_mu);
-    c->reg_next = registry;
-    registry = c;
-    pthread_mutex_unlock(&registry_mu);
-}
-
-static void registry_remove(struct sfs_cache *c)
-{
-    pthread_mutex_lock(&registry_mu);
-    for (struct sfs_cache **p = &registry; *p; p = &(*p)->reg_next) {
-        if (*p == c) {
-            *p = c->reg_next;
-            break;
-        }
-    }
-    pthread_mutex_unlock(&registry_mu);
-    if (spare.id == c->id)
-        spare.id = 0; /* ours was of this handle: it goes with it */
-}
-
-/* Bucket lock held: mark our lease e on slot s as the owner's. */
-static void lease_mark_owner(struct sfs_cache *c, uint32_t s, uint32_t e)
-{
-    atomic_store_explicit(&c->leases[e], (s + 1) | ENTRY_OWNER, memory_order_relaxed);
-}
-
-/* Bucket lock held: record the lease, then count it (repair recounts). */
-static void lease_take(struct sfs_cache *c, uint32_t s, uint32_t e, struct sfs_lease *out)
-{
-    struct sfs_slot_rec *sl = &c->slots[s];
-
-    atomic_store_explicit(&c->leases[e], s + 1, memory_order_relaxed);
-    /* Under the bucket lock: a plain read-modify-write, no locked add. */
-    atomic_store_explicit(&sl->refcount,
-                          atomic_load_explicit(&sl->refcount, memory_order_relaxed) + 1,
-                          memory_order_relaxed);
-    out->slot = s;
-    out->entry = e;
-}
-
-static void refcount_drop(struct sfs_cache *c, struct sfs_slot_rec *s)
-{
-    uint32_t rc = atomic_load_explicit(&s->refcount, memory_order_relaxed);
-
-    if (rc == 0)
-        return; /* saturate: a repaired count is never driven below zero */
-    atomic_store_explicit(&s->refcount, rc - 1, memory_order_relaxed);
-    if (rc == 1 && atomic_load_explicit(&c->hdr->release_waiters, memory_order_seq_cst)) {
-        atomic_fetch_add_explicit(&c->hdr->release_seq, 1, memory_order_seq_cst);
-        sfs_futex_wake(&c->hdr->release_seq, INT32_MAX);
-    }
-}
-
-/* ---------------------------------------------------------------------------
  * Taking a slot: never-used slots first, then CLOCK.
  */
 
@@ -816,25 +644,6 @@ void *sfs_cache_data(struct sfs_cache *c, const struct sfs_lease *lease)
     return sfs_dp_addr(c, lease->slot);
 }
 
-/* Drop the lease in entry e on slot s: bucket lock held. An owner that lets
- * go of a slot it never published leaves it Idle, and waiters take over. */
-static void release_locked(struct sfs_cache *c, uint32_t proc, uint32_t gen,
-                           _Atomic uint32_t *table, uint32_t e, uint32_t s)
-{
-    struct sfs_slot_rec *sl = &c->slots[s];
-    uint32_t v = atomic_load_explicit(&table[e], memory_order_relaxed);
-
-    atomic_store_explicit(&table[e], SFS_ENTRY_FREE, memory_order_relaxed);
-    if ((v & ENTRY_OWNER) &&
-        atomic_load_explicit(&sl->state, memory_order_relaxed) == SFS_STATE_LOADING &&
-        atomic_load_explicit(&sl->owner, memory_order_relaxed) == proc &&
-        atomic_load_explicit(&sl->owner_gen, memory_order_relaxed) == gen) {
-        atomic_store_explicit(&sl->owner, SFS_NIL, memory_order_relaxed);
-        set_state(sl, SFS_STATE_IDLE);
-    }
-    refcount_drop(c, sl);
-}
-
 int sfs_cache_release(struct sfs_cache *c, const struct sfs_lease *lease)
 {
     struct sfs_slot_rec *sl = lease_slot(c, lease);
@@ -1156,33 +965,6 @@ again:
     return -EUSERS;
 }
 
-/* Free every lease in proc p's table (p is dead, or is us detaching). */
-static void drop_all_leases(struct sfs_cache *c, uint32_t p, uint32_t gen)
-{
-    _Atomic uint32_t *t = lease_table(c, p);
-
-    for (uint32_t e = 0; e < c->max_leases; e++) {
-        uint32_t v = atomic_load_explicit(&t[e], memory_order_relaxed);
-
-        if (v == SFS_ENTRY_FREE)
-            continue;
-        if (!slot_ok(c, ENTRY_SLOT1(v) - 1)) {
-            atomic_store_explicit(&t[e], SFS_ENTRY_FREE, memory_order_relaxed);
-            continue;
-        }
-        uint32_t s = ENTRY_SLOT1(v) - 1;
-        uint32_t b = atomic_load_explicit(&c->slots[s].bucket, memory_order_relaxed);
-        if (b >= c->nbuckets || bucket_lock(c, b) < 0) {
-            atomic_store_explicit(&t[e], SFS_ENTRY_FREE, memory_order_relaxed);
-            continue;
-        }
-        if (atomic_load_explicit(&t[e], memory_order_relaxed) == v)
-            release_locked(c, p, gen, t, e, s);
-        bucket_unlock(c, b);
-    }
-}
-
-/* Clean record i of a dead process (claimed by us) and free it. */
 /* Clean record i of a dead process (we hold its busy lock) and free it. */
 static void reap_record(struct sfs_cache *c, uint32_t i)
 {
@@ -1325,19 +1107,6 @@ void *sfs_cache_segment(struct sfs_cache *c, uint32_t i, size_t *len)
  * Handles.
  */
 
-int sfs_lease_table_init(struct sfs_cache *c)
-{
-    c->free_next = malloc(sizeof(*c->free_next) * c->max_leases);
-    if (!c->free_next)
-        return -ENOMEM;
-    /* Entry i links to i + 1 (as "top" values: index + 1), 0 ends the stack. */
-    for (uint32_t i = 0; i < c->max_leases; i++)
-        atomic_init(&c->free_next[i], i + 1 < c->max_leases ? i + 2 : 0);
-    atomic_init(&c->free_head, 1);
-    registry_add(c);
-    return 0;
-}
-
 void sfs_cache_free_handle(struct sfs_cache *c)
 {
     if (!c)
@@ -1356,8 +1125,6 @@ void sfs_cache_free_handle(struct sfs_cache *c)
         munmap(c->ctl, c->ctl_len);
     if (c->ctl_fd >= 0)
         close(c->ctl_fd);
-    if (c->id)
-        registry_remove(c);
-    free(c->free_next);
+    lease_table_fini(c);
     free(c);
 }

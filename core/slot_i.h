@@ -126,6 +126,76 @@ static inline void chain_link(struct sfs_cache *c, uint32_t b, uint32_t s)
 }
 
 /* ---------------------------------------------------------------------------
+ * lease.c: lease entries, the per-thread spare, dropping leases.
+ */
+
+/* Each thread keeps one spare entry of one handle (see lease.c). */
+struct lease_spare {
+    uint64_t id; /* handle id, 0: none */
+    uint32_t e;
+    bool keyed; /* the exit destructor is armed for this thread */
+};
+
+extern __thread struct lease_spare lease_spare
+    __attribute__((tls_model("initial-exec"), visibility("hidden")));
+
+int entry_pop(struct sfs_cache *c, uint32_t *e); /* -ENOBUFS: table full */
+void entry_push(struct sfs_cache *c, uint32_t e);
+void lease_spare_arm(void);
+
+/* A free entry of our table for a new lease: the thread's spare if it has
+ * one of this handle, else one from the handle's stack. */
+static inline int entry_alloc(struct sfs_cache *c, uint32_t *e)
+{
+    if (lease_spare.id == c->id) {
+        lease_spare.id = 0;
+        *e = lease_spare.e;
+        return 0;
+    }
+    return entry_pop(c, e);
+}
+
+static inline void entry_free(struct sfs_cache *c, uint32_t e)
+{
+    if (lease_spare.id == 0) {
+        lease_spare.id = c->id;
+        lease_spare.e = e;
+        if (!lease_spare.keyed)
+            lease_spare_arm();
+        return;
+    }
+    entry_push(c, e);
+}
+
+/* Bucket lock held: mark our lease e on slot s as the owner's. */
+static inline void lease_mark_owner(struct sfs_cache *c, uint32_t s, uint32_t e)
+{
+    atomic_store_explicit(&c->leases[e], (s + 1) | ENTRY_OWNER, memory_order_relaxed);
+}
+
+/* Bucket lock held: record the lease, then count it (repair recounts). */
+static inline void lease_take(struct sfs_cache *c, uint32_t s, uint32_t e, struct sfs_lease *out)
+{
+    struct sfs_slot_rec *sl = &c->slots[s];
+
+    atomic_store_explicit(&c->leases[e], s + 1, memory_order_relaxed);
+    /* Under the bucket lock: a plain read-modify-write, no locked add. */
+    atomic_store_explicit(&sl->refcount,
+                          atomic_load_explicit(&sl->refcount, memory_order_relaxed) + 1,
+                          memory_order_relaxed);
+    out->slot = s;
+    out->entry = e;
+}
+
+/* Drop the lease in entry e of `table` (proc, gen) on slot s: bucket lock
+ * held. An owner that lets go of a slot it never published leaves it Idle. */
+void release_locked(struct sfs_cache *c, uint32_t proc, uint32_t gen, _Atomic uint32_t *table,
+                    uint32_t e, uint32_t s);
+/* Free every lease in proc p's table (p is dead, or is us detaching). */
+void drop_all_leases(struct sfs_cache *c, uint32_t p, uint32_t gen);
+void lease_table_fini(struct sfs_cache *c);
+
+/* ---------------------------------------------------------------------------
  * State changes and wakes.
  */
 

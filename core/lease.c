@@ -1,0 +1,210 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * lease.c - lease tables: entries in shared memory, free entries in private
+ * memory, one spare per thread, and dropping leases.
+ *
+ * Key idea: a lease is one entry in its process's table in the control plane
+ * (slot + 1, see slot_i.h), written only under the slot's bucket lock, so
+ * repair can recount any slot's refcount from the tables (bucket.c). Which
+ * entries are free is private to the process: a lock-free stack, plus one
+ * spare entry per thread so a thread's Get/Release pair touches no shared
+ * word for its entry. A refcount that drops to 0 is what a Get waiting for a
+ * free slot waits for (release_seq, evict.c).
+ */
+#include "slot_i.h"
+
+#include <stdlib.h>
+
+/*
+ * The free entries form a Treiber stack in private memory: the head packs a
+ * tag (bumped on every pop, against ABA) with the top entry + 1. Pop and push
+ * are one CAS each, so threads of one process never serialise on a mutex
+ * here.
+ */
+#define FREE_TOP(h) ((uint32_t)(h))
+#define FREE_TAG(h) ((h) >> 32)
+
+int entry_pop(struct sfs_cache *c, uint32_t *e)
+{
+    /* Acquire: the next link of the top was written before it was pushed. */
+    uint64_t h = atomic_load_explicit(&c->free_head, memory_order_acquire);
+
+    for (;;) {
+        uint32_t top = FREE_TOP(h);
+
+        if (top == 0)
+            return -ENOBUFS;
+        uint32_t next = atomic_load_explicit(&c->free_next[top - 1], memory_order_relaxed);
+        uint64_t nh = (FREE_TAG(h) + 1) << 32 | next;
+
+        if (atomic_compare_exchange_weak_explicit(&c->free_head, &h, nh, memory_order_acquire,
+                                                  memory_order_acquire)) {
+            *e = top - 1;
+            return 0;
+        }
+    }
+}
+
+void entry_push(struct sfs_cache *c, uint32_t e)
+{
+    uint64_t h = atomic_load_explicit(&c->free_head, memory_order_relaxed);
+
+    for (;;) {
+        atomic_store_explicit(&c->free_next[e], FREE_TOP(h), memory_order_relaxed);
+        /* Release: the link is visible before the entry is on top. */
+        if (atomic_compare_exchange_weak_explicit(&c->free_head, &h, FREE_TAG(h) << 32 | (e + 1),
+                                                  memory_order_release, memory_order_relaxed))
+            return;
+    }
+}
+
+/*
+ * Each thread keeps one spare entry of one handle, so the common Get/Release
+ * pair of a thread touches no shared word for its entry. A spare goes back
+ * to its handle's stack when the thread exits, if the handle is still open
+ * (handles are looked up by id in a process-wide registry, so a closed
+ * handle is never touched).
+ */
+
+/* initial-exec: a plain %fs-relative access, not a __tls_get_addr call. */
+__thread struct lease_spare lease_spare __attribute__((tls_model("initial-exec")));
+static pthread_key_t spare_key;
+static pthread_once_t spare_once = PTHREAD_ONCE_INIT;
+static pthread_mutex_t registry_mu = PTHREAD_MUTEX_INITIALIZER;
+static struct sfs_cache *registry; /* open handles, by reg_next; registry_mu */
+static _Atomic uint64_t next_handle_id;
+
+static void spare_exit(void *arg)
+{
+    struct lease_spare *sp = arg;
+
+    pthread_mutex_lock(&registry_mu);
+    for (struct sfs_cache *c = registry; c; c = c->reg_next) {
+        if (c->id == sp->id) {
+            entry_push(c, sp->e);
+            break;
+        }
+    }
+    pthread_mutex_unlock(&registry_mu);
+    sp->id = 0;
+}
+
+static void spare_init(void)
+{
+    pthread_key_create(&spare_key, spare_exit);
+}
+
+/* The first spare a thread keeps: the key makes the destructor run at
+ * thread exit (only this thread reads its spare). */
+void lease_spare_arm(void)
+{
+    lease_spare.keyed = true;
+    pthread_setspecific(spare_key, &lease_spare);
+}
+
+/* Called once per handle when its lease table is ready. */
+static void registry_add(struct sfs_cache *c)
+{
+    pthread_once(&spare_once, spare_init);
+    c->id = atomic_fetch_add_explicit(&next_handle_id, 1, memory_order_relaxed) + 1;
+    pthread_mutex_lock(&registry_mu);
+    c->reg_next = registry;
+    registry = c;
+    pthread_mutex_unlock(&registry_mu);
+}
+
+static void registry_remove(struct sfs_cache *c)
+{
+    pthread_mutex_lock(&registry_mu);
+    for (struct sfs_cache **p = &registry; *p; p = &(*p)->reg_next) {
+        if (*p == c) {
+            *p = c->reg_next;
+            break;
+        }
+    }
+    pthread_mutex_unlock(&registry_mu);
+    if (lease_spare.id == c->id)
+        lease_spare.id = 0; /* ours was of this handle: it goes with it */
+}
+
+/* Bucket lock held: one lease fewer on s; the last one may free a slot a
+ * full cache's Get waits for. */
+static void refcount_drop(struct sfs_cache *c, struct sfs_slot_rec *s)
+{
+    uint32_t rc = atomic_load_explicit(&s->refcount, memory_order_relaxed);
+
+    if (rc == 0)
+        return; /* saturate: a repaired count is never driven below zero */
+    atomic_store_explicit(&s->refcount, rc - 1, memory_order_relaxed);
+    if (rc == 1 && atomic_load_explicit(&c->hdr->release_waiters, memory_order_seq_cst)) {
+        atomic_fetch_add_explicit(&c->hdr->release_seq, 1, memory_order_seq_cst);
+        sfs_futex_wake(&c->hdr->release_seq, INT32_MAX);
+    }
+}
+
+/* Drop the lease in entry e on slot s: bucket lock held. An owner that lets
+ * go of a slot it never published leaves it Idle, and waiters take over. */
+void release_locked(struct sfs_cache *c, uint32_t proc, uint32_t gen,
+                           _Atomic uint32_t *table, uint32_t e, uint32_t s)
+{
+    struct sfs_slot_rec *sl = &c->slots[s];
+    uint32_t v = atomic_load_explicit(&table[e], memory_order_relaxed);
+
+    atomic_store_explicit(&table[e], SFS_ENTRY_FREE, memory_order_relaxed);
+    if ((v & ENTRY_OWNER) &&
+        atomic_load_explicit(&sl->state, memory_order_relaxed) == SFS_STATE_LOADING &&
+        atomic_load_explicit(&sl->owner, memory_order_relaxed) == proc &&
+        atomic_load_explicit(&sl->owner_gen, memory_order_relaxed) == gen) {
+        atomic_store_explicit(&sl->owner, SFS_NIL, memory_order_relaxed);
+        set_state(sl, SFS_STATE_IDLE);
+    }
+    refcount_drop(c, sl);
+}
+
+/* Free every lease in proc p's table (p is dead, or is us detaching). */
+void drop_all_leases(struct sfs_cache *c, uint32_t p, uint32_t gen)
+{
+    _Atomic uint32_t *t = lease_table(c, p);
+
+    for (uint32_t e = 0; e < c->max_leases; e++) {
+        uint32_t v = atomic_load_explicit(&t[e], memory_order_relaxed);
+
+        if (v == SFS_ENTRY_FREE)
+            continue;
+        if (!slot_ok(c, ENTRY_SLOT1(v) - 1)) {
+            atomic_store_explicit(&t[e], SFS_ENTRY_FREE, memory_order_relaxed);
+            continue;
+        }
+        uint32_t s = ENTRY_SLOT1(v) - 1;
+        uint32_t b = atomic_load_explicit(&c->slots[s].bucket, memory_order_relaxed);
+        if (b >= c->nbuckets || bucket_lock(c, b) < 0) {
+            atomic_store_explicit(&t[e], SFS_ENTRY_FREE, memory_order_relaxed);
+            continue;
+        }
+        if (atomic_load_explicit(&t[e], memory_order_relaxed) == v)
+            release_locked(c, p, gen, t, e, s);
+        bucket_unlock(c, b);
+    }
+}
+
+int sfs_lease_table_init(struct sfs_cache *c)
+{
+    c->free_next = malloc(sizeof(*c->free_next) * c->max_leases);
+    if (!c->free_next)
+        return -ENOMEM;
+    /* Entry i links to i + 1 (as "top" values: index + 1), 0 ends the stack. */
+    for (uint32_t i = 0; i < c->max_leases; i++)
+        atomic_init(&c->free_next[i], i + 1 < c->max_leases ? i + 2 : 0);
+    atomic_init(&c->free_head, 1);
+    registry_add(c);
+    return 0;
+}
+
+/* At close: forget the handle (its thread spares die with it), free the stack. */
+void lease_table_fini(struct sfs_cache *c)
+{
+    if (c->id)
+        registry_remove(c);
+    free(c->free_next);
+    c->free_next = NULL;
+}
