@@ -196,6 +196,26 @@ void drop_all_leases(struct sfs_cache *c, uint32_t p, uint32_t gen);
 void lease_table_fini(struct sfs_cache *c);
 
 /* ---------------------------------------------------------------------------
+ * evict.c: taking a slot for a new key.
+ */
+
+/* A waiter checks its owner's pulse this often while it sleeps. */
+#define OWNER_CHECK_NS (100 * 1000 * 1000ll)
+
+enum pool { POOL_REGULAR = 1, POOL_RESERVED = 2, POOL_FRESH_ONLY = 4 };
+
+/* Take a slot for bucket b (b locked) from `pools`: 0 with *out detached
+ * and its bucket set to b; -ENOSPC when every candidate was leased; -EAGAIN
+ * when some unleased one sat in a bucket that was busy at that instant. */
+int alloc_slot(struct sfs_cache *c, uint32_t b, unsigned pools, uint32_t *out);
+/* Put key on slot s (detached, s->bucket == b, b locked) in `state`. */
+void install(struct sfs_cache *c, uint32_t b, uint32_t s, const struct sfs_key *k, uint32_t state,
+             bool prefetch);
+/* Sleep until a lease is released after release_seq read `seq`, for at most
+ * one OWNER_CHECK_NS slice or to the deadline. 0 to rescan, or -errno. */
+int wait_for_release(struct sfs_cache *c, uint32_t seq, int64_t deadline_ns);
+
+/* ---------------------------------------------------------------------------
  * State changes and wakes.
  */
 

@@ -1,0 +1,179 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * evict.c - taking a slot for a new key: never-used slots first, then CLOCK;
+ * and waiting for one when every slot is leased.
+ *
+ * Eviction is CLOCK second chance (see docs/eviction.md for the essay). The
+ * hand is a shared counter; an evictor holding its own bucket lock scans at
+ * most two laps: a set accessed bit is cleared and skipped, a clear bit on an
+ * unleased slot is the victim. After one lap of set bits the second lap meets
+ * the first position again with its bit now clear: that is the "raw hand"
+ * fallback of seed 000, with no special case. A victim in another bucket is
+ * taken only with trylock, so two evictors never wait on each other's locks.
+ *
+ * A slot moves between chains by unlink, bucket, key, link (bucket.c says why
+ * any prefix of that is repairable): a slot that names a bucket but is on no
+ * chain is an orphan cut off by a dead mover, and the evictor that finds it
+ * takes it.
+ */
+#include "slot_i.h"
+
+#include <string.h>
+
+/* Try to take slot s for bucket b (b locked). Returns 0 with s detached and
+ * s->bucket == b, -EBUSY when its bucket was busy, or -EAGAIN to move on. */
+static int take_slot(struct sfs_cache *c, uint32_t b, uint32_t s)
+{
+    struct sfs_slot_rec *sl = &c->slots[s];
+    uint32_t sb = atomic_load_explicit(&sl->bucket, memory_order_acquire);
+
+    if (sb == SFS_NIL) {
+        /* A free slot: the CAS is the claim (acq_rel: pairs with remove()). */
+        uint32_t nil = SFS_NIL;
+        return atomic_compare_exchange_strong_explicit(&sl->bucket, &nil, b, memory_order_acq_rel,
+                                                       memory_order_relaxed)
+                   ? 0
+                   : -EAGAIN;
+    }
+    if (sb >= c->nbuckets)
+        return -EAGAIN; /* corrupt hint: never index with it */
+    if (sb != b && bucket_trylock(c, sb) < 0)
+        return -EBUSY; /* another evictor or reader holds it: not "all leased" */
+    int r = -EAGAIN;
+    if (atomic_load_explicit(&sl->bucket, memory_order_relaxed) != sb)
+        goto out_unlock;
+    if (!chain_unlink(c, sb, s)) {
+        /* On no chain though it names one: cut off by a dead mover. Ours. */
+        sfs_log(LOG_NOTICE, "slot %u: orphan reclaimed", s);
+    } else if (atomic_load_explicit(&sl->refcount, memory_order_relaxed) != 0) {
+        chain_link(c, sb, s); /* leased after all: put it back */
+        goto out_unlock;
+    } else {
+        uint32_t st = atomic_load_explicit(&sl->state, memory_order_relaxed);
+
+        if (st == SFS_STATE_READY)
+            sfs_ctr_add(c, CTR_RESIDENT_DELTA,
+                        -(int64_t)atomic_load_explicit(&sl->length, memory_order_relaxed));
+        if (st != SFS_STATE_FREE)
+            sfs_ctr_add(c, CTR_EVICTIONS, 1);
+    }
+    atomic_store_explicit(&sl->bucket, b, memory_order_relaxed);
+    r = 0;
+out_unlock:
+    if (sb != b)
+        bucket_unlock(c, sb);
+    return r;
+}
+
+static int take_fresh(struct sfs_cache *c, uint32_t b, _Atomic uint32_t *fresh, uint32_t base,
+                      uint32_t n, uint32_t *out)
+{
+    /* Relaxed: the counter only hands out indices; the CAS on bucket claims. */
+    while (atomic_load_explicit(fresh, memory_order_relaxed) < n) {
+        uint32_t i = atomic_fetch_add_explicit(fresh, 1, memory_order_relaxed);
+
+        if (i >= n)
+            break;
+        if (take_slot(c, b, base + i) == 0) {
+            *out = base + i;
+            return 0;
+        }
+    }
+    return -ENOSPC;
+}
+
+/*
+ * CLOCK over slots [base, base + n): at most two laps. A set bit is cleared
+ * (leased or not) and skipped; the first clear, unleased slot is the victim.
+ */
+static int clock_scan(struct sfs_cache *c, uint32_t b, _Atomic uint64_t *hand, uint32_t base,
+                      uint32_t n, uint32_t *out, bool *busy)
+{
+    if (n == 0)
+        return -ENOSPC;
+    for (uint64_t step = 0; step < 2ull * n; step++) {
+        /* Relaxed: concurrent evictors share the hand; each position is
+         * examined by one of them. */
+        uint32_t s =
+            base + (uint32_t)(atomic_fetch_add_explicit(hand, 1, memory_order_relaxed) % n);
+        struct sfs_slot_rec *sl = &c->slots[s];
+
+        if (atomic_load_explicit(&sl->accessed, memory_order_relaxed)) {
+            atomic_store_explicit(&sl->accessed, 0, memory_order_relaxed);
+            continue;
+        }
+        if (atomic_load_explicit(&sl->refcount, memory_order_relaxed) != 0)
+            continue; /* hint; re-checked under the lock */
+        int r = take_slot(c, b, s);
+
+        if (r == 0) {
+            *out = s;
+            return 0;
+        }
+        if (r == -EBUSY)
+            *busy = true;
+    }
+    return -ENOSPC;
+}
+
+/* -ENOSPC when every candidate was leased; -EAGAIN when some unleased one
+ * sat in a bucket that was busy at that instant (worth another try). */
+int alloc_slot(struct sfs_cache *c, uint32_t b, unsigned pools, uint32_t *out)
+{
+    struct sfs_header *h = c->hdr;
+    bool busy = false;
+
+    if (pools & POOL_REGULAR) {
+        if (take_fresh(c, b, &h->fresh, 0, c->nregular, out) == 0)
+            return 0;
+        if (!(pools & POOL_FRESH_ONLY) &&
+            clock_scan(c, b, &h->hand, 0, c->nregular, out, &busy) == 0)
+            return 0;
+    }
+    if (pools & POOL_RESERVED) {
+        if (take_fresh(c, b, &h->fresh_reserved, c->nregular, c->nreserved, out) == 0)
+            return 0;
+        if (clock_scan(c, b, &h->hand_reserved, c->nregular, c->nreserved, out, &busy) == 0)
+            return 0;
+    }
+    return busy ? -EAGAIN : -ENOSPC;
+}
+
+/* Put key on slot s (detached, s->bucket == b, b locked) in `state`. */
+void install(struct sfs_cache *c, uint32_t b, uint32_t s, const struct sfs_key *k,
+                    uint32_t state, bool prefetch)
+{
+    struct sfs_slot_rec *sl = &c->slots[s];
+    uint8_t flags = s >= c->nregular ? SLOT_F_RESERVED : 0;
+
+    memcpy(sl->block, k->block.b, SFS_BLOCK_ID_LEN);
+    sl->shard = k->shard;
+    make_owner(c, sl);
+    atomic_store_explicit(&sl->flags, flags | (prefetch ? SLOT_F_PREFETCHED : 0),
+                          memory_order_relaxed);
+    atomic_store_explicit(&sl->refcount, 0, memory_order_relaxed);
+    /* A new load gets a second chance; a prewarmed guess does not. */
+    atomic_store_explicit(&sl->accessed, state == SFS_STATE_LOADING, memory_order_relaxed);
+    set_state(sl, state);
+    chain_link(c, b, s);
+    uint32_t m = atomic_load_explicit(&c->hdr->max_shard, memory_order_relaxed);
+    while (k->shard > m &&
+           !atomic_compare_exchange_weak_explicit(&c->hdr->max_shard, &m, k->shard,
+                                                  memory_order_relaxed, memory_order_relaxed))
+        ;
+}
+
+int wait_for_release(struct sfs_cache *c, uint32_t seq, int64_t deadline_ns)
+{
+    struct sfs_header *h = c->hdr;
+    int r = 0;
+
+    atomic_fetch_add_explicit(&h->release_waiters, 1, memory_order_seq_cst);
+    if (atomic_load_explicit(&h->release_seq, memory_order_seq_cst) == seq) {
+        int64_t slice = sfs_now_ns() + OWNER_CHECK_NS;
+
+        r = sfs_futex_wait(&h->release_seq, seq, slice < deadline_ns ? slice : deadline_ns);
+    }
+    atomic_fetch_sub_explicit(&h->release_waiters, 1, memory_order_seq_cst);
+    return r == -ETIMEDOUT || r == -EAGAIN || r == -EINTR ? 0 : r;
+}
