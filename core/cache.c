@@ -1,7 +1,8 @@
 /* SPDX-License-Identifier: MIT */
 /*
- * cache.c - the CacheBuffer: owner/waiter arbitration, CLOCK eviction, leases,
- * Touch, Prealloc, recovery and stats, all on shared memory.
+ * cache.c - the CacheBuffer's entry points: Get, Wait, Publish, Fail,
+ * Release, and the lookups without leases (State, Remove, Prealloc, Touch,
+ * foreach), all on shared memory.
  *
  * The slot lifecycle. A slot is FREE (on no chain) until a Get that misses
  * claims it: the claimer becomes the owner, the slot goes on its key's bucket
@@ -16,35 +17,17 @@
  * state and sleeps only if `version` still holds what it read: a publish in
  * between changes the word and the futex returns at once.
  *
- * Eviction is CLOCK second chance (see docs/eviction.md for the essay). The
- * hand is a shared counter; an evictor holding its own bucket lock scans at
- * most two laps: a set accessed bit is cleared and skipped, a clear bit on an
- * unleased slot is the victim. After one lap of set bits the second lap meets
- * the first position again with its bit now clear: that is the "raw hand"
- * fallback of seed 000, with no special case. A victim in another bucket is
- * taken only with trylock, so two evictors never wait on each other's locks.
- *
- * Recovery. Every bucket lock is a robust process-shared mutex. When a process
- * dies holding one, the next locker gets EOWNERDEAD and repairs the chain:
- * walks it (bounded, indices checked), and recounts each slot's refcount from
- * the lease tables, which change only under the same lock. The order of
- * writes when a slot is claimed (unlink, bucket, key, link, lease entry,
- * refcount) makes any prefix of it repairable: a slot cut off mid-move is an
- * orphan that the next evictor finds by walking its chain, and it never has a
- * lease entry pointing at it. Leases of a dead process are freed by the
- * reaper, which also resets its half-filled slots to IDLE so the next Get (or
- * a waiter) takes them over.
+ * The rest of the protocol lives beside this file (map: slot_i.h): bucket.c
+ * holds the robust bucket locks and their repair after a dead holder,
+ * lease.c the lease tables, evict.c CLOCK eviction and the wait for a free
+ * slot, proc.c process records and reaping, ctl.c the region's geometry.
  */
 #include "slot_i.h"
 
 #include <errno.h>
-#include <fcntl.h>
 #include <sched.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/mman.h>
-#include <sys/stat.h>
-#include <unistd.h>
 
 /* ---------------------------------------------------------------------------
  * State changes and wakes (set_state, make_owner: slot_i.h).
@@ -721,196 +704,8 @@ int sfs_cache_foreach(struct sfs_cache *c, unsigned state_mask, sfs_key_visit_fn
 }
 
 /* ---------------------------------------------------------------------------
- * Processes: registration, reaping, stats.
+ * The handle's geometry and segments.
  */
-
-static void fold_counters(struct sfs_cache *c, struct sfs_proc_rec *p)
-{
-    int r = pthread_mutex_lock(&c->hdr->proc_lock);
-
-    if (r == EOWNERDEAD)
-        pthread_mutex_consistent(&c->hdr->proc_lock);
-    for (int i = 0; i < CTR_COUNT; i++) {
-        /* Relaxed: the record's writer is gone or is us. */
-        c->hdr->retired[i] += atomic_exchange_explicit(&p->ctr[i], 0, memory_order_relaxed);
-    }
-    pthread_mutex_unlock(&c->hdr->proc_lock);
-}
-
-/*
- * busy_pid is the record's transition lock: whoever moves a record between
- * states (claiming it, reaping it) first CASes busy_pid from 0 to its pid,
- * and clears it last. A process that dies holding it leaves its pid there,
- * and the next reaper inherits the transition with a second CAS.
- */
-static bool rec_busy_take(struct sfs_proc_rec *p, int32_t from, int32_t me)
-{
-    /* acq_rel: what the last holder did happens-before us. */
-    return atomic_compare_exchange_strong_explicit(&p->busy_pid, &from, me, memory_order_acq_rel,
-                                                   memory_order_relaxed);
-}
-
-static void rec_busy_drop(struct sfs_proc_rec *p)
-{
-    /* Release: the record's new state is visible before the lock is free. */
-    atomic_store_explicit(&p->busy_pid, 0, memory_order_release);
-}
-
-int sfs_proc_register(struct sfs_cache *c, int device_id)
-{
-    uint64_t st = 0;
-    int pid = getpid();
-    bool tried_reap = false;
-
-    sfs_proc_start_time(pid, &st);
-again:
-    for (uint32_t i = 0; i < c->max_procs; i++) {
-        struct sfs_proc_rec *p = &c->procs[i];
-
-        if (atomic_load_explicit(&p->state, memory_order_acquire) != PROC_FREE ||
-            atomic_load_explicit(&p->busy_pid, memory_order_relaxed) != 0 ||
-            !rec_busy_take(p, 0, pid))
-            continue;
-        if (atomic_load_explicit(&p->state, memory_order_acquire) != PROC_FREE) {
-            rec_busy_drop(p);
-            continue;
-        }
-        atomic_store_explicit(&p->state, PROC_CLAIMING, memory_order_relaxed);
-        atomic_store_explicit(&p->start_time, st, memory_order_relaxed);
-        atomic_store_explicit(&p->pid, pid, memory_order_relaxed);
-        p->device_id = device_id;
-        c->my_gen = atomic_fetch_add_explicit(&p->gen, 1, memory_order_relaxed) + 1;
-        for (int k = 0; k < CTR_COUNT; k++)
-            atomic_store_explicit(&p->ctr[k], 0, memory_order_relaxed);
-        /* Release: pid/gen visible before anyone sees the record alive. */
-        atomic_store_explicit(&p->state, PROC_ALIVE, memory_order_release);
-        rec_busy_drop(p);
-        c->me = i;
-        c->self = p;
-        c->leases = lease_table(c, i);
-        return 0;
-    }
-    if (!tried_reap) {
-        tried_reap = true;
-        if (sfs_cache_reap(c) > 0)
-            goto again;
-    }
-    return -EUSERS;
-}
-
-/* Clean record i of a dead process (we hold its busy lock) and free it. */
-static void reap_record(struct sfs_cache *c, uint32_t i)
-{
-    struct sfs_proc_rec *p = &c->procs[i];
-    uint32_t gen = atomic_load_explicit(&p->gen, memory_order_relaxed);
-
-    atomic_store_explicit(&p->state, PROC_REAPING, memory_order_relaxed);
-    sfs_log(LOG_NOTICE, "reaping process %d (record %u)",
-            atomic_load_explicit(&p->pid, memory_order_relaxed), i);
-    drop_all_leases(c, i, gen);
-    sfs_ctr_add(c, CTR_REAPED, 1);
-    fold_counters(c, p);
-    atomic_store_explicit(&p->pid, 0, memory_order_relaxed);
-    /* Release: the record is clean before it can be claimed again. */
-    atomic_store_explicit(&p->state, PROC_FREE, memory_order_release);
-    rec_busy_drop(p);
-}
-
-int sfs_cache_reap(struct sfs_cache *c)
-{
-    int n = 0, me = getpid();
-
-    if (!c)
-        return -EINVAL;
-    for (uint32_t i = 0; i < c->max_procs; i++) {
-        struct sfs_proc_rec *p = &c->procs[i];
-        int32_t busy = atomic_load_explicit(&p->busy_pid, memory_order_acquire);
-
-        if (i == c->me)
-            continue;
-        if (busy != 0) {
-            /* Someone is claiming or reaping it: step in only if they died
-             * half-way; the CAS makes us their one successor. */
-            if (busy == me || !sfs_pid_gone(busy) || !rec_busy_take(p, busy, me))
-                continue;
-            if (atomic_load_explicit(&p->state, memory_order_acquire) == PROC_FREE) {
-                rec_busy_drop(p); /* died before changing anything */
-                continue;
-            }
-        } else {
-            if (atomic_load_explicit(&p->state, memory_order_acquire) != PROC_ALIVE ||
-                sfs_pid_alive(atomic_load_explicit(&p->pid, memory_order_relaxed),
-                              atomic_load_explicit(&p->start_time, memory_order_relaxed)))
-                continue;
-            if (!rec_busy_take(p, 0, me))
-                continue; /* another reaper has it */
-            /* Re-check under the lock: a record freed and claimed anew in the
-             * meantime belongs to a live process. */
-            if (atomic_load_explicit(&p->state, memory_order_acquire) != PROC_ALIVE ||
-                sfs_pid_alive(atomic_load_explicit(&p->pid, memory_order_relaxed),
-                              atomic_load_explicit(&p->start_time, memory_order_relaxed))) {
-                rec_busy_drop(p);
-                continue;
-            }
-        }
-        reap_record(c, i);
-        n++;
-    }
-    return n;
-}
-
-static void sum_proc(const struct sfs_proc_rec *p, int64_t *acc)
-{
-    for (int i = 0; i < CTR_COUNT; i++)
-        acc[i] += atomic_load_explicit(&p->ctr[i], memory_order_relaxed);
-}
-
-static void fill_stats(struct sfs_cache *c, const int64_t *acc, struct sfs_stats *o)
-{
-    memset(o, 0, sizeof(*o));
-    o->requests = (uint64_t)acc[CTR_REQUESTS];
-    /* Hits are not counted on the hit path: every request is a hit, a miss
-     * (owner or waiter) or unserved (an error). */
-    int64_t hits = acc[CTR_REQUESTS] - acc[CTR_MISSES] - acc[CTR_UNSERVED];
-    o->hits = hits > 0 ? (uint64_t)hits : 0; /* counters are read one by one */
-    o->misses = (uint64_t)acc[CTR_MISSES];
-    o->prefetched = (uint64_t)acc[CTR_PREFETCHED];
-    o->prefetch_hits = (uint64_t)acc[CTR_PREFETCH_HITS];
-    o->bytes_read = (uint64_t)acc[CTR_BYTES_READ];
-    o->resident_bytes = acc[CTR_RESIDENT_DELTA] > 0 ? (uint64_t)acc[CTR_RESIDENT_DELTA] : 0;
-    o->capacity_bytes = (uint64_t)c->nslots * c->shard_size;
-    o->owner_loads = (uint64_t)acc[CTR_OWNER_LOADS];
-    o->waits = (uint64_t)acc[CTR_WAITS];
-    o->evictions = (uint64_t)acc[CTR_EVICTIONS];
-    o->failures = (uint64_t)acc[CTR_FAILURES];
-    o->takeovers = (uint64_t)acc[CTR_TAKEOVERS];
-    o->prealloc = (uint64_t)acc[CTR_PREALLOC];
-    o->touched = (uint64_t)acc[CTR_TOUCHED];
-    o->reaped = (uint64_t)acc[CTR_REAPED];
-}
-
-void sfs_cache_stats(struct sfs_cache *c, struct sfs_stats *out)
-{
-    int64_t acc[CTR_COUNT] = {0};
-
-    int r = pthread_mutex_lock(&c->hdr->proc_lock);
-    if (r == EOWNERDEAD)
-        pthread_mutex_consistent(&c->hdr->proc_lock);
-    for (int i = 0; i < CTR_COUNT; i++)
-        acc[i] = c->hdr->retired[i];
-    for (uint32_t i = 0; i < c->max_procs; i++)
-        sum_proc(&c->procs[i], acc);
-    pthread_mutex_unlock(&c->hdr->proc_lock);
-    fill_stats(c, acc, out);
-}
-
-void sfs_cache_stats_local(struct sfs_cache *c, struct sfs_stats *out)
-{
-    int64_t acc[CTR_COUNT] = {0};
-
-    sum_proc(c->self, acc);
-    fill_stats(c, acc, out);
-}
 
 void sfs_cache_info(struct sfs_cache *c, struct sfs_cache_info *o)
 {
@@ -934,30 +729,4 @@ void *sfs_cache_segment(struct sfs_cache *c, uint32_t i, size_t *len)
     if (len)
         *len = c->seg_size;
     return c->seg_base[i];
-}
-
-/* ---------------------------------------------------------------------------
- * Handles.
- */
-
-void sfs_cache_free_handle(struct sfs_cache *c)
-{
-    if (!c)
-        return;
-    if (c->self) {
-        uint32_t expect = PROC_ALIVE;
-
-        drop_all_leases(c, c->me, c->my_gen);
-        fold_counters(c, c->self);
-        atomic_store_explicit(&c->self->pid, 0, memory_order_relaxed);
-        atomic_compare_exchange_strong_explicit(&c->self->state, &expect, PROC_FREE,
-                                                memory_order_acq_rel, memory_order_relaxed);
-    }
-    sfs_dp_unmap(c);
-    if (c->ctl)
-        munmap(c->ctl, c->ctl_len);
-    if (c->ctl_fd >= 0)
-        close(c->ctl_fd);
-    lease_table_fini(c);
-    free(c);
 }

@@ -62,7 +62,7 @@ struct sfs_cache {
     struct sfs_proc_rec *self;
 
     /* Free entries of our lease table: a lock-free stack, process-local
-     * (see entry_alloc in cache.c). */
+     * (see entry_alloc in slot_i.h). */
     _Atomic uint64_t free_head;
     _Atomic uint32_t *free_next;
     uint64_t id;                /* process-unique handle id (thread spares) */
@@ -114,7 +114,8 @@ static inline void *sfs_dp_addr(const struct sfs_cache *c, uint32_t slot)
     return c->seg_base[seg] + (uint64_t)idx * c->stride;
 }
 
-/* ctl.c: lay out / validate the control plane. cache.c: register, close. */
+/* ctl.c: lay out / validate the control plane. proc.c: register, close.
+ * lease.c: this handle's lease table. */
 int sfs_ctl_init(struct sfs_cache *c, const struct sfs_cache_config *cfg);
 int sfs_ctl_validate(struct sfs_cache *c);
 int sfs_proc_register(struct sfs_cache *c, int device_id);
