@@ -18,9 +18,11 @@
 #include "cache_i.h"
 
 #include <errno.h>
-#include <poll.h>
+#include <fcntl.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/epoll.h>
 #include <sys/eventfd.h>
 #include <sys/mman.h>
 #include <sys/socket.h>
@@ -53,14 +55,6 @@ struct welcome {
     uint32_t nfds; /* fds that follow in this and later messages */
 };
 
-struct sfs_server {
-    struct sfs_cache *c;
-    int listen_fd;
-    int stop_fd; /* eventfd */
-    pthread_t thread;
-    char path[sizeof(((struct sockaddr_un *)0)->sun_path)];
-};
-
 static struct sfs_cache *sfs_cache_attach_fds_into(struct sfs_cache *c, int *fds, uint32_t nfds,
                                                    uint64_t expect_size, int *err);
 
@@ -71,6 +65,7 @@ static struct sfs_cache *handle_alloc(void)
     if (!c)
         return NULL;
     c->ctl_fd = -1;
+    c->conn_fd = -1;
     c->me = SFS_NIL;
     return c;
 }
@@ -97,6 +92,13 @@ struct sfs_cache *sfs_cache_create(const struct sfs_cache_config *cfg, int *err)
     r = sfs_ctl_init(c, cfg);
     if (r < 0)
         goto out_free;
+    /* sfs_ctl_init sealed its size; close the seal set too, or an attached
+     * process could add F_SEAL_FUTURE_WRITE and every later attach would
+     * fail to map the region writable. */
+    if (fcntl(c->ctl_fd, F_ADD_SEALS, F_SEAL_SEAL) < 0) {
+        r = -errno;
+        goto out_free;
+    }
     c->hdr->hugepages = 0;
     r = sfs_dp_create(c, cfg->hugepages, cfg->numa_bind ? cfg->numa_node : -1, cfg->populate);
     if (r < 0)
@@ -192,7 +194,73 @@ static int recv_fds(int sock, void *buf, size_t len, int *fds, unsigned max_fds)
 
 /* ---------------------------------------------------------------------------
  * Server.
+ *
+ * One thread runs one epoll loop that owns every connection: the listening
+ * socket, each client from accept to close, and the stop eventfd. Sockets
+ * are non-blocking and nothing in the loop waits on a client: a hello is
+ * read as its bytes arrive, with a deadline of HELLO_TIMEOUT_NS per
+ * connection, and a welcome that does not fit the socket's buffer at once
+ * drops the client. So a silent or slow client delays no one else.
+ *
+ * A welcomed client keeps its connection for the life of its handle; the
+ * server watches it (and the peer's pidfd, where the kernel gives one) and
+ * learns of the process's exit or exec when it closes.
+ *
+ * Bounds: at most SERVER_MAX_CONNS connections at once; per uid at most
+ * PENDING_PER_UID connections that have not finished their hello, and at
+ * most max_per_uid welcomed ones; a peer over a bound is refused -EUSERS.
  */
+
+#define HELLO_TIMEOUT_NS (1000 * 1000 * 1000ll)
+#define SERVER_MAX_CONNS 1024u
+#define PENDING_PER_UID  64u
+#define EV_LISTEN        UINT64_MAX
+#define EV_STOP          (UINT64_MAX - 1)
+/* epoll data of a connection: its index and its seq (so an event queued for a
+ * connection closed earlier in the same batch never reaches the next one in
+ * its place), and a bit for its pidfd. */
+#define EV_PIDFD         (1ull << 48)
+#define EV_DATA(i, seq)  ((uint64_t)(i) | (uint64_t)(seq) << 16)
+
+#ifndef SO_PEERPIDFD
+#define SO_PEERPIDFD 77
+#endif
+
+enum conn_state {
+    CONN_FREE = 0,
+    CONN_HELLO,    /* reading the hello, under a deadline */
+    CONN_ATTACHED, /* welcomed: held until the client closes */
+};
+
+/* One client connection. Owned by the server thread alone. */
+struct conn {
+    enum conn_state state;
+    uint32_t seq; /* bumped at each accept into this entry */
+    int fd;
+    int pidfd; /* -1: the kernel gave none */
+    pid_t pid; /* SO_PEERCRED, in the daemon's pid namespace: for logs */
+    uid_t uid;
+    int device_id;
+    int64_t deadline; /* CONN_HELLO: the hello is complete by then */
+    size_t got;       /* bytes of the hello received */
+    struct hello h;
+};
+
+struct sfs_server {
+    struct sfs_cache *c;
+    int listen_fd;
+    int stop_fd; /* eventfd */
+    int ep;      /* epoll */
+    pthread_t thread;
+    /* Who may attach, besides root and the server's euid. */
+    uint32_t *uids;
+    size_t nuids;
+    gid_t gid;
+    bool has_gid;
+    unsigned max_per_uid;
+    struct conn conns[SERVER_MAX_CONNS]; /* the server thread's alone */
+    char path[sizeof(((struct sockaddr_un *)0)->sun_path)];
+};
 
 static void refuse(int sock, int status)
 {
@@ -201,43 +269,157 @@ static void refuse(int sock, int status)
                         .status = status,
                         .format = sfs_layout_format()};
 
-    send_fds(sock, &w, sizeof(w), NULL, 0);
+    send_fds(sock, &w, sizeof(w), NULL, 0); /* best effort: the socket is non-blocking */
 }
 
-static void serve_one(struct sfs_server *s, int sock)
+/* May this peer attach? Root and the server's own uid always may; others
+ * only when named in the uid list, or in the allowed group (primary or
+ * supplementary, as the peer's credentials at connect time say). */
+static bool peer_allowed(const struct sfs_server *s, int sock, const struct ucred *cred)
 {
-    struct sfs_cache *c = s->c;
-    struct timeval tv = {.tv_sec = 1};
+    if (cred->uid == 0 || cred->uid == geteuid())
+        return true;
+    for (size_t i = 0; i < s->nuids; i++)
+        if (s->uids[i] == cred->uid)
+            return true;
+    if (!s->has_gid)
+        return false;
+    if (cred->gid == s->gid)
+        return true;
+    gid_t groups[256];
+    socklen_t len = sizeof(groups);
+    if (getsockopt(sock, SOL_SOCKET, SO_PEERGROUPS, groups, &len) < 0)
+        return false; /* ERANGE (more than 256 groups) or an old kernel: no */
+    for (size_t i = 0; i < len / sizeof(gid_t); i++)
+        if (groups[i] == s->gid)
+            return true;
+    return false;
+}
+
+static void conn_close(struct sfs_server *s, struct conn *k)
+{
+    /* Closing an fd removes it from the epoll set. */
+    close(k->fd);
+    if (k->pidfd >= 0)
+        close(k->pidfd);
+    uint32_t seq = k->seq;
+
+    memset(k, 0, sizeof(*k));
+    k->seq = seq;
+    k->state = CONN_FREE;
+    k->fd = -1;
+    k->pidfd = -1;
+    (void)s;
+}
+
+/* Connections of uid in a state (bounded by SERVER_MAX_CONNS). */
+static unsigned count_uid(const struct sfs_server *s, uid_t uid, enum conn_state st)
+{
+    unsigned n = 0;
+
+    for (unsigned i = 0; i < SERVER_MAX_CONNS; i++)
+        n += s->conns[i].state == st && s->conns[i].uid == uid;
+    return n;
+}
+
+static void accept_one(struct sfs_server *s, int sock)
+{
     struct ucred cred;
     socklen_t clen = sizeof(cred);
-    struct hello h;
-    ssize_t n;
+    struct conn *k = NULL;
 
-    setsockopt(sock, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
-    setsockopt(sock, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof(tv));
     if (getsockopt(sock, SOL_SOCKET, SO_PEERCRED, &cred, &clen) < 0) {
         sfs_log(LOG_WARNING, "attach: no peer credentials: %s", strerror(errno));
+        close(sock);
         return;
     }
-    if (cred.uid != geteuid() && cred.uid != 0) {
-        sfs_log(LOG_WARNING, "attach: refused pid %d uid %u: not our uid", cred.pid, cred.uid);
+    if (!peer_allowed(s, sock, &cred)) {
+        sfs_log(LOG_WARNING, "attach: refused pid %d uid %u gid %u: not allowed to attach",
+                cred.pid, cred.uid, cred.gid);
         refuse(sock, -EACCES);
+        close(sock);
         return;
     }
-    n = recv(sock, &h, sizeof(h), MSG_WAITALL);
-    if (n != (ssize_t)sizeof(h) || h.magic != HELLO_MAGIC) {
-        sfs_log(LOG_WARNING, "attach: refused pid %d: bad hello (%zd bytes)", cred.pid, n);
-        refuse(sock, -EBADMSG);
+    if (count_uid(s, cred.uid, CONN_HELLO) >= PENDING_PER_UID) {
+        sfs_log(LOG_WARNING, "attach: refused pid %d uid %u: %u hellos of this uid pending",
+                cred.pid, cred.uid, PENDING_PER_UID);
+        refuse(sock, -EUSERS);
+        close(sock);
         return;
     }
-    if (h.proto != PROTO_VERSION || h.format != sfs_layout_format()) {
+    for (unsigned i = 0; i < SERVER_MAX_CONNS && !k; i++)
+        if (s->conns[i].state == CONN_FREE)
+            k = &s->conns[i];
+    if (!k) {
+        sfs_log(LOG_WARNING, "attach: refused pid %d: %u connections open", cred.pid,
+                SERVER_MAX_CONNS);
+        refuse(sock, -EUSERS);
+        close(sock);
+        return;
+    }
+    uint32_t seq = (k->seq + 1) & 0xffffffffu;
+    struct epoll_event ev = {.events = EPOLLIN | EPOLLRDHUP,
+                             .data.u64 = EV_DATA(k - s->conns, seq)};
+    if (epoll_ctl(s->ep, EPOLL_CTL_ADD, sock, &ev) < 0) {
+        sfs_log(LOG_WARNING, "attach: refused pid %d: epoll: %s", cred.pid, strerror(errno));
+        close(sock);
+        return;
+    }
+    memset(k, 0, sizeof(*k));
+    k->seq = seq;
+    k->state = CONN_HELLO;
+    k->fd = sock;
+    k->pidfd = -1;
+    k->pid = cred.pid;
+    k->uid = cred.uid;
+    k->deadline = sfs_now_ns() + HELLO_TIMEOUT_NS;
+}
+
+static void accept_all(struct sfs_server *s)
+{
+    /* Bounded by the listen backlog: accept4 says EAGAIN once it is empty. */
+    for (;;) {
+        int sock = accept4(s->listen_fd, NULL, NULL, SOCK_CLOEXEC | SOCK_NONBLOCK);
+
+        if (sock < 0) {
+            if (errno == EINTR || errno == ECONNABORTED)
+                continue;
+            if (errno != EAGAIN && errno != EWOULDBLOCK)
+                sfs_log(LOG_WARNING, "attach: accept: %s", strerror(errno));
+            return;
+        }
+        accept_one(s, sock);
+    }
+}
+
+/* A complete hello: check it, welcome with the fds, keep the connection. */
+static void welcome_one(struct sfs_server *s, struct conn *k)
+{
+    struct sfs_cache *c = s->c;
+    const struct hello *h = &k->h;
+
+    if (h->magic != HELLO_MAGIC) {
+        sfs_log(LOG_WARNING, "attach: refused pid %d: bad hello", k->pid);
+        refuse(k->fd, -EBADMSG);
+        conn_close(s, k);
+        return;
+    }
+    if (h->proto != PROTO_VERSION || h->format != sfs_layout_format()) {
         sfs_log(LOG_WARNING, "attach: refused pid %d: protocol %u format %016llx (ours %u %016llx)",
-                cred.pid, h.proto, (unsigned long long)h.format, PROTO_VERSION,
+                k->pid, h->proto, (unsigned long long)h->format, PROTO_VERSION,
                 (unsigned long long)sfs_layout_format());
-        refuse(sock, -EPROTO);
+        refuse(k->fd, -EPROTO);
+        conn_close(s, k);
         return;
     }
-    bool data = h.flags & HELLO_WANT_DATA;
+    if (count_uid(s, k->uid, CONN_ATTACHED) >= s->max_per_uid) {
+        sfs_log(LOG_WARNING, "attach: refused pid %d uid %u: %u attached processes of this uid",
+                k->pid, k->uid, s->max_per_uid);
+        refuse(k->fd, -EUSERS);
+        conn_close(s, k);
+        return;
+    }
+    bool data = h->flags & HELLO_WANT_DATA;
     struct welcome w = {.magic = WELCOME_MAGIC,
                         .proto = PROTO_VERSION,
                         .status = 0,
@@ -245,63 +427,228 @@ static void serve_one(struct sfs_server *s, int sock)
                         .ctl_size = c->ctl_len,
                         .nsegments = c->nsegments,
                         .nfds = 1 + (data ? c->nsegments : 0)};
-    if (send_fds(sock, &w, sizeof(w), &c->ctl_fd, 1) < 0)
-        return;
-    for (uint32_t i = 0; data && i < c->nsegments; i += FDS_PER_MSG) {
-        uint32_t k = c->nsegments - i < FDS_PER_MSG ? c->nsegments - i : FDS_PER_MSG;
-        uint32_t hdr = k;
+    int r = send_fds(k->fd, &w, sizeof(w), &c->ctl_fd, 1);
+    for (uint32_t i = 0; r == 0 && data && i < c->nsegments; i += FDS_PER_MSG) {
+        uint32_t n = c->nsegments - i < FDS_PER_MSG ? c->nsegments - i : FDS_PER_MSG;
+        uint32_t hdr = n;
 
-        if (send_fds(sock, &hdr, sizeof(hdr), c->seg_fds + i, k) < 0)
-            return;
+        r = send_fds(k->fd, &hdr, sizeof(hdr), c->seg_fds + i, n);
     }
-    sfs_log(LOG_INFO, "attach: pid %d device %d%s", cred.pid, h.device_id,
+    if (r < 0) {
+        /* EAGAIN included: a client that does not read its welcome is not
+         * waited for. */
+        sfs_log(LOG_WARNING, "attach: pid %d: welcome not sent: %s", k->pid, strerror(-r));
+        conn_close(s, k);
+        return;
+    }
+    k->state = CONN_ATTACHED;
+    k->device_id = h->device_id;
+    /* A pidfd of the peer (Linux 6.5+): it turns readable when the process
+     * exits, even if a child it forked still holds the connection. */
+    int pidfd = -1;
+    socklen_t plen = sizeof(pidfd);
+    if (getsockopt(k->fd, SOL_SOCKET, SO_PEERPIDFD, &pidfd, &plen) == 0 && pidfd >= 0) {
+        struct epoll_event ev = {.events = EPOLLIN,
+                                 .data.u64 = EV_PIDFD | EV_DATA(k - s->conns, k->seq)};
+
+        if (epoll_ctl(s->ep, EPOLL_CTL_ADD, pidfd, &ev) == 0)
+            k->pidfd = pidfd;
+        else
+            close(pidfd);
+    }
+    sfs_log(LOG_INFO, "attach: pid %d uid %u device %d%s", k->pid, k->uid, h->device_id,
             data ? "" : " (query-only)");
+}
+
+/* The attached process is gone (its connection closed, or its pidfd says it
+ * exited). */
+static void detach_one(struct sfs_server *s, struct conn *k, const char *why)
+{
+    sfs_log(LOG_INFO, "attach: pid %d device %d detached (%s)", k->pid, k->device_id, why);
+    conn_close(s, k);
+}
+
+static void conn_event(struct sfs_server *s, struct conn *k, uint32_t events)
+{
+    if (k->state == CONN_HELLO) {
+        ssize_t n;
+
+        do
+            n = recv(k->fd, (char *)&k->h + k->got, sizeof(k->h) - k->got, MSG_DONTWAIT);
+        while (n < 0 && errno == EINTR);
+        if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK))
+            return;
+        if (n <= 0) {
+            sfs_log(LOG_WARNING, "attach: refused pid %d: bad hello (%zu bytes)", k->pid, k->got);
+            refuse(k->fd, -EBADMSG);
+            conn_close(s, k);
+            return;
+        }
+        k->got += (size_t)n;
+        if (k->got == sizeof(k->h))
+            welcome_one(s, k);
+        return;
+    }
+    /* Attached: the client sends nothing more; EOF or an error is its
+     * close (exit, exec, or detach), and bytes are a protocol breach that
+     * ends the attachment as well. */
+    char junk[64];
+    ssize_t n;
+    do
+        n = recv(k->fd, junk, sizeof(junk), MSG_DONTWAIT);
+    while (n < 0 && errno == EINTR);
+    if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK) && !(events & (EPOLLHUP | EPOLLERR)))
+        return;
+    detach_one(s, k, n > 0 ? "sent bytes after its hello" : "connection closed");
+}
+
+/* Milliseconds until the earliest hello deadline, or -1; expired hellos are
+ * refused first (one pass over the table). */
+static int expire_hellos(struct sfs_server *s)
+{
+    int64_t now = sfs_now_ns(), next = INT64_MAX;
+
+    for (unsigned i = 0; i < SERVER_MAX_CONNS; i++) {
+        struct conn *k = &s->conns[i];
+
+        if (k->state != CONN_HELLO)
+            continue;
+        if (k->deadline <= now) {
+            sfs_log(LOG_WARNING, "attach: refused pid %d: no hello within %lld ms (%zu bytes)",
+                    k->pid, HELLO_TIMEOUT_NS / 1000000, k->got);
+            refuse(k->fd, -ETIMEDOUT);
+            conn_close(s, k);
+        } else if (k->deadline < next) {
+            next = k->deadline;
+        }
+    }
+    if (next == INT64_MAX)
+        return -1;
+    return (int)((next - now + 999999) / 1000000);
 }
 
 static void *server_main(void *arg)
 {
     struct sfs_server *s = arg;
-    struct pollfd pf[2] = {{.fd = s->listen_fd, .events = POLLIN},
-                           {.fd = s->stop_fd, .events = POLLIN}};
+    struct epoll_event evs[64];
 
     for (;;) {
-        if (poll(pf, 2, -1) < 0) {
+        int timeout = expire_hellos(s);
+        int n = epoll_wait(s->ep, evs, 64, timeout);
+
+        if (n < 0) {
             if (errno == EINTR)
                 continue;
+            sfs_log(LOG_ERR, "attach: epoll_wait: %s: the server stops", strerror(errno));
             break;
         }
-        if (pf[1].revents)
-            break;
-        if (pf[0].revents & POLLIN) {
-            int sock = accept4(s->listen_fd, NULL, NULL, SOCK_CLOEXEC);
+        for (int i = 0; i < n; i++) {
+            uint64_t d = evs[i].data.u64;
 
-            if (sock < 0)
+            if (d == EV_STOP)
+                return NULL;
+            if (d == EV_LISTEN) {
+                accept_all(s);
                 continue;
-            serve_one(s, sock);
-            close(sock);
+            }
+            struct conn *k = &s->conns[(uint16_t)d % SERVER_MAX_CONNS];
+            if (k->state == CONN_FREE || k->seq != (uint32_t)(d >> 16))
+                continue; /* closed earlier in this batch */
+            if (d & EV_PIDFD)
+                detach_one(s, k, "process exited");
+            else
+                conn_event(s, k, evs[i].events);
         }
     }
     return NULL;
 }
 
-int sfs_cache_serve(struct sfs_cache *c, const char *path)
+/* The socket's directory: nobody but root and us may replace what is in it
+ * (writable by others only with the sticky bit, which stops them removing or
+ * renaming our socket; that case is logged, as another user can still take
+ * the path while no server holds it). */
+static int check_socket_dir(const char *path)
+{
+    char dir[sizeof(((struct sockaddr_un *)0)->sun_path)];
+    const char *slash = strrchr(path, '/');
+    struct stat st;
+
+    if (!slash)
+        snprintf(dir, sizeof(dir), ".");
+    else if (slash == path)
+        snprintf(dir, sizeof(dir), "/");
+    else
+        snprintf(dir, sizeof(dir), "%.*s", (int)(slash - path), path);
+    if (stat(dir, &st) < 0)
+        return -errno;
+    if (!S_ISDIR(st.st_mode))
+        return -ENOTDIR;
+    if (st.st_uid != 0 && st.st_uid != geteuid()) {
+        sfs_log(LOG_ERR, "attach: socket directory %s belongs to uid %u: refused", dir,
+                st.st_uid);
+        return -EPERM;
+    }
+    if (st.st_mode & (S_IWGRP | S_IWOTH)) {
+        if (!(st.st_mode & S_ISVTX)) {
+            sfs_log(LOG_ERR, "attach: socket directory %s is writable by others: refused", dir);
+            return -EPERM;
+        }
+        sfs_log(LOG_WARNING,
+                "attach: socket directory %s is writable by others (sticky): another user can "
+                "take the socket's path while no daemon serves it",
+                dir);
+    }
+    return 0;
+}
+
+int sfs_cache_serve_opts(struct sfs_cache *c, const char *path, const struct sfs_serve_opts *o)
 {
     struct sockaddr_un addr = {.sun_family = AF_UNIX};
     struct sfs_server *s;
+    mode_t mode = 0600;
     int r;
 
-    if (!c || !path || !c->creator || c->server)
+    if (!c || !path || !c->creator || c->server || (o && o->nuids && !o->uids))
         return -EINVAL;
     if (strlen(path) >= sizeof(addr.sun_path))
         return -ENAMETOOLONG;
+    r = check_socket_dir(path);
+    if (r < 0)
+        return r;
     s = calloc(1, sizeof(*s));
     if (!s)
         return -ENOMEM;
     s->c = c;
     s->stop_fd = -1;
+    s->ep = -1;
+    s->max_per_uid = c->max_procs;
+    for (unsigned i = 0; i < SERVER_MAX_CONNS; i++) {
+        s->conns[i].fd = -1;
+        s->conns[i].pidfd = -1;
+    }
+    if (o) {
+        if (o->nuids) {
+            s->uids = malloc(sizeof(*s->uids) * o->nuids);
+            if (!s->uids) {
+                r = -ENOMEM;
+                goto out_free;
+            }
+            memcpy(s->uids, o->uids, sizeof(*s->uids) * o->nuids);
+            s->nuids = o->nuids;
+            mode = 0666; /* the uid list is checked here, not by the file mode */
+        }
+        if (o->gid >= 0) {
+            s->gid = (gid_t)o->gid;
+            s->has_gid = true;
+            if (mode == 0600)
+                mode = 0660;
+        }
+        if (o->max_per_uid)
+            s->max_per_uid = o->max_per_uid;
+    }
     strcpy(s->path, path);
     strcpy(addr.sun_path, path);
-    s->listen_fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    s->listen_fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
     if (s->listen_fd < 0) {
         r = -errno;
         goto out_free;
@@ -312,9 +659,20 @@ int sfs_cache_serve(struct sfs_cache *c, const char *path)
         r = -errno;
         goto out_close;
     }
-    chmod(path, 0660);
+    if ((s->has_gid && chown(path, (uid_t)-1, s->gid) < 0) || chmod(path, mode) < 0) {
+        r = -errno;
+        goto out_unlink;
+    }
     s->stop_fd = eventfd(0, EFD_CLOEXEC);
-    if (s->stop_fd < 0) {
+    s->ep = epoll_create1(EPOLL_CLOEXEC);
+    if (s->stop_fd < 0 || s->ep < 0) {
+        r = -errno;
+        goto out_unlink;
+    }
+    struct epoll_event ev = {.events = EPOLLIN, .data.u64 = EV_LISTEN};
+    struct epoll_event evs = {.events = EPOLLIN, .data.u64 = EV_STOP};
+    if (epoll_ctl(s->ep, EPOLL_CTL_ADD, s->listen_fd, &ev) < 0 ||
+        epoll_ctl(s->ep, EPOLL_CTL_ADD, s->stop_fd, &evs) < 0) {
         r = -errno;
         goto out_unlink;
     }
@@ -330,9 +688,17 @@ out_close:
     close(s->listen_fd);
     if (s->stop_fd >= 0)
         close(s->stop_fd);
+    if (s->ep >= 0)
+        close(s->ep);
 out_free:
+    free(s->uids);
     free(s);
     return r;
+}
+
+int sfs_cache_serve(struct sfs_cache *c, const char *path)
+{
+    return sfs_cache_serve_opts(c, path, NULL);
 }
 
 void sfs_server_stop(struct sfs_server *s)
@@ -345,8 +711,15 @@ void sfs_server_stop(struct sfs_server *s)
         sfs_log(LOG_ERR, "attach: cannot stop server: %s", strerror(errno));
     pthread_join(s->thread, NULL);
     unlink(s->path);
+    /* Every client's connection closes here: attached processes learn that
+     * this server is gone. */
+    for (unsigned i = 0; i < SERVER_MAX_CONNS; i++)
+        if (s->conns[i].state != CONN_FREE)
+            conn_close(s, &s->conns[i]);
     close(s->listen_fd);
     close(s->stop_fd);
+    close(s->ep);
+    free(s->uids);
     free(s);
 }
 
@@ -444,8 +817,14 @@ struct sfs_cache *sfs_cache_attach(const char *path, int device_id, int *err)
             nseg += r;
         }
     }
-    close(sock);
-    return sfs_cache_attach_fds_into(c, fds, (uint32_t)nseg, w.ctl_size, err);
+    /* The connection stays open for the handle's life (close-on-exec: an
+     * exec ends the attachment as death does): the server knows this
+     * process by it. */
+    c->conn_fd = sock;
+    c = sfs_cache_attach_fds_into(c, fds, (uint32_t)nseg, w.ctl_size, err);
+    if (!c)
+        close(sock);
+    return c;
 
 out_fds:
     for (int i = 0; i < nseg; i++)
@@ -543,9 +922,16 @@ struct sfs_cache *sfs_cache_attach_fds(int ctl_fd, const int *seg_fds, uint32_t 
 
 void sfs_cache_close(struct sfs_cache *c)
 {
+    int conn;
+
     if (!c)
         return;
     sfs_server_stop(c->server);
     c->server = NULL;
+    /* Leases first, connection last: the server reads the close as this
+     * process leaving. */
+    conn = c->conn_fd;
     sfs_cache_free_handle(c);
+    if (conn >= 0)
+        close(conn);
 }

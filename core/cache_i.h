@@ -73,6 +73,7 @@ struct sfs_cache {
     void *touch_arg;
 
     struct sfs_server *server;
+    int conn_fd; /* the attach connection, held for the handle's life; -1: none */
 };
 
 /* util.c */

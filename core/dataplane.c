@@ -6,8 +6,10 @@
  * MFD_HUGETLB first; with no huge pages reserved the mmap of such a memfd
  * fails with ENOMEM, and then it falls back to ordinary memfds, says so once
  * in the log, and remembers the failure so later segments do not retry
- * (mimalloc's habit). Other processes receive the fds over the attach socket
- * and map them; their sizes are checked against the header first.
+ * (mimalloc's habit). Each memfd is sealed once sized (no shrink, no grow, no
+ * further seals), so no attached process can truncate the bytes under the
+ * others. Other processes receive the fds over the attach socket and map
+ * them; their sizes are checked against the header first.
  *
  * Slot s lives in segment s / slots_per_segment at (s % slots_per_segment) *
  * stride; sfs_dp_addr() uses shift + mask when slots_per_segment is a power
@@ -16,6 +18,7 @@
 #include "cache_i.h"
 
 #include <errno.h>
+#include <fcntl.h>
 #include <numa.h>
 #include <numaif.h>
 #include <stdlib.h>
@@ -34,10 +37,17 @@ static int make_segment(uint64_t size, bool huge, bool populate, int numa_node, 
     int fd, r;
     void *p;
 
-    fd = memfd_create("shardfs-data", MFD_CLOEXEC | (huge ? MFD_HUGETLB : 0));
+    fd = memfd_create("shardfs-data", MFD_CLOEXEC | MFD_ALLOW_SEALING | (huge ? MFD_HUGETLB : 0));
     if (fd < 0)
         return -errno;
     if (ftruncate(fd, (off_t)size) < 0) {
+        r = -errno;
+        goto out_close;
+    }
+    /* Every attached process holds this fd: without the seals any of them
+     * could ftruncate it and every other reader would die of SIGBUS; without
+     * F_SEAL_SEAL one could add F_SEAL_WRITE and break every later load. */
+    if (fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL) < 0) {
         r = -errno;
         goto out_close;
     }

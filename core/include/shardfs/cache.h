@@ -131,6 +131,28 @@ SFS_API struct sfs_cache *sfs_cache_create(const struct sfs_cache_config *cfg, i
 SFS_API int sfs_cache_serve(struct sfs_cache *c, const char *path);
 
 /*
+ * Who may attach, for sfs_cache_serve_opts(). Root and the server's own uid
+ * always may; besides them, the uids listed and the members of group gid
+ * (primary or supplementary). Refused peers get -EACCES and a log line.
+ */
+struct sfs_serve_opts {
+    const uint32_t *uids;  /* more uids allowed to attach (may be NULL) */
+    size_t nuids;
+    int64_t gid;           /* a group allowed to attach; -1: none */
+    uint32_t max_per_uid;  /* attached processes one uid may have (0: max_procs) */
+};
+
+/*
+ * sfs_cache_serve() with an access policy (NULL: the defaults). The socket
+ * file is 0600 by default, 0660 with the group gid when gid is set, 0666 when
+ * uids are listed (the server then checks each peer itself). The socket's
+ * directory must belong to root or this euid and be writable by nobody else
+ * unless sticky: -EPERM otherwise.
+ */
+SFS_API int sfs_cache_serve_opts(struct sfs_cache *c, const char *path,
+                                 const struct sfs_serve_opts *opts);
+
+/*
  * Attach to the cache served at `path`. device_id < 0 is the query-only
  * (scheduler) role: control plane only, sfs_cache_data() returns NULL.
  * A cache of another layout is refused with -EPROTO; a corrupt or truncated

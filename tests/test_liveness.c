@@ -1,0 +1,344 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * test_liveness.c - what an attached process can and cannot do to the others,
+ * who may attach at all, and the attach server's own liveness.
+ *
+ * Real processes on a real served cache: an attached child that tries to
+ * truncate the data plane or add seals to the control plane; children that
+ * drop to another uid (root's setuid in a fork) and are refused or allowed
+ * by the serve options; silent and slow clients that must not delay anyone;
+ * socket directories that others could write to.
+ */
+#include "testutil.h"
+#include "cache_i.h" /* a handle's memfds */
+
+#include <criterion/criterion.h>
+
+#include <errno.h>
+#include <fcntl.h>
+#include <grp.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#define SHARD  4096u
+#define NOBODY 65534u
+
+static struct sfs_cache *served_opts(const char **path, const struct sfs_serve_opts *o)
+{
+    struct sfs_cache *c = tu_cache(8, 0, SHARD);
+
+    cr_assert_not_null(c);
+    *path = tu_path("live");
+    cr_assert_eq(sfs_cache_serve_opts(c, *path, o), 0);
+    return c;
+}
+
+static struct sfs_cache *served(const char **path)
+{
+    return served_opts(path, NULL);
+}
+
+/* ---------------------------------------------------------------------------
+ * Seals: an attached process cannot change the planes' size or seals.
+ */
+
+static int truncating_child(struct sfs_cache *c, void *arg)
+{
+    (void)arg;
+    for (uint32_t i = 0; i < c->nsegments; i++) {
+        TU_CK(ftruncate(c->seg_fds[i], 0) < 0 && errno == EPERM);
+        TU_CK(ftruncate(c->seg_fds[i], (off_t)c->seg_size * 2) < 0 && errno == EPERM);
+        TU_CK(fcntl(c->seg_fds[i], F_ADD_SEALS, F_SEAL_WRITE) < 0 && errno == EPERM);
+        int seals = fcntl(c->seg_fds[i], F_GET_SEALS);
+        TU_CK(seals >= 0 && (seals & (F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL)) ==
+                                (F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL));
+    }
+    return 0;
+}
+
+/* Issue 8 finding 5: an unsealed segment let a client truncate it, and the
+ * next reader died of SIGBUS. */
+Test(liveness, data_plane_cannot_be_truncated, .timeout = 30)
+{
+    const char *path;
+    struct sfs_cache *c = served(&path);
+    struct sfs_key k = tu_key(1, 0);
+    struct sfs_lease l;
+
+    cr_assert_eq(tu_load(c, &k), SFS_OWNER);
+    cr_assert_eq(tu_wait(tu_fork_attached(path, 0, truncating_child, NULL)), 0,
+                 "a client could resize or reseal a data segment");
+    /* The reader is still alive to read its bytes (a SIGBUS would end the
+     * test here). */
+    cr_assert_eq(sfs_cache_get(c, &k, 0, 0, &l), SFS_HIT);
+    cr_assert_eq(tu_check(&k, sfs_cache_data(c, &l), SHARD), -1);
+    sfs_cache_release(c, &l);
+    sfs_cache_close(c);
+}
+
+static int resealing_child(struct sfs_cache *c, void *arg)
+{
+    (void)arg;
+    TU_CK(fcntl(c->ctl_fd, F_ADD_SEALS, F_SEAL_FUTURE_WRITE) < 0 && errno == EPERM);
+    TU_CK(fcntl(c->ctl_fd, F_ADD_SEALS, F_SEAL_WRITE) < 0 && errno == EPERM);
+    TU_CK(ftruncate(c->ctl_fd, 0) < 0 && errno == EPERM);
+    return 0;
+}
+
+static int plain_child(struct sfs_cache *c, void *arg)
+{
+    struct sfs_key *k = arg;
+    struct sfs_lease l;
+
+    TU_CK(sfs_cache_get(c, k, 0, 0, &l) == SFS_HIT);
+    TU_CK(tu_check(k, sfs_cache_data(c, &l), SHARD) == -1);
+    TU_CK(sfs_cache_release(c, &l) == 0);
+    return 0;
+}
+
+/* Issue 8 finding 6: a client adding F_SEAL_FUTURE_WRITE to the control
+ * plane made every later attach fail (no writable mapping). */
+Test(liveness, control_plane_cannot_be_resealed, .timeout = 30)
+{
+    const char *path;
+    struct sfs_cache *c = served(&path);
+    struct sfs_key k = tu_key(2, 0);
+
+    cr_assert_eq(tu_load(c, &k), SFS_OWNER);
+    cr_assert_eq(tu_wait(tu_fork_attached(path, 0, resealing_child, &k)), 0,
+                 "a client could add seals to the control plane");
+    cr_assert_eq(tu_wait(tu_fork_attached(path, 1, plain_child, &k)), 0,
+                 "an attach after the client's attempt failed");
+    sfs_cache_close(c);
+}
+
+/* ---------------------------------------------------------------------------
+ * The server: silent and slow clients delay no one.
+ */
+
+static int raw_connect(const char *path)
+{
+    struct sockaddr_un addr = {.sun_family = AF_UNIX};
+    int s = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+
+    cr_assert_geq(s, 0);
+    strcpy(addr.sun_path, path);
+    cr_assert_eq(connect(s, (struct sockaddr *)&addr, sizeof(addr)), 0, "connect: %s",
+                 strerror(errno));
+    return s;
+}
+
+static int attach_and_close(void *arg)
+{
+    int err = 0;
+    struct sfs_cache *c = sfs_cache_attach(arg, 0, &err);
+
+    if (!c) {
+        fprintf(stderr, "attach: %s\n", strerror(-err));
+        return 1;
+    }
+    sfs_cache_close(c);
+    return 0;
+}
+
+/* Issue 8 finding 10: with 8 connections that said nothing, an attach failed
+ * -EAGAIN after 5 s (one thread gave each silent client 1 s). */
+Test(liveness, silent_clients_do_not_delay_attach, .timeout = 30)
+{
+    const char *path;
+    struct sfs_cache *c = served(&path);
+    int silent[8];
+
+    for (int i = 0; i < 8; i++)
+        silent[i] = raw_connect(path);
+    int64_t t0 = sfs_now_ns();
+    cr_assert_eq(tu_wait(tu_fork(attach_and_close, (void *)path)), 0);
+    int64_t dt = sfs_now_ns() - t0;
+    /* Generous: one attach takes milliseconds; the old server took 5 s+. */
+    cr_assert_lt(dt, 900 * 1000 * 1000ll, "8 silent clients delayed an attach by %lld ms",
+                 (long long)(dt / 1000000));
+    for (int i = 0; i < 8; i++)
+        close(silent[i]);
+    sfs_cache_close(c);
+}
+
+/* A client that sends half a hello and stops is answered -ETIMEDOUT after its
+ * deadline; everyone else is served meanwhile. */
+Test(liveness, slow_hello_times_out_alone, .timeout = 30)
+{
+    const char *path;
+    struct sfs_cache *c = served(&path);
+    int s = raw_connect(path);
+    char half[20] = {0};
+    struct {
+        uint64_t magic;
+        uint32_t proto;
+        int32_t status;
+        char rest[24];
+    } w;
+
+    cr_assert_eq(send(s, half, sizeof(half), 0), (ssize_t)sizeof(half));
+    int64_t t0 = sfs_now_ns();
+    cr_assert_eq(tu_wait(tu_fork(attach_and_close, (void *)path)), 0);
+    cr_assert_lt(sfs_now_ns() - t0, 900 * 1000 * 1000ll);
+    cr_assert_eq(recv(s, &w, sizeof(w), MSG_WAITALL), (ssize_t)sizeof(w));
+    cr_assert_eq(w.status, -ETIMEDOUT);
+    int64_t dt = sfs_now_ns() - t0;
+    cr_assert_lt(dt, 3000 * 1000 * 1000ll, "the slow client was answered after %lld ms",
+                 (long long)(dt / 1000000));
+    close(s);
+    sfs_cache_close(c);
+}
+
+/* ---------------------------------------------------------------------------
+ * Who may attach.
+ */
+
+static pthread_mutex_t log_mu = PTHREAD_MUTEX_INITIALIZER;
+static char log_buf[8192];
+
+static void log_keep(int level, const char *msg, void *arg)
+{
+    (void)level;
+    (void)arg;
+    pthread_mutex_lock(&log_mu);
+    size_t n = strlen(log_buf);
+    snprintf(log_buf + n, sizeof(log_buf) - n, "%s\n", msg);
+    pthread_mutex_unlock(&log_mu);
+}
+
+static bool logged(const char *what)
+{
+    pthread_mutex_lock(&log_mu);
+    bool r = strstr(log_buf, what) != NULL;
+    pthread_mutex_unlock(&log_mu);
+    return r;
+}
+
+struct as_user {
+    const char *path;
+    uid_t uid;
+    gid_t gid;
+    gid_t group; /* a supplementary group, or 0 */
+};
+
+/* Drops to uid/gid, attaches; exits 0 when attached, 2 when refused with
+ * EACCES, 1 otherwise. */
+static int attach_as(void *arg)
+{
+    const struct as_user *u = arg;
+    int err = 0;
+
+    if (setgroups(u->group ? 1 : 0, &u->group) < 0 || setgid(u->gid) < 0 || setuid(u->uid) < 0) {
+        fprintf(stderr, "cannot become uid %u: %s\n", u->uid, strerror(errno));
+        return 1;
+    }
+    struct sfs_cache *c = sfs_cache_attach(u->path, 0, &err);
+    if (!c) {
+        if (err != -EACCES)
+            fprintf(stderr, "uid %u: attach: %s\n", u->uid, strerror(-err));
+        return err == -EACCES ? 2 : 1;
+    }
+    struct sfs_key k = tu_key(3, 0);
+    int role = tu_load(c, &k);
+    sfs_cache_close(c);
+    return role >= 0 ? 0 : 1;
+}
+
+static void need_root(void)
+{
+    if (geteuid() != 0)
+        cr_skip_test("needs root (setuid to another uid)");
+}
+
+Test(liveness, another_uid_is_refused_by_default, .timeout = 30)
+{
+    const char *path;
+    struct stat st;
+
+    need_root();
+    struct sfs_cache *c = served(&path);
+    cr_assert_eq(stat(path, &st), 0);
+    cr_assert_eq(st.st_mode & 0777, 0600, "socket mode %o", st.st_mode & 0777);
+    struct as_user u = {.path = path, .uid = NOBODY, .gid = NOBODY};
+    cr_assert_eq(tu_wait(tu_fork(attach_as, &u)), 2, "uid %u was not refused", NOBODY);
+    sfs_cache_close(c);
+}
+
+Test(liveness, listed_uid_may_attach_others_are_refused_and_logged, .timeout = 30)
+{
+    const char *path;
+    uint32_t allowed[] = {NOBODY - 1, NOBODY};
+    struct sfs_serve_opts o = {.uids = allowed, .nuids = 1, .gid = -1};
+
+    need_root();
+    sfs_set_log(log_keep, NULL, LOG_DEBUG);
+    log_buf[0] = '\0';
+    /* Only NOBODY - 1 listed: NOBODY passes the file mode, not the server. */
+    struct sfs_cache *c = served_opts(&path, &o);
+    struct as_user u = {.path = path, .uid = NOBODY, .gid = NOBODY};
+    cr_assert_eq(tu_wait(tu_fork(attach_as, &u)), 2, "an unlisted uid was not refused");
+    cr_assert(logged("refused pid"), "the refusal was not logged: %s", log_buf);
+    cr_assert(logged("uid 65534"), "the refusal does not name the uid: %s", log_buf);
+    sfs_cache_close(c);
+
+    o.nuids = 2;
+    c = served_opts(&path, &o);
+    cr_assert_eq(tu_wait(tu_fork(attach_as, &u)), 0, "a listed uid was refused");
+    sfs_cache_close(c);
+    sfs_set_log(NULL, NULL, 0);
+}
+
+Test(liveness, group_member_may_attach, .timeout = 30)
+{
+    const char *path;
+    struct sfs_serve_opts o = {.gid = 4242};
+    struct stat st;
+
+    need_root();
+    struct sfs_cache *c = served_opts(&path, &o);
+    cr_assert_eq(stat(path, &st), 0);
+    cr_assert_eq(st.st_mode & 0777, 0660);
+    cr_assert_eq(st.st_gid, 4242u);
+    struct as_user member = {.path = path, .uid = NOBODY, .gid = NOBODY, .group = 4242};
+    struct as_user other = {.path = path, .uid = NOBODY, .gid = NOBODY};
+    cr_assert_eq(tu_wait(tu_fork(attach_as, &member)), 0, "a member of the group was refused");
+    cr_assert_eq(tu_wait(tu_fork(attach_as, &other)), 2, "a non-member was not refused");
+    sfs_cache_close(c);
+}
+
+/* The socket's directory: nobody else may replace the socket in it. */
+Test(liveness, socket_directory_writable_by_others_is_refused, .timeout = 30)
+{
+    const char *dir = tu_path("dir");
+    char sock[108];
+    struct sfs_cache *c = tu_cache(8, 0, SHARD);
+
+    cr_assert_not_null(c);
+    cr_assert_eq(mkdir(dir, 0700), 0);
+    snprintf(sock, sizeof(sock), "%s/s.sock", dir);
+    cr_assert_eq(chmod(dir, 0777), 0);
+    cr_assert_eq(sfs_cache_serve(c, sock), -EPERM, "served from a world-writable directory");
+    cr_assert_eq(chmod(dir, 0770), 0);
+    cr_assert_eq(sfs_cache_serve(c, sock), -EPERM, "served from a group-writable directory");
+    if (geteuid() == 0) {
+        cr_assert_eq(chmod(dir, 0755), 0);
+        cr_assert_eq(chown(dir, NOBODY, NOBODY), 0);
+        cr_assert_eq(sfs_cache_serve(c, sock), -EPERM, "served from another user's directory");
+        cr_assert_eq(chown(dir, 0, 0), 0);
+    }
+    /* Sticky (as /tmp): others cannot remove or rename our socket. */
+    cr_assert_eq(chmod(dir, 01777), 0);
+    cr_assert_eq(sfs_cache_serve(c, sock), 0);
+    sfs_cache_close(c);
+    cr_assert_eq(chmod(dir, 0755), 0);
+    cr_assert_eq(sfs_cache_serve(c = tu_cache(8, 0, SHARD), sock), 0);
+    sfs_cache_close(c);
+    rmdir(dir);
+}
