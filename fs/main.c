@@ -48,6 +48,7 @@
 #define MAX_READAHEAD       1024
 #define REAP_INTERVAL_NS    (200 * 1000 * 1000ll)
 #define STOP_GRACE_NS       (2 * 1000 * 1000 * 1000ll) /* loads in flight get this to finish */
+#define SFS_ATTACH_UIDS_MAX 64 /* uids in -o attach_uids */
 
 /* What the command line says. Strings are owned by fuse_opt (free them). */
 struct options {
@@ -60,6 +61,8 @@ struct options {
     char *wait_timeout;
     char *readahead;
     char *numa_node;
+    char *attach_uids; /* U1:U2:...: more uids that may attach */
+    char *attach_gid;  /* a group whose members may attach */
     char *backend; /* the first non-option argument */
     unsigned max_read;
     bool max_read_set;
@@ -84,7 +87,8 @@ static const struct fuse_opt opt_table[] = {
     OPT("dir_prefix=%s", dir_prefix),        OPT("socket=%s", socket),
     OPT("hugepages=%s", hugepages),          OPT("reserved=%s", reserved),
     OPT("wait_timeout=%s", wait_timeout),    OPT("readahead=%s", readahead),
-    OPT("numa_node=%s", numa_node),          FUSE_OPT_KEY("ro", KEY_RO),
+    OPT("numa_node=%s", numa_node),          OPT("attach_uids=%s", attach_uids),
+    OPT("attach_gid=%s", attach_gid),        FUSE_OPT_KEY("ro", KEY_RO),
     FUSE_OPT_KEY("max_read=", KEY_MAX_READ), FUSE_OPT_END,
 };
 #undef OPT
@@ -111,6 +115,9 @@ static void usage(const char *prog)
            "    -o readahead=N         shards of a block loaded ahead of a missed read\n"
            "                           (default %d, 0: off)\n"
            "    -o numa_node=N         bind the data plane to NUMA node N (default: none)\n"
+           "    -o attach_uids=U1:U2   more uids that may attach to the socket (default: none;\n"
+           "                           root and the daemon's uid always may)\n"
+           "    -o attach_gid=GID      members of group GID may attach to the socket\n"
            "    -o ro                  read-only: every change is EROFS\n"
            "\n",
            prog, DEFAULT_WAIT_S, DEFAULT_READAHEAD);
@@ -226,6 +233,9 @@ struct config {
     uint32_t readahead;
     char socket[sizeof(((struct sockaddr_un *)0)->sun_path)];
     bool default_socket;
+    /* Who may attach besides root and our uid (-o attach_uids, attach_gid). */
+    uint32_t attach_uids[SFS_ATTACH_UIDS_MAX];
+    struct sfs_serve_opts serve;
     /* hugepages=auto turned into on: ordinary memory for the data plane
      * would be above this cgroup memory limit. */
     bool no_fallback;
@@ -408,6 +418,34 @@ static int validate(const struct options *o, const char *mnt, struct config *cfg
     } else {
         default_socket(mnt, cfg->socket, sizeof(cfg->socket));
         cfg->default_socket = true;
+    }
+    cfg->serve.gid = -1;
+    cfg->serve.uids = cfg->attach_uids;
+    if (o->attach_uids) {
+        const char *p = o->attach_uids;
+
+        for (;;) {
+            char num[16];
+            size_t n = strcspn(p, ":");
+
+            if (cfg->serve.nuids == SFS_ATTACH_UIDS_MAX)
+                FAIL("attach_uids=%s: more than %d uids", o->attach_uids, SFS_ATTACH_UIDS_MAX);
+            if (n == 0 || n >= sizeof(num))
+                FAIL("attach_uids=%s: not a list of uids (U1:U2:...)", o->attach_uids);
+            memcpy(num, p, n);
+            num[n] = '\0';
+            if (!parse_uint(num, UINT32_MAX - 1, &v))
+                FAIL("attach_uids=%s: '%s' is not a uid", o->attach_uids, num);
+            cfg->attach_uids[cfg->serve.nuids++] = (uint32_t)v;
+            if (!p[n])
+                break;
+            p += n + 1;
+        }
+    }
+    if (o->attach_gid) {
+        if (!parse_uint(o->attach_gid, UINT32_MAX - 1, &v))
+            FAIL("attach_gid=%s: not a group id", o->attach_gid);
+        cfg->serve.gid = (int64_t)v;
     }
     return 0;
 }
@@ -735,7 +773,7 @@ int main(int argc, char *argv[])
         goto out_backend;
     }
     sfs_cache_set_touch_hook(fs.cache, touch_hook, fs.be);
-    err = sfs_cache_serve(fs.cache, cfg.socket);
+    err = sfs_cache_serve_opts(fs.cache, cfg.socket, &cfg.serve);
     if (err < 0) {
         fprintf(stderr, "shardfs: socket=%s: %s\n", cfg.socket, strerror(-err));
         goto out_cache;
@@ -825,6 +863,8 @@ out_args:
     free(o.capacity);
     free(o.dir_prefix);
     free(o.socket);
+    free(o.attach_uids);
+    free(o.attach_gid);
     free(o.hugepages);
     free(o.reserved);
     free(o.wait_timeout);
