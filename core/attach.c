@@ -775,10 +775,12 @@ struct sfs_cache *sfs_cache_attach(const char *path, int device_id, int *err)
     }
     c->query_only = device_id < 0;
     c->device_id = device_id;
-    r = send_fds(sock, &h, sizeof(h), NULL, 0);
-    if (r < 0)
-        goto out_sock;
+    /* A server may refuse at accept, before reading the hello: then the
+     * send fails (EPIPE) but its welcome, with the reason, is there to read. */
+    int sent = send_fds(sock, &h, sizeof(h), NULL, 0);
     r = recv_fds(sock, &w, sizeof(w), &c->ctl_fd, 1);
+    if (sent < 0 && (r < 0 || w.magic != WELCOME_MAGIC || w.status >= 0))
+        r = sent; /* no refusal to report: the send's error */
     if (r < 0)
         goto out_sock;
     if (w.magic != WELCOME_MAGIC) {
