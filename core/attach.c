@@ -32,7 +32,7 @@
 
 #define HELLO_MAGIC     0x6f6c6c6548534653ull /* "SFSHello" */
 #define WELCOME_MAGIC   0x656d6f6c6557534full /* "OSWelcome" */
-#define PROTO_VERSION   1u
+#define PROTO_VERSION   2u /* 2: the welcome names the record; the connection is held */
 #define FDS_PER_MSG     128u
 #define HELLO_WANT_DATA 1u
 
@@ -52,11 +52,14 @@ struct welcome {
     uint64_t format;
     uint64_t ctl_size;
     uint32_t nsegments;
-    uint32_t nfds; /* fds that follow in this and later messages */
+    uint32_t nfds;     /* fds that follow in this and later messages */
+    uint32_t proc;     /* the process record the server claimed for this client */
+    uint32_t proc_gen; /* its generation */
 };
 
 static struct sfs_cache *sfs_cache_attach_fds_into(struct sfs_cache *c, int *fds, uint32_t nfds,
-                                                   uint64_t expect_size, int *err);
+                                                   uint64_t expect_size, const struct welcome *w,
+                                                   int *err);
 
 static struct sfs_cache *handle_alloc(void)
 {
@@ -214,6 +217,8 @@ static int recv_fds(int sock, void *buf, size_t len, int *fds, unsigned max_fds)
 #define HELLO_TIMEOUT_NS (1000 * 1000 * 1000ll)
 #define SERVER_MAX_CONNS 1024u
 #define PENDING_PER_UID  64u
+#define MAX_PER_PROC     16u /* attached handles of one process */
+#define REAP_RETRY_NS    (200 * 1000 * 1000ll)
 #define EV_LISTEN        UINT64_MAX
 #define EV_STOP          (UINT64_MAX - 1)
 /* epoll data of a connection: its index and its seq (so an event queued for a
@@ -241,7 +246,8 @@ struct conn {
     pid_t pid; /* SO_PEERCRED, in the daemon's pid namespace: for logs */
     uid_t uid;
     int device_id;
-    int64_t deadline; /* CONN_HELLO: the hello is complete by then */
+    uint32_t rec, gen; /* CONN_ATTACHED: the process record claimed for it */
+    int64_t deadline;  /* CONN_HELLO: the hello is complete by then */
     size_t got;       /* bytes of the hello received */
     struct hello h;
 };
@@ -258,6 +264,14 @@ struct sfs_server {
     gid_t gid;
     bool has_gid;
     unsigned max_per_uid;
+    /* The reaper: frees the leases of records the server declared dead, off
+     * the epoll thread (a reap takes bucket locks; attaches never wait on
+     * them). */
+    pthread_t reaper;
+    pthread_mutex_t reap_mu;
+    pthread_cond_t reap_cv; /* CLOCK_MONOTONIC */
+    bool reap_pending;      /* reap_mu */
+    bool reap_stop;         /* reap_mu */
     struct conn conns[SERVER_MAX_CONNS]; /* the server thread's alone */
     char path[sizeof(((struct sockaddr_un *)0)->sun_path)];
 };
@@ -321,6 +335,18 @@ static unsigned count_uid(const struct sfs_server *s, uid_t uid, enum conn_state
         n += s->conns[i].state == st && s->conns[i].uid == uid;
     return n;
 }
+
+/* Attached connections of one peer pid (bounded by SERVER_MAX_CONNS). */
+static unsigned count_pid(const struct sfs_server *s, pid_t pid)
+{
+    unsigned n = 0;
+
+    for (unsigned i = 0; i < SERVER_MAX_CONNS; i++)
+        n += s->conns[i].state == CONN_ATTACHED && s->conns[i].pid == pid;
+    return n;
+}
+
+static void detach_one(struct sfs_server *s, struct conn *k, const char *why);
 
 static void accept_one(struct sfs_server *s, int sock)
 {
@@ -412,10 +438,22 @@ static void welcome_one(struct sfs_server *s, struct conn *k)
         conn_close(s, k);
         return;
     }
-    if (count_uid(s, k->uid, CONN_ATTACHED) >= s->max_per_uid) {
-        sfs_log(LOG_WARNING, "attach: refused pid %d uid %u: %u attached processes of this uid",
-                k->pid, k->uid, s->max_per_uid);
+    if (count_uid(s, k->uid, CONN_ATTACHED) >= s->max_per_uid ||
+        count_pid(s, k->pid) >= MAX_PER_PROC) {
+        sfs_log(LOG_WARNING,
+                "attach: refused pid %d uid %u: at most %u handles a process, %u a uid",
+                k->pid, k->uid, MAX_PER_PROC, s->max_per_uid);
         refuse(k->fd, -EUSERS);
+        conn_close(s, k);
+        return;
+    }
+    /* The record is claimed here, for this connection, and reaped when it
+     * closes: one record per connection, none without one. */
+    int r = sfs_proc_claim_for(c, k->pid, h->device_id, &k->rec, &k->gen);
+    if (r < 0) {
+        sfs_log(LOG_WARNING, "attach: refused pid %d: no free process record (%u in use)", k->pid,
+                c->max_procs);
+        refuse(k->fd, r);
         conn_close(s, k);
         return;
     }
@@ -426,8 +464,12 @@ static void welcome_one(struct sfs_server *s, struct conn *k)
                         .format = sfs_layout_format(),
                         .ctl_size = c->ctl_len,
                         .nsegments = c->nsegments,
-                        .nfds = 1 + (data ? c->nsegments : 0)};
-    int r = send_fds(k->fd, &w, sizeof(w), &c->ctl_fd, 1);
+                        .nfds = 1 + (data ? c->nsegments : 0),
+                        .proc = k->rec,
+                        .proc_gen = k->gen};
+    k->state = CONN_ATTACHED; /* from here a close reaps the record */
+    k->device_id = h->device_id;
+    r = send_fds(k->fd, &w, sizeof(w), &c->ctl_fd, 1);
     for (uint32_t i = 0; r == 0 && data && i < c->nsegments; i += FDS_PER_MSG) {
         uint32_t n = c->nsegments - i < FDS_PER_MSG ? c->nsegments - i : FDS_PER_MSG;
         uint32_t hdr = n;
@@ -438,11 +480,9 @@ static void welcome_one(struct sfs_server *s, struct conn *k)
         /* EAGAIN included: a client that does not read its welcome is not
          * waited for. */
         sfs_log(LOG_WARNING, "attach: pid %d: welcome not sent: %s", k->pid, strerror(-r));
-        conn_close(s, k);
+        detach_one(s, k, "welcome not sent");
         return;
     }
-    k->state = CONN_ATTACHED;
-    k->device_id = h->device_id;
     /* A pidfd of the peer (Linux 6.5+): it turns readable when the process
      * exits, even if a child it forked still holds the connection. */
     int pidfd = -1;
@@ -465,7 +505,42 @@ static void welcome_one(struct sfs_server *s, struct conn *k)
 static void detach_one(struct sfs_server *s, struct conn *k, const char *why)
 {
     sfs_log(LOG_INFO, "attach: pid %d device %d detached (%s)", k->pid, k->device_id, why);
+    /* Dead from this store on: every process's owner_alive_rec says so, and
+     * its Gets and waiters take its loads over; the reaper frees its leases
+     * and wakes its waiters. */
+    if (sfs_proc_mark_dead(s->c, k->rec, k->gen)) {
+        pthread_mutex_lock(&s->reap_mu);
+        s->reap_pending = true;
+        pthread_cond_signal(&s->reap_cv);
+        pthread_mutex_unlock(&s->reap_mu);
+    }
     conn_close(s, k);
+}
+
+/* Reaps what the server declared dead, at once when told and every
+ * REAP_RETRY_NS besides. */
+static void *reaper_main(void *arg)
+{
+    struct sfs_server *s = arg;
+
+    pthread_mutex_lock(&s->reap_mu);
+    while (!s->reap_stop) {
+        if (!s->reap_pending) {
+            struct timespec ts;
+            int64_t t = sfs_now_ns() + REAP_RETRY_NS;
+
+            ts.tv_sec = t / 1000000000;
+            ts.tv_nsec = t % 1000000000;
+            pthread_cond_timedwait(&s->reap_cv, &s->reap_mu, &ts);
+            continue;
+        }
+        s->reap_pending = false;
+        pthread_mutex_unlock(&s->reap_mu);
+        sfs_cache_reap(s->c);
+        pthread_mutex_lock(&s->reap_mu);
+    }
+    pthread_mutex_unlock(&s->reap_mu);
+    return NULL;
 }
 
 static void conn_event(struct sfs_server *s, struct conn *k, uint32_t events)
@@ -601,6 +676,15 @@ static int check_socket_dir(const char *path)
     return 0;
 }
 
+static void stop_reaper(struct sfs_server *s)
+{
+    pthread_mutex_lock(&s->reap_mu);
+    s->reap_stop = true;
+    pthread_cond_signal(&s->reap_cv);
+    pthread_mutex_unlock(&s->reap_mu);
+    pthread_join(s->reaper, NULL);
+}
+
 int sfs_cache_serve_opts(struct sfs_cache *c, const char *path, const struct sfs_serve_opts *o)
 {
     struct sockaddr_un addr = {.sun_family = AF_UNIX};
@@ -676,11 +760,26 @@ int sfs_cache_serve_opts(struct sfs_cache *c, const char *path, const struct sfs
         r = -errno;
         goto out_unlink;
     }
-    r = -pthread_create(&s->thread, NULL, server_main, s);
+    pthread_condattr_t ca;
+    pthread_condattr_init(&ca);
+    pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+    pthread_cond_init(&s->reap_cv, &ca);
+    pthread_condattr_destroy(&ca);
+    pthread_mutex_init(&s->reap_mu, NULL);
+    r = -pthread_create(&s->reaper, NULL, reaper_main, s);
     if (r < 0)
-        goto out_unlink;
+        goto out_cond;
+    r = -pthread_create(&s->thread, NULL, server_main, s);
+    if (r < 0) {
+        stop_reaper(s);
+        goto out_cond;
+    }
     c->server = s;
     return 0;
+
+out_cond:
+    pthread_cond_destroy(&s->reap_cv);
+    pthread_mutex_destroy(&s->reap_mu);
 
 out_unlink:
     unlink(path);
@@ -710,9 +809,12 @@ void sfs_server_stop(struct sfs_server *s)
     if (write(s->stop_fd, &one, sizeof(one)) < 0)
         sfs_log(LOG_ERR, "attach: cannot stop server: %s", strerror(errno));
     pthread_join(s->thread, NULL);
+    stop_reaper(s);
+    pthread_cond_destroy(&s->reap_cv);
+    pthread_mutex_destroy(&s->reap_mu);
     unlink(s->path);
     /* Every client's connection closes here: attached processes learn that
-     * this server is gone. */
+     * this server is gone (their records go with the cache). */
     for (unsigned i = 0; i < SERVER_MAX_CONNS; i++)
         if (s->conns[i].state != CONN_FREE)
             conn_close(s, &s->conns[i]);
@@ -823,7 +925,7 @@ struct sfs_cache *sfs_cache_attach(const char *path, int device_id, int *err)
      * exec ends the attachment as death does): the server knows this
      * process by it. */
     c->conn_fd = sock;
-    c = sfs_cache_attach_fds_into(c, fds, (uint32_t)nseg, w.ctl_size, err);
+    c = sfs_cache_attach_fds_into(c, fds, (uint32_t)nseg, w.ctl_size, &w, err);
     if (!c)
         close(sock);
     return c;
@@ -847,7 +949,8 @@ out_err:
  * size the server announced (0: any).
  */
 static struct sfs_cache *sfs_cache_attach_fds_into(struct sfs_cache *c, int *fds, uint32_t nfds,
-                                                   uint64_t expect_size, int *err)
+                                                   uint64_t expect_size, const struct welcome *w,
+                                                   int *err)
 {
     struct stat st;
     int r;
@@ -883,7 +986,10 @@ static struct sfs_cache *sfs_cache_attach_fds_into(struct sfs_cache *c, int *fds
     r = sfs_lease_table_init(c);
     if (r < 0)
         goto out_fds;
-    r = sfs_proc_register(c, c->device_id);
+    /* Through a server: the record it claimed for our connection (it reaps
+     * it when the connection closes). Without one: a record of our own,
+     * freed only by our own detach. */
+    r = w ? sfs_proc_adopt(c, w->proc, w->proc_gen) : sfs_proc_register(c, c->device_id);
     if (r < 0)
         goto out_fds;
     for (uint32_t i = 0; i < nfds; i++)
@@ -919,7 +1025,7 @@ struct sfs_cache *sfs_cache_attach_fds(int ctl_fd, const int *seg_fds, uint32_t 
     c->ctl_fd = ctl_fd;
     c->query_only = device_id < 0;
     c->device_id = device_id;
-    return sfs_cache_attach_fds_into(c, fds, nseg, 0, err);
+    return sfs_cache_attach_fds_into(c, fds, nseg, 0, NULL, err);
 }
 
 void sfs_cache_close(struct sfs_cache *c)

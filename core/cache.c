@@ -268,19 +268,8 @@ int sfs_cache_wait(struct sfs_cache *c, const struct sfs_lease *lease, int64_t d
         if (atomic_load_explicit(&sl->version, memory_order_seq_cst) == v)
             r = sfs_futex_wait(&sl->version, v, slice);
         atomic_fetch_sub_explicit(&sl->nwaiters, 1, memory_order_seq_cst);
-        if (r == -ETIMEDOUT) {
-            /* A slice passed with no news: is the owner still alive? */
-            uint32_t o = atomic_load_explicit(&sl->owner, memory_order_acquire);
-
-            if (o < c->max_procs) {
-                struct sfs_proc_rec *p = &c->procs[o];
-
-                if (atomic_load_explicit(&p->state, memory_order_acquire) == PROC_ALIVE &&
-                    !sfs_pid_alive(atomic_load_explicit(&p->pid, memory_order_relaxed),
-                                   atomic_load_explicit(&p->start_time, memory_order_relaxed)))
-                    sfs_cache_reap(c);
-            }
-        }
+        (void)r; /* woken, timed out or interrupted: the loop re-reads the state,
+                  * and owner_alive_rec sees a record the daemon declared dead */
     }
 }
 
@@ -298,25 +287,6 @@ static int settled(struct sfs_cache *c, const struct sfs_lease *l, struct sfs_sl
             return SFS_WAIT_OWNER;
     }
     return -1;
-}
-
-/* After a quiet slice: reap if any owner we wait on has died. */
-static void check_owners(struct sfs_cache *c, struct sfs_slot_rec *const *sls, size_t n)
-{
-    for (size_t i = 0; i < n; i++) {
-        uint32_t o = atomic_load_explicit(&sls[i]->owner, memory_order_acquire);
-        struct sfs_proc_rec *p;
-
-        if (o >= c->max_procs)
-            continue;
-        p = &c->procs[o];
-        if (atomic_load_explicit(&p->state, memory_order_acquire) == PROC_ALIVE &&
-            !sfs_pid_alive(atomic_load_explicit(&p->pid, memory_order_relaxed),
-                           atomic_load_explicit(&p->start_time, memory_order_relaxed))) {
-            sfs_cache_reap(c);
-            return;
-        }
-    }
 }
 
 int sfs_cache_wait_any_bell(struct sfs_cache *c, const struct sfs_lease *leases, size_t n,
@@ -363,10 +333,8 @@ int sfs_cache_wait_any_bell(struct sfs_cache *c, const struct sfs_lease *leases,
         int r = sfs_futex_waitv(words, v, n, bell, bell_seen, slice);
         for (size_t i = 0; i < n; i++)
             atomic_fetch_sub_explicit(&sls[i]->nwaiters, 1, memory_order_seq_cst);
-        if (r == -ETIMEDOUT)
-            check_owners(c, sls, n);
-        else if (r == -ENOSYS)
-            return r;
+        if (r == -ENOSYS)
+            return r; /* a timeout re-reads every state: see sfs_cache_wait */
     }
 }
 

@@ -78,9 +78,6 @@ struct sfs_cache {
 
 /* util.c */
 void sfs_log(int level, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-int sfs_proc_start_time(int pid, uint64_t *out);
-bool sfs_pid_alive(int pid, uint64_t start_time);
-bool sfs_pid_gone(int pid);
 int sfs_robust_mutex_init(pthread_mutex_t *m);
 
 /* Hash of a block id. Ids are already md5-style hashes, so one multiply and
@@ -120,6 +117,12 @@ static inline void *sfs_dp_addr(const struct sfs_cache *c, uint32_t slot)
 int sfs_ctl_init(struct sfs_cache *c, const struct sfs_cache_config *cfg);
 int sfs_ctl_validate(struct sfs_cache *c);
 int sfs_proc_register(struct sfs_cache *c, int device_id);
+/* The server's side of connection-held records (proc.c): claim one for a
+ * client (pid for logs), and declare it dead when the connection closes.
+ * The client adopts the record the welcome names. */
+int sfs_proc_claim_for(struct sfs_cache *c, int pid, int device_id, uint32_t *i, uint32_t *gen);
+bool sfs_proc_mark_dead(struct sfs_cache *c, uint32_t i, uint32_t gen);
+int sfs_proc_adopt(struct sfs_cache *c, uint32_t i, uint32_t gen);
 void sfs_cache_free_handle(struct sfs_cache *c);
 int sfs_lease_table_init(struct sfs_cache *c);
 

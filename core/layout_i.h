@@ -26,7 +26,7 @@
 #include <stdint.h>
 
 #define SFS_MAGIC          0x3153465344524148ull /* "HARDSFS1" little-endian */
-#define SFS_LAYOUT_VERSION 1u
+#define SFS_LAYOUT_VERSION 2u /* 2: records held by connections */
 #define SFS_NIL            UINT32_MAX /* "no slot / no bucket" in links */
 #define SFS_CACHELINE      64
 
@@ -107,23 +107,30 @@ enum sfs_proc_state {
     PROC_ALIVE = 1,
     PROC_REAPING = 2,
     PROC_CLAIMING = 3,
+    PROC_DEAD = 4, /* the server saw its connection close; not yet reaped */
+    PROC_LEFT = 5, /* detached itself (leases freed); the server frees it at close */
+};
+
+/* How a record is held (sfs_proc_rec.kind). */
+enum sfs_proc_kind {
+    PROC_KIND_HANDLE = 0, /* the creator, or attach_fds: freed by its own detach */
+    PROC_KIND_CONN = 1,   /* claimed by the server for a connection: reaped at its close */
 };
 
 /*
  * One attached process. The record's owner writes its counters (relaxed,
- * single writer: no shared hot line). `busy_pid` is the record's transition
- * lock: registration and reaping CAS it from 0 to their pid before touching
- * `state`, pid or start time, and clear it last, so a record whose claimer or
- * reaper died half-way is finished by the next reaper.
+ * single writer: no shared hot line). `state` moves only as proc.c's table
+ * says: claims and reaps take it by CAS, and only the server (which holds
+ * the client's connection) declares a connection's record dead. Nothing here
+ * is used to judge liveness from a pid.
  */
 struct sfs_proc_rec {
-    alignas(SFS_CACHELINE) _Atomic uint32_t state; /* enum sfs_proc_state; under busy_pid */
-    _Atomic uint32_t gen;                          /* bumped at each registration */
-    _Atomic int32_t pid;                           /* the process */
-    int32_t device_id;                             /* as attached (-1: query-only) */
-    _Atomic uint64_t start_time;                   /* /proc/pid/stat field 22: detects pid reuse */
-    _Atomic int32_t busy_pid; /* lock: pid changing the record's state, else 0 */
-    uint8_t pad0[SFS_CACHELINE - 28];
+    alignas(SFS_CACHELINE) _Atomic uint32_t state; /* enum sfs_proc_state (see proc.c) */
+    _Atomic uint32_t gen;                          /* bumped at each claim */
+    _Atomic int32_t pid; /* the claimer's view of the pid, for logs only */
+    int32_t device_id;   /* as attached (-1: query-only) */
+    uint32_t kind;       /* enum sfs_proc_kind; written by the claimer */
+    uint8_t pad0[SFS_CACHELINE - 20];
     alignas(SFS_CACHELINE) _Atomic int64_t ctr[CTR_COUNT]; /* written by the owner only */
 };
 

@@ -4,12 +4,16 @@
  * detaching, and the counters summed into stats.
  *
  * Key idea: each attached process has a record in the control plane, its own
- * lease table, and counters only it writes. Leases of a dead process are
- * freed by the reaper, which also resets its half-filled slots to IDLE so the
- * next Get (or a waiter) takes them over; the dead process's counters are
- * folded into the header's retired totals, so stats never go backwards.
+ * lease table, and counters only it writes. The server claims the record of
+ * each client it welcomes and declares it dead when that client's
+ * connection closes: liveness is owned by the daemon, never judged from a
+ * pid. Leases of a dead process are freed by the reaper (in the server's
+ * process), which also resets its half-filled slots to IDLE so the next Get
+ * (or a waiter) takes them over; the dead process's counters are folded
+ * into the header's retired totals, so stats never go backwards.
  */
 #include "slot_i.h"
+#include "testpoint_i.h"
 
 #include <stdlib.h>
 #include <string.h>
@@ -30,121 +34,154 @@ static void fold_counters(struct sfs_cache *c, struct sfs_proc_rec *p)
 }
 
 /*
- * busy_pid is the record's transition lock: whoever moves a record between
- * states (claiming it, reaping it) first CASes busy_pid from 0 to its pid,
- * and clears it last. A process that dies holding it leaves its pid there,
- * and the next reaper inherits the transition with a second CAS.
+ * Who may change a record's state, and when (enum sfs_proc_state):
+ *
+ *   FREE -> CLAIMING   a claimer's CAS: the server (for a client it welcomes),
+ *                      the creator, or an attach_fds handle; the CAS is the
+ *                      claim's lock
+ *   CLAIMING -> ALIVE  that claimer, once gen, pid and counters are written
+ *   ALIVE -> FREE      a handle's own detach (not a connection's record)
+ *   ALIVE -> LEFT      a connection's client, detaching: leases freed, then
+ *                      the connection closes
+ *   LEFT -> FREE       the server, when that connection closes
+ *   ALIVE -> DEAD      the server, when the connection it claimed the record
+ *                      for closes (exit, exec or detach) or the peer's pidfd
+ *                      says it exited
+ *   DEAD -> REAPING    a reaper's CAS, in the server's process only
+ *   REAPING -> FREE    that reaper, once the leases are freed
+ *
+ * No process judges another by its pid: pids differ across pid namespaces
+ * and survive exec. Only the server, which holds each client's connection,
+ * declares a record dead. Every actor above is either the server's process
+ * (which takes the whole cache with it when it dies) or a handle that was
+ * not attached through a connection (tests, tools); so no transition is
+ * left half-done by a process that others would have to detect.
  */
-static bool rec_busy_take(struct sfs_proc_rec *p, int32_t from, int32_t me)
+static int claim(struct sfs_cache *c, int pid, int device_id, uint32_t kind, uint32_t *out_i,
+                 uint32_t *out_gen)
 {
-    /* acq_rel: what the last holder did happens-before us. */
-    return atomic_compare_exchange_strong_explicit(&p->busy_pid, &from, me, memory_order_acq_rel,
-                                                   memory_order_relaxed);
-}
-
-static void rec_busy_drop(struct sfs_proc_rec *p)
-{
-    /* Release: the record's new state is visible before the lock is free. */
-    atomic_store_explicit(&p->busy_pid, 0, memory_order_release);
-}
-
-int sfs_proc_register(struct sfs_cache *c, int device_id)
-{
-    uint64_t st = 0;
-    int pid = getpid();
-    bool tried_reap = false;
-
-    sfs_proc_start_time(pid, &st);
-again:
+    /* Bounded: one pass over max_procs records. */
     for (uint32_t i = 0; i < c->max_procs; i++) {
         struct sfs_proc_rec *p = &c->procs[i];
+        uint32_t expect = PROC_FREE;
 
-        if (atomic_load_explicit(&p->state, memory_order_acquire) != PROC_FREE ||
-            atomic_load_explicit(&p->busy_pid, memory_order_relaxed) != 0 ||
-            !rec_busy_take(p, 0, pid))
+        /* acq_rel: the last reaper's writes happen-before ours. */
+        if (!atomic_compare_exchange_strong_explicit(&p->state, &expect, PROC_CLAIMING,
+                                                     memory_order_acq_rel, memory_order_relaxed))
             continue;
-        if (atomic_load_explicit(&p->state, memory_order_acquire) != PROC_FREE) {
-            rec_busy_drop(p);
-            continue;
-        }
-        atomic_store_explicit(&p->state, PROC_CLAIMING, memory_order_relaxed);
-        atomic_store_explicit(&p->start_time, st, memory_order_relaxed);
         atomic_store_explicit(&p->pid, pid, memory_order_relaxed);
         p->device_id = device_id;
-        c->my_gen = atomic_fetch_add_explicit(&p->gen, 1, memory_order_relaxed) + 1;
+        p->kind = kind;
+        uint32_t gen = atomic_fetch_add_explicit(&p->gen, 1, memory_order_relaxed) + 1;
         for (int k = 0; k < CTR_COUNT; k++)
             atomic_store_explicit(&p->ctr[k], 0, memory_order_relaxed);
-        /* Release: pid/gen visible before anyone sees the record alive. */
+        /* Release: gen, pid and counters visible before anyone sees it alive. */
         atomic_store_explicit(&p->state, PROC_ALIVE, memory_order_release);
-        rec_busy_drop(p);
-        c->me = i;
-        c->self = p;
-        c->leases = lease_table(c, i);
+        *out_i = i;
+        *out_gen = gen;
         return 0;
-    }
-    if (!tried_reap) {
-        tried_reap = true;
-        if (sfs_cache_reap(c) > 0)
-            goto again;
     }
     return -EUSERS;
 }
 
-/* Clean record i of a dead process (we hold its busy lock) and free it. */
+static void adopt(struct sfs_cache *c, uint32_t i, uint32_t gen)
+{
+    c->me = i;
+    c->my_gen = gen;
+    c->self = &c->procs[i];
+    c->leases = lease_table(c, i);
+}
+
+int sfs_proc_register(struct sfs_cache *c, int device_id)
+{
+    uint32_t i, gen;
+    int r = claim(c, getpid(), device_id, PROC_KIND_HANDLE, &i, &gen);
+
+    if (r == 0)
+        adopt(c, i, gen);
+    return r;
+}
+
+int sfs_proc_claim_for(struct sfs_cache *c, int pid, int device_id, uint32_t *i, uint32_t *gen)
+{
+    return claim(c, pid, device_id, PROC_KIND_CONN, i, gen);
+}
+
+int sfs_proc_adopt(struct sfs_cache *c, uint32_t i, uint32_t gen)
+{
+    if (i >= c->max_procs)
+        return -EBADMSG;
+    struct sfs_proc_rec *p = &c->procs[i];
+    /* Acquire: pairs with the claimer's release store of ALIVE. */
+    if (atomic_load_explicit(&p->state, memory_order_acquire) != PROC_ALIVE ||
+        atomic_load_explicit(&p->gen, memory_order_relaxed) != gen ||
+        p->kind != PROC_KIND_CONN)
+        return -EBADMSG;
+    adopt(c, i, gen);
+    return 0;
+}
+
+bool sfs_proc_mark_dead(struct sfs_cache *c, uint32_t i, uint32_t gen)
+{
+    struct sfs_proc_rec *p;
+    uint32_t expect = PROC_ALIVE;
+
+    if (i >= c->max_procs)
+        return false;
+    p = &c->procs[i];
+    /* Only the server moves a connection's record out of ALIVE, and it is
+     * not FREE (so not reclaimed) until reaped: the gen read here is the
+     * one the server claimed. */
+    if (atomic_load_explicit(&p->gen, memory_order_relaxed) != gen)
+        return false;
+    /* Release: seen by owner_alive_rec's acquire load in every process. */
+    if (atomic_compare_exchange_strong_explicit(&p->state, &expect, PROC_DEAD,
+                                                memory_order_acq_rel, memory_order_relaxed))
+        return true;
+    /* It detached itself: nothing left to reap, not a death. acq_rel: its
+     * lease drops happen-before the record is claimed again. */
+    expect = PROC_LEFT;
+    atomic_compare_exchange_strong_explicit(&p->state, &expect, PROC_FREE, memory_order_acq_rel,
+                                            memory_order_relaxed);
+    return false;
+}
+
+/* Clean record i (we moved it to REAPING) and free it. */
 static void reap_record(struct sfs_cache *c, uint32_t i)
 {
     struct sfs_proc_rec *p = &c->procs[i];
     uint32_t gen = atomic_load_explicit(&p->gen, memory_order_relaxed);
 
-    atomic_store_explicit(&p->state, PROC_REAPING, memory_order_relaxed);
     sfs_log(LOG_NOTICE, "reaping process %d (record %u)",
             atomic_load_explicit(&p->pid, memory_order_relaxed), i);
+    /* Its Loading slots go back to Idle with a version bump and a wake:
+     * that is what wakes their waiters. */
     drop_all_leases(c, i, gen);
     sfs_ctr_add(c, CTR_REAPED, 1);
     fold_counters(c, p);
     atomic_store_explicit(&p->pid, 0, memory_order_relaxed);
     /* Release: the record is clean before it can be claimed again. */
     atomic_store_explicit(&p->state, PROC_FREE, memory_order_release);
-    rec_busy_drop(p);
 }
 
 int sfs_cache_reap(struct sfs_cache *c)
 {
-    int n = 0, me = getpid();
+    int n = 0;
 
     if (!c)
         return -EINVAL;
+    if (!c->creator)
+        return 0; /* only the server's process reaps: it alone saw them go */
+    SFS_TEST_POINT("proc:reap"); /* tests hold the server's reaper here */
+    /* Bounded: one pass over max_procs records. */
     for (uint32_t i = 0; i < c->max_procs; i++) {
-        struct sfs_proc_rec *p = &c->procs[i];
-        int32_t busy = atomic_load_explicit(&p->busy_pid, memory_order_acquire);
+        uint32_t expect = PROC_DEAD;
 
-        if (i == c->me)
+        /* acq_rel: the server's DEAD store and the dead one's last writes
+         * happen-before the reap; one reaper wins. */
+        if (!atomic_compare_exchange_strong_explicit(&c->procs[i].state, &expect, PROC_REAPING,
+                                                     memory_order_acq_rel, memory_order_relaxed))
             continue;
-        if (busy != 0) {
-            /* Someone is claiming or reaping it: step in only if they died
-             * half-way; the CAS makes us their one successor. */
-            if (busy == me || !sfs_pid_gone(busy) || !rec_busy_take(p, busy, me))
-                continue;
-            if (atomic_load_explicit(&p->state, memory_order_acquire) == PROC_FREE) {
-                rec_busy_drop(p); /* died before changing anything */
-                continue;
-            }
-        } else {
-            if (atomic_load_explicit(&p->state, memory_order_acquire) != PROC_ALIVE ||
-                sfs_pid_alive(atomic_load_explicit(&p->pid, memory_order_relaxed),
-                              atomic_load_explicit(&p->start_time, memory_order_relaxed)))
-                continue;
-            if (!rec_busy_take(p, 0, me))
-                continue; /* another reaper has it */
-            /* Re-check under the lock: a record freed and claimed anew in the
-             * meantime belongs to a live process. */
-            if (atomic_load_explicit(&p->state, memory_order_acquire) != PROC_ALIVE ||
-                sfs_pid_alive(atomic_load_explicit(&p->pid, memory_order_relaxed),
-                              atomic_load_explicit(&p->start_time, memory_order_relaxed))) {
-                rec_busy_drop(p);
-                continue;
-            }
-        }
         reap_record(c, i);
         n++;
     }
@@ -214,8 +251,10 @@ void sfs_cache_free_handle(struct sfs_cache *c)
 
         drop_all_leases(c, c->me, c->my_gen);
         fold_counters(c, c->self);
-        atomic_store_explicit(&c->self->pid, 0, memory_order_relaxed);
-        atomic_compare_exchange_strong_explicit(&c->self->state, &expect, PROC_FREE,
+        /* A connection's record is the server's to free, when the
+         * connection closes (after this): we only say we left. */
+        atomic_compare_exchange_strong_explicit(&c->self->state, &expect,
+                                                c->conn_fd < 0 ? PROC_FREE : PROC_LEFT,
                                                 memory_order_acq_rel, memory_order_relaxed);
     }
     sfs_dp_unmap(c);

@@ -1,8 +1,8 @@
 /* SPDX-License-Identifier: MIT */
 /*
  * util.c - small things every part of the core uses: the log callback,
- * clocks, hex ids, robust mutexes, and the pid liveness test that survives
- * pid reuse (pid + start time, as LMDB does). The futex calls are futex.c's.
+ * clocks, hex ids and robust mutexes. (No pid liveness test: liveness is the
+ * daemon's, by connection; see proc.c.) The futex calls are futex.c's.
  */
 #include "cache_i.h"
 
@@ -108,75 +108,6 @@ const char *sfs_state_name(int state)
     }
 }
 
-/*
- * Fields of /proc/pid/stat: state (field 3), num_threads (20), start time
- * (22). comm may contain spaces and parentheses: fields start after the last
- * ')'.
- */
-static int proc_stat(int pid, char *state, long *nthreads, uint64_t *start)
-{
-    char path[64], buf[1024];
-    ssize_t n;
-    int fd;
-    char *p;
-
-    snprintf(path, sizeof(path), "/proc/%d/stat", pid);
-    fd = open(path, O_RDONLY | O_CLOEXEC);
-    if (fd < 0)
-        return -errno;
-    n = read(fd, buf, sizeof(buf) - 1);
-    close(fd);
-    if (n <= 0)
-        return -EIO;
-    buf[n] = '\0';
-    p = strrchr(buf, ')');
-    if (!p || p[1] != ' ' || !p[2])
-        return -EIO;
-    *state = p[2];
-    p++;
-    /* After ")": field 3 (state) is the first. */
-    for (int field = 3; field < 22; field++) {
-        p = strchr(p + 1, ' ');
-        if (!p)
-            return -EIO;
-        if (field == 19)
-            *nthreads = strtol(p + 1, NULL, 10);
-    }
-    *start = strtoull(p + 1, NULL, 10);
-    return 0;
-}
-
-int sfs_proc_start_time(int pid, uint64_t *out)
-{
-    char state;
-    long nthreads;
-
-    return proc_stat(pid, &state, &nthreads, out);
-}
-
-/*
- * A zombie is dead for us: the kernel released its robust mutexes and its
- * mappings before it became one, and its parent may be slow to reap it (or be
- * a rank blocked on a key the dead one owned). A thread-group leader that
- * exited while other threads run also shows 'Z', but with num_threads > 1.
- */
-bool sfs_pid_alive(int pid, uint64_t start_time)
-{
-    uint64_t st;
-    long nthreads = 0;
-    char state;
-
-    if (pid <= 0)
-        return false;
-    if (kill(pid, 0) < 0 && errno == ESRCH)
-        return false;
-    if (proc_stat(pid, &state, &nthreads, &st) < 0)
-        return false; /* gone between the two checks (or a zombie reaped) */
-    if (state == 'X' || (state == 'Z' && nthreads <= 1))
-        return false;
-    return st == start_time;
-}
-
 int sfs_robust_mutex_init(pthread_mutex_t *m)
 {
     pthread_mutexattr_t a;
@@ -188,21 +119,4 @@ int sfs_robust_mutex_init(pthread_mutex_t *m)
     r = pthread_mutex_init(m, &a);
     pthread_mutexattr_destroy(&a);
     return -r;
-}
-
-/* True when pid is gone or a zombie (no start-time check: for the short
- * windows in which a record names a claimer or reaper). */
-bool sfs_pid_gone(int pid)
-{
-    uint64_t st;
-    long nthreads = 0;
-    char state;
-
-    if (pid <= 0)
-        return false;
-    if (kill(pid, 0) < 0 && errno == ESRCH)
-        return true;
-    if (proc_stat(pid, &state, &nthreads, &st) < 0)
-        return true;
-    return state == 'X' || (state == 'Z' && nthreads <= 1);
 }

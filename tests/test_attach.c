@@ -30,7 +30,7 @@
 /* The wire format of attach.c, restated: a test that drifts from it fails. */
 #define HELLO_MAGIC   0x6f6c6c6548534653ull
 #define WELCOME_MAGIC 0x656d6f6c6557534full
-#define PROTO_VERSION 1u
+#define PROTO_VERSION 2u
 
 struct hello {
     uint64_t magic;
@@ -49,6 +49,8 @@ struct welcome {
     uint64_t ctl_size;
     uint32_t nsegments;
     uint32_t nfds;
+    uint32_t proc;
+    uint32_t proc_gen;
 };
 
 static struct sfs_cache *served(const char **path)

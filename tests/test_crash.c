@@ -13,6 +13,7 @@
  * a rank's parent is often busy, and a zombie is as dead as a reaped process.
  */
 #include "cache_i.h"
+#include "testpoint_i.h"
 #include "testutil.h"
 
 #include <criterion/criterion.h>
@@ -132,6 +133,66 @@ static struct sfs_cache *served_cache(uint32_t nslots, uint32_t nreserved, const
     return c;
 }
 
+/*
+ * The server reaps a record as soon as its connection closes. Tests that look
+ * at a dead process's leases before they are reaped hold the server's reaper
+ * (a thread of this process) at the "proc:reap" test point; reaps called from
+ * the test's own thread pass.
+ */
+static pthread_t test_thread;
+static atomic_int reaper_held;
+
+static void hold_other_reapers(const char *name, void *arg)
+{
+    (void)name;
+    (void)arg;
+    while (atomic_load(&reaper_held) && !pthread_equal(pthread_self(), test_thread))
+        usleep(1000);
+}
+
+static void hold_reaper(bool on)
+{
+    test_thread = pthread_self();
+    atomic_store(&reaper_held, on);
+    cr_assert_eq(sfs_testpoint_arm("proc:reap", on ? SFS_TP_CALL : SFS_TP_OFF,
+                                   hold_other_reapers, NULL),
+                 0);
+}
+
+/* Wait until the server has declared n records dead (their connections
+ * closed), at most 3 s. */
+static void wait_marked_dead(struct sfs_cache *c, unsigned n)
+{
+    int64_t end = sfs_now_ns() + 3 * SEC;
+
+    for (;;) {
+        unsigned dead = 0;
+
+        for (uint32_t i = 0; i < c->max_procs; i++)
+            dead += atomic_load(&c->procs[i].state) == PROC_DEAD;
+        if (dead >= n)
+            return;
+        cr_assert_lt(sfs_now_ns(), end, "the server did not see %u connection(s) close", n);
+        usleep(1000);
+    }
+}
+
+/* Wait until stats count n reaped processes, at most 3 s. */
+static void wait_reaped(struct sfs_cache *c, uint64_t n)
+{
+    int64_t end = sfs_now_ns() + 3 * SEC;
+    struct sfs_stats s;
+
+    for (;;) {
+        sfs_cache_stats(c, &s);
+        if (s.reaped >= n)
+            return;
+        cr_assert_lt(sfs_now_ns(), end, "reaped %llu of %llu", (unsigned long long)s.reaped,
+                     (unsigned long long)n);
+        usleep(1000);
+    }
+}
+
 /* What a child of this file runs once attached. */
 struct child_body {
     int (*run)(struct sfs_cache *c);
@@ -225,6 +286,7 @@ Test(crash, owner_killed_mid_fill_waiter_takes_over, .timeout = 30)
     cr_assert_eq(tu_wait(owner), 128 + SIGKILL);
 
     struct sfs_stats s;
+    wait_reaped(c, 1);
     sfs_cache_stats(c, &s);
     cr_assert_eq(s.reaped, 1);
     cr_assert_geq(s.takeovers, 1);
@@ -302,6 +364,7 @@ Test(crash, bucket_lock_holder_killed, .timeout = 30)
     uint32_t n = 0;
 
     sfs_set_log(count_repairs, NULL, LOG_DEBUG);
+    hold_reaper(true); /* the dead entry is counted before it is reaped */
     /* Four keys in one bucket: A (leased by us), B (unleased), C (new), D. */
     same[n++] = tu_key(1, 0);
     uint32_t b = bucket_of_key(c, &same[0]);
@@ -347,7 +410,9 @@ Test(crash, bucket_lock_holder_killed, .timeout = 30)
      * mutex is released early in the kernel's exit path: wait until the
      * child is all the way dead (a zombie, not waited for) before reaping. */
     wait_dead_unreaped(child);
+    wait_marked_dead(c, 1);
     cr_assert_eq(sfs_cache_reap(c), 1);
+    hold_reaper(false);
     cr_assert_eq(atomic_load(&c->slots[sh->slot].refcount), 1);
     cr_assert_eq(sfs_cache_remove(c, &same[0]), -EBUSY);
     cr_assert_eq(tu_check(&same[0], sfs_cache_data(c, &la), SHARD), -1);
@@ -395,6 +460,7 @@ Test(crash, lease_holder_killed, .timeout = 30)
     struct sfs_lease held[16];
     struct sfs_stats s;
 
+    hold_reaper(true); /* the Get below, not the server, reaps */
     sh->nkeys = 8;
     for (uint32_t i = 0; i < sh->nkeys; i++) {
         sh->keys[i] = tu_key(100 + i, 0);
@@ -406,6 +472,7 @@ Test(crash, lease_holder_killed, .timeout = 30)
     kill(child, SIGKILL);
     /* Dead, but left a zombie until the end of this phase. */
     wait_dead_unreaped(child);
+    wait_marked_dead(c, 1);
 
     /* Before reaping: the dead leases pin their slots. */
     for (uint32_t i = 0; i < sh->nkeys; i++) {
@@ -461,8 +528,10 @@ Test(crash, lease_holder_killed, .timeout = 30)
     cr_assert_eq(tu_wait(child), 128 + SIGKILL);
     for (uint32_t i = 0; i < sh->nkeys; i++)
         cr_assert_eq(sfs_cache_remove(c, &sh->keys[i]), -EBUSY);
+    wait_marked_dead(c, 1);
     cr_assert_eq(sfs_cache_reap(c), 1);
     cr_assert_eq(sfs_cache_reap(c), 0);
+    hold_reaper(false);
     for (uint32_t i = 0; i < sh->nkeys; i++)
         cr_assert_eq(sfs_cache_remove(c, &sh->keys[i]), 0);
     sfs_cache_stats(c, &s);
@@ -622,7 +691,7 @@ Test(crash, killed_at_random_instants, .timeout = 120)
         }
         bad += verify_all(c, &takeovers, &max_ns);
     }
-    sfs_cache_reap(c);
+    wait_reaped(c, RK_ITERS); /* the server reaps each as its connection closes */
     unsigned entries = 0, rc = tu_leases_left(c, &entries);
     struct sfs_stats s;
     sfs_cache_stats(c, &s);
@@ -640,126 +709,5 @@ Test(crash, killed_at_random_instants, .timeout = 120)
     for (uint32_t i = 0; i < c->max_procs; i++)
         if (i != c->me)
             cr_assert_eq(atomic_load(&c->procs[i].state), PROC_FREE, "record %u", i);
-    sfs_cache_close(c);
-}
-
-/* ---------------------------------------------------------------------------
- * The liveness test behind the reaper.
- */
-
-static int exit_now(void *arg)
-{
-    (void)arg;
-    return 0;
-}
-
-Test(crash, pid_alive_guards_against_reuse, .timeout = 10)
-{
-    uint64_t st = 0;
-
-    cr_assert_eq(sfs_proc_start_time(getpid(), &st), 0);
-    cr_assert(sfs_pid_alive(getpid(), st));
-    /* Same pid, another start time: a reused pid is not the process we knew. */
-    cr_assert_not(sfs_pid_alive(getpid(), st + 1));
-    cr_assert_not(sfs_pid_alive(getpid(), 0));
-    cr_assert_not(sfs_pid_alive(0, st));
-    cr_assert_not(sfs_pid_alive(-1, st));
-
-    /* A dead child: first a zombie (not waited for), then gone. */
-    pid_t child = tu_fork(exit_now, NULL);
-    uint64_t cst = 0;
-    cr_assert(child > 0);
-    wait_dead_unreaped(child);
-    cr_assert_eq(sfs_proc_start_time(child, &cst), 0, "a zombie still has /proc/pid/stat");
-    cr_assert_not(sfs_pid_alive(child, cst), "a zombie is dead: its locks and leases are free");
-    cr_assert_eq(tu_wait(child), 0);
-    cr_assert_not(sfs_pid_alive(child, cst));
-}
-
-/*
- * A process killed half-way through registering (its record claimed, not yet
- * alive), or half-way through reaping another's record, must not leak the
- * record: busy_pid is the record's transition lock, taken first and dropped
- * last, and the next reaper inherits a dead holder's transition.
- */
-enum { DIE_AFTER_LOCK, DIE_CLAIMING, DIE_REAPING };
-
-static int die_in_transition(void *arg)
-{
-    struct sfs_proc_rec *p = ((void **)arg)[0];
-    int how = *(int *)((void **)arg)[1];
-    int32_t zero = 0;
-
-    if (!atomic_compare_exchange_strong(&p->busy_pid, &zero, getpid()))
-        return 3;
-    if (how == DIE_CLAIMING)
-        atomic_store(&p->state, PROC_CLAIMING);
-    else if (how == DIE_REAPING)
-        atomic_store(&p->state, PROC_REAPING);
-    raise(SIGKILL); /* holding the record's lock, mid-transition */
-    return 4;
-}
-
-static void kill_mid_transition(int how)
-{
-    struct sfs_cache *c = tu_cache(8, 0, SHARD);
-    cr_assert_not_null(c);
-    struct sfs_proc_rec *p = &c->procs[c->me + 1];
-    void *arg[2] = {p, &how};
-
-    if (how == DIE_REAPING) {
-        /* A record that was alive for some process, now being reaped. */
-        atomic_store(&p->state, PROC_ALIVE);
-        atomic_store(&p->pid, 1 << 30); /* no such pid */
-    }
-    pid_t pid = tu_fork(die_in_transition, arg);
-    cr_assert_eq(tu_wait(pid), 128 + SIGKILL);
-    cr_assert_eq(atomic_load(&p->busy_pid), pid);
-    /* A registrant skips a locked record; the reaper frees it. */
-    cr_assert_eq(sfs_cache_reap(c), how == DIE_AFTER_LOCK ? 0 : 1);
-    cr_assert_eq(atomic_load(&p->state), PROC_FREE);
-    cr_assert_eq(atomic_load(&p->busy_pid), 0, "the dead holder's lock was not released");
-    /* ... and the record serves the next attach. */
-    const char *path = tu_path("sock");
-    cr_assert_eq(sfs_cache_serve(c, path), 0);
-    int err = 0;
-    struct sfs_cache *c2 = sfs_cache_attach(path, 1, &err);
-    cr_assert_not_null(c2, "attach: %s", strerror(-err));
-    cr_assert_eq(atomic_load(&p->state), PROC_ALIVE, "the freed record was not the first free");
-    sfs_cache_close(c2);
-    sfs_cache_close(c);
-}
-
-Test(crash, record_locker_killed_before_any_change, .timeout = 30)
-{
-    kill_mid_transition(DIE_AFTER_LOCK);
-}
-
-Test(crash, record_claimer_killed_half_way, .timeout = 30)
-{
-    kill_mid_transition(DIE_CLAIMING);
-}
-
-Test(crash, record_reaper_killed_half_way, .timeout = 30)
-{
-    kill_mid_transition(DIE_REAPING);
-}
-
-Test(crash, record_of_a_live_claimer_is_left_alone, .timeout = 30)
-{
-    struct sfs_cache *c = tu_cache(8, 0, SHARD);
-    cr_assert_not_null(c);
-    struct sfs_proc_rec *p = &c->procs[c->me + 1];
-    int32_t zero = 0;
-
-    /* We (alive) hold the record mid-claim: no reaper may step in. A second
-     * handle in this process reaps, so its own pid is not the holder's
-     * excuse: use our parent's pid, which is alive. */
-    cr_assert(atomic_compare_exchange_strong(&p->busy_pid, &zero, getppid()));
-    atomic_store(&p->state, PROC_CLAIMING);
-    cr_assert_eq(sfs_cache_reap(c), 0);
-    cr_assert_eq(atomic_load(&p->state), PROC_CLAIMING);
-    atomic_store(&p->state, PROC_FREE);
-    atomic_store(&p->busy_pid, 0);
     sfs_cache_close(c);
 }
