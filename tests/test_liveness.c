@@ -18,8 +18,13 @@
 #include <fcntl.h>
 #include <grp.h>
 #include <pthread.h>
+#include <sched.h>
+#include <signal.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <string.h>
+#include <sys/mman.h>
+#include <sys/mount.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/un.h>
@@ -341,4 +346,288 @@ Test(liveness, socket_directory_writable_by_others_is_refused, .timeout = 30)
     cr_assert_eq(sfs_cache_serve(c = tu_cache(8, 0, SHARD), sock), 0);
     sfs_cache_close(c);
     rmdir(dir);
+}
+
+/* ---------------------------------------------------------------------------
+ * Liveness by connection (issue 8 finding 1): nobody judges a process by its
+ * pid. A rank in its own pid namespace is not reaped while alive and is
+ * reaped when it dies; a rank that execs, or that drops its connection while
+ * it lives on, is reaped at once.
+ */
+
+#define MS  (1000 * 1000ll)
+#define SEC (1000 * MS)
+
+struct live_shm {
+    char path[108];
+    struct sfs_key key;
+    _Atomic int step;   /* child -> parent */
+    _Atomic int go;     /* parent -> child */
+    _Atomic pid_t pid;  /* the owner's pid in the parent's namespace */
+    _Atomic int rc;
+};
+
+static struct live_shm *live_shm(const char *path, struct sfs_key key)
+{
+    struct live_shm *m =
+        mmap(NULL, sizeof(*m), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+
+    cr_assert(m != MAP_FAILED);
+    memset(m, 0, sizeof(*m));
+    snprintf(m->path, sizeof(m->path), "%s", path);
+    m->key = key;
+    return m;
+}
+
+static bool wait_for(_Atomic int *word, int at_least, int64_t timeout_ns)
+{
+    int64_t end = sfs_now_ns() + timeout_ns;
+
+    while (atomic_load(word) < at_least) {
+        if (sfs_now_ns() > end)
+            return false;
+        usleep(200);
+    }
+    return true;
+}
+
+/* Attach, become the owner of m->key (Loading, never published), step 1, and
+ * then do what `then` says. */
+enum then { THEN_PARK, THEN_EXEC, THEN_DROP_CONNECTION };
+
+static int own_then(struct live_shm *m, enum then then)
+{
+    int err = 0;
+    struct sfs_lease l;
+    struct sfs_cache *c = sfs_cache_attach(m->path, 1, &err);
+
+    if (!c) {
+        fprintf(stderr, "owner: attach: %s\n", strerror(-err));
+        return 10;
+    }
+    if (sfs_cache_get(c, &m->key, 0, sfs_deadline_after(SEC), &l) != SFS_OWNER)
+        return 11;
+    if (then == THEN_DROP_CONNECTION) {
+        /* Close every socket this process holds (the attach connection among
+         * them), and live on: the record goes with the connection. */
+        char link[64], fdpath[64];
+        for (int fd = 3; fd < 1024; fd++) {
+            snprintf(fdpath, sizeof(fdpath), "/proc/self/fd/%d", fd);
+            ssize_t n = readlink(fdpath, link, sizeof(link) - 1);
+            if (n > 0 && (link[n] = '\0', strncmp(link, "socket:", 7) == 0))
+                close(fd);
+        }
+    }
+    atomic_store(&m->step, 1);
+    if (then == THEN_EXEC) {
+        /* pid and start time survive the exec; the connection does not. */
+        execl("/bin/sleep", "sleep", "30", (char *)NULL);
+        return 12;
+    }
+    /* Parked until killed; a failed test's orphan still ends on its own. */
+    sleep(20);
+    return 13;
+}
+
+/* In a new pid namespace with its own /proc (as `unshare -p -f
+ * --mount-proc`): the owner is pid 1 there, and its /proc/self is not the
+ * parent's /proc/1. */
+static int own_in_pid_namespace(void *arg)
+{
+    struct live_shm *m = arg;
+
+    if (unshare(CLONE_NEWPID | CLONE_NEWNS) < 0) {
+        atomic_store(&m->rc, -errno);
+        atomic_store(&m->step, -1);
+        return 0;
+    }
+    pid_t pid = fork();
+    if (pid < 0)
+        return 2;
+    if (pid == 0) {
+        if (mount("none", "/", NULL, MS_REC | MS_PRIVATE, NULL) < 0 ||
+            mount("proc", "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC, NULL) < 0) {
+            fprintf(stderr, "mount proc: %s\n", strerror(errno));
+            _exit(3);
+        }
+        if (getpid() != 1)
+            _exit(4);
+        _exit(own_then(m, THEN_PARK));
+    }
+    atomic_store(&m->pid, pid); /* as this (the parent's) namespace sees it */
+    int st;
+    waitpid(pid, &st, 0);
+    return 0;
+}
+
+/* Get m->key from the creator and wait: -ETIMEDOUT while the owner lives,
+ * SFS_WAIT_OWNER once it is gone. */
+static int wait_on_key(struct sfs_cache *c, const struct sfs_key *k, int64_t ns)
+{
+    struct sfs_lease l;
+    int role = sfs_cache_get(c, k, 0, sfs_deadline_after(SEC), &l);
+
+    if (role != SFS_WAITER) {
+        if (role >= 0)
+            sfs_cache_release(c, &l);
+        return role == SFS_OWNER ? SFS_WAIT_OWNER : role;
+    }
+    int r = sfs_cache_wait(c, &l, sfs_deadline_after(ns));
+    if (r == SFS_WAIT_OWNER)
+        sfs_cache_fail(c, &l, -EIO); /* hand it on: the test only asks who */
+    sfs_cache_release(c, &l);
+    return r;
+}
+
+Test(liveness, rank_in_own_pid_namespace_lives_and_dies_by_its_connection, .timeout = 30)
+{
+    const char *path;
+
+    need_root();
+    struct sfs_cache *c = served(&path);
+    struct live_shm *m = live_shm(path, tu_key(7, 0));
+    pid_t mid = tu_fork(own_in_pid_namespace, m);
+
+    cr_assert(wait_for(&m->step, 1, 5 * SEC) || atomic_load(&m->step) < 0, "owner never ran");
+    if (atomic_load(&m->step) < 0) {
+        tu_wait(mid);
+        cr_skip_test("no pid namespace here: %s", strerror(-atomic_load(&m->rc)));
+    }
+    /* Alive in its namespace: no reap, no takeover, whatever pid 1 is here. */
+    cr_assert_eq(sfs_cache_reap(c), 0, "a live rank in a pid namespace was reaped");
+    cr_assert_eq(wait_on_key(c, &m->key, 500 * MS), -ETIMEDOUT,
+                 "a waiter took over from a live owner in another pid namespace");
+    cr_assert_eq(sfs_cache_state(c, &m->key), SFS_STATE_LOADING);
+    /* Dead: taken over within 1 s (3 s of margin). */
+    cr_assert_gt(atomic_load(&m->pid), 0);
+    int64_t t0 = sfs_now_ns();
+    kill(atomic_load(&m->pid), SIGKILL);
+    cr_assert_eq(wait_on_key(c, &m->key, 3 * SEC), SFS_WAIT_OWNER,
+                 "a dead rank in a pid namespace wedged its key");
+    int64_t dt = sfs_now_ns() - t0;
+    fprintf(stderr, "pid namespace: taken over %.1f ms after the kill\n", dt / 1e6);
+    cr_assert_lt(dt, SEC);
+    cr_assert_eq(tu_wait(mid), 0);
+    sfs_cache_close(c);
+}
+
+static int own_and_exec(void *arg)
+{
+    return own_then(arg, THEN_EXEC);
+}
+
+Test(liveness, rank_that_execs_while_owning_a_load_does_not_wedge_it, .timeout = 30)
+{
+    const char *path;
+    struct sfs_cache *c = served(&path);
+    struct live_shm *m = live_shm(path, tu_key(8, 0));
+    pid_t child = tu_fork(own_and_exec, m);
+
+    cr_assert(wait_for(&m->step, 1, 5 * SEC), "owner never ran");
+    int64_t t0 = sfs_now_ns();
+    int r = wait_on_key(c, &m->key, 3 * SEC);
+    int64_t dt = sfs_now_ns() - t0;
+    fprintf(stderr, "exec: taken over %.1f ms after the owner's exec\n", dt / 1e6);
+    kill(child, SIGKILL);
+    tu_wait(child);
+    cr_assert_eq(r, SFS_WAIT_OWNER, "the exec'd owner still holds its load (wait %d)", r);
+    cr_assert_lt(dt, SEC);
+    sfs_cache_close(c);
+}
+
+static int own_and_drop_connection(void *arg)
+{
+    return own_then(arg, THEN_DROP_CONNECTION);
+}
+
+/* The record lives exactly as long as the connection: a process that closes
+ * it is reaped while it lives on (and its pid says nothing). */
+Test(liveness, record_is_reaped_when_its_connection_closes, .timeout = 30)
+{
+    const char *path;
+    struct sfs_cache *c = served(&path);
+    struct live_shm *m = live_shm(path, tu_key(9, 0));
+    pid_t child = tu_fork(own_and_drop_connection, m);
+    struct sfs_stats s;
+
+    cr_assert(wait_for(&m->step, 1, 5 * SEC), "owner never ran");
+    int r = wait_on_key(c, &m->key, 3 * SEC);
+    cr_assert_eq(kill(child, 0), 0, "the owner should still be alive");
+    kill(child, SIGKILL);
+    tu_wait(child);
+    cr_assert_eq(r, SFS_WAIT_OWNER, "a record outlived its connection (wait %d)", r);
+    sfs_cache_stats(c, &s);
+    cr_assert_eq(s.reaped, 1);
+    cr_assert_eq(tu_leases_left(c, NULL), 0);
+    sfs_cache_close(c);
+}
+
+/* ---------------------------------------------------------------------------
+ * Process records are bounded per process and come back with the connection
+ * (issue 8 finding 11: one process took all 63 free records).
+ */
+
+static int attach_until_refused(void *arg)
+{
+    struct live_shm *m = arg;
+    struct sfs_cache *h[64];
+    int n = 0, err = 0;
+
+    while (n < 64 && (h[n] = sfs_cache_attach(m->path, -1, &err)))
+        n++;
+    atomic_store(&m->rc, err);
+    atomic_store(&m->pid, n);
+    atomic_store(&m->step, 1);
+    for (int64_t end = sfs_now_ns() + 20 * SEC; !atomic_load(&m->go) && sfs_now_ns() < end;)
+        usleep(1000);
+    if (atomic_load(&m->go) == 2) /* leave the clean way */
+        while (n > 0)
+            sfs_cache_close(h[--n]);
+    return 0; /* else: exit holding them all */
+}
+
+static unsigned free_records(struct sfs_cache *c)
+{
+    unsigned n = 0;
+
+    for (uint32_t i = 0; i < c->max_procs; i++)
+        n += atomic_load(&c->procs[i].state) == PROC_FREE;
+    return n;
+}
+
+static void wait_free_records(struct sfs_cache *c, unsigned n)
+{
+    int64_t end = sfs_now_ns() + 3 * SEC;
+
+    while (free_records(c) < n) {
+        cr_assert_lt(sfs_now_ns(), end, "%u records free, %u expected", free_records(c), n);
+        usleep(1000);
+    }
+}
+
+Test(liveness, one_process_cannot_take_every_record, .timeout = 30)
+{
+    const char *path;
+    struct sfs_cache *c = served(&path);
+    unsigned free0 = free_records(c);
+
+    for (int how = 1; how <= 2; how++) {
+        struct live_shm *m = live_shm(path, tu_key(10, 0));
+        pid_t greedy = tu_fork(attach_until_refused, m);
+
+        cr_assert(wait_for(&m->step, 1, 10 * SEC));
+        fprintf(stderr, "one process attached %d times, then %s\n", atomic_load(&m->pid),
+                strerror(-atomic_load(&m->rc)));
+        cr_assert_eq(atomic_load(&m->rc), -EUSERS);
+        cr_assert_lt(atomic_load(&m->pid), (int)c->max_procs / 2,
+                     "one process took %d of %u records", atomic_load(&m->pid), c->max_procs);
+        /* Another process still gets one. */
+        cr_assert_eq(tu_wait(tu_fork(attach_and_close, (void *)path)), 0);
+        /* Exit holding them (how 1) or close them (how 2): all come back. */
+        atomic_store(&m->go, how);
+        cr_assert_eq(tu_wait(greedy), 0);
+        wait_free_records(c, free0);
+        munmap(m, sizeof(*m));
+    }
+    sfs_cache_close(c);
 }
