@@ -1028,6 +1028,11 @@ struct sfs_cache *sfs_cache_attach_fds(int ctl_fd, const int *seg_fds, uint32_t 
     return sfs_cache_attach_fds_into(c, fds, nseg, 0, NULL, err);
 }
 
+int sfs_cache_conn_fd(const struct sfs_cache *c)
+{
+    return c ? c->conn_fd : -1;
+}
+
 void sfs_cache_close(struct sfs_cache *c)
 {
     int conn;

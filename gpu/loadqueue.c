@@ -406,6 +406,7 @@ static void *worker_main(void *arg)
  */
 
 #define WATCH_SLICE_NS (2 * 1000 * 1000ll) /* futex_waitv-less kernels only */
+#define LINK_CHECK_NS  (100 * 1000 * 1000ll) /* a blocking wait looks for a lost daemon */
 #define WATCHERS_MAX   64                  /* x SFS_WAIT_ANY_MAX keys = 8192 keys asleep at once */
 
 struct sfs_watcher {
@@ -584,6 +585,19 @@ static void *watcher_main(void *arg)
         while (ws.n < SFS_WAIT_ANY_MAX && rk->overflow.head)
             set_add(&ws, &rk->overflow);
         w->load = (unsigned)ws.n;
+        if (ws.n > 0 && rank_link_lost(rk)) {
+            /* The daemon is gone: an owner that dies now is never reaped,
+             * so these waits could only end at their deadlines. */
+            pthread_mutex_unlock(&rk->wait_mu);
+            while (ws.n > 0) {
+                struct rank_item *it = ws.items[ws.n - 1];
+
+                set_remove(&ws, ws.n - 1);
+                sfs_lq_item_done(it, -ESHUTDOWN);
+            }
+            pthread_mutex_lock(&rk->wait_mu);
+            continue;
+        }
         if (ws.n == 0) {
             if (rk->watchers_stop)
                 break;
@@ -649,7 +663,35 @@ static void *watcher_main(void *arg)
 /* The blocking_waits baseline: the dispatcher itself waits. */
 static void wait_one(struct sfs_rank *rk, struct rank_item *it)
 {
-    wait_settled(rk, it, sfs_cache_wait(rk->cache, &it->lease, it->deadline_ns), true);
+    int r;
+
+    /* In slices, to see the daemon go (bounded by the key's deadline). */
+    do {
+        int64_t slice = sfs_deadline_after(LINK_CHECK_NS);
+
+        r = sfs_cache_wait(rk->cache, &it->lease,
+                           slice < it->deadline_ns ? slice : it->deadline_ns);
+    } while (r == -ETIMEDOUT && sfs_now_ns() < it->deadline_ns && !rank_link_lost(rk));
+    if (r == -ETIMEDOUT && rank_link_lost(rk))
+        r = -ESHUTDOWN;
+    wait_settled(rk, it, r, true);
+}
+
+void sfs_lq_link_lost(struct sfs_rank *rk)
+{
+    pthread_mutex_lock(&rk->wait_mu);
+    for (unsigned i = 0; i < rk->nwatchers; i++) {
+        struct sfs_watcher *w = &rk->watchers[i];
+
+        if (w->idle)
+            pthread_cond_signal(&w->cv);
+        else
+            sfs_bell_ring(&w->bell);
+    }
+    pthread_mutex_unlock(&rk->wait_mu);
+    pthread_mutex_lock(&rk->lease_mu);
+    pthread_cond_broadcast(&rk->lease_cv);
+    pthread_mutex_unlock(&rk->lease_mu);
 }
 
 /* ---------------------------------------------------------------------------
@@ -721,6 +763,13 @@ static void get_and_route(struct sfs_rank *rk, struct rank_item *it, struct load
      * Get that does not wait for a free slot: a full cache must not wait on
      * slots whose loads (or copies) we hold back. */
     int64_t deadline = 0;
+    if (rank_link_lost(rk)) {
+        /* The daemon is gone: nobody repairs this cache any more. */
+        if (token)
+            sfs_lq_token_put(rk);
+        sfs_lq_item_done(it, -ESHUTDOWN);
+        return;
+    }
     int role = sfs_cache_get(rk->cache, &it->key, 0, 0, &it->lease);
 
     if (role == -ENOSPC) {

@@ -14,9 +14,12 @@
 
 #include <errno.h>
 #include <limits.h>
+#include <poll.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/eventfd.h>
 #include <sys/xattr.h>
+#include <unistd.h>
 #include <syslog.h>
 #include <time.h>
 
@@ -64,6 +67,9 @@ static void rank_free(struct sfs_rank *rk)
     if (rk->be)
         sfs_backend_close(rk->be);
     sfs_cache_close(rk->cache);
+    pthread_rwlock_destroy(&rk->link_rw);
+    free(rk->socket_path);
+    free(rk->mount_point);
     pthread_mutex_destroy(&rk->mu);
     pthread_cond_destroy(&rk->task_cv);
     pthread_cond_destroy(&rk->idle_cv);
@@ -79,12 +85,219 @@ static void rank_free(struct sfs_rank *rk)
     free(rk);
 }
 
+/* ---------------------------------------------------------------------------
+ * The daemon link.
+ *
+ * The cache handle holds its attach connection for its whole life (the
+ * daemon reaps this process when it closes). A thread polls it: when the
+ * daemon exits or is killed the connection reads EOF at once, the thread
+ * sets link_lost and wakes the watchers and the dispatcher, and every entry
+ * in flight that still depends on the old cache fails with -ESHUTDOWN within
+ * a slice (no one would reap a dead owner there any more). Loads this rank
+ * owns finish from the backend as usual. The next call re-attaches to
+ * whatever serves the socket path by then (rank_enter), transparently.
+ */
+
+static void *link_main(void *arg)
+{
+    struct sfs_rank *rk = arg;
+    struct pollfd pf[2] = {{.fd = sfs_cache_conn_fd(rk->cache), .events = POLLIN | POLLRDHUP},
+                           {.fd = rk->link_stop_fd, .events = POLLIN}};
+
+    for (;;) {
+        if (poll(pf, 2, -1) < 0) {
+            if (errno == EINTR)
+                continue;
+            sfs_log(LOG_ERR, "rank %d: cannot watch the daemon link: %s", rk->device_id,
+                    strerror(errno));
+            return NULL;
+        }
+        if (pf[1].revents)
+            return NULL; /* stopped */
+        if (pf[0].revents)
+            break;
+    }
+    sfs_log(LOG_WARNING,
+            "rank %d: the daemon went away: entries in flight fail with ESHUTDOWN; the next "
+            "call attaches again",
+            rk->device_id);
+    /* Release: what the waits see after this store. */
+    atomic_store_explicit(&rk->link_lost, true, memory_order_release);
+    sfs_lq_link_lost(rk);
+    return NULL;
+}
+
+static int link_start(struct sfs_rank *rk)
+{
+    int r;
+
+    if (sfs_cache_conn_fd(rk->cache) < 0)
+        return 0; /* not attached through a server: nothing to watch */
+    rk->link_stop_fd = eventfd(0, EFD_CLOEXEC);
+    if (rk->link_stop_fd < 0)
+        return -errno;
+    r = pthread_create(&rk->link_thread, NULL, link_main, rk);
+    if (r) {
+        close(rk->link_stop_fd);
+        return -r;
+    }
+    rk->link_started = true;
+    return 0;
+}
+
+static void link_stop(struct sfs_rank *rk)
+{
+    uint64_t one = 1;
+
+    if (!rk->link_started)
+        return;
+    if (write(rk->link_stop_fd, &one, sizeof(one)) < 0)
+        sfs_log(LOG_ERR, "rank %d: cannot stop the link thread: %s", rk->device_id,
+                strerror(errno));
+    pthread_join(rk->link_thread, NULL);
+    close(rk->link_stop_fd);
+    rk->link_started = false;
+}
+
+/* Attach to the socket the configuration names (a mount point's xattr is
+ * read anew: the daemon behind it may have restarted). */
+static int attach_cache(struct sfs_rank *rk)
+{
+    char sock[PATH_MAX];
+    const char *path = rk->socket_path;
+    struct sfs_cache_info info;
+    int r;
+
+    if (rk->mount_point) {
+        r = socket_from_mount(rk->mount_point, sock, sizeof(sock));
+        if (r < 0)
+            return r;
+        path = sock;
+    }
+    rk->cache = sfs_cache_attach(path, rk->query_only ? -1 : rk->device_id, &r);
+    if (!rk->cache)
+        return r;
+    sfs_cache_info(rk->cache, &info);
+    if (rk->shard_size && info.shard_size != rk->shard_size) {
+        /* Re-attached to a daemon of another shard size: the backend and
+         * the caller's buffers are sized for the old one. */
+        sfs_log(LOG_ERR, "rank %d: the daemon now serves %llu-byte shards, not %llu",
+                rk->device_id, (unsigned long long)info.shard_size,
+                (unsigned long long)rk->shard_size);
+        sfs_cache_close(rk->cache);
+        rk->cache = NULL;
+        return -EPROTO;
+    }
+    rk->shard_size = info.shard_size;
+    return 0;
+}
+
+/* Everything that runs on the cache: touch hook, copier, threads, link. On
+ * failure, what was started is stopped again. */
+static int start_engine(struct sfs_rank *rk)
+{
+    int r = 0;
+
+    if (rk->be)
+        sfs_cache_set_touch_hook(rk->cache, touch_hook, rk);
+    if (!rk->query_only) {
+        r = sfs_copier_open(rk->copier_mode, rk->device_id, rk->cache, &rk->copier);
+        if (r < 0)
+            return r;
+        r = sfs_copier_start(rk);
+        if (r == 0)
+            r = sfs_lq_start(rk);
+    }
+    if (r == 0)
+        r = link_start(rk);
+    if (r < 0) {
+        sfs_lq_stop(rk);
+        sfs_copier_stop(rk);
+        if (rk->copier)
+            rk->copier->ops->close(rk->copier);
+        rk->copier = NULL;
+    }
+    return r;
+}
+
+/* link_rw held for writing: wait for every task and prefetch in flight (those
+ * on the old cache fail fast), stop the threads, close the old handle. */
+static void rank_down(struct sfs_rank *rk)
+{
+    if (rk->down)
+        return;
+    pthread_mutex_lock(&rk->mu);
+    while (rk->active > 0)
+        pthread_cond_wait(&rk->idle_cv, &rk->mu);
+    pthread_mutex_unlock(&rk->mu);
+    sfs_lq_stop(rk);
+    sfs_copier_stop(rk);
+    link_stop(rk);
+    if (rk->copier)
+        rk->copier->ops->close(rk->copier);
+    rk->copier = NULL;
+    sfs_cache_set_touch_hook(rk->cache, NULL, NULL);
+    sfs_cache_close(rk->cache);
+    rk->cache = NULL;
+    rk->down = true;
+}
+
+/* link_rw held for writing: attach anew and restart. */
+static int rank_relink(struct sfs_rank *rk)
+{
+    int r;
+
+    rank_down(rk);
+    r = attach_cache(rk);
+    if (r < 0)
+        return r;
+    /* The threads are stopped: their stop flags are ours to reset. */
+    rk->stopping = false;
+    rk->watchers_stop = false;
+    rk->workers_stop = false;
+    rk->copier_stop = false;
+    atomic_store_explicit(&rk->link_lost, false, memory_order_relaxed);
+    r = start_engine(rk);
+    if (r < 0) {
+        sfs_cache_close(rk->cache);
+        rk->cache = NULL;
+        return r;
+    }
+    rk->down = false;
+    sfs_log(LOG_NOTICE, "rank %d: attached again", rk->device_id);
+    return 0;
+}
+
+/* Enter a call that uses the cache: link_rw held for reading on success
+ * (rank_leave drops it). A lost daemon link is re-attached first; when no
+ * daemon serves the socket yet, that error (-ENOENT, -ECONNREFUSED, ...) is
+ * the call's, and the next call tries again. */
+static int rank_enter(struct sfs_rank *rk)
+{
+    for (;;) {
+        int r = 0;
+
+        pthread_rwlock_rdlock(&rk->link_rw);
+        if (!rk->down && !rank_link_lost(rk))
+            return 0;
+        pthread_rwlock_unlock(&rk->link_rw);
+        pthread_rwlock_wrlock(&rk->link_rw);
+        if (rk->down || rank_link_lost(rk))
+            r = rank_relink(rk);
+        pthread_rwlock_unlock(&rk->link_rw);
+        if (r < 0)
+            return r;
+    }
+}
+
+static void rank_leave(struct sfs_rank *rk)
+{
+    pthread_rwlock_unlock(&rk->link_rw);
+}
+
 struct sfs_rank *sfs_rank_open(const struct sfs_rank_config *cfg, int *err)
 {
     struct sfs_rank *rk;
-    struct sfs_cache_info info;
-    char sock[PATH_MAX];
-    const char *path;
     int r;
 
     if (!err)
@@ -93,15 +306,6 @@ struct sfs_rank *sfs_rank_open(const struct sfs_rank_config *cfg, int *err)
         cfg->copier < SFS_COPIER_AUTO || cfg->copier > SFS_COPIER_CUDA) {
         *err = -EINVAL;
         return NULL;
-    }
-    path = cfg->socket_path;
-    if (cfg->mount_point) {
-        r = socket_from_mount(cfg->mount_point, sock, sizeof(sock));
-        if (r < 0) {
-            *err = r;
-            return NULL;
-        }
-        path = sock;
     }
     rk = calloc(1, sizeof(*rk));
     if (!rk) {
@@ -120,8 +324,12 @@ struct sfs_rank *sfs_rank_open(const struct sfs_rank_config *cfg, int *err)
     pthread_cond_init(&rk->depth_cv, NULL);
     pthread_mutex_init(&rk->lease_mu, NULL);
     pthread_cond_init(&rk->lease_cv, NULL);
+    pthread_rwlock_init(&rk->link_rw, NULL);
+    rk->link_stop_fd = -1;
 
     rk->query_only = cfg->device_id < 0;
+    rk->device_id = cfg->device_id;
+    rk->copier_mode = cfg->copier;
     rk->N = cfg->local_rank_size > 0 ? (unsigned)cfg->local_rank_size : 1;
     rk->r = rk->query_only ? 0 : (unsigned)cfg->device_id % rk->N;
     rk->depth = cfg->load_depth ? cfg->load_depth : 32;
@@ -130,12 +338,17 @@ struct sfs_rank *sfs_rank_open(const struct sfs_rank_config *cfg, int *err)
     rk->blocking_waits = cfg->blocking_waits;
     rk->prealloc = cfg->prealloc;
     rk->key_timeout_ns = (int64_t)(cfg->key_timeout_ms ? cfg->key_timeout_ms : 30000) * 1000000;
-
-    rk->cache = sfs_cache_attach(path, rk->query_only ? -1 : cfg->device_id, err);
-    if (!rk->cache)
+    if ((cfg->socket_path && !(rk->socket_path = strdup(cfg->socket_path))) ||
+        (cfg->mount_point && !(rk->mount_point = strdup(cfg->mount_point)))) {
+        *err = -ENOMEM;
         goto out_free;
-    sfs_cache_info(rk->cache, &info);
-    rk->shard_size = info.shard_size;
+    }
+
+    r = attach_cache(rk);
+    if (r < 0) {
+        *err = r;
+        goto out_free;
+    }
     /* A backend reports bytes moved in an int (struct sfs_io): a shard of
      * 2 GiB or more would read as an error, so refuse it here. */
     if (rk->shard_size > INT_MAX) {
@@ -152,23 +365,11 @@ struct sfs_rank *sfs_rank_open(const struct sfs_rank_config *cfg, int *err)
                     errbuf[0] ? errbuf : strerror(-*err));
             goto out_free;
         }
-        sfs_cache_set_touch_hook(rk->cache, touch_hook, rk);
     }
-    if (!rk->query_only) {
-        r = sfs_copier_open(cfg->copier, cfg->device_id, rk->cache, &rk->copier);
-        if (r < 0) {
-            *err = r;
-            goto out_free;
-        }
-        r = sfs_copier_start(rk);
-        if (r == 0)
-            r = sfs_lq_start(rk);
-        if (r < 0) {
-            *err = r;
-            sfs_lq_stop(rk);
-            sfs_copier_stop(rk);
-            goto out_free;
-        }
+    r = start_engine(rk);
+    if (r < 0) {
+        *err = r;
+        goto out_free;
     }
     *err = 0;
     return rk;
@@ -217,13 +418,14 @@ void sfs_rank_close(struct sfs_rank *rk)
     }
     sfs_lq_stop(rk);
     sfs_copier_stop(rk);
-    if (rk->be)
+    link_stop(rk);
+    if (rk->be && rk->cache)
         sfs_cache_set_touch_hook(rk->cache, NULL, NULL);
     rank_free(rk); /* sfs_cache_close() drops any lease left */
 }
 
-static int submit(struct sfs_rank *rk, const struct sfs_rank_entry *entries, size_t n, int kind,
-                  struct sfs_task **out)
+static int submit_entered(struct sfs_rank *rk, const struct sfs_rank_entry *entries, size_t n,
+                          int kind, struct sfs_task **out)
 {
     struct sfs_task *t;
     pthread_condattr_t ca;
@@ -289,6 +491,22 @@ static int submit(struct sfs_rank *rk, const struct sfs_rank_entry *entries, siz
     rank_ctr_add(rk, RC_ENTRIES, n);
     *out = t;
     return 0;
+}
+
+static int submit(struct sfs_rank *rk, const struct sfs_rank_entry *entries, size_t n, int kind,
+                  struct sfs_task **out)
+{
+    int r;
+
+    if (!rk || !entries || !out || n == 0 || n > UINT32_MAX)
+        return -EINVAL;
+    *out = NULL;
+    r = rank_enter(rk);
+    if (r < 0)
+        return r;
+    r = submit_entered(rk, entries, n, kind, out);
+    rank_leave(rk);
+    return r;
 }
 
 int sfs_rank_load(struct sfs_rank *rk, const struct sfs_rank_entry *entries, size_t n,
@@ -359,8 +577,8 @@ void sfs_rank_task_free(struct sfs_task *t)
  * Lookups, touch, prefetch.
  */
 
-int sfs_rank_lookup(struct sfs_rank *rk, const struct sfs_block_id *blocks, size_t n,
-                    uint32_t shard, bool *present)
+static int lookup_entered(struct sfs_rank *rk, const struct sfs_block_id *blocks, size_t n,
+                          uint32_t shard, bool *present)
 {
     struct sfs_key *miss = NULL;
     size_t *where = NULL, nmiss = 0;
@@ -403,8 +621,23 @@ out:
     return r;
 }
 
-long sfs_rank_lookup_prefix(struct sfs_rank *rk, const struct sfs_block_id *blocks, size_t n,
-                            uint32_t shard)
+int sfs_rank_lookup(struct sfs_rank *rk, const struct sfs_block_id *blocks, size_t n,
+                    uint32_t shard, bool *present)
+{
+    int r;
+
+    if (!rk || (n && (!blocks || !present)))
+        return -EINVAL;
+    r = rank_enter(rk);
+    if (r < 0)
+        return r;
+    r = lookup_entered(rk, blocks, n, shard, present);
+    rank_leave(rk);
+    return r;
+}
+
+static long lookup_prefix_entered(struct sfs_rank *rk, const struct sfs_block_id *blocks,
+                                  size_t n, uint32_t shard)
 {
     size_t i = 0;
     bool *present;
@@ -436,14 +669,36 @@ long sfs_rank_lookup_prefix(struct sfs_rank *rk, const struct sfs_block_id *bloc
     return r < 0 ? r : (long)i;
 }
 
-int sfs_rank_touch(struct sfs_rank *rk, const struct sfs_block_id *blocks, size_t n)
+long sfs_rank_lookup_prefix(struct sfs_rank *rk, const struct sfs_block_id *blocks, size_t n,
+                            uint32_t shard)
 {
+    long r;
+
     if (!rk || (n && !blocks))
         return -EINVAL;
-    return sfs_cache_touch(rk->cache, blocks, n);
+    r = rank_enter(rk);
+    if (r < 0)
+        return r;
+    r = lookup_prefix_entered(rk, blocks, n, shard);
+    rank_leave(rk);
+    return r;
 }
 
-int sfs_rank_prefetch(struct sfs_rank *rk, const struct sfs_key *keys, size_t n)
+int sfs_rank_touch(struct sfs_rank *rk, const struct sfs_block_id *blocks, size_t n)
+{
+    int r;
+
+    if (!rk || (n && !blocks))
+        return -EINVAL;
+    r = rank_enter(rk);
+    if (r < 0)
+        return r;
+    r = sfs_cache_touch(rk->cache, blocks, n);
+    rank_leave(rk);
+    return r;
+}
+
+static int prefetch_entered(struct sfs_rank *rk, const struct sfs_key *keys, size_t n)
 {
     int accepted = 0;
 
@@ -496,6 +751,22 @@ int sfs_rank_prefetch(struct sfs_rank *rk, const struct sfs_key *keys, size_t n)
     return accepted;
 }
 
+int sfs_rank_prefetch(struct sfs_rank *rk, const struct sfs_key *keys, size_t n)
+{
+    int r;
+
+    if (!rk || (n && !keys))
+        return -EINVAL;
+    if (rk->query_only || !rk->be)
+        return 0;
+    r = rank_enter(rk);
+    if (r < 0)
+        return r;
+    r = prefetch_entered(rk, keys, n);
+    rank_leave(rk);
+    return r;
+}
+
 /* ---------------------------------------------------------------------------
  * Counters and accessors.
  */
@@ -523,7 +794,12 @@ void sfs_rank_stats(struct sfs_rank *rk, struct sfs_rank_stats *o)
     o->prefetched = LD(RC_PREFETCHED);
 #undef LD
     o->max_inflight = atomic_load_explicit(&rk->max_inflight, memory_order_relaxed);
-    sfs_cache_stats(rk->cache, &o->cache);
+    /* The cache's part: of the cache attached now (none while no daemon
+     * serves the socket: zeros). */
+    if (rank_enter(rk) == 0) {
+        sfs_cache_stats(rk->cache, &o->cache);
+        rank_leave(rk);
+    }
 }
 
 uint64_t sfs_rank_shard_size(struct sfs_rank *rk)

@@ -182,6 +182,22 @@ struct sfs_rank {
     unsigned nworker_threads; /* started */
     bool dispatcher_started, copier_started;
 
+    /* The daemon link (rank.c). A thread polls the attach connection; when
+     * the daemon goes away it sets link_lost and wakes the watchers and the
+     * dispatcher, which fail what they hold with -ESHUTDOWN. The next call
+     * re-attaches under link_rw held for writing; calls that use `cache`
+     * hold it for reading. */
+    pthread_rwlock_t link_rw;
+    _Atomic bool link_lost;
+    bool down;         /* link_rw (write): threads stopped, no cache; re-attach pending */
+    int link_stop_fd;  /* eventfd: stops the link thread */
+    pthread_t link_thread;
+    bool link_started;
+    char *socket_path; /* as configured (one of the two) */
+    char *mount_point;
+    int device_id;
+    int copier_mode;
+
     /* Relaxed counters: single numbers, read by sfs_rank_stats(). */
     _Atomic uint64_t ctr[RC_COUNT];
 };
@@ -205,6 +221,15 @@ bool sfs_lq_token_try(struct sfs_rank *rk);
 int sfs_lq_submit_load(struct rank_item *it);
 void sfs_lq_dump_copied(struct rank_item *it);
 void sfs_lq_task_unref(struct sfs_task *t);
+/* The daemon is gone: wake every watcher (its set fails with -ESHUTDOWN)
+ * and a dispatcher waiting for a lease. */
+void sfs_lq_link_lost(struct sfs_rank *rk);
+
+static inline bool rank_link_lost(struct sfs_rank *rk)
+{
+    /* Acquire: pairs with the link thread's release store. */
+    return atomic_load_explicit(&rk->link_lost, memory_order_acquire);
+}
 
 /* copier.c */
 int sfs_copier_start(struct sfs_rank *rk);

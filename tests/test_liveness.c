@@ -12,6 +12,8 @@
 #include "testutil.h"
 #include "cache_i.h" /* a handle's memfds */
 
+#include <shardfs/rank.h>
+
 #include <criterion/criterion.h>
 
 #include <errno.h>
@@ -630,4 +632,162 @@ Test(liveness, one_process_cannot_take_every_record, .timeout = 30)
         munmap(m, sizeof(*m));
     }
     sfs_cache_close(c);
+}
+
+/* ---------------------------------------------------------------------------
+ * Daemon restart: a rank mid-task sees the daemon go within 1 s, fails what
+ * waited on the old cache with -ESHUTDOWN, and its next task runs on the new
+ * daemon, attached again on the same socket path.
+ */
+
+struct daemon_shm {
+    char path[108];
+    _Atomic int step;
+    _Atomic uint64_t requests; /* the daemon's cache: Gets served */
+};
+
+/* A stand-in daemon: creates a cache, serves path; `own_first` makes it the
+ * owner of block 0's shard 0, never published (a rank that needs it waits on
+ * the daemon). Reports its Gets until killed. */
+static int run_daemon(struct daemon_shm *d, bool own_first)
+{
+    struct sfs_cache *c = tu_cache(16, 0, SHARD);
+    struct sfs_lease l;
+    struct sfs_stats s;
+
+    int r = c ? sfs_cache_serve(c, d->path) : -ENOMEM;
+
+    if (r < 0) {
+        fprintf(stderr, "daemon: serve %s: %s\n", d->path, strerror(-r));
+        return 10;
+    }
+    if (own_first) {
+        struct sfs_key k = tu_key(0, 0);
+        if (sfs_cache_get(c, &k, 0, 0, &l) != SFS_OWNER)
+            return 11;
+    }
+    atomic_store(&d->step, 1);
+    for (int i = 0; i < 2000; i++) { /* 20 s at most: a failed test's orphan ends */
+        sfs_cache_stats(c, &s);
+        atomic_store(&d->requests, s.requests);
+        usleep(10 * 1000);
+    }
+    return 0;
+}
+
+static int daemon_owning(void *arg)
+{
+    return run_daemon(arg, true);
+}
+
+static int daemon_plain(void *arg)
+{
+    return run_daemon(arg, false);
+}
+
+static void write_blocks(const char *dir, unsigned n)
+{
+    char p[512], hex[SFS_BLOCK_HEX_LEN + 1];
+    uint8_t buf[SHARD];
+
+    cr_assert_eq(mkdir(dir, 0755), 0);
+    snprintf(p, sizeof(p), "%s/data", dir);
+    cr_assert_eq(mkdir(p, 0755), 0);
+    for (unsigned b = 0; b < n; b++) {
+        struct sfs_block_id id = tu_block(b);
+        struct sfs_key k = tu_key(b, 0);
+
+        sfs_block_to_hex(&id, hex);
+        snprintf(p, sizeof(p), "%s/data/%s", dir, hex);
+        int fd = open(p, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+        cr_assert_geq(fd, 0);
+        tu_fill(&k, buf, SHARD);
+        cr_assert_eq(write(fd, buf, SHARD), (ssize_t)SHARD);
+        close(fd);
+    }
+}
+
+#define NBLK 4
+
+static struct sfs_task *load_all(struct sfs_rank *rk, uint8_t (*bufs)[SHARD])
+{
+    struct sfs_rank_entry e[NBLK];
+    struct sfs_task *t = NULL;
+
+    for (unsigned i = 0; i < NBLK; i++)
+        e[i] = (struct sfs_rank_entry){.block = tu_block(i), .shard = 0, .addr = bufs[i]};
+    int r = sfs_rank_load(rk, e, NBLK, &t);
+    cr_assert_eq(r, 0, "load: %s", strerror(-r));
+    return t;
+}
+
+Test(liveness, rank_survives_a_daemon_restart, .timeout = 60)
+{
+    char store[128];
+    struct daemon_shm *d =
+        mmap(NULL, sizeof(*d), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+    static uint8_t bufs[NBLK][SHARD];
+    char spec[256];
+    int st[NBLK], err = 0;
+
+    cr_assert(d != MAP_FAILED);
+    memset(d, 0, sizeof(*d));
+    snprintf(store, sizeof(store), "%s", tu_path("store"));
+    snprintf(d->path, sizeof(d->path), "%s", tu_path("daemon"));
+    write_blocks(store, NBLK);
+    snprintf(spec, sizeof(spec), "posix:%s", store);
+
+    pid_t d1 = tu_fork(daemon_owning, d);
+    cr_assert(wait_for(&d->step, 1, 5 * SEC), "daemon 1 never served (%d)", tu_wait_for(d1, 0));
+    struct sfs_rank_config cfg;
+    sfs_rank_config_init(&cfg);
+    cfg.socket_path = d->path;
+    cfg.device_id = 0;
+    cfg.backend = spec;
+    cfg.copier = SFS_COPIER_HOST;
+    cfg.key_timeout_ms = 20000;
+    struct sfs_rank *rk = sfs_rank_open(&cfg, &err);
+    cr_assert_not_null(rk, "rank open: %s", strerror(-err));
+
+    /* Mid-task: block 0 waits on the daemon's own load. */
+    struct sfs_task *t = load_all(rk, bufs);
+    usleep(200 * 1000);
+    cr_assert_not(sfs_rank_task_done(t), "the task should wait on the daemon's load");
+    int64_t t0 = sfs_now_ns();
+    kill(d1, SIGKILL);
+    int r = sfs_rank_wait(t, 5000, st);
+    int64_t dt = sfs_now_ns() - t0;
+    fprintf(stderr, "daemon killed: the task ended %.1f ms later, block 0: %s\n", dt / 1e6,
+            strerror(-st[0]));
+    cr_assert_eq(r, 0, "the task hung after the daemon died");
+    cr_assert_lt(dt, SEC, "the task took %lld ms to notice", (long long)(dt / MS));
+    cr_assert_eq(st[0], -ESHUTDOWN, "block 0: %d", st[0]);
+    for (unsigned i = 1; i < NBLK; i++)
+        cr_assert(st[i] == 0 || st[i] == -ESHUTDOWN, "block %u: %d", i, st[i]);
+    sfs_rank_task_free(t);
+    cr_assert_eq(tu_wait(d1), 128 + SIGKILL);
+
+    /* A fresh daemon on the same path: the next task attaches to it. */
+    atomic_store(&d->step, 0);
+    pid_t d2 = tu_fork(daemon_plain, d);
+    cr_assert(wait_for(&d->step, 1, 5 * SEC), "daemon 2 never served");
+    memset(bufs, 0, sizeof(bufs));
+    t = load_all(rk, bufs);
+    r = sfs_rank_wait(t, 5000, st);
+    cr_assert_eq(r, 0);
+    for (unsigned i = 0; i < NBLK; i++) {
+        struct sfs_key k = tu_key(i, 0);
+
+        cr_assert_eq(st[i], 0, "block %u after the restart: %s", i, strerror(-st[i]));
+        cr_assert_eq(tu_check(&k, bufs[i], SHARD), -1, "block %u: wrong bytes", i);
+    }
+    sfs_rank_task_free(t);
+    /* Through the new daemon's cache, not the orphaned one. */
+    int64_t end = sfs_now_ns() + 2 * SEC;
+    while (atomic_load(&d->requests) < NBLK && sfs_now_ns() < end)
+        usleep(1000);
+    cr_assert_geq(atomic_load(&d->requests), NBLK, "the rank did not attach to the new daemon");
+    sfs_rank_close(rk);
+    kill(d2, SIGKILL);
+    tu_wait(d2);
 }

@@ -162,6 +162,14 @@ SFS_API int sfs_cache_serve_opts(struct sfs_cache *c, const char *path,
  */
 SFS_API struct sfs_cache *sfs_cache_attach(const char *path, int device_id, int *err);
 
+/*
+ * The attach connection of a handle made by sfs_cache_attach(), or -1. It is
+ * held (close-on-exec) for the handle's life: the server reaps this process
+ * when it closes, and it turns readable (EOF) when the server goes away. For
+ * poll() only: never read, write or close it.
+ */
+SFS_API int sfs_cache_conn_fd(const struct sfs_cache *c);
+
 /* Release this process's leases, unregister it, unmap. Safe on NULL. */
 SFS_API void sfs_cache_close(struct sfs_cache *c);
 
