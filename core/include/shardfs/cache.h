@@ -158,7 +158,11 @@ SFS_API int sfs_cache_serve_opts(struct sfs_cache *c, const char *path,
  * A cache of another layout is refused with -EPROTO; a corrupt or truncated
  * region with -EBADMSG. A handle belongs to the process that made it: after
  * fork(), the child attaches anew and never uses the parent's handle (its
- * process record, leases and counters are the parent's).
+ * process record, leases and counters are the parent's). The handle keeps
+ * its connection to the server (close-on-exec) until sfs_cache_close(): the
+ * server reaps this process when it closes. -EACCES: this uid may not
+ * attach; -EUSERS: no process record free, or this process or uid holds its
+ * bound of them.
  */
 SFS_API struct sfs_cache *sfs_cache_attach(const char *path, int device_id, int *err);
 
@@ -271,9 +275,12 @@ SFS_API int sfs_cache_prealloc(struct sfs_cache *c, const struct sfs_key *key);
 SFS_API int sfs_cache_remove(struct sfs_cache *c, const struct sfs_key *key);
 
 /*
- * Free the leases of processes that died and hand their half-filled slots to
- * the next Get. Returns the number of processes reaped. Called by waiters
- * and by evictors that find the cache full; the daemon calls it periodically.
+ * Free the leases of attached processes the server saw leave (their attach
+ * connection closed: exit, exec, detach) and hand their half-filled slots to
+ * the next Get. Returns the number of processes reaped. Liveness is the
+ * server's: this judges no process by its pid, reaps only records the server
+ * declared dead, and does so only in the server's process (elsewhere it
+ * returns 0). The server's own reaper thread calls it as connections close.
  */
 SFS_API int sfs_cache_reap(struct sfs_cache *c);
 
