@@ -829,6 +829,58 @@ void sfs_server_stop(struct sfs_server *s)
  * Client.
  */
 
+/*
+ * Connections of this process's handles, so that a fork()ed child closes its
+ * copies at once (pthread_atfork): otherwise a child that outlives its
+ * parent's exec would keep the parent's attachment alive. Lock-free (the
+ * child handler runs where another thread may have held any lock): slots
+ * hold fd + 1, 0 when free. Bound: CONN_TABLE handles; a further one still
+ * works, but a child keeps its copy until it exits or execs.
+ */
+#define CONN_TABLE 64
+static _Atomic int conn_table[CONN_TABLE];
+static pthread_once_t conn_once = PTHREAD_ONCE_INIT;
+
+static void conn_table_child(void)
+{
+    for (int i = 0; i < CONN_TABLE; i++) {
+        /* Relaxed: the child is single-threaded here. */
+        int v = atomic_exchange_explicit(&conn_table[i], 0, memory_order_relaxed);
+
+        if (v > 0)
+            close(v - 1);
+    }
+}
+
+static void conn_table_init(void)
+{
+    pthread_atfork(NULL, NULL, conn_table_child);
+}
+
+static void conn_table_add(int fd)
+{
+    pthread_once(&conn_once, conn_table_init);
+    for (int i = 0; i < CONN_TABLE; i++) {
+        int expect = 0;
+
+        /* Relaxed: only fork() reads the table, in the child. */
+        if (atomic_compare_exchange_strong_explicit(&conn_table[i], &expect, fd + 1,
+                                                    memory_order_relaxed, memory_order_relaxed))
+            return;
+    }
+}
+
+static void conn_table_remove(int fd)
+{
+    for (int i = 0; i < CONN_TABLE; i++) {
+        int expect = fd + 1;
+
+        if (atomic_compare_exchange_strong_explicit(&conn_table[i], &expect, 0,
+                                                    memory_order_relaxed, memory_order_relaxed))
+            return;
+    }
+}
+
 static int connect_to(const char *path)
 {
     struct sockaddr_un addr = {.sun_family = AF_UNIX};
@@ -928,6 +980,8 @@ struct sfs_cache *sfs_cache_attach(const char *path, int device_id, int *err)
     c = sfs_cache_attach_fds_into(c, fds, (uint32_t)nseg, w.ctl_size, &w, err);
     if (!c)
         close(sock);
+    else
+        conn_table_add(sock);
     return c;
 
 out_fds:
@@ -1045,6 +1099,8 @@ void sfs_cache_close(struct sfs_cache *c)
      * process leaving. */
     conn = c->conn_fd;
     sfs_cache_free_handle(c);
-    if (conn >= 0)
+    if (conn >= 0) {
+        conn_table_remove(conn);
         close(conn);
+    }
 }

@@ -395,7 +395,7 @@ static bool wait_for(_Atomic int *word, int at_least, int64_t timeout_ns)
 
 /* Attach, become the owner of m->key (Loading, never published), step 1, and
  * then do what `then` says. */
-enum then { THEN_PARK, THEN_EXEC, THEN_DROP_CONNECTION };
+enum then { THEN_PARK, THEN_EXEC, THEN_DROP_CONNECTION, THEN_FORK_EXEC };
 
 static int own_then(struct live_shm *m, enum then then)
 {
@@ -420,8 +420,17 @@ static int own_then(struct live_shm *m, enum then then)
                 close(fd);
         }
     }
+    if (then == THEN_FORK_EXEC) {
+        /* A child (a helper, say) that outlives the exec below. */
+        pid_t helper = fork();
+        if (helper == 0) {
+            sleep(20);
+            _exit(0);
+        }
+        atomic_store(&m->pid, helper);
+    }
     atomic_store(&m->step, 1);
-    if (then == THEN_EXEC) {
+    if (then == THEN_EXEC || then == THEN_FORK_EXEC) {
         /* pid and start time survive the exec; the connection does not. */
         execl("/bin/sleep", "sleep", "30", (char *)NULL);
         return 12;
@@ -533,6 +542,33 @@ Test(liveness, rank_that_execs_while_owning_a_load_does_not_wedge_it, .timeout =
     kill(child, SIGKILL);
     tu_wait(child);
     cr_assert_eq(r, SFS_WAIT_OWNER, "the exec'd owner still holds its load (wait %d)", r);
+    cr_assert_lt(dt, SEC);
+    sfs_cache_close(c);
+}
+
+static int own_fork_and_exec(void *arg)
+{
+    return own_then(arg, THEN_FORK_EXEC);
+}
+
+/* The owner forks a helper that lives on, then execs: the helper's copy of
+ * the connection must not keep the owner's attachment alive. */
+Test(liveness, forked_helper_does_not_keep_an_execd_owner_attached, .timeout = 30)
+{
+    const char *path;
+    struct sfs_cache *c = served(&path);
+    struct live_shm *m = live_shm(path, tu_key(11, 0));
+    pid_t child = tu_fork(own_fork_and_exec, m);
+
+    cr_assert(wait_for(&m->step, 1, 5 * SEC), "owner never ran");
+    int64_t t0 = sfs_now_ns();
+    int r = wait_on_key(c, &m->key, 3 * SEC);
+    int64_t dt = sfs_now_ns() - t0;
+    kill(child, SIGKILL);
+    tu_wait(child);
+    if (atomic_load(&m->pid) > 0)
+        kill(atomic_load(&m->pid), SIGKILL);
+    cr_assert_eq(r, SFS_WAIT_OWNER, "the helper kept the exec'd owner attached (wait %d)", r);
     cr_assert_lt(dt, SEC);
     sfs_cache_close(c);
 }
