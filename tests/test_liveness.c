@@ -827,3 +827,196 @@ Test(liveness, rank_survives_a_daemon_restart, .timeout = 60)
     kill(d2, SIGKILL);
     tu_wait(d2);
 }
+
+/* ---------------------------------------------------------------------------
+ * The same with the real daemon: kill -9 of a mounted shardfs while a rank
+ * waits on a load the daemon itself serves (a shell's read), then a fresh
+ * mount on the same mount point and socket.
+ */
+
+/* The daemon next to this test program (build/tests/.. -> build/fs/shardfs). */
+static bool daemon_bin(char *out, size_t len)
+{
+    char self[4096];
+    ssize_t n = readlink("/proc/self/exe", self, sizeof(self) - 1);
+
+    if (n <= 0)
+        return false;
+    self[n] = '\0';
+    char *slash = strrchr(self, '/');
+    if (!slash)
+        return false;
+    *slash = '\0';
+    snprintf(out, len, "%s/../fs/shardfs", self);
+    return access(out, X_OK) == 0;
+}
+
+static bool mounted(const char *mnt)
+{
+    FILE *f = fopen("/proc/self/mountinfo", "re");
+    char line[4096], pat[300];
+    bool found = false;
+
+    if (!f)
+        return false;
+    snprintf(pat, sizeof(pat), " %s ", mnt);
+    while (!found && fgets(line, sizeof(line), f))
+        found = strstr(line, pat) && strstr(line, "fuse.shardfs");
+    fclose(f);
+    return found;
+}
+
+static pid_t mount_daemon(const char *bin, const char *spec, const char *mnt, const char *sock)
+{
+    char o[512];
+    pid_t pid;
+
+    snprintf(o, sizeof(o), "socket=%s,hugepages=off,capacity=16M,shard_size=4K,readahead=0", sock);
+    pid = fork();
+    cr_assert_geq(pid, 0);
+    if (pid == 0) {
+        int fd = open("/dev/null", O_WRONLY);
+        if (fd >= 0) {
+            dup2(fd, 1);
+            dup2(fd, 2);
+        }
+        execl(bin, "shardfs", "-f", "-o", o, spec, mnt, (char *)NULL);
+        _exit(127);
+    }
+    for (int64_t end = sfs_now_ns() + 10 * SEC; !mounted(mnt);) {
+        int st;
+
+        cr_assert_neq(waitpid(pid, &st, WNOHANG), pid, "the daemon exited before mounting");
+        cr_assert_lt(sfs_now_ns(), end, "the mount did not appear");
+        usleep(10 * 1000);
+    }
+    return pid;
+}
+
+static uint64_t stats_requests(const char *mnt)
+{
+    char p[512], line[512];
+    unsigned long long v = 0;
+
+    snprintf(p, sizeof(p), "%s/stats", mnt);
+    FILE *f = fopen(p, "re");
+    if (!f)
+        return 0;
+    while (fgets(line, sizeof(line), f))
+        if (sscanf(line, "shardfs_requests_total %llu", &v) == 1)
+            break;
+    fclose(f);
+    return v;
+}
+
+/* A shell's read of block 0's shard 0 through the mount: the daemon owns
+ * that load (its backend is slow). */
+static int read_shard0(void *arg)
+{
+    char p[512], hex[SFS_BLOCK_HEX_LEN + 1], buf[SHARD];
+    struct sfs_block_id id = tu_block(0);
+
+    sfs_block_to_hex(&id, hex);
+    snprintf(p, sizeof(p), "%s/block/%s/shard/0", (const char *)arg, hex);
+    int fd = open(p, O_RDONLY);
+    if (fd >= 0) {
+        (void)!read(fd, buf, sizeof(buf));
+        close(fd);
+    }
+    return 0;
+}
+
+/* A failed assertion must not leave a mount or a daemon behind. */
+static char fini_mnt[128];
+static pid_t fini_pids[3];
+
+static void unmount_all(void)
+{
+    char cmd[256];
+
+    for (int i = 0; i < 3; i++)
+        if (fini_pids[i] > 0)
+            kill(fini_pids[i], SIGKILL);
+    if (fini_mnt[0]) {
+        snprintf(cmd, sizeof(cmd), "fusermount3 -uz %s 2>/dev/null", fini_mnt);
+        (void)!system(cmd);
+    }
+}
+
+Test(liveness, rank_survives_kill_9_of_the_mounted_daemon, .timeout = 90, .fini = unmount_all)
+{
+    char bin[4200], store[128], mnt[128], sock[108], slow[256], spec[256], cmd[512];
+    static uint8_t bufs[NBLK][SHARD];
+    int st[NBLK], err = 0;
+
+    if (!daemon_bin(bin, sizeof(bin)))
+        cr_skip_test("no shardfs daemon next to the tests");
+    int fuse = open("/dev/fuse", O_RDWR | O_CLOEXEC);
+    if (fuse < 0 || system("command -v fusermount3 >/dev/null") != 0)
+        cr_skip_test("no usable /dev/fuse or fusermount3");
+    close(fuse);
+    snprintf(store, sizeof(store), "%s", tu_path("store"));
+    snprintf(mnt, sizeof(mnt), "%s", tu_path("mnt"));
+    snprintf(sock, sizeof(sock), "%s", tu_path("sock"));
+    write_blocks(store, NBLK);
+    cr_assert_eq(mkdir(mnt, 0755), 0);
+    snprintf(slow, sizeof(slow), "fault:latency_us=20000000:posix:%s", store);
+    snprintf(spec, sizeof(spec), "posix:%s", store);
+
+    snprintf(fini_mnt, sizeof(fini_mnt), "%s", mnt);
+    pid_t d1 = fini_pids[0] = mount_daemon(bin, slow, mnt, sock);
+    struct sfs_rank_config cfg;
+    sfs_rank_config_init(&cfg);
+    cfg.mount_point = mnt;
+    cfg.device_id = 0;
+    cfg.backend = spec;
+    cfg.copier = SFS_COPIER_HOST;
+    cfg.key_timeout_ms = 20000;
+    struct sfs_rank *rk = sfs_rank_open(&cfg, &err);
+    cr_assert_not_null(rk, "rank open: %s", strerror(-err));
+
+    /* The daemon owns block 0 (a read waits 20 s on its backend); the rank
+     * waits on it mid-task. */
+    pid_t reader = fini_pids[1] = tu_fork(read_shard0, mnt);
+    usleep(300 * 1000);
+    struct sfs_task *t = load_all(rk, bufs);
+    usleep(300 * 1000);
+    cr_assert_not(sfs_rank_task_done(t), "the task should wait on the daemon's load");
+    int64_t t0 = sfs_now_ns();
+    kill(d1, SIGKILL);
+    int r = sfs_rank_wait(t, 5000, st);
+    int64_t dt = sfs_now_ns() - t0;
+    fprintf(stderr, "mounted daemon killed: the task ended %.1f ms later, block 0: %s\n",
+            dt / 1e6, strerror(-st[0]));
+    cr_assert_eq(r, 0, "the task hung after the daemon died");
+    cr_assert_lt(dt, SEC);
+    cr_assert_eq(st[0], -ESHUTDOWN, "block 0: %d", st[0]);
+    sfs_rank_task_free(t);
+    waitpid(d1, NULL, 0);
+    fini_pids[0] = 0; /* reaped: its pid is no longer ours to kill */
+    tu_wait_for(reader, 5 * SEC);
+    fini_pids[1] = 0;
+    snprintf(cmd, sizeof(cmd), "fusermount3 -uz %s 2>/dev/null", mnt);
+    (void)!system(cmd);
+
+    /* A fresh mount (a fast backend this time): the next task goes there. */
+    pid_t d2 = fini_pids[2] = mount_daemon(bin, store, mnt, sock);
+    memset(bufs, 0, sizeof(bufs));
+    t = load_all(rk, bufs);
+    r = sfs_rank_wait(t, 5000, st);
+    cr_assert_eq(r, 0);
+    for (unsigned i = 0; i < NBLK; i++) {
+        struct sfs_key k = tu_key(i, 0);
+
+        cr_assert_eq(st[i], 0, "block %u after the restart: %s", i, strerror(-st[i]));
+        cr_assert_eq(tu_check(&k, bufs[i], SHARD), -1, "block %u: wrong bytes", i);
+    }
+    sfs_rank_task_free(t);
+    cr_assert_geq(stats_requests(mnt), NBLK, "the rank's Gets are not in the new daemon's stats");
+    sfs_rank_close(rk);
+    (void)!system(cmd);
+    waitpid(d2, NULL, 0);
+    fini_pids[0] = fini_pids[1] = fini_pids[2] = 0;
+    fini_mnt[0] = '\0';
+    rmdir(mnt);
+}
