@@ -29,6 +29,7 @@
 #include <sys/mount.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/syscall.h>
 #include <sys/un.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -395,7 +396,7 @@ static bool wait_for(_Atomic int *word, int at_least, int64_t timeout_ns)
 
 /* Attach, become the owner of m->key (Loading, never published), step 1, and
  * then do what `then` says. */
-enum then { THEN_PARK, THEN_EXEC, THEN_DROP_CONNECTION, THEN_FORK_EXEC };
+enum then { THEN_PARK, THEN_EXEC, THEN_DROP_CONNECTION, THEN_FORK_EXEC, THEN_RAW_FORK_PARK };
 
 static int own_then(struct live_shm *m, enum then then)
 {
@@ -419,6 +420,16 @@ static int own_then(struct live_shm *m, enum then then)
             if (n > 0 && (link[n] = '\0', strncmp(link, "socket:", 7) == 0))
                 close(fd);
         }
+    }
+    if (then == THEN_RAW_FORK_PARK) {
+        /* A raw fork runs no atfork handler: the child keeps a copy of the
+         * connection, and only the pidfd tells the server the owner died. */
+        pid_t helper = (pid_t)syscall(SYS_fork);
+        if (helper == 0) {
+            sleep(20);
+            _exit(0);
+        }
+        atomic_store(&m->pid, helper);
     }
     if (then == THEN_FORK_EXEC) {
         /* A child (a helper, say) that outlives the exec below. */
@@ -542,6 +553,48 @@ Test(liveness, rank_that_execs_while_owning_a_load_does_not_wedge_it, .timeout =
     kill(child, SIGKILL);
     tu_wait(child);
     cr_assert_eq(r, SFS_WAIT_OWNER, "the exec'd owner still holds its load (wait %d)", r);
+    cr_assert_lt(dt, SEC);
+    sfs_cache_close(c);
+}
+
+static int own_raw_fork_and_park(void *arg)
+{
+    return own_then(arg, THEN_RAW_FORK_PARK);
+}
+
+/* The owner dies while a child still holds its connection: the peer's pidfd
+ * (Linux 6.5+) tells the server. */
+Test(liveness, owner_death_seen_by_pidfd_while_a_child_holds_the_connection, .timeout = 30)
+{
+    const char *path;
+    struct sfs_cache *c = served(&path);
+    struct live_shm *m = live_shm(path, tu_key(12, 0));
+    pid_t child = tu_fork(own_raw_fork_and_park, m);
+    int pidfd = -1;
+    socklen_t len = sizeof(pidfd);
+    int probe[2];
+
+    /* Does this kernel give a peer pidfd at all? */
+    cr_assert_eq(socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, probe), 0);
+    bool have = getsockopt(probe[0], SOL_SOCKET, 77 /* SO_PEERPIDFD */, &pidfd, &len) == 0;
+    if (pidfd >= 0)
+        close(pidfd);
+    close(probe[0]);
+    close(probe[1]);
+    cr_assert(wait_for(&m->step, 1, 5 * SEC), "owner never ran");
+    int64_t t0 = sfs_now_ns();
+    kill(child, SIGKILL);
+    int r = wait_on_key(c, &m->key, 3 * SEC);
+    int64_t dt = sfs_now_ns() - t0;
+    tu_wait(child);
+    if (atomic_load(&m->pid) > 0)
+        kill(atomic_load(&m->pid), SIGKILL);
+    if (!have) {
+        sfs_cache_close(c);
+        cr_skip_test("no SO_PEERPIDFD on this kernel: only the connection's close is seen");
+    }
+    cr_assert_eq(r, SFS_WAIT_OWNER, "a dead owner stayed attached through its child (wait %d)",
+                 r);
     cr_assert_lt(dt, SEC);
     sfs_cache_close(c);
 }
