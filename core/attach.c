@@ -219,6 +219,7 @@ static int recv_fds(int sock, void *buf, size_t len, int *fds, unsigned max_fds)
 #define PENDING_PER_UID  64u
 #define MAX_PER_PROC     16u /* attached handles of one process */
 #define REAP_RETRY_NS    (200 * 1000 * 1000ll)
+#define ACCEPT_BACKOFF_NS (100 * 1000 * 1000ll) /* out of fds: accept again after this */
 #define EV_LISTEN        UINT64_MAX
 #define EV_STOP          (UINT64_MAX - 1)
 /* epoll data of a connection: its index and its seq (so an event queued for a
@@ -264,6 +265,7 @@ struct sfs_server {
     gid_t gid;
     bool has_gid;
     unsigned max_per_uid;
+    int64_t accept_resume; /* server thread: accepts paused until then (0: not) */
     /* The reaper: frees the leases of records the server declared dead, off
      * the epoll thread (a reap takes bucket locks; attaches never wait on
      * them). */
@@ -312,10 +314,14 @@ static bool peer_allowed(const struct sfs_server *s, int sock, const struct ucre
 
 static void conn_close(struct sfs_server *s, struct conn *k)
 {
-    /* Closing an fd removes it from the epoll set. */
+    /* Out of the epoll set first: a copy of the fd in a forked child would
+     * keep it there after the close. */
+    epoll_ctl(s->ep, EPOLL_CTL_DEL, k->fd, NULL);
     close(k->fd);
-    if (k->pidfd >= 0)
+    if (k->pidfd >= 0) {
+        epoll_ctl(s->ep, EPOLL_CTL_DEL, k->pidfd, NULL);
         close(k->pidfd);
+    }
     uint32_t seq = k->seq;
 
     memset(k, 0, sizeof(*k));
@@ -323,7 +329,6 @@ static void conn_close(struct sfs_server *s, struct conn *k)
     k->state = CONN_FREE;
     k->fd = -1;
     k->pidfd = -1;
-    (void)s;
 }
 
 /* Connections of uid in a state (bounded by SERVER_MAX_CONNS). */
@@ -410,8 +415,19 @@ static void accept_all(struct sfs_server *s)
         if (sock < 0) {
             if (errno == EINTR || errno == ECONNABORTED)
                 continue;
-            if (errno != EAGAIN && errno != EWOULDBLOCK)
+            if (errno == EMFILE || errno == ENFILE || errno == ENOBUFS || errno == ENOMEM) {
+                /* The pending connection stays queued and the listening
+                 * socket readable: stop watching it for a while rather than
+                 * spin on it. */
+                struct epoll_event ev = {.events = 0, .data.u64 = EV_LISTEN};
+
+                sfs_log(LOG_ERR, "attach: accept: %s: pausing %lld ms", strerror(errno),
+                        ACCEPT_BACKOFF_NS / 1000000);
+                epoll_ctl(s->ep, EPOLL_CTL_MOD, s->listen_fd, &ev);
+                s->accept_resume = sfs_now_ns() + ACCEPT_BACKOFF_NS;
+            } else if (errno != EAGAIN && errno != EWOULDBLOCK) {
                 sfs_log(LOG_WARNING, "attach: accept: %s", strerror(errno));
+            }
             return;
         }
         accept_one(s, sock);
@@ -577,8 +593,8 @@ static void conn_event(struct sfs_server *s, struct conn *k, uint32_t events)
     detach_one(s, k, n > 0 ? "sent bytes after its hello" : "connection closed");
 }
 
-/* Milliseconds until the earliest hello deadline, or -1; expired hellos are
- * refused first (one pass over the table). */
+/* Milliseconds until the earliest hello deadline (or the end of an accept
+ * pause), or -1; expired hellos are refused first (one pass over the table). */
 static int expire_hellos(struct sfs_server *s)
 {
     int64_t now = sfs_now_ns(), next = INT64_MAX;
@@ -595,6 +611,16 @@ static int expire_hellos(struct sfs_server *s)
             conn_close(s, k);
         } else if (k->deadline < next) {
             next = k->deadline;
+        }
+    }
+    if (s->accept_resume) {
+        if (s->accept_resume <= now) {
+            struct epoll_event ev = {.events = EPOLLIN, .data.u64 = EV_LISTEN};
+
+            epoll_ctl(s->ep, EPOLL_CTL_MOD, s->listen_fd, &ev);
+            s->accept_resume = 0;
+        } else if (s->accept_resume < next) {
+            next = s->accept_resume;
         }
     }
     if (next == INT64_MAX)

@@ -27,11 +27,13 @@
 #include <string.h>
 #include <sys/mman.h>
 #include <sys/mount.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
 #include <sys/un.h>
 #include <sys/wait.h>
+#include <time.h>
 #include <unistd.h>
 
 #define SHARD  4096u
@@ -1072,4 +1074,77 @@ Test(liveness, rank_survives_kill_9_of_the_mounted_daemon, .timeout = 90, .fini 
     fini_pids[0] = fini_pids[1] = fini_pids[2] = 0;
     fini_mnt[0] = '\0';
     rmdir(mnt);
+}
+
+/* ---------------------------------------------------------------------------
+ * A server out of file descriptors pauses accepting instead of spinning on a
+ * listening socket that stays readable.
+ */
+
+struct fd_shm {
+    char path[108];
+    _Atomic int step;
+    _Atomic long cpu_us; /* the server process's CPU time over the busy second */
+};
+
+static long cpu_us_now(void)
+{
+    struct timespec ts;
+
+    clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
+    return ts.tv_sec * 1000000 + ts.tv_nsec / 1000;
+}
+
+static int server_with_few_fds(void *arg)
+{
+    struct fd_shm *f = arg;
+    struct sfs_cache *c = tu_cache(8, 0, SHARD);
+    struct rlimit rl;
+
+    if (!c || sfs_cache_serve(c, f->path) < 0)
+        return 10;
+    /* A few fds above what is open now: the server soon runs out. */
+    int top = 0;
+    for (int fd = 0; fd < 4096; fd++)
+        if (fcntl(fd, F_GETFD) >= 0)
+            top = fd;
+    rl.rlim_cur = rl.rlim_max = (rlim_t)top + 4;
+    if (setrlimit(RLIMIT_NOFILE, &rl) < 0)
+        return 11;
+    atomic_store(&f->step, 1);
+    while (atomic_load(&f->step) < 2)
+        usleep(1000);
+    long t0 = cpu_us_now();
+    sleep(1);
+    atomic_store(&f->cpu_us, cpu_us_now() - t0);
+    atomic_store(&f->step, 3);
+    sleep(20); /* until killed */
+    return 0;
+}
+
+Test(liveness, server_out_of_fds_does_not_spin, .timeout = 30)
+{
+    struct fd_shm *f = mmap(NULL, sizeof(*f), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS,
+                            -1, 0);
+    int socks[16];
+
+    cr_assert(f != MAP_FAILED);
+    memset(f, 0, sizeof(*f));
+    snprintf(f->path, sizeof(f->path), "%s", tu_path("fds"));
+    pid_t srv = tu_fork(server_with_few_fds, f);
+    cr_assert(wait_for(&f->step, 1, 5 * SEC), "the server never served");
+    /* More silent clients than it has fds for: the rest wait in the backlog. */
+    for (int i = 0; i < 16; i++)
+        socks[i] = raw_connect(f->path);
+    atomic_store(&f->step, 2);
+    cr_assert(wait_for(&f->step, 3, 10 * SEC));
+    long cpu = atomic_load(&f->cpu_us);
+    fprintf(stderr, "out of fds: the server used %ld us of CPU in 1 s\n", cpu);
+    kill(srv, SIGKILL);
+    tu_wait(srv);
+    for (int i = 0; i < 16; i++)
+        close(socks[i]);
+    /* Spinning on accept takes the whole second; a paused server, almost
+     * nothing (generous: a quarter). */
+    cr_assert_lt(cpu, 250000, "the server spun on accept: %ld us of CPU in 1 s", cpu);
 }
