@@ -544,7 +544,8 @@ struct reaper {
     bool stop;           /* lock */
 };
 
-/* Frees the leases of attached ranks that died, every ~200 ms. */
+/* Every ~200 ms, finishes any reap the attach server started and could not
+ * finish (the server reaps a rank as soon as its connection closes). */
 static void *reaper_main(void *arg)
 {
     struct reaper *r = arg;
