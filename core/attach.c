@@ -901,6 +901,7 @@ static void conn_table_remove(int fd)
     for (int i = 0; i < CONN_TABLE; i++) {
         int expect = fd + 1;
 
+        /* Relaxed: as in conn_table_add. */
         if (atomic_compare_exchange_strong_explicit(&conn_table[i], &expect, 0,
                                                     memory_order_relaxed, memory_order_relaxed))
             return;

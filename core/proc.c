@@ -69,6 +69,7 @@ static int claim(struct sfs_cache *c, int pid, int device_id, uint32_t kind, uin
         if (!atomic_compare_exchange_strong_explicit(&p->state, &expect, PROC_CLAIMING,
                                                      memory_order_acq_rel, memory_order_relaxed))
             continue;
+        /* Relaxed, all of these: the release store of ALIVE publishes them. */
         atomic_store_explicit(&p->pid, pid, memory_order_relaxed);
         p->device_id = device_id;
         p->kind = kind;
@@ -112,7 +113,8 @@ int sfs_proc_adopt(struct sfs_cache *c, uint32_t i, uint32_t gen)
     if (i >= c->max_procs)
         return -EBADMSG;
     struct sfs_proc_rec *p = &c->procs[i];
-    /* Acquire: pairs with the claimer's release store of ALIVE. */
+    /* Acquire on state: pairs with the claimer's release store of ALIVE, so
+     * the relaxed gen load after it sees the claim's gen. */
     if (atomic_load_explicit(&p->state, memory_order_acquire) != PROC_ALIVE ||
         atomic_load_explicit(&p->gen, memory_order_relaxed) != gen ||
         p->kind != PROC_KIND_CONN)
@@ -150,6 +152,7 @@ bool sfs_proc_mark_dead(struct sfs_cache *c, uint32_t i, uint32_t gen)
 static void reap_record(struct sfs_cache *c, uint32_t i)
 {
     struct sfs_proc_rec *p = &c->procs[i];
+    /* Relaxed: our REAPING CAS (acq_rel) ordered the claim's writes before. */
     uint32_t gen = atomic_load_explicit(&p->gen, memory_order_relaxed);
 
     sfs_log(LOG_NOTICE, "reaping process %d (record %u)",
@@ -159,7 +162,7 @@ static void reap_record(struct sfs_cache *c, uint32_t i)
     drop_all_leases(c, i, gen);
     sfs_ctr_add(c, CTR_REAPED, 1);
     fold_counters(c, p);
-    atomic_store_explicit(&p->pid, 0, memory_order_relaxed);
+    atomic_store_explicit(&p->pid, 0, memory_order_relaxed); /* published by the FREE store */
     /* Release: the record is clean before it can be claimed again. */
     atomic_store_explicit(&p->state, PROC_FREE, memory_order_release);
 }

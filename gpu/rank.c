@@ -256,6 +256,8 @@ static int rank_relink(struct sfs_rank *rk)
     rk->watchers_stop = false;
     rk->workers_stop = false;
     rk->copier_stop = false;
+    /* Relaxed: the threads that read it are started below (pthread_create
+     * orders this store before them); the callers hold link_rw. */
     atomic_store_explicit(&rk->link_lost, false, memory_order_relaxed);
     r = start_engine(rk);
     if (r < 0) {
