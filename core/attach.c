@@ -214,19 +214,19 @@ static int recv_fds(int sock, void *buf, size_t len, int *fds, unsigned max_fds)
  * most max_per_uid welcomed ones; a peer over a bound is refused -EUSERS.
  */
 
-#define HELLO_TIMEOUT_NS (1000 * 1000 * 1000ll)
-#define SERVER_MAX_CONNS 1024u
-#define PENDING_PER_UID  64u
-#define MAX_PER_PROC     16u /* attached handles of one process */
-#define REAP_RETRY_NS    (200 * 1000 * 1000ll)
+#define HELLO_TIMEOUT_NS  (1000 * 1000 * 1000ll)
+#define SERVER_MAX_CONNS  1024u
+#define PENDING_PER_UID   64u
+#define MAX_PER_PROC      16u /* attached handles of one process */
+#define REAP_RETRY_NS     (200 * 1000 * 1000ll)
 #define ACCEPT_BACKOFF_NS (100 * 1000 * 1000ll) /* out of fds: accept again after this */
-#define EV_LISTEN        UINT64_MAX
-#define EV_STOP          (UINT64_MAX - 1)
+#define EV_LISTEN         UINT64_MAX
+#define EV_STOP           (UINT64_MAX - 1)
 /* epoll data of a connection: its index and its seq (so an event queued for a
  * connection closed earlier in the same batch never reaches the next one in
  * its place), and a bit for its pidfd. */
-#define EV_PIDFD         (1ull << 48)
-#define EV_DATA(i, seq)  ((uint64_t)(i) | (uint64_t)(seq) << 16)
+#define EV_PIDFD        (1ull << 48)
+#define EV_DATA(i, seq) ((uint64_t)(i) | (uint64_t)(seq) << 16)
 
 #ifndef SO_PEERPIDFD
 #define SO_PEERPIDFD 77
@@ -249,7 +249,7 @@ struct conn {
     int device_id;
     uint32_t rec, gen; /* CONN_ATTACHED: the process record claimed for it */
     int64_t deadline;  /* CONN_HELLO: the hello is complete by then */
-    size_t got;       /* bytes of the hello received */
+    size_t got;        /* bytes of the hello received */
     struct hello h;
 };
 
@@ -271,9 +271,9 @@ struct sfs_server {
      * them). */
     pthread_t reaper;
     pthread_mutex_t reap_mu;
-    pthread_cond_t reap_cv; /* CLOCK_MONOTONIC */
-    bool reap_pending;      /* reap_mu */
-    bool reap_stop;         /* reap_mu */
+    pthread_cond_t reap_cv;              /* CLOCK_MONOTONIC */
+    bool reap_pending;                   /* reap_mu */
+    bool reap_stop;                      /* reap_mu */
     struct conn conns[SERVER_MAX_CONNS]; /* the server thread's alone */
     char path[sizeof(((struct sockaddr_un *)0)->sun_path)];
 };
@@ -457,8 +457,8 @@ static void welcome_one(struct sfs_server *s, struct conn *k)
     if (count_uid(s, k->uid, CONN_ATTACHED) >= s->max_per_uid ||
         count_pid(s, k->pid) >= MAX_PER_PROC) {
         sfs_log(LOG_WARNING,
-                "attach: refused pid %d uid %u: at most %u handles a process, %u a uid",
-                k->pid, k->uid, MAX_PER_PROC, s->max_per_uid);
+                "attach: refused pid %d uid %u: at most %u handles a process, %u a uid", k->pid,
+                k->uid, MAX_PER_PROC, s->max_per_uid);
         refuse(k->fd, -EUSERS);
         conn_close(s, k);
         return;
@@ -685,8 +685,7 @@ static int check_socket_dir(const char *path)
     if (!S_ISDIR(st.st_mode))
         return -ENOTDIR;
     if (st.st_uid != 0 && st.st_uid != geteuid()) {
-        sfs_log(LOG_ERR, "attach: socket directory %s belongs to uid %u: refused", dir,
-                st.st_uid);
+        sfs_log(LOG_ERR, "attach: socket directory %s belongs to uid %u: refused", dir, st.st_uid);
         return -EPERM;
     }
     if (st.st_mode & (S_IWGRP | S_IWOTH)) {

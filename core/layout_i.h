@@ -26,8 +26,8 @@
 #include <stdint.h>
 
 #define SFS_MAGIC          0x3153465344524148ull /* "HARDSFS1" little-endian */
-#define SFS_LAYOUT_VERSION 2u /* 2: records held by connections */
-#define SFS_NIL            UINT32_MAX /* "no slot / no bucket" in links */
+#define SFS_LAYOUT_VERSION 2u                    /* 2: records held by connections */
+#define SFS_NIL            UINT32_MAX            /* "no slot / no bucket" in links */
 #define SFS_CACHELINE      64
 
 /* Lease-table entries: 0 is free, else slot index + 1. */

@@ -116,8 +116,7 @@ int sfs_proc_adopt(struct sfs_cache *c, uint32_t i, uint32_t gen)
     /* Acquire on state: pairs with the claimer's release store of ALIVE, so
      * the relaxed gen load after it sees the claim's gen. */
     if (atomic_load_explicit(&p->state, memory_order_acquire) != PROC_ALIVE ||
-        atomic_load_explicit(&p->gen, memory_order_relaxed) != gen ||
-        p->kind != PROC_KIND_CONN)
+        atomic_load_explicit(&p->gen, memory_order_relaxed) != gen || p->kind != PROC_KIND_CONN)
         return -EBADMSG;
     adopt(c, i, gen);
     return 0;
@@ -137,8 +136,8 @@ bool sfs_proc_mark_dead(struct sfs_cache *c, uint32_t i, uint32_t gen)
     if (atomic_load_explicit(&p->gen, memory_order_relaxed) != gen)
         return false;
     /* Release: seen by owner_alive_rec's acquire load in every process. */
-    if (atomic_compare_exchange_strong_explicit(&p->state, &expect, PROC_DEAD,
-                                                memory_order_acq_rel, memory_order_relaxed))
+    if (atomic_compare_exchange_strong_explicit(&p->state, &expect, PROC_DEAD, memory_order_acq_rel,
+                                                memory_order_relaxed))
         return true;
     /* It detached itself: nothing left to reap, not a death. acq_rel: its
      * lease drops happen-before the record is claimed again. */
@@ -174,7 +173,7 @@ int sfs_cache_reap(struct sfs_cache *c)
     if (!c)
         return -EINVAL;
     if (!c->creator)
-        return 0; /* only the server's process reaps: it alone saw them go */
+        return 0;                /* only the server's process reaps: it alone saw them go */
     SFS_TEST_POINT("proc:reap"); /* tests hold the server's reaper here */
     /* Bounded: one pass over max_procs records. */
     for (uint32_t i = 0; i < c->max_procs; i++) {

@@ -48,7 +48,7 @@
 #define MAX_READAHEAD       1024
 #define REAP_INTERVAL_NS    (200 * 1000 * 1000ll)
 #define STOP_GRACE_NS       (2 * 1000 * 1000 * 1000ll) /* loads in flight get this to finish */
-#define SFS_ATTACH_UIDS_MAX 64 /* uids in -o attach_uids */
+#define SFS_ATTACH_UIDS_MAX 64                         /* uids in -o attach_uids */
 
 /* What the command line says. Strings are owned by fuse_opt (free them). */
 struct options {
@@ -63,7 +63,7 @@ struct options {
     char *numa_node;
     char *attach_uids; /* U1:U2:...: more uids that may attach */
     char *attach_gid;  /* a group whose members may attach */
-    char *backend; /* the first non-option argument */
+    char *backend;     /* the first non-option argument */
     unsigned max_read;
     bool max_read_set;
     bool ro;

@@ -405,9 +405,9 @@ static void *worker_main(void *arg)
  * in WATCH_SLICE_NS slices and looks at its bell between slices.
  */
 
-#define WATCH_SLICE_NS (2 * 1000 * 1000ll) /* futex_waitv-less kernels only */
+#define WATCH_SLICE_NS (2 * 1000 * 1000ll)   /* futex_waitv-less kernels only */
 #define LINK_CHECK_NS  (100 * 1000 * 1000ll) /* a blocking wait looks for a lost daemon */
-#define WATCHERS_MAX   64                  /* x SFS_WAIT_ANY_MAX keys = 8192 keys asleep at once */
+#define WATCHERS_MAX   64 /* x SFS_WAIT_ANY_MAX keys = 8192 keys asleep at once */
 
 struct sfs_watcher {
     struct sfs_rank *rk;

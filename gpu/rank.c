@@ -181,9 +181,8 @@ static int attach_cache(struct sfs_rank *rk)
     if (rk->shard_size && info.shard_size != rk->shard_size) {
         /* Re-attached to a daemon of another shard size: the backend and
          * the caller's buffers are sized for the old one. */
-        sfs_log(LOG_ERR, "rank %d: the daemon now serves %llu-byte shards, not %llu",
-                rk->device_id, (unsigned long long)info.shard_size,
-                (unsigned long long)rk->shard_size);
+        sfs_log(LOG_ERR, "rank %d: the daemon now serves %llu-byte shards, not %llu", rk->device_id,
+                (unsigned long long)info.shard_size, (unsigned long long)rk->shard_size);
         sfs_cache_close(rk->cache);
         rk->cache = NULL;
         return -EPROTO;
@@ -638,8 +637,8 @@ int sfs_rank_lookup(struct sfs_rank *rk, const struct sfs_block_id *blocks, size
     return r;
 }
 
-static long lookup_prefix_entered(struct sfs_rank *rk, const struct sfs_block_id *blocks,
-                                  size_t n, uint32_t shard)
+static long lookup_prefix_entered(struct sfs_rank *rk, const struct sfs_block_id *blocks, size_t n,
+                                  uint32_t shard)
 {
     size_t i = 0;
     bool *present;

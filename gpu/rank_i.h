@@ -189,8 +189,8 @@ struct sfs_rank {
      * hold it for reading. */
     pthread_rwlock_t link_rw;
     _Atomic bool link_lost;
-    bool down;         /* link_rw (write): threads stopped, no cache; re-attach pending */
-    int link_stop_fd;  /* eventfd: stops the link thread */
+    bool down;        /* link_rw (write): threads stopped, no cache; re-attach pending */
+    int link_stop_fd; /* eventfd: stops the link thread */
     pthread_t link_thread;
     bool link_started;
     char *socket_path; /* as configured (one of the two) */

@@ -154,9 +154,8 @@ static void hold_reaper(bool on)
 {
     test_thread = pthread_self();
     atomic_store(&reaper_held, on);
-    cr_assert_eq(sfs_testpoint_arm("proc:reap", on ? SFS_TP_CALL : SFS_TP_OFF,
-                                   hold_other_reapers, NULL),
-                 0);
+    cr_assert_eq(
+        sfs_testpoint_arm("proc:reap", on ? SFS_TP_CALL : SFS_TP_OFF, hold_other_reapers, NULL), 0);
 }
 
 /* Wait until the server has declared n records dead (their connections

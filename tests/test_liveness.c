@@ -366,9 +366,9 @@ Test(liveness, socket_directory_writable_by_others_is_refused, .timeout = 30)
 struct live_shm {
     char path[108];
     struct sfs_key key;
-    _Atomic int step;   /* child -> parent */
-    _Atomic int go;     /* parent -> child */
-    _Atomic pid_t pid;  /* the owner's pid in the parent's namespace */
+    _Atomic int step;  /* child -> parent */
+    _Atomic int go;    /* parent -> child */
+    _Atomic pid_t pid; /* the owner's pid in the parent's namespace */
     _Atomic int rc;
 };
 
@@ -595,8 +595,7 @@ Test(liveness, owner_death_seen_by_pidfd_while_a_child_holds_the_connection, .ti
         sfs_cache_close(c);
         cr_skip_test("no SO_PEERPIDFD on this kernel: only the connection's close is seen");
     }
-    cr_assert_eq(r, SFS_WAIT_OWNER, "a dead owner stayed attached through its child (wait %d)",
-                 r);
+    cr_assert_eq(r, SFS_WAIT_OWNER, "a dead owner stayed attached through its child (wait %d)", r);
     cr_assert_lt(dt, SEC);
     sfs_cache_close(c);
 }
@@ -1041,8 +1040,8 @@ Test(liveness, rank_survives_kill_9_of_the_mounted_daemon, .timeout = 90, .fini 
     kill(d1, SIGKILL);
     int r = sfs_rank_wait(t, 5000, st);
     int64_t dt = sfs_now_ns() - t0;
-    fprintf(stderr, "mounted daemon killed: the task ended %.1f ms later, block 0: %s\n",
-            dt / 1e6, strerror(-st[0]));
+    fprintf(stderr, "mounted daemon killed: the task ended %.1f ms later, block 0: %s\n", dt / 1e6,
+            strerror(-st[0]));
     cr_assert_eq(r, 0, "the task hung after the daemon died");
     cr_assert_lt(dt, SEC);
     cr_assert_eq(st[0], -ESHUTDOWN, "block 0: %d", st[0]);
@@ -1124,8 +1123,8 @@ static int server_with_few_fds(void *arg)
 
 Test(liveness, server_out_of_fds_does_not_spin, .timeout = 30)
 {
-    struct fd_shm *f = mmap(NULL, sizeof(*f), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS,
-                            -1, 0);
+    struct fd_shm *f =
+        mmap(NULL, sizeof(*f), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
     int socks[16];
 
     cr_assert(f != MAP_FAILED);

@@ -136,10 +136,10 @@ SFS_API int sfs_cache_serve(struct sfs_cache *c, const char *path);
  * (primary or supplementary). Refused peers get -EACCES and a log line.
  */
 struct sfs_serve_opts {
-    const uint32_t *uids;  /* more uids allowed to attach (may be NULL) */
+    const uint32_t *uids; /* more uids allowed to attach (may be NULL) */
     size_t nuids;
-    int64_t gid;           /* a group allowed to attach; -1: none */
-    uint32_t max_per_uid;  /* attached processes one uid may have (0: max_procs) */
+    int64_t gid;          /* a group allowed to attach; -1: none */
+    uint32_t max_per_uid; /* attached processes one uid may have (0: max_procs) */
 };
 
 /*
@@ -212,13 +212,13 @@ SFS_API int sfs_cache_wait_any(struct sfs_cache *c, const struct sfs_lease *leas
 /*
  * sfs_cache_wait_any() that also wakes when a doorbell rings: `bell` is a
  * word in the caller's own memory that its other threads bump only with
- * sfs_bell_ring() (and read with __atomic_load_n or C11 atomics) (to add work to a waiter's set, say). Returns n when
- * *bell differs from bell_seen (read it before checking for work, then pass
+ * sfs_bell_ring() (and read with __atomic_load_n or C11 atomics) (to add work to a waiter's set,
+ * say). Returns n when *bell differs from bell_seen (read it before checking for work, then pass
  * what was read). n may be 0 with a bell.
  */
-SFS_API int sfs_cache_wait_any_bell(struct sfs_cache *c, const struct sfs_lease *leases,
-                                    size_t n, int64_t deadline_ns, int *state,
-                                    uint32_t *bell, uint32_t bell_seen);
+SFS_API int sfs_cache_wait_any_bell(struct sfs_cache *c, const struct sfs_lease *leases, size_t n,
+                                    int64_t deadline_ns, int *state, uint32_t *bell,
+                                    uint32_t bell_seen);
 SFS_API void sfs_bell_ring(uint32_t *bell);
 
 /* Owner: publish the filled slot as Ready with `length` valid bytes
