@@ -1147,3 +1147,179 @@ Test(liveness, server_out_of_fds_does_not_spin, .timeout = 30)
      * nothing (generous: a quarter). */
     cr_assert_lt(cpu, 250000, "the server spun on accept: %ld us of CPU in 1 s", cpu);
 }
+
+/* ---------------------------------------------------------------------------
+ * Random kills of the daemon under ranks that keep loading: never a wrong
+ * byte or a hang, every key served again after the last restart, and no
+ * lease left in the last daemon's cache.
+ */
+
+#define DK_BLOCKS 32
+#define DK_RANKS  2
+#define DK_ROUNDS 8
+
+struct dk_shm {
+    char path[108];
+    char spec[256];
+    _Atomic int daemon_step; /* 1: serving; parent sets 2: report leases */
+    _Atomic int leases, entries;
+    _Atomic long requests; /* the last daemon's Gets */
+    _Atomic int stop;      /* parent -> ranks: do the final pass and leave */
+    _Atomic int done;      /* ranks that finished */
+    _Atomic long wrong, hangs, other, ok, shutdown, final_bad, tasks;
+    _Atomic int last_other; /* the last unexpected error, for the message */
+};
+
+static int dk_daemon(void *arg)
+{
+    struct dk_shm *m = arg;
+    struct sfs_cache *c = tu_cache(16, 0, SHARD); /* half the keys: eviction */
+
+    if (!c || sfs_cache_serve(c, m->path) < 0)
+        return 10;
+    atomic_store(&m->daemon_step, 1);
+    for (int i = 0; i < 3000 && atomic_load(&m->daemon_step) != 2; i++)
+        usleep(10 * 1000);
+    unsigned entries = 0;
+    atomic_store(&m->leases, (int)tu_leases_left(c, &entries));
+    atomic_store(&m->entries, (int)entries);
+    struct sfs_stats st;
+    sfs_cache_stats(c, &st);
+    atomic_store(&m->requests, (long)st.requests);
+    atomic_store(&m->daemon_step, 3);
+    sleep(20); /* until killed */
+    return 0;
+}
+
+/* Load blocks `first`.. (n of them, wrapping); count what came back. */
+static void dk_pass(struct dk_shm *m, struct sfs_rank *rk, unsigned first, unsigned n, bool final)
+{
+    static uint8_t bufs[DK_BLOCKS][SHARD];
+    struct sfs_rank_entry e[DK_BLOCKS];
+    int st[DK_BLOCKS];
+    struct sfs_task *t = NULL;
+    int r;
+
+    for (unsigned i = 0; i < n; i++) {
+        unsigned b = (first + i) % DK_BLOCKS;
+        e[i] = (struct sfs_rank_entry){.block = tu_block(b), .shard = 0, .addr = bufs[i]};
+        memset(bufs[i], 0xee, SHARD);
+    }
+    /* No daemon serving right now: the call says so; try again shortly. */
+    for (int64_t end = sfs_now_ns() + 5 * SEC; (r = sfs_rank_load(rk, e, n, &t)) < 0;) {
+        /* No socket, nobody listening, or a daemon killed mid-attach. */
+        bool none = r == -ENOENT || r == -ECONNREFUSED || r == -ECONNRESET || r == -EPIPE;
+
+        if (sfs_now_ns() > end || !none) {
+            atomic_fetch_add(final ? &m->final_bad : &m->other, 1);
+            atomic_store(&m->last_other, r);
+            return;
+        }
+        usleep(5 * 1000);
+    }
+    atomic_fetch_add(&m->tasks, 1);
+    if (sfs_rank_wait(t, 5000, st) < 0) {
+        atomic_fetch_add(&m->hangs, 1);
+        sfs_rank_task_free(t);
+        return;
+    }
+    for (unsigned i = 0; i < n; i++) {
+        unsigned b = (first + i) % DK_BLOCKS;
+        struct sfs_key k = tu_key(b, 0);
+
+        if (st[i] == 0) {
+            if (tu_check(&k, bufs[i], SHARD) != -1)
+                atomic_fetch_add(&m->wrong, 1);
+            else
+                atomic_fetch_add(&m->ok, 1);
+        } else if (final) {
+            atomic_fetch_add(&m->final_bad, 1);
+            atomic_store(&m->last_other, st[i]);
+        } else if (st[i] == -ESHUTDOWN) {
+            atomic_fetch_add(&m->shutdown, 1);
+        } else {
+            atomic_fetch_add(&m->other, 1);
+            atomic_store(&m->last_other, st[i]);
+        }
+    }
+    sfs_rank_task_free(t);
+}
+
+static int dk_rank(void *arg)
+{
+    struct dk_shm *m = arg;
+    struct sfs_rank_config cfg;
+    uint64_t rng = 0x9e3779b97f4a7c15ull ^ (uint64_t)getpid();
+    int err = 0;
+
+    sfs_rank_config_init(&cfg);
+    cfg.socket_path = m->path;
+    cfg.device_id = getpid() % 8;
+    cfg.backend = m->spec;
+    cfg.copier = SFS_COPIER_HOST;
+    cfg.key_timeout_ms = 3000;
+    struct sfs_rank *rk = sfs_rank_open(&cfg, &err);
+    if (!rk)
+        return 10;
+    for (int64_t end = sfs_now_ns() + 20 * SEC; !atomic_load(&m->stop) && sfs_now_ns() < end;)
+        dk_pass(m, rk, (unsigned)(tu_rng_next(&rng) % DK_BLOCKS), 8, false);
+    dk_pass(m, rk, 0, DK_BLOCKS, true); /* after the last restart: everything */
+    sfs_rank_close(rk);
+    atomic_fetch_add(&m->done, 1);
+    return 0;
+}
+
+Test(liveness, daemon_killed_at_random_instants_under_loading_ranks, .timeout = 90)
+{
+    struct dk_shm *m =
+        mmap(NULL, sizeof(*m), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+    char store[128];
+    pid_t ranks[DK_RANKS], d;
+    uint64_t rng = 0x5eedull ^ (uint64_t)getpid();
+
+    cr_assert(m != MAP_FAILED);
+    memset(m, 0, sizeof(*m));
+    snprintf(store, sizeof(store), "%s", tu_path("dkstore"));
+    snprintf(m->path, sizeof(m->path), "%s", tu_path("dk"));
+    write_blocks(store, DK_BLOCKS);
+    snprintf(m->spec, sizeof(m->spec), "fault:latency_us=10000,jitter_us=10000:posix:%s", store);
+
+    d = tu_fork(dk_daemon, m);
+    cr_assert(wait_for(&m->daemon_step, 1, 5 * SEC));
+    for (int i = 0; i < DK_RANKS; i++)
+        ranks[i] = tu_fork(dk_rank, m);
+    for (int round = 0; round < DK_ROUNDS; round++) {
+        usleep((useconds_t)(100000 + tu_rng_next(&rng) % 300000));
+        kill(d, SIGKILL);
+        tu_wait(d);
+        usleep((useconds_t)(tu_rng_next(&rng) % 100000));
+        atomic_store(&m->daemon_step, 0);
+        d = tu_fork(dk_daemon, m);
+        cr_assert(wait_for(&m->daemon_step, 1, 5 * SEC), "daemon %d never served", round + 2);
+    }
+    atomic_store(&m->stop, 1);
+    for (int i = 0; i < DK_RANKS; i++)
+        cr_assert_eq(tu_wait_for(ranks[i], 30 * SEC), 0, "rank %d", i);
+    atomic_store(&m->daemon_step, 2);
+    cr_assert(wait_for(&m->daemon_step, 3, 5 * SEC));
+    kill(d, SIGKILL);
+    tu_wait(d);
+    fprintf(stderr,
+            "daemon kills: %d; tasks %ld, entries ok %ld, ESHUTDOWN %ld, other %ld, wrong %ld, "
+            "hangs %ld, final misses %ld, leases left %d (entries %d)\n",
+            DK_ROUNDS, atomic_load(&m->tasks), atomic_load(&m->ok), atomic_load(&m->shutdown),
+            atomic_load(&m->other), atomic_load(&m->wrong), atomic_load(&m->hangs),
+            atomic_load(&m->final_bad), atomic_load(&m->leases), atomic_load(&m->entries));
+    cr_assert_eq(atomic_load(&m->done), DK_RANKS);
+    cr_assert_eq(atomic_load(&m->wrong), 0, "wrong bytes");
+    cr_assert_eq(atomic_load(&m->hangs), 0, "a task hung");
+    cr_assert_eq(atomic_load(&m->other), 0, "errors other than ESHUTDOWN: the last %s",
+                 strerror(-atomic_load(&m->last_other)));
+    cr_assert_eq(atomic_load(&m->final_bad), 0, "keys not served after the last restart");
+    cr_assert_eq(atomic_load(&m->leases), 0, "slots leased in the last cache");
+    cr_assert_eq(atomic_load(&m->entries), 0, "lease entries in the last cache");
+    cr_assert_gt(atomic_load(&m->tasks), DK_ROUNDS);
+    /* The final passes went through the last daemon, not an orphaned cache. */
+    cr_assert_geq(atomic_load(&m->requests), DK_RANKS * DK_BLOCKS,
+                  "the ranks did not attach to the last daemon");
+}
