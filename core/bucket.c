@@ -13,6 +13,8 @@
  */
 #include "slot_i.h"
 
+#include <time.h>
+
 /* Walk a chain, checking indices and bounding the walk. Returns its length,
  * or -EBADMSG for an index out of range or a cycle. */
 static int chain_check(struct sfs_cache *c, uint32_t b, bool fix)
@@ -92,6 +94,23 @@ int bucket_locked(struct sfs_cache *c, uint32_t b, int r)
         return 0;
     }
     return -r;
+}
+
+int bucket_lock_wait(struct sfs_cache *c, uint32_t b, int64_t deadline_ns)
+{
+    struct timespec ts;
+
+    if (deadline_ns < 0)
+        return -EBUSY;
+    if (deadline_ns == 0)
+        deadline_ns = sfs_now_ns() + LOCK_WAIT_NS;
+    ts.tv_sec = deadline_ns / 1000000000;
+    ts.tv_nsec = deadline_ns % 1000000000;
+    /* A robust mutex: EOWNERDEAD when the holder died, ETIMEDOUT when it
+     * lives but keeps the lock past our deadline. */
+    int r = pthread_mutex_clocklock(&c->buckets[b].lock, CLOCK_MONOTONIC, &ts);
+
+    return r ? bucket_locked(c, b, r) : 0;
 }
 
 /* Unlink s from chain b (lock held). Returns false if s is not on it. */

@@ -65,6 +65,7 @@ struct sfs_cache {
      * (see entry_alloc in slot_i.h). */
     _Atomic uint64_t free_head;
     _Atomic uint32_t *free_next;
+    _Atomic uint32_t deferred;  /* releases marked ENTRY_DROP, not yet dropped */
     uint64_t id;                /* process-unique handle id (thread spares) */
     struct sfs_cache *reg_next; /* in the registry of open handles */
 

@@ -37,7 +37,7 @@ static int take_slot(struct sfs_cache *c, uint32_t b, uint32_t s)
     }
     if (sb >= c->nbuckets)
         return -EAGAIN; /* corrupt hint: never index with it */
-    if (sb != b && bucket_trylock(c, sb) < 0)
+    if (sb != b && bucket_lock(c, sb, LOCK_TRY) < 0)
         return -EBUSY; /* another evictor or reader holds it: not "all leased" */
     int r = -EAGAIN;
     if (atomic_load_explicit(&sl->bucket, memory_order_relaxed) != sb)

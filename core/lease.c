@@ -161,10 +161,14 @@ void release_locked(struct sfs_cache *c, uint32_t proc, uint32_t gen,
     refcount_drop(c, sl);
 }
 
-/* Free every lease in proc p's table (p is dead, or is us detaching). */
-void drop_all_leases(struct sfs_cache *c, uint32_t p, uint32_t gen)
+/* Free every lease in proc p's table (p is dead, or is us detaching); a
+ * lease whose bucket lock is out of reach by deadline_ns (LOCK_TRY: busy
+ * now) stays for a later call. Returns the number left. Bounded by the
+ * table's max_leases entries. */
+int drop_all_leases(struct sfs_cache *c, uint32_t p, uint32_t gen, int64_t deadline_ns)
 {
     _Atomic uint32_t *t = lease_table(c, p);
+    int left = 0;
 
     for (uint32_t e = 0; e < c->max_leases; e++) {
         uint32_t v = atomic_load_explicit(&t[e], memory_order_relaxed);
@@ -177,13 +181,64 @@ void drop_all_leases(struct sfs_cache *c, uint32_t p, uint32_t gen)
         }
         uint32_t s = ENTRY_SLOT1(v) - 1;
         uint32_t b = atomic_load_explicit(&c->slots[s].bucket, memory_order_relaxed);
-        if (b >= c->nbuckets || bucket_lock(c, b) < 0) {
+        if (b >= c->nbuckets) {
+            /* A leased slot on no valid chain: only a bad write does that,
+             * and there is no lock to count it down under. */
             atomic_store_explicit(&t[e], SFS_ENTRY_FREE, memory_order_relaxed);
+            continue;
+        }
+        if (bucket_lock(c, b, deadline_ns) < 0) {
+            /* Held by a stopped (or slow) process: never drop the entry
+             * without its count, come back later. */
+            left++;
             continue;
         }
         if (atomic_load_explicit(&t[e], memory_order_relaxed) == v)
             release_locked(c, p, gen, t, e, s);
         bucket_unlock(c, b);
+    }
+    return left;
+}
+
+/* Our lease in entry e (holding v) could not be released under its lock:
+ * mark it, to be finished by lease_finish_deferred(). The CAS fails when
+ * another thread released it meanwhile (false: a second release). Relaxed:
+ * the mark changes no count (repair still counts the entry); it only keeps
+ * the holder from using it. */
+bool lease_defer(struct sfs_cache *c, uint32_t e, uint32_t v)
+{
+    if (v & ENTRY_DROP ||
+        !atomic_compare_exchange_strong_explicit(&c->leases[e], &v, v | ENTRY_DROP,
+                                                 memory_order_relaxed, memory_order_relaxed))
+        return false;
+    atomic_fetch_add_explicit(&c->deferred, 1, memory_order_relaxed);
+    return true;
+}
+
+/* Finish our deferred releases whose bucket lock is free now. Bounded by
+ * the table's max_leases entries; called only while some are deferred. */
+void lease_finish_deferred(struct sfs_cache *c)
+{
+    for (uint32_t e = 0; e < c->max_leases; e++) {
+        uint32_t v = atomic_load_explicit(&c->leases[e], memory_order_relaxed);
+
+        if (!(v & ENTRY_DROP))
+            continue;
+        uint32_t s = ENTRY_SLOT1(v) - 1;
+        uint32_t b = slot_ok(c, s) ? atomic_load_explicit(&c->slots[s].bucket,
+                                                           memory_order_relaxed)
+                                   : SFS_NIL;
+        if (b >= c->nbuckets || bucket_lock(c, b, LOCK_TRY) < 0)
+            continue;
+        /* Under the lock: another thread of ours may have finished it. */
+        bool mine = atomic_load_explicit(&c->leases[e], memory_order_relaxed) == v;
+        if (mine)
+            release_locked(c, c->me, c->my_gen, c->leases, e, s);
+        bucket_unlock(c, b);
+        if (mine) {
+            entry_free(c, e);
+            atomic_fetch_sub_explicit(&c->deferred, 1, memory_order_relaxed);
+        }
     }
 }
 

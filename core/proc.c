@@ -90,22 +90,34 @@ again:
     return -EUSERS;
 }
 
-/* Clean record i of a dead process (we hold its busy lock) and free it. */
-static void reap_record(struct sfs_cache *c, uint32_t i)
+/*
+ * Clean record i of a dead process (we hold its busy lock) and free it. The
+ * reaper never waits for a bucket lock: one held by a live process (stopped,
+ * maybe) leaves the record Reaping, and a later sfs_cache_reap() finishes it.
+ * True when the record is free.
+ */
+static bool reap_record(struct sfs_cache *c, uint32_t i)
 {
     struct sfs_proc_rec *p = &c->procs[i];
     uint32_t gen = atomic_load_explicit(&p->gen, memory_order_relaxed);
 
-    atomic_store_explicit(&p->state, PROC_REAPING, memory_order_relaxed);
-    sfs_log(LOG_NOTICE, "reaping process %d (record %u)",
-            atomic_load_explicit(&p->pid, memory_order_relaxed), i);
-    drop_all_leases(c, i, gen);
+    if (atomic_load_explicit(&p->state, memory_order_relaxed) != PROC_REAPING) {
+        atomic_store_explicit(&p->state, PROC_REAPING, memory_order_relaxed);
+        sfs_log(LOG_NOTICE, "reaping process %d (record %u)",
+                atomic_load_explicit(&p->pid, memory_order_relaxed), i);
+    }
+    SFS_TEST_POINT("reap:record");
+    if (drop_all_leases(c, i, gen, LOCK_TRY) > 0) {
+        rec_busy_drop(p); /* Reaping, busy 0: the next pass comes back */
+        return false;
+    }
     sfs_ctr_add(c, CTR_REAPED, 1);
     fold_counters(c, p);
     atomic_store_explicit(&p->pid, 0, memory_order_relaxed);
     /* Release: the record is clean before it can be claimed again. */
     atomic_store_explicit(&p->state, PROC_FREE, memory_order_release);
     rec_busy_drop(p);
+    return true;
 }
 
 int sfs_cache_reap(struct sfs_cache *c)
@@ -129,6 +141,14 @@ int sfs_cache_reap(struct sfs_cache *c)
                 rec_busy_drop(p); /* died before changing anything */
                 continue;
             }
+        } else if (atomic_load_explicit(&p->state, memory_order_acquire) == PROC_REAPING) {
+            /* Left half-reaped by a pass that met a busy lock: finish it. */
+            if (!rec_busy_take(p, 0, me))
+                continue;
+            if (atomic_load_explicit(&p->state, memory_order_acquire) != PROC_REAPING) {
+                rec_busy_drop(p);
+                continue;
+            }
         } else {
             if (atomic_load_explicit(&p->state, memory_order_acquire) != PROC_ALIVE ||
                 sfs_pid_alive(atomic_load_explicit(&p->pid, memory_order_relaxed),
@@ -145,8 +165,8 @@ int sfs_cache_reap(struct sfs_cache *c)
                 continue;
             }
         }
-        reap_record(c, i);
-        n++;
+        if (reap_record(c, i))
+            n++;
     }
     return n;
 }
@@ -211,11 +231,15 @@ void sfs_cache_free_handle(struct sfs_cache *c)
         return;
     if (c->self) {
         uint32_t expect = PROC_ALIVE;
+        /* Each bucket lock waited for at most LOCK_WAIT_NS: leases behind a
+         * lock still out of reach leave the record Reaping, for a reaper. */
+        bool clean = drop_all_leases(c, c->me, c->my_gen, 0) == 0;
 
-        drop_all_leases(c, c->me, c->my_gen);
         fold_counters(c, c->self);
-        atomic_store_explicit(&c->self->pid, 0, memory_order_relaxed);
-        atomic_compare_exchange_strong_explicit(&c->self->state, &expect, PROC_FREE,
+        if (clean)
+            atomic_store_explicit(&c->self->pid, 0, memory_order_relaxed);
+        atomic_compare_exchange_strong_explicit(&c->self->state, &expect,
+                                                clean ? PROC_FREE : PROC_REAPING,
                                                 memory_order_acq_rel, memory_order_relaxed);
     }
     sfs_dp_unmap(c);

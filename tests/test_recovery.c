@@ -1,0 +1,329 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * test_recovery.c - issue 8's findings in the core: waits that sleep, locks
+ * with deadlines, an evictor's window, a lost wakeup, hostile headers and
+ * impossible states, and leases counted exactly once.
+ *
+ * The races are made deterministic with the crash/fault points of
+ * core/testpoint_i.h (this program links the hooks build of the core): a
+ * forked child dies (SIGKILL) or stops (SIGSTOP) at one named instruction, or
+ * a callback opens a race window on purpose. Each test names the finding it
+ * holds; each failed on the code before its fix.
+ */
+#include "slot_i.h"
+#include "testutil.h"
+
+#include <criterion/criterion.h>
+#include <errno.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#define SHARD 4096u
+#define MS    (1000 * 1000ll)
+#define SEC   (1000 * MS)
+
+/* Parent <-> children, in shared anonymous memory. */
+struct shm {
+    char path[128];
+    _Atomic uint32_t step; /* child -> parent */
+    _Atomic uint32_t go;   /* parent -> child */
+    _Atomic int32_t rc;
+    _Atomic int64_t ns, ns2;
+    struct sfs_key key, key2;
+    uint32_t slot;
+};
+
+static struct shm *sh;
+
+static void shm_new(const char *tag)
+{
+    sh = mmap(NULL, sizeof(*sh), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+    cr_assert(sh != MAP_FAILED);
+    memset(sh, 0, sizeof(*sh));
+    snprintf(sh->path, sizeof(sh->path), "%s", tu_path(tag));
+}
+
+static bool wait_until(_Atomic uint32_t *w, uint32_t at_least, int64_t timeout_ns)
+{
+    int64_t end = sfs_now_ns() + timeout_ns;
+
+    while (atomic_load(w) < at_least) {
+        if (sfs_now_ns() > end)
+            return false;
+        usleep(200);
+    }
+    return true;
+}
+
+static struct sfs_cache *served(uint32_t nslots, const char *tag)
+{
+    struct sfs_cache *c = tu_cache(nslots, 0, SHARD);
+
+    cr_assert(c);
+    shm_new(tag);
+    cr_assert_eq(sfs_cache_serve(c, sh->path), 0);
+    return c;
+}
+
+static int run_body(struct sfs_cache *c, void *arg)
+{
+    return ((int (*)(struct sfs_cache *))arg)(c);
+}
+
+/* A child attached to sh->path running body(c); exit 10 if it cannot attach. */
+static pid_t child(int (*body)(struct sfs_cache *c))
+{
+    return tu_fork_attached(sh->path, 1, run_body, (void *)body);
+}
+
+/* The slot key k is on (lock-free read: call when quiet), or SFS_NIL. */
+static uint32_t slot_of(struct sfs_cache *c, const struct sfs_key *k)
+{
+    for (uint32_t s = 0; s < c->nslots; s++) {
+        struct sfs_slot_rec *sl = &c->slots[s];
+
+        if (atomic_load(&sl->bucket) != SFS_NIL && atomic_load(&sl->state) != SFS_STATE_FREE &&
+            sl->shard == k->shard && memcmp(sl->block, k->block.b, SFS_BLOCK_ID_LEN) == 0)
+            return s;
+    }
+    return SFS_NIL;
+}
+
+/* A key numbered from `from` whose bucket differs from k's. */
+static struct sfs_key key_elsewhere(struct sfs_cache *c, const struct sfs_key *k, uint64_t from)
+{
+    for (uint64_t i = from;; i++) {
+        struct sfs_key o = tu_key(i, 0);
+
+        if (bucket_of(c, &o) != bucket_of(c, k))
+            return o;
+    }
+}
+
+/* ---------------------------------------------------------------------------
+ * Finding 7: a process stopped inside a bucket's critical section blocked
+ * every Get past its deadline, and the reaper with it. Also finding 12: a
+ * lease whose lock is out of reach is neither leaked nor waited for.
+ */
+
+/* Takes A's bucket lock in a Get and stops there (SIGSTOP). */
+static int stop_in_get(struct sfs_cache *c)
+{
+    struct sfs_lease l;
+
+    sfs_testpoint_arm("get:locked", SFS_TP_STOP, NULL, NULL);
+    sfs_cache_get(c, &sh->key, 0, 0, &l);
+    return 0;
+}
+
+/* Holds a lease on A, then dies (its lease is for the reaper). */
+static int lease_and_die(struct sfs_cache *c)
+{
+    struct sfs_lease l;
+
+    TU_CK(sfs_cache_get(c, &sh->key, 0, 0, &l) == SFS_HIT);
+    atomic_store(&sh->step, 1);
+    for (;;)
+        pause();
+}
+
+/* With A's lock held by a stopped process: a Get with a 0.5 s deadline and
+ * a reap, each timed. */
+static int get_and_reap_past_stopped(struct sfs_cache *c)
+{
+    struct sfs_lease l;
+    int64_t t0 = sfs_now_ns();
+    int r = sfs_cache_get(c, &sh->key, 0, t0 + 500 * MS, &l);
+
+    atomic_store(&sh->ns, sfs_now_ns() - t0);
+    atomic_store(&sh->rc, r);
+    t0 = sfs_now_ns();
+    sfs_cache_reap(c);
+    atomic_store(&sh->ns2, sfs_now_ns() - t0);
+    TU_CK(r == -ETIMEDOUT);
+    return 0;
+}
+
+static pid_t stopped_pid;
+
+/* A failed assertion must not leave a stopped child holding our stderr. */
+static void kill_stopped(void)
+{
+    if (stopped_pid > 0)
+        kill(stopped_pid, SIGKILL);
+    stopped_pid = 0;
+}
+
+/* Stop a child inside A's bucket lock; returns its pid. */
+static pid_t stopped_holder(void)
+{
+    pid_t s = child(stop_in_get);
+    int st;
+
+    stopped_pid = s;
+    cr_assert_eq(waitpid(s, &st, WUNTRACED), s);
+    cr_assert(WIFSTOPPED(st), "the holder did not stop (status %#x)", st);
+    return s;
+}
+
+Test(recovery, stopped_lock_holder_delays_nobody_past_deadline, .timeout = 60,
+     .fini = kill_stopped)
+{
+    struct sfs_cache *c = served(8, "stop.sock");
+    struct sfs_lease l;
+
+    sh->key = tu_key(7, 0);
+    cr_assert_eq(tu_load(c, &sh->key), SFS_OWNER);
+    pid_t dead = child(lease_and_die);
+    cr_assert(wait_until(&sh->step, 1, 5 * SEC));
+    kill(dead, SIGKILL);
+    cr_assert_eq(tu_wait(dead), 128 + SIGKILL);
+    pid_t s = stopped_holder();
+
+    pid_t m = child(get_and_reap_past_stopped);
+    int st = tu_wait_for(m, 10 * SEC);
+    fprintf(stderr, "stopped holder: Get returned %d after %.1f ms, reap took %.1f ms\n",
+            atomic_load(&sh->rc), atomic_load(&sh->ns) / 1e6, atomic_load(&sh->ns2) / 1e6);
+    cr_assert_eq(st, 0, "measuring child: %d (-1: it hung on the lock)", st);
+    cr_assert_lt(atomic_load(&sh->ns), 3 * SEC);
+    cr_assert_lt(atomic_load(&sh->ns2), SEC, "the reaper waited on the stopped holder");
+
+    /* The holder dies: the next locker repairs, and a reap finishes the
+     * dead lease holder's record that the busy lock had held back. */
+    kill(s, SIGKILL);
+    cr_assert_eq(tu_wait(s), 128 + SIGKILL);
+    sfs_cache_reap(c);
+    cr_assert_eq(sfs_cache_get(c, &sh->key, 0, sfs_deadline_after(SEC), &l), SFS_HIT);
+    cr_assert_eq(tu_check(&sh->key, sfs_cache_data(c, &l), SHARD), -1);
+    cr_assert_eq(sfs_cache_release(c, &l), 0);
+    cr_assert_eq(tu_leases_left(c, NULL), 0);
+    struct sfs_stats stats;
+    sfs_cache_stats(c, &stats);
+    cr_assert_eq(stats.reaped, 2); /* the dead lease holder and the stopped one */
+    sfs_cache_close(c);
+}
+
+/* Holds a lease on A; releases it while A's lock is held by a stopped
+ * process (timed), then after the holder died releases another lease and
+ * checks A's count went down. */
+static int release_behind_stopped(struct sfs_cache *c)
+{
+    struct sfs_lease l, o;
+
+    TU_CK(sfs_cache_get(c, &sh->key, 0, 0, &l) == SFS_HIT);
+    atomic_store(&sh->step, 1);
+    TU_CK(wait_until(&sh->go, 1, 10 * SEC));
+    int64_t t0 = sfs_now_ns();
+    int r = sfs_cache_release(c, &l);
+
+    atomic_store(&sh->ns, sfs_now_ns() - t0);
+    TU_CK(r == 0);
+    TU_CK(sfs_cache_release(c, &l) == -EINVAL); /* released: no longer a lease */
+    atomic_store(&sh->step, 2);
+    TU_CK(wait_until(&sh->go, 2, 10 * SEC));
+    TU_CK(sfs_cache_get(c, &sh->key2, 0, 0, &o) == SFS_HIT);
+    TU_CK(sfs_cache_release(c, &o) == 0); /* finishes the deferred one */
+    TU_CK(atomic_load(&c->slots[sh->slot].refcount) == 0);
+    TU_CK(atomic_load(&c->deferred) == 0);
+    return 0;
+}
+
+Test(recovery, release_behind_stopped_holder_is_deferred_not_leaked, .timeout = 60,
+     .fini = kill_stopped)
+{
+    struct sfs_cache *c = served(8, "defer.sock");
+
+    sh->key = tu_key(7, 0);
+    cr_assert_eq(tu_load(c, &sh->key), SFS_OWNER);
+    sh->key2 = key_elsewhere(c, &sh->key, 100);
+    cr_assert_eq(tu_load(c, &sh->key2), SFS_OWNER);
+    sh->slot = slot_of(c, &sh->key);
+    pid_t r = child(release_behind_stopped);
+    cr_assert(wait_until(&sh->step, 1, 5 * SEC));
+    pid_t s = stopped_holder();
+
+    atomic_store(&sh->go, 1);
+    bool released = wait_until(&sh->step, 2, 5 * SEC);
+    fprintf(stderr, "release behind a stopped holder returned after %.1f ms\n",
+            atomic_load(&sh->ns) / 1e6);
+    kill(s, SIGKILL);
+    cr_assert_eq(tu_wait(s), 128 + SIGKILL);
+    cr_assert(released, "the release blocked on the stopped holder");
+    cr_assert_lt(atomic_load(&sh->ns), 3 * SEC);
+    atomic_store(&sh->go, 2);
+    cr_assert_eq(tu_wait_for(r, 10 * SEC), 0);
+    sfs_cache_reap(c);
+    cr_assert_eq(tu_leases_left(c, NULL), 0);
+    sfs_cache_close(c);
+}
+
+/* ---------------------------------------------------------------------------
+ * Finding 12: a lease released twice, a waiter killed in its sleep, and the
+ * repair's bound.
+ */
+
+struct double_release {
+    struct sfs_cache *c;
+    struct sfs_lease l;
+    _Atomic int arrived;
+    int r;
+};
+
+static void *release_racer(void *arg)
+{
+    struct double_release *d = arg;
+
+    d->r = sfs_cache_release(d->c, &d->l);
+    return NULL;
+}
+
+/* Hold the first releaser inside its critical section until the second
+ * has checked the lease outside it: both passed the lock-free check. */
+static void hold_first_releaser(const char *name, void *arg)
+{
+    struct double_release *d = arg;
+
+    (void)name;
+    if (atomic_fetch_add(&d->arrived, 1) == 0)
+        usleep(50 * 1000); /* well inside the other's RELEASE_LOCK_NS wait */
+}
+
+Test(recovery, lease_released_twice_counts_once, .timeout = 30)
+{
+    struct sfs_cache *c = tu_cache(4, 0, SHARD);
+    struct sfs_key a = tu_key(1, 0);
+    struct sfs_lease keep;
+    struct double_release d[2];
+    pthread_t th[2];
+
+    cr_assert(c);
+    cr_assert_eq(tu_load(c, &a), SFS_OWNER);
+    cr_assert_eq(sfs_cache_get(c, &a, 0, 0, &keep), SFS_HIT);
+    struct sfs_lease l;
+    cr_assert_eq(sfs_cache_get(c, &a, 0, 0, &l), SFS_HIT);
+    uint32_t s = l.slot;
+    cr_assert_eq(atomic_load(&c->slots[s].refcount), 2);
+    d[0] = (struct double_release){.c = c, .l = l};
+    d[1] = (struct double_release){.c = c, .l = l};
+    sfs_testpoint_arm("release:locked", SFS_TP_CALL, hold_first_releaser, &d[0]);
+    for (int i = 0; i < 2; i++)
+        cr_assert_eq(pthread_create(&th[i], NULL, release_racer, &d[i]), 0);
+    for (int i = 0; i < 2; i++)
+        pthread_join(th[i], NULL);
+    sfs_testpoint_disarm_all();
+    fprintf(stderr, "double release: %d and %d\n", d[0].r, d[1].r);
+    cr_assert((d[0].r == 0 && d[1].r == -EINVAL) || (d[0].r == -EINVAL && d[1].r == 0));
+    cr_assert_eq(atomic_load(&c->slots[s].refcount), 1, "one lease dropped twice");
+    cr_assert_eq(sfs_cache_remove(c, &a), -EBUSY);
+    cr_assert_eq(sfs_cache_release(c, &keep), 0);
+    cr_assert_eq(sfs_cache_remove(c, &a), 0);
+    sfs_cache_close(c);
+}
