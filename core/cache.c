@@ -224,7 +224,7 @@ static bool lease_is_owner(struct sfs_cache *c, const struct sfs_lease *l)
  * Under the lock: take a slot whose owner is gone (or that was reset).
  * 1: ours now; 0: someone else settled it first (look again); -ETIMEDOUT
  * when its bucket lock stayed out of reach until the deadline; -EBADMSG for
- * a slot on no valid chain.
+ * a state a leased slot cannot be in.
  */
 static int try_takeover(struct sfs_cache *c, uint32_t s, uint32_t e, int64_t deadline_ns)
 {
@@ -246,7 +246,7 @@ static int try_takeover(struct sfs_cache *c, uint32_t s, uint32_t e, int64_t dea
         sfs_ctr_add(c, CTR_OWNER_LOADS, 1);
         r = 1;
     } else {
-        r = 0;
+        r = st == SFS_STATE_FREE || st > SFS_STATE_FAILED ? -EBADMSG : 0;
     }
     bucket_unlock(c, b);
     return r;
@@ -255,7 +255,9 @@ static int try_takeover(struct sfs_cache *c, uint32_t s, uint32_t e, int64_t dea
 /*
  * Where a waiter stands with its slot: the state it settled in (Ready,
  * Failed), SFS_WAIT_OWNER when it took the load over, -1 to keep waiting, or
- * -errno from a takeover (-ETIMEDOUT: its lock stayed busy to the deadline).
+ * -errno: -EBADMSG for a state no leased slot can be in (Free: only a bad
+ * write puts a leased slot there; out of range), -ETIMEDOUT from a takeover
+ * whose lock stayed busy to the deadline.
  */
 static int settled(struct sfs_cache *c, const struct sfs_lease *l, struct sfs_slot_rec *sl,
                    int64_t deadline_ns)
@@ -264,8 +266,9 @@ static int settled(struct sfs_cache *c, const struct sfs_lease *l, struct sfs_sl
 
     if (st == SFS_STATE_READY || st == SFS_STATE_FAILED)
         return (int)st;
-    if (st == SFS_STATE_IDLE || st == SFS_STATE_FREE ||
-        (st == SFS_STATE_LOADING && !owner_alive_rec(c, sl))) {
+    if (st == SFS_STATE_FREE || st > SFS_STATE_FAILED)
+        return -EBADMSG;
+    if (st == SFS_STATE_IDLE || !owner_alive_rec(c, sl)) {
         int r = try_takeover(c, l->slot, l->entry, deadline_ns);
 
         if (r == 1)

@@ -327,3 +327,103 @@ Test(recovery, lease_released_twice_counts_once, .timeout = 30)
     cr_assert_eq(sfs_cache_remove(c, &a), 0);
     sfs_cache_close(c);
 }
+
+/* ---------------------------------------------------------------------------
+ * Finding 9: a leased slot that reads Free (only a bad write does that) is
+ * an error, not a loop past the deadline.
+ */
+
+static int wait_on_corrupt_free(struct sfs_cache *c)
+{
+    struct sfs_lease own, w;
+    int st;
+
+    TU_CK(sfs_cache_get(c, &sh->key, 0, 0, &own) == SFS_OWNER);
+    TU_CK(sfs_cache_get(c, &sh->key, 0, 0, &w) == SFS_WAITER);
+    atomic_store(&c->slots[w.slot].state, SFS_STATE_FREE); /* the bad write */
+    TU_CK(sfs_cache_wait(c, &w, sfs_deadline_after(200 * MS)) == -EBADMSG);
+    TU_CK(sfs_cache_wait_any(c, &w, 1, sfs_deadline_after(200 * MS), &st) == -EBADMSG);
+    atomic_store(&c->slots[w.slot].state, 77); /* out of range */
+    TU_CK(sfs_cache_wait(c, &w, sfs_deadline_after(200 * MS)) == -EBADMSG);
+    atomic_store(&c->slots[w.slot].state, SFS_STATE_LOADING);
+    TU_CK(sfs_cache_wait(c, &w, sfs_deadline_after(50 * MS)) == -ETIMEDOUT);
+    TU_CK(tu_publish(c, &sh->key, &own) == 0);
+    TU_CK(sfs_cache_wait(c, &w, sfs_deadline_after(SEC)) == SFS_STATE_READY);
+    sfs_cache_release(c, &w);
+    sfs_cache_release(c, &own);
+    return 0;
+}
+
+Test(recovery, leased_slot_reading_free_is_ebadmsg, .timeout = 30)
+{
+    struct sfs_cache *c = served(8, "free.sock");
+
+    sh->key = tu_key(9, 0);
+    /* In a child: the code before the fix spun here forever. */
+    pid_t w = child(wait_on_corrupt_free);
+    cr_assert_eq(tu_wait_for(w, 5 * SEC), 0, "the waiter spun or failed");
+    cr_assert_eq(tu_leases_left(c, NULL), 0);
+    sfs_cache_close(c);
+}
+
+/* ---------------------------------------------------------------------------
+ * Finding 8: a crafted header is refused at attach, not trusted.
+ */
+
+/* Attach through the fds with the header patched by patch(); restore. */
+static int attach_patched(struct sfs_cache *c, void (*patch)(struct sfs_header *h))
+{
+    struct sfs_header saved = *c->hdr;
+    int fds[8], err = 0;
+
+    cr_assert_leq(c->nsegments, 8);
+    for (uint32_t i = 0; i < c->nsegments; i++)
+        fds[i] = dup(c->seg_fds[i]);
+    patch(c->hdr);
+    struct sfs_cache *a = sfs_cache_attach_fds(dup(c->ctl_fd), fds, c->nsegments, 0, &err);
+    *c->hdr = saved;
+    if (a) {
+        sfs_cache_close(a);
+        return 0;
+    }
+    return err;
+}
+
+static void patch_none(struct sfs_header *h)
+{
+    (void)h;
+}
+
+static void patch_huge_stride(struct sfs_header *h)
+{
+    h->stride = 1ull << 61; /* slots_per_segment * stride wraps */
+}
+
+static void patch_double_stride(struct sfs_header *h)
+{
+    h->stride *= 2; /* still fits the segment: only equality refuses it */
+}
+
+static void patch_big_segment(struct sfs_header *h)
+{
+    h->segment_size *= 2;
+}
+
+static void patch_sps_beyond_slots(struct sfs_header *h)
+{
+    h->slots_per_segment = h->nslots * 4;
+}
+
+Test(recovery, crafted_header_is_refused, .timeout = 30)
+{
+    struct sfs_cache *c = tu_cache(16, 0, SHARD);
+
+    cr_assert(c);
+    cr_assert_eq(attach_patched(c, patch_none), 0, "the genuine header is refused");
+    cr_assert_eq(attach_patched(c, patch_huge_stride), -EBADMSG);
+    cr_assert_eq(attach_patched(c, patch_double_stride), -EBADMSG);
+    cr_assert_eq(attach_patched(c, patch_big_segment), -EBADMSG);
+    cr_assert_eq(attach_patched(c, patch_sps_beyond_slots), -EBADMSG);
+    cr_assert_eq(attach_patched(c, patch_none), 0);
+    sfs_cache_close(c);
+}
