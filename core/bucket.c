@@ -82,6 +82,14 @@ static void repair_bucket(struct sfs_cache *c, uint32_t b)
                 atomic_fetch_add_explicit(&c->slots[s].refcount, 1, memory_order_relaxed);
         }
     }
+    /* A slot nobody leases has no live waiter: a waiter killed in its
+     * sleep leaves no count behind (see refcount_drop in lease.c). */
+    s = atomic_load_explicit(&c->buckets[b].head, memory_order_relaxed);
+    for (uint32_t k = 0; s != SFS_NIL && slot_ok(c, s) && k < c->nslots; k++) {
+        if (atomic_load_explicit(&c->slots[s].refcount, memory_order_relaxed) == 0)
+            atomic_store_explicit(&c->slots[s].nwaiters, 0, memory_order_relaxed);
+        s = atomic_load_explicit(&c->slots[s].next, memory_order_relaxed);
+    }
     sfs_log(LOG_WARNING, "bucket %u: lock holder died; chain repaired", b);
 }
 

@@ -170,6 +170,7 @@ retry:;
         }
         if (deadline_ns <= 0 || sfs_now_ns() >= deadline_ns)
             goto out_free;
+        SFS_TEST_POINT("get:full");
         r = wait_for_release(c, seq, deadline_ns);
         if (r < 0)
             goto out_free;

@@ -127,8 +127,18 @@ static void registry_remove(struct sfs_cache *c)
         lease_spare.id = 0; /* ours was of this handle: it goes with it */
 }
 
-/* Bucket lock held: one lease fewer on s; the last one may free a slot a
- * full cache's Get waits for. */
+/*
+ * Bucket lock held: one lease fewer on s. The last one frees a slot a full
+ * cache's Get may be waiting for: release_seq is bumped on every 1 -> 0, and
+ * the wake is made only when someone waits. Bumping only when release_waiters
+ * was seen non-zero lost the release that came between a waiter's scan and
+ * its increment (it slept a whole slice): the waiter reads release_seq before
+ * its scan, and any release after that read now changes the word.
+ *
+ * At 0 no lease holder is left, so no live waiter sleeps on the slot (a
+ * waiter holds its lease through its sleep): nwaiters is reset, and a waiter
+ * killed in its sleep leaves it raised only until then.
+ */
 static void refcount_drop(struct sfs_cache *c, struct sfs_slot_rec *s)
 {
     uint32_t rc = atomic_load_explicit(&s->refcount, memory_order_relaxed);
@@ -136,10 +146,15 @@ static void refcount_drop(struct sfs_cache *c, struct sfs_slot_rec *s)
     if (rc == 0)
         return; /* saturate: a repaired count is never driven below zero */
     atomic_store_explicit(&s->refcount, rc - 1, memory_order_relaxed);
-    if (rc == 1 && atomic_load_explicit(&c->hdr->release_waiters, memory_order_seq_cst)) {
-        atomic_fetch_add_explicit(&c->hdr->release_seq, 1, memory_order_seq_cst);
+    if (rc != 1)
+        return;
+    /* Relaxed: nwaiters only decides whether set_state makes a wake call. */
+    atomic_store_explicit(&s->nwaiters, 0, memory_order_relaxed);
+    /* seq_cst, both: the waiter increments release_waiters, then re-reads
+     * release_seq (Dekker): it sees the bump, or we see it waiting. */
+    atomic_fetch_add_explicit(&c->hdr->release_seq, 1, memory_order_seq_cst);
+    if (atomic_load_explicit(&c->hdr->release_waiters, memory_order_seq_cst))
         sfs_futex_wake(&c->hdr->release_seq, INT32_MAX);
-    }
 }
 
 /* Drop the lease in entry e on slot s: bucket lock held. An owner that lets

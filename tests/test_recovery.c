@@ -427,3 +427,192 @@ Test(recovery, crafted_header_is_refused, .timeout = 30)
     cr_assert_eq(attach_patched(c, patch_none), 0);
     sfs_cache_close(c);
 }
+
+/* ---------------------------------------------------------------------------
+ * Finding 3: an evictor killed inside its unlink/relink left a leased slot
+ * off every chain, and the next Get of its key became a second owner.
+ */
+
+static void candidate_leased_now(const char *name, void *arg)
+{
+    static bool once;
+
+    (void)name;
+    (void)arg;
+    if (once)
+        return;
+    once = true;
+    /* The scan saw the victim unleased; the parent leases it now. */
+    atomic_store(&sh->step, 1);
+    for (int i = 0; i < 25000 && !atomic_load(&sh->go); i++)
+        usleep(200);
+}
+
+/* Evicts for sh->key2 with A's slot the only candidate; dies if it unlinks. */
+static int evict_with_kill_at_unlink(struct sfs_cache *c)
+{
+    struct sfs_lease l;
+
+    sfs_testpoint_arm("evict:candidate", SFS_TP_CALL, candidate_leased_now, NULL);
+    sfs_testpoint_arm("evict:unlinked", SFS_TP_KILL, NULL, NULL);
+    int r = sfs_cache_get(c, &sh->key2, 0, 0, &l);
+    atomic_store(&sh->rc, r);
+    TU_CK(r == -ENOSPC); /* every slot leased: nothing to evict */
+    return 0;
+}
+
+Test(recovery, evictor_never_unlinks_a_leased_slot, .timeout = 30)
+{
+    struct sfs_cache *c = served(2, "evict.sock");
+    struct sfs_key a = tu_key(1, 0), k = tu_key(2, 0);
+    struct sfs_lease la, lk, l2;
+
+    cr_assert_eq(tu_load(c, &a), SFS_OWNER); /* Ready, unleased */
+    cr_assert_eq(sfs_cache_get(c, &k, 0, 0, &lk), SFS_OWNER);
+    sh->key2 = key_elsewhere(c, &a, 100);
+    uint32_t sa = slot_of(c, &a);
+
+    pid_t ev = child(evict_with_kill_at_unlink);
+    cr_assert(wait_until(&sh->step, 1, 5 * SEC), "the evictor never chose a victim");
+    cr_assert_eq(sfs_cache_get(c, &a, 0, 0, &la), SFS_HIT);
+    atomic_store(&sh->go, 1);
+    int st = tu_wait_for(ev, 10 * SEC);
+
+    /* A is where it was, on its chain, leased once: one owner, one slot
+     * (before the fix: off every chain, -ENOENT, and the next Get an owner). */
+    cr_assert_eq(sfs_cache_state(c, &a), SFS_STATE_READY);
+    cr_assert_eq(st, 0, "evictor exit %d (137: killed between unlink and relink)", st);
+    cr_assert_eq(slot_of(c, &a), sa);
+    cr_assert_eq(atomic_load(&c->slots[sa].refcount), 1);
+    cr_assert_eq(sfs_cache_get(c, &a, 0, 0, &l2), SFS_HIT);
+    cr_assert_eq(sfs_cache_release(c, &l2), 0);
+    cr_assert_eq(sfs_cache_release(c, &la), 0);
+    cr_assert_eq(tu_publish(c, &k, &lk), 0);
+    cr_assert_eq(sfs_cache_release(c, &lk), 0);
+    cr_assert_eq(sfs_cache_reap(c), 0); /* the evictor detached cleanly */
+    cr_assert_eq(tu_leases_left(c, NULL), 0);
+    sfs_cache_close(c);
+}
+
+static int evict_and_die_at_unlink(struct sfs_cache *c)
+{
+    struct sfs_lease l;
+
+    sfs_testpoint_arm("evict:unlinked", SFS_TP_KILL, NULL, NULL);
+    sfs_cache_get(c, &sh->key2, 0, 0, &l);
+    return 1; /* not reached */
+}
+
+Test(recovery, orphan_of_a_killed_evictor_is_reclaimed_unleased, .timeout = 30)
+{
+    struct sfs_cache *c = served(2, "orphan.sock");
+    struct sfs_key a = tu_key(1, 0), k = tu_key(2, 0);
+    struct sfs_lease lk, lb;
+
+    cr_assert_eq(tu_load(c, &a), SFS_OWNER);
+    cr_assert_eq(sfs_cache_get(c, &k, 0, 0, &lk), SFS_OWNER);
+    sh->key2 = key_elsewhere(c, &a, 100);
+    uint32_t sa = slot_of(c, &a);
+
+    pid_t ev = child(evict_and_die_at_unlink);
+    cr_assert_eq(tu_wait_for(ev, 10 * SEC), 128 + SIGKILL);
+    /* A's slot is off its chain and names no new one: an orphan. */
+    cr_assert_eq(sfs_cache_state(c, &a), -ENOENT);
+    /* The next evictor takes the orphan (unleased): B gets a slot. */
+    cr_assert_eq(sfs_cache_get(c, &sh->key2, 0, sfs_deadline_after(SEC), &lb), SFS_OWNER);
+    cr_assert_eq(lb.slot, sa);
+    cr_assert_eq(tu_publish(c, &sh->key2, &lb), 0);
+    cr_assert_eq(sfs_cache_release(c, &lb), 0);
+    cr_assert_eq(tu_publish(c, &k, &lk), 0);
+    cr_assert_eq(sfs_cache_release(c, &lk), 0);
+    cr_assert_eq(sfs_cache_reap(c), 1);
+    cr_assert_eq(tu_leases_left(c, NULL), 0);
+    sfs_cache_close(c);
+}
+
+/* ---------------------------------------------------------------------------
+ * Finding 4: a release between a full-cache Get's scan and its sleep was
+ * lost (release_seq bumped only when a waiter was already counted).
+ */
+
+struct release_arg {
+    struct sfs_cache *c;
+    struct sfs_lease l;
+    bool done;
+};
+
+static void release_in_window(const char *name, void *arg)
+{
+    struct release_arg *ra = arg;
+
+    (void)name;
+    if (ra->done)
+        return;
+    ra->done = true;
+    cr_assert_eq(sfs_cache_release(ra->c, &ra->l), 0);
+}
+
+Test(recovery, release_before_a_full_get_sleeps_is_not_lost, .timeout = 30)
+{
+    struct sfs_cache *c = tu_cache(1, 0, SHARD);
+    struct sfs_key a = tu_key(1, 0), b = tu_key(2, 0);
+    struct release_arg ra = {.c = c};
+    struct sfs_lease lb;
+
+    cr_assert(c);
+    cr_assert_eq(sfs_cache_get(c, &a, 0, 0, &ra.l), SFS_OWNER);
+    cr_assert_eq(tu_publish(c, &a, &ra.l), 0);
+    /* The only slot is leased: B's Get finds none, and the lease goes in
+     * the window between its scan and its sleep. */
+    sfs_testpoint_arm("get:full", SFS_TP_CALL, release_in_window, &ra);
+    sfs_testpoint_arm("evict:release_sleep", SFS_TP_CALL, NULL, NULL);
+    int64_t t0 = sfs_now_ns();
+    int role = sfs_cache_get(c, &b, 0, t0 + 5 * SEC, &lb);
+    int64_t lat = sfs_now_ns() - t0;
+    unsigned slept = sfs_testpoint_hits("evict:release_sleep");
+
+    sfs_testpoint_disarm_all();
+    fprintf(stderr, "full Get after a release in the window: %.2f ms, %u sleeps\n", lat / 1e6,
+            slept);
+    cr_assert(ra.done);
+    cr_assert_eq(role, SFS_OWNER);
+    cr_assert_eq(slept, 0, "the Get slept a slice after the release it had missed");
+    cr_assert_eq(tu_publish(c, &b, &lb), 0);
+    cr_assert_eq(sfs_cache_release(c, &lb), 0);
+    sfs_cache_close(c);
+}
+
+static int wait_forever(struct sfs_cache *c)
+{
+    struct sfs_lease l;
+
+    TU_CK(sfs_cache_get(c, &sh->key, 0, 0, &l) == SFS_WAITER);
+    sh->slot = l.slot;
+    atomic_store(&sh->step, 1);
+    sfs_cache_wait(c, &l, 0);
+    return 1;
+}
+
+Test(recovery, waiter_killed_in_its_sleep_leaves_no_waiter_count, .timeout = 30)
+{
+    struct sfs_cache *c = served(8, "nwait.sock");
+    struct sfs_lease own;
+
+    sh->key = tu_key(5, 0);
+    cr_assert_eq(sfs_cache_get(c, &sh->key, 0, 0, &own), SFS_OWNER);
+    pid_t w = child(wait_forever);
+    cr_assert(wait_until(&sh->step, 1, 5 * SEC));
+    struct sfs_slot_rec *sl = &c->slots[own.slot];
+    for (int i = 0; i < 5000 && atomic_load(&sl->nwaiters) == 0; i++)
+        usleep(1000);
+    cr_assert_eq(atomic_load(&sl->nwaiters), 1, "the waiter never slept");
+    kill(w, SIGKILL);
+    cr_assert_eq(tu_wait(w), 128 + SIGKILL);
+    cr_assert_eq(sfs_cache_reap(c), 1);
+    cr_assert_eq(tu_publish(c, &sh->key, &own), 0);
+    cr_assert_eq(sfs_cache_release(c, &own), 0);
+    /* Nobody leases the slot: nobody can be asleep on it. */
+    cr_assert_eq(atomic_load(&sl->nwaiters), 0, "a dead waiter is still counted");
+    cr_assert_eq(tu_leases_left(c, NULL), 0);
+    sfs_cache_close(c);
+}
