@@ -44,8 +44,16 @@ static int chain_check(struct sfs_cache *c, uint32_t b, bool fix)
 
 /*
  * A process died holding bucket b's lock. Cut the chain at any bad link and
- * recount each chain slot's refcount from all lease tables: entries for slots
+ * recount each chain slot's refcount from the lease tables: entries for slots
  * on this chain change only under this lock, so the count is exact.
+ *
+ * Bound: this runs under the lock, so it reads only what can hold a lease:
+ * the tables of records that are not Free (a record is freed only after its
+ * entries were dropped, each under its bucket's lock), each up to its
+ * high-water mark lease_hwm (entries beyond were never used). That is at
+ * most the sum over attached processes of the most leases each held at once,
+ * never more than max_procs * max_leases entries; plus two walks of the
+ * chain (at most nslots steps each).
  */
 static void repair_bucket(struct sfs_cache *c, uint32_t b)
 {
@@ -64,8 +72,15 @@ static void repair_bucket(struct sfs_cache *c, uint32_t b)
     }
     for (uint32_t p = 0; p < c->max_procs; p++) {
         _Atomic uint32_t *t = lease_table(c, p);
+        /* Acquire: pairs with the release that freed the record / raised
+         * the mark before an entry beyond it was written. */
+        if (atomic_load_explicit(&c->procs[p].state, memory_order_acquire) == PROC_FREE)
+            continue;
+        uint32_t hwm = atomic_load_explicit(&c->procs[p].lease_hwm, memory_order_acquire);
+        if (hwm > c->max_leases)
+            hwm = c->max_leases; /* input: bounded by the table */
 
-        for (uint32_t e = 0; e < c->max_leases; e++) {
+        for (uint32_t e = 0; e < hwm; e++) {
             uint32_t v = ENTRY_SLOT1(atomic_load_explicit(&t[e], memory_order_relaxed));
 
             if (v == SFS_ENTRY_FREE || !slot_ok(c, v - 1))

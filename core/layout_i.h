@@ -123,7 +123,11 @@ struct sfs_proc_rec {
     int32_t device_id;                             /* as attached (-1: query-only) */
     _Atomic uint64_t start_time;                   /* /proc/pid/stat field 22: detects pid reuse */
     _Atomic int32_t busy_pid; /* lock: pid changing the record's state, else 0 */
-    uint8_t pad0[SFS_CACHELINE - 28];
+    /* Entries [0, lease_hwm) of the record's lease table were ever used:
+     * raised by the owner before it writes an entry beyond (release), reset
+     * at registration; bounds what repair reads of this table. */
+    _Atomic uint32_t lease_hwm;
+    uint8_t pad0[SFS_CACHELINE - 32];
     alignas(SFS_CACHELINE) _Atomic int64_t ctr[CTR_COUNT]; /* written by the owner only */
 };
 

@@ -24,6 +24,21 @@
 #define FREE_TOP(h) ((uint32_t)(h))
 #define FREE_TAG(h) ((h) >> 32)
 
+/* Entry top - 1 is about to be used: raise our record's high-water mark, so
+ * repair reads it (release: the mark is visible before any entry written
+ * beyond it under a bucket lock). Our process is its only writer. */
+static void hwm_raise(struct sfs_cache *c, uint32_t top)
+{
+    if (!c->self)
+        return;
+    uint32_t hw = atomic_load_explicit(&c->self->lease_hwm, memory_order_relaxed);
+
+    while (hw < top && !atomic_compare_exchange_weak_explicit(&c->self->lease_hwm, &hw, top,
+                                                             memory_order_release,
+                                                             memory_order_relaxed))
+        ;
+}
+
 int entry_pop(struct sfs_cache *c, uint32_t *e)
 {
     /* Acquire: the next link of the top was written before it was pushed. */
@@ -40,6 +55,7 @@ int entry_pop(struct sfs_cache *c, uint32_t *e)
         if (atomic_compare_exchange_weak_explicit(&c->free_head, &h, nh, memory_order_acquire,
                                                   memory_order_acquire)) {
             *e = top - 1;
+            hwm_raise(c, top);
             return 0;
         }
     }

@@ -68,6 +68,7 @@ again:
             continue;
         }
         atomic_store_explicit(&p->state, PROC_CLAIMING, memory_order_relaxed);
+        atomic_store_explicit(&p->lease_hwm, 0, memory_order_relaxed); /* the table is empty */
         atomic_store_explicit(&p->start_time, st, memory_order_relaxed);
         atomic_store_explicit(&p->pid, pid, memory_order_relaxed);
         p->device_id = device_id;

@@ -616,3 +616,45 @@ Test(recovery, waiter_killed_in_its_sleep_leaves_no_waiter_count, .timeout = 30)
     cr_assert_eq(tu_leases_left(c, NULL), 0);
     sfs_cache_close(c);
 }
+
+/* Dies inside a Get holding sh->key's bucket lock. */
+static int die_in_get(struct sfs_cache *c)
+{
+    struct sfs_lease l;
+
+    sfs_testpoint_arm("get:locked", SFS_TP_KILL, NULL, NULL);
+    sfs_cache_get(c, &sh->key, 0, 0, &l);
+    return 1;
+}
+
+Test(recovery, repair_reads_only_entries_ever_used, .timeout = 30)
+{
+    struct sfs_cache *c = served(8, "hwm.sock");
+    struct sfs_lease l[3], m;
+
+    sh->key = tu_key(3, 0);
+    cr_assert_eq(tu_load(c, &sh->key), SFS_OWNER);
+    for (int i = 0; i < 3; i++)
+        cr_assert_eq(sfs_cache_get(c, &sh->key, 0, 0, &l[i]), SFS_HIT);
+    cr_assert_eq(atomic_load(&c->self->lease_hwm), 3, "high-water mark of 3 leases");
+    /* An entry beyond our mark (never written by a Get) and one in a free
+     * record's table: repair must not read either. */
+    uint32_t s = l[0].slot;
+    atomic_store(&c->leases[c->max_leases - 1], s + 1);
+    uint32_t free_rec = c->max_procs - 1;
+    cr_assert_eq(atomic_load(&c->procs[free_rec].state), PROC_FREE);
+    atomic_store(&lease_table(c, free_rec)[0], s + 1);
+
+    pid_t d = child(die_in_get);
+    cr_assert_eq(tu_wait_for(d, 10 * SEC), 128 + SIGKILL);
+    cr_assert_eq(sfs_cache_get(c, &sh->key, 0, sfs_deadline_after(SEC), &m), SFS_HIT); /* repairs */
+    cr_assert_eq(atomic_load(&c->slots[s].refcount), 4, "repair counted what no lease holds");
+    atomic_store(&c->leases[c->max_leases - 1], SFS_ENTRY_FREE);
+    atomic_store(&lease_table(c, free_rec)[0], SFS_ENTRY_FREE);
+    for (int i = 0; i < 3; i++)
+        cr_assert_eq(sfs_cache_release(c, &l[i]), 0);
+    cr_assert_eq(sfs_cache_release(c, &m), 0);
+    cr_assert_eq(sfs_cache_reap(c), 1);
+    cr_assert_eq(tu_leases_left(c, NULL), 0);
+    sfs_cache_close(c);
+}
