@@ -31,6 +31,9 @@
 
 /* A release waits this long for its bucket lock, then defers (lease.c). */
 #define RELEASE_LOCK_NS (200 * 1000 * 1000ll)
+/* A waiter on more keys than one futex_waitv holds moves its sleep window
+ * this often: a key outside the window is seen within this long. */
+#define WAITV_ROTATE_NS (2 * 1000 * 1000ll)
 
 /* ---------------------------------------------------------------------------
  * State changes and wakes (set_state, make_owner: slot_i.h).
@@ -360,6 +363,8 @@ int sfs_cache_wait_any_bell(struct sfs_cache *c, const struct sfs_lease *leases,
     struct sfs_slot_rec *sls[SFS_WAIT_ANY_MAX];
     _Atomic uint32_t *words[SFS_WAIT_ANY_MAX];
     uint32_t v[SFS_WAIT_ANY_MAX];
+    size_t first = 0; /* start of the sleep window when it cannot hold all */
+    int64_t next_check = sfs_now_ns() + OWNER_CHECK_NS; /* owners' pulse, rotating */
 
     if (!c || (!leases && n) || !state || (n == 0 && !bell) || n > SFS_WAIT_ANY_MAX)
         return -EINVAL;
@@ -388,18 +393,35 @@ int sfs_cache_wait_any_bell(struct sfs_cache *c, const struct sfs_lease *leases,
         int64_t now = sfs_now_ns();
         if (deadline_ns > 0 && now >= deadline_ns)
             return -ETIMEDOUT;
-        int64_t slice = now + OWNER_CHECK_NS;
+        /* One futex_waitv takes SFS_FUTEX_WAITV_MAX words, the bell
+         * included: with more keys, sleep on a window of them that rotates
+         * every WAITV_ROTATE_NS (each pass above looks at all n). */
+        size_t room = SFS_FUTEX_WAITV_MAX - (bell != NULL);
+        size_t k = n <= room ? n : room;
+        int64_t slice = now + (k < n ? WAITV_ROTATE_NS : OWNER_CHECK_NS);
         if (deadline_ns > 0 && deadline_ns < slice)
             slice = deadline_ns;
-        for (size_t i = 0; i < n; i++)
+        _Atomic uint32_t *ww[SFS_FUTEX_WAITV_MAX];
+        uint32_t wv[SFS_FUTEX_WAITV_MAX];
+        for (size_t j = 0; j < k; j++) {
+            size_t i = (first + j) % n;
+
+            ww[j] = words[i];
+            wv[j] = v[i];
+            /* seq_cst pairs with set_state's bump-then-read of nwaiters. */
             atomic_fetch_add_explicit(&sls[i]->nwaiters, 1, memory_order_seq_cst);
-        int r = sfs_futex_waitv(words, v, n, bell, bell_seen, slice);
-        for (size_t i = 0; i < n; i++)
-            atomic_fetch_sub_explicit(&sls[i]->nwaiters, 1, memory_order_seq_cst);
-        if (r == -ETIMEDOUT)
+        }
+        int r = sfs_futex_waitv(ww, wv, k, bell, bell_seen, slice);
+        for (size_t j = 0; j < k; j++)
+            atomic_fetch_sub_explicit(&sls[(first + j) % n]->nwaiters, 1, memory_order_seq_cst);
+        if (k < n)
+            first = (first + k) % n;
+        if (!wait_again(r))
+            return r; /* -ENOSYS (before Linux 5.16), or an error: never spin on it */
+        if (r == -ETIMEDOUT && (k == n || sfs_now_ns() >= next_check)) {
             check_owners(c, sls, n);
-        else if (r == -ENOSYS)
-            return r;
+            next_check = sfs_now_ns() + OWNER_CHECK_NS;
+        }
     }
 }
 

@@ -658,3 +658,78 @@ Test(recovery, repair_reads_only_entries_ever_used, .timeout = 30)
     cr_assert_eq(tu_leases_left(c, NULL), 0);
     sfs_cache_close(c);
 }
+static int64_t thread_cpu_ns(void)
+{
+    struct timespec ts;
+
+    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+    return (int64_t)ts.tv_sec * SEC + ts.tv_nsec;
+}
+
+/* ---------------------------------------------------------------------------
+ * Finding 2: a wait on 128 keys and a bell sleeps (129 futex words > the
+ * kernel's 128: every futex_waitv failed with EINVAL and the loop spun).
+ */
+
+#define NKEYS SFS_WAIT_ANY_MAX
+
+struct publisher {
+    struct sfs_cache *c;
+    struct sfs_key key;
+    struct sfs_lease lease;
+};
+
+static void *publish_later(void *arg)
+{
+    struct publisher *p = arg;
+
+    usleep(50 * 1000);
+    tu_publish(p->c, &p->key, &p->lease);
+    return NULL;
+}
+
+Test(recovery, wait_on_128_keys_and_a_bell_sleeps, .timeout = 30)
+{
+    struct sfs_cache *c = tu_cache(2 * NKEYS, 0, SHARD);
+    static struct sfs_lease own[NKEYS], wait[NKEYS];
+    uint32_t bell = 0;
+    int st = -1;
+
+    cr_assert(c);
+    /* Our own loads (the owner is alive: us), and a waiter's lease on each. */
+    for (uint32_t i = 0; i < NKEYS; i++) {
+        struct sfs_key k = tu_key(1000 + i, 0);
+
+        cr_assert_eq(sfs_cache_get(c, &k, 0, 0, &own[i]), SFS_OWNER);
+        cr_assert_eq(sfs_cache_get(c, &k, 0, 0, &wait[i]), SFS_WAITER);
+    }
+    int64_t cpu0 = thread_cpu_ns(), t0 = sfs_now_ns();
+    int r = sfs_cache_wait_any_bell(c, wait, NKEYS, t0 + 500 * MS, &st, &bell, 0);
+    int64_t cpu = thread_cpu_ns() - cpu0, wall = sfs_now_ns() - t0;
+
+    fprintf(stderr, "wait on %d keys + bell: %.1f ms CPU in %.1f ms\n", NKEYS, cpu / 1e6,
+            wall / 1e6);
+    cr_assert_eq(r, -ETIMEDOUT);
+    cr_assert_lt(cpu, wall / 5, "the wait spun: %lld ms CPU in %lld ms", (long long)(cpu / MS),
+                 (long long)(wall / MS));
+
+    /* Every key is still seen, the last one (outside the first window) too. */
+    struct publisher p = {.c = c, .key = tu_key(1000 + NKEYS - 1, 0), .lease = own[NKEYS - 1]};
+    pthread_t th;
+    cr_assert_eq(pthread_create(&th, NULL, publish_later, &p), 0);
+    r = sfs_cache_wait_any_bell(c, wait, NKEYS, sfs_deadline_after(5 * SEC), &st, &bell, 0);
+    pthread_join(th, NULL);
+    cr_assert_eq(r, NKEYS - 1);
+    cr_assert_eq(st, SFS_STATE_READY);
+    /* And the bell. */
+    sfs_bell_ring(&bell);
+    cr_assert_eq(sfs_cache_wait_any_bell(c, wait, NKEYS - 1, sfs_deadline_after(5 * SEC), &st,
+                                         &bell, 0),
+                 NKEYS - 1);
+    for (uint32_t i = 0; i < NKEYS; i++) {
+        cr_assert_eq(sfs_cache_release(c, &wait[i]), 0);
+        cr_assert_eq(sfs_cache_release(c, &own[i]), 0);
+    }
+    cr_assert_eq(tu_leases_left(c, NULL), 0);
+    sfs_cache_close(c);
+}

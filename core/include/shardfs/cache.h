@@ -180,7 +180,12 @@ SFS_API int sfs_cache_wait_any(struct sfs_cache *c, const struct sfs_lease *leas
  * word in the caller's own memory that its other threads bump only with
  * sfs_bell_ring() (and read with __atomic_load_n or C11 atomics) (to add work to a waiter's set, say). Returns n when
  * *bell differs from bell_seen (read it before checking for work, then pass
- * what was read). n may be 0 with a bell.
+ * what was read). n may be 0 with a bell. One futex_waitv sleeps on at most
+ * 128 words, the bell included: with SFS_WAIT_ANY_MAX leases and a bell the
+ * sleep covers 127 of them at a time and moves its window every 2 ms, so
+ * the key left out is seen within 2 ms (every wake looks at all n). An
+ * unexpected error from the wait is returned, never retried in a loop;
+ * -EBADMSG for a leased slot in a state no leased slot can be in.
  */
 SFS_API int sfs_cache_wait_any_bell(struct sfs_cache *c, const struct sfs_lease *leases,
                                     size_t n, int64_t deadline_ns, int *state,
