@@ -14,19 +14,53 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <time.h>
 #include <unistd.h>
 
-static void fold_counters(struct sfs_cache *c, struct sfs_proc_rec *p)
+/*
+ * Take the header's proc_lock, with bucket_lock's deadline meaning (0:
+ * LOCK_WAIT_NS; LOCK_TRY: only if free). The retired counters it guards need
+ * no repair after a dead holder: a fold cut short loses that one record's
+ * last counts, nothing else.
+ */
+static int proc_lock(struct sfs_cache *c, int64_t deadline_ns)
 {
-    int r = pthread_mutex_lock(&c->hdr->proc_lock);
+    pthread_mutex_t *m = &c->hdr->proc_lock;
+    int r = pthread_mutex_trylock(m);
 
-    if (r == EOWNERDEAD)
-        pthread_mutex_consistent(&c->hdr->proc_lock);
+    if (r == EBUSY) {
+        struct timespec ts;
+
+        if (deadline_ns < 0)
+            return -EBUSY;
+        if (deadline_ns == 0)
+            deadline_ns = sfs_now_ns() + LOCK_WAIT_NS;
+        ts.tv_sec = deadline_ns / 1000000000;
+        ts.tv_nsec = deadline_ns % 1000000000;
+        r = pthread_mutex_clocklock(m, CLOCK_MONOTONIC, &ts);
+    }
+    if (r == EOWNERDEAD) {
+        pthread_mutex_consistent(m);
+        r = 0;
+    }
+    return -r;
+}
+
+/* Fold record p's counters into the retired totals; -ETIMEDOUT / -EBUSY
+ * when proc_lock stayed out of reach (nothing folded). */
+static int fold_counters(struct sfs_cache *c, struct sfs_proc_rec *p, int64_t deadline_ns)
+{
+    int r = proc_lock(c, deadline_ns);
+
+    if (r < 0)
+        return r;
+    SFS_TEST_POINT("proc:fold");
     for (int i = 0; i < CTR_COUNT; i++) {
         /* Relaxed: the record's writer is gone or is us. */
         c->hdr->retired[i] += atomic_exchange_explicit(&p->ctr[i], 0, memory_order_relaxed);
     }
     pthread_mutex_unlock(&c->hdr->proc_lock);
+    return 0;
 }
 
 /*
@@ -108,12 +142,11 @@ static bool reap_record(struct sfs_cache *c, uint32_t i)
                 atomic_load_explicit(&p->pid, memory_order_relaxed), i);
     }
     SFS_TEST_POINT("reap:record");
-    if (drop_all_leases(c, i, gen, LOCK_TRY) > 0) {
+    if (drop_all_leases(c, i, gen, LOCK_TRY) > 0 || fold_counters(c, p, LOCK_TRY) < 0) {
         rec_busy_drop(p); /* Reaping, busy 0: the next pass comes back */
         return false;
     }
     sfs_ctr_add(c, CTR_REAPED, 1);
-    fold_counters(c, p);
     atomic_store_explicit(&p->pid, 0, memory_order_relaxed);
     /* Release: the record is clean before it can be claimed again. */
     atomic_store_explicit(&p->state, PROC_FREE, memory_order_release);
@@ -205,15 +238,17 @@ static void fill_stats(struct sfs_cache *c, const int64_t *acc, struct sfs_stats
 void sfs_cache_stats(struct sfs_cache *c, struct sfs_stats *out)
 {
     int64_t acc[CTR_COUNT] = {0};
+    /* Under proc_lock a fold is never seen half-done; past LOCK_WAIT_NS (a
+     * stopped holder) the sum is taken without it, a snapshot as good as
+     * any counter read one by one. */
+    bool locked = proc_lock(c, 0) == 0;
 
-    int r = pthread_mutex_lock(&c->hdr->proc_lock);
-    if (r == EOWNERDEAD)
-        pthread_mutex_consistent(&c->hdr->proc_lock);
     for (int i = 0; i < CTR_COUNT; i++)
         acc[i] = c->hdr->retired[i];
     for (uint32_t i = 0; i < c->max_procs; i++)
         sum_proc(&c->procs[i], acc);
-    pthread_mutex_unlock(&c->hdr->proc_lock);
+    if (locked)
+        pthread_mutex_unlock(&c->hdr->proc_lock);
     fill_stats(c, acc, out);
 }
 
@@ -236,7 +271,8 @@ void sfs_cache_free_handle(struct sfs_cache *c)
          * lock still out of reach leave the record Reaping, for a reaper. */
         bool clean = drop_all_leases(c, c->me, c->my_gen, 0) == 0;
 
-        fold_counters(c, c->self);
+        if (fold_counters(c, c->self, 0) < 0)
+            clean = false; /* the reaper folds them */
         if (clean)
             atomic_store_explicit(&c->self->pid, 0, memory_order_relaxed);
         atomic_compare_exchange_strong_explicit(&c->self->state, &expect,

@@ -162,16 +162,22 @@ static void kill_stopped(void)
     stopped_pid = 0;
 }
 
-/* Stop a child inside A's bucket lock; returns its pid. */
-static pid_t stopped_holder(void)
+/* Stop a child running body (which stops itself holding a lock). */
+static pid_t stopped_child(int (*body)(struct sfs_cache *c))
 {
-    pid_t s = child(stop_in_get);
+    pid_t s = child(body);
     int st;
 
     stopped_pid = s;
     cr_assert_eq(waitpid(s, &st, WUNTRACED), s);
     cr_assert(WIFSTOPPED(st), "the holder did not stop (status %#x)", st);
     return s;
+}
+
+/* Stop a child inside A's bucket lock; returns its pid. */
+static pid_t stopped_holder(void)
+{
+    return stopped_child(stop_in_get);
 }
 
 Test(recovery, stopped_lock_holder_delays_nobody_past_deadline, .timeout = 60,
@@ -262,6 +268,53 @@ Test(recovery, release_behind_stopped_holder_is_deferred_not_leaked, .timeout = 
     cr_assert_eq(tu_wait_for(r, 10 * SEC), 0);
     sfs_cache_reap(c);
     cr_assert_eq(tu_leases_left(c, NULL), 0);
+    sfs_cache_close(c);
+}
+
+/* Closes its handle and stops inside the fold of its counters, holding the
+ * header's proc_lock. */
+static int stop_in_fold(struct sfs_cache *c)
+{
+    sfs_testpoint_arm("proc:fold", SFS_TP_STOP, NULL, NULL);
+    return 0; /* tu_fork_attached closes the handle: the fold stops there */
+}
+
+static int reap_timed(struct sfs_cache *c)
+{
+    int64_t t0 = sfs_now_ns();
+
+    atomic_store(&sh->rc, sfs_cache_reap(c));
+    atomic_store(&sh->ns2, sfs_now_ns() - t0);
+    return 2; /* exit without a close: that would wait LOCK_WAIT_NS for the fold */
+}
+
+Test(recovery, reaper_passes_a_stopped_proc_lock_holder, .timeout = 60, .fini = kill_stopped)
+{
+    struct sfs_cache *c = served(8, "fold.sock");
+    struct sfs_stats stats;
+
+    sh->key = tu_key(7, 0);
+    cr_assert_eq(tu_load(c, &sh->key), SFS_OWNER);
+    pid_t dead = child(lease_and_die);
+    cr_assert(wait_until(&sh->step, 1, 5 * SEC));
+    kill(dead, SIGKILL);
+    cr_assert_eq(tu_wait(dead), 128 + SIGKILL);
+    pid_t s = stopped_child(stop_in_fold);
+
+    pid_t m = child(reap_timed);
+    int st = tu_wait_for(m, 10 * SEC);
+    fprintf(stderr, "stopped proc_lock holder: reap returned %d after %.2f ms\n",
+            atomic_load(&sh->rc), atomic_load(&sh->ns2) / 1e6);
+    cr_assert_eq(st, 2, "reaping child: %d (-1: it hung on proc_lock)", st);
+    cr_assert_lt(atomic_load(&sh->ns2), SEC);
+    cr_assert_eq(atomic_load(&sh->rc), 0, "a record freed without its counters folded");
+
+    kill(s, SIGKILL);
+    cr_assert_eq(tu_wait(s), 128 + SIGKILL);
+    sfs_cache_reap(c);
+    cr_assert_eq(tu_leases_left(c, NULL), 0);
+    sfs_cache_stats(c, &stats);
+    cr_assert_eq(stats.reaped, 3); /* the lease holder, the stopped one, the reaper */
     sfs_cache_close(c);
 }
 
