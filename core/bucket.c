@@ -119,19 +119,34 @@ int bucket_locked(struct sfs_cache *c, uint32_t b, int r)
     return -r;
 }
 
-int bucket_lock_wait(struct sfs_cache *c, uint32_t b, int64_t deadline_ns)
+int robust_lock_until(pthread_mutex_t *m, int64_t deadline_ns)
 {
     struct timespec ts;
 
-    if (deadline_ns < 0)
-        return -EBUSY;
     if (deadline_ns == 0)
         deadline_ns = sfs_now_ns() + LOCK_WAIT_NS;
+#if defined(__SANITIZE_THREAD__)
+    /* ThreadSanitizer (GCC 12) does not intercept clocklock and would take
+     * the lock for never taken: the same deadline on CLOCK_REALTIME. */
+    clock_gettime(CLOCK_REALTIME, &ts);
+    int64_t rt = (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec + (deadline_ns - sfs_now_ns());
+    ts.tv_sec = rt / 1000000000;
+    ts.tv_nsec = rt % 1000000000;
+    return pthread_mutex_timedlock(m, &ts);
+#else
     ts.tv_sec = deadline_ns / 1000000000;
     ts.tv_nsec = deadline_ns % 1000000000;
+    return pthread_mutex_clocklock(m, CLOCK_MONOTONIC, &ts);
+#endif
+}
+
+int bucket_lock_wait(struct sfs_cache *c, uint32_t b, int64_t deadline_ns)
+{
+    if (deadline_ns < 0)
+        return -EBUSY;
     /* A robust mutex: EOWNERDEAD when the holder died, ETIMEDOUT when it
      * lives but keeps the lock past our deadline. */
-    int r = pthread_mutex_clocklock(&c->buckets[b].lock, CLOCK_MONOTONIC, &ts);
+    int r = robust_lock_until(&c->buckets[b].lock, deadline_ns);
 
     return r ? bucket_locked(c, b, r) : 0;
 }

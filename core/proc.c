@@ -14,7 +14,6 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
-#include <time.h>
 #include <unistd.h>
 
 /*
@@ -29,15 +28,9 @@ static int proc_lock(struct sfs_cache *c, int64_t deadline_ns)
     int r = pthread_mutex_trylock(m);
 
     if (r == EBUSY) {
-        struct timespec ts;
-
         if (deadline_ns < 0)
             return -EBUSY;
-        if (deadline_ns == 0)
-            deadline_ns = sfs_now_ns() + LOCK_WAIT_NS;
-        ts.tv_sec = deadline_ns / 1000000000;
-        ts.tv_nsec = deadline_ns % 1000000000;
-        r = pthread_mutex_clocklock(m, CLOCK_MONOTONIC, &ts);
+        r = robust_lock_until(m, deadline_ns);
     }
     if (r == EOWNERDEAD) {
         pthread_mutex_consistent(m);

@@ -85,6 +85,9 @@ static inline _Atomic uint32_t *lease_table(const struct sfs_cache *c, uint32_t 
 /* A lock call returned r != 0: repair after a dead holder (EOWNERDEAD: then
  * 0, locked), else -r. */
 int bucket_locked(struct sfs_cache *c, uint32_t b, int r);
+/* pthread_mutex_clocklock(CLOCK_MONOTONIC) until deadline_ns (0:
+ * LOCK_WAIT_NS from now): 0 or a positive error number, as pthreads. */
+int robust_lock_until(pthread_mutex_t *m, int64_t deadline_ns);
 /* The lock was busy: wait for it until deadline_ns (see bucket_lock). */
 int bucket_lock_wait(struct sfs_cache *c, uint32_t b, int64_t deadline_ns);
 
