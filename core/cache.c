@@ -403,6 +403,8 @@ int sfs_cache_wait_any_bell(struct sfs_cache *c, const struct sfs_lease *leases,
             slice = deadline_ns;
         _Atomic uint32_t *ww[SFS_FUTEX_WAITV_MAX];
         uint32_t wv[SFS_FUTEX_WAITV_MAX];
+
+        SFS_ASSERT(k + (bell != NULL) <= SFS_FUTEX_WAITV_MAX);
         for (size_t j = 0; j < k; j++) {
             size_t i = (first + j) % n;
 

@@ -12,6 +12,7 @@
 
 #include <shardfs/cache.h>
 
+#include "assert_i.h"
 #include "layout_i.h"
 
 #include <pthread.h>
@@ -105,6 +106,7 @@ static inline void *sfs_dp_addr(const struct sfs_cache *c, uint32_t slot)
 {
     uint32_t seg, idx;
 
+    SFS_ASSERT(slot < c->nslots && !c->query_only); /* callers bound the index */
     if (c->seg_shift) {
         seg = slot >> c->seg_shift;
         idx = slot & c->seg_mask;

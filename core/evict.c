@@ -151,6 +151,7 @@ void install(struct sfs_cache *c, uint32_t b, uint32_t s, const struct sfs_key *
     struct sfs_slot_rec *sl = &c->slots[s];
     uint8_t flags = s >= c->nregular ? SLOT_F_RESERVED : 0;
 
+    SFS_ASSERT(s < c->nslots && b < c->nbuckets);
     memcpy(sl->block, k->block.b, SFS_BLOCK_ID_LEN);
     sl->shard = k->shard;
     make_owner(c, sl);

@@ -54,6 +54,7 @@ int entry_pop(struct sfs_cache *c, uint32_t *e)
 
         if (atomic_compare_exchange_weak_explicit(&c->free_head, &h, nh, memory_order_acquire,
                                                   memory_order_acquire)) {
+            SFS_ASSERT(top <= c->max_leases); /* the stack is private memory */
             *e = top - 1;
             hwm_raise(c, top);
             return 0;
@@ -268,6 +269,7 @@ void lease_finish_deferred(struct sfs_cache *c)
         bucket_unlock(c, b);
         if (mine) {
             entry_free(c, e);
+            SFS_ASSERT(atomic_load_explicit(&c->deferred, memory_order_relaxed) > 0);
             atomic_fetch_sub_explicit(&c->deferred, 1, memory_order_relaxed);
         }
     }
@@ -286,9 +288,34 @@ int sfs_lease_table_init(struct sfs_cache *c)
     return 0;
 }
 
+#if SFS_DEBUG >= 2
+/* Expensive check, at close: the free stack holds distinct entries in range
+ * (at most max_leases steps). Private memory only. */
+static bool stack_sane(struct sfs_cache *c)
+{
+    uint32_t top = FREE_TOP(atomic_load_explicit(&c->free_head, memory_order_relaxed));
+    uint8_t *seen = calloc(c->max_leases, 1);
+    bool ok = true;
+
+    if (!seen)
+        return true;
+    for (uint32_t n = 0; top != 0 && ok; n++) {
+        ok = top <= c->max_leases && n < c->max_leases && !seen[top - 1];
+        if (ok) {
+            seen[top - 1] = 1;
+            top = atomic_load_explicit(&c->free_next[top - 1], memory_order_relaxed);
+        }
+    }
+    free(seen);
+    return ok;
+}
+#endif
+
 /* At close: forget the handle (its thread spares die with it), free the stack. */
 void lease_table_fini(struct sfs_cache *c)
 {
+    if (c->free_next)
+        SFS_ASSERT_EXPENSIVE(stack_sane(c));
     if (c->id)
         registry_remove(c);
     free(c->free_next);

@@ -99,6 +99,7 @@ int bucket_lock_wait(struct sfs_cache *c, uint32_t b, int64_t deadline_ns);
  */
 static inline int bucket_lock(struct sfs_cache *c, uint32_t b, int64_t deadline_ns)
 {
+    SFS_ASSERT(b < c->nbuckets); /* from bucket_of(), or checked by the caller */
     int r = pthread_mutex_trylock(&c->buckets[b].lock);
 
     if (r == EBUSY)
@@ -108,6 +109,7 @@ static inline int bucket_lock(struct sfs_cache *c, uint32_t b, int64_t deadline_
 
 static inline void bucket_unlock(struct sfs_cache *c, uint32_t b)
 {
+    SFS_ASSERT(b < c->nbuckets);
     pthread_mutex_unlock(&c->buckets[b].lock);
 }
 
@@ -137,6 +139,7 @@ bool chain_unlink(struct sfs_cache *c, uint32_t b, uint32_t s);
 /* Push s on chain b (lock held). */
 static inline void chain_link(struct sfs_cache *c, uint32_t b, uint32_t s)
 {
+    SFS_ASSERT(b < c->nbuckets && s < c->nslots);
     atomic_store_explicit(&c->slots[s].next,
                           atomic_load_explicit(&c->buckets[b].head, memory_order_relaxed),
                           memory_order_relaxed);
@@ -169,6 +172,7 @@ static inline int entry_alloc(struct sfs_cache *c, uint32_t *e)
     if (lease_spare.id == c->id) {
         lease_spare.id = 0;
         *e = lease_spare.e;
+        SFS_ASSERT(*e < c->max_leases);
         return 0;
     }
     return entry_pop(c, e);
@@ -176,6 +180,7 @@ static inline int entry_alloc(struct sfs_cache *c, uint32_t *e)
 
 static inline void entry_free(struct sfs_cache *c, uint32_t e)
 {
+    SFS_ASSERT(e < c->max_leases);
     if (lease_spare.id == 0) {
         lease_spare.id = c->id;
         lease_spare.e = e;
@@ -197,6 +202,7 @@ static inline void lease_take(struct sfs_cache *c, uint32_t s, uint32_t e, struc
 {
     struct sfs_slot_rec *sl = &c->slots[s];
 
+    SFS_ASSERT(s < c->nslots && e < c->max_leases);
     atomic_store_explicit(&c->leases[e], s + 1, memory_order_relaxed);
     /* Under the bucket lock: a plain read-modify-write, no locked add. */
     atomic_store_explicit(&sl->refcount,
