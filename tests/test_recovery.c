@@ -271,6 +271,67 @@ Test(recovery, release_behind_stopped_holder_is_deferred_not_leaked, .timeout = 
     sfs_cache_close(c);
 }
 
+/* Owns A (Loading) and waits to be killed. */
+static int own_and_park(struct sfs_cache *c)
+{
+    struct sfs_lease l;
+
+    TU_CK(sfs_cache_get(c, &sh->key, 0, 0, &l) == SFS_OWNER);
+    atomic_store(&sh->step, 1);
+    for (;;)
+        pause();
+}
+
+/* Waits on A once told to; its owner is dead and A's lock is held by a
+ * stopped process, so the takeover cannot happen before the deadline. */
+static int wait_past_dead_owner(struct sfs_cache *c)
+{
+    struct sfs_lease l;
+
+    TU_CK(sfs_cache_get(c, &sh->key, 0, 0, &l) == SFS_WAITER);
+    atomic_store(&sh->step, 2);
+    TU_CK(wait_until(&sh->go, 1, 10 * SEC));
+    int64_t t0 = sfs_now_ns();
+    int r = sfs_cache_wait(c, &l, t0 + 500 * MS);
+
+    atomic_store(&sh->ns, sfs_now_ns() - t0);
+    atomic_store(&sh->rc, r);
+    return 2; /* no close: it would wait for the stopped holder's lock */
+}
+
+Test(recovery, takeover_behind_a_stopped_holder_ends_at_the_deadline, .timeout = 60,
+     .fini = kill_stopped)
+{
+    struct sfs_cache *c = served(8, "takeover.sock");
+
+    sh->key = tu_key(11, 0);
+    pid_t o = child(own_and_park);
+    cr_assert(wait_until(&sh->step, 1, 5 * SEC));
+    pid_t w = child(wait_past_dead_owner);
+    cr_assert(wait_until(&sh->step, 2, 5 * SEC));
+    kill(o, SIGKILL);
+    cr_assert_eq(tu_wait(o), 128 + SIGKILL);
+    pid_t s = stopped_holder();
+    atomic_store(&sh->go, 1);
+    int st = tu_wait_for(w, 10 * SEC);
+
+    fprintf(stderr, "takeover behind a stopped holder: wait returned %d after %.1f ms\n",
+            atomic_load(&sh->rc), atomic_load(&sh->ns) / 1e6);
+    cr_assert_eq(st, 2, "waiter: %d (-1: it hung)", st);
+    cr_assert_eq(atomic_load(&sh->rc), -ETIMEDOUT);
+    cr_assert_lt(atomic_load(&sh->ns), 3 * SEC);
+    kill(s, SIGKILL);
+    cr_assert_eq(tu_wait(s), 128 + SIGKILL);
+    sfs_cache_reap(c);
+    struct sfs_lease l;
+    int role = sfs_cache_get(c, &sh->key, 0, sfs_deadline_after(SEC), &l);
+    cr_assert_eq(role, SFS_OWNER, "A is taken over after all: %d", role);
+    cr_assert_eq(tu_publish(c, &sh->key, &l), 0);
+    cr_assert_eq(sfs_cache_release(c, &l), 0);
+    cr_assert_eq(tu_leases_left(c, NULL), 0);
+    sfs_cache_close(c);
+}
+
 /* Closes its handle and stops inside the fold of its counters, holding the
  * header's proc_lock. */
 static int stop_in_fold(struct sfs_cache *c)
