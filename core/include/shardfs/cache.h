@@ -162,8 +162,9 @@ SFS_API int sfs_cache_get(struct sfs_cache *c, const struct sfs_key *key, unsign
  * Returns SFS_STATE_READY, SFS_STATE_FAILED (sfs_cache_error() tells why), or
  * SFS_OWNER-as-state (1, i.e. the owner died or the slot was reset and the
  * caller now owns it: fill and publish), or -ETIMEDOUT (also when a takeover's
- * bucket lock stays held to the deadline), or -EBADMSG when the leased slot
- * is in a state no leased slot can be in (a bad write to shared memory).
+ * bucket lock stays held to the deadline, or for 5 s without one), or
+ * -EBADMSG when the leased slot is in a state no leased slot can be in (a
+ * bad write to shared memory).
  */
 #define SFS_WAIT_OWNER SFS_STATE_IDLE
 SFS_API int sfs_cache_wait(struct sfs_cache *c, const struct sfs_lease *lease, int64_t deadline_ns);
