@@ -295,3 +295,31 @@ int sfs_ctl_validate(struct sfs_cache *c)
     adopt_geometry(c, &g);
     return 0;
 }
+
+/* ---------------------------------------------------------------------------
+ * The handle's geometry and segments, as validated.
+ */
+
+void sfs_cache_info(struct sfs_cache *c, struct sfs_cache_info *o)
+{
+    memset(o, 0, sizeof(*o));
+    o->shard_size = c->shard_size;
+    o->nslots = c->nslots;
+    o->nreserved = c->nreserved;
+    o->nbuckets = c->nbuckets;
+    o->nsegments = c->nsegments;
+    o->max_procs = c->max_procs;
+    o->hugepages = c->hugepages;
+    o->query_only = c->query_only;
+    o->proc_index = (int)c->me;
+    o->control_bytes = c->ctl_len;
+}
+
+void *sfs_cache_segment(struct sfs_cache *c, uint32_t i, size_t *len)
+{
+    if (!c || c->query_only || i >= c->nsegments)
+        return NULL;
+    if (len)
+        *len = c->seg_size;
+    return c->seg_base[i];
+}
