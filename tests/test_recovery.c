@@ -7,8 +7,10 @@
  * The races are made deterministic with the crash/fault points of
  * core/testpoint_i.h (this program links the hooks build of the core): a
  * forked child dies (SIGKILL) or stops (SIGSTOP) at one named instruction, or
- * a callback opens a race window on purpose. Each test names the finding it
- * holds; each failed on the code before its fix.
+ * a callback opens a race window on purpose. Each section names the finding
+ * its tests hold; each test failed on the code before its fix, except
+ * orphan_of_a_killed_evictor_is_reclaimed_unleased, which pins down the
+ * behaviour the evictor's fix keeps (docs/recovery.md lists them).
  */
 #include "slot_i.h"
 #include "testutil.h"
@@ -380,8 +382,7 @@ Test(recovery, reaper_passes_a_stopped_proc_lock_holder, .timeout = 60, .fini = 
 }
 
 /* ---------------------------------------------------------------------------
- * Finding 12: a lease released twice, a waiter killed in its sleep, and the
- * repair's bound.
+ * Finding 12: a lease released twice by two threads counts once.
  */
 
 struct double_release {
@@ -695,6 +696,11 @@ Test(recovery, release_before_a_full_get_sleeps_is_not_lost, .timeout = 30)
     cr_assert_eq(sfs_cache_release(c, &lb), 0);
     sfs_cache_close(c);
 }
+
+/* ---------------------------------------------------------------------------
+ * Finding 12, continued: a waiter killed in its sleep, and the bound of a
+ * repair under a bucket lock.
+ */
 
 static int wait_forever(struct sfs_cache *c)
 {
