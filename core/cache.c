@@ -29,6 +29,12 @@
 #include <stdlib.h>
 #include <string.h>
 
+/* A release waits this long for its bucket lock, then defers (lease.c). */
+#define RELEASE_LOCK_NS (200 * 1000 * 1000ll)
+/* A waiter on more keys than one futex_waitv holds moves its sleep window
+ * this often: a key outside the window is seen within this long. */
+#define WAITV_ROTATE_NS (2 * 1000 * 1000ll)
+
 /* ---------------------------------------------------------------------------
  * State changes and wakes (set_state, make_owner: slot_i.h).
  */
@@ -70,9 +76,10 @@ int sfs_cache_get(struct sfs_cache *c, const struct sfs_key *key, unsigned flags
 retry:;
     uint32_t seq = atomic_load_explicit(&c->hdr->release_seq, memory_order_seq_cst);
 
-    r = bucket_lock(c, b);
+    r = bucket_lock(c, b, deadline_ns);
     if (r < 0)
         goto out_free;
+    SFS_TEST_POINT("get:locked");
     s = chain_find(c, b, key, &err);
     if (err) {
         r = err;
@@ -166,6 +173,7 @@ retry:;
         }
         if (deadline_ns <= 0 || sfs_now_ns() >= deadline_ns)
             goto out_free;
+        SFS_TEST_POINT("get:full");
         r = wait_for_release(c, seq, deadline_ns);
         if (r < 0)
             goto out_free;
@@ -197,7 +205,8 @@ static struct sfs_slot_rec *lease_slot(struct sfs_cache *c, const struct sfs_lea
 {
     if (!c || !l || l->entry >= c->max_leases || !slot_ok(c, l->slot))
         return NULL;
-    if (ENTRY_SLOT1(atomic_load_explicit(&c->leases[l->entry], memory_order_relaxed)) !=
+    /* An entry marked ENTRY_DROP was released already: no longer a lease. */
+    if ((atomic_load_explicit(&c->leases[l->entry], memory_order_relaxed) & ~ENTRY_OWNER) !=
         l->slot + 1)
         return NULL;
     return &c->slots[l->slot];
@@ -215,15 +224,23 @@ static bool lease_is_owner(struct sfs_cache *c, const struct sfs_lease *l)
     return atomic_load_explicit(&c->leases[l->entry], memory_order_relaxed) & ENTRY_OWNER;
 }
 
-/* Under the lock: take a slot whose owner is gone (or that was reset). */
-static bool try_takeover(struct sfs_cache *c, uint32_t s, uint32_t e)
+/*
+ * Under the lock: take a slot whose owner is gone (or that was reset).
+ * 1: ours now; 0: someone else settled it first (look again); -ETIMEDOUT
+ * when its bucket lock stayed out of reach until the deadline; -EBADMSG for
+ * a state a leased slot cannot be in.
+ */
+static int try_takeover(struct sfs_cache *c, uint32_t s, uint32_t e, int64_t deadline_ns)
 {
     struct sfs_slot_rec *sl = &c->slots[s];
     uint32_t b = atomic_load_explicit(&sl->bucket, memory_order_relaxed);
-    bool won = false;
+    int r;
 
-    if (b >= c->nbuckets || bucket_lock(c, b) < 0)
-        return false;
+    if (b >= c->nbuckets)
+        return -EBADMSG; /* a leased slot is on a chain */
+    r = bucket_lock(c, b, deadline_ns);
+    if (r < 0)
+        return r;
     uint32_t st = atomic_load_explicit(&sl->state, memory_order_acquire);
     if (st == SFS_STATE_IDLE || (st == SFS_STATE_LOADING && !owner_alive_rec(c, sl))) {
         make_owner(c, sl);
@@ -231,10 +248,45 @@ static bool try_takeover(struct sfs_cache *c, uint32_t s, uint32_t e)
         set_state(sl, SFS_STATE_LOADING);
         sfs_ctr_add(c, CTR_TAKEOVERS, 1);
         sfs_ctr_add(c, CTR_OWNER_LOADS, 1);
-        won = true;
+        r = 1;
+    } else {
+        r = st == SFS_STATE_FREE || st > SFS_STATE_FAILED ? -EBADMSG : 0;
     }
     bucket_unlock(c, b);
-    return won;
+    return r;
+}
+
+/*
+ * Where a waiter stands with its slot: the state it settled in (Ready,
+ * Failed), SFS_WAIT_OWNER when it took the load over, -1 to keep waiting, or
+ * -errno: -EBADMSG for a state no leased slot can be in (Free: only a bad
+ * write puts a leased slot there; out of range), -ETIMEDOUT from a takeover
+ * whose lock stayed busy to the deadline.
+ */
+static int settled(struct sfs_cache *c, const struct sfs_lease *l, struct sfs_slot_rec *sl,
+                   int64_t deadline_ns)
+{
+    uint32_t st = atomic_load_explicit(&sl->state, memory_order_acquire);
+
+    if (st == SFS_STATE_READY || st == SFS_STATE_FAILED)
+        return (int)st;
+    if (st == SFS_STATE_FREE || st > SFS_STATE_FAILED)
+        return -EBADMSG;
+    if (st == SFS_STATE_IDLE || !owner_alive_rec(c, sl)) {
+        int r = try_takeover(c, l->slot, l->entry, deadline_ns);
+
+        if (r == 1)
+            return SFS_WAIT_OWNER;
+        if (r < 0)
+            return r;
+    }
+    return -1;
+}
+
+/* The futex errors a wait loop re-checks after; anything else is returned. */
+static bool wait_again(int r)
+{
+    return r == 0 || r == -EAGAIN || r == -ETIMEDOUT || r == -EINTR;
 }
 
 int sfs_cache_wait(struct sfs_cache *c, const struct sfs_lease *lease, int64_t deadline_ns)
@@ -246,16 +298,12 @@ int sfs_cache_wait(struct sfs_cache *c, const struct sfs_lease *lease, int64_t d
     for (;;) {
         /* Acquire: version first, then state (the no-lost-wakeup order). */
         uint32_t v = atomic_load_explicit(&sl->version, memory_order_acquire);
-        uint32_t st = atomic_load_explicit(&sl->state, memory_order_acquire);
+        int st = settled(c, lease, sl, deadline_ns);
 
-        if (st == SFS_STATE_READY || st == SFS_STATE_FAILED)
-            return (int)st;
-        if (st == SFS_STATE_IDLE || st == SFS_STATE_FREE ||
-            (st == SFS_STATE_LOADING && !owner_alive_rec(c, sl))) {
-            if (try_takeover(c, lease->slot, lease->entry))
-                return SFS_WAIT_OWNER;
-            continue;
-        }
+        if (st >= 0 || st < -1)
+            return st;
+        /* Still Loading under a live owner, or a takeover lost to another
+         * waiter: the deadline first, so no state can keep us past it. */
         int64_t now = sfs_now_ns();
         if (deadline_ns > 0 && now >= deadline_ns)
             return -ETIMEDOUT;
@@ -268,25 +316,11 @@ int sfs_cache_wait(struct sfs_cache *c, const struct sfs_lease *lease, int64_t d
         if (atomic_load_explicit(&sl->version, memory_order_seq_cst) == v)
             r = sfs_futex_wait(&sl->version, v, slice);
         atomic_fetch_sub_explicit(&sl->nwaiters, 1, memory_order_seq_cst);
-        (void)r; /* woken, timed out or interrupted: the loop re-reads the state,
-                  * and owner_alive_rec sees a record the daemon declared dead */
+        if (!wait_again(r))
+            return r;
+        /* Woken, timed out or interrupted: the loop re-reads the state, and
+         * owner_alive_rec sees a record the daemon declared dead. */
     }
-}
-
-/* A slot that is no longer Loading, or one we just took over: its state for
- * the caller, or -1 to keep waiting. */
-static int settled(struct sfs_cache *c, const struct sfs_lease *l, struct sfs_slot_rec *sl)
-{
-    uint32_t st = atomic_load_explicit(&sl->state, memory_order_acquire);
-
-    if (st == SFS_STATE_READY || st == SFS_STATE_FAILED)
-        return (int)st;
-    if (st == SFS_STATE_IDLE || st == SFS_STATE_FREE ||
-        (st == SFS_STATE_LOADING && !owner_alive_rec(c, sl))) {
-        if (try_takeover(c, l->slot, l->entry))
-            return SFS_WAIT_OWNER;
-    }
-    return -1;
 }
 
 int sfs_cache_wait_any_bell(struct sfs_cache *c, const struct sfs_lease *leases, size_t n,
@@ -299,6 +333,7 @@ int sfs_cache_wait_any_bell(struct sfs_cache *c, const struct sfs_lease *leases,
     struct sfs_slot_rec *sls[SFS_WAIT_ANY_MAX];
     _Atomic uint32_t *words[SFS_WAIT_ANY_MAX];
     uint32_t v[SFS_WAIT_ANY_MAX];
+    size_t first = 0; /* start of the sleep window when it cannot hold all */
 
     if (!c || (!leases && n) || !state || (n == 0 && !bell) || n > SFS_WAIT_ANY_MAX)
         return -EINVAL;
@@ -312,12 +347,14 @@ int sfs_cache_wait_any_bell(struct sfs_cache *c, const struct sfs_lease *leases,
         for (size_t i = 0; i < n; i++) {
             /* Acquire: version first, then state (the no-lost-wakeup order). */
             v[i] = atomic_load_explicit(&sls[i]->version, memory_order_acquire);
-            int st = settled(c, &leases[i], sls[i]);
+            int st = settled(c, &leases[i], sls[i], deadline_ns);
 
             if (st >= 0) {
                 *state = st;
                 return (int)i;
             }
+            if (st < -1)
+                return st;
         }
         /* Acquire: pairs with the ringer's release bump. */
         if (bell && atomic_load_explicit(bell, memory_order_acquire) != bell_seen)
@@ -325,16 +362,34 @@ int sfs_cache_wait_any_bell(struct sfs_cache *c, const struct sfs_lease *leases,
         int64_t now = sfs_now_ns();
         if (deadline_ns > 0 && now >= deadline_ns)
             return -ETIMEDOUT;
-        int64_t slice = now + OWNER_CHECK_NS;
+        /* One futex_waitv takes SFS_FUTEX_WAITV_MAX words, the bell
+         * included: with more keys, sleep on a window of them that rotates
+         * every WAITV_ROTATE_NS (each pass above looks at all n). */
+        size_t room = SFS_FUTEX_WAITV_MAX - (bell != NULL);
+        size_t k = n <= room ? n : room;
+        int64_t slice = now + (k < n ? WAITV_ROTATE_NS : OWNER_CHECK_NS);
         if (deadline_ns > 0 && deadline_ns < slice)
             slice = deadline_ns;
-        for (size_t i = 0; i < n; i++)
+        _Atomic uint32_t *ww[SFS_FUTEX_WAITV_MAX];
+        uint32_t wv[SFS_FUTEX_WAITV_MAX];
+
+        SFS_ASSERT(k + (bell != NULL) <= SFS_FUTEX_WAITV_MAX);
+        for (size_t j = 0; j < k; j++) {
+            size_t i = (first + j) % n;
+
+            ww[j] = words[i];
+            wv[j] = v[i];
+            /* seq_cst pairs with set_state's bump-then-read of nwaiters. */
             atomic_fetch_add_explicit(&sls[i]->nwaiters, 1, memory_order_seq_cst);
-        int r = sfs_futex_waitv(words, v, n, bell, bell_seen, slice);
-        for (size_t i = 0; i < n; i++)
-            atomic_fetch_sub_explicit(&sls[i]->nwaiters, 1, memory_order_seq_cst);
-        if (r == -ENOSYS)
-            return r; /* a timeout re-reads every state: see sfs_cache_wait */
+        }
+        int r = sfs_futex_waitv(ww, wv, k, bell, bell_seen, slice);
+        for (size_t j = 0; j < k; j++)
+            atomic_fetch_sub_explicit(&sls[(first + j) % n]->nwaiters, 1, memory_order_seq_cst);
+        if (k < n)
+            first = (first + k) % n;
+        if (!wait_again(r))
+            return r; /* -ENOSYS (before Linux 5.16), or an error: never spin on it */
+        /* A timeout re-reads every state: see sfs_cache_wait. */
     }
 }
 
@@ -440,9 +495,22 @@ int sfs_cache_release(struct sfs_cache *c, const struct sfs_lease *lease)
     b = atomic_load_explicit(&sl->bucket, memory_order_relaxed);
     if (b >= c->nbuckets)
         return -EBADMSG;
-    r = bucket_lock(c, b);
-    if (r < 0)
-        return r;
+    if (atomic_load_explicit(&c->deferred, memory_order_relaxed))
+        lease_finish_deferred(c);
+    uint32_t v = atomic_load_explicit(&c->leases[lease->entry], memory_order_relaxed);
+    r = bucket_lock(c, b, sfs_now_ns() + RELEASE_LOCK_NS);
+    if (r < 0) {
+        /* A stopped holder: the release is recorded, its count dropped
+         * later (never leaked, never waited for past RELEASE_LOCK_NS). */
+        return lease_defer(c, lease->entry, v) ? 0 : -EINVAL;
+    }
+    SFS_TEST_POINT("release:locked");
+    /* Two threads releasing one lease: only the first finds it here. */
+    if ((atomic_load_explicit(&c->leases[lease->entry], memory_order_relaxed) & ~ENTRY_OWNER) !=
+        lease->slot + 1) {
+        bucket_unlock(c, b);
+        return -EINVAL;
+    }
     release_locked(c, c->me, c->my_gen, c->leases, lease->entry, lease->slot);
     bucket_unlock(c, b);
     entry_free(c, lease->entry);
@@ -465,7 +533,7 @@ static int lock_find(struct sfs_cache *c, const struct sfs_key *key, uint32_t *b
     if (!c || !key)
         return -EINVAL;
     *b = bucket_of(c, key);
-    r = bucket_lock(c, *b);
+    r = bucket_lock(c, *b, 0);
     if (r < 0)
         return r;
     *s = chain_find(c, *b, key, &err);
@@ -591,7 +659,7 @@ int sfs_cache_touch(struct sfs_cache *c, const struct sfs_block_id *blocks, size
 
         if (bk && i && bk[i - 1] == b)
             continue;
-        if (bucket_lock(c, b) < 0)
+        if (bucket_lock(c, b, 0) < 0)
             continue;
         uint32_t s = atomic_load_explicit(&c->buckets[b].head, memory_order_relaxed);
         for (uint32_t steps = 0; s != SFS_NIL && slot_ok(c, s) && steps < c->nslots; steps++) {
@@ -633,7 +701,7 @@ int sfs_cache_foreach(struct sfs_cache *c, unsigned state_mask, sfs_key_visit_fn
 
         if (atomic_load_explicit(&c->buckets[b].head, memory_order_relaxed) == SFS_NIL)
             continue; /* racy peek is fine: a snapshot */
-        if (bucket_lock(c, b) < 0)
+        if (bucket_lock(c, b, 0) < 0)
             continue;
         uint32_t s = atomic_load_explicit(&c->buckets[b].head, memory_order_relaxed);
         for (uint32_t steps = 0; s != SFS_NIL && slot_ok(c, s) && steps < c->nslots; steps++) {
@@ -669,32 +737,4 @@ int sfs_cache_foreach(struct sfs_cache *c, unsigned state_mask, sfs_key_visit_fn
     free(keys);
     free(states);
     return r;
-}
-
-/* ---------------------------------------------------------------------------
- * The handle's geometry and segments.
- */
-
-void sfs_cache_info(struct sfs_cache *c, struct sfs_cache_info *o)
-{
-    memset(o, 0, sizeof(*o));
-    o->shard_size = c->shard_size;
-    o->nslots = c->nslots;
-    o->nreserved = c->nreserved;
-    o->nbuckets = c->nbuckets;
-    o->nsegments = c->nsegments;
-    o->max_procs = c->max_procs;
-    o->hugepages = c->hugepages;
-    o->query_only = c->query_only;
-    o->proc_index = (int)c->me;
-    o->control_bytes = c->ctl_len;
-}
-
-void *sfs_cache_segment(struct sfs_cache *c, uint32_t i, size_t *len)
-{
-    if (!c || c->query_only || i >= c->nsegments)
-        return NULL;
-    if (len)
-        *len = c->seg_size;
-    return c->seg_base[i];
 }

@@ -12,6 +12,7 @@
 
 #include <shardfs/cache.h>
 
+#include "assert_i.h"
 #include "layout_i.h"
 
 #include <pthread.h>
@@ -65,6 +66,7 @@ struct sfs_cache {
      * (see entry_alloc in slot_i.h). */
     _Atomic uint64_t free_head;
     _Atomic uint32_t *free_next;
+    _Atomic uint32_t deferred;  /* releases marked ENTRY_DROP, not yet dropped */
     uint64_t id;                /* process-unique handle id (thread spares) */
     struct sfs_cache *reg_next; /* in the registry of open handles */
 
@@ -102,6 +104,7 @@ static inline void *sfs_dp_addr(const struct sfs_cache *c, uint32_t slot)
 {
     uint32_t seg, idx;
 
+    SFS_ASSERT(slot < c->nslots && !c->query_only); /* callers bound the index */
     if (c->seg_shift) {
         seg = slot >> c->seg_shift;
         idx = slot & c->seg_mask;

@@ -81,6 +81,7 @@ uint64_t sfs_layout_format(void)
         offsetof(struct sfs_slot_rec, refcount),
         offsetof(struct sfs_slot_rec, accessed),
         sizeof(struct sfs_proc_rec),
+        offsetof(struct sfs_proc_rec, lease_hwm),
         offsetof(struct sfs_proc_rec, ctr),
         CTR_COUNT,
         sizeof(pthread_mutex_t),
@@ -266,13 +267,25 @@ int sfs_ctl_validate(struct sfs_cache *c)
     g.max_leases = h->max_leases;
     g.nsegments = h->nsegments;
     g.slots_per_seg = h->slots_per_segment;
-    if (g.shard_size == 0 || g.shard_size > UINT32_MAX || g.stride < g.shard_size ||
-        g.stride % STRIDE_ALIGN || g.nslots == 0 || g.nslots >= (1u << 30) ||
-        g.nreserved >= g.nslots || g.nbuckets == 0 || (g.nbuckets & (g.nbuckets - 1)) ||
-        g.max_procs == 0 || g.max_procs > 4096 || g.max_leases == 0 || g.max_leases > (1u << 24) ||
-        g.slots_per_seg == 0 ||
+    /* Each field within the bounds geometry_from_config() gives it. */
+    if (g.shard_size == 0 || g.shard_size > UINT32_MAX || g.nslots == 0 ||
+        g.nslots >= (1u << 30) || g.nreserved >= g.nslots || g.nbuckets == 0 ||
+        (g.nbuckets & (g.nbuckets - 1)) || g.max_procs == 0 || g.max_procs > 4096 ||
+        g.max_leases == 0 || g.max_leases > (1u << 24) || g.slots_per_seg == 0 ||
+        g.slots_per_seg > g.nslots)
+        return -EBADMSG;
+    /* Every derived size recomputed as the creator computes it, each product
+     * overflow-checked, and required equal: stride exactly the aligned shard
+     * size (it bounds every slot's address), segment size exactly the
+     * aligned slots-per-segment * stride, and the segments exactly cover the
+     * slots. (A stride of 2^61 was accepted when only bounded below, and
+     * slots_per_segment * stride wrapped.) */
+    uint64_t seg_bytes, total;
+    if (g.stride != SFS_ALIGN_UP(g.shard_size, STRIDE_ALIGN) ||
+        __builtin_mul_overflow((uint64_t)g.slots_per_seg, g.stride, &seg_bytes) ||
+        seg_bytes > UINT64_MAX - HUGE_2M || g.seg_size != SFS_ALIGN_UP(seg_bytes, HUGE_2M) ||
         g.nsegments != (g.nslots + (uint64_t)g.slots_per_seg - 1) / g.slots_per_seg ||
-        g.seg_size < (uint64_t)g.slots_per_seg * g.stride)
+        __builtin_mul_overflow((uint64_t)g.nsegments, g.seg_size, &total))
         return -EBADMSG;
     layout(&g);
     if (g.size != h->region_size || g.size != (uint64_t)st.st_size || g.size != c->ctl_len ||
@@ -281,4 +294,32 @@ int sfs_ctl_validate(struct sfs_cache *c)
         return -EBADMSG;
     adopt_geometry(c, &g);
     return 0;
+}
+
+/* ---------------------------------------------------------------------------
+ * The handle's geometry and segments, as validated.
+ */
+
+void sfs_cache_info(struct sfs_cache *c, struct sfs_cache_info *o)
+{
+    memset(o, 0, sizeof(*o));
+    o->shard_size = c->shard_size;
+    o->nslots = c->nslots;
+    o->nreserved = c->nreserved;
+    o->nbuckets = c->nbuckets;
+    o->nsegments = c->nsegments;
+    o->max_procs = c->max_procs;
+    o->hugepages = c->hugepages;
+    o->query_only = c->query_only;
+    o->proc_index = (int)c->me;
+    o->control_bytes = c->ctl_len;
+}
+
+void *sfs_cache_segment(struct sfs_cache *c, uint32_t i, size_t *len)
+{
+    if (!c || c->query_only || i >= c->nsegments)
+        return NULL;
+    if (len)
+        *len = c->seg_size;
+    return c->seg_base[i];
 }

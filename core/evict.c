@@ -37,17 +37,21 @@ static int take_slot(struct sfs_cache *c, uint32_t b, uint32_t s)
     }
     if (sb >= c->nbuckets)
         return -EAGAIN; /* corrupt hint: never index with it */
-    if (sb != b && bucket_trylock(c, sb) < 0)
+    SFS_TEST_POINT("evict:candidate");
+    if (sb != b && bucket_lock(c, sb, LOCK_TRY) < 0)
         return -EBUSY; /* another evictor or reader holds it: not "all leased" */
     int r = -EAGAIN;
     if (atomic_load_explicit(&sl->bucket, memory_order_relaxed) != sb)
         goto out_unlock;
+    /* Leased after all (the scan's look was a hint): never unlinked. The
+     * count is checked before the unlink, so at no instant is a leased slot
+     * off its chain: a death there left one, and the next Get of its key
+     * became a second owner. An orphan is reclaimed only at refcount 0. */
+    if (atomic_load_explicit(&sl->refcount, memory_order_relaxed) != 0)
+        goto out_unlock;
     if (!chain_unlink(c, sb, s)) {
         /* On no chain though it names one: cut off by a dead mover. Ours. */
         sfs_log(LOG_NOTICE, "slot %u: orphan reclaimed", s);
-    } else if (atomic_load_explicit(&sl->refcount, memory_order_relaxed) != 0) {
-        chain_link(c, sb, s); /* leased after all: put it back */
-        goto out_unlock;
     } else {
         uint32_t st = atomic_load_explicit(&sl->state, memory_order_relaxed);
 
@@ -57,6 +61,7 @@ static int take_slot(struct sfs_cache *c, uint32_t b, uint32_t s)
         if (st != SFS_STATE_FREE)
             sfs_ctr_add(c, CTR_EVICTIONS, 1);
     }
+    SFS_TEST_POINT("evict:unlinked");
     atomic_store_explicit(&sl->bucket, b, memory_order_relaxed);
     r = 0;
 out_unlock:
@@ -146,6 +151,7 @@ void install(struct sfs_cache *c, uint32_t b, uint32_t s, const struct sfs_key *
     struct sfs_slot_rec *sl = &c->slots[s];
     uint8_t flags = s >= c->nregular ? SLOT_F_RESERVED : 0;
 
+    SFS_ASSERT(s < c->nslots && b < c->nbuckets);
     memcpy(sl->block, k->block.b, SFS_BLOCK_ID_LEN);
     sl->shard = k->shard;
     make_owner(c, sl);
@@ -172,6 +178,7 @@ int wait_for_release(struct sfs_cache *c, uint32_t seq, int64_t deadline_ns)
     if (atomic_load_explicit(&h->release_seq, memory_order_seq_cst) == seq) {
         int64_t slice = sfs_now_ns() + OWNER_CHECK_NS;
 
+        SFS_TEST_POINT("evict:release_sleep");
         r = sfs_futex_wait(&h->release_seq, seq, slice < deadline_ns ? slice : deadline_ns);
     }
     atomic_fetch_sub_explicit(&h->release_waiters, 1, memory_order_seq_cst);

@@ -26,7 +26,7 @@
 #include <stdint.h>
 
 #define SFS_MAGIC          0x3153465344524148ull /* "HARDSFS1" little-endian */
-#define SFS_LAYOUT_VERSION 2u                    /* 2: records held by connections */
+#define SFS_LAYOUT_VERSION 2u                    /* 2: records held by connections, lease_hwm */
 #define SFS_NIL            UINT32_MAX            /* "no slot / no bucket" in links */
 #define SFS_CACHELINE      64
 
@@ -130,7 +130,11 @@ struct sfs_proc_rec {
     _Atomic int32_t pid; /* the claimer's view of the pid, for logs only */
     int32_t device_id;   /* as attached (-1: query-only) */
     uint32_t kind;       /* enum sfs_proc_kind; written by the claimer */
-    uint8_t pad0[SFS_CACHELINE - 20];
+    /* Entries [0, lease_hwm) of the record's lease table were ever used:
+     * raised by the owner before it writes an entry beyond (release), reset
+     * at claim; bounds what repair reads of this table. */
+    _Atomic uint32_t lease_hwm;
+    uint8_t pad0[SFS_CACHELINE - 24];
     alignas(SFS_CACHELINE) _Atomic int64_t ctr[CTR_COUNT]; /* written by the owner only */
 };
 

@@ -24,6 +24,21 @@
 #define FREE_TOP(h) ((uint32_t)(h))
 #define FREE_TAG(h) ((h) >> 32)
 
+/* Entry top - 1 is about to be used: raise our record's high-water mark, so
+ * repair reads it (release: the mark is visible before any entry written
+ * beyond it under a bucket lock). Our process is its only writer. */
+static void hwm_raise(struct sfs_cache *c, uint32_t top)
+{
+    if (!c->self)
+        return;
+    uint32_t hw = atomic_load_explicit(&c->self->lease_hwm, memory_order_relaxed);
+
+    while (hw < top && !atomic_compare_exchange_weak_explicit(&c->self->lease_hwm, &hw, top,
+                                                             memory_order_release,
+                                                             memory_order_relaxed))
+        ;
+}
+
 int entry_pop(struct sfs_cache *c, uint32_t *e)
 {
     /* Acquire: the next link of the top was written before it was pushed. */
@@ -39,7 +54,9 @@ int entry_pop(struct sfs_cache *c, uint32_t *e)
 
         if (atomic_compare_exchange_weak_explicit(&c->free_head, &h, nh, memory_order_acquire,
                                                   memory_order_acquire)) {
+            SFS_ASSERT(top <= c->max_leases); /* the stack is private memory */
             *e = top - 1;
+            hwm_raise(c, top);
             return 0;
         }
     }
@@ -127,8 +144,18 @@ static void registry_remove(struct sfs_cache *c)
         lease_spare.id = 0; /* ours was of this handle: it goes with it */
 }
 
-/* Bucket lock held: one lease fewer on s; the last one may free a slot a
- * full cache's Get waits for. */
+/*
+ * Bucket lock held: one lease fewer on s. The last one frees a slot a full
+ * cache's Get may be waiting for: release_seq is bumped on every 1 -> 0, and
+ * the wake is made only when someone waits. Bumping only when release_waiters
+ * was seen non-zero lost the release that came between a waiter's scan and
+ * its increment (it slept a whole slice): the waiter reads release_seq before
+ * its scan, and any release after that read now changes the word.
+ *
+ * At 0 no lease holder is left, so no live waiter sleeps on the slot (a
+ * waiter holds its lease through its sleep): nwaiters is reset, and a waiter
+ * killed in its sleep leaves it raised only until then.
+ */
 static void refcount_drop(struct sfs_cache *c, struct sfs_slot_rec *s)
 {
     uint32_t rc = atomic_load_explicit(&s->refcount, memory_order_relaxed);
@@ -136,10 +163,15 @@ static void refcount_drop(struct sfs_cache *c, struct sfs_slot_rec *s)
     if (rc == 0)
         return; /* saturate: a repaired count is never driven below zero */
     atomic_store_explicit(&s->refcount, rc - 1, memory_order_relaxed);
-    if (rc == 1 && atomic_load_explicit(&c->hdr->release_waiters, memory_order_seq_cst)) {
-        atomic_fetch_add_explicit(&c->hdr->release_seq, 1, memory_order_seq_cst);
+    if (rc != 1)
+        return;
+    /* Relaxed: nwaiters only decides whether set_state makes a wake call. */
+    atomic_store_explicit(&s->nwaiters, 0, memory_order_relaxed);
+    /* seq_cst, both: the waiter increments release_waiters, then re-reads
+     * release_seq (Dekker): it sees the bump, or we see it waiting. */
+    atomic_fetch_add_explicit(&c->hdr->release_seq, 1, memory_order_seq_cst);
+    if (atomic_load_explicit(&c->hdr->release_waiters, memory_order_seq_cst))
         sfs_futex_wake(&c->hdr->release_seq, INT32_MAX);
-    }
 }
 
 /* Drop the lease in entry e on slot s: bucket lock held. An owner that lets
@@ -161,10 +193,14 @@ void release_locked(struct sfs_cache *c, uint32_t proc, uint32_t gen,
     refcount_drop(c, sl);
 }
 
-/* Free every lease in proc p's table (p is dead, or is us detaching). */
-void drop_all_leases(struct sfs_cache *c, uint32_t p, uint32_t gen)
+/* Free every lease in proc p's table (p is dead, or is us detaching); a
+ * lease whose bucket lock is out of reach by deadline_ns (LOCK_TRY: busy
+ * now) stays for a later call. Returns the number left. Bounded by the
+ * table's max_leases entries. */
+int drop_all_leases(struct sfs_cache *c, uint32_t p, uint32_t gen, int64_t deadline_ns)
 {
     _Atomic uint32_t *t = lease_table(c, p);
+    int left = 0;
 
     for (uint32_t e = 0; e < c->max_leases; e++) {
         uint32_t v = atomic_load_explicit(&t[e], memory_order_relaxed);
@@ -177,13 +213,65 @@ void drop_all_leases(struct sfs_cache *c, uint32_t p, uint32_t gen)
         }
         uint32_t s = ENTRY_SLOT1(v) - 1;
         uint32_t b = atomic_load_explicit(&c->slots[s].bucket, memory_order_relaxed);
-        if (b >= c->nbuckets || bucket_lock(c, b) < 0) {
+        if (b >= c->nbuckets) {
+            /* A leased slot on no valid chain: only a bad write does that,
+             * and there is no lock to count it down under. */
             atomic_store_explicit(&t[e], SFS_ENTRY_FREE, memory_order_relaxed);
+            continue;
+        }
+        if (bucket_lock(c, b, deadline_ns) < 0) {
+            /* Held by a stopped (or slow) process: never drop the entry
+             * without its count, come back later. */
+            left++;
             continue;
         }
         if (atomic_load_explicit(&t[e], memory_order_relaxed) == v)
             release_locked(c, p, gen, t, e, s);
         bucket_unlock(c, b);
+    }
+    return left;
+}
+
+/* Our lease in entry e (holding v) could not be released under its lock:
+ * mark it, to be finished by lease_finish_deferred(). The CAS fails when
+ * another thread released it meanwhile (false: a second release). Relaxed:
+ * the mark changes no count (repair still counts the entry); it only keeps
+ * the holder from using it. */
+bool lease_defer(struct sfs_cache *c, uint32_t e, uint32_t v)
+{
+    if (v & ENTRY_DROP ||
+        !atomic_compare_exchange_strong_explicit(&c->leases[e], &v, v | ENTRY_DROP,
+                                                 memory_order_relaxed, memory_order_relaxed))
+        return false;
+    atomic_fetch_add_explicit(&c->deferred, 1, memory_order_relaxed);
+    return true;
+}
+
+/* Finish our deferred releases whose bucket lock is free now. Bounded by
+ * the table's max_leases entries; called only while some are deferred. */
+void lease_finish_deferred(struct sfs_cache *c)
+{
+    for (uint32_t e = 0; e < c->max_leases; e++) {
+        uint32_t v = atomic_load_explicit(&c->leases[e], memory_order_relaxed);
+
+        if (!(v & ENTRY_DROP))
+            continue;
+        uint32_t s = ENTRY_SLOT1(v) - 1;
+        uint32_t b = slot_ok(c, s) ? atomic_load_explicit(&c->slots[s].bucket,
+                                                           memory_order_relaxed)
+                                   : SFS_NIL;
+        if (b >= c->nbuckets || bucket_lock(c, b, LOCK_TRY) < 0)
+            continue;
+        /* Under the lock: another thread of ours may have finished it. */
+        bool mine = atomic_load_explicit(&c->leases[e], memory_order_relaxed) == v;
+        if (mine)
+            release_locked(c, c->me, c->my_gen, c->leases, e, s);
+        bucket_unlock(c, b);
+        if (mine) {
+            entry_free(c, e);
+            SFS_ASSERT(atomic_load_explicit(&c->deferred, memory_order_relaxed) > 0);
+            atomic_fetch_sub_explicit(&c->deferred, 1, memory_order_relaxed);
+        }
     }
 }
 
@@ -200,9 +288,34 @@ int sfs_lease_table_init(struct sfs_cache *c)
     return 0;
 }
 
+#if SFS_DEBUG >= 2
+/* Expensive check, at close: the free stack holds distinct entries in range
+ * (at most max_leases steps). Private memory only. */
+static bool stack_sane(struct sfs_cache *c)
+{
+    uint32_t top = FREE_TOP(atomic_load_explicit(&c->free_head, memory_order_relaxed));
+    uint8_t *seen = calloc(c->max_leases, 1);
+    bool ok = true;
+
+    if (!seen)
+        return true;
+    for (uint32_t n = 0; top != 0 && ok; n++) {
+        ok = top <= c->max_leases && n < c->max_leases && !seen[top - 1];
+        if (ok) {
+            seen[top - 1] = 1;
+            top = atomic_load_explicit(&c->free_next[top - 1], memory_order_relaxed);
+        }
+    }
+    free(seen);
+    return ok;
+}
+#endif
+
 /* At close: forget the handle (its thread spares die with it), free the stack. */
 void lease_table_fini(struct sfs_cache *c)
 {
+    if (c->free_next)
+        SFS_ASSERT_EXPENSIVE(stack_sane(c));
     if (c->id)
         registry_remove(c);
     free(c->free_next);

@@ -20,17 +20,44 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
-static void fold_counters(struct sfs_cache *c, struct sfs_proc_rec *p)
+/*
+ * Take the header's proc_lock, with bucket_lock's deadline meaning (0:
+ * LOCK_WAIT_NS; LOCK_TRY: only if free). The retired counters it guards need
+ * no repair after a dead holder: a fold cut short loses that one record's
+ * last counts, nothing else.
+ */
+static int proc_lock(struct sfs_cache *c, int64_t deadline_ns)
 {
-    int r = pthread_mutex_lock(&c->hdr->proc_lock);
+    pthread_mutex_t *m = &c->hdr->proc_lock;
+    int r = pthread_mutex_trylock(m);
 
-    if (r == EOWNERDEAD)
-        pthread_mutex_consistent(&c->hdr->proc_lock);
+    if (r == EBUSY) {
+        if (deadline_ns < 0)
+            return -EBUSY;
+        r = robust_lock_until(m, deadline_ns);
+    }
+    if (r == EOWNERDEAD) {
+        pthread_mutex_consistent(m);
+        r = 0;
+    }
+    return -r;
+}
+
+/* Fold record p's counters into the retired totals; -ETIMEDOUT / -EBUSY
+ * when proc_lock stayed out of reach (nothing folded). */
+static int fold_counters(struct sfs_cache *c, struct sfs_proc_rec *p, int64_t deadline_ns)
+{
+    int r = proc_lock(c, deadline_ns);
+
+    if (r < 0)
+        return r;
+    SFS_TEST_POINT("proc:fold");
     for (int i = 0; i < CTR_COUNT; i++) {
         /* Relaxed: the record's writer is gone or is us. */
         c->hdr->retired[i] += atomic_exchange_explicit(&p->ctr[i], 0, memory_order_relaxed);
     }
     pthread_mutex_unlock(&c->hdr->proc_lock);
+    return 0;
 }
 
 /*
@@ -46,9 +73,14 @@ static void fold_counters(struct sfs_cache *c, struct sfs_proc_rec *p)
  *   LEFT -> FREE       the server, when that connection closes
  *   ALIVE -> DEAD      the server, when the connection it claimed the record
  *                      for closes (exit, exec or detach) or the peer's pidfd
- *                      says it exited
+ *                      says it exited; or a handle's own detach (not a
+ *                      connection's record) that left leases behind a lock
+ *                      it could not take within LOCK_WAIT_NS
  *   DEAD -> REAPING    a reaper's CAS, in the server's process only
- *   REAPING -> FREE    that reaper, once the leases are freed
+ *   REAPING -> FREE    that reaper, once the leases are freed and the
+ *                      counters folded
+ *   REAPING -> DEAD    that reaper, when a lock it only tries was busy: the
+ *                      next pass (within 200 ms) takes it again
  *
  * No process judges another by its pid: pids differ across pid namespaces
  * and survive exec. Only the server, which holds each client's connection,
@@ -70,6 +102,7 @@ static int claim(struct sfs_cache *c, int pid, int device_id, uint32_t kind, uin
                                                      memory_order_acq_rel, memory_order_relaxed))
             continue;
         /* Relaxed, all of these: the release store of ALIVE publishes them. */
+        atomic_store_explicit(&p->lease_hwm, 0, memory_order_relaxed); /* the table is empty */
         atomic_store_explicit(&p->pid, pid, memory_order_relaxed);
         p->device_id = device_id;
         p->kind = kind;
@@ -147,23 +180,37 @@ bool sfs_proc_mark_dead(struct sfs_cache *c, uint32_t i, uint32_t gen)
     return false;
 }
 
-/* Clean record i (we moved it to REAPING) and free it. */
-static void reap_record(struct sfs_cache *c, uint32_t i)
+/*
+ * Clean record i (we moved it DEAD -> REAPING) and free it. The reaper never
+ * waits for a lock: leases behind a bucket lock held by a live process
+ * (stopped, maybe), or a proc_lock out of reach, put the record back to
+ * DEAD, and the next pass (the server's reaper comes back within 200 ms)
+ * finishes it. True when the record is free.
+ */
+static bool reap_record(struct sfs_cache *c, uint32_t i)
 {
     struct sfs_proc_rec *p = &c->procs[i];
     /* Relaxed: our REAPING CAS (acq_rel) ordered the claim's writes before. */
     uint32_t gen = atomic_load_explicit(&p->gen, memory_order_relaxed);
 
-    sfs_log(LOG_NOTICE, "reaping process %d (record %u)",
-            atomic_load_explicit(&p->pid, memory_order_relaxed), i);
+    SFS_TEST_POINT("reap:record");
     /* Its Loading slots go back to Idle with a version bump and a wake:
      * that is what wakes their waiters. */
-    drop_all_leases(c, i, gen);
+    if (drop_all_leases(c, i, gen, LOCK_TRY) > 0 || fold_counters(c, p, LOCK_TRY) < 0) {
+        /* Part-way: what was dropped stays dropped (each under its lock).
+         * Back to DEAD, never left REAPING: only a DEAD record is picked up
+         * again, so this is what makes the next pass retry it. Release: our
+         * drops happen-before the next reaper's CAS. */
+        atomic_store_explicit(&p->state, PROC_DEAD, memory_order_release);
+        return false;
+    }
+    sfs_log(LOG_NOTICE, "reaped process %d (record %u)",
+            atomic_load_explicit(&p->pid, memory_order_relaxed), i);
     sfs_ctr_add(c, CTR_REAPED, 1);
-    fold_counters(c, p);
     atomic_store_explicit(&p->pid, 0, memory_order_relaxed); /* published by the FREE store */
     /* Release: the record is clean before it can be claimed again. */
     atomic_store_explicit(&p->state, PROC_FREE, memory_order_release);
+    return true;
 }
 
 int sfs_cache_reap(struct sfs_cache *c)
@@ -184,8 +231,8 @@ int sfs_cache_reap(struct sfs_cache *c)
         if (!atomic_compare_exchange_strong_explicit(&c->procs[i].state, &expect, PROC_REAPING,
                                                      memory_order_acq_rel, memory_order_relaxed))
             continue;
-        reap_record(c, i);
-        n++;
+        if (reap_record(c, i))
+            n++;
     }
     return n;
 }
@@ -223,15 +270,17 @@ static void fill_stats(struct sfs_cache *c, const int64_t *acc, struct sfs_stats
 void sfs_cache_stats(struct sfs_cache *c, struct sfs_stats *out)
 {
     int64_t acc[CTR_COUNT] = {0};
+    /* Under proc_lock a fold is never seen half-done; past LOCK_WAIT_NS (a
+     * stopped holder) the sum is taken without it, a snapshot as good as
+     * any counter read one by one. */
+    bool locked = proc_lock(c, 0) == 0;
 
-    int r = pthread_mutex_lock(&c->hdr->proc_lock);
-    if (r == EOWNERDEAD)
-        pthread_mutex_consistent(&c->hdr->proc_lock);
     for (int i = 0; i < CTR_COUNT; i++)
         acc[i] = c->hdr->retired[i];
     for (uint32_t i = 0; i < c->max_procs; i++)
         sum_proc(&c->procs[i], acc);
-    pthread_mutex_unlock(&c->hdr->proc_lock);
+    if (locked)
+        pthread_mutex_unlock(&c->hdr->proc_lock);
     fill_stats(c, acc, out);
 }
 
@@ -250,14 +299,25 @@ void sfs_cache_free_handle(struct sfs_cache *c)
         return;
     if (c->self) {
         uint32_t expect = PROC_ALIVE;
+        /* Each bucket lock waited for at most LOCK_WAIT_NS: leases behind a
+         * lock still out of reach are left for the server's reaper. */
+        bool clean = drop_all_leases(c, c->me, c->my_gen, 0) == 0;
 
-        drop_all_leases(c, c->me, c->my_gen);
-        fold_counters(c, c->self);
-        /* A connection's record is the server's to free, when the
-         * connection closes (after this): we only say we left. */
-        atomic_compare_exchange_strong_explicit(&c->self->state, &expect,
-                                                c->conn_fd < 0 ? PROC_FREE : PROC_LEFT,
-                                                memory_order_acq_rel, memory_order_relaxed);
+        if (fold_counters(c, c->self, 0) < 0)
+            clean = false; /* the reaper folds them */
+        if (clean)
+            atomic_store_explicit(&c->self->pid, 0, memory_order_relaxed);
+        /* Clean: a connection's record is the server's to free, when the
+         * connection closes (after this): we only say we left (LEFT); a
+         * handle's record is free. Not clean: a connection's record stays
+         * ALIVE, and the close makes the server declare it dead and reap
+         * what is left; a handle's record is declared DEAD here, for the
+         * server's reaper. */
+        uint32_t to = clean ? (c->conn_fd < 0 ? PROC_FREE : PROC_LEFT)
+                            : (c->conn_fd < 0 ? PROC_DEAD : PROC_ALIVE);
+        if (to != PROC_ALIVE)
+            atomic_compare_exchange_strong_explicit(&c->self->state, &expect, to,
+                                                    memory_order_acq_rel, memory_order_relaxed);
     }
     sfs_dp_unmap(c);
     if (c->ctl)

@@ -19,6 +19,7 @@
 
 #include "cache_i.h"
 #include "futex_i.h"
+#include "testpoint_i.h"
 
 #include <errno.h>
 #include <stdint.h>
@@ -54,10 +55,15 @@ static inline bool key_eq(const struct sfs_slot_rec *s, const struct sfs_key *k)
  * made its holder owner, from the claim until publish or fail. Ownership is
  * the process (slot->owner) *and* that lease: releasing another lease the
  * owner's process holds on the slot (a waiter thread's) does not abandon the
- * load. Slots are < 2^30, so bit 31 is free.
+ * load. Slots are < 2^30, so bits 31 and 30 are free.
  */
 #define ENTRY_OWNER    (1u << 31)
-#define ENTRY_SLOT1(v) ((v) & ~ENTRY_OWNER) /* slot + 1, or SFS_ENTRY_FREE */
+/* Set on an entry its holder released while the bucket lock was out of
+ * reach (a stopped holder): still counted in the slot's refcount until
+ * lease_finish_deferred() (or close, or the reaper) drops it under the lock,
+ * but no longer a lease its holder may use. */
+#define ENTRY_DROP     (1u << 30)
+#define ENTRY_SLOT1(v) ((v) & ~(ENTRY_OWNER | ENTRY_DROP)) /* slot + 1, or SFS_ENTRY_FREE */
 
 static inline _Atomic uint32_t *lease_table(const struct sfs_cache *c, uint32_t proc)
 {
@@ -68,27 +74,42 @@ static inline _Atomic uint32_t *lease_table(const struct sfs_cache *c, uint32_t 
  * bucket.c: robust bucket locks and the chains they protect.
  */
 
+/* A bucket-lock wait with no deadline of the caller's (deadline 0) ends
+ * after this: critical sections are microseconds, so a holder that keeps a
+ * lock this long is stopped (SIGSTOP, a freezer, a debugger), and waiting on
+ * would wedge the caller with it. */
+#define LOCK_WAIT_NS (5 * 1000 * 1000 * 1000ll)
+/* Deadline for bucket_lock: take the lock only if it is free now. */
+#define LOCK_TRY (-1)
+
 /* A lock call returned r != 0: repair after a dead holder (EOWNERDEAD: then
  * 0, locked), else -r. */
 int bucket_locked(struct sfs_cache *c, uint32_t b, int r);
+/* pthread_mutex_clocklock(CLOCK_MONOTONIC) until deadline_ns (0:
+ * LOCK_WAIT_NS from now): 0 or a positive error number, as pthreads. */
+int robust_lock_until(pthread_mutex_t *m, int64_t deadline_ns);
+/* The lock was busy: wait for it until deadline_ns (see bucket_lock). */
+int bucket_lock_wait(struct sfs_cache *c, uint32_t b, int64_t deadline_ns);
 
-static inline int bucket_lock(struct sfs_cache *c, uint32_t b)
+/*
+ * Lock bucket b. deadline_ns: absolute CLOCK_MONOTONIC; 0: LOCK_WAIT_NS from
+ * now; LOCK_TRY: do not wait. 0 when locked (a dead holder's chain repaired
+ * first), -ETIMEDOUT, -EBUSY (LOCK_TRY), or another -errno. The uncontended
+ * path is one trylock: no clock read.
+ */
+static inline int bucket_lock(struct sfs_cache *c, uint32_t b, int64_t deadline_ns)
 {
-    int r = pthread_mutex_lock(&c->buckets[b].lock);
-
-    return r ? bucket_locked(c, b, r) : 0;
-}
-
-/* 0 when locked, -EBUSY when held by someone else. */
-static inline int bucket_trylock(struct sfs_cache *c, uint32_t b)
-{
+    SFS_ASSERT(b < c->nbuckets); /* from bucket_of(), or checked by the caller */
     int r = pthread_mutex_trylock(&c->buckets[b].lock);
 
+    if (r == EBUSY)
+        return bucket_lock_wait(c, b, deadline_ns);
     return r ? bucket_locked(c, b, r) : 0;
 }
 
 static inline void bucket_unlock(struct sfs_cache *c, uint32_t b)
 {
+    SFS_ASSERT(b < c->nbuckets);
     pthread_mutex_unlock(&c->buckets[b].lock);
 }
 
@@ -118,6 +139,7 @@ bool chain_unlink(struct sfs_cache *c, uint32_t b, uint32_t s);
 /* Push s on chain b (lock held). */
 static inline void chain_link(struct sfs_cache *c, uint32_t b, uint32_t s)
 {
+    SFS_ASSERT(b < c->nbuckets && s < c->nslots);
     atomic_store_explicit(&c->slots[s].next,
                           atomic_load_explicit(&c->buckets[b].head, memory_order_relaxed),
                           memory_order_relaxed);
@@ -150,6 +172,7 @@ static inline int entry_alloc(struct sfs_cache *c, uint32_t *e)
     if (lease_spare.id == c->id) {
         lease_spare.id = 0;
         *e = lease_spare.e;
+        SFS_ASSERT(*e < c->max_leases);
         return 0;
     }
     return entry_pop(c, e);
@@ -157,6 +180,7 @@ static inline int entry_alloc(struct sfs_cache *c, uint32_t *e)
 
 static inline void entry_free(struct sfs_cache *c, uint32_t e)
 {
+    SFS_ASSERT(e < c->max_leases);
     if (lease_spare.id == 0) {
         lease_spare.id = c->id;
         lease_spare.e = e;
@@ -178,6 +202,7 @@ static inline void lease_take(struct sfs_cache *c, uint32_t s, uint32_t e, struc
 {
     struct sfs_slot_rec *sl = &c->slots[s];
 
+    SFS_ASSERT(s < c->nslots && e < c->max_leases);
     atomic_store_explicit(&c->leases[e], s + 1, memory_order_relaxed);
     /* Under the bucket lock: a plain read-modify-write, no locked add. */
     atomic_store_explicit(&sl->refcount,
@@ -191,15 +216,23 @@ static inline void lease_take(struct sfs_cache *c, uint32_t s, uint32_t e, struc
  * held. An owner that lets go of a slot it never published leaves it Idle. */
 void release_locked(struct sfs_cache *c, uint32_t proc, uint32_t gen, _Atomic uint32_t *table,
                     uint32_t e, uint32_t s);
-/* Free every lease in proc p's table (p is dead, or is us detaching). */
-void drop_all_leases(struct sfs_cache *c, uint32_t p, uint32_t gen);
+/* Free every lease in proc p's table (p is dead, or is us detaching) whose
+ * bucket lock is reachable by deadline_ns (bucket_lock's meaning); returns
+ * how many are left for a later call. */
+int drop_all_leases(struct sfs_cache *c, uint32_t p, uint32_t gen, int64_t deadline_ns);
+/* A release whose lock was out of reach: marked now (ENTRY_DROP), dropped
+ * under the lock by lease_finish_deferred() on a later release, at close,
+ * or by the reaper. */
+bool lease_defer(struct sfs_cache *c, uint32_t e, uint32_t v);
+void lease_finish_deferred(struct sfs_cache *c);
 void lease_table_fini(struct sfs_cache *c);
 
 /* ---------------------------------------------------------------------------
  * evict.c: taking a slot for a new key.
  */
 
-/* A waiter checks its owner's pulse this often while it sleeps. */
+/* A waiter re-reads its slot and its owner's record this often while it
+ * sleeps (no pid is judged: the daemon declares records dead). */
 #define OWNER_CHECK_NS (100 * 1000 * 1000ll)
 
 enum pool { POOL_REGULAR = 1, POOL_RESERVED = 2, POOL_FRESH_ONLY = 4 };

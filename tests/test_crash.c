@@ -133,65 +133,6 @@ static struct sfs_cache *served_cache(uint32_t nslots, uint32_t nreserved, const
     return c;
 }
 
-/*
- * The server reaps a record as soon as its connection closes. Tests that look
- * at a dead process's leases before they are reaped hold the server's reaper
- * (a thread of this process) at the "proc:reap" test point; reaps called from
- * the test's own thread pass.
- */
-static pthread_t test_thread;
-static atomic_int reaper_held;
-
-static void hold_other_reapers(const char *name, void *arg)
-{
-    (void)name;
-    (void)arg;
-    while (atomic_load(&reaper_held) && !pthread_equal(pthread_self(), test_thread))
-        usleep(1000);
-}
-
-static void hold_reaper(bool on)
-{
-    test_thread = pthread_self();
-    atomic_store(&reaper_held, on);
-    cr_assert_eq(
-        sfs_testpoint_arm("proc:reap", on ? SFS_TP_CALL : SFS_TP_OFF, hold_other_reapers, NULL), 0);
-}
-
-/* Wait until the server has declared n records dead (their connections
- * closed), at most 3 s. */
-static void wait_marked_dead(struct sfs_cache *c, unsigned n)
-{
-    int64_t end = sfs_now_ns() + 3 * SEC;
-
-    for (;;) {
-        unsigned dead = 0;
-
-        for (uint32_t i = 0; i < c->max_procs; i++)
-            dead += atomic_load(&c->procs[i].state) == PROC_DEAD;
-        if (dead >= n)
-            return;
-        cr_assert_lt(sfs_now_ns(), end, "the server did not see %u connection(s) close", n);
-        usleep(1000);
-    }
-}
-
-/* Wait until stats count n reaped processes, at most 3 s. */
-static void wait_reaped(struct sfs_cache *c, uint64_t n)
-{
-    int64_t end = sfs_now_ns() + 3 * SEC;
-    struct sfs_stats s;
-
-    for (;;) {
-        sfs_cache_stats(c, &s);
-        if (s.reaped >= n)
-            return;
-        cr_assert_lt(sfs_now_ns(), end, "reaped %llu of %llu", (unsigned long long)s.reaped,
-                     (unsigned long long)n);
-        usleep(1000);
-    }
-}
-
 /* What a child of this file runs once attached. */
 struct child_body {
     int (*run)(struct sfs_cache *c);
@@ -285,7 +226,7 @@ Test(crash, owner_killed_mid_fill_waiter_takes_over, .timeout = 30)
     cr_assert_eq(tu_wait(owner), 128 + SIGKILL);
 
     struct sfs_stats s;
-    wait_reaped(c, 1);
+    tu_wait_reaped(c, 1);
     sfs_cache_stats(c, &s);
     cr_assert_eq(s.reaped, 1);
     cr_assert_geq(s.takeovers, 1);
@@ -347,6 +288,7 @@ static int die_holding_bucket_lock(struct sfs_cache *c)
 {
     if (pthread_mutex_lock(&c->buckets[sh->bucket].lock) != 0)
         return 11;
+    atomic_store(&c->self->lease_hwm, 1); /* as entry_pop() does before use */
     atomic_store(&c->leases[0], sh->slot + 1);
     atomic_store(&c->slots[sh->slot2].refcount, 7);
     atomic_store(&c->slots[sh->slot3].bucket, (sh->bucket + 1) & c->bucket_mask);
@@ -363,7 +305,7 @@ Test(crash, bucket_lock_holder_killed, .timeout = 30)
     uint32_t n = 0;
 
     sfs_set_log(count_repairs, NULL, LOG_DEBUG);
-    hold_reaper(true); /* the dead entry is counted before it is reaped */
+    tu_hold_reaper(true); /* the dead entry is counted before it is reaped */
     /* Four keys in one bucket: A (leased by us), B (unleased), C (new), D. */
     same[n++] = tu_key(1, 0);
     uint32_t b = bucket_of_key(c, &same[0]);
@@ -409,9 +351,9 @@ Test(crash, bucket_lock_holder_killed, .timeout = 30)
      * mutex is released early in the kernel's exit path: wait until the
      * child is all the way dead (a zombie, not waited for) before reaping. */
     wait_dead_unreaped(child);
-    wait_marked_dead(c, 1);
+    tu_wait_marked_dead(c, 1);
     cr_assert_eq(sfs_cache_reap(c), 1);
-    hold_reaper(false);
+    tu_hold_reaper(false);
     cr_assert_eq(atomic_load(&c->slots[sh->slot].refcount), 1);
     cr_assert_eq(sfs_cache_remove(c, &same[0]), -EBUSY);
     cr_assert_eq(tu_check(&same[0], sfs_cache_data(c, &la), SHARD), -1);
@@ -459,7 +401,7 @@ Test(crash, lease_holder_killed, .timeout = 30)
     struct sfs_lease held[16];
     struct sfs_stats s;
 
-    hold_reaper(true); /* the Get below, not the server, reaps */
+    tu_hold_reaper(true); /* the Get below, not the server, reaps */
     sh->nkeys = 8;
     for (uint32_t i = 0; i < sh->nkeys; i++) {
         sh->keys[i] = tu_key(100 + i, 0);
@@ -471,7 +413,7 @@ Test(crash, lease_holder_killed, .timeout = 30)
     kill(child, SIGKILL);
     /* Dead, but left a zombie until the end of this phase. */
     wait_dead_unreaped(child);
-    wait_marked_dead(c, 1);
+    tu_wait_marked_dead(c, 1);
 
     /* Before reaping: the dead leases pin their slots. */
     for (uint32_t i = 0; i < sh->nkeys; i++) {
@@ -527,10 +469,10 @@ Test(crash, lease_holder_killed, .timeout = 30)
     cr_assert_eq(tu_wait(child), 128 + SIGKILL);
     for (uint32_t i = 0; i < sh->nkeys; i++)
         cr_assert_eq(sfs_cache_remove(c, &sh->keys[i]), -EBUSY);
-    wait_marked_dead(c, 1);
+    tu_wait_marked_dead(c, 1);
     cr_assert_eq(sfs_cache_reap(c), 1);
     cr_assert_eq(sfs_cache_reap(c), 0);
-    hold_reaper(false);
+    tu_hold_reaper(false);
     for (uint32_t i = 0; i < sh->nkeys; i++)
         cr_assert_eq(sfs_cache_remove(c, &sh->keys[i]), 0);
     sfs_cache_stats(c, &s);
@@ -690,7 +632,7 @@ Test(crash, killed_at_random_instants, .timeout = 120)
         }
         bad += verify_all(c, &takeovers, &max_ns);
     }
-    wait_reaped(c, RK_ITERS); /* the server reaps each as its connection closes */
+    tu_wait_reaped(c, RK_ITERS); /* the server reaps each as its connection closes */
     unsigned entries = 0, rc = tu_leases_left(c, &entries);
     struct sfs_stats s;
     sfs_cache_stats(c, &s);

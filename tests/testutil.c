@@ -2,8 +2,12 @@
 /* testutil.c - see testutil.h. */
 #include "testutil.h"
 #include "cache_i.h" /* the slots and lease tables, for tu_leases_left */
+#include "testpoint_i.h"
+
+#include <criterion/criterion.h>
 
 #include <errno.h>
+#include <pthread.h>
 #include <signal.h>
 #include <stdatomic.h>
 #include <stdio.h>
@@ -216,4 +220,54 @@ uint64_t tu_rng_next(uint64_t *state)
     *state ^= *state << 25;
     *state ^= *state >> 27;
     return *state * 0x2545f4914f6cdd1dull;
+}
+
+static pthread_t hold_thread;
+static atomic_int reaper_held;
+
+static void hold_other_reapers(const char *name, void *arg)
+{
+    (void)name;
+    (void)arg;
+    while (atomic_load(&reaper_held) && !pthread_equal(pthread_self(), hold_thread))
+        usleep(1000);
+}
+
+void tu_hold_reaper(bool on)
+{
+    hold_thread = pthread_self();
+    atomic_store(&reaper_held, on);
+    cr_assert_eq(
+        sfs_testpoint_arm("proc:reap", on ? SFS_TP_CALL : SFS_TP_OFF, hold_other_reapers, NULL), 0);
+}
+
+void tu_wait_marked_dead(struct sfs_cache *c, unsigned n)
+{
+    int64_t end = sfs_now_ns() + 3 * 1000 * 1000 * 1000ll;
+
+    for (;;) {
+        unsigned dead = 0;
+
+        for (uint32_t i = 0; i < c->max_procs; i++)
+            dead += atomic_load(&c->procs[i].state) == PROC_DEAD;
+        if (dead >= n)
+            return;
+        cr_assert_lt(sfs_now_ns(), end, "the server did not see %u connection(s) close", n);
+        usleep(1000);
+    }
+}
+
+void tu_wait_reaped(struct sfs_cache *c, uint64_t n)
+{
+    int64_t end = sfs_now_ns() + 3 * 1000 * 1000 * 1000ll;
+    struct sfs_stats s;
+
+    for (;;) {
+        sfs_cache_stats(c, &s);
+        if (s.reaped >= n)
+            return;
+        cr_assert_lt(sfs_now_ns(), end, "reaped %llu of %llu", (unsigned long long)s.reaped,
+                     (unsigned long long)n);
+        usleep(1000);
+    }
 }

@@ -2,8 +2,8 @@
 /*
  * testutil.h - helpers shared by the test programs: unique names per test
  * process, keys and shard contents that are pure functions of the key, forking
- * real child processes (attached to a served cache, or not), and reading what
- * leases are left.
+ * real child processes (attached to a served cache, or not), reading what
+ * leases are left, and holding or waiting for the server's reaper.
  */
 #ifndef SHARDFS_TESTUTIL_H
 #define SHARDFS_TESTUTIL_H
@@ -74,5 +74,20 @@ unsigned tu_leases_left(struct sfs_cache *c, unsigned *entries);
 /* xorshift64*: the next pseudo-random number of the sequence in *state
  * (non-zero). */
 uint64_t tu_rng_next(uint64_t *state);
+
+/*
+ * The server's reaper. The server reaps a record as soon as its connection
+ * closes (a thread of the serving process); tests that look at a dead
+ * process's leases before they are reaped hold that reaper at the
+ * "proc:reap" test point. tu_hold_reaper(true) holds every thread but the
+ * caller's (reaps the caller makes pass) until tu_hold_reaper(false).
+ * Criterion asserts: call from the test's own process.
+ */
+void tu_hold_reaper(bool on);
+/* Wait until the server has declared n records dead (their connections
+ * closed), at most 3 s; asserts. */
+void tu_wait_marked_dead(struct sfs_cache *c, unsigned n);
+/* Wait until stats count n reaped processes, at most 3 s; asserts. */
+void tu_wait_reaped(struct sfs_cache *c, uint64_t n);
 
 #endif

@@ -182,7 +182,10 @@ SFS_API void sfs_cache_close(struct sfs_cache *c);
  * *lease. A miss makes the caller owner: the slot is Loading, and the caller
  * must publish or fail it. Returns -ENOENT with SFS_GET_NOALLOC on a miss,
  * -ENOSPC when every evictable slot is leased and deadline_ns has passed
- * (0: do not wait), -ENOBUFS when this process holds max_leases leases.
+ * (0: do not wait), -ENOBUFS when this process holds max_leases leases,
+ * -ETIMEDOUT when the key's bucket lock stayed held (by a stopped process,
+ * say) until deadline_ns (0: for at most 5 s), -EBADMSG for a corrupt chain.
+ * A prefetch Get (SFS_GET_PREFETCH) of a key that is present returns -EEXIST.
  */
 SFS_API int sfs_cache_get(struct sfs_cache *c, const struct sfs_key *key, unsigned flags,
                           int64_t deadline_ns, struct sfs_lease *lease);
@@ -192,7 +195,10 @@ SFS_API int sfs_cache_get(struct sfs_cache *c, const struct sfs_key *key, unsign
  * deadline; library callers always pass one).
  * Returns SFS_STATE_READY, SFS_STATE_FAILED (sfs_cache_error() tells why), or
  * SFS_OWNER-as-state (1, i.e. the owner died or the slot was reset and the
- * caller now owns it: fill and publish), or -ETIMEDOUT.
+ * caller now owns it: fill and publish), or -ETIMEDOUT (also when a takeover's
+ * bucket lock stays held to the deadline, or for 5 s without one), or
+ * -EBADMSG when the leased slot is in a state no leased slot can be in (a
+ * bad write to shared memory).
  */
 #define SFS_WAIT_OWNER SFS_STATE_IDLE
 SFS_API int sfs_cache_wait(struct sfs_cache *c, const struct sfs_lease *lease, int64_t deadline_ns);
@@ -214,7 +220,12 @@ SFS_API int sfs_cache_wait_any(struct sfs_cache *c, const struct sfs_lease *leas
  * word in the caller's own memory that its other threads bump only with
  * sfs_bell_ring() (and read with __atomic_load_n or C11 atomics) (to add work to a waiter's set,
  * say). Returns n when *bell differs from bell_seen (read it before checking for work, then pass
- * what was read). n may be 0 with a bell.
+ * what was read). n may be 0 with a bell. One futex_waitv sleeps on at most
+ * 128 words, the bell included: with SFS_WAIT_ANY_MAX leases and a bell the
+ * sleep covers 127 of them at a time and moves its window every 2 ms, so
+ * the key left out is seen within 2 ms (every wake looks at all n). An
+ * unexpected error from the wait is returned, never retried in a loop;
+ * -EBADMSG for a leased slot in a state no leased slot can be in.
  */
 SFS_API int sfs_cache_wait_any_bell(struct sfs_cache *c, const struct sfs_lease *leases, size_t n,
                                     int64_t deadline_ns, int *state, uint32_t *bell,
@@ -236,7 +247,13 @@ SFS_API int sfs_cache_error(struct sfs_cache *c, const struct sfs_lease *lease);
 /* Valid bytes of a Ready slot. */
 SFS_API uint32_t sfs_cache_length(struct sfs_cache *c, const struct sfs_lease *lease);
 
-/* Drop a lease. Returns 0 or -EINVAL for a lease this process does not hold. */
+/*
+ * Drop a lease. Returns 0, or -EINVAL for a lease this process does not hold
+ * (one released already, by another thread too). When the slot's bucket lock
+ * stays held for 200 ms (a stopped holder) the release is recorded and
+ * returns 0; the slot's count drops under the lock at this process's next
+ * release or at close.
+ */
 SFS_API int sfs_cache_release(struct sfs_cache *c, const struct sfs_lease *lease);
 
 /* The slot's bytes in this process's mapping; NULL for the query-only role. */
@@ -281,6 +298,10 @@ SFS_API int sfs_cache_remove(struct sfs_cache *c, const struct sfs_key *key);
  * server's: this judges no process by its pid, reaps only records the server
  * declared dead, and does so only in the server's process (elsewhere it
  * returns 0). The server's own reaper thread calls it as connections close.
+ * Never waits for a lock: a dead process whose leases sit behind a busy
+ * bucket lock (a stopped holder, say) stays declared dead and is finished
+ * by a later call (and not counted until then); the server's reaper comes
+ * back within 200 ms.
  */
 SFS_API int sfs_cache_reap(struct sfs_cache *c);
 
