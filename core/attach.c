@@ -534,7 +534,8 @@ static void detach_one(struct sfs_server *s, struct conn *k, const char *why)
 }
 
 /* Reaps what the server declared dead, at once when told and every
- * REAP_RETRY_NS besides. */
+ * REAP_RETRY_NS besides: a reap that a busy lock stopped part-way left its
+ * record DEAD, and no connection closes to say so again. */
 static void *reaper_main(void *arg)
 {
     struct sfs_server *s = arg;
@@ -547,8 +548,10 @@ static void *reaper_main(void *arg)
 
             ts.tv_sec = t / 1000000000;
             ts.tv_nsec = t % 1000000000;
-            pthread_cond_timedwait(&s->reap_cv, &s->reap_mu, &ts);
-            continue;
+            /* Woken (told, or stopping): look at the flags again; timed
+             * out: a pass over the DEAD records. */
+            if (pthread_cond_timedwait(&s->reap_cv, &s->reap_mu, &ts) != ETIMEDOUT)
+                continue;
         }
         s->reap_pending = false;
         pthread_mutex_unlock(&s->reap_mu);

@@ -42,7 +42,7 @@ struct shm {
     _Atomic uint32_t go;   /* parent -> child */
     _Atomic int32_t rc;
     _Atomic int64_t ns;
-    struct sfs_key key, key2;
+    struct sfs_key key, key2, key3;
     uint32_t slot;
 };
 
@@ -437,6 +437,124 @@ Test(recovery, reaper_passes_a_stopped_proc_lock_holder, .timeout = 60, .fini = 
     cr_assert_eq(tu_leases_left(c, NULL), 0);
     sfs_cache_stats(c, &stats);
     cr_assert_eq(stats.reaped, 2);
+    sfs_cache_close(c);
+}
+
+/*
+ * The merge of the liveness model with the lock deadlines: a reap that a
+ * busy lock stops part-way puts the record back to DEAD, and the server's
+ * reaper comes back to it on its own (no connection closes to tell it), so
+ * a dead rank's leases never leak.
+ */
+
+/* Holds a lease on sh->key (Ready) and owns sh->key2 (Loading, another
+ * bucket), then parks, to be killed. */
+static int lease_own_and_park(struct sfs_cache *c)
+{
+    struct sfs_lease a, b;
+
+    TU_CK(sfs_cache_get(c, &sh->key, 0, 0, &a) == SFS_HIT);
+    TU_CK(sfs_cache_get(c, &sh->key2, 0, 0, &b) == SFS_OWNER);
+    atomic_store(&sh->step, 1);
+    for (;;)
+        pause();
+}
+
+static void stop_once(const char *name, void *arg)
+{
+    static bool stopped;
+
+    (void)name;
+    (void)arg;
+    if (!stopped) {
+        stopped = true;
+        raise(SIGSTOP);
+    }
+}
+
+/* Stops holding sh->key3's bucket lock (in a Get of it); continued, it
+ * finishes that Get, lets go of the key and stays attached. */
+static int stop_in_get_then_stay(struct sfs_cache *c)
+{
+    struct sfs_lease l;
+
+    sfs_testpoint_arm("get:locked", SFS_TP_CALL, stop_once, NULL);
+    int r = sfs_cache_get(c, &sh->key3, 0, sfs_deadline_after(5 * SEC), &l);
+    TU_CK(r == SFS_OWNER);
+    TU_CK(tu_publish(c, &sh->key3, &l) == 0);
+    TU_CK(sfs_cache_release(c, &l) == 0);
+    atomic_store(&sh->step, 2);
+    for (;;)
+        pause();
+}
+
+/* A key numbered from `from` in bucket b, other than k. */
+static struct sfs_key key_in_bucket(struct sfs_cache *c, uint32_t b, const struct sfs_key *k,
+                                    uint64_t from)
+{
+    for (uint64_t i = from;; i++) {
+        struct sfs_key o = tu_key(i, 0);
+
+        if (bucket_of(c, &o) == b && memcmp(&o, k, sizeof(o)) != 0)
+            return o;
+    }
+}
+
+Test(recovery, partial_reap_is_finished_when_the_lock_holder_goes_on, .timeout = 60,
+     .fini = kill_stopped)
+{
+    struct sfs_cache *c = served(16, "partial.sock");
+    struct sfs_stats stats;
+    struct sfs_lease l;
+    unsigned entries;
+
+    sh->key = tu_key(7, 0);
+    cr_assert_eq(tu_load(c, &sh->key), SFS_OWNER);
+    sh->key2 = key_elsewhere(c, &sh->key, 100);
+    sh->key3 = key_in_bucket(c, bucket_of(c, &sh->key2), &sh->key2, 1000);
+    pid_t d = child(lease_own_and_park);
+    cr_assert(wait_until(&sh->step, 1, 5 * SEC));
+    uint32_t sa = slot_of(c, &sh->key), sb = slot_of(c, &sh->key2);
+    cr_assert(sa != SFS_NIL && sb != SFS_NIL);
+    pid_t s = stopped_child(stop_in_get_then_stay); /* holds key2's bucket lock */
+
+    kill(d, SIGKILL);
+    cr_assert_eq(tu_wait(d), 128 + SIGKILL);
+    /* The server reaps at once: key's lease goes, key2's stays behind the
+     * stopped holder's lock, and so does the record. */
+    for (int i = 0; i < 3000 && atomic_load(&c->slots[sa].refcount) != 0; i++)
+        usleep(1000);
+    cr_assert_eq(atomic_load(&c->slots[sa].refcount), 0, "the reap did not start");
+    usleep(500 * 1000); /* the reaper's retries meet the busy lock */
+    cr_assert_eq(atomic_load(&c->slots[sb].refcount), 1);
+    sfs_cache_stats(c, &stats);
+    cr_assert_eq(stats.reaped, 0, "a record freed with a lease left");
+    uint32_t st = dead_record_state(c);
+    cr_assert(st == PROC_DEAD || st == PROC_REAPING, "record state %u", st);
+
+    /* The holder goes on and stays attached: no connection closes, and
+     * only the reaper's own retry can finish the dead record. */
+    kill(s, SIGCONT);
+    cr_assert(wait_until(&sh->step, 2, 5 * SEC), "the holder did not go on");
+    tu_wait_reaped(c, 1);
+    cr_assert_eq(atomic_load(&c->slots[sb].refcount), 0, "the dead rank's lease leaked");
+    /* Its half-filled key2 is served again (taken over), key as before. */
+    int role = sfs_cache_get(c, &sh->key2, 0, sfs_deadline_after(SEC), &l);
+    cr_assert_eq(role, SFS_OWNER, "key2 after the reap: %d", role);
+    cr_assert_eq(tu_publish(c, &sh->key2, &l), 0);
+    cr_assert_eq(sfs_cache_release(c, &l), 0);
+    cr_assert_eq(sfs_cache_get(c, &sh->key2, 0, sfs_deadline_after(SEC), &l), SFS_HIT);
+    cr_assert_eq(tu_check(&sh->key2, sfs_cache_data(c, &l), SHARD), -1);
+    cr_assert_eq(sfs_cache_release(c, &l), 0);
+    cr_assert_eq(sfs_cache_get(c, &sh->key, 0, sfs_deadline_after(SEC), &l), SFS_HIT);
+    cr_assert_eq(tu_check(&sh->key, sfs_cache_data(c, &l), SHARD), -1);
+    cr_assert_eq(sfs_cache_release(c, &l), 0);
+
+    kill_stopped(); /* the holder, running now */
+    cr_assert_eq(tu_wait(s), 128 + SIGKILL);
+    tu_wait_reaped(c, 2);
+    cr_assert_eq(tu_leases_left(c, &entries), 0);
+    cr_assert_eq(entries, 0);
     sfs_cache_close(c);
 }
 
