@@ -644,8 +644,11 @@ static void *watcher_main(void *arg)
                 }
             }
         } else {
-            /* -EINVAL: a lease that is not ours. Cannot happen; fail the
-             * set rather than spin on it. */
+            /* Any other error fails the whole set, never retried in a loop:
+             * -EBADMSG (a leased slot in a state no leased slot can be in:
+             * a bad write to shared memory), an unexpected errno from
+             * futex_waitv, -ENOSYS before Linux 5.16, or -EINVAL (a lease
+             * that is not ours: a bug). */
             sfs_log(LOG_ERR, "rank: sfs_cache_wait_any_bell: %d", i);
             while (ws.n > 0) {
                 struct rank_item *it = ws.items[ws.n - 1];
