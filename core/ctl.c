@@ -82,6 +82,7 @@ uint64_t sfs_layout_format(void)
         offsetof(struct sfs_slot_rec, accessed),
         sizeof(struct sfs_proc_rec),
         offsetof(struct sfs_proc_rec, lease_hwm),
+        offsetof(struct sfs_proc_rec, release_waiting),
         offsetof(struct sfs_proc_rec, ctr),
         CTR_COUNT,
         sizeof(pthread_mutex_t),

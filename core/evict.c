@@ -145,8 +145,8 @@ int alloc_slot(struct sfs_cache *c, uint32_t b, unsigned pools, uint32_t *out)
 }
 
 /* Put key on slot s (detached, s->bucket == b, b locked) in `state`. */
-void install(struct sfs_cache *c, uint32_t b, uint32_t s, const struct sfs_key *k,
-                    uint32_t state, bool prefetch)
+void install(struct sfs_cache *c, uint32_t b, uint32_t s, const struct sfs_key *k, uint32_t state,
+             bool prefetch)
 {
     struct sfs_slot_rec *sl = &c->slots[s];
     uint8_t flags = s >= c->nregular ? SLOT_F_RESERVED : 0;
@@ -175,12 +175,18 @@ int wait_for_release(struct sfs_cache *c, uint32_t seq, int64_t deadline_ns)
     int r = 0;
 
     atomic_fetch_add_explicit(&h->release_waiters, 1, memory_order_seq_cst);
+    /* Relaxed: our share of the count above, read only by the reaper after
+     * our death. Raised after the header's count and lowered before it, so
+     * a death between the two leaves the header's count high (one spare
+     * wake per release), never low. */
+    atomic_fetch_add_explicit(&c->self->release_waiting, 1, memory_order_relaxed);
     if (atomic_load_explicit(&h->release_seq, memory_order_seq_cst) == seq) {
         int64_t slice = sfs_now_ns() + OWNER_CHECK_NS;
 
         SFS_TEST_POINT("evict:release_sleep");
         r = sfs_futex_wait(&h->release_seq, seq, slice < deadline_ns ? slice : deadline_ns);
     }
+    atomic_fetch_sub_explicit(&c->self->release_waiting, 1, memory_order_relaxed);
     atomic_fetch_sub_explicit(&h->release_waiters, 1, memory_order_seq_cst);
     return r == -ETIMEDOUT || r == -EAGAIN || r == -EINTR ? 0 : r;
 }

@@ -26,7 +26,7 @@
 #include <stdint.h>
 
 #define SFS_MAGIC          0x3153465344524148ull /* "HARDSFS1" little-endian */
-#define SFS_LAYOUT_VERSION 2u                    /* 2: records held by connections, lease_hwm */
+#define SFS_LAYOUT_VERSION 2u                    /* 2: records held by connections */
 #define SFS_NIL            UINT32_MAX            /* "no slot / no bucket" in links */
 #define SFS_CACHELINE      64
 
@@ -134,7 +134,11 @@ struct sfs_proc_rec {
      * raised by the owner before it writes an entry beyond (release), reset
      * at claim; bounds what repair reads of this table. */
     _Atomic uint32_t lease_hwm;
-    uint8_t pad0[SFS_CACHELINE - 24];
+    /* The record's threads asleep for a free slot (wait_for_release): a
+     * share of the header's release_waiters, which the reaper takes back
+     * from a process killed in that sleep. Written by the owner only. */
+    _Atomic uint32_t release_waiting;
+    uint8_t pad0[SFS_CACHELINE - 28];
     alignas(SFS_CACHELINE) _Atomic int64_t ctr[CTR_COUNT]; /* written by the owner only */
 };
 

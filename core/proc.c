@@ -103,6 +103,7 @@ static int claim(struct sfs_cache *c, int pid, int device_id, uint32_t kind, uin
             continue;
         /* Relaxed, all of these: the release store of ALIVE publishes them. */
         atomic_store_explicit(&p->lease_hwm, 0, memory_order_relaxed); /* the table is empty */
+        atomic_store_explicit(&p->release_waiting, 0, memory_order_relaxed);
         atomic_store_explicit(&p->pid, pid, memory_order_relaxed);
         p->device_id = device_id;
         p->kind = kind;
@@ -204,6 +205,11 @@ static bool reap_record(struct sfs_cache *c, uint32_t i)
         atomic_store_explicit(&p->state, PROC_DEAD, memory_order_release);
         return false;
     }
+    /* Its threads killed asleep for a free slot: their share of the
+     * header's count goes (relaxed: the dead process writes it no more). */
+    uint32_t w = atomic_exchange_explicit(&p->release_waiting, 0, memory_order_relaxed);
+    if (w)
+        atomic_fetch_sub_explicit(&c->hdr->release_waiters, w, memory_order_seq_cst);
     sfs_log(LOG_NOTICE, "reaped process %d (record %u)",
             atomic_load_explicit(&p->pid, memory_order_relaxed), i);
     sfs_ctr_add(c, CTR_REAPED, 1);

@@ -916,6 +916,39 @@ Test(recovery, waiter_killed_in_its_sleep_leaves_no_waiter_count, .timeout = 30)
     sfs_cache_close(c);
 }
 
+/* Gets sh->key2 in a cache whose only slot is leased: asleep for a free
+ * slot (release_waiters raised) until killed. */
+static int sleep_for_a_free_slot(struct sfs_cache *c)
+{
+    struct sfs_lease l;
+
+    sfs_cache_get(c, &sh->key2, 0, sfs_deadline_after(30 * SEC), &l);
+    return 1;
+}
+
+Test(recovery, get_killed_asleep_for_a_free_slot_leaves_no_release_waiter, .timeout = 30)
+{
+    struct sfs_cache *c = served(1, "relwait.sock");
+    struct sfs_lease la;
+
+    sh->key = tu_key(1, 0);
+    sh->key2 = tu_key(2, 0);
+    cr_assert_eq(sfs_cache_get(c, &sh->key, 0, 0, &la), SFS_OWNER);
+    pid_t w = child(sleep_for_a_free_slot);
+    for (int i = 0; i < 5000 && atomic_load(&c->hdr->release_waiters) == 0; i++)
+        usleep(1000);
+    cr_assert_eq(atomic_load(&c->hdr->release_waiters), 1, "the Get never slept");
+    kill(w, SIGKILL);
+    cr_assert_eq(tu_wait(w), 128 + SIGKILL);
+    tu_wait_reaped(c, 1);
+    /* Every later last release would make a wake call for nobody. */
+    cr_assert_eq(atomic_load(&c->hdr->release_waiters), 0, "a dead Get is still counted");
+    cr_assert_eq(tu_publish(c, &sh->key, &la), 0);
+    cr_assert_eq(sfs_cache_release(c, &la), 0);
+    cr_assert_eq(tu_leases_left(c, NULL), 0);
+    sfs_cache_close(c);
+}
+
 /* Dies inside a Get holding sh->key's bucket lock. */
 static int die_in_get(struct sfs_cache *c)
 {
