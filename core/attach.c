@@ -550,7 +550,7 @@ static void *reaper_main(void *arg)
             ts.tv_nsec = t % 1000000000;
             /* Woken (told, or stopping): look at the flags again; timed
              * out: a pass over the DEAD records. */
-            if (pthread_cond_timedwait(&s->reap_cv, &s->reap_mu, &ts) != ETIMEDOUT)
+            if (pthread_cond_timedwait(&s->reap_cv, &s->reap_mu, &ts) != ETIMEDOUT || s->reap_stop)
                 continue;
         }
         s->reap_pending = false;
