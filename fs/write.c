@@ -139,7 +139,7 @@ void fs_handles_drop(struct fs *fs)
 
             sfs_block_to_hex(&h->obj.key.block, hex);
             fprintf(stderr,
-                    "shardfs: fs_stopping: block %s shard %u was open for writing; "
+                    "shardfs: stopping: block %s shard %u was open for writing; "
                     "bytes not yet stored are lost\n",
                     hex, h->obj.key.shard);
         }
