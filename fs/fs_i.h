@@ -136,9 +136,14 @@ static inline struct fs *fs_of(fuse_req_t req)
 struct fs_handle {
     struct fs_obj obj;
     bool writable;
-    pthread_mutex_t lock; /* buf, dirty */
+    pthread_mutex_t lock; /* the write handle's fields below */
     uint8_t *buf;         /* write handles: the whole shard */
-    bool dirty;           /* lock: buf differs from what was last stored */
+    uint64_t *written;    /* lock: one bit per byte of buf written through this open file */
+    uint64_t nwritten;    /* lock: bits set in written (shard_size: a whole shard) */
+    bool wrote;           /* lock: a write(2) came through this open file */
+    bool creating;        /* created a new name: with nothing written it stores zeros */
+    bool dirty;           /* lock: holds bytes not yet stored (counted in fs_node.ndirty) */
+    int error;            /* lock: -errno reported to the writer: nothing is stored any more */
     char *text;           /* /stats: the snapshot taken at open */
     size_t text_len;
     /* On fs->handles from just before the open is answered until release

@@ -3,12 +3,21 @@
  * write.c - the write path: open files, and shards written whole.
  *
  * A write handle buffers the whole shard in private memory (starting from the
- * stored bytes, or zeros for a new shard or O_TRUNC) and stores it on
- * flush/fsync/release: a Get with SFS_GET_WRITE takes the slot, the bytes go
- * in, the backend writes them through (its tmp + rename commit), and the slot
- * is published as written. create, mknod and setattr (truncate) end in the
- * same store. Open files are listed so that those the kernel never releases
- * are freed at exit.
+ * stored bytes, or zeros for a new shard or O_TRUNC) and records, one bit per
+ * byte, which bytes were written through it. A shard is replaced only by a
+ * whole new shard: a FLUSH (any close(2) of the open file: a dup's, a child's
+ * inherited copy at exec or exit) or an fsync stores the buffer only once
+ * every byte [0, shard_size) was written through that open file; before
+ * that it stores nothing and keeps the bytes, and the last RELEASE discards
+ * an incomplete buffer with one log line. A store that fails is reported to
+ * that close/fsync and is final: the handle stores nothing after it.
+ *
+ * A store: a Get with SFS_GET_WRITE takes the slot (the cache's per-key
+ * writer lock, shared with the ranks' dumps), the bytes go in, the backend
+ * writes them through (its tmp + rename commit), and the slot is published
+ * as written. create, mknod and setattr (truncate) end in the same store.
+ * Open files are listed so that those the kernel never releases are freed at
+ * exit.
  */
 #include "fs_i.h"
 
@@ -81,6 +90,30 @@ static int store_shard(struct fs *fs, const struct sfs_key *key, const void *buf
     return r;
 }
 
+/* Mark bytes [from, to) written; returns how many were not marked before. */
+static uint64_t bits_set(uint64_t *w, uint64_t from, uint64_t to)
+{
+    uint64_t added = 0;
+
+    while (from < to) {
+        uint64_t i = from / 64, b = from % 64, n = to - from < 64 - b ? to - from : 64 - b;
+        uint64_t mask = (n == 64 ? ~0ull : ((1ull << n) - 1)) << b;
+
+        added += (uint64_t)__builtin_popcountll(mask & ~w[i]);
+        w[i] |= mask;
+        from += n;
+    }
+    return added;
+}
+
+static void log_shard(const struct fs_handle *h, const char *fmt, const char *what)
+{
+    char hex[SFS_BLOCK_HEX_LEN + 1];
+
+    sfs_block_to_hex(&h->obj.key.block, hex);
+    fprintf(stderr, fmt, hex, h->obj.key.shard, what);
+}
+
 /* Under h->lock, on a write handle counted by fs_writers_add: mark whether it
  * holds bytes not yet stored. */
 static void handle_set_dirty(struct fs *fs, struct fs_handle *h, bool dirty)
@@ -123,6 +156,7 @@ static void handle_free(struct fs_handle *h)
     if (h->writable)
         pthread_mutex_destroy(&h->lock);
     free(h->buf);
+    free(h->written);
     free(h->text);
     free(h);
 }
@@ -160,20 +194,25 @@ static int open_writer(struct fs *fs, const struct fs_obj *o, int flags, bool cr
     h->obj = *o;
     h->writable = true;
     h->buf = calloc(1, fs->shard_size);
-    if (!h->buf) {
+    h->written = calloc((fs->shard_size + 63) / 64, sizeof(*h->written));
+    if (!h->buf || !h->written) {
+        free(h->buf);
+        free(h->written);
         free(h);
         return -ENOMEM;
     }
     pthread_mutex_init(&h->lock, NULL);
-    if (!(flags & O_TRUNC) && fs_shard_exists(fs, &o->key)) {
+    /* The stored bytes, for reading back (O_RDWR) and for a truncate. They
+     * do not count as written: a new shard is whatever this file writes. */
+    if (!(flags & O_TRUNC) && !creating && fs_shard_exists(fs, &o->key)) {
         r = fs_load_copy(fs, &o->key, h->buf);
         if (r == -ENOENT)
             r = 0; /* removed meanwhile: starts as zeros */
-    } else {
-        /* A new or truncated shard is stored even if nothing is written. */
-        h->dirty = true;
     }
-    (void)creating;
+    /* A new name is stored as zeros on the first FLUSH if nothing is
+     * written (touch, like mknod); an existing one only by a whole shard. */
+    h->creating = creating;
+    h->dirty = creating;
     if (r < 0) {
         handle_free(h);
         return r;
@@ -182,6 +221,30 @@ static int open_writer(struct fs *fs, const struct fs_obj *o, int flags, bool cr
     return 0;
 }
 
+/* Under h->lock: the buffer is a whole new shard (every byte written through
+ * this file, or a created name with nothing written). */
+static bool handle_whole(struct fs *fs, const struct fs_handle *h)
+{
+    return h->nwritten == fs->shard_size || (h->creating && !h->wrote);
+}
+
+/* Under h->lock: store the buffer. A failure is final: it is the outcome
+ * reported to the writer, so the bytes are dropped and nothing is stored
+ * after it (a later FLUSH or RELEASE answers the same error). */
+static int handle_store(struct fs *fs, struct fs_handle *h)
+{
+    int r = store_shard(fs, &h->obj.key, h->buf);
+
+    if (r < 0)
+        h->error = r;
+    handle_set_dirty(fs, h, false);
+    return r;
+}
+
+/* FLUSH and fsync: store the buffer once it is a whole shard. An incomplete
+ * one is kept, with no error: the kernel sends a FLUSH for every close of
+ * any copy of the file and does not say which is the last, so more bytes may
+ * still come through another descriptor. */
 static int flush_handle(struct fs *fs, struct fs_handle *h)
 {
     int r = 0;
@@ -189,11 +252,10 @@ static int flush_handle(struct fs *fs, struct fs_handle *h)
     if (!h || !h->writable)
         return 0;
     pthread_mutex_lock(&h->lock);
-    if (h->dirty) {
-        r = store_shard(fs, &h->obj.key, h->buf);
-        if (r == 0)
-            handle_set_dirty(fs, h, false);
-    }
+    if (h->error)
+        r = h->error;
+    else if (h->dirty && handle_whole(fs, h))
+        r = handle_store(fs, h);
     pthread_mutex_unlock(&h->lock);
     return r;
 }
@@ -303,7 +365,6 @@ void fs_op_create(fuse_req_t req, fuse_ino_t parent, const char *name, mode_t mo
     r = open_writer(fs, &o, fi->flags, true, &h);
     if (r < 0)
         goto out_err;
-    h->dirty = true; /* created: stored on close even if nothing is written */
     memset(&e, 0, sizeof(e));
     e.ino = fs_obj_ref(fs, &o, true);
     if (!e.ino) {
@@ -376,7 +437,17 @@ void fs_op_write(fuse_req_t req, fuse_ino_t ino, const char *buf, size_t size, o
     if (size > fs->shard_size - (uint64_t)off)
         size = fs->shard_size - (size_t)off; /* a short write; the rest gets EFBIG */
     pthread_mutex_lock(&h->lock);
+    if (h->error) {
+        /* A store of this file failed and was reported: it is over. */
+        int e = -h->error;
+
+        pthread_mutex_unlock(&h->lock);
+        fuse_reply_err(req, e);
+        return;
+    }
     memcpy(h->buf + off, buf, size);
+    h->nwritten += bits_set(h->written, (uint64_t)off, (uint64_t)off + size);
+    h->wrote = true;
     handle_set_dirty(fs, h, true);
     pthread_mutex_unlock(&h->lock);
     fuse_reply_write(req, size);
@@ -402,21 +473,63 @@ void fs_op_release(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi)
     struct fs_handle *h = fs_fh_of(fi);
 
     if (h && h->writable) {
-        int r = flush_handle(fs, h);
-
-        if (r < 0) {
-            char hex[SFS_BLOCK_HEX_LEN + 1];
-
-            sfs_block_to_hex(&h->obj.key.block, hex);
-            fprintf(stderr, "shardfs: storing %s shard %u on release: %s\n", hex, h->obj.key.shard,
-                    strerror(-r));
-        }
         pthread_mutex_lock(&h->lock);
+        if (h->dirty && !h->error) {
+            if (handle_whole(fs, h)) {
+                /* Whole, and no FLUSH stored it (none came): store it now;
+                 * a RELEASE cannot report an error, so log it. */
+                int r = handle_store(fs, h);
+
+                if (r < 0)
+                    log_shard(h, "shardfs: block %s shard %u: storing on release: %s\n",
+                              strerror(-r));
+            } else {
+                /* The last close: what was written is not a whole shard. */
+                char what[96];
+
+                snprintf(what, sizeof(what), "%llu of %llu bytes", (unsigned long long)h->nwritten,
+                         (unsigned long long)fs->shard_size);
+                log_shard(h,
+                          "shardfs: block %s shard %u: closed after writing %s: not a whole "
+                          "shard, discarded (the shard keeps its stored bytes)\n",
+                          what);
+                handle_set_dirty(fs, h, false);
+            }
+        }
         fs_writers_add(fs, &h->obj, -1, h->dirty ? -1 : 0);
         pthread_mutex_unlock(&h->lock);
     }
     handle_free(h);
     fuse_reply_err(req, 0);
+}
+
+/* ftruncate(2) of a write handle to size (< shard_size; the file keeps its
+ * size, the cut bytes read as zeros). Before anything was written through
+ * the handle it is a whole shard of its own, as truncate(2) is: stored now
+ * (the stored bytes up to size, zeros after), and the kept bytes count as
+ * written, so that a writer that goes on (dd seek=N) completes the shard by
+ * writing the rest. After writes, the cut bytes are written zeros. */
+static int truncate_handle(struct fs *fs, struct fs_handle *h, uint64_t size)
+{
+    int r = 0;
+
+    if (size >= fs->shard_size)
+        return 0;
+    pthread_mutex_lock(&h->lock);
+    if (h->error) {
+        r = h->error;
+    } else if (!h->wrote && h->nwritten == 0) {
+        memset(h->buf + size, 0, fs->shard_size - size);
+        r = handle_store(fs, h);
+        if (r == 0)
+            h->nwritten += bits_set(h->written, 0, size);
+    } else {
+        memset(h->buf + size, 0, fs->shard_size - size);
+        h->nwritten += bits_set(h->written, size, fs->shard_size);
+        handle_set_dirty(fs, h, true);
+    }
+    pthread_mutex_unlock(&h->lock);
+    return r;
 }
 
 void fs_op_setattr(fuse_req_t req, fuse_ino_t ino, struct stat *attr, int to_set,
@@ -446,11 +559,9 @@ void fs_op_setattr(fuse_req_t req, fuse_ino_t ino, struct stat *attr, int to_set
             goto out_err;
         }
         if (h && h->writable) {
-            /* The file keeps its size; the cut bytes read as zeros. */
-            pthread_mutex_lock(&h->lock);
-            memset(h->buf + size, 0, fs->shard_size - size);
-            handle_set_dirty(fs, h, true);
-            pthread_mutex_unlock(&h->lock);
+            r = truncate_handle(fs, h, size);
+            if (r < 0)
+                goto out_err;
         } else if (size < fs->shard_size) {
             /* truncate(2) with no handle: rewrite the shard, zero-filled. */
             uint8_t *buf = calloc(1, fs->shard_size);
