@@ -30,7 +30,9 @@
  *      names the locked inode (another writer committed it meanwhile),
  *      close and start again;
  *   2. truncate the tmp (a writer killed mid-dump leaves garbage there) and
- *      copy the committed block file into it (copy_file_range);
+ *      copy the committed block file into it: sized to the committed size
+ *      first, then only its data extents (SEEK_DATA / SEEK_HOLE, each with
+ *      copy_file_range), so holes stay holes (below);
  *   3. pwrite the new shards; fsync if sync=1;
  *   4. rename tmp -> block file (and fsync the directory if sync=1); close.
  * Writers in any process serialize on the tmp's lock and each starts from the
@@ -38,6 +40,13 @@
  * writer killed at any point leaves the committed file untouched.
  * Dumping shard n of a block that has fewer than n shards leaves a hole: the
  * shards in between read as zeros (the layout cannot mark them absent).
+ * Holes are kept by every later commit: copying the whole file would turn
+ * them into allocated zeros (writing shard 0 of a block whose shard 16384
+ * exists would allocate 1 GiB at 64 KiB shards, and fail ENOSPC on a small
+ * tmpfs), and take time in proportion to the file's size, not its data. The
+ * copy costs what the block holds; the commit stays a whole new file renamed
+ * over the old one, so it is exactly as crash-safe as before. A file system
+ * without SEEK_DATA reports the whole file as data (the old behaviour).
  *
  * Remove: the layout stores a block as one run of shards, so removing shard n
  * truncates the block file to n * shard_size, dropping shard n and every
@@ -576,15 +585,16 @@ static int pwrite_all(int fd, const void *buf, size_t len, uint64_t off)
     return 0;
 }
 
-/* Copy the first len bytes of src into dst (both from offset 0). */
-static int copy_prefix(int src, int dst, uint64_t len)
+/* Copy bytes [off, off + len) of src to the same offsets of dst. */
+static int copy_range(int src, int dst, uint64_t off, uint64_t len)
 {
-    loff_t in = 0, out = 0;
+    loff_t in = (loff_t)off, out = (loff_t)off;
+    uint64_t end = off + len;
     char *buf = NULL;
     int ret = 0;
 
-    while ((uint64_t)in < len) {
-        size_t chunk = len - (uint64_t)in > (1u << 30) ? (1u << 30) : (size_t)(len - (uint64_t)in);
+    while ((uint64_t)in < end) {
+        size_t chunk = end - (uint64_t)in > (1u << 30) ? (1u << 30) : (size_t)(end - (uint64_t)in);
         ssize_t r = copy_file_range(src, &in, dst, &out, chunk, 0);
 
         if (r > 0)
@@ -597,8 +607,8 @@ static int copy_prefix(int src, int dst, uint64_t len)
             return -errno;
         break; /* no in-kernel copy here: fall back to read/write */
     }
-    while ((uint64_t)in < len) {
-        size_t chunk = len - (uint64_t)in > (1u << 20) ? (1u << 20) : (size_t)(len - (uint64_t)in);
+    while ((uint64_t)in < end) {
+        size_t chunk = end - (uint64_t)in > (1u << 20) ? (1u << 20) : (size_t)(end - (uint64_t)in);
         ssize_t r;
 
         if (!buf) {
@@ -613,14 +623,48 @@ static int copy_prefix(int src, int dst, uint64_t len)
             ret = r < 0 ? -errno : -EIO;
             break;
         }
-        ret = pwrite_all(dst, buf, (size_t)r, (uint64_t)out);
+        ret = pwrite_all(dst, buf, (size_t)r, (uint64_t)in);
         if (ret < 0)
             break;
         in += r;
-        out += r;
     }
     free(buf);
     return ret;
+}
+
+/* Copy the first len bytes of src into the empty dst, keeping holes: dst is
+ * sized to len (reading as zeros), then each data extent of src below len is
+ * copied. lseek's SEEK_DATA answers ENXIO past the last extent; a file
+ * system without hole support answers as if the file were all data. */
+static int copy_prefix(int src, int dst, uint64_t len)
+{
+    uint64_t pos = 0;
+
+    if (ftruncate(dst, (off_t)len) < 0)
+        return -errno;
+    while (pos < len) {
+        off_t data = lseek(src, (off_t)pos, SEEK_DATA), hole;
+        int ret;
+
+        if (data < 0 && errno == ENXIO)
+            return 0; /* a hole to the end */
+        if (data < 0)
+            return -errno;
+        if ((uint64_t)data >= len)
+            return 0;
+        hole = lseek(src, data, SEEK_HOLE);
+        if (hole < 0)
+            return -errno;
+        if ((uint64_t)hole > len)
+            hole = (off_t)len;
+        if (hole <= data)
+            return -EIO; /* the file changed under us: not ours */
+        ret = copy_range(src, dst, (uint64_t)data, (uint64_t)(hole - data));
+        if (ret < 0)
+            return ret;
+        pos = (uint64_t)hole;
+    }
+    return 0;
 }
 
 /*
