@@ -12,6 +12,9 @@
  * (NEW + b, n). Each shard is checked both through the mount and in the
  * block file on disk.
  *
+ * The last test dumps one key from several rank processes (libshardfs-rank,
+ * attached through the mount) while a writer writes it through the mount.
+ *
  * Needs /dev/fuse and fusermount3; the sparse-store test also needs to mount
  * a tmpfs (root). Each skips without.
  */
@@ -20,12 +23,14 @@
 
 #include <shardfs/backend.h>
 #include <shardfs/cache.h>
+#include <shardfs/rank.h>
 
 #include <criterion/criterion.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <signal.h>
 #include <stdarg.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -554,5 +559,131 @@ Test(fs_write, commit_keeps_the_holes_of_a_sparse_block, .timeout = 120)
             cr_assert_eq(got[i], 0);
         close(fd);
     }
+    cr_assert_eq(fsfx_stop(&W.fx, false, 10.0), 0);
+}
+
+/* ---------------------------------------------------------------------------
+ * Finding 4: the cache and the store agree on the version that won.
+ */
+
+enum { DUMPERS = 3, DUPS = 4, DUMP_ROUNDS = 25 };
+
+struct dump_shared {
+    _Atomic int ready[DUMP_ROUNDS];
+};
+
+struct dumper {
+    struct dump_shared *sh;
+    int round, id;
+};
+
+/* Version v of shard (BLOCK, 0): a pattern no other version has. */
+static void fill_version(uint32_t v, void *buf)
+{
+    struct sfs_key k = tu_key(2 * NEW + v, 0);
+
+    tu_fill(&k, buf, SHARD);
+}
+
+static void go_together(_Atomic int *ready, int n)
+{
+    int64_t end = sfs_deadline_after(20ll * 1000 * 1000 * 1000);
+
+    atomic_fetch_add(ready, 1);
+    while (atomic_load(ready) < n && sfs_now_ns() < end)
+        ;
+}
+
+/* A rank process: dump DUPS versions of one key in one task. */
+static int dumper_main(void *p)
+{
+    struct dumper *d = p;
+    struct sfs_rank_config cfg;
+    struct sfs_rank_entry e[DUPS];
+    struct sfs_task *t;
+    struct sfs_rank *rk;
+    static uint8_t bufs[DUPS][SHARD];
+    char spec[256];
+    int st[DUPS], err = 0;
+
+    sfs_rank_config_init(&cfg);
+    snprintf(spec, sizeof(spec), "posix:%s", W.store);
+    cfg.mount_point = W.fx.mnt;
+    cfg.backend = spec;
+    cfg.copier = SFS_COPIER_HOST;
+    cfg.key_timeout_ms = 20000;
+    rk = sfs_rank_open(&cfg, &err);
+    TU_CK(rk);
+    for (int j = 0; j < DUPS; j++) {
+        fill_version((uint32_t)((d->round * (DUMPERS + 1) + d->id) * DUPS + j), bufs[j]);
+        e[j] = (struct sfs_rank_entry){.block = tu_block(BLOCK), .shard = 0, .addr = bufs[j]};
+    }
+    go_together(&d->sh->ready[d->round], DUMPERS + 1);
+    TU_CK(sfs_rank_dump(rk, e, DUPS, &t) == 0);
+    TU_CK(sfs_rank_wait(t, 30000, st) == 0);
+    for (int j = 0; j < DUPS; j++)
+        TU_CK(st[j] == 0);
+    sfs_rank_task_free(t);
+    sfs_rank_close(rk);
+    return 0;
+}
+
+/* A writer through the mount, at the same time. */
+static int mount_writer_main(void *p)
+{
+    struct dumper *d = p;
+    static uint8_t buf[SHARD];
+    int fd;
+
+    fill_version((uint32_t)((d->round * (DUMPERS + 1) + d->id) * DUPS), buf);
+    go_together(&d->sh->ready[d->round], DUMPERS + 1);
+    fd = open(shard_path(BLOCK, 0), O_WRONLY | O_TRUNC | O_CLOEXEC);
+    TU_CK(fd >= 0);
+    TU_CK(write(fd, buf, SHARD) == (ssize_t)SHARD);
+    TU_CK(close(fd) == 0);
+    return 0;
+}
+
+/* Rank processes dump one key concurrently (several versions each, in one
+ * task), and a writer writes it through the mount: afterwards the cache
+ * (a read through the mount, a hit) and the block file hold the same whole
+ * version, every round. */
+Test(fs_write, concurrent_dumps_of_one_key_leave_cache_and_store_agreeing, .timeout = 300)
+{
+    struct dump_shared *sh;
+    int disagree = 0;
+
+    store_write(BLOCK, 1);
+    start_spec(NULL, "readahead=0");
+    sh = mmap(NULL, sizeof(*sh), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+    cr_assert_neq((void *)sh, MAP_FAILED);
+    memset(sh, 0, sizeof(*sh));
+    for (int r = 0; r < DUMP_ROUNDS; r++) {
+        static uint8_t cached[SHARD], stored[SHARD];
+        struct dumper d[DUMPERS + 1];
+        pid_t kids[DUMPERS + 1];
+        int fd;
+
+        for (int i = 0; i <= DUMPERS; i++) {
+            d[i] = (struct dumper){.sh = sh, .round = r, .id = i};
+            kids[i] = tu_fork(i < DUMPERS ? dumper_main : mount_writer_main, &d[i]);
+        }
+        for (int i = 0; i <= DUMPERS; i++)
+            cr_assert_eq(tu_wait(kids[i]), 0, "round %d: %s %d failed", r,
+                         i < DUMPERS ? "rank" : "mount writer", i);
+        fd = open(shard_path(BLOCK, 0), O_RDONLY);
+        cr_assert_geq(fd, 0);
+        cr_assert_eq(pread(fd, cached, SHARD, 0), (ssize_t)SHARD);
+        close(fd);
+        fd = open(disk_path(BLOCK), O_RDONLY);
+        cr_assert_geq(fd, 0);
+        cr_assert_eq(pread(fd, stored, SHARD, 0), (ssize_t)SHARD);
+        close(fd);
+        disagree += memcmp(cached, stored, SHARD) != 0;
+    }
+    cr_assert_eq(disagree, 0,
+                 "in %d of %d rounds the cache served another version than the store's", disagree,
+                 DUMP_ROUNDS);
+    munmap(sh, sizeof(*sh));
     cr_assert_eq(fsfx_stop(&W.fx, false, 10.0), 0);
 }
