@@ -158,6 +158,11 @@ static inline struct fs_handle *fs_fh_of(struct fuse_file_info *fi)
     return (struct fs_handle *)(uintptr_t)fi->fh;
 }
 
+/* main.c */
+/* One line to the daemon's log: stderr in the foreground, syslog when
+ * detached; level as syslog's (LOG_WARNING ...). */
+void fs_log(int level, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+
 /* ops.c: the operations table, attributes and entries. */
 extern const struct fuse_lowlevel_ops fs_ops;
 void fs_fill_attr(struct fs *fs, const struct fs_obj *o, fuse_ino_t ino, struct stat *st);

@@ -31,6 +31,7 @@
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/un.h>
+#include <stdarg.h>
 #include <syslog.h>
 #include <unistd.h>
 
@@ -491,6 +492,17 @@ static void log_fn(int level, const char *msg, void *arg)
         syslog(level, "%s", msg);
     else
         fprintf(stderr, "shardfs: %s\n", msg);
+}
+
+void fs_log(int level, const char *fmt, ...)
+{
+    char msg[512];
+    va_list ap;
+
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof(msg), fmt, ap);
+    va_end(ap);
+    log_fn(level, msg, NULL);
 }
 
 static void touch_hook(const struct sfs_block_id *blocks, size_t n, void *arg)

@@ -27,6 +27,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <syslog.h>
 #include <time.h>
 
 /* ---------------------------------------------------------------------------
@@ -104,14 +105,6 @@ static uint64_t bits_set(uint64_t *w, uint64_t from, uint64_t to)
         from += n;
     }
     return added;
-}
-
-static void log_shard(const struct fs_handle *h, const char *fmt, const char *what)
-{
-    char hex[SFS_BLOCK_HEX_LEN + 1];
-
-    sfs_block_to_hex(&h->obj.key.block, hex);
-    fprintf(stderr, fmt, hex, h->obj.key.shard, what);
 }
 
 /* Under h->lock, on a write handle counted by fs_writers_add: mark whether it
@@ -480,19 +473,23 @@ void fs_op_release(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi)
                  * a RELEASE cannot report an error, so log it. */
                 int r = handle_store(fs, h);
 
-                if (r < 0)
-                    log_shard(h, "shardfs: block %s shard %u: storing on release: %s\n",
-                              strerror(-r));
+                if (r < 0) {
+                    char hex[SFS_BLOCK_HEX_LEN + 1];
+
+                    sfs_block_to_hex(&h->obj.key.block, hex);
+                    fs_log(LOG_WARNING, "block %s shard %u: storing on release: %s", hex,
+                           h->obj.key.shard, strerror(-r));
+                }
             } else {
                 /* The last close: what was written is not a whole shard. */
-                char what[96];
+                char hex[SFS_BLOCK_HEX_LEN + 1];
 
-                snprintf(what, sizeof(what), "%llu of %llu bytes", (unsigned long long)h->nwritten,
-                         (unsigned long long)fs->shard_size);
-                log_shard(h,
-                          "shardfs: block %s shard %u: closed after writing %s: not a whole "
-                          "shard, discarded (the shard keeps its stored bytes)\n",
-                          what);
+                sfs_block_to_hex(&h->obj.key.block, hex);
+                fs_log(LOG_WARNING,
+                       "block %s shard %u: closed after writing %llu of %llu bytes: not a whole "
+                       "shard, discarded (the shard keeps its stored bytes)",
+                       hex, h->obj.key.shard, (unsigned long long)h->nwritten,
+                       (unsigned long long)fs->shard_size);
                 handle_set_dirty(fs, h, false);
             }
         }
