@@ -687,3 +687,78 @@ Test(fs_write, concurrent_dumps_of_one_key_leave_cache_and_store_agreeing, .time
     munmap(sh, sizeof(*sh));
     cr_assert_eq(fsfx_stop(&W.fx, false, 10.0), 0);
 }
+
+/* Another process holds the key (a reader's lease on the Ready shard) past
+ * the rank's key deadline: the bounced dump fails -ETIMEDOUT and stores
+ * nothing, in the store or the cache. */
+struct holder {
+    int ready[2], go[2];
+};
+
+static int holder_main(struct sfs_cache *c, void *p)
+{
+    struct holder *h = p;
+    struct sfs_key k = tu_key(BLOCK, 0);
+    struct sfs_lease l;
+    char ch = 0;
+
+    close(h->ready[0]);
+    close(h->go[1]);
+    TU_CK(sfs_cache_get(c, &k, 0, sfs_deadline_after(5ll * 1000 * 1000 * 1000), &l) == SFS_HIT);
+    TU_CK(write(h->ready[1], &ch, 1) == 1);
+    TU_CK(read(h->go[0], &ch, 1) == 1);
+    sfs_cache_release(c, &l);
+    return 0;
+}
+
+Test(fs_write, a_dump_of_a_key_held_past_its_deadline_stores_nothing, .timeout = 60)
+{
+    static uint8_t buf[SHARD];
+    struct sfs_rank_config cfg;
+    struct sfs_rank_entry e;
+    struct sfs_task *t;
+    struct sfs_rank *rk;
+    struct holder h;
+    char spec[256], ch = 0;
+    int st = 0, err = 0;
+    pid_t kid;
+
+    store_write(BLOCK, 1);
+    start_spec(NULL, "readahead=0");
+    assert_version(BLOCK, 0, V_OLD, "before"); /* now Ready in the cache */
+    cr_assert_eq(pipe(h.ready), 0);
+    cr_assert_eq(pipe(h.go), 0);
+    kid = tu_fork_attached(W.fx.sock, 0, holder_main, &h);
+    close(h.ready[1]);
+    close(h.go[0]);
+    cr_assert_eq(read(h.ready[0], &ch, 1), 1, "the holder did not get the key");
+
+    sfs_rank_config_init(&cfg);
+    snprintf(spec, sizeof(spec), "posix:%s", W.store);
+    cfg.mount_point = W.fx.mnt;
+    cfg.backend = spec;
+    cfg.copier = SFS_COPIER_HOST;
+    cfg.key_timeout_ms = 300;
+    rk = sfs_rank_open(&cfg, &err);
+    cr_assert_not_null(rk, "sfs_rank_open: %s", strerror(-err));
+    fill_new(BLOCK, 0, buf);
+    e = (struct sfs_rank_entry){.block = tu_block(BLOCK), .shard = 0, .addr = buf};
+    cr_assert_eq(sfs_rank_dump(rk, &e, 1, &t), 0);
+    cr_assert_eq(sfs_rank_wait(t, 10000, &st), 0);
+    sfs_rank_task_free(t);
+    cr_assert_eq(st, -ETIMEDOUT, "the dump of a held key: %d", st);
+
+    cr_assert_eq(write(h.go[1], &ch, 1), 1);
+    cr_assert_eq(tu_wait(kid), 0);
+    assert_version(BLOCK, 0, V_OLD, "after the dump timed out");
+    /* Once the key is free, a dump goes through and both agree. */
+    cr_assert_eq(sfs_rank_dump(rk, &e, 1, &t), 0);
+    cr_assert_eq(sfs_rank_wait(t, 10000, &st), 0);
+    sfs_rank_task_free(t);
+    cr_assert_eq(st, 0);
+    assert_version(BLOCK, 0, V_NEW, "after a dump of the free key");
+    sfs_rank_close(rk);
+    close(h.ready[0]);
+    close(h.go[1]);
+    cr_assert_eq(fsfx_stop(&W.fx, false, 10.0), 0);
+}
