@@ -762,3 +762,45 @@ Test(fs_write, a_dump_of_a_key_held_past_its_deadline_stores_nothing, .timeout =
     close(h.go[1]);
     cr_assert_eq(fsfx_stop(&W.fx, false, 10.0), 0);
 }
+
+/* A truncate is a whole shard of its own: `truncate -s N` rewrites the shard
+ * with its bytes from N on zeroed; `dd seek=K` (which truncates to K blocks,
+ * then writes the rest) commits the kept bytes plus the new ones. */
+Test(fs_write, truncate_and_dd_seek_are_whole_shards, .timeout = 60)
+{
+    static uint8_t want[SHARD], got[SHARD], neu[SHARD];
+    struct sfs_key k = tu_key(BLOCK, 0);
+    char src[256];
+    int fd;
+
+    store_write(BLOCK, 1);
+    start_spec(NULL, NULL);
+    cr_assert_eq(sh("truncate -s 1000 %s", shard_path(BLOCK, 0)), 0);
+    tu_fill(&k, want, SHARD);
+    memset(want + 1000, 0, SHARD - 1000);
+    for (int i = 0; i < 2; i++) {
+        fd = open(i ? disk_path(BLOCK) : shard_path(BLOCK, 0), O_RDONLY);
+        cr_assert_geq(fd, 0);
+        cr_assert_eq(pread(fd, got, SHARD, 0), (ssize_t)SHARD);
+        close(fd);
+        cr_assert_eq(memcmp(got, want, SHARD), 0, "truncate -s 1000 (%s)", i ? "disk" : "mount");
+    }
+
+    fill_new(BLOCK, 0, neu);
+    snprintf(src, sizeof(src), "%s", tu_path("src"));
+    fd = open(src, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    cr_assert_eq(write(fd, neu + 4096, SHARD - 4096), (ssize_t)(SHARD - 4096));
+    close(fd);
+    cr_assert_eq(sh("dd if=%s of=%s bs=4096 seek=1 status=none", src, shard_path(BLOCK, 0)), 0);
+    memcpy(want + 4096, neu + 4096, SHARD - 4096);
+    for (int i = 0; i < 2; i++) {
+        fd = open(i ? disk_path(BLOCK) : shard_path(BLOCK, 0), O_RDONLY);
+        cr_assert_geq(fd, 0);
+        cr_assert_eq(pread(fd, got, SHARD, 0), (ssize_t)SHARD);
+        close(fd);
+        cr_assert_eq(memcmp(got, want, SHARD), 0, "dd seek=1 (%s)", i ? "disk" : "mount");
+    }
+    unlink(src);
+    cr_assert_eq(log_lines_with("discarded"), 0);
+    cr_assert_eq(fsfx_stop(&W.fx, false, 10.0), 0);
+}
