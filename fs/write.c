@@ -186,6 +186,7 @@ static int open_writer(struct fs *fs, const struct fs_obj *o, int flags, bool cr
         return -ENOMEM;
     h->obj = *o;
     h->writable = true;
+    /* Bound: shard_size bytes plus shard_size / 8 for the map, per handle. */
     h->buf = calloc(1, fs->shard_size);
     h->written = calloc((fs->shard_size + 63) / 64, sizeof(*h->written));
     if (!h->buf || !h->written) {
