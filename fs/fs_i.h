@@ -142,6 +142,7 @@ struct fs_handle {
     uint64_t nwritten;    /* lock: bits set in written (shard_size: a whole shard) */
     bool wrote;           /* lock: a write(2) came through this open file */
     bool creating;        /* created a new name: with nothing written it stores zeros */
+    bool from_zeros;      /* buf started as zeros (O_TRUNC, a new name), not the stored bytes */
     bool dirty;           /* lock: holds bytes not yet stored (counted in fs_node.ndirty) */
     int error;            /* lock: -errno reported to the writer: nothing is stored any more */
     char *text;           /* /stats: the snapshot taken at open */

@@ -198,10 +198,13 @@ static int open_writer(struct fs *fs, const struct fs_obj *o, int flags, bool cr
     pthread_mutex_init(&h->lock, NULL);
     /* The stored bytes, for reading back (O_RDWR) and for a truncate. They
      * do not count as written: a new shard is whatever this file writes. */
+    h->from_zeros = true;
     if (!(flags & O_TRUNC) && !creating && fs_shard_exists(fs, &o->key)) {
         r = fs_load_copy(fs, &o->key, h->buf);
         if (r == -ENOENT)
             r = 0; /* removed meanwhile: starts as zeros */
+        else
+            h->from_zeros = false;
     }
     /* A new name is stored as zeros on the first FLUSH if nothing is
      * written (touch, like mknod); an existing one only by a whole shard. */
@@ -501,20 +504,26 @@ void fs_op_release(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi)
     fuse_reply_err(req, 0);
 }
 
-/* ftruncate(2) of a write handle to size (< shard_size; the file keeps its
- * size, the cut bytes read as zeros). Before anything was written through
- * the handle it is a whole shard of its own, as truncate(2) is: stored now
+/* ftruncate(2) of a write handle to size (the file keeps its size; cut bytes
+ * read as zeros). Before anything was written through the handle, a size
+ * below shard_size is a whole shard of its own, as truncate(2) is: stored now
  * (the stored bytes up to size, zeros after), and the kept bytes count as
  * written, so that a writer that goes on (dd seek=N) completes the shard by
- * writing the rest. After writes, the cut bytes are written zeros. */
+ * writing the rest. After writes, the cut bytes are written zeros; and on a
+ * file that started empty (O_TRUNC, a new name), setting the size to
+ * shard_size defines the bytes never written as the zeros POSIX gives a gap
+ * (cp of a sparse file seeks over its holes, then sets the size). */
 static int truncate_handle(struct fs *fs, struct fs_handle *h, uint64_t size)
 {
     int r = 0;
 
-    if (size >= fs->shard_size)
-        return 0;
     pthread_mutex_lock(&h->lock);
-    if (h->error) {
+    if (size >= fs->shard_size) {
+        if (!h->error && h->wrote && h->from_zeros) {
+            h->nwritten += bits_set(h->written, 0, fs->shard_size);
+            handle_set_dirty(fs, h, true);
+        }
+    } else if (h->error) {
         r = h->error;
     } else if (!h->wrote && h->nwritten == 0) {
         memset(h->buf + size, 0, fs->shard_size - size);

@@ -804,3 +804,30 @@ Test(fs_write, truncate_and_dd_seek_are_whole_shards, .timeout = 60)
     cr_assert_eq(log_lines_with("discarded"), 0);
     cr_assert_eq(fsfx_stop(&W.fx, false, 10.0), 0);
 }
+
+/* cp of a sparse file writes its data, seeks over its holes and then sets
+ * the size: on a file that started empty the bytes never written are the
+ * zeros of a gap, so the copy is a whole shard. */
+Test(fs_write, cp_of_a_sparse_file_is_a_whole_shard, .timeout = 60)
+{
+    static uint8_t want[SHARD], got[SHARD];
+    char src[256];
+
+    store_write(BLOCK, 1);
+    start_spec(NULL, NULL);
+    snprintf(src, sizeof(src), "%s", tu_path("sparse"));
+    cr_assert_eq(sh("printf 'DATA' > %s && truncate -s %u %s", src, SHARD, src), 0);
+    cr_assert_eq(sh("cp --sparse=always %s %s", src, shard_path(BLOCK, 0)), 0);
+    memcpy(want, "DATA", 4);
+    for (int i = 0; i < 2; i++) {
+        int fd = open(i ? disk_path(BLOCK) : shard_path(BLOCK, 0), O_RDONLY);
+
+        cr_assert_geq(fd, 0);
+        cr_assert_eq(pread(fd, got, SHARD, 0), (ssize_t)SHARD);
+        close(fd);
+        cr_assert_eq(memcmp(got, want, SHARD), 0, "cp of a sparse file (%s)", i ? "disk" : "mount");
+    }
+    unlink(src);
+    cr_assert_eq(log_lines_with("discarded"), 0);
+    cr_assert_eq(fsfx_stop(&W.fx, false, 10.0), 0);
+}
