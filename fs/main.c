@@ -64,6 +64,8 @@ struct options {
     unsigned max_read;
     bool max_read_set;
     bool ro;
+    bool perms_on;  /* -o default_permissions given (it is the default anyway) */
+    bool perms_off; /* -o no_default_permissions: the kernel checks no modes */
     int nonopts;
     int bad; /* a one-line error was printed */
 };
@@ -71,6 +73,8 @@ struct options {
 enum {
     KEY_RO,
     KEY_MAX_READ,
+    KEY_PERMS_ON,
+    KEY_PERMS_OFF,
     KEY_HELP,
     KEY_VERSION,
 };
@@ -85,7 +89,8 @@ static const struct fuse_opt opt_table[] = {
     OPT("hugepages=%s", hugepages),          OPT("reserved=%s", reserved),
     OPT("wait_timeout=%s", wait_timeout),    OPT("readahead=%s", readahead),
     OPT("numa_node=%s", numa_node),          FUSE_OPT_KEY("ro", KEY_RO),
-    FUSE_OPT_KEY("max_read=", KEY_MAX_READ), FUSE_OPT_END,
+    FUSE_OPT_KEY("max_read=", KEY_MAX_READ), FUSE_OPT_KEY("default_permissions", KEY_PERMS_ON),
+    FUSE_OPT_KEY("no_default_permissions", KEY_PERMS_OFF), FUSE_OPT_END,
 };
 #undef OPT
 
@@ -112,6 +117,8 @@ static void usage(const char *prog)
            "                           (default %d, 0: off)\n"
            "    -o numa_node=N         bind the data plane to NUMA node N (default: none)\n"
            "    -o ro                  read-only: every change is EROFS\n"
+           "    -o no_default_permissions  the kernel does not check modes and owners\n"
+           "                           (default: it does; see shardfs(8), PERMISSIONS)\n"
            "\n",
            prog, DEFAULT_WAIT_S, DEFAULT_READAHEAD);
 }
@@ -135,6 +142,12 @@ static int opt_proc(void *data, const char *arg, int key, struct fuse_args *outa
     case KEY_RO:
         o->ro = true;
         return 1; /* also a mount option */
+    case KEY_PERMS_ON:
+        o->perms_on = true;
+        return 1; /* a mount option: the kernel enforces it */
+    case KEY_PERMS_OFF:
+        o->perms_off = true;
+        return 0; /* ours only: it keeps default_permissions off the mount */
     case KEY_MAX_READ: {
         char *end;
         unsigned long v;
@@ -669,6 +682,14 @@ int main(int argc, char *argv[])
     }
     if (validate(&o, co.mountpoint, &cfg) < 0 || check_backend(o.backend) < 0 ||
         check_mountpoint(co.mountpoint) < 0 || check_socket(cfg.socket, cfg.default_socket) < 0)
+        goto out_args;
+    if (o.perms_on && o.perms_off) {
+        fprintf(stderr, "shardfs: default_permissions and no_default_permissions: pick one\n");
+        goto out_args;
+    }
+    /* The kernel checks modes and owners (fill_attr's) before any request
+     * reaches us: with allow_other, other users get what the modes say. */
+    if (!o.perms_on && !o.perms_off && fuse_opt_add_arg(&args, "-odefault_permissions") != 0)
         goto out_args;
     if (!o.max_read_set) {
         char mr[32];

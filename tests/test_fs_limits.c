@@ -1,0 +1,333 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * test_fs_limits.c - the mount under careless and hostile use: permissions
+ * that hold for other users, a store that misbehaves (a FIFO in place of a
+ * block file, symlinks leaving the store, a dump that never returns), and
+ * options that would destroy what they name.
+ *
+ * Each test starts the daemon binary in the foreground in a child on a fresh
+ * store and mount point (as tests/test_fs.c does) and drives the mount with
+ * plain system calls, some of them from a forked child that has become
+ * another user (uid/gid 65534). The suite's fini always unmounts.
+ *
+ * Needs /dev/fuse, fusermount3 and root (to become another user); skips
+ * without them.
+ */
+#include "testutil.h"
+
+#include <shardfs/backend.h>
+#include <shardfs/cache.h>
+
+#include <criterion/criterion.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <grp.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <sys/xattr.h>
+#include <time.h>
+#include <unistd.h>
+
+#ifndef SHARDFS_BIN
+#error "SHARDFS_BIN must name the daemon binary (tests/CMakeLists.txt)"
+#endif
+
+#define SHARD  (64u << 10)
+#define NOBODY 65534
+
+static const char *daemon_bin(void)
+{
+    const char *e = getenv("SHARDFS_TEST_DAEMON");
+
+    return e && *e ? e : SHARDFS_BIN;
+}
+
+struct mount {
+    char store[128], mnt[128], sock[128], log[128];
+    pid_t pid;
+};
+
+static struct mount M;
+
+static int sh(const char *fmt, ...)
+{
+    char cmd[2048];
+    va_list ap;
+    int st;
+
+    va_start(ap, fmt);
+    vsnprintf(cmd, sizeof(cmd), fmt, ap);
+    va_end(ap);
+    st = system(cmd);
+    if (st == -1)
+        return -1;
+    return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
+}
+
+static void sleep_ms(long ms)
+{
+    struct timespec ts = {ms / 1000, (ms % 1000) * 1000000};
+
+    while (nanosleep(&ts, &ts) < 0 && errno == EINTR)
+        ;
+}
+
+static double now_s(void)
+{
+    return (double)sfs_now_ns() / 1e9;
+}
+
+static const char *hex_of(uint64_t b)
+{
+    static __thread char buf[4][SFS_BLOCK_HEX_LEN + 1];
+    static __thread int i;
+    struct sfs_block_id id = tu_block(b);
+    char *p = buf[i++ & 3];
+
+    sfs_block_to_hex(&id, p);
+    return p;
+}
+
+/* MOUNT/block/<hex of b>/shard/<n> (n < 0: the block directory). */
+static const char *shard_path(uint64_t b, long n)
+{
+    static __thread char buf[4][256];
+    static __thread int i;
+    char *p = buf[i++ & 3];
+
+    if (n < 0)
+        snprintf(p, 256, "%s/block/%s", M.mnt, hex_of(b));
+    else
+        snprintf(p, 256, "%s/block/%s/shard/%ld", M.mnt, hex_of(b), n);
+    return p;
+}
+
+/* STORE/data/<hex of b> */
+static const char *block_file(uint64_t b)
+{
+    static __thread char buf[256];
+
+    snprintf(buf, sizeof(buf), "%s/data/%s", M.store, hex_of(b));
+    return buf;
+}
+
+/* Write block b of nshards (tu_fill bytes) at path. */
+static void write_block_at(const char *path, uint64_t b, unsigned nshards)
+{
+    uint8_t *buf = malloc(SHARD);
+    int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+
+    cr_assert_not_null(buf);
+    cr_assert_geq(fd, 0, "create %s: %s", path, strerror(errno));
+    for (uint32_t s = 0; s < nshards; s++) {
+        struct sfs_key k = tu_key(b, s);
+
+        tu_fill(&k, buf, SHARD);
+        cr_assert_eq(pwrite(fd, buf, SHARD, (off_t)s * SHARD), (ssize_t)SHARD);
+    }
+    close(fd);
+    free(buf);
+}
+
+static void store_block(uint64_t b, unsigned nshards)
+{
+    char data[200];
+
+    snprintf(data, sizeof(data), "%s/data", M.store);
+    mkdir(data, 0755);
+    write_block_at(block_file(b), b, nshards);
+}
+
+static bool is_mounted(const char *mnt)
+{
+    FILE *f = fopen("/proc/self/mountinfo", "re");
+    char line[4096], pat[300];
+    bool found = false;
+
+    if (!f)
+        return false;
+    snprintf(pat, sizeof(pat), " %s ", mnt);
+    while (!found && fgets(line, sizeof(line), f))
+        found = strstr(line, pat) && strstr(line, "fuse.shardfs");
+    fclose(f);
+    return found;
+}
+
+/* Start the daemon in the foreground with backend spec (NULL: the store) and
+ * extra -o options; wait for the mount. */
+static void start_spec(const char *spec, const char *opts)
+{
+    char o[512];
+    double t0;
+
+    snprintf(o, sizeof(o), "socket=%s,hugepages=off,capacity=8M,shard_size=64K%s%s", M.sock,
+             opts && *opts ? "," : "", opts ? opts : "");
+    M.pid = fork();
+    cr_assert_geq(M.pid, 0);
+    if (M.pid == 0) {
+        int fd = open(M.log, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+
+        if (fd >= 0) {
+            dup2(fd, 1);
+            dup2(fd, 2);
+        }
+        execl(daemon_bin(), "shardfs", "-f", "-o", o, spec ? spec : M.store, M.mnt, (char *)NULL);
+        _exit(127);
+    }
+    t0 = now_s();
+    while (!is_mounted(M.mnt)) {
+        int st;
+
+        if (waitpid(M.pid, &st, WNOHANG) == M.pid) {
+            M.pid = 0;
+            cr_assert_fail("daemon exited before mounting (status %d), see %s", st, M.log);
+        }
+        cr_assert_lt(now_s() - t0, 10.0, "mount did not appear");
+        sleep_ms(10);
+    }
+}
+
+/* Wait up to limit_s for the daemon to exit; its status, or -1 (killed). */
+static int reap_daemon(double limit_s)
+{
+    double t0 = now_s();
+    int st = 0;
+
+    while (waitpid(M.pid, &st, WNOHANG) != M.pid) {
+        if (now_s() - t0 > limit_s) {
+            kill(M.pid, SIGKILL);
+            waitpid(M.pid, &st, 0);
+            M.pid = 0;
+            return -1;
+        }
+        sleep_ms(10);
+    }
+    M.pid = 0;
+    return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
+}
+
+static void setup(void)
+{
+    int fd = open("/dev/fuse", O_RDWR | O_CLOEXEC);
+
+    if (fd < 0 || sh("command -v fusermount3 >/dev/null") != 0) {
+        if (fd >= 0)
+            close(fd);
+        cr_skip_test("no usable /dev/fuse or fusermount3: FUSE tests skipped");
+    }
+    close(fd);
+    if (geteuid() != 0)
+        cr_skip_test("not root: cannot become another user; skipped");
+    memset(&M, 0, sizeof(M));
+    snprintf(M.store, sizeof(M.store), "%s", tu_path("store"));
+    snprintf(M.mnt, sizeof(M.mnt), "%s", tu_path("mnt"));
+    snprintf(M.sock, sizeof(M.sock), "%s", tu_path("sock"));
+    snprintf(M.log, sizeof(M.log), "%s", tu_path("log"));
+    mkdir(M.store, 0755);
+    mkdir(M.mnt, 0755);
+}
+
+static void teardown(void)
+{
+    /* SIGTERM, not an unmount: an unmount of a daemon stuck in the backend
+     * (what a failing test here leaves) can wait as long as it does. */
+    if (M.pid > 0) {
+        kill(M.pid, SIGTERM);
+        reap_daemon(10.0);
+    }
+    if (M.mnt[0] && is_mounted(M.mnt))
+        sh("fusermount3 -uz %s 2>/dev/null", M.mnt);
+    if (M.mnt[0] && !is_mounted(M.mnt))
+        rmdir(M.mnt);
+    if (M.store[0])
+        sh("rm -rf %s", M.store);
+    if (M.log[0] && !getenv("SFS_TEST_KEEP_LOGS"))
+        unlink(M.log);
+    if (M.sock[0])
+        unlink(M.sock);
+}
+
+TestSuite(fs_limits, .init = setup, .fini = teardown, .timeout = 120);
+
+/* Become uid/gid NOBODY, with the supplementary groups given. */
+static int become_nobody(const gid_t *groups, size_t ngroups)
+{
+    if (setgroups(ngroups, groups) < 0 || setgid(NOBODY) < 0 || setuid(NOBODY) < 0)
+        return -1;
+    return 0;
+}
+
+/* Open + read a whole shard; 0 when it holds tu_fill's bytes of (b, s). */
+static int read_shard_ok(uint64_t b, uint32_t s)
+{
+    uint8_t *buf = malloc(SHARD);
+    struct sfs_key k = tu_key(b, s);
+    int fd = open(shard_path(b, s), O_RDONLY | O_CLOEXEC), ret = -1;
+
+    if (buf && fd >= 0 && read(fd, buf, SHARD) == (ssize_t)SHARD && tu_check(&k, buf, SHARD) < 0)
+        ret = 0;
+    if (fd >= 0)
+        close(fd);
+    free(buf);
+    return ret;
+}
+
+/* A refusal of another user: EACCES or EPERM. */
+static bool refused(int r)
+{
+    return r < 0 && (errno == EACCES || errno == EPERM);
+}
+
+/* As another user: reads work, every change is refused. */
+static int other_user_body(void *arg)
+{
+    int fd;
+
+    (void)arg;
+    TU_CK(become_nobody(NULL, 0) == 0);
+    TU_CK(read_shard_ok(1, 0) == 0);
+    TU_CK(read_shard_ok(1, 1) == 0);
+    fd = open(shard_path(1, 0), O_WRONLY | O_CLOEXEC);
+    TU_CK(refused(fd));
+    fd = open(shard_path(1, 1), O_RDWR | O_TRUNC | O_CLOEXEC);
+    TU_CK(refused(fd));
+    fd = open(shard_path(1, 7), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    TU_CK(refused(fd));
+    fd = open(shard_path(2, 0), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    TU_CK(refused(fd));
+    TU_CK(refused(unlink(shard_path(1, 1))));
+    TU_CK(refused(truncate(shard_path(1, 0), 0)));
+    TU_CK(refused(setxattr(shard_path(1, -1), "user.shardfs.prefetch", "1", 1, 0)));
+    TU_CK(refused(chmod(shard_path(1, 0), 0666)));
+    return 0;
+}
+
+Test(fs_limits, another_user_reads_but_cannot_change_a_root_store, .timeout = 60)
+{
+    uint8_t *buf = malloc(SHARD);
+    struct sfs_key k = tu_key(1, 1);
+    struct stat st;
+    int fd;
+
+    store_block(1, 2);
+    start_spec(NULL, "allow_other");
+    cr_assert_eq(stat(shard_path(1, 0), &st), 0);
+    cr_expect_eq(st.st_uid, 0);
+    cr_expect_eq(st.st_mode & 0777, 0644, "mode %o", st.st_mode & 0777);
+    cr_assert_eq(tu_wait_for(tu_fork(other_user_body, NULL), 30ll * 1000000000), 0,
+                 "another user changed the store (see the child's line above)");
+    /* Nothing changed on disk. */
+    fd = open(block_file(1), O_RDONLY | O_CLOEXEC);
+    cr_assert_geq(fd, 0);
+    cr_assert_eq(fstat(fd, &st), 0);
+    cr_expect_eq(st.st_size, 2 * SHARD);
+    cr_assert_eq(pread(fd, buf, SHARD, SHARD), (ssize_t)SHARD);
+    cr_expect_lt(tu_check(&k, buf, SHARD), 0, "shard 1 was changed");
+    close(fd);
+    free(buf);
+}
