@@ -473,14 +473,20 @@ static int check_mountpoint(const char *mnt)
     return 0;
 }
 
-/* A socket someone answers on belongs to a live daemon: refuse to steal it. */
+/* The socket path is replaced at start (a stale socket of a dead daemon is
+ * unlinked), so it must name nothing or a socket: anything else (a regular
+ * file, a symlink, a directory) is the operator's, refused here. A socket
+ * someone answers on belongs to a live daemon: refuse to steal it. */
 static int check_socket(const char *path, bool default_dir)
 {
     struct sockaddr_un sa = {.sun_family = AF_UNIX};
+    struct stat st;
     int fd, r;
 
     if (default_dir && mkdir(SOCKET_DIR, 0755) < 0 && errno != EEXIST)
         FAIL("socket: cannot create %s: %s (use -o socket=PATH)", SOCKET_DIR, strerror(errno));
+    if (lstat(path, &st) == 0 && !S_ISSOCK(st.st_mode))
+        FAIL("socket=%s: exists and is not a socket (refusing to replace it)", path);
     snprintf(sa.sun_path, sizeof(sa.sun_path), "%s", path);
     fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
     if (fd < 0)

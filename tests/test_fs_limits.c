@@ -331,3 +331,38 @@ Test(fs_limits, another_user_reads_but_cannot_change_a_root_store, .timeout = 60
     close(fd);
     free(buf);
 }
+
+/* -o socket= names something that is not a socket: refused, left alone. */
+Test(fs_limits, socket_option_never_replaces_a_file, .timeout = 60)
+{
+    char out[1024] = "", path[200];
+    int fd, st;
+    FILE *f;
+
+    store_block(1, 1);
+    snprintf(path, sizeof(path), "%s/precious", M.store);
+    fd = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    cr_assert_geq(fd, 0);
+    cr_assert_eq(write(fd, "keep me\n", 8), 8);
+    close(fd);
+    /* Bounded: a daemon that takes the path mounts and stays. */
+    st = sh("timeout -s KILL 10 %s -f -o socket=%s,hugepages=off,capacity=8M,shard_size=64K %s %s "
+            ">%s 2>&1",
+            daemon_bin(), path, M.store, M.mnt, M.log);
+    cr_expect_eq(st, 1, "daemon status %d", st);
+    cr_expect(!is_mounted(M.mnt));
+    f = fopen(M.log, "re");
+    cr_assert_not_null(f);
+    cr_expect_not_null(fgets(out, sizeof(out), f));
+    cr_expect_null(fgets(out + strlen(out), (int)(sizeof(out) - strlen(out)), f),
+                   "more than one line: %s", out);
+    fclose(f);
+    cr_expect_not_null(strstr(out, "not a socket"), "error: %s", out);
+    cr_expect_not_null(strstr(out, path), "error: %s", out);
+    fd = open(path, O_RDONLY | O_CLOEXEC);
+    cr_assert_geq(fd, 0, "the file named by socket= is gone");
+    memset(out, 0, sizeof(out));
+    cr_expect_eq(read(fd, out, sizeof(out)), 8);
+    cr_expect_str_eq(out, "keep me\n");
+    close(fd);
+}
