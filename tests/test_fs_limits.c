@@ -366,3 +366,93 @@ Test(fs_limits, socket_option_never_replaces_a_file, .timeout = 60)
     cr_expect_str_eq(out, "keep me\n");
     close(fd);
 }
+
+/* Replace block b's file by a FIFO (no writer ever comes). */
+static void fifo_in_place(uint64_t b)
+{
+    cr_assert_eq(unlink(block_file(b)), 0);
+    cr_assert_eq(mkfifo(block_file(b), 0644), 0, "mkfifo: %s", strerror(errno));
+}
+
+struct read_arg {
+    int fd;
+};
+
+/* Read from an inherited fd: 0 when the read fails with EIO. */
+static int read_eio_body(void *arg)
+{
+    struct read_arg *a = arg;
+    char buf[4096];
+    ssize_t n = read(a->fd, buf, sizeof(buf));
+
+    TU_CK(n < 0 && errno == EIO);
+    return 0;
+}
+
+/* A FIFO in place of a block file: the read is answered EIO at once; the
+ * daemon does not sit in open() waiting for a writer. */
+Test(fs_limits, fifo_in_place_of_a_block_answers_eio, .timeout = 60)
+{
+    struct read_arg a;
+    double t0;
+    int r;
+
+    store_block(3, 4);
+    start_spec(NULL, "readahead=0");
+    a.fd = open(shard_path(3, 1), O_RDONLY | O_CLOEXEC);
+    cr_assert_geq(a.fd, 0, "open: %s", strerror(errno));
+    fifo_in_place(3);
+    t0 = now_s();
+    r = tu_wait_for(tu_fork(read_eio_body, &a), 10ll * 1000000000);
+    close(a.fd);
+    cr_assert_eq(r, 0, "the read %s", r == -1 ? "hung (killed after 10 s)" : "was not EIO");
+    cr_expect_lt(now_s() - t0, 5.0);
+    /* The daemon still serves. */
+    store_block(4, 1);
+    cr_expect_eq(read_shard_ok(4, 0), 0);
+    /* The touch hint and listing do not wait on it either. */
+    t0 = now_s();
+    setxattr(shard_path(3, -1), "user.shardfs.touch", "1", 1, 0);
+    cr_expect_lt(now_s() - t0, 5.0);
+}
+
+/* A block file that is a symlink: followed while it stays in the store
+ * (a relative link to another file of it), refused when it leaves. */
+Test(fs_limits, symlinks_are_followed_only_inside_the_store, .timeout = 60)
+{
+    char outside[200], target[300], inside[200];
+    long n;
+    int fd;
+    uint8_t *buf = malloc(SHARD);
+
+    cr_assert_not_null(buf);
+    store_block(1, 1);
+    /* Block 6: a file outside the store holding block 6's bytes. */
+    snprintf(outside, sizeof(outside), "%s", tu_path("outside"));
+    write_block_at(outside, 6, 1);
+    cr_assert_eq(symlink(outside, block_file(6)), 0);
+    /* Block 7: the same, through a relative link that climbs out. */
+    snprintf(target, sizeof(target), "../..%s", outside);
+    cr_assert_eq(symlink(target, block_file(7)), 0);
+    /* Block 8: a relative link to a file inside the store. */
+    snprintf(inside, sizeof(inside), "%s/other", M.store);
+    mkdir(inside, 0755);
+    snprintf(inside, sizeof(inside), "%s/other/eight", M.store);
+    write_block_at(inside, 8, 1);
+    cr_assert_eq(symlink("../other/eight", block_file(8)), 0);
+    start_spec(NULL, "readahead=0");
+
+    cr_expect_eq(read_shard_ok(8, 0), 0, "a link inside the store is not followed");
+    for (uint64_t b = 6; b <= 7; b++) {
+        fd = open(shard_path(b, 0), O_RDONLY | O_CLOEXEC);
+        if (fd >= 0) {
+            n = read(fd, buf, SHARD);
+            cr_expect_lt(n, 0, "block %d: %ld bytes read from outside the store", (int)b, n);
+            close(fd);
+        } else {
+            cr_expect_eq(errno, ENOENT, "block %d: %s", (int)b, strerror(errno));
+        }
+    }
+    unlink(outside);
+    free(buf);
+}
