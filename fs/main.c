@@ -582,6 +582,121 @@ static void reaper_stop(struct reaper *r)
     pthread_mutex_destroy(&r->lock);
 }
 
+/*
+ * The session loop runs in a thread of its own, so that a stop never waits
+ * on a handler stuck in the backend: libfuse's loop joins every worker
+ * before it returns, and a worker inside a handler cannot be cancelled.
+ * Only this thread takes the stop signals (libfuse's handler ends the
+ * session; its workers block them, and so does every other thread here), so
+ * the signal interrupts the loop's own wait.
+ */
+struct session_loop {
+    struct fuse_session *se;
+    bool single;
+    unsigned clone_fd, max_idle_threads, max_threads;
+    pthread_t thread;
+    pthread_mutex_t lock;
+    pthread_cond_t cond;   /* CLOCK_MONOTONIC: done was set */
+    bool done;             /* lock */
+    int err;               /* lock: what the loop returned */
+    int64_t grace_left_ns; /* set by loop_wait(): the stop grace not yet spent */
+};
+
+static void *loop_main(void *arg)
+{
+    struct session_loop *l = arg;
+    struct fuse_loop_config *lc;
+    sigset_t stopsigs;
+    int err;
+
+    sigemptyset(&stopsigs);
+    sigaddset(&stopsigs, SIGINT);
+    sigaddset(&stopsigs, SIGTERM);
+    sigaddset(&stopsigs, SIGHUP);
+    sigaddset(&stopsigs, SIGQUIT);
+    pthread_sigmask(SIG_UNBLOCK, &stopsigs, NULL);
+    if (l->single) {
+        err = fuse_session_loop(l->se);
+    } else {
+        lc = fuse_loop_cfg_create();
+        if (!lc) {
+            err = -ENOMEM;
+        } else {
+            fuse_loop_cfg_set_clone_fd(lc, l->clone_fd);
+            if (l->max_idle_threads != UINT_MAX)
+                fuse_loop_cfg_set_idle_threads(lc, l->max_idle_threads);
+            fuse_loop_cfg_set_max_threads(lc, l->max_threads);
+            err = fuse_session_loop_mt(l->se, lc);
+            fuse_loop_cfg_destroy(lc);
+        }
+    }
+    pthread_sigmask(SIG_BLOCK, &stopsigs, NULL);
+    pthread_mutex_lock(&l->lock);
+    l->err = err;
+    l->done = true;
+    pthread_cond_signal(&l->cond);
+    pthread_mutex_unlock(&l->lock);
+    return NULL;
+}
+
+static int loop_start(struct session_loop *l)
+{
+    pthread_condattr_t ca;
+    int e;
+
+    l->done = false;
+    l->err = 0;
+    pthread_mutex_init(&l->lock, NULL);
+    pthread_condattr_init(&ca);
+    pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+    pthread_cond_init(&l->cond, &ca);
+    pthread_condattr_destroy(&ca);
+    e = pthread_create(&l->thread, NULL, loop_main, l);
+    if (e) {
+        pthread_cond_destroy(&l->cond);
+        pthread_mutex_destroy(&l->lock);
+    }
+    return -e;
+}
+
+/* Wait for the loop to end. Once the session has exited (a signal, an
+ * unmount), wait at most grace_ns more for libfuse to join its workers.
+ * True: the loop returned and was joined (l->err, l->grace_left_ns are
+ * set). False: a handler is still running after the grace; the loop thread
+ * is left as it is. Bound: wakes every 100 ms to look at the session. */
+static bool loop_wait(struct session_loop *l, int64_t grace_ns)
+{
+    int64_t stop_at = 0; /* when the session was seen to exit, + grace */
+    bool done;
+
+    pthread_mutex_lock(&l->lock);
+    while (!l->done) {
+        int64_t now = sfs_now_ns(), until = now + 100 * 1000000ll;
+        struct timespec ts;
+
+        if (!stop_at && fuse_session_exited(l->se))
+            stop_at = now + grace_ns;
+        if (stop_at && now >= stop_at)
+            break;
+        if (stop_at && until > stop_at)
+            until = stop_at;
+        ts.tv_sec = until / 1000000000;
+        ts.tv_nsec = until % 1000000000;
+        pthread_cond_timedwait(&l->cond, &l->lock, &ts);
+    }
+    done = l->done;
+    pthread_mutex_unlock(&l->lock);
+    if (!done)
+        return false;
+    pthread_join(l->thread, NULL);
+    pthread_cond_destroy(&l->cond);
+    pthread_mutex_destroy(&l->lock);
+    if (!stop_at) /* unmounted: the loop ended before we looked */
+        stop_at = sfs_now_ns() + grace_ns;
+    l->grace_left_ns = stop_at > sfs_now_ns() ? stop_at - sfs_now_ns() : 0;
+    return true;
+}
+
 /* Fork; the parent waits for the child's verdict and exits with it. Returns
  * the write end of the pipe in the child. */
 static int daemonize_start(void)
@@ -649,7 +764,7 @@ int main(int argc, char *argv[])
     static struct fs fs;
     struct sfs_backend_params bp;
     struct fuse_session *se;
-    struct fuse_loop_config *lc;
+    struct session_loop loop;
     struct reaper reaper;
     sigset_t stopsigs;
     char errbuf[256] = "";
@@ -790,38 +905,50 @@ int main(int argc, char *argv[])
         ready_fd = -1;
     }
 
-    pthread_sigmask(SIG_UNBLOCK, &stopsigs, NULL);
-    if (co.singlethread) {
-        err = fuse_session_loop(se);
-    } else {
-        lc = fuse_loop_cfg_create();
-        if (!lc) {
-            err = -ENOMEM;
-        } else {
-            /* Waiters block a worker each until the owner publishes: allow
-             * more than libfuse's default of 10. */
-            fuse_loop_cfg_set_clone_fd(lc, (unsigned)co.clone_fd);
-            if (co.max_idle_threads != UINT_MAX)
-                fuse_loop_cfg_set_idle_threads(lc, co.max_idle_threads);
-            fuse_loop_cfg_set_max_threads(lc, co.max_threads && co.max_threads != 10 &&
-                                                      co.max_threads <= 100000
-                                                  ? co.max_threads
-                                                  : DEFAULT_MAX_THREADS);
-            err = fuse_session_loop_mt(se, lc);
-            fuse_loop_cfg_destroy(lc);
-        }
+    loop.se = se;
+    loop.single = co.singlethread;
+    loop.clone_fd = (unsigned)co.clone_fd;
+    loop.max_idle_threads = co.max_idle_threads;
+    /* Waiters block a worker each until the owner publishes: allow more
+     * than libfuse's default of 10. */
+    loop.max_threads = co.max_threads && co.max_threads != 10 && co.max_threads <= 100000
+                           ? co.max_threads
+                           : DEFAULT_MAX_THREADS;
+    err = loop_start(&loop);
+    if (err < 0) {
+        fprintf(stderr, "shardfs: session thread: %s\n", strerror(-err));
+        reaper_stop(&reaper);
+        goto out_unmount;
     }
-    pthread_sigmask(SIG_BLOCK, &stopsigs, NULL);
+    if (!loop_wait(&loop, STOP_GRACE_NS)) {
+        /* A handler is stuck in the backend (a hung store, a dump that
+         * does not return) and libfuse would join it forever. Answer what
+         * can be answered, unmount, remove the socket, and leave: the exit
+         * ends the stuck threads; nothing they did is reported done. */
+        unsigned n = fs_loads_stop(&fs, 0);
+        char msg[200];
+
+        snprintf(msg, sizeof(msg),
+                 "stopping: request handlers still in the backend after %lld s; exiting "
+                 "without them (%u backend load%s abandoned)",
+                 STOP_GRACE_NS / 1000000000, n, n == 1 ? "" : "s");
+        log_fn(LOG_WARNING, msg, NULL);
+        fuse_session_unmount(se);
+        unlink(cfg.socket);
+        _exit(0);
+    }
+    err = loop.err;
     /* 0: unmounted; > 0: stopped by that signal; < 0: an error. */
     ret = err < 0 ? 1 : 0;
     if (err < 0)
         fprintf(stderr, "shardfs: session loop: %s\n", strerror(-err));
 
     /* Loads in flight answer requests from backend threads: let them finish
-     * while the session still exists, for a moment. A backend that is stuck
-     * must not keep us (and the mount) alive: what is left is abandoned, its
-     * slots failed so that no rank waits on a load that will never come. */
-    abandoned = fs_loads_stop(&fs, STOP_GRACE_NS);
+     * while the session still exists, for what is left of the grace. A
+     * backend that is stuck must not keep us (and the mount) alive: what is
+     * left is abandoned, its slots failed so that no rank waits on a load
+     * that will never come. */
+    abandoned = fs_loads_stop(&fs, loop.grace_left_ns);
     if (abandoned) {
         char msg[160];
 

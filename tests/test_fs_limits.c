@@ -416,6 +416,71 @@ Test(fs_limits, fifo_in_place_of_a_block_answers_eio, .timeout = 60)
     cr_expect_lt(now_s() - t0, 5.0);
 }
 
+/* SIGTERM while a reader of a FIFO block was started: the daemon exits
+ * within the documented ~2 s (5 s here), status 0, and unmounts. */
+Test(fs_limits, sigterm_exits_promptly_with_a_fifo_in_the_store, .timeout = 60)
+{
+    struct read_arg a;
+    pid_t kid;
+    double t0;
+    int st;
+
+    store_block(3, 4);
+    start_spec(NULL, "readahead=0");
+    a.fd = open(shard_path(3, 1), O_RDONLY | O_CLOEXEC);
+    cr_assert_geq(a.fd, 0, "open: %s", strerror(errno));
+    fifo_in_place(3);
+    kid = tu_fork(read_eio_body, &a);
+    close(a.fd);
+    sleep_ms(300);
+    t0 = now_s();
+    kill(M.pid, SIGTERM);
+    st = reap_daemon(8.0);
+    cr_expect_lt(now_s() - t0, 5.0, "SIGTERM took %.1f s", now_s() - t0);
+    cr_expect_eq(st, 0, "daemon status %d (-1: killed after 8 s)", st);
+    cr_expect(!is_mounted(M.mnt));
+    cr_expect_geq(tu_wait_for(kid, 10ll * 1000000000), 0, "the reader hung after the stop");
+}
+
+/* Write one whole shard through the mount and close it. */
+static int writer_body(void *arg)
+{
+    uint8_t *buf = calloc(1, SHARD);
+    int fd = open(shard_path(5, 0), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+
+    (void)arg;
+    TU_CK(buf && fd >= 0);
+    TU_CK(write(fd, buf, SHARD) == (ssize_t)SHARD);
+    close(fd); /* the dump behind it never completes: an error or a hang */
+    free(buf);
+    return 0;
+}
+
+/* A handler stuck in the backend (a dump that does not come back for a
+ * minute) does not hold the stop: SIGTERM exits within ~2 s (5 s here). */
+Test(fs_limits, sigterm_exits_promptly_with_a_handler_stuck_in_the_backend, .timeout = 90)
+{
+    char spec[300];
+    pid_t kid;
+    double t0;
+    int st;
+
+    snprintf(spec, sizeof(spec), "fault:stall_ms=60000:%s", M.store);
+    store_block(1, 1);
+    start_spec(spec, "readahead=0");
+    kid = tu_fork(writer_body, NULL);
+    sleep_ms(500);
+    cr_assert_eq(waitpid(kid, &st, WNOHANG), 0, "the writer did not get stuck in the dump");
+    t0 = now_s();
+    kill(M.pid, SIGTERM);
+    st = reap_daemon(20.0);
+    cr_expect_lt(now_s() - t0, 5.0, "SIGTERM took %.1f s", now_s() - t0);
+    cr_expect_eq(st, 0, "daemon status %d (-1: killed after 20 s)", st);
+    cr_expect(!is_mounted(M.mnt));
+    cr_expect(access(M.sock, F_OK) < 0, "the socket was left behind");
+    cr_expect_geq(tu_wait_for(kid, 10ll * 1000000000), 0, "the writer hung after the stop");
+}
+
 /* A block file that is a symlink: followed while it stays in the store
  * (a relative link to another file of it), refused when it leaves. */
 Test(fs_limits, symlinks_are_followed_only_inside_the_store, .timeout = 60)
