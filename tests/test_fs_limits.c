@@ -5,14 +5,15 @@
  * block file, symlinks leaving the store, a dump that never returns), and
  * options that would destroy what they name.
  *
- * Each test starts the daemon binary in the foreground in a child on a fresh
- * store and mount point (as tests/test_fs.c does) and drives the mount with
+ * Each test starts the daemon binary in the foreground on a fresh store and
+ * mount point (tests/fsfixture.h) and drives the mount with
  * plain system calls, some of them from a forked child that has become
  * another user (uid/gid 65534). The suite's fini always unmounts.
  *
  * Needs /dev/fuse, fusermount3 and root (to become another user); skips
  * without them.
  */
+#include "fsfixture.h"
 #include "testutil.h"
 
 #include <shardfs/backend.h>
@@ -48,8 +49,8 @@ static const char *daemon_bin(void)
 }
 
 struct mount {
-    char store[128], mnt[128], sock[128], log[128];
-    pid_t pid;
+    char store[128];
+    struct fsfx fx; /* mnt, sock, log; pid while the daemon runs */
 };
 
 static struct mount M;
@@ -101,9 +102,9 @@ static const char *shard_path(uint64_t b, long n)
     char *p = buf[i++ & 3];
 
     if (n < 0)
-        snprintf(p, 256, "%s/block/%s", M.mnt, hex_of(b));
+        snprintf(p, 256, "%s/block/%s", M.fx.mnt, hex_of(b));
     else
-        snprintf(p, 256, "%s/block/%s/shard/%ld", M.mnt, hex_of(b), n);
+        snprintf(p, 256, "%s/block/%s/shard/%ld", M.fx.mnt, hex_of(b), n);
     return p;
 }
 
@@ -143,53 +144,17 @@ static void store_block(uint64_t b, unsigned nshards)
     write_block_at(block_file(b), b, nshards);
 }
 
-static bool is_mounted(const char *mnt)
-{
-    FILE *f = fopen("/proc/self/mountinfo", "re");
-    char line[4096], pat[300];
-    bool found = false;
-
-    if (!f)
-        return false;
-    snprintf(pat, sizeof(pat), " %s ", mnt);
-    while (!found && fgets(line, sizeof(line), f))
-        found = strstr(line, pat) && strstr(line, "fuse.shardfs");
-    fclose(f);
-    return found;
-}
-
-/* Start the daemon in the foreground with backend spec (NULL: the store) and
- * extra -o options; wait for the mount. */
+/* Start the daemon (tests/fsfixture.h) with backend spec (NULL: the store)
+ * and extra -o options; wait for the mount. */
 static void start_spec(const char *spec, const char *opts)
 {
     char o[512];
-    double t0;
+    int st = 0, r;
 
-    snprintf(o, sizeof(o), "socket=%s,hugepages=off,capacity=8M,shard_size=64K%s%s", M.sock,
-             opts && *opts ? "," : "", opts ? opts : "");
-    M.pid = fork();
-    cr_assert_geq(M.pid, 0);
-    if (M.pid == 0) {
-        int fd = open(M.log, O_WRONLY | O_CREAT | O_TRUNC, 0644);
-
-        if (fd >= 0) {
-            dup2(fd, 1);
-            dup2(fd, 2);
-        }
-        execl(daemon_bin(), "shardfs", "-f", "-o", o, spec ? spec : M.store, M.mnt, (char *)NULL);
-        _exit(127);
-    }
-    t0 = now_s();
-    while (!is_mounted(M.mnt)) {
-        int st;
-
-        if (waitpid(M.pid, &st, WNOHANG) == M.pid) {
-            M.pid = 0;
-            cr_assert_fail("daemon exited before mounting (status %d), see %s", st, M.log);
-        }
-        cr_assert_lt(now_s() - t0, 10.0, "mount did not appear");
-        sleep_ms(10);
-    }
+    snprintf(o, sizeof(o), "hugepages=off,capacity=8M,shard_size=64K%s%s", opts && *opts ? "," : "",
+             opts ? opts : "");
+    r = fsfx_start(&M.fx, spec ? spec : M.store, o, 10.0, &st);
+    cr_assert_eq(r, 0, "daemon did not mount (%s, status %d), see %s", strerror(-r), st, M.fx.log);
 }
 
 /* Wait up to limit_s for the daemon to exit; its status, or -1 (killed). */
@@ -198,58 +163,53 @@ static int reap_daemon(double limit_s)
     double t0 = now_s();
     int st = 0;
 
-    while (waitpid(M.pid, &st, WNOHANG) != M.pid) {
+    while (waitpid(M.fx.pid, &st, WNOHANG) != M.fx.pid) {
         if (now_s() - t0 > limit_s) {
-            kill(M.pid, SIGKILL);
-            waitpid(M.pid, &st, 0);
-            M.pid = 0;
+            kill(M.fx.pid, SIGKILL);
+            waitpid(M.fx.pid, &st, 0);
+            M.fx.pid = 0;
             return -1;
         }
         sleep_ms(10);
     }
-    M.pid = 0;
+    M.fx.pid = 0;
     return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
 }
 
 static void setup(void)
 {
-    int fd = open("/dev/fuse", O_RDWR | O_CLOEXEC);
-
-    if (fd < 0 || sh("command -v fusermount3 >/dev/null") != 0) {
-        if (fd >= 0)
-            close(fd);
+    if (!fsfx_usable())
         cr_skip_test("no usable /dev/fuse or fusermount3: FUSE tests skipped");
-    }
-    close(fd);
     if (geteuid() != 0)
         cr_skip_test("not root: cannot become another user; skipped");
     memset(&M, 0, sizeof(M));
+    M.fx.bin = daemon_bin();
     snprintf(M.store, sizeof(M.store), "%s", tu_path("store"));
-    snprintf(M.mnt, sizeof(M.mnt), "%s", tu_path("mnt"));
-    snprintf(M.sock, sizeof(M.sock), "%s", tu_path("sock"));
-    snprintf(M.log, sizeof(M.log), "%s", tu_path("log"));
+    snprintf(M.fx.mnt, sizeof(M.fx.mnt), "%s", tu_path("mnt"));
+    snprintf(M.fx.sock, sizeof(M.fx.sock), "%s", tu_path("sock"));
+    snprintf(M.fx.log, sizeof(M.fx.log), "%s", tu_path("log"));
     mkdir(M.store, 0755);
-    mkdir(M.mnt, 0755);
+    mkdir(M.fx.mnt, 0755);
 }
 
 static void teardown(void)
 {
-    /* SIGTERM, not an unmount: an unmount of a daemon stuck in the backend
-     * (what a failing test here leaves) can wait as long as it does. */
-    if (M.pid > 0) {
-        kill(M.pid, SIGTERM);
-        reap_daemon(10.0);
+    /* SIGTERM first: an unmount of a daemon stuck in the backend (what a
+     * failing test here leaves) can wait as long as it does. */
+    if (M.fx.pid > 0) {
+        kill(M.fx.pid, SIGTERM);
+        fsfx_stop(&M.fx, true, 10.0);
     }
-    if (M.mnt[0] && is_mounted(M.mnt))
-        sh("fusermount3 -uz %s 2>/dev/null", M.mnt);
-    if (M.mnt[0] && !is_mounted(M.mnt))
-        rmdir(M.mnt);
+    if (M.fx.mnt[0] && fsfx_is_mounted(M.fx.mnt))
+        sh("fusermount3 -uz %s 2>/dev/null", M.fx.mnt);
+    if (M.fx.mnt[0] && !fsfx_is_mounted(M.fx.mnt))
+        rmdir(M.fx.mnt);
     if (M.store[0])
         sh("rm -rf %s", M.store);
-    if (M.log[0] && !getenv("SFS_TEST_KEEP_LOGS"))
-        unlink(M.log);
-    if (M.sock[0])
-        unlink(M.sock);
+    if (M.fx.log[0] && !getenv("SFS_TEST_KEEP_LOGS"))
+        unlink(M.fx.log);
+    if (M.fx.sock[0])
+        unlink(M.fx.sock);
 }
 
 TestSuite(fs_limits, .init = setup, .fini = teardown, .timeout = 120);
@@ -348,10 +308,10 @@ Test(fs_limits, socket_option_never_replaces_a_file, .timeout = 60)
     /* Bounded: a daemon that takes the path mounts and stays. */
     st = sh("timeout -s KILL 10 %s -f -o socket=%s,hugepages=off,capacity=8M,shard_size=64K %s %s "
             ">%s 2>&1",
-            daemon_bin(), path, M.store, M.mnt, M.log);
+            daemon_bin(), path, M.store, M.fx.mnt, M.fx.log);
     cr_expect_eq(st, 1, "daemon status %d", st);
-    cr_expect(!is_mounted(M.mnt));
-    f = fopen(M.log, "re");
+    cr_expect(!fsfx_is_mounted(M.fx.mnt));
+    f = fopen(M.fx.log, "re");
     cr_assert_not_null(f);
     cr_expect_not_null(fgets(out, sizeof(out), f));
     cr_expect_null(fgets(out + strlen(out), (int)(sizeof(out) - strlen(out)), f),
@@ -434,11 +394,11 @@ Test(fs_limits, sigterm_exits_promptly_with_a_fifo_in_the_store, .timeout = 60)
     close(a.fd);
     sleep_ms(300);
     t0 = now_s();
-    kill(M.pid, SIGTERM);
+    kill(M.fx.pid, SIGTERM);
     st = reap_daemon(8.0);
     cr_expect_lt(now_s() - t0, 5.0, "SIGTERM took %.1f s", now_s() - t0);
     cr_expect_eq(st, 0, "daemon status %d (-1: killed after 8 s)", st);
-    cr_expect(!is_mounted(M.mnt));
+    cr_expect(!fsfx_is_mounted(M.fx.mnt));
     cr_expect_geq(tu_wait_for(kid, 10ll * 1000000000), 0, "the reader hung after the stop");
 }
 
@@ -472,12 +432,12 @@ Test(fs_limits, sigterm_exits_promptly_with_a_handler_stuck_in_the_backend, .tim
     sleep_ms(500);
     cr_assert_eq(waitpid(kid, &st, WNOHANG), 0, "the writer did not get stuck in the dump");
     t0 = now_s();
-    kill(M.pid, SIGTERM);
+    kill(M.fx.pid, SIGTERM);
     st = reap_daemon(20.0);
     cr_expect_lt(now_s() - t0, 5.0, "SIGTERM took %.1f s", now_s() - t0);
     cr_expect_eq(st, 0, "daemon status %d (-1: killed after 20 s)", st);
-    cr_expect(!is_mounted(M.mnt));
-    cr_expect(access(M.sock, F_OK) < 0, "the socket was left behind");
+    cr_expect(!fsfx_is_mounted(M.fx.mnt));
+    cr_expect(access(M.fx.sock, F_OK) < 0, "the socket was left behind");
     cr_expect_geq(tu_wait_for(kid, 10ll * 1000000000), 0, "the writer hung after the stop");
 }
 
