@@ -44,6 +44,7 @@
 #define DEFAULT_WAIT_S      30
 #define DEFAULT_MAX_READ    (1u << 20)
 #define DEFAULT_MAX_THREADS 64
+#define DEFAULT_MAX_IDLE_THREADS 16
 #define DEFAULT_READAHEAD   4
 #define MAX_READAHEAD       1024
 #define REAP_INTERVAL_NS    (200 * 1000 * 1000ll)
@@ -900,6 +901,12 @@ int main(int argc, char *argv[])
         fprintf(stderr, "shardfs: reaper thread: %s\n", strerror(-err));
         goto out_unmount;
     }
+    err = fs_waitq_start(&fs);
+    if (err < 0) {
+        fprintf(stderr, "shardfs: settler thread: %s\n", strerror(-err));
+        reaper_stop(&reaper);
+        goto out_unmount;
+    }
     if (ready_fd >= 0) {
         daemonize_done(ready_fd);
         ready_fd = -1;
@@ -908,15 +915,19 @@ int main(int argc, char *argv[])
     loop.se = se;
     loop.single = co.singlethread;
     loop.clone_fd = (unsigned)co.clone_fd;
-    loop.max_idle_threads = co.max_idle_threads;
-    /* Waiters block a worker each until the owner publishes: allow more
-     * than libfuse's default of 10. */
+    /* Idle workers beyond this many end (libfuse keeps every one by
+     * default): a burst of requests does not leave 64 threads behind. */
+    loop.max_idle_threads =
+        co.max_idle_threads != UINT_MAX ? co.max_idle_threads : DEFAULT_MAX_IDLE_THREADS;
+    /* Readers waiting for a load hold no worker (wait.c), but stores and
+     * a few other requests wait in theirs: allow more than libfuse's 10. */
     loop.max_threads = co.max_threads && co.max_threads != 10 && co.max_threads <= 100000
                            ? co.max_threads
                            : DEFAULT_MAX_THREADS;
     err = loop_start(&loop);
     if (err < 0) {
         fprintf(stderr, "shardfs: session thread: %s\n", strerror(-err));
+        fs_waitq_stop(&fs);
         reaper_stop(&reaper);
         goto out_unmount;
     }
@@ -948,6 +959,7 @@ int main(int argc, char *argv[])
      * backend that is stuck must not keep us (and the mount) alive: what is
      * left is abandoned, its slots failed so that no rank waits on a load
      * that will never come. */
+    fs_waitq_stop(&fs); /* parked reads: EIO, the session ended */
     abandoned = fs_loads_stop(&fs, loop.grace_left_ns);
     if (abandoned) {
         char msg[160];

@@ -7,10 +7,11 @@
  * becomes its owner: it submits an asynchronous backend load into the slot and
  * returns to the loop; the load's completion publishes the slot (Ready or
  * Failed) and answers the request from the backend's thread. Every other
- * reader of that shard, in this daemon or in an attached rank, is a waiter: it
- * blocks on the slot's futex with a deadline and answers when the owner
- * publishes. The lease is released after the reply is written, so a slot is
- * never evicted under a reply.
+ * reader of that shard (another reader of the mount, or any reader while an
+ * attached rank loads it) is a waiter: its request is parked with the settler
+ * (wait.c), which answers it when the owner publishes or its deadline passes,
+ * so no worker thread sleeps on a load. The lease is released after the reply
+ * is written, so a slot is never evicted under a reply.
  *
  * Readahead: a read that misses (owner or waiter) also starts advisory loads
  * of the next -o readahead shards of its block (the prefetch xattr's path),
@@ -343,38 +344,43 @@ static void read_shard(fuse_req_t req, struct fs *fs, const struct sfs_key *keyp
         return;
     }
     if (r == SFS_WAITER) {
-        /* Before blocking: the loads behind this one overlap the wait. */
+        /* Before parking: the loads behind this one overlap the wait. */
         if (fs->readahead) {
             ra_mark_take(fs, &key);
             read_ahead(fs, &key);
         }
-        r = wait_slot(fs, &l, sfs_deadline_after(fs->wait_ns));
-        if (r == SFS_WAIT_OWNER) {
-            /* The owner died or gave the slot back: ours to fill now. */
-            start_load(fs, req, &key, &l, off, size);
-            return;
-        }
-        if (r == -ETIMEDOUT) {
-            CTR_ADD(fs, wait_timeouts, 1);
-            fuse_reply_err(req, ETIMEDOUT);
-            sfs_cache_release(fs->cache, &l);
-            return;
-        }
-        if (r != SFS_STATE_READY) {
-            int err = r == SFS_STATE_FAILED ? sfs_cache_error(fs->cache, &l) : r;
-
-            fuse_reply_err(req, reader_errno(err < 0 ? err : -EIO));
-            sfs_cache_release(fs->cache, &l);
-            return;
-        }
-    } else {
-        /* A hit on a shard readahead loaded: move the window on. */
-        ra = fs->readahead && ra_mark_take(fs, &key);
+        /* No worker sleeps on another's load: the settler (wait.c) answers
+         * when the slot settles, and this worker takes the next request. */
+        fs_waitq_park(fs, req, &key, &l, off, size, sfs_deadline_after(fs->wait_ns));
+        return;
     }
+    /* A hit on a shard readahead loaded: move the window on. */
+    ra = fs->readahead && ra_mark_take(fs, &key);
     reply_slot(fs, req, &l, off, size);
     sfs_cache_release(fs->cache, &l);
     if (ra)
         read_ahead(fs, &key);
+}
+
+void fs_read_settled(struct fs *fs, fuse_req_t req, const struct sfs_key *key,
+                     const struct sfs_lease *l, off_t off, size_t size, int r)
+{
+    if (r == SFS_WAIT_OWNER) {
+        /* The owner died or gave the slot back: ours to fill now. */
+        start_load(fs, req, key, l, off, size);
+        return;
+    }
+    if (r == SFS_STATE_READY) {
+        reply_slot(fs, req, l, off, size);
+    } else if (r == -ETIMEDOUT) {
+        CTR_ADD(fs, wait_timeouts, 1);
+        fuse_reply_err(req, ETIMEDOUT);
+    } else {
+        int err = r == SFS_STATE_FAILED ? sfs_cache_error(fs->cache, l) : r;
+
+        fuse_reply_err(req, reader_errno(err < 0 ? err : -EIO));
+    }
+    sfs_cache_release(fs->cache, l);
 }
 
 /* Synchronous: copy the shard's current bytes into buf (via the cache, so

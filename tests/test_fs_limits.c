@@ -23,6 +23,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <grp.h>
+#include <pthread.h>
 #include <signal.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -480,4 +481,56 @@ Test(fs_limits, symlinks_are_followed_only_inside_the_store, .timeout = 60)
     }
     unlink(outside);
     free(buf);
+}
+
+struct slow_reader {
+    uint64_t b;
+    uint32_t s;
+    bool ok;
+};
+
+static void *slow_reader_main(void *arg)
+{
+    struct slow_reader *r = arg;
+
+    r->ok = read_shard_ok(r->b, r->s) == 0;
+    return NULL;
+}
+
+#define SLOW_READERS 80
+
+/* Eighty readers of one shard behind a 3 s backend park, not sleep in
+ * workers: a read of a resident shard meanwhile is answered at once. */
+Test(fs_limits, readers_of_a_slow_shard_do_not_stall_resident_reads, .timeout = 90)
+{
+    static struct slow_reader r[SLOW_READERS];
+    pthread_t t[SLOW_READERS];
+    const char *lat = "latency_us=3000000";
+    char spec[300];
+    double t0, dt, total;
+
+    snprintf(spec, sizeof(spec), "fault:seed=1:%s", M.store);
+    store_block(1, 1);
+    store_block(2, 1);
+    start_spec(spec, "readahead=0");
+    cr_assert_eq(read_shard_ok(2, 0), 0); /* resident from here on */
+    cr_assert_eq(setxattr(M.fx.mnt, "user.shardfs.fault", lat, strlen(lat), 0), 0, "%s",
+                 strerror(errno));
+    t0 = now_s();
+    for (int i = 0; i < SLOW_READERS; i++) {
+        r[i] = (struct slow_reader){.b = 1, .s = 0};
+        cr_assert_eq(pthread_create(&t[i], NULL, slow_reader_main, &r[i]), 0);
+    }
+    sleep_ms(500);
+    dt = now_s();
+    cr_expect_eq(read_shard_ok(2, 0), 0);
+    dt = now_s() - dt;
+    for (int i = 0; i < SLOW_READERS; i++)
+        pthread_join(t[i], NULL);
+    total = now_s() - t0;
+    for (int i = 0; i < SLOW_READERS; i++)
+        cr_expect(r[i].ok, "slow reader %d read wrong bytes or failed", i);
+    cr_expect_gt(total, 2.5, "the slow shard was not slow (%.1f s): the test proves nothing", total);
+    cr_expect_lt(dt, 1.0, "a resident read took %.2f s behind %d readers of a slow shard", dt,
+                 SLOW_READERS);
 }
