@@ -92,6 +92,7 @@ struct fs {
     bool ro;            /* -o ro: every change is EROFS */
     int64_t wait_ns;    /* deadline of a waiter, and of a load on a full cache */
     uint32_t readahead; /* shards loaded ahead of a missed read (0: off) */
+    uint32_t nslots;    /* the cache's slots: bounds prefetch (read.c) */
     char socket_path[108];
     struct timespec start; /* mtime/ctime/atime of every inode */
 
@@ -127,6 +128,7 @@ struct fs {
     } waitq;
 
     struct fs_counters ctr;
+    _Atomic uint32_t prefetch_pinned; /* relaxed: slots prefetch batches hold leased */
 
     _Atomic uint64_t ra_mark[FS_RA_MARKS]; /* relaxed: advisory */
 };

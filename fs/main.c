@@ -839,6 +839,7 @@ int main(int argc, char *argv[])
     fs.ro = o.ro;
     fs.wait_ns = cfg.wait_ns;
     fs.readahead = cfg.readahead;
+    fs.nslots = (uint32_t)(cfg.cache.capacity / cfg.cache.shard_size); /* < 2^30 (validate) */
     snprintf(fs.socket_path, sizeof(fs.socket_path), "%s", cfg.socket);
     clock_gettime(CLOCK_REALTIME, &fs.start);
     if (fs_table_init(&fs) < 0) {

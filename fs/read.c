@@ -44,10 +44,38 @@ struct load_op {
     off_t off;
     size_t size;
     struct sfs_io io;
-    struct load_op *prev, *next; /* fs->load_lock */
-    bool completing;             /* fs->load_lock: load_done() is handling it */
-    bool abandoned;              /* fs->load_lock: fs_loads_stop() handled it */
+    struct prefetch_batch *batch; /* a prefetch's: the batch holds the lease */
+    struct load_op *prev, *next;  /* fs->load_lock */
+    bool completing;              /* fs->load_lock: load_done() is handling it */
+    bool abandoned;               /* fs->load_lock: fs_loads_stop() handled it */
 };
+
+/*
+ * The slots one prefetch request (the xattr, or a readahead window) started
+ * loading stay leased until the last of its loads completes: the CLOCK hand
+ * never takes a leased slot, so a prefetch can never evict what it itself
+ * just loaded (a huge block on a small cache used to chase its own tail:
+ * 88,167 loads, 87,207 evictions). Then every lease goes back at once and the
+ * slots keep the second chance a new load gets.
+ */
+struct prefetch_batch {
+    _Atomic uint32_t pending; /* loads not yet done, +1 while the batch is being started */
+    uint32_t n;               /* leases[] used; at most the cap it was made for */
+    struct sfs_lease leases[];
+};
+
+/* Drop one reference; the last releases every lease of the batch. */
+static void batch_put(struct fs *fs, struct prefetch_batch *b)
+{
+    /* acq_rel: the last one sees every lease the starter stored. */
+    if (atomic_fetch_sub_explicit(&b->pending, 1, memory_order_acq_rel) != 1)
+        return;
+    for (uint32_t i = 0; i < b->n; i++)
+        sfs_cache_release(fs->cache, &b->leases[i]);
+    /* Relaxed: a bound on new batches, not an ordering. */
+    atomic_fetch_sub_explicit(&fs->prefetch_pinned, b->n, memory_order_relaxed);
+    free(b);
+}
 
 /* The errno a reader gets for a load error: ENOENT for a shard that is gone,
  * EIO for everything else (errors, short reads). */
@@ -120,7 +148,10 @@ static void load_done(struct sfs_io *io)
         else
             reply_slot(fs, op->req, &op->lease, op->off, op->size);
     }
-    sfs_cache_release(fs->cache, &op->lease);
+    if (op->batch)
+        batch_put(fs, op->batch);
+    else
+        sfs_cache_release(fs->cache, &op->lease);
     pthread_mutex_lock(&fs->load_lock);
     loads_unlink(fs, op);
     if (--fs->nloads == 0)
@@ -131,8 +162,9 @@ static void load_done(struct sfs_io *io)
 
 /* As owner of lease: load the shard asynchronously. Consumes the lease (and
  * answers req, when given) whatever happens. */
-static void start_load(struct fs *fs, fuse_req_t req, const struct sfs_key *key,
-                       const struct sfs_lease *lease, off_t off, size_t size)
+static void start_load_in(struct fs *fs, fuse_req_t req, const struct sfs_key *key,
+                          const struct sfs_lease *lease, off_t off, size_t size,
+                          struct prefetch_batch *batch)
 {
     struct load_op *op = calloc(1, sizeof(*op));
     struct sfs_io *iop;
@@ -142,7 +174,10 @@ static void start_load(struct fs *fs, fuse_req_t req, const struct sfs_key *key,
     if (!op || !data) {
         free(op);
         sfs_cache_fail(fs->cache, lease, op ? -EIO : -ENOMEM);
-        sfs_cache_release(fs->cache, lease);
+        if (batch)
+            batch_put(fs, batch);
+        else
+            sfs_cache_release(fs->cache, lease);
         if (req)
             fuse_reply_err(req, op ? EIO : ENOMEM);
         return;
@@ -152,6 +187,7 @@ static void start_load(struct fs *fs, fuse_req_t req, const struct sfs_key *key,
     op->lease = *lease;
     op->off = off;
     op->size = size;
+    op->batch = batch;
     op->io.key = *key;
     op->io.buf = data;
     op->io.len = (uint32_t)fs->shard_size;
@@ -172,6 +208,12 @@ static void start_load(struct fs *fs, fuse_req_t req, const struct sfs_key *key,
         op->io.result = r;
         load_done(&op->io);
     }
+}
+
+static void start_load(struct fs *fs, fuse_req_t req, const struct sfs_key *key,
+                       const struct sfs_lease *lease, off_t off, size_t size)
+{
+    start_load_in(fs, req, key, lease, off, size, NULL);
 }
 
 unsigned fs_loads_stop(struct fs *fs, int64_t grace_ns)
@@ -242,29 +284,51 @@ int fs_prefetch_shards(struct fs *fs, const struct sfs_block_id *block, uint32_t
                        bool mark)
 {
     int count = sfs_backend_shard_count(fs->be, block), started = 0;
-    uint32_t end;
+    /* Bounds (docs/fs.md): one request starts at most nslots/4 loads and
+     * looks at most nslots shards; all requests together pin at most
+     * nslots/2 slots. Its cost is bounded by the cache, never the block. */
+    uint32_t cap = fs->nslots / 4 ? fs->nslots / 4 : 1;
+    uint32_t pin_max = fs->nslots / 2 ? fs->nslots / 2 : 1;
+    uint32_t end, probes = 0;
+    struct prefetch_batch *b;
 
     if (count <= 0 || first >= (uint32_t)count)
         return 0;
     end = n < (uint32_t)count - first ? first + n : (uint32_t)count;
-    for (uint32_t i = first; i < end; i++) {
+    if (end - first < cap)
+        cap = end - first;
+    b = malloc(sizeof(*b) + (size_t)cap * sizeof(b->leases[0]));
+    if (!b)
+        return 0;
+    atomic_init(&b->pending, 1);
+    b->n = 0;
+    for (uint32_t i = first; i < end && b->n < cap && probes < fs->nslots; i++, probes++) {
         struct sfs_key k = {.block = *block, .shard = i};
         struct sfs_lease l;
-        int r = sfs_cache_get(fs->cache, &k, SFS_GET_PREFETCH, 0, &l);
+        int r;
 
+        /* Relaxed: an approximate bound; a race overshoots by a few. */
+        if (atomic_load_explicit(&fs->prefetch_pinned, memory_order_relaxed) >= pin_max)
+            break;
+        r = sfs_cache_get(fs->cache, &k, SFS_GET_PREFETCH, 0, &l);
         if (r == -EEXIST)
             continue; /* already there */
         if (r < 0)
-            break; /* no free slot without evicting: stop, it is advice */
+            break; /* no free slot without evicting a leased one: stop, it is advice */
         if (r != SFS_OWNER) {
             sfs_cache_release(fs->cache, &l);
             continue;
         }
         if (mark)
             ra_mark_set(fs, &k);
-        start_load(fs, NULL, &k, &l, 0, 0);
+        b->leases[b->n++] = l;
+        atomic_fetch_add_explicit(&fs->prefetch_pinned, 1, memory_order_relaxed);
+        /* Relaxed: batch_put's acq_rel orders the leases[] stores. */
+        atomic_fetch_add_explicit(&b->pending, 1, memory_order_relaxed);
+        start_load_in(fs, NULL, &k, &l, 0, 0, b);
         started++;
     }
+    batch_put(fs, b); /* the starter's reference */
     return started;
 }
 

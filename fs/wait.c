@@ -171,8 +171,12 @@ void fs_waitq_park(struct fs *fs, fuse_req_t req, const struct sfs_key *key,
     bool stopped;
 
     if (w) {
-        *w = (struct fs_waiter){
-            .req = req, .key = *key, .lease = *lease, .off = off, .size = size, .deadline = deadline};
+        *w = (struct fs_waiter){.req = req,
+                                .key = *key,
+                                .lease = *lease,
+                                .off = off,
+                                .size = size,
+                                .deadline = deadline};
     }
     pthread_mutex_lock(&q->lock);
     stopped = q->stop || !q->started;

@@ -530,7 +530,77 @@ Test(fs_limits, readers_of_a_slow_shard_do_not_stall_resident_reads, .timeout = 
     total = now_s() - t0;
     for (int i = 0; i < SLOW_READERS; i++)
         cr_expect(r[i].ok, "slow reader %d read wrong bytes or failed", i);
-    cr_expect_gt(total, 2.5, "the slow shard was not slow (%.1f s): the test proves nothing", total);
+    cr_expect_gt(total, 2.5, "the slow shard was not slow (%.1f s): the test proves nothing",
+                 total);
     cr_expect_lt(dt, 1.0, "a resident read took %.2f s behind %d readers of a slow shard", dt,
                  SLOW_READERS);
+}
+
+/* A counter of MOUNT/stats; -1 if absent. */
+static long long stat_of(const char *name)
+{
+    char path[256], line[512];
+    size_t nl = strlen(name);
+    long long v = -1;
+    FILE *f;
+
+    snprintf(path, sizeof(path), "%s/stats", M.fx.mnt);
+    f = fopen(path, "re");
+    if (!f)
+        return -1;
+    while (fgets(line, sizeof(line), f))
+        if (strncmp(line, name, nl) == 0 && line[nl] == ' ')
+            v = atoll(line + nl + 1);
+    fclose(f);
+    return v;
+}
+
+/* Block b as a sparse file of 2^20 shards (what writing shard 1048576
+ * through any writer makes). */
+static void store_huge_block(uint64_t b)
+{
+    char data[200];
+
+    snprintf(data, sizeof(data), "%s/data", M.store);
+    mkdir(data, 0755);
+    cr_assert_eq(truncate(block_file(b), 0) == 0 || errno == ENOENT, true);
+    close(open(block_file(b), O_WRONLY | O_CREAT | O_CLOEXEC, 0644));
+    cr_assert_eq(truncate(block_file(b), (off_t)SHARD << 20), 0, "%s", strerror(errno));
+}
+
+static bool shard_ready(uint64_t b, uint32_t s)
+{
+    char v[32] = "";
+    ssize_t n = getxattr(shard_path(b, s), "user.shardfs.state", v, sizeof(v) - 1);
+
+    return n > 0 && strncmp(v, "ready", 5) == 0;
+}
+
+/* The prefetch xattr on a block of 2^20 shards with a 128-slot cache:
+ * returns at once, starts at most nslots/4 = 32 loads, and evicts nothing
+ * (least of all what it loaded itself). */
+Test(fs_limits, prefetch_of_a_huge_block_is_bounded, .timeout = 120)
+{
+    long long started, evicted;
+    double t0, dt;
+
+    store_huge_block(9);
+    start_spec(NULL, "readahead=0"); /* capacity=8M: 128 slots of 64K */
+    t0 = now_s();
+    cr_assert_eq(setxattr(shard_path(9, -1), "user.shardfs.prefetch", "1", 1, 0), 0, "%s",
+                 strerror(errno));
+    dt = now_s() - t0;
+    cr_expect_lt(dt, 1.0, "the prefetch xattr took %.2f s", dt);
+    started = stat_of("shardfs_fs_prefetch_started_total");
+    cr_expect(started > 0 && started <= 32, "prefetch started %lld loads (bound: 32)", started);
+    for (t0 = now_s(); now_s() - t0 < 10.0 && !shard_ready(9, (uint32_t)started - 1);)
+        sleep_ms(10);
+    for (long long s = 0; s < started; s++)
+        cr_expect(shard_ready(9, (uint32_t)s), "prefetched shard %lld is not ready", s);
+    evicted = stat_of("shardfs_evictions_total");
+    cr_expect_eq(evicted, 0, "prefetch evicted %lld slots", evicted);
+    /* A second request goes on where the first stopped, as bounded. */
+    cr_assert_eq(setxattr(shard_path(9, -1), "user.shardfs.prefetch", "1", 1, 0), 0);
+    cr_expect_leq(stat_of("shardfs_fs_prefetch_started_total"), 2 * started);
+    cr_expect_eq(stat_of("shardfs_evictions_total"), 0);
 }
