@@ -20,6 +20,7 @@
 #include <shardfs/cache.h>
 
 #include <criterion/criterion.h>
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <grp.h>
@@ -603,4 +604,67 @@ Test(fs_limits, prefetch_of_a_huge_block_is_bounded, .timeout = 120)
     cr_assert_eq(setxattr(shard_path(9, -1), "user.shardfs.prefetch", "1", 1, 0), 0);
     cr_expect_leq(stat_of("shardfs_fs_prefetch_started_total"), 2 * started);
     cr_expect_eq(stat_of("shardfs_evictions_total"), 0);
+}
+
+/* VmRSS of pid in KiB; -1 if unknown. */
+static long rss_kib(pid_t pid)
+{
+    char path[64], line[256];
+    long v = -1;
+    FILE *f;
+
+    snprintf(path, sizeof(path), "/proc/%d/status", (int)pid);
+    f = fopen(path, "re");
+    if (!f)
+        return -1;
+    while (fgets(line, sizeof(line), f))
+        if (strncmp(line, "VmRSS:", 6) == 0)
+            v = atol(line + 6);
+    fclose(f);
+    return v;
+}
+
+#define HANDLES 40
+
+/* Forty open directory handles on a block of 2^20 shards: the daemon's RSS
+ * stays within 64 MiB of where it was (it grew by ~34 MiB per handle when a
+ * handle held every name), and a full listing still names every shard. */
+Test(fs_limits, listing_a_huge_block_costs_bounded_memory, .timeout = 120)
+{
+    DIR *dirs[HANDLES];
+    long before, after;
+    char dir[256];
+    struct dirent *de;
+    size_t n = 0;
+    uint32_t last = 0;
+
+    store_huge_block(9);
+    start_spec(NULL, "readahead=0");
+    snprintf(dir, sizeof(dir), "%s/shard", shard_path(9, -1));
+    before = rss_kib(M.fx.pid);
+    cr_assert_gt(before, 0);
+    for (int i = 0; i < HANDLES; i++) {
+        dirs[i] = opendir(dir);
+        cr_assert_not_null(dirs[i], "opendir: %s", strerror(errno));
+        cr_assert_not_null(readdir(dirs[i]));
+    }
+    after = rss_kib(M.fx.pid);
+    cr_expect_lt(after - before, 64 * 1024, "%d handles grew the daemon by %ld MiB", HANDLES,
+                 (after - before) / 1024);
+    for (int i = 1; i < HANDLES; i++)
+        closedir(dirs[i]);
+    /* The first handle, read to the end: every shard, in order. */
+    while ((de = readdir(dirs[0])) != NULL) {
+        uint32_t s;
+
+        if (strcmp(de->d_name, ".") == 0 || strcmp(de->d_name, "..") == 0)
+            continue;
+        s = (uint32_t)strtoul(de->d_name, NULL, 10);
+        cr_assert(n == 0 || s == last + 1, "listing jumps from %u to %u", last, s);
+        last = s;
+        n++;
+    }
+    closedir(dirs[0]);
+    cr_expect_eq(n, (size_t)1 << 20, "listed %zu shards", n);
+    cr_expect_eq(last, (1u << 20) - 1);
 }
