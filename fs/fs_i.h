@@ -93,6 +93,9 @@ struct fs {
     int64_t wait_ns;    /* deadline of a waiter, and of a load on a full cache */
     uint32_t readahead; /* shards loaded ahead of a missed read (0: off) */
     uint32_t nslots;    /* the cache's slots: bounds prefetch (read.c) */
+    uid_t uid;          /* owner of every inode: the backend directory's */
+    gid_t gid;          /* group of every inode: the backend directory's */
+    mode_t perm;        /* its permission bits (07777 masked to 0777) */
     char socket_path[108];
     struct timespec start; /* mtime/ctime/atime of every inode */
 

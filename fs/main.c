@@ -443,6 +443,47 @@ static int check_backend(const char *spec)
     return 0;
 }
 
+/* The directory a backend spec stores in: a plain path, posix:DIR?opts, or
+ * the inner spec of fault:OPTS:INNER; NULL for mem: (nothing on disk).
+ * Returns a malloc'd path or NULL. */
+static char *backend_dir(const char *spec)
+{
+    if (strncmp(spec, "mem", 3) == 0 && (spec[3] == '\0' || spec[3] == ':'))
+        return NULL;
+    if (strncmp(spec, "fault:", 6) == 0) {
+        const char *inner = strchr(spec + 6, ':');
+
+        return inner ? backend_dir(inner + 1) : NULL;
+    }
+    if (strncmp(spec, "posix:", 6) == 0) {
+        const char *q = strchr(spec + 6, '?');
+
+        return strndup(spec + 6, q ? (size_t)(q - spec - 6) : strlen(spec + 6));
+    }
+    return strdup(spec);
+}
+
+/* Every inode shows the backend directory's owner, group and permission
+ * bits, so that with default_permissions the mount grants exactly what the
+ * store's own directory does (chgrp + chmod g+w BACKEND_DIR gives a group
+ * write access). Read once, at start. A store with no directory (mem:): the
+ * daemon's user, 0755. */
+static void inode_owner(const char *spec, struct fs *fs)
+{
+    char *dir = backend_dir(spec);
+    struct stat st;
+
+    fs->uid = geteuid();
+    fs->gid = getegid();
+    fs->perm = 0755;
+    if (dir && stat(dir, &st) == 0) {
+        fs->uid = st.st_uid;
+        fs->gid = st.st_gid;
+        fs->perm = st.st_mode & 0777;
+    }
+    free(dir);
+}
+
 /* The kernel lets a mount stack on another; an operator almost never means
  * that, so a mount point that already is one is "busy". */
 static int check_mountpoint(const char *mnt)
@@ -840,6 +881,7 @@ int main(int argc, char *argv[])
     fs.wait_ns = cfg.wait_ns;
     fs.readahead = cfg.readahead;
     fs.nslots = (uint32_t)(cfg.cache.capacity / cfg.cache.shard_size); /* < 2^30 (validate) */
+    inode_owner(o.backend, &fs);
     snprintf(fs.socket_path, sizeof(fs.socket_path), "%s", cfg.socket);
     clock_gettime(CLOCK_REALTIME, &fs.start);
     if (fs_table_init(&fs) < 0) {

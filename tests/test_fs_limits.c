@@ -668,3 +668,79 @@ Test(fs_limits, listing_a_huge_block_costs_bounded_memory, .timeout = 120)
     cr_expect_eq(n, (size_t)1 << 20, "listed %zu shards", n);
     cr_expect_eq(last, (1u << 20) - 1);
 }
+
+#define KV_GROUP 4242 /* a group no one here is in but the test's child */
+
+/* In KV_GROUP: write a new shard and replace one, read them back, unlink. */
+static int group_member_body(void *arg)
+{
+    gid_t g = KV_GROUP;
+    uint8_t *buf = malloc(SHARD);
+    struct sfs_key k = tu_key(1, 3);
+    int fd;
+
+    (void)arg;
+    TU_CK(buf && become_nobody(&g, 1) == 0);
+    TU_CK(read_shard_ok(1, 0) == 0);
+    tu_fill(&k, buf, SHARD);
+    fd = open(shard_path(1, 3), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    TU_CK(fd >= 0);
+    TU_CK(write(fd, buf, SHARD) == (ssize_t)SHARD);
+    TU_CK(close(fd) == 0);
+    TU_CK(read_shard_ok(1, 3) == 0);
+    TU_CK(unlink(shard_path(1, 3)) == 0);
+    free(buf);
+    return 0;
+}
+
+/* Not in KV_GROUP: reads (the store is o+r), never writes. */
+static int outsider_body(void *arg)
+{
+    (void)arg;
+    TU_CK(become_nobody(NULL, 0) == 0);
+    TU_CK(read_shard_ok(1, 0) == 0);
+    TU_CK(refused(open(shard_path(1, 0), O_WRONLY | O_CLOEXEC)));
+    TU_CK(refused(open(shard_path(1, 4), O_WRONLY | O_CREAT | O_CLOEXEC, 0644)));
+    return 0;
+}
+
+/* Group access, as docs/fs.md says to grant it: chgrp and chmod g+w the
+ * backend directory; the mount shows that group and mode, its members may
+ * write, everyone else only reads. */
+Test(fs_limits, a_group_granted_on_the_store_may_write, .timeout = 60)
+{
+    struct stat st;
+
+    store_block(1, 2);
+    cr_assert_eq(chown(M.store, 0, KV_GROUP), 0);
+    cr_assert_eq(chmod(M.store, 02775), 0);
+    start_spec(NULL, "allow_other,readahead=0");
+    cr_assert_eq(stat(shard_path(1, 0), &st), 0);
+    cr_expect_eq(st.st_gid, KV_GROUP);
+    cr_expect_eq(st.st_mode & 0777, 0664, "shard mode %o", st.st_mode & 0777);
+    cr_assert_eq(stat(M.fx.mnt, &st), 0);
+    cr_expect_eq(st.st_mode & 0777, 0775, "root mode %o", st.st_mode & 0777);
+    cr_expect_eq(tu_wait_for(tu_fork(group_member_body, NULL), 30ll * 1000000000), 0,
+                 "a member of the store's group could not write");
+    cr_expect_eq(tu_wait_for(tu_fork(outsider_body, NULL), 30ll * 1000000000), 0,
+                 "someone outside the store's group could write");
+}
+
+/* A store only its owner may enter: so is the mount. */
+static int locked_out_body(void *arg)
+{
+    (void)arg;
+    TU_CK(become_nobody(NULL, 0) == 0);
+    TU_CK(refused(open(shard_path(1, 0), O_RDONLY | O_CLOEXEC)));
+    return 0;
+}
+
+Test(fs_limits, a_private_store_makes_a_private_mount, .timeout = 60)
+{
+    store_block(1, 1);
+    cr_assert_eq(chmod(M.store, 0700), 0);
+    start_spec(NULL, "allow_other,readahead=0");
+    cr_expect_eq(read_shard_ok(1, 0), 0);
+    cr_expect_eq(tu_wait_for(tu_fork(locked_out_body, NULL), 30ll * 1000000000), 0,
+                 "another user read a 0700 store through the mount");
+}
