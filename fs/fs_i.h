@@ -219,6 +219,10 @@ void fs_op_read(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off, struct f
  * must stay where it is until the process exits.
  */
 unsigned fs_loads_stop(struct fs *fs, int64_t grace_ns);
+/* Answer ETIMEDOUT to the readers whose own load has run past wait_timeout
+ * (a backend that does not answer); the loads go on. Called by the settler
+ * at least every 100 ms. */
+void fs_loads_expire(struct fs *fs, int64_t now);
 /* Advisory background loads of shards [first, first + n) of block that the
  * backend has and the cache lacks; mark: set readahead markers. Returns how
  * many loads started. */

@@ -45,6 +45,7 @@ struct load_op {
     size_t size;
     struct sfs_io io;
     struct prefetch_batch *batch; /* a prefetch's: the batch holds the lease */
+    int64_t deadline;             /* req's: ETIMEDOUT after (fs_loads_expire) */
     struct load_op *prev, *next;  /* fs->load_lock */
     bool completing;              /* fs->load_lock: load_done() is handling it */
     bool abandoned;               /* fs->load_lock: fs_loads_stop() handled it */
@@ -188,6 +189,7 @@ static void start_load_in(struct fs *fs, fuse_req_t req, const struct sfs_key *k
     op->off = off;
     op->size = size;
     op->batch = batch;
+    op->deadline = sfs_deadline_after(fs->wait_ns);
     op->io.key = *key;
     op->io.buf = data;
     op->io.len = (uint32_t)fs->shard_size;
@@ -214,6 +216,29 @@ static void start_load(struct fs *fs, fuse_req_t req, const struct sfs_key *key,
                        const struct sfs_lease *lease, off_t off, size_t size)
 {
     start_load_in(fs, req, key, lease, off, size, NULL);
+}
+
+void fs_loads_expire(struct fs *fs, int64_t now)
+{
+    fuse_req_t late[64];
+    size_t n = 0;
+
+    /* Bound: one pass over the loads in flight; at most 64 answers a call
+     * (the rest go on the next, 100 ms later at most). */
+    pthread_mutex_lock(&fs->load_lock);
+    for (struct load_op *op = fs->loads; op && n < 64; op = op->next) {
+        if (!op->req || op->completing || op->abandoned || now < op->deadline)
+            continue;
+        /* The load goes on and publishes for whoever reads next; this
+         * reader stops waiting for it. load_done() sees req NULL. */
+        late[n++] = op->req;
+        op->req = NULL;
+    }
+    pthread_mutex_unlock(&fs->load_lock);
+    for (size_t i = 0; i < n; i++) {
+        CTR_ADD(fs, wait_timeouts, 1);
+        fuse_reply_err(late[i], ETIMEDOUT);
+    }
 }
 
 unsigned fs_loads_stop(struct fs *fs, int64_t grace_ns)

@@ -117,6 +117,7 @@ static void *settler_main(void *arg)
         }
         if (exit_now)
             break;
+        fs_loads_expire(fs, sfs_now_ns()); /* an owner's read has the same deadline */
         if (overflow && until > now + OVERFLOW_POLL_NS)
             until = now + OVERFLOW_POLL_NS;
         sfs_cache_wait_any_bell(fs->cache, set, n, until, &state, &q->bell, seen);

@@ -744,3 +744,35 @@ Test(fs_limits, a_private_store_makes_a_private_mount, .timeout = 60)
     cr_expect_eq(tu_wait_for(tu_fork(locked_out_body, NULL), 30ll * 1000000000), 0,
                  "another user read a 0700 store through the mount");
 }
+
+/* A read whose own load the backend does not answer gives up at
+ * wait_timeout (ETIMEDOUT), as a waiter does; the load goes on, and a later
+ * read gets the shard. */
+Test(fs_limits, a_read_behind_a_silent_backend_ends_at_wait_timeout, .timeout = 60)
+{
+    uint8_t *buf = malloc(SHARD);
+    char spec[300];
+    double t0, dt;
+    int fd;
+    ssize_t n;
+
+    cr_assert_not_null(buf);
+    snprintf(spec, sizeof(spec), "fault:latency_us=5000000:%s", M.store);
+    store_block(1, 1);
+    start_spec(spec, "readahead=0,wait_timeout=1");
+    fd = open(shard_path(1, 0), O_RDONLY | O_CLOEXEC);
+    cr_assert_geq(fd, 0);
+    t0 = now_s();
+    n = read(fd, buf, SHARD);
+    dt = now_s() - t0;
+    cr_expect(n < 0 && errno == ETIMEDOUT, "read: %zd (%s) after %.1f s", n,
+              n < 0 ? strerror(errno) : "bytes", dt);
+    cr_expect_lt(dt, 3.0, "the read waited %.1f s with wait_timeout=1", dt);
+    close(fd);
+    /* The load finishes (5 s) and publishes for the next reader. */
+    t0 = now_s();
+    while (now_s() - t0 < 10.0 && !shard_ready(1, 0))
+        sleep_ms(50);
+    cr_expect_eq(read_shard_ok(1, 0), 0);
+    free(buf);
+}
