@@ -28,8 +28,10 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mount.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/syscall.h>
 #include <sys/un.h>
 #include <syslog.h>
 #include <unistd.h>
@@ -987,8 +989,15 @@ int main(int argc, char *argv[])
                  "without them (%u backend load%s abandoned)",
                  STOP_GRACE_NS / 1000000000, n, n == 1 ? "" : "s");
         log_fn(LOG_WARNING, msg, NULL);
-        fuse_session_unmount(se);
+        /* Detach without closing /dev/fuse under libfuse's threads (the
+         * exit closes it); fusermount3 -uz's way when not root. */
+        if (umount2(co.mountpoint, MNT_DETACH) < 0)
+            fuse_session_unmount(se);
         unlink(cfg.socket);
+        /* The stuck threads end with the process, unjoined on purpose:
+         * exit_group directly, not _exit (a sanitizer's _exit would report
+         * them as leaked threads and change the status). */
+        syscall(SYS_exit_group, 0);
         _exit(0);
     }
     err = loop.err;
