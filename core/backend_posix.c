@@ -21,7 +21,12 @@
  * Descriptors never outlive their batch: a cached descriptor would keep
  * reading a block file that a commit has since replaced.
  * Result: len; -ENOENT when the block file is missing or ends at or before the
- * shard; -EIO when it ends inside the shard (a short read); else -errno.
+ * shard; -EIO when it ends inside the shard (a short read) or is not a regular
+ * file; else -errno.
+ * Block files are opened beneath the root only (open_beneath: symlinks that
+ * leave the store are refused) and without waiting (O_NONBLOCK, then a
+ * regular-file check), so a FIFO or a device in the store never holds a
+ * submitter; exists and shard_count see such files as absent.
  *
  * Dumps are synchronous, in the submitter's thread, grouped by block so that
  * one rename commits every shard of the batch that belongs to the block.
@@ -57,6 +62,7 @@
 
 #include <dirent.h>
 #include <fcntl.h>
+#include <linux/openat2.h>
 #include <liburing.h>
 #include <limits.h>
 #include <pthread.h>
@@ -67,6 +73,7 @@
 #include <string.h>
 #include <sys/file.h>
 #include <sys/stat.h>
+#include <sys/syscall.h>
 #include <unistd.h>
 
 #define DIRECT_ALIGN 4096u
@@ -196,6 +203,89 @@ static int errno_of_open(int e)
     return (e == ENOENT || e == ENOTDIR) ? -ENOENT : -e;
 }
 
+/*
+ * Open rel below the root, never outside it and never waiting on what is not
+ * a regular file. Symlinks inside the store are followed while they resolve
+ * beneath the root (openat2 RESOLVE_BENEATH): a relative link to another
+ * file of the store works; an absolute link, or one that climbs above the
+ * root, is -EXDEV. Kernels before 5.6 (no openat2) refuse every symlink in
+ * the last component instead (O_NOFOLLOW: -ELOOP). O_NONBLOCK: a FIFO in
+ * place of a block file would otherwise hold the open until a writer came.
+ * Returns the fd or -errno (errno_of_open's mapping).
+ */
+static int open_beneath(struct posix_backend *p, const char *rel, int flags)
+{
+    /* openat2 refuses O_PATH with anything but O_CLOEXEC/O_DIRECTORY/
+     * O_NOFOLLOW; an O_PATH open never waits anyway. */
+    int extra = (flags & O_PATH) ? O_CLOEXEC : O_CLOEXEC | O_NONBLOCK | O_NOCTTY;
+    struct open_how how = {
+        .flags = (uint64_t)(flags | extra),
+        .resolve = RESOLVE_BENEATH | RESOLVE_NO_MAGICLINKS,
+    };
+    int fd = (int)syscall(SYS_openat2, p->root_fd, rel, &how, sizeof(how));
+
+    if (fd < 0 && errno == ENOSYS)
+        fd = openat(p->root_fd, rel, flags | extra | O_NOFOLLOW);
+    return fd >= 0 ? fd : errno_of_open(errno);
+}
+
+/* open_beneath() of a block file, which must be a regular file: anything
+ * else (a FIFO, a device, a directory) is no block we can read, -EIO.
+ * O_NONBLOCK is cleared again on success: io_uring would otherwise answer
+ * -EAGAIN for every read not already in the page cache. Returns the fd or
+ * -errno. */
+static int open_block_file(struct posix_backend *p, const char *rel, int flags)
+{
+    struct stat st;
+    int fd = open_beneath(p, rel, flags), ret;
+
+    if (fd < 0)
+        return fd;
+    if (fstat(fd, &st) < 0) {
+        ret = -errno;
+        goto out_close;
+    }
+    if (!S_ISREG(st.st_mode)) {
+        ret = -EIO;
+        goto out_close;
+    }
+    ret = fcntl(fd, F_GETFL);
+    if (ret < 0 || fcntl(fd, F_SETFL, ret & ~O_NONBLOCK) < 0) {
+        ret = -errno;
+        goto out_close;
+    }
+    return fd;
+out_close:
+    close(fd);
+    return ret;
+}
+
+/* The size of a block file (0 when it is absent, not a regular file, or not
+ * beneath the root: no shards to serve). Returns 0 or -errno for other
+ * errors. */
+static int block_size(struct posix_backend *p, const struct sfs_block_id *id, uint64_t *size)
+{
+    char rel[PATH_REL_MAX];
+    struct stat st;
+    int fd;
+
+    block_rel(p, id, false, rel);
+    *size = 0;
+    fd = open_beneath(p, rel, O_PATH);
+    if (fd < 0)
+        return fd == -ENOENT || fd == -EXDEV || fd == -ELOOP ? 0 : fd;
+    if (fstat(fd, &st) < 0) {
+        int e = -errno;
+
+        close(fd);
+        return e;
+    }
+    close(fd);
+    if (S_ISREG(st.st_mode))
+        *size = (uint64_t)st.st_size;
+    return 0;
+}
+
 /* Open a block file for reading; *direct says whether O_DIRECT was used.
  * Returns the fd or -errno. */
 static int open_block_read(struct posix_backend *p, const struct sfs_block_id *id, bool *direct)
@@ -205,18 +295,15 @@ static int open_block_read(struct posix_backend *p, const struct sfs_block_id *i
 
     block_rel(p, id, false, rel);
     if (*direct) {
-        fd = openat(p->root_fd, rel, O_RDONLY | O_CLOEXEC | O_DIRECT);
-        if (fd >= 0)
+        fd = open_block_file(p, rel, O_RDONLY | O_DIRECT);
+        if (fd != -EINVAL)
             return fd;
-        if (errno != EINVAL)
-            return errno_of_open(errno);
         /* The fs refuses O_DIRECT: remember, go buffered. Relaxed: a hint,
          * a racing reader that misses it just takes the same fallback. */
         atomic_store_explicit(&p->direct_off, true, memory_order_relaxed);
         *direct = false;
     }
-    fd = openat(p->root_fd, rel, O_RDONLY | O_CLOEXEC);
-    return fd >= 0 ? fd : errno_of_open(errno);
+    return open_block_file(p, rel, O_RDONLY);
 }
 
 static bool want_direct(struct posix_backend *p, const struct sfs_io *io)
@@ -844,17 +931,12 @@ static int posix_exists(struct sfs_backend *be, const struct sfs_key *keys, size
     struct posix_backend *p = (struct posix_backend *)be;
 
     for (size_t i = 0; i < n; i++) {
-        char rel[PATH_REL_MAX];
-        struct stat st;
+        uint64_t size;
+        int ret = block_size(p, &keys[i].block, &size);
 
-        block_rel(p, &keys[i].block, false, rel);
-        if (fstatat(p->root_fd, rel, &st, 0) < 0) {
-            if (errno != ENOENT && errno != ENOTDIR)
-                return -errno;
-            present[i] = false;
-            continue;
-        }
-        present[i] = (uint64_t)st.st_size >= ((uint64_t)keys[i].shard + 1) * be->shard_size;
+        if (ret < 0)
+            return ret;
+        present[i] = size >= ((uint64_t)keys[i].shard + 1) * be->shard_size;
     }
     return 0;
 }
@@ -862,14 +944,12 @@ static int posix_exists(struct sfs_backend *be, const struct sfs_key *keys, size
 static int posix_shard_count(struct sfs_backend *be, const struct sfs_block_id *block)
 {
     struct posix_backend *p = (struct posix_backend *)be;
-    char rel[PATH_REL_MAX];
-    struct stat st;
-    uint64_t count;
+    uint64_t size, count;
+    int ret = block_size(p, block, &size);
 
-    block_rel(p, block, false, rel);
-    if (fstatat(p->root_fd, rel, &st, 0) < 0)
-        return errno_of_open(errno);
-    count = (uint64_t)st.st_size / be->shard_size;
+    if (ret < 0)
+        return ret;
+    count = size / be->shard_size;
     if (count == 0)
         return -ENOENT;
     return count > INT_MAX ? INT_MAX : (int)count;
@@ -884,7 +964,7 @@ static int posix_touch(struct sfs_backend *be, const struct sfs_block_id *blocks
         int fd;
 
         block_rel(p, &blocks[i], false, rel);
-        fd = openat(p->root_fd, rel, O_RDONLY | O_CLOEXEC);
+        fd = open_block_file(p, rel, O_RDONLY);
         if (fd < 0)
             continue; /* a hint: absent blocks have nothing to read ahead */
         posix_fadvise(fd, 0, 0, POSIX_FADV_WILLNEED);

@@ -8,7 +8,8 @@
  * symlink are EPERM (names are keys). A directory handle is a snapshot taken
  * at opendir and served by offset: /block lists the blocks resident in the
  * cache (bounded by the cache, never by the store), a shard directory the
- * backend's shards plus the resident ones.
+ * backend's shards plus the resident ones, its names generated per readdir
+ * (its memory bounded by the cache, never by the block).
  */
 #include "fs_i.h"
 
@@ -61,48 +62,38 @@ static int cmp_u32(const void *a, const void *b)
     return x < y ? -1 : x > y;
 }
 
-/* The shard indices of block: 0..count-1 from the backend, plus resident
- * (Ready or Loading) ones, sorted and unique. *out is malloc'd. */
-#define MAX_LISTED_SHARDS (1 << 20)
+/* What a shard directory lists: 0..count-1 from the backend, then the
+ * resident (Ready or Loading) shards at or past count, sorted and unique.
+ * Only the resident ones are kept (*extra, malloc'd): at most the cache's
+ * slots, never the block's size. The backend part stops at
+ * MAX_LISTED_SHARDS (every shard stays reachable by name; docs/fs.md). */
+#define MAX_LISTED_SHARDS (1u << 20)
 
-static int block_shards(struct fs *fs, const struct sfs_block_id *block, uint32_t **out,
-                        size_t *nout)
+static int block_listing(struct fs *fs, const struct sfs_block_id *block, uint32_t *countp,
+                         uint32_t **extra, size_t *nextra)
 {
     struct block_scan s = {.block = *block};
     int count = sfs_backend_shard_count(fs->be, block);
-    size_t n = 0;
-    uint32_t *all;
+    size_t u = 0;
 
     if (count < 0)
         count = 0;
-    /* A store file can be huge or sparse: list at most this many (every
-     * shard stays reachable by name; docs/fs.md). */
-    if (count > MAX_LISTED_SHARDS)
-        count = MAX_LISTED_SHARDS;
+    if ((uint32_t)count > MAX_LISTED_SHARDS)
+        count = (int)MAX_LISTED_SHARDS;
     sfs_cache_foreach(fs->cache, (1u << SFS_STATE_READY) | (1u << SFS_STATE_LOADING), scan_block_cb,
                       &s);
     if (s.err) {
         free(s.idx);
         return s.err;
     }
-    all = malloc(((size_t)count + s.n + 1) * sizeof(*all));
-    if (!all) {
-        free(s.idx);
-        return -ENOMEM;
-    }
-    for (int i = 0; i < count; i++)
-        all[n++] = (uint32_t)i;
+    if (s.n)
+        qsort(s.idx, s.n, sizeof(*s.idx), cmp_u32);
     for (size_t i = 0; i < s.n; i++)
-        if (s.idx[i] >= (uint32_t)count)
-            all[n++] = s.idx[i];
-    free(s.idx);
-    qsort(all, n, sizeof(*all), cmp_u32);
-    size_t u = 0;
-    for (size_t i = 0; i < n; i++)
-        if (u == 0 || all[u - 1] != all[i])
-            all[u++] = all[i];
-    *out = all;
-    *nout = u;
+        if (s.idx[i] >= (uint32_t)count && (u == 0 || s.idx[u - 1] != s.idx[i]))
+            s.idx[u++] = s.idx[i];
+    *countp = (uint32_t)count;
+    *extra = s.idx;
+    *nextra = u;
     return 0;
 }
 
@@ -204,7 +195,7 @@ void fs_op_rmdir(fuse_req_t req, fuse_ino_t parent, const char *name)
 {
     struct fs *fs = fs_of(req);
     struct fs_obj p, o;
-    uint32_t *idx = NULL;
+    uint32_t *idx = NULL, count = 0;
     size_t n = 0;
     int r = fs_resolve(fs, parent, &p);
 
@@ -217,8 +208,8 @@ void fs_op_rmdir(fuse_req_t req, fuse_ino_t parent, const char *name)
     /* A virtual directory: "removing" an empty one succeeds (so rm -r
      * works); one with shards is not empty. */
     if (r == 0)
-        r = block_shards(fs, &o.key.block, &idx, &n);
-    if (r == 0 && n > 0)
+        r = block_listing(fs, &o.key.block, &count, &idx, &n);
+    if (r == 0 && count + n > 0)
         r = -ENOTEMPTY;
     free(idx);
     fuse_reply_err(req, -r);
@@ -245,6 +236,13 @@ void fs_op_symlink(fuse_req_t req, const char *link, fuse_ino_t parent, const ch
 
 /* ---------------------------------------------------------------------------
  * Directories: a snapshot taken at opendir, served by offset.
+ *
+ * Names are kept for the small listings (the root, a block, /block: bounded
+ * by the cache). A shard directory keeps only its block listing's shape:
+ * the backend's count, and the resident shards past it; its names are
+ * generated at each readdir offset. So a handle costs at most the cache's
+ * slots in memory whatever the block's size (a block of 2^20 shards cost
+ * ~34 MiB per handle when its names were materialized).
  */
 
 struct dir_ent {
@@ -253,9 +251,23 @@ struct dir_ent {
 };
 
 struct dir_handle {
-    struct dir_ent *ents;
+    struct dir_ent *ents; /* ".", "..", and a small listing's names */
     size_t n, cap;
+    /* A shard directory: entries n .. n+count-1 are shards 0..count-1,
+     * then extra[0..nextra). */
+    uint32_t count;
+    uint32_t *extra;
+    size_t nextra;
 };
+
+static void dir_free(struct dir_handle *d)
+{
+    if (d) {
+        free(d->ents);
+        free(d->extra);
+    }
+    free(d);
+}
 
 static int dir_add(struct dir_handle *d, const char *name, bool dir)
 {
@@ -360,20 +372,9 @@ void fs_op_opendir(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi)
     case FS_BLOCK:
         r = dir_add(d, "shard", true);
         break;
-    case FS_SHARDDIR: {
-        uint32_t *idx = NULL;
-        size_t n = 0;
-
-        r = block_shards(fs, &o.key.block, &idx, &n);
-        for (size_t i = 0; i < n && r == 0; i++) {
-            char name[16];
-
-            snprintf(name, sizeof(name), "%" PRIu32, idx[i]);
-            r = dir_add(d, name, false);
-        }
-        free(idx);
+    case FS_SHARDDIR:
+        r = block_listing(fs, &o.key.block, &d->count, &d->extra, &d->nextra);
         break;
-    }
     default:
         r = -ENOTDIR;
     }
@@ -387,9 +388,7 @@ void fs_op_opendir(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi)
 out_err:
     fuse_reply_err(req, -r);
 out_free:
-    if (d)
-        free(d->ents);
-    free(d);
+    dir_free(d);
 }
 
 void fs_op_readdir(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off,
@@ -397,25 +396,37 @@ void fs_op_readdir(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off,
 {
     struct dir_handle *d = (struct dir_handle *)(uintptr_t)fi->fh;
     char *buf;
-    size_t pos = 0;
+    size_t pos = 0, total;
 
     if (!d) {
         fuse_reply_err(req, EBADF);
         return;
     }
-    if (off < 0 || (size_t)off >= d->n) {
+    total = d->n + d->count + d->nextra;
+    if (off < 0 || (size_t)off >= total) {
         fuse_reply_buf(req, NULL, 0);
         return;
     }
-    buf = malloc(size);
+    buf = malloc(size); /* at most the kernel's readdir size (a page or so) */
     if (!buf) {
         fuse_reply_err(req, ENOMEM);
         return;
     }
-    for (size_t i = (size_t)off; i < d->n; i++) {
-        struct stat st = {.st_ino = UNKNOWN_INO, .st_mode = d->ents[i].dir ? S_IFDIR : S_IFREG};
-        size_t need =
-            fuse_add_direntry(req, buf + pos, size - pos, d->ents[i].name, &st, (off_t)(i + 1));
+    for (size_t i = (size_t)off; i < total; i++) {
+        struct stat st = {.st_ino = UNKNOWN_INO, .st_mode = S_IFREG};
+        char num[16];
+        const char *name = num;
+        size_t need;
+
+        if (i < d->n) {
+            name = d->ents[i].name;
+            st.st_mode = d->ents[i].dir ? S_IFDIR : S_IFREG;
+        } else if (i - d->n < d->count) {
+            snprintf(num, sizeof(num), "%zu", i - d->n);
+        } else {
+            snprintf(num, sizeof(num), "%" PRIu32, d->extra[i - d->n - d->count]);
+        }
+        need = fuse_add_direntry(req, buf + pos, size - pos, name, &st, (off_t)(i + 1));
 
         if (need > size - pos)
             break;
@@ -427,10 +438,6 @@ void fs_op_readdir(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off,
 
 void fs_op_releasedir(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi)
 {
-    struct dir_handle *d = (struct dir_handle *)(uintptr_t)fi->fh;
-
-    if (d)
-        free(d->ents);
-    free(d);
+    dir_free((struct dir_handle *)(uintptr_t)fi->fh);
     fuse_reply_err(req, 0);
 }

@@ -92,6 +92,10 @@ struct fs {
     bool ro;            /* -o ro: every change is EROFS */
     int64_t wait_ns;    /* deadline of a waiter, and of a load on a full cache */
     uint32_t readahead; /* shards loaded ahead of a missed read (0: off) */
+    uint32_t nslots;    /* the cache's slots: bounds prefetch (read.c) */
+    uid_t uid;          /* owner of every inode: the backend directory's */
+    gid_t gid;          /* group of every inode: the backend directory's */
+    mode_t perm;        /* its permission bits (07777 masked to 0777) */
     char socket_path[108];
     struct timespec start; /* mtime/ctime/atime of every inode */
 
@@ -115,7 +119,19 @@ struct fs {
     struct load_op *loads;     /* load_lock: in flight (and abandoned, until they complete) */
     uint32_t nloads;           /* load_lock: in flight, not abandoned */
 
+    /* Reads parked until another's load settles (wait.c). */
+    struct fs_waitq {
+        pthread_mutex_t lock;
+        struct fs_waiter *head; /* lock: parked reads */
+        size_t n;               /* lock: how many */
+        bool stop;              /* lock: fs_waitq_stop() was called */
+        bool started;           /* set before and after the settler runs */
+        uint32_t bell;          /* sfs_bell_ring() on each park and at stop */
+        pthread_t thread;       /* the settler */
+    } waitq;
+
     struct fs_counters ctr;
+    _Atomic uint32_t prefetch_pinned; /* relaxed: slots prefetch batches hold leased */
 
     _Atomic uint64_t ra_mark[FS_RA_MARKS]; /* relaxed: advisory */
 };
@@ -214,6 +230,10 @@ void fs_op_read(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off, struct f
  * must stay where it is until the process exits.
  */
 unsigned fs_loads_stop(struct fs *fs, int64_t grace_ns);
+/* Answer ETIMEDOUT to the readers whose own load has run past wait_timeout
+ * (a backend that does not answer); the loads go on. Called by the settler
+ * at least every 100 ms. */
+void fs_loads_expire(struct fs *fs, int64_t now);
 /* Advisory background loads of shards [first, first + n) of block that the
  * backend has and the cache lacks; mark: set readahead markers. Returns how
  * many loads started. */
@@ -221,6 +241,22 @@ int fs_prefetch_shards(struct fs *fs, const struct sfs_block_id *block, uint32_t
                        bool mark);
 /* The session is ending (a signal, an unmount): handlers stop waiting. */
 bool fs_stopping(struct fs *fs);
+/* Answer a parked read whose wait ended with r (what sfs_cache_wait()
+ * returns, or -ESHUTDOWN / -ENOMEM): the bytes, the error, or a load of its
+ * own when it became owner. Consumes the lease. */
+void fs_read_settled(struct fs *fs, fuse_req_t req, const struct sfs_key *key,
+                     const struct sfs_lease *l, off_t off, size_t size, int r);
+
+/* wait.c: reads waiting for another's load, answered without a worker. */
+/* Start the settler thread (main, before the session loop). 0 or -errno. */
+int fs_waitq_start(struct fs *fs);
+/* After the session loop: answer every parked read (EIO: the session ended,
+ * or its slot's state), stop and join the settler. */
+void fs_waitq_stop(struct fs *fs);
+/* Park req (a waiter on l's slot, lease consumed) until the slot settles or
+ * deadline (CLOCK_MONOTONIC ns). Returns at once; the settler answers. */
+void fs_waitq_park(struct fs *fs, fuse_req_t req, const struct sfs_key *key,
+                   const struct sfs_lease *lease, off_t off, size_t size, int64_t deadline);
 /* Synchronous: copy the shard's current bytes into buf (via the cache, so
  * the load is shared with concurrent readers). Returns 0 or -errno. */
 int fs_load_copy(struct fs *fs, const struct sfs_key *key, void *buf);

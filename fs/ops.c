@@ -33,13 +33,16 @@ void fs_fill_attr(struct fs *fs, const struct fs_obj *o, fuse_ino_t ino, struct 
 {
     memset(st, 0, sizeof(*st));
     st->st_ino = ino;
-    st->st_uid = getuid();
-    st->st_gid = getgid();
+    /* The backend directory's owner, group and mode (main.c): what the
+     * kernel checks (default_permissions) is what the store's own
+     * directory allows. Shards drop the x bits; -o ro drops the w bits. */
+    st->st_uid = fs->uid;
+    st->st_gid = fs->gid;
     st->st_atim = st->st_mtim = st->st_ctim = fs->start;
     st->st_blksize = (blksize_t)(fs->shard_size < (1u << 20) ? fs->shard_size : (1u << 20));
     switch (o->kind) {
     case FS_SHARD:
-        st->st_mode = S_IFREG | (fs->ro ? 0444 : 0644);
+        st->st_mode = S_IFREG | (fs->perm & 0666 & (fs->ro ? 0444 : 0777));
         st->st_nlink = 1;
         st->st_size = (off_t)fs->shard_size;
         st->st_blocks = (blkcnt_t)((fs->shard_size + 511) / 512);
@@ -53,7 +56,7 @@ void fs_fill_attr(struct fs *fs, const struct fs_obj *o, fuse_ino_t ino, struct 
         break;
     }
     default:
-        st->st_mode = S_IFDIR | (fs->ro ? 0555 : 0755);
+        st->st_mode = S_IFDIR | (fs->perm & (fs->ro ? 0555 : 0777));
         st->st_nlink = 2;
         break;
     }

@@ -7,10 +7,11 @@
  * becomes its owner: it submits an asynchronous backend load into the slot and
  * returns to the loop; the load's completion publishes the slot (Ready or
  * Failed) and answers the request from the backend's thread. Every other
- * reader of that shard, in this daemon or in an attached rank, is a waiter: it
- * blocks on the slot's futex with a deadline and answers when the owner
- * publishes. The lease is released after the reply is written, so a slot is
- * never evicted under a reply.
+ * reader of that shard (another reader of the mount, or any reader while an
+ * attached rank loads it) is a waiter: its request is parked with the settler
+ * (wait.c), which answers it when the owner publishes or its deadline passes,
+ * so no worker thread sleeps on a load. The lease is released after the reply
+ * is written, so a slot is never evicted under a reply.
  *
  * Readahead: a read that misses (owner or waiter) also starts advisory loads
  * of the next -o readahead shards of its block (the prefetch xattr's path),
@@ -43,10 +44,39 @@ struct load_op {
     off_t off;
     size_t size;
     struct sfs_io io;
-    struct load_op *prev, *next; /* fs->load_lock */
-    bool completing;             /* fs->load_lock: load_done() is handling it */
-    bool abandoned;              /* fs->load_lock: fs_loads_stop() handled it */
+    struct prefetch_batch *batch; /* a prefetch's: the batch holds the lease */
+    int64_t deadline;             /* req's: ETIMEDOUT after (fs_loads_expire) */
+    struct load_op *prev, *next;  /* fs->load_lock */
+    bool completing;              /* fs->load_lock: load_done() is handling it */
+    bool abandoned;               /* fs->load_lock: fs_loads_stop() handled it */
 };
+
+/*
+ * The slots one prefetch request (the xattr, or a readahead window) started
+ * loading stay leased until the last of its loads completes: the CLOCK hand
+ * never takes a leased slot, so a prefetch can never evict what it itself
+ * just loaded (a huge block on a small cache used to chase its own tail:
+ * 88,167 loads, 87,207 evictions). Then every lease goes back at once and the
+ * slots keep the second chance a new load gets.
+ */
+struct prefetch_batch {
+    _Atomic uint32_t pending; /* loads not yet done, +1 while the batch is being started */
+    uint32_t n;               /* leases[] used; at most the cap it was made for */
+    struct sfs_lease leases[];
+};
+
+/* Drop one reference; the last releases every lease of the batch. */
+static void batch_put(struct fs *fs, struct prefetch_batch *b)
+{
+    /* acq_rel: the last one sees every lease the starter stored. */
+    if (atomic_fetch_sub_explicit(&b->pending, 1, memory_order_acq_rel) != 1)
+        return;
+    for (uint32_t i = 0; i < b->n; i++)
+        sfs_cache_release(fs->cache, &b->leases[i]);
+    /* Relaxed: a bound on new batches, not an ordering. */
+    atomic_fetch_sub_explicit(&fs->prefetch_pinned, b->n, memory_order_relaxed);
+    free(b);
+}
 
 /* The errno a reader gets for a load error: ENOENT for a shard that is gone,
  * EIO for everything else (errors, short reads). */
@@ -119,7 +149,10 @@ static void load_done(struct sfs_io *io)
         else
             reply_slot(fs, op->req, &op->lease, op->off, op->size);
     }
-    sfs_cache_release(fs->cache, &op->lease);
+    if (op->batch)
+        batch_put(fs, op->batch);
+    else
+        sfs_cache_release(fs->cache, &op->lease);
     pthread_mutex_lock(&fs->load_lock);
     loads_unlink(fs, op);
     if (--fs->nloads == 0)
@@ -130,8 +163,9 @@ static void load_done(struct sfs_io *io)
 
 /* As owner of lease: load the shard asynchronously. Consumes the lease (and
  * answers req, when given) whatever happens. */
-static void start_load(struct fs *fs, fuse_req_t req, const struct sfs_key *key,
-                       const struct sfs_lease *lease, off_t off, size_t size)
+static void start_load_in(struct fs *fs, fuse_req_t req, const struct sfs_key *key,
+                          const struct sfs_lease *lease, off_t off, size_t size,
+                          struct prefetch_batch *batch)
 {
     struct load_op *op = calloc(1, sizeof(*op));
     struct sfs_io *iop;
@@ -141,7 +175,10 @@ static void start_load(struct fs *fs, fuse_req_t req, const struct sfs_key *key,
     if (!op || !data) {
         free(op);
         sfs_cache_fail(fs->cache, lease, op ? -EIO : -ENOMEM);
-        sfs_cache_release(fs->cache, lease);
+        if (batch)
+            batch_put(fs, batch);
+        else
+            sfs_cache_release(fs->cache, lease);
         if (req)
             fuse_reply_err(req, op ? EIO : ENOMEM);
         return;
@@ -151,6 +188,8 @@ static void start_load(struct fs *fs, fuse_req_t req, const struct sfs_key *key,
     op->lease = *lease;
     op->off = off;
     op->size = size;
+    op->batch = batch;
+    op->deadline = sfs_deadline_after(fs->wait_ns);
     op->io.key = *key;
     op->io.buf = data;
     op->io.len = (uint32_t)fs->shard_size;
@@ -170,6 +209,35 @@ static void start_load(struct fs *fs, fuse_req_t req, const struct sfs_key *key,
         /* Nothing was submitted: complete it here, once. */
         op->io.result = r;
         load_done(&op->io);
+    }
+}
+
+static void start_load(struct fs *fs, fuse_req_t req, const struct sfs_key *key,
+                       const struct sfs_lease *lease, off_t off, size_t size)
+{
+    start_load_in(fs, req, key, lease, off, size, NULL);
+}
+
+void fs_loads_expire(struct fs *fs, int64_t now)
+{
+    fuse_req_t late[64];
+    size_t n = 0;
+
+    /* Bound: one pass over the loads in flight; at most 64 answers a call
+     * (the rest go on the next, 100 ms later at most). */
+    pthread_mutex_lock(&fs->load_lock);
+    for (struct load_op *op = fs->loads; op && n < 64; op = op->next) {
+        if (!op->req || op->completing || op->abandoned || now < op->deadline)
+            continue;
+        /* The load goes on and publishes for whoever reads next; this
+         * reader stops waiting for it. load_done() sees req NULL. */
+        late[n++] = op->req;
+        op->req = NULL;
+    }
+    pthread_mutex_unlock(&fs->load_lock);
+    for (size_t i = 0; i < n; i++) {
+        CTR_ADD(fs, wait_timeouts, 1);
+        fuse_reply_err(late[i], ETIMEDOUT);
     }
 }
 
@@ -241,29 +309,51 @@ int fs_prefetch_shards(struct fs *fs, const struct sfs_block_id *block, uint32_t
                        bool mark)
 {
     int count = sfs_backend_shard_count(fs->be, block), started = 0;
-    uint32_t end;
+    /* Bounds (docs/fs.md): one request starts at most nslots/4 loads and
+     * looks at most nslots shards; all requests together pin at most
+     * nslots/2 slots. Its cost is bounded by the cache, never the block. */
+    uint32_t cap = fs->nslots / 4 ? fs->nslots / 4 : 1;
+    uint32_t pin_max = fs->nslots / 2 ? fs->nslots / 2 : 1;
+    uint32_t end, probes = 0;
+    struct prefetch_batch *b;
 
     if (count <= 0 || first >= (uint32_t)count)
         return 0;
     end = n < (uint32_t)count - first ? first + n : (uint32_t)count;
-    for (uint32_t i = first; i < end; i++) {
+    if (end - first < cap)
+        cap = end - first;
+    b = malloc(sizeof(*b) + (size_t)cap * sizeof(b->leases[0]));
+    if (!b)
+        return 0;
+    atomic_init(&b->pending, 1);
+    b->n = 0;
+    for (uint32_t i = first; i < end && b->n < cap && probes < fs->nslots; i++, probes++) {
         struct sfs_key k = {.block = *block, .shard = i};
         struct sfs_lease l;
-        int r = sfs_cache_get(fs->cache, &k, SFS_GET_PREFETCH, 0, &l);
+        int r;
 
+        /* Relaxed: an approximate bound; a race overshoots by a few. */
+        if (atomic_load_explicit(&fs->prefetch_pinned, memory_order_relaxed) >= pin_max)
+            break;
+        r = sfs_cache_get(fs->cache, &k, SFS_GET_PREFETCH, 0, &l);
         if (r == -EEXIST)
             continue; /* already there */
         if (r < 0)
-            break; /* no free slot without evicting: stop, it is advice */
+            break; /* no free slot without evicting a leased one: stop, it is advice */
         if (r != SFS_OWNER) {
             sfs_cache_release(fs->cache, &l);
             continue;
         }
         if (mark)
             ra_mark_set(fs, &k);
-        start_load(fs, NULL, &k, &l, 0, 0);
+        b->leases[b->n++] = l;
+        atomic_fetch_add_explicit(&fs->prefetch_pinned, 1, memory_order_relaxed);
+        /* Relaxed: batch_put's acq_rel orders the leases[] stores. */
+        atomic_fetch_add_explicit(&b->pending, 1, memory_order_relaxed);
+        start_load_in(fs, NULL, &k, &l, 0, 0, b);
         started++;
     }
+    batch_put(fs, b); /* the starter's reference */
     return started;
 }
 
@@ -343,38 +433,43 @@ static void read_shard(fuse_req_t req, struct fs *fs, const struct sfs_key *keyp
         return;
     }
     if (r == SFS_WAITER) {
-        /* Before blocking: the loads behind this one overlap the wait. */
+        /* Before parking: the loads behind this one overlap the wait. */
         if (fs->readahead) {
             ra_mark_take(fs, &key);
             read_ahead(fs, &key);
         }
-        r = wait_slot(fs, &l, sfs_deadline_after(fs->wait_ns));
-        if (r == SFS_WAIT_OWNER) {
-            /* The owner died or gave the slot back: ours to fill now. */
-            start_load(fs, req, &key, &l, off, size);
-            return;
-        }
-        if (r == -ETIMEDOUT) {
-            CTR_ADD(fs, wait_timeouts, 1);
-            fuse_reply_err(req, ETIMEDOUT);
-            sfs_cache_release(fs->cache, &l);
-            return;
-        }
-        if (r != SFS_STATE_READY) {
-            int err = r == SFS_STATE_FAILED ? sfs_cache_error(fs->cache, &l) : r;
-
-            fuse_reply_err(req, reader_errno(err < 0 ? err : -EIO));
-            sfs_cache_release(fs->cache, &l);
-            return;
-        }
-    } else {
-        /* A hit on a shard readahead loaded: move the window on. */
-        ra = fs->readahead && ra_mark_take(fs, &key);
+        /* No worker sleeps on another's load: the settler (wait.c) answers
+         * when the slot settles, and this worker takes the next request. */
+        fs_waitq_park(fs, req, &key, &l, off, size, sfs_deadline_after(fs->wait_ns));
+        return;
     }
+    /* A hit on a shard readahead loaded: move the window on. */
+    ra = fs->readahead && ra_mark_take(fs, &key);
     reply_slot(fs, req, &l, off, size);
     sfs_cache_release(fs->cache, &l);
     if (ra)
         read_ahead(fs, &key);
+}
+
+void fs_read_settled(struct fs *fs, fuse_req_t req, const struct sfs_key *key,
+                     const struct sfs_lease *l, off_t off, size_t size, int r)
+{
+    if (r == SFS_WAIT_OWNER) {
+        /* The owner died or gave the slot back: ours to fill now. */
+        start_load(fs, req, key, l, off, size);
+        return;
+    }
+    if (r == SFS_STATE_READY) {
+        reply_slot(fs, req, l, off, size);
+    } else if (r == -ETIMEDOUT) {
+        CTR_ADD(fs, wait_timeouts, 1);
+        fuse_reply_err(req, ETIMEDOUT);
+    } else {
+        int err = r == SFS_STATE_FAILED ? sfs_cache_error(fs->cache, l) : r;
+
+        fuse_reply_err(req, reader_errno(err < 0 ? err : -EIO));
+    }
+    sfs_cache_release(fs->cache, l);
 }
 
 /* Synchronous: copy the shard's current bytes into buf (via the cache, so
