@@ -631,7 +631,9 @@ static int lock_tmp(struct posix_backend *p, const char *tmp_rel)
 {
     for (int tries = 0; tries < LOCK_TRIES; tries++) {
         struct stat a, b;
-        int fd = openat(p->root_fd, tmp_rel, O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+        /* O_NOFOLLOW: a link planted at the tmp name never redirects a
+         * commit's writes outside the store. */
+        int fd = openat(p->root_fd, tmp_rel, O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0644);
 
         if (fd < 0)
             return -errno;
@@ -789,7 +791,9 @@ static int commit_block(struct posix_backend *p, const struct sfs_block_id *id, 
         ret = -errno;
         goto out_unlink_tmp;
     }
-    src = openat(p->root_fd, rel, O_RDONLY | O_CLOEXEC);
+    /* The committed block is read as the loads read it: beneath the root,
+     * regular files only, never waiting on a FIFO. */
+    src = open_block_file(p, rel, O_RDONLY);
     if (src >= 0) {
         if (fstat(src, &st) < 0) {
             ret = -errno;
@@ -809,8 +813,8 @@ static int commit_block(struct posix_backend *p, const struct sfs_block_id *id, 
         close(src);
         if (ret < 0)
             goto out_unlink_tmp;
-    } else if (errno != ENOENT) {
-        ret = -errno;
+    } else if (src != -ENOENT) {
+        ret = src;
         goto out_unlink_tmp;
     } else if (removing) {
         ret = -ENOENT;

@@ -776,3 +776,62 @@ Test(fs_limits, a_read_behind_a_silent_backend_ends_at_wait_timeout, .timeout = 
     cr_expect_eq(read_shard_ok(1, 0), 0);
     free(buf);
 }
+
+struct shard_writer {
+    uint64_t b;
+    uint32_t s;
+};
+
+/* Write shard (b, s) whole through the mount (bytes of key (b + 1000, s))
+ * and close it: 0 when that finished, whatever the outcome. */
+static int shard_writer_body(void *arg)
+{
+    struct shard_writer *w = arg;
+    struct sfs_key k = tu_key(w->b + 1000, w->s);
+    uint8_t *buf = malloc(SHARD);
+    int fd = open(shard_path(w->b, w->s), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+
+    TU_CK(buf && fd >= 0);
+    tu_fill(&k, buf, SHARD);
+    (void)!write(fd, buf, SHARD);
+    close(fd);
+    free(buf);
+    return 0;
+}
+
+/* A commit reads the block it rewrites as a load does: a block file that
+ * is a link out of the store never has the outside bytes copied into the
+ * committed block, and one that is a FIFO never holds the writer. */
+Test(fs_limits, a_commit_never_reads_outside_the_store_nor_waits_on_a_fifo, .timeout = 60)
+{
+    struct shard_writer w6 = {6, 1}, w9 = {9, 0};
+    char outside[200];
+    uint8_t *buf = malloc(SHARD);
+    struct sfs_key k6 = tu_key(6, 0);
+    struct stat st;
+    int fd, r;
+
+    cr_assert_not_null(buf);
+    store_block(1, 1);
+    snprintf(outside, sizeof(outside), "%s", tu_path("outside"));
+    write_block_at(outside, 6, 2);
+    cr_assert_eq(symlink(outside, block_file(6)), 0);
+    store_block(9, 1);
+    fifo_in_place(9);
+    start_spec(NULL, "readahead=0");
+
+    r = tu_wait_for(tu_fork(shard_writer_body, &w6), 10ll * 1000000000);
+    cr_expect_geq(r, 0, "the writer of the linked block hung");
+    cr_assert_eq(lstat(block_file(6), &st), 0);
+    if (S_ISREG(st.st_mode)) {
+        fd = open(block_file(6), O_RDONLY | O_CLOEXEC);
+        cr_assert_geq(fd, 0);
+        cr_expect(pread(fd, buf, SHARD, 0) != (ssize_t)SHARD || tu_check(&k6, buf, SHARD) >= 0,
+                  "the commit copied bytes from outside the store into the block");
+        close(fd);
+    }
+    r = tu_wait_for(tu_fork(shard_writer_body, &w9), 10ll * 1000000000);
+    cr_expect_geq(r, 0, "the writer of a FIFO block hung (killed after 10 s)");
+    unlink(outside);
+    free(buf);
+}
