@@ -21,7 +21,12 @@
  * Descriptors never outlive their batch: a cached descriptor would keep
  * reading a block file that a commit has since replaced.
  * Result: len; -ENOENT when the block file is missing or ends at or before the
- * shard; -EIO when it ends inside the shard (a short read); else -errno.
+ * shard; -EIO when it ends inside the shard (a short read) or is not a regular
+ * file; else -errno.
+ * Block files are opened beneath the root only (open_beneath: symlinks that
+ * leave the store are refused) and without waiting (O_NONBLOCK, then a
+ * regular-file check), so a FIFO or a device in the store never holds a
+ * submitter; exists and shard_count see such files as absent.
  *
  * Dumps are synchronous, in the submitter's thread, grouped by block so that
  * one rename commits every shard of the batch that belongs to the block.
@@ -30,7 +35,9 @@
  *      names the locked inode (another writer committed it meanwhile),
  *      close and start again;
  *   2. truncate the tmp (a writer killed mid-dump leaves garbage there) and
- *      copy the committed block file into it (copy_file_range);
+ *      copy the committed block file into it: sized to the committed size
+ *      first, then only its data extents (SEEK_DATA / SEEK_HOLE, each with
+ *      copy_file_range), so holes stay holes (below);
  *   3. pwrite the new shards; fsync if sync=1;
  *   4. rename tmp -> block file (and fsync the directory if sync=1); close.
  * Writers in any process serialize on the tmp's lock and each starts from the
@@ -38,6 +45,13 @@
  * writer killed at any point leaves the committed file untouched.
  * Dumping shard n of a block that has fewer than n shards leaves a hole: the
  * shards in between read as zeros (the layout cannot mark them absent).
+ * Holes are kept by every later commit: copying the whole file would turn
+ * them into allocated zeros (writing shard 0 of a block whose shard 16384
+ * exists would allocate 1 GiB at 64 KiB shards, and fail ENOSPC on a small
+ * tmpfs), and take time in proportion to the file's size, not its data. The
+ * copy costs what the block holds; the commit stays a whole new file renamed
+ * over the old one, so it is exactly as crash-safe as before. A file system
+ * without SEEK_DATA reports the whole file as data (the old behaviour).
  *
  * Remove: the layout stores a block as one run of shards, so removing shard n
  * truncates the block file to n * shard_size, dropping shard n and every
@@ -48,6 +62,7 @@
 
 #include <dirent.h>
 #include <fcntl.h>
+#include <linux/openat2.h>
 #include <liburing.h>
 #include <limits.h>
 #include <pthread.h>
@@ -58,6 +73,7 @@
 #include <string.h>
 #include <sys/file.h>
 #include <sys/stat.h>
+#include <sys/syscall.h>
 #include <unistd.h>
 
 #define DIRECT_ALIGN 4096u
@@ -187,6 +203,89 @@ static int errno_of_open(int e)
     return (e == ENOENT || e == ENOTDIR) ? -ENOENT : -e;
 }
 
+/*
+ * Open rel below the root, never outside it and never waiting on what is not
+ * a regular file. Symlinks inside the store are followed while they resolve
+ * beneath the root (openat2 RESOLVE_BENEATH): a relative link to another
+ * file of the store works; an absolute link, or one that climbs above the
+ * root, is -EXDEV. Kernels before 5.6 (no openat2) refuse every symlink in
+ * the last component instead (O_NOFOLLOW: -ELOOP). O_NONBLOCK: a FIFO in
+ * place of a block file would otherwise hold the open until a writer came.
+ * Returns the fd or -errno (errno_of_open's mapping).
+ */
+static int open_beneath(struct posix_backend *p, const char *rel, int flags)
+{
+    /* openat2 refuses O_PATH with anything but O_CLOEXEC/O_DIRECTORY/
+     * O_NOFOLLOW; an O_PATH open never waits anyway. */
+    int extra = (flags & O_PATH) ? O_CLOEXEC : O_CLOEXEC | O_NONBLOCK | O_NOCTTY;
+    struct open_how how = {
+        .flags = (uint64_t)(flags | extra),
+        .resolve = RESOLVE_BENEATH | RESOLVE_NO_MAGICLINKS,
+    };
+    int fd = (int)syscall(SYS_openat2, p->root_fd, rel, &how, sizeof(how));
+
+    if (fd < 0 && errno == ENOSYS)
+        fd = openat(p->root_fd, rel, flags | extra | O_NOFOLLOW);
+    return fd >= 0 ? fd : errno_of_open(errno);
+}
+
+/* open_beneath() of a block file, which must be a regular file: anything
+ * else (a FIFO, a device, a directory) is no block we can read, -EIO.
+ * O_NONBLOCK is cleared again on success: io_uring would otherwise answer
+ * -EAGAIN for every read not already in the page cache. Returns the fd or
+ * -errno. */
+static int open_block_file(struct posix_backend *p, const char *rel, int flags)
+{
+    struct stat st;
+    int fd = open_beneath(p, rel, flags), ret;
+
+    if (fd < 0)
+        return fd;
+    if (fstat(fd, &st) < 0) {
+        ret = -errno;
+        goto out_close;
+    }
+    if (!S_ISREG(st.st_mode)) {
+        ret = -EIO;
+        goto out_close;
+    }
+    ret = fcntl(fd, F_GETFL);
+    if (ret < 0 || fcntl(fd, F_SETFL, ret & ~O_NONBLOCK) < 0) {
+        ret = -errno;
+        goto out_close;
+    }
+    return fd;
+out_close:
+    close(fd);
+    return ret;
+}
+
+/* The size of a block file (0 when it is absent, not a regular file, or not
+ * beneath the root: no shards to serve). Returns 0 or -errno for other
+ * errors. */
+static int block_size(struct posix_backend *p, const struct sfs_block_id *id, uint64_t *size)
+{
+    char rel[PATH_REL_MAX];
+    struct stat st;
+    int fd;
+
+    block_rel(p, id, false, rel);
+    *size = 0;
+    fd = open_beneath(p, rel, O_PATH);
+    if (fd < 0)
+        return fd == -ENOENT || fd == -EXDEV || fd == -ELOOP ? 0 : fd;
+    if (fstat(fd, &st) < 0) {
+        int e = -errno;
+
+        close(fd);
+        return e;
+    }
+    close(fd);
+    if (S_ISREG(st.st_mode))
+        *size = (uint64_t)st.st_size;
+    return 0;
+}
+
 /* Open a block file for reading; *direct says whether O_DIRECT was used.
  * Returns the fd or -errno. */
 static int open_block_read(struct posix_backend *p, const struct sfs_block_id *id, bool *direct)
@@ -196,18 +295,15 @@ static int open_block_read(struct posix_backend *p, const struct sfs_block_id *i
 
     block_rel(p, id, false, rel);
     if (*direct) {
-        fd = openat(p->root_fd, rel, O_RDONLY | O_CLOEXEC | O_DIRECT);
-        if (fd >= 0)
+        fd = open_block_file(p, rel, O_RDONLY | O_DIRECT);
+        if (fd != -EINVAL)
             return fd;
-        if (errno != EINVAL)
-            return errno_of_open(errno);
         /* The fs refuses O_DIRECT: remember, go buffered. Relaxed: a hint,
          * a racing reader that misses it just takes the same fallback. */
         atomic_store_explicit(&p->direct_off, true, memory_order_relaxed);
         *direct = false;
     }
-    fd = openat(p->root_fd, rel, O_RDONLY | O_CLOEXEC);
-    return fd >= 0 ? fd : errno_of_open(errno);
+    return open_block_file(p, rel, O_RDONLY);
 }
 
 static bool want_direct(struct posix_backend *p, const struct sfs_io *io)
@@ -535,7 +631,9 @@ static int lock_tmp(struct posix_backend *p, const char *tmp_rel)
 {
     for (int tries = 0; tries < LOCK_TRIES; tries++) {
         struct stat a, b;
-        int fd = openat(p->root_fd, tmp_rel, O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+        /* O_NOFOLLOW: a link planted at the tmp name never redirects a
+         * commit's writes outside the store. */
+        int fd = openat(p->root_fd, tmp_rel, O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0644);
 
         if (fd < 0)
             return -errno;
@@ -576,15 +674,16 @@ static int pwrite_all(int fd, const void *buf, size_t len, uint64_t off)
     return 0;
 }
 
-/* Copy the first len bytes of src into dst (both from offset 0). */
-static int copy_prefix(int src, int dst, uint64_t len)
+/* Copy bytes [off, off + len) of src to the same offsets of dst. */
+static int copy_range(int src, int dst, uint64_t off, uint64_t len)
 {
-    loff_t in = 0, out = 0;
+    loff_t in = (loff_t)off, out = (loff_t)off;
+    uint64_t end = off + len;
     char *buf = NULL;
     int ret = 0;
 
-    while ((uint64_t)in < len) {
-        size_t chunk = len - (uint64_t)in > (1u << 30) ? (1u << 30) : (size_t)(len - (uint64_t)in);
+    while ((uint64_t)in < end) {
+        size_t chunk = end - (uint64_t)in > (1u << 30) ? (1u << 30) : (size_t)(end - (uint64_t)in);
         ssize_t r = copy_file_range(src, &in, dst, &out, chunk, 0);
 
         if (r > 0)
@@ -597,8 +696,8 @@ static int copy_prefix(int src, int dst, uint64_t len)
             return -errno;
         break; /* no in-kernel copy here: fall back to read/write */
     }
-    while ((uint64_t)in < len) {
-        size_t chunk = len - (uint64_t)in > (1u << 20) ? (1u << 20) : (size_t)(len - (uint64_t)in);
+    while ((uint64_t)in < end) {
+        size_t chunk = end - (uint64_t)in > (1u << 20) ? (1u << 20) : (size_t)(end - (uint64_t)in);
         ssize_t r;
 
         if (!buf) {
@@ -613,14 +712,48 @@ static int copy_prefix(int src, int dst, uint64_t len)
             ret = r < 0 ? -errno : -EIO;
             break;
         }
-        ret = pwrite_all(dst, buf, (size_t)r, (uint64_t)out);
+        ret = pwrite_all(dst, buf, (size_t)r, (uint64_t)in);
         if (ret < 0)
             break;
         in += r;
-        out += r;
     }
     free(buf);
     return ret;
+}
+
+/* Copy the first len bytes of src into the empty dst, keeping holes: dst is
+ * sized to len (reading as zeros), then each data extent of src below len is
+ * copied. lseek's SEEK_DATA answers ENXIO past the last extent; a file
+ * system without hole support answers as if the file were all data. */
+static int copy_prefix(int src, int dst, uint64_t len)
+{
+    uint64_t pos = 0;
+
+    if (ftruncate(dst, (off_t)len) < 0)
+        return -errno;
+    while (pos < len) {
+        off_t data = lseek(src, (off_t)pos, SEEK_DATA), hole;
+        int ret;
+
+        if (data < 0 && errno == ENXIO)
+            return 0; /* a hole to the end */
+        if (data < 0)
+            return -errno;
+        if ((uint64_t)data >= len)
+            return 0;
+        hole = lseek(src, data, SEEK_HOLE);
+        if (hole < 0)
+            return -errno;
+        if ((uint64_t)hole > len)
+            hole = (off_t)len;
+        if (hole <= data)
+            return -EIO; /* the file changed under us: not ours */
+        ret = copy_range(src, dst, (uint64_t)data, (uint64_t)(hole - data));
+        if (ret < 0)
+            return ret;
+        pos = (uint64_t)hole;
+    }
+    return 0;
 }
 
 /*
@@ -658,7 +791,9 @@ static int commit_block(struct posix_backend *p, const struct sfs_block_id *id, 
         ret = -errno;
         goto out_unlink_tmp;
     }
-    src = openat(p->root_fd, rel, O_RDONLY | O_CLOEXEC);
+    /* The committed block is read as the loads read it: beneath the root,
+     * regular files only, never waiting on a FIFO. */
+    src = open_block_file(p, rel, O_RDONLY);
     if (src >= 0) {
         if (fstat(src, &st) < 0) {
             ret = -errno;
@@ -678,8 +813,8 @@ static int commit_block(struct posix_backend *p, const struct sfs_block_id *id, 
         close(src);
         if (ret < 0)
             goto out_unlink_tmp;
-    } else if (errno != ENOENT) {
-        ret = -errno;
+    } else if (src != -ENOENT) {
+        ret = src;
         goto out_unlink_tmp;
     } else if (removing) {
         ret = -ENOENT;
@@ -800,17 +935,12 @@ static int posix_exists(struct sfs_backend *be, const struct sfs_key *keys, size
     struct posix_backend *p = (struct posix_backend *)be;
 
     for (size_t i = 0; i < n; i++) {
-        char rel[PATH_REL_MAX];
-        struct stat st;
+        uint64_t size;
+        int ret = block_size(p, &keys[i].block, &size);
 
-        block_rel(p, &keys[i].block, false, rel);
-        if (fstatat(p->root_fd, rel, &st, 0) < 0) {
-            if (errno != ENOENT && errno != ENOTDIR)
-                return -errno;
-            present[i] = false;
-            continue;
-        }
-        present[i] = (uint64_t)st.st_size >= ((uint64_t)keys[i].shard + 1) * be->shard_size;
+        if (ret < 0)
+            return ret;
+        present[i] = size >= ((uint64_t)keys[i].shard + 1) * be->shard_size;
     }
     return 0;
 }
@@ -818,14 +948,12 @@ static int posix_exists(struct sfs_backend *be, const struct sfs_key *keys, size
 static int posix_shard_count(struct sfs_backend *be, const struct sfs_block_id *block)
 {
     struct posix_backend *p = (struct posix_backend *)be;
-    char rel[PATH_REL_MAX];
-    struct stat st;
-    uint64_t count;
+    uint64_t size, count;
+    int ret = block_size(p, block, &size);
 
-    block_rel(p, block, false, rel);
-    if (fstatat(p->root_fd, rel, &st, 0) < 0)
-        return errno_of_open(errno);
-    count = (uint64_t)st.st_size / be->shard_size;
+    if (ret < 0)
+        return ret;
+    count = size / be->shard_size;
     if (count == 0)
         return -ENOENT;
     return count > INT_MAX ? INT_MAX : (int)count;
@@ -840,7 +968,7 @@ static int posix_touch(struct sfs_backend *be, const struct sfs_block_id *blocks
         int fd;
 
         block_rel(p, &blocks[i], false, rel);
-        fd = openat(p->root_fd, rel, O_RDONLY | O_CLOEXEC);
+        fd = open_block_file(p, rel, O_RDONLY);
         if (fd < 0)
             continue; /* a hint: absent blocks have nothing to read ahead */
         posix_fadvise(fd, 0, 0, POSIX_FADV_WILLNEED);

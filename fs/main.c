@@ -28,9 +28,12 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mount.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/syscall.h>
 #include <sys/un.h>
+#include <stdarg.h>
 #include <syslog.h>
 #include <unistd.h>
 
@@ -44,6 +47,7 @@
 #define DEFAULT_WAIT_S      30
 #define DEFAULT_MAX_READ    (1u << 20)
 #define DEFAULT_MAX_THREADS 64
+#define DEFAULT_MAX_IDLE_THREADS 16
 #define DEFAULT_READAHEAD   4
 #define MAX_READAHEAD       1024
 #define REAP_INTERVAL_NS    (200 * 1000 * 1000ll)
@@ -67,6 +71,8 @@ struct options {
     unsigned max_read;
     bool max_read_set;
     bool ro;
+    bool perms_on;  /* -o default_permissions given (it is the default anyway) */
+    bool perms_off; /* -o no_default_permissions: the kernel checks no modes */
     int nonopts;
     int bad; /* a one-line error was printed */
 };
@@ -74,6 +80,8 @@ struct options {
 enum {
     KEY_RO,
     KEY_MAX_READ,
+    KEY_PERMS_ON,
+    KEY_PERMS_OFF,
     KEY_HELP,
     KEY_VERSION,
 };
@@ -89,7 +97,8 @@ static const struct fuse_opt opt_table[] = {
     OPT("wait_timeout=%s", wait_timeout),    OPT("readahead=%s", readahead),
     OPT("numa_node=%s", numa_node),          OPT("attach_uids=%s", attach_uids),
     OPT("attach_gid=%s", attach_gid),        FUSE_OPT_KEY("ro", KEY_RO),
-    FUSE_OPT_KEY("max_read=", KEY_MAX_READ), FUSE_OPT_END,
+    FUSE_OPT_KEY("max_read=", KEY_MAX_READ), FUSE_OPT_KEY("default_permissions", KEY_PERMS_ON),
+    FUSE_OPT_KEY("no_default_permissions", KEY_PERMS_OFF), FUSE_OPT_END,
 };
 #undef OPT
 
@@ -119,6 +128,8 @@ static void usage(const char *prog)
            "                           root and the daemon's uid always may)\n"
            "    -o attach_gid=GID      members of group GID may attach to the socket\n"
            "    -o ro                  read-only: every change is EROFS\n"
+           "    -o no_default_permissions  the kernel does not check modes and owners\n"
+           "                           (default: it does; see shardfs(8), PERMISSIONS)\n"
            "\n",
            prog, DEFAULT_WAIT_S, DEFAULT_READAHEAD);
 }
@@ -142,6 +153,12 @@ static int opt_proc(void *data, const char *arg, int key, struct fuse_args *outa
     case KEY_RO:
         o->ro = true;
         return 1; /* also a mount option */
+    case KEY_PERMS_ON:
+        o->perms_on = true;
+        return 1; /* a mount option: the kernel enforces it */
+    case KEY_PERMS_OFF:
+        o->perms_off = true;
+        return 0; /* ours only: it keeps default_permissions off the mount */
     case KEY_MAX_READ: {
         char *end;
         unsigned long v;
@@ -467,6 +484,47 @@ static int check_backend(const char *spec)
     return 0;
 }
 
+/* The directory a backend spec stores in: a plain path, posix:DIR?opts, or
+ * the inner spec of fault:OPTS:INNER; NULL for mem: (nothing on disk).
+ * Returns a malloc'd path or NULL. */
+static char *backend_dir(const char *spec)
+{
+    if (strncmp(spec, "mem", 3) == 0 && (spec[3] == '\0' || spec[3] == ':'))
+        return NULL;
+    if (strncmp(spec, "fault:", 6) == 0) {
+        const char *inner = strchr(spec + 6, ':');
+
+        return inner ? backend_dir(inner + 1) : NULL;
+    }
+    if (strncmp(spec, "posix:", 6) == 0) {
+        const char *q = strchr(spec + 6, '?');
+
+        return strndup(spec + 6, q ? (size_t)(q - spec - 6) : strlen(spec + 6));
+    }
+    return strdup(spec);
+}
+
+/* Every inode shows the backend directory's owner, group and permission
+ * bits, so that with default_permissions the mount grants exactly what the
+ * store's own directory does (chgrp + chmod g+w BACKEND_DIR gives a group
+ * write access). Read once, at start. A store with no directory (mem:): the
+ * daemon's user, 0755. */
+static void inode_owner(const char *spec, struct fs *fs)
+{
+    char *dir = backend_dir(spec);
+    struct stat st;
+
+    fs->uid = geteuid();
+    fs->gid = getegid();
+    fs->perm = 0755;
+    if (dir && stat(dir, &st) == 0) {
+        fs->uid = st.st_uid;
+        fs->gid = st.st_gid;
+        fs->perm = st.st_mode & 0777;
+    }
+    free(dir);
+}
+
 /* The kernel lets a mount stack on another; an operator almost never means
  * that, so a mount point that already is one is "busy". */
 static int check_mountpoint(const char *mnt)
@@ -498,14 +556,20 @@ static int check_mountpoint(const char *mnt)
     return 0;
 }
 
-/* A socket someone answers on belongs to a live daemon: refuse to steal it. */
+/* The socket path is replaced at start (a stale socket of a dead daemon is
+ * unlinked), so it must name nothing or a socket: anything else (a regular
+ * file, a symlink, a directory) is the operator's, refused here. A socket
+ * someone answers on belongs to a live daemon: refuse to steal it. */
 static int check_socket(const char *path, bool default_dir)
 {
     struct sockaddr_un sa = {.sun_family = AF_UNIX};
+    struct stat st;
     int fd, r;
 
     if (default_dir && mkdir(SOCKET_DIR, 0755) < 0 && errno != EEXIST)
         FAIL("socket: cannot create %s: %s (use -o socket=PATH)", SOCKET_DIR, strerror(errno));
+    if (lstat(path, &st) == 0 && !S_ISSOCK(st.st_mode))
+        FAIL("socket=%s: exists and is not a socket (refusing to replace it)", path);
     snprintf(sa.sun_path, sizeof(sa.sun_path), "%s", path);
     fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
     if (fd < 0)
@@ -529,6 +593,17 @@ static void log_fn(int level, const char *msg, void *arg)
         syslog(level, "%s", msg);
     else
         fprintf(stderr, "shardfs: %s\n", msg);
+}
+
+void fs_log(int level, const char *fmt, ...)
+{
+    char msg[512];
+    va_list ap;
+
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof(msg), fmt, ap);
+    va_end(ap);
+    log_fn(level, msg, NULL);
 }
 
 static void touch_hook(const struct sfs_block_id *blocks, size_t n, void *arg)
@@ -602,6 +677,121 @@ static void reaper_stop(struct reaper *r)
     pthread_mutex_destroy(&r->lock);
 }
 
+/*
+ * The session loop runs in a thread of its own, so that a stop never waits
+ * on a handler stuck in the backend: libfuse's loop joins every worker
+ * before it returns, and a worker inside a handler cannot be cancelled.
+ * Only this thread takes the stop signals (libfuse's handler ends the
+ * session; its workers block them, and so does every other thread here), so
+ * the signal interrupts the loop's own wait.
+ */
+struct session_loop {
+    struct fuse_session *se;
+    bool single;
+    unsigned clone_fd, max_idle_threads, max_threads;
+    pthread_t thread;
+    pthread_mutex_t lock;
+    pthread_cond_t cond;   /* CLOCK_MONOTONIC: done was set */
+    bool done;             /* lock */
+    int err;               /* lock: what the loop returned */
+    int64_t grace_left_ns; /* set by loop_wait(): the stop grace not yet spent */
+};
+
+static void *loop_main(void *arg)
+{
+    struct session_loop *l = arg;
+    struct fuse_loop_config *lc;
+    sigset_t stopsigs;
+    int err;
+
+    sigemptyset(&stopsigs);
+    sigaddset(&stopsigs, SIGINT);
+    sigaddset(&stopsigs, SIGTERM);
+    sigaddset(&stopsigs, SIGHUP);
+    sigaddset(&stopsigs, SIGQUIT);
+    pthread_sigmask(SIG_UNBLOCK, &stopsigs, NULL);
+    if (l->single) {
+        err = fuse_session_loop(l->se);
+    } else {
+        lc = fuse_loop_cfg_create();
+        if (!lc) {
+            err = -ENOMEM;
+        } else {
+            fuse_loop_cfg_set_clone_fd(lc, l->clone_fd);
+            if (l->max_idle_threads != UINT_MAX)
+                fuse_loop_cfg_set_idle_threads(lc, l->max_idle_threads);
+            fuse_loop_cfg_set_max_threads(lc, l->max_threads);
+            err = fuse_session_loop_mt(l->se, lc);
+            fuse_loop_cfg_destroy(lc);
+        }
+    }
+    pthread_sigmask(SIG_BLOCK, &stopsigs, NULL);
+    pthread_mutex_lock(&l->lock);
+    l->err = err;
+    l->done = true;
+    pthread_cond_signal(&l->cond);
+    pthread_mutex_unlock(&l->lock);
+    return NULL;
+}
+
+static int loop_start(struct session_loop *l)
+{
+    pthread_condattr_t ca;
+    int e;
+
+    l->done = false;
+    l->err = 0;
+    pthread_mutex_init(&l->lock, NULL);
+    pthread_condattr_init(&ca);
+    pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+    pthread_cond_init(&l->cond, &ca);
+    pthread_condattr_destroy(&ca);
+    e = pthread_create(&l->thread, NULL, loop_main, l);
+    if (e) {
+        pthread_cond_destroy(&l->cond);
+        pthread_mutex_destroy(&l->lock);
+    }
+    return -e;
+}
+
+/* Wait for the loop to end. Once the session has exited (a signal, an
+ * unmount), wait at most grace_ns more for libfuse to join its workers.
+ * True: the loop returned and was joined (l->err, l->grace_left_ns are
+ * set). False: a handler is still running after the grace; the loop thread
+ * is left as it is. Bound: wakes every 100 ms to look at the session. */
+static bool loop_wait(struct session_loop *l, int64_t grace_ns)
+{
+    int64_t stop_at = 0; /* when the session was seen to exit, + grace */
+    bool done;
+
+    pthread_mutex_lock(&l->lock);
+    while (!l->done) {
+        int64_t now = sfs_now_ns(), until = now + 100 * 1000000ll;
+        struct timespec ts;
+
+        if (!stop_at && fuse_session_exited(l->se))
+            stop_at = now + grace_ns;
+        if (stop_at && now >= stop_at)
+            break;
+        if (stop_at && until > stop_at)
+            until = stop_at;
+        ts.tv_sec = until / 1000000000;
+        ts.tv_nsec = until % 1000000000;
+        pthread_cond_timedwait(&l->cond, &l->lock, &ts);
+    }
+    done = l->done;
+    pthread_mutex_unlock(&l->lock);
+    if (!done)
+        return false;
+    pthread_join(l->thread, NULL);
+    pthread_cond_destroy(&l->cond);
+    pthread_mutex_destroy(&l->lock);
+    if (!stop_at) /* unmounted: the loop ended before we looked */
+        stop_at = sfs_now_ns() + grace_ns;
+    l->grace_left_ns = stop_at > sfs_now_ns() ? stop_at - sfs_now_ns() : 0;
+    return true;
+}
+
 /* Fork; the parent waits for the child's verdict and exits with it. Returns
  * the write end of the pipe in the child. */
 static int daemonize_start(void)
@@ -669,7 +859,7 @@ int main(int argc, char *argv[])
     static struct fs fs;
     struct sfs_backend_params bp;
     struct fuse_session *se;
-    struct fuse_loop_config *lc;
+    struct session_loop loop;
     struct reaper reaper;
     sigset_t stopsigs;
     char errbuf[256] = "";
@@ -709,6 +899,14 @@ int main(int argc, char *argv[])
     if (validate(&o, co.mountpoint, &cfg) < 0 || check_backend(o.backend) < 0 ||
         check_mountpoint(co.mountpoint) < 0 || check_socket(cfg.socket, cfg.default_socket) < 0)
         goto out_args;
+    if (o.perms_on && o.perms_off) {
+        fprintf(stderr, "shardfs: default_permissions and no_default_permissions: pick one\n");
+        goto out_args;
+    }
+    /* The kernel checks modes and owners (fill_attr's) before any request
+     * reaches us: with allow_other, other users get what the modes say. */
+    if (!o.perms_on && !o.perms_off && fuse_opt_add_arg(&args, "-odefault_permissions") != 0)
+        goto out_args;
     if (!o.max_read_set) {
         char mr[32];
 
@@ -735,6 +933,8 @@ int main(int argc, char *argv[])
     fs.ro = o.ro;
     fs.wait_ns = cfg.wait_ns;
     fs.readahead = cfg.readahead;
+    fs.nslots = (uint32_t)(cfg.cache.capacity / cfg.cache.shard_size); /* < 2^30 (validate) */
+    inode_owner(o.backend, &fs);
     snprintf(fs.socket_path, sizeof(fs.socket_path), "%s", cfg.socket);
     clock_gettime(CLOCK_REALTIME, &fs.start);
     if (fs_table_init(&fs) < 0) {
@@ -797,43 +997,73 @@ int main(int argc, char *argv[])
         fprintf(stderr, "shardfs: reaper thread: %s\n", strerror(-err));
         goto out_unmount;
     }
+    err = fs_waitq_start(&fs);
+    if (err < 0) {
+        fprintf(stderr, "shardfs: settler thread: %s\n", strerror(-err));
+        reaper_stop(&reaper);
+        goto out_unmount;
+    }
     if (ready_fd >= 0) {
         daemonize_done(ready_fd);
         ready_fd = -1;
     }
 
-    pthread_sigmask(SIG_UNBLOCK, &stopsigs, NULL);
-    if (co.singlethread) {
-        err = fuse_session_loop(se);
-    } else {
-        lc = fuse_loop_cfg_create();
-        if (!lc) {
-            err = -ENOMEM;
-        } else {
-            /* Waiters block a worker each until the owner publishes: allow
-             * more than libfuse's default of 10. */
-            fuse_loop_cfg_set_clone_fd(lc, (unsigned)co.clone_fd);
-            if (co.max_idle_threads != UINT_MAX)
-                fuse_loop_cfg_set_idle_threads(lc, co.max_idle_threads);
-            fuse_loop_cfg_set_max_threads(lc, co.max_threads && co.max_threads != 10 &&
-                                                      co.max_threads <= 100000
-                                                  ? co.max_threads
-                                                  : DEFAULT_MAX_THREADS);
-            err = fuse_session_loop_mt(se, lc);
-            fuse_loop_cfg_destroy(lc);
-        }
+    loop.se = se;
+    loop.single = co.singlethread;
+    loop.clone_fd = (unsigned)co.clone_fd;
+    /* Idle workers beyond this many end (libfuse keeps every one by
+     * default): a burst of requests does not leave 64 threads behind. */
+    loop.max_idle_threads =
+        co.max_idle_threads != UINT_MAX ? co.max_idle_threads : DEFAULT_MAX_IDLE_THREADS;
+    /* Readers waiting for a load hold no worker (wait.c), but stores and
+     * a few other requests wait in theirs: allow more than libfuse's 10. */
+    loop.max_threads = co.max_threads && co.max_threads != 10 && co.max_threads <= 100000
+                           ? co.max_threads
+                           : DEFAULT_MAX_THREADS;
+    err = loop_start(&loop);
+    if (err < 0) {
+        fprintf(stderr, "shardfs: session thread: %s\n", strerror(-err));
+        fs_waitq_stop(&fs);
+        reaper_stop(&reaper);
+        goto out_unmount;
     }
-    pthread_sigmask(SIG_BLOCK, &stopsigs, NULL);
+    if (!loop_wait(&loop, STOP_GRACE_NS)) {
+        /* A handler is stuck in the backend (a hung store, a dump that
+         * does not return) and libfuse would join it forever. Answer what
+         * can be answered, unmount, remove the socket, and leave: the exit
+         * ends the stuck threads; nothing they did is reported done. */
+        unsigned n = fs_loads_stop(&fs, 0);
+        char msg[200];
+
+        snprintf(msg, sizeof(msg),
+                 "stopping: request handlers still in the backend after %lld s; exiting "
+                 "without them (%u backend load%s abandoned)",
+                 STOP_GRACE_NS / 1000000000, n, n == 1 ? "" : "s");
+        log_fn(LOG_WARNING, msg, NULL);
+        /* Detach without closing /dev/fuse under libfuse's threads (the
+         * exit closes it); fusermount3 -uz's way when not root. */
+        if (umount2(co.mountpoint, MNT_DETACH) < 0)
+            fuse_session_unmount(se);
+        unlink(cfg.socket);
+        /* The stuck threads end with the process, unjoined on purpose:
+         * exit_group directly, not _exit (a sanitizer's _exit would report
+         * them as leaked threads and change the status). */
+        syscall(SYS_exit_group, 0);
+        _exit(0);
+    }
+    err = loop.err;
     /* 0: unmounted; > 0: stopped by that signal; < 0: an error. */
     ret = err < 0 ? 1 : 0;
     if (err < 0)
         fprintf(stderr, "shardfs: session loop: %s\n", strerror(-err));
 
     /* Loads in flight answer requests from backend threads: let them finish
-     * while the session still exists, for a moment. A backend that is stuck
-     * must not keep us (and the mount) alive: what is left is abandoned, its
-     * slots failed so that no rank waits on a load that will never come. */
-    abandoned = fs_loads_stop(&fs, STOP_GRACE_NS);
+     * while the session still exists, for what is left of the grace. A
+     * backend that is stuck must not keep us (and the mount) alive: what is
+     * left is abandoned, its slots failed so that no rank waits on a load
+     * that will never come. */
+    fs_waitq_stop(&fs); /* parked reads: EIO, the session ended */
+    abandoned = fs_loads_stop(&fs, loop.grace_left_ns);
     if (abandoned) {
         char msg[160];
 

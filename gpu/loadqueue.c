@@ -30,6 +30,15 @@
  * copies the source into the slot, a worker thread submits the backend dump
  * (a posix dump is synchronous in its submitter), and the done callback
  * publishes the slot (SFS_PUBLISH_WRITTEN) or fails it.
+ *
+ * The slot a dump owns under SFS_GET_WRITE is the key's writer lock, across
+ * processes (the mount's writes take it too): the store is written only by
+ * that owner, and the slot is published after the store has the bytes, so
+ * the cache and the store agree on the last committed version. A key that is
+ * leased elsewhere when its dump is dispatched (a reader, or another dump of
+ * it) is copied into a bounce buffer first, so the dispatcher never waits;
+ * a worker then takes the slot once the key is free (retrying, behind other
+ * work, until the key's deadline) and dumps as its owner.
  */
 #include "rank_i.h"
 
@@ -322,6 +331,51 @@ static void dump_done(struct sfs_io *io)
     sfs_lq_item_done(it, res < 0 ? res : 0);
 }
 
+/* A bounced dump (the key was leased elsewhere at dispatch): take the key's
+ * slot for writing now and move the bytes in, so that the dump runs as the
+ * key's writer. True when it did; false when the item was put back on the
+ * work queue (still leased: tried again after the queue's other work) or
+ * finished (-ETIMEDOUT at the key's deadline, or the Get's error), with
+ * nothing stored. */
+static bool bounce_take_slot(struct rank_item *it)
+{
+    struct sfs_rank *rk = it->rank;
+    int role = sfs_cache_get(rk->cache, &it->key, SFS_GET_WRITE, it->deadline_ns, &it->lease);
+    void *data;
+
+    if (role == -EBUSY) {
+        if (sfs_now_ns() >= it->deadline_ns) {
+            sfs_lq_item_done(it, -ETIMEDOUT);
+        } else {
+            struct timespec ts = {0, 1000 * 1000}; /* a reader's lease is short */
+
+            nanosleep(&ts, NULL);
+            sfs_lq_push_work(rk, it);
+        }
+        return false;
+    }
+    if (role < 0) {
+        sfs_lq_item_done(it, role);
+        return false;
+    }
+    it->leased = true;
+    if (role != SFS_OWNER) { /* not expected with SFS_GET_WRITE */
+        sfs_lq_item_done(it, -EBUSY);
+        return false;
+    }
+    data = sfs_cache_data(rk->cache, &it->lease);
+    if (!data) {
+        sfs_cache_fail(rk->cache, &it->lease, -EIO);
+        sfs_lq_item_done(it, -EIO);
+        return false;
+    }
+    memcpy(data, it->buf, rk->shard_size);
+    free(it->buf);
+    it->buf = data;
+    it->bounce = false;
+    return true;
+}
+
 /* A worker thread: the bytes are in it->buf; write them through. */
 static void submit_dump(struct rank_item *it)
 {
@@ -329,6 +383,8 @@ static void submit_dump(struct rank_item *it)
     struct sfs_io *iop = &it->io;
     int r;
 
+    if (it->bounce && !bounce_take_slot(it))
+        return;
     token_get(rk);
     io_prep(it, dump_done);
     rank_ctr_add(rk, RC_DUMPS, 1);
@@ -901,8 +957,9 @@ static void dispatch_dump(struct sfs_rank *rk, struct rank_item *it)
     int role = sfs_cache_get(rk->cache, &it->key, SFS_GET_WRITE, deadline, &it->lease);
 
     if (role == -EBUSY && rk->be) {
-        /* Someone reads or loads this key: leave the cache alone and write
-         * the backend from a private copy. */
+        /* Someone reads, loads or dumps this key: copy the source now into
+         * a private buffer; a worker dumps it once it can own the slot. */
+        it->deadline_ns = deadline;
         it->buf = malloc(rk->shard_size);
         if (!it->buf) {
             sfs_lq_item_done(it, -ENOMEM);

@@ -63,7 +63,8 @@ struct rank_item {
     struct sfs_lease lease;
     void *buf;           /* the slot's bytes, or the bounce buffer */
     void *addr;          /* the entry's destination (load) or source (dump) */
-    int64_t deadline_ns; /* STEP_WAIT: when the wait gives up (-ETIMEDOUT) */
+    int64_t deadline_ns; /* STEP_WAIT, or a bounced dump taking its slot: when it gives up
+                            (-ETIMEDOUT) */
     struct sfs_io io;
 };
 

@@ -136,9 +136,13 @@ SFS_API int sfs_rank_load(struct sfs_rank *rank, const struct sfs_rank_entry *en
  * Queue a dump of n entries (addr = source, shard_size bytes), write-through:
  * each key is taken for writing in the cache (SFS_GET_WRITE), the source is
  * copied into its slot, the slot is dumped to the backend, and published
- * Ready once the backend has it. A key another process holds leased is
- * dumped to the backend from a bounce buffer and left alone in the cache.
- * Returns as sfs_rank_load().
+ * Ready once the backend has it. The slot is the key's writer lock (dumps of
+ * every rank and writes through the mount take it), so the cache and the
+ * backend agree on the last version committed. A key leased elsewhere (a
+ * reader, another dump of it) is copied into a bounce buffer at once and
+ * dumped once its slot can be taken; -ETIMEDOUT, with nothing stored, when
+ * it stays leased past key_timeout_ms. Several entries with the same key
+ * commit in an unspecified order. Returns as sfs_rank_load().
  */
 SFS_API int sfs_rank_dump(struct sfs_rank *rank, const struct sfs_rank_entry *entries, size_t n,
                           struct sfs_task **task);
