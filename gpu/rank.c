@@ -1,14 +1,12 @@
 /* SPDX-License-Identifier: MIT */
 /*
  * rank.c - the public face of libshardfs-rank: opening a rank (attach,
- * backend, copier, threads), tasks and their completion, lookups, touch,
+ * backend, copier, threads), tasks and waiting for them, lookups, touch,
  * prefetch and counters. The moving parts live in loadqueue.c (dispatcher,
- * watchers, workers, backend callbacks) and copier.c (copier thread).
- *
- * A task is a small refcounted object: one reference for the caller (dropped
- * by sfs_rank_task_free), one for the dispatcher (dropped after its walk and
- * the idle window), one for completion (dropped by the last entry). So a task
- * freed early finishes quietly, and a finished task outlives its rank.
+ * workers, prefetch, backend callbacks), watch.c (watchers) and copier.c
+ * (copier thread); an entry's end, and a task's references (caller,
+ * dispatcher, completion), in complete.c. See rank_i.h for which way the
+ * calls go.
  */
 #include "rank_i.h"
 
@@ -64,14 +62,14 @@ static void rank_free(struct sfs_rank *rk)
     if (rk->be)
         sfs_backend_close(rk->be);
     sfs_cache_close(rk->cache);
+    if (rk->queues_ready) {
+        sfs_workq_destroy(&rk->tq);
+        sfs_workq_destroy(&rk->ready);
+        sfs_workq_destroy(&rk->work);
+    }
     pthread_mutex_destroy(&rk->mu);
-    pthread_cond_destroy(&rk->task_cv);
     pthread_cond_destroy(&rk->idle_cv);
-    pthread_mutex_destroy(&rk->ready_mu);
-    pthread_cond_destroy(&rk->ready_cv);
     pthread_mutex_destroy(&rk->wait_mu);
-    pthread_mutex_destroy(&rk->work_mu);
-    pthread_cond_destroy(&rk->work_cv);
     pthread_mutex_destroy(&rk->depth_mu);
     pthread_cond_destroy(&rk->depth_cv);
     pthread_mutex_destroy(&rk->lease_mu);
@@ -109,17 +107,24 @@ struct sfs_rank *sfs_rank_open(const struct sfs_rank_config *cfg, int *err)
         return NULL;
     }
     pthread_mutex_init(&rk->mu, NULL);
-    pthread_cond_init(&rk->task_cv, NULL);
     pthread_cond_init(&rk->idle_cv, NULL);
-    pthread_mutex_init(&rk->ready_mu, NULL);
-    pthread_cond_init(&rk->ready_cv, NULL);
     pthread_mutex_init(&rk->wait_mu, NULL);
-    pthread_mutex_init(&rk->work_mu, NULL);
-    pthread_cond_init(&rk->work_cv, NULL);
     pthread_mutex_init(&rk->depth_mu, NULL);
     pthread_cond_init(&rk->depth_cv, NULL);
     pthread_mutex_init(&rk->lease_mu, NULL);
     pthread_cond_init(&rk->lease_cv, NULL);
+    r = sfs_workq_init(&rk->tq);
+    if (r == 0 && (r = sfs_workq_init(&rk->ready)) < 0)
+        sfs_workq_destroy(&rk->tq);
+    if (r == 0 && (r = sfs_workq_init(&rk->work)) < 0) {
+        sfs_workq_destroy(&rk->tq);
+        sfs_workq_destroy(&rk->ready);
+    }
+    if (r < 0) {
+        *err = r;
+        goto out_free;
+    }
+    rk->queues_ready = true;
 
     rk->query_only = cfg->device_id < 0;
     rk->N = cfg->local_rank_size > 0 ? (unsigned)cfg->local_rank_size : 1;
@@ -135,13 +140,13 @@ struct sfs_rank *sfs_rank_open(const struct sfs_rank_config *cfg, int *err)
     if (!rk->cache)
         goto out_free;
     sfs_cache_info(rk->cache, &info);
-    rk->shard_size = info.shard_size;
-    /* A backend reports bytes moved in an int (struct sfs_io): a shard of
-     * 2 GiB or more would read as an error, so refuse it here. */
-    if (rk->shard_size > INT_MAX) {
+    /* The shard size's one check: past it, the rank's every use is a
+     * uint32_t that fits the backend's int result. */
+    if (info.shard_size == 0 || info.shard_size > RANK_SHARD_MAX) {
         *err = -EINVAL;
         goto out_free;
     }
+    rk->shard_size = (uint32_t)info.shard_size;
     if (cfg->backend) {
         struct sfs_backend_params bp = {.shard_size = rk->shard_size};
         char errbuf[256] = "";
@@ -191,29 +196,29 @@ static void cancel_task(struct sfs_task *t)
 
 void sfs_rank_close(struct sfs_rank *rk)
 {
-    struct sfs_task *t, *cancelled;
+    struct sfs_wq_node *cancelled, *n;
+    struct sfs_task *t;
 
     if (!rk)
         return;
     pthread_mutex_lock(&rk->mu);
-    /* Atomic stores: idle_prealloc() peeks at both without the lock. */
+    /* Atomic store: idle_prealloc() peeks at it without the lock. No task
+     * is queued after this (submit looks under mu); what is queued now is
+     * cancelled. */
     __atomic_store_n(&rk->stopping, true, __ATOMIC_RELAXED);
-    cancelled = rk->tq_head;
-    __atomic_store_n(&rk->tq_head, NULL, __ATOMIC_RELAXED);
-    rk->tq_tail = NULL;
-    for (t = cancelled; t; t = t->next) {
-        cancel_task(t);
+    cancelled = rk->queues_ready ? sfs_workq_pop_all(&rk->tq, SFS_WQ_NOWAIT) : NULL;
+    for (n = cancelled; n; n = n->next) {
+        cancel_task(sfs_wq_entry(n, struct sfs_task, qn));
         rk->active--;
     }
-    pthread_cond_broadcast(&rk->task_cv);
     while (rk->active > 0)
         pthread_cond_wait(&rk->idle_cv, &rk->mu);
     pthread_mutex_unlock(&rk->mu);
     while (cancelled) {
-        t = cancelled;
-        cancelled = t->next;
-        sfs_lq_task_unref(t); /* dispatcher's */
-        sfs_lq_task_unref(t); /* completion's */
+        t = sfs_wq_entry(cancelled, struct sfs_task, qn);
+        cancelled = cancelled->next;
+        sfs_task_unref(t); /* dispatcher's */
+        sfs_task_unref(t); /* completion's */
     }
     sfs_lq_stop(rk);
     sfs_copier_stop(rk);
@@ -274,16 +279,11 @@ static int submit(struct sfs_rank *rk, const struct sfs_rank_entry *entries, siz
     if (rk->stopping) {
         pthread_mutex_unlock(&rk->mu);
         t->refs = 1;
-        sfs_lq_task_unref(t);
+        sfs_task_unref(t);
         return -ESHUTDOWN;
     }
-    if (rk->tq_tail)
-        rk->tq_tail->next = t;
-    else
-        __atomic_store_n(&rk->tq_head, t, __ATOMIC_RELAXED); /* peeked lock-free */
-    rk->tq_tail = t;
     rk->active++;
-    pthread_cond_signal(&rk->task_cv);
+    sfs_workq_push(&rk->tq, &t->qn); /* under mu: close cancels it, or the dispatcher runs it */
     pthread_mutex_unlock(&rk->mu);
     rank_ctr_add(rk, RC_TASKS, 1);
     rank_ctr_add(rk, RC_ENTRIES, n);
@@ -352,7 +352,7 @@ size_t sfs_rank_task_size(struct sfs_task *t)
 void sfs_rank_task_free(struct sfs_task *t)
 {
     if (t)
-        sfs_lq_task_unref(t);
+        sfs_task_unref(t);
 }
 
 /* ---------------------------------------------------------------------------
@@ -445,55 +445,11 @@ int sfs_rank_touch(struct sfs_rank *rk, const struct sfs_block_id *blocks, size_
 
 int sfs_rank_prefetch(struct sfs_rank *rk, const struct sfs_key *keys, size_t n)
 {
-    int accepted = 0;
-
     if (!rk || (n && !keys))
         return -EINVAL;
     if (rk->query_only || !rk->be)
         return 0;
-    for (size_t i = 0; i < n; i++) {
-        struct rank_item *it;
-        int role;
-
-        /* Advisory: no free load slot means no, not later. */
-        if (!sfs_lq_token_try(rk))
-            break;
-        it = calloc(1, sizeof(*it));
-        if (!it) {
-            sfs_lq_token_put(rk);
-            break;
-        }
-        it->rank = rk;
-        it->kind = ITEM_PREFETCH;
-        it->key = keys[i];
-        pthread_mutex_lock(&rk->mu);
-        if (rk->stopping) {
-            pthread_mutex_unlock(&rk->mu);
-            sfs_lq_token_put(rk);
-            free(it);
-            break;
-        }
-        rk->active++;
-        pthread_mutex_unlock(&rk->mu);
-        role = sfs_cache_get(rk->cache, &it->key, SFS_GET_PREFETCH, 0, &it->lease);
-        if (role != SFS_OWNER) {
-            /* Present, loading, or no slot without evicting: rejected. */
-            if (role >= 0)
-                sfs_cache_release(rk->cache, &it->lease);
-            sfs_lq_token_put(rk);
-            free(it);
-            pthread_mutex_lock(&rk->mu);
-            if (--rk->active == 0)
-                pthread_cond_broadcast(&rk->idle_cv);
-            pthread_mutex_unlock(&rk->mu);
-            continue;
-        }
-        it->leased = true;
-        rank_ctr_add(rk, RC_PREFETCHED, 1);
-        accepted++;
-        sfs_lq_submit_load(it); /* done: publish, release, free */
-    }
-    return accepted;
+    return sfs_lq_prefetch(rk, keys, n);
 }
 
 /* ---------------------------------------------------------------------------
