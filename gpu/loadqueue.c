@@ -714,11 +714,14 @@ int sfs_lq_prefetch(struct sfs_rank *rk, const struct sfs_key *keys, size_t n)
  * Start / stop.
  */
 
-/* Start the workers, a watcher and the dispatcher. */
+/* Start the workers, a watcher and the dispatcher. Reads the test hook
+ * SHARDFS_RANK_BLOCKING_WAITS: the dispatcher blocks on each key another
+ * rank is loading, as the seed's LoadQueue did (bench_rank's baseline). */
 int sfs_lq_start(struct sfs_rank *rk)
 {
     int r;
 
+    rk->blocking_waits = getenv("SHARDFS_RANK_BLOCKING_WAITS") != NULL;
     rk->worker_threads = calloc(rk->nworkers, sizeof(*rk->worker_threads));
     if (!rk->worker_threads)
         return -ENOMEM;

@@ -30,7 +30,7 @@ void sfs_rank_config_init(struct sfs_rank_config *cfg)
     cfg->rotate = true;
     cfg->prealloc = true;
     cfg->copier = SFS_COPIER_AUTO;
-    cfg->waiters = 4;
+    cfg->workers = 4;
     cfg->key_timeout_ms = 30000;
 }
 
@@ -87,8 +87,9 @@ struct sfs_rank *sfs_rank_open(const struct sfs_rank_config *cfg, int *err)
 
     if (!err)
         return NULL;
+    /* reserved0 was blocking_waits in 0.1.0: refused, not ignored. */
     if (!cfg || (!cfg->socket_path == !cfg->mount_point) || cfg->local_rank_size < 0 ||
-        cfg->copier < SFS_COPIER_AUTO || cfg->copier > SFS_COPIER_CUDA) {
+        cfg->copier < SFS_COPIER_AUTO || cfg->copier > SFS_COPIER_CUDA || cfg->reserved0) {
         *err = -EINVAL;
         return NULL;
     }
@@ -130,9 +131,8 @@ struct sfs_rank *sfs_rank_open(const struct sfs_rank_config *cfg, int *err)
     rk->N = cfg->local_rank_size > 0 ? (unsigned)cfg->local_rank_size : 1;
     rk->r = rk->query_only ? 0 : (unsigned)cfg->device_id % rk->N;
     rk->depth = cfg->load_depth ? cfg->load_depth : 32;
-    rk->nworkers = cfg->waiters ? cfg->waiters : 4;
+    rk->nworkers = cfg->workers ? cfg->workers : 4;
     rk->rotate = cfg->rotate;
-    rk->blocking_waits = cfg->blocking_waits;
     rk->prealloc = cfg->prealloc;
     rk->key_timeout_ns = (int64_t)(cfg->key_timeout_ms ? cfg->key_timeout_ms : 30000) * 1000000;
 

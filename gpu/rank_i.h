@@ -125,7 +125,7 @@ struct sfs_rank {
     unsigned depth;
     unsigned nworkers;
     bool rotate;
-    bool blocking_waits;
+    bool blocking_waits; /* test hook SHARDFS_RANK_BLOCKING_WAITS (loadqueue.c) */
     bool prealloc;
     bool query_only;
     int64_t key_timeout_ns;

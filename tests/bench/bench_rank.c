@@ -276,7 +276,12 @@ static int tp_child(struct bjob *j)
     cfg.backend = j->spec;
     cfg.load_depth = O.depth;
     cfg.rotate = j->rotate;
-    cfg.blocking_waits = j->blocking;
+    /* The seed's blocking LoadQueue: a test hook, read at open (each rank
+     * is a process of its own). */
+    if (j->blocking)
+        setenv("SHARDFS_RANK_BLOCKING_WAITS", "1", 1);
+    else
+        unsetenv("SHARDFS_RANK_BLOCKING_WAITS");
     cfg.copier = SFS_COPIER_HOST;
     cfg.prealloc = false;
     struct sfs_rank *rk = sfs_rank_open(&cfg, &err);
