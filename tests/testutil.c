@@ -221,12 +221,18 @@ uint64_t tu_rng_next(uint64_t *state)
     return *state * 0x2545f4914f6cdd1dull;
 }
 
+void tu_block_hex(uint64_t n, char out[SFS_BLOCK_HEX_LEN + 1])
+{
+    struct sfs_block_id id = tu_block(n);
+
+    sfs_block_to_hex(&id, out);
+}
+
 void tu_store_path(const char *dir, uint64_t block, char *out, size_t len)
 {
-    struct sfs_block_id id = tu_block(block);
     char hex[SFS_BLOCK_HEX_LEN + 1];
 
-    sfs_block_to_hex(&id, hex);
+    tu_block_hex(block, hex);
     snprintf(out, len, "%s/data/%s", dir, hex);
 }
 

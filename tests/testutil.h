@@ -75,6 +75,10 @@ unsigned tu_leases_left(struct sfs_cache *c, unsigned *entries);
  * (non-zero). */
 uint64_t tu_rng_next(uint64_t *state);
 
+/* tu_block(n) in hex, as the store's file names and the mount's paths
+ * spell it. */
+void tu_block_hex(uint64_t n, char out[SFS_BLOCK_HEX_LEN + 1]);
+
 /* The file of block number `block` in a posix store at dir (its default
  * layout: dir/data/<32 hex chars of tu_block(block)>). */
 void tu_store_path(const char *dir, uint64_t block, char *out, size_t len);
