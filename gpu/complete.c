@@ -47,7 +47,7 @@ void sfs_rank_active_put(struct sfs_rank *rk)
 }
 
 /* Drop the item's lease (if it still holds one). */
-void sfs_item_release(struct rank_item *it)
+static void item_release(struct rank_item *it)
 {
     struct sfs_rank *rk = it->rank;
 
@@ -72,7 +72,7 @@ void sfs_item_done(struct rank_item *it, int status)
     struct sfs_task *t = it->task;
     bool finished;
 
-    sfs_item_release(it);
+    item_release(it);
     if (it->bounce) {
         free(it->buf);
         it->buf = NULL;

@@ -211,7 +211,6 @@ static inline void rank_push_work(struct sfs_rank *rk, struct rank_item *it)
 }
 
 /* complete.c: the end of an item or a task; calls nothing above it. */
-void sfs_item_release(struct rank_item *it);
 void sfs_item_done(struct rank_item *it, int status);
 void sfs_item_fail(struct rank_item *it, int err);
 void sfs_item_dump_copied(struct rank_item *it);

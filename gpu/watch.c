@@ -202,7 +202,7 @@ static void *watcher_main(void *arg)
          * rings after it, and the wait below returns n at once. */
         uint32_t seen = __atomic_load_n(&w->bell, __ATOMIC_ACQUIRE);
 
-        /* The inbox always fits: push_wait() keeps load <= the maximum. */
+        /* The inbox always fits: sfs_watch_push() keeps load <= the maximum. */
         while (ws.n < SFS_WAIT_ANY_MAX && !sfs_fifo_empty(&w->inbox))
             set_add(&ws, &w->inbox);
         while (ws.n < SFS_WAIT_ANY_MAX && !sfs_fifo_empty(&rk->overflow))
