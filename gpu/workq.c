@@ -70,26 +70,26 @@ static bool wait_nonempty(struct sfs_workq *q, int64_t deadline_ns)
     return !sfs_fifo_empty(&q->fifo);
 }
 
-struct sfs_wq_node *sfs_workq_pop(struct sfs_workq *q, int64_t deadline_ns)
+/* One node, or (all) every node queued, once something is queued. */
+static struct sfs_wq_node *pop(struct sfs_workq *q, int64_t deadline_ns, bool all)
 {
     struct sfs_wq_node *n = NULL;
 
     pthread_mutex_lock(&q->mu);
     if (wait_nonempty(q, deadline_ns))
-        n = sfs_fifo_pop(&q->fifo);
+        n = all ? sfs_fifo_take_all(&q->fifo) : sfs_fifo_pop(&q->fifo);
     pthread_mutex_unlock(&q->mu);
     return n;
 }
 
+struct sfs_wq_node *sfs_workq_pop(struct sfs_workq *q, int64_t deadline_ns)
+{
+    return pop(q, deadline_ns, false);
+}
+
 struct sfs_wq_node *sfs_workq_pop_all(struct sfs_workq *q, int64_t deadline_ns)
 {
-    struct sfs_wq_node *n = NULL;
-
-    pthread_mutex_lock(&q->mu);
-    if (wait_nonempty(q, deadline_ns))
-        n = sfs_fifo_take_all(&q->fifo);
-    pthread_mutex_unlock(&q->mu);
-    return n;
+    return pop(q, deadline_ns, true);
 }
 
 void sfs_workq_stop(struct sfs_workq *q)
