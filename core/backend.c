@@ -217,7 +217,7 @@ static struct sfs_backend *open_spec(const char *spec, const struct sfs_backend_
             return NULL;
         be = sfs_fault_wrap(inner, &fo, err);
         if (!be)
-            sfs_backend_close(inner);
+            sfs_be_close(inner);
         return be;
     }
     if (strncmp(spec, "posix:", 6) == 0)
@@ -290,7 +290,7 @@ int sfs_backend_load(struct sfs_backend *be, struct sfs_io **ios, size_t n)
         return 0;
     if (n > INT_MAX)
         return -E2BIG;
-    return be->ops->load(be, ios, n);
+    return sfs_be_load(be, ios, n);
 }
 
 int sfs_backend_dump(struct sfs_backend *be, struct sfs_io **ios, size_t n)
@@ -301,9 +301,7 @@ int sfs_backend_dump(struct sfs_backend *be, struct sfs_io **ios, size_t n)
         return 0;
     if (n > INT_MAX)
         return -E2BIG;
-    if (!be->ops->dump)
-        return -EOPNOTSUPP;
-    return be->ops->dump(be, ios, n);
+    return sfs_be_dump(be, ios, n);
 }
 
 int sfs_backend_exists(struct sfs_backend *be, const struct sfs_key *keys, size_t n, bool *present)
@@ -312,36 +310,30 @@ int sfs_backend_exists(struct sfs_backend *be, const struct sfs_key *keys, size_
         return -EINVAL;
     if (n == 0)
         return 0;
-    if (!be->ops->exists)
-        return -EOPNOTSUPP;
-    return be->ops->exists(be, keys, n, present);
+    return sfs_be_exists(be, keys, n, present);
 }
 
 int sfs_backend_shard_count(struct sfs_backend *be, const struct sfs_block_id *block)
 {
     if (!be || !block)
         return -EINVAL;
-    if (!be->ops->shard_count)
-        return -EOPNOTSUPP;
-    return be->ops->shard_count(be, block);
+    return sfs_be_shard_count(be, block);
 }
 
 int sfs_backend_touch(struct sfs_backend *be, const struct sfs_block_id *blocks, size_t n)
 {
     if (!be || (n && !blocks))
         return -EINVAL;
-    if (n == 0 || !be->ops->touch)
-        return 0; /* a hint: a backend without readahead has nothing to do */
-    return be->ops->touch(be, blocks, n);
+    if (n == 0)
+        return 0;
+    return sfs_be_touch(be, blocks, n); /* a hint: without readahead, nothing to do */
 }
 
 int sfs_backend_remove(struct sfs_backend *be, const struct sfs_key *key)
 {
     if (!be || !key)
         return -EINVAL;
-    if (!be->ops->remove)
-        return -EOPNOTSUPP;
-    return be->ops->remove(be, key);
+    return sfs_be_remove(be, key);
 }
 
 int sfs_backend_list(struct sfs_backend *be, int (*fn)(const struct sfs_block_id *block, void *arg),
@@ -349,15 +341,13 @@ int sfs_backend_list(struct sfs_backend *be, int (*fn)(const struct sfs_block_id
 {
     if (!be || !fn)
         return -EINVAL;
-    if (!be->ops->list)
-        return -EOPNOTSUPP;
-    return be->ops->list(be, fn, arg);
+    return sfs_be_list(be, fn, arg);
 }
 
 void sfs_backend_close(struct sfs_backend *be)
 {
     if (be)
-        be->ops->close(be);
+        sfs_be_close(be);
 }
 
 /* One synchronous request: done() may run inline or on a backend thread. */

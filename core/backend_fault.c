@@ -384,7 +384,7 @@ static int submit(struct sfs_backend *be, struct sfs_io **ios, size_t n, bool lo
     free(reqs);
     if (nfwd) {
         ret =
-            load ? sfs_backend_load(fb->inner, fwd, nfwd) : sfs_backend_dump(fb->inner, fwd, nfwd);
+            load ? sfs_be_load(fb->inner, fwd, nfwd) : sfs_be_dump(fb->inner, fwd, nfwd);
         if (ret < 0) {
             /* None was submitted, so none will complete: we do it. */
             for (size_t i = 0; i < nfwd; i++) {
@@ -411,28 +411,28 @@ static int fault_dump(struct sfs_backend *be, struct sfs_io **ios, size_t n)
 
 static int fault_exists(struct sfs_backend *be, const struct sfs_key *keys, size_t n, bool *present)
 {
-    return sfs_backend_exists(((struct fault_backend *)be)->inner, keys, n, present);
+    return sfs_be_exists(((struct fault_backend *)be)->inner, keys, n, present);
 }
 
 static int fault_shard_count(struct sfs_backend *be, const struct sfs_block_id *block)
 {
-    return sfs_backend_shard_count(((struct fault_backend *)be)->inner, block);
+    return sfs_be_shard_count(((struct fault_backend *)be)->inner, block);
 }
 
 static int fault_touch(struct sfs_backend *be, const struct sfs_block_id *blocks, size_t n)
 {
-    return sfs_backend_touch(((struct fault_backend *)be)->inner, blocks, n);
+    return sfs_be_touch(((struct fault_backend *)be)->inner, blocks, n);
 }
 
 static int fault_remove(struct sfs_backend *be, const struct sfs_key *key)
 {
-    return sfs_backend_remove(((struct fault_backend *)be)->inner, key);
+    return sfs_be_remove(((struct fault_backend *)be)->inner, key);
 }
 
 static int fault_list(struct sfs_backend *be, int (*fn)(const struct sfs_block_id *, void *),
                       void *arg)
 {
-    return sfs_backend_list(((struct fault_backend *)be)->inner, fn, arg);
+    return sfs_be_list(((struct fault_backend *)be)->inner, fn, arg);
 }
 
 static void fault_close(struct sfs_backend *be)
@@ -446,7 +446,7 @@ static void fault_close(struct sfs_backend *be)
     pthread_cond_signal(&fb->timer_cond);
     pthread_mutex_unlock(&fb->lock);
     pthread_join(fb->timer, NULL);
-    sfs_backend_close(fb->inner);
+    sfs_be_close(fb->inner);
     free(fb->heap);
     pthread_cond_destroy(&fb->idle_cond);
     pthread_cond_destroy(&fb->timer_cond);

@@ -57,6 +57,56 @@ int sfs_fault_parse(const char *s, size_t len, struct sfs_fault_opts *o, char *e
 struct sfs_backend *sfs_fault_wrap(struct sfs_backend *inner, const struct sfs_fault_opts *o,
                                    int *err);
 
+/*
+ * The vtable calls, one place: the public entry points (backend.c) check
+ * their arguments and call these; a wrapper (backend_fault.c) calls these on
+ * its inner backend directly, so calls between the files flow one way
+ * (backend.c -> backend_fault.c, never back). An optional op that is absent
+ * reads as -EOPNOTSUPP, except touch (a hint: nothing to do is success).
+ * Arguments are the caller's to check (n > 0, pointers set).
+ */
+static inline int sfs_be_load(struct sfs_backend *be, struct sfs_io **ios, size_t n)
+{
+    return be->ops->load(be, ios, n);
+}
+
+static inline int sfs_be_dump(struct sfs_backend *be, struct sfs_io **ios, size_t n)
+{
+    return be->ops->dump ? be->ops->dump(be, ios, n) : -EOPNOTSUPP;
+}
+
+static inline int sfs_be_exists(struct sfs_backend *be, const struct sfs_key *keys, size_t n,
+                                bool *present)
+{
+    return be->ops->exists ? be->ops->exists(be, keys, n, present) : -EOPNOTSUPP;
+}
+
+static inline int sfs_be_shard_count(struct sfs_backend *be, const struct sfs_block_id *block)
+{
+    return be->ops->shard_count ? be->ops->shard_count(be, block) : -EOPNOTSUPP;
+}
+
+static inline int sfs_be_touch(struct sfs_backend *be, const struct sfs_block_id *blocks, size_t n)
+{
+    return be->ops->touch ? be->ops->touch(be, blocks, n) : 0;
+}
+
+static inline int sfs_be_remove(struct sfs_backend *be, const struct sfs_key *key)
+{
+    return be->ops->remove ? be->ops->remove(be, key) : -EOPNOTSUPP;
+}
+
+static inline int sfs_be_list(struct sfs_backend *be,
+                              int (*fn)(const struct sfs_block_id *block, void *arg), void *arg)
+{
+    return be->ops->list ? be->ops->list(be, fn, arg) : -EOPNOTSUPP;
+}
+
+static inline void sfs_be_close(struct sfs_backend *be)
+{
+    be->ops->close(be);
+}
+
 /* One-line error text into errbuf, when the caller gave one. */
 static inline void __attribute__((format(printf, 3, 4)))
 sfs_errf(char *errbuf, size_t errlen, const char *fmt, ...)

@@ -11,6 +11,10 @@
  * released only after the batch call returned, i.e. after the copy is
  * complete; then each entry's status is recorded.
  *
+ * Items arrive on rk->ready (rank_push_copy(), any thread); each finished
+ * item goes down to complete.c (done, or a dump handed to a worker): this
+ * file calls nothing in the dispatcher's room.
+ *
  * This file is also the one place that knows whether the library was built
  * with CUDA (STYLE rule 7): sfs_copier_open() picks the implementation.
  */
@@ -84,21 +88,6 @@ int sfs_copier_open(int mode, int device_id, struct sfs_cache *c, struct sfs_cop
  * The copier thread.
  */
 
-/* Hand the copier a chain of items, head..tail linked by ->next: one lock
- * and at most one wake for all of them. */
-void sfs_copier_push_chain(struct sfs_rank *rk, struct rank_item *head, struct rank_item *tail)
-{
-    pthread_mutex_lock(&rk->ready_mu);
-    item_queue_append(&rk->ready, head, tail);
-    pthread_cond_signal(&rk->ready_cv);
-    pthread_mutex_unlock(&rk->ready_mu);
-}
-
-void sfs_copier_push(struct sfs_rank *rk, struct rank_item *it)
-{
-    sfs_copier_push_chain(rk, it, it);
-}
-
 struct batch {
     struct rank_item *items[COPY_BATCH_MAX];
     struct sfs_copy copies[COPY_BATCH_MAX];
@@ -155,16 +144,12 @@ static void items_done(struct sfs_rank *rk, struct rank_item **items, const stru
         struct rank_item *it = items[i];
         int r = copies[i].result;
 
-        if (!dump) {
-            /* The copy is complete: only now may the slot go. */
-            sfs_lq_item_done(it, r);
-        } else if (r < 0) {
-            if (it->leased && !it->bounce)
-                sfs_cache_fail(rk->cache, &it->lease, r);
-            sfs_lq_item_done(it, r);
-        } else {
-            sfs_lq_dump_copied(it);
-        }
+        if (!dump)
+            sfs_item_done(it, r); /* the copy is complete: only now may the slot go */
+        else if (r < 0)
+            sfs_item_fail(it, r);
+        else
+            sfs_item_dump_copied(it);
     }
 }
 
@@ -184,7 +169,7 @@ static void batch_done(struct sfs_rank *rk, struct batch *b)
  */
 
 struct done_batch {
-    struct done_batch *next;
+    struct sfs_wq_node qn; /* in the releaser's queue */
     size_t n;
     bool dump;
     struct rank_item **items;
@@ -193,36 +178,21 @@ struct done_batch {
 
 struct sfs_releaser {
     pthread_t thread;
-    pthread_mutex_t mu;
-    pthread_cond_t cv;
-    struct done_batch *head, *tail; /* under mu */
-    bool stop;                      /* under mu */
+    struct sfs_workq q; /* finished batches (struct done_batch) */
 };
 
 static void *releaser_main(void *arg)
 {
     struct sfs_rank *rk = arg;
     struct sfs_releaser *rl = rk->releaser;
+    struct sfs_wq_node *n;
 
-    pthread_mutex_lock(&rl->mu);
-    for (;;) {
-        struct done_batch *d = rl->head;
+    while ((n = sfs_workq_pop(&rl->q, SFS_WQ_FOREVER))) {
+        struct done_batch *d = sfs_wq_entry(n, struct done_batch, qn);
 
-        if (!d) {
-            if (rl->stop)
-                break;
-            pthread_cond_wait(&rl->cv, &rl->mu);
-            continue;
-        }
-        rl->head = d->next;
-        if (!rl->head)
-            rl->tail = NULL;
-        pthread_mutex_unlock(&rl->mu);
         items_done(rk, d->items, d->copies, d->n, d->dump);
         free(d);
-        pthread_mutex_lock(&rl->mu);
     }
-    pthread_mutex_unlock(&rl->mu);
     return NULL;
 }
 
@@ -239,7 +209,6 @@ static void batch_release(struct sfs_rank *rk, struct batch *b)
         batch_done(rk, b);
         return;
     }
-    d->next = NULL;
     d->n = b->n;
     d->dump = b->dump;
     d->copies = (struct sfs_copy *)(d + 1);
@@ -247,14 +216,7 @@ static void batch_release(struct sfs_rank *rk, struct batch *b)
     memcpy(d->copies, b->copies, b->n * sizeof(*d->copies));
     memcpy(d->items, b->items, b->n * sizeof(*d->items));
     b->n = 0;
-    pthread_mutex_lock(&rl->mu);
-    if (rl->tail)
-        rl->tail->next = d;
-    else
-        rl->head = d;
-    rl->tail = d;
-    pthread_cond_signal(&rl->cv);
-    pthread_mutex_unlock(&rl->mu);
+    sfs_workq_push(&rl->q, &d->qn);
 }
 
 static int releaser_start(struct sfs_rank *rk)
@@ -264,14 +226,16 @@ static int releaser_start(struct sfs_rank *rk)
 
     if (!rl)
         return -ENOMEM;
-    pthread_mutex_init(&rl->mu, NULL);
-    pthread_cond_init(&rl->cv, NULL);
+    r = sfs_workq_init(&rl->q);
+    if (r < 0) {
+        free(rl);
+        return r;
+    }
     rk->releaser = rl;
     r = pthread_create(&rl->thread, NULL, releaser_main, rk);
     if (r) {
         rk->releaser = NULL;
-        pthread_mutex_destroy(&rl->mu);
-        pthread_cond_destroy(&rl->cv);
+        sfs_workq_destroy(&rl->q);
         free(rl);
         return -r;
     }
@@ -285,13 +249,9 @@ static void releaser_stop(struct sfs_rank *rk)
 
     if (!rl)
         return;
-    pthread_mutex_lock(&rl->mu);
-    rl->stop = true;
-    pthread_cond_signal(&rl->cv);
-    pthread_mutex_unlock(&rl->mu);
+    sfs_workq_stop(&rl->q); /* it drains what is queued, then ends */
     pthread_join(rl->thread, NULL);
-    pthread_mutex_destroy(&rl->mu);
-    pthread_cond_destroy(&rl->cv);
+    sfs_workq_destroy(&rl->q);
     free(rl);
     rk->releaser = NULL;
 }
@@ -356,11 +316,12 @@ static void batch_add(struct sfs_rank *rk, struct copier_state *st, struct rank_
 }
 
 /* No memory for the batches: fail what arrives (never leave a waiter). */
-static void item_fail(struct sfs_rank *rk, struct rank_item *it)
+static void item_fail(struct rank_item *it)
 {
-    if (it->step == STEP_COPY_IN && it->leased && !it->bounce)
-        sfs_cache_fail(rk->cache, &it->lease, -ENOMEM);
-    sfs_lq_item_done(it, -ENOMEM);
+    if (it->step == STEP_COPY_IN)
+        sfs_item_fail(it, -ENOMEM); /* the dump's slot, if it owns one */
+    else
+        sfs_item_done(it, -ENOMEM); /* a reader's lease: the slot is Ready */
 }
 
 static void *copier_main(void *arg)
@@ -374,33 +335,27 @@ static void *copier_main(void *arg)
         st->inflight = -1;
     }
     for (;;) {
-        struct rank_item *it;
+        /* Everything queued at once. With a batch in flight, look without
+         * sleeping: nothing more to prepare means complete that batch
+         * first, then sleep. */
+        bool busy = st && st->inflight >= 0;
+        struct rank_item *it = item_of(
+            sfs_workq_pop_all(&rk->ready, busy ? SFS_WQ_NOWAIT : SFS_WQ_FOREVER));
 
-        pthread_mutex_lock(&rk->ready_mu);
-        while (!rk->ready.head && !rk->copier_stop) {
-            if (st && st->inflight >= 0) {
-                /* Nothing more to prepare: complete the batch in flight
-                 * before sleeping. */
-                pthread_mutex_unlock(&rk->ready_mu);
-                drain(rk, st, true);
-                pthread_mutex_lock(&rk->ready_mu);
-                continue;
-            }
-            pthread_cond_wait(&rk->ready_cv, &rk->ready_mu);
+        if (!it && busy) {
+            drain(rk, st, true);
+            continue;
         }
-        it = rk->ready.head;
-        rk->ready.head = rk->ready.tail = NULL;
-        pthread_mutex_unlock(&rk->ready_mu);
         if (!it)
-            break; /* stopping, nothing left (and nothing in flight) */
+            break; /* stopped, nothing left (and nothing in flight) */
 
         while (it) {
-            struct rank_item *next = it->next;
+            struct rank_item *next = item_of(it->qn.next);
 
             if (st)
                 batch_add(rk, st, it);
             else
-                item_fail(rk, it);
+                item_fail(it);
             it = next;
         }
         if (st)
@@ -434,10 +389,7 @@ void sfs_copier_stop(struct sfs_rank *rk)
 {
     if (!rk->copier_started)
         return;
-    pthread_mutex_lock(&rk->ready_mu);
-    rk->copier_stop = true;
-    pthread_cond_broadcast(&rk->ready_cv);
-    pthread_mutex_unlock(&rk->ready_mu);
+    sfs_workq_stop(&rk->ready);
     pthread_join(rk->copier_thread, NULL);
     rk->copier_started = false;
     releaser_stop(rk);

@@ -1,7 +1,9 @@
 /* SPDX-License-Identifier: MIT */
 /*
- * loadqueue.c - the LoadQueue of a rank: the dispatcher, the watchers, the
- * workers and the backend completions.
+ * loadqueue.c - the LoadQueue of a rank: the dispatcher, the workers, the
+ * backend completions and prefetch; the watchers are watch.c's, the end of
+ * an item is complete.c's (both below this file: it calls them, never the
+ * other way).
  *
  * Key idea: the dispatcher never blocks on one key. It walks a task in
  * RearrangeIndex order and Gets each key:
@@ -45,14 +47,13 @@
 #include <errno.h>
 #include <stdlib.h>
 #include <string.h>
-#include <syslog.h>
 #include <time.h>
 
 /* ---------------------------------------------------------------------------
  * Depth tokens: backend requests in flight.
  */
 
-bool sfs_lq_token_try(struct sfs_rank *rk)
+static bool token_try(struct sfs_rank *rk)
 {
     unsigned cur = atomic_load_explicit(&rk->inflight, memory_order_relaxed);
     unsigned max;
@@ -75,7 +76,7 @@ bool sfs_lq_token_try(struct sfs_rank *rk)
  * which never wait for anything of ours: this always ends. */
 static void token_get(struct sfs_rank *rk)
 {
-    if (sfs_lq_token_try(rk))
+    if (token_try(rk))
         return;
     pthread_mutex_lock(&rk->depth_mu);
     /* Counted before the try, both seq_cst, and the putter's decrement
@@ -83,13 +84,13 @@ static void token_get(struct sfs_rank *rk)
      * come back or the putter sees us waiting and signals under the mutex,
      * which we hold until pthread_cond_wait releases it. */
     atomic_fetch_add_explicit(&rk->token_waiters, 1, memory_order_seq_cst);
-    while (!sfs_lq_token_try(rk))
+    while (!token_try(rk))
         pthread_cond_wait(&rk->depth_cv, &rk->depth_mu);
     atomic_fetch_sub_explicit(&rk->token_waiters, 1, memory_order_relaxed);
     pthread_mutex_unlock(&rk->depth_mu);
 }
 
-void sfs_lq_token_put(struct sfs_rank *rk)
+static void token_put(struct sfs_rank *rk)
 {
     atomic_fetch_sub_explicit(&rk->inflight, 1, memory_order_seq_cst);
     if (atomic_load_explicit(&rk->token_waiters, memory_order_seq_cst)) {
@@ -100,49 +101,8 @@ void sfs_lq_token_put(struct sfs_rank *rk)
 }
 
 /* ---------------------------------------------------------------------------
- * Tasks and entries.
+ * Leases: the dispatcher short of them.
  */
-
-void sfs_lq_task_unref(struct sfs_task *t)
-{
-    bool last;
-
-    pthread_mutex_lock(&t->mu);
-    last = --t->refs == 0;
-    pthread_mutex_unlock(&t->mu);
-    if (!last)
-        return;
-    pthread_mutex_destroy(&t->mu);
-    pthread_cond_destroy(&t->cv);
-    free(t->items);
-    free(t->entries);
-    free(t->status);
-    free(t);
-}
-
-static void rank_idle_one(struct sfs_rank *rk)
-{
-    pthread_mutex_lock(&rk->mu);
-    if (--rk->active == 0)
-        pthread_cond_broadcast(&rk->idle_cv);
-    pthread_mutex_unlock(&rk->mu);
-}
-
-/* Drop the item's lease (if it still holds one). */
-static void item_release(struct rank_item *it)
-{
-    struct sfs_rank *rk = it->rank;
-
-    if (!it->leased)
-        return;
-    sfs_cache_release(rk->cache, &it->lease);
-    it->leased = false;
-    if (atomic_load_explicit(&rk->lease_waiters, memory_order_relaxed)) {
-        pthread_mutex_lock(&rk->lease_mu);
-        pthread_cond_broadcast(&rk->lease_cv);
-        pthread_mutex_unlock(&rk->lease_mu);
-    }
-}
 
 /* This process holds every lease the cache allows it (-ENOBUFS: a task far
  * bigger than max_leases, the copier behind the dispatcher). Wait until an
@@ -170,39 +130,6 @@ static void lease_wait(struct sfs_rank *rk, int64_t deadline)
     pthread_mutex_unlock(&rk->lease_mu);
 }
 
-/* The item is finished with `status`: its lease is gone, its bounce buffer
- * freed. Record the status; the last entry completes the task. */
-void sfs_lq_item_done(struct rank_item *it, int status)
-{
-    struct sfs_rank *rk = it->rank;
-    struct sfs_task *t = it->task;
-    bool finished;
-
-    item_release(it);
-    if (it->bounce) {
-        free(it->buf);
-        it->buf = NULL;
-        it->bounce = false;
-    }
-    if (status < 0)
-        rank_ctr_add(rk, RC_FAILED, 1);
-    if (!t) { /* a prefetch */
-        free(it);
-        rank_idle_one(rk);
-        return;
-    }
-    pthread_mutex_lock(&t->mu);
-    t->status[it->idx] = status;
-    finished = --t->pending == 0;
-    if (finished)
-        pthread_cond_broadcast(&t->cv);
-    pthread_mutex_unlock(&t->mu);
-    if (finished) {
-        rank_idle_one(rk);
-        sfs_lq_task_unref(t); /* the completion reference */
-    }
-}
-
 /* ---------------------------------------------------------------------------
  * Backend completions (backend threads, or inline in submit).
  *
@@ -218,7 +145,7 @@ static void load_done(struct sfs_io *io)
     struct sfs_rank *rk = it->rank;
     int res = io->result;
 
-    sfs_lq_token_put(rk);
+    token_put(rk);
     if (res == (int)io->len) {
         /* -EPERM: we are no longer its owner (reaped as dead): let go. */
         res = sfs_cache_publish(rk->cache, &it->lease, io->len, 0);
@@ -229,10 +156,10 @@ static void load_done(struct sfs_io *io)
     }
     if (res == 0 && it->kind != ITEM_PREFETCH) {
         it->step = STEP_COPY_OUT;
-        sfs_copier_push(rk, it);
+        rank_push_copy(rk, it);
         return;
     }
-    sfs_lq_item_done(it, res); /* a prefetch keeps no lease */
+    sfs_item_done(it, res); /* a prefetch keeps no lease */
 }
 
 /* The backend request of `it`: its key, one shard to or from it->buf. */
@@ -243,7 +170,7 @@ static void io_prep(struct rank_item *it, void (*done)(struct sfs_io *))
     memset(iop, 0, sizeof(*iop));
     iop->key = it->key;
     iop->buf = it->buf;
-    iop->len = (uint32_t)it->rank->shard_size;
+    iop->len = it->rank->shard_size;
     iop->done = done;
     iop->arg = it;
 }
@@ -255,9 +182,9 @@ static bool prep_load(struct rank_item *it)
     struct sfs_rank *rk = it->rank;
 
     if (!rk->be) {
-        sfs_lq_token_put(rk);
+        token_put(rk);
         sfs_cache_fail(rk->cache, &it->lease, -ENOENT);
-        sfs_lq_item_done(it, -ENOENT);
+        sfs_item_done(it, -ENOENT);
         return false;
     }
     it->buf = sfs_cache_data(rk->cache, &it->lease);
@@ -284,14 +211,14 @@ static void submit_loads(struct sfs_rank *rk, struct sfs_io **ios, size_t n)
     for (size_t i = r < 0 ? 0 : (size_t)r; i < n; i++) {
         struct rank_item *it = ios[i]->arg;
 
-        sfs_lq_token_put(rk);
+        token_put(rk);
         sfs_cache_fail(rk->cache, &it->lease, err);
-        sfs_lq_item_done(it, err);
+        sfs_item_done(it, err);
     }
 }
 
 /* Owner of it->lease, holding a depth token: start loading it. */
-int sfs_lq_submit_load(struct rank_item *it)
+static int submit_load(struct rank_item *it)
 {
     struct sfs_io *iop = &it->io;
 
@@ -310,7 +237,7 @@ static void takeover_load(struct rank_item *it)
 
     rank_ctr_add(rk, RC_TAKEOVERS, 1);
     token_get(rk);
-    sfs_lq_submit_load(it);
+    submit_load(it);
 }
 
 static void dump_done(struct sfs_io *io)
@@ -319,7 +246,7 @@ static void dump_done(struct sfs_io *io)
     struct sfs_rank *rk = it->rank;
     int res = io->result;
 
-    sfs_lq_token_put(rk);
+    token_put(rk);
     if (res >= 0 && res != (int)io->len)
         res = -EIO;
     if (!it->bounce) {
@@ -328,7 +255,7 @@ static void dump_done(struct sfs_io *io)
         else
             sfs_cache_fail(rk->cache, &it->lease, res);
     }
-    sfs_lq_item_done(it, res < 0 ? res : 0);
+    sfs_item_done(it, res < 0 ? res : 0);
 }
 
 /* A bounced dump (the key was leased elsewhere at dispatch): take the key's
@@ -345,28 +272,28 @@ static bool bounce_take_slot(struct rank_item *it)
 
     if (role == -EBUSY) {
         if (sfs_now_ns() >= it->deadline_ns) {
-            sfs_lq_item_done(it, -ETIMEDOUT);
+            sfs_item_done(it, -ETIMEDOUT);
         } else {
             struct timespec ts = {0, 1000 * 1000}; /* a reader's lease is short */
 
             nanosleep(&ts, NULL);
-            sfs_lq_push_work(rk, it);
+            rank_push_work(rk, it);
         }
         return false;
     }
     if (role < 0) {
-        sfs_lq_item_done(it, role);
+        sfs_item_done(it, role);
         return false;
     }
     it->leased = true;
     if (role != SFS_OWNER) { /* not expected with SFS_GET_WRITE */
-        sfs_lq_item_done(it, -EBUSY);
+        sfs_item_done(it, -EBUSY);
         return false;
     }
     data = sfs_cache_data(rk->cache, &it->lease);
     if (!data) {
         sfs_cache_fail(rk->cache, &it->lease, -EIO);
-        sfs_lq_item_done(it, -EIO);
+        sfs_item_done(it, -EIO);
         return false;
     }
     memcpy(data, it->buf, rk->shard_size);
@@ -390,45 +317,24 @@ static void submit_dump(struct rank_item *it)
     rank_ctr_add(rk, RC_DUMPS, 1);
     r = sfs_backend_dump(rk->be, &iop, 1);
     if (r < 0) {
-        sfs_lq_token_put(rk);
+        token_put(rk);
         if (!it->bounce)
             sfs_cache_fail(rk->cache, &it->lease, r);
-        sfs_lq_item_done(it, r);
+        sfs_item_done(it, r);
     }
 }
 
 /* ---------------------------------------------------------------------------
- * Workers: dump submits and takeover loads, both of which may block.
+ * Workers: dump submits and takeover loads, both of which may block. They
+ * take items off rk->work until it is stopped and drained.
  */
-
-void sfs_lq_push_work(struct sfs_rank *rk, struct rank_item *it)
-{
-    pthread_mutex_lock(&rk->work_mu);
-    item_queue_append(&rk->workq, it, it);
-    pthread_cond_signal(&rk->work_cv);
-    pthread_mutex_unlock(&rk->work_mu);
-}
 
 static void *worker_main(void *arg)
 {
     struct sfs_rank *rk = arg;
+    struct rank_item *it;
 
-    for (;;) {
-        struct rank_item *it;
-
-        pthread_mutex_lock(&rk->work_mu);
-        while (!rk->workq.head && !rk->workers_stop)
-            pthread_cond_wait(&rk->work_cv, &rk->work_mu);
-        it = rk->workq.head;
-        if (!it) {
-            pthread_mutex_unlock(&rk->work_mu);
-            break;
-        }
-        rk->workq.head = it->next;
-        if (!rk->workq.head)
-            rk->workq.tail = NULL;
-        pthread_mutex_unlock(&rk->work_mu);
-
+    while ((it = item_of(sfs_workq_pop(&rk->work, SFS_WQ_FOREVER)))) {
         if (it->step == STEP_DUMP_SUBMIT)
             submit_dump(it);
         else
@@ -438,293 +344,17 @@ static void *worker_main(void *arg)
 }
 
 /* ---------------------------------------------------------------------------
- * Watchers: keys other ranks are loading.
- *
- * A watcher owns a set of up to SFS_WAIT_ANY_MAX waiting items and sleeps in
- * one sfs_cache_wait_any_bell() on all of them (futex_waitv on their version
- * words): whichever settles first is handed on at once (Ready -> copier,
- * Failed -> the owner's error, owner -> a worker loads it), so no key waits
- * behind another.
- *
- * Joining: each watcher has its own inbox and a doorbell, a private futex
- * word that the same futex_waitv sleeps on. push_wait() gives a new item to
- * the first watcher with room (its `load`: set + inbox, below
- * SFS_WAIT_ANY_MAX), then rings its bell (or signals it if it is idle, with
- * an empty set); the watcher reads its bell before it looks at its inbox, so
- * a ring after that look always wakes it, and it takes the inbox whenever
- * the wait returns n. Otherwise it sleeps until the first deadline of its
- * set, at ~0 CPU. When every watcher is full, a push starts another one (at
- * most WATCHERS_MAX); past that, items go to a shared overflow queue that
- * any watcher drains into its set when it has room.
- *
- * Without futex_waitv (the wait returns -ENOSYS) a watcher watches its keys
- * in WATCH_SLICE_NS slices and looks at its bell between slices.
+ * Blocking waits (the blocking_waits baseline) and a lost daemon.
  */
 
-#define WATCH_SLICE_NS (2 * 1000 * 1000ll)   /* futex_waitv-less kernels only */
-#define LINK_CHECK_NS  (100 * 1000 * 1000ll) /* a blocking wait looks for a lost daemon */
-#define WATCHERS_MAX   64 /* x SFS_WAIT_ANY_MAX keys = 8192 keys asleep at once */
+#define LINK_CHECK_NS (100 * 1000 * 1000ll) /* a blocking wait looks for a lost daemon */
 
-struct sfs_watcher {
-    struct sfs_rank *rk;
-    pthread_t thread;
-    pthread_cond_t cv;       /* idle (empty set): inbox non-empty, or stopping */
-    struct item_queue inbox; /* under wait_mu: given to this watcher, not in its set yet */
-    unsigned load;           /* under wait_mu: set (as of its last look) + inbox */
-    bool idle;               /* under wait_mu: in pthread_cond_wait on cv */
-    uint32_t bell;           /* sfs_bell_ring() after a push to a non-idle watcher */
-};
-
-struct watch_set {
-    size_t n;
-    struct rank_item *items[SFS_WAIT_ANY_MAX];
-    struct sfs_lease leases[SFS_WAIT_ANY_MAX];
-};
-
-static void set_remove(struct watch_set *ws, size_t i)
-{
-    ws->n--;
-    ws->items[i] = ws->items[ws->n];
-    ws->leases[i] = ws->leases[ws->n];
-}
-
-static void set_add(struct watch_set *ws, struct item_queue *q)
-{
-    struct rank_item *it = q->head;
-
-    q->head = it->next;
-    if (!q->head)
-        q->tail = NULL;
-    ws->items[ws->n] = it;
-    ws->leases[ws->n] = it->lease;
-    ws->n++;
-}
-
-static void queue_push(struct item_queue *q, struct rank_item *it)
-{
-    item_queue_append(q, it, it);
-}
-
-/* A wait on `it` ended with `r` as sfs_cache_wait() returns it. `may_block`:
- * the caller may wait for a depth token (the blocking dispatcher). */
-static void wait_settled(struct sfs_rank *rk, struct rank_item *it, int r, bool may_block)
-{
-    switch (r) {
-    case SFS_STATE_READY:
-        it->step = STEP_COPY_OUT;
-        sfs_copier_push(rk, it);
-        return;
-    case SFS_STATE_FAILED:
-        r = sfs_cache_error(rk->cache, &it->lease);
-        sfs_lq_item_done(it, r < 0 ? r : -EIO);
-        return;
-    case SFS_WAIT_OWNER:
-        if (may_block) {
-            takeover_load(it);
-        } else {
-            it->step = STEP_TAKEOVER;
-            sfs_lq_push_work(rk, it);
-        }
-        return;
-    default:
-        sfs_lq_item_done(it, r < 0 ? r : -EIO);
-        return;
-    }
-}
-
-static void *watcher_main(void *arg);
-
-/* wait_mu held: start one more watcher. NULL when the thread cannot start. */
-static struct sfs_watcher *start_watcher(struct sfs_rank *rk)
-{
-    struct sfs_watcher *w = &rk->watchers[rk->nwatchers];
-    int r;
-
-    memset(w, 0, sizeof(*w));
-    w->rk = rk;
-    r = pthread_cond_init(&w->cv, NULL);
-    if (r == 0) {
-        r = pthread_create(&w->thread, NULL, watcher_main, w);
-        if (r)
-            pthread_cond_destroy(&w->cv);
-    }
-    if (r) {
-        sfs_log(LOG_WARNING, "rank: cannot start a watcher thread: %s", strerror(r));
-        return NULL;
-    }
-    rk->nwatchers++;
-    return w;
-}
-
-static void push_wait(struct sfs_rank *rk, struct rank_item *it)
-{
-    struct sfs_watcher *w = NULL;
-    bool ring = false;
-
-    pthread_mutex_lock(&rk->wait_mu);
-    for (unsigned i = 0; i < rk->nwatchers && !w; i++)
-        if (rk->watchers[i].load < SFS_WAIT_ANY_MAX)
-            w = &rk->watchers[i];
-    if (!w && rk->nwatchers < WATCHERS_MAX)
-        w = start_watcher(rk);
-    if (!w) {
-        /* Every set is full: the first watcher with room takes it. */
-        queue_push(&rk->overflow, it);
-        pthread_mutex_unlock(&rk->wait_mu);
-        return;
-    }
-    /* A non-empty inbox already has a ring (or a signal) on its way. */
-    ring = !w->inbox.head;
-    queue_push(&w->inbox, it);
-    w->load++;
-    if (w->idle) {
-        pthread_cond_signal(&w->cv);
-        ring = false;
-    }
-    pthread_mutex_unlock(&rk->wait_mu);
-    if (ring)
-        sfs_bell_ring(&w->bell); /* watchers live until sfs_lq_stop() */
-}
-
-/*
- * sfs_cache_wait_any_bell() for kernels without futex_waitv (before 5.16):
- * look at every key without sleeping, then at the bell, then sleep on one
- * key, in turn, for a slice. A key other than the one slept on, and a ring,
- * are seen within a slice.
- */
-static int wait_any_compat(struct sfs_cache *c, const struct watch_set *ws, int64_t deadline,
-                           int *state, size_t *turn, uint32_t *bell, uint32_t bell_seen)
-{
-    for (;;) {
-        for (size_t i = 0; i < ws->n; i++) {
-            int r = sfs_cache_wait(c, &ws->leases[i], 1); /* long past: no sleep */
-
-            if (r != -ETIMEDOUT) {
-                *state = r;
-                return (int)i;
-            }
-        }
-        if (__atomic_load_n(bell, __ATOMIC_ACQUIRE) != bell_seen)
-            return (int)ws->n;
-        int64_t now = sfs_now_ns();
-
-        if (now >= deadline)
-            return -ETIMEDOUT;
-        int64_t d = now + WATCH_SLICE_NS < deadline ? now + WATCH_SLICE_NS : deadline;
-        size_t j = (*turn)++ % ws->n;
-        int r = sfs_cache_wait(c, &ws->leases[j], d);
-
-        if (r != -ETIMEDOUT) {
-            *state = r;
-            return (int)j;
-        }
-    }
-}
-
-static void *watcher_main(void *arg)
-{
-    struct sfs_watcher *w = arg;
-    struct sfs_rank *rk = w->rk;
-    struct watch_set ws = {.n = 0};
-    bool compat = rk->wait_compat;
-    size_t turn = 0;
-
-    pthread_mutex_lock(&rk->wait_mu);
-    for (;;) {
-        /* Acquire, before looking at the inbox: a push after this look
-         * rings after it, and the wait below returns n at once. */
-        uint32_t seen = __atomic_load_n(&w->bell, __ATOMIC_ACQUIRE);
-
-        /* The inbox always fits: push_wait() keeps load <= the maximum. */
-        while (ws.n < SFS_WAIT_ANY_MAX && w->inbox.head)
-            set_add(&ws, &w->inbox);
-        while (ws.n < SFS_WAIT_ANY_MAX && rk->overflow.head)
-            set_add(&ws, &rk->overflow);
-        w->load = (unsigned)ws.n;
-        if (ws.n > 0 && rank_link_lost(rk)) {
-            /* The daemon is gone: an owner that dies now is never reaped,
-             * so these waits could only end at their deadlines. */
-            pthread_mutex_unlock(&rk->wait_mu);
-            while (ws.n > 0) {
-                struct rank_item *it = ws.items[ws.n - 1];
-
-                set_remove(&ws, ws.n - 1);
-                sfs_lq_item_done(it, -ESHUTDOWN);
-            }
-            pthread_mutex_lock(&rk->wait_mu);
-            continue;
-        }
-        if (ws.n == 0) {
-            if (rk->watchers_stop)
-                break;
-            w->idle = true;
-            pthread_cond_wait(&w->cv, &rk->wait_mu);
-            w->idle = false;
-            continue;
-        }
-        pthread_mutex_unlock(&rk->wait_mu);
-
-        int64_t first = ws.items[0]->deadline_ns;
-        for (size_t i = 1; i < ws.n; i++)
-            if (ws.items[i]->deadline_ns < first)
-                first = ws.items[i]->deadline_ns;
-        int st = 0, i = -ETIMEDOUT;
-
-        if (first > sfs_now_ns()) {
-            if (!compat) {
-                i = sfs_cache_wait_any_bell(rk->cache, ws.leases, ws.n, first, &st, &w->bell, seen);
-                if (i == -ENOSYS) {
-                    sfs_log(LOG_WARNING, "rank: no futex_waitv: watching keys in slices");
-                    compat = true;
-                }
-            }
-            if (compat)
-                i = wait_any_compat(rk->cache, &ws, first, &st, &turn, &w->bell, seen);
-        }
-        if (i == (int)ws.n) {
-            /* The bell: new items in the inbox. */
-        } else if (i >= 0) {
-            struct rank_item *it = ws.items[i];
-
-            set_remove(&ws, (size_t)i);
-            wait_settled(rk, it, st, false);
-        } else if (i == -ETIMEDOUT) {
-            int64_t now = sfs_now_ns();
-
-            for (size_t k = ws.n; k-- > 0;) {
-                struct rank_item *it = ws.items[k];
-
-                if (it->deadline_ns <= now) {
-                    set_remove(&ws, k);
-                    sfs_lq_item_done(it, -ETIMEDOUT);
-                }
-            }
-        } else {
-            /* Any other error fails the whole set, never retried in a loop:
-             * -EBADMSG (a leased slot in a state no leased slot can be in:
-             * a bad write to shared memory), an unexpected errno from
-             * futex_waitv, -ENOSYS before Linux 5.16, or -EINVAL (a lease
-             * that is not ours: a bug). */
-            sfs_log(LOG_ERR, "rank: sfs_cache_wait_any_bell: %d", i);
-            while (ws.n > 0) {
-                struct rank_item *it = ws.items[ws.n - 1];
-
-                set_remove(&ws, ws.n - 1);
-                sfs_lq_item_done(it, i);
-            }
-        }
-        pthread_mutex_lock(&rk->wait_mu);
-    }
-    pthread_mutex_unlock(&rk->wait_mu);
-    return NULL;
-}
-
-/* The blocking_waits baseline: the dispatcher itself waits. */
+/* The blocking_waits baseline: the dispatcher itself waits, in slices, to
+ * see the daemon go (bounded by the key's deadline). */
 static void wait_one(struct sfs_rank *rk, struct rank_item *it)
 {
     int r;
 
-    /* In slices, to see the daemon go (bounded by the key's deadline). */
     do {
         int64_t slice = sfs_deadline_after(LINK_CHECK_NS);
 
@@ -733,21 +363,13 @@ static void wait_one(struct sfs_rank *rk, struct rank_item *it)
     } while (r == -ETIMEDOUT && sfs_now_ns() < it->deadline_ns && !rank_link_lost(rk));
     if (r == -ETIMEDOUT && rank_link_lost(rk))
         r = -ESHUTDOWN;
-    wait_settled(rk, it, r, true);
+    if (sfs_watch_settled(rk, it, r))
+        takeover_load(it);
 }
 
 void sfs_lq_link_lost(struct sfs_rank *rk)
 {
-    pthread_mutex_lock(&rk->wait_mu);
-    for (unsigned i = 0; i < rk->nwatchers; i++) {
-        struct sfs_watcher *w = &rk->watchers[i];
-
-        if (w->idle)
-            pthread_cond_signal(&w->cv);
-        else
-            sfs_bell_ring(&w->bell);
-    }
-    pthread_mutex_unlock(&rk->wait_mu);
+    sfs_watch_wake_all(rk);
     pthread_mutex_lock(&rk->lease_mu);
     pthread_cond_broadcast(&rk->lease_cv);
     pthread_mutex_unlock(&rk->lease_mu);
@@ -769,7 +391,7 @@ void sfs_lq_link_lost(struct sfs_rank *rk)
 struct load_batch {
     size_t n, cap;
     struct sfs_io **ios;
-    struct item_queue hits;
+    struct sfs_fifo hits; /* linked through qn; the copier's queue takes the chain */
     unsigned nhits, hits_max;
 };
 
@@ -779,7 +401,7 @@ struct load_batch {
 static void hits_flush(struct sfs_rank *rk, struct load_batch *b)
 {
     if (b->nhits)
-        sfs_copier_push_chain(rk, b->hits.head, b->hits.tail);
+        rank_push_copy_chain(rk, item_of(b->hits.head), item_of(b->hits.tail));
     b->hits.head = b->hits.tail = NULL;
     b->nhits = 0;
 }
@@ -825,8 +447,8 @@ static void get_and_route(struct sfs_rank *rk, struct rank_item *it, struct load
     if (rank_link_lost(rk)) {
         /* The daemon is gone: nobody repairs this cache any more. */
         if (token)
-            sfs_lq_token_put(rk);
-        sfs_lq_item_done(it, -ESHUTDOWN);
+            token_put(rk);
+        sfs_item_done(it, -ESHUTDOWN);
         return;
     }
     int role = sfs_cache_get(rk->cache, &it->key, 0, 0, &it->lease);
@@ -847,18 +469,18 @@ static void get_and_route(struct sfs_rank *rk, struct rank_item *it, struct load
     }
     if (role < 0) {
         if (token)
-            sfs_lq_token_put(rk);
-        sfs_lq_item_done(it, role);
+            token_put(rk);
+        sfs_item_done(it, role);
         return;
     }
     it->leased = true;
     switch (role) {
     case SFS_HIT:
         if (token)
-            sfs_lq_token_put(rk);
+            token_put(rk);
         rank_ctr_add(rk, RC_HITS, 1);
         it->step = STEP_COPY_OUT;
-        queue_push(&b->hits, it);
+        sfs_fifo_push(&b->hits, &it->qn);
         if (++b->nhits >= b->hits_max) {
             hits_flush(rk, b);
             if (b->hits_max < HITS_HELD)
@@ -867,7 +489,7 @@ static void get_and_route(struct sfs_rank *rk, struct rank_item *it, struct load
         break;
     case SFS_WAITER:
         if (token)
-            sfs_lq_token_put(rk);
+            token_put(rk);
         rank_ctr_add(rk, RC_WAITS, 1);
         it->step = STEP_WAIT;
         it->deadline_ns = deadline ? deadline : sfs_deadline_after(rk->key_timeout_ns);
@@ -875,7 +497,7 @@ static void get_and_route(struct sfs_rank *rk, struct rank_item *it, struct load
             batch_flush(rk, b);
             wait_one(rk, it); /* the old way: the walk stalls here */
         } else {
-            push_wait(rk, it);
+            sfs_watch_push(rk, it);
         }
         break;
     case SFS_OWNER:
@@ -885,7 +507,7 @@ static void get_and_route(struct sfs_rank *rk, struct rank_item *it, struct load
             token_get(rk); /* lost the race with a peek: rare */
         }
         if (!b->ios) {
-            sfs_lq_submit_load(it); /* no batch array: one at a time */
+            submit_load(it); /* no batch array: one at a time */
             break;
         }
         if (!prep_load(it))
@@ -919,7 +541,7 @@ static bool look_ahead(struct sfs_rank *rk, struct walk *w)
         if (w->taken[i])
             continue;
         /* A slot may have come back meanwhile: our own share goes first. */
-        if (peeks++ % 8 == 0 && sfs_lq_token_try(rk))
+        if (peeks++ % 8 == 0 && token_try(rk))
             return true;
 
         struct rank_item *it = &w->t->items[w->order[i]];
@@ -935,7 +557,7 @@ static bool look_ahead(struct sfs_rank *rk, struct walk *w)
 /* The cursor's key: take a depth token first unless the key needs none. */
 static void dispatch_load(struct sfs_rank *rk, struct walk *w, struct rank_item *it)
 {
-    bool token = sfs_lq_token_try(rk);
+    bool token = token_try(rk);
 
     /* Depth used up: a key that is Ready or loading needs no token, so do
      * not stall behind our own loads for it. */
@@ -962,45 +584,31 @@ static void dispatch_dump(struct sfs_rank *rk, struct rank_item *it)
         it->deadline_ns = deadline;
         it->buf = malloc(rk->shard_size);
         if (!it->buf) {
-            sfs_lq_item_done(it, -ENOMEM);
+            sfs_item_done(it, -ENOMEM);
             return;
         }
         it->bounce = true;
         rank_ctr_add(rk, RC_DUMPS_BOUNCED, 1);
         it->step = STEP_COPY_IN;
-        sfs_copier_push(rk, it);
+        rank_push_copy(rk, it);
         return;
     }
     if (role < 0) {
-        sfs_lq_item_done(it, role);
+        sfs_item_done(it, role);
         return;
     }
     it->leased = true;
     if (role != SFS_OWNER) { /* not expected with SFS_GET_WRITE */
-        sfs_lq_item_done(it, -EBUSY);
+        sfs_item_done(it, -EBUSY);
         return;
     }
     it->buf = sfs_cache_data(rk->cache, &it->lease);
     it->step = STEP_COPY_IN;
-    sfs_copier_push(rk, it);
+    rank_push_copy(rk, it);
 }
 
 /* After the copier has copied a dump's bytes in: write them through. Called
  * by the copier thread, or its releaser. */
-void sfs_lq_dump_copied(struct rank_item *it)
-{
-    struct sfs_rank *rk = it->rank;
-
-    if (!rk->be) {
-        /* No backend: the cache is the only copy. */
-        int r =
-            sfs_cache_publish(rk->cache, &it->lease, (uint32_t)rk->shard_size, SFS_PUBLISH_WRITTEN);
-        sfs_lq_item_done(it, r);
-        return;
-    }
-    it->step = STEP_DUMP_SUBMIT;
-    sfs_lq_push_work(rk, it);
-}
 
 static void walk_task(struct sfs_rank *rk, struct sfs_task *t)
 {
@@ -1048,7 +656,7 @@ static void idle_prealloc(struct sfs_rank *rk, struct sfs_task *t)
         if (sfs_cache_prealloc(rk->cache, &k) == 1)
             rank_ctr_add(rk, RC_PREALLOC, 1);
         /* Stop early when a task arrives: it is worth more than a guess. */
-        if (__atomic_load_n(&rk->tq_head, __ATOMIC_RELAXED)) /* relaxed: a hint */
+        if (sfs_workq_peek(&rk->tq))
             break;
     }
 }
@@ -1058,65 +666,104 @@ static void *dispatcher_main(void *arg)
     struct sfs_rank *rk = arg;
     struct sfs_task *last = NULL; /* holds the dispatcher reference */
 
-    pthread_mutex_lock(&rk->mu);
     for (;;) {
-        struct sfs_task *t = rk->tq_head;
+        /* After a task, look without waiting: an empty queue is the idle
+         * window. Stopped and drained: NULL with no last task. */
+        struct sfs_wq_node *n = sfs_workq_pop(&rk->tq, last ? SFS_WQ_NOWAIT : SFS_WQ_FOREVER);
+        struct sfs_task *t;
 
-        if (!t) {
-            if (last) {
-                /* The idle window. */
-                pthread_mutex_unlock(&rk->mu);
-                if (rk->prealloc && last->kind == ITEM_LOAD)
-                    idle_prealloc(rk, last);
-                sfs_lq_task_unref(last);
-                last = NULL;
-                pthread_mutex_lock(&rk->mu);
-                continue;
-            }
-            if (rk->stopping)
+        if (!n) {
+            if (!last)
                 break;
-            pthread_cond_wait(&rk->task_cv, &rk->mu);
+            if (rk->prealloc && last->kind == ITEM_LOAD)
+                idle_prealloc(rk, last);
+            sfs_task_unref(last);
+            last = NULL;
             continue;
         }
-        /* Relaxed store: idle_prealloc peeks at it without the lock. */
-        __atomic_store_n(&rk->tq_head, t->next, __ATOMIC_RELAXED);
-        if (!rk->tq_head)
-            rk->tq_tail = NULL;
-        pthread_mutex_unlock(&rk->mu);
+        t = sfs_wq_entry(n, struct sfs_task, qn);
         if (last)
-            sfs_lq_task_unref(last);
+            sfs_task_unref(last);
         walk_task(rk, t);
         last = t;
-        pthread_mutex_lock(&rk->mu);
     }
-    pthread_mutex_unlock(&rk->mu);
     return NULL;
+}
+
+/* ---------------------------------------------------------------------------
+ * Prefetch: owner loads with no destination and no task, started from the
+ * caller's thread, each holding a depth token (so at most the free depth).
+ */
+
+int sfs_lq_prefetch(struct sfs_rank *rk, const struct sfs_key *keys, size_t n)
+{
+    int accepted = 0;
+
+    for (size_t i = 0; i < n; i++) {
+        struct rank_item *it;
+        int role;
+
+        /* Advisory: no free load slot means no, not later. */
+        if (!token_try(rk))
+            break;
+        it = calloc(1, sizeof(*it));
+        if (!it) {
+            token_put(rk);
+            break;
+        }
+        it->rank = rk;
+        it->kind = ITEM_PREFETCH;
+        it->key = keys[i];
+        pthread_mutex_lock(&rk->mu);
+        if (rk->stopping) {
+            pthread_mutex_unlock(&rk->mu);
+            token_put(rk);
+            free(it);
+            break;
+        }
+        rk->active++;
+        pthread_mutex_unlock(&rk->mu);
+        role = sfs_cache_get(rk->cache, &it->key, SFS_GET_PREFETCH, 0, &it->lease);
+        if (role != SFS_OWNER) {
+            /* Present, loading, or no slot without evicting: rejected.
+             * -EEXIST (present) is the common answer. */
+            if (role >= 0)
+                sfs_cache_release(rk->cache, &it->lease);
+            token_put(rk);
+            free(it);
+            sfs_rank_active_put(rk);
+            continue;
+        }
+        it->leased = true;
+        rank_ctr_add(rk, RC_PREFETCHED, 1);
+        accepted++;
+        submit_load(it); /* done: publish, release, free */
+    }
+    return accepted;
 }
 
 /* ---------------------------------------------------------------------------
  * Start / stop.
  */
 
+/* Start the workers, a watcher and the dispatcher. Reads the test hook
+ * SHARDFS_RANK_BLOCKING_WAITS: the dispatcher blocks on each key another
+ * rank is loading, as the seed's LoadQueue did (bench_rank's baseline). */
 int sfs_lq_start(struct sfs_rank *rk)
 {
     int r;
 
+    rk->blocking_waits = getenv("SHARDFS_RANK_BLOCKING_WAITS") != NULL;
     rk->worker_threads = calloc(rk->nworkers, sizeof(*rk->worker_threads));
-    rk->watchers = calloc(WATCHERS_MAX, sizeof(*rk->watchers));
-    if (!rk->worker_threads || !rk->watchers)
+    if (!rk->worker_threads)
         return -ENOMEM;
-    /* Tests only: watch keys as on a kernel without futex_waitv. */
-    rk->wait_compat = getenv("SHARDFS_RANK_WAIT_COMPAT") != NULL;
     for (unsigned i = 0; i < rk->nworkers; i++) {
         r = pthread_create(&rk->worker_threads[i], NULL, worker_main, rk);
         if (r)
             return -r;
         rk->nworker_threads++;
     }
-    /* One watcher from the start; more when keys need them. */
-    pthread_mutex_lock(&rk->wait_mu);
-    r = start_watcher(rk) ? 0 : -EAGAIN;
-    pthread_mutex_unlock(&rk->wait_mu);
+    r = sfs_watch_start(rk);
     if (r)
         return r;
     r = pthread_create(&rk->dispatcher, NULL, dispatcher_main, rk);
@@ -1130,35 +777,17 @@ int sfs_lq_start(struct sfs_rank *rk)
  * stopping is set: join the threads. */
 void sfs_lq_stop(struct sfs_rank *rk)
 {
-    unsigned n;
-
     if (rk->dispatcher_started) {
         pthread_mutex_lock(&rk->mu);
         __atomic_store_n(&rk->stopping, true, __ATOMIC_RELAXED); /* peeked lock-free */
-        pthread_cond_broadcast(&rk->task_cv);
         pthread_mutex_unlock(&rk->mu);
+        sfs_workq_stop(&rk->tq);
         pthread_join(rk->dispatcher, NULL);
         rk->dispatcher_started = false;
     }
     /* Watchers before workers: a watcher may hand a takeover to a worker. */
-    pthread_mutex_lock(&rk->wait_mu);
-    rk->watchers_stop = true;
-    for (unsigned i = 0; i < rk->nwatchers; i++)
-        pthread_cond_signal(&rk->watchers[i].cv); /* every set is empty by now */
-    n = rk->nwatchers;                            /* none start once the dispatcher is gone */
-    pthread_mutex_unlock(&rk->wait_mu);
-    for (unsigned i = 0; i < n; i++) {
-        pthread_join(rk->watchers[i].thread, NULL);
-        pthread_cond_destroy(&rk->watchers[i].cv);
-    }
-    rk->nwatchers = 0;
-    free(rk->watchers);
-    rk->watchers = NULL;
-
-    pthread_mutex_lock(&rk->work_mu);
-    rk->workers_stop = true;
-    pthread_cond_broadcast(&rk->work_cv);
-    pthread_mutex_unlock(&rk->work_mu);
+    sfs_watch_stop(rk);
+    sfs_workq_stop(&rk->work);
     for (unsigned i = 0; i < rk->nworker_threads; i++)
         pthread_join(rk->worker_threads[i], NULL);
     rk->nworker_threads = 0;

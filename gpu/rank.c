@@ -1,14 +1,12 @@
 /* SPDX-License-Identifier: MIT */
 /*
  * rank.c - the public face of libshardfs-rank: opening a rank (attach,
- * backend, copier, threads), tasks and their completion, lookups, touch,
+ * backend, copier, threads), tasks and waiting for them, lookups, touch,
  * prefetch and counters. The moving parts live in loadqueue.c (dispatcher,
- * watchers, workers, backend callbacks) and copier.c (copier thread).
- *
- * A task is a small refcounted object: one reference for the caller (dropped
- * by sfs_rank_task_free), one for the dispatcher (dropped after its walk and
- * the idle window), one for completion (dropped by the last entry). So a task
- * freed early finishes quietly, and a finished task outlives its rank.
+ * workers, prefetch, backend callbacks), watch.c (watchers) and copier.c
+ * (copier thread); an entry's end, and a task's references (caller,
+ * dispatcher, completion), in complete.c. See rank_i.h for which way the
+ * calls go.
  */
 #include "rank_i.h"
 
@@ -35,7 +33,7 @@ void sfs_rank_config_init(struct sfs_rank_config *cfg)
     cfg->rotate = true;
     cfg->prealloc = true;
     cfg->copier = SFS_COPIER_AUTO;
-    cfg->waiters = 4;
+    cfg->workers = 4;
     cfg->key_timeout_ms = 30000;
 }
 
@@ -70,14 +68,14 @@ static void rank_free(struct sfs_rank *rk)
     pthread_rwlock_destroy(&rk->link_rw);
     free(rk->socket_path);
     free(rk->mount_point);
+    if (rk->queues_ready) {
+        sfs_workq_destroy(&rk->tq);
+        sfs_workq_destroy(&rk->ready);
+        sfs_workq_destroy(&rk->work);
+    }
     pthread_mutex_destroy(&rk->mu);
-    pthread_cond_destroy(&rk->task_cv);
     pthread_cond_destroy(&rk->idle_cv);
-    pthread_mutex_destroy(&rk->ready_mu);
-    pthread_cond_destroy(&rk->ready_cv);
     pthread_mutex_destroy(&rk->wait_mu);
-    pthread_mutex_destroy(&rk->work_mu);
-    pthread_cond_destroy(&rk->work_cv);
     pthread_mutex_destroy(&rk->depth_mu);
     pthread_cond_destroy(&rk->depth_cv);
     pthread_mutex_destroy(&rk->lease_mu);
@@ -178,6 +176,13 @@ static int attach_cache(struct sfs_rank *rk)
     if (!rk->cache)
         return r;
     sfs_cache_info(rk->cache, &info);
+    /* The shard size's one check: past it, the rank's every use is a
+     * uint32_t that fits the backend's int result. */
+    if (info.shard_size == 0 || info.shard_size > RANK_SHARD_MAX) {
+        sfs_cache_close(rk->cache);
+        rk->cache = NULL;
+        return -EINVAL;
+    }
     if (rk->shard_size && info.shard_size != rk->shard_size) {
         /* Re-attached to a daemon of another shard size: the backend and
          * the caller's buffers are sized for the old one. */
@@ -187,7 +192,7 @@ static int attach_cache(struct sfs_rank *rk)
         rk->cache = NULL;
         return -EPROTO;
     }
-    rk->shard_size = info.shard_size;
+    rk->shard_size = (uint32_t)info.shard_size;
     return 0;
 }
 
@@ -253,8 +258,9 @@ static int rank_relink(struct sfs_rank *rk)
     /* The threads are stopped: their stop flags are ours to reset. */
     rk->stopping = false;
     rk->watchers_stop = false;
-    rk->workers_stop = false;
-    rk->copier_stop = false;
+    sfs_workq_restart(&rk->tq);
+    sfs_workq_restart(&rk->ready);
+    sfs_workq_restart(&rk->work);
     /* Relaxed: the threads that read it are started below (pthread_create
      * orders this store before them); the callers hold link_rw. */
     atomic_store_explicit(&rk->link_lost, false, memory_order_relaxed);
@@ -303,8 +309,9 @@ struct sfs_rank *sfs_rank_open(const struct sfs_rank_config *cfg, int *err)
 
     if (!err)
         return NULL;
+    /* reserved0 was blocking_waits in 0.1.0: refused, not ignored. */
     if (!cfg || (!cfg->socket_path == !cfg->mount_point) || cfg->local_rank_size < 0 ||
-        cfg->copier < SFS_COPIER_AUTO || cfg->copier > SFS_COPIER_CUDA) {
+        cfg->copier < SFS_COPIER_AUTO || cfg->copier > SFS_COPIER_CUDA || cfg->reserved0) {
         *err = -EINVAL;
         return NULL;
     }
@@ -314,19 +321,26 @@ struct sfs_rank *sfs_rank_open(const struct sfs_rank_config *cfg, int *err)
         return NULL;
     }
     pthread_mutex_init(&rk->mu, NULL);
-    pthread_cond_init(&rk->task_cv, NULL);
     pthread_cond_init(&rk->idle_cv, NULL);
-    pthread_mutex_init(&rk->ready_mu, NULL);
-    pthread_cond_init(&rk->ready_cv, NULL);
     pthread_mutex_init(&rk->wait_mu, NULL);
-    pthread_mutex_init(&rk->work_mu, NULL);
-    pthread_cond_init(&rk->work_cv, NULL);
     pthread_mutex_init(&rk->depth_mu, NULL);
     pthread_cond_init(&rk->depth_cv, NULL);
     pthread_mutex_init(&rk->lease_mu, NULL);
     pthread_cond_init(&rk->lease_cv, NULL);
     pthread_rwlock_init(&rk->link_rw, NULL);
     rk->link_stop_fd = -1;
+    r = sfs_workq_init(&rk->tq);
+    if (r == 0 && (r = sfs_workq_init(&rk->ready)) < 0)
+        sfs_workq_destroy(&rk->tq);
+    if (r == 0 && (r = sfs_workq_init(&rk->work)) < 0) {
+        sfs_workq_destroy(&rk->tq);
+        sfs_workq_destroy(&rk->ready);
+    }
+    if (r < 0) {
+        *err = r;
+        goto out_free;
+    }
+    rk->queues_ready = true;
 
     rk->query_only = cfg->device_id < 0;
     rk->device_id = cfg->device_id;
@@ -334,9 +348,8 @@ struct sfs_rank *sfs_rank_open(const struct sfs_rank_config *cfg, int *err)
     rk->N = cfg->local_rank_size > 0 ? (unsigned)cfg->local_rank_size : 1;
     rk->r = rk->query_only ? 0 : (unsigned)cfg->device_id % rk->N;
     rk->depth = cfg->load_depth ? cfg->load_depth : 32;
-    rk->nworkers = cfg->waiters ? cfg->waiters : 4;
+    rk->nworkers = cfg->workers ? cfg->workers : 4;
     rk->rotate = cfg->rotate;
-    rk->blocking_waits = cfg->blocking_waits;
     rk->prealloc = cfg->prealloc;
     rk->key_timeout_ns = (int64_t)(cfg->key_timeout_ms ? cfg->key_timeout_ms : 30000) * 1000000;
     if ((cfg->socket_path && !(rk->socket_path = strdup(cfg->socket_path))) ||
@@ -348,12 +361,6 @@ struct sfs_rank *sfs_rank_open(const struct sfs_rank_config *cfg, int *err)
     r = attach_cache(rk);
     if (r < 0) {
         *err = r;
-        goto out_free;
-    }
-    /* A backend reports bytes moved in an int (struct sfs_io): a shard of
-     * 2 GiB or more would read as an error, so refuse it here. */
-    if (rk->shard_size > INT_MAX) {
-        *err = -EINVAL;
         goto out_free;
     }
     if (cfg->backend) {
@@ -393,29 +400,29 @@ static void cancel_task(struct sfs_task *t)
 
 void sfs_rank_close(struct sfs_rank *rk)
 {
-    struct sfs_task *t, *cancelled;
+    struct sfs_wq_node *cancelled, *n;
+    struct sfs_task *t;
 
     if (!rk)
         return;
     pthread_mutex_lock(&rk->mu);
-    /* Atomic stores: idle_prealloc() peeks at both without the lock. */
+    /* Atomic store: idle_prealloc() peeks at it without the lock. No task
+     * is queued after this (submit looks under mu); what is queued now is
+     * cancelled. */
     __atomic_store_n(&rk->stopping, true, __ATOMIC_RELAXED);
-    cancelled = rk->tq_head;
-    __atomic_store_n(&rk->tq_head, NULL, __ATOMIC_RELAXED);
-    rk->tq_tail = NULL;
-    for (t = cancelled; t; t = t->next) {
-        cancel_task(t);
+    cancelled = rk->queues_ready ? sfs_workq_pop_all(&rk->tq, SFS_WQ_NOWAIT) : NULL;
+    for (n = cancelled; n; n = n->next) {
+        cancel_task(sfs_wq_entry(n, struct sfs_task, qn));
         rk->active--;
     }
-    pthread_cond_broadcast(&rk->task_cv);
     while (rk->active > 0)
         pthread_cond_wait(&rk->idle_cv, &rk->mu);
     pthread_mutex_unlock(&rk->mu);
     while (cancelled) {
-        t = cancelled;
-        cancelled = t->next;
-        sfs_lq_task_unref(t); /* dispatcher's */
-        sfs_lq_task_unref(t); /* completion's */
+        t = sfs_wq_entry(cancelled, struct sfs_task, qn);
+        cancelled = cancelled->next;
+        sfs_task_unref(t); /* dispatcher's */
+        sfs_task_unref(t); /* completion's */
     }
     sfs_lq_stop(rk);
     sfs_copier_stop(rk);
@@ -477,16 +484,11 @@ static int submit_entered(struct sfs_rank *rk, const struct sfs_rank_entry *entr
     if (rk->stopping) {
         pthread_mutex_unlock(&rk->mu);
         t->refs = 1;
-        sfs_lq_task_unref(t);
+        sfs_task_unref(t);
         return -ESHUTDOWN;
     }
-    if (rk->tq_tail)
-        rk->tq_tail->next = t;
-    else
-        __atomic_store_n(&rk->tq_head, t, __ATOMIC_RELAXED); /* peeked lock-free */
-    rk->tq_tail = t;
     rk->active++;
-    pthread_cond_signal(&rk->task_cv);
+    sfs_workq_push(&rk->tq, &t->qn); /* under mu: close cancels it, or the dispatcher runs it */
     pthread_mutex_unlock(&rk->mu);
     rank_ctr_add(rk, RC_TASKS, 1);
     rank_ctr_add(rk, RC_ENTRIES, n);
@@ -571,7 +573,7 @@ size_t sfs_rank_task_size(struct sfs_task *t)
 void sfs_rank_task_free(struct sfs_task *t)
 {
     if (t)
-        sfs_lq_task_unref(t);
+        sfs_task_unref(t);
 }
 
 /* ---------------------------------------------------------------------------
@@ -701,55 +703,11 @@ int sfs_rank_touch(struct sfs_rank *rk, const struct sfs_block_id *blocks, size_
 
 static int prefetch_entered(struct sfs_rank *rk, const struct sfs_key *keys, size_t n)
 {
-    int accepted = 0;
-
     if (!rk || (n && !keys))
         return -EINVAL;
     if (rk->query_only || !rk->be)
         return 0;
-    for (size_t i = 0; i < n; i++) {
-        struct rank_item *it;
-        int role;
-
-        /* Advisory: no free load slot means no, not later. */
-        if (!sfs_lq_token_try(rk))
-            break;
-        it = calloc(1, sizeof(*it));
-        if (!it) {
-            sfs_lq_token_put(rk);
-            break;
-        }
-        it->rank = rk;
-        it->kind = ITEM_PREFETCH;
-        it->key = keys[i];
-        pthread_mutex_lock(&rk->mu);
-        if (rk->stopping) {
-            pthread_mutex_unlock(&rk->mu);
-            sfs_lq_token_put(rk);
-            free(it);
-            break;
-        }
-        rk->active++;
-        pthread_mutex_unlock(&rk->mu);
-        role = sfs_cache_get(rk->cache, &it->key, SFS_GET_PREFETCH, 0, &it->lease);
-        if (role != SFS_OWNER) {
-            /* Present, loading, or no slot without evicting: rejected. */
-            if (role >= 0)
-                sfs_cache_release(rk->cache, &it->lease);
-            sfs_lq_token_put(rk);
-            free(it);
-            pthread_mutex_lock(&rk->mu);
-            if (--rk->active == 0)
-                pthread_cond_broadcast(&rk->idle_cv);
-            pthread_mutex_unlock(&rk->mu);
-            continue;
-        }
-        it->leased = true;
-        rank_ctr_add(rk, RC_PREFETCHED, 1);
-        accepted++;
-        sfs_lq_submit_load(it); /* done: publish, release, free */
-    }
-    return accepted;
+    return sfs_lq_prefetch(rk, keys, n);
 }
 
 int sfs_rank_prefetch(struct sfs_rank *rk, const struct sfs_key *keys, size_t n)

@@ -1,9 +1,18 @@
 /* SPDX-License-Identifier: MIT */
 /*
  * rank_i.h - the private state of a rank: its task queue, the items that
- * carry one entry through dispatcher -> (backend | waiter) -> copier, and the
- * counters. Shared by rank.c (API), loadqueue.c (dispatcher, waiters,
- * backend callbacks) and copier.c (copier thread).
+ * carry one entry through dispatcher -> (backend | watcher) -> copier, and
+ * the counters. Shared by the library's rooms, whose calls flow one way:
+ *
+ *   rank.c       the API: open/close, tasks, lookups, counters
+ *     -> loadqueue.c   dispatcher, workers, prefetch, backend callbacks
+ *          -> watch.c  watchers: keys other ranks are loading
+ *     -> copier.c      copier thread (and releaser), choice of copier
+ *   all of them -> complete.c  an item's or a task's end (leases, status)
+ *               -> workq.c     the queue type
+ *
+ * Handing an item to the copier or to a worker is a push on that thread's
+ * queue (rank_push_copy(), rank_push_work() below), not a call into its room.
  *
  * Threads of a rank and what they own:
  *   dispatcher  takes tasks from `tq`, Gets every key in RearrangeIndex order,
@@ -27,6 +36,7 @@
 #include <shardfs/rank.h>
 
 #include "copier_i.h"
+#include "workq_i.h"
 
 #include <pthread.h>
 #include <stdatomic.h>
@@ -51,7 +61,7 @@ struct sfs_watcher;
 
 /* One entry in flight. */
 struct rank_item {
-    struct rank_item *next; /* in one queue at a time */
+    struct sfs_wq_node qn; /* in one queue at a time */
     struct sfs_rank *rank;
     struct sfs_task *task; /* NULL for prefetch */
     uint32_t idx;          /* entry index in the task */
@@ -68,26 +78,15 @@ struct rank_item {
     struct sfs_io io;
 };
 
-struct item_queue {
-    struct rank_item *head, *tail;
-};
-
-/* Append the chain head..tail (linked by ->next) to q; the caller holds
- * whatever guards q. */
-static inline void item_queue_append(struct item_queue *q, struct rank_item *head,
-                                     struct rank_item *tail)
+/* The item a queue node is, or NULL. */
+static inline struct rank_item *item_of(struct sfs_wq_node *n)
 {
-    tail->next = NULL;
-    if (q->tail)
-        q->tail->next = head;
-    else
-        q->head = head;
-    q->tail = tail;
+    return n ? sfs_wq_entry(n, struct rank_item, qn) : NULL;
 }
 
 struct sfs_task {
     struct sfs_rank *rank;
-    struct sfs_task *next; /* rank->tq, under rank->mu */
+    struct sfs_wq_node qn; /* in rank->tq */
     int kind;              /* ITEM_LOAD or ITEM_DUMP */
     size_t n;
     struct sfs_rank_entry *entries;
@@ -121,45 +120,36 @@ struct sfs_rank {
     struct sfs_cache *cache;
     struct sfs_backend *be;    /* NULL: no backend */
     struct sfs_copier *copier; /* NULL in the scheduler role */
-    uint64_t shard_size;
+    uint32_t shard_size; /* 1..RANK_SHARD_MAX, checked once, at open */
     unsigned r, N; /* RearrangeIndex: r = device_id % N */
     unsigned depth;
     unsigned nworkers;
     bool rotate;
-    bool blocking_waits;
+    bool blocking_waits; /* test hook SHARDFS_RANK_BLOCKING_WAITS (loadqueue.c) */
     bool prealloc;
     bool query_only;
     int64_t key_timeout_ns;
 
-    /* Task queue and lifetime. */
+    /* Lifetime. Lock order: mu before tq's lock (submit pushes under mu,
+     * close takes the queued tasks under mu). */
     pthread_mutex_t mu;
-    pthread_cond_t task_cv;             /* dispatcher: a task arrived, or stopping */
-    pthread_cond_t idle_cv;             /* close: active reached 0 */
-    struct sfs_task *tq_head, *tq_tail; /* under mu */
-    size_t active;                      /* under mu: tasks not complete + prefetches in flight */
-    bool stopping;                      /* under mu */
+    pthread_cond_t idle_cv; /* close: active reached 0 */
+    size_t active;          /* under mu: tasks not complete + prefetches in flight */
+    bool stopping;          /* under mu (peeked lock-free by idle_prealloc) */
 
-    /* Items ready to copy (copier thread). */
-    pthread_mutex_t ready_mu;
-    pthread_cond_t ready_cv;
-    struct item_queue ready; /* under ready_mu */
-    bool copier_stop;        /* under ready_mu */
+    struct sfs_workq tq;    /* tasks for the dispatcher (struct sfs_task) */
+    struct sfs_workq ready; /* items ready to copy (copier thread) */
+    struct sfs_workq work;  /* dumps to submit, takeover loads (worker threads) */
 
-    /* Keys to watch (watcher threads, see loadqueue.c). Each watcher has
-     * its own inbox and doorbell; a push goes to the first with room and
-     * rings its bell, so no watcher polls. */
+    /* Keys to watch (watcher threads, see watch.c). Each watcher has its
+     * own inbox and doorbell; a push goes to the first with room and rings
+     * its bell, so no watcher polls. */
     pthread_mutex_t wait_mu;
     struct sfs_watcher *watchers; /* [WATCHERS_MAX]; inboxes and loads under wait_mu */
     unsigned nwatchers;           /* under wait_mu: started */
-    struct item_queue overflow;   /* under wait_mu: STEP_WAIT items no set had room for */
+    struct sfs_fifo overflow;     /* under wait_mu: STEP_WAIT items no set had room for */
     bool watchers_stop;           /* under wait_mu */
-    bool wait_compat;             /* watch as without futex_waitv (tests) */
-
-    /* Dumps to submit and takeover loads (worker threads). */
-    pthread_mutex_t work_mu;
-    pthread_cond_t work_cv;
-    struct item_queue workq; /* under work_mu */
-    bool workers_stop;       /* under work_mu */
+    bool wait_compat;             /* test hook SHARDFS_RANK_WAIT_COMPAT (watch.c) */
 
     /* Backend requests in flight: at most `depth`. Taken and returned
      * without a lock (a resident key takes one and gives it back at once);
@@ -182,6 +172,7 @@ struct sfs_rank {
     pthread_t *worker_threads;
     unsigned nworker_threads; /* started */
     bool dispatcher_started, copier_started;
+    bool queues_ready; /* tq, ready and work initialised */
 
     /* The daemon link (rank.c). A thread polls the attach connection; when
      * the daemon goes away it sets link_lost and wakes the watchers and the
@@ -212,16 +203,40 @@ static inline void rank_ctr_add(struct sfs_rank *rk, enum rank_ctr c, uint64_t v
 /* The core's logger (util.c, linked into this library). */
 void sfs_log(int level, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 
+/* A backend reports bytes moved in an int (struct sfs_io): a bigger shard
+ * would read as an error. sfs_rank_open() refuses a cache past it. */
+#define RANK_SHARD_MAX ((uint32_t)INT32_MAX)
+
+/* Hand items to the copier thread: a chain head..tail (linked through qn)
+ * with one lock and at most one wake. Any thread. */
+static inline void rank_push_copy_chain(struct sfs_rank *rk, struct rank_item *head,
+                                        struct rank_item *tail)
+{
+    sfs_workq_push_chain(&rk->ready, &head->qn, &tail->qn);
+}
+
+static inline void rank_push_copy(struct sfs_rank *rk, struct rank_item *it)
+{
+    sfs_workq_push(&rk->ready, &it->qn);
+}
+
+/* Hand an item to a worker thread (it->step says what to do). Any thread. */
+static inline void rank_push_work(struct sfs_rank *rk, struct rank_item *it)
+{
+    sfs_workq_push(&rk->work, &it->qn);
+}
+
+/* complete.c: the end of an item or a task; calls nothing above it. */
+void sfs_item_done(struct rank_item *it, int status);
+void sfs_item_fail(struct rank_item *it, int err);
+void sfs_item_dump_copied(struct rank_item *it);
+void sfs_task_unref(struct sfs_task *t);
+void sfs_rank_active_put(struct sfs_rank *rk);
+
 /* loadqueue.c */
 int sfs_lq_start(struct sfs_rank *rk);
 void sfs_lq_stop(struct sfs_rank *rk);
-void sfs_lq_push_work(struct sfs_rank *rk, struct rank_item *it);
-void sfs_lq_item_done(struct rank_item *it, int status);
-void sfs_lq_token_put(struct sfs_rank *rk);
-bool sfs_lq_token_try(struct sfs_rank *rk);
-int sfs_lq_submit_load(struct rank_item *it);
-void sfs_lq_dump_copied(struct rank_item *it);
-void sfs_lq_task_unref(struct sfs_task *t);
+int sfs_lq_prefetch(struct sfs_rank *rk, const struct sfs_key *keys, size_t n);
 /* The daemon is gone: wake every watcher (its set fails with -ESHUTDOWN)
  * and a dispatcher waiting for a lease. */
 void sfs_lq_link_lost(struct sfs_rank *rk);
@@ -232,10 +247,17 @@ static inline bool rank_link_lost(struct sfs_rank *rk)
     return atomic_load_explicit(&rk->link_lost, memory_order_acquire);
 }
 
-/* copier.c */
+/* watch.c (called by loadqueue.c) */
+int sfs_watch_start(struct sfs_rank *rk);
+void sfs_watch_stop(struct sfs_rank *rk);
+void sfs_watch_push(struct sfs_rank *rk, struct rank_item *it);
+bool sfs_watch_settled(struct sfs_rank *rk, struct rank_item *it, int r);
+/* Wake every watcher: a sleeping one rings out of its wait and looks at
+ * rank_link_lost(). */
+void sfs_watch_wake_all(struct sfs_rank *rk);
+
+/* copier.c (called by rank.c) */
 int sfs_copier_start(struct sfs_rank *rk);
 void sfs_copier_stop(struct sfs_rank *rk);
-void sfs_copier_push(struct sfs_rank *rk, struct rank_item *it);
-void sfs_copier_push_chain(struct sfs_rank *rk, struct rank_item *head, struct rank_item *tail);
 
 #endif /* SHARDFS_RANK_I_H */

@@ -91,13 +91,6 @@ static double now_s(void)
     return (double)sfs_now_ns() / 1e9;
 }
 
-static void hex_of(uint64_t b, char out[SFS_BLOCK_HEX_LEN + 1])
-{
-    struct sfs_block_id id = tu_block(b);
-
-    sfs_block_to_hex(&id, out);
-}
-
 /* MOUNT/block/<hex of b>/shard/<n> (n < 0: the shard directory). */
 static const char *shard_path(uint64_t b, long n)
 {
@@ -106,7 +99,7 @@ static const char *shard_path(uint64_t b, long n)
     char hex[SFS_BLOCK_HEX_LEN + 1];
     char *p = buf[i++ & 3];
 
-    hex_of(b, hex);
+    tu_block_hex(b, hex);
     if (n < 0)
         snprintf(p, 256, "%s/block/%s/shard", M.fx.mnt, hex);
     else
@@ -117,30 +110,9 @@ static const char *shard_path(uint64_t b, long n)
 /* Write blocks [first, first+nblocks) of nshards each into dir/data/. */
 static void store_write(const char *dir, uint64_t first, unsigned nblocks, unsigned nshards)
 {
-    char path[512];
-    uint8_t *buf = malloc(SHARD);
+    int r = tu_store_write(dir, first, nblocks, nshards, SHARD, NULL, NULL, false);
 
-    cr_assert_not_null(buf);
-    snprintf(path, sizeof(path), "%s/data", dir);
-    mkdir(dir, 0755);
-    mkdir(path, 0755);
-    for (uint64_t b = first; b < first + nblocks; b++) {
-        char hex[SFS_BLOCK_HEX_LEN + 1];
-        int fd;
-
-        hex_of(b, hex);
-        snprintf(path, sizeof(path), "%s/data/%s", dir, hex);
-        fd = open(path, O_WRONLY | O_CREAT | O_TRUNC, 0644);
-        cr_assert_geq(fd, 0, "create %s: %s", path, strerror(errno));
-        for (uint32_t s = 0; s < nshards; s++) {
-            struct sfs_key k = tu_key(b, s);
-
-            tu_fill(&k, buf, SHARD);
-            cr_assert_eq(pwrite(fd, buf, SHARD, (off_t)s * SHARD), (ssize_t)SHARD);
-        }
-        close(fd);
-    }
-    free(buf);
+    cr_assert_eq(r, 0, "store %s: %s", dir, strerror(-r));
 }
 
 static bool is_mounted(const char *mnt)
@@ -349,7 +321,7 @@ Test(fs, tree_stat_listing_enoent, .timeout = 60)
     cr_assert_eq(sh("ls -l %s >/dev/null", shard_path(1, -1)), 0);
 
     /* ENOENT for everything outside block/<32 hex>/shard/<decimal>. */
-    hex_of(0, hex);
+    tu_block_hex(0, hex);
     for (int i = 0; i < SFS_BLOCK_HEX_LEN; i++)
         upper[i] = (hex[i] >= 'a' && hex[i] <= 'f') ? (char)(hex[i] - 32) : hex[i];
     upper[SFS_BLOCK_HEX_LEN] = '\0';
@@ -394,7 +366,7 @@ Test(fs, tree_stat_listing_enoent, .timeout = 60)
     cr_assert_eq(sh("cat %s >/dev/null", shard_path(2, 1)), 0);
     snprintf(path, sizeof(path), "%s/block", M.fx.mnt);
     cr_assert_eq(dir_list(path, names, 16), 1);
-    hex_of(2, hex);
+    tu_block_hex(2, hex);
     cr_assert_str_eq(names[0], hex);
 
     /* /stats: Prometheus text with every fixed counter. */
@@ -667,7 +639,7 @@ static void scenario_d_fs(bool touch)
         cr_assert_eq(sfs_cache_release(c, &held[i]), 0);
 
     if (touch) {
-        hex_of(70, hex);
+        tu_block_hex(70, hex);
         snprintf(path, sizeof(path), "%s/block/%s", M.fx.mnt, hex);
         cr_assert_eq(xattr_set(path, "user.shardfs.touch", "1"), 0);
         cr_assert_eq(stat_of("shardfs_touched_total"), 3, "Touch marks T's 3 shards");
@@ -1134,7 +1106,7 @@ Test(fs, unmount_with_stalled_prefetch_exits_promptly_and_fails_its_slots, .time
     start_spec(spec, "shard_size=64K,capacity=1M,readahead=0");
     stall_rank_start(&a, &rank);
     /* Loads in flight with no file open: the unmount itself succeeds. */
-    hex_of(61, hex);
+    tu_block_hex(61, hex);
     snprintf(path, sizeof(path), "%s/block/%s", M.fx.mnt, hex);
     cr_assert_eq(xattr_set(path, "user.shardfs.prefetch", "1"), 0);
     for (uint32_t s = 0; s < 3; s++)
@@ -1166,7 +1138,7 @@ Test(fs, write_cp_dd_readback_store_unlink, .timeout = 60)
     start("shard_size=64K,capacity=1M");
     snprintf(src, sizeof(src), "%s", tu_path("src"));
     snprintf(tmp, sizeof(tmp), "%s", tu_path("tmp"));
-    hex_of(100, hex);
+    tu_block_hex(100, hex);
     snprintf(disk, sizeof(disk), "%s/data/%s", M.store, hex);
 
     /* cp a whole shard in: mkdir -p works on any well-formed id. */
@@ -1221,7 +1193,7 @@ Test(fs, write_cp_dd_readback_store_unlink, .timeout = 60)
     cr_assert_eq(unlink(shard_path(101, 0)), 0);
     cr_assert_eq(access(shard_path(101, 0), F_OK), -1);
     cr_assert_eq(errno, ENOENT);
-    hex_of(101, hex);
+    tu_block_hex(101, hex);
     snprintf(cmd, sizeof(cmd), "test -e %s/data/%s", M.store, hex);
     cr_assert_neq(sh("%s", cmd), 0, "block file removed");
     cr_assert_eq(unlink(shard_path(101, 0)), -1);
@@ -1317,7 +1289,7 @@ Test(fs, xattrs_prefetch_state_errors, .timeout = 60)
 
     store_write(M.store, 30, 1, 4);
     start("shard_size=64K,capacity=1M");
-    hex_of(30, hex);
+    tu_block_hex(30, hex);
     snprintf(path, sizeof(path), "%s/block/%s", M.fx.mnt, hex);
 
     cr_assert_eq(get_state(30, 0, st, sizeof(st)), 0);

@@ -7,12 +7,15 @@
 #include <criterion/criterion.h>
 
 #include <errno.h>
+#include <fcntl.h>
+#include <limits.h>
 #include <pthread.h>
 #include <signal.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -270,4 +273,62 @@ void tu_wait_reaped(struct sfs_cache *c, uint64_t n)
                      (unsigned long long)n);
         usleep(1000);
     }
+}
+
+void tu_block_hex(uint64_t n, char out[SFS_BLOCK_HEX_LEN + 1])
+{
+    struct sfs_block_id id = tu_block(n);
+
+    sfs_block_to_hex(&id, out);
+}
+
+void tu_store_path(const char *dir, uint64_t block, char *out, size_t len)
+{
+    char hex[SFS_BLOCK_HEX_LEN + 1];
+
+    tu_block_hex(block, hex);
+    snprintf(out, len, "%s/data/%s", dir, hex);
+}
+
+int tu_store_write(const char *dir, uint64_t first, uint64_t nblocks, uint32_t nshards,
+                   uint32_t shard_size, tu_shard_fill_fn *fill, void *arg, bool sync)
+{
+    char path[PATH_MAX];
+    uint8_t *buf = malloc(shard_size ? shard_size : 1);
+    int r = 0;
+
+    if (!buf)
+        return -ENOMEM;
+    snprintf(path, sizeof(path), "%s/data", dir);
+    if ((mkdir(dir, 0755) < 0 && errno != EEXIST) || (mkdir(path, 0755) < 0 && errno != EEXIST)) {
+        r = -errno;
+        goto out;
+    }
+    for (uint64_t b = first; b < first + nblocks && r == 0; b++) {
+        int fd;
+
+        tu_store_path(dir, b, path, sizeof(path));
+        fd = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+        if (fd < 0) {
+            r = -errno;
+            break;
+        }
+        for (uint32_t s = 0; s < nshards && r == 0; s++) {
+            if (fill) {
+                fill(b, s, buf, shard_size, arg);
+            } else {
+                struct sfs_key k = tu_key(b, s);
+
+                tu_fill(&k, buf, shard_size);
+            }
+            if (pwrite(fd, buf, shard_size, (off_t)s * shard_size) != (ssize_t)shard_size)
+                r = errno ? -errno : -EIO;
+        }
+        if (r == 0 && sync && fsync(fd) < 0)
+            r = -errno;
+        close(fd);
+    }
+out:
+    free(buf);
+    return r;
 }

@@ -90,4 +90,24 @@ void tu_wait_marked_dead(struct sfs_cache *c, unsigned n);
 /* Wait until stats count n reaped processes, at most 3 s; asserts. */
 void tu_wait_reaped(struct sfs_cache *c, uint64_t n);
 
+/* tu_block(n) in hex, as the store's file names and the mount's paths
+ * spell it. */
+void tu_block_hex(uint64_t n, char out[SFS_BLOCK_HEX_LEN + 1]);
+
+/* The file of block number `block` in a posix store at dir (its default
+ * layout: dir/data/<32 hex chars of tu_block(block)>). */
+void tu_store_path(const char *dir, uint64_t block, char *out, size_t len);
+
+/* The bytes of shard `shard` of block number `block` in a store: len bytes
+ * at buf. NULL for tu_store_write: tu_fill() of tu_key(block, shard). */
+typedef void tu_shard_fill_fn(uint64_t block, uint32_t shard, void *buf, size_t len, void *arg);
+
+/* The one posix-store writer of the tests and benchmarks: blocks [first,
+ * first + nblocks) of nshards shards of shard_size bytes each, in the
+ * layout above (dir and dir/data created as needed), each file fsync'ed
+ * when `sync`. Returns 0 or -errno; never asserts, so benchmarks use it
+ * too. */
+int tu_store_write(const char *dir, uint64_t first, uint64_t nblocks, uint32_t nshards,
+                   uint32_t shard_size, tu_shard_fill_fn *fill, void *arg, bool sync);
+
 #endif

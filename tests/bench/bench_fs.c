@@ -22,6 +22,7 @@
  */
 #include "bench_util.h"
 #include "fsfixture.h"
+#include "testutil.h"
 
 #include <shardfs/cache.h>
 
@@ -46,62 +47,45 @@ struct setup {
 
 static struct setup S;
 
-static void block_hex(unsigned b, char out[SFS_BLOCK_HEX_LEN + 1])
-{
-    struct sfs_block_id id;
-
-    for (int i = 0; i < SFS_BLOCK_ID_LEN; i++)
-        id.b[i] = (uint8_t)(0x5a ^ (b * 131 + (unsigned)i * 7));
-    id.b[0] = (uint8_t)b;
-    id.b[1] = (uint8_t)(b >> 8);
-    sfs_block_to_hex(&id, out);
-}
-
 static void shard_path(unsigned b, unsigned s, char *out, size_t len)
 {
     char hex[SFS_BLOCK_HEX_LEN + 1];
 
-    block_hex(b, hex);
+    tu_block_hex(b, hex);
     snprintf(out, len, "%s/block/%s/shard/%u", S.fx.mnt, hex, s);
 }
 
 static void store_path(unsigned b, char *out, size_t len)
 {
-    char hex[SFS_BLOCK_HEX_LEN + 1];
+    tu_store_path(S.store, b, out, len);
+}
 
-    block_hex(b, hex);
-    snprintf(out, len, "%s/data/%s", S.store, hex);
+/* Shard s of block b: bytes of one value, b * NSHARDS_B + s; the same
+ * bytes go to the shm mirror (the baseline), at the shard's index. */
+struct mirror {
+    int fd;
+    bool failed;
+};
+
+static void fill_and_mirror(uint64_t b, uint32_t s, void *buf, size_t len, void *arg)
+{
+    struct mirror *m = arg;
+
+    memset(buf, (int)(b * NSHARDS_B + s), len);
+    if (pwrite(m->fd, buf, len, ((off_t)b * NSHARDS_B + s) * (off_t)len) != (ssize_t)len)
+        m->failed = true;
 }
 
 static int make_store(void)
 {
-    char path[256];
-    int shm;
+    struct mirror m = {.fd = open(S.shm, O_WRONLY | O_CREAT | O_TRUNC, 0644)};
+    int r;
 
-    snprintf(path, sizeof(path), "%s/data", S.store);
-    if (mkdir(S.store, 0755) < 0 || mkdir(path, 0755) < 0)
+    if (m.fd < 0)
         return -1;
-    shm = open(S.shm, O_WRONLY | O_CREAT | O_TRUNC, 0644);
-    if (shm < 0)
-        return -1;
-    for (unsigned b = 0; b < S.nblocks; b++) {
-        int fd;
-
-        store_path(b, path, sizeof(path));
-        fd = open(path, O_WRONLY | O_CREAT | O_TRUNC, 0644);
-        if (fd < 0)
-            return -1;
-        for (unsigned s = 0; s < NSHARDS_B; s++) {
-            memset(S.buf, (int)(b * NSHARDS_B + s), SHARD);
-            if (pwrite(fd, S.buf, SHARD, (off_t)s * SHARD) != SHARD ||
-                pwrite(shm, S.buf, SHARD, ((off_t)b * NSHARDS_B + s) * SHARD) != SHARD)
-                return -1;
-        }
-        fsync(fd);
-        close(fd);
-    }
-    close(shm);
-    return 0;
+    r = tu_store_write(S.store, 0, S.nblocks, NSHARDS_B, SHARD, fill_and_mirror, &m, true);
+    close(m.fd);
+    return r < 0 || m.failed ? -1 : 0;
 }
 
 static void drop_store_cache(void)

@@ -55,6 +55,7 @@
  * ~100 us, and how long the disk sat idle at the start and the end.
  */
 #include "bench_util.h"
+#include "testutil.h"
 
 #include <shardfs/cache.h>
 #include <shardfs/rank.h>
@@ -105,17 +106,6 @@ static void die(const char *what, int err)
     exit(1);
 }
 
-/* Block ids: a pure function of n. */
-static struct sfs_block_id blk(uint64_t n)
-{
-    struct sfs_block_id id;
-    uint64_t a = n * 0x9e3779b97f4a7c15ull + 7, b = ~n * 0xbf58476d1ce4e5b9ull;
-
-    memcpy(id.b, &a, 8);
-    memcpy(id.b + 8, &b, 8);
-    return id;
-}
-
 /* ---------------------------------------------------------------------------
  * The store.
  */
@@ -142,41 +132,31 @@ static bool key_ok(const uint8_t *p, uint32_t b, uint32_t s)
     return memcmp(p, want, 16) == 0;
 }
 
+/* A shard's bytes: the block's byte, its key's tag in front. */
+static void fill_tagged(uint64_t block, uint32_t shard, void *buf, size_t len, void *arg)
+{
+    memset(buf, (int)(block & 0xff), len);
+    key_tag(buf, (uint32_t)block, shard);
+}
+
 static void store_write(struct store *st, const char *root, uint64_t shard, uint64_t total)
 {
-    char path[600], hex[SFS_BLOCK_HEX_LEN + 1];
     size_t blen = SHARDS_PER_BLOCK * shard;
-    uint8_t *buf = malloc(blen);
+    int r;
 
-    if (!buf)
-        die("malloc", ENOMEM);
     st->shard = shard;
     st->nblocks = (uint32_t)(total / blen);
     st->nkeys = st->nblocks * SHARDS_PER_BLOCK;
     snprintf(st->dir, sizeof(st->dir), "%s/%luk", root, (unsigned long)(shard >> 10));
-    if (mkdir(st->dir, 0755) < 0 && errno != EEXIST)
-        die(st->dir, errno);
-    snprintf(path, sizeof(path), "%s/data", st->dir);
-    if (mkdir(path, 0755) < 0 && errno != EEXIST)
-        die(path, errno);
     st->paths = calloc(st->nblocks, sizeof(*st->paths));
     if (!st->paths)
         die("calloc", ENOMEM);
-    for (uint32_t b = 0; b < st->nblocks; b++) {
-        struct sfs_block_id id = blk(b);
-        int fd;
-
-        memset(buf, (int)(b & 0xff), blen);
-        for (uint32_t s = 0; s < SHARDS_PER_BLOCK; s++)
-            key_tag(buf + s * shard, b, s);
-        sfs_block_to_hex(&id, hex);
-        snprintf(st->paths[b], sizeof(st->paths[b]), "%s/data/%s", st->dir, hex);
-        fd = open(st->paths[b], O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-        if (fd < 0 || pwrite(fd, buf, blen, 0) != (ssize_t)blen || fsync(fd) < 0)
-            die("write store", errno);
-        close(fd);
-    }
-    free(buf);
+    r = tu_store_write(st->dir, 0, st->nblocks, SHARDS_PER_BLOCK, (uint32_t)shard, fill_tagged,
+                       NULL, true);
+    if (r < 0)
+        die("write store", -r);
+    for (uint32_t b = 0; b < st->nblocks; b++)
+        tu_store_path(st->dir, b, st->paths[b], sizeof(st->paths[b]));
 }
 
 /* Cold: nothing of the store in the page cache. */
@@ -549,7 +529,7 @@ static int rank_main(const struct store *st, const char *sock, int r, int N, str
         return 3;
     }
     for (uint32_t i = 0; i < st->nkeys; i++)
-        e[i] = (struct sfs_rank_entry){blk(i / SHARDS_PER_BLOCK), i % SHARDS_PER_BLOCK,
+        e[i] = (struct sfs_rank_entry){tu_block(i / SHARDS_PER_BLOCK), i % SHARDS_PER_BLOCK,
                                        dst + (size_t)i * st->shard};
     if (write(done_w, "o", 1) != 1)
         return 4;

@@ -33,6 +33,7 @@
  * every bench, so the file stays one document.
  */
 #include "bench_util.h"
+#include "testutil.h"
 
 #include <shardfs/backend.h>
 #include <shardfs/cache.h>
@@ -115,17 +116,6 @@ static void check_status(const int *st, uint32_t n, const char *what)
         }
 }
 
-/* Block ids: a pure function of n. */
-static struct sfs_block_id blk(uint64_t n)
-{
-    struct sfs_block_id id;
-    uint64_t a = n * 0x9e3779b97f4a7c15ull + 1, b = ~n * 0xbf58476d1ce4e5b9ull;
-
-    memcpy(id.b, &a, 8);
-    memcpy(id.b + 8, &b, 8);
-    return id;
-}
-
 static double median(double *v, int n)
 {
     for (int i = 1; i < n; i++)
@@ -137,26 +127,18 @@ static double median(double *v, int n)
     return n ? v[n / 2] : 0;
 }
 
+/* Every shard's bytes: one pattern (the benchmark checks status, not bytes). */
+static void fill_5a(uint64_t block, uint32_t shard, void *buf, size_t len, void *arg)
+{
+    memset(buf, 0x5a, len);
+}
+
 static void write_store(const char *dir, uint32_t nblocks, uint32_t shard)
 {
-    char path[512], hex[SFS_BLOCK_HEX_LEN + 1];
-    uint8_t *buf = malloc(shard);
+    int r = tu_store_write(dir, 0, nblocks, 1, shard, fill_5a, NULL, false);
 
-    memset(buf, 0x5a, shard);
-    mkdir(dir, 0755);
-    snprintf(path, sizeof(path), "%s/data", dir);
-    mkdir(path, 0755);
-    for (uint32_t b = 0; b < nblocks; b++) {
-        struct sfs_block_id id = blk(b);
-
-        sfs_block_to_hex(&id, hex);
-        snprintf(path, sizeof(path), "%s/data/%s", dir, hex);
-        int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC, 0644);
-        if (fd < 0 || pwrite(fd, buf, shard, 0) != (ssize_t)shard)
-            die("write store", errno);
-        close(fd);
-    }
-    free(buf);
+    if (r < 0)
+        die("write store", -r);
 }
 
 static int rm_one(const char *p, const struct stat *st, int flag, struct FTW *f)
@@ -200,7 +182,7 @@ static void fill_resident(struct sfs_cache *c, uint32_t n, uint64_t shard, uint8
                           struct sfs_rank_entry *e, uint8_t **slot)
 {
     for (uint32_t i = 0; i < n; i++) {
-        struct sfs_key k = {.block = blk(i), .shard = 0};
+        struct sfs_key k = {.block = tu_block(i), .shard = 0};
         struct sfs_lease l;
 
         if (sfs_cache_get(c, &k, 0, 0, &l) == SFS_OWNER) {
@@ -276,7 +258,12 @@ static int tp_child(struct bjob *j)
     cfg.backend = j->spec;
     cfg.load_depth = O.depth;
     cfg.rotate = j->rotate;
-    cfg.blocking_waits = j->blocking;
+    /* The seed's blocking LoadQueue: a test hook, read at open (each rank
+     * is a process of its own). */
+    if (j->blocking)
+        setenv("SHARDFS_RANK_BLOCKING_WAITS", "1", 1);
+    else
+        unsetenv("SHARDFS_RANK_BLOCKING_WAITS");
     cfg.copier = SFS_COPIER_HOST;
     cfg.prealloc = false;
     struct sfs_rank *rk = sfs_rank_open(&cfg, &err);
@@ -284,7 +271,7 @@ static int tp_child(struct bjob *j)
         return 2;
     memset(bufs, 0, (size_t)O.M * O.shard); /* first touch outside the timing */
     for (uint32_t i = 0; i < O.M; i++)
-        e[i] = (struct sfs_rank_entry){blk(i), 0, bufs + (size_t)i * O.shard};
+        e[i] = (struct sfs_rank_entry){tu_block(i), 0, bufs + (size_t)i * O.shard};
     atomic_fetch_add(&j->sh->arrived, 1);
     while (!atomic_load(&j->sh->go))
         ; /* the start gun: spin briefly so every rank leaves at once */

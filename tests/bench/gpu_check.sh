@@ -44,13 +44,13 @@ echo "== configure + build ($build)"
 cmake -S "$here" -B "$build" -DCMAKE_BUILD_TYPE=Release -DSHARDFS_CUDA=ON \
       -DSHARDFS_FUSE=OFF >"$build.cmake.log" 2>&1 || { cat "$build.cmake.log"; exit 1; }
 grep -q "CUDA copier ON" "$build.cmake.log" || { echo "CUDA toolkit not found by CMake"; exit 1; }
-cmake --build "$build" -j "$jobs" --target test_rank bench_rank
+cmake --build "$build" -j "$jobs" --target test_rank test_rank_cuda bench_rank
 
 # Criterion lists every test a filter leaves out as "[SKIP] ...: Test is
 # disabled"; only the others say anything.
 echo "== CUDA tests"
 rc=0
-timeout 300 "$build/tests/test_rank" --jobs=1 --verbose --filter='rank/cuda*' \
+timeout 300 "$build/tests/test_rank_cuda" --jobs=1 --verbose --filter='rank/cuda*' \
     >"$logs/cuda.txt" 2>&1 || rc=$?
 grep -v 'Test is disabled' "$logs/cuda.txt" || true
 if [ "$rc" -ne 0 ]; then
@@ -71,14 +71,15 @@ if [ "${GPU_CHECK_SANITIZE:-0}" != 0 ]; then
     san=$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)
     rc=0
     timeout 600 "$san" --tool memcheck --error-exitcode 99 --target-processes all \
-        "$build/tests/test_rank" --jobs=1 --filter='rank/cuda*' >"$logs/san.txt" 2>&1 || rc=$?
+        "$build/tests/test_rank_cuda" --jobs=1 --filter='rank/cuda*' >"$logs/san.txt" 2>&1 || rc=$?
     grep -v 'Test is disabled' "$logs/san.txt" | tail -40 || true
     [ "$rc" -eq 0 ] || { echo "gpu_check: compute-sanitizer: status $rc"; exit 1; }
 fi
 
 echo "== all rank tests"
 rc=0
-timeout 300 "$build/tests/test_rank" --jobs=1 >"$logs/rank.txt" 2>&1 || rc=$?
+{ timeout 300 "$build/tests/test_rank" --jobs=1 &&
+    timeout 300 "$build/tests/test_rank_cuda" --jobs=1; } >"$logs/rank.txt" 2>&1 || rc=$?
 grep -v 'Test is disabled' "$logs/rank.txt" | grep -E '^\[(FAIL|SKIP)|Assertion|Synthesis' || true
 [ "$rc" -eq 0 ] || { echo "gpu_check: rank tests failed (status $rc)"; exit 1; }
 

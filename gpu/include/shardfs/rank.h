@@ -64,21 +64,23 @@ struct sfs_rank_config {
     /* RearrangeIndex order (default true); false walks tasks in natural
      * order 0, 1, 2... (the benchmark baseline). */
     bool rotate;
-    /* The dispatcher blocks on each key another rank is loading before it
-     * goes on, as the seed's old LoadQueue did (default false). A benchmark
-     * baseline only: it stalls the walk behind every slow key. */
-    bool blocking_waits;
+    /* Must be false (sfs_rank_open returns -EINVAL otherwise). In 0.1.0
+     * this was `blocking_waits`, a benchmark baseline that is now a test
+     * hook (SHARDFS_RANK_BLOCKING_WAITS, docs/rank.md); the field stays so
+     * the struct keeps its layout. */
+    bool reserved0;
     /* Prealloc (block, shard + 1) of the last task's blocks when the queue
      * runs empty (default true). */
     bool prealloc;
     /* enum sfs_rank_copier (default AUTO). */
     int copier;
     /* Worker threads that submit write-through dumps and load keys taken
-     * over from a dead owner (default 4). Keys other ranks are loading are
-     * not waited on by these: watcher threads, started as needed, each
-     * sleep on up to SFS_WAIT_ANY_MAX of them at once, so no waiting key is
-     * held behind another. */
-    unsigned waiters;
+     * over from a dead owner (default 4; 0 is taken as 4). Keys other ranks
+     * are loading are not waited on by these: watcher threads, started as
+     * needed, each sleep on up to SFS_WAIT_ANY_MAX of them at once, so no
+     * waiting key is held behind another. (Named `waiters` in 0.1.0; same
+     * place in the struct.) */
+    unsigned workers;
     /* Deadline for one key, ms: a key another rank is loading, or a cache
      * full of leased slots, fails the entry with -ETIMEDOUT / -ENOSPC after
      * this long (default 30000). */

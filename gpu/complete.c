@@ -1,0 +1,124 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * complete.c - the end of an entry and of a task: the room the dispatcher,
+ * the watchers, the workers, the backend callbacks and the copier all call
+ * downward when an item is finished (or, for a dump, copied in).
+ *
+ * Key idea: an item ends exactly once, in sfs_item_done(): its lease goes
+ * back to the cache (waking a dispatcher short of leases), its bounce buffer
+ * is freed, its status is recorded, and the last entry of a task wakes the
+ * task's waiters and drops the completion reference. Nothing here calls up
+ * into the dispatcher or the copier: a dump whose bytes are copied in is
+ * handed to a worker by a push on the work queue.
+ *
+ * A task is a small refcounted object: one reference for the caller (dropped
+ * by sfs_rank_task_free), one for the dispatcher (dropped after its walk and
+ * the idle window), one for completion (dropped by the last entry). So a task
+ * freed early finishes quietly, and a finished task outlives its rank.
+ */
+#include "rank_i.h"
+
+#include <stdlib.h>
+
+void sfs_task_unref(struct sfs_task *t)
+{
+    bool last;
+
+    pthread_mutex_lock(&t->mu);
+    last = --t->refs == 0;
+    pthread_mutex_unlock(&t->mu);
+    if (!last)
+        return;
+    pthread_mutex_destroy(&t->mu);
+    pthread_cond_destroy(&t->cv);
+    free(t->items);
+    free(t->entries);
+    free(t->status);
+    free(t);
+}
+
+/* A task completed or a prefetch ended: close may be waiting for the last. */
+void sfs_rank_active_put(struct sfs_rank *rk)
+{
+    pthread_mutex_lock(&rk->mu);
+    if (--rk->active == 0)
+        pthread_cond_broadcast(&rk->idle_cv);
+    pthread_mutex_unlock(&rk->mu);
+}
+
+/* Drop the item's lease (if it still holds one). */
+static void item_release(struct rank_item *it)
+{
+    struct sfs_rank *rk = it->rank;
+
+    if (!it->leased)
+        return;
+    sfs_cache_release(rk->cache, &it->lease);
+    it->leased = false;
+    /* Relaxed: a dispatcher that counted itself after this look waits 10 ms
+     * at most (lease_wait() in loadqueue.c bounds its sleep). */
+    if (atomic_load_explicit(&rk->lease_waiters, memory_order_relaxed)) {
+        pthread_mutex_lock(&rk->lease_mu);
+        pthread_cond_broadcast(&rk->lease_cv);
+        pthread_mutex_unlock(&rk->lease_mu);
+    }
+}
+
+/* The item is finished with `status`: its lease is gone, its bounce buffer
+ * freed. Record the status; the last entry completes the task. */
+void sfs_item_done(struct rank_item *it, int status)
+{
+    struct sfs_rank *rk = it->rank;
+    struct sfs_task *t = it->task;
+    bool finished;
+
+    item_release(it);
+    if (it->bounce) {
+        free(it->buf);
+        it->buf = NULL;
+        it->bounce = false;
+    }
+    if (status < 0)
+        rank_ctr_add(rk, RC_FAILED, 1);
+    if (!t) { /* a prefetch */
+        free(it);
+        sfs_rank_active_put(rk);
+        return;
+    }
+    pthread_mutex_lock(&t->mu);
+    t->status[it->idx] = status;
+    finished = --t->pending == 0;
+    if (finished)
+        pthread_cond_broadcast(&t->cv);
+    pthread_mutex_unlock(&t->mu);
+    if (finished) {
+        sfs_rank_active_put(rk);
+        sfs_task_unref(t); /* the completion reference */
+    }
+}
+
+/* A dump that failed before its bytes reached the store: fail the slot it
+ * owns (a bounced one owns none), then finish with err. */
+void sfs_item_fail(struct rank_item *it, int err)
+{
+    if (it->leased && !it->bounce)
+        sfs_cache_fail(it->rank->cache, &it->lease, err);
+    sfs_item_done(it, err);
+}
+
+/* After the copier has copied a dump's bytes in: write them through (a
+ * worker submits the dump). Called by the copier thread, or its releaser. */
+void sfs_item_dump_copied(struct rank_item *it)
+{
+    struct sfs_rank *rk = it->rank;
+
+    if (!rk->be) {
+        /* No backend: the cache is the only copy. */
+        int r = sfs_cache_publish(rk->cache, &it->lease, rk->shard_size, SFS_PUBLISH_WRITTEN);
+
+        sfs_item_done(it, r);
+        return;
+    }
+    it->step = STEP_DUMP_SUBMIT;
+    rank_push_work(rk, it);
+}
