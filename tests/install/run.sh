@@ -221,7 +221,9 @@ check "import shardfs with /usr/bin/python3 gives __version__ $version, from dis
     [ \"\$(echo \"\$out\" | sed -n 2p)\" = /usr/lib/python3/dist-packages/shardfs/__init__.py ]"
 
 echo "== an fstab line (mount -T)"
-printf '# shardfs install test\n%s  %s  fuse.shardfs  shard_size=%s,capacity=64M,socket=%s,nofail,noauto  0  0\n' \
+# nofail and noauto are mount(8)'s (mount.fuse3 drops them), x-* are never
+# passed to a helper: the daemon would refuse any of them.
+printf '# shardfs install test\n%s  %s  fuse.shardfs  shard_size=%s,capacity=64M,socket=%s,nofail,noauto,x-systemd.device-timeout=5s  0  0\n' \
   "$store" "$fmnt" "$ss" "$tmp/fsock" >"$tmp/fstab"
 mounts+=("$fmnt")
 # mount(8) runs its helper with the standard PATH; the libmount debug
@@ -239,6 +241,9 @@ if check "mount -T FSTAB MOUNTPOINT (type fuse.shardfs)" \
       "$cons/consumer-pc" "$fmnt" "$store" "$block" "$nshards"
   check "umount of the fstab mount" umount "$fmnt"
 fi
+check "a bad option fails mount -t fuse.shardfs with the daemon's message" bash -c "
+  ! mount -t fuse.shardfs -o shard_size=bogus,socket='$tmp/bsock' '$store' '$fmnt' 2>'$tmp/bad.err' &&
+  cat '$tmp/bad.err' && grep -q 'shard_size=bogus' '$tmp/bad.err' && ! mountpoint -q '$fmnt'"
 # The helper by itself, as mount(8) calls it, from an empty environment: it
 # finds mount.fuse3 and the daemon on its own.
 if check "env -i mount.fuse.shardfs STORE MOUNTPOINT -o OPTS" \
