@@ -13,7 +13,8 @@
 #    consumers against it: each attaches through the mount point's socket and
 #    loads shards whose every byte it checks;
 # 4. imports the Python package from its installed place with Debian's
-#    /usr/bin/python3 (PYTHONPATH unset, cwd /);
+#    /usr/bin/python3 (PYTHONPATH unset, cwd /), and, once the package has
+#    shardfs.Rank, loads the shards through it (load.py);
 # 5. mounts through an fstab line (type fuse.shardfs, mount -T TMPFSTAB:
 #    mount(8) runs /sbin/mount.fuse.shardfs), and with the helper alone from
 #    an empty environment, and reads through both;
@@ -210,6 +211,16 @@ if check "/usr/sbin/shardfs mounts a store" \
   check "shard 2 read through the mount matches the store" cmp "$tmp/shard2" "$mnt/block/$block/shard/2"
   check "/usr/bin/shardfs-load verifies the block through 2 ranks" \
     /usr/bin/shardfs-load -m "$mnt" -b "$store" -r 2 -n 1 -V "$block"
+  # The package's own API against the daemon, from its installed place; the
+  # placeholder package (no Rank) says so and is not counted.
+  cp tests/install/load.py "$tmp/load.py"
+  (cd / && env -u PYTHONPATH /usr/bin/python3 "$tmp/load.py" "$mnt" "$store" "$block" "$nshards" \
+     >"$tmp/py.out" 2>&1)
+  case $? in
+    0) ok "python: shardfs.Rank loads $nshards shards through the daemon, bytes verified" ;;
+    77) echo "skip - python: $(cat "$tmp/py.out")" ;;
+    *) bad "python: shardfs.Rank load through the daemon"; sed 's/^/    /' "$tmp/py.out" ;;
+  esac
   check "umount" umount "$mnt"
 fi
 
