@@ -176,6 +176,12 @@ for f in /usr/sbin/shardfs /usr/sbin/mount.fuse.shardfs /usr/bin/shardfs-load \
 done
 check "the systemd unit names the installed daemon" grep -q '^ExecStart=/usr/sbin/shardfs ' \
   /lib/systemd/system/shardfs@.service
+if command -v systemd-analyze >/dev/null; then
+  # An instance of the template, its command and its Documentation= man page.
+  check "systemd-analyze verify shardfs@.service" bash -c "
+    out=\$(systemd-analyze verify /lib/systemd/system/shardfs@.service 2>&1); rc=\$?
+    echo \"\$out\"; [ \$rc = 0 ] && [ -z \"\$out\" ]"
+fi
 check "pkg-config shardfs-rank is $version" \
   bash -c "[ \"\$(env -u PKG_CONFIG_PATH pkg-config --modversion shardfs-rank)\" = $version ]"
 
