@@ -173,6 +173,8 @@ class Task:
         timeout: seconds (None: no limit, 0: poll). Raises WaitTimeout when it
         passes first; the task goes on and may be waited for again. A task
         waited for once returns the same list again."""
+        if timeout is not None and not timeout >= 0:
+            raise InvalidArgument(f"timeout {timeout}: expected seconds >= 0 or None")
         if self._statuses is not None:
             return list(self._statuses)
         lib = _lib.lib()
@@ -183,8 +185,6 @@ class Task:
                 if rc != -errno.ETIMEDOUT:
                     break
         else:
-            if timeout < 0:
-                raise InvalidArgument(f"timeout {timeout}: expected seconds >= 0 or None")
             deadline = time.monotonic() + timeout
             while True:
                 left_ms = max(0, int((deadline - time.monotonic()) * 1000 + 0.999))
