@@ -22,6 +22,8 @@ on the parent's Rank raises RankClosed instead of hanging.
 import ctypes
 import errno
 import os
+import struct
+import sys
 import threading
 import time
 
@@ -66,6 +68,21 @@ def _shard_index(shard):
     if not 0 <= shard <= _MAX_SHARD:
         raise InvalidArgument(f"shard {shard}: out of range 0..{_MAX_SHARD}")
     return shard
+
+
+_ENTRY = struct.Struct("=16sI4xQ")  # struct sfs_rank_entry on LP64: block, shard, pad, addr
+assert _ENTRY.size == ctypes.sizeof(_lib.Entry)
+_tensor_type = None
+
+
+def _torch_tensor_type():
+    """torch.Tensor once torch is imported (by the caller), else None."""
+    global _tensor_type
+    if _tensor_type is None:
+        torch = sys.modules.get("torch")
+        if torch is not None:
+            _tensor_type = torch.Tensor
+    return _tensor_type
 
 
 def _is_torch_tensor(obj):
@@ -385,26 +402,38 @@ class Rank:
     # -- tasks ------------------------------------------------------------
 
     def _entries(self, entries, writable, what):
+        """The entry array (struct sfs_rank_entry[n], packed with one
+        struct.pack_into per entry) and the objects to keep alive."""
         if isinstance(entries, (str, bytes)) or not hasattr(entries, "__iter__"):
             raise InvalidArgument(f"{what}: entries must be a list of (block, shard, buffer)")
-        entries = list(entries)
+        if not isinstance(entries, (list, tuple)):
+            entries = list(entries)
         n = len(entries)
-        arr = (_lib.Entry * n)()
+        raw = bytearray(_ENTRY.size * n)
         keep = []
         size = self.shard_size
+        host_only = self._host_only
+        pack = _ENTRY.pack_into
+        tensor_type = _torch_tensor_type()
         for i, ent in enumerate(entries):
             try:
                 block, shard, buf = ent
             except (TypeError, ValueError):
                 raise InvalidArgument(f"{what}: entry {i} is not a (block, shard, buffer) triple") from None
-            e = arr[i]
-            ctypes.memmove(e.block.b, block_id(block), _lib.BLOCK_ID_LEN)
-            e.shard = _shard_index(shard)
-            addr, hold = _buffer_address(buf, size, writable, self._host_only, f"{what}: entry {i}")
-            e.addr = addr
-            if hold is not None:
-                keep.append(hold)
-        return arr, n, keep
+            if type(block) is not bytes or len(block) != _lib.BLOCK_ID_LEN:
+                block = block_id(block)
+            if type(shard) is not int or not 0 <= shard <= _MAX_SHARD:
+                shard = _shard_index(shard)
+            if type(buf) is tensor_type and buf.is_contiguous() and buf.numel() * buf.element_size() == size and \
+                    not (host_only and buf.is_cuda):
+                addr = buf.data_ptr()  # the common case, checked as _buffer_address does
+                keep.append(buf)
+            else:
+                addr, hold = _buffer_address(buf, size, writable, host_only, f"{what}: entry {i}")
+                if hold is not None:
+                    keep.append(hold)
+            pack(raw, i * _ENTRY.size, block, shard, addr)
+        return (_lib.Entry * n).from_buffer(raw), n, keep
 
     def _submit(self, fn_name, entries, writable, kind):
         arr, n, keep = self._entries(entries, writable, kind)
