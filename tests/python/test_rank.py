@@ -20,6 +20,7 @@ import gc
 import multiprocessing
 import os
 import signal
+import threading
 import time
 import unittest
 import weakref
@@ -255,6 +256,23 @@ class OneRank(unittest.TestCase):
             self.assertTrue(task.done())
             self.assertEqual(dst.tobytes(), expected(b, 0))
 
+    def test_threads_wait_for_one_task(self):
+        b = fixture.block(1, b"threads")
+        fixture.write_block(D.store, b, 1, SIZE)
+        with shardfs.Rank(socket=D.sock, backend=f"fault:latency_us=200000:{D.store}") as r:
+            dst = np.empty(SIZE, np.uint8)
+            task = r.load([(b, 0, dst)])
+            got = []
+            threads = [threading.Thread(target=lambda: got.append(task.wait(10))) for _ in range(4)]
+            for t in threads:
+                t.start()
+            while not task.done():
+                time.sleep(0.001)
+            for t in threads:
+                t.join(10)
+            self.assertEqual(got, [[0]] * 4)
+            self.assertEqual(dst.tobytes(), expected(b, 0))
+
     def test_a_task_holds_its_buffers_until_waited(self):
         b = fixture.block(1, b"hold")
         fixture.write_block(D.store, b, 1, SIZE)
@@ -328,6 +346,11 @@ class BadInput(unittest.TestCase):
         self.einval(self.rank.load, [(self.b, 0)], match="triple")
         self.einval(self.rank.load, None, match="entries")
 
+    def test_tensors_without_host_memory(self):
+        meta = torch.empty(SIZE, dtype=torch.uint8, device="meta")
+        self.einval(self.rank.load, [(self.b, 0, meta)], match="meta")
+        self.einval(self.rank.dump, [(self.b, 0, meta)], match="meta")
+
     def test_bad_buffers(self):
         self.einval(self.rank.load, [(self.b, 0, bytes(SIZE))], match="read-only")
         ro = np.zeros(SIZE, np.uint8)
@@ -345,6 +368,8 @@ class BadInput(unittest.TestCase):
         self.einval(shardfs.Rank, socket=D.sock, rank=2, world=2, match="rank < world")
         self.einval(shardfs.Rank, socket=D.sock, device="cuda:0", match="device")
         self.einval(shardfs.Rank, socket=D.sock, colour="blue", match="unknown option")
+        self.einval(shardfs.Rank, socket=D.sock, load_depth=-1, match="load_depth")
+        self.einval(shardfs.Rank, socket=D.sock, rotate=1, match="rotate")
         with self.assertRaises(shardfs.ShardfsError) as cm:
             shardfs.Rank(socket=os.path.join(D.dir, "no.sock"))
         self.assertIn(cm.exception.errno, (errno.ENOENT, errno.ECONNREFUSED))

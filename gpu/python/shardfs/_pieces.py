@@ -21,6 +21,7 @@ addressing) when the rank uses the CUDA copier.
 """
 import ctypes
 import errno
+import threading
 
 from .errors import InvalidArgument, ShardfsError
 
@@ -126,6 +127,7 @@ class PieceTask:
     returns the per-entry statuses."""
 
     def __init__(self, task, rows, load, cuda, keep=None):
+        self._mu = threading.Lock()  # one finisher scatters, once
         self.task = task
         self.rows = rows
         self.load = load
@@ -136,17 +138,18 @@ class PieceTask:
     def done(self):
         return self.statuses is not None or self.task.done()
 
-    def finish(self, timeout=None):
-        if self.statuses is None:
-            st = self.task.wait(timeout)
-            if self.load:
-                for row, s in zip(self.rows, st):
-                    if s == 0 and row.bounce is not None:
-                        row.scatter(self.cuda)
-            self.rows = None
-            self.keep = None
-            self.statuses = st
-        return self.statuses
+    def finish(self):
+        with self._mu:
+            if self.statuses is None:
+                st = self.task.wait()
+                if self.load:
+                    for row, s in zip(self.rows, st):
+                        if s == 0 and row.bounce is not None:
+                            row.scatter(self.cuda)
+                self.rows = None
+                self.keep = None
+                self.statuses = st
+            return self.statuses
 
 
 def submit(rank, blocks, shards, rows, load):

@@ -111,9 +111,14 @@ def _buffer_address(buf, size, writable, host_only, what):
         nbytes = buf.numel() * buf.element_size()
         if nbytes != size:
             raise InvalidArgument(f"{what}: tensor holds {nbytes} bytes, the shard is {size}")
-        if host_only and buf.device.type != "cpu":
+        kind = buf.device.type
+        if kind not in ("cpu", "cuda"):
+            raise InvalidArgument(f"{what}: tensor on {buf.device}: only CPU and CUDA memory can be copied")
+        if host_only and kind != "cpu":
             raise InvalidArgument(f"{what}: tensor on {buf.device} but this Rank copies to "
                                   "host memory (device=None): open the Rank with device=N")
+        if not buf.data_ptr():
+            raise InvalidArgument(f"{what}: tensor has no storage (data_ptr() is 0)")
         return buf.data_ptr(), buf
     ai = getattr(buf, "__array_interface__", None)
     if ai is not None and not isinstance(buf, (bytes, bytearray, memoryview)):
@@ -126,6 +131,8 @@ def _buffer_address(buf, size, writable, host_only, what):
             raise InvalidArgument(f"{what}: array holds {nbytes} bytes, the shard is {size}")
         if writable and readonly:
             raise InvalidArgument(f"{what}: array is read-only and a load writes it")
+        if not addr:
+            raise InvalidArgument(f"{what}: array has no data (address 0)")
         return addr, buf
     try:
         view = memoryview(buf)
@@ -161,9 +168,12 @@ class Task:
     negative errno (-ENOENT not in the backend, -EIO, -ETIMEDOUT, -ENOSPC,
     -ECANCELED). The Task holds its buffers until it is waited for."""
 
-    __slots__ = ("_ptr", "_n", "_keep", "_rank", "_statuses", "_kind", "__weakref__")
+    __slots__ = ("_ptr", "_n", "_keep", "_rank", "_statuses", "_kind", "_mu", "__weakref__")
 
     def __init__(self, rank, ptr, n, keep, kind):
+        # Held by a waiter for its whole wait: the task is freed by whoever
+        # completes the wait, never under another thread's wait or done().
+        self._mu = threading.Lock()
         self._ptr = ptr
         self._n = n
         self._keep = keep
@@ -182,7 +192,12 @@ class Task:
         """True once every entry has completed (never blocks)."""
         if self._statuses is not None:
             return True
-        return bool(_lib.lib().sfs_rank_task_done(self._ptr))
+        if not self._mu.acquire(blocking=False):
+            return False  # another thread is waiting for it: done once its wait returns
+        try:
+            return self._statuses is not None or bool(_lib.lib().sfs_rank_task_done(self._ptr))
+        finally:
+            self._mu.release()
 
     def wait(self, timeout=None):
         """Wait for every entry; returns the list of statuses (0 or -errno).
@@ -194,6 +209,17 @@ class Task:
             raise InvalidArgument(f"timeout {timeout}: expected seconds >= 0 or None")
         if self._statuses is not None:
             return list(self._statuses)
+        t0 = time.monotonic()
+        if not self._mu.acquire(timeout=-1 if timeout is None else timeout):
+            raise WaitTimeout(f"{self._kind} of {self._n} entries not done after {timeout} s")
+        try:
+            if self._statuses is None:
+                self._wait_locked(None if timeout is None else max(0.0, timeout - (time.monotonic() - t0)))
+            return list(self._statuses)
+        finally:
+            self._mu.release()
+
+    def _wait_locked(self, timeout):
         lib = _lib.lib()
         status = (ctypes.c_int * self._n)()
         if timeout is None:
@@ -211,9 +237,8 @@ class Task:
         if rc == -errno.ETIMEDOUT:
             raise WaitTimeout(f"{self._kind} of {self._n} entries not done after {timeout} s")
         check(rc, "sfs_rank_wait")
-        self._statuses = list(status)
         self._release()
-        return list(self._statuses)
+        self._statuses = list(status)
 
     def _release(self):
         ptr, self._ptr = self._ptr, None
@@ -293,12 +318,15 @@ class Rank:
             cfg.device_id = device
             cfg.copier = _lib.COPIER_CUDA if device >= 0 else _lib.COPIER_AUTO
         for name, val in options.items():
-            if name not in ("load_depth", "rotate", "prealloc", "workers", "key_timeout_ms"):
+            if name in ("rotate", "prealloc"):
+                if not isinstance(val, bool):
+                    raise InvalidArgument(f"Rank: {name}={val!r}: expected a bool")
+            elif name in ("load_depth", "workers", "key_timeout_ms"):
+                if isinstance(val, bool) or not isinstance(val, int) or not 0 <= val <= 0xFFFFFFFF:
+                    raise InvalidArgument(f"Rank: {name}={val!r}: expected an int in 0..2^32-1")
+            else:
                 raise InvalidArgument(f"Rank: unknown option {name}=")
-            try:
-                setattr(cfg, name, val)
-            except TypeError:
-                raise InvalidArgument(f"Rank: {name}={val!r}: wrong type") from None
+            setattr(cfg, name, val)
         err = ctypes.c_int(0)
         ptr = lib.sfs_rank_open(ctypes.byref(cfg), ctypes.byref(err))
         if not ptr:
@@ -424,8 +452,9 @@ class Rank:
                 block = block_id(block)
             if type(shard) is not int or not 0 <= shard <= _MAX_SHARD:
                 shard = _shard_index(shard)
-            if type(buf) is tensor_type and buf.is_contiguous() and buf.numel() * buf.element_size() == size and \
-                    not (host_only and buf.is_cuda):
+            if type(buf) is tensor_type and buf.is_contiguous() and \
+                    buf.numel() * buf.element_size() == size and \
+                    (buf.is_cpu or (buf.is_cuda and not host_only)) and buf.data_ptr():
                 addr = buf.data_ptr()  # the common case, checked as _buffer_address does
                 keep.append(buf)
             else:
