@@ -30,6 +30,7 @@ class Result(unittest.TextTestResult):
 
 
 def main(argv):
+    sys.dont_write_bytecode = True  # no __pycache__ in the source tree
     sys.path.insert(0, HERE)
     if os.environ.get("SHARDFS_TEST_INSTALLED") != "1":
         # The package of this tree, not one installed on the machine.
