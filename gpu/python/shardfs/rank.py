@@ -457,6 +457,8 @@ class Rank:
                     (buf.is_cpu or (buf.is_cuda and not host_only)) and buf.data_ptr():
                 addr = buf.data_ptr()  # the common case, checked as _buffer_address does
                 keep.append(buf)
+            elif type(buf) is int and 0 < buf < 1 << 64:
+                addr = buf  # a raw address: the caller vouches for it
             else:
                 addr, hold = _buffer_address(buf, size, writable, host_only, f"{what}: entry {i}")
                 if hold is not None:
