@@ -279,6 +279,38 @@ class TwoEngines(unittest.TestCase):
         self.assertEqual(after["shardfs_owner_loads_total"], before["shardfs_owner_loads_total"])
 
 
+class Layerwise(unittest.TestCase):
+    def test_shard_n_is_layer_n_at_n_times_shard_size(self):
+        """UCMLayerWiseConnector: one shard per layer, shard index = layer id."""
+        layer_shard = 2 * PIECE
+        d = fixture.Daemon(shard_size=layer_shard).start()
+        try:
+            kv = KVCache(5)
+            cfg = worker_config(kv, shardfs_socket=d.sock, storage_backends=d.store,
+                                tensor_size_list=[PIECE, PIECE], shard_size=layer_shard,
+                                block_size=SHARD)
+            store = ucm.ShardfsStore(cfg)
+            try:
+                b = ids(1, b"ucm-layer")[0]
+                rows = kv.addrs([6]).reshape(1, LAYERS, 2)
+                tasks = [store.dump_data([b], [layer], rows[:, layer, :]) for layer in range(LAYERS)]
+                for t in tasks:
+                    store.wait(t)
+                with open(os.path.join(d.store, "data", b.hex()), "rb") as f:
+                    self.assertEqual(f.read(), kv.block_bytes(6), "layer n at n * shard_size")
+                kv.zero()
+                into = kv.addrs([0]).reshape(1, LAYERS, 2)
+                for layer in range(LAYERS):
+                    store.wait(store.load_data([b], [layer], into[:, layer, :]))
+                with open(os.path.join(d.store, "data", b.hex()), "rb") as f:
+                    self.assertEqual(kv.block_bytes(0), f.read())
+                store.prefetch([b])  # every layer's shard of the block
+            finally:
+                store.close()
+        finally:
+            d.stop()
+
+
 class DirPrefix(unittest.TestCase):
     def test_data_dir_shard_bytes_directories(self):
         d = fixture.Daemon(shard_size=SHARD, opts="dir_prefix=3").start()
