@@ -301,6 +301,30 @@ class OneRank(unittest.TestCase):
         self.assertIsNone(ref2(), "released once the rank closed")
 
 
+class Cuda(unittest.TestCase):
+    """Loads and dumps with the CUDA copier, into and from CUDA tensors; runs
+    where torch sees a GPU and the library was built with CUDA."""
+
+    def setUp(self):
+        if not torch.cuda.is_available() or shardfs.cuda_devices() == 0:
+            self.skipTest("no CUDA here (torch.cuda or libshardfs-rank without CUDA): "
+                          "the CUDA copier's Python path runs on a GPU machine")
+
+    def test_load_and_dump_cuda_tensors(self):
+        b = fixture.block(1, b"cuda")
+        fixture.write_block(D.store, b, 2, SIZE)
+        with shardfs.Rank(socket=D.sock, backend=D.store, device=0) as r:
+            self.assertEqual(r.copier, "cuda")
+            dst = torch.empty(2, SIZE, dtype=torch.uint8, device="cuda:0")
+            self.assertEqual(r.load([(b, 0, dst[0]), (b, 1, dst[1])]).wait(30), [0, 0])
+            self.assertEqual(dst[1].cpu().numpy().tobytes(), expected(b, 1))
+            out = fixture.block(2, b"cuda")
+            torch.cuda.synchronize()
+            self.assertEqual(r.dump([(out, 0, dst[0])]).wait(30), [0])
+            with open(os.path.join(D.store, "data", out.hex()), "rb") as f:
+                self.assertEqual(f.read(), expected(b, 0))
+
+
 class BadInput(unittest.TestCase):
     @classmethod
     def setUpClass(cls):
