@@ -90,7 +90,8 @@ class HostPool:
 
 def storage_config(tp_rank=0, tp_size=1, mla=False, **extra):
     cfg = {"backend_name": "shardfs", "module_path": "shardfs.sglang",
-           "class_name": "ShardfsStorage", "shardfs_socket": D.sock, "shardfs_store": D.store}
+           "class_name": "ShardfsStorage", "interface_v1": 1,
+           "shardfs_socket": D.sock, "shardfs_store": D.store}
     cfg.update(extra)
     return types.SimpleNamespace(
         tp_rank=tp_rank, tp_size=tp_size, pp_rank=0, pp_size=1, attn_cp_rank=0, attn_cp_size=1,

@@ -6,7 +6,7 @@ SGLang loads it with
     --hicache-storage-backend dynamic
     --hicache-storage-backend-extra-config '{"backend_name": "shardfs",
         "module_path": "shardfs.sglang", "class_name": "ShardfsStorage",
-        "shardfs_mount": "/mnt/kv", "shardfs_store": "/var/lib/kvstore"}'
+        "interface_v1": 1, "shardfs_mount": "/mnt/kv", "shardfs_store": "/var/lib/kvstore"}'
 
 constructs it as ShardfsStorage(storage_config, kwargs) and hands it the host
 memory pool with register_mem_pool_host(). One SGLang page is one shardfs
