@@ -1,8 +1,21 @@
 # SPDX-License-Identifier: MIT
-"""shardfs: Python face of libshardfs-rank (placeholder until the package lands).
+"""shardfs: the node-local shared cache of KV-cache shards, from Python.
 
-Only the version is here: the project version (CMakeLists.txt's
-project(VERSION)), which the install test checks after installing the .deb.
+    import shardfs, torch
+    with shardfs.Rank(mount="/mnt/kv", backend="/var/lib/kvstore") as r:
+        dst = torch.empty(r.shard_size, dtype=torch.uint8)
+        status, = r.load([(block_id, 0, dst)]).wait()   # 0 or -errno
+
+Binds libshardfs-rank (ctypes, zero copy: buffers go to the library as
+addresses). Engine adapters: shardfs.ucm.ShardfsStore (UCM StoreV1) and
+shardfs.sglang.ShardfsStorage (SGLang HiCacheStorage). docs/python.md has the
+whole story.
 """
+from ._version import __version__
+from .errors import InvalidArgument, RankClosed, ShardfsError, WaitTimeout
+from .rank import Rank, Task, block_hex, block_id, cuda_devices
 
-__version__ = "0.1.0"
+__all__ = [
+    "__version__", "Rank", "Task", "ShardfsError", "InvalidArgument", "RankClosed",
+    "WaitTimeout", "block_id", "block_hex", "cuda_devices",
+]

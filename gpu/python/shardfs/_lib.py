@@ -1,0 +1,176 @@
+# SPDX-License-Identifier: MIT
+"""Loading libshardfs-rank and the ctypes mirror of its public structs.
+
+The package binds the C library with ctypes (see docs/python.md for why not
+cffi or an extension module): no compiler at install time, no dependency
+beyond the standard library, and every foreign call releases the GIL. The
+structs below mirror gpu/include/shardfs/rank.h and core/include/shardfs/
+cache.h field for field; ctypes applies the platform's C alignment rules, so
+the layouts match as long as the field lists do; at load, `_check_layout()`
+lets the library fill a config into a larger poisoned buffer and refuses to
+go on if it wrote past the end of ours (a library of another layout).
+
+Where the library comes from, first match wins:
+  1. $SHARDFS_LIB: a path to the shared object;
+  2. the build tree this source sits in: <repo>/build*/gpu/libshardfs-rank.so.0
+     (build/ first, then the most recently built one);
+  3. the installed soname, libshardfs-rank.so.0, through the dynamic loader.
+"""
+import ctypes
+import glob
+import os
+import threading
+
+SONAME = "libshardfs-rank.so.0"
+BLOCK_ID_LEN = 16
+
+# enum sfs_rank_copier
+COPIER_AUTO = 0
+COPIER_HOST = 1
+COPIER_CUDA = 2
+
+
+class BlockId(ctypes.Structure):
+    _fields_ = [("b", ctypes.c_uint8 * BLOCK_ID_LEN)]
+
+
+class Key(ctypes.Structure):
+    _fields_ = [("block", BlockId), ("shard", ctypes.c_uint32)]
+
+
+class Entry(ctypes.Structure):
+    _fields_ = [("block", BlockId), ("shard", ctypes.c_uint32), ("addr", ctypes.c_void_p)]
+
+
+class RankConfig(ctypes.Structure):
+    _fields_ = [
+        ("socket_path", ctypes.c_char_p),
+        ("mount_point", ctypes.c_char_p),
+        ("device_id", ctypes.c_int),
+        ("local_rank_size", ctypes.c_int),
+        ("backend", ctypes.c_char_p),
+        ("load_depth", ctypes.c_uint),
+        ("rotate", ctypes.c_bool),
+        ("reserved0", ctypes.c_bool),
+        ("prealloc", ctypes.c_bool),
+        ("copier", ctypes.c_int),
+        ("workers", ctypes.c_uint),
+        ("key_timeout_ms", ctypes.c_uint),
+    ]
+
+
+CACHE_STATS_FIELDS = (
+    "requests", "hits", "misses", "prefetched", "prefetch_hits", "bytes_read",
+    "resident_bytes", "capacity_bytes", "owner_loads", "waits", "evictions",
+    "failures", "takeovers", "prealloc", "touched", "reaped",
+)
+
+RANK_STATS_FIELDS = (
+    "tasks", "entries", "hits", "owner_loads", "takeovers", "waits", "dumps",
+    "dumps_bounced", "failed", "copies", "copy_batches", "bytes_copied",
+    "prealloc", "prefetched", "max_inflight",
+)
+
+
+class CacheStats(ctypes.Structure):
+    _fields_ = [(name, ctypes.c_uint64) for name in CACHE_STATS_FIELDS]
+
+
+class RankStats(ctypes.Structure):
+    _fields_ = [(name, ctypes.c_uint64) for name in RANK_STATS_FIELDS] + [("cache", CacheStats)]
+
+
+def _prototypes(lib):
+    """Declare the argument and result types of every function we call."""
+    P = ctypes.c_void_p
+    sig = {
+        "sfs_rank_config_init": (None, [ctypes.POINTER(RankConfig)]),
+        "sfs_rank_open": (P, [ctypes.POINTER(RankConfig), ctypes.POINTER(ctypes.c_int)]),
+        "sfs_rank_close": (None, [P]),
+        "sfs_rank_load": (ctypes.c_int, [P, ctypes.POINTER(Entry), ctypes.c_size_t,
+                                         ctypes.POINTER(P)]),
+        "sfs_rank_dump": (ctypes.c_int, [P, ctypes.POINTER(Entry), ctypes.c_size_t,
+                                         ctypes.POINTER(P)]),
+        "sfs_rank_wait": (ctypes.c_int, [P, ctypes.c_int, ctypes.POINTER(ctypes.c_int)]),
+        "sfs_rank_task_done": (ctypes.c_bool, [P]),
+        "sfs_rank_task_size": (ctypes.c_size_t, [P]),
+        "sfs_rank_task_free": (None, [P]),
+        "sfs_rank_lookup": (ctypes.c_int, [P, ctypes.POINTER(BlockId), ctypes.c_size_t,
+                                           ctypes.c_uint32, ctypes.POINTER(ctypes.c_bool)]),
+        "sfs_rank_lookup_prefix": (ctypes.c_long, [P, ctypes.POINTER(BlockId), ctypes.c_size_t,
+                                                   ctypes.c_uint32]),
+        "sfs_rank_touch": (ctypes.c_int, [P, ctypes.POINTER(BlockId), ctypes.c_size_t]),
+        "sfs_rank_prefetch": (ctypes.c_int, [P, ctypes.POINTER(Key), ctypes.c_size_t]),
+        "sfs_rank_stats": (None, [P, ctypes.POINTER(RankStats)]),
+        "sfs_rank_shard_size": (ctypes.c_uint64, [P]),
+        "sfs_rank_copier_name": (ctypes.c_char_p, [P]),
+        "sfs_rank_cuda_devices": (ctypes.c_int, []),
+    }
+    for name, (res, args) in sig.items():
+        fn = getattr(lib, name)
+        fn.restype = res
+        fn.argtypes = args
+
+
+def _candidates():
+    env = os.environ.get("SHARDFS_LIB")
+    if env:
+        return [env], True
+    here = os.path.dirname(os.path.abspath(__file__))
+    root = os.path.normpath(os.path.join(here, "..", "..", ".."))
+    found = []
+    first = os.path.join(root, "build", "gpu", SONAME)
+    if os.path.exists(first):
+        found.append(first)
+    others = [p for p in glob.glob(os.path.join(root, "build*", "gpu", SONAME)) if p != first]
+    others.sort(key=lambda p: os.path.getmtime(p), reverse=True)
+    found.extend(others)
+    found.append(SONAME)
+    return found, False
+
+
+def _check_layout(handle, where):
+    size = ctypes.sizeof(RankConfig)
+    buf = (ctypes.c_uint8 * (size + 64))(*([0xA5] * (size + 64)))
+    handle.sfs_rank_config_init(ctypes.cast(buf, ctypes.POINTER(RankConfig)))
+    if any(b != 0xA5 for b in buf[size:]):
+        raise OSError(f"shardfs: {where}: struct sfs_rank_config is larger than this "
+                      "package's mirror of it: package and library are of different versions")
+    assert ctypes.sizeof(Entry) == 32 and ctypes.sizeof(Key) == 20
+
+
+_lock = threading.Lock()
+_lib = None
+
+
+def lib():
+    """The loaded library (loaded on first use). Raises OSError naming every
+    place looked at when none loads."""
+    global _lib
+    if _lib is not None:
+        return _lib
+    with _lock:
+        if _lib is not None:
+            return _lib
+        paths, from_env = _candidates()
+        errors = []
+        for path in paths:
+            try:
+                handle = ctypes.CDLL(path)
+            except OSError as e:
+                errors.append(f"{path}: {e}")
+                continue
+            _prototypes(handle)
+            _check_layout(handle, path)
+            _lib = handle
+            return handle
+        where = "SHARDFS_LIB" if from_env else "the build tree and the installed soname"
+        raise OSError(
+            f"shardfs: cannot load libshardfs-rank from {where} ({'; '.join(errors)}); "
+            "set SHARDFS_LIB to the library's path")
+
+
+def path():
+    """Where the loaded library came from (for diagnostics)."""
+    handle = lib()
+    return handle._name

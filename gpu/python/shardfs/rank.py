@@ -1,0 +1,587 @@
+# SPDX-License-Identifier: MIT
+"""shardfs.Rank and shardfs.Task: libshardfs-rank from Python.
+
+A Rank is one attachment of this process to the node's CacheBuffer (through
+the daemon's socket or a mount point), with its own LoadQueue. load() and
+dump() turn a list of entries (block, shard, buffer) into one array of
+struct sfs_rank_entry -- block ids and raw addresses, never the bytes -- and
+queue it as one task; the copier threads of the library move the shards
+straight between the data plane and the buffers. Task.wait() sleeps in the
+library with the GIL released.
+
+Buffers: a task keeps a reference to every buffer (and to the memoryview
+exports that pin bytearrays and the like) until the task is waited for or
+freed, because the library writes (or reads) them until then. A Task dropped
+before it is done is not freed under the copier's feet: it is parked on its
+Rank and freed once done (at the latest when the Rank closes).
+
+Processes: a Rank belongs to the process that opened it. After fork() the
+child opens its own (the parent's threads do not exist in the child); a call
+on the parent's Rank raises RankClosed instead of hanging.
+"""
+import ctypes
+import errno
+import os
+import struct
+import sys
+import threading
+import time
+
+from . import _lib
+from .errors import InvalidArgument, RankClosed, ShardfsError, WaitTimeout, check
+
+_HEX = frozenset("0123456789abcdefABCDEF")
+_MAX_SHARD = 0xFFFFFFFF
+# Longest single sleep of an unbounded wait, so that Ctrl-C is seen.
+_WAIT_SLICE_MS = 200
+
+
+def block_id(block):
+    """A block id as 16 raw bytes: from 16 bytes (bytes, bytearray,
+    memoryview) or 32 hex characters (str). Anything else raises
+    InvalidArgument."""
+    if isinstance(block, str):
+        if len(block) != 32 or not _HEX.issuperset(block):
+            raise InvalidArgument(f"block id {block!r}: a str block id is 32 hex characters")
+        return bytes.fromhex(block)
+    if isinstance(block, (bytes, bytearray, memoryview)):
+        raw = bytes(block)
+        if len(raw) != _lib.BLOCK_ID_LEN:
+            raise InvalidArgument(f"block id {raw[:40]!r}: a bytes block id is 16 bytes, "
+                                  f"not {len(raw)} (32 hex characters go as a str)")
+        return raw
+    raise InvalidArgument(f"block id of type {type(block).__name__}: "
+                          "expected 16 bytes or a str of 32 hex characters")
+
+
+def block_hex(block):
+    """The 32-hex-character name of a block id (the posix layout's file name)."""
+    return block_id(block).hex()
+
+
+def _shard_index(shard):
+    if isinstance(shard, bool) or not isinstance(shard, int):
+        try:
+            shard = int(shard.__index__())
+        except (AttributeError, TypeError):
+            raise InvalidArgument(f"shard {shard!r}: expected an int") from None
+    if not 0 <= shard <= _MAX_SHARD:
+        raise InvalidArgument(f"shard {shard}: out of range 0..{_MAX_SHARD}")
+    return shard
+
+
+_ENTRY = struct.Struct("=16sI4xQ")  # struct sfs_rank_entry on LP64: block, shard, pad, addr
+assert _ENTRY.size == ctypes.sizeof(_lib.Entry)
+_tensor_type = None
+
+
+def _torch_tensor_type():
+    """torch.Tensor once torch is imported (by the caller), else None."""
+    global _tensor_type
+    if _tensor_type is None:
+        torch = sys.modules.get("torch")
+        if torch is not None:
+            _tensor_type = torch.Tensor
+    return _tensor_type
+
+
+def _is_torch_tensor(obj):
+    t = type(obj)
+    return t.__module__.startswith("torch") and hasattr(obj, "data_ptr") and hasattr(obj, "is_contiguous")
+
+
+def _buffer_address(buf, size, writable, host_only, what):
+    """(address, keepalive) of a buffer of exactly `size` bytes.
+
+    Accepted: a torch tensor (contiguous), anything with __array_interface__
+    (numpy), an object exporting the buffer protocol (C-contiguous; writable
+    when `writable`), or an int address (taken as is: the caller vouches for
+    its size). `host_only`: device memory is refused (a host copier would
+    fault on it)."""
+    if isinstance(buf, bool):
+        raise InvalidArgument(f"{what}: a bool is not a buffer")
+    if isinstance(buf, int):
+        if buf <= 0 or buf >= 1 << 64:
+            raise InvalidArgument(f"{what}: address {buf:#x} is not a valid pointer")
+        return buf, None
+    if _is_torch_tensor(buf):
+        if not buf.is_contiguous():
+            raise InvalidArgument(f"{what}: tensor is not contiguous (call .contiguous() on a "
+                                  "copy, or pass a contiguous view)")
+        nbytes = buf.numel() * buf.element_size()
+        if nbytes != size:
+            raise InvalidArgument(f"{what}: tensor holds {nbytes} bytes, the shard is {size}")
+        kind = buf.device.type
+        if kind not in ("cpu", "cuda"):
+            raise InvalidArgument(f"{what}: tensor on {buf.device}: only CPU and CUDA memory can be copied")
+        if host_only and kind != "cpu":
+            raise InvalidArgument(f"{what}: tensor on {buf.device} but this Rank copies to "
+                                  "host memory (device=None): open the Rank with device=N")
+        if not buf.data_ptr():
+            raise InvalidArgument(f"{what}: tensor has no storage (data_ptr() is 0)")
+        return buf.data_ptr(), buf
+    ai = getattr(buf, "__array_interface__", None)
+    if ai is not None and not isinstance(buf, (bytes, bytearray, memoryview)):
+        addr, readonly = ai["data"]
+        flags = getattr(buf, "flags", None)
+        if flags is not None and not flags["C_CONTIGUOUS"]:
+            raise InvalidArgument(f"{what}: array is not C-contiguous")
+        nbytes = getattr(buf, "nbytes", None)
+        if nbytes != size:
+            raise InvalidArgument(f"{what}: array holds {nbytes} bytes, the shard is {size}")
+        if writable and readonly:
+            raise InvalidArgument(f"{what}: array is read-only and a load writes it")
+        if not addr:
+            raise InvalidArgument(f"{what}: array has no data (address 0)")
+        return addr, buf
+    try:
+        view = memoryview(buf)
+    except TypeError:
+        raise InvalidArgument(f"{what}: {type(buf).__name__} is not a buffer: expected a torch "
+                              "tensor, a numpy array, a writable buffer or an int address") from None
+    if not view.c_contiguous:
+        view.release()
+        raise InvalidArgument(f"{what}: buffer is not C-contiguous")
+    if view.nbytes != size:
+        n = view.nbytes
+        view.release()
+        raise InvalidArgument(f"{what}: buffer holds {n} bytes, the shard is {size}")
+    if view.readonly:
+        if writable:
+            view.release()
+            raise InvalidArgument(f"{what}: buffer is read-only and a load writes it")
+        if isinstance(buf, bytes):
+            # A bytes object's storage never moves: c_char_p points into it.
+            return ctypes.cast(ctypes.c_char_p(buf), ctypes.c_void_p).value, (buf, view)
+        view.release()  # nothing in the standard library gives a read-only view's address
+        raise InvalidArgument(f"{what}: read-only buffer of type {type(buf).__name__}: pass bytes, "
+                              "a writable buffer or a numpy array")
+    # The memoryview export pins the storage (a bytearray cannot be resized
+    # while it lives); the ctypes array only reads its address.
+    cview = view.cast("B") if view.format != "B" or view.ndim != 1 else view
+    addr = ctypes.addressof((ctypes.c_char * size).from_buffer(cview))
+    return addr, (buf, view, cview)
+
+
+class Task:
+    """A queued load or dump. wait() returns one status per entry: 0, or a
+    negative errno (-ENOENT not in the backend, -EIO, -ETIMEDOUT, -ENOSPC,
+    -ECANCELED). The Task holds its buffers until it is waited for."""
+
+    __slots__ = ("_ptr", "_n", "_keep", "_rank", "_statuses", "_kind", "_mu", "__weakref__")
+
+    def __init__(self, rank, ptr, n, keep, kind):
+        # Held by a waiter for its whole wait: the task is freed by whoever
+        # completes the wait, never under another thread's wait or done().
+        self._mu = threading.Lock()
+        self._ptr = ptr
+        self._n = n
+        self._keep = keep
+        self._rank = rank
+        self._statuses = None if ptr else []
+        self._kind = kind
+
+    def __len__(self):
+        return self._n
+
+    def __repr__(self):
+        state = "waited" if self._statuses is not None else ("done" if self.done() else "running")
+        return f"<shardfs.Task {self._kind} of {self._n} entries, {state}>"
+
+    def done(self):
+        """True once every entry has completed (never blocks)."""
+        if self._statuses is not None:
+            return True
+        if not self._mu.acquire(blocking=False):
+            return False  # another thread is waiting for it: done once its wait returns
+        try:
+            return self._statuses is not None or bool(_lib.lib().sfs_rank_task_done(self._ptr))
+        finally:
+            self._mu.release()
+
+    def wait(self, timeout=None):
+        """Wait for every entry; returns the list of statuses (0 or -errno).
+
+        timeout: seconds (None: no limit, 0: poll). Raises WaitTimeout when it
+        passes first; the task goes on and may be waited for again. A task
+        waited for once returns the same list again."""
+        if timeout is not None and not timeout >= 0:
+            raise InvalidArgument(f"timeout {timeout}: expected seconds >= 0 or None")
+        if self._statuses is not None:
+            return list(self._statuses)
+        t0 = time.monotonic()
+        if not self._mu.acquire(timeout=-1 if timeout is None else timeout):
+            raise WaitTimeout(f"{self._kind} of {self._n} entries not done after {timeout} s")
+        try:
+            if self._statuses is None:
+                self._wait_locked(None if timeout is None else max(0.0, timeout - (time.monotonic() - t0)))
+            return list(self._statuses)
+        finally:
+            self._mu.release()
+
+    def _wait_locked(self, timeout):
+        lib = _lib.lib()
+        status = (ctypes.c_int * self._n)()
+        if timeout is None:
+            while True:
+                rc = lib.sfs_rank_wait(self._ptr, _WAIT_SLICE_MS, status)
+                if rc != -errno.ETIMEDOUT:
+                    break
+        else:
+            deadline = time.monotonic() + timeout
+            while True:
+                left_ms = max(0, int((deadline - time.monotonic()) * 1000 + 0.999))
+                rc = lib.sfs_rank_wait(self._ptr, min(left_ms, _WAIT_SLICE_MS), status)
+                if rc != -errno.ETIMEDOUT or left_ms <= _WAIT_SLICE_MS:
+                    break
+        if rc == -errno.ETIMEDOUT:
+            raise WaitTimeout(f"{self._kind} of {self._n} entries not done after {timeout} s")
+        check(rc, "sfs_rank_wait")
+        self._release()
+        self._statuses = list(status)
+
+    def _release(self):
+        ptr, self._ptr = self._ptr, None
+        if ptr:
+            _lib.lib().sfs_rank_task_free(ptr)
+        self._keep = None
+
+    def __del__(self):
+        ptr = getattr(self, "_ptr", None)
+        if not ptr:
+            return
+        rank = self._rank
+        if rank is not None and rank._pid != os.getpid():
+            return  # the parent's task, inherited through fork: not ours to free
+        try:
+            lib = _lib.lib()
+            if lib.sfs_rank_task_done(ptr):
+                self._release()
+            elif rank is not None:
+                # Still running: the library would keep writing the buffers.
+                rank._park(ptr, self._keep)
+                self._ptr = None
+                self._keep = None
+        except Exception:  # interpreter shutdown: nothing sane left to do
+            pass
+
+
+class Rank:
+    """One rank's attachment to the node's shardfs cache.
+
+    Rank(mount=PATH | socket=PATH, backend=SPEC, device=None | int, rank=0, world=1)
+
+    mount / socket: where the cache is (exactly one): a shardfs mount point
+        (its user.shardfs.socket xattr names the socket) or the socket itself.
+    backend: the spec of the store this rank loads misses from (a directory
+        in posix layout, "posix:DIR?...", "fault:...:DIR"); None: no backend,
+        a miss fails its entry with -ENOENT and dumps only fill the cache.
+    device: None copies to and from host memory (CPU tensors, numpy arrays,
+        buffers); an int N >= 0 uses the CUDA copier on device N (buffers may
+        be device or host memory); a negative int opens the query-only
+        scheduler role (lookup, lookup_prefix, touch; load/dump raise EPERM).
+    rank, world: this rank's index among the `world` ranks of the node that
+        load the same tasks (RearrangeIndex: rank r walks r, r+world, ...).
+        With a device the library takes the rank index as device % world.
+    Extra keywords: load_depth, rotate, prealloc, workers, key_timeout_ms
+        (struct sfs_rank_config; defaults are the library's).
+    """
+
+    def __init__(self, mount=None, socket=None, backend=None, device=None, rank=0, world=1,
+                 **options):
+        self._ptr = None
+        self._pid = os.getpid()
+        self._lock = threading.Condition()
+        self._users = 0
+        self._closing = False
+        self._parked = []
+        if (mount is None) == (socket is None):
+            raise InvalidArgument("Rank: give exactly one of mount= and socket=")
+        for name, val in (("rank", rank), ("world", world)):
+            if isinstance(val, bool) or not isinstance(val, int):
+                raise InvalidArgument(f"Rank: {name}={val!r}: expected an int")
+        if world < 1 or not 0 <= rank < world:
+            raise InvalidArgument(f"Rank: rank={rank}, world={world}: need 0 <= rank < world")
+        if device is not None and (isinstance(device, bool) or not isinstance(device, int)):
+            raise InvalidArgument(f"Rank: device={device!r}: expected None or an int")
+        lib = _lib.lib()
+        cfg = _lib.RankConfig()
+        lib.sfs_rank_config_init(ctypes.byref(cfg))
+        # Keep the encoded strings alive for the call.
+        self._strings = [os.fsencode(s) if s is not None else None for s in (socket, mount, backend)]
+        cfg.socket_path, cfg.mount_point, cfg.backend = self._strings
+        cfg.local_rank_size = world
+        if device is None:
+            cfg.device_id = rank  # the library's rank index is device_id % world
+            cfg.copier = _lib.COPIER_HOST
+        else:
+            cfg.device_id = device
+            cfg.copier = _lib.COPIER_CUDA if device >= 0 else _lib.COPIER_AUTO
+        for name, val in options.items():
+            if name in ("rotate", "prealloc"):
+                if not isinstance(val, bool):
+                    raise InvalidArgument(f"Rank: {name}={val!r}: expected a bool")
+            elif name in ("load_depth", "workers", "key_timeout_ms"):
+                if isinstance(val, bool) or not isinstance(val, int) or not 0 <= val <= 0xFFFFFFFF:
+                    raise InvalidArgument(f"Rank: {name}={val!r}: expected an int in 0..2^32-1")
+            else:
+                raise InvalidArgument(f"Rank: unknown option {name}=")
+            setattr(cfg, name, val)
+        err = ctypes.c_int(0)
+        ptr = lib.sfs_rank_open(ctypes.byref(cfg), ctypes.byref(err))
+        if not ptr:
+            where = f"socket {socket}" if socket is not None else f"mount {mount}"
+            hint = ""
+            if err.value == -errno.ENODEV:
+                hint = " (no such CUDA device, or the library was built without CUDA: device=None copies to host memory)"
+            elif err.value == -errno.ENODATA:
+                hint = " (not a shardfs mount: no user.shardfs.socket xattr)"
+            raise ShardfsError(err.value or errno.EIO,
+                               f"cannot open a rank on {where} with backend {backend!r}{hint}")
+        self._ptr = ptr
+        self.device = device
+        self.rank = rank
+        self.world = world
+        self.shard_size = int(lib.sfs_rank_shard_size(ptr))
+        self.copier = lib.sfs_rank_copier_name(ptr).decode()
+        self._host_only = self.copier == "host"
+
+    # -- lifetime ---------------------------------------------------------
+
+    def _enter(self, what):
+        if self._pid != os.getpid():
+            raise RankClosed(f"{what}: this Rank was opened by process {self._pid}; "
+                             "after fork, open a new Rank in the child")
+        with self._lock:
+            if self._ptr is None or self._closing:
+                raise RankClosed(f"{what}: the Rank is closed")
+            self._users += 1
+        return self._ptr
+
+    def _leave(self):
+        with self._lock:
+            self._users -= 1
+            if self._users == 0:
+                self._lock.notify_all()
+
+    def _park(self, ptr, keep):
+        with self._lock:
+            self._parked.append((ptr, keep))
+
+    def _reap_parked(self, all_of_them=False):
+        lib = _lib.lib()
+        with self._lock:
+            parked, self._parked = self._parked, []
+        left = []
+        for ptr, keep in parked:
+            if all_of_them or lib.sfs_rank_task_done(ptr):
+                if all_of_them:
+                    lib.sfs_rank_wait(ptr, -1, None)
+                lib.sfs_rank_task_free(ptr)
+            else:
+                left.append((ptr, keep))
+        if left:
+            with self._lock:
+                self._parked.extend(left)
+
+    @property
+    def closed(self):
+        return self._ptr is None
+
+    def close(self):
+        """Stop the rank: queued tasks are cancelled (-ECANCELED), started
+        entries finish, then the cache is detached. Tasks stay waitable.
+        Waits for calls in flight in other threads. Idempotent."""
+        if self._pid != os.getpid():
+            self._ptr = None  # the parent's: its threads are not in this process
+            return
+        with self._lock:
+            if self._ptr is None or self._closing:
+                return
+            self._closing = True
+            while self._users:
+                self._lock.wait()
+            ptr = self._ptr
+        _lib.lib().sfs_rank_close(ptr)
+        self._reap_parked(all_of_them=True)
+        with self._lock:
+            self._ptr = None
+            self._closing = False
+
+    def __enter__(self):
+        if self._ptr is None:
+            raise RankClosed("with: the Rank is closed")
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def __del__(self):
+        try:
+            if getattr(self, "_ptr", None):
+                self.close()
+        except Exception:
+            pass
+
+    def __repr__(self):
+        state = "closed" if self._ptr is None else f"copier={self.copier}, shard_size={self.shard_size}"
+        return f"<shardfs.Rank rank={self.rank}/{self.world} device={self.device} {state}>"
+
+    # -- tasks ------------------------------------------------------------
+
+    def _entries(self, entries, writable, what):
+        """The entry array (struct sfs_rank_entry[n], packed with one
+        struct.pack_into per entry) and the objects to keep alive."""
+        if isinstance(entries, (str, bytes)) or not hasattr(entries, "__iter__"):
+            raise InvalidArgument(f"{what}: entries must be a list of (block, shard, buffer)")
+        if not isinstance(entries, (list, tuple)):
+            entries = list(entries)
+        n = len(entries)
+        raw = bytearray(_ENTRY.size * n)
+        keep = []
+        size = self.shard_size
+        host_only = self._host_only
+        pack = _ENTRY.pack_into
+        tensor_type = _torch_tensor_type()
+        for i, ent in enumerate(entries):
+            try:
+                block, shard, buf = ent
+            except (TypeError, ValueError):
+                raise InvalidArgument(f"{what}: entry {i} is not a (block, shard, buffer) triple") from None
+            if type(block) is not bytes or len(block) != _lib.BLOCK_ID_LEN:
+                block = block_id(block)
+            if type(shard) is not int or not 0 <= shard <= _MAX_SHARD:
+                shard = _shard_index(shard)
+            if type(buf) is tensor_type and buf.is_contiguous() and \
+                    buf.numel() * buf.element_size() == size and \
+                    (buf.is_cpu or (buf.is_cuda and not host_only)) and buf.data_ptr():
+                addr = buf.data_ptr()  # the common case, checked as _buffer_address does
+                keep.append(buf)
+            elif type(buf) is int and 0 < buf < 1 << 64:
+                addr = buf  # a raw address: the caller vouches for it
+            else:
+                addr, hold = _buffer_address(buf, size, writable, host_only, f"{what}: entry {i}")
+                if hold is not None:
+                    keep.append(hold)
+            pack(raw, i * _ENTRY.size, block, shard, addr)
+        return (_lib.Entry * n).from_buffer(raw), n, keep
+
+    def _submit(self, fn_name, entries, writable, kind):
+        arr, n, keep = self._entries(entries, writable, kind)
+        if n == 0:
+            return Task(self, None, 0, None, kind)
+        ptr = self._enter(kind)
+        try:
+            task = ctypes.c_void_p()
+            rc = getattr(_lib.lib(), fn_name)(ptr, arr, n, ctypes.byref(task))
+            if rc == -errno.EPERM:
+                raise ShardfsError(errno.EPERM, f"{kind}: this Rank is the query-only scheduler "
+                                   "role (device < 0)")
+            check(rc, f"{kind} of {n} entries")
+            if self._parked:
+                self._reap_parked()
+            return Task(self, task.value, n, keep, kind)
+        finally:
+            self._leave()
+
+    def load(self, entries):
+        """Queue a load: each entry (block, shard, buffer) receives its shard
+        (shard_size bytes). Returns a Task; Task.wait() gives the statuses."""
+        return self._submit("sfs_rank_load", entries, True, "load")
+
+    def dump(self, entries):
+        """Queue a dump (write-through: cache and backend) of each entry's
+        buffer as its (block, shard). Returns a Task."""
+        return self._submit("sfs_rank_dump", entries, False, "dump")
+
+    # -- queries ----------------------------------------------------------
+
+    @staticmethod
+    def _blocks(blocks, what):
+        if isinstance(blocks, (str, bytes)) or not hasattr(blocks, "__iter__"):
+            raise InvalidArgument(f"{what}: expected a list of block ids")
+        ids = [block_id(b) for b in blocks]
+        arr = (_lib.BlockId * len(ids))()
+        for i, raw in enumerate(ids):
+            ctypes.memmove(arr[i].b, raw, _lib.BLOCK_ID_LEN)
+        return arr, len(ids)
+
+    def lookup(self, blocks, shard=0):
+        """For each block: does its shard `shard` exist (cache or backend)?"""
+        arr, n = self._blocks(blocks, "lookup")
+        shard = _shard_index(shard)
+        if n == 0:
+            return []
+        present = (ctypes.c_bool * n)()
+        ptr = self._enter("lookup")
+        try:
+            check(_lib.lib().sfs_rank_lookup(ptr, arr, n, shard, present), "lookup")
+        finally:
+            self._leave()
+        return [bool(p) for p in present]
+
+    def lookup_prefix(self, blocks, shard=0):
+        """Index of the last block of the leading run whose shard `shard`
+        exists; -1 when the first block misses (UCM's lookup_on_prefix)."""
+        arr, n = self._blocks(blocks, "lookup_prefix")
+        shard = _shard_index(shard)
+        if n == 0:
+            return -1
+        ptr = self._enter("lookup_prefix")
+        try:
+            run = check(_lib.lib().sfs_rank_lookup_prefix(ptr, arr, n, shard), "lookup_prefix")
+        finally:
+            self._leave()
+        return int(run) - 1
+
+    def touch(self, blocks):
+        """Mark every resident shard of each block recently used; returns the
+        number of slots marked."""
+        arr, n = self._blocks(blocks, "touch")
+        if n == 0:
+            return 0
+        ptr = self._enter("touch")
+        try:
+            return check(_lib.lib().sfs_rank_touch(ptr, arr, n), "touch")
+        finally:
+            self._leave()
+
+    def prefetch(self, keys):
+        """Advisory: start loading (block, shard) keys into the cache.
+        Returns how many were accepted (0 is not an error)."""
+        if isinstance(keys, (str, bytes)) or not hasattr(keys, "__iter__"):
+            raise InvalidArgument("prefetch: expected a list of (block, shard) keys")
+        keys = list(keys)
+        arr = (_lib.Key * len(keys))()
+        for i, k in enumerate(keys):
+            try:
+                block, shard = k
+            except (TypeError, ValueError):
+                raise InvalidArgument(f"prefetch: key {i} is not a (block, shard) pair") from None
+            ctypes.memmove(arr[i].block.b, block_id(block), _lib.BLOCK_ID_LEN)
+            arr[i].shard = _shard_index(shard)
+        if not keys:
+            return 0
+        ptr = self._enter("prefetch")
+        try:
+            return check(_lib.lib().sfs_rank_prefetch(ptr, arr, len(keys)), "prefetch")
+        finally:
+            self._leave()
+
+    def stats(self):
+        """This rank's counters, and the cache's (summed over every process)
+        under "cache"; see struct sfs_rank_stats in shardfs/rank.h."""
+        st = _lib.RankStats()
+        ptr = self._enter("stats")
+        try:
+            _lib.lib().sfs_rank_stats(ptr, ctypes.byref(st))
+        finally:
+            self._leave()
+        out = {name: int(getattr(st, name)) for name in _lib.RANK_STATS_FIELDS}
+        out["cache"] = {name: int(getattr(st.cache, name)) for name in _lib.CACHE_STATS_FIELDS}
+        return out
+
+
+def cuda_devices():
+    """CUDA devices libshardfs-rank can use (0 without CUDA)."""
+    return int(_lib.lib().sfs_rank_cuda_devices())

@@ -1,0 +1,205 @@
+# SPDX-License-Identifier: MIT
+"""shardfs.sglang.ShardfsStorage: shardfs as SGLang's HiCache storage (L3).
+
+SGLang loads it with
+
+    --hicache-storage-backend dynamic
+    --hicache-storage-backend-extra-config '{"backend_name": "shardfs",
+        "module_path": "shardfs.sglang", "class_name": "ShardfsStorage",
+        "interface_v1": 1, "shardfs_mount": "/mnt/kv", "shardfs_store": "/var/lib/kvstore"}'
+
+constructs it as ShardfsStorage(storage_config, kwargs) and hands it the host
+memory pool with register_mem_pool_host(). One SGLang page is one shardfs
+shard: the daemon's shard_size must be the page's bytes on one rank (K and V
+of every layer; the pool's get_dummy_flat_data_page() size), checked when
+the pool is registered.
+
+Keys. SGLang names a page by a hash string. The block id of key K is the
+first 16 bytes of md5(K + suffix), shard 0, where the suffix says whose
+slice of the page it is, as SGLang's own file backend does:
+"_<model with '/' as '-'>", then "_<tp_rank>_<tp_size>" unless the model is
+MLA (every TP rank then holds the whole page, and they share one block),
+then "_<pp_size>_<pp_rank>" with pipeline parallelism. The same key in the
+same deployment always names the same block file, so engine instances on a
+node share what they store. `block_of(key)` gives the mapping.
+
+Extra config (the same JSON object):
+    shardfs_mount / shardfs_socket   where the cache is (one of them)
+    shardfs_store      the store directory (the daemon's BACKEND_DIR)
+    shardfs_backend    a full backend spec instead
+    dir_prefix         hex characters of directory per block file (the
+                       daemon's -o dir_prefix; default 0, "data/")
+
+The host pool is host memory, so the rank copies to host memory (device
+None). MLA models: the TP ranks load the same blocks, rank tp_rank of
+tp_size (one backend load per page for all of them).
+"""
+import hashlib
+
+from . import _pieces
+from .errors import InvalidArgument
+from .rank import Rank
+
+try:  # the real base class, so that SGLang's factory accepts the class
+    from sglang.srt.mem_cache.hicache_storage import HiCacheStorage as _Base
+    HAVE_SGLANG = True
+except ImportError:
+    _Base = object
+    HAVE_SGLANG = False
+
+
+def key_suffix(storage_config):
+    model = getattr(storage_config, "model_name", None) or ""
+    suffix = "_" + "-".join(model.split("/"))
+    if not getattr(storage_config, "is_mla_model", False):
+        suffix += f"_{storage_config.tp_rank}_{storage_config.tp_size}"
+    pp_size = getattr(storage_config, "pp_size", 1) or 1
+    if pp_size > 1:
+        suffix += f"_{pp_size}_{storage_config.pp_rank}"
+    return suffix
+
+
+class ShardfsStorage(_Base):
+    """SGLang HiCacheStorage over shardfs.Rank (see the module's docstring)."""
+
+    def __init__(self, storage_config, kwargs=None):
+        extra = dict(getattr(storage_config, "extra_config", None) or {})
+        mount = extra.get("shardfs_mount")
+        socket = extra.get("shardfs_socket")
+        if (mount is None) == (socket is None):
+            raise InvalidArgument("ShardfsStorage: set exactly one of shardfs_mount and "
+                                  "shardfs_socket in the extra config")
+        spec = extra.get("shardfs_backend")
+        if spec is None and extra.get("shardfs_store"):
+            spec = f"posix:{extra['shardfs_store']}?dir_prefix={int(extra.get('dir_prefix', 0))}"
+        self.storage_config = storage_config
+        self.suffix = key_suffix(storage_config)
+        mla = bool(getattr(storage_config, "is_mla_model", False))
+        rank, world = (storage_config.tp_rank, storage_config.tp_size) if mla else (0, 1)
+        self.rank = Rank(mount=mount, socket=socket, backend=spec, device=None,
+                         rank=rank, world=max(1, world))
+        self.shard_size = self.rank.shard_size
+        self.mem_pool_host = None
+
+    # -- keys -------------------------------------------------------------
+
+    def block_of(self, key):
+        """The 16-byte block id of an SGLang page key (shard 0)."""
+        if not isinstance(key, str):
+            raise InvalidArgument(f"key {key!r}: SGLang page keys are str")
+        return hashlib.md5((key + self.suffix).encode()).digest()
+
+    def _blocks(self, keys):
+        return [self.block_of(k) for k in keys]
+
+    # -- the host pool ----------------------------------------------------
+
+    def register_mem_pool_host(self, mem_pool_host):
+        page = mem_pool_host.get_dummy_flat_data_page()
+        page_bytes = page.numel() * page.element_size()
+        if page_bytes != self.shard_size:
+            raise InvalidArgument(f"ShardfsStorage: a host page is {page_bytes} bytes, the shardfs "
+                                  f"cache's shard {self.shard_size}: mount with -o shard_size={page_bytes}")
+        self.mem_pool_host = mem_pool_host
+
+    def _page_rows(self, keys, host_indices, what):
+        if self.mem_pool_host is None:
+            raise InvalidArgument(f"{what}: no host pool registered (register_mem_pool_host)")
+        ptrs, sizes = self.mem_pool_host.get_page_buffer_meta(host_indices)
+        ptrs, sizes = list(ptrs), list(sizes)
+        if not keys or len(ptrs) % len(keys) or len(ptrs) != len(sizes):
+            raise InvalidArgument(f"{what}: {len(keys)} keys, {len(ptrs)} page pointers and "
+                                  f"{len(sizes)} sizes do not divide into pages")
+        per = len(ptrs) // len(keys)
+        return [_pieces.Row([(int(ptrs[i * per + j]), int(sizes[i * per + j])) for j in range(per)],
+                            self.shard_size, f"{what}: page {i}") for i in range(len(keys))]
+
+    def _run(self, keys, rows, load):
+        pt = _pieces.submit(self.rank, self._blocks(keys), [0] * len(keys), rows, load)
+        return [s == 0 for s in pt.finish()]
+
+    # -- zero copy (v1) -----------------------------------------------------
+
+    def batch_get_v1(self, keys, host_indices, extra_info=None):
+        """Load each page into the host pool; one bool per key."""
+        if not keys:
+            return []
+        return self._run(keys, self._page_rows(keys, host_indices, "batch_get_v1"), True)
+
+    def batch_set_v1(self, keys, host_indices, extra_info=None):
+        """Store each page from the host pool; one bool per key."""
+        if not keys:
+            return []
+        return self._run(keys, self._page_rows(keys, host_indices, "batch_set_v1"), False)
+
+    # -- copying interface --------------------------------------------------
+
+    def _tensor_row(self, t, what):
+        return _pieces.Row([_pieces.tensor_piece(t, what)], self.shard_size, what)
+
+    def _new_page(self):
+        if self.mem_pool_host is not None:
+            return self.mem_pool_host.get_dummy_flat_data_page()
+        import torch
+        return torch.empty(self.shard_size, dtype=torch.uint8)
+
+    def batch_get(self, keys, target_locations=None, target_sizes=None):
+        """Load pages into target_locations (flat tensors; new ones if None).
+        Returns the tensors, None for each page that failed."""
+        if not keys:
+            return []
+        targets = list(target_locations) if target_locations is not None else \
+            [self._new_page() for _ in keys]
+        if len(targets) != len(keys):
+            raise InvalidArgument(f"batch_get: {len(keys)} keys, {len(targets)} targets")
+        # One buffer given for several keys (a shared dummy page) is read once per key: copy.
+        seen = set()
+        for i, t in enumerate(targets):
+            if t.data_ptr() in seen:
+                targets[i] = self._new_page()
+            seen.add(targets[i].data_ptr())
+        rows = [self._tensor_row(t, f"batch_get: target {i}") for i, t in enumerate(targets)]
+        ok = self._run(keys, rows, True)
+        return [t if good else None for t, good in zip(targets, ok)]
+
+    def get(self, key, target_location=None, target_sizes=None):
+        return self.batch_get([key], [target_location] if target_location is not None else None)[0]
+
+    def batch_set(self, keys, values=None, target_locations=None, target_sizes=None):
+        """Store flat page tensors; True when every one was stored."""
+        if not keys:
+            return True
+        if values is None:
+            values = target_locations
+        values = list(values or [])
+        if len(values) != len(keys):
+            raise InvalidArgument(f"batch_set: {len(keys)} keys, {len(values)} values")
+        values = [v.contiguous() for v in values]  # held until the dump is done
+        rows = [self._tensor_row(v, f"batch_set: value {i}") for i, v in enumerate(values)]
+        return all(self._run(keys, rows, False))
+
+    def set(self, key, value=None, target_location=None, target_sizes=None):
+        return self.batch_set([key], [value if value is not None else target_location])
+
+    # -- existence ----------------------------------------------------------
+
+    def exists(self, key):
+        return self.rank.lookup([self.block_of(key)])[0]
+
+    def batch_exists(self, keys, extra_info=None):
+        """How many keys from the start exist (in the cache or the store)."""
+        if not keys:
+            return 0
+        return self.rank.lookup_prefix(self._blocks(keys)) + 1
+
+    def clear(self):
+        """Nothing: the store outlives an engine; remove files to clear it."""
+
+    def get_stats(self):
+        return self.rank.stats()
+
+    def close(self):
+        self.rank.close()
+
+
+__all__ = ["ShardfsStorage", "key_suffix", "HAVE_SGLANG"]

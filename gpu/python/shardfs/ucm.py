@@ -1,0 +1,240 @@
+# SPDX-License-Identifier: MIT
+"""shardfs.ucm.ShardfsStore: shardfs as a UCM store (StoreV1 interface).
+
+UCM's connector for vLLM loads a store class by name from a module:
+
+    ucm_connectors:
+      - ucm_connector_name: "ShardfsStore"
+        ucm_connector_module_path: "shardfs.ucm"
+        ucm_connector_config:
+          storage_backends: "/var/lib/kvstore"   # the daemon's BACKEND_DIR
+          shardfs_mount: "/mnt/kv"               # or shardfs_socket: PATH
+          data_dir_shard_bytes: 0                # the daemon's -o dir_prefix
+
+and calls it as UCM's UcmKVStoreBaseV1 (ucm/store/ucmstore_v1.py): block ids
+are UCM's 16-byte ids, whose 32 hex characters name the block files of the
+posix layout (one file per block, shard n at n * shard_size), so a store
+UCM's PosixStore wrote is read through shardfs and the other way round. Each
+worker's store is a shardfs.Rank on the node's shared CacheBuffer: what any
+rank or engine instance on the node loaded or dumped, the others load from
+memory, and a key the cache misses is loaded from the backend once, by one
+rank, for all of them.
+
+Configuration (the connector adds device_id, shard_size, tensor_size_list,
+block_size and local_rank_size for a worker; the scheduler gets none of
+those and opens the query-only role):
+
+    shardfs_mount / shardfs_socket  where the cache is (one of them)
+    storage_backends   the store directory (a list, or ':'-separated; one)
+    shardfs_backend    a full backend spec instead ("fault:...:DIR", "mem:")
+    data_dir_shard_bytes  hex characters of directory per block file (UCM's
+                       name and default, 3; 0 is "data/"); must match the
+                       daemon's -o dir_prefix
+    io_direct          O_DIRECT reads in the backend (UCM's name)
+    shardfs_device     "auto" (CUDA when the library has a device, else
+                       host), "cuda" or "cpu" (buffers are host memory)
+    shardfs_load_depth, shardfs_key_timeout_ms  rank options
+
+wait() raises RuntimeError (the connector catches it) naming the entries that
+failed; task.statuses then holds the per-entry errnos.
+"""
+import os
+
+from . import _pieces
+from .errors import InvalidArgument
+from .rank import Rank, cuda_devices
+
+try:  # the real base class, so that UCM's factory accepts the class
+    from ucm.store.ucmstore_v1 import Task as _UcmTask
+    from ucm.store.ucmstore_v1 import UcmKVStoreBaseV1 as _UcmBase
+    HAVE_UCM = True
+except ImportError:
+    _UcmTask = object
+    _UcmBase = object
+    HAVE_UCM = False
+
+
+class ShardfsTaskError(RuntimeError):
+    """Some entries of a task failed; .statuses holds 0 or -errno per entry."""
+
+    def __init__(self, kind, statuses):
+        self.statuses = statuses
+        bad = [(i, s) for i, s in enumerate(statuses) if s]
+        shown = ", ".join(f"entry {i}: {os.strerror(-s)}" for i, s in bad[:8])
+        more = f" and {len(bad) - 8} more" if len(bad) > 8 else ""
+        super().__init__(f"shardfs {kind}: {len(bad)} of {len(statuses)} entries failed ({shown}{more})")
+
+
+class ShardfsUcmTask(_UcmTask):
+    """The Task UCM gets back: wraps the shardfs task and its scatters."""
+
+    def __init__(self, kind, piece_task):
+        self.kind = kind
+        self._pt = piece_task
+        self.statuses = None
+
+
+def _list(value):
+    if value is None:
+        return []
+    if isinstance(value, str):
+        return [p for p in value.split(":") if p]
+    return [str(p) for p in value]
+
+
+class ShardfsStore(_UcmBase):
+    """UCM StoreV1 over shardfs.Rank (see the module's docstring)."""
+
+    def __init__(self, config):
+        if HAVE_UCM:
+            super().__init__(config)
+        self.config = config
+        mount = config.get("shardfs_mount")
+        socket = config.get("shardfs_socket")
+        if (mount is None) == (socket is None):
+            raise InvalidArgument("ShardfsStore: set exactly one of shardfs_mount and shardfs_socket")
+        spec = config.get("shardfs_backend")
+        if spec is None:
+            dirs = _list(config.get("storage_backends"))
+            if len(dirs) > 1:
+                raise InvalidArgument(f"ShardfsStore: storage_backends {dirs}: shardfs reads one "
+                                      "store directory (the daemon's BACKEND_DIR)")
+            if dirs:
+                prefix = int(config.get("data_dir_shard_bytes", 3))
+                spec = f"posix:{dirs[0]}?dir_prefix={prefix}"
+                if config.get("io_direct"):
+                    spec += "&direct=1"
+        device_id = int(config.get("device_id", -1))
+        world = int(config.get("local_rank_size", 1) or 1)
+        mode = config.get("shardfs_device", "auto")
+        if mode not in ("auto", "cuda", "cpu"):
+            raise InvalidArgument(f"ShardfsStore: shardfs_device={mode!r}: auto, cuda or cpu")
+        options = {}
+        if "shardfs_load_depth" in config:
+            options["load_depth"] = int(config["shardfs_load_depth"])
+        if "shardfs_key_timeout_ms" in config:
+            options["key_timeout_ms"] = int(config["shardfs_key_timeout_ms"])
+        if device_id < 0:
+            device, rank = -1, 0  # the scheduler: lookups only
+        elif mode == "cuda" or (mode == "auto" and cuda_devices() > 0):
+            device, rank = device_id, device_id % world
+        else:
+            device, rank = None, device_id % world
+        self.rank = Rank(mount=mount, socket=socket, backend=spec, device=device, rank=rank,
+                         world=world, **options)
+        self.shard_size = self.rank.shard_size
+        want = config.get("shard_size")
+        if want is not None and int(want) != self.shard_size:
+            self.rank.close()
+            raise InvalidArgument(f"ShardfsStore: the engine's shard_size is {int(want)} bytes, the "
+                                  f"shardfs cache's is {self.shard_size}: mount with "
+                                  f"-o shard_size={int(want)}")
+        sizes = config.get("tensor_size_list")
+        if sizes is None and config.get("tensor_size"):
+            sizes = [int(config["tensor_size"])] * max(1, self.shard_size // int(config["tensor_size"]))
+        self.tensor_sizes = [int(s) for s in sizes] if sizes else [self.shard_size]
+        block_size = int(config.get("block_size") or 0)
+        self.shards_per_block = max(1, block_size // self.shard_size) if block_size else 1
+
+    # -- StoreV1 ----------------------------------------------------------
+
+    def cc_store(self):
+        """The native handle: the struct sfs_rank * (not a UCM C++ Store;
+        UCM's C++ stores cannot be stacked on it)."""
+        self.rank._enter("cc_store")
+        try:
+            return int(self.rank._ptr)
+        finally:
+            self.rank._leave()
+
+    def lookup(self, block_ids):
+        return self.rank.lookup(list(block_ids))
+
+    def lookup_on_prefix(self, block_ids):
+        """Last index of the leading run of blocks present; -1 on a first miss."""
+        return self.rank.lookup_prefix(list(block_ids))
+
+    def prefetch(self, block_ids):
+        keys = [(b, s) for b in block_ids for s in range(self.shards_per_block)]
+        if keys:
+            self.rank.prefetch(keys)
+
+    def _tensor_rows(self, tensors, what):
+        rows = []
+        host_only = self.rank.copier == "host"
+        for i, row in enumerate(tensors):
+            pieces = []
+            for j, t in enumerate(row):
+                if host_only and getattr(getattr(t, "device", None), "type", "cpu") != "cpu":
+                    raise InvalidArgument(f"{what}: block {i} tensor {j} is on {t.device}, but this "
+                                          "store copies to host memory (shardfs_device)")
+                pieces.append(_pieces.tensor_piece(t, f"{what}: block {i} tensor {j}"))
+            rows.append(_pieces.Row(pieces, self.shard_size, f"{what}: block {i}"))
+        return rows
+
+    def _addr_rows(self, addrs, what):
+        rows = []
+        sizes = self.tensor_sizes
+        for i, row in enumerate(addrs):
+            row = [int(a) for a in (row.tolist() if hasattr(row, "tolist") else row)]
+            if len(row) == 1 and len(sizes) != 1:
+                pieces = [(row[0], self.shard_size)]
+            elif len(row) != len(sizes):
+                raise InvalidArgument(f"{what}: block {i} has {len(row)} addresses, the layout "
+                                      f"(tensor_size_list) {len(sizes)}")
+            else:
+                pieces = list(zip(row, sizes))
+            rows.append(_pieces.Row(pieces, self.shard_size, f"{what}: block {i}"))
+        return rows
+
+    def _go(self, kind, block_ids, shard_index, rows, keep=None):
+        block_ids = list(block_ids)
+        shard_index = [int(s) for s in shard_index]
+        pt = _pieces.submit(self.rank, block_ids, shard_index, rows, kind == "load")
+        pt.keep = keep
+        return ShardfsUcmTask(kind, pt)
+
+    def load(self, block_ids, shard_index, dst_tensor):
+        return self._go("load", block_ids, shard_index, self._tensor_rows(dst_tensor, "load"), dst_tensor)
+
+    def dump(self, block_ids, shard_index, src_tensor):
+        return self._go("dump", block_ids, shard_index, self._tensor_rows(src_tensor, "dump"), src_tensor)
+
+    def load_data(self, block_ids, shard_index, dst_addr):
+        return self._go("load", block_ids, shard_index, self._addr_rows(dst_addr, "load_data"))
+
+    def dump_data(self, block_ids, shard_index, src_addr, prerequisite_handle=0):
+        if prerequisite_handle:
+            # The sources are complete once the engine's event is.
+            _pieces.event_sync(prerequisite_handle)
+        return self._go("dump", block_ids, shard_index, self._addr_rows(src_addr, "dump_data"))
+
+    fetch_data = load_data  # the name in earlier StoreV1 revisions
+
+    def wait(self, task):
+        """Block until the task is done; RuntimeError when any entry failed."""
+        if not isinstance(task, ShardfsUcmTask):
+            raise InvalidArgument(f"wait: not a task of this store ({type(task).__name__})")
+        task.statuses = task._pt.finish()
+        if any(task.statuses):
+            raise ShardfsTaskError(task.kind, task.statuses)
+
+    def check(self, task):
+        """True once the task is done (then its loads are in place)."""
+        if not isinstance(task, ShardfsUcmTask):
+            raise InvalidArgument(f"check: not a task of this store ({type(task).__name__})")
+        if not task._pt.done():
+            return False
+        task.statuses = task._pt.finish()
+        return True
+
+    # -- beyond StoreV1 ---------------------------------------------------
+
+    def stats(self):
+        return self.rank.stats()
+
+    def close(self):
+        self.rank.close()
+
+
+__all__ = ["ShardfsStore", "ShardfsUcmTask", "ShardfsTaskError", "HAVE_UCM"]

@@ -1,0 +1,269 @@
+# SPDX-License-Identifier: MIT
+"""shardfs.sglang.ShardfsStorage driven the way SGLang's HiCache controller
+drives an L3 backend: built by the dynamic factory as cls(storage_config,
+kwargs), given the host pool with register_mem_pool_host(), then the
+zero-copy batch_get_v1/batch_set_v1 over page addresses from the pool's
+get_page_buffer_meta(), batch_exists for prefetch, and the copying
+get/set/batch_get/batch_set.
+
+Claims:
+  * the interface has HiCacheStorage's method names and parameters;
+  * pages round-trip through the zero-copy path; each page is one block file
+    of the posix layout named by the documented key mapping, K then V;
+  * batch_exists counts the leading existing keys; missing pages fail only
+    their own entries;
+  * two engine instances (processes) share one CacheBuffer: what one stores
+    the other loads without a backend load;
+  * against SGLang's own base class when SGLang is importable (skipped here).
+"""
+import hashlib
+import inspect
+import multiprocessing
+import os
+import types
+import unittest
+
+import fixture
+
+try:
+    import torch
+    MISSING = None
+except ImportError as e:
+    MISSING = f"torch is needed ({e}): apt-get install python3-torch"
+
+import shardfs
+from shardfs import sglang
+
+# A host pool in SGLang's page_first layout: kv_buffer[2, tokens, layers, heads, dim].
+PAGE, LAYERS, HEADS, DIM, PAGES = 4, 2, 2, 16, 16
+ITEM = 2  # bf16
+HALF = PAGE * LAYERS * HEADS * DIM * ITEM  # K (or V) of one page
+SHARD = 2 * HALF
+D = None
+
+
+def setUpModule():
+    global D
+    if MISSING:
+        raise unittest.SkipTest(MISSING)
+    why = fixture.usable()
+    if why:
+        raise unittest.SkipTest(f"no FUSE daemon here: {why}")
+    D = fixture.Daemon(shard_size=SHARD).start()
+
+
+def tearDownModule():
+    if D is not None:
+        D.stop()
+
+
+class HostPool:
+    """What the backend uses of SGLang's HostKVCache (page_first layout)."""
+
+    def __init__(self, seed):
+        self.page_size = PAGE
+        self.dtype = torch.bfloat16
+        g = torch.Generator().manual_seed(seed)
+        self.kv_buffer = torch.randn(2, PAGE * PAGES, LAYERS, HEADS, DIM, generator=g).to(self.dtype)
+
+    def get_page_buffer_meta(self, indices):
+        ptrs = []
+        for i in range(0, len(indices), PAGE):
+            first = int(indices[i])
+            ptrs += [self.kv_buffer[0, first].data_ptr(), self.kv_buffer[1, first].data_ptr()]
+        return ptrs, [HALF] * len(ptrs)
+
+    def get_dummy_flat_data_page(self):
+        return torch.zeros(2, PAGE, LAYERS, HEADS, DIM, dtype=self.dtype).flatten()
+
+    def get_data_page(self, index, flat=True):
+        page = self.kv_buffer[:, index:index + PAGE]
+        return page.flatten() if flat else page
+
+    def set_from_flat_data_page(self, index, data_page):
+        self.kv_buffer[:, index:index + PAGE] = data_page.reshape(2, PAGE, LAYERS, HEADS, DIM)
+
+    def page_bytes(self, index):
+        return (self.kv_buffer[0, index:index + PAGE].contiguous().view(torch.uint8).numpy().tobytes()
+                + self.kv_buffer[1, index:index + PAGE].contiguous().view(torch.uint8).numpy().tobytes())
+
+
+def storage_config(tp_rank=0, tp_size=1, mla=False, **extra):
+    cfg = {"backend_name": "shardfs", "module_path": "shardfs.sglang",
+           "class_name": "ShardfsStorage", "interface_v1": 1,
+           "shardfs_socket": D.sock, "shardfs_store": D.store}
+    cfg.update(extra)
+    return types.SimpleNamespace(
+        tp_rank=tp_rank, tp_size=tp_size, pp_rank=0, pp_size=1, attn_cp_rank=0, attn_cp_size=1,
+        is_mla_model=mla, enable_storage_metrics=False, is_page_first_layout=True,
+        model_name="org/model", extra_config=cfg)
+
+
+def make(seed=1, **kw):
+    """As StorageBackendFactory._create_dynamic_backend, then the controller."""
+    st = sglang.ShardfsStorage(storage_config(**kw), {})
+    pool = HostPool(seed)
+    st.register_mem_pool_host(pool)
+    return st, pool
+
+
+def indices(pages):
+    return torch.tensor([p * PAGE + t for p in pages for t in range(PAGE)], dtype=torch.int64)
+
+
+def keys(n, salt):
+    return [hashlib.sha256(f"{salt}-{i}".encode()).hexdigest() for i in range(n)]
+
+
+HICACHE = {
+    "batch_get_v1": ["keys", "host_indices", "extra_info"],
+    "batch_set_v1": ["keys", "host_indices", "extra_info"],
+    "get": ["key", "target_location", "target_sizes"],
+    "batch_get": ["keys", "target_locations", "target_sizes"],
+    "set": ["key", "value", "target_location", "target_sizes"],
+    "batch_set": ["keys", "values", "target_locations", "target_sizes"],
+    "exists": ["key"],
+    "batch_exists": ["keys", "extra_info"],
+    "clear": [],
+    "get_stats": [],
+    "register_mem_pool_host": ["mem_pool_host"],
+}
+
+
+class Interface(unittest.TestCase):
+    def test_hicache_storage_names_and_parameters(self):
+        for name, params in HICACHE.items():
+            got = list(inspect.signature(getattr(sglang.ShardfsStorage, name)).parameters)[1:]
+            self.assertEqual(got, params, name)
+
+    def test_against_sglangs_base_class(self):
+        if not sglang.HAVE_SGLANG:
+            self.skipTest("SGLang is not importable here (sglang.srt.mem_cache.hicache_storage): "
+                          "the real-base-class check runs where SGLang is installed")
+        from sglang.srt.mem_cache.hicache_storage import HiCacheStorage
+        self.assertTrue(issubclass(sglang.ShardfsStorage, HiCacheStorage))
+        self.assertFalse(getattr(sglang.ShardfsStorage, "__abstractmethods__", set()))
+        st, _ = make()
+        self.assertEqual(st.batch_exists(keys(1, "none")), 0)
+        st.close()
+
+    def test_key_mapping(self):
+        st, _ = make()
+        try:
+            k = "ab" * 32
+            self.assertEqual(st.block_of(k), hashlib.md5((k + "_org-model_0_1").encode()).digest())
+        finally:
+            st.close()
+        a = sglang.key_suffix(storage_config(tp_rank=0, tp_size=2))
+        b = sglang.key_suffix(storage_config(tp_rank=1, tp_size=2))
+        self.assertNotEqual(a, b, "MHA: each TP rank stores its own slice")
+        a = sglang.key_suffix(storage_config(tp_rank=0, tp_size=2, mla=True))
+        b = sglang.key_suffix(storage_config(tp_rank=1, tp_size=2, mla=True))
+        self.assertEqual(a, b, "MLA: the ranks share the page")
+
+
+class ZeroCopy(unittest.TestCase):
+    def setUp(self):
+        self.st, self.pool = make()
+
+    def tearDown(self):
+        self.st.close()
+
+    def test_pages_round_trip_and_land_in_the_posix_layout(self):
+        ks = keys(3, "v1")
+        want = [self.pool.page_bytes(p * PAGE) for p in (1, 5, 2)]
+        self.assertEqual(self.st.batch_set_v1(ks, indices([1, 5, 2])), [True] * 3)
+        for k, w in zip(ks, want):
+            with open(os.path.join(D.store, "data", self.st.block_of(k).hex()), "rb") as f:
+                self.assertEqual(f.read(), w, "one block file per page: K then V")
+        self.pool.kv_buffer.zero_()
+        self.assertEqual(self.st.batch_get_v1(ks, indices([7, 8, 9])), [True] * 3)
+        self.assertEqual([self.pool.page_bytes(p * PAGE) for p in (7, 8, 9)], want)
+
+    def test_batch_exists_counts_the_leading_run_and_misses_fail_alone(self):
+        ks = keys(4, "exists")
+        self.assertEqual(self.st.batch_set_v1(ks[:2], indices([0, 1])), [True, True])
+        self.assertEqual(self.st.batch_exists(ks), 2)
+        self.assertEqual(self.st.batch_exists(ks[2:]), 0)
+        self.assertEqual(self.st.batch_exists([]), 0)
+        self.assertTrue(self.st.exists(ks[0]))
+        self.assertFalse(self.st.exists(ks[3]))
+        got = self.st.batch_get_v1([ks[0], ks[3], ks[1]], indices([10, 11, 12]))
+        self.assertEqual(got, [True, False, True])
+
+    def test_bad_input_raises(self):
+        with self.assertRaises(shardfs.InvalidArgument):
+            self.st.batch_get_v1(keys(2, "bad"), indices([0]))  # 2 keys, 1 page
+        with self.assertRaises(shardfs.InvalidArgument):
+            self.st.exists(b"not a str")
+        small = sglang.ShardfsStorage(storage_config(), {})
+        try:
+            pool = HostPool(1)
+            pool.get_dummy_flat_data_page = lambda: torch.zeros(10, dtype=torch.bfloat16)
+            with self.assertRaises(shardfs.InvalidArgument):
+                small.register_mem_pool_host(pool)
+            with self.assertRaises(shardfs.InvalidArgument):
+                small.batch_get_v1(keys(1, "bad"), indices([0]))  # no pool registered
+        finally:
+            small.close()
+
+
+class Copying(unittest.TestCase):
+    def test_get_set_batch_get_batch_set(self):
+        st, pool = make()
+        try:
+            ks = keys(3, "copy")
+            pages = [pool.get_data_page(p * PAGE) for p in (0, 1, 2)]
+            self.assertTrue(st.batch_set(ks[:2], pages[:2]))
+            self.assertTrue(st.set(ks[2], pages[2]))
+            dummy = pool.get_dummy_flat_data_page()
+            got = st.batch_get(ks + keys(1, "copy-missing"), [dummy] * 4)  # as the controller does
+            self.assertIsNone(got[3])
+            for g, p in zip(got[:3], pages):
+                self.assertTrue(torch.equal(g, p))
+            one = st.get(ks[1])
+            self.assertTrue(torch.equal(one, pages[1]))
+            self.assertIsNone(st.get(keys(1, "copy-missing")[0]))
+            self.assertIsInstance(st.get_stats(), dict)
+        finally:
+            st.close()
+
+
+def engine_set(ks, out):
+    st, pool = make(seed=11)
+    out.put((st.batch_set_v1(ks, indices(range(len(ks)))),
+             [pool.page_bytes(p * PAGE) for p in range(len(ks))]))
+    st.close()
+
+
+def engine_get(ks, out):
+    st, pool = make(seed=12)
+    ok = st.batch_get_v1(ks, indices(range(len(ks))))
+    out.put((ok, [pool.page_bytes(p * PAGE) for p in range(len(ks))], st.get_stats()))
+    st.close()
+
+
+class TwoEngines(unittest.TestCase):
+    def test_what_one_instance_stores_the_other_loads_from_memory(self):
+        ctx = multiprocessing.get_context("fork")
+        ks = keys(5, "two")
+        out = ctx.Queue()
+        a = ctx.Process(target=engine_set, args=(ks, out))
+        a.start()
+        ok, stored = out.get(timeout=60)
+        a.join(30)
+        self.assertEqual(ok, [True] * 5)
+        before = D.stats()
+        b = ctx.Process(target=engine_get, args=(ks, out))
+        b.start()
+        ok, loaded, stats = out.get(timeout=60)
+        b.join(30)
+        self.assertEqual(ok, [True] * 5)
+        self.assertEqual(loaded, stored)
+        self.assertEqual(stats["hits"], 5)
+        self.assertEqual(stats["owner_loads"], 0, "no backend load in the second instance")
+        self.assertEqual(D.stats()["shardfs_owner_loads_total"], before["shardfs_owner_loads_total"])
+
+
+if __name__ == "__main__":
+    unittest.main()
