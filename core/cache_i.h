@@ -133,6 +133,7 @@ int sfs_lease_table_init(struct sfs_cache *c);
  * takes ownership of every fd. */
 struct sfs_cache *sfs_cache_attach_fds(int ctl_fd, const int *seg_fds, uint32_t nseg, int device_id,
                                        int *err);
+/* server.c: stop serving (the handle's close calls it). */
 void sfs_server_stop(struct sfs_server *s);
 
 static inline void sfs_ctr_add(struct sfs_cache *c, enum sfs_ctr i, int64_t v)

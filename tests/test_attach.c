@@ -27,7 +27,7 @@
 
 #define SHARD 4096u
 
-/* The wire format of attach.c, restated: a test that drifts from it fails. */
+/* The wire format of core/attach_i.h, restated: a test that drifts from it fails. */
 #define HELLO_MAGIC   0x6f6c6c6548534653ull
 #define WELCOME_MAGIC 0x656d6f6c6557534full
 #define PROTO_VERSION 2u
