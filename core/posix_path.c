@@ -1,0 +1,106 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * posix_path.c - a block file's place in the store, and opening it there.
+ *
+ * Layout: block file <root>/data/<32 lowercase hex id> (dir_prefix=0), or
+ * <root>/<first N hex chars of the id>/<32 hex id> (dir_prefix=N, 1..32).
+ * Block files are opened beneath the root only (symlinks that leave the
+ * store are refused) and without waiting (O_NONBLOCK, then a regular-file
+ * check), so a FIFO or a device in the store never holds a loader or a
+ * writer. Loads (backend_posix.c) and commits (posix_commit.c) both open
+ * through here, so a commit reads the block it rewrites as a load does.
+ */
+#include "posix_i.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <linux/openat2.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+size_t sfs_posix_block_rel(const struct posix_backend *p, const struct sfs_block_id *id, bool tmp,
+                           char out[PATH_REL_MAX])
+{
+    char hex[SFS_BLOCK_HEX_LEN + 1];
+    size_t dlen;
+
+    sfs_hex_encode(id, hex);
+    if (p->o.dir_prefix == 0) {
+        memcpy(out, "data", 4);
+        dlen = 4;
+    } else {
+        memcpy(out, hex, p->o.dir_prefix);
+        dlen = p->o.dir_prefix;
+    }
+    out[dlen] = '/';
+    memcpy(out + dlen + 1, hex, SFS_BLOCK_HEX_LEN);
+    if (tmp)
+        memcpy(out + dlen + 1 + SFS_BLOCK_HEX_LEN, ".tmp", 5);
+    else
+        out[dlen + 1 + SFS_BLOCK_HEX_LEN] = '\0';
+    return dlen;
+}
+
+int sfs_posix_errno_of_open(int e)
+{
+    return (e == ENOENT || e == ENOTDIR) ? -ENOENT : -e;
+}
+
+/*
+ * Open rel below the root, never outside it and never waiting on what is not
+ * a regular file. Symlinks inside the store are followed while they resolve
+ * beneath the root (openat2 RESOLVE_BENEATH): a relative link to another
+ * file of the store works; an absolute link, or one that climbs above the
+ * root, is -EXDEV. Kernels before 5.6 (no openat2) refuse every symlink in
+ * the last component instead (O_NOFOLLOW: -ELOOP). O_NONBLOCK: a FIFO in
+ * place of a block file would otherwise hold the open until a writer came.
+ * Returns the fd or -errno (sfs_posix_errno_of_open's mapping).
+ */
+int sfs_posix_open_beneath(struct posix_backend *p, const char *rel, int flags)
+{
+    /* openat2 refuses O_PATH with anything but O_CLOEXEC/O_DIRECTORY/
+     * O_NOFOLLOW; an O_PATH open never waits anyway. */
+    int extra = (flags & O_PATH) ? O_CLOEXEC : O_CLOEXEC | O_NONBLOCK | O_NOCTTY;
+    struct open_how how = {
+        .flags = (uint64_t)(flags | extra),
+        .resolve = RESOLVE_BENEATH | RESOLVE_NO_MAGICLINKS,
+    };
+    int fd = (int)syscall(SYS_openat2, p->root_fd, rel, &how, sizeof(how));
+
+    if (fd < 0 && errno == ENOSYS)
+        fd = openat(p->root_fd, rel, flags | extra | O_NOFOLLOW);
+    return fd >= 0 ? fd : sfs_posix_errno_of_open(errno);
+}
+
+/* sfs_posix_open_beneath() of a block file, which must be a regular file:
+ * anything else (a FIFO, a device, a directory) is no block we can read,
+ * -EIO. O_NONBLOCK is cleared again on success: io_uring would otherwise
+ * answer -EAGAIN for every read not already in the page cache. Returns the
+ * fd or -errno. */
+int sfs_posix_open_block_file(struct posix_backend *p, const char *rel, int flags)
+{
+    struct stat st;
+    int fd = sfs_posix_open_beneath(p, rel, flags), ret;
+
+    if (fd < 0)
+        return fd;
+    if (fstat(fd, &st) < 0) {
+        ret = -errno;
+        goto out_close;
+    }
+    if (!S_ISREG(st.st_mode)) {
+        ret = -EIO;
+        goto out_close;
+    }
+    ret = fcntl(fd, F_GETFL);
+    if (ret < 0 || fcntl(fd, F_SETFL, ret & ~O_NONBLOCK) < 0) {
+        ret = -errno;
+        goto out_close;
+    }
+    return fd;
+out_close:
+    close(fd);
+    return ret;
+}
