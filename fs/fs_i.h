@@ -148,6 +148,12 @@ static inline struct fs *fs_of(fuse_req_t req)
     return fuse_req_userdata(req);
 }
 
+/* The session is ending (a signal, an unmount): handlers stop waiting. */
+static inline bool fs_stopping(struct fs *fs)
+{
+    return fs->se && fuse_session_exited(fs->se);
+}
+
 /* An open file: a shard (read or write handle) or /stats. */
 struct fs_handle {
     struct fs_obj obj;
@@ -175,13 +181,19 @@ static inline struct fs_handle *fs_fh_of(struct fuse_file_info *fi)
     return (struct fs_handle *)(uintptr_t)fi->fh;
 }
 
-/* main.c */
+/* log.c: the daemon's log (the bottom room: calls no other). */
 /* One line to the daemon's log: stderr in the foreground, syslog when
  * detached; level as syslog's (LOG_WARNING ...). */
 void fs_log(int level, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+/* The same for a line already formatted; the callback of sfs_set_log(). */
+void fs_log_msg(int level, const char *msg, void *arg);
+/* From now on the log goes to syslog (the daemon detached from its terminal). */
+void fs_log_to_syslog(void);
 
-/* ops.c: the operations table, attributes and entries. */
+/* ops.c: the operations table (and lookup, forget, getattr, statfs, init). */
 extern const struct fuse_lowlevel_ops fs_ops;
+
+/* attr.c: attributes and entries. */
 void fs_fill_attr(struct fs *fs, const struct fs_obj *o, fuse_ino_t ino, struct stat *st);
 /* Answer req with the entry of o (one kernel reference taken). */
 void fs_reply_entry(fuse_req_t req, struct fs *fs, const struct fs_obj *o);
@@ -219,6 +231,15 @@ bool fs_shard_exists(struct fs *fs, const struct sfs_key *key);
 
 /* read.c: the read path. */
 void fs_op_read(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off, struct fuse_file_info *fi);
+
+/* loads.c: backend loads into leased slots (below read.c, wait.c, write.c). */
+/* As owner of lease: load the shard asynchronously. Consumes the lease (and
+ * answers req, when given) whatever happens. */
+void fs_load_start(struct fs *fs, fuse_req_t req, const struct sfs_key *key,
+                   const struct sfs_lease *lease, off_t off, size_t size);
+/* Answer a read from a Ready slot; the caller releases the lease after. */
+void fs_reply_slot(struct fs *fs, fuse_req_t req, const struct sfs_lease *l, off_t off,
+                   size_t size);
 /*
  * After the session loop: wait up to grace_ns for the loads in flight, then
  * abandon the rest: each one's slot is failed with -ECANCELED (waiters in
@@ -239,13 +260,16 @@ void fs_loads_expire(struct fs *fs, int64_t now);
  * many loads started. */
 int fs_prefetch_shards(struct fs *fs, const struct sfs_block_id *block, uint32_t first, uint32_t n,
                        bool mark);
-/* The session is ending (a signal, an unmount): handlers stop waiting. */
-bool fs_stopping(struct fs *fs);
+/* True (once) when key carries a readahead marker. */
+bool fs_ra_mark_take(struct fs *fs, const struct sfs_key *key);
 /* Answer a parked read whose wait ended with r (what sfs_cache_wait()
  * returns, or -ESHUTDOWN / -ENOMEM): the bytes, the error, or a load of its
  * own when it became owner. Consumes the lease. */
 void fs_read_settled(struct fs *fs, fuse_req_t req, const struct sfs_key *key,
                      const struct sfs_lease *l, off_t off, size_t size, int r);
+/* Synchronous: copy the shard's current bytes into buf (via the cache, so
+ * the load is shared with concurrent readers). Returns 0 or -errno. */
+int fs_load_copy(struct fs *fs, const struct sfs_key *key, void *buf);
 
 /* wait.c: reads waiting for another's load, answered without a worker. */
 /* Start the settler thread (main, before the session loop). 0 or -errno. */
@@ -257,9 +281,6 @@ void fs_waitq_stop(struct fs *fs);
  * deadline (CLOCK_MONOTONIC ns). Returns at once; the settler answers. */
 void fs_waitq_park(struct fs *fs, fuse_req_t req, const struct sfs_key *key,
                    const struct sfs_lease *lease, off_t off, size_t size, int64_t deadline);
-/* Synchronous: copy the shard's current bytes into buf (via the cache, so
- * the load is shared with concurrent readers). Returns 0 or -errno. */
-int fs_load_copy(struct fs *fs, const struct sfs_key *key, void *buf);
 
 /* write.c: open files, storing shards. */
 void fs_op_open(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi);
@@ -273,7 +294,8 @@ void fs_op_fsync(fuse_req_t req, fuse_ino_t ino, int datasync, struct fuse_file_
 void fs_op_release(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi);
 void fs_op_setattr(fuse_req_t req, fuse_ino_t ino, struct stat *attr, int to_set,
                    struct fuse_file_info *fi);
-/* Files still open when the session ended: free them (fs_table_destroy). */
+/* Files still open when the session ended: free them (main, before
+ * fs_table_destroy). */
 void fs_handles_drop(struct fs *fs);
 
 /* dir.c: changing the tree, directory listings. */
@@ -289,12 +311,14 @@ void fs_op_readdir(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off,
                    struct fuse_file_info *fi);
 void fs_op_releasedir(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi);
 
-/* xattr.c: extended attributes and /stats. */
+/* xattr.c: extended attributes. */
 void fs_op_setxattr(fuse_req_t req, fuse_ino_t ino, const char *name, const char *value,
                     size_t size, int flags);
 void fs_op_getxattr(fuse_req_t req, fuse_ino_t ino, const char *name, size_t size);
 void fs_op_listxattr(fuse_req_t req, fuse_ino_t ino, size_t size);
 void fs_op_removexattr(fuse_req_t req, fuse_ino_t ino, const char *name);
+
+/* stats.c: the /stats text. */
 /* Write the Prometheus text of the counters into buf; returns its length
  * (which may exceed len: then the text was cut). */
 size_t fs_stats_text(struct fs *fs, char *buf, size_t len);

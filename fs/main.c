@@ -33,7 +33,6 @@
 #include <sys/stat.h>
 #include <sys/syscall.h>
 #include <sys/un.h>
-#include <stdarg.h>
 #include <syslog.h>
 #include <unistd.h>
 
@@ -582,29 +581,8 @@ static int check_socket(const char *path, bool default_dir)
 }
 
 /* ---------------------------------------------------------------------------
- * Logging, the reaper, daemonizing.
+ * The reaper, daemonizing.
  */
-
-static bool log_syslog;
-
-static void log_fn(int level, const char *msg, void *arg)
-{
-    if (log_syslog)
-        syslog(level, "%s", msg);
-    else
-        fprintf(stderr, "shardfs: %s\n", msg);
-}
-
-void fs_log(int level, const char *fmt, ...)
-{
-    char msg[512];
-    va_list ap;
-
-    va_start(ap, fmt);
-    vsnprintf(msg, sizeof(msg), fmt, ap);
-    va_end(ap);
-    log_fn(level, msg, NULL);
-}
 
 static void touch_hook(const struct sfs_block_id *blocks, size_t n, void *arg)
 {
@@ -837,7 +815,7 @@ static void daemonize_done(int fd)
         if (nul > 2)
             close(nul);
     }
-    log_syslog = true;
+    fs_log_to_syslog();
     if (write(fd, &ok, 1) != 1) {
         /* the parent is gone: nobody to tell */
     }
@@ -925,7 +903,7 @@ int main(int argc, char *argv[])
     sigaddset(&stopsigs, SIGHUP);
     sigaddset(&stopsigs, SIGQUIT);
     pthread_sigmask(SIG_BLOCK, &stopsigs, NULL);
-    sfs_set_log(log_fn, NULL, co.debug ? LOG_DEBUG : LOG_WARNING);
+    sfs_set_log(fs_log_msg, NULL, co.debug ? LOG_DEBUG : LOG_WARNING);
     openlog("shardfs", LOG_PID, LOG_DAEMON);
 
     fs.shard_size = cfg.cache.shard_size;
@@ -953,9 +931,9 @@ int main(int argc, char *argv[])
         goto out_table;
     }
     if (cfg.no_fallback) /* its one line says it all: the data plane's own is noise */
-        sfs_set_log(log_fn, NULL, co.debug ? LOG_DEBUG : LOG_CRIT);
+        sfs_set_log(fs_log_msg, NULL, co.debug ? LOG_DEBUG : LOG_CRIT);
     fs.cache = sfs_cache_create(&cfg.cache, &err);
-    sfs_set_log(log_fn, NULL, co.debug ? LOG_DEBUG : LOG_WARNING);
+    sfs_set_log(fs_log_msg, NULL, co.debug ? LOG_DEBUG : LOG_WARNING);
     if (!fs.cache && cfg.no_fallback) {
         fprintf(stderr,
                 "shardfs: capacity=%s: no huge pages for the data plane (%s), and ordinary "
@@ -1039,7 +1017,7 @@ int main(int argc, char *argv[])
                  "stopping: request handlers still in the backend after %lld s; exiting "
                  "without them (%u backend load%s abandoned)",
                  STOP_GRACE_NS / 1000000000, n, n == 1 ? "" : "s");
-        log_fn(LOG_WARNING, msg, NULL);
+        fs_log_msg(LOG_WARNING, msg, NULL);
         /* Detach without closing /dev/fuse under libfuse's threads (the
          * exit closes it); fusermount3 -uz's way when not root. */
         if (umount2(co.mountpoint, MNT_DETACH) < 0)
@@ -1071,7 +1049,7 @@ int main(int argc, char *argv[])
                  "stopping: %u backend load%s still in flight after %lld s abandoned "
                  "(their slots failed with ECANCELED)",
                  abandoned, abandoned == 1 ? "" : "s", STOP_GRACE_NS / 1000000000);
-        log_fn(LOG_WARNING, msg, NULL);
+        fs_log_msg(LOG_WARNING, msg, NULL);
     }
     reaper_stop(&reaper);
 out_unmount:
@@ -1088,6 +1066,7 @@ out_backend:
     if (!abandoned)
         sfs_backend_close(fs.be);
 out_table:
+    fs_handles_drop(&fs); /* files still open: before the table they name */
     fs_table_destroy(&fs);
 out_args:
     free(o.shard_size);
