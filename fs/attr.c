@@ -5,7 +5,7 @@
  * names.
  *
  * Every inode shows the backend directory's owner, group and permission bits
- * (read once by main()), the start time as its times, and shard_size as a
+ * (read once at start), the start time as its times, and shard_size as a
  * shard's size: the tree is virtual, so the attributes are a pure function of
  * the object and the daemon's configuration (and, for /stats, of the text's
  * length now). Shared by ops.c, write.c and dir.c; calls only names.c and
@@ -21,7 +21,7 @@ void fs_fill_attr(struct fs *fs, const struct fs_obj *o, fuse_ino_t ino, struct 
 {
     memset(st, 0, sizeof(*st));
     st->st_ino = ino;
-    /* The backend directory's owner, group and mode (main.c): what the
+    /* The backend directory's owner, group and mode (options.c): what the
      * kernel checks (default_permissions) is what the store's own
      * directory allows. Shards drop the x bits; -o ro drops the w bits. */
     st->st_uid = fs->uid;

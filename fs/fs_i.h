@@ -1,11 +1,21 @@
 /* SPDX-License-Identifier: MIT */
 /*
  * fs_i.h - private to the shardfs daemon: its state, the inode table, and
- * what its rooms share: main.c (setup, options, lifetime), ops.c (the
- * operations table, attributes and entries), names.c (names and the inode
- * table), read.c (the read path), write.c (open files and storing shards),
- * dir.c (changing the tree, listings), xattr.c (xattrs and /stats) and
- * cgroup.c (memory limits).
+ * what its rooms share. Calls flow down this list, never up (checked by
+ * .ci/callcircles.py):
+ *
+ *   main.c     setup and lifetime; unwinds through named labels
+ *   options.c  the command line, validated once; session.c the reaper, the
+ *              session loop's thread, the stop signals, daemonizing
+ *   ops.c      the operations table (lookup, forget, getattr, statfs, init)
+ *   read.c, write.c, dir.c, xattr.c   the handlers: the read path and
+ *              readahead; open files and storing shards; changing the tree
+ *              and listings; extended attributes
+ *   wait.c     reads parked until another's load settles (the settler)
+ *   attr.c     attributes and entry replies; loads.c backend loads into
+ *              leased slots, prefetch, the answer of a settled read
+ *   names.c    names and the inode table; stats.c the /stats text;
+ *              cgroup.c memory limits; log.c the daemon's log
  *
  * The tree is virtual: every name is a pure function of (kind, block id,
  * shard index), so an inode is that triple. 128-bit block ids do not fit in a
@@ -24,10 +34,12 @@
 
 #include <limits.h>
 #include <pthread.h>
+#include <signal.h>
 #include <stdatomic.h>
 #include <stdbool.h>
 #include <stdint.h>
 #include <sys/stat.h>
+#include <sys/un.h>
 #include <time.h>
 
 /* What an inode is. */
@@ -135,6 +147,20 @@ struct fs {
 
     _Atomic uint64_t ra_mark[FS_RA_MARKS]; /* relaxed: advisory */
 };
+
+/* The daemon's defaults and bounds (options.c, session.c, main.c). */
+#define SOCKET_DIR               "/run/shardfs"
+#define DEFAULT_SHARD_SIZE       (256ull << 10)
+#define DEFAULT_CAPACITY         (1ull << 30)
+#define DEFAULT_WAIT_S           30
+#define DEFAULT_MAX_READ         (1u << 20)
+#define DEFAULT_MAX_THREADS      64
+#define DEFAULT_MAX_IDLE_THREADS 16
+#define DEFAULT_READAHEAD        4
+#define MAX_READAHEAD            1024
+#define REAP_INTERVAL_NS         (200 * 1000 * 1000ll)
+#define STOP_GRACE_NS            (2 * 1000 * 1000 * 1000ll) /* loads in flight get this to finish */
+#define SFS_ATTACH_UIDS_MAX      64                         /* uids in -o attach_uids */
 
 #define ENTRY_TIMEOUT 1.0
 #define ATTR_TIMEOUT  1.0
@@ -343,5 +369,105 @@ void fs_cgroup_limits(uint64_t hugepage_size, struct fs_cgroup_limits *out);
 uint64_t fs_hugepage_size(void);
 /* Undo the octal escapes of /proc/self/mountinfo (\040 for a space) in place. */
 void fs_unescape(char *s);
+
+/* options.c: the command line. */
+/* What the command line says. Strings are owned by fuse_opt (free them). */
+struct fs_options {
+    char *shard_size;
+    char *capacity;
+    char *dir_prefix;
+    char *socket;
+    char *hugepages;
+    char *reserved;
+    char *wait_timeout;
+    char *readahead;
+    char *numa_node;
+    char *attach_uids; /* U1:U2:...: more uids that may attach */
+    char *attach_gid;  /* a group whose members may attach */
+    char *backend;     /* the first non-option argument */
+    unsigned max_read;
+    bool max_read_set;
+    bool ro;
+    bool perms_on;  /* -o default_permissions given (it is the default anyway) */
+    bool perms_off; /* -o no_default_permissions: the kernel checks no modes */
+    int nonopts;
+    int bad; /* a one-line error was printed */
+};
+
+/* The validated configuration. */
+struct fs_config {
+    struct sfs_cache_config cache;
+    unsigned dir_prefix;
+    int64_t wait_ns;
+    uint32_t readahead;
+    char socket[sizeof(((struct sockaddr_un *)0)->sun_path)];
+    bool default_socket;
+    /* Who may attach besides root and our uid (-o attach_uids, attach_gid). */
+    uint32_t attach_uids[SFS_ATTACH_UIDS_MAX];
+    struct sfs_serve_opts serve;
+    /* hugepages=auto turned into on: ordinary memory for the data plane
+     * would be above this cgroup memory limit. */
+    bool no_fallback;
+    struct fs_limit memory_limit;
+};
+
+/* Parse argv's options into *o (zeroed first; free with fs_options_free even
+ * on failure). 0, or -1 with the reason on stderr. */
+int fs_options_parse(struct fuse_args *args, struct fs_options *o);
+/* Validate *o into *cfg and check BACKEND_DIR, MOUNTPOINT and the socket
+ * path. 0, or -1 with a one-line reason on stderr. */
+int fs_options_check(const struct fs_options *o, const char *mnt, struct fs_config *cfg);
+/* Add the mount options the kernel needs (default_permissions, max_read). */
+int fs_options_mount_args(const struct fs_options *o, struct fuse_args *args);
+void fs_options_free(struct fs_options *o);
+void fs_usage(const char *prog);
+/* Every inode shows the backend directory's owner, group and permission
+ * bits, so that with default_permissions the mount grants exactly what the
+ * store's own directory does (chgrp + chmod g+w BACKEND_DIR gives a group
+ * write access). Read once, at start. A store with no directory (mem:): the
+ * daemon's user, 0755. */
+void fs_inode_owner(const char *spec, struct fs *fs);
+
+/* session.c: the reaper, the session loop's thread, daemonizing. */
+/* Finishes the reaps the attach server could not, every REAP_INTERVAL_NS. */
+struct fs_reaper {
+    struct sfs_cache *cache;
+    pthread_t thread;
+    pthread_mutex_t lock;
+    pthread_cond_t cond; /* CLOCK_MONOTONIC */
+    bool stop;           /* lock */
+};
+
+/* The session loop in a thread of its own (session.c says why). */
+struct fs_session_loop {
+    struct fuse_session *se;
+    bool single;
+    unsigned clone_fd, max_idle_threads, max_threads;
+    pthread_t thread;
+    pthread_mutex_t lock;
+    pthread_cond_t cond;   /* CLOCK_MONOTONIC: done was set */
+    bool done;             /* lock */
+    int err;               /* lock: what the loop returned */
+    int64_t grace_left_ns; /* set by fs_loop_wait(): the stop grace not yet spent */
+};
+
+/* SIGINT, SIGTERM, SIGHUP, SIGQUIT: only the session loop's thread takes them. */
+void fs_stop_signals(sigset_t *set);
+int fs_reaper_start(struct fs_reaper *r, struct sfs_cache *c);
+void fs_reaper_stop(struct fs_reaper *r);
+/* Run the session loop (l's se and sizes set) in its own thread. 0 or -errno. */
+int fs_loop_start(struct fs_session_loop *l);
+/* Wait for the loop to end. Once the session has exited (a signal, an
+ * unmount), wait at most grace_ns more for libfuse to join its workers.
+ * True: the loop returned and was joined (l->err, l->grace_left_ns are
+ * set). False: a handler is still running after the grace; the loop thread
+ * is left as it is. Bound: wakes every 100 ms to look at the session. */
+bool fs_loop_wait(struct fs_session_loop *l, int64_t grace_ns);
+/* Fork; the parent waits for the child's verdict and exits with it. Returns
+ * the write end of the pipe in the child. */
+int fs_daemonize_start(void);
+/* The child is mounted and serving: detach from the terminal, release the
+ * parent with status 0. */
+void fs_daemonize_done(int fd);
 
 #endif /* SHARDFS_FS_I_H */

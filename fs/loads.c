@@ -79,8 +79,7 @@ static int reader_errno(int err)
     return err == -ENOENT ? ENOENT : EIO;
 }
 
-void fs_reply_slot(struct fs *fs, fuse_req_t req, const struct sfs_lease *l, off_t off,
-                       size_t size)
+void fs_reply_slot(struct fs *fs, fuse_req_t req, const struct sfs_lease *l, off_t off, size_t size)
 {
     const char *data = sfs_cache_data(fs->cache, l);
     uint32_t len = sfs_cache_length(fs->cache, l);
