@@ -149,9 +149,11 @@ struct fs {
 };
 
 /* The daemon's defaults and bounds (options.c, session.c, main.c). */
-#define SOCKET_DIR               "/run/shardfs"
-#define DEFAULT_SHARD_SIZE       (256ull << 10)
-#define DEFAULT_CAPACITY         (1ull << 30)
+#define SOCKET_DIR "/run/shardfs"
+/* SFS_DEFAULT_SHARD_SIZE and SFS_DEFAULT_CAPACITY (shardfs/cache.h) as the
+ * usage and the messages write them. */
+#define DEFAULT_SHARD_SIZE_TEXT  "256K"
+#define DEFAULT_CAPACITY_TEXT    "1G"
 #define DEFAULT_WAIT_S           30
 #define DEFAULT_MAX_READ         (1u << 20)
 #define DEFAULT_MAX_THREADS      64
@@ -161,6 +163,8 @@ struct fs {
 #define REAP_INTERVAL_NS         (200 * 1000 * 1000ll)
 #define STOP_GRACE_NS            (2 * 1000 * 1000 * 1000ll) /* loads in flight get this to finish */
 #define SFS_ATTACH_UIDS_MAX      64                         /* uids in -o attach_uids */
+/* Hidden (not listed): drives a fault backend; the public names are SFS_XATTR_*. */
+#define FS_XATTR_FAULT "user.shardfs.fault"
 
 #define ENTRY_TIMEOUT 1.0
 #define ATTR_TIMEOUT  1.0

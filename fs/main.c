@@ -134,8 +134,8 @@ int main(int argc, char *argv[])
                 "shardfs: capacity=%s: no huge pages for the data plane (%s), and ordinary "
                 "memory is above the memory limit of this process's cgroup (%" PRIu64
                 " bytes, %s)\n",
-                o.capacity ? o.capacity : "1G", strerror(-err), cfg.memory_limit.bytes,
-                cfg.memory_limit.where);
+                o.capacity ? o.capacity : DEFAULT_CAPACITY_TEXT, strerror(-err),
+                cfg.memory_limit.bytes, cfg.memory_limit.where);
         goto out_backend;
     }
     if (!fs.cache) {

@@ -69,8 +69,9 @@ void fs_usage(const char *prog)
            "(mem:, posix:DIR?k=v, fault:OPTS:SPEC).\n"
            "\n"
            "shardfs options:\n"
-           "    -o shard_size=SIZE     bytes per shard (default 256K; K/M/G suffixes)\n"
-           "    -o capacity=SIZE       data-plane bytes (default 1G)\n"
+           "    -o shard_size=SIZE     bytes per shard (default " DEFAULT_SHARD_SIZE_TEXT
+           "; K/M/G suffixes)\n"
+           "    -o capacity=SIZE       data-plane bytes (default " DEFAULT_CAPACITY_TEXT ")\n"
            "    -o dir_prefix=N        posix layout: N hex chars of directory (default 0: data/)\n"
            "    -o socket=PATH         rank attach socket (default " SOCKET_DIR
            "/<mountpoint>.sock)\n"
@@ -284,8 +285,8 @@ static int validate(const struct fs_options *o, const char *mnt, struct fs_confi
     uint64_t v;
 
     memset(cfg, 0, sizeof(*cfg));
-    cfg->cache.shard_size = DEFAULT_SHARD_SIZE;
-    cfg->cache.capacity = DEFAULT_CAPACITY;
+    cfg->cache.shard_size = SFS_DEFAULT_SHARD_SIZE;
+    cfg->cache.capacity = SFS_DEFAULT_CAPACITY;
     cfg->cache.hugepages = SFS_HUGEPAGES_AUTO;
     cfg->cache.numa_node = -1;
     /* First touch of the data plane dominates start-up: pay it once, here,
@@ -310,10 +311,10 @@ static int validate(const struct fs_options *o, const char *mnt, struct fs_confi
     }
     if (cfg->cache.capacity < cfg->cache.shard_size)
         FAIL("capacity=%s: smaller than one shard (shard_size=%" PRIu64 ")",
-             o->capacity ? o->capacity : "1G", cfg->cache.shard_size);
+             o->capacity ? o->capacity : DEFAULT_CAPACITY_TEXT, cfg->cache.shard_size);
     if (cfg->cache.capacity / cfg->cache.shard_size >= (1u << 30))
         FAIL("capacity=%s: too many slots for shard_size=%" PRIu64 " (at most 2^30)",
-             o->capacity ? o->capacity : "1G", cfg->cache.shard_size);
+             o->capacity ? o->capacity : DEFAULT_CAPACITY_TEXT, cfg->cache.shard_size);
     {
         /* The data plane is prefaulted at create (populate): more than the
          * machine has would wake the OOM killer, not give an error. */
@@ -321,7 +322,8 @@ static int validate(const struct fs_options *o, const char *mnt, struct fs_confi
 
         if (pages > 0 && psz > 0 && cfg->cache.capacity > (uint64_t)pages * (uint64_t)psz)
             FAIL("capacity=%s: larger than this machine's memory (%" PRIu64 " bytes)",
-                 o->capacity ? o->capacity : "1G", (uint64_t)pages * (uint64_t)psz);
+                 o->capacity ? o->capacity : DEFAULT_CAPACITY_TEXT,
+                 (uint64_t)pages * (uint64_t)psz);
     }
     if (o->dir_prefix) {
         if (!parse_uint(o->dir_prefix, 32, &v))
@@ -338,7 +340,7 @@ static int validate(const struct fs_options *o, const char *mnt, struct fs_confi
         else
             FAIL("hugepages=%s: must be auto, on or off", o->hugepages);
     }
-    if (check_cgroup(o->capacity ? o->capacity : "1G", cfg) < 0)
+    if (check_cgroup(o->capacity ? o->capacity : DEFAULT_CAPACITY_TEXT, cfg) < 0)
         return -1;
     if (o->reserved) {
         uint64_t nslots = cfg->cache.capacity / cfg->cache.shard_size;

@@ -16,12 +16,6 @@
 #include <stdio.h>
 #include <string.h>
 
-#define XATTR_TOUCH    "user.shardfs.touch"
-#define XATTR_PREFETCH "user.shardfs.prefetch"
-#define XATTR_STATE    "user.shardfs.state"
-#define XATTR_SOCKET   "user.shardfs.socket"
-#define XATTR_FAULT    "user.shardfs.fault" /* hidden: fault backends only */
-
 /* ---------------------------------------------------------------------------
  * Extended attributes.
  */
@@ -50,14 +44,14 @@ void fs_op_setxattr(fuse_req_t req, fuse_ino_t ino, const char *name, const char
 
     if (r < 0)
         goto out;
-    if (o.kind == FS_BLOCK && strcmp(name, XATTR_TOUCH) == 0) {
+    if (o.kind == FS_BLOCK && strcmp(name, SFS_XATTR_TOUCH) == 0) {
         r = value_is_one(value, size) ? sfs_cache_touch(fs->cache, &o.key.block, 1) : -EINVAL;
         r = r < 0 ? r : 0;
-    } else if (o.kind == FS_BLOCK && strcmp(name, XATTR_PREFETCH) == 0) {
+    } else if (o.kind == FS_BLOCK && strcmp(name, SFS_XATTR_PREFETCH) == 0) {
         r = value_is_one(value, size) ? 0 : -EINVAL;
         if (r == 0)
             prefetch_block(fs, &o.key.block);
-    } else if (o.kind == FS_ROOT && strcmp(name, XATTR_FAULT) == 0) {
+    } else if (o.kind == FS_ROOT && strcmp(name, FS_XATTR_FAULT) == 0) {
         char opts[256];
 
         if (size >= sizeof(opts)) {
@@ -116,9 +110,9 @@ void fs_op_getxattr(fuse_req_t req, fuse_ino_t ino, const char *name, size_t siz
         fuse_reply_err(req, -r);
         return;
     }
-    if (o.kind == FS_SHARD && strcmp(name, XATTR_STATE) == 0)
+    if (o.kind == FS_SHARD && strcmp(name, SFS_XATTR_STATE) == 0)
         reply_xattr_value(req, state_word(sfs_cache_state(fs->cache, &o.key)), size);
-    else if (o.kind == FS_ROOT && strcmp(name, XATTR_SOCKET) == 0)
+    else if (o.kind == FS_ROOT && strcmp(name, SFS_XATTR_SOCKET) == 0)
         reply_xattr_value(req, fs->socket_path, size);
     else
         fuse_reply_err(req, ENODATA);
@@ -139,11 +133,11 @@ void fs_op_listxattr(fuse_req_t req, fuse_ino_t ino, size_t size)
     /* Only the names a get answers (the set-only ones would make getfattr -d
      * fail); each NUL-terminated. */
     if (o.kind == FS_SHARD) {
-        names = XATTR_STATE;
-        len = sizeof(XATTR_STATE);
+        names = SFS_XATTR_STATE;
+        len = sizeof(SFS_XATTR_STATE);
     } else if (o.kind == FS_ROOT) {
-        names = XATTR_SOCKET;
-        len = sizeof(XATTR_SOCKET);
+        names = SFS_XATTR_SOCKET;
+        len = sizeof(SFS_XATTR_SOCKET);
     }
     if (size == 0)
         fuse_reply_xattr(req, len);
@@ -155,8 +149,8 @@ void fs_op_listxattr(fuse_req_t req, fuse_ino_t ino, size_t size)
 
 void fs_op_removexattr(fuse_req_t req, fuse_ino_t ino, const char *name)
 {
-    bool ours = strcmp(name, XATTR_TOUCH) == 0 || strcmp(name, XATTR_PREFETCH) == 0 ||
-                strcmp(name, XATTR_STATE) == 0 || strcmp(name, XATTR_SOCKET) == 0;
+    bool ours = strcmp(name, SFS_XATTR_TOUCH) == 0 || strcmp(name, SFS_XATTR_PREFETCH) == 0 ||
+                strcmp(name, SFS_XATTR_STATE) == 0 || strcmp(name, SFS_XATTR_SOCKET) == 0;
 
     fuse_reply_err(req, ours ? ENOTSUP : ENODATA);
 }
