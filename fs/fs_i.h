@@ -104,7 +104,7 @@ struct fs {
     bool ro;            /* -o ro: every change is EROFS */
     int64_t wait_ns;    /* deadline of a waiter, and of a load on a full cache */
     uint32_t readahead; /* shards loaded ahead of a missed read (0: off) */
-    uint32_t nslots;    /* the cache's slots: bounds prefetch (read.c) */
+    uint32_t nslots;    /* the cache's slots: bounds prefetch (loads.c) */
     uid_t uid;          /* owner of every inode: the backend directory's */
     gid_t gid;          /* group of every inode: the backend directory's */
     mode_t perm;        /* its permission bits (07777 masked to 0777) */
