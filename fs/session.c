@@ -60,24 +60,32 @@ static void *reaper_main(void *arg)
     return NULL;
 }
 
-int fs_reaper_start(struct fs_reaper *r, struct sfs_cache *c)
+/* Start fn(arg) in *thread with its lock and its CLOCK_MONOTONIC condition
+ * made first (and destroyed again when the thread cannot start). 0 or -errno. */
+static int thread_start(pthread_t *thread, pthread_mutex_t *lock, pthread_cond_t *cond,
+                        void *(*fn)(void *), void *arg)
 {
     pthread_condattr_t ca;
     int e;
 
-    r->cache = c;
-    r->stop = false;
-    pthread_mutex_init(&r->lock, NULL);
+    pthread_mutex_init(lock, NULL);
     pthread_condattr_init(&ca);
     pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
-    pthread_cond_init(&r->cond, &ca);
+    pthread_cond_init(cond, &ca);
     pthread_condattr_destroy(&ca);
-    e = pthread_create(&r->thread, NULL, reaper_main, r);
+    e = pthread_create(thread, NULL, fn, arg);
     if (e) {
-        pthread_cond_destroy(&r->cond);
-        pthread_mutex_destroy(&r->lock);
+        pthread_cond_destroy(cond);
+        pthread_mutex_destroy(lock);
     }
     return -e;
+}
+
+int fs_reaper_start(struct fs_reaper *r, struct sfs_cache *c)
+{
+    r->cache = c;
+    r->stop = false;
+    return thread_start(&r->thread, &r->lock, &r->cond, reaper_main, r);
 }
 
 void fs_reaper_stop(struct fs_reaper *r)
@@ -126,22 +134,9 @@ static void *loop_main(void *arg)
 
 int fs_loop_start(struct fs_session_loop *l)
 {
-    pthread_condattr_t ca;
-    int e;
-
     l->done = false;
     l->err = 0;
-    pthread_mutex_init(&l->lock, NULL);
-    pthread_condattr_init(&ca);
-    pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
-    pthread_cond_init(&l->cond, &ca);
-    pthread_condattr_destroy(&ca);
-    e = pthread_create(&l->thread, NULL, loop_main, l);
-    if (e) {
-        pthread_cond_destroy(&l->cond);
-        pthread_mutex_destroy(&l->lock);
-    }
-    return -e;
+    return thread_start(&l->thread, &l->lock, &l->cond, loop_main, l);
 }
 
 /* Wait for the loop to end. Once the session has exited (a signal, an
