@@ -1,11 +1,21 @@
 /* SPDX-License-Identifier: MIT */
 /*
  * fs_i.h - private to the shardfs daemon: its state, the inode table, and
- * what its rooms share: main.c (setup, options, lifetime), ops.c (the
- * operations table, attributes and entries), names.c (names and the inode
- * table), read.c (the read path), write.c (open files and storing shards),
- * dir.c (changing the tree, listings), xattr.c (xattrs and /stats) and
- * cgroup.c (memory limits).
+ * what its rooms share. Calls flow down this list, never up (checked by
+ * .ci/callcircles.py):
+ *
+ *   main.c     setup and lifetime; unwinds through named labels
+ *   options.c  the command line, validated once; session.c the reaper, the
+ *              session loop's thread, the stop signals, daemonizing
+ *   ops.c      the operations table (lookup, forget, getattr, statfs, init)
+ *   read.c, write.c, dir.c, xattr.c   the handlers: the read path and
+ *              readahead; open files and storing shards; changing the tree
+ *              and listings; extended attributes
+ *   wait.c     reads parked until another's load settles (the settler)
+ *   attr.c     attributes and entry replies; loads.c backend loads into
+ *              leased slots, prefetch, the answer of a settled read
+ *   names.c    names and the inode table; stats.c the /stats text;
+ *              cgroup.c memory limits; log.c the daemon's log
  *
  * The tree is virtual: every name is a pure function of (kind, block id,
  * shard index), so an inode is that triple. 128-bit block ids do not fit in a
@@ -24,10 +34,12 @@
 
 #include <limits.h>
 #include <pthread.h>
+#include <signal.h>
 #include <stdatomic.h>
 #include <stdbool.h>
 #include <stdint.h>
 #include <sys/stat.h>
+#include <sys/un.h>
 #include <time.h>
 
 /* What an inode is. */
@@ -92,7 +104,7 @@ struct fs {
     bool ro;            /* -o ro: every change is EROFS */
     int64_t wait_ns;    /* deadline of a waiter, and of a load on a full cache */
     uint32_t readahead; /* shards loaded ahead of a missed read (0: off) */
-    uint32_t nslots;    /* the cache's slots: bounds prefetch (read.c) */
+    uint32_t nslots;    /* the cache's slots: bounds prefetch (loads.c) */
     uid_t uid;          /* owner of every inode: the backend directory's */
     gid_t gid;          /* group of every inode: the backend directory's */
     mode_t perm;        /* its permission bits (07777 masked to 0777) */
@@ -136,6 +148,24 @@ struct fs {
     _Atomic uint64_t ra_mark[FS_RA_MARKS]; /* relaxed: advisory */
 };
 
+/* The daemon's defaults and bounds (options.c, session.c, main.c). */
+#define SOCKET_DIR "/run/shardfs"
+/* SFS_DEFAULT_SHARD_SIZE and SFS_DEFAULT_CAPACITY (shardfs/cache.h) as the
+ * usage and the messages write them. */
+#define DEFAULT_SHARD_SIZE_TEXT  "256K"
+#define DEFAULT_CAPACITY_TEXT    "1G"
+#define DEFAULT_WAIT_S           30
+#define DEFAULT_MAX_READ         (1u << 20)
+#define DEFAULT_MAX_THREADS      64
+#define DEFAULT_MAX_IDLE_THREADS 16
+#define DEFAULT_READAHEAD        4
+#define MAX_READAHEAD            1024
+#define REAP_INTERVAL_NS         (200 * 1000 * 1000ll)
+#define STOP_GRACE_NS            (2 * 1000 * 1000 * 1000ll) /* loads in flight get this to finish */
+#define SFS_ATTACH_UIDS_MAX      64                         /* uids in -o attach_uids */
+/* Hidden (not listed): drives a fault backend; the public names are SFS_XATTR_*. */
+#define FS_XATTR_FAULT "user.shardfs.fault"
+
 #define ENTRY_TIMEOUT 1.0
 #define ATTR_TIMEOUT  1.0
 #define STATS_MAX     (16u << 10) /* bytes of the /stats text */
@@ -146,6 +176,12 @@ struct fs {
 static inline struct fs *fs_of(fuse_req_t req)
 {
     return fuse_req_userdata(req);
+}
+
+/* The session is ending (a signal, an unmount): handlers stop waiting. */
+static inline bool fs_stopping(struct fs *fs)
+{
+    return fs->se && fuse_session_exited(fs->se);
 }
 
 /* An open file: a shard (read or write handle) or /stats. */
@@ -175,13 +211,19 @@ static inline struct fs_handle *fs_fh_of(struct fuse_file_info *fi)
     return (struct fs_handle *)(uintptr_t)fi->fh;
 }
 
-/* main.c */
+/* log.c: the daemon's log (the bottom room: calls no other). */
 /* One line to the daemon's log: stderr in the foreground, syslog when
  * detached; level as syslog's (LOG_WARNING ...). */
 void fs_log(int level, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+/* The same for a line already formatted; the callback of sfs_set_log(). */
+void fs_log_msg(int level, const char *msg, void *arg);
+/* From now on the log goes to syslog (the daemon detached from its terminal). */
+void fs_log_to_syslog(void);
 
-/* ops.c: the operations table, attributes and entries. */
+/* ops.c: the operations table (and lookup, forget, getattr, statfs, init). */
 extern const struct fuse_lowlevel_ops fs_ops;
+
+/* attr.c: attributes and entries. */
 void fs_fill_attr(struct fs *fs, const struct fs_obj *o, fuse_ino_t ino, struct stat *st);
 /* Answer req with the entry of o (one kernel reference taken). */
 void fs_reply_entry(fuse_req_t req, struct fs *fs, const struct fs_obj *o);
@@ -219,6 +261,15 @@ bool fs_shard_exists(struct fs *fs, const struct sfs_key *key);
 
 /* read.c: the read path. */
 void fs_op_read(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off, struct fuse_file_info *fi);
+
+/* loads.c: backend loads into leased slots (below read.c, wait.c, write.c). */
+/* As owner of lease: load the shard asynchronously. Consumes the lease (and
+ * answers req, when given) whatever happens. */
+void fs_load_start(struct fs *fs, fuse_req_t req, const struct sfs_key *key,
+                   const struct sfs_lease *lease, off_t off, size_t size);
+/* Answer a read from a Ready slot; the caller releases the lease after. */
+void fs_reply_slot(struct fs *fs, fuse_req_t req, const struct sfs_lease *l, off_t off,
+                   size_t size);
 /*
  * After the session loop: wait up to grace_ns for the loads in flight, then
  * abandon the rest: each one's slot is failed with -ECANCELED (waiters in
@@ -239,13 +290,16 @@ void fs_loads_expire(struct fs *fs, int64_t now);
  * many loads started. */
 int fs_prefetch_shards(struct fs *fs, const struct sfs_block_id *block, uint32_t first, uint32_t n,
                        bool mark);
-/* The session is ending (a signal, an unmount): handlers stop waiting. */
-bool fs_stopping(struct fs *fs);
+/* True (once) when key carries a readahead marker. */
+bool fs_ra_mark_take(struct fs *fs, const struct sfs_key *key);
 /* Answer a parked read whose wait ended with r (what sfs_cache_wait()
  * returns, or -ESHUTDOWN / -ENOMEM): the bytes, the error, or a load of its
  * own when it became owner. Consumes the lease. */
 void fs_read_settled(struct fs *fs, fuse_req_t req, const struct sfs_key *key,
                      const struct sfs_lease *l, off_t off, size_t size, int r);
+/* Synchronous: copy the shard's current bytes into buf (via the cache, so
+ * the load is shared with concurrent readers). Returns 0 or -errno. */
+int fs_load_copy(struct fs *fs, const struct sfs_key *key, void *buf);
 
 /* wait.c: reads waiting for another's load, answered without a worker. */
 /* Start the settler thread (main, before the session loop). 0 or -errno. */
@@ -257,9 +311,6 @@ void fs_waitq_stop(struct fs *fs);
  * deadline (CLOCK_MONOTONIC ns). Returns at once; the settler answers. */
 void fs_waitq_park(struct fs *fs, fuse_req_t req, const struct sfs_key *key,
                    const struct sfs_lease *lease, off_t off, size_t size, int64_t deadline);
-/* Synchronous: copy the shard's current bytes into buf (via the cache, so
- * the load is shared with concurrent readers). Returns 0 or -errno. */
-int fs_load_copy(struct fs *fs, const struct sfs_key *key, void *buf);
 
 /* write.c: open files, storing shards. */
 void fs_op_open(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi);
@@ -273,7 +324,8 @@ void fs_op_fsync(fuse_req_t req, fuse_ino_t ino, int datasync, struct fuse_file_
 void fs_op_release(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi);
 void fs_op_setattr(fuse_req_t req, fuse_ino_t ino, struct stat *attr, int to_set,
                    struct fuse_file_info *fi);
-/* Files still open when the session ended: free them (fs_table_destroy). */
+/* Files still open when the session ended: free them (main, before
+ * fs_table_destroy). */
 void fs_handles_drop(struct fs *fs);
 
 /* dir.c: changing the tree, directory listings. */
@@ -289,12 +341,14 @@ void fs_op_readdir(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off,
                    struct fuse_file_info *fi);
 void fs_op_releasedir(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi);
 
-/* xattr.c: extended attributes and /stats. */
+/* xattr.c: extended attributes. */
 void fs_op_setxattr(fuse_req_t req, fuse_ino_t ino, const char *name, const char *value,
                     size_t size, int flags);
 void fs_op_getxattr(fuse_req_t req, fuse_ino_t ino, const char *name, size_t size);
 void fs_op_listxattr(fuse_req_t req, fuse_ino_t ino, size_t size);
 void fs_op_removexattr(fuse_req_t req, fuse_ino_t ino, const char *name);
+
+/* stats.c: the /stats text. */
 /* Write the Prometheus text of the counters into buf; returns its length
  * (which may exceed len: then the text was cut). */
 size_t fs_stats_text(struct fs *fs, char *buf, size_t len);
@@ -319,5 +373,105 @@ void fs_cgroup_limits(uint64_t hugepage_size, struct fs_cgroup_limits *out);
 uint64_t fs_hugepage_size(void);
 /* Undo the octal escapes of /proc/self/mountinfo (\040 for a space) in place. */
 void fs_unescape(char *s);
+
+/* options.c: the command line. */
+/* What the command line says. Strings are owned by fuse_opt (free them). */
+struct fs_options {
+    char *shard_size;
+    char *capacity;
+    char *dir_prefix;
+    char *socket;
+    char *hugepages;
+    char *reserved;
+    char *wait_timeout;
+    char *readahead;
+    char *numa_node;
+    char *attach_uids; /* U1:U2:...: more uids that may attach */
+    char *attach_gid;  /* a group whose members may attach */
+    char *backend;     /* the first non-option argument */
+    unsigned max_read;
+    bool max_read_set;
+    bool ro;
+    bool perms_on;  /* -o default_permissions given (it is the default anyway) */
+    bool perms_off; /* -o no_default_permissions: the kernel checks no modes */
+    int nonopts;
+    int bad; /* a one-line error was printed */
+};
+
+/* The validated configuration. */
+struct fs_config {
+    struct sfs_cache_config cache;
+    unsigned dir_prefix;
+    int64_t wait_ns;
+    uint32_t readahead;
+    char socket[sizeof(((struct sockaddr_un *)0)->sun_path)];
+    bool default_socket;
+    /* Who may attach besides root and our uid (-o attach_uids, attach_gid). */
+    uint32_t attach_uids[SFS_ATTACH_UIDS_MAX];
+    struct sfs_serve_opts serve;
+    /* hugepages=auto turned into on: ordinary memory for the data plane
+     * would be above this cgroup memory limit. */
+    bool no_fallback;
+    struct fs_limit memory_limit;
+};
+
+/* Parse argv's options into *o (zeroed first; free with fs_options_free even
+ * on failure). 0, or -1 with the reason on stderr. */
+int fs_options_parse(struct fuse_args *args, struct fs_options *o);
+/* Validate *o into *cfg and check BACKEND_DIR, MOUNTPOINT and the socket
+ * path. 0, or -1 with a one-line reason on stderr. */
+int fs_options_check(const struct fs_options *o, const char *mnt, struct fs_config *cfg);
+/* Add the mount options the kernel needs (default_permissions, max_read). */
+int fs_options_mount_args(const struct fs_options *o, struct fuse_args *args);
+void fs_options_free(struct fs_options *o);
+void fs_usage(const char *prog);
+/* Every inode shows the backend directory's owner, group and permission
+ * bits, so that with default_permissions the mount grants exactly what the
+ * store's own directory does (chgrp + chmod g+w BACKEND_DIR gives a group
+ * write access). Read once, at start. A store with no directory (mem:): the
+ * daemon's user, 0755. */
+void fs_inode_owner(const char *spec, struct fs *fs);
+
+/* session.c: the reaper, the session loop's thread, daemonizing. */
+/* Finishes the reaps the attach server could not, every REAP_INTERVAL_NS. */
+struct fs_reaper {
+    struct sfs_cache *cache;
+    pthread_t thread;
+    pthread_mutex_t lock;
+    pthread_cond_t cond; /* CLOCK_MONOTONIC */
+    bool stop;           /* lock */
+};
+
+/* The session loop in a thread of its own (session.c says why). */
+struct fs_session_loop {
+    struct fuse_session *se;
+    bool single;
+    unsigned clone_fd, max_idle_threads, max_threads;
+    pthread_t thread;
+    pthread_mutex_t lock;
+    pthread_cond_t cond;   /* CLOCK_MONOTONIC: done was set */
+    bool done;             /* lock */
+    int err;               /* lock: what the loop returned */
+    int64_t grace_left_ns; /* set by fs_loop_wait(): the stop grace not yet spent */
+};
+
+/* SIGINT, SIGTERM, SIGHUP, SIGQUIT: only the session loop's thread takes them. */
+void fs_stop_signals(sigset_t *set);
+int fs_reaper_start(struct fs_reaper *r, struct sfs_cache *c);
+void fs_reaper_stop(struct fs_reaper *r);
+/* Run the session loop (l's se and sizes set) in its own thread. 0 or -errno. */
+int fs_loop_start(struct fs_session_loop *l);
+/* Wait for the loop to end. Once the session has exited (a signal, an
+ * unmount), wait at most grace_ns more for libfuse to join its workers.
+ * True: the loop returned and was joined (l->err, l->grace_left_ns are
+ * set). False: a handler is still running after the grace; the loop thread
+ * is left as it is. Bound: wakes every 100 ms to look at the session. */
+bool fs_loop_wait(struct fs_session_loop *l, int64_t grace_ns);
+/* Fork; the parent waits for the child's verdict and exits with it. Returns
+ * the write end of the pipe in the child. */
+int fs_daemonize_start(void);
+/* The child is mounted and serving: detach from the terminal, release the
+ * parent with status 0. */
+void fs_daemonize_done(int fd);
 
 #endif /* SHARDFS_FS_I_H */

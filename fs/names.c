@@ -122,7 +122,6 @@ int fs_table_init(struct fs *fs)
 
 void fs_table_destroy(struct fs *fs)
 {
-    fs_handles_drop(fs);
     for (size_t i = 0; fs->by_ino && i < fs->nbuckets; i++) {
         struct fs_node *n = fs->by_ino[i];
 

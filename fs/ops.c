@@ -1,7 +1,7 @@
 /* SPDX-License-Identifier: MIT */
 /*
- * ops.c - the FUSE low-level operations table of shardfs, and the replies
- * every room shares: attributes, entries, lookup and forget, statfs, init.
+ * ops.c - the FUSE low-level operations table of shardfs, and the handlers
+ * that belong to no room: lookup and forget, getattr, statfs, init.
  *
  *   /block                      blocks with shards resident in the cache
  *   /block/<32 hex>             any well-formed id is a directory
@@ -9,10 +9,12 @@
  *   /block/<32 hex>/shard/<n>   one regular file of shard_size bytes
  *   /stats                      counters, Prometheus text
  *
- * The handlers live in rooms (fs_i.h lists them): names.c (the names and the
- * inode table), read.c (the read path, readahead, loads in flight), write.c
- * (open files, storing a shard, create/setattr), dir.c (changing the tree,
- * directory listings), xattr.c (extended attributes and /stats).
+ * The handlers live in rooms (fs_i.h lists them): read.c (the read path,
+ * readahead), write.c (open files, storing a shard, create/setattr), dir.c
+ * (changing the tree, directory listings), xattr.c (extended attributes).
+ * Below them: attr.c (attributes and entry replies), names.c (the names and
+ * the inode table). This room is the top of the handlers: it calls down, and
+ * nothing calls it (the rooms' handlers are only named in its table).
  *
  * Every handler ends in exactly one fuse_reply_*; cache and backend errors are
  * -errno and negated once, at the reply.
@@ -26,97 +28,8 @@
 #include <unistd.h>
 
 /* ---------------------------------------------------------------------------
- * Attributes and entries.
+ * Lookup, forget, attributes.
  */
-
-void fs_fill_attr(struct fs *fs, const struct fs_obj *o, fuse_ino_t ino, struct stat *st)
-{
-    memset(st, 0, sizeof(*st));
-    st->st_ino = ino;
-    /* The backend directory's owner, group and mode (main.c): what the
-     * kernel checks (default_permissions) is what the store's own
-     * directory allows. Shards drop the x bits; -o ro drops the w bits. */
-    st->st_uid = fs->uid;
-    st->st_gid = fs->gid;
-    st->st_atim = st->st_mtim = st->st_ctim = fs->start;
-    st->st_blksize = (blksize_t)(fs->shard_size < (1u << 20) ? fs->shard_size : (1u << 20));
-    switch (o->kind) {
-    case FS_SHARD:
-        st->st_mode = S_IFREG | (fs->perm & 0666 & (fs->ro ? 0444 : 0777));
-        st->st_nlink = 1;
-        st->st_size = (off_t)fs->shard_size;
-        st->st_blocks = (blkcnt_t)((fs->shard_size + 511) / 512);
-        break;
-    case FS_STATS: {
-        char buf[STATS_MAX];
-
-        st->st_mode = S_IFREG | 0444;
-        st->st_nlink = 1;
-        st->st_size = (off_t)fs_stats_text(fs, buf, sizeof(buf));
-        break;
-    }
-    default:
-        st->st_mode = S_IFDIR | (fs->perm & (fs->ro ? 0555 : 0777));
-        st->st_nlink = 2;
-        break;
-    }
-}
-
-void fs_reply_entry(fuse_req_t req, struct fs *fs, const struct fs_obj *o)
-{
-    struct fuse_entry_param e;
-
-    memset(&e, 0, sizeof(e));
-    e.ino = fs_obj_ref(fs, o, false);
-    if (!e.ino) {
-        fuse_reply_err(req, ENOMEM);
-        return;
-    }
-    fs_fill_attr(fs, o, e.ino, &e.attr);
-    e.attr_timeout = o->kind == FS_STATS ? 0.0 : ATTR_TIMEOUT;
-    e.entry_timeout = ENTRY_TIMEOUT;
-    if (fuse_reply_entry(req, &e) != 0)
-        fs_forget_one(fs, e.ino, 1); /* the kernel did not take the reference */
-}
-
-/* Resolve (parent, name) to an object. -ENOENT for any name outside the tree.
- * check_exists: a shard name must name a shard that exists. */
-int fs_child_obj(struct fs *fs, const struct fs_obj *parent, const char *name, bool check_exists,
-                 struct fs_obj *out)
-{
-    struct sfs_block_id id;
-    uint32_t n;
-
-    switch (parent->kind) {
-    case FS_ROOT:
-        if (strcmp(name, "block") == 0)
-            *out = fs_make_obj(FS_BLOCKS, NULL, 0);
-        else if (strcmp(name, "stats") == 0)
-            *out = fs_make_obj(FS_STATS, NULL, 0);
-        else
-            return -ENOENT;
-        return 0;
-    case FS_BLOCKS:
-        if (!fs_parse_block(name, &id))
-            return -ENOENT;
-        *out = fs_make_obj(FS_BLOCK, &id, 0);
-        return 0;
-    case FS_BLOCK:
-        if (strcmp(name, "shard") != 0)
-            return -ENOENT;
-        *out = fs_make_obj(FS_SHARDDIR, &parent->key.block, 0);
-        return 0;
-    case FS_SHARDDIR:
-        if (!fs_parse_shard(name, &n))
-            return -ENOENT;
-        *out = fs_make_obj(FS_SHARD, &parent->key.block, n);
-        if (check_exists && !fs_shard_exists(fs, &out->key))
-            return -ENOENT;
-        return 0;
-    default:
-        return -ENOTDIR;
-    }
-}
 
 static void op_lookup(fuse_req_t req, fuse_ino_t parent, const char *name)
 {

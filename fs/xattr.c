@@ -1,12 +1,11 @@
 /* SPDX-License-Identifier: MIT */
 /*
- * xattr.c - extended attributes and the /stats text.
+ * xattr.c - extended attributes.
  *
  * user.shardfs.touch and user.shardfs.prefetch act on a block,
  * user.shardfs.state reads a shard's cache state, user.shardfs.socket names the
  * attach socket on the root; user.shardfs.fault (hidden) drives a fault
- * backend. /stats is the cache's shared counters and the daemon's own, in the
- * Prometheus text format.
+ * backend. (The /stats text is stats.c's.)
  */
 #include "fs_i.h"
 
@@ -16,12 +15,6 @@
 #include <inttypes.h>
 #include <stdio.h>
 #include <string.h>
-
-#define XATTR_TOUCH    "user.shardfs.touch"
-#define XATTR_PREFETCH "user.shardfs.prefetch"
-#define XATTR_STATE    "user.shardfs.state"
-#define XATTR_SOCKET   "user.shardfs.socket"
-#define XATTR_FAULT    "user.shardfs.fault" /* hidden: fault backends only */
 
 /* ---------------------------------------------------------------------------
  * Extended attributes.
@@ -51,14 +44,14 @@ void fs_op_setxattr(fuse_req_t req, fuse_ino_t ino, const char *name, const char
 
     if (r < 0)
         goto out;
-    if (o.kind == FS_BLOCK && strcmp(name, XATTR_TOUCH) == 0) {
+    if (o.kind == FS_BLOCK && strcmp(name, SFS_XATTR_TOUCH) == 0) {
         r = value_is_one(value, size) ? sfs_cache_touch(fs->cache, &o.key.block, 1) : -EINVAL;
         r = r < 0 ? r : 0;
-    } else if (o.kind == FS_BLOCK && strcmp(name, XATTR_PREFETCH) == 0) {
+    } else if (o.kind == FS_BLOCK && strcmp(name, SFS_XATTR_PREFETCH) == 0) {
         r = value_is_one(value, size) ? 0 : -EINVAL;
         if (r == 0)
             prefetch_block(fs, &o.key.block);
-    } else if (o.kind == FS_ROOT && strcmp(name, XATTR_FAULT) == 0) {
+    } else if (o.kind == FS_ROOT && strcmp(name, FS_XATTR_FAULT) == 0) {
         char opts[256];
 
         if (size >= sizeof(opts)) {
@@ -117,9 +110,9 @@ void fs_op_getxattr(fuse_req_t req, fuse_ino_t ino, const char *name, size_t siz
         fuse_reply_err(req, -r);
         return;
     }
-    if (o.kind == FS_SHARD && strcmp(name, XATTR_STATE) == 0)
+    if (o.kind == FS_SHARD && strcmp(name, SFS_XATTR_STATE) == 0)
         reply_xattr_value(req, state_word(sfs_cache_state(fs->cache, &o.key)), size);
-    else if (o.kind == FS_ROOT && strcmp(name, XATTR_SOCKET) == 0)
+    else if (o.kind == FS_ROOT && strcmp(name, SFS_XATTR_SOCKET) == 0)
         reply_xattr_value(req, fs->socket_path, size);
     else
         fuse_reply_err(req, ENODATA);
@@ -140,11 +133,11 @@ void fs_op_listxattr(fuse_req_t req, fuse_ino_t ino, size_t size)
     /* Only the names a get answers (the set-only ones would make getfattr -d
      * fail); each NUL-terminated. */
     if (o.kind == FS_SHARD) {
-        names = XATTR_STATE;
-        len = sizeof(XATTR_STATE);
+        names = SFS_XATTR_STATE;
+        len = sizeof(SFS_XATTR_STATE);
     } else if (o.kind == FS_ROOT) {
-        names = XATTR_SOCKET;
-        len = sizeof(XATTR_SOCKET);
+        names = SFS_XATTR_SOCKET;
+        len = sizeof(SFS_XATTR_SOCKET);
     }
     if (size == 0)
         fuse_reply_xattr(req, len);
@@ -156,77 +149,8 @@ void fs_op_listxattr(fuse_req_t req, fuse_ino_t ino, size_t size)
 
 void fs_op_removexattr(fuse_req_t req, fuse_ino_t ino, const char *name)
 {
-    bool ours = strcmp(name, XATTR_TOUCH) == 0 || strcmp(name, XATTR_PREFETCH) == 0 ||
-                strcmp(name, XATTR_STATE) == 0 || strcmp(name, XATTR_SOCKET) == 0;
+    bool ours = strcmp(name, SFS_XATTR_TOUCH) == 0 || strcmp(name, SFS_XATTR_PREFETCH) == 0 ||
+                strcmp(name, SFS_XATTR_STATE) == 0 || strcmp(name, SFS_XATTR_SOCKET) == 0;
 
     fuse_reply_err(req, ours ? ENOTSUP : ENODATA);
-}
-
-/* ---------------------------------------------------------------------------
- * /stats
- */
-
-struct textbuf {
-    char *p;
-    size_t len, cap;
-};
-
-static void emit(struct textbuf *t, const char *name, const char *type, const char *help,
-                 uint64_t v)
-{
-    int n =
-        snprintf(t->p + (t->len < t->cap ? t->len : t->cap), t->len < t->cap ? t->cap - t->len : 0,
-                 "# HELP %s %s\n# TYPE %s %s\n%s %" PRIu64 "\n", name, help, name, type, name, v);
-
-    if (n > 0)
-        t->len += (size_t)n;
-}
-
-size_t fs_stats_text(struct fs *fs, char *buf, size_t len)
-{
-    struct textbuf t = {.p = buf, .cap = len};
-    struct sfs_stats s;
-    struct sfs_cache_info ci;
-
-    if (len)
-        buf[0] = '\0';
-    sfs_cache_stats(fs->cache, &s);
-    sfs_cache_info(fs->cache, &ci);
-#define C(name, help, v) emit(&t, "shardfs_" name, "counter", help, (uint64_t)(v))
-#define G(name, help, v) emit(&t, "shardfs_" name, "gauge", help, (uint64_t)(v))
-#define L(f)             atomic_load_explicit(&fs->ctr.f, memory_order_relaxed)
-    C("requests_total",
-      "Cache lookups, from the mount and every attached rank (prefetches are loads, not lookups).",
-      s.requests);
-    C("hits_total", "Gets that found the shard Ready.", s.hits);
-    C("misses_total", "Gets that did not (owner or waiter).", s.misses);
-    C("prefetched_total", "Slots filled by prefetch.", s.prefetched);
-    C("prefetch_hits_total", "Gets served by a prefetched slot.", s.prefetch_hits);
-    C("bytes_read_total", "Bytes loaded from the backend into the cache.", s.bytes_read);
-    G("resident_bytes", "Bytes of Ready shards in the cache.", s.resident_bytes);
-    G("capacity_bytes", "Bytes of the data plane.", s.capacity_bytes);
-    C("backend_loads_total", "Shard loads this daemon submitted to its backend.", L(backend_loads));
-    C("evictions_total", "Slots with a key taken by the CLOCK hand.", s.evictions);
-    C("owner_loads_total", "Gets that made the caller owner (mount and ranks).", s.owner_loads);
-    C("waits_total", "Gets that made the caller a waiter.", s.waits);
-    C("failures_total", "Owners that published Failed.", s.failures);
-    C("backend_errors_total", "Backend loads and dumps of this daemon that failed.",
-      L(backend_errors));
-    C("takeovers_total", "Ownership taken from a dead owner or an Idle slot.", s.takeovers);
-    C("prealloc_total", "Idle slots placed by Prealloc.", s.prealloc);
-    C("touched_total", "Slots marked by Touch.", s.touched);
-    C("reaped_total", "Dead processes reaped.", s.reaped);
-    C("fs_reads_total", "Read requests on shard files.", L(reads));
-    C("fs_read_bytes_total", "Bytes answered to reads of shard files.", L(read_bytes));
-    C("fs_writes_total", "Shards stored through the mount.", L(writes));
-    C("fs_wait_timeouts_total", "Reads that gave up at their deadline.", L(wait_timeouts));
-    C("fs_prefetch_started_total", "Loads started by user.shardfs.prefetch.", L(prefetch_accepted));
-    C("fs_readahead_started_total", "Loads started by readahead after a read.",
-      L(readahead_started));
-    G("shard_size_bytes", "Bytes per shard.", ci.shard_size);
-    G("slots", "Slots in the cache.", ci.nslots);
-#undef C
-#undef G
-#undef L
-    return t.len;
 }

@@ -364,6 +364,17 @@ SFS_API void sfs_block_to_hex(const struct sfs_block_id *id, char out[SFS_BLOCK_
 SFS_API int sfs_block_from_hex(const char *hex, size_t len, struct sfs_block_id *id);
 SFS_API const char *sfs_state_name(int state);
 
+/* Defaults and names that the daemon and its clients share, each defined
+ * once: the geometry a zero field of sfs_cache_config takes (and the
+ * daemon's -o shard_size, capacity), and the extended attributes of a
+ * shardfs mount (docs/fs.md). */
+#define SFS_DEFAULT_SHARD_SIZE (256ull << 10) /* bytes per shard */
+#define SFS_DEFAULT_CAPACITY   (1ull << 30)   /* data-plane bytes */
+#define SFS_XATTR_SOCKET       "user.shardfs.socket"   /* root: the attach socket's path */
+#define SFS_XATTR_STATE        "user.shardfs.state"    /* shard: its cache state */
+#define SFS_XATTR_TOUCH        "user.shardfs.touch"    /* block, set to 1: mark it recently used */
+#define SFS_XATTR_PREFETCH     "user.shardfs.prefetch" /* block, set to 1: load it */
+
 #ifdef __cplusplus
 }
 #endif

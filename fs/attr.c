@@ -1,0 +1,107 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * attr.c - what the kernel is told about an object: its attributes, the
+ * entry reply of a lookup or a create, and which object a (parent, name)
+ * names.
+ *
+ * Every inode shows the backend directory's owner, group and permission bits
+ * (read once at start), the start time as its times, and shard_size as a
+ * shard's size: the tree is virtual, so the attributes are a pure function of
+ * the object and the daemon's configuration (and, for /stats, of the text's
+ * length now). Shared by ops.c, write.c and dir.c; calls only names.c and
+ * stats.c below it.
+ */
+#include "fs_i.h"
+
+#include <errno.h>
+#include <string.h>
+#include <sys/stat.h>
+
+void fs_fill_attr(struct fs *fs, const struct fs_obj *o, fuse_ino_t ino, struct stat *st)
+{
+    memset(st, 0, sizeof(*st));
+    st->st_ino = ino;
+    /* The backend directory's owner, group and mode (options.c): what the
+     * kernel checks (default_permissions) is what the store's own
+     * directory allows. Shards drop the x bits; -o ro drops the w bits. */
+    st->st_uid = fs->uid;
+    st->st_gid = fs->gid;
+    st->st_atim = st->st_mtim = st->st_ctim = fs->start;
+    st->st_blksize = (blksize_t)(fs->shard_size < (1u << 20) ? fs->shard_size : (1u << 20));
+    switch (o->kind) {
+    case FS_SHARD:
+        st->st_mode = S_IFREG | (fs->perm & 0666 & (fs->ro ? 0444 : 0777));
+        st->st_nlink = 1;
+        st->st_size = (off_t)fs->shard_size;
+        st->st_blocks = (blkcnt_t)((fs->shard_size + 511) / 512);
+        break;
+    case FS_STATS: {
+        char buf[STATS_MAX];
+
+        st->st_mode = S_IFREG | 0444;
+        st->st_nlink = 1;
+        st->st_size = (off_t)fs_stats_text(fs, buf, sizeof(buf));
+        break;
+    }
+    default:
+        st->st_mode = S_IFDIR | (fs->perm & (fs->ro ? 0555 : 0777));
+        st->st_nlink = 2;
+        break;
+    }
+}
+
+void fs_reply_entry(fuse_req_t req, struct fs *fs, const struct fs_obj *o)
+{
+    struct fuse_entry_param e;
+
+    memset(&e, 0, sizeof(e));
+    e.ino = fs_obj_ref(fs, o, false);
+    if (!e.ino) {
+        fuse_reply_err(req, ENOMEM);
+        return;
+    }
+    fs_fill_attr(fs, o, e.ino, &e.attr);
+    e.attr_timeout = o->kind == FS_STATS ? 0.0 : ATTR_TIMEOUT;
+    e.entry_timeout = ENTRY_TIMEOUT;
+    if (fuse_reply_entry(req, &e) != 0)
+        fs_forget_one(fs, e.ino, 1); /* the kernel did not take the reference */
+}
+
+/* Resolve (parent, name) to an object. -ENOENT for any name outside the tree.
+ * check_exists: a shard name must name a shard that exists. */
+int fs_child_obj(struct fs *fs, const struct fs_obj *parent, const char *name, bool check_exists,
+                 struct fs_obj *out)
+{
+    struct sfs_block_id id;
+    uint32_t n;
+
+    switch (parent->kind) {
+    case FS_ROOT:
+        if (strcmp(name, "block") == 0)
+            *out = fs_make_obj(FS_BLOCKS, NULL, 0);
+        else if (strcmp(name, "stats") == 0)
+            *out = fs_make_obj(FS_STATS, NULL, 0);
+        else
+            return -ENOENT;
+        return 0;
+    case FS_BLOCKS:
+        if (!fs_parse_block(name, &id))
+            return -ENOENT;
+        *out = fs_make_obj(FS_BLOCK, &id, 0);
+        return 0;
+    case FS_BLOCK:
+        if (strcmp(name, "shard") != 0)
+            return -ENOENT;
+        *out = fs_make_obj(FS_SHARDDIR, &parent->key.block, 0);
+        return 0;
+    case FS_SHARDDIR:
+        if (!fs_parse_shard(name, &n))
+            return -ENOENT;
+        *out = fs_make_obj(FS_SHARD, &parent->key.block, n);
+        if (check_exists && !fs_shard_exists(fs, &out->key))
+            return -ENOENT;
+        return 0;
+    default:
+        return -ENOTDIR;
+    }
+}

@@ -1,0 +1,573 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * options.c - the daemon's command line: the -o options of shardfs (one
+ * fuse_opt table), their parsing and validation into a configuration, and
+ * the checks that refuse a start before anything is created.
+ *
+ * Key idea: every value is checked once, here, at the edge, and every refusal
+ * is one line on stderr that names the option and the bound it broke, printed
+ * before the parent returns (main.c): a capacity above the machine's memory
+ * or the cgroup's limit, a mount point that already is one, a socket path a
+ * live daemon answers on. What passes is a struct fs_config the rest of the
+ * daemon takes as true. Calls only cgroup.c below it.
+ */
+#include "fs_i.h"
+
+#include <ctype.h>
+#include <errno.h>
+#include <inttypes.h>
+#include <limits.h>
+#include <stddef.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+enum {
+    KEY_RO,
+    KEY_MAX_READ,
+    KEY_PERMS_ON,
+    KEY_PERMS_OFF,
+    KEY_HELP,
+    KEY_VERSION,
+};
+
+#define OPT(t, f)                                                                                  \
+    {                                                                                              \
+        t, offsetof(struct fs_options, f), 0                                                       \
+    }
+static const struct fuse_opt opt_table[] = {
+    OPT("shard_size=%s", shard_size),
+    OPT("capacity=%s", capacity),
+    OPT("dir_prefix=%s", dir_prefix),
+    OPT("socket=%s", socket),
+    OPT("hugepages=%s", hugepages),
+    OPT("reserved=%s", reserved),
+    OPT("wait_timeout=%s", wait_timeout),
+    OPT("readahead=%s", readahead),
+    OPT("numa_node=%s", numa_node),
+    OPT("attach_uids=%s", attach_uids),
+    OPT("attach_gid=%s", attach_gid),
+    FUSE_OPT_KEY("ro", KEY_RO),
+    FUSE_OPT_KEY("max_read=", KEY_MAX_READ),
+    FUSE_OPT_KEY("default_permissions", KEY_PERMS_ON),
+    FUSE_OPT_KEY("no_default_permissions", KEY_PERMS_OFF),
+    FUSE_OPT_END,
+};
+#undef OPT
+
+void fs_usage(const char *prog)
+{
+    printf("usage: %s [options] BACKEND_DIR MOUNTPOINT\n"
+           "\n"
+           "A node-local shared cache of KV-cache shards, as a file system:\n"
+           "MOUNTPOINT/block/<32 hex>/shard/<n> is one shard, MOUNTPOINT/stats the counters.\n"
+           "BACKEND_DIR is a store in UCM PosixStore layout, or a backend spec\n"
+           "(mem:, posix:DIR?k=v, fault:OPTS:SPEC).\n"
+           "\n"
+           "shardfs options:\n"
+           "    -o shard_size=SIZE     bytes per shard (default " DEFAULT_SHARD_SIZE_TEXT
+           "; K/M/G suffixes)\n"
+           "    -o capacity=SIZE       data-plane bytes (default " DEFAULT_CAPACITY_TEXT ")\n"
+           "    -o dir_prefix=N        posix layout: N hex chars of directory (default 0: data/)\n"
+           "    -o socket=PATH         rank attach socket (default " SOCKET_DIR
+           "/<mountpoint>.sock)\n"
+           "    -o hugepages=auto|on|off  data plane on huge pages (default auto)\n"
+           "    -o reserved=N          slots only loads and prewarming may take (default 1/64)\n"
+           "    -o wait_timeout=SECS   deadline of a waiting read (default %d)\n"
+           "    -o max_read=N          bytes per read request (default 1M)\n"
+           "    -o readahead=N         shards of a block loaded ahead of a missed read\n"
+           "                           (default %d, 0: off)\n"
+           "    -o numa_node=N         bind the data plane to NUMA node N (default: none)\n"
+           "    -o attach_uids=U1:U2   more uids that may attach to the socket (default: none;\n"
+           "                           root and the daemon's uid always may)\n"
+           "    -o attach_gid=GID      members of group GID may attach to the socket\n"
+           "    -o ro                  read-only: every change is EROFS\n"
+           "    -o no_default_permissions  the kernel does not check modes and owners\n"
+           "                           (default: it does; see shardfs(8), PERMISSIONS)\n"
+           "\n",
+           prog, DEFAULT_WAIT_S, DEFAULT_READAHEAD);
+}
+
+static int opt_proc(void *data, const char *arg, int key, struct fuse_args *outargs)
+{
+    struct fs_options *o = data;
+
+    switch (key) {
+    case FUSE_OPT_KEY_NONOPT:
+        if (o->nonopts++ == 0) {
+            o->backend = strdup(arg);
+            return 0; /* ours; the mount point goes on to fuse_parse_cmdline */
+        }
+        if (o->nonopts > 2) {
+            fprintf(stderr, "shardfs: too many arguments: '%s' (see --help)\n", arg);
+            o->bad = 1;
+            return -1;
+        }
+        return 1;
+    case KEY_RO:
+        o->ro = true;
+        return 1; /* also a mount option */
+    case KEY_PERMS_ON:
+        o->perms_on = true;
+        return 1; /* a mount option: the kernel enforces it */
+    case KEY_PERMS_OFF:
+        o->perms_off = true;
+        return 0; /* ours only: it keeps default_permissions off the mount */
+    case KEY_MAX_READ: {
+        char *end;
+        unsigned long v;
+
+        errno = 0;
+        v = strtoul(arg + strlen("max_read="), &end, 10);
+        if (errno || *end || end == arg + strlen("max_read=") || v < 4096 || v > (1u << 20)) {
+            fprintf(stderr, "shardfs: max_read=%s: out of range (4096..1048576)\n",
+                    arg + strlen("max_read="));
+            o->bad = 1;
+            return -1;
+        }
+        o->max_read = (unsigned)v;
+        o->max_read_set = true;
+        return 1; /* the kernel needs it as a mount option too */
+    }
+    default:
+        return 1;
+    }
+}
+
+/* "256K", "1G", "4096": a byte count with an optional K/M/G/T suffix (powers
+ * of 1024; "KiB", "KB" and lowercase accepted). */
+static bool parse_size(const char *s, uint64_t *out)
+{
+    uint64_t v = 0, mul = 1;
+    const char *p = s;
+
+    if (!isdigit((unsigned char)*p))
+        return false;
+    for (; isdigit((unsigned char)*p); p++) {
+        if (v > (UINT64_MAX - 9) / 10)
+            return false;
+        v = v * 10 + (uint64_t)(*p - '0');
+    }
+    switch (toupper((unsigned char)*p)) {
+    case '\0':
+        break;
+    case 'K':
+        mul = 1ull << 10;
+        break;
+    case 'M':
+        mul = 1ull << 20;
+        break;
+    case 'G':
+        mul = 1ull << 30;
+        break;
+    case 'T':
+        mul = 1ull << 40;
+        break;
+    default:
+        return false;
+    }
+    if (*p) {
+        p++;
+        if (*p == 'i')
+            p++;
+        if (*p == 'B' || *p == 'b')
+            p++;
+        if (*p)
+            return false;
+    }
+    if (v > UINT64_MAX / mul)
+        return false;
+    *out = v * mul;
+    return true;
+}
+
+static bool parse_uint(const char *s, uint64_t max, uint64_t *out)
+{
+    uint64_t v = 0;
+
+    if (!*s)
+        return false;
+    for (; *s; s++) {
+        if (!isdigit((unsigned char)*s) || v > (max - (uint64_t)(*s - '0')) / 10)
+            return false;
+        v = v * 10 + (uint64_t)(*s - '0');
+    }
+    *out = v;
+    return true;
+}
+
+#define FAIL(...)                                                                                  \
+    do {                                                                                           \
+        fprintf(stderr, "shardfs: " __VA_ARGS__);                                                  \
+        fputc('\n', stderr);                                                                       \
+        return -1;                                                                                 \
+    } while (0)
+
+/* <SOCKET_DIR>/<mount point with '/' as '-', odd bytes as '_'>.sock, hashed
+ * when too long for sun_path. */
+static int default_socket(const char *mnt, char *out, size_t outlen)
+{
+    char name[256];
+    size_t n = 0;
+
+    for (const char *p = mnt; *p && n < sizeof(name) - 1; p++) {
+        unsigned char ch = (unsigned char)*p;
+
+        if (ch == '/') {
+            if (n == 0 || name[n - 1] == '-')
+                continue;
+            name[n++] = '-';
+        } else {
+            name[n++] = (isalnum(ch) || ch == '.' || ch == '_') ? (char)ch : '_';
+        }
+    }
+    while (n && name[n - 1] == '-')
+        n--;
+    name[n] = '\0';
+    if (n == 0)
+        snprintf(name, sizeof(name), "root");
+    if (strlen(SOCKET_DIR) + 1 + strlen(name) + 5 >= outlen) {
+        uint64_t h = 0xcbf29ce484222325ull;
+
+        for (const char *p = mnt; *p; p++)
+            h = (h ^ (unsigned char)*p) * 0x100000001b3ull;
+        snprintf(name + 40, sizeof(name) - 40, "-%016" PRIx64, h);
+    }
+    snprintf(out, outlen, "%s/%s.sock", SOCKET_DIR, name);
+    return 0;
+}
+
+/*
+ * The data plane is prefaulted: a capacity above what this process's cgroups
+ * let it have is an OOM kill, not an error, so refuse it here. Ordinary
+ * memfds (hugepages=off, and the fallback of auto) are charged to the memory
+ * limit; huge pages to the hugetlb limit of their size instead (and to the
+ * memory limit too on a cgroup2 mount with memory_hugetlb_accounting). So:
+ * off checks memory, on checks hugetlb, and auto, when only huge pages fit,
+ * becomes on: better no mount than a fallback into the OOM killer.
+ */
+static int check_cgroup(const char *capacity, struct fs_config *cfg)
+{
+    struct fs_cgroup_limits lim;
+    uint64_t cap = cfg->cache.capacity;
+    int hp = cfg->cache.hugepages;
+
+    fs_cgroup_limits(hp == SFS_HUGEPAGES_OFF ? 0 : fs_hugepage_size(), &lim);
+    if (hp == SFS_HUGEPAGES_ON) {
+        if (cap > lim.hugetlb.bytes)
+            FAIL("capacity=%s: above the huge page limit of this process's cgroup (%" PRIu64
+                 " bytes, %s)",
+                 capacity, lim.hugetlb.bytes, lim.hugetlb.where);
+        if (lim.hugetlb_in_memory && cap > lim.memory.bytes)
+            goto refuse;
+        return 0;
+    }
+    if (cap <= lim.memory.bytes)
+        return 0;
+    if (hp == SFS_HUGEPAGES_OFF || lim.hugetlb_in_memory || cap > lim.hugetlb.bytes)
+        goto refuse;
+    /* auto, and only huge pages can hold it: no fallback. */
+    cfg->cache.hugepages = SFS_HUGEPAGES_ON;
+    cfg->no_fallback = true;
+    cfg->memory_limit = lim.memory;
+    return 0;
+refuse:
+    FAIL("capacity=%s: above the memory limit of this process's cgroup (%" PRIu64 " bytes, %s)",
+         capacity, lim.memory.bytes, lim.memory.where);
+}
+
+static int validate(const struct fs_options *o, const char *mnt, struct fs_config *cfg)
+{
+    uint64_t v;
+
+    memset(cfg, 0, sizeof(*cfg));
+    cfg->cache.shard_size = SFS_DEFAULT_SHARD_SIZE;
+    cfg->cache.capacity = SFS_DEFAULT_CAPACITY;
+    cfg->cache.hugepages = SFS_HUGEPAGES_AUTO;
+    cfg->cache.numa_node = -1;
+    /* First touch of the data plane dominates start-up: pay it once, here,
+     * not in every rank and not in the first reads (BENCHMARKS.md). */
+    cfg->cache.populate = true;
+    cfg->wait_ns = DEFAULT_WAIT_S * 1000000000ll;
+    cfg->readahead = DEFAULT_READAHEAD;
+
+    if (o->shard_size) {
+        if (!parse_size(o->shard_size, &v))
+            FAIL("shard_size=%s: not a size (a number with an optional K, M or G suffix)",
+                 o->shard_size);
+        if (v < 512 || v > (1ull << 30))
+            FAIL("shard_size=%s: out of range (512 bytes to 1G)", o->shard_size);
+        cfg->cache.shard_size = v;
+    }
+    if (o->capacity) {
+        if (!parse_size(o->capacity, &v))
+            FAIL("capacity=%s: not a size (a number with an optional K, M or G suffix)",
+                 o->capacity);
+        cfg->cache.capacity = v;
+    }
+    if (cfg->cache.capacity < cfg->cache.shard_size)
+        FAIL("capacity=%s: smaller than one shard (shard_size=%" PRIu64 ")",
+             o->capacity ? o->capacity : DEFAULT_CAPACITY_TEXT, cfg->cache.shard_size);
+    if (cfg->cache.capacity / cfg->cache.shard_size >= (1u << 30))
+        FAIL("capacity=%s: too many slots for shard_size=%" PRIu64 " (at most 2^30)",
+             o->capacity ? o->capacity : DEFAULT_CAPACITY_TEXT, cfg->cache.shard_size);
+    {
+        /* The data plane is prefaulted at create (populate): more than the
+         * machine has would wake the OOM killer, not give an error. */
+        long pages = sysconf(_SC_PHYS_PAGES), psz = sysconf(_SC_PAGESIZE);
+
+        if (pages > 0 && psz > 0 && cfg->cache.capacity > (uint64_t)pages * (uint64_t)psz)
+            FAIL("capacity=%s: larger than this machine's memory (%" PRIu64 " bytes)",
+                 o->capacity ? o->capacity : DEFAULT_CAPACITY_TEXT,
+                 (uint64_t)pages * (uint64_t)psz);
+    }
+    if (o->dir_prefix) {
+        if (!parse_uint(o->dir_prefix, 32, &v))
+            FAIL("dir_prefix=%s: out of range (0..32)", o->dir_prefix);
+        cfg->dir_prefix = (unsigned)v;
+    }
+    if (o->hugepages) {
+        if (strcmp(o->hugepages, "auto") == 0)
+            cfg->cache.hugepages = SFS_HUGEPAGES_AUTO;
+        else if (strcmp(o->hugepages, "on") == 0)
+            cfg->cache.hugepages = SFS_HUGEPAGES_ON;
+        else if (strcmp(o->hugepages, "off") == 0)
+            cfg->cache.hugepages = SFS_HUGEPAGES_OFF;
+        else
+            FAIL("hugepages=%s: must be auto, on or off", o->hugepages);
+    }
+    if (check_cgroup(o->capacity ? o->capacity : DEFAULT_CAPACITY_TEXT, cfg) < 0)
+        return -1;
+    if (o->reserved) {
+        uint64_t nslots = cfg->cache.capacity / cfg->cache.shard_size;
+
+        if (!parse_uint(o->reserved, UINT32_MAX, &v) || v >= nslots)
+            FAIL("reserved=%s: out of range (0..%" PRIu64 ", fewer than the %" PRIu64 " slots)",
+                 o->reserved, nslots ? nslots - 1 : 0, nslots);
+        cfg->cache.nreserved = (uint32_t)v;
+        cfg->cache.no_reserved = v == 0;
+    }
+    if (o->wait_timeout) {
+        if (!parse_uint(o->wait_timeout, 86400, &v) || v == 0)
+            FAIL("wait_timeout=%s: out of range (1..86400 seconds)", o->wait_timeout);
+        cfg->wait_ns = (int64_t)v * 1000000000ll;
+    }
+    if (o->readahead) {
+        if (!parse_uint(o->readahead, MAX_READAHEAD, &v))
+            FAIL("readahead=%s: out of range (0..%d shards)", o->readahead, MAX_READAHEAD);
+        cfg->readahead = (uint32_t)v;
+    }
+    if (o->numa_node) {
+        if (!parse_uint(o->numa_node, 1023, &v))
+            FAIL("numa_node=%s: out of range (0..1023)", o->numa_node);
+        cfg->cache.numa_node = (int)v;
+        cfg->cache.numa_bind = true;
+    }
+    if (o->socket) {
+        if (!o->socket[0])
+            FAIL("socket=: empty path");
+        if (strlen(o->socket) >= sizeof(cfg->socket))
+            FAIL("socket=%s: path too long (at most %zu bytes)", o->socket,
+                 sizeof(cfg->socket) - 1);
+        snprintf(cfg->socket, sizeof(cfg->socket), "%s", o->socket);
+    } else {
+        default_socket(mnt, cfg->socket, sizeof(cfg->socket));
+        cfg->default_socket = true;
+    }
+    cfg->serve.gid = -1;
+    cfg->serve.uids = cfg->attach_uids;
+    if (o->attach_uids) {
+        const char *p = o->attach_uids;
+
+        for (;;) {
+            char num[16];
+            size_t n = strcspn(p, ":");
+
+            if (cfg->serve.nuids == SFS_ATTACH_UIDS_MAX)
+                FAIL("attach_uids=%s: more than %d uids", o->attach_uids, SFS_ATTACH_UIDS_MAX);
+            if (n == 0 || n >= sizeof(num))
+                FAIL("attach_uids=%s: not a list of uids (U1:U2:...)", o->attach_uids);
+            memcpy(num, p, n);
+            num[n] = '\0';
+            if (!parse_uint(num, UINT32_MAX - 1, &v))
+                FAIL("attach_uids=%s: '%s' is not a uid", o->attach_uids, num);
+            cfg->attach_uids[cfg->serve.nuids++] = (uint32_t)v;
+            if (!p[n])
+                break;
+            p += n + 1;
+        }
+    }
+    if (o->attach_gid) {
+        if (!parse_uint(o->attach_gid, UINT32_MAX - 1, &v))
+            FAIL("attach_gid=%s: not a group id", o->attach_gid);
+        cfg->serve.gid = (int64_t)v;
+    }
+    return 0;
+}
+
+/* A backend spec names a scheme ("mem:", "fault:...", "posix:..."); anything
+ * else is a directory, checked here so the error names it. */
+static int check_backend(const char *spec)
+{
+    struct stat st;
+
+    if (strncmp(spec, "mem", 3) == 0 && (spec[3] == '\0' || spec[3] == ':'))
+        return 0;
+    if (strncmp(spec, "fault:", 6) == 0 || strncmp(spec, "posix:", 6) == 0)
+        return 0; /* sfs_backend_open reports what is wrong */
+    if (stat(spec, &st) < 0)
+        FAIL("BACKEND_DIR %s: %s", spec, strerror(errno));
+    if (!S_ISDIR(st.st_mode))
+        FAIL("BACKEND_DIR %s: not a directory", spec);
+    return 0;
+}
+
+/* The directory a backend spec stores in: a plain path, posix:DIR?opts, or
+ * the inner spec of fault:OPTS:INNER; NULL for mem: (nothing on disk).
+ * Returns a malloc'd path or NULL. */
+static char *backend_dir(const char *spec)
+{
+    if (strncmp(spec, "mem", 3) == 0 && (spec[3] == '\0' || spec[3] == ':'))
+        return NULL;
+    if (strncmp(spec, "fault:", 6) == 0) {
+        const char *inner = strchr(spec + 6, ':');
+
+        return inner ? backend_dir(inner + 1) : NULL;
+    }
+    if (strncmp(spec, "posix:", 6) == 0) {
+        const char *q = strchr(spec + 6, '?');
+
+        return strndup(spec + 6, q ? (size_t)(q - spec - 6) : strlen(spec + 6));
+    }
+    return strdup(spec);
+}
+
+void fs_inode_owner(const char *spec, struct fs *fs)
+{
+    char *dir = backend_dir(spec);
+    struct stat st;
+
+    fs->uid = geteuid();
+    fs->gid = getegid();
+    fs->perm = 0755;
+    if (dir && stat(dir, &st) == 0) {
+        fs->uid = st.st_uid;
+        fs->gid = st.st_gid;
+        fs->perm = st.st_mode & 0777;
+    }
+    free(dir);
+}
+
+/* The kernel lets a mount stack on another; an operator almost never means
+ * that, so a mount point that already is one is "busy". */
+static int check_mountpoint(const char *mnt)
+{
+    FILE *f = fopen("/proc/self/mountinfo", "re");
+    char line[4096];
+    struct stat st;
+    int busy = 0;
+
+    if (stat(mnt, &st) < 0)
+        FAIL("MOUNTPOINT %s: %s", mnt, strerror(errno));
+    if (!S_ISDIR(st.st_mode))
+        FAIL("MOUNTPOINT %s: not a directory", mnt);
+    if (!f)
+        return 0;
+    while (!busy && fgets(line, sizeof(line), f)) {
+        char *save = NULL, *tok = strtok_r(line, " ", &save);
+
+        for (int i = 1; tok && i < 5; i++)
+            tok = strtok_r(NULL, " ", &save);
+        if (tok) {
+            fs_unescape(tok);
+            busy = strcmp(tok, mnt) == 0;
+        }
+    }
+    fclose(f);
+    if (busy)
+        FAIL("MOUNTPOINT %s: busy (already a mount point; unmount it first)", mnt);
+    return 0;
+}
+
+/* The socket path is replaced at start (a stale socket of a dead daemon is
+ * unlinked), so it must name nothing or a socket: anything else (a regular
+ * file, a symlink, a directory) is the operator's, refused here. A socket
+ * someone answers on belongs to a live daemon: refuse to steal it. */
+static int check_socket(const char *path, bool default_dir)
+{
+    struct sockaddr_un sa = {.sun_family = AF_UNIX};
+    struct stat st;
+    int fd, r;
+
+    if (default_dir && mkdir(SOCKET_DIR, 0755) < 0 && errno != EEXIST)
+        FAIL("socket: cannot create %s: %s (use -o socket=PATH)", SOCKET_DIR, strerror(errno));
+    if (lstat(path, &st) == 0 && !S_ISSOCK(st.st_mode))
+        FAIL("socket=%s: exists and is not a socket (refusing to replace it)", path);
+    snprintf(sa.sun_path, sizeof(sa.sun_path), "%s", path);
+    fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    if (fd < 0)
+        return 0;
+    r = connect(fd, (struct sockaddr *)&sa, sizeof(sa));
+    close(fd);
+    if (r == 0)
+        FAIL("socket=%s: in use by another daemon", path);
+    return 0;
+}
+
+int fs_options_parse(struct fuse_args *args, struct fs_options *o)
+{
+    memset(o, 0, sizeof(*o));
+    o->max_read = DEFAULT_MAX_READ;
+    if (fuse_opt_parse(args, o, opt_table, opt_proc) != 0) {
+        if (!o->bad)
+            fprintf(stderr, "shardfs: bad options (see --help)\n");
+        return -1;
+    }
+    return 0;
+}
+
+int fs_options_check(const struct fs_options *o, const char *mnt, struct fs_config *cfg)
+{
+    if (validate(o, mnt, cfg) < 0 || check_backend(o->backend) < 0 || check_mountpoint(mnt) < 0 ||
+        check_socket(cfg->socket, cfg->default_socket) < 0)
+        return -1;
+    if (o->perms_on && o->perms_off)
+        FAIL("default_permissions and no_default_permissions: pick one");
+    return 0;
+}
+
+int fs_options_mount_args(const struct fs_options *o, struct fuse_args *args)
+{
+    /* The kernel checks modes and owners (fs_fill_attr's) before any request
+     * reaches us: with allow_other, other users get what the modes say. */
+    if (!o->perms_on && !o->perms_off && fuse_opt_add_arg(args, "-odefault_permissions") != 0)
+        return -1;
+    if (!o->max_read_set) {
+        char mr[32];
+
+        snprintf(mr, sizeof(mr), "-omax_read=%u", o->max_read);
+        if (fuse_opt_add_arg(args, mr) != 0)
+            return -1;
+    }
+    return 0;
+}
+
+void fs_options_free(struct fs_options *o)
+{
+    free(o->shard_size);
+    free(o->capacity);
+    free(o->dir_prefix);
+    free(o->socket);
+    free(o->attach_uids);
+    free(o->attach_gid);
+    free(o->hugepages);
+    free(o->reserved);
+    free(o->wait_timeout);
+    free(o->readahead);
+    free(o->numa_node);
+    free(o->backend);
+}

@@ -1,0 +1,79 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * stats.c - the /stats text: the cache's shared counters and the daemon's
+ * own (fs_counters), in the Prometheus text format.
+ *
+ * A snapshot: every counter is read once, relaxed, and written into the
+ * caller's buffer of STATS_MAX bytes; the text is cut, never overrun, when it
+ * does not fit. The open of /stats (write.c) and its attributes (attr.c)
+ * call it; it calls no other room.
+ */
+#include "fs_i.h"
+
+#include <inttypes.h>
+#include <stdio.h>
+
+struct textbuf {
+    char *p;
+    size_t len, cap;
+};
+
+static void emit(struct textbuf *t, const char *name, const char *type, const char *help,
+                 uint64_t v)
+{
+    int n =
+        snprintf(t->p + (t->len < t->cap ? t->len : t->cap), t->len < t->cap ? t->cap - t->len : 0,
+                 "# HELP %s %s\n# TYPE %s %s\n%s %" PRIu64 "\n", name, help, name, type, name, v);
+
+    if (n > 0)
+        t->len += (size_t)n;
+}
+
+size_t fs_stats_text(struct fs *fs, char *buf, size_t len)
+{
+    struct textbuf t = {.p = buf, .cap = len};
+    struct sfs_stats s;
+    struct sfs_cache_info ci;
+
+    if (len)
+        buf[0] = '\0';
+    sfs_cache_stats(fs->cache, &s);
+    sfs_cache_info(fs->cache, &ci);
+#define C(name, help, v) emit(&t, "shardfs_" name, "counter", help, (uint64_t)(v))
+#define G(name, help, v) emit(&t, "shardfs_" name, "gauge", help, (uint64_t)(v))
+#define L(f)             atomic_load_explicit(&fs->ctr.f, memory_order_relaxed)
+    C("requests_total",
+      "Cache lookups, from the mount and every attached rank (prefetches are loads, not lookups).",
+      s.requests);
+    C("hits_total", "Gets that found the shard Ready.", s.hits);
+    C("misses_total", "Gets that did not (owner or waiter).", s.misses);
+    C("prefetched_total", "Slots filled by prefetch.", s.prefetched);
+    C("prefetch_hits_total", "Gets served by a prefetched slot.", s.prefetch_hits);
+    C("bytes_read_total", "Bytes loaded from the backend into the cache.", s.bytes_read);
+    G("resident_bytes", "Bytes of Ready shards in the cache.", s.resident_bytes);
+    G("capacity_bytes", "Bytes of the data plane.", s.capacity_bytes);
+    C("backend_loads_total", "Shard loads this daemon submitted to its backend.", L(backend_loads));
+    C("evictions_total", "Slots with a key taken by the CLOCK hand.", s.evictions);
+    C("owner_loads_total", "Gets that made the caller owner (mount and ranks).", s.owner_loads);
+    C("waits_total", "Gets that made the caller a waiter.", s.waits);
+    C("failures_total", "Owners that published Failed.", s.failures);
+    C("backend_errors_total", "Backend loads and dumps of this daemon that failed.",
+      L(backend_errors));
+    C("takeovers_total", "Ownership taken from a dead owner or an Idle slot.", s.takeovers);
+    C("prealloc_total", "Idle slots placed by Prealloc.", s.prealloc);
+    C("touched_total", "Slots marked by Touch.", s.touched);
+    C("reaped_total", "Dead processes reaped.", s.reaped);
+    C("fs_reads_total", "Read requests on shard files.", L(reads));
+    C("fs_read_bytes_total", "Bytes answered to reads of shard files.", L(read_bytes));
+    C("fs_writes_total", "Shards stored through the mount.", L(writes));
+    C("fs_wait_timeouts_total", "Reads that gave up at their deadline.", L(wait_timeouts));
+    C("fs_prefetch_started_total", "Loads started by user.shardfs.prefetch.", L(prefetch_accepted));
+    C("fs_readahead_started_total", "Loads started by readahead after a read.",
+      L(readahead_started));
+    G("shard_size_bytes", "Bytes per shard.", ci.shard_size);
+    G("slots", "Slots in the cache.", ci.nslots);
+#undef C
+#undef G
+#undef L
+    return t.len;
+}
