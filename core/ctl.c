@@ -21,8 +21,6 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#define DEFAULT_SHARD_SIZE (256u << 10)
-#define DEFAULT_CAPACITY   (1ull << 30)
 #define DEFAULT_SEGMENT    (1ull << 30)
 #define DEFAULT_MAX_PROCS  64u
 #define DEFAULT_MAX_LEASES 16384u
@@ -105,12 +103,12 @@ static uint32_t pow2_at_least(uint64_t v)
 
 static int geometry_from_config(const struct sfs_cache_config *cfg, struct geometry *g)
 {
-    uint64_t cap = cfg->capacity ? cfg->capacity : DEFAULT_CAPACITY;
+    uint64_t cap = cfg->capacity ? cfg->capacity : SFS_DEFAULT_CAPACITY;
     uint64_t segbytes = cfg->segment_size ? cfg->segment_size : DEFAULT_SEGMENT;
     uint64_t nslots;
 
     memset(g, 0, sizeof(*g));
-    g->shard_size = cfg->shard_size ? cfg->shard_size : DEFAULT_SHARD_SIZE;
+    g->shard_size = cfg->shard_size ? cfg->shard_size : SFS_DEFAULT_SHARD_SIZE;
     if (g->shard_size > UINT32_MAX)
         return -EINVAL;
     g->stride = SFS_ALIGN_UP(g->shard_size, STRIDE_ALIGN);

@@ -84,22 +84,6 @@ static void reply_xattr_value(fuse_req_t req, const char *v, size_t size)
         fuse_reply_buf(req, v, len);
 }
 
-static const char *state_word(int st)
-{
-    switch (st) {
-    case SFS_STATE_IDLE:
-        return "idle";
-    case SFS_STATE_LOADING:
-        return "loading";
-    case SFS_STATE_READY:
-        return "ready";
-    case SFS_STATE_FAILED:
-        return "failed";
-    default:
-        return "absent"; /* -ENOENT, or Free */
-    }
-}
-
 void fs_op_getxattr(fuse_req_t req, fuse_ino_t ino, const char *name, size_t size)
 {
     struct fs *fs = fs_of(req);
@@ -111,7 +95,7 @@ void fs_op_getxattr(fuse_req_t req, fuse_ino_t ino, const char *name, size_t siz
         return;
     }
     if (o.kind == FS_SHARD && strcmp(name, SFS_XATTR_STATE) == 0)
-        reply_xattr_value(req, state_word(sfs_cache_state(fs->cache, &o.key)), size);
+        reply_xattr_value(req, sfs_state_name(sfs_cache_state(fs->cache, &o.key)), size);
     else if (o.kind == FS_ROOT && strcmp(name, SFS_XATTR_SOCKET) == 0)
         reply_xattr_value(req, fs->socket_path, size);
     else

@@ -21,8 +21,6 @@
 #include <syslog.h>
 #include <time.h>
 
-#define SOCKET_XATTR "user.shardfs.socket"
-
 void sfs_rank_config_init(struct sfs_rank_config *cfg)
 {
     if (!cfg)
@@ -48,7 +46,7 @@ static void touch_hook(const struct sfs_block_id *blocks, size_t n, void *arg)
 /* The socket a mount point names in its xattr. */
 static int socket_from_mount(const char *mnt, char *out, size_t len)
 {
-    ssize_t n = getxattr(mnt, SOCKET_XATTR, out, len - 1);
+    ssize_t n = getxattr(mnt, SFS_XATTR_SOCKET, out, len - 1);
 
     if (n < 0)
         return errno == ENOTSUP ? -ENODATA : -errno;
