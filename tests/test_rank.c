@@ -1008,7 +1008,16 @@ Test(rank, slow_keys_do_not_block_ready_ones, .timeout = 60)
     }
     int64_t t0 = sfs_now_ns();
     cr_assert_eq(sfs_rank_load(rk, ent, N, &t), 0);
-    usleep(50000);
+    /* Publish the quick keys once the rank waits on every key (not after a
+     * fixed sleep: on a loaded machine the rank could reach a quick key
+     * after its publish and count a hit, not a wait). */
+    for (int64_t end = sfs_now_ns() + 5000 * 1000000ll;; usleep(1000)) {
+        sfs_rank_stats(rk, &s);
+        if (s.waits == N)
+            break;
+        cr_assert_lt(sfs_now_ns(), end, "the rank waits on %llu of %d keys after 5 s",
+                     (unsigned long long)s.waits, N);
+    }
     for (int i = K; i < N; i++)
         publish_owned(e.c, i, &l[i]);
     int64_t tp = sfs_now_ns();
