@@ -11,6 +11,7 @@
  *
  * Needs /dev/fuse and fusermount3 (CI runs as root); skips without them.
  */
+#include "fsfixture.h"
 #include "testutil.h"
 
 #include <shardfs/backend.h>
@@ -48,8 +49,8 @@ static const char *daemon_bin(void)
 #define SHARD (64u << 10)
 
 struct mount {
-    char store[128], mnt[128], sock[128], log[128];
-    pid_t pid;
+    char store[128];
+    struct fsfx fx;                /* the daemon: mount point, socket, log, pid */
     char cgroup[2100], cgfile[32]; /* a cgroup this test made (removed at teardown) */
     bool join_cgroup;              /* start the daemon in it */
     pid_t kids[4];                 /* children a failed test leaves: killed at teardown */
@@ -107,9 +108,9 @@ static const char *shard_path(uint64_t b, long n)
 
     hex_of(b, hex);
     if (n < 0)
-        snprintf(p, 256, "%s/block/%s/shard", M.mnt, hex);
+        snprintf(p, 256, "%s/block/%s/shard", M.fx.mnt, hex);
     else
-        snprintf(p, 256, "%s/block/%s/shard/%ld", M.mnt, hex, n);
+        snprintf(p, 256, "%s/block/%s/shard/%ld", M.fx.mnt, hex, n);
     return p;
 }
 
@@ -144,72 +145,29 @@ static void store_write(const char *dir, uint64_t first, unsigned nblocks, unsig
 
 static bool is_mounted(const char *mnt)
 {
-    FILE *f = fopen("/proc/self/mountinfo", "re");
-    char line[4096], pat[300];
-    bool found = false;
-
-    if (!f)
-        return false;
-    snprintf(pat, sizeof(pat), " %s ", mnt);
-    while (!found && fgets(line, sizeof(line), f))
-        found = strstr(line, pat) && strstr(line, "fuse.shardfs");
-    fclose(f);
-    return found;
+    return fsfx_is_mounted(mnt);
 }
 
 /* Start the daemon on a fresh mount point, in the foreground, with the given
  * backend spec ("" = the store directory) and extra -o options. */
 static void start_spec(const char *spec, const char *opts)
 {
-    char o[512], specbuf[512];
-    double t0;
+    char o[512];
+    int st = 0, r;
 
-    if (!M.mnt[0]) {
-        snprintf(M.mnt, sizeof(M.mnt), "%s", tu_path("mnt"));
-        mkdir(M.mnt, 0755);
-    }
-    if (!M.sock[0])
-        snprintf(M.sock, sizeof(M.sock), "%s", tu_path("sock"));
-    if (!M.log[0])
-        snprintf(M.log, sizeof(M.log), "%s", tu_path("log"));
-    snprintf(o, sizeof(o), "socket=%s,hugepages=off%s%s", M.sock, opts && *opts ? "," : "",
-             opts ? opts : "");
-    if (!spec || !*spec)
-        snprintf(specbuf, sizeof(specbuf), "%s", M.store);
-    else
-        snprintf(specbuf, sizeof(specbuf), "%s", spec);
-    M.pid = fork();
-    cr_assert_geq(M.pid, 0);
-    if (M.pid == 0) {
-        int fd = open(M.log, O_WRONLY | O_CREAT | O_TRUNC, 0644);
-
-        if (fd >= 0) {
-            dup2(fd, 1);
-            dup2(fd, 2);
-        }
-        if (M.join_cgroup) {
-            char procs[2200];
-            FILE *f;
-
-            snprintf(procs, sizeof(procs), "%s/cgroup.procs", M.cgroup);
-            f = fopen(procs, "we");
-            if (!f || fprintf(f, "%d\n", (int)getpid()) < 0 || fclose(f) != 0)
-                _exit(126);
-        }
-        execl(daemon_bin(), "shardfs", "-f", "-o", o, specbuf, M.mnt, (char *)NULL);
-        _exit(127);
-    }
-    t0 = now_s();
-    while (!is_mounted(M.mnt)) {
-        int st;
-
-        if (waitpid(M.pid, &st, WNOHANG) == M.pid) {
-            M.pid = 0;
-            cr_assert_fail("daemon exited before mounting (status %d), see %s", st, M.log);
-        }
-        cr_assert_lt(now_s() - t0, 10.0, "mount did not appear");
-        sleep_ms(10);
-    }
+    if (!M.fx.mnt[0])
+        snprintf(M.fx.mnt, sizeof(M.fx.mnt), "%s", tu_path("mnt"));
+    if (!M.fx.sock[0])
+        snprintf(M.fx.sock, sizeof(M.fx.sock), "%s", tu_path("sock"));
+    if (!M.fx.log[0])
+        snprintf(M.fx.log, sizeof(M.fx.log), "%s", tu_path("log"));
+    M.fx.bin = daemon_bin();
+    M.fx.join_cgroup = M.join_cgroup ? M.cgroup : NULL;
+    snprintf(o, sizeof(o), "hugepages=off%s%s", opts && *opts ? "," : "", opts ? opts : "");
+    r = fsfx_start(&M.fx, spec && *spec ? spec : M.store, o, 10.0, &st);
+    if (r == -ECHILD)
+        cr_assert_fail("daemon exited before mounting (status %d), see %s", st, M.fx.log);
+    cr_assert_eq(r, 0, "mount did not appear: %s", strerror(-r));
 }
 
 static void start(const char *opts)
@@ -220,37 +178,13 @@ static void start(const char *opts)
 /* Unmount and reap the daemon; returns its exit status (-1: had to kill). */
 static int stop(void)
 {
-    double t0 = now_s();
-    int st = 0;
-
-    if (M.pid <= 0)
-        return -1;
-    if (is_mounted(M.mnt))
-        sh("fusermount3 -u %s 2>/dev/null", M.mnt);
-    while (waitpid(M.pid, &st, WNOHANG) != M.pid) {
-        if (now_s() - t0 > 10.0) {
-            kill(M.pid, SIGKILL);
-            waitpid(M.pid, &st, 0);
-            sh("fusermount3 -uz %s 2>/dev/null", M.mnt);
-            M.pid = 0;
-            return -1;
-        }
-        sleep_ms(10);
-    }
-    M.pid = 0;
-    return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
+    return fsfx_stop(&M.fx, false, 10.0);
 }
 
 static void setup(void)
 {
-    int fd = open("/dev/fuse", O_RDWR | O_CLOEXEC);
-
-    if (fd < 0 || sh("command -v fusermount3 >/dev/null") != 0) {
-        if (fd >= 0)
-            close(fd);
+    if (!fsfx_usable())
         cr_skip_test("no usable /dev/fuse or fusermount3: FUSE tests skipped");
-    }
-    close(fd);
     memset(&M, 0, sizeof(M));
     snprintf(M.store, sizeof(M.store), "%s", tu_path("store"));
     mkdir(M.store, 0755);
@@ -263,16 +197,16 @@ static void teardown(void)
             kill(M.kids[i], SIGKILL);
             waitpid(M.kids[i], NULL, 0);
         }
-    if (M.pid > 0)
+    if (M.fx.pid > 0)
         stop();
-    if (M.mnt[0] && is_mounted(M.mnt))
-        sh("fusermount3 -uz %s 2>/dev/null", M.mnt);
-    if (M.mnt[0] && !is_mounted(M.mnt))
-        rmdir(M.mnt);
+    if (M.fx.mnt[0] && is_mounted(M.fx.mnt))
+        sh("fusermount3 -uz %s 2>/dev/null", M.fx.mnt);
+    if (M.fx.mnt[0] && !is_mounted(M.fx.mnt))
+        rmdir(M.fx.mnt);
     if (M.store[0])
         sh("rm -rf %s", M.store);
-    if (M.log[0] && !getenv("SFS_TEST_KEEP_LOGS"))
-        unlink(M.log); /* the daemon's stderr */
+    if (M.fx.log[0] && !getenv("SFS_TEST_KEEP_LOGS"))
+        unlink(M.fx.log); /* the daemon's stderr */
     /* Empty once the daemon is reaped; the kernel may take a moment. */
     for (int i = 0; M.cgroup[0] && rmdir(M.cgroup) < 0 && errno == EBUSY && i < 100; i++)
         sleep_ms(10);
@@ -288,7 +222,7 @@ static long long stat_of(const char *name)
     long long v = -1;
     FILE *f;
 
-    snprintf(path, sizeof(path), "%s/stats", M.mnt);
+    snprintf(path, sizeof(path), "%s/stats", M.fx.mnt);
     f = fopen(path, "re");
     if (!f)
         return -1;
@@ -393,8 +327,8 @@ Test(fs, tree_stat_listing_enoent, .timeout = 60)
     /* readahead=0: this test counts the loads of exactly one read. */
     start("shard_size=64K,capacity=1M,readahead=0");
 
-    cr_assert_eq(dir_list(M.mnt, names, 16), 2);
-    snprintf(path, sizeof(path), "%s/block", M.mnt);
+    cr_assert_eq(dir_list(M.fx.mnt, names, 16), 2);
+    snprintf(path, sizeof(path), "%s/block", M.fx.mnt);
     cr_assert_eq(dir_list(path, names, 16), 0, "nothing resident yet");
 
     for (uint64_t b = 0; b < 3; b++) {
@@ -445,7 +379,7 @@ Test(fs, tree_stat_listing_enoent, .timeout = 60)
     bad[9] = b9;
     bad[10] = b10;
     for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
-        snprintf(path, sizeof(path), "%s/%s", M.mnt, bad[i]);
+        snprintf(path, sizeof(path), "%s/%s", M.fx.mnt, bad[i]);
         errno = 0;
         cr_assert_eq(stat(path, &st), -1, "%s exists", bad[i]);
         cr_assert(errno == ENOENT || (i == 11 && errno == ENOTDIR), "%s: %s", bad[i],
@@ -458,7 +392,7 @@ Test(fs, tree_stat_listing_enoent, .timeout = 60)
 
     /* After a read, /block lists the block with a resident shard. */
     cr_assert_eq(sh("cat %s >/dev/null", shard_path(2, 1)), 0);
-    snprintf(path, sizeof(path), "%s/block", M.mnt);
+    snprintf(path, sizeof(path), "%s/block", M.fx.mnt);
     cr_assert_eq(dir_list(path, names, 16), 1);
     hex_of(2, hex);
     cr_assert_str_eq(names[0], hex);
@@ -471,9 +405,9 @@ Test(fs, tree_stat_listing_enoent, .timeout = 60)
                           "shardfs_backend_loads_total", "shardfs_evictions_total"};
     for (size_t i = 0; i < sizeof(need) / sizeof(need[0]); i++) {
         cr_assert_geq(stat_of(need[i]), 0, "%s missing", need[i]);
-        cr_assert_eq(sh("grep -q '^# TYPE %s ' %s/stats", need[i], M.mnt), 0, "%s: no # TYPE",
+        cr_assert_eq(sh("grep -q '^# TYPE %s ' %s/stats", need[i], M.fx.mnt), 0, "%s: no # TYPE",
                      need[i]);
-        cr_assert_eq(sh("grep -q '^# HELP %s ' %s/stats", need[i], M.mnt), 0, "%s: no # HELP",
+        cr_assert_eq(sh("grep -q '^# HELP %s ' %s/stats", need[i], M.fx.mnt), 0, "%s: no # HELP",
                      need[i]);
     }
     cr_assert_eq(stat_of("shardfs_capacity_bytes"), 1 << 20);
@@ -722,8 +656,8 @@ static void scenario_d_fs(bool touch)
     }
     /* A rank attached to the daemon's cache sweeps every bit clear: it holds
      * a lease on every slot and misses (two laps, -ENOSPC, hand back at 0). */
-    c = sfs_cache_attach(M.sock, 0, &err);
-    cr_assert_not_null(c, "attach %s: %s", M.sock, strerror(-err));
+    c = sfs_cache_attach(M.fx.sock, 0, &err);
+    cr_assert_not_null(c, "attach %s: %s", M.fx.sock, strerror(-err));
     for (int i = 0; i < 6; i++) {
         cr_assert_eq(sfs_cache_get(c, &all[i], 0, 0, &held[i]), SFS_HIT);
         cr_assert_eq(held[i].slot, (uint32_t)i, "loads fill slots in order");
@@ -734,7 +668,7 @@ static void scenario_d_fs(bool touch)
 
     if (touch) {
         hex_of(70, hex);
-        snprintf(path, sizeof(path), "%s/block/%s", M.mnt, hex);
+        snprintf(path, sizeof(path), "%s/block/%s", M.fx.mnt, hex);
         cr_assert_eq(xattr_set(path, "user.shardfs.touch", "1"), 0);
         cr_assert_eq(stat_of("shardfs_touched_total"), 3, "Touch marks T's 3 shards");
     }
@@ -781,7 +715,7 @@ Test(fs, backend_error_is_eio_and_next_read_retries, .timeout = 60)
     start_spec(spec, "shard_size=64K,capacity=1M");
     snprintf(tmp, sizeof(tmp), "%s", tu_path("cp"));
 
-    cr_assert_eq(setxattr(M.mnt, "user.shardfs.fault", "eio=1", 5, 0), 0, "%s", strerror(errno));
+    cr_assert_eq(setxattr(M.fx.mnt, "user.shardfs.fault", "eio=1", 5, 0), 0, "%s", strerror(errno));
     n = read_all(shard_path(3, 0), buf, SHARD);
     cr_assert_eq(n, -EIO, "read: %ld", n);
     cr_assert_neq(sh("cp %s %s 2>/dev/null", shard_path(3, 0), tmp), 0, "cp must fail");
@@ -790,13 +724,13 @@ Test(fs, backend_error_is_eio_and_next_read_retries, .timeout = 60)
     cr_assert_geq(stat_of("shardfs_failures_total"), 1);
     cr_assert_geq(stat_of("shardfs_backend_errors_total"), 1);
     /* Short reads are EIO too. */
-    cr_assert_eq(setxattr(M.mnt, "user.shardfs.fault", "short=1", 7, 0), 0);
+    cr_assert_eq(setxattr(M.fx.mnt, "user.shardfs.fault", "short=1", 7, 0), 0);
     cr_assert_eq(read_all(shard_path(3, 1), buf, SHARD), -EIO);
     /* Bad fault options: EINVAL. */
-    cr_assert_eq(setxattr(M.mnt, "user.shardfs.fault", "bogus=1", 7, 0), -1);
+    cr_assert_eq(setxattr(M.fx.mnt, "user.shardfs.fault", "bogus=1", 7, 0), -1);
     cr_assert_eq(errno, EINVAL);
     /* Cleared: the next read takes ownership again and succeeds. */
-    cr_assert_eq(setxattr(M.mnt, "user.shardfs.fault", "off", 3, 0), 0);
+    cr_assert_eq(setxattr(M.fx.mnt, "user.shardfs.fault", "off", 3, 0), 0);
     cr_assert_eq(sh("cp %s %s", shard_path(3, 0), tmp), 0);
     assert_file_is_shard(tmp, 3, 0);
     cr_assert_eq(read_all(shard_path(3, 1), buf, SHARD), (long)SHARD);
@@ -895,7 +829,7 @@ Test(fs, cache_full_of_leases_answers_eagain_not_a_hang, .timeout = 60)
     cr_assert_not_null(buf);
     store_write(M.store, 11, 1, 1);
     start("shard_size=64K,capacity=128K,reserved=0,wait_timeout=1");
-    h.sock = M.sock;
+    h.sock = M.fx.sock;
     cr_assert_eq(pipe(h.ready), 0);
     cr_assert_eq(pipe(h.go), 0);
     pid = tu_fork(hold_leases, &h);
@@ -964,17 +898,17 @@ Test(fs, unmount_with_a_rank_attached_exits_cleanly, .timeout = 60)
     store_write(M.store, 12, 1, 1);
     start("shard_size=64K,capacity=1M");
     cr_assert_eq(sh("cat %s >/dev/null", shard_path(12, 0)), 0);
-    cr_assert_eq(stat(M.sock, &st), 0);
+    cr_assert_eq(stat(M.fx.sock, &st), 0);
     cr_assert(S_ISSOCK(st.st_mode));
     {
         char v[256];
-        ssize_t n = getxattr(M.mnt, "user.shardfs.socket", v, sizeof(v) - 1);
+        ssize_t n = getxattr(M.fx.mnt, "user.shardfs.socket", v, sizeof(v) - 1);
 
         cr_assert_gt(n, 0);
         v[n] = '\0';
-        cr_assert_str_eq(v, M.sock);
+        cr_assert_str_eq(v, M.fx.sock);
     }
-    a.sock = M.sock;
+    a.sock = M.fx.sock;
     cr_assert_eq(pipe(a.ready), 0);
     cr_assert_eq(pipe(a.go), 0);
     pid = tu_fork(attached_rank, &a);
@@ -982,8 +916,8 @@ Test(fs, unmount_with_a_rank_attached_exits_cleanly, .timeout = 60)
     /* Counters are shared: the rank's Get shows in the mount's stats. */
     cr_assert_geq(stat_of("shardfs_hits_total"), 1);
     cr_assert_eq(stop(), 0, "daemon exit status");
-    cr_assert(!is_mounted(M.mnt));
-    cr_assert_eq(stat(M.sock, &st), -1, "socket removed");
+    cr_assert(!is_mounted(M.fx.mnt));
+    cr_assert_eq(stat(M.fx.sock, &st), -1, "socket removed");
     cr_assert_eq(write(a.go[1], &ch, 1), 1);
     cr_assert_eq(tu_wait(pid), 0);
 }
@@ -996,15 +930,15 @@ Test(fs, sigterm_unmounts_and_exits_zero, .timeout = 60)
 
     store_write(M.store, 13, 1, 1);
     start("shard_size=64K,capacity=1M");
-    cr_assert_eq(kill(M.pid, SIGTERM), 0);
-    while (waitpid(M.pid, &status, WNOHANG) != M.pid) {
+    cr_assert_eq(kill(M.fx.pid, SIGTERM), 0);
+    while (waitpid(M.fx.pid, &status, WNOHANG) != M.fx.pid) {
         cr_assert_lt(now_s() - t0, 10.0, "daemon did not stop on SIGTERM");
         sleep_ms(10);
     }
-    M.pid = 0;
+    M.fx.pid = 0;
     cr_assert(WIFEXITED(status) && WEXITSTATUS(status) == 0, "status %d", status);
-    cr_assert(!is_mounted(M.mnt));
-    cr_assert_eq(stat(M.sock, &st), -1);
+    cr_assert(!is_mounted(M.fx.mnt));
+    cr_assert_eq(stat(M.fx.sock, &st), -1);
 }
 
 /* Shutdown with backend loads stuck in flight (the fault backend's stall):
@@ -1088,7 +1022,7 @@ static void stall_rank_start(struct stall_rank *a, pid_t *pid)
 {
     char ch;
 
-    a->sock = M.sock;
+    a->sock = M.fx.sock;
     cr_assert_eq(pipe(a->ready), 0);
     cr_assert_eq(pipe(a->go), 0);
     cr_assert_eq(pipe(a->gone), 0);
@@ -1111,16 +1045,16 @@ static void stall_rank_wait(struct stall_rank *a, pid_t pid)
 /* Wait for the daemon to exit; returns seconds since t0 (asserts the bound). */
 static double daemon_exit_within(double t0, int *status)
 {
-    while (waitpid(M.pid, status, WNOHANG) != M.pid) {
+    while (waitpid(M.fx.pid, status, WNOHANG) != M.fx.pid) {
         if (now_s() - t0 > 30.0) {
-            kill(M.pid, SIGKILL);
-            waitpid(M.pid, status, 0);
-            M.pid = 0;
+            kill(M.fx.pid, SIGKILL);
+            waitpid(M.fx.pid, status, 0);
+            M.fx.pid = 0;
             cr_assert_fail("daemon still running 30 s after the stop");
         }
         sleep_ms(10);
     }
-    M.pid = 0;
+    M.fx.pid = 0;
     return now_s() - t0;
 }
 
@@ -1174,12 +1108,12 @@ Test(fs, sigterm_with_a_stalled_load_exits_promptly_and_fails_its_slots, .timeou
     stall_rank_wait(&a, rank);
 
     t0 = now_s();
-    cr_assert_eq(kill(M.pid, SIGTERM), 0);
+    cr_assert_eq(kill(M.fx.pid, SIGTERM), 0);
     dt = daemon_exit_within(t0, &status);
     cr_assert_lt(dt, STOP_BOUND_S, "the daemon took %.1f s to stop", dt);
     cr_assert(WIFEXITED(status) && WEXITSTATUS(status) == 0, "status %d", status);
-    cr_assert(!is_mounted(M.mnt));
-    cr_assert_neq(access(M.sock, F_OK), 0, "socket removed");
+    cr_assert(!is_mounted(M.fx.mnt));
+    cr_assert_neq(access(M.fx.sock, F_OK), 0, "socket removed");
     /* Both readers were answered: EIO, not a hang. */
     cr_assert_eq(tu_wait_for(owner, 5000000000ll), 0, "the owner's reader");
     cr_assert_eq(tu_wait_for(waiter, 5000000000ll), 0, "the waiting reader");
@@ -1201,18 +1135,18 @@ Test(fs, unmount_with_stalled_prefetch_exits_promptly_and_fails_its_slots, .time
     stall_rank_start(&a, &rank);
     /* Loads in flight with no file open: the unmount itself succeeds. */
     hex_of(61, hex);
-    snprintf(path, sizeof(path), "%s/block/%s", M.mnt, hex);
+    snprintf(path, sizeof(path), "%s/block/%s", M.fx.mnt, hex);
     cr_assert_eq(xattr_set(path, "user.shardfs.prefetch", "1"), 0);
     for (uint32_t s = 0; s < 3; s++)
         cr_assert(wait_state(61, s, "loading", 5.0), "shard %u not loading", s);
     stall_rank_wait(&a, rank);
 
     t0 = now_s();
-    cr_assert_eq(sh("fusermount3 -u %s", M.mnt), 0);
+    cr_assert_eq(sh("fusermount3 -u %s", M.fx.mnt), 0);
     dt = daemon_exit_within(t0, &status);
     cr_assert_lt(dt, STOP_BOUND_S, "the daemon took %.1f s to exit", dt);
     cr_assert(WIFEXITED(status) && WEXITSTATUS(status) == 0, "status %d", status);
-    cr_assert_neq(access(M.sock, F_OK), 0, "socket removed");
+    cr_assert_neq(access(M.fx.sock, F_OK), 0, "socket removed");
     cr_assert_eq(write(a.gone[1], &ch, 1), 1);
     cr_assert_eq(tu_wait_for(rank, 10000000000ll), 0, "rank's checks (see stall_rank)");
 }
@@ -1293,7 +1227,7 @@ Test(fs, write_cp_dd_readback_store_unlink, .timeout = 60)
     cr_assert_eq(unlink(shard_path(101, 0)), -1);
     cr_assert_eq(errno, ENOENT);
     /* An empty block directory can be "removed" (rm -r works). */
-    cr_assert_eq(sh("rm -r %s/block/%s", M.mnt, hex), 0);
+    cr_assert_eq(sh("rm -r %s/block/%s", M.fx.mnt, hex), 0);
 
     unlink(src);
     unlink(tmp);
@@ -1384,7 +1318,7 @@ Test(fs, xattrs_prefetch_state_errors, .timeout = 60)
     store_write(M.store, 30, 1, 4);
     start("shard_size=64K,capacity=1M");
     hex_of(30, hex);
-    snprintf(path, sizeof(path), "%s/block/%s", M.mnt, hex);
+    snprintf(path, sizeof(path), "%s/block/%s", M.fx.mnt, hex);
 
     cr_assert_eq(get_state(30, 0, st, sizeof(st)), 0);
     cr_assert_str_eq(st, "absent");
@@ -1419,17 +1353,17 @@ Test(fs, xattrs_prefetch_state_errors, .timeout = 60)
     cr_assert_eq(setxattr(shard_path(30, 0), "user.shardfs.state", "ready", 5, 0), -1);
     cr_assert_eq(errno, ENOTSUP);
     /* The fault hook answers EINVAL on a backend that is not a fault one. */
-    cr_assert_eq(setxattr(M.mnt, "user.shardfs.fault", "eio=1", 5, 0), -1);
+    cr_assert_eq(setxattr(M.fx.mnt, "user.shardfs.fault", "eio=1", 5, 0), -1);
     cr_assert_eq(errno, EINVAL);
     /* Too small a buffer: ERANGE; size 0 asks for the length. */
-    cr_assert_eq(getxattr(M.mnt, "user.shardfs.socket", v, 2), -1);
+    cr_assert_eq(getxattr(M.fx.mnt, "user.shardfs.socket", v, 2), -1);
     cr_assert_eq(errno, ERANGE);
-    cr_assert_eq(getxattr(M.mnt, "user.shardfs.socket", NULL, 0), (ssize_t)strlen(M.sock));
+    cr_assert_eq(getxattr(M.fx.mnt, "user.shardfs.socket", NULL, 0), (ssize_t)strlen(M.fx.sock));
     /* listxattr names what get answers. */
     n = listxattr(shard_path(30, 0), v, sizeof(v));
     cr_assert_eq(n, (ssize_t)sizeof("user.shardfs.state"));
     cr_assert_str_eq(v, "user.shardfs.state");
-    n = listxattr(M.mnt, v, sizeof(v));
+    n = listxattr(M.fx.mnt, v, sizeof(v));
     cr_assert_eq(n, (ssize_t)sizeof("user.shardfs.socket"));
     if (have_tool("getfattr"))
         cr_assert_eq(
@@ -1521,10 +1455,10 @@ Test(fs, bad_options_exit_1_with_one_line, .timeout = 60)
 
     /* A busy mount point: already mounted. */
     start("shard_size=64K,capacity=1M");
-    snprintf(args, sizeof(args), "-o socket=%s %s %s", sock, M.store, M.mnt);
-    expect_refused(args, M.mnt);
+    snprintf(args, sizeof(args), "-o socket=%s %s %s", sock, M.store, M.fx.mnt);
+    expect_refused(args, M.fx.mnt);
     /* The socket of a live daemon is not stolen. */
-    snprintf(args, sizeof(args), "-o socket=%s %s %s", M.sock, M.store, mnt);
+    snprintf(args, sizeof(args), "-o socket=%s %s %s", M.fx.sock, M.store, mnt);
     expect_refused(args, "socket");
     cr_assert_eq(stop(), 0);
     rmdir(mnt);
@@ -1782,18 +1716,18 @@ Test(fs, daemonizes_without_f, .timeout = 60)
     double t0;
 
     store_write(M.store, 40, 1, 1);
-    snprintf(M.mnt, sizeof(M.mnt), "%s", tu_path("mnt"));
-    snprintf(M.sock, sizeof(M.sock), "%s", tu_path("sock"));
-    mkdir(M.mnt, 0755);
+    snprintf(M.fx.mnt, sizeof(M.fx.mnt), "%s", tu_path("mnt"));
+    snprintf(M.fx.sock, sizeof(M.fx.sock), "%s", tu_path("sock"));
+    mkdir(M.fx.mnt, 0755);
     snprintf(cmd, sizeof(cmd), "%s -o socket=%s,hugepages=off,shard_size=64K,capacity=1M %s %s",
-             daemon_bin(), M.sock, M.store, M.mnt);
+             daemon_bin(), M.fx.sock, M.store, M.fx.mnt);
     /* The parent returns once the child is mounted. */
     cr_assert_eq(sh("%s", cmd), 0);
-    cr_assert(is_mounted(M.mnt));
+    cr_assert(is_mounted(M.fx.mnt));
     assert_file_is_shard(shard_path(40, 0), 40, 0);
-    cr_assert_eq(sh("fusermount3 -u %s", M.mnt), 0);
+    cr_assert_eq(sh("fusermount3 -u %s", M.fx.mnt), 0);
     t0 = now_s();
-    while (access(M.sock, F_OK) == 0 && now_s() - t0 < 10.0)
+    while (access(M.fx.sock, F_OK) == 0 && now_s() - t0 < 10.0)
         sleep_ms(10);
-    cr_assert_neq(access(M.sock, F_OK), 0, "socket removed after unmount");
+    cr_assert_neq(access(M.fx.sock, F_OK), 0, "socket removed after unmount");
 }

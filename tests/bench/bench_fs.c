@@ -21,6 +21,7 @@
  * when FUSE is not usable here.
  */
 #include "bench_util.h"
+#include "fsfixture.h"
 
 #include <shardfs/cache.h>
 
@@ -37,9 +38,9 @@
 #define NSHARDS_B 16 /* shards per block */
 
 struct setup {
-    char store[128], mnt[128], sock[128], shm[128];
+    char store[128], shm[128];
+    struct fsfx fx; /* the daemon: mount point, socket, pid */
     unsigned nblocks;
-    pid_t daemon;
     uint8_t *buf; /* SHARD bytes, aligned */
 };
 
@@ -61,7 +62,7 @@ static void shard_path(unsigned b, unsigned s, char *out, size_t len)
     char hex[SFS_BLOCK_HEX_LEN + 1];
 
     block_hex(b, hex);
-    snprintf(out, len, "%s/block/%s/shard/%u", S.mnt, hex, s);
+    snprintf(out, len, "%s/block/%s/shard/%u", S.fx.mnt, hex, s);
 }
 
 static void store_path(unsigned b, char *out, size_t len)
@@ -119,77 +120,19 @@ static void drop_store_cache(void)
     }
 }
 
-static bool mounted(void)
-{
-    FILE *f = fopen("/proc/self/mountinfo", "re");
-    char line[4096], pat[300];
-    bool found = false;
-
-    if (!f)
-        return false;
-    snprintf(pat, sizeof(pat), " %s ", S.mnt);
-    while (!found && fgets(line, sizeof(line), f))
-        found = strstr(line, pat) && strstr(line, "fuse.shardfs");
-    fclose(f);
-    return found;
-}
-
 static int daemon_start(void)
 {
     char opts[512];
-    int64_t t0 = bench_now_ns();
     uint64_t cap = (uint64_t)S.nblocks * NSHARDS_B * SHARD + (64ull << 20);
 
-    snprintf(opts, sizeof(opts), "socket=%s,shard_size=1M,capacity=%llu", S.sock,
-             (unsigned long long)cap);
-    S.daemon = fork();
-    if (S.daemon < 0)
-        return -1;
-    if (S.daemon == 0) {
-        int nul = open("/dev/null", O_WRONLY);
-
-        if (nul >= 0)
-            dup2(nul, 1);
-        execl(SHARDFS_BIN, "shardfs", "-f", "-o", opts, S.store, S.mnt, (char *)NULL);
-        _exit(127);
-    }
-    while (!mounted()) {
-        int st;
-
-        if (waitpid(S.daemon, &st, WNOHANG) == S.daemon) {
-            S.daemon = 0;
-            return -1;
-        }
-        if (bench_now_ns() - t0 > 20 * 1000000000ll)
-            return -1;
-        bench_sleep_ns(5 * 1000 * 1000);
-    }
-    return 0;
+    snprintf(opts, sizeof(opts), "shard_size=1M,capacity=%llu", (unsigned long long)cap);
+    S.fx.bin = SHARDFS_BIN;
+    return fsfx_start(&S.fx, S.store, opts, 20.0, NULL);
 }
 
 static void daemon_stop(void)
 {
-    char cmd[300];
-    int64_t t0 = bench_now_ns();
-
-    if (S.daemon <= 0)
-        return;
-    snprintf(cmd, sizeof(cmd), "fusermount3 -u %s 2>/dev/null", S.mnt);
-    if (system(cmd) != 0)
-        kill(S.daemon, SIGTERM);
-    while (waitpid(S.daemon, NULL, WNOHANG) != S.daemon) {
-        if (bench_now_ns() - t0 > 10 * 1000000000ll) {
-            kill(S.daemon, SIGKILL);
-            waitpid(S.daemon, NULL, 0);
-            snprintf(cmd, sizeof(cmd), "fusermount3 -uz %s 2>/dev/null", S.mnt);
-            if (system(cmd) != 0) {
-                /* nothing more to do */
-            }
-            break;
-        }
-        bench_sleep_ns(5 * 1000 * 1000);
-    }
-    S.daemon = 0;
+    fsfx_stop(&S.fx, true, 10.0);
 }
 
 static long long stat_of(const char *name)
@@ -199,7 +142,7 @@ static long long stat_of(const char *name)
     long long v = -1;
     FILE *f;
 
-    snprintf(path, sizeof(path), "%s/stats", S.mnt);
+    snprintf(path, sizeof(path), "%s/stats", S.fx.mnt);
     f = fopen(path, "re");
     if (!f)
         return -1;
@@ -438,7 +381,7 @@ static void cleanup(void)
     char cmd[512];
 
     daemon_stop();
-    rmdir(S.mnt);
+    rmdir(S.fx.mnt);
     unlink(S.shm);
     snprintf(cmd, sizeof(cmd), "rm -rf %s", S.store);
     if (system(cmd) != 0) {
@@ -449,7 +392,7 @@ static void cleanup(void)
 int main(int argc, char **argv)
 {
     struct bench b;
-    int reps, ops, fd;
+    int reps, ops;
     double cold_raw, cold_fs, res_fs, res_shm, par_fs, par_shm, r_fs, r_shm, open_fs;
     double p50_fs = 0, p99_fs = 0, p50_shm = 0, p99_shm = 0;
     long long loads_cold, pf_cold, pfh_cold;
@@ -457,21 +400,19 @@ int main(int argc, char **argv)
 
     if (bench_init(&b, "bench_fs", argc, argv) != 0)
         return 2;
-    fd = open("/dev/fuse", O_RDWR);
-    if (fd < 0 || system("command -v fusermount3 >/dev/null 2>&1") != 0) {
+    if (!fsfx_usable()) {
         fprintf(stderr, "bench_fs: no usable /dev/fuse or fusermount3: skipped\n");
         return 77;
     }
-    close(fd);
     S.nblocks = b.quick ? 2 : 16; /* 32 MiB or 256 MiB */
     reps = b.quick ? 3 : 5;
     ops = b.quick ? 5000 : 50000;
     snprintf(S.store, sizeof(S.store), "/tmp/bench-fs-%d-store", (int)getpid());
-    snprintf(S.mnt, sizeof(S.mnt), "/tmp/bench-fs-%d-mnt", (int)getpid());
-    snprintf(S.sock, sizeof(S.sock), "/tmp/bench-fs-%d.sock", (int)getpid());
+    snprintf(S.fx.mnt, sizeof(S.fx.mnt), "/tmp/bench-fs-%d-mnt", (int)getpid());
+    snprintf(S.fx.sock, sizeof(S.fx.sock), "/tmp/bench-fs-%d.sock", (int)getpid());
     snprintf(S.shm, sizeof(S.shm), "/dev/shm/bench-fs-%d", (int)getpid());
     S.buf = aligned_alloc(4096, SHARD);
-    if (!S.buf || mkdir(S.mnt, 0755) < 0 || make_store() < 0) {
+    if (!S.buf || mkdir(S.fx.mnt, 0755) < 0 || make_store() < 0) {
         fprintf(stderr, "bench_fs: setup: %s\n", strerror(errno));
         cleanup();
         return 1;

@@ -1,0 +1,436 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * dir.c - changing the tree, and listing directories.
+ *
+ * unlink drops a shard from the cache and the backend (the posix layout drops
+ * every later shard of the block with it, and so does the cache); mkdir and
+ * rmdir answer for directories that exist by name alone; rename, link and
+ * symlink are EPERM (names are keys). A directory handle is a snapshot taken
+ * at opendir and served by offset: /block lists the blocks resident in the
+ * cache (bounded by the cache, never by the store), a shard directory the
+ * backend's shards plus the resident ones.
+ */
+#include "fs_i.h"
+
+#include <errno.h>
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <time.h>
+
+#define UNKNOWN_INO 0xffffffffu /* readdir: the kernel looks the name up */
+
+/* ---------------------------------------------------------------------------
+ * What a shard directory lists.
+ */
+
+struct block_scan {
+    struct sfs_block_id block;
+    uint32_t *idx; /* resident shard indices of block */
+    size_t n, cap;
+    int err;
+};
+
+static int scan_block_cb(const struct sfs_key *key, int state, void *arg)
+{
+    struct block_scan *s = arg;
+
+    if (memcmp(&key->block, &s->block, sizeof(s->block)) != 0)
+        return 0;
+    if (s->n == s->cap) {
+        size_t cap = s->cap ? s->cap * 2 : 16;
+        uint32_t *p = realloc(s->idx, cap * sizeof(*p));
+
+        if (!p) {
+            s->err = -ENOMEM;
+            return 1;
+        }
+        s->idx = p;
+        s->cap = cap;
+    }
+    s->idx[s->n++] = key->shard;
+    return 0;
+}
+
+static int cmp_u32(const void *a, const void *b)
+{
+    uint32_t x = *(const uint32_t *)a, y = *(const uint32_t *)b;
+
+    return x < y ? -1 : x > y;
+}
+
+/* The shard indices of block: 0..count-1 from the backend, plus resident
+ * (Ready or Loading) ones, sorted and unique. *out is malloc'd. */
+#define MAX_LISTED_SHARDS (1 << 20)
+
+static int block_shards(struct fs *fs, const struct sfs_block_id *block, uint32_t **out,
+                        size_t *nout)
+{
+    struct block_scan s = {.block = *block};
+    int count = sfs_backend_shard_count(fs->be, block);
+    size_t n = 0;
+    uint32_t *all;
+
+    if (count < 0)
+        count = 0;
+    /* A store file can be huge or sparse: list at most this many (every
+     * shard stays reachable by name; docs/fs.md). */
+    if (count > MAX_LISTED_SHARDS)
+        count = MAX_LISTED_SHARDS;
+    sfs_cache_foreach(fs->cache, (1u << SFS_STATE_READY) | (1u << SFS_STATE_LOADING), scan_block_cb,
+                      &s);
+    if (s.err) {
+        free(s.idx);
+        return s.err;
+    }
+    all = malloc(((size_t)count + s.n + 1) * sizeof(*all));
+    if (!all) {
+        free(s.idx);
+        return -ENOMEM;
+    }
+    for (int i = 0; i < count; i++)
+        all[n++] = (uint32_t)i;
+    for (size_t i = 0; i < s.n; i++)
+        if (s.idx[i] >= (uint32_t)count)
+            all[n++] = s.idx[i];
+    free(s.idx);
+    qsort(all, n, sizeof(*all), cmp_u32);
+    size_t u = 0;
+    for (size_t i = 0; i < n; i++)
+        if (u == 0 || all[u - 1] != all[i])
+            all[u++] = all[i];
+    *out = all;
+    *nout = u;
+    return 0;
+}
+
+/* ---------------------------------------------------------------------------
+ * Changing the tree.
+ */
+
+/* Drop shard n from the cache and the backend. The posix layout keeps a
+ * block as one run of shards, so its remove drops shard n and every later
+ * shard; resident copies of shards the backend no longer has are dropped
+ * too, so the cache never serves what the store lost. */
+/* sfs_cache_remove, waiting out a load in flight (a readahead, say): a
+ * Loading slot is leased only until its load completes. A slot a reader or a
+ * rank holds Ready stays -EBUSY at once. */
+static int cache_remove_settled(struct fs *fs, const struct sfs_key *key)
+{
+    int64_t deadline = sfs_deadline_after(fs->wait_ns);
+
+    for (;;) {
+        int r = sfs_cache_remove(fs->cache, key);
+
+        if (r != -EBUSY || sfs_cache_state(fs->cache, key) != SFS_STATE_LOADING ||
+            sfs_now_ns() >= deadline || fs_stopping(fs))
+            return r;
+        struct timespec ts = {0, 1000 * 1000};
+        nanosleep(&ts, NULL);
+    }
+}
+
+static int remove_shard(struct fs *fs, const struct sfs_key *key)
+{
+    struct fs_obj o = fs_make_obj(FS_SHARD, &key->block, key->shard);
+    struct block_scan s = {.block = key->block};
+    bool in_cache, in_backend = false;
+    int r;
+
+    if (fs_has_writers(fs, &o))
+        return -EBUSY;
+    r = cache_remove_settled(fs, key);
+    if (r == -EBUSY)
+        return -EBUSY;
+    in_cache = r == 0;
+    r = sfs_backend_remove(fs->be, key);
+    if (r == 0)
+        in_backend = true;
+    else if (r != -ENOENT)
+        return r;
+    if (!in_cache && !in_backend)
+        return -ENOENT;
+    /* Later shards the backend dropped with it. */
+    sfs_cache_foreach(fs->cache, ~0u, scan_block_cb, &s);
+    for (size_t i = 0; i < s.n; i++) {
+        struct sfs_key k = {.block = key->block, .shard = s.idx[i]};
+        bool present = true;
+
+        if (k.shard <= key->shard)
+            continue;
+        if (sfs_backend_exists(fs->be, &k, 1, &present) == 0 && !present)
+            cache_remove_settled(fs, &k);
+    }
+    free(s.idx);
+    return 0;
+}
+
+void fs_op_unlink(fuse_req_t req, fuse_ino_t parent, const char *name)
+{
+    struct fs *fs = fs_of(req);
+    struct fs_obj p, o;
+    int r = fs_resolve(fs, parent, &p);
+
+    if (r == 0)
+        r = fs_child_obj(fs, &p, name, false, &o);
+    if (r == 0 && o.kind != FS_SHARD)
+        r = o.kind == FS_STATS ? -EACCES : -EISDIR;
+    if (r == 0 && fs->ro)
+        r = -EROFS;
+    if (r == 0)
+        r = remove_shard(fs, &o.key);
+    fuse_reply_err(req, -r);
+}
+
+void fs_op_mkdir(fuse_req_t req, fuse_ino_t parent, const char *name, mode_t mode)
+{
+    struct fs *fs = fs_of(req);
+    struct fs_obj p, o;
+    int r = fs_resolve(fs, parent, &p);
+
+    if (r == 0)
+        r = fs_child_obj(fs, &p, name, false, &o);
+    if (r == 0 && fs->ro)
+        r = -EROFS;
+    /* Every well-formed block directory (and its shard directory) exists. */
+    if (r == 0)
+        r = (o.kind == FS_BLOCK || o.kind == FS_SHARDDIR) ? -EEXIST : -ENOENT;
+    fuse_reply_err(req, -r);
+}
+
+void fs_op_rmdir(fuse_req_t req, fuse_ino_t parent, const char *name)
+{
+    struct fs *fs = fs_of(req);
+    struct fs_obj p, o;
+    uint32_t *idx = NULL;
+    size_t n = 0;
+    int r = fs_resolve(fs, parent, &p);
+
+    if (r == 0)
+        r = fs_child_obj(fs, &p, name, false, &o);
+    if (r == 0 && o.kind != FS_BLOCK && o.kind != FS_SHARDDIR)
+        r = o.kind == FS_BLOCKS ? -EBUSY : -ENOTDIR;
+    if (r == 0 && fs->ro)
+        r = -EROFS;
+    /* A virtual directory: "removing" an empty one succeeds (so rm -r
+     * works); one with shards is not empty. */
+    if (r == 0)
+        r = block_shards(fs, &o.key.block, &idx, &n);
+    if (r == 0 && n > 0)
+        r = -ENOTEMPTY;
+    free(idx);
+    fuse_reply_err(req, -r);
+}
+
+void fs_op_rename(fuse_req_t req, fuse_ino_t parent, const char *name, fuse_ino_t newparent,
+                  const char *newname, unsigned int flags)
+{
+    /* Names are keys: a shard cannot move. Not EXDEV: mv would copy and
+     * unlink, and unlinking shard n drops the later shards of its block
+     * (the copy among them, when it lands in the same block). */
+    fuse_reply_err(req, fs_of(req)->ro ? EROFS : EPERM);
+}
+
+void fs_op_link(fuse_req_t req, fuse_ino_t ino, fuse_ino_t newparent, const char *newname)
+{
+    fuse_reply_err(req, EPERM);
+}
+
+void fs_op_symlink(fuse_req_t req, const char *link, fuse_ino_t parent, const char *name)
+{
+    fuse_reply_err(req, EPERM);
+}
+
+/* ---------------------------------------------------------------------------
+ * Directories: a snapshot taken at opendir, served by offset.
+ */
+
+struct dir_ent {
+    char name[SFS_BLOCK_HEX_LEN + 1];
+    bool dir;
+};
+
+struct dir_handle {
+    struct dir_ent *ents;
+    size_t n, cap;
+};
+
+static int dir_add(struct dir_handle *d, const char *name, bool dir)
+{
+    if (d->n == d->cap) {
+        size_t cap = d->cap ? d->cap * 2 : 16;
+        struct dir_ent *p = realloc(d->ents, cap * sizeof(*p));
+
+        if (!p)
+            return -ENOMEM;
+        d->ents = p;
+        d->cap = cap;
+    }
+    snprintf(d->ents[d->n].name, sizeof(d->ents[d->n].name), "%s", name);
+    d->ents[d->n].dir = dir;
+    d->n++;
+    return 0;
+}
+
+struct block_set {
+    struct sfs_block_id *ids;
+    size_t n, cap;
+    int err;
+};
+
+static int block_set_cb(const struct sfs_key *key, int state, void *arg)
+{
+    struct block_set *s = arg;
+
+    /* Shards of one block often sit together: skip an immediate repeat. */
+    if (s->n && memcmp(&s->ids[s->n - 1], &key->block, sizeof(key->block)) == 0)
+        return 0;
+    if (s->n == s->cap) {
+        size_t cap = s->cap ? s->cap * 2 : 256;
+        struct sfs_block_id *p = realloc(s->ids, cap * sizeof(*p));
+
+        if (!p) {
+            s->err = -ENOMEM;
+            return 1;
+        }
+        s->ids = p;
+        s->cap = cap;
+    }
+    s->ids[s->n++] = key->block;
+    return 0;
+}
+
+static int cmp_block(const void *a, const void *b)
+{
+    return memcmp(a, b, sizeof(struct sfs_block_id));
+}
+
+/* /block: the blocks with a Ready or Loading shard in the cache. Bounded by
+ * the cache, never by the store (which may hold millions of blocks). */
+static int list_resident_blocks(struct fs *fs, struct dir_handle *d)
+{
+    struct block_set s = {0};
+    int r = 0;
+
+    sfs_cache_foreach(fs->cache, (1u << SFS_STATE_READY) | (1u << SFS_STATE_LOADING), block_set_cb,
+                      &s);
+    if (s.err) {
+        free(s.ids);
+        return s.err;
+    }
+    if (s.n)
+        qsort(s.ids, s.n, sizeof(*s.ids), cmp_block);
+    for (size_t i = 0; i < s.n && r == 0; i++) {
+        char hex[SFS_BLOCK_HEX_LEN + 1];
+
+        if (i && memcmp(&s.ids[i - 1], &s.ids[i], sizeof(s.ids[i])) == 0)
+            continue;
+        sfs_block_to_hex(&s.ids[i], hex);
+        r = dir_add(d, hex, true);
+    }
+    free(s.ids);
+    return r;
+}
+
+void fs_op_opendir(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi)
+{
+    struct fs *fs = fs_of(req);
+    struct dir_handle *d = calloc(1, sizeof(*d));
+    struct fs_obj o;
+    int r = d ? fs_resolve(fs, ino, &o) : -ENOMEM;
+
+    if (r < 0)
+        goto out_err;
+    r = dir_add(d, ".", true);
+    if (r == 0)
+        r = dir_add(d, "..", true);
+    switch (r ? -1 : o.kind) {
+    case -1:
+        break;
+    case FS_ROOT:
+        r = dir_add(d, "block", true);
+        if (r == 0)
+            r = dir_add(d, "stats", false);
+        break;
+    case FS_BLOCKS:
+        r = list_resident_blocks(fs, d);
+        break;
+    case FS_BLOCK:
+        r = dir_add(d, "shard", true);
+        break;
+    case FS_SHARDDIR: {
+        uint32_t *idx = NULL;
+        size_t n = 0;
+
+        r = block_shards(fs, &o.key.block, &idx, &n);
+        for (size_t i = 0; i < n && r == 0; i++) {
+            char name[16];
+
+            snprintf(name, sizeof(name), "%" PRIu32, idx[i]);
+            r = dir_add(d, name, false);
+        }
+        free(idx);
+        break;
+    }
+    default:
+        r = -ENOTDIR;
+    }
+    if (r < 0)
+        goto out_err;
+    fi->fh = (uintptr_t)d;
+    fi->cache_readdir = 0;
+    if (fuse_reply_open(req, fi) != 0)
+        goto out_free;
+    return;
+out_err:
+    fuse_reply_err(req, -r);
+out_free:
+    if (d)
+        free(d->ents);
+    free(d);
+}
+
+void fs_op_readdir(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off,
+                   struct fuse_file_info *fi)
+{
+    struct dir_handle *d = (struct dir_handle *)(uintptr_t)fi->fh;
+    char *buf;
+    size_t pos = 0;
+
+    if (!d) {
+        fuse_reply_err(req, EBADF);
+        return;
+    }
+    if (off < 0 || (size_t)off >= d->n) {
+        fuse_reply_buf(req, NULL, 0);
+        return;
+    }
+    buf = malloc(size);
+    if (!buf) {
+        fuse_reply_err(req, ENOMEM);
+        return;
+    }
+    for (size_t i = (size_t)off; i < d->n; i++) {
+        struct stat st = {.st_ino = UNKNOWN_INO, .st_mode = d->ents[i].dir ? S_IFDIR : S_IFREG};
+        size_t need =
+            fuse_add_direntry(req, buf + pos, size - pos, d->ents[i].name, &st, (off_t)(i + 1));
+
+        if (need > size - pos)
+            break;
+        pos += need;
+    }
+    fuse_reply_buf(req, buf, pos);
+    free(buf);
+}
+
+void fs_op_releasedir(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi)
+{
+    struct dir_handle *d = (struct dir_handle *)(uintptr_t)fi->fh;
+
+    if (d)
+        free(d->ents);
+    free(d);
+    fuse_reply_err(req, 0);
+}

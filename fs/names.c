@@ -1,0 +1,372 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * names.c - the names of the tree and the inode table.
+ *
+ * Every name of the tree is a pure function of (kind, block id, shard index):
+ * the parsers here decide which names exist at all (a block is exactly 32
+ * lowercase hex characters, a shard a canonical decimal below 2^32). The inode
+ * table maps those triples to numbers the kernel holds: two chained hashes (by
+ * number, by object) over one set of nodes, grown by doubling, with a lookup
+ * count per node and the write handles open on it, so a node lives while the
+ * kernel or a writer refers to it and a number is never reused. Everything here
+ * is under fs->lock.
+ */
+#include "fs_i.h"
+
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* ---------------------------------------------------------------------------
+ * Names.
+ */
+
+bool fs_parse_block(const char *name, struct sfs_block_id *out)
+{
+    if (strlen(name) != SFS_BLOCK_HEX_LEN)
+        return false;
+    for (size_t i = 0; i < SFS_BLOCK_HEX_LEN; i++)
+        if (!((name[i] >= '0' && name[i] <= '9') || (name[i] >= 'a' && name[i] <= 'f')))
+            return false; /* lowercase only: one name per block */
+    return sfs_block_from_hex(name, SFS_BLOCK_HEX_LEN, out) == 0;
+}
+
+bool fs_parse_shard(const char *name, uint32_t *out)
+{
+    uint64_t v = 0;
+    size_t len = strlen(name);
+
+    if (len == 0 || len > 10 || (len > 1 && name[0] == '0'))
+        return false;
+    for (size_t i = 0; i < len; i++) {
+        if (name[i] < '0' || name[i] > '9')
+            return false;
+        v = v * 10 + (uint64_t)(name[i] - '0');
+    }
+    if (v > UINT32_MAX)
+        return false;
+    *out = (uint32_t)v;
+    return true;
+}
+
+/* ---------------------------------------------------------------------------
+ * The inode table: two chained hashes (by number, by object) over one set of
+ * nodes, grown by doubling.
+ */
+
+static uint64_t mix64(uint64_t x)
+{
+    x ^= x >> 33;
+    x *= 0xff51afd7ed558ccdull;
+    x ^= x >> 33;
+    x *= 0xc4ceb9fe1a85ec53ull;
+    return x ^ (x >> 33);
+}
+
+uint64_t fs_obj_hash(const struct fs_obj *o)
+{
+    uint64_t a, b;
+
+    memcpy(&a, o->key.block.b, 8);
+    memcpy(&b, o->key.block.b + 8, 8);
+    return mix64(a ^ mix64(b ^ mix64(((uint64_t)o->kind << 32) | o->key.shard)));
+}
+
+static bool obj_eq(const struct fs_obj *x, const struct fs_obj *y)
+{
+    return x->kind == y->kind && x->key.shard == y->key.shard &&
+           memcmp(&x->key.block, &y->key.block, sizeof(x->key.block)) == 0;
+}
+
+/* Canonical object: fields a kind does not use are zero, so equal objects
+ * compare equal. */
+struct fs_obj fs_make_obj(int kind, const struct sfs_block_id *block, uint32_t shard)
+{
+    struct fs_obj o;
+
+    memset(&o, 0, sizeof(o));
+    o.kind = kind;
+    if (block && (kind == FS_BLOCK || kind == FS_SHARDDIR || kind == FS_SHARD))
+        o.key.block = *block;
+    if (kind == FS_SHARD)
+        o.key.shard = shard;
+    return o;
+}
+
+int fs_table_init(struct fs *fs)
+{
+    fs->nbuckets = 1024;
+    fs->by_ino = calloc(fs->nbuckets, sizeof(*fs->by_ino));
+    fs->by_obj = calloc(fs->nbuckets, sizeof(*fs->by_obj));
+    if (!fs->by_ino || !fs->by_obj) {
+        free(fs->by_ino);
+        free(fs->by_obj);
+        return -ENOMEM;
+    }
+    fs->nnodes = 0;
+    fs->next_ino = FS_INO_DYNAMIC;
+    fs->handles = NULL;
+    fs->loads = NULL;
+    fs->nloads = 0;
+    {
+        pthread_condattr_t ca;
+
+        pthread_condattr_init(&ca);
+        pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+        pthread_cond_init(&fs->loads_idle, &ca);
+        pthread_condattr_destroy(&ca);
+    }
+    pthread_mutex_init(&fs->load_lock, NULL);
+    return -pthread_mutex_init(&fs->lock, NULL);
+}
+
+void fs_table_destroy(struct fs *fs)
+{
+    fs_handles_drop(fs);
+    for (size_t i = 0; fs->by_ino && i < fs->nbuckets; i++) {
+        struct fs_node *n = fs->by_ino[i];
+
+        while (n) {
+            struct fs_node *next = n->next_ino;
+
+            free(n);
+            n = next;
+        }
+    }
+    free(fs->by_ino);
+    free(fs->by_obj);
+    fs->by_ino = fs->by_obj = NULL;
+    pthread_mutex_destroy(&fs->lock);
+    /* Abandoned loads may still complete (and take load_lock) until exit. */
+    pthread_mutex_lock(&fs->load_lock);
+    bool idle = !fs->loads;
+    pthread_mutex_unlock(&fs->load_lock);
+    if (idle) {
+        pthread_cond_destroy(&fs->loads_idle);
+        pthread_mutex_destroy(&fs->load_lock);
+    }
+}
+
+/* Under fs->lock. */
+static struct fs_node *node_by_ino(struct fs *fs, fuse_ino_t ino)
+{
+    for (struct fs_node *n = fs->by_ino[mix64(ino) & (fs->nbuckets - 1)]; n; n = n->next_ino)
+        if (n->ino == ino)
+            return n;
+    return NULL;
+}
+
+/* Under fs->lock. */
+static struct fs_node *node_by_obj(struct fs *fs, const struct fs_obj *o)
+{
+    for (struct fs_node *n = fs->by_obj[fs_obj_hash(o) & (fs->nbuckets - 1)]; n; n = n->next_obj)
+        if (obj_eq(&n->obj, o))
+            return n;
+    return NULL;
+}
+
+/* Under fs->lock. Doubling is best effort: a failed allocation keeps the old
+ * (longer) chains. */
+static void table_grow(struct fs *fs)
+{
+    size_t nb = fs->nbuckets * 2;
+    struct fs_node **bi = calloc(nb, sizeof(*bi)), **bo = calloc(nb, sizeof(*bo));
+
+    if (!bi || !bo) {
+        free(bi);
+        free(bo);
+        return;
+    }
+    for (size_t i = 0; i < fs->nbuckets; i++) {
+        struct fs_node *n = fs->by_ino[i];
+
+        while (n) {
+            struct fs_node *next = n->next_ino;
+            size_t hi = mix64(n->ino) & (nb - 1), ho = fs_obj_hash(&n->obj) & (nb - 1);
+
+            n->next_ino = bi[hi];
+            bi[hi] = n;
+            n->next_obj = bo[ho];
+            bo[ho] = n;
+            n = next;
+        }
+    }
+    free(fs->by_ino);
+    free(fs->by_obj);
+    fs->by_ino = bi;
+    fs->by_obj = bo;
+    fs->nbuckets = nb;
+}
+
+/* Under fs->lock: find or add the node of o. */
+static struct fs_node *node_get(struct fs *fs, const struct fs_obj *o)
+{
+    struct fs_node *n = node_by_obj(fs, o);
+    size_t hi, ho;
+
+    if (n)
+        return n;
+    n = calloc(1, sizeof(*n));
+    if (!n)
+        return NULL;
+    if (fs->nnodes >= 2 * fs->nbuckets)
+        table_grow(fs);
+    n->ino = fs->next_ino++;
+    n->obj = *o;
+    hi = mix64(n->ino) & (fs->nbuckets - 1);
+    ho = fs_obj_hash(o) & (fs->nbuckets - 1);
+    n->next_ino = fs->by_ino[hi];
+    fs->by_ino[hi] = n;
+    n->next_obj = fs->by_obj[ho];
+    fs->by_obj[ho] = n;
+    fs->nnodes++;
+    return n;
+}
+
+/* Under fs->lock: drop n when nothing refers to it any more. */
+static void node_maybe_free(struct fs *fs, struct fs_node *n)
+{
+    struct fs_node **pp;
+
+    if (n->nlookup > 0 || n->nwriters > 0)
+        return;
+    for (pp = &fs->by_ino[mix64(n->ino) & (fs->nbuckets - 1)]; *pp; pp = &(*pp)->next_ino)
+        if (*pp == n) {
+            *pp = n->next_ino;
+            break;
+        }
+    for (pp = &fs->by_obj[fs_obj_hash(&n->obj) & (fs->nbuckets - 1)]; *pp; pp = &(*pp)->next_obj)
+        if (*pp == n) {
+            *pp = n->next_obj;
+            break;
+        }
+    fs->nnodes--;
+    free(n);
+}
+
+/* What an inode number names; -ESTALE for a number the table does not hold. */
+int fs_resolve(struct fs *fs, fuse_ino_t ino, struct fs_obj *out)
+{
+    struct fs_node *n;
+
+    switch (ino) {
+    case FS_INO_ROOT:
+        *out = fs_make_obj(FS_ROOT, NULL, 0);
+        return 0;
+    case FS_INO_BLOCKS:
+        *out = fs_make_obj(FS_BLOCKS, NULL, 0);
+        return 0;
+    case FS_INO_STATS:
+        *out = fs_make_obj(FS_STATS, NULL, 0);
+        return 0;
+    }
+    pthread_mutex_lock(&fs->lock);
+    n = node_by_ino(fs, ino);
+    if (n)
+        *out = n->obj;
+    pthread_mutex_unlock(&fs->lock);
+    return n ? 0 : -ESTALE;
+}
+
+/* Take one kernel reference on o and return its number (0 on ENOMEM).
+ * writer: also count a new write handle with unstored bytes (create). */
+fuse_ino_t fs_obj_ref(struct fs *fs, const struct fs_obj *o, bool writer)
+{
+    struct fs_node *n;
+    fuse_ino_t ino = 0;
+
+    switch (o->kind) {
+    case FS_ROOT:
+        return FS_INO_ROOT;
+    case FS_BLOCKS:
+        return FS_INO_BLOCKS;
+    case FS_STATS:
+        return FS_INO_STATS;
+    }
+    pthread_mutex_lock(&fs->lock);
+    n = node_get(fs, o);
+    if (n) {
+        n->nlookup++;
+        if (writer) {
+            n->nwriters++;
+            n->ndirty++;
+        }
+        ino = n->ino;
+    }
+    pthread_mutex_unlock(&fs->lock);
+    return ino;
+}
+
+/* Count (or uncount) an open write handle on a shard (delta), and a handle
+ * with bytes not yet stored (dirty). */
+void fs_writers_add(struct fs *fs, const struct fs_obj *o, int delta, int dirty)
+{
+    struct fs_node *n;
+
+    pthread_mutex_lock(&fs->lock);
+    n = delta > 0 ? node_get(fs, o) : node_by_obj(fs, o);
+    if (n) {
+        if (delta > 0)
+            n->nwriters++;
+        else if (delta < 0 && n->nwriters > 0)
+            n->nwriters--;
+        if (dirty > 0)
+            n->ndirty++;
+        else if (dirty < 0 && n->ndirty > 0)
+            n->ndirty--;
+        node_maybe_free(fs, n);
+    }
+    pthread_mutex_unlock(&fs->lock);
+}
+
+/* True while a write handle of the mount holds bytes of o not yet stored. A
+ * handle whose bytes are stored does not count: its RELEASE is sent after
+ * close(2) returns, and must not make a following unlink EBUSY. */
+bool fs_has_writers(struct fs *fs, const struct fs_obj *o)
+{
+    struct fs_node *n;
+    bool w;
+
+    pthread_mutex_lock(&fs->lock);
+    n = node_by_obj(fs, o);
+    w = n && n->ndirty > 0;
+    pthread_mutex_unlock(&fs->lock);
+    return w;
+}
+
+void fs_forget_one(struct fs *fs, fuse_ino_t ino, uint64_t nlookup)
+{
+    struct fs_node *n;
+
+    if (ino < FS_INO_DYNAMIC)
+        return;
+    pthread_mutex_lock(&fs->lock);
+    n = node_by_ino(fs, ino);
+    if (n) {
+        n->nlookup = n->nlookup > nlookup ? n->nlookup - nlookup : 0;
+        node_maybe_free(fs, n);
+    }
+    pthread_mutex_unlock(&fs->lock);
+}
+
+/* ---------------------------------------------------------------------------
+ * What exists.
+ */
+
+/* A shard exists while a write handle holds it, while the cache has it Ready
+ * or Loading, or when the backend has it. */
+bool fs_shard_exists(struct fs *fs, const struct sfs_key *key)
+{
+    struct fs_obj o = fs_make_obj(FS_SHARD, &key->block, key->shard);
+    bool present = false;
+    int st;
+
+    if (fs_has_writers(fs, &o))
+        return true;
+    st = sfs_cache_state(fs->cache, key);
+    if (st == SFS_STATE_READY || st == SFS_STATE_LOADING)
+        return true;
+    if (sfs_backend_exists(fs->be, key, 1, &present) < 0)
+        return false;
+    return present;
+}

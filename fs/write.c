@@ -1,0 +1,479 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * write.c - the write path: open files, and shards written whole.
+ *
+ * A write handle buffers the whole shard in private memory (starting from the
+ * stored bytes, or zeros for a new shard or O_TRUNC) and stores it on
+ * flush/fsync/release: a Get with SFS_GET_WRITE takes the slot, the bytes go
+ * in, the backend writes them through (its tmp + rename commit), and the slot
+ * is published as written. create, mknod and setattr (truncate) end in the
+ * same store. Open files are listed so that those the kernel never releases
+ * are freed at exit.
+ */
+#include "fs_i.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <time.h>
+
+/* ---------------------------------------------------------------------------
+ * The write path: whole shards, written through.
+ */
+
+/* Store one whole shard: take the slot for writing, fill it, dump it to the
+ * backend (tmp + rename there), publish it as written. Returns 0 or -errno. */
+static int store_shard(struct fs *fs, const struct sfs_key *key, const void *buf)
+{
+    int64_t deadline = sfs_deadline_after(fs->wait_ns);
+    uint32_t len = (uint32_t)fs->shard_size;
+    struct sfs_lease l;
+    void *data;
+    int r;
+
+    for (;;) {
+        r = sfs_cache_get(fs->cache, key, SFS_GET_WRITE, deadline, &l);
+        if (r >= 0 && r != SFS_OWNER) {
+            sfs_cache_release(fs->cache, &l); /* not ours to write: try again */
+            r = -EBUSY;
+        }
+        if (r != -EBUSY)
+            break;
+        /* A reader holds the old bytes: let it finish. */
+        if (sfs_now_ns() >= deadline)
+            return -EBUSY;
+        struct timespec ts = {0, 1000 * 1000};
+        nanosleep(&ts, NULL);
+    }
+    if (r == -ENOSPC || r == -ENOBUFS) {
+        /* Every slot is leased: write straight through; the key is absent
+         * from the cache, so nothing stale stays behind. */
+        r = sfs_backend_dump_sync(fs->be, key, buf, len);
+        if (r < 0)
+            CTR_ADD(fs, backend_errors, 1);
+        else
+            CTR_ADD(fs, writes, 1);
+        return r < 0 ? r : 0;
+    }
+    if (r < 0)
+        return r;
+    data = sfs_cache_data(fs->cache, &l);
+    if (!data) {
+        r = -EIO;
+    } else {
+        memcpy(data, buf, len);
+        r = sfs_backend_dump_sync(fs->be, key, data, len);
+        if (r >= 0 && r != (int)len)
+            r = -EIO;
+    }
+    if (r < 0) {
+        CTR_ADD(fs, backend_errors, 1);
+        sfs_cache_fail(fs->cache, &l, r);
+    } else {
+        sfs_cache_publish(fs->cache, &l, len, SFS_PUBLISH_WRITTEN);
+        CTR_ADD(fs, writes, 1);
+        r = 0;
+    }
+    sfs_cache_release(fs->cache, &l);
+    return r;
+}
+
+/* Under h->lock, on a write handle counted by fs_writers_add: mark whether it
+ * holds bytes not yet stored. */
+static void handle_set_dirty(struct fs *fs, struct fs_handle *h, bool dirty)
+{
+    if (h->dirty == dirty)
+        return;
+    h->dirty = dirty;
+    fs_writers_add(fs, &h->obj, 0, dirty ? 1 : -1);
+}
+
+/* Put h on fs->handles: call before answering the open. */
+static void handle_track(struct fs *fs, struct fs_handle *h)
+{
+    pthread_mutex_lock(&fs->lock);
+    h->fs = fs;
+    h->prev = NULL;
+    h->next = fs->handles;
+    if (h->next)
+        h->next->prev = h;
+    fs->handles = h;
+    pthread_mutex_unlock(&fs->lock);
+}
+
+static void handle_free(struct fs_handle *h)
+{
+    if (!h)
+        return;
+    if (h->fs) {
+        struct fs *fs = h->fs;
+
+        pthread_mutex_lock(&fs->lock);
+        if (h->prev)
+            h->prev->next = h->next;
+        else
+            fs->handles = h->next;
+        if (h->next)
+            h->next->prev = h->prev;
+        pthread_mutex_unlock(&fs->lock);
+    }
+    if (h->writable)
+        pthread_mutex_destroy(&h->lock);
+    free(h->buf);
+    free(h->text);
+    free(h);
+}
+
+/* Files still open when the session ended: the kernel will not release
+ * them any more. Bytes written and not stored are lost: say so. */
+void fs_handles_drop(struct fs *fs)
+{
+    while (fs->handles) {
+        struct fs_handle *h = fs->handles;
+
+        if (h->writable && h->dirty) {
+            char hex[SFS_BLOCK_HEX_LEN + 1];
+
+            sfs_block_to_hex(&h->obj.key.block, hex);
+            fprintf(stderr,
+                    "shardfs: fs_stopping: block %s shard %u was open for writing; "
+                    "bytes not yet stored are lost\n",
+                    hex, h->obj.key.shard);
+        }
+        handle_free(h);
+    }
+}
+
+/* A write handle on shard o: the buffer starts from the stored bytes unless
+ * truncating or new. */
+static int open_writer(struct fs *fs, const struct fs_obj *o, int flags, bool creating,
+                       struct fs_handle **out)
+{
+    struct fs_handle *h = calloc(1, sizeof(*h));
+    int r = 0;
+
+    if (!h)
+        return -ENOMEM;
+    h->obj = *o;
+    h->writable = true;
+    h->buf = calloc(1, fs->shard_size);
+    if (!h->buf) {
+        free(h);
+        return -ENOMEM;
+    }
+    pthread_mutex_init(&h->lock, NULL);
+    if (!(flags & O_TRUNC) && fs_shard_exists(fs, &o->key)) {
+        r = fs_load_copy(fs, &o->key, h->buf);
+        if (r == -ENOENT)
+            r = 0; /* removed meanwhile: starts as zeros */
+    } else {
+        /* A new or truncated shard is stored even if nothing is written. */
+        h->dirty = true;
+    }
+    (void)creating;
+    if (r < 0) {
+        handle_free(h);
+        return r;
+    }
+    *out = h;
+    return 0;
+}
+
+static int flush_handle(struct fs *fs, struct fs_handle *h)
+{
+    int r = 0;
+
+    if (!h || !h->writable)
+        return 0;
+    pthread_mutex_lock(&h->lock);
+    if (h->dirty) {
+        r = store_shard(fs, &h->obj.key, h->buf);
+        if (r == 0)
+            handle_set_dirty(fs, h, false);
+    }
+    pthread_mutex_unlock(&h->lock);
+    return r;
+}
+
+void fs_op_open(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi)
+{
+    struct fs *fs = fs_of(req);
+    struct fs_handle *h = NULL;
+    struct fs_obj o;
+    bool wr = (fi->flags & O_ACCMODE) != O_RDONLY;
+    int r = fs_resolve(fs, ino, &o);
+
+    if (r < 0)
+        goto out_err;
+    switch (o.kind) {
+    case FS_STATS: {
+        char buf[STATS_MAX];
+
+        if (wr) {
+            r = -EACCES;
+            goto out_err;
+        }
+        h = calloc(1, sizeof(*h));
+        if (!h) {
+            r = -ENOMEM;
+            goto out_err;
+        }
+        h->obj = o;
+        h->text_len = fs_stats_text(fs, buf, sizeof(buf));
+        if (h->text_len >= sizeof(buf))
+            h->text_len = sizeof(buf) - 1;
+        h->text = strndup(buf, h->text_len);
+        if (!h->text) {
+            free(h);
+            r = -ENOMEM;
+            goto out_err;
+        }
+        break;
+    }
+    case FS_SHARD:
+        if (wr) {
+            if (fs->ro) {
+                r = -EROFS;
+                goto out_err;
+            }
+            r = open_writer(fs, &o, fi->flags, false, &h);
+            if (r < 0)
+                goto out_err;
+            fs_writers_add(fs, &o, 1, h->dirty ? 1 : 0);
+        } else {
+            h = calloc(1, sizeof(*h));
+            if (!h) {
+                r = -ENOMEM;
+                goto out_err;
+            }
+            h->obj = o;
+        }
+        break;
+    default:
+        r = -EISDIR;
+        goto out_err;
+    }
+    fi->fh = (uintptr_t)h;
+    fi->direct_io = 1;
+    fi->keep_cache = 0;
+    /* Closing a reader has nothing to store: spare the FLUSH round trip. */
+    fi->noflush = !h->writable;
+    handle_track(fs, h);
+    if (fuse_reply_open(req, fi) != 0) {
+        if (h->writable)
+            fs_writers_add(fs, &o, -1, h->dirty ? -1 : 0);
+        handle_free(h);
+    }
+    return;
+out_err:
+    fuse_reply_err(req, -r);
+}
+
+/* The shard a create or mknod names: a regular file in a shard/ directory
+ * of a writable mount. */
+static int new_shard_obj(struct fs *fs, fuse_ino_t parent, const char *name, mode_t mode,
+                         struct fs_obj *o)
+{
+    struct fs_obj p;
+    int r = fs_resolve(fs, parent, &p);
+
+    if (r < 0)
+        return r;
+    if (fs->ro)
+        return -EROFS;
+    if (!S_ISREG(mode) || p.kind != FS_SHARDDIR)
+        return p.kind == FS_SHARDDIR ? -EINVAL : -ENOENT;
+    return fs_child_obj(fs, &p, name, false, o);
+}
+
+void fs_op_create(fuse_req_t req, fuse_ino_t parent, const char *name, mode_t mode,
+                  struct fuse_file_info *fi)
+{
+    struct fs *fs = fs_of(req);
+    struct fuse_entry_param e;
+    struct fs_handle *h = NULL;
+    struct fs_obj o;
+    int r = new_shard_obj(fs, parent, name, mode, &o);
+
+    if (r < 0)
+        goto out_err;
+    r = open_writer(fs, &o, fi->flags, true, &h);
+    if (r < 0)
+        goto out_err;
+    h->dirty = true; /* created: stored on close even if nothing is written */
+    memset(&e, 0, sizeof(e));
+    e.ino = fs_obj_ref(fs, &o, true);
+    if (!e.ino) {
+        handle_free(h);
+        r = -ENOMEM;
+        goto out_err;
+    }
+    fs_fill_attr(fs, &o, e.ino, &e.attr);
+    e.attr_timeout = ATTR_TIMEOUT;
+    e.entry_timeout = ENTRY_TIMEOUT;
+    fi->fh = (uintptr_t)h;
+    fi->direct_io = 1;
+    handle_track(fs, h);
+    if (fuse_reply_create(req, &e, fi) != 0) {
+        fs_writers_add(fs, &o, -1, -1);
+        fs_forget_one(fs, e.ino, 1);
+        handle_free(h);
+    }
+    return;
+out_err:
+    fuse_reply_err(req, -r);
+}
+
+void fs_op_mknod(fuse_req_t req, fuse_ino_t parent, const char *name, mode_t mode, dev_t rdev)
+{
+    struct fs *fs = fs_of(req);
+    struct fs_obj o;
+    void *zeros;
+    int r = new_shard_obj(fs, parent, name, mode, &o);
+
+    if (r < 0)
+        goto out_err;
+    if (fs_shard_exists(fs, &o.key)) {
+        r = -EEXIST;
+        goto out_err;
+    }
+    zeros = calloc(1, fs->shard_size);
+    if (!zeros) {
+        r = -ENOMEM;
+        goto out_err;
+    }
+    r = store_shard(fs, &o.key, zeros);
+    free(zeros);
+    if (r < 0)
+        goto out_err;
+    fs_reply_entry(req, fs, &o);
+    return;
+out_err:
+    fuse_reply_err(req, -r);
+}
+
+void fs_op_write(fuse_req_t req, fuse_ino_t ino, const char *buf, size_t size, off_t off,
+                 struct fuse_file_info *fi)
+{
+    struct fs *fs = fs_of(req);
+    struct fs_handle *h = fs_fh_of(fi);
+
+    if (!h || !h->writable) {
+        fuse_reply_err(req, EBADF);
+        return;
+    }
+    if (size == 0) {
+        fuse_reply_write(req, 0);
+        return;
+    }
+    if (off < 0 || (uint64_t)off >= fs->shard_size) {
+        fuse_reply_err(req, EFBIG); /* a shard file never grows */
+        return;
+    }
+    if (size > fs->shard_size - (uint64_t)off)
+        size = fs->shard_size - (size_t)off; /* a short write; the rest gets EFBIG */
+    pthread_mutex_lock(&h->lock);
+    memcpy(h->buf + off, buf, size);
+    handle_set_dirty(fs, h, true);
+    pthread_mutex_unlock(&h->lock);
+    fuse_reply_write(req, size);
+}
+
+void fs_op_flush(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi)
+{
+    int r = flush_handle(fs_of(req), fs_fh_of(fi));
+
+    fuse_reply_err(req, -r);
+}
+
+void fs_op_fsync(fuse_req_t req, fuse_ino_t ino, int datasync, struct fuse_file_info *fi)
+{
+    int r = flush_handle(fs_of(req), fs_fh_of(fi));
+
+    fuse_reply_err(req, -r);
+}
+
+void fs_op_release(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi)
+{
+    struct fs *fs = fs_of(req);
+    struct fs_handle *h = fs_fh_of(fi);
+
+    if (h && h->writable) {
+        int r = flush_handle(fs, h);
+
+        if (r < 0) {
+            char hex[SFS_BLOCK_HEX_LEN + 1];
+
+            sfs_block_to_hex(&h->obj.key.block, hex);
+            fprintf(stderr, "shardfs: storing %s shard %u on release: %s\n", hex, h->obj.key.shard,
+                    strerror(-r));
+        }
+        pthread_mutex_lock(&h->lock);
+        fs_writers_add(fs, &h->obj, -1, h->dirty ? -1 : 0);
+        pthread_mutex_unlock(&h->lock);
+    }
+    handle_free(h);
+    fuse_reply_err(req, 0);
+}
+
+void fs_op_setattr(fuse_req_t req, fuse_ino_t ino, struct stat *attr, int to_set,
+                   struct fuse_file_info *fi)
+{
+    struct fs *fs = fs_of(req);
+    struct fs_obj o;
+    struct stat st;
+    int r = fs_resolve(fs, ino, &o);
+
+    if (r < 0)
+        goto out_err;
+    if (to_set & FUSE_SET_ATTR_SIZE) {
+        uint64_t size = (uint64_t)attr->st_size;
+        struct fs_handle *h = fi ? fs_fh_of(fi) : NULL;
+
+        if (o.kind != FS_SHARD) {
+            r = o.kind == FS_STATS ? -EACCES : -EISDIR;
+            goto out_err;
+        }
+        if (fs->ro) {
+            r = -EROFS;
+            goto out_err;
+        }
+        if (attr->st_size < 0 || size > fs->shard_size) {
+            r = -EFBIG;
+            goto out_err;
+        }
+        if (h && h->writable) {
+            /* The file keeps its size; the cut bytes read as zeros. */
+            pthread_mutex_lock(&h->lock);
+            memset(h->buf + size, 0, fs->shard_size - size);
+            handle_set_dirty(fs, h, true);
+            pthread_mutex_unlock(&h->lock);
+        } else if (size < fs->shard_size) {
+            /* truncate(2) with no handle: rewrite the shard, zero-filled. */
+            uint8_t *buf = calloc(1, fs->shard_size);
+
+            if (!buf) {
+                r = -ENOMEM;
+                goto out_err;
+            }
+            r = size ? fs_load_copy(fs, &o.key, buf) : 0;
+            if (r == 0) {
+                memset(buf + size, 0, fs->shard_size - size);
+                r = store_shard(fs, &o.key, buf);
+            }
+            free(buf);
+            if (r < 0)
+                goto out_err;
+        }
+    }
+    /* Modes, owners and times are fixed; accepted and ignored, so cp -p and
+     * touch work. */
+    fs_fill_attr(fs, &o, ino, &st);
+    fuse_reply_attr(req, &st, o.kind == FS_STATS ? 0.0 : ATTR_TIMEOUT);
+    return;
+out_err:
+    fuse_reply_err(req, -r);
+}

@@ -1,0 +1,156 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * fsfixture.c - start and stop a shardfs daemon on a real mount (see
+ * fsfixture.h). Shared by the FUSE tests and bench_fs.
+ */
+#include "fsfixture.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+static double now_s(void)
+{
+    struct timespec ts;
+
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
+}
+
+static void nap_ms(long ms)
+{
+    struct timespec ts = {ms / 1000, (ms % 1000) * 1000000};
+
+    while (nanosleep(&ts, &ts) < 0 && errno == EINTR)
+        ;
+}
+
+/* system(3) of "fusermount3 ARGS MNT"; its exit status, or -1. */
+static int fusermount(const char *args, const char *mnt)
+{
+    char cmd[512];
+    int st;
+
+    snprintf(cmd, sizeof(cmd), "fusermount3 %s %s 2>/dev/null", args, mnt);
+    st = system(cmd);
+    return st != -1 && WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+}
+
+bool fsfx_usable(void)
+{
+    int fd = open("/dev/fuse", O_RDWR | O_CLOEXEC);
+
+    if (fd < 0)
+        return false;
+    close(fd);
+    return system("command -v fusermount3 >/dev/null 2>&1") == 0;
+}
+
+bool fsfx_is_mounted(const char *mnt)
+{
+    FILE *f = fopen("/proc/self/mountinfo", "re");
+    char line[4096], pat[300];
+    bool found = false;
+
+    if (!f)
+        return false;
+    snprintf(pat, sizeof(pat), " %s ", mnt);
+    while (!found && fgets(line, sizeof(line), f))
+        found = strstr(line, pat) && strstr(line, "fuse.shardfs");
+    fclose(f);
+    return found;
+}
+
+/* In the child: join the cgroup, point stdout/stderr at the log, exec. */
+static void daemon_exec(const struct fsfx *m, const char *backend, const char *o)
+{
+    int fd =
+        m->log[0] ? open(m->log, O_WRONLY | O_CREAT | O_TRUNC, 0644) : open("/dev/null", O_WRONLY);
+
+    if (fd >= 0) {
+        dup2(fd, 1);
+        if (m->log[0])
+            dup2(fd, 2);
+    }
+    if (m->join_cgroup) {
+        char procs[4200];
+        FILE *f;
+
+        snprintf(procs, sizeof(procs), "%s/cgroup.procs", m->join_cgroup);
+        f = fopen(procs, "we");
+        if (!f || fprintf(f, "%d\n", (int)getpid()) < 0 || fclose(f) != 0)
+            _exit(126);
+    }
+    if (o[0])
+        execl(m->bin, "shardfs", "-f", "-o", o, backend, m->mnt, (char *)NULL);
+    else
+        execl(m->bin, "shardfs", "-f", backend, m->mnt, (char *)NULL);
+    _exit(127);
+}
+
+int fsfx_start(struct fsfx *m, const char *backend, const char *opts, double timeout_s, int *status)
+{
+    char o[1024];
+    double t0;
+
+    mkdir(m->mnt, 0755);
+    snprintf(o, sizeof(o), "%s%s%s%s", m->sock[0] ? "socket=" : "", m->sock,
+             m->sock[0] && opts && *opts ? "," : "", opts ? opts : "");
+    m->pid = fork();
+    if (m->pid < 0) {
+        m->pid = 0;
+        return -errno;
+    }
+    if (m->pid == 0)
+        daemon_exec(m, backend, o);
+    t0 = now_s();
+    while (!fsfx_is_mounted(m->mnt)) {
+        int st;
+
+        if (waitpid(m->pid, &st, WNOHANG) == m->pid) {
+            m->pid = 0;
+            if (status)
+                *status = st;
+            return -ECHILD;
+        }
+        if (now_s() - t0 > timeout_s) {
+            kill(m->pid, SIGKILL);
+            waitpid(m->pid, NULL, 0);
+            m->pid = 0;
+            fusermount("-uz", m->mnt);
+            return -ETIMEDOUT;
+        }
+        nap_ms(5);
+    }
+    return 0;
+}
+
+int fsfx_stop(struct fsfx *m, bool term, double timeout_s)
+{
+    double t0 = now_s();
+    int st = 0;
+
+    if (m->pid <= 0)
+        return -1;
+    if (fsfx_is_mounted(m->mnt) && fusermount("-u", m->mnt) != 0 && term)
+        kill(m->pid, SIGTERM);
+    while (waitpid(m->pid, &st, WNOHANG) != m->pid) {
+        if (now_s() - t0 > timeout_s) {
+            kill(m->pid, SIGKILL);
+            waitpid(m->pid, &st, 0);
+            fusermount("-uz", m->mnt);
+            m->pid = 0;
+            return -1;
+        }
+        nap_ms(10);
+    }
+    m->pid = 0;
+    return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
+}
