@@ -6,7 +6,7 @@ set -euo pipefail
 
 pkgs=(build-essential cmake pkg-config git
       libfuse3-dev fuse3 liburing-dev libnuma-dev libcriterion-dev
-      attr util-linux procps)
+      attr util-linux procps clang libclang-rt-14-dev)
 
 missing=()
 for p in "${pkgs[@]}"; do
