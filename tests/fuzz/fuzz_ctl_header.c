@@ -12,7 +12,9 @@
  *   byte 0      flags: 1 run operations after a successful attach, 2 resize
  *               the memfd by byte 1 (signed) pages, 4 attach query-only,
  *               8 pass one segment fd too few, 16 pass a 4 KiB memfd as the
- *               last segment
+ *               last segment, 32 attach to the pristine plane and write
+ *               the header bytes and patches below into it once attached
+ *               (a hostile process scribbling while we hold the plane)
  *   byte 1      the resize
  *   bytes 2..   the header's geometry (magic .. off_leases), overwritten from
  *               the start for as many bytes as given
@@ -47,6 +49,7 @@ enum {
     F_QUERY = 4,
     F_FEWER_SEGS = 8,
     F_SMALL_SEG = 16,
+    F_LATE = 32,
 };
 
 #define GEOM_END   (offsetof(struct sfs_header, off_leases) + sizeof(uint64_t))
@@ -148,7 +151,7 @@ int LLVMFuzzerInitialize(int *argc, char ***argv)
     struct sfs_cache_config cfg = {.shard_size = 4096,
                                    .nslots = 64,
                                    .nbuckets = 64,
-                                   .segment_size = 64 << 10, /* 16 slots a segment */
+                                   .segment_size = 128 << 10, /* 32 slots a segment: 2 */
                                    .max_procs = 4,
                                    .max_leases = 16,
                                    .hugepages = SFS_HUGEPAGES_OFF};
@@ -184,6 +187,7 @@ int LLVMFuzzerInitialize(int *argc, char ***argv)
      * (the first hand word, words of the slot table, the last lease entry). */
     seed("clean", F_OPS, NULL, 0);
     seed("query", F_OPS | F_QUERY, NULL, 0);
+    seed("late", F_OPS | F_LATE, NULL, 0);
     const uint32_t patch[8] = {0, 0xffff, nwords / 3, 0x7fffffff, nwords / 2, 63, nwords - 1, 100000};
     seed("words", F_OPS, patch, sizeof(patch));
     /* Regression: a stride whose product with slots_per_segment wraps to
@@ -211,6 +215,26 @@ static int lowest_free_fd(void)
     return probe;
 }
 
+/* Write the input's header bytes and word patches into a plane of len bytes
+ * mapped at p. */
+static void rewrite(uint8_t *p, size_t len, const uint8_t *data, size_t size)
+{
+    size_t geom = size - 2 < GEOM_END ? size - 2 : GEOM_END;
+
+    if (geom <= len)
+        memcpy(p, data + 2, geom);
+    const uint8_t *q = data + 2 + geom, *end = data + size;
+    for (unsigned i = 0; i < MAX_PATCH && end - q >= 8; i++, q += 8) {
+        uint32_t which, value;
+
+        memcpy(&which, q, 4);
+        memcpy(&value, q + 4, 4);
+        uint32_t off = words[which % nwords];
+        if (off + 4 <= len)
+            memcpy(p + off, &value, 4); /* a plain store, as a careless writer's */
+    }
+}
+
 /* A copy of the pristine plane, rewritten as the input says. */
 static int build_ctl(const uint8_t *data, size_t size, uint8_t flags)
 {
@@ -231,20 +255,8 @@ static int build_ctl(const uint8_t *data, size_t size, uint8_t flags)
         fail("mmap: %s", strerror(errno));
     size_t keep = (size_t)len < pristine_len ? (size_t)len : pristine_len;
     memcpy(p, pristine, keep);
-
-    size_t geom = size - 2 < GEOM_END ? size - 2 : GEOM_END;
-    if (geom <= keep)
-        memcpy(p, data + 2, geom);
-    const uint8_t *q = data + 2 + geom, *end = data + size;
-    for (unsigned i = 0; i < MAX_PATCH && end - q >= 8; i++, q += 8) {
-        uint32_t which, value;
-
-        memcpy(&which, q, 4);
-        memcpy(&value, q + 4, 4);
-        uint32_t off = words[which % nwords];
-        if (off + 4 <= keep)
-            memcpy(p + off, &value, 4);
-    }
+    if (!(flags & F_LATE))
+        rewrite(p, keep, data, size);
     munmap(p, pristine_len);
     return fd;
 }
@@ -366,6 +378,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
             fail("attach failed with %d, not -errno", err);
     } else {
         check_geometry(c);
+        if (flags & F_LATE)
+            rewrite(c->ctl, c->ctl_len, data, size);
         if (flags & F_OPS)
             exercise(c);
         sfs_cache_close(c);
