@@ -14,7 +14,9 @@
  *   - fewer than a hello's bytes, or a wrong magic: one welcome, -EBADMSG;
  *   - a wrong protocol version or layout format: one welcome, -EPROTO;
  *   - a good hello: a welcome with status 0 (or -EUSERS while records of
- *     earlier clients are still being reaped), our format, the control
+ *     earlier clients are still being reaped: then every record but the
+ *     creator's must be free again within 2 s, else records leak), our
+ *     format, the control
  *     plane's size and segment count, the control memfd (of that size) and,
  *     when the flags ask for the data plane, every segment memfd in batches;
  *   - then the server closes the connection within a few seconds, whatever
@@ -213,6 +215,24 @@ static void close_fds(const int *fds, int n)
         close(fds[i]);
 }
 
+/* The records the server claimed for earlier clients are all reaped within
+ * 2 s (only the creator's stays): else they leak, one per connection. */
+static void check_records_reaped(void)
+{
+    unsigned busy = 0;
+
+    for (int tries = 0; tries < 2000; tries++) {
+        busy = 0;
+        for (uint32_t i = 0; i < cache->max_procs; i++)
+            busy += i != cache->me &&
+                    atomic_load_explicit(&cache->procs[i].state, memory_order_acquire) != PROC_FREE;
+        if (busy == 0)
+            return;
+        usleep(1000);
+    }
+    fail("%u process records still held 2 s after their connections closed", busy);
+}
+
 /* What the server must answer to the bytes sent: 0 (welcome), or -errno. */
 static int expected_status(const uint8_t *sent, size_t len, bool *data)
 {
@@ -270,8 +290,10 @@ int LLVMFuzzerTestOneInput(const uint8_t *input, size_t size)
     if (w.magic != WELCOME_MAGIC || w.proto != PROTO_VERSION || w.format != sfs_layout_format())
         fail("a welcome with magic %016llx proto %u format %016llx",
              (unsigned long long)w.magic, w.proto, (unsigned long long)w.format);
-    if (want == 0 && w.status == -EUSERS)
+    if (want == 0 && w.status == -EUSERS) {
         want = -EUSERS; /* records of earlier clients not reaped yet */
+        check_records_reaped();
+    }
     if (w.status != want)
         fail("status %d to %zu bytes sent, want %d", w.status, len, want);
     if (want < 0) {
