@@ -16,7 +16,7 @@ set -uo pipefail
 cd "$(dirname "$0")/../.."
 secs=${1:-15}
 build=${2:-build-fuzz}
-targets=${FUZZ_TARGETS:-"attach_hello ctl_header fs_path xattr_value"}
+targets=${FUZZ_TARGETS:-"attach_hello attach_welcome ctl_header fs_path xattr_value"}
 
 if ! command -v clang >/dev/null; then
   echo "fuzz: clang not found (packaging/install-deps.sh installs it)" >&2
