@@ -44,7 +44,7 @@ for t in $targets; do
     continue
   fi
   mkdir -p "$work" "$art" "$(dirname "$log")"
-  args=(-max_total_time="$secs" -timeout=10 -rss_limit_mb=4096 -print_final_stats=1
+  args=(-max_total_time="$secs" -timeout=30 -rss_limit_mb=4096 -print_final_stats=1
         -artifact_prefix="$art/")
   [ -f "tests/fuzz/$t.dict" ] && args+=(-dict="tests/fuzz/$t.dict")
   dirs=("$work")
