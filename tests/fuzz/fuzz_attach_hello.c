@@ -224,6 +224,7 @@ static void check_records_reaped(void)
 
     for (int tries = 0; tries < 5000; tries++) {
         busy = 0;
+        /* Acquire: pairs with the reaper's release of the record. */
         for (uint32_t i = 0; i < cache->max_procs; i++)
             busy += i != cache->me &&
                     atomic_load_explicit(&cache->procs[i].state, memory_order_acquire) != PROC_FREE;

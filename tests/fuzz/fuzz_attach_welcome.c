@@ -110,6 +110,7 @@ static int ctl_copy(void)
     memcpy(p, pristine, cache->ctl_len);
     struct sfs_proc_rec *rec =
         (void *)(p + h->off_procs + CLAIMED * sizeof(struct sfs_proc_rec));
+    /* Seq_cst stores into a memfd no other process maps yet: order is moot. */
     atomic_store(&rec->gen, 1);
     rec->kind = PROC_KIND_CONN;
     atomic_store(&rec->state, PROC_ALIVE);
