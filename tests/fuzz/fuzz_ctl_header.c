@@ -26,10 +26,11 @@
  *               stall: docs/security.md)
  *
  * The attach must fail with -errno or succeed; after a success the harness
- * looks keys up, takes leases, reads and writes the leased slots' bytes,
- * touches, walks, reaps and detaches. Nothing may crash, trip a sanitizer,
- * touch memory outside the mappings, hang (libFuzzer's -timeout), or leak a
- * file descriptor. docs/security.md states what validation promises.
+ * looks keys up, takes leases (plain, no-alloc, prefetch, write), waits on
+ * one and on several, reads and writes the leased slots' bytes, touches,
+ * walks, prewarms, removes, reaps and detaches. Nothing may crash, trip a
+ * sanitizer, touch memory outside the mappings, hang (libFuzzer's -timeout),
+ * or leak a file descriptor. docs/security.md states what validation promises.
  */
 #include "cache_i.h"
 #include "fuzz_seeds.h"
@@ -289,9 +290,12 @@ static int visit(const struct sfs_key *key, int state, void *arg)
 /* What an attached process does; every call must return, in bounded time. */
 static void exercise(struct sfs_cache *c)
 {
+    static const unsigned flags[] = {0, SFS_GET_NOALLOC, SFS_GET_PREFETCH, SFS_GET_WRITE};
     struct sfs_cache_info info;
     struct sfs_stats st;
     struct sfs_block_id blocks[3];
+    struct sfs_lease waiting[4];
+    unsigned nwaiting = 0;
 
     sfs_cache_info(c, &info);
     sfs_cache_stats(c, &st);
@@ -302,10 +306,14 @@ static void exercise(struct sfs_cache *c)
 
         (void)sfs_cache_state(c, &k);
         (void)sfs_cache_exists(c, &k);
-        r = sfs_cache_get(c, &k, i & 1 ? SFS_GET_NOALLOC : 0, 0, &l);
+        r = sfs_cache_get(c, &k, flags[i % 4], 0, &l);
         if (r < 0)
             continue;
         uint8_t *d = sfs_cache_data(c, &l);
+        if (r == SFS_WAITER && nwaiting < 4) {
+            waiting[nwaiting++] = l; /* waited on together below */
+            continue;
+        }
         if (r == SFS_WAITER) {
             r = sfs_cache_wait(c, &l, sfs_deadline_after(1000 * 1000));
             if (r == SFS_WAIT_OWNER)
@@ -330,12 +338,22 @@ static void exercise(struct sfs_cache *c)
         }
         (void)sfs_cache_release(c, &l);
     }
+    if (nwaiting) {
+        int state = 0, r;
+
+        r = sfs_cache_wait_any(c, waiting, nwaiting, sfs_deadline_after(1000 * 1000), &state);
+        if (r >= 0 && (unsigned)r < nwaiting && state == SFS_WAIT_OWNER)
+            (void)sfs_cache_fail(c, &waiting[r], -EIO);
+        for (unsigned i = 0; i < nwaiting; i++)
+            (void)sfs_cache_release(c, &waiting[i]);
+    }
     for (unsigned i = 0; i < 3; i++)
         blocks[i] = key_of(i).block;
     (void)sfs_cache_touch(c, blocks, 3);
     unsigned sum = 0;
     (void)sfs_cache_foreach(c, ~0u, visit, &sum);
-    struct sfs_key gone = key_of(NKEYS + 1);
+    struct sfs_key extra = key_of(NKEYS + 2), gone = key_of(NKEYS + 1);
+    (void)sfs_cache_prealloc(c, &extra);
     (void)sfs_cache_remove(c, &gone);
     (void)sfs_cache_reap(c);
     sfs_cache_stats(c, &st);
