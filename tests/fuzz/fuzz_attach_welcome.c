@@ -12,7 +12,9 @@
  *            control memfd built from a real cache's plane, 2 that and a
  *            second fd, 3 a 4 KiB memfd); 4 the segments are the real
  *            segment memfds (else 4 KiB memfds); 8 the rank attaches
- *            query-only; 16 the server closes right after the welcome
+ *            query-only; 16 the server closes right after the welcome;
+ *            32 the welcome is cut to the bytes the input gives (a short
+ *            message, fds attached, then more)
  *   byte 1   how many segment batches follow (0..3)
  *   then     the welcome's 48 bytes, over a correct welcome from the start
  *            (magic, proto, status, format, ctl_size, nsegments, nfds, and
@@ -21,9 +23,12 @@
  *            byte: how many fds really ride with it
  *
  * sfs_cache_attach must return a handle or NULL with -errno; it must not
- * crash, hang (the client's 5 s receive timeout; libFuzzer's -timeout) or
- * leak a descriptor, and a handle it returns must have a geometry that fits
- * its segments and a record that the plane says is its own.
+ * crash, hang (the client's 5 s receive timeout; libFuzzer's -timeout), leak
+ * a descriptor or close one twice (in a rank's threads, the second close
+ * hits whatever another thread opened meanwhile: close() is interposed here
+ * and fails on EBADF while the attach runs), and a handle it returns must
+ * have a geometry that fits its segments and a record that the plane says
+ * is its own.
  */
 #include "cache_i.h"
 #include "fuzz_seeds.h"
@@ -39,6 +44,7 @@
 #include <string.h>
 #include <sys/mman.h>
 #include <sys/socket.h>
+#include <sys/syscall.h>
 #include <sys/un.h>
 #include <unistd.h>
 
@@ -59,7 +65,7 @@ struct welcome {
 };
 _Static_assert(sizeof(struct welcome) == 48, "welcome is 48 bytes on the wire");
 
-enum { F_FDS = 3, F_REAL_SEGS = 4, F_QUERY = 8, F_CLOSE = 16 };
+enum { F_FDS = 3, F_REAL_SEGS = 4, F_QUERY = 8, F_CLOSE = 16, F_SHORT = 32 };
 
 static struct sfs_cache *cache; /* the real cache whose planes the server hands out */
 static uint8_t *pristine;
@@ -84,6 +90,20 @@ static void fail(const char *fmt, ...)
     fprintf(stderr, "\n");
     va_end(ap);
     abort();
+}
+
+/* close(), interposed: the rank's library calls this one. While an attach
+ * runs in the fuzzing thread, closing a descriptor that is not open is a
+ * double close (the server thread's descriptors are its own business). */
+static __thread bool in_attach;
+
+int close(int fd)
+{
+    long r = syscall(SYS_close, fd); /* -1 and errno, as close() */
+
+    if (r < 0 && in_attach && errno == EBADF)
+        fail("the attach closed descriptor %d, which was not open (a double close)", fd);
+    return (int)r;
 }
 
 static int small_memfd(void)
@@ -159,6 +179,7 @@ static void serve_one(int sock, const uint8_t *in, size_t len)
 
     memcpy(&w, in + at, n);
     at += n;
+    size_t wlen = (flags & F_SHORT) ? n : sizeof(w);
     if (recv(sock, hello, sizeof(hello), MSG_WAITALL) != (ssize_t)sizeof(hello))
         return;
     switch (flags & F_FDS) {
@@ -173,7 +194,7 @@ static void serve_one(int sock, const uint8_t *in, size_t len)
         fds[nfds++] = small_memfd();
         break;
     }
-    send_with(sock, &w, sizeof(w), fds, nfds);
+    send_with(sock, &w, wlen, fds, nfds);
     for (int i = 0; i < nfds; i++)
         close(fds[i]);
     for (unsigned b = 0; b < batches && !(flags & F_CLOSE); b++) {
@@ -295,7 +316,9 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     script = data;
     script_len = size;
     sem_post(&script_ready);
+    in_attach = true;
     struct sfs_cache *c = sfs_cache_attach(sock_path, (data[0] & F_QUERY) ? -1 : 0, &err);
+    in_attach = false;
 
     if (!c) {
         if (err >= 0)
@@ -313,7 +336,15 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     }
     sem_wait(&served); /* the server has closed its side */
     int after = lowest_free_fd();
-    if (after != before)
-        fail("file descriptors leaked: the lowest free one is %d, was %d", after, before);
+    if (after != before) {
+        char link[64], what[256];
+        ssize_t n;
+
+        snprintf(link, sizeof(link), "/proc/self/fd/%d", before);
+        n = readlink(link, what, sizeof(what) - 1);
+        what[n > 0 ? n : 0] = '\0';
+        fail("file descriptors leaked: the lowest free one is %d, was %d (%d is %s)", after,
+             before, before, what);
+    }
     return 0;
 }
