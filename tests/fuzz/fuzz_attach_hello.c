@@ -27,6 +27,7 @@
  * server to the documented format, not to its own definitions.
  */
 #include "cache_i.h"
+#include "fuzz_close.h"
 #include "fuzz_seeds.h"
 
 #include <errno.h>
@@ -191,7 +192,7 @@ static ssize_t recv_msg(int sock, void *buf, size_t len, int *fds, int *nfds)
         n = recvmsg(sock, &msg, MSG_CMSG_CLOEXEC | MSG_WAITALL);
     while (n < 0 && errno == EINTR);
     if (n < 0 && errno == ECONNRESET)
-        n = 0; /* the server closed with our extra bytes unread: its close */
+        return 0; /* the server closed with our extra bytes unread: its close */
     if (n < 0) {
         if (errno == EAGAIN || errno == EWOULDBLOCK)
             fail("the server neither answered nor closed within %d s", ANSWER_LIMIT_S);

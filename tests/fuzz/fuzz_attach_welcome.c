@@ -24,13 +24,12 @@
  *
  * sfs_cache_attach must return a handle or NULL with -errno; it must not
  * crash, hang (the client's 5 s receive timeout; libFuzzer's -timeout), leak
- * a descriptor or close one twice (in a rank's threads, the second close
- * hits whatever another thread opened meanwhile: close() is interposed here
- * and fails on EBADF while the attach runs), and a handle it returns must
+ * a descriptor or close one twice (fuzz_close.h), and a handle it returns must
  * have a geometry that fits its segments and a record that the plane says
  * is its own.
  */
 #include "cache_i.h"
+#include "fuzz_close.h"
 #include "fuzz_seeds.h"
 
 #include <errno.h>
@@ -44,7 +43,6 @@
 #include <string.h>
 #include <sys/mman.h>
 #include <sys/socket.h>
-#include <sys/syscall.h>
 #include <sys/un.h>
 #include <unistd.h>
 
@@ -90,20 +88,6 @@ static void fail(const char *fmt, ...)
     fprintf(stderr, "\n");
     va_end(ap);
     abort();
-}
-
-/* close(), interposed: the rank's library calls this one. While an attach
- * runs in the fuzzing thread, closing a descriptor that is not open is a
- * double close (the server thread's descriptors are its own business). */
-static __thread bool in_attach;
-
-int close(int fd)
-{
-    long r = syscall(SYS_close, fd); /* -1 and errno, as close() */
-
-    if (r < 0 && in_attach && errno == EBADF)
-        fail("the attach closed descriptor %d, which was not open (a double close)", fd);
-    return (int)r;
 }
 
 static int small_memfd(void)
@@ -316,9 +300,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     script = data;
     script_len = size;
     sem_post(&script_ready);
-    in_attach = true;
     struct sfs_cache *c = sfs_cache_attach(sock_path, (data[0] & F_QUERY) ? -1 : 0, &err);
-    in_attach = false;
 
     if (!c) {
         if (err >= 0)

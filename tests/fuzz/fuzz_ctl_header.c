@@ -33,6 +33,7 @@
  * or leak a file descriptor. docs/security.md states what validation promises.
  */
 #include "cache_i.h"
+#include "fuzz_close.h"
 #include "fuzz_seeds.h"
 
 #include <errno.h>
