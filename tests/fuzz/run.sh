@@ -4,7 +4,8 @@
 # (docs/fuzzing.md).
 #   tests/fuzz/run.sh [SECONDS_EACH] [BUILD_DIR]      (defaults: 15, build-fuzz)
 # Environment: FUZZ_TARGETS="ctl_header fs_path" runs only those; FUZZ_ARGS
-# adds libFuzzer flags (e.g. "-runs=10000000").
+# adds libFuzzer flags (e.g. "-runs=10000000"); FUZZ_NO_BUILD=1 runs the
+# binaries already in BUILD_DIR as they are (built from other sources, say).
 # Prints one line per target (executions, executions a second, coverage,
 # result) and a closing "N passed, N failed". Exit status 1 if any target
 # crashed, tripped a sanitizer, hung or failed a property; its reproducer is
@@ -18,18 +19,20 @@ secs=${1:-15}
 build=${2:-build-fuzz}
 targets=${FUZZ_TARGETS:-"attach_hello attach_welcome ctl_header fs_path xattr_value"}
 
-if ! command -v clang >/dev/null; then
-  echo "fuzz: clang not found (packaging/install-deps.sh installs it)" >&2
-  exit 1
+if [ "${FUZZ_NO_BUILD:-0}" != 1 ]; then
+  if ! command -v clang >/dev/null; then
+    echo "fuzz: clang not found (packaging/install-deps.sh installs it)" >&2
+    exit 1
+  fi
+  mkdir -p "$build"
+  if ! cmake -S . -B "$build" -DCMAKE_C_COMPILER=clang -DCMAKE_BUILD_TYPE=RelWithDebInfo \
+      -DSHARDFS_FUZZ=ON -DSHARDFS_TESTS=OFF -DSHARDFS_BENCH=OFF -DSHARDFS_CUDA=OFF \
+      -DSHARDFS_FUSE=ON >"$build/cmake-fuzz.log" 2>&1; then
+    cat "$build/cmake-fuzz.log" >&2
+    exit 1
+  fi
+  cmake --build "$build" -j"$(nproc)" --target fuzz >/dev/null || exit 1
 fi
-mkdir -p "$build"
-if ! cmake -S . -B "$build" -DCMAKE_C_COMPILER=clang -DCMAKE_BUILD_TYPE=RelWithDebInfo \
-    -DSHARDFS_FUZZ=ON -DSHARDFS_TESTS=OFF -DSHARDFS_BENCH=OFF -DSHARDFS_CUDA=OFF \
-    -DSHARDFS_FUSE=ON >"$build/cmake-fuzz.log" 2>&1; then
-  cat "$build/cmake-fuzz.log" >&2
-  exit 1
-fi
-cmake --build "$build" -j"$(nproc)" --target fuzz >/dev/null || exit 1
 
 pass=0
 fail=0
