@@ -36,8 +36,8 @@ static void fold_counters(struct sfs_cache *c, struct sfs_proc_rec *p)
         pthread_mutex_consistent(&c->hdr->proc_lock);
     for (int i = 0; i < CTR_COUNT; i++) {
         /* Relaxed: the record's writer is gone or is us. */
-        c->hdr->retired[i] = ctr_sum(
-            c->hdr->retired[i], atomic_exchange_explicit(&p->ctr[i], 0, memory_order_relaxed));
+        c->hdr->retired[i] = ctr_sum(c->hdr->retired[i],
+                                     atomic_exchange_explicit(&p->ctr[i], 0, memory_order_relaxed));
     }
     pthread_mutex_unlock(&c->hdr->proc_lock);
 }

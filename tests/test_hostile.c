@@ -6,8 +6,8 @@
  *
  * The tests forge words of a real cache's control plane the way a hostile
  * attached process could (it maps the plane read-write), or answer a real
- * sfs_cache_attach() from a fake server thread, and call the public API. Some findings are undefined behaviour
- * that an ordinary build happens to tolerate; those tests fail under
+ * sfs_cache_attach() from a fake server thread, and call the public API. Some findings are
+ * undefined behaviour that an ordinary build happens to tolerate; those tests fail under
  * -DSHARDFS_SANITIZE=ON (UBSan aborts), which CI runs.
  */
 #include "testutil.h"

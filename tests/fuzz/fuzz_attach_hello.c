@@ -43,9 +43,9 @@
 #include <linux/sockios.h>
 #include <unistd.h>
 
-#define HELLO_MAGIC   0x6f6c6c6548534653ull /* "SFSHello" */
-#define WELCOME_MAGIC 0x656d6f6c6557534full
-#define PROTO_VERSION 2u
+#define HELLO_MAGIC    0x6f6c6c6548534653ull /* "SFSHello" */
+#define WELCOME_MAGIC  0x656d6f6c6557534full
+#define PROTO_VERSION  2u
 #define ANSWER_LIMIT_S 5 /* the server answers and closes within this */
 
 struct hello {
@@ -291,8 +291,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *input, size_t size)
     if (n != (ssize_t)sizeof(w))
         fail("no whole welcome (%zd bytes) to %zu bytes sent", n, len);
     if (w.magic != WELCOME_MAGIC || w.proto != PROTO_VERSION || w.format != sfs_layout_format())
-        fail("a welcome with magic %016llx proto %u format %016llx",
-             (unsigned long long)w.magic, w.proto, (unsigned long long)w.format);
+        fail("a welcome with magic %016llx proto %u format %016llx", (unsigned long long)w.magic,
+             w.proto, (unsigned long long)w.format);
     if (want == 0 && w.status == -EUSERS) {
         want = -EUSERS; /* records of earlier clients not reaped yet */
         check_records_reaped();
@@ -307,8 +307,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *input, size_t size)
 
         if (nfds != 1 || fstat(fds[0], &st) < 0 || (uint64_t)st.st_size != w.ctl_size ||
             w.ctl_size != cache->ctl_len)
-            fail("welcome: %d fds, ctl_size %llu (ours %zu)", nfds,
-                 (unsigned long long)w.ctl_size, cache->ctl_len);
+            fail("welcome: %d fds, ctl_size %llu (ours %zu)", nfds, (unsigned long long)w.ctl_size,
+                 cache->ctl_len);
         if (w.nsegments != cache->nsegments || w.nfds != 1 + (data ? w.nsegments : 0))
             fail("welcome: nsegments %u nfds %u (ours %u, data %d)", w.nsegments, w.nfds,
                  cache->nsegments, data);
@@ -319,8 +319,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *input, size_t size)
             n = recv_msg(sock, &count, sizeof(count), fds, &nfds);
             if (n != (ssize_t)sizeof(count) || nfds < 1 || (uint32_t)nfds != count ||
                 got + count > w.nsegments)
-                fail("segment batch: %zd bytes, count %u, %d fds, %u of %u so far", n, count,
-                     nfds, got, w.nsegments);
+                fail("segment batch: %zd bytes, count %u, %d fds, %u of %u so far", n, count, nfds,
+                     got, w.nsegments);
             close_fds(fds, nfds);
             got += count;
         }

@@ -112,8 +112,7 @@ static int ctl_copy(void)
     if (p == MAP_FAILED)
         fail("mmap: %s", strerror(errno));
     memcpy(p, pristine, cache->ctl_len);
-    struct sfs_proc_rec *rec =
-        (void *)(p + h->off_procs + CLAIMED * sizeof(struct sfs_proc_rec));
+    struct sfs_proc_rec *rec = (void *)(p + h->off_procs + CLAIMED * sizeof(struct sfs_proc_rec));
     /* Seq_cst stores into a memfd no other process maps yet: order is moot. */
     atomic_store(&rec->gen, 1);
     rec->kind = PROC_KIND_CONN;
@@ -325,8 +324,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         snprintf(link, sizeof(link), "/proc/self/fd/%d", before);
         n = readlink(link, what, sizeof(what) - 1);
         what[n > 0 ? n : 0] = '\0';
-        fail("file descriptors leaked: the lowest free one is %d, was %d (%d is %s)", after,
-             before, before, what);
+        fail("file descriptors leaked: the lowest free one is %d, was %d (%d is %s)", after, before,
+             before, what);
     }
     return 0;
 }

@@ -25,8 +25,10 @@ int close(int fd)
     long r = syscall(SYS_close, fd); /* -1 and errno, as close() */
 
     if (r < 0 && errno == EBADF && fd >= 0) {
-        fprintf(stderr, "fuzz: property failed: descriptor %d closed, but it was not open "
-                        "(a double close)\n", fd);
+        fprintf(stderr,
+                "fuzz: property failed: descriptor %d closed, but it was not open "
+                "(a double close)\n",
+                fd);
         abort();
     }
     return (int)r;

@@ -54,10 +54,10 @@ enum {
     F_LATE = 32,
 };
 
-#define GEOM_END   (offsetof(struct sfs_header, off_leases) + sizeof(uint64_t))
-#define MAX_WORDS  (1u << 16)
-#define NKEYS      12
-#define MAX_PATCH  64
+#define GEOM_END  (offsetof(struct sfs_header, off_leases) + sizeof(uint64_t))
+#define MAX_WORDS (1u << 16)
+#define NKEYS     12
+#define MAX_PATCH 64
 
 static struct sfs_cache *cache;
 static uint8_t *pristine;
@@ -110,8 +110,7 @@ static void list_words(void)
     const struct sfs_header *h = (const void *)pristine;
 
     add_range(offsetof(struct sfs_header, hand),
-              offsetof(struct sfs_header, release_waiters) + 4 -
-                  offsetof(struct sfs_header, hand));
+              offsetof(struct sfs_header, release_waiters) + 4 - offsetof(struct sfs_header, hand));
     add_range(offsetof(struct sfs_header, retired), sizeof(h->retired));
     for (uint32_t b = 0; b < h->nbuckets; b++)
         add_word(h->off_buckets + (uint64_t)b * sizeof(struct sfs_bucket_rec) +
@@ -121,7 +120,8 @@ static void list_words(void)
         uint64_t base = h->off_procs + (uint64_t)p * sizeof(struct sfs_proc_rec);
 
         add_range(base, offsetof(struct sfs_proc_rec, kind) + 4);
-        add_range(base + offsetof(struct sfs_proc_rec, ctr), sizeof(((struct sfs_proc_rec *)0)->ctr));
+        add_range(base + offsetof(struct sfs_proc_rec, ctr),
+                  sizeof(((struct sfs_proc_rec *)0)->ctr));
     }
     add_range(h->off_leases, (uint64_t)h->max_procs * h->max_leases * sizeof(uint32_t));
 }
@@ -190,7 +190,8 @@ int LLVMFuzzerInitialize(int *argc, char ***argv)
     seed("clean", F_OPS, NULL, 0);
     seed("query", F_OPS | F_QUERY, NULL, 0);
     seed("late", F_OPS | F_LATE, NULL, 0);
-    const uint32_t patch[8] = {0, 0xffff, nwords / 3, 0x7fffffff, nwords / 2, 63, nwords - 1, 100000};
+    const uint32_t patch[8] = {0,          0xffff, nwords / 3, 0x7fffffff,
+                               nwords / 2, 63,     nwords - 1, 100000};
     seed("words", F_OPS, patch, sizeof(patch));
     /* Regression: a stride whose product with slots_per_segment wraps to
      * less than the segment size (issue 8, finding 8). */
@@ -269,8 +270,7 @@ static int build_ctl(const uint8_t *data, size_t size, uint8_t flags)
  * named here rather than found as a wild access later.) */
 static void check_geometry(const struct sfs_cache *c)
 {
-    unsigned __int128 end =
-        (unsigned __int128)(c->slots_per_seg - 1) * c->stride + c->shard_size;
+    unsigned __int128 end = (unsigned __int128)(c->slots_per_seg - 1) * c->stride + c->shard_size;
 
     if (c->slots_per_seg == 0 || c->stride < c->shard_size || end > c->seg_size ||
         (uint64_t)c->nsegments * c->slots_per_seg < c->nslots)
@@ -279,7 +279,8 @@ static void check_geometry(const struct sfs_cache *c)
              "segment ends at byte %#llx%08llx)",
              (unsigned long long)c->shard_size, (unsigned long long)c->stride,
              (unsigned long long)c->seg_size, c->slots_per_seg, c->nsegments, c->nslots,
-             (unsigned long long)(uint64_t)(end >> 32), (unsigned long long)(uint64_t)end & 0xffffffffull);
+             (unsigned long long)(uint64_t)(end >> 32),
+             (unsigned long long)(uint64_t)end & 0xffffffffull);
 }
 
 static int visit(const struct sfs_key *key, int state, void *arg)

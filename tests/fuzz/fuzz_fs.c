@@ -37,8 +37,7 @@ void fz_req_init(struct fuse_req *req, struct fs *fs)
 void fz_req_check_one(const struct fuse_req *req, const char *op)
 {
     if (req->nreplies != 1)
-        fz_fail("%s answered %d times (exactly one fuse_reply_* per handler)", op,
-                req->nreplies);
+        fz_fail("%s answered %d times (exactly one fuse_reply_* per handler)", op, req->nreplies);
 }
 
 static void note(fuse_req_t req, enum fz_reply_kind kind)

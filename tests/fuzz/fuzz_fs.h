@@ -34,11 +34,11 @@ struct fuse_req {
     struct fs *fs;
     int nreplies;
     enum fz_reply_kind kind;
-    int err;                 /* FZ_ERR: the positive errno */
-    fuse_ino_t ino;          /* FZ_ENTRY */
-    struct stat attr;        /* FZ_ENTRY, FZ_ATTR */
-    size_t size;             /* FZ_XATTR: the size; FZ_BUF: bytes */
-    char buf[512];           /* FZ_BUF: the first bytes */
+    int err;          /* FZ_ERR: the positive errno */
+    fuse_ino_t ino;   /* FZ_ENTRY */
+    struct stat attr; /* FZ_ENTRY, FZ_ATTR */
+    size_t size;      /* FZ_XATTR: the size; FZ_BUF: bytes */
+    char buf[512];    /* FZ_BUF: the first bytes */
 };
 
 /* A fresh request on fs. */

@@ -26,8 +26,8 @@
 
 static struct fs *fs;
 static const struct sfs_block_id block_a = {{0}};
-static const struct sfs_block_id block_b = {
-    {0x01, 0x23, 0x45, 0x67, 0x89, 0xab, 0xcd, 0xef, 0xfe, 0xdc, 0xba, 0x98, 0x76, 0x54, 0x32, 0x10}};
+static const struct sfs_block_id block_b = {{0x01, 0x23, 0x45, 0x67, 0x89, 0xab, 0xcd, 0xef, 0xfe,
+                                             0xdc, 0xba, 0x98, 0x76, 0x54, 0x32, 0x10}};
 static const struct {
     const struct sfs_block_id *block;
     uint32_t shard;
@@ -293,8 +293,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         struct fs_obj o;
 
         if (refs[i] >= FS_INO_DYNAMIC && fs_resolve(fs, refs[i], &o) != -ESTALE)
-            fz_fail("inode %llu still resolves after its last forget",
-                    (unsigned long long)refs[i]);
+            fz_fail("inode %llu still resolves after its last forget", (unsigned long long)refs[i]);
     }
     free(path);
     return 0;

@@ -111,9 +111,8 @@ static void do_set(int t, const char *name, const char *value, size_t vlen)
     fz_req_check_one(&req, "setxattr");
     if (t == T_STALE) {
         check_err(&req, ESTALE, "setxattr on a stale inode");
-    } else if (kind == FS_BLOCK &&
-               (strcmp(name, "user.shardfs.touch") == 0 ||
-                strcmp(name, "user.shardfs.prefetch") == 0)) {
+    } else if (kind == FS_BLOCK && (strcmp(name, "user.shardfs.touch") == 0 ||
+                                    strcmp(name, "user.shardfs.prefetch") == 0)) {
         check_err(&req, value_is_one(value, vlen) ? 0 : EINVAL, name);
     } else if (kind == FS_ROOT && strcmp(name, "user.shardfs.fault") == 0) {
         /* The option grammar is the fault backend's: any value is accepted
@@ -155,8 +154,8 @@ static void do_get(int t, const char *name, size_t size)
         if (req.kind == FZ_ERR && req.err == ERANGE && size > 0 && size < 7)
             return; /* shorter than some word: which one is not ours to know */
         if (!want)
-            fz_fail("user.shardfs.state: reply %d errno %d size %zu: not a state word",
-                    req.kind, req.err, req.size);
+            fz_fail("user.shardfs.state: reply %d errno %d size %zu: not a state word", req.kind,
+                    req.err, req.size);
         check_sized(&req, want, len, size, "user.shardfs.state");
     } else if (kind == FS_ROOT && strcmp(name, "user.shardfs.socket") == 0) {
         check_sized(&req, fs->socket_path, strlen(fs->socket_path), size, "user.shardfs.socket");
@@ -188,8 +187,7 @@ static void do_remove(int t, const char *name)
     struct fuse_req req;
     bool ours = strcmp(name, "user.shardfs.touch") == 0 ||
                 strcmp(name, "user.shardfs.prefetch") == 0 ||
-                strcmp(name, "user.shardfs.state") == 0 ||
-                strcmp(name, "user.shardfs.socket") == 0;
+                strcmp(name, "user.shardfs.state") == 0 || strcmp(name, "user.shardfs.socket") == 0;
 
     fz_req_init(&req, fs);
     fs_op_removexattr(&req, inos[t], name);
