@@ -86,7 +86,8 @@ int fuse_reply_buf(fuse_req_t req, const char *buf, size_t size)
 {
     note(req, FZ_BUF);
     req->size = size;
-    memcpy(req->buf, buf, size < sizeof(req->buf) ? size : sizeof(req->buf));
+    if (size) /* an empty reply may come with no buffer at all */
+        memcpy(req->buf, buf, size < sizeof(req->buf) ? size : sizeof(req->buf));
     return 0;
 }
 
