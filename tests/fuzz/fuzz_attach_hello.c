@@ -270,7 +270,12 @@ int LLVMFuzzerTestOneInput(const uint8_t *input, size_t size)
         fail("socket: %s", strerror(errno));
     setsockopt(sock, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
     strcpy(addr.sun_path, sock_path);
-    if (connect(sock, (struct sockaddr *)&addr, sizeof(addr)) < 0)
+    int r;
+
+    do
+        r = connect(sock, (struct sockaddr *)&addr, sizeof(addr));
+    while (r < 0 && errno == EINTR); /* libFuzzer's SIGALRM */
+    if (r < 0 && errno != EISCONN)
         fail("connect: %s", strerror(errno));
 
     /* The bytes, in two sends; bit 6: the server reads the first part alone. */

@@ -90,6 +90,14 @@ static void fail(const char *fmt, ...)
     abort();
 }
 
+/* sem_wait that is not cut short by a signal (libFuzzer's SIGALRM for
+ * -timeout lands on any thread). */
+static void wait_sem(sem_t *s)
+{
+    while (sem_wait(s) < 0 && errno == EINTR)
+        ;
+}
+
 static int small_memfd(void)
 {
     int fd = memfd_create("fuzz-small", MFD_CLOEXEC);
@@ -140,7 +148,11 @@ static void send_with(int sock, const void *buf, size_t len, const int *fds, int
         cm->cmsg_len = CMSG_LEN(sizeof(int) * (size_t)nfds);
         memcpy(CMSG_DATA(cm), fds, sizeof(int) * (size_t)nfds);
     }
-    (void)sendmsg(sock, &msg, MSG_NOSIGNAL); /* the client may have gone */
+    ssize_t n;
+
+    do
+        n = sendmsg(sock, &msg, MSG_NOSIGNAL); /* the client may have gone */
+    while (n < 0 && errno == EINTR);
 }
 
 /* Answer one connection as the script says. */
@@ -163,7 +175,12 @@ static void serve_one(int sock, const uint8_t *in, size_t len)
     memcpy(&w, in + at, n);
     at += n;
     size_t wlen = (flags & F_SHORT) ? n : sizeof(w);
-    if (recv(sock, hello, sizeof(hello), MSG_WAITALL) != (ssize_t)sizeof(hello))
+    ssize_t got;
+
+    do
+        got = recv(sock, hello, sizeof(hello), MSG_WAITALL);
+    while (got < 0 && errno == EINTR);
+    if (got != (ssize_t)sizeof(hello))
         return;
     switch (flags & F_FDS) {
     case 1:
@@ -206,15 +223,20 @@ static void serve_one(int sock, const uint8_t *in, size_t len)
      * the connection until the client closes it, as a server does. */
     shutdown(sock, SHUT_WR);
     char junk[64];
-    while (recv(sock, junk, sizeof(junk), 0) > 0)
-        ;
+    do
+        got = recv(sock, junk, sizeof(junk), 0);
+    while (got > 0 || (got < 0 && errno == EINTR));
 }
 
 static void *server_main(void *arg)
 {
     for (;;) {
-        sem_wait(&script_ready);
-        int sock = accept4(listen_fd, NULL, NULL, SOCK_CLOEXEC);
+        wait_sem(&script_ready);
+        int sock;
+
+        do
+            sock = accept4(listen_fd, NULL, NULL, SOCK_CLOEXEC);
+        while (sock < 0 && errno == EINTR);
 
         if (sock < 0)
             fail("accept: %s", strerror(errno));
@@ -315,17 +337,21 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         sfs_cache_stats(c, &st);
         sfs_cache_close(c);
     }
-    sem_wait(&served); /* the server has closed its side */
+    wait_sem(&served); /* the server has closed its side */
     int after = lowest_free_fd();
     if (after != before) {
-        char link[64], what[256];
-        ssize_t n;
+        for (int fd = before; fd < before + 32; fd++) {
+            char link[64], what[256];
+            ssize_t n;
 
-        snprintf(link, sizeof(link), "/proc/self/fd/%d", before);
-        n = readlink(link, what, sizeof(what) - 1);
-        what[n > 0 ? n : 0] = '\0';
-        fail("file descriptors leaked: the lowest free one is %d, was %d (%d is %s)", after, before,
-             before, what);
+            snprintf(link, sizeof(link), "/proc/self/fd/%d", fd);
+            n = readlink(link, what, sizeof(what) - 1);
+            if (n > 0) {
+                what[n] = '\0';
+                fprintf(stderr, "fuzz: descriptor %d is %s\n", fd, what);
+            }
+        }
+        fail("file descriptors leaked: the lowest free one is %d, was %d", after, before);
     }
     return 0;
 }
