@@ -74,8 +74,12 @@ int sfs_fds_recv(int sock, void *buf, size_t len, int *fds, unsigned max_fds)
         }
     }
     if ((size_t)n != len || (msg.msg_flags & MSG_CTRUNC)) {
-        for (int i = 0; i < got; i++)
+        /* Closed here, so never again by the caller: the welcome's slot is
+         * the handle's ctl_fd, which the handle's free would close too. */
+        for (int i = 0; i < got; i++) {
             close(fds[i]);
+            fds[i] = -1;
+        }
         return -EBADMSG;
     }
     return got;

@@ -20,6 +20,14 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
+/* Counters live in shared memory, so any attached process can write any
+ * value into them: they are summed modulo 2^64, never with signed overflow
+ * (found by tests/fuzz/fuzz_ctl_header.c). */
+static int64_t ctr_sum(int64_t a, int64_t b)
+{
+    return (int64_t)((uint64_t)a + (uint64_t)b);
+}
+
 /*
  * Take the header's proc_lock, with bucket_lock's deadline meaning (0:
  * LOCK_WAIT_NS; LOCK_TRY: only if free). The retired counters it guards need
@@ -54,7 +62,8 @@ static int fold_counters(struct sfs_cache *c, struct sfs_proc_rec *p, int64_t de
     SFS_TEST_POINT("proc:fold");
     for (int i = 0; i < CTR_COUNT; i++) {
         /* Relaxed: the record's writer is gone or is us. */
-        c->hdr->retired[i] += atomic_exchange_explicit(&p->ctr[i], 0, memory_order_relaxed);
+        c->hdr->retired[i] = ctr_sum(c->hdr->retired[i],
+                                     atomic_exchange_explicit(&p->ctr[i], 0, memory_order_relaxed));
     }
     pthread_mutex_unlock(&c->hdr->proc_lock);
     return 0;
@@ -246,7 +255,7 @@ int sfs_cache_reap(struct sfs_cache *c)
 static void sum_proc(const struct sfs_proc_rec *p, int64_t *acc)
 {
     for (int i = 0; i < CTR_COUNT; i++)
-        acc[i] += atomic_load_explicit(&p->ctr[i], memory_order_relaxed);
+        acc[i] = ctr_sum(acc[i], atomic_load_explicit(&p->ctr[i], memory_order_relaxed));
 }
 
 static void fill_stats(struct sfs_cache *c, const int64_t *acc, struct sfs_stats *o)
@@ -255,7 +264,8 @@ static void fill_stats(struct sfs_cache *c, const int64_t *acc, struct sfs_stats
     o->requests = (uint64_t)acc[CTR_REQUESTS];
     /* Hits are not counted on the hit path: every request is a hit, a miss
      * (owner or waiter) or unserved (an error). */
-    int64_t hits = acc[CTR_REQUESTS] - acc[CTR_MISSES] - acc[CTR_UNSERVED];
+    int64_t hits = (int64_t)((uint64_t)acc[CTR_REQUESTS] - (uint64_t)acc[CTR_MISSES] -
+                             (uint64_t)acc[CTR_UNSERVED]); /* modulo 2^64, as ctr_sum */
     o->hits = hits > 0 ? (uint64_t)hits : 0; /* counters are read one by one */
     o->misses = (uint64_t)acc[CTR_MISSES];
     o->prefetched = (uint64_t)acc[CTR_PREFETCHED];

@@ -6,7 +6,8 @@ set -euo pipefail
 
 pkgs=(build-essential cmake pkg-config git
       libfuse3-dev fuse3 liburing-dev libnuma-dev libcriterion-dev
-      attr util-linux procps python3 python3-numpy python3-torch)
+      attr util-linux procps python3 python3-numpy python3-torch
+      clang libclang-rt-14-dev)
 
 missing=()
 for p in "${pkgs[@]}"; do
