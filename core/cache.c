@@ -452,6 +452,18 @@ int sfs_cache_fail(struct sfs_cache *c, const struct sfs_lease *lease, int error
     return 0;
 }
 
+int sfs_cache_settle(struct sfs_cache *c, const struct sfs_lease *lease, int io_result,
+                     uint32_t expected_len, unsigned flags)
+{
+    int err, r;
+
+    if (io_result >= 0 && (uint32_t)io_result == expected_len)
+        return sfs_cache_publish(c, lease, expected_len, flags);
+    err = io_result < 0 ? io_result : -EIO; /* a short read or write */
+    r = sfs_cache_fail(c, lease, err);
+    return r < 0 ? r : err;
+}
+
 int sfs_cache_error(struct sfs_cache *c, const struct sfs_lease *lease)
 {
     struct sfs_slot_rec *sl = lease_slot(c, lease);

@@ -234,14 +234,39 @@ SFS_API void sfs_bell_ring(uint32_t *bell);
 
 /* Owner: publish the filled slot as Ready with `length` valid bytes
  * (<= shard_size). Counts `length` into bytes_read unless SFS_PUBLISH_WRITTEN.
- * The lease stays held: release it when done reading. */
+ * The lease stays held: release it when done reading. Returns 0, -EINVAL
+ * (not a lease of this process, or length > shard_size) or -EPERM (the slot
+ * is not Loading under this lease: reaped as dead, say). Owners that filled
+ * the slot from an I/O call sfs_cache_settle() instead. */
 SFS_API int sfs_cache_publish(struct sfs_cache *c, const struct sfs_lease *lease, uint32_t length,
                               unsigned flags);
 
-/* Owner: publish failure `error` (negative errno). The next Get retries. */
+/* Owner: publish failure `error` (negative errno). The next Get retries.
+ * Returns 0, -EINVAL (not a lease of this process, or error >= 0) or -EPERM
+ * (the slot is not Loading under this lease: reaped as dead, say). */
 SFS_API int sfs_cache_fail(struct sfs_cache *c, const struct sfs_lease *lease, int error);
 
-/* The error a Failed slot carries (negative errno), or 0. */
+/*
+ * Owner: settle the slot from the result of the I/O that filled it, the one
+ * home of "publish or fail" (fs/ and the rank library both call it). The
+ * whole shard arrived (io_result == expected_len): publish Ready with
+ * expected_len bytes and `flags` (SFS_PUBLISH_*). Otherwise fail it: a
+ * negative io_result with that errno, a short one (0 <= io_result !=
+ * expected_len) with -EIO. Returns the outcome:
+ *   0        published Ready;
+ *   -errno   the slot is Failed with it (what its waiters see; the caller's
+ *            own readers should get the same);
+ *   -EINVAL  not a lease of this process, or expected_len > shard_size:
+ *            nothing changed;
+ *   -EPERM   the lease is no longer the owner's (reaped as dead, or the
+ *            slot was settled already): nothing changed, let go of it.
+ * The lease stays held either way: release it when done.
+ */
+SFS_API int sfs_cache_settle(struct sfs_cache *c, const struct sfs_lease *lease, int io_result,
+                             uint32_t expected_len, unsigned flags);
+
+/* The error a Failed slot carries (negative errno; -EIO when it carries
+ * none), 0 when the slot is not Failed, -EINVAL for a lease not ours. */
 SFS_API int sfs_cache_error(struct sfs_cache *c, const struct sfs_lease *lease);
 
 /* Valid bytes of a Ready slot. */
