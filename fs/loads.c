@@ -372,15 +372,13 @@ void fs_read_settled(struct fs *fs, fuse_req_t req, const struct sfs_key *key,
         fs_load_start(fs, req, key, l, off, size);
         return;
     }
-    if (r == SFS_STATE_READY) {
+    if (r == SFS_WAIT_READY) {
         fs_reply_slot(fs, req, l, off, size);
     } else if (r == -ETIMEDOUT) {
         CTR_ADD(fs, wait_timeouts, 1);
         fuse_reply_err(req, ETIMEDOUT);
     } else {
-        int err = r == SFS_STATE_FAILED ? sfs_cache_error(fs->cache, l) : r;
-
-        fuse_reply_err(req, reader_errno(err < 0 ? err : -EIO));
+        fuse_reply_err(req, reader_errno(sfs_cache_wait_errno(fs->cache, l, r)));
     }
     sfs_cache_release(fs->cache, l);
 }
@@ -403,11 +401,11 @@ int fs_load_copy(struct fs *fs, const struct sfs_key *key, void *buf)
         r = wait_slot(fs, &l, sfs_deadline_after(fs->wait_ns));
         if (r == SFS_WAIT_OWNER) {
             r = SFS_OWNER;
-        } else if (r != SFS_STATE_READY) {
-            int err = r == SFS_STATE_FAILED ? sfs_cache_error(fs->cache, &l) : r;
+        } else if (r != SFS_WAIT_READY) {
+            int err = sfs_cache_wait_errno(fs->cache, &l, r);
 
             sfs_cache_release(fs->cache, &l);
-            return err < 0 ? err : -EIO;
+            return err;
         }
     }
     if (r == SFS_OWNER) {

@@ -125,3 +125,49 @@ Test(settle, too_long_is_refused)
     cr_assert_eq(sfs_cache_settle(c, &l, 0, SHARD, 0), -EIO);
     cr_assert_eq(sfs_cache_release(c, &l), 0);
 }
+
+/* A wait's outcome is its own type: never a state, never a role; and
+ * sfs_cache_wait_errno is the one triage of it into an errno. */
+Test(settle, wait_outcomes_and_their_errno)
+{
+    struct sfs_lease l, w;
+
+    for (int st = SFS_STATE_FREE; st <= SFS_STATE_FAILED; st++) {
+        cr_assert_neq(st, SFS_WAIT_READY);
+        cr_assert_neq(st, SFS_WAIT_FAILED);
+        cr_assert_neq(st, SFS_WAIT_OWNER);
+    }
+    /* Nor a role: comparing the two enums is what -Wenum-compare flags. */
+    cr_assert((int)SFS_WAIT_OWNER != (int)SFS_OWNER && (int)SFS_WAIT_READY != (int)SFS_HIT);
+
+    own(7, &l, &w);
+    cr_assert_eq(sfs_cache_wait(c, &w, 1 /* long past */), -ETIMEDOUT);
+    cr_assert_eq(sfs_cache_wait_errno(c, &w, -ETIMEDOUT), -ETIMEDOUT);
+    cr_assert_eq(sfs_cache_settle(c, &l, -ENOENT, SHARD, 0), -ENOENT);
+    cr_assert_eq(sfs_cache_wait(c, &w, sfs_deadline_after(5000000000ll)), SFS_WAIT_FAILED);
+    cr_assert_eq(sfs_cache_wait_errno(c, &w, SFS_WAIT_FAILED), -ENOENT);
+    cr_assert_eq(sfs_cache_wait_errno(c, &w, SFS_WAIT_OWNER), -EINVAL);
+    cr_assert_eq(sfs_cache_release(c, &w), 0);
+    cr_assert_eq(sfs_cache_release(c, &l), 0);
+
+    own(8, &l, &w);
+    cr_assert_eq(sfs_cache_settle(c, &l, SHARD, SHARD, 0), 0);
+    cr_assert_eq(sfs_cache_wait(c, &w, sfs_deadline_after(5000000000ll)), SFS_WAIT_READY);
+    cr_assert_eq(sfs_cache_wait_errno(c, &w, SFS_WAIT_READY), 0);
+    cr_assert_eq(sfs_cache_release(c, &w), 0);
+    cr_assert_eq(sfs_cache_release(c, &l), 0);
+}
+
+/* The owner gives the slot back unsettled: the waiter becomes owner. */
+Test(settle, waiter_takes_over_an_idle_slot)
+{
+    struct sfs_key k = tu_key(9, 0);
+    struct sfs_lease l, w;
+
+    own(9, &l, &w);
+    cr_assert_eq(sfs_cache_release(c, &l), 0); /* released unpublished: Idle */
+    cr_assert_eq(sfs_cache_wait(c, &w, sfs_deadline_after(5000000000ll)), SFS_WAIT_OWNER);
+    cr_assert_eq(sfs_cache_settle(c, &w, SHARD, SHARD, 0), 0);
+    cr_assert_eq(sfs_cache_state(c, &k), SFS_STATE_READY);
+    cr_assert_eq(sfs_cache_release(c, &w), 0);
+}

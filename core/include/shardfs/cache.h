@@ -191,29 +191,51 @@ SFS_API int sfs_cache_get(struct sfs_cache *c, const struct sfs_key *key, unsign
                           int64_t deadline_ns, struct sfs_lease *lease);
 
 /*
- * Block until the leased slot is no longer Loading, or deadline_ns (0: no
- * deadline; library callers always pass one).
- * Returns SFS_STATE_READY, SFS_STATE_FAILED (sfs_cache_error() tells why), or
- * SFS_OWNER-as-state (1, i.e. the owner died or the slot was reset and the
- * caller now owns it: fill and publish), or -ETIMEDOUT (also when a takeover's
- * bucket lock stays held to the deadline, or for 5 s without one), or
- * -EBADMSG when the leased slot is in a state no leased slot can be in (a
- * bad write to shared memory).
+ * How a wait ended (sfs_cache_wait(), and *outcome of the wait_any calls).
+ * Its own type: the values are neither slot states (enum sfs_state) nor
+ * roles (enum sfs_role), so an outcome compared with a state never matches.
+ * (ABI: before this type, a wait returned SFS_STATE_READY (3),
+ * SFS_STATE_FAILED (4) or SFS_WAIT_OWNER defined as SFS_STATE_IDLE (1);
+ * callers built against that header must be rebuilt.)
  */
-#define SFS_WAIT_OWNER SFS_STATE_IDLE
+enum sfs_wait_outcome {
+    SFS_WAIT_READY = 16,  /* the slot is Ready: read it, then release */
+    SFS_WAIT_FAILED = 17, /* the owner failed it: sfs_cache_wait_errno() says why */
+    SFS_WAIT_OWNER = 18,  /* the owner died or the slot was reset: the caller owns
+                           * it now (fill, then sfs_cache_settle()) */
+};
+
+/*
+ * Block until the leased slot is no longer Loading, or deadline_ns (0: no
+ * deadline; library callers always pass one). Returns an enum
+ * sfs_wait_outcome (SFS_WAIT_READY, SFS_WAIT_FAILED, SFS_WAIT_OWNER) or
+ * -errno: -EINVAL (not a lease of this process), -ETIMEDOUT (also when a
+ * takeover's bucket lock stays held to the deadline, or for 5 s without
+ * one), -EBADMSG when the leased slot is in a state no leased slot can be in
+ * (a bad write to shared memory), or an unexpected error of the futex wait.
+ */
 SFS_API int sfs_cache_wait(struct sfs_cache *c, const struct sfs_lease *lease, int64_t deadline_ns);
 
 /*
+ * The one triage of a wait's outcome into an errno: 0 for SFS_WAIT_READY,
+ * the slot's error for SFS_WAIT_FAILED (sfs_cache_error(); -EIO when the
+ * slot no longer carries one), the outcome itself when it is -errno, and
+ * -EINVAL for SFS_WAIT_OWNER (no error: the caller loads it) or a value that
+ * is no outcome.
+ */
+SFS_API int sfs_cache_wait_errno(struct sfs_cache *c, const struct sfs_lease *lease, int outcome);
+
+/*
  * Block until any of the leased slots is no longer Loading, or deadline_ns.
- * Returns the index i of one such lease and sets *state as sfs_cache_wait()
- * would for leases[i] (Ready, Failed, or SFS_WAIT_OWNER after a takeover),
- * or -ETIMEDOUT, -EINVAL. At most SFS_WAIT_ANY_MAX leases; one sleep on all
+ * Returns the index i of one such lease and sets *outcome as sfs_cache_wait()
+ * would return it for leases[i] (an enum sfs_wait_outcome), or -ETIMEDOUT,
+ * -EINVAL, -EBADMSG, an unexpected futex error. At most SFS_WAIT_ANY_MAX leases; one sleep on all
  * their futexes (futex_waitv), so a caller with many keys in flight is never
  * held behind one slow key.
  */
 #define SFS_WAIT_ANY_MAX 128
 SFS_API int sfs_cache_wait_any(struct sfs_cache *c, const struct sfs_lease *leases, size_t n,
-                               int64_t deadline_ns, int *state);
+                               int64_t deadline_ns, int *outcome);
 
 /*
  * sfs_cache_wait_any() that also wakes when a doorbell rings: `bell` is a
@@ -228,7 +250,7 @@ SFS_API int sfs_cache_wait_any(struct sfs_cache *c, const struct sfs_lease *leas
  * -EBADMSG for a leased slot in a state no leased slot can be in.
  */
 SFS_API int sfs_cache_wait_any_bell(struct sfs_cache *c, const struct sfs_lease *leases, size_t n,
-                                    int64_t deadline_ns, int *state, uint32_t *bell,
+                                    int64_t deadline_ns, int *outcome, uint32_t *bell,
                                     uint32_t bell_seen);
 SFS_API void sfs_bell_ring(uint32_t *bell);
 
