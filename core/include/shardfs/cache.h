@@ -179,13 +179,28 @@ SFS_API void sfs_cache_close(struct sfs_cache *c);
 
 /*
  * Look up `key`. On success returns the role (enum sfs_role >= 0) and fills
- * *lease. A miss makes the caller owner: the slot is Loading, and the caller
- * must publish or fail it. Returns -ENOENT with SFS_GET_NOALLOC on a miss,
- * -ENOSPC when every evictable slot is leased and deadline_ns has passed
- * (0: do not wait), -ENOBUFS when this process holds max_leases leases,
- * -ETIMEDOUT when the key's bucket lock stayed held (by a stopped process,
- * say) until deadline_ns (0: for at most 5 s), -EBADMSG for a corrupt chain.
- * A prefetch Get (SFS_GET_PREFETCH) of a key that is present returns -EEXIST.
+ * *lease: SFS_HIT (Ready), SFS_WAITER (another live owner is loading it:
+ * sfs_cache_wait()), or SFS_OWNER: a miss, a Failed or Idle slot, or a dead
+ * owner's Loading one; the slot is Loading, and the caller must settle it
+ * (sfs_cache_settle(), or publish / fail) or release it unsettled (Idle:
+ * the next Get or a waiter takes it over). A prefetch Get returns only
+ * SFS_OWNER on success. Otherwise *lease is untouched, no lease is taken,
+ * and it returns -errno:
+ *   -EINVAL     c, key or lease is NULL;
+ *   -ENOBUFS    this process holds max_leases leases;
+ *   -ENOENT     SFS_GET_NOALLOC and the key is absent;
+ *   -EEXIST     SFS_GET_PREFETCH and the key is present, in any state
+ *               (nothing to prefetch: callers skip it, it is no error);
+ *   -EBUSY      SFS_GET_WRITE and the key is leased or Loading; also a
+ *               negative deadline_ns when the bucket lock is busy;
+ *   -ENOSPC     no slot without evicting a leased one: at once for a
+ *               prefetch and when deadline_ns is 0 or has passed, else when
+ *               no lease was released before deadline_ns;
+ *   -ETIMEDOUT  the key's bucket lock stayed held (by a stopped process,
+ *               say) until deadline_ns (0: for at most 5 s);
+ *   -EBADMSG    the key's chain is corrupt (a bad write to shared memory);
+ *   -ENOTRECOVERABLE, or another -errno of the robust bucket lock or of
+ *               the futex a full cache sleeps on: returned, never retried.
  */
 SFS_API int sfs_cache_get(struct sfs_cache *c, const struct sfs_key *key, unsigned flags,
                           int64_t deadline_ns, struct sfs_lease *lease);
@@ -306,7 +321,9 @@ SFS_API int sfs_cache_release(struct sfs_cache *c, const struct sfs_lease *lease
 /* The slot's bytes in this process's mapping; NULL for the query-only role. */
 SFS_API void *sfs_cache_data(struct sfs_cache *c, const struct sfs_lease *lease);
 
-/* State of `key` without taking a lease: enum sfs_state, or -ENOENT. */
+/* State of `key` without taking a lease: enum sfs_state (a snapshot), or
+ * -ENOENT (absent), -EINVAL (NULL), -EBADMSG (a corrupt chain), or the
+ * bucket lock's -errno as for sfs_cache_get() with deadline_ns 0. */
 SFS_API int sfs_cache_state(struct sfs_cache *c, const struct sfs_key *key);
 
 /* True when `key` is Ready in the cache. */
