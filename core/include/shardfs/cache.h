@@ -61,7 +61,7 @@ enum sfs_state {
 /* What a Get made of the caller. */
 enum sfs_role {
     SFS_HIT = 0,    /* the slot is Ready: read it, then release */
-    SFS_OWNER = 1,  /* fill the slot, then sfs_cache_publish() or sfs_cache_fail() */
+    SFS_OWNER = 1,  /* fill the slot, then sfs_cache_settle() (or publish / fail) */
     SFS_WAITER = 2, /* someone else fills it: sfs_cache_wait() */
 };
 
