@@ -257,8 +257,8 @@ static int try_takeover(struct sfs_cache *c, uint32_t s, uint32_t e, int64_t dea
 }
 
 /*
- * Where a waiter stands with its slot: the state it settled in (Ready,
- * Failed), SFS_WAIT_OWNER when it took the load over, -1 to keep waiting, or
+ * Where a waiter stands with its slot: SFS_WAIT_READY or SFS_WAIT_FAILED
+ * when it settled, SFS_WAIT_OWNER when it took the load over, -1 to keep waiting, or
  * -errno: -EBADMSG for a state no leased slot can be in (Free: only a bad
  * write puts a leased slot there; out of range), -ETIMEDOUT from a takeover
  * whose lock stayed busy to the deadline.
@@ -268,8 +268,10 @@ static int settled(struct sfs_cache *c, const struct sfs_lease *l, struct sfs_sl
 {
     uint32_t st = atomic_load_explicit(&sl->state, memory_order_acquire);
 
-    if (st == SFS_STATE_READY || st == SFS_STATE_FAILED)
-        return (int)st;
+    if (st == SFS_STATE_READY)
+        return SFS_WAIT_READY;
+    if (st == SFS_STATE_FAILED)
+        return SFS_WAIT_FAILED;
     if (st == SFS_STATE_FREE || st > SFS_STATE_FAILED)
         return -EBADMSG;
     if (st == SFS_STATE_IDLE || !owner_alive_rec(c, sl)) {
@@ -324,7 +326,7 @@ int sfs_cache_wait(struct sfs_cache *c, const struct sfs_lease *lease, int64_t d
 }
 
 int sfs_cache_wait_any_bell(struct sfs_cache *c, const struct sfs_lease *leases, size_t n,
-                            int64_t deadline_ns, int *state, uint32_t *bell_word,
+                            int64_t deadline_ns, int *outcome, uint32_t *bell_word,
                             uint32_t bell_seen)
 {
     /* The public type is plain uint32_t (C++ includes the header); every
@@ -335,7 +337,7 @@ int sfs_cache_wait_any_bell(struct sfs_cache *c, const struct sfs_lease *leases,
     uint32_t v[SFS_WAIT_ANY_MAX];
     size_t first = 0; /* start of the sleep window when it cannot hold all */
 
-    if (!c || (!leases && n) || !state || (n == 0 && !bell) || n > SFS_WAIT_ANY_MAX)
+    if (!c || (!leases && n) || !outcome || (n == 0 && !bell) || n > SFS_WAIT_ANY_MAX)
         return -EINVAL;
     for (size_t i = 0; i < n; i++) {
         sls[i] = lease_slot(c, &leases[i]);
@@ -350,7 +352,7 @@ int sfs_cache_wait_any_bell(struct sfs_cache *c, const struct sfs_lease *leases,
             int st = settled(c, &leases[i], sls[i], deadline_ns);
 
             if (st >= 0) {
-                *state = st;
+                *outcome = st;
                 return (int)i;
             }
             if (st < -1)
@@ -394,11 +396,24 @@ int sfs_cache_wait_any_bell(struct sfs_cache *c, const struct sfs_lease *leases,
 }
 
 int sfs_cache_wait_any(struct sfs_cache *c, const struct sfs_lease *leases, size_t n,
-                       int64_t deadline_ns, int *state)
+                       int64_t deadline_ns, int *outcome)
 {
     if (n == 0)
         return -EINVAL;
-    return sfs_cache_wait_any_bell(c, leases, n, deadline_ns, state, NULL, 0);
+    return sfs_cache_wait_any_bell(c, leases, n, deadline_ns, outcome, NULL, 0);
+}
+
+int sfs_cache_wait_errno(struct sfs_cache *c, const struct sfs_lease *lease, int outcome)
+{
+    if (outcome < 0)
+        return outcome;
+    if (outcome == SFS_WAIT_READY)
+        return 0;
+    if (outcome != SFS_WAIT_FAILED)
+        return -EINVAL; /* SFS_WAIT_OWNER is no error, anything else no outcome */
+    /* Failed, then retried by another Get meanwhile: the error is gone. */
+    int e = sfs_cache_error(c, lease);
+    return e < 0 ? e : -EIO;
 }
 
 void sfs_bell_ring(uint32_t *bell_word)
@@ -450,6 +465,18 @@ int sfs_cache_fail(struct sfs_cache *c, const struct sfs_lease *lease, int error
     atomic_fetch_and_explicit(&c->leases[lease->entry], ~ENTRY_OWNER, memory_order_relaxed);
     set_state(sl, SFS_STATE_FAILED);
     return 0;
+}
+
+int sfs_cache_settle(struct sfs_cache *c, const struct sfs_lease *lease, int io_result,
+                     uint32_t expected_len, unsigned flags)
+{
+    int err, r;
+
+    if (io_result >= 0 && (uint32_t)io_result == expected_len)
+        return sfs_cache_publish(c, lease, expected_len, flags);
+    err = io_result < 0 ? io_result : -EIO; /* a short read or write */
+    r = sfs_cache_fail(c, lease, err);
+    return r < 0 ? r : err;
 }
 
 int sfs_cache_error(struct sfs_cache *c, const struct sfs_lease *lease)

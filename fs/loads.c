@@ -114,7 +114,7 @@ static void load_done(struct sfs_io *io)
 {
     struct load_op *op = io->arg;
     struct fs *fs = op->fs;
-    int err = 0;
+    int err;
 
     pthread_mutex_lock(&fs->load_lock);
     if (op->abandoned) {
@@ -128,13 +128,10 @@ static void load_done(struct sfs_io *io)
     op->completing = true;
     pthread_mutex_unlock(&fs->load_lock);
 
-    if (io->result == (int)io->len) {
-        err = sfs_cache_publish(fs->cache, &op->lease, io->len, 0);
-    } else {
-        err = io->result < 0 ? io->result : -EIO;
+    if (io->result != (int)io->len)
         CTR_ADD(fs, backend_errors, 1);
-        sfs_cache_fail(fs->cache, &op->lease, err);
-    }
+    /* What the slot's waiters see is what this reader gets. */
+    err = sfs_cache_settle(fs->cache, &op->lease, io->result, io->len, 0);
     if (op->req) {
         if (err)
             fuse_reply_err(op->req, reader_errno(err));
@@ -375,15 +372,13 @@ void fs_read_settled(struct fs *fs, fuse_req_t req, const struct sfs_key *key,
         fs_load_start(fs, req, key, l, off, size);
         return;
     }
-    if (r == SFS_STATE_READY) {
+    if (r == SFS_WAIT_READY) {
         fs_reply_slot(fs, req, l, off, size);
     } else if (r == -ETIMEDOUT) {
         CTR_ADD(fs, wait_timeouts, 1);
         fuse_reply_err(req, ETIMEDOUT);
     } else {
-        int err = r == SFS_STATE_FAILED ? sfs_cache_error(fs->cache, l) : r;
-
-        fuse_reply_err(req, reader_errno(err < 0 ? err : -EIO));
+        fuse_reply_err(req, reader_errno(sfs_cache_wait_errno(fs->cache, l, r)));
     }
     sfs_cache_release(fs->cache, l);
 }
@@ -406,11 +401,11 @@ int fs_load_copy(struct fs *fs, const struct sfs_key *key, void *buf)
         r = wait_slot(fs, &l, sfs_deadline_after(fs->wait_ns));
         if (r == SFS_WAIT_OWNER) {
             r = SFS_OWNER;
-        } else if (r != SFS_STATE_READY) {
-            int err = r == SFS_STATE_FAILED ? sfs_cache_error(fs->cache, &l) : r;
+        } else if (r != SFS_WAIT_READY) {
+            int err = sfs_cache_wait_errno(fs->cache, &l, r);
 
             sfs_cache_release(fs->cache, &l);
-            return err < 0 ? err : -EIO;
+            return err;
         }
     }
     if (r == SFS_OWNER) {
@@ -418,12 +413,10 @@ int fs_load_copy(struct fs *fs, const struct sfs_key *key, void *buf)
 
         CTR_ADD(fs, backend_loads, 1);
         r = data ? sfs_backend_load_sync(fs->be, key, data, (uint32_t)fs->shard_size) : -EIO;
-        if (r == (int)fs->shard_size) {
-            sfs_cache_publish(fs->cache, &l, (uint32_t)fs->shard_size, 0);
-        } else {
-            r = r < 0 ? r : -EIO;
+        if (r != (int)fs->shard_size)
             CTR_ADD(fs, backend_errors, 1);
-            sfs_cache_fail(fs->cache, &l, r);
+        r = sfs_cache_settle(fs->cache, &l, r, (uint32_t)fs->shard_size, 0);
+        if (r < 0) {
             sfs_cache_release(fs->cache, &l);
             return r;
         }

@@ -76,17 +76,14 @@ static int store_shard(struct fs *fs, const struct sfs_key *key, const void *buf
     } else {
         memcpy(data, buf, len);
         r = sfs_backend_dump_sync(fs->be, key, data, len);
-        if (r >= 0 && r != (int)len)
-            r = -EIO;
     }
-    if (r < 0) {
-        CTR_ADD(fs, backend_errors, 1);
-        sfs_cache_fail(fs->cache, &l, r);
-    } else {
-        sfs_cache_publish(fs->cache, &l, len, SFS_PUBLISH_WRITTEN);
+    if (r == (int)len)
         CTR_ADD(fs, writes, 1);
-        r = 0;
-    }
+    else
+        CTR_ADD(fs, backend_errors, 1);
+    /* Published only when the store has every byte; a publish refused
+     * (-EPERM) is the writer's error too. */
+    r = sfs_cache_settle(fs->cache, &l, r, len, SFS_PUBLISH_WRITTEN);
     sfs_cache_release(fs->cache, &l);
     return r;
 }

@@ -143,17 +143,11 @@ static void load_done(struct sfs_io *io)
 {
     struct rank_item *it = io->arg;
     struct sfs_rank *rk = it->rank;
-    int res = io->result;
+    int res;
 
     token_put(rk);
-    if (res == (int)io->len) {
-        /* -EPERM: we are no longer its owner (reaped as dead): let go. */
-        res = sfs_cache_publish(rk->cache, &it->lease, io->len, 0);
-    } else {
-        if (res >= 0)
-            res = -EIO; /* short */
-        sfs_cache_fail(rk->cache, &it->lease, res);
-    }
+    /* -EPERM: we are no longer its owner (reaped as dead): let go. */
+    res = sfs_cache_settle(rk->cache, &it->lease, io->result, io->len, 0);
     if (res == 0 && it->kind != ITEM_PREFETCH) {
         it->step = STEP_COPY_OUT;
         rank_push_copy(rk, it);
@@ -247,14 +241,10 @@ static void dump_done(struct sfs_io *io)
     int res = io->result;
 
     token_put(rk);
-    if (res >= 0 && res != (int)io->len)
-        res = -EIO;
-    if (!it->bounce) {
-        if (res >= 0)
-            res = sfs_cache_publish(rk->cache, &it->lease, io->len, SFS_PUBLISH_WRITTEN);
-        else
-            sfs_cache_fail(rk->cache, &it->lease, res);
-    }
+    if (!it->bounce)
+        res = sfs_cache_settle(rk->cache, &it->lease, res, io->len, SFS_PUBLISH_WRITTEN);
+    else if (res >= 0 && res != (int)io->len)
+        res = -EIO; /* short */
     sfs_item_done(it, res < 0 ? res : 0);
 }
 

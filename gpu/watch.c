@@ -73,18 +73,14 @@ static void set_add(struct watch_set *ws, struct sfs_fifo *q)
 bool sfs_watch_settled(struct sfs_rank *rk, struct rank_item *it, int r)
 {
     switch (r) {
-    case SFS_STATE_READY:
+    case SFS_WAIT_READY:
         it->step = STEP_COPY_OUT;
         rank_push_copy(rk, it);
         return false;
-    case SFS_STATE_FAILED:
-        r = sfs_cache_error(rk->cache, &it->lease);
-        sfs_item_done(it, r < 0 ? r : -EIO);
-        return false;
     case SFS_WAIT_OWNER:
         return true;
-    default:
-        sfs_item_done(it, r < 0 ? r : -EIO);
+    default: /* Failed, or the wait's -errno */
+        sfs_item_done(it, sfs_cache_wait_errno(rk->cache, &it->lease, r));
         return false;
     }
 }

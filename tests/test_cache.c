@@ -135,7 +135,7 @@ static int roles_child(struct sfs_cache *c, struct child *a)
 
     TU_CK(sfs_cache_get(c, &a->key, 0, 0, &l) == SFS_WAITER);
     sig(a->to_parent);
-    TU_CK(sfs_cache_wait(c, &l, sfs_deadline_after(5000 * MS)) == SFS_STATE_READY);
+    TU_CK(sfs_cache_wait(c, &l, sfs_deadline_after(5000 * MS)) == SFS_WAIT_READY);
     TU_CK(sfs_cache_length(c, &l) == SHARD);
     TU_CK(tu_check(&a->key, sfs_cache_data(c, &l), SHARD) == -1);
     TU_CK(sfs_cache_release(c, &l) == 0);
@@ -194,7 +194,7 @@ static void *thr_waiter(void *p)
         return NULL;
     t->wait_ret = sfs_cache_wait(t->c, &l, sfs_deadline_after(5000 * MS));
     t->woke_ns = sfs_now_ns();
-    if (t->wait_ret == SFS_STATE_READY)
+    if (t->wait_ret == SFS_WAIT_READY)
         t->check = tu_check(&t->key, sfs_cache_data(t->c, &l), SHARD);
     sfs_cache_release(t->c, &l);
     return NULL;
@@ -217,7 +217,7 @@ Test(cache, waiter_thread_in_owner_process, .timeout = 30)
     fill_publish(c, &t.key, &own);
     pthread_join(th, NULL);
     cr_assert_eq(t.role, SFS_WAITER);
-    cr_assert_eq(t.wait_ret, SFS_STATE_READY,
+    cr_assert_eq(t.wait_ret, SFS_WAIT_READY,
                  "the waiter thread returned %d before the owner thread published", t.wait_ret);
     cr_assert_geq(t.woke_ns, pub);
     cr_assert_eq(t.check, -1);
@@ -256,7 +256,7 @@ Test(cache, owner_is_a_lease_not_a_process, .timeout = 30)
     cr_assert_eq(sfs_cache_state(c, &X), SFS_STATE_LOADING, "a stale owner lease reset the retry");
     cr_assert_eq(sfs_cache_get(c, &X, 0, 0, &w2), SFS_WAITER);
     fill_publish(c, &X, &retry);
-    cr_assert_eq(sfs_cache_wait(c, &w2, sfs_deadline_after(1000 * MS)), SFS_STATE_READY);
+    cr_assert_eq(sfs_cache_wait(c, &w2, sfs_deadline_after(1000 * MS)), SFS_WAIT_READY);
     cr_assert_eq(tu_check(&X, sfs_cache_data(c, &w2), SHARD), -1);
     cr_assert_eq(sfs_cache_release(c, &w2), 0);
     cr_assert_eq(sfs_cache_release(c, &retry), 0);
@@ -310,7 +310,7 @@ static int fail_child(struct sfs_cache *c, struct child *a)
 
     TU_CK(sfs_cache_get(c, &a->key, 0, 0, &l) == SFS_WAITER);
     sig(a->to_parent);
-    TU_CK(sfs_cache_wait(c, &l, sfs_deadline_after(5000 * MS)) == SFS_STATE_FAILED);
+    TU_CK(sfs_cache_wait(c, &l, sfs_deadline_after(5000 * MS)) == SFS_WAIT_FAILED);
     TU_CK(sfs_cache_error(c, &l) == a->arg);
     TU_CK(sfs_cache_release(c, &l) == 0);
     return 0;
@@ -1128,19 +1128,19 @@ static int wait_any_child(struct sfs_cache *c, struct child *a)
     sig(a->to_parent);
     /* The parent publishes key 2 first, then key 0 (failed), and key 1 late. */
     TU_CK(sfs_cache_wait_any(c, l, 3, sfs_deadline_after(5000 * MS), &st) == 2);
-    TU_CK(st == SFS_STATE_READY);
+    TU_CK(st == SFS_WAIT_READY);
     struct sfs_key k2 = tu_key(42, 0);
     TU_CK(tu_check(&k2, sfs_cache_data(c, &l[2]), SHARD) == -1);
     sig(a->to_parent);
     TU_CK(sfs_cache_wait_any(c, l, 2, sfs_deadline_after(5000 * MS), &st) == 0);
-    TU_CK(st == SFS_STATE_FAILED && sfs_cache_error(c, &l[0]) == -EIO);
+    TU_CK(st == SFS_WAIT_FAILED && sfs_cache_error(c, &l[0]) == -EIO);
     /* Key 1 is still loading: a short deadline times out. */
     int64_t t0 = sfs_now_ns();
     TU_CK(sfs_cache_wait_any(c, &l[1], 1, sfs_deadline_after(100 * MS), &st) == -ETIMEDOUT);
     TU_CK(sfs_now_ns() - t0 >= 90 * MS);
     sig(a->to_parent);
     TU_CK(sfs_cache_wait_any(c, &l[1], 1, sfs_deadline_after(5000 * MS), &st) == 0);
-    TU_CK(st == SFS_STATE_READY);
+    TU_CK(st == SFS_WAIT_READY);
     for (int i = 0; i < 3; i++)
         TU_CK(sfs_cache_release(c, &l[i]) == 0);
     TU_CK(sfs_cache_wait_any(c, l, 0, 0, &st) == -EINVAL);
@@ -1255,7 +1255,7 @@ Test(cache, wait_any_bell_wakes_on_ring_then_publish, .timeout = 30)
     fill_publish(c, &k, &own);
     cr_assert_eq(pthread_join(t, NULL), 0);
     cr_assert_eq(a.second, 0);
-    cr_assert_eq(a.state, SFS_STATE_READY);
+    cr_assert_eq(a.state, SFS_WAIT_READY);
     /* A bell alone: times out, or returns 0 (= n) when rung before. */
     uint32_t bell = 0;
     cr_assert_eq(sfs_cache_wait_any_bell(c, NULL, 0, sfs_deadline_after(20 * MS), &st, &bell, 0),

@@ -529,9 +529,9 @@ static int busy_until_killed(struct sfs_cache *c)
 
             if (w == SFS_WAIT_OWNER)
                 role = SFS_OWNER;
-            else if (w == SFS_STATE_READY)
+            else if (w == SFS_WAIT_READY)
                 role = SFS_HIT;
-            else if (w != SFS_STATE_FAILED)
+            else if (w != SFS_WAIT_FAILED)
                 return 20; /* a hang or an error: the parent sees the exit */
         }
         if (role == SFS_OWNER && rk_fill(c, &k, &l, &rng) < 0)
@@ -571,9 +571,9 @@ static int verify_all(struct sfs_cache *c, uint64_t *takeovers, int64_t *max_ns)
             if (w == SFS_WAIT_OWNER) {
                 (*takeovers)++;
                 role = SFS_OWNER;
-            } else if (w == SFS_STATE_READY) {
+            } else if (w == SFS_WAIT_READY) {
                 role = SFS_HIT;
-            } else if (w == SFS_STATE_FAILED) {
+            } else if (w == SFS_WAIT_FAILED) {
                 /* An owner alive at our Get published Failed: retry once. */
                 sfs_cache_release(c, &l);
                 role = sfs_cache_get(c, &k, 0, dl, &l);

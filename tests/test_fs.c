@@ -956,7 +956,7 @@ static int stall_rank(void *arg)
     /* Woken by the daemon's shutdown with an error, not at our deadline. */
     t0 = sfs_now_ns();
     r = sfs_cache_wait(c, &l, sfs_deadline_after(60 * 1000000000ll));
-    if (r != SFS_STATE_FAILED)
+    if (r != SFS_WAIT_FAILED)
         return 21;
     if (sfs_cache_error(c, &l) != -ECANCELED)
         return 22;

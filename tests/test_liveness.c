@@ -648,6 +648,9 @@ Test(liveness, record_is_reaped_when_its_connection_closes, .timeout = 30)
     kill(child, SIGKILL);
     tu_wait(child);
     cr_assert_eq(r, SFS_WAIT_OWNER, "a record outlived its connection (wait %d)", r);
+    /* The reaper wakes the waiter (slot Idle) before it counts the record
+     * reaped: wait for the count, then check it is exactly one. */
+    tu_wait_reaped(c, 1);
     sfs_cache_stats(c, &s);
     cr_assert_eq(s.reaped, 1);
     cr_assert_eq(tu_leases_left(c, NULL), 0);

@@ -640,7 +640,7 @@ static int wait_on_corrupt_free(struct sfs_cache *c)
     atomic_store(&c->slots[w.slot].state, SFS_STATE_LOADING);
     TU_CK(sfs_cache_wait(c, &w, sfs_deadline_after(50 * MS)) == -ETIMEDOUT);
     TU_CK(tu_publish(c, &sh->key, &own) == 0);
-    TU_CK(sfs_cache_wait(c, &w, sfs_deadline_after(SEC)) == SFS_STATE_READY);
+    TU_CK(sfs_cache_wait(c, &w, sfs_deadline_after(SEC)) == SFS_WAIT_READY);
     sfs_cache_release(c, &w);
     sfs_cache_release(c, &own);
     return 0;
@@ -1054,7 +1054,7 @@ Test(recovery, wait_on_128_keys_and_a_bell_sleeps, .timeout = 30)
     r = sfs_cache_wait_any_bell(c, wait, NKEYS, sfs_deadline_after(5 * SEC), &st, &bell, 0);
     pthread_join(th, NULL);
     cr_assert_eq(r, NKEYS - 1);
-    cr_assert_eq(st, SFS_STATE_READY);
+    cr_assert_eq(st, SFS_WAIT_READY);
     /* And the bell. */
     sfs_bell_ring(&bell);
     cr_assert_eq(

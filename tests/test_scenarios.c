@@ -357,7 +357,7 @@ static int b_waiter(void *arg)
             rep.wait_ret = sfs_cache_wait(c, &l, sfs_deadline_after(5000000000ll));
             rep.wake_ns = sfs_now_ns();
             rep.cpu_ns = rusage_ns() - cpu0;
-            if (rep.wait_ret == SFS_STATE_READY)
+            if (rep.wait_ret == SFS_WAIT_READY)
                 rep.check = tu_check(&a->key, sfs_cache_data(c, &l), SHARD);
             sfs_cache_release(c, &l);
         }
@@ -404,7 +404,7 @@ Test(scenario, B_futex_waiter_wakes_fast, .timeout = 30)
     cr_assert_eq(tu_wait(pid), 0);
     cr_assert_eq(rep.attach_err, 0, "attach: %s", strerror(-rep.attach_err));
     cr_assert_eq(rep.role, SFS_WAITER, "rank 2 must be a waiter, got %d", rep.role);
-    cr_assert_eq(rep.wait_ret, SFS_STATE_READY, "wait returned %d", rep.wait_ret);
+    cr_assert_eq(rep.wait_ret, SFS_WAIT_READY, "wait returned %d", rep.wait_ret);
     cr_assert_eq(rep.check, -1, "waiter read wrong bytes at %ld", rep.check);
 
     int64_t latency = rep.wake_ns - pub_ns;

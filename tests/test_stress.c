@@ -223,19 +223,19 @@ static int lw_child(void *arg)
 
         if (w == -ETIMEDOUT) {
             atomic_fetch_add(&lw->timeouts, 1);
-        } else if (w == SFS_STATE_READY) {
+        } else if (w == SFS_WAIT_READY) {
             atomic_fetch_add(&lw->ready, 1);
             if (lw_fails(r) || sfs_cache_length(c, &l) != SHARD ||
                 tu_check(&k, sfs_cache_data(c, &l), SHARD) != -1)
                 atomic_fetch_add(&lw->wrong_bytes, 1);
-        } else if (w == SFS_STATE_FAILED) {
+        } else if (w == SFS_WAIT_FAILED) {
             atomic_fetch_add(&lw->failed, 1);
             if (!lw_fails(r) || sfs_cache_error(c, &l) != -EIO)
                 atomic_fetch_add(&lw->wrong_error, 1);
         } else {
             atomic_fetch_add(&lw->other, 1);
         }
-        if (w == SFS_STATE_READY || w == SFS_STATE_FAILED) {
+        if (w == SFS_WAIT_READY || w == SFS_WAIT_FAILED) {
             if (lat > LATE_NS) {
                 /* Late, but was it asleep or just not given a CPU? A machine
                  * this loaded is not a lost wakeup. */
@@ -467,10 +467,10 @@ static int cs_worker(void *arg)
         case SFS_WAITER: {
             atomic_fetch_add(&cs->waits, 1);
             int w = sfs_cache_wait(c, &l, sfs_deadline_after(2 * SEC));
-            if (w == SFS_STATE_READY) {
+            if (w == SFS_WAIT_READY) {
                 atomic_fetch_add(&cs->ready_waits, 1);
                 readable = true;
-            } else if (w == SFS_STATE_FAILED) {
+            } else if (w == SFS_WAIT_FAILED) {
                 atomic_fetch_add(&cs->failed_waits, 1);
                 if (sfs_cache_error(c, &l) != -EIO)
                     atomic_fetch_add(&cs->wrong_error, 1);

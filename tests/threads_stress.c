@@ -85,9 +85,9 @@ static void *worker(void *arg)
                 atomic_fetch_add(&timeouts, 1);
             if (st == SFS_WAIT_OWNER)
                 role = SFS_OWNER;
-            else if (st == SFS_STATE_FAILED)
+            else if (st == SFS_WAIT_FAILED)
                 atomic_fetch_add(&fails_seen, 1);
-            else if (st == SFS_STATE_READY && tu_check(&k, sfs_cache_data(cache, &l), SHARD) >= 0)
+            else if (st == SFS_WAIT_READY && tu_check(&k, sfs_cache_data(cache, &l), SHARD) >= 0)
                 atomic_fetch_add(&wrong, 1);
         }
         if (role == SFS_OWNER) {

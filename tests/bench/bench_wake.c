@@ -97,7 +97,7 @@ static int waiter_round(struct sfs_cache *c, int m)
             return r < 0 ? r : -EPROTO;
         r = sfs_cache_wait(c, &l, sfs_deadline_after(5000000000ll));
         sfs_cache_release(c, &l);
-        if (r != SFS_STATE_READY)
+        if (r != SFS_WAIT_READY)
             return r < 0 ? r : -EPROTO;
     }
     int64_t t1 = bench_now_ns();

@@ -61,7 +61,7 @@ enum sfs_state {
 /* What a Get made of the caller. */
 enum sfs_role {
     SFS_HIT = 0,    /* the slot is Ready: read it, then release */
-    SFS_OWNER = 1,  /* fill the slot, then sfs_cache_publish() or sfs_cache_fail() */
+    SFS_OWNER = 1,  /* fill the slot, then sfs_cache_settle() (or publish / fail) */
     SFS_WAITER = 2, /* someone else fills it: sfs_cache_wait() */
 };
 
@@ -179,41 +179,78 @@ SFS_API void sfs_cache_close(struct sfs_cache *c);
 
 /*
  * Look up `key`. On success returns the role (enum sfs_role >= 0) and fills
- * *lease. A miss makes the caller owner: the slot is Loading, and the caller
- * must publish or fail it. Returns -ENOENT with SFS_GET_NOALLOC on a miss,
- * -ENOSPC when every evictable slot is leased and deadline_ns has passed
- * (0: do not wait), -ENOBUFS when this process holds max_leases leases,
- * -ETIMEDOUT when the key's bucket lock stayed held (by a stopped process,
- * say) until deadline_ns (0: for at most 5 s), -EBADMSG for a corrupt chain.
- * A prefetch Get (SFS_GET_PREFETCH) of a key that is present returns -EEXIST.
+ * *lease: SFS_HIT (Ready), SFS_WAITER (another live owner is loading it:
+ * sfs_cache_wait()), or SFS_OWNER: a miss, a Failed or Idle slot, or a dead
+ * owner's Loading one; the slot is Loading, and the caller must settle it
+ * (sfs_cache_settle(), or publish / fail) or release it unsettled (Idle:
+ * the next Get or a waiter takes it over). A prefetch Get returns only
+ * SFS_OWNER on success. Otherwise *lease is untouched, no lease is taken,
+ * and it returns -errno:
+ *   -EINVAL     c, key or lease is NULL;
+ *   -ENOBUFS    this process holds max_leases leases;
+ *   -ENOENT     SFS_GET_NOALLOC and the key is absent;
+ *   -EEXIST     SFS_GET_PREFETCH and the key is present, in any state
+ *               (nothing to prefetch: callers skip it, it is no error);
+ *   -EBUSY      SFS_GET_WRITE and the key is leased or Loading; also a
+ *               negative deadline_ns when the bucket lock is busy;
+ *   -ENOSPC     no slot without evicting a leased one: at once for a
+ *               prefetch and when deadline_ns is 0 or has passed, else when
+ *               no lease was released before deadline_ns;
+ *   -ETIMEDOUT  the key's bucket lock stayed held (by a stopped process,
+ *               say) until deadline_ns (0: for at most 5 s);
+ *   -EBADMSG    the key's chain is corrupt (a bad write to shared memory);
+ *   -ENOTRECOVERABLE, or another -errno of the robust bucket lock or of
+ *               the futex a full cache sleeps on: returned, never retried.
  */
 SFS_API int sfs_cache_get(struct sfs_cache *c, const struct sfs_key *key, unsigned flags,
                           int64_t deadline_ns, struct sfs_lease *lease);
 
 /*
- * Block until the leased slot is no longer Loading, or deadline_ns (0: no
- * deadline; library callers always pass one).
- * Returns SFS_STATE_READY, SFS_STATE_FAILED (sfs_cache_error() tells why), or
- * SFS_OWNER-as-state (1, i.e. the owner died or the slot was reset and the
- * caller now owns it: fill and publish), or -ETIMEDOUT (also when a takeover's
- * bucket lock stays held to the deadline, or for 5 s without one), or
- * -EBADMSG when the leased slot is in a state no leased slot can be in (a
- * bad write to shared memory).
+ * How a wait ended (sfs_cache_wait(), and *outcome of the wait_any calls).
+ * Its own type: the values are neither slot states (enum sfs_state) nor
+ * roles (enum sfs_role), so an outcome compared with a state never matches.
+ * (ABI: before this type, a wait returned SFS_STATE_READY (3),
+ * SFS_STATE_FAILED (4) or SFS_WAIT_OWNER defined as SFS_STATE_IDLE (1);
+ * callers built against that header must be rebuilt.)
  */
-#define SFS_WAIT_OWNER SFS_STATE_IDLE
+enum sfs_wait_outcome {
+    SFS_WAIT_READY = 16,  /* the slot is Ready: read it, then release */
+    SFS_WAIT_FAILED = 17, /* the owner failed it: sfs_cache_wait_errno() says why */
+    SFS_WAIT_OWNER = 18,  /* the owner died or the slot was reset: the caller owns
+                           * it now (fill, then sfs_cache_settle()) */
+};
+
+/*
+ * Block until the leased slot is no longer Loading, or deadline_ns (0: no
+ * deadline; library callers always pass one). Returns an enum
+ * sfs_wait_outcome (SFS_WAIT_READY, SFS_WAIT_FAILED, SFS_WAIT_OWNER) or
+ * -errno: -EINVAL (not a lease of this process), -ETIMEDOUT (also when a
+ * takeover's bucket lock stays held to the deadline, or for 5 s without
+ * one), -EBADMSG when the leased slot is in a state no leased slot can be in
+ * (a bad write to shared memory), or an unexpected error of the futex wait.
+ */
 SFS_API int sfs_cache_wait(struct sfs_cache *c, const struct sfs_lease *lease, int64_t deadline_ns);
 
 /*
+ * The one triage of a wait's outcome into an errno: 0 for SFS_WAIT_READY,
+ * the slot's error for SFS_WAIT_FAILED (sfs_cache_error(); -EIO when the
+ * slot no longer carries one), the outcome itself when it is -errno, and
+ * -EINVAL for SFS_WAIT_OWNER (no error: the caller loads it) or a value that
+ * is no outcome.
+ */
+SFS_API int sfs_cache_wait_errno(struct sfs_cache *c, const struct sfs_lease *lease, int outcome);
+
+/*
  * Block until any of the leased slots is no longer Loading, or deadline_ns.
- * Returns the index i of one such lease and sets *state as sfs_cache_wait()
- * would for leases[i] (Ready, Failed, or SFS_WAIT_OWNER after a takeover),
- * or -ETIMEDOUT, -EINVAL. At most SFS_WAIT_ANY_MAX leases; one sleep on all
+ * Returns the index i of one such lease and sets *outcome as sfs_cache_wait()
+ * would return it for leases[i] (an enum sfs_wait_outcome), or -ETIMEDOUT,
+ * -EINVAL, -EBADMSG, an unexpected futex error. At most SFS_WAIT_ANY_MAX leases; one sleep on all
  * their futexes (futex_waitv), so a caller with many keys in flight is never
  * held behind one slow key.
  */
 #define SFS_WAIT_ANY_MAX 128
 SFS_API int sfs_cache_wait_any(struct sfs_cache *c, const struct sfs_lease *leases, size_t n,
-                               int64_t deadline_ns, int *state);
+                               int64_t deadline_ns, int *outcome);
 
 /*
  * sfs_cache_wait_any() that also wakes when a doorbell rings: `bell` is a
@@ -228,20 +265,45 @@ SFS_API int sfs_cache_wait_any(struct sfs_cache *c, const struct sfs_lease *leas
  * -EBADMSG for a leased slot in a state no leased slot can be in.
  */
 SFS_API int sfs_cache_wait_any_bell(struct sfs_cache *c, const struct sfs_lease *leases, size_t n,
-                                    int64_t deadline_ns, int *state, uint32_t *bell,
+                                    int64_t deadline_ns, int *outcome, uint32_t *bell,
                                     uint32_t bell_seen);
 SFS_API void sfs_bell_ring(uint32_t *bell);
 
 /* Owner: publish the filled slot as Ready with `length` valid bytes
  * (<= shard_size). Counts `length` into bytes_read unless SFS_PUBLISH_WRITTEN.
- * The lease stays held: release it when done reading. */
+ * The lease stays held: release it when done reading. Returns 0, -EINVAL
+ * (not a lease of this process, or length > shard_size) or -EPERM (the slot
+ * is not Loading under this lease: reaped as dead, say). Owners that filled
+ * the slot from an I/O call sfs_cache_settle() instead. */
 SFS_API int sfs_cache_publish(struct sfs_cache *c, const struct sfs_lease *lease, uint32_t length,
                               unsigned flags);
 
-/* Owner: publish failure `error` (negative errno). The next Get retries. */
+/* Owner: publish failure `error` (negative errno). The next Get retries.
+ * Returns 0, -EINVAL (not a lease of this process, or error >= 0) or -EPERM
+ * (the slot is not Loading under this lease: reaped as dead, say). */
 SFS_API int sfs_cache_fail(struct sfs_cache *c, const struct sfs_lease *lease, int error);
 
-/* The error a Failed slot carries (negative errno), or 0. */
+/*
+ * Owner: settle the slot from the result of the I/O that filled it, the one
+ * home of "publish or fail" (fs/ and the rank library both call it). The
+ * whole shard arrived (io_result == expected_len): publish Ready with
+ * expected_len bytes and `flags` (SFS_PUBLISH_*). Otherwise fail it: a
+ * negative io_result with that errno, a short one (0 <= io_result !=
+ * expected_len) with -EIO. Returns the outcome:
+ *   0        published Ready;
+ *   -errno   the slot is Failed with it (what its waiters see; the caller's
+ *            own readers should get the same);
+ *   -EINVAL  not a lease of this process, or expected_len > shard_size:
+ *            nothing changed;
+ *   -EPERM   the lease is no longer the owner's (reaped as dead, or the
+ *            slot was settled already): nothing changed, let go of it.
+ * The lease stays held either way: release it when done.
+ */
+SFS_API int sfs_cache_settle(struct sfs_cache *c, const struct sfs_lease *lease, int io_result,
+                             uint32_t expected_len, unsigned flags);
+
+/* The error a Failed slot carries (negative errno; -EIO when it carries
+ * none), 0 when the slot is not Failed, -EINVAL for a lease not ours. */
 SFS_API int sfs_cache_error(struct sfs_cache *c, const struct sfs_lease *lease);
 
 /* Valid bytes of a Ready slot. */
@@ -259,7 +321,9 @@ SFS_API int sfs_cache_release(struct sfs_cache *c, const struct sfs_lease *lease
 /* The slot's bytes in this process's mapping; NULL for the query-only role. */
 SFS_API void *sfs_cache_data(struct sfs_cache *c, const struct sfs_lease *lease);
 
-/* State of `key` without taking a lease: enum sfs_state, or -ENOENT. */
+/* State of `key` without taking a lease: enum sfs_state (a snapshot), or
+ * -ENOENT (absent), -EINVAL (NULL), -EBADMSG (a corrupt chain), or the
+ * bucket lock's -errno as for sfs_cache_get() with deadline_ns 0. */
 SFS_API int sfs_cache_state(struct sfs_cache *c, const struct sfs_key *key);
 
 /* True when `key` is Ready in the cache. */
