@@ -328,7 +328,7 @@ static void exercise(struct sfs_cache *c)
             } else {
                 (void)sfs_cache_fail(c, &l, -EIO);
             }
-        } else if (d && r == SFS_STATE_READY) {
+        } else if (d && r == SFS_WAIT_READY) {
             uint32_t n = sfs_cache_length(c, &l);
             volatile uint8_t sink = d[0];
             if (n)
