@@ -1048,6 +1048,25 @@ static int ws_reader_main(void *p)
     return 0;
 }
 
+/* A counter of MOUNT/stats; -1 if absent. */
+static long long ws_stat(const char *name)
+{
+    char path[256], line[512];
+    size_t nl = strlen(name);
+    long long v = -1;
+    FILE *f;
+
+    snprintf(path, sizeof(path), "%s/stats", W.fx.mnt);
+    f = fopen(path, "re");
+    if (!f)
+        return -1;
+    while (fgets(line, sizeof(line), f))
+        if (strncmp(line, name, nl) == 0 && line[nl] == ' ')
+            v = atoll(line + nl + 1);
+    fclose(f);
+    return v;
+}
+
 Test(fs_write, writers_and_readers_of_the_same_shards_see_whole_versions, .timeout = 180)
 {
     struct ws_shared *sh;
@@ -1089,6 +1108,10 @@ Test(fs_write, writers_and_readers_of_the_same_shards_see_whole_versions, .timeo
     cr_log_info("%d writers: %ld whole shards written, %ld errors; %d readers: %ld whole reads "
                 "(%ld of the original), %ld not one whole version, %ld failed",
                 WS_WRITERS, writes, write_errs, WS_READERS, reads, olds, bad, read_errs);
+    cr_log_info("cache: %lld evictions, %lld misses, %lld backend loads",
+                ws_stat("shardfs_evictions_total"), ws_stat("shardfs_misses_total"),
+                ws_stat("shardfs_backend_loads_total"));
+    cr_assert_gt(ws_stat("shardfs_evictions_total"), 0, "the cache never evicted: no stress");
     cr_assert_eq(bad, 0, "%ld of %ld reads were not one whole version; first: %s", bad, reads,
                  sh->what);
     cr_assert_eq(read_errs, 0, "%ld reads failed", read_errs);
