@@ -831,3 +831,308 @@ Test(fs_write, cp_of_a_sparse_file_is_a_whole_shard, .timeout = 60)
     cr_assert_eq(log_lines_with("discarded"), 0);
     cr_assert_eq(fsfx_stop(&W.fx, false, 10.0), 0);
 }
+
+/* ---------------------------------------------------------------------------
+ * Concurrent writers and readers of the same shards (issue 15, "What must
+ * show": every byte read is one whole version).
+ *
+ * WS_WRITERS forked writers replace the same WS_BLOCKS x WS_SHARDS shards,
+ * over and over, each time with a whole new version (one open, one write of
+ * the whole shard, one close), while WS_READERS forked readers read them
+ * whole (open, read shard_size bytes, close). The cache holds fewer slots
+ * than there are shards, so loads, evictions and stores interleave. A
+ * version's shard is 16-byte records {tag of the shard, writer, version,
+ * record index}: every record tells which version it belongs to, and a read
+ * is whole when every record names the same (writer, version) and sits at
+ * its own index. The original shard (tu_fill of its key) is a version too.
+ * Each writer publishes the number of versions it has begun before it opens
+ * the shard, so a reader can tell a version some writer wrote from garbage.
+ */
+enum {
+    WS_WRITERS = 4,
+    WS_READERS = 4,
+    WS_BLOCKS = 2,
+    WS_SHARDS = 3,
+    WS_NSHARDS = WS_BLOCKS * WS_SHARDS,
+    WS_BLOCK0 = 20,        /* blocks WS_BLOCK0 .. WS_BLOCK0 + WS_BLOCKS - 1 */
+    WS_ACTIVE_MS = 5000,   /* how long writers and readers run */
+    WS_MAX_OPS = 1000000,  /* a bound on each process's iterations */
+    WS_REC = 16,           /* bytes of one record */
+    WS_WORDS = WS_REC / 4, /* words of one record */
+};
+
+struct ws_shared {
+    /* Set by the parent to end the run; read by every child. Relaxed: it
+     * orders nothing, a child only needs to see it eventually. */
+    atomic_int stop;
+    /* started[w]: versions writer w has begun (its next version number).
+     * Release by the writer before it opens the shard, acquire by a reader
+     * after its read, so a version read is always one already counted. */
+    atomic_uint started[WS_WRITERS];
+    /* Per child, written by that child only and read by the parent after
+     * waitpid (which orders them). */
+    long writes[WS_WRITERS], write_errs[WS_WRITERS];
+    long reads[WS_READERS], olds[WS_READERS], bad[WS_READERS], read_errs[WS_READERS];
+    /* The first violation a reader saw (first_bad set by a CAS). */
+    atomic_int first_bad;
+    char what[320];
+};
+
+static uint64_t ws_block(unsigned i)
+{
+    return WS_BLOCK0 + (uint64_t)(i / WS_SHARDS);
+}
+
+static uint32_t ws_shard(unsigned i)
+{
+    return (uint32_t)(i % WS_SHARDS);
+}
+
+static uint32_t ws_tag(unsigned i)
+{
+    return 0x5ea70000u | i;
+}
+
+/* Version (w, v) of shard i. */
+static void ws_fill(unsigned i, uint32_t w, uint32_t v, uint8_t *buf)
+{
+    for (uint32_t r = 0; r < SHARD / WS_REC; r++) {
+        uint32_t rec[WS_WORDS] = {ws_tag(i), w, v, r};
+
+        memcpy(buf + (size_t)r * WS_REC, rec, WS_REC);
+    }
+}
+
+/* 0: buf is the original shard i; 1: a whole version (*w, *v) of shard i
+ * with *w < WS_WRITERS; -1: neither, described in what. */
+static int ws_classify(unsigned i, const uint8_t *buf, uint32_t *w, uint32_t *v, char *what,
+                       size_t len)
+{
+    struct sfs_key k = tu_key(ws_block(i), ws_shard(i));
+    uint32_t first[WS_WORDS];
+
+    if (tu_check(&k, buf, SHARD) == -1)
+        return 0;
+    memcpy(first, buf, WS_REC);
+    if (first[0] != ws_tag(i) || first[1] >= WS_WRITERS || first[3] != 0) {
+        snprintf(what, len, "shard %u: first record {%08x %u %u %u} is no version of it", i,
+                 first[0], first[1], first[2], first[3]);
+        return -1;
+    }
+    for (uint32_t r = 1; r < SHARD / WS_REC; r++) {
+        uint32_t rec[WS_WORDS];
+
+        memcpy(rec, buf + (size_t)r * WS_REC, WS_REC);
+        if (rec[0] != first[0] || rec[1] != first[1] || rec[2] != first[2] || rec[3] != r) {
+            snprintf(what, len,
+                     "shard %u: record %u (byte %u) is {%08x w%u v%u #%u}, record 0 is w%u v%u", i,
+                     r, r * WS_REC, rec[0], rec[1], rec[2], rec[3], first[1], first[2]);
+            return -1;
+        }
+    }
+    *w = first[1];
+    *v = first[2];
+    return 1;
+}
+
+/* Read shard i whole through the mount (or, disk: from its block file). */
+static long ws_read(unsigned i, bool disk, uint8_t *buf)
+{
+    const char *path = disk ? disk_path(ws_block(i)) : shard_path(ws_block(i), ws_shard(i));
+    off_t off = disk ? (off_t)ws_shard(i) * SHARD : 0;
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    size_t got = 0;
+
+    if (fd < 0)
+        return -errno;
+    while (got < SHARD) {
+        ssize_t n = pread(fd, buf + got, SHARD - got, off + (off_t)got);
+
+        if (n < 0 && errno == EINTR)
+            continue;
+        if (n <= 0)
+            break;
+        got += (size_t)n;
+    }
+    close(fd);
+    return (long)got;
+}
+
+struct ws_arg {
+    struct ws_shared *sh;
+    int id;
+};
+
+static int ws_writer_main(void *p)
+{
+    struct ws_arg *a = p;
+    struct ws_shared *sh = a->sh;
+    uint8_t *buf = malloc(SHARD);
+
+    TU_CK(buf != NULL);
+    /* Relaxed: see struct ws_shared. */
+    for (long n = 0; n < WS_MAX_OPS && !atomic_load_explicit(&sh->stop, memory_order_relaxed);
+         n++) {
+        unsigned i = (unsigned)((n + a->id) % WS_NSHARDS);
+        /* Release: count version v before any of its bytes can be read. */
+        uint32_t v = atomic_fetch_add_explicit(&sh->started[a->id], 1, memory_order_release);
+        int fd;
+
+        ws_fill(i, (uint32_t)a->id, v, buf);
+        fd = open(shard_path(ws_block(i), ws_shard(i)), O_WRONLY | O_TRUNC | O_CLOEXEC);
+        if (fd < 0) {
+            sh->write_errs[a->id]++;
+            fprintf(stderr, "writer %d: open shard %u: %s\n", a->id, i, strerror(errno));
+            continue;
+        }
+        if (write(fd, buf, SHARD) != (ssize_t)SHARD) {
+            sh->write_errs[a->id]++;
+            fprintf(stderr, "writer %d: write shard %u: %s\n", a->id, i, strerror(errno));
+        }
+        if (close(fd) != 0) {
+            sh->write_errs[a->id]++;
+            fprintf(stderr, "writer %d: close shard %u: %s\n", a->id, i, strerror(errno));
+        } else {
+            sh->writes[a->id]++;
+        }
+    }
+    free(buf);
+    return 0;
+}
+
+static int ws_reader_main(void *p)
+{
+    struct ws_arg *a = p;
+    struct ws_shared *sh = a->sh;
+    uint8_t *buf = malloc(SHARD);
+    char what[256];
+
+    TU_CK(buf != NULL);
+    /* Relaxed: see struct ws_shared. */
+    for (long n = 0; n < WS_MAX_OPS && !atomic_load_explicit(&sh->stop, memory_order_relaxed);
+         n++) {
+        unsigned i = (unsigned)((n * 5 + a->id) % WS_NSHARDS);
+        long got = ws_read(i, false, buf);
+        uint32_t w = 0, v = 0;
+        int c;
+
+        if (got != (long)SHARD) {
+            sh->read_errs[a->id]++;
+            fprintf(stderr, "reader %d: shard %u: read %ld of %u bytes\n", a->id, i, got, SHARD);
+            continue;
+        }
+        sh->reads[a->id]++;
+        c = ws_classify(i, buf, &w, &v, what, sizeof(what));
+        /* Acquire: pairs with the writer's release (a version read is
+         * counted by now). */
+        if (c == 1 && v >= atomic_load_explicit(&sh->started[w], memory_order_acquire)) {
+            snprintf(what, sizeof(what), "shard %u: version w%u v%u was never begun", i, w, v);
+            c = -1;
+        }
+        if (c == 0)
+            sh->olds[a->id]++;
+        if (c < 0) {
+            int none = 0;
+
+            sh->bad[a->id]++;
+            fprintf(stderr, "reader %d: %s\n", a->id, what);
+            /* Relaxed: the parent reads what after waitpid. */
+            if (atomic_compare_exchange_strong_explicit(&sh->first_bad, &none, 1,
+                                                        memory_order_relaxed,
+                                                        memory_order_relaxed))
+                snprintf(sh->what, sizeof(sh->what), "reader %d, read %ld: %s", a->id,
+                         sh->reads[a->id], what);
+        }
+    }
+    free(buf);
+    return 0;
+}
+
+/* A counter of MOUNT/stats; -1 if absent. */
+static long long ws_stat(const char *name)
+{
+    char path[256], line[512];
+    size_t nl = strlen(name);
+    long long v = -1;
+    FILE *f;
+
+    snprintf(path, sizeof(path), "%s/stats", W.fx.mnt);
+    f = fopen(path, "re");
+    if (!f)
+        return -1;
+    while (fgets(line, sizeof(line), f))
+        if (strncmp(line, name, nl) == 0 && line[nl] == ' ')
+            v = atoll(line + nl + 1);
+    fclose(f);
+    return v;
+}
+
+Test(fs_write, writers_and_readers_of_the_same_shards_see_whole_versions, .timeout = 180)
+{
+    struct ws_shared *sh;
+    struct ws_arg args[WS_WRITERS + WS_READERS];
+    pid_t kids[WS_WRITERS + WS_READERS];
+    long writes = 0, write_errs = 0, reads = 0, olds = 0, bad = 0, read_errs = 0;
+    static uint8_t cached[SHARD], stored[SHARD];
+    char what[256];
+
+    for (unsigned b = 0; b < WS_BLOCKS; b++)
+        store_write(WS_BLOCK0 + b, WS_SHARDS);
+    /* 4 slots for 6 shards: loads and stores evict each other. */
+    start_spec(NULL, "capacity=256K,reserved=0");
+    sh = mmap(NULL, sizeof(*sh), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+    cr_assert_neq((void *)sh, MAP_FAILED);
+    memset(sh, 0, sizeof(*sh));
+    for (int i = 0; i < WS_WRITERS + WS_READERS; i++) {
+        bool writer = i < WS_WRITERS;
+
+        args[i] = (struct ws_arg){.sh = sh, .id = writer ? i : i - WS_WRITERS};
+        kids[i] = tu_fork(writer ? ws_writer_main : ws_reader_main, &args[i]);
+    }
+    sleep_ms(WS_ACTIVE_MS);
+    /* Relaxed: see struct ws_shared. */
+    atomic_store_explicit(&sh->stop, 1, memory_order_relaxed);
+    for (int i = 0; i < WS_WRITERS + WS_READERS; i++)
+        cr_assert_eq(tu_wait(kids[i]), 0, "%s %d failed", i < WS_WRITERS ? "writer" : "reader",
+                     args[i].id);
+    for (int w = 0; w < WS_WRITERS; w++) {
+        writes += sh->writes[w];
+        write_errs += sh->write_errs[w];
+    }
+    for (int r = 0; r < WS_READERS; r++) {
+        reads += sh->reads[r];
+        olds += sh->olds[r];
+        bad += sh->bad[r];
+        read_errs += sh->read_errs[r];
+    }
+    cr_log_info("%d writers: %ld whole shards written, %ld errors; %d readers: %ld whole reads "
+                "(%ld of the original), %ld not one whole version, %ld failed",
+                WS_WRITERS, writes, write_errs, WS_READERS, reads, olds, bad, read_errs);
+    cr_log_info("cache: %lld evictions, %lld misses, %lld backend loads",
+                ws_stat("shardfs_evictions_total"), ws_stat("shardfs_misses_total"),
+                ws_stat("shardfs_backend_loads_total"));
+    cr_assert_gt(ws_stat("shardfs_evictions_total"), 0, "the cache never evicted: no stress");
+    cr_assert_eq(bad, 0, "%ld of %ld reads were not one whole version; first: %s", bad, reads,
+                 sh->what);
+    cr_assert_eq(read_errs, 0, "%ld reads failed", read_errs);
+    cr_assert_eq(write_errs, 0, "%ld writes failed", write_errs);
+    for (int w = 0; w < WS_WRITERS; w++)
+        cr_assert_gt(sh->writes[w], 0, "writer %d wrote nothing", w);
+    for (int r = 0; r < WS_READERS; r++)
+        cr_assert_gt(sh->reads[r], 0, "reader %d read nothing", r);
+
+    /* The writers are done: the cache and the store agree on each shard's
+     * last committed version. */
+    for (unsigned i = 0; i < WS_NSHARDS; i++) {
+        uint32_t w, v;
+
+        cr_assert_eq(ws_read(i, false, cached), (long)SHARD, "shard %u through the mount", i);
+        cr_assert_eq(ws_read(i, true, stored), (long)SHARD, "shard %u on disk", i);
+        cr_assert_geq(ws_classify(i, stored, &w, &v, what, sizeof(what)), 0, "on disk: %s", what);
+        cr_assert_geq(ws_classify(i, cached, &w, &v, what, sizeof(what)), 0, "mount: %s", what);
+        cr_assert_eq(memcmp(cached, stored, SHARD), 0,
+                     "shard %u: the mount serves another version than the store's", i);
+    }
+    munmap(sh, sizeof(*sh));
+    cr_assert_eq(fsfx_stop(&W.fx, false, 10.0), 0);
+}
