@@ -105,18 +105,31 @@ static int block_listing(struct fs *fs, const struct sfs_block_id *block, uint32
  * block as one run of shards, so its remove drops shard n and every later
  * shard; resident copies of shards the backend no longer has are dropped
  * too, so the cache never serves what the store lost. */
-/* sfs_cache_remove, waiting out a load in flight (a readahead, say): a
- * Loading slot is leased only until its load completes. A slot a reader or a
- * rank holds Ready stays -EBUSY at once. */
+/*
+ * sfs_cache_remove, waiting out a load in flight (a readahead, say): a
+ * Loading slot is leased only until its load completes (bounded by the
+ * mount's wait_timeout). A Ready slot gets a short grace, REMOVE_GRACE_NS:
+ * a reader's lease outlives its reply by a moment (the worker releases it
+ * once fuse_reply_buf returns, and the reader wakes inside that call), so
+ * `cat shard; rm shard` must not see its own read's lease. A lease held
+ * longer than that (a rank's, an open reader's next read) is -EBUSY.
+ */
+#define REMOVE_GRACE_NS (200 * 1000 * 1000ll)
+
 static int cache_remove_settled(struct fs *fs, const struct sfs_key *key)
 {
     int64_t deadline = sfs_deadline_after(fs->wait_ns);
+    int64_t grace = sfs_deadline_after(REMOVE_GRACE_NS);
 
     for (;;) {
         int r = sfs_cache_remove(fs->cache, key);
+        int64_t now;
 
-        if (r != -EBUSY || sfs_cache_state(fs->cache, key) != SFS_STATE_LOADING ||
-            sfs_now_ns() >= deadline || fs_stopping(fs))
+        if (r != -EBUSY || fs_stopping(fs))
+            return r;
+        now = sfs_now_ns();
+        if (now >= deadline ||
+            (sfs_cache_state(fs->cache, key) != SFS_STATE_LOADING && now >= grace))
             return r;
         struct timespec ts = {0, 1000 * 1000};
         nanosleep(&ts, NULL);

@@ -835,3 +835,34 @@ Test(fs_limits, a_commit_never_reads_outside_the_store_nor_waits_on_a_fifo, .tim
     unlink(outside);
     free(buf);
 }
+
+/* A reader's lease outlives its reply by a moment (the worker releases it
+ * once fuse_reply_buf returns, and the reader wakes inside that call): an
+ * unlink right after a whole read is not EBUSY. */
+Test(fs_limits, unlink_right_after_a_read_is_not_ebusy, .timeout = 120)
+{
+    uint8_t *buf = malloc(SHARD);
+    int busy = 0, fd;
+
+    cr_assert_not_null(buf);
+    store_block(1, 1);
+    start_spec(NULL, "readahead=0");
+    for (int i = 0; i < 300; i++) {
+        struct sfs_key k = tu_key(1, 3);
+
+        tu_fill(&k, buf, SHARD);
+        fd = open(shard_path(1, 3), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+        cr_assert_geq(fd, 0, "round %d: create: %s", i, strerror(errno));
+        cr_assert_eq(write(fd, buf, SHARD), (ssize_t)SHARD);
+        cr_assert_eq(close(fd), 0);
+        cr_assert_eq(read_shard_ok(1, 3), 0, "round %d: read back", i);
+        if (unlink(shard_path(1, 3)) != 0) {
+            cr_assert_eq(errno, EBUSY, "round %d: unlink: %s", i, strerror(errno));
+            busy++;
+            while (unlink(shard_path(1, 3)) != 0 && errno == EBUSY)
+                sleep_ms(10);
+        }
+    }
+    cr_expect_eq(busy, 0, "%d of 300 unlinks right after a read were EBUSY", busy);
+    free(buf);
+}
