@@ -54,8 +54,15 @@ static bool owner_alive_rec(struct sfs_cache *c, const struct sfs_slot_rec *s)
  * Get / Wait / Publish / Release.
  */
 
-int sfs_cache_get(struct sfs_cache *c, const struct sfs_key *key, unsigned flags,
-                  int64_t deadline_ns, struct sfs_lease *lease)
+/* A Get on a full cache that waits for a release: registered (counted in
+ * release_waiters) from its first failed scan to its return. */
+struct release_wait {
+    bool registered;
+    uint32_t seq; /* release_seq as read after registering or waking */
+};
+
+static int get_impl(struct sfs_cache *c, const struct sfs_key *key, unsigned flags,
+                    int64_t deadline_ns, struct sfs_lease *lease, struct release_wait *rw)
 {
     uint32_t b, s, e;
     int r, role, err = 0;
@@ -73,9 +80,7 @@ int sfs_cache_get(struct sfs_cache *c, const struct sfs_key *key, unsigned flags
     const bool lookup = !(flags & SFS_GET_PREFETCH);
     if (lookup)
         sfs_ctr_add(c, CTR_REQUESTS, 1);
-retry:;
-    uint32_t seq = atomic_load_explicit(&c->hdr->release_seq, memory_order_seq_cst);
-
+retry:
     r = bucket_lock(c, b, deadline_ns);
     if (r < 0)
         goto out_free;
@@ -174,9 +179,19 @@ retry:;
         if (deadline_ns <= 0 || sfs_now_ns() >= deadline_ns)
             goto out_free;
         SFS_TEST_POINT("get:full");
-        r = wait_for_release(c, seq, deadline_ns);
+        if (!rw->registered) {
+            /* Register, then rescan before any sleep (Dekker with
+             * refcount_drop): a release before our registration is seen by
+             * the rescan, one after it sees us and bumps release_seq. So a
+             * release never writes a shared line unless someone waits. */
+            rw->seq = release_wait_begin(c);
+            rw->registered = true;
+            goto retry;
+        }
+        r = wait_for_release(c, rw->seq, deadline_ns);
         if (r < 0)
             goto out_free;
+        rw->seq = atomic_load_explicit(&c->hdr->release_seq, memory_order_seq_cst);
         reaped = false;
         goto retry;
     }
@@ -197,6 +212,17 @@ out_free:
     entry_free(c, e);
     if (lookup)
         sfs_ctr_add(c, CTR_UNSERVED, 1);
+    return r;
+}
+
+int sfs_cache_get(struct sfs_cache *c, const struct sfs_key *key, unsigned flags,
+                  int64_t deadline_ns, struct sfs_lease *lease)
+{
+    struct release_wait rw = {0};
+    int r = get_impl(c, key, flags, deadline_ns, lease, &rw);
+
+    if (rw.registered)
+        release_wait_end(c);
     return r;
 }
 
@@ -525,7 +551,7 @@ int sfs_cache_release(struct sfs_cache *c, const struct sfs_lease *lease)
     if (atomic_load_explicit(&c->deferred, memory_order_relaxed))
         lease_finish_deferred(c);
     uint32_t v = atomic_load_explicit(&c->leases[lease->entry], memory_order_relaxed);
-    r = bucket_lock(c, b, sfs_now_ns() + RELEASE_LOCK_NS);
+    r = bucket_lock_within(c, b, RELEASE_LOCK_NS);
     if (r < 0) {
         /* A stopped holder: the release is recorded, its count dropped
          * later (never leaked, never waited for past RELEASE_LOCK_NS). */

@@ -169,24 +169,38 @@ void install(struct sfs_cache *c, uint32_t b, uint32_t s, const struct sfs_key *
         ;
 }
 
-int wait_for_release(struct sfs_cache *c, uint32_t seq, int64_t deadline_ns)
+uint32_t release_wait_begin(struct sfs_cache *c)
 {
     struct sfs_header *h = c->hdr;
-    int r = 0;
 
+    /* seq_cst, and a full fence before the caller's rescan reads any
+     * refcount: pairs with refcount_drop's fence (Dekker). */
     atomic_fetch_add_explicit(&h->release_waiters, 1, memory_order_seq_cst);
     /* Relaxed: our share of the count above, read only by the reaper after
      * our death. Raised after the header's count and lowered before it, so
      * a death between the two leaves the header's count high (one spare
      * wake per release), never low. */
     atomic_fetch_add_explicit(&c->self->release_waiting, 1, memory_order_relaxed);
+    atomic_thread_fence(memory_order_seq_cst);
+    return atomic_load_explicit(&h->release_seq, memory_order_seq_cst);
+}
+
+void release_wait_end(struct sfs_cache *c)
+{
+    atomic_fetch_sub_explicit(&c->self->release_waiting, 1, memory_order_relaxed);
+    atomic_fetch_sub_explicit(&c->hdr->release_waiters, 1, memory_order_seq_cst);
+}
+
+int wait_for_release(struct sfs_cache *c, uint32_t seq, int64_t deadline_ns)
+{
+    struct sfs_header *h = c->hdr;
+    int r = 0;
+
     if (atomic_load_explicit(&h->release_seq, memory_order_seq_cst) == seq) {
         int64_t slice = sfs_now_ns() + OWNER_CHECK_NS;
 
         SFS_TEST_POINT("evict:release_sleep");
         r = sfs_futex_wait(&h->release_seq, seq, slice < deadline_ns ? slice : deadline_ns);
     }
-    atomic_fetch_sub_explicit(&c->self->release_waiting, 1, memory_order_relaxed);
-    atomic_fetch_sub_explicit(&h->release_waiters, 1, memory_order_seq_cst);
     return r == -ETIMEDOUT || r == -EAGAIN || r == -EINTR ? 0 : r;
 }

@@ -146,11 +146,13 @@ static void registry_remove(struct sfs_cache *c)
 
 /*
  * Bucket lock held: one lease fewer on s. The last one frees a slot a full
- * cache's Get may be waiting for: release_seq is bumped on every 1 -> 0, and
- * the wake is made only when someone waits. Bumping only when release_waiters
- * was seen non-zero lost the release that came between a waiter's scan and
- * its increment (it slept a whole slice): the waiter reads release_seq before
- * its scan, and any release after that read now changes the word.
+ * cache's Get may be waiting for. A Get that found no free slot registers in
+ * release_waiters, then reads release_seq, then rescans before it sleeps; a
+ * last release bumps release_seq (and wakes) only when it sees a waiter
+ * (Dekker: each side's fence orders its write before its read, so the
+ * release sees the registration, or the rescan sees the free slot). So no
+ * release is lost, and a release with no one waiting writes no shared line:
+ * the hit path's Get+Release stays within its own bucket.
  *
  * At 0 no lease holder is left, so no live waiter sleeps on the slot (a
  * waiter holds its lease through its sleep): nwaiters is reset, and a waiter
@@ -166,12 +168,15 @@ static void refcount_drop(struct sfs_cache *c, struct sfs_slot_rec *s)
     if (rc != 1)
         return;
     /* Relaxed: nwaiters only decides whether set_state makes a wake call. */
-    atomic_store_explicit(&s->nwaiters, 0, memory_order_relaxed);
-    /* seq_cst, both: the waiter increments release_waiters, then re-reads
-     * release_seq (Dekker): it sees the bump, or we see it waiting. */
-    atomic_fetch_add_explicit(&c->hdr->release_seq, 1, memory_order_seq_cst);
-    if (atomic_load_explicit(&c->hdr->release_waiters, memory_order_seq_cst))
+    if (atomic_load_explicit(&s->nwaiters, memory_order_relaxed))
+        atomic_store_explicit(&s->nwaiters, 0, memory_order_relaxed);
+    /* seq_cst fence: the count's store above is ordered before the read of
+     * release_waiters, against the waiter's registration and rescan. */
+    atomic_thread_fence(memory_order_seq_cst);
+    if (atomic_load_explicit(&c->hdr->release_waiters, memory_order_relaxed)) {
+        atomic_fetch_add_explicit(&c->hdr->release_seq, 1, memory_order_seq_cst);
         sfs_futex_wake(&c->hdr->release_seq, INT32_MAX);
+    }
 }
 
 /* Drop the lease in entry e on slot s: bucket lock held. An owner that lets

@@ -107,6 +107,18 @@ static inline int bucket_lock(struct sfs_cache *c, uint32_t b, int64_t deadline_
     return r ? bucket_locked(c, b, r) : 0;
 }
 
+/* bucket_lock() with a deadline rel_ns from now, read from the clock only
+ * when the lock is busy (a release is on every hit's path). */
+static inline int bucket_lock_within(struct sfs_cache *c, uint32_t b, int64_t rel_ns)
+{
+    SFS_ASSERT(b < c->nbuckets);
+    int r = pthread_mutex_trylock(&c->buckets[b].lock);
+
+    if (r == EBUSY)
+        return bucket_lock_wait(c, b, sfs_now_ns() + rel_ns);
+    return r ? bucket_locked(c, b, r) : 0;
+}
+
 static inline void bucket_unlock(struct sfs_cache *c, uint32_t b)
 {
     SFS_ASSERT(b < c->nbuckets);
@@ -244,9 +256,14 @@ int alloc_slot(struct sfs_cache *c, uint32_t b, unsigned pools, uint32_t *out);
 /* Put key on slot s (detached, s->bucket == b, b locked) in `state`. */
 void install(struct sfs_cache *c, uint32_t b, uint32_t s, const struct sfs_key *k, uint32_t state,
              bool prefetch);
-/* Sleep until a lease is released after release_seq read `seq`, for at most
- * one OWNER_CHECK_NS slice or to the deadline. 0 to rescan, or -errno. */
+/* A Get that found no free slot waits for a release: release_wait_begin()
+ * counts it in release_waiters and returns release_seq, then the caller
+ * rescans before it sleeps; wait_for_release() sleeps while release_seq
+ * still reads `seq`, for at most one OWNER_CHECK_NS slice or to the deadline
+ * (0 to rescan, or -errno); release_wait_end() when the Get returns. */
+uint32_t release_wait_begin(struct sfs_cache *c);
 int wait_for_release(struct sfs_cache *c, uint32_t seq, int64_t deadline_ns);
+void release_wait_end(struct sfs_cache *c);
 
 /* ---------------------------------------------------------------------------
  * State changes and wakes.
