@@ -24,8 +24,10 @@ const char *tu_path(const char *tag)
     static __thread char buf[128];
     static int seq;
 
-    snprintf(buf, sizeof(buf), "/tmp/sfs-test-%d-%d-%s", getpid(),
-             __atomic_fetch_add(&seq, 1, __ATOMIC_RELAXED), tag);
+    /* The clock too: a pid is reused, and a run killed earlier may have
+     * left its paths behind (a second mkdir of one would be EEXIST). */
+    snprintf(buf, sizeof(buf), "/tmp/sfs-test-%d-%d-%x-%s", getpid(),
+             __atomic_fetch_add(&seq, 1, __ATOMIC_RELAXED), (unsigned)sfs_now_ns(), tag);
     return buf;
 }
 

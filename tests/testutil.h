@@ -17,7 +17,7 @@
 #include <sys/types.h>
 #include <unistd.h>
 
-/* A path unique to this process and call: /tmp/sfs-test-<pid>-<n>-<tag>. */
+/* A path unique to this process and call: /tmp/sfs-test-<pid>-<n>-<clock>-<tag>. */
 const char *tu_path(const char *tag);
 
 /* Block id number n (deterministic, distinct for distinct n). */
