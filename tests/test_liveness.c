@@ -559,6 +559,123 @@ Test(liveness, rank_that_execs_while_owning_a_load_does_not_wedge_it, .timeout =
     sfs_cache_close(c);
 }
 
+/* Issue 8 finding 12: a pid that comes back means nothing. In a new pid
+ * namespace (so the pid can be forced), owner A (pid 2 there) dies holding a
+ * load; then B is forked with A's pid (ns_last_pid), attaches, and asks for
+ * the same key. B must take the load over, and nobody may treat B as A. */
+static int reuse_owner(struct live_shm *m)
+{
+    int r = own_then(m, THEN_PARK);
+
+    return r;
+}
+
+static int reuse_successor(struct live_shm *m)
+{
+    int err = 0;
+    struct sfs_lease l;
+    struct sfs_cache *c = sfs_cache_attach(m->path, 1, &err);
+
+    if (!c)
+        return 20;
+    atomic_store(&m->step, 2); /* attached, with the dead owner's pid */
+    int role = sfs_cache_get(c, &m->key, 0, sfs_deadline_after(3 * SEC), &l);
+    if (role == SFS_WAITER) {
+        int w = sfs_cache_wait(c, &l, sfs_deadline_after(3 * SEC));
+        role = w == SFS_WAIT_OWNER ? SFS_OWNER : -100 - w;
+    }
+    if (role != SFS_OWNER) {
+        atomic_store(&m->rc, role);
+        return 21;
+    }
+    uint8_t *data = sfs_cache_data(c, &l);
+    tu_fill(&m->key, data, SHARD);
+    int s = sfs_cache_settle(c, &l, SHARD, SHARD, 0);
+    sfs_cache_release(c, &l);
+    atomic_store(&m->rc, s);
+    atomic_store(&m->step, 3);
+    while (atomic_load(&m->go) < 2) /* stay attached until the parent looked */
+        usleep(1000);
+    sfs_cache_close(c);
+    return s == 0 ? 0 : 22;
+}
+
+static int reuse_in_pid_namespace(void *arg)
+{
+    struct live_shm *m = arg;
+
+    if (unshare(CLONE_NEWPID) < 0) {
+        atomic_store(&m->rc, -errno);
+        atomic_store(&m->step, -1);
+        return 0;
+    }
+    pid_t init = fork();
+    if (init < 0)
+        return 2;
+    if (init == 0) { /* pid 1 of the new namespace */
+        pid_t a = fork();
+        if (a == 0)
+            _exit(reuse_owner(m));
+        while (atomic_load(&m->go) < 1)
+            usleep(1000);
+        kill(a, SIGKILL);
+        waitpid(a, NULL, 0);
+        /* The next fork gets a's pid again. */
+        int fd = open("/proc/sys/kernel/ns_last_pid", O_WRONLY | O_CLOEXEC);
+        char num[16];
+        int n = snprintf(num, sizeof(num), "%d", (int)a - 1);
+        if (fd < 0 || write(fd, num, (size_t)n) != n) {
+            atomic_store(&m->rc, -errno);
+            atomic_store(&m->step, -2);
+            _exit(0);
+        }
+        close(fd);
+        pid_t b = fork();
+        if (b == 0) {
+            if (getpid() != a)
+                _exit(30);
+            _exit(reuse_successor(m));
+        }
+        int st = 0;
+        waitpid(b, &st, 0);
+        _exit(WIFEXITED(st) ? WEXITSTATUS(st) : 40);
+    }
+    int st = 0;
+    waitpid(init, &st, 0);
+    return WIFEXITED(st) ? WEXITSTATUS(st) : 50;
+}
+
+Test(liveness, a_reused_pid_is_not_the_dead_owner, .timeout = 30)
+{
+    const char *path;
+
+    need_root();
+    struct sfs_cache *c = served(&path);
+    struct live_shm *m = live_shm(path, tu_key(13, 0));
+    pid_t mid = tu_fork(reuse_in_pid_namespace, m);
+
+    cr_assert(wait_for(&m->step, 1, 5 * SEC) || atomic_load(&m->step) < 0, "owner never ran");
+    if (atomic_load(&m->step) == -1) {
+        tu_wait(mid);
+        cr_skip_test("no pid namespace here: %s", strerror(-atomic_load(&m->rc)));
+    }
+    cr_assert_eq(sfs_cache_state(c, &m->key), SFS_STATE_LOADING);
+    atomic_store(&m->go, 1); /* kill the owner, fork its successor */
+    cr_assert(wait_for(&m->step, 3, 5 * SEC), "the successor with the owner's pid never got the key (step %d, rc %d)",
+              atomic_load(&m->step), atomic_load(&m->rc));
+    cr_assert_eq(atomic_load(&m->rc), 0, "the successor could not publish");
+    /* The successor is alive and attached under the dead owner's pid: its
+     * record is not reaped, and what it published is served. */
+    cr_assert_eq(sfs_cache_reap(c), 0, "the live successor was reaped");
+    struct sfs_lease l;
+    cr_assert_eq(sfs_cache_get(c, &m->key, 0, sfs_deadline_after(SEC), &l), SFS_HIT);
+    cr_assert_eq(tu_check(&m->key, sfs_cache_data(c, &l), SHARD), -1);
+    sfs_cache_release(c, &l);
+    atomic_store(&m->go, 2);
+    cr_assert_eq(tu_wait(mid), 0);
+    sfs_cache_close(c);
+}
+
 static int own_raw_fork_and_park(void *arg)
 {
     return own_then(arg, THEN_RAW_FORK_PARK);
