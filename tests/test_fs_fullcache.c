@@ -1,0 +1,225 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * test_fs_fullcache.c - writing through a mount whose cache has no slot to
+ * give: every slot is leased by another process until wait_timeout.
+ *
+ * A store takes the key's slot (the cache's per-key writer lock) or stores
+ * nothing: it never writes around the cache, where a reader taking a slot
+ * released meanwhile would load the previous block file and publish it after
+ * the commit (the cache serving an older version than the store). So a
+ * whole shard written then is refused at close(2) with EAGAIN (as a read is),
+ * the error is final for that open file, the store keeps the old bytes, and
+ * the same write succeeds once a slot is free.
+ *
+ * The daemon binary runs on a real mount (tests/fsfixture.h) with a 2-slot
+ * cache; a forked process attached to it holds both slots. Needs /dev/fuse
+ * and fusermount3; skips without.
+ */
+#include "fsfixture.h"
+#include "testutil.h"
+
+#include <shardfs/cache.h>
+
+#include <criterion/criterion.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#ifndef SHARDFS_BIN
+#error "SHARDFS_BIN must name the daemon binary (tests/CMakeLists.txt)"
+#endif
+
+#define SHARD (64u << 10)
+#define NEW   1000000u /* new bytes of (b, n): tu_fill of (NEW + b, n) */
+#define BLOCK 11u
+
+static struct {
+    char store[128];
+    struct fsfx fx;
+    pid_t holder;
+    int ready[2], go[2]; /* the holder's pipes */
+} F;
+
+static void setup(void)
+{
+    if (!fsfx_usable())
+        cr_skip_test("no usable /dev/fuse or fusermount3: FUSE tests skipped");
+    memset(&F, 0, sizeof(F));
+    F.ready[0] = F.ready[1] = F.go[0] = F.go[1] = -1;
+    snprintf(F.store, sizeof(F.store), "%s", tu_path("store"));
+    snprintf(F.fx.mnt, sizeof(F.fx.mnt), "%s", tu_path("mnt"));
+    snprintf(F.fx.sock, sizeof(F.fx.sock), "%s", tu_path("sock"));
+    snprintf(F.fx.log, sizeof(F.fx.log), "%s", tu_path("log"));
+    F.fx.bin = fsfx_daemon_bin(SHARDFS_BIN);
+    mkdir(F.store, 0755);
+}
+
+static void teardown(void)
+{
+    if (F.go[1] >= 0)
+        close(F.go[1]); /* a holder still waiting lets go */
+    if (F.holder > 0)
+        tu_wait_for(F.holder, 10ll * 1000000000);
+    for (int i = 0; i < 2; i++) {
+        if (F.ready[i] >= 0)
+            close(F.ready[i]);
+        if (F.go[i] >= 0 && i == 0)
+            close(F.go[i]);
+    }
+    if (F.fx.pid > 0)
+        fsfx_stop(&F.fx, true, 10.0);
+    if (F.fx.mnt[0] && fsfx_is_mounted(F.fx.mnt))
+        fsfx_sh("fusermount3 -uz %s 2>/dev/null", F.fx.mnt);
+    if (F.fx.mnt[0])
+        rmdir(F.fx.mnt);
+    if (F.store[0])
+        fsfx_sh("rm -rf %s", F.store);
+    if (F.fx.log[0] && !getenv("SFS_TEST_KEEP_LOGS"))
+        unlink(F.fx.log);
+}
+
+TestSuite(fs_fullcache, .init = setup, .fini = teardown, .timeout = 120);
+
+/* The daemon on the store: 2 slots, none reserved, the given wait_timeout. */
+static void start(const char *wait_timeout)
+{
+    char o[256];
+    int st = 0, r;
+
+    snprintf(o, sizeof(o),
+             "hugepages=off,shard_size=64K,capacity=128K,reserved=0,readahead=0,wait_timeout=%s",
+             wait_timeout);
+    r = fsfx_start(&F.fx, F.store, o, 10.0, &st);
+    cr_assert_eq(r, 0, "daemon did not mount (%s, status %d), see %s", strerror(-r), st, F.fx.log);
+}
+
+/* In a process attached to the daemon's cache: fill two keys no test reads
+ * and keep their leases (every slot of the cache) until told to let go. */
+static int hold_every_slot(struct sfs_cache *c, void *arg)
+{
+    struct sfs_key k[2] = {tu_key(200, 0), tu_key(201, 0)};
+    struct sfs_lease l[2];
+    char ch = 0;
+
+    (void)arg;
+    for (int i = 0; i < 2; i++) {
+        TU_CK(sfs_cache_get(c, &k[i], 0, 0, &l[i]) == SFS_OWNER);
+        TU_CK(tu_publish(c, &k[i], &l[i]) == 0);
+    }
+    TU_CK(write(F.ready[1], &ch, 1) == 1);
+    (void)!read(F.go[0], &ch, 1); /* a byte, or EOF when the test ends */
+    for (int i = 0; i < 2; i++)
+        sfs_cache_release(c, &l[i]);
+    return 0;
+}
+
+static void hold_start(void)
+{
+    char ch;
+
+    cr_assert_eq(pipe(F.ready), 0);
+    cr_assert_eq(pipe(F.go), 0);
+    F.holder = tu_fork_attached(F.fx.sock, 0, hold_every_slot, NULL);
+    cr_assert_gt(F.holder, 0);
+    cr_assert_eq(read(F.ready[0], &ch, 1), 1, "the lease holder failed (status %d)",
+                 tu_wait(F.holder));
+}
+
+static void hold_stop(void)
+{
+    char ch = 1;
+
+    cr_assert_eq(write(F.go[1], &ch, 1), 1);
+    cr_assert_eq(tu_wait(F.holder), 0, "the lease holder failed");
+    F.holder = 0;
+}
+
+/* Shard (BLOCK, 0) holds the old bytes (new: false) or the new ones (true):
+ * through the mount, when `mount`, and in the block file. */
+static void assert_shard(bool new_bytes, bool mount, const char *when)
+{
+    uint8_t *buf = malloc(SHARD);
+    struct sfs_key k = tu_key(new_bytes ? NEW + BLOCK : BLOCK, 0);
+    const char *what = new_bytes ? "new" : "old";
+    int fd;
+    long n;
+
+    cr_assert_not_null(buf);
+    fd = open(fsfx_block_file(F.store, BLOCK), O_RDONLY | O_CLOEXEC);
+    cr_assert_geq(fd, 0, "%s", strerror(errno));
+    cr_assert_eq(pread(fd, buf, SHARD, 0), (ssize_t)SHARD);
+    close(fd);
+    cr_assert_eq(tu_check(&k, buf, SHARD), -1, "%s: the block file does not hold the %s bytes",
+                 when, what);
+    if (mount) {
+        n = fsfx_read_all(fsfx_shard_path(&F.fx, BLOCK, 0), buf, SHARD);
+        cr_assert_eq(n, (long)SHARD, "%s: read through the mount: %ld", when, n);
+        cr_assert_eq(tu_check(&k, buf, SHARD), -1, "%s: the mount does not serve the %s bytes",
+                     when, what);
+    }
+    free(buf);
+}
+
+/* Open shard (BLOCK, 0) with O_TRUNC and write the whole new shard. */
+static int write_new(void)
+{
+    uint8_t *buf = malloc(SHARD);
+    struct sfs_key k = tu_key(NEW + BLOCK, 0);
+    int fd;
+
+    cr_assert_not_null(buf);
+    tu_fill(&k, buf, SHARD);
+    fd = open(fsfx_shard_path(&F.fx, BLOCK, 0), O_WRONLY | O_TRUNC | O_CLOEXEC);
+    cr_assert_geq(fd, 0, "open for writing: %s", strerror(errno));
+    cr_assert_eq(write(fd, buf, SHARD), (ssize_t)SHARD, "write: %s", strerror(errno));
+    free(buf);
+    return fd;
+}
+
+/* A whole shard written while no slot can be had: close(2) fails EAGAIN and
+ * nothing is stored, then or after (the error is final for that open file,
+ * its RELEASE stores nothing either); with a slot free again the same write
+ * commits and every read serves it. */
+Test(fs_fullcache, a_store_with_no_slot_fails_eagain_and_stores_nothing, .timeout = 60)
+{
+    int fd, fd2, r, e;
+
+    cr_assert_eq(tu_store_write(F.store, BLOCK, 1, 1, SHARD, NULL, NULL, false), 0);
+    start("1");
+    assert_shard(false, true, "before");
+    hold_start();
+
+    fd = write_new();
+    fd2 = dup(fd);
+    cr_assert_geq(fd2, 0);
+    errno = 0;
+    r = close(fd2); /* a FLUSH of a whole shard: the store */
+    e = errno;
+    cr_assert_eq(r, -1, "close() of a store with no slot to be had returned 0");
+    cr_assert_eq(e, EAGAIN, "close(): %s, not EAGAIN", strerror(e));
+    assert_shard(false, false, "after the refused store");
+
+    /* Slots free now: the refusal was final, the last close stores nothing. */
+    hold_stop();
+    errno = 0;
+    r = close(fd);
+    e = errno;
+    cr_assert(r == -1 && e == EAGAIN, "the last close after a refused store: %d (%s)", r,
+              strerror(e));
+    for (int i = 0; i < 5; i++) {
+        assert_shard(false, true, "after the last close of the refused write");
+        fsfx_sleep_ms(40); /* the RELEASE comes after close(2) returns */
+    }
+
+    /* The same write with a slot to be had commits. */
+    fd = write_new();
+    cr_assert_eq(close(fd), 0, "close() with free slots: %s", strerror(errno));
+    assert_shard(true, true, "after the write with free slots");
+    assert_shard(true, true, "read again (a hit)");
+    cr_assert_eq(fsfx_stop(&F.fx, false, 10.0), 0);
+}
