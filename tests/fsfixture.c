@@ -289,3 +289,15 @@ int fsfx_log_lines_with(const struct fsfx *m, const char *s)
     fclose(f);
     return n;
 }
+
+void fsfx_cleanup(const struct fsfx *m, const char *store)
+{
+    if (m->mnt[0] && fsfx_is_mounted(m->mnt))
+        fsfx_sh("fusermount3 -uz %s 2>/dev/null", m->mnt);
+    if (m->mnt[0] && !fsfx_is_mounted(m->mnt))
+        rmdir(m->mnt);
+    if (store && store[0])
+        fsfx_sh("rm -rf %s", store);
+    if (m->log[0] && !getenv("SFS_TEST_KEEP_LOGS"))
+        unlink(m->log);
+}

@@ -68,8 +68,10 @@ int fsfx_sh(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 void fsfx_sleep_ms(long ms);
 /* sfs_now_ns() in seconds (the clock the library's deadlines use). */
 double fsfx_now_s(void);
-/* The daemon binary: $SHARDFS_TEST_DAEMON when set and not empty (a
- * sanitizer build of the daemon, say), else `built` (the test's SHARDFS_BIN). */
+/* The daemon under test: $SHARDFS_TEST_DAEMON when set and not empty (CI
+ * points it at a ThreadSanitizer build of the daemon, since Criterion's
+ * runner cannot run under TSan itself), else `built` (the test's
+ * SHARDFS_BIN). */
 const char *fsfx_daemon_bin(const char *built);
 /* MNT/block/<hex of b>/shard/<n> of m's mount; n < 0: the shard directory
  * MNT/block/<hex of b>/shard. */
@@ -86,5 +88,10 @@ long long fsfx_stat(const struct fsfx *m, const char *name);
 long fsfx_read_all(const char *path, void *buf, size_t len);
 /* How many lines of the daemon's log (m->log) contain s; 0 without a log. */
 int fsfx_log_lines_with(const struct fsfx *m, const char *s);
+/* A test's teardown, after fsfx_stop(): detach a mount still there
+ * (fusermount3 -uz), remove the mount point once unmounted, the store
+ * directory tree (when store is not NULL) and the daemon's log (kept when
+ * SFS_TEST_KEEP_LOGS is set, for a failed run's post-mortem). */
+void fsfx_cleanup(const struct fsfx *m, const char *store);
 
 #endif /* SHARDFS_FSFIXTURE_H */

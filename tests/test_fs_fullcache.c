@@ -71,22 +71,14 @@ static void teardown(void)
         close(F.go[1]); /* a holder still waiting lets go */
     if (F.holder > 0)
         tu_wait_for(F.holder, 10ll * 1000000000);
-    for (int i = 0; i < 2; i++) {
+    if (F.go[0] >= 0)
+        close(F.go[0]);
+    for (int i = 0; i < 2; i++)
         if (F.ready[i] >= 0)
             close(F.ready[i]);
-        if (F.go[i] >= 0 && i == 0)
-            close(F.go[i]);
-    }
     if (F.fx.pid > 0)
         fsfx_stop(&F.fx, true, 10.0);
-    if (F.fx.mnt[0] && fsfx_is_mounted(F.fx.mnt))
-        fsfx_sh("fusermount3 -uz %s 2>/dev/null", F.fx.mnt);
-    if (F.fx.mnt[0])
-        rmdir(F.fx.mnt);
-    if (F.store[0])
-        fsfx_sh("rm -rf %s", F.store);
-    if (F.fx.log[0] && !getenv("SFS_TEST_KEEP_LOGS"))
-        unlink(F.fx.log);
+    fsfx_cleanup(&F.fx, F.store);
 }
 
 TestSuite(fs_fullcache, .init = setup, .fini = teardown, .timeout = 120);
