@@ -33,6 +33,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/file.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -316,5 +317,117 @@ Test(fs_fullcache, no_read_serves_a_shard_after_its_unlink_returned, .timeout = 
     free(buf);
     cr_assert_eq(stale, 0, "%d of %d unlinked shards were still served", stale, rounds);
     cr_assert_gt(rounds, ROUNDS / 2, "only %d of %d unlinks went through", rounds, ROUNDS);
+    cr_assert_eq(fsfx_stop(&F.fx, false, 10.0), 0);
+}
+
+/* ---------------------------------------------------------------------------
+ * The write-around window, staged: a store that could not take a slot and
+ * wrote around the cache is held inside its dump (the test holds the flock
+ * of the block's <file>.tmp, which every posix commit takes first); the
+ * leases are released meanwhile and a reader loads the shard from the block
+ * file, still the old one; then the dump goes on and commits.
+ */
+
+struct writer {
+    const char *path;
+    int result, err; /* close(2)'s result and errno; -2: open or write failed */
+    _Atomic int done;
+};
+
+/* The whole new shard through one open file, then close(2); no asserts
+ * here (a thread of the test): the test checks w->result. */
+static void *writer_main(void *p)
+{
+    struct writer *w = p;
+    uint8_t *buf = malloc(SHARD);
+    struct sfs_key k = tu_key(NEW + BLOCK, 0);
+    int fd = open(w->path, O_WRONLY | O_TRUNC | O_CLOEXEC);
+
+    w->result = -2;
+    if (buf && fd >= 0) {
+        tu_fill(&k, buf, SHARD);
+        if (write(fd, buf, SHARD) == (ssize_t)SHARD) {
+            errno = 0;
+            w->result = close(fd);
+            w->err = errno;
+            fd = -1;
+        }
+    }
+    if (fd >= 0)
+        close(fd);
+    free(buf);
+    atomic_store_explicit(&w->done, 1, memory_order_release); /* publishes result, err */
+    return NULL;
+}
+
+/* Some process waits for a flock on inode ino (a "->" line of /proc/locks). */
+static bool flock_waited_on(ino_t ino)
+{
+    char line[256], pat[64];
+    bool found = false;
+    FILE *f = fopen("/proc/locks", "re");
+
+    if (!f)
+        return false;
+    snprintf(pat, sizeof(pat), ":%llu ", (unsigned long long)ino);
+    while (!found && fgets(line, sizeof(line), f))
+        found = strstr(line, "->") && strstr(line, "FLOCK") && strstr(line, pat);
+    fclose(f);
+    return found;
+}
+
+Test(fs_fullcache, a_store_never_commits_behind_a_reader_of_the_previous_bytes, .timeout = 60)
+{
+    struct writer w = {0};
+    char tmp[300];
+    struct stat st;
+    pthread_t t;
+    bool in_dump = false;
+    double t0;
+    int fd;
+
+    cr_assert_eq(tu_store_write(F.store, BLOCK, 1, 1, SHARD, NULL, NULL, false), 0);
+    start("1");
+    hold_start();
+    snprintf(tmp, sizeof(tmp), "%s.tmp", fsfx_block_file(F.store, BLOCK));
+    fd = open(tmp, O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+    cr_assert_geq(fd, 0, "%s: %s", tmp, strerror(errno));
+    cr_assert_eq(flock(fd, LOCK_EX), 0);
+    cr_assert_eq(fstat(fd, &st), 0);
+
+    w.path = fsfx_shard_path(&F.fx, BLOCK, 0);
+    cr_assert_eq(pthread_create(&t, NULL, writer_main, &w), 0);
+    /* Either the store gives up (nothing written), or it went around the
+     * cache and waits for the tmp's lock inside its dump. */
+    t0 = fsfx_now_s();
+    while (!atomic_load_explicit(&w.done, memory_order_acquire) && fsfx_now_s() - t0 < 20.0) {
+        if (flock_waited_on(st.st_ino)) {
+            in_dump = true;
+            break;
+        }
+        fsfx_sleep_ms(2);
+    }
+    if (in_dump) {
+        /* A lease goes away while the store is writing; a reader takes the
+         * slot and loads the shard from the block file (not committed yet:
+         * the old bytes are what it may read now). */
+        hold_stop();
+        assert_shard(false, true, "read during the store");
+    }
+    flock(fd, LOCK_UN);
+    close(fd);
+    pthread_join(t, NULL);
+    cr_assert_neq(w.result, -2, "the writer could not open or write the shard");
+    if (w.result == 0) {
+        /* Committed: every read from now on serves the new bytes. */
+        assert_shard(true, true, "after a close() that returned 0");
+        assert_shard(true, true, "read again");
+    } else {
+        cr_assert_eq(w.err, EAGAIN, "close(): %s", strerror(w.err));
+        cr_assert(!in_dump, "the store wrote around the cache and failed: %s", strerror(w.err));
+        if (F.holder)
+            hold_stop();
+        assert_shard(false, true, "after the refused store");
+    }
     cr_assert_eq(fsfx_stop(&F.fx, false, 10.0), 0);
 }
