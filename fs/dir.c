@@ -101,21 +101,55 @@ static int block_listing(struct fs *fs, const struct sfs_block_id *block, uint32
  * Changing the tree.
  */
 
-/* Drop shard n from the cache and the backend. The posix layout keeps a
- * block as one run of shards, so its remove drops shard n and every later
- * shard; resident copies of shards the backend no longer has are dropped
- * too, so the cache never serves what the store lost. */
 /*
- * sfs_cache_remove, waiting out a load in flight (a readahead, say): a
- * Loading slot is leased only until its load completes (bounded by the
- * mount's wait_timeout). A Ready slot gets a short grace, REMOVE_GRACE_NS:
- * a reader's lease outlives its reply by a moment (the worker releases it
- * once fuse_reply_buf returns, and the reader wakes inside that call), so
- * `cat shard; rm shard` must not see its own read's lease. A lease held
- * longer than that (a rank's, an open reader's next read) is -EBUSY.
+ * Take key's slot as its writer (SFS_GET_WRITE, the per-key writer lock a
+ * store and a rank's dump take) for a remove: while it is held, a reader of
+ * the key (through the mount or a rank) waits on the slot instead of loading
+ * the key from the backend; one that loaded it during the remove would
+ * publish the removed bytes after it, and the cache would serve what the
+ * store lost. A load in flight (a readahead, say) is waited out: it is
+ * leased only until it completes (bounded by the mount's wait_timeout). A
+ * Ready slot gets a short grace, REMOVE_GRACE_NS: a reader's lease outlives
+ * its reply by a moment (the worker releases it once fuse_reply_buf
+ * returns, and the reader wakes inside that call), so `cat shard; rm shard`
+ * must not see its own read's lease. A lease held longer than that (a
+ * rank's, an open reader's next read) is -EBUSY. No slot to be had until
+ * wait_timeout (every slot leased) is -EAGAIN, as for a store: a remove
+ * never goes around the cache either. Returns 0 (*l is the owner's lease)
+ * or -errno.
  */
 #define REMOVE_GRACE_NS (200 * 1000 * 1000ll)
 
+static int take_for_remove(struct fs *fs, const struct sfs_key *key, struct sfs_lease *l)
+{
+    int64_t deadline = sfs_deadline_after(fs->wait_ns);
+    int64_t grace = sfs_deadline_after(REMOVE_GRACE_NS);
+
+    for (;;) {
+        int r = sfs_cache_get(fs->cache, key, SFS_GET_WRITE, deadline, l);
+        int64_t now;
+
+        if (r == SFS_OWNER)
+            return 0;
+        if (r >= 0) {
+            sfs_cache_release(fs->cache, l); /* not ours to write: try again */
+            r = -EBUSY;
+        }
+        if (r == -ENOSPC || r == -ENOBUFS)
+            return -EAGAIN;
+        if (r != -EBUSY || fs_stopping(fs))
+            return r;
+        now = sfs_now_ns();
+        if (now >= deadline ||
+            (sfs_cache_state(fs->cache, key) != SFS_STATE_LOADING && now >= grace))
+            return r;
+        struct timespec ts = {0, 1000 * 1000};
+        nanosleep(&ts, NULL);
+    }
+}
+
+/* sfs_cache_remove of a later shard the backend dropped, waiting out a load
+ * in flight and a reader's lease as take_for_remove does. */
 static int cache_remove_settled(struct fs *fs, const struct sfs_key *key)
 {
     int64_t deadline = sfs_deadline_after(fs->wait_ns);
@@ -136,20 +170,31 @@ static int cache_remove_settled(struct fs *fs, const struct sfs_key *key)
     }
 }
 
+/* Drop shard n from the cache and the backend. The posix layout keeps a
+ * block as one run of shards, so its remove drops shard n and every later
+ * shard; resident copies of shards the backend no longer has are dropped
+ * too, so the cache never serves what the store lost. */
 static int remove_shard(struct fs *fs, const struct sfs_key *key)
 {
     struct fs_obj o = fs_make_obj(FS_SHARD, &key->block, key->shard);
     struct block_scan s = {.block = key->block};
+    struct sfs_lease l;
     bool in_cache, in_backend = false;
     int r;
 
     if (fs_has_writers(fs, &o))
         return -EBUSY;
-    r = cache_remove_settled(fs, key);
-    if (r == -EBUSY)
-        return -EBUSY;
-    in_cache = r == 0;
+    in_cache = sfs_cache_state(fs->cache, key) >= 0;
+    r = take_for_remove(fs, key, &l);
+    if (r < 0)
+        return r;
     r = sfs_backend_remove(fs->be, key);
+    /* Readers that came meanwhile get the outcome (-ENOENT once removed);
+     * then the slot is freed, unless one of them still holds it: a Failed
+     * slot serves nothing, and the next Get loads what the store has. */
+    sfs_cache_fail(fs->cache, &l, r == 0 ? -ENOENT : r);
+    sfs_cache_release(fs->cache, &l);
+    sfs_cache_remove(fs->cache, key);
     if (r == 0)
         in_backend = true;
     else if (r != -ENOENT)

@@ -391,7 +391,12 @@ int fs_load_copy(struct fs *fs, const struct sfs_key *key, void *buf)
     int r = sfs_cache_get(fs->cache, key, 0, sfs_deadline_after(fs->wait_ns), &l);
 
     if (r == -ENOSPC || r == -ENOBUFS) {
-        /* No slot to be had: read around the cache. */
+        /* No slot to be had: read around the cache. Harmless, unlike a
+         * write around it (store_shard never does): these bytes go only to
+         * the caller's buffer (a write handle's starting bytes, a
+         * truncate's kept ones), never into a slot, so the cache cannot
+         * come to serve them; reading the previous version while a store
+         * commits is what any read racing that store may see. */
         r = sfs_backend_load_sync(fs->be, key, buf, (uint32_t)fs->shard_size);
         return r < 0 ? r : r == (int)fs->shard_size ? 0 : -EIO;
     }

@@ -16,6 +16,8 @@
  * writer lock, shared with the ranks' dumps), the bytes go in, the backend
  * writes them through (its tmp + rename commit), and the slot is published
  * as written. create, mknod and setattr (truncate) end in the same store.
+ * Nothing is ever written around the cache: a store that cannot take the
+ * key's slot stores nothing and fails (EAGAIN, EBUSY).
  * Open files are listed so that those the kernel never releases are freed at
  * exit.
  */
@@ -35,7 +37,9 @@
  */
 
 /* Store one whole shard: take the slot for writing, fill it, dump it to the
- * backend (tmp + rename there), publish it as written. Returns 0 or -errno. */
+ * backend (tmp + rename there), publish it as written. Returns 0 or -errno:
+ * -EBUSY when the key stayed leased, -EAGAIN when no slot could be had,
+ * until wait_timeout; either way nothing was stored. */
 static int store_shard(struct fs *fs, const struct sfs_key *key, const void *buf)
 {
     int64_t deadline = sfs_deadline_after(fs->wait_ns);
@@ -59,14 +63,13 @@ static int store_shard(struct fs *fs, const struct sfs_key *key, const void *buf
         nanosleep(&ts, NULL);
     }
     if (r == -ENOSPC || r == -ENOBUFS) {
-        /* Every slot is leased: write straight through; the key is absent
-         * from the cache, so nothing stale stays behind. */
-        r = sfs_backend_dump_sync(fs->be, key, buf, len);
-        if (r < 0)
-            CTR_ADD(fs, backend_errors, 1);
-        else
-            CTR_ADD(fs, writes, 1);
-        return r < 0 ? r : 0;
+        /* Every slot leased until the deadline: store nothing, the writer's
+         * error, as a read's (EAGAIN) and a rank's dump (-ENOSPC) are. Never
+         * around the cache: without the key's slot (its writer lock) a
+         * reader could take a slot released meanwhile, load the previous
+         * block file and publish those bytes after this commit, so the
+         * cache would serve an older version than the store's. */
+        return -EAGAIN;
     }
     if (r < 0)
         return r;

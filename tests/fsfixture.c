@@ -4,9 +4,13 @@
  * fsfixture.h). Shared by the FUSE tests and bench_fs.
  */
 #include "fsfixture.h"
+#include "testutil.h"
+
+#include <shardfs/cache.h>
 
 #include <errno.h>
 #include <fcntl.h>
+#include <stdarg.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -153,4 +157,147 @@ int fsfx_stop(struct fsfx *m, bool term, double timeout_s)
     }
     m->pid = 0;
     return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
+}
+
+/* ---------------------------------------------------------------------------
+ * Helpers shared by the tests that drive a mount.
+ */
+
+int fsfx_sh(const char *fmt, ...)
+{
+    char cmd[2048];
+    va_list ap;
+    int st;
+
+    va_start(ap, fmt);
+    vsnprintf(cmd, sizeof(cmd), fmt, ap);
+    va_end(ap);
+    st = system(cmd);
+    if (st == -1)
+        return -1;
+    return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
+}
+
+void fsfx_sleep_ms(long ms)
+{
+    nap_ms(ms);
+}
+
+double fsfx_now_s(void)
+{
+    return (double)sfs_now_ns() / 1e9;
+}
+
+const char *fsfx_daemon_bin(const char *built)
+{
+    const char *e = getenv("SHARDFS_TEST_DAEMON");
+
+    return e && *e ? e : built;
+}
+
+/* The next of a thread-local ring of 4 path buffers of 256 bytes. */
+#define PATH_RING(name)                                                                            \
+    static __thread char name##_ring[4][256];                                                      \
+    static __thread unsigned name##_next;                                                          \
+    char *name = name##_ring[name##_next++ & 3]
+
+const char *fsfx_shard_path(const struct fsfx *m, uint64_t b, long n)
+{
+    char hex[SFS_BLOCK_HEX_LEN + 1];
+    PATH_RING(p);
+
+    tu_block_hex(b, hex);
+    if (n < 0)
+        snprintf(p, 256, "%s/block/%s/shard", m->mnt, hex);
+    else
+        snprintf(p, 256, "%s/block/%s/shard/%ld", m->mnt, hex, n);
+    return p;
+}
+
+const char *fsfx_block_dir(const struct fsfx *m, uint64_t b)
+{
+    char hex[SFS_BLOCK_HEX_LEN + 1];
+    PATH_RING(p);
+
+    tu_block_hex(b, hex);
+    snprintf(p, 256, "%s/block/%s", m->mnt, hex);
+    return p;
+}
+
+const char *fsfx_block_file(const char *store, uint64_t b)
+{
+    char hex[SFS_BLOCK_HEX_LEN + 1];
+    PATH_RING(p);
+
+    tu_block_hex(b, hex);
+    snprintf(p, 256, "%s/data/%s", store, hex);
+    return p;
+}
+
+long long fsfx_stat(const struct fsfx *m, const char *name)
+{
+    char path[256], line[512];
+    size_t nl = strlen(name);
+    long long v = -1;
+    FILE *f;
+
+    snprintf(path, sizeof(path), "%s/stats", m->mnt);
+    f = fopen(path, "re");
+    if (!f)
+        return -1;
+    while (fgets(line, sizeof(line), f))
+        if (strncmp(line, name, nl) == 0 && line[nl] == ' ')
+            v = atoll(line + nl + 1);
+    fclose(f);
+    return v;
+}
+
+long fsfx_read_all(const char *path, void *buf, size_t len)
+{
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    size_t got = 0;
+
+    if (fd < 0)
+        return -errno;
+    while (got < len) {
+        ssize_t n = read(fd, (char *)buf + got, len - got);
+
+        if (n < 0) {
+            int e = errno;
+
+            close(fd);
+            return -e;
+        }
+        if (n == 0)
+            break;
+        got += (size_t)n;
+    }
+    close(fd);
+    return (long)got;
+}
+
+int fsfx_log_lines_with(const struct fsfx *m, const char *s)
+{
+    char line[1024];
+    int n = 0;
+    FILE *f = m->log[0] ? fopen(m->log, "re") : NULL;
+
+    if (!f)
+        return 0;
+    while (fgets(line, sizeof(line), f))
+        n += strstr(line, s) != NULL;
+    fclose(f);
+    return n;
+}
+
+void fsfx_cleanup(const struct fsfx *m, const char *store)
+{
+    if (m->mnt[0] && fsfx_is_mounted(m->mnt))
+        fsfx_sh("fusermount3 -uz %s 2>/dev/null", m->mnt);
+    if (m->mnt[0] && !fsfx_is_mounted(m->mnt))
+        rmdir(m->mnt);
+    if (store && store[0])
+        fsfx_sh("rm -rf %s", store);
+    if (m->log[0] && !getenv("SFS_TEST_KEEP_LOGS"))
+        unlink(m->log);
 }

@@ -22,7 +22,6 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <signal.h>
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -35,16 +34,6 @@
 #ifndef SHARDFS_BIN
 #error "SHARDFS_BIN must name the daemon binary (tests/CMakeLists.txt)"
 #endif
-
-/* The daemon under test: the build's, or SHARDFS_TEST_DAEMON (CI points it at
- * a ThreadSanitizer build of the daemon, since this runner cannot run under
- * TSan itself). */
-static const char *daemon_bin(void)
-{
-    const char *e = getenv("SHARDFS_TEST_DAEMON");
-
-    return e && *e ? e : SHARDFS_BIN;
-}
 
 #define SHARD (64u << 10)
 
@@ -63,61 +52,12 @@ static struct mount M;
  * Helpers.
  */
 
-static int sh(const char *fmt, ...)
-{
-    char cmd[2048];
-    va_list ap;
-    int st;
-
-    va_start(ap, fmt);
-    vsnprintf(cmd, sizeof(cmd), fmt, ap);
-    va_end(ap);
-    st = system(cmd);
-    if (st == -1)
-        return -1;
-    return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
-}
-
-static void sleep_ms(long ms)
-{
-    struct timespec ts = {ms / 1000, (ms % 1000) * 1000000};
-
-    while (nanosleep(&ts, &ts) < 0 && errno == EINTR)
-        ;
-}
-
-static double now_s(void)
-{
-    return (double)sfs_now_ns() / 1e9;
-}
-
-/* MOUNT/block/<hex of b>/shard/<n> (n < 0: the shard directory). */
-static const char *shard_path(uint64_t b, long n)
-{
-    static __thread char buf[4][256];
-    static __thread int i;
-    char hex[SFS_BLOCK_HEX_LEN + 1];
-    char *p = buf[i++ & 3];
-
-    tu_block_hex(b, hex);
-    if (n < 0)
-        snprintf(p, 256, "%s/block/%s/shard", M.fx.mnt, hex);
-    else
-        snprintf(p, 256, "%s/block/%s/shard/%ld", M.fx.mnt, hex, n);
-    return p;
-}
-
 /* Write blocks [first, first+nblocks) of nshards each into dir/data/. */
 static void store_write(const char *dir, uint64_t first, unsigned nblocks, unsigned nshards)
 {
     int r = tu_store_write(dir, first, nblocks, nshards, SHARD, NULL, NULL, false);
 
     cr_assert_eq(r, 0, "store %s: %s", dir, strerror(-r));
-}
-
-static bool is_mounted(const char *mnt)
-{
-    return fsfx_is_mounted(mnt);
 }
 
 /* Start the daemon on a fresh mount point, in the foreground, with the given
@@ -133,7 +73,7 @@ static void start_spec(const char *spec, const char *opts)
         snprintf(M.fx.sock, sizeof(M.fx.sock), "%s", tu_path("sock"));
     if (!M.fx.log[0])
         snprintf(M.fx.log, sizeof(M.fx.log), "%s", tu_path("log"));
-    M.fx.bin = daemon_bin();
+    M.fx.bin = fsfx_daemon_bin(SHARDFS_BIN);
     M.fx.join_cgroup = M.join_cgroup ? M.cgroup : NULL;
     snprintf(o, sizeof(o), "hugepages=off%s%s", opts && *opts ? "," : "", opts ? opts : "");
     r = fsfx_start(&M.fx, spec && *spec ? spec : M.store, o, 10.0, &st);
@@ -171,64 +111,13 @@ static void teardown(void)
         }
     if (M.fx.pid > 0)
         stop();
-    if (M.fx.mnt[0] && is_mounted(M.fx.mnt))
-        sh("fusermount3 -uz %s 2>/dev/null", M.fx.mnt);
-    if (M.fx.mnt[0] && !is_mounted(M.fx.mnt))
-        rmdir(M.fx.mnt);
-    if (M.store[0])
-        sh("rm -rf %s", M.store);
-    if (M.fx.log[0] && !getenv("SFS_TEST_KEEP_LOGS"))
-        unlink(M.fx.log); /* the daemon's stderr */
+    fsfx_cleanup(&M.fx, M.store);
     /* Empty once the daemon is reaped; the kernel may take a moment. */
     for (int i = 0; M.cgroup[0] && rmdir(M.cgroup) < 0 && errno == EBUSY && i < 100; i++)
-        sleep_ms(10);
+        fsfx_sleep_ms(10);
 }
 
 TestSuite(fs, .init = setup, .fini = teardown, .timeout = 120);
-
-/* A counter of MOUNT/stats; -1 if absent. */
-static long long stat_of(const char *name)
-{
-    char path[256], line[512];
-    size_t nl = strlen(name);
-    long long v = -1;
-    FILE *f;
-
-    snprintf(path, sizeof(path), "%s/stats", M.fx.mnt);
-    f = fopen(path, "re");
-    if (!f)
-        return -1;
-    while (fgets(line, sizeof(line), f))
-        if (strncmp(line, name, nl) == 0 && line[nl] == ' ')
-            v = atoll(line + nl + 1);
-    fclose(f);
-    return v;
-}
-
-/* Read a whole file with read(2); returns bytes or -errno. */
-static long read_all(const char *path, void *buf, size_t len)
-{
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
-    size_t got = 0;
-
-    if (fd < 0)
-        return -errno;
-    while (got < len) {
-        ssize_t n = read(fd, (char *)buf + got, len - got);
-
-        if (n < 0) {
-            int e = errno;
-
-            close(fd);
-            return -e;
-        }
-        if (n == 0)
-            break;
-        got += (size_t)n;
-    }
-    close(fd);
-    return (long)got;
-}
 
 /* Check that file `path` (outside the mount) holds shard (b, s). */
 static void assert_file_is_shard(const char *path, uint64_t b, uint32_t s)
@@ -238,7 +127,7 @@ static void assert_file_is_shard(const char *path, uint64_t b, uint32_t s)
     long n;
 
     cr_assert_not_null(buf);
-    n = read_all(path, buf, SHARD + 1);
+    n = fsfx_read_all(path, buf, SHARD + 1);
     cr_assert_eq(n, (long)SHARD, "%s: %ld bytes", path, n);
     cr_assert_eq(tu_check(&k, buf, SHARD), -1, "%s: wrong bytes for (%llu, %u)", path,
                  (unsigned long long)b, s);
@@ -247,7 +136,7 @@ static void assert_file_is_shard(const char *path, uint64_t b, uint32_t s)
 
 static int get_state(uint64_t b, uint32_t s, char *out, size_t len)
 {
-    ssize_t n = getxattr(shard_path(b, s), "user.shardfs.state", out, len - 1);
+    ssize_t n = getxattr(fsfx_shard_path(&M.fx, b, s), "user.shardfs.state", out, len - 1);
 
     if (n < 0)
         return -errno;
@@ -257,14 +146,14 @@ static int get_state(uint64_t b, uint32_t s, char *out, size_t len)
 
 static bool have_tool(const char *t)
 {
-    return sh("command -v %s >/dev/null 2>&1", t) == 0;
+    return fsfx_sh("command -v %s >/dev/null 2>&1", t) == 0;
 }
 
 /* setfattr when installed (the operator's tool), else setxattr(2). */
 static int xattr_set(const char *path, const char *name, const char *value)
 {
     if (have_tool("setfattr"))
-        return sh("setfattr -n %s -v '%s' %s 2>/dev/null", name, value, path) == 0 ? 0 : -1;
+        return fsfx_sh("setfattr -n %s -v '%s' %s 2>/dev/null", name, value, path) == 0 ? 0 : -1;
     return setxattr(path, name, value, strlen(value), 0);
 }
 
@@ -304,21 +193,22 @@ Test(fs, tree_stat_listing_enoent, .timeout = 60)
     cr_assert_eq(dir_list(path, names, 16), 0, "nothing resident yet");
 
     for (uint64_t b = 0; b < 3; b++) {
-        cr_assert_eq(stat(shard_path(b, -1), &st), 0);
+        cr_assert_eq(stat(fsfx_shard_path(&M.fx, b, -1), &st), 0);
         cr_assert(S_ISDIR(st.st_mode));
-        cr_assert_eq(dir_list(shard_path(b, -1), names, 16), 4);
+        cr_assert_eq(dir_list(fsfx_shard_path(&M.fx, b, -1), names, 16), 4);
         for (uint32_t s = 0; s < 4; s++) {
             char want[8];
 
             snprintf(want, sizeof(want), "%u", s);
             cr_assert_str_eq(names[s], want);
-            cr_assert_eq(stat(shard_path(b, s), &st), 0, "%s", shard_path(b, s));
+            cr_assert_eq(stat(fsfx_shard_path(&M.fx, b, s), &st), 0, "%s",
+                         fsfx_shard_path(&M.fx, b, s));
             cr_assert(S_ISREG(st.st_mode));
             cr_assert_eq(st.st_size, (off_t)SHARD);
         }
     }
     /* ls of the mount: block, stats; ls -l of a shard directory works. */
-    cr_assert_eq(sh("ls -l %s >/dev/null", shard_path(1, -1)), 0);
+    cr_assert_eq(fsfx_sh("ls -l %s >/dev/null", fsfx_shard_path(&M.fx, 1, -1)), 0);
 
     /* ENOENT for everything outside block/<32 hex>/shard/<decimal>. */
     tu_block_hex(0, hex);
@@ -359,11 +249,11 @@ Test(fs, tree_stat_listing_enoent, .timeout = 60)
         cr_assert_eq(open(path, O_RDONLY), -1);
     }
     /* Any well-formed id is a directory (empty when nothing is stored). */
-    cr_assert_eq(stat(shard_path(999, -1), &st), 0);
-    cr_assert_eq(dir_list(shard_path(999, -1), names, 16), 0);
+    cr_assert_eq(stat(fsfx_shard_path(&M.fx, 999, -1), &st), 0);
+    cr_assert_eq(dir_list(fsfx_shard_path(&M.fx, 999, -1), names, 16), 0);
 
     /* After a read, /block lists the block with a resident shard. */
-    cr_assert_eq(sh("cat %s >/dev/null", shard_path(2, 1)), 0);
+    cr_assert_eq(fsfx_sh("cat %s >/dev/null", fsfx_shard_path(&M.fx, 2, 1)), 0);
     snprintf(path, sizeof(path), "%s/block", M.fx.mnt);
     cr_assert_eq(dir_list(path, names, 16), 1);
     tu_block_hex(2, hex);
@@ -376,16 +266,16 @@ Test(fs, tree_stat_listing_enoent, .timeout = 60)
                           "shardfs_resident_bytes",      "shardfs_capacity_bytes",
                           "shardfs_backend_loads_total", "shardfs_evictions_total"};
     for (size_t i = 0; i < sizeof(need) / sizeof(need[0]); i++) {
-        cr_assert_geq(stat_of(need[i]), 0, "%s missing", need[i]);
-        cr_assert_eq(sh("grep -q '^# TYPE %s ' %s/stats", need[i], M.fx.mnt), 0, "%s: no # TYPE",
-                     need[i]);
-        cr_assert_eq(sh("grep -q '^# HELP %s ' %s/stats", need[i], M.fx.mnt), 0, "%s: no # HELP",
-                     need[i]);
+        cr_assert_geq(fsfx_stat(&M.fx, need[i]), 0, "%s missing", need[i]);
+        cr_assert_eq(fsfx_sh("grep -q '^# TYPE %s ' %s/stats", need[i], M.fx.mnt), 0,
+                     "%s: no # TYPE", need[i]);
+        cr_assert_eq(fsfx_sh("grep -q '^# HELP %s ' %s/stats", need[i], M.fx.mnt), 0,
+                     "%s: no # HELP", need[i]);
     }
-    cr_assert_eq(stat_of("shardfs_capacity_bytes"), 1 << 20);
-    cr_assert_eq(stat_of("shardfs_resident_bytes"), SHARD);
-    cr_assert_eq(stat_of("shardfs_bytes_read_total"), SHARD);
-    cr_assert_eq(stat_of("shardfs_backend_loads_total"), 1);
+    cr_assert_eq(fsfx_stat(&M.fx, "shardfs_capacity_bytes"), 1 << 20);
+    cr_assert_eq(fsfx_stat(&M.fx, "shardfs_resident_bytes"), SHARD);
+    cr_assert_eq(fsfx_stat(&M.fx, "shardfs_bytes_read_total"), SHARD);
+    cr_assert_eq(fsfx_stat(&M.fx, "shardfs_backend_loads_total"), 1);
     cr_assert_eq(stop(), 0);
 }
 
@@ -407,7 +297,7 @@ Test(fs, read_every_shard_cp_dd_with_eviction, .timeout = 120)
     for (int pass = 0; pass < 2; pass++) {
         for (uint64_t b = 0; b < nb; b++) {
             for (uint32_t s = 0; s < ns; s++) {
-                cr_assert_eq(sh("cp %s %s", shard_path(b, s), tmp), 0);
+                cr_assert_eq(fsfx_sh("cp %s %s", fsfx_shard_path(&M.fx, b, s), tmp), 0);
                 assert_file_is_shard(tmp, b, s);
             }
         }
@@ -418,24 +308,25 @@ Test(fs, read_every_shard_cp_dd_with_eviction, .timeout = 120)
 
         tu_fill(&k, want, SHARD);
         snprintf(cmd, sizeof(cmd), "dd if=%s of=%s bs=4096 skip=3 count=5 status=none",
-                 shard_path(b, 2), tmp);
-        cr_assert_eq(sh("%s", cmd), 0);
-        cr_assert_eq(read_all(tmp, got, SHARD), 5 * 4096);
+                 fsfx_shard_path(&M.fx, b, 2), tmp);
+        cr_assert_eq(fsfx_sh("%s", cmd), 0);
+        cr_assert_eq(fsfx_read_all(tmp, got, SHARD), 5 * 4096);
         cr_assert_eq(memcmp(got, want + 3 * 4096, 5 * 4096), 0, "dd bs=4096 skip=3");
         snprintf(cmd, sizeof(cmd), "dd if=%s of=%s bs=1000 skip=17 count=100 status=none",
-                 shard_path(b, 2), tmp);
-        cr_assert_eq(sh("%s", cmd), 0);
+                 fsfx_shard_path(&M.fx, b, 2), tmp);
+        cr_assert_eq(fsfx_sh("%s", cmd), 0);
         /* 17000 + 100*1000 > 64K: dd stops at the end of the shard. */
-        cr_assert_eq(read_all(tmp, got, SHARD), (long)SHARD - 17000);
+        cr_assert_eq(fsfx_read_all(tmp, got, SHARD), (long)SHARD - 17000);
         cr_assert_eq(memcmp(got, want + 17000, SHARD - 17000), 0, "dd bs=1000 skip=17");
         /* One big request past the end: a whole shard, then EOF. */
-        snprintf(cmd, sizeof(cmd), "dd if=%s of=%s bs=1M status=none", shard_path(b, 2), tmp);
-        cr_assert_eq(sh("%s", cmd), 0);
+        snprintf(cmd, sizeof(cmd), "dd if=%s of=%s bs=1M status=none", fsfx_shard_path(&M.fx, b, 2),
+                 tmp);
+        cr_assert_eq(fsfx_sh("%s", cmd), 0);
         assert_file_is_shard(tmp, b, 2);
     }
     /* pread at odd offsets from this process. */
     {
-        int fd = open(shard_path(5, 3), O_RDONLY);
+        int fd = open(fsfx_shard_path(&M.fx, 5, 3), O_RDONLY);
         struct sfs_key k = tu_key(5, 3);
 
         cr_assert_geq(fd, 0);
@@ -447,10 +338,11 @@ Test(fs, read_every_shard_cp_dd_with_eviction, .timeout = 120)
         cr_assert_eq(pread(fd, got, 100, 10 * SHARD), 0);
         close(fd);
     }
-    cr_assert_gt(stat_of("shardfs_evictions_total"), 0, "a cache smaller than the store evicts");
-    cr_assert_geq(stat_of("shardfs_backend_loads_total"), (long long)(2 * nb * ns) - 8);
-    cr_assert_leq(stat_of("shardfs_resident_bytes"), 512 << 10);
-    cr_assert_gt(stat_of("shardfs_hits_total"), 0);
+    cr_assert_gt(fsfx_stat(&M.fx, "shardfs_evictions_total"), 0,
+                 "a cache smaller than the store evicts");
+    cr_assert_geq(fsfx_stat(&M.fx, "shardfs_backend_loads_total"), (long long)(2 * nb * ns) - 8);
+    cr_assert_leq(fsfx_stat(&M.fx, "shardfs_resident_bytes"), 512 << 10);
+    cr_assert_gt(fsfx_stat(&M.fx, "shardfs_hits_total"), 0);
     unlink(tmp);
     free(want);
     free(got);
@@ -461,13 +353,13 @@ Test(fs, read_every_shard_cp_dd_with_eviction, .timeout = 120)
 static bool wait_ready(uint64_t b, uint32_t s, double deadline_s)
 {
     char st[32];
-    double t0 = now_s();
+    double t0 = fsfx_now_s();
 
     do {
         if (get_state(b, s, st, sizeof(st)) == 0 && strcmp(st, "ready") == 0)
             return true;
-        sleep_ms(5);
-    } while (now_s() - t0 < deadline_s);
+        fsfx_sleep_ms(5);
+    } while (fsfx_now_s() - t0 < deadline_s);
     return false;
 }
 
@@ -483,36 +375,36 @@ Test(fs, readahead_loads_following_shards, .timeout = 60)
     store_write(M.store, 41, 1, 3);
     snprintf(spec, sizeof(spec), "fault:latency_us=20000,seed=3:%s", M.store);
     start_spec(spec, "shard_size=64K,capacity=2M,readahead=3");
-    pf0 = stat_of("shardfs_prefetched_total");
+    pf0 = fsfx_stat(&M.fx, "shardfs_prefetched_total");
     cr_assert_eq(pf0, 0);
 
     /* A cold read of shard 0 starts loads of shards 1..3, not 4. */
-    cr_assert_eq(read_all(shard_path(40, 0), buf, SHARD), (long)SHARD);
+    cr_assert_eq(fsfx_read_all(fsfx_shard_path(&M.fx, 40, 0), buf, SHARD), (long)SHARD);
     for (uint32_t s = 1; s <= 3; s++)
         cr_assert(wait_ready(40, s, 5.0), "shard %u not loaded ahead", s);
-    cr_assert_eq(stat_of("shardfs_prefetched_total"), 3);
-    cr_assert_eq(stat_of("shardfs_fs_readahead_started_total"), 3);
+    cr_assert_eq(fsfx_stat(&M.fx, "shardfs_prefetched_total"), 3);
+    cr_assert_eq(fsfx_stat(&M.fx, "shardfs_fs_readahead_started_total"), 3);
     cr_assert_eq(get_state(40, 4, st, sizeof(st)), 0);
     cr_assert_str_eq(st, "absent", "shard 4 is outside the window");
 
     /* Reading shard 1 (loaded ahead) moves the window on: shard 4 loads; the
      * data is the store's. */
-    cr_assert_eq(read_all(shard_path(40, 1), buf, SHARD), (long)SHARD);
+    cr_assert_eq(fsfx_read_all(fsfx_shard_path(&M.fx, 40, 1), buf, SHARD), (long)SHARD);
     {
         struct sfs_key k = tu_key(40, 1);
 
         cr_assert_eq(tu_check(&k, buf, SHARD), -1);
     }
-    cr_assert_geq(stat_of("shardfs_prefetch_hits_total"), 1);
+    cr_assert_geq(fsfx_stat(&M.fx, "shardfs_prefetch_hits_total"), 1);
     cr_assert(wait_ready(40, 4, 5.0), "shard 4 not loaded ahead after a hit on shard 1");
-    cr_assert_eq(stat_of("shardfs_prefetched_total"), 4);
+    cr_assert_eq(fsfx_stat(&M.fx, "shardfs_prefetched_total"), 4);
 
     /* Never past the backend's shard count: block 41 has 3 shards. */
-    cr_assert_eq(read_all(shard_path(41, 1), buf, SHARD), (long)SHARD);
+    cr_assert_eq(fsfx_read_all(fsfx_shard_path(&M.fx, 41, 1), buf, SHARD), (long)SHARD);
     cr_assert(wait_ready(41, 2, 5.0));
-    sleep_ms(100);
-    cr_assert_eq(stat_of("shardfs_prefetched_total"), 5);
-    cr_assert_eq(stat_of("shardfs_backend_errors_total"), 0);
+    fsfx_sleep_ms(100);
+    cr_assert_eq(fsfx_stat(&M.fx, "shardfs_prefetched_total"), 5);
+    cr_assert_eq(fsfx_stat(&M.fx, "shardfs_backend_errors_total"), 0);
     cr_assert_eq(get_state(41, 0, st, sizeof(st)), 0);
     cr_assert_str_eq(st, "absent", "readahead only looks forward");
 
@@ -521,20 +413,20 @@ Test(fs, readahead_loads_following_shards, .timeout = 60)
     for (uint32_t s = 0; s < 8; s++) {
         struct sfs_key k = tu_key(40, s);
 
-        cr_assert_eq(read_all(shard_path(40, s), buf, SHARD), (long)SHARD);
+        cr_assert_eq(fsfx_read_all(fsfx_shard_path(&M.fx, 40, s), buf, SHARD), (long)SHARD);
         cr_assert_eq(tu_check(&k, buf, SHARD), -1, "shard %u", s);
     }
-    loads = stat_of("shardfs_backend_loads_total");
+    loads = fsfx_stat(&M.fx, "shardfs_backend_loads_total");
     cr_assert_eq(loads, 8 + 2, "one load per shard read or read ahead: %lld", loads);
-    cr_assert_geq(stat_of("shardfs_prefetched_total"), 7);
+    cr_assert_geq(fsfx_stat(&M.fx, "shardfs_prefetched_total"), 7);
 
     /* Unlinking a shard whose readahead load is in flight waits for it
      * instead of failing EBUSY. */
     store_write(M.store, 42, 1, 4);
-    cr_assert_eq(read_all(shard_path(42, 0), buf, SHARD), (long)SHARD);
-    cr_assert_eq(unlink(shard_path(42, 2)), 0, "unlink: %s", strerror(errno));
-    cr_assert_eq(access(shard_path(42, 3), F_OK), -1, "the later shard went with it");
-    cr_assert_eq(access(shard_path(42, 1), F_OK), 0);
+    cr_assert_eq(fsfx_read_all(fsfx_shard_path(&M.fx, 42, 0), buf, SHARD), (long)SHARD);
+    cr_assert_eq(unlink(fsfx_shard_path(&M.fx, 42, 2)), 0, "unlink: %s", strerror(errno));
+    cr_assert_eq(access(fsfx_shard_path(&M.fx, 42, 3), F_OK), -1, "the later shard went with it");
+    cr_assert_eq(access(fsfx_shard_path(&M.fx, 42, 1), F_OK), 0);
     free(buf);
     cr_assert_eq(stop(), 0);
 }
@@ -547,12 +439,12 @@ Test(fs, readahead_zero_loads_only_what_is_read, .timeout = 60)
     cr_assert_not_null(buf);
     store_write(M.store, 43, 1, 4);
     start("shard_size=64K,capacity=1M,readahead=0");
-    cr_assert_eq(read_all(shard_path(43, 0), buf, SHARD), (long)SHARD);
-    sleep_ms(100);
+    cr_assert_eq(fsfx_read_all(fsfx_shard_path(&M.fx, 43, 0), buf, SHARD), (long)SHARD);
+    fsfx_sleep_ms(100);
     cr_assert_eq(get_state(43, 1, st, sizeof(st)), 0);
     cr_assert_str_eq(st, "absent");
-    cr_assert_eq(stat_of("shardfs_prefetched_total"), 0);
-    cr_assert_eq(stat_of("shardfs_backend_loads_total"), 1);
+    cr_assert_eq(fsfx_stat(&M.fx, "shardfs_prefetched_total"), 0);
+    cr_assert_eq(fsfx_stat(&M.fx, "shardfs_backend_loads_total"), 1);
     free(buf);
     cr_assert_eq(stop(), 0);
 }
@@ -567,7 +459,7 @@ static int reader_cp(void *arg)
     char cmd[1024];
 
     snprintf(cmd, sizeof(cmd), "cp %s %s", a->src, a->dst);
-    return sh("%s", cmd);
+    return fsfx_sh("%s", cmd);
 }
 
 Test(fs, eight_readers_of_a_missing_shard_one_load, .timeout = 60)
@@ -579,10 +471,10 @@ Test(fs, eight_readers_of_a_missing_shard_one_load, .timeout = 60)
     store_write(M.store, 7, 1, 2);
     snprintf(spec, sizeof(spec), "fault:latency_us=400000,seed=1:%s", M.store);
     start_spec(spec, "shard_size=64K,capacity=1M");
-    cr_assert_eq(stat_of("shardfs_backend_loads_total"), 0);
+    cr_assert_eq(fsfx_stat(&M.fx, "shardfs_backend_loads_total"), 0);
     for (int i = 0; i < 8; i++) {
         snprintf(dst[i], sizeof(dst[i]), "%s", tu_path("reader"));
-        ra[i].src = shard_path(7, 1);
+        ra[i].src = fsfx_shard_path(&M.fx, 7, 1);
         ra[i].dst = dst[i];
         pids[i] = tu_fork(reader_cp, &ra[i]);
         cr_assert_gt(pids[i], 0);
@@ -593,11 +485,11 @@ Test(fs, eight_readers_of_a_missing_shard_one_load, .timeout = 60)
         assert_file_is_shard(dst[i], 7, 1);
         unlink(dst[i]);
     }
-    cr_assert_eq(stat_of("shardfs_backend_loads_total"), 1, "one owner, one backend load");
-    cr_assert_eq(stat_of("shardfs_owner_loads_total"), 1);
-    cr_assert_geq(stat_of("shardfs_waits_total"), 1, "the others waited on the owner");
-    cr_assert_eq(stat_of("shardfs_requests_total"),
-                 stat_of("shardfs_hits_total") + stat_of("shardfs_misses_total"));
+    cr_assert_eq(fsfx_stat(&M.fx, "shardfs_backend_loads_total"), 1, "one owner, one backend load");
+    cr_assert_eq(fsfx_stat(&M.fx, "shardfs_owner_loads_total"), 1);
+    cr_assert_geq(fsfx_stat(&M.fx, "shardfs_waits_total"), 1, "the others waited on the owner");
+    cr_assert_eq(fsfx_stat(&M.fx, "shardfs_requests_total"),
+                 fsfx_stat(&M.fx, "shardfs_hits_total") + fsfx_stat(&M.fx, "shardfs_misses_total"));
     cr_assert_eq(stop(), 0);
 }
 
@@ -624,7 +516,7 @@ static void scenario_d_fs(bool touch)
     for (int i = 0; i < 6; i++) {
         uint64_t b = i < 3 ? 70 : 68 + (uint64_t)i;
 
-        cr_assert_eq(sh("cat %s >/dev/null", shard_path(b, i < 3 ? i : 0)), 0);
+        cr_assert_eq(fsfx_sh("cat %s >/dev/null", fsfx_shard_path(&M.fx, b, i < 3 ? i : 0)), 0);
     }
     /* A rank attached to the daemon's cache sweeps every bit clear: it holds
      * a lease on every slot and misses (two laps, -ENOSPC, hand back at 0). */
@@ -642,10 +534,10 @@ static void scenario_d_fs(bool touch)
         tu_block_hex(70, hex);
         snprintf(path, sizeof(path), "%s/block/%s", M.fx.mnt, hex);
         cr_assert_eq(xattr_set(path, "user.shardfs.touch", "1"), 0);
-        cr_assert_eq(stat_of("shardfs_touched_total"), 3, "Touch marks T's 3 shards");
+        cr_assert_eq(fsfx_stat(&M.fx, "shardfs_touched_total"), 3, "Touch marks T's 3 shards");
     }
     /* Miss X through the mount. */
-    cr_assert_eq(sh("cat %s >/dev/null", shard_path(74, 0)), 0);
+    cr_assert_eq(fsfx_sh("cat %s >/dev/null", fsfx_shard_path(&M.fx, 74, 0)), 0);
     for (uint32_t s = 0; s < 3; s++) {
         cr_assert_eq(get_state(70, s, st, sizeof(st)), 0);
         if (touch || s > 0)
@@ -688,24 +580,25 @@ Test(fs, backend_error_is_eio_and_next_read_retries, .timeout = 60)
     snprintf(tmp, sizeof(tmp), "%s", tu_path("cp"));
 
     cr_assert_eq(setxattr(M.fx.mnt, "user.shardfs.fault", "eio=1", 5, 0), 0, "%s", strerror(errno));
-    n = read_all(shard_path(3, 0), buf, SHARD);
+    n = fsfx_read_all(fsfx_shard_path(&M.fx, 3, 0), buf, SHARD);
     cr_assert_eq(n, -EIO, "read: %ld", n);
-    cr_assert_neq(sh("cp %s %s 2>/dev/null", shard_path(3, 0), tmp), 0, "cp must fail");
+    cr_assert_neq(fsfx_sh("cp %s %s 2>/dev/null", fsfx_shard_path(&M.fx, 3, 0), tmp), 0,
+                  "cp must fail");
     cr_assert_eq(get_state(3, 0, st, sizeof(st)), 0);
     cr_assert_str_eq(st, "failed");
-    cr_assert_geq(stat_of("shardfs_failures_total"), 1);
-    cr_assert_geq(stat_of("shardfs_backend_errors_total"), 1);
+    cr_assert_geq(fsfx_stat(&M.fx, "shardfs_failures_total"), 1);
+    cr_assert_geq(fsfx_stat(&M.fx, "shardfs_backend_errors_total"), 1);
     /* Short reads are EIO too. */
     cr_assert_eq(setxattr(M.fx.mnt, "user.shardfs.fault", "short=1", 7, 0), 0);
-    cr_assert_eq(read_all(shard_path(3, 1), buf, SHARD), -EIO);
+    cr_assert_eq(fsfx_read_all(fsfx_shard_path(&M.fx, 3, 1), buf, SHARD), -EIO);
     /* Bad fault options: EINVAL. */
     cr_assert_eq(setxattr(M.fx.mnt, "user.shardfs.fault", "bogus=1", 7, 0), -1);
     cr_assert_eq(errno, EINVAL);
     /* Cleared: the next read takes ownership again and succeeds. */
     cr_assert_eq(setxattr(M.fx.mnt, "user.shardfs.fault", "off", 3, 0), 0);
-    cr_assert_eq(sh("cp %s %s", shard_path(3, 0), tmp), 0);
+    cr_assert_eq(fsfx_sh("cp %s %s", fsfx_shard_path(&M.fx, 3, 0), tmp), 0);
     assert_file_is_shard(tmp, 3, 0);
-    cr_assert_eq(read_all(shard_path(3, 1), buf, SHARD), (long)SHARD);
+    cr_assert_eq(fsfx_read_all(fsfx_shard_path(&M.fx, 3, 1), buf, SHARD), (long)SHARD);
     cr_assert_eq(get_state(3, 0, st, sizeof(st)), 0);
     cr_assert_str_eq(st, "ready");
     unlink(tmp);
@@ -732,25 +625,26 @@ Test(fs, reader_killed_mid_read_leaks_no_lease, .timeout = 60)
     store_write(M.store, 9, 1, 2);
     snprintf(spec, sizeof(spec), "fault:latency_us=500000,seed=2:%s", M.store);
     start_spec(spec, "shard_size=64K,capacity=1M");
-    pid = tu_fork(slow_reader, (void *)shard_path(9, 1));
+    pid = tu_fork(slow_reader, (void *)fsfx_shard_path(&M.fx, 9, 1));
     cr_assert_gt(pid, 0);
-    sleep_ms(150); /* the load is in flight */
+    fsfx_sleep_ms(150); /* the load is in flight */
     cr_assert_eq(get_state(9, 1, st, sizeof(st)), 0);
     cr_assert_str_eq(st, "loading");
     kill(pid, SIGKILL);
     tu_wait(pid);
     /* The owner's load completes and its lease goes: the shard becomes
      * Ready and unleased, so removing it from the cache succeeds. */
-    t0 = now_s();
+    t0 = fsfx_now_s();
     do {
-        sleep_ms(50);
+        fsfx_sleep_ms(50);
         cr_assert_eq(get_state(9, 1, st, sizeof(st)), 0);
-    } while (strcmp(st, "ready") != 0 && now_s() - t0 < 5.0);
+    } while (strcmp(st, "ready") != 0 && fsfx_now_s() - t0 < 5.0);
     cr_assert_str_eq(st, "ready");
-    sleep_ms(50);
-    cr_assert_eq(unlink(shard_path(9, 1)), 0, "unlink: %s (a lease leaked?)", strerror(errno));
+    fsfx_sleep_ms(50);
+    cr_assert_eq(unlink(fsfx_shard_path(&M.fx, 9, 1)), 0, "unlink: %s (a lease leaked?)",
+                 strerror(errno));
     cr_assert_eq(get_state(9, 0, st, sizeof(st)), 0);
-    cr_assert_eq(access(shard_path(9, 1), F_OK), -1);
+    cr_assert_eq(access(fsfx_shard_path(&M.fx, 9, 1), F_OK), -1);
     cr_assert_eq(stop(), 0);
 }
 
@@ -806,15 +700,15 @@ Test(fs, cache_full_of_leases_answers_eagain_not_a_hang, .timeout = 60)
     cr_assert_eq(pipe(h.go), 0);
     pid = tu_fork(hold_leases, &h);
     cr_assert_eq(read(h.ready[0], &ch, 1), 1, "lease holder failed");
-    t0 = now_s();
-    n = read_all(shard_path(11, 0), buf, SHARD);
-    dt = now_s() - t0;
+    t0 = fsfx_now_s();
+    n = fsfx_read_all(fsfx_shard_path(&M.fx, 11, 0), buf, SHARD);
+    dt = fsfx_now_s() - t0;
     cr_assert_eq(n, -EAGAIN, "read: %ld", n);
     cr_assert(dt >= 0.9 && dt < 10.0, "waited %.2fs for a 1 s deadline", dt);
-    cr_assert_geq(stat_of("shardfs_fs_wait_timeouts_total"), 1);
+    cr_assert_geq(fsfx_stat(&M.fx, "shardfs_fs_wait_timeouts_total"), 1);
     cr_assert_eq(write(h.go[1], &ch, 1), 1);
     cr_assert_eq(tu_wait(pid), 0);
-    n = read_all(shard_path(11, 0), buf, SHARD);
+    n = fsfx_read_all(fsfx_shard_path(&M.fx, 11, 0), buf, SHARD);
     cr_assert_eq(n, (long)SHARD);
     {
         struct sfs_key k = tu_key(11, 0);
@@ -869,7 +763,7 @@ Test(fs, unmount_with_a_rank_attached_exits_cleanly, .timeout = 60)
 
     store_write(M.store, 12, 1, 1);
     start("shard_size=64K,capacity=1M");
-    cr_assert_eq(sh("cat %s >/dev/null", shard_path(12, 0)), 0);
+    cr_assert_eq(fsfx_sh("cat %s >/dev/null", fsfx_shard_path(&M.fx, 12, 0)), 0);
     cr_assert_eq(stat(M.fx.sock, &st), 0);
     cr_assert(S_ISSOCK(st.st_mode));
     {
@@ -886,9 +780,9 @@ Test(fs, unmount_with_a_rank_attached_exits_cleanly, .timeout = 60)
     pid = tu_fork(attached_rank, &a);
     cr_assert_eq(read(a.ready[0], &ch, 1), 1, "rank failed to attach");
     /* Counters are shared: the rank's Get shows in the mount's stats. */
-    cr_assert_geq(stat_of("shardfs_hits_total"), 1);
+    cr_assert_geq(fsfx_stat(&M.fx, "shardfs_hits_total"), 1);
     cr_assert_eq(stop(), 0, "daemon exit status");
-    cr_assert(!is_mounted(M.fx.mnt));
+    cr_assert(!fsfx_is_mounted(M.fx.mnt));
     cr_assert_eq(stat(M.fx.sock, &st), -1, "socket removed");
     cr_assert_eq(write(a.go[1], &ch, 1), 1);
     cr_assert_eq(tu_wait(pid), 0);
@@ -898,18 +792,18 @@ Test(fs, sigterm_unmounts_and_exits_zero, .timeout = 60)
 {
     struct stat st;
     int status;
-    double t0 = now_s();
+    double t0 = fsfx_now_s();
 
     store_write(M.store, 13, 1, 1);
     start("shard_size=64K,capacity=1M");
     cr_assert_eq(kill(M.fx.pid, SIGTERM), 0);
     while (waitpid(M.fx.pid, &status, WNOHANG) != M.fx.pid) {
-        cr_assert_lt(now_s() - t0, 10.0, "daemon did not stop on SIGTERM");
-        sleep_ms(10);
+        cr_assert_lt(fsfx_now_s() - t0, 10.0, "daemon did not stop on SIGTERM");
+        fsfx_sleep_ms(10);
     }
     M.fx.pid = 0;
     cr_assert(WIFEXITED(status) && WEXITSTATUS(status) == 0, "status %d", status);
-    cr_assert(!is_mounted(M.fx.mnt));
+    cr_assert(!fsfx_is_mounted(M.fx.mnt));
     cr_assert_eq(stat(M.fx.sock, &st), -1);
 }
 
@@ -1018,28 +912,28 @@ static void stall_rank_wait(struct stall_rank *a, pid_t pid)
 static double daemon_exit_within(double t0, int *status)
 {
     while (waitpid(M.fx.pid, status, WNOHANG) != M.fx.pid) {
-        if (now_s() - t0 > 30.0) {
+        if (fsfx_now_s() - t0 > 30.0) {
             kill(M.fx.pid, SIGKILL);
             waitpid(M.fx.pid, status, 0);
             M.fx.pid = 0;
             cr_assert_fail("daemon still running 30 s after the stop");
         }
-        sleep_ms(10);
+        fsfx_sleep_ms(10);
     }
     M.fx.pid = 0;
-    return now_s() - t0;
+    return fsfx_now_s() - t0;
 }
 
 static bool wait_state(uint64_t b, uint32_t s, const char *want, double deadline_s)
 {
     char st[32];
-    double t0 = now_s();
+    double t0 = fsfx_now_s();
 
     do {
         if (get_state(b, s, st, sizeof(st)) == 0 && strcmp(st, want) == 0)
             return true;
-        sleep_ms(5);
-    } while (now_s() - t0 < deadline_s);
+        fsfx_sleep_ms(5);
+    } while (fsfx_now_s() - t0 < deadline_s);
     return false;
 }
 
@@ -1070,21 +964,21 @@ Test(fs, sigterm_with_a_stalled_load_exits_promptly_and_fails_its_slots, .timeou
     stall_rank_start(&a, &rank);
     /* A reader owns the load of shard 0 (and readahead that of shard 1);
      * a second reader waits in the daemon on the same load. */
-    owner = tu_fork(stuck_reader, (void *)shard_path(60, 0));
+    owner = tu_fork(stuck_reader, (void *)fsfx_shard_path(&M.fx, 60, 0));
     M.kids[M.nkids++] = owner;
     cr_assert(wait_state(60, 0, "loading", 5.0), "shard 0 not loading");
     cr_assert(wait_state(60, 1, "loading", 5.0), "readahead did not start shard 1");
-    waiter = tu_fork(stuck_reader, (void *)shard_path(60, 0));
+    waiter = tu_fork(stuck_reader, (void *)fsfx_shard_path(&M.fx, 60, 0));
     M.kids[M.nkids++] = waiter;
-    sleep_ms(300);
+    fsfx_sleep_ms(300);
     stall_rank_wait(&a, rank);
 
-    t0 = now_s();
+    t0 = fsfx_now_s();
     cr_assert_eq(kill(M.fx.pid, SIGTERM), 0);
     dt = daemon_exit_within(t0, &status);
     cr_assert_lt(dt, STOP_BOUND_S, "the daemon took %.1f s to stop", dt);
     cr_assert(WIFEXITED(status) && WEXITSTATUS(status) == 0, "status %d", status);
-    cr_assert(!is_mounted(M.fx.mnt));
+    cr_assert(!fsfx_is_mounted(M.fx.mnt));
     cr_assert_neq(access(M.fx.sock, F_OK), 0, "socket removed");
     /* Both readers were answered: EIO, not a hang. */
     cr_assert_eq(tu_wait_for(owner, 5000000000ll), 0, "the owner's reader");
@@ -1113,8 +1007,8 @@ Test(fs, unmount_with_stalled_prefetch_exits_promptly_and_fails_its_slots, .time
         cr_assert(wait_state(61, s, "loading", 5.0), "shard %u not loading", s);
     stall_rank_wait(&a, rank);
 
-    t0 = now_s();
-    cr_assert_eq(sh("fusermount3 -u %s", M.fx.mnt), 0);
+    t0 = fsfx_now_s();
+    cr_assert_eq(fsfx_sh("fusermount3 -u %s", M.fx.mnt), 0);
     dt = daemon_exit_within(t0, &status);
     cr_assert_lt(dt, STOP_BOUND_S, "the daemon took %.1f s to exit", dt);
     cr_assert(WIFEXITED(status) && WEXITSTATUS(status) == 0, "status %d", status);
@@ -1146,60 +1040,63 @@ Test(fs, write_cp_dd_readback_store_unlink, .timeout = 60)
     fd = open(src, O_WRONLY | O_CREAT | O_TRUNC, 0644);
     cr_assert_eq(write(fd, buf, SHARD), (ssize_t)SHARD);
     close(fd);
-    cr_assert_eq(sh("mkdir -p %s", shard_path(100, -1)), 0);
-    cr_assert_eq(sh("cp %s %s", src, shard_path(100, 0)), 0);
-    assert_file_is_shard(shard_path(100, 0), 100, 0); /* through the mount */
+    cr_assert_eq(fsfx_sh("mkdir -p %s", fsfx_shard_path(&M.fx, 100, -1)), 0);
+    cr_assert_eq(fsfx_sh("cp %s %s", src, fsfx_shard_path(&M.fx, 100, 0)), 0);
+    assert_file_is_shard(fsfx_shard_path(&M.fx, 100, 0), 100, 0); /* through the mount */
     assert_file_is_shard(disk, 100, 0);               /* on disk, written through */
-    cr_assert_eq(stat_of("shardfs_fs_writes_total"), 1);
+    cr_assert_eq(fsfx_stat(&M.fx, "shardfs_fs_writes_total"), 1);
 
     /* dd a second shard in 4 KiB writes. */
     tu_fill(&k1, buf, SHARD);
     fd = open(src, O_WRONLY | O_CREAT | O_TRUNC, 0644);
     cr_assert_eq(write(fd, buf, SHARD), (ssize_t)SHARD);
     close(fd);
-    snprintf(cmd, sizeof(cmd), "dd if=%s of=%s bs=4096 status=none", src, shard_path(100, 1));
-    cr_assert_eq(sh("%s", cmd), 0);
-    assert_file_is_shard(shard_path(100, 1), 100, 1);
-    cr_assert_eq(read_all(disk, buf, 2 * SHARD), 2 * (long)SHARD);
+    snprintf(cmd, sizeof(cmd), "dd if=%s of=%s bs=4096 status=none", src,
+             fsfx_shard_path(&M.fx, 100, 1));
+    cr_assert_eq(fsfx_sh("%s", cmd), 0);
+    assert_file_is_shard(fsfx_shard_path(&M.fx, 100, 1), 100, 1);
+    cr_assert_eq(fsfx_read_all(disk, buf, 2 * SHARD), 2 * (long)SHARD);
     cr_assert_eq(tu_check(&k1, buf + SHARD, SHARD), -1, "shard 1 on disk");
-    cr_assert_eq(sh("ls %s | tr '\\n' ' ' | grep -qx '0 1 '", shard_path(100, -1)), 0);
+    cr_assert_eq(fsfx_sh("ls %s | tr '\\n' ' ' | grep -qx '0 1 '", fsfx_shard_path(&M.fx, 100, -1)),
+                 0);
 
     /* A partial write (conv=notrunc) is not a whole shard: the shard keeps
      * its bytes, in the mount and on disk. */
     snprintf(cmd, sizeof(cmd), "printf 'HELLO' | dd of=%s bs=1 seek=1000 conv=notrunc status=none",
-             shard_path(100, 0));
-    cr_assert_eq(sh("%s", cmd), 0);
-    assert_file_is_shard(shard_path(100, 0), 100, 0);
-    cr_assert_eq(read_all(disk, buf, 2 * SHARD), 2 * (long)SHARD);
+             fsfx_shard_path(&M.fx, 100, 0));
+    cr_assert_eq(fsfx_sh("%s", cmd), 0);
+    assert_file_is_shard(fsfx_shard_path(&M.fx, 100, 0), 100, 0);
+    cr_assert_eq(fsfx_read_all(disk, buf, 2 * SHARD), 2 * (long)SHARD);
     cr_assert_eq(tu_check(&k0, buf, SHARD), -1, "shard 0 on disk");
 
     /* A short cp to a new name stores nothing: once the file is released,
      * the name does not exist. */
-    cr_assert_eq(sh("printf 'abc' > %s && cp %s %s", tmp, tmp, shard_path(101, 0)), 0);
-    for (double t0 = now_s(); access(shard_path(101, 0), F_OK) == 0;) {
-        cr_assert_lt(now_s() - t0, 3.0, "a short cp left a shard");
-        sleep_ms(10);
+    cr_assert_eq(fsfx_sh("printf 'abc' > %s && cp %s %s", tmp, tmp, fsfx_shard_path(&M.fx, 101, 0)),
+                 0);
+    for (double t0 = fsfx_now_s(); access(fsfx_shard_path(&M.fx, 101, 0), F_OK) == 0;) {
+        cr_assert_lt(fsfx_now_s() - t0, 3.0, "a short cp left a shard");
+        fsfx_sleep_ms(10);
     }
-    cr_assert_eq(sh("cp %s %s", src, shard_path(101, 0)), 0); /* a whole one */
+    cr_assert_eq(fsfx_sh("cp %s %s", src, fsfx_shard_path(&M.fx, 101, 0)), 0); /* a whole one */
 
     /* More than a shard: EFBIG. */
-    fd = open(shard_path(101, 0), O_WRONLY);
+    fd = open(fsfx_shard_path(&M.fx, 101, 0), O_WRONLY);
     cr_assert_geq(fd, 0);
     cr_assert_eq(pwrite(fd, "x", 1, SHARD), -1);
     cr_assert_eq(errno, EFBIG);
     close(fd);
 
     /* Unlink: gone from the mount, the cache and the store. */
-    cr_assert_eq(unlink(shard_path(101, 0)), 0);
-    cr_assert_eq(access(shard_path(101, 0), F_OK), -1);
+    cr_assert_eq(unlink(fsfx_shard_path(&M.fx, 101, 0)), 0);
+    cr_assert_eq(access(fsfx_shard_path(&M.fx, 101, 0), F_OK), -1);
     cr_assert_eq(errno, ENOENT);
     tu_block_hex(101, hex);
     snprintf(cmd, sizeof(cmd), "test -e %s/data/%s", M.store, hex);
-    cr_assert_neq(sh("%s", cmd), 0, "block file removed");
-    cr_assert_eq(unlink(shard_path(101, 0)), -1);
+    cr_assert_neq(fsfx_sh("%s", cmd), 0, "block file removed");
+    cr_assert_eq(unlink(fsfx_shard_path(&M.fx, 101, 0)), -1);
     cr_assert_eq(errno, ENOENT);
     /* An empty block directory can be "removed" (rm -r works). */
-    cr_assert_eq(sh("rm -r %s/block/%s", M.fx.mnt, hex), 0);
+    cr_assert_eq(fsfx_sh("rm -r %s/block/%s", M.fx.mnt, hex), 0);
 
     unlink(src);
     unlink(tmp);
@@ -1218,8 +1115,8 @@ Test(fs, unlink_right_after_close_is_not_ebusy, .timeout = 60)
     int busy = 0, exists = 0, fd;
 
     start("shard_size=64K,capacity=1M");
-    cr_assert_eq(sh("mkdir -p %s", shard_path(102, -1)), 0);
-    p = shard_path(102, 0);
+    cr_assert_eq(fsfx_sh("mkdir -p %s", fsfx_shard_path(&M.fx, 102, -1)), 0);
+    p = fsfx_shard_path(&M.fx, 102, 0);
     for (int i = 0; i < 300; i++) {
         fd = open(p, O_WRONLY | O_CREAT | O_TRUNC, 0644);
         cr_assert_geq(fd, 0, "open: %s", strerror(errno));
@@ -1263,16 +1160,16 @@ Test(fs, read_only_mount_is_erofs, .timeout = 60)
     store_write(M.store, 20, 1, 2);
     start("shard_size=64K,capacity=1M,ro");
     snprintf(src, sizeof(src), "%s", tu_path("src"));
-    cr_assert_eq(sh("head -c 100 /dev/zero > %s", src), 0);
-    assert_file_is_shard(shard_path(20, 1), 20, 1);
-    cr_assert_neq(sh("cp %s %s 2>/dev/null", src, shard_path(20, 0)), 0);
-    cr_assert_neq(sh("cp %s %s 2>/dev/null", src, shard_path(20, 5)), 0);
-    fd = open(shard_path(20, 0), O_WRONLY);
+    cr_assert_eq(fsfx_sh("head -c 100 /dev/zero > %s", src), 0);
+    assert_file_is_shard(fsfx_shard_path(&M.fx, 20, 1), 20, 1);
+    cr_assert_neq(fsfx_sh("cp %s %s 2>/dev/null", src, fsfx_shard_path(&M.fx, 20, 0)), 0);
+    cr_assert_neq(fsfx_sh("cp %s %s 2>/dev/null", src, fsfx_shard_path(&M.fx, 20, 5)), 0);
+    fd = open(fsfx_shard_path(&M.fx, 20, 0), O_WRONLY);
     cr_assert_eq(fd, -1);
     cr_assert_eq(errno, EROFS);
-    cr_assert_eq(unlink(shard_path(20, 0)), -1);
+    cr_assert_eq(unlink(fsfx_shard_path(&M.fx, 20, 0)), -1);
     cr_assert_eq(errno, EROFS);
-    assert_file_is_shard(shard_path(20, 0), 20, 0); /* untouched */
+    assert_file_is_shard(fsfx_shard_path(&M.fx, 20, 0), 20, 0); /* untouched */
     unlink(src);
     cr_assert_eq(stop(), 0);
 }
@@ -1296,25 +1193,25 @@ Test(fs, xattrs_prefetch_state_errors, .timeout = 60)
     cr_assert_str_eq(st, "absent");
     /* Prefetch returns at once and loads in the background. */
     cr_assert_eq(xattr_set(path, "user.shardfs.prefetch", "1"), 0);
-    t0 = now_s();
+    t0 = fsfx_now_s();
     for (uint32_t s = 0; s < 4; s++) {
         do {
             cr_assert_eq(get_state(30, s, st, sizeof(st)), 0);
             if (strcmp(st, "ready") == 0)
                 break;
-            sleep_ms(5);
-        } while (now_s() - t0 < 5.0);
+            fsfx_sleep_ms(5);
+        } while (fsfx_now_s() - t0 < 5.0);
         cr_assert_str_eq(st, "ready", "shard %u after prefetch", s);
     }
-    cr_assert_eq(stat_of("shardfs_prefetched_total"), 4);
-    assert_file_is_shard(shard_path(30, 2), 30, 2);
-    cr_assert_eq(stat_of("shardfs_prefetch_hits_total"), 1);
+    cr_assert_eq(fsfx_stat(&M.fx, "shardfs_prefetched_total"), 4);
+    assert_file_is_shard(fsfx_shard_path(&M.fx, 30, 2), 30, 2);
+    cr_assert_eq(fsfx_stat(&M.fx, "shardfs_prefetch_hits_total"), 1);
     cr_assert_eq(xattr_set(path, "user.shardfs.touch", "1"), 0);
 
     /* Unknown names: ENODATA on get, ENOTSUP on set; bad values EINVAL. */
     cr_assert_eq(getxattr(path, "user.shardfs.nope", v, sizeof(v)), -1);
     cr_assert_eq(errno, ENODATA);
-    cr_assert_eq(getxattr(shard_path(30, 0), "user.other", v, sizeof(v)), -1);
+    cr_assert_eq(getxattr(fsfx_shard_path(&M.fx, 30, 0), "user.other", v, sizeof(v)), -1);
     cr_assert_eq(errno, ENODATA);
     cr_assert_eq(setxattr(path, "user.shardfs.nope", "1", 1, 0), -1);
     cr_assert_eq(errno, ENOTSUP);
@@ -1322,7 +1219,7 @@ Test(fs, xattrs_prefetch_state_errors, .timeout = 60)
     cr_assert_eq(errno, EINVAL);
     cr_assert_eq(setxattr(path, "user.shardfs.prefetch", "yes", 3, 0), -1);
     cr_assert_eq(errno, EINVAL);
-    cr_assert_eq(setxattr(shard_path(30, 0), "user.shardfs.state", "ready", 5, 0), -1);
+    cr_assert_eq(setxattr(fsfx_shard_path(&M.fx, 30, 0), "user.shardfs.state", "ready", 5, 0), -1);
     cr_assert_eq(errno, ENOTSUP);
     /* The fault hook answers EINVAL on a backend that is not a fault one. */
     cr_assert_eq(setxattr(M.fx.mnt, "user.shardfs.fault", "eio=1", 5, 0), -1);
@@ -1332,15 +1229,16 @@ Test(fs, xattrs_prefetch_state_errors, .timeout = 60)
     cr_assert_eq(errno, ERANGE);
     cr_assert_eq(getxattr(M.fx.mnt, "user.shardfs.socket", NULL, 0), (ssize_t)strlen(M.fx.sock));
     /* listxattr names what get answers. */
-    n = listxattr(shard_path(30, 0), v, sizeof(v));
+    n = listxattr(fsfx_shard_path(&M.fx, 30, 0), v, sizeof(v));
     cr_assert_eq(n, (ssize_t)sizeof("user.shardfs.state"));
     cr_assert_str_eq(v, "user.shardfs.state");
     n = listxattr(M.fx.mnt, v, sizeof(v));
     cr_assert_eq(n, (ssize_t)sizeof("user.shardfs.socket"));
     if (have_tool("getfattr"))
         cr_assert_eq(
-            sh("getfattr --absolute-names -n user.shardfs.state --only-values %s | grep -qx ready",
-               shard_path(30, 1)),
+            fsfx_sh(
+                "getfattr --absolute-names -n user.shardfs.state --only-values %s | grep -qx ready",
+                fsfx_shard_path(&M.fx, 30, 1)),
             0);
     cr_assert_eq(stop(), 0);
 }
@@ -1361,8 +1259,9 @@ static void expect_refused_in(const char *prefix, const char *args, const char *
     bool found = false;
 
     snprintf(out, sizeof(out), "%s", tu_path("err"));
-    snprintf(cmd, sizeof(cmd), "%s %s -f %s >/dev/null 2>%s", prefix, daemon_bin(), args, out);
-    cr_assert_eq(sh("%s", cmd), 1, "exit status of: %s", cmd);
+    snprintf(cmd, sizeof(cmd), "%s %s -f %s >/dev/null 2>%s", prefix, fsfx_daemon_bin(SHARDFS_BIN),
+             args, out);
+    cr_assert_eq(fsfx_sh("%s", cmd), 1, "exit status of: %s", cmd);
     f = fopen(out, "re");
     cr_assert_not_null(f);
     while (fgets(line, sizeof(line), f)) {
@@ -1436,8 +1335,8 @@ Test(fs, bad_options_exit_1_with_one_line, .timeout = 60)
     rmdir(mnt);
 
     /* --help and --version exit 0. */
-    cr_assert_eq(sh("%s --help >/dev/null 2>&1", daemon_bin()), 0);
-    cr_assert_eq(sh("%s --version >/dev/null 2>&1", daemon_bin()), 0);
+    cr_assert_eq(fsfx_sh("%s --help >/dev/null 2>&1", fsfx_daemon_bin(SHARDFS_BIN)), 0);
+    cr_assert_eq(fsfx_sh("%s --version >/dev/null 2>&1", fsfx_daemon_bin(SHARDFS_BIN)), 0);
 }
 
 /* ---------------------------------------------------------------------------
@@ -1451,7 +1350,7 @@ static void put(const char *root, const char *rel, const char *text)
     FILE *f;
 
     snprintf(path, sizeof(path), "%s/%s", root, rel);
-    cr_assert_eq(sh("mkdir -p \"$(dirname '%s')\"", path), 0);
+    cr_assert_eq(fsfx_sh("mkdir -p \"$(dirname '%s')\"", path), 0);
     f = fopen(path, "we");
     cr_assert_not_null(f, "%s: %s", path, strerror(errno));
     fputs(text, f);
@@ -1571,7 +1470,7 @@ Test(fs, capacity_checked_against_cgroup_limits_fake_tree, .timeout = 60)
 #undef PASSES
 #undef REFUSED
     rmdir(mnt);
-    sh("rm -rf %s", root);
+    fsfx_sh("rm -rf %s", root);
 }
 
 /* A real cgroup with a memory limit (v2 memory.max; v1 memory.limit_in_bytes
@@ -1678,7 +1577,7 @@ Test(fs, capacity_above_cgroup_memory_limit_is_refused, .timeout = 60)
     store_write(M.store, 70, 1, 1);
     M.join_cgroup = true;
     start("shard_size=64K,capacity=16M");
-    assert_file_is_shard(shard_path(70, 0), 70, 0);
+    assert_file_is_shard(fsfx_shard_path(&M.fx, 70, 0), 70, 0);
     cr_assert_eq(stop(), 0);
 }
 
@@ -1692,14 +1591,14 @@ Test(fs, daemonizes_without_f, .timeout = 60)
     snprintf(M.fx.sock, sizeof(M.fx.sock), "%s", tu_path("sock"));
     mkdir(M.fx.mnt, 0755);
     snprintf(cmd, sizeof(cmd), "%s -o socket=%s,hugepages=off,shard_size=64K,capacity=1M %s %s",
-             daemon_bin(), M.fx.sock, M.store, M.fx.mnt);
+             fsfx_daemon_bin(SHARDFS_BIN), M.fx.sock, M.store, M.fx.mnt);
     /* The parent returns once the child is mounted. */
-    cr_assert_eq(sh("%s", cmd), 0);
-    cr_assert(is_mounted(M.fx.mnt));
-    assert_file_is_shard(shard_path(40, 0), 40, 0);
-    cr_assert_eq(sh("fusermount3 -u %s", M.fx.mnt), 0);
-    t0 = now_s();
-    while (access(M.fx.sock, F_OK) == 0 && now_s() - t0 < 10.0)
-        sleep_ms(10);
+    cr_assert_eq(fsfx_sh("%s", cmd), 0);
+    cr_assert(fsfx_is_mounted(M.fx.mnt));
+    assert_file_is_shard(fsfx_shard_path(&M.fx, 40, 0), 40, 0);
+    cr_assert_eq(fsfx_sh("fusermount3 -u %s", M.fx.mnt), 0);
+    t0 = fsfx_now_s();
+    while (access(M.fx.sock, F_OK) == 0 && fsfx_now_s() - t0 < 10.0)
+        fsfx_sleep_ms(10);
     cr_assert_neq(access(M.fx.sock, F_OK), 0, "socket removed after unmount");
 }

@@ -26,7 +26,6 @@
 #include <grp.h>
 #include <pthread.h>
 #include <signal.h>
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -43,81 +42,12 @@
 #define SHARD  (64u << 10)
 #define NOBODY 65534
 
-static const char *daemon_bin(void)
-{
-    const char *e = getenv("SHARDFS_TEST_DAEMON");
-
-    return e && *e ? e : SHARDFS_BIN;
-}
-
 struct mount {
     char store[128];
     struct fsfx fx; /* mnt, sock, log; pid while the daemon runs */
 };
 
 static struct mount M;
-
-static int sh(const char *fmt, ...)
-{
-    char cmd[2048];
-    va_list ap;
-    int st;
-
-    va_start(ap, fmt);
-    vsnprintf(cmd, sizeof(cmd), fmt, ap);
-    va_end(ap);
-    st = system(cmd);
-    if (st == -1)
-        return -1;
-    return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
-}
-
-static void sleep_ms(long ms)
-{
-    struct timespec ts = {ms / 1000, (ms % 1000) * 1000000};
-
-    while (nanosleep(&ts, &ts) < 0 && errno == EINTR)
-        ;
-}
-
-static double now_s(void)
-{
-    return (double)sfs_now_ns() / 1e9;
-}
-
-static const char *hex_of(uint64_t b)
-{
-    static __thread char buf[4][SFS_BLOCK_HEX_LEN + 1];
-    static __thread int i;
-    struct sfs_block_id id = tu_block(b);
-    char *p = buf[i++ & 3];
-
-    sfs_block_to_hex(&id, p);
-    return p;
-}
-
-/* MOUNT/block/<hex of b>/shard/<n> (n < 0: the block directory). */
-static const char *shard_path(uint64_t b, long n)
-{
-    static __thread char buf[4][256];
-    static __thread int i;
-    char *p = buf[i++ & 3];
-
-    if (n < 0)
-        snprintf(p, 256, "%s/block/%s", M.fx.mnt, hex_of(b));
-    else
-        snprintf(p, 256, "%s/block/%s/shard/%ld", M.fx.mnt, hex_of(b), n);
-    return p;
-}
-
-/* STORE/data/<hex of b> */
-static const char *block_file(uint64_t b)
-{
-    static __thread char buf[256];
-
-    snprintf(buf, sizeof(buf), "%s/data/%s", M.store, hex_of(b));
-    return buf;
-}
 
 /* Write block b of nshards (tu_fill bytes) at path. */
 static void write_block_at(const char *path, uint64_t b, unsigned nshards)
@@ -139,11 +69,9 @@ static void write_block_at(const char *path, uint64_t b, unsigned nshards)
 
 static void store_block(uint64_t b, unsigned nshards)
 {
-    char data[200];
+    int r = tu_store_write(M.store, b, 1, nshards, SHARD, NULL, NULL, false);
 
-    snprintf(data, sizeof(data), "%s/data", M.store);
-    mkdir(data, 0755);
-    write_block_at(block_file(b), b, nshards);
+    cr_assert_eq(r, 0, "store block %llu: %s", (unsigned long long)b, strerror(-r));
 }
 
 /* Start the daemon (tests/fsfixture.h) with backend spec (NULL: the store)
@@ -162,17 +90,17 @@ static void start_spec(const char *spec, const char *opts)
 /* Wait up to limit_s for the daemon to exit; its status, or -1 (killed). */
 static int reap_daemon(double limit_s)
 {
-    double t0 = now_s();
+    double t0 = fsfx_now_s();
     int st = 0;
 
     while (waitpid(M.fx.pid, &st, WNOHANG) != M.fx.pid) {
-        if (now_s() - t0 > limit_s) {
+        if (fsfx_now_s() - t0 > limit_s) {
             kill(M.fx.pid, SIGKILL);
             waitpid(M.fx.pid, &st, 0);
             M.fx.pid = 0;
             return -1;
         }
-        sleep_ms(10);
+        fsfx_sleep_ms(10);
     }
     M.fx.pid = 0;
     return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
@@ -185,7 +113,7 @@ static void setup(void)
     if (geteuid() != 0)
         cr_skip_test("not root: cannot become another user; skipped");
     memset(&M, 0, sizeof(M));
-    M.fx.bin = daemon_bin();
+    M.fx.bin = fsfx_daemon_bin(SHARDFS_BIN);
     snprintf(M.store, sizeof(M.store), "%s", tu_path("store"));
     snprintf(M.fx.mnt, sizeof(M.fx.mnt), "%s", tu_path("mnt"));
     snprintf(M.fx.sock, sizeof(M.fx.sock), "%s", tu_path("sock"));
@@ -202,14 +130,7 @@ static void teardown(void)
         kill(M.fx.pid, SIGTERM);
         fsfx_stop(&M.fx, true, 10.0);
     }
-    if (M.fx.mnt[0] && fsfx_is_mounted(M.fx.mnt))
-        sh("fusermount3 -uz %s 2>/dev/null", M.fx.mnt);
-    if (M.fx.mnt[0] && !fsfx_is_mounted(M.fx.mnt))
-        rmdir(M.fx.mnt);
-    if (M.store[0])
-        sh("rm -rf %s", M.store);
-    if (M.fx.log[0] && !getenv("SFS_TEST_KEEP_LOGS"))
-        unlink(M.fx.log);
+    fsfx_cleanup(&M.fx, M.store);
     if (M.fx.sock[0])
         unlink(M.fx.sock);
 }
@@ -229,7 +150,7 @@ static int read_shard_ok(uint64_t b, uint32_t s)
 {
     uint8_t *buf = malloc(SHARD);
     struct sfs_key k = tu_key(b, s);
-    int fd = open(shard_path(b, s), O_RDONLY | O_CLOEXEC), ret = -1;
+    int fd = open(fsfx_shard_path(&M.fx, b, s), O_RDONLY | O_CLOEXEC), ret = -1;
 
     if (buf && fd >= 0 && read(fd, buf, SHARD) == (ssize_t)SHARD && tu_check(&k, buf, SHARD) < 0)
         ret = 0;
@@ -254,18 +175,18 @@ static int other_user_body(void *arg)
     TU_CK(become_nobody(NULL, 0) == 0);
     TU_CK(read_shard_ok(1, 0) == 0);
     TU_CK(read_shard_ok(1, 1) == 0);
-    fd = open(shard_path(1, 0), O_WRONLY | O_CLOEXEC);
+    fd = open(fsfx_shard_path(&M.fx, 1, 0), O_WRONLY | O_CLOEXEC);
     TU_CK(refused(fd));
-    fd = open(shard_path(1, 1), O_RDWR | O_TRUNC | O_CLOEXEC);
+    fd = open(fsfx_shard_path(&M.fx, 1, 1), O_RDWR | O_TRUNC | O_CLOEXEC);
     TU_CK(refused(fd));
-    fd = open(shard_path(1, 7), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    fd = open(fsfx_shard_path(&M.fx, 1, 7), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
     TU_CK(refused(fd));
-    fd = open(shard_path(2, 0), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    fd = open(fsfx_shard_path(&M.fx, 2, 0), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
     TU_CK(refused(fd));
-    TU_CK(refused(unlink(shard_path(1, 1))));
-    TU_CK(refused(truncate(shard_path(1, 0), 0)));
-    TU_CK(refused(setxattr(shard_path(1, -1), "user.shardfs.prefetch", "1", 1, 0)));
-    TU_CK(refused(chmod(shard_path(1, 0), 0666)));
+    TU_CK(refused(unlink(fsfx_shard_path(&M.fx, 1, 1))));
+    TU_CK(refused(truncate(fsfx_shard_path(&M.fx, 1, 0), 0)));
+    TU_CK(refused(setxattr(fsfx_block_dir(&M.fx, 1), "user.shardfs.prefetch", "1", 1, 0)));
+    TU_CK(refused(chmod(fsfx_shard_path(&M.fx, 1, 0), 0666)));
     return 0;
 }
 
@@ -278,13 +199,13 @@ Test(fs_limits, another_user_reads_but_cannot_change_a_root_store, .timeout = 60
 
     store_block(1, 2);
     start_spec(NULL, "allow_other");
-    cr_assert_eq(stat(shard_path(1, 0), &st), 0);
+    cr_assert_eq(stat(fsfx_shard_path(&M.fx, 1, 0), &st), 0);
     cr_expect_eq(st.st_uid, 0);
     cr_expect_eq(st.st_mode & 0777, 0644, "mode %o", st.st_mode & 0777);
     cr_assert_eq(tu_wait_for(tu_fork(other_user_body, NULL), 30ll * 1000000000), 0,
                  "another user changed the store (see the child's line above)");
     /* Nothing changed on disk. */
-    fd = open(block_file(1), O_RDONLY | O_CLOEXEC);
+    fd = open(fsfx_block_file(M.store, 1), O_RDONLY | O_CLOEXEC);
     cr_assert_geq(fd, 0);
     cr_assert_eq(fstat(fd, &st), 0);
     cr_expect_eq(st.st_size, 2 * SHARD);
@@ -308,9 +229,10 @@ Test(fs_limits, socket_option_never_replaces_a_file, .timeout = 60)
     cr_assert_eq(write(fd, "keep me\n", 8), 8);
     close(fd);
     /* Bounded: a daemon that takes the path mounts and stays. */
-    st = sh("timeout -s KILL 10 %s -f -o socket=%s,hugepages=off,capacity=8M,shard_size=64K %s %s "
-            ">%s 2>&1",
-            daemon_bin(), path, M.store, M.fx.mnt, M.fx.log);
+    st = fsfx_sh(
+        "timeout -s KILL 10 %s -f -o socket=%s,hugepages=off,capacity=8M,shard_size=64K %s %s "
+        ">%s 2>&1",
+        fsfx_daemon_bin(SHARDFS_BIN), path, M.store, M.fx.mnt, M.fx.log);
     cr_expect_eq(st, 1, "daemon status %d", st);
     cr_expect(!fsfx_is_mounted(M.fx.mnt));
     f = fopen(M.fx.log, "re");
@@ -332,8 +254,8 @@ Test(fs_limits, socket_option_never_replaces_a_file, .timeout = 60)
 /* Replace block b's file by a FIFO (no writer ever comes). */
 static void fifo_in_place(uint64_t b)
 {
-    cr_assert_eq(unlink(block_file(b)), 0);
-    cr_assert_eq(mkfifo(block_file(b), 0644), 0, "mkfifo: %s", strerror(errno));
+    cr_assert_eq(unlink(fsfx_block_file(M.store, b)), 0);
+    cr_assert_eq(mkfifo(fsfx_block_file(M.store, b), 0644), 0, "mkfifo: %s", strerror(errno));
 }
 
 struct read_arg {
@@ -361,21 +283,21 @@ Test(fs_limits, fifo_in_place_of_a_block_answers_eio, .timeout = 60)
 
     store_block(3, 4);
     start_spec(NULL, "readahead=0");
-    a.fd = open(shard_path(3, 1), O_RDONLY | O_CLOEXEC);
+    a.fd = open(fsfx_shard_path(&M.fx, 3, 1), O_RDONLY | O_CLOEXEC);
     cr_assert_geq(a.fd, 0, "open: %s", strerror(errno));
     fifo_in_place(3);
-    t0 = now_s();
+    t0 = fsfx_now_s();
     r = tu_wait_for(tu_fork(read_eio_body, &a), 10ll * 1000000000);
     close(a.fd);
     cr_assert_eq(r, 0, "the read %s", r == -1 ? "hung (killed after 10 s)" : "was not EIO");
-    cr_expect_lt(now_s() - t0, 5.0);
+    cr_expect_lt(fsfx_now_s() - t0, 5.0);
     /* The daemon still serves. */
     store_block(4, 1);
     cr_expect_eq(read_shard_ok(4, 0), 0);
     /* The touch hint and listing do not wait on it either. */
-    t0 = now_s();
-    setxattr(shard_path(3, -1), "user.shardfs.touch", "1", 1, 0);
-    cr_expect_lt(now_s() - t0, 5.0);
+    t0 = fsfx_now_s();
+    setxattr(fsfx_block_dir(&M.fx, 3), "user.shardfs.touch", "1", 1, 0);
+    cr_expect_lt(fsfx_now_s() - t0, 5.0);
 }
 
 /* SIGTERM while a reader of a FIFO block was started: the daemon exits
@@ -389,16 +311,16 @@ Test(fs_limits, sigterm_exits_promptly_with_a_fifo_in_the_store, .timeout = 60)
 
     store_block(3, 4);
     start_spec(NULL, "readahead=0");
-    a.fd = open(shard_path(3, 1), O_RDONLY | O_CLOEXEC);
+    a.fd = open(fsfx_shard_path(&M.fx, 3, 1), O_RDONLY | O_CLOEXEC);
     cr_assert_geq(a.fd, 0, "open: %s", strerror(errno));
     fifo_in_place(3);
     kid = tu_fork(read_eio_body, &a);
     close(a.fd);
-    sleep_ms(300);
-    t0 = now_s();
+    fsfx_sleep_ms(300);
+    t0 = fsfx_now_s();
     kill(M.fx.pid, SIGTERM);
     st = reap_daemon(8.0);
-    cr_expect_lt(now_s() - t0, 5.0, "SIGTERM took %.1f s", now_s() - t0);
+    cr_expect_lt(fsfx_now_s() - t0, 5.0, "SIGTERM took %.1f s", fsfx_now_s() - t0);
     cr_expect_eq(st, 0, "daemon status %d (-1: killed after 8 s)", st);
     cr_expect(!fsfx_is_mounted(M.fx.mnt));
     cr_expect_geq(tu_wait_for(kid, 10ll * 1000000000), 0, "the reader hung after the stop");
@@ -408,7 +330,7 @@ Test(fs_limits, sigterm_exits_promptly_with_a_fifo_in_the_store, .timeout = 60)
 static int writer_body(void *arg)
 {
     uint8_t *buf = calloc(1, SHARD);
-    int fd = open(shard_path(5, 0), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    int fd = open(fsfx_shard_path(&M.fx, 5, 0), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
 
     (void)arg;
     TU_CK(buf && fd >= 0);
@@ -431,12 +353,12 @@ Test(fs_limits, sigterm_exits_promptly_with_a_handler_stuck_in_the_backend, .tim
     store_block(1, 1);
     start_spec(spec, "readahead=0");
     kid = tu_fork(writer_body, NULL);
-    sleep_ms(500);
+    fsfx_sleep_ms(500);
     cr_assert_eq(waitpid(kid, &st, WNOHANG), 0, "the writer did not get stuck in the dump");
-    t0 = now_s();
+    t0 = fsfx_now_s();
     kill(M.fx.pid, SIGTERM);
     st = reap_daemon(20.0);
-    cr_expect_lt(now_s() - t0, 5.0, "SIGTERM took %.1f s", now_s() - t0);
+    cr_expect_lt(fsfx_now_s() - t0, 5.0, "SIGTERM took %.1f s", fsfx_now_s() - t0);
     cr_expect_eq(st, 0, "daemon status %d (-1: killed after 20 s)", st);
     cr_expect(!fsfx_is_mounted(M.fx.mnt));
     cr_expect(access(M.fx.sock, F_OK) < 0, "the socket was left behind");
@@ -457,21 +379,21 @@ Test(fs_limits, symlinks_are_followed_only_inside_the_store, .timeout = 60)
     /* Block 6: a file outside the store holding block 6's bytes. */
     snprintf(outside, sizeof(outside), "%s", tu_path("outside"));
     write_block_at(outside, 6, 1);
-    cr_assert_eq(symlink(outside, block_file(6)), 0);
+    cr_assert_eq(symlink(outside, fsfx_block_file(M.store, 6)), 0);
     /* Block 7: the same, through a relative link that climbs out. */
     snprintf(target, sizeof(target), "../..%s", outside);
-    cr_assert_eq(symlink(target, block_file(7)), 0);
+    cr_assert_eq(symlink(target, fsfx_block_file(M.store, 7)), 0);
     /* Block 8: a relative link to a file inside the store. */
     snprintf(inside, sizeof(inside), "%s/other", M.store);
     mkdir(inside, 0755);
     snprintf(inside, sizeof(inside), "%s/other/eight", M.store);
     write_block_at(inside, 8, 1);
-    cr_assert_eq(symlink("../other/eight", block_file(8)), 0);
+    cr_assert_eq(symlink("../other/eight", fsfx_block_file(M.store, 8)), 0);
     start_spec(NULL, "readahead=0");
 
     cr_expect_eq(read_shard_ok(8, 0), 0, "a link inside the store is not followed");
     for (uint64_t b = 6; b <= 7; b++) {
-        fd = open(shard_path(b, 0), O_RDONLY | O_CLOEXEC);
+        fd = open(fsfx_shard_path(&M.fx, b, 0), O_RDONLY | O_CLOEXEC);
         if (fd >= 0) {
             n = read(fd, buf, SHARD);
             cr_expect_lt(n, 0, "block %d: %ld bytes read from outside the store", (int)b, n);
@@ -517,43 +439,24 @@ Test(fs_limits, readers_of_a_slow_shard_do_not_stall_resident_reads, .timeout = 
     cr_assert_eq(read_shard_ok(2, 0), 0); /* resident from here on */
     cr_assert_eq(setxattr(M.fx.mnt, "user.shardfs.fault", lat, strlen(lat), 0), 0, "%s",
                  strerror(errno));
-    t0 = now_s();
+    t0 = fsfx_now_s();
     for (int i = 0; i < SLOW_READERS; i++) {
         r[i] = (struct slow_reader){.b = 1, .s = 0};
         cr_assert_eq(pthread_create(&t[i], NULL, slow_reader_main, &r[i]), 0);
     }
-    sleep_ms(500);
-    dt = now_s();
+    fsfx_sleep_ms(500);
+    dt = fsfx_now_s();
     cr_expect_eq(read_shard_ok(2, 0), 0);
-    dt = now_s() - dt;
+    dt = fsfx_now_s() - dt;
     for (int i = 0; i < SLOW_READERS; i++)
         pthread_join(t[i], NULL);
-    total = now_s() - t0;
+    total = fsfx_now_s() - t0;
     for (int i = 0; i < SLOW_READERS; i++)
         cr_expect(r[i].ok, "slow reader %d read wrong bytes or failed", i);
     cr_expect_gt(total, 2.5, "the slow shard was not slow (%.1f s): the test proves nothing",
                  total);
     cr_expect_lt(dt, 1.0, "a resident read took %.2f s behind %d readers of a slow shard", dt,
                  SLOW_READERS);
-}
-
-/* A counter of MOUNT/stats; -1 if absent. */
-static long long stat_of(const char *name)
-{
-    char path[256], line[512];
-    size_t nl = strlen(name);
-    long long v = -1;
-    FILE *f;
-
-    snprintf(path, sizeof(path), "%s/stats", M.fx.mnt);
-    f = fopen(path, "re");
-    if (!f)
-        return -1;
-    while (fgets(line, sizeof(line), f))
-        if (strncmp(line, name, nl) == 0 && line[nl] == ' ')
-            v = atoll(line + nl + 1);
-    fclose(f);
-    return v;
 }
 
 /* Block b as a sparse file of 2^20 shards (what writing shard 1048576
@@ -564,15 +467,16 @@ static void store_huge_block(uint64_t b)
 
     snprintf(data, sizeof(data), "%s/data", M.store);
     mkdir(data, 0755);
-    cr_assert_eq(truncate(block_file(b), 0) == 0 || errno == ENOENT, true);
-    close(open(block_file(b), O_WRONLY | O_CREAT | O_CLOEXEC, 0644));
-    cr_assert_eq(truncate(block_file(b), (off_t)SHARD << 20), 0, "%s", strerror(errno));
+    cr_assert_eq(truncate(fsfx_block_file(M.store, b), 0) == 0 || errno == ENOENT, true);
+    close(open(fsfx_block_file(M.store, b), O_WRONLY | O_CREAT | O_CLOEXEC, 0644));
+    cr_assert_eq(truncate(fsfx_block_file(M.store, b), (off_t)SHARD << 20), 0, "%s",
+                 strerror(errno));
 }
 
 static bool shard_ready(uint64_t b, uint32_t s)
 {
     char v[32] = "";
-    ssize_t n = getxattr(shard_path(b, s), "user.shardfs.state", v, sizeof(v) - 1);
+    ssize_t n = getxattr(fsfx_shard_path(&M.fx, b, s), "user.shardfs.state", v, sizeof(v) - 1);
 
     return n > 0 && strncmp(v, "ready", 5) == 0;
 }
@@ -587,23 +491,23 @@ Test(fs_limits, prefetch_of_a_huge_block_is_bounded, .timeout = 120)
 
     store_huge_block(9);
     start_spec(NULL, "readahead=0"); /* capacity=8M: 128 slots of 64K */
-    t0 = now_s();
-    cr_assert_eq(setxattr(shard_path(9, -1), "user.shardfs.prefetch", "1", 1, 0), 0, "%s",
+    t0 = fsfx_now_s();
+    cr_assert_eq(setxattr(fsfx_block_dir(&M.fx, 9), "user.shardfs.prefetch", "1", 1, 0), 0, "%s",
                  strerror(errno));
-    dt = now_s() - t0;
+    dt = fsfx_now_s() - t0;
     cr_expect_lt(dt, 1.0, "the prefetch xattr took %.2f s", dt);
-    started = stat_of("shardfs_fs_prefetch_started_total");
+    started = fsfx_stat(&M.fx, "shardfs_fs_prefetch_started_total");
     cr_expect(started > 0 && started <= 32, "prefetch started %lld loads (bound: 32)", started);
-    for (t0 = now_s(); now_s() - t0 < 10.0 && !shard_ready(9, (uint32_t)started - 1);)
-        sleep_ms(10);
+    for (t0 = fsfx_now_s(); fsfx_now_s() - t0 < 10.0 && !shard_ready(9, (uint32_t)started - 1);)
+        fsfx_sleep_ms(10);
     for (long long s = 0; s < started; s++)
         cr_expect(shard_ready(9, (uint32_t)s), "prefetched shard %lld is not ready", s);
-    evicted = stat_of("shardfs_evictions_total");
+    evicted = fsfx_stat(&M.fx, "shardfs_evictions_total");
     cr_expect_eq(evicted, 0, "prefetch evicted %lld slots", evicted);
     /* A second request goes on where the first stopped, as bounded. */
-    cr_assert_eq(setxattr(shard_path(9, -1), "user.shardfs.prefetch", "1", 1, 0), 0);
-    cr_expect_leq(stat_of("shardfs_fs_prefetch_started_total"), 2 * started);
-    cr_expect_eq(stat_of("shardfs_evictions_total"), 0);
+    cr_assert_eq(setxattr(fsfx_block_dir(&M.fx, 9), "user.shardfs.prefetch", "1", 1, 0), 0);
+    cr_expect_leq(fsfx_stat(&M.fx, "shardfs_fs_prefetch_started_total"), 2 * started);
+    cr_expect_eq(fsfx_stat(&M.fx, "shardfs_evictions_total"), 0);
 }
 
 /* VmRSS of pid in KiB; -1 if unknown. */
@@ -640,7 +544,7 @@ Test(fs_limits, listing_a_huge_block_costs_bounded_memory, .timeout = 120)
 
     store_huge_block(9);
     start_spec(NULL, "readahead=0");
-    snprintf(dir, sizeof(dir), "%s/shard", shard_path(9, -1));
+    snprintf(dir, sizeof(dir), "%s/shard", fsfx_block_dir(&M.fx, 9));
     before = rss_kib(M.fx.pid);
     cr_assert_gt(before, 0);
     for (int i = 0; i < HANDLES; i++) {
@@ -683,12 +587,12 @@ static int group_member_body(void *arg)
     TU_CK(buf && become_nobody(&g, 1) == 0);
     TU_CK(read_shard_ok(1, 0) == 0);
     tu_fill(&k, buf, SHARD);
-    fd = open(shard_path(1, 3), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    fd = open(fsfx_shard_path(&M.fx, 1, 3), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
     TU_CK(fd >= 0);
     TU_CK(write(fd, buf, SHARD) == (ssize_t)SHARD);
     TU_CK(close(fd) == 0);
     TU_CK(read_shard_ok(1, 3) == 0);
-    TU_CK(unlink(shard_path(1, 3)) == 0);
+    TU_CK(unlink(fsfx_shard_path(&M.fx, 1, 3)) == 0);
     free(buf);
     return 0;
 }
@@ -699,8 +603,8 @@ static int outsider_body(void *arg)
     (void)arg;
     TU_CK(become_nobody(NULL, 0) == 0);
     TU_CK(read_shard_ok(1, 0) == 0);
-    TU_CK(refused(open(shard_path(1, 0), O_WRONLY | O_CLOEXEC)));
-    TU_CK(refused(open(shard_path(1, 4), O_WRONLY | O_CREAT | O_CLOEXEC, 0644)));
+    TU_CK(refused(open(fsfx_shard_path(&M.fx, 1, 0), O_WRONLY | O_CLOEXEC)));
+    TU_CK(refused(open(fsfx_shard_path(&M.fx, 1, 4), O_WRONLY | O_CREAT | O_CLOEXEC, 0644)));
     return 0;
 }
 
@@ -715,7 +619,7 @@ Test(fs_limits, a_group_granted_on_the_store_may_write, .timeout = 60)
     cr_assert_eq(chown(M.store, 0, KV_GROUP), 0);
     cr_assert_eq(chmod(M.store, 02775), 0);
     start_spec(NULL, "allow_other,readahead=0");
-    cr_assert_eq(stat(shard_path(1, 0), &st), 0);
+    cr_assert_eq(stat(fsfx_shard_path(&M.fx, 1, 0), &st), 0);
     cr_expect_eq(st.st_gid, KV_GROUP);
     cr_expect_eq(st.st_mode & 0777, 0664, "shard mode %o", st.st_mode & 0777);
     cr_assert_eq(stat(M.fx.mnt, &st), 0);
@@ -731,7 +635,7 @@ static int locked_out_body(void *arg)
 {
     (void)arg;
     TU_CK(become_nobody(NULL, 0) == 0);
-    TU_CK(refused(open(shard_path(1, 0), O_RDONLY | O_CLOEXEC)));
+    TU_CK(refused(open(fsfx_shard_path(&M.fx, 1, 0), O_RDONLY | O_CLOEXEC)));
     return 0;
 }
 
@@ -760,19 +664,19 @@ Test(fs_limits, a_read_behind_a_silent_backend_ends_at_wait_timeout, .timeout = 
     snprintf(spec, sizeof(spec), "fault:latency_us=5000000:%s", M.store);
     store_block(1, 1);
     start_spec(spec, "readahead=0,wait_timeout=1");
-    fd = open(shard_path(1, 0), O_RDONLY | O_CLOEXEC);
+    fd = open(fsfx_shard_path(&M.fx, 1, 0), O_RDONLY | O_CLOEXEC);
     cr_assert_geq(fd, 0);
-    t0 = now_s();
+    t0 = fsfx_now_s();
     n = read(fd, buf, SHARD);
-    dt = now_s() - t0;
+    dt = fsfx_now_s() - t0;
     cr_expect(n < 0 && errno == ETIMEDOUT, "read: %zd (%s) after %.1f s", n,
               n < 0 ? strerror(errno) : "bytes", dt);
     cr_expect_lt(dt, 3.0, "the read waited %.1f s with wait_timeout=1", dt);
     close(fd);
     /* The load finishes (5 s) and publishes for the next reader. */
-    t0 = now_s();
-    while (now_s() - t0 < 10.0 && !shard_ready(1, 0))
-        sleep_ms(50);
+    t0 = fsfx_now_s();
+    while (fsfx_now_s() - t0 < 10.0 && !shard_ready(1, 0))
+        fsfx_sleep_ms(50);
     cr_expect_eq(read_shard_ok(1, 0), 0);
     free(buf);
 }
@@ -789,7 +693,8 @@ static int shard_writer_body(void *arg)
     struct shard_writer *w = arg;
     struct sfs_key k = tu_key(w->b + 1000, w->s);
     uint8_t *buf = malloc(SHARD);
-    int fd = open(shard_path(w->b, w->s), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    int fd =
+        open(fsfx_shard_path(&M.fx, w->b, w->s), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
 
     TU_CK(buf && fd >= 0);
     tu_fill(&k, buf, SHARD);
@@ -815,16 +720,16 @@ Test(fs_limits, a_commit_never_reads_outside_the_store_nor_waits_on_a_fifo, .tim
     store_block(1, 1);
     snprintf(outside, sizeof(outside), "%s", tu_path("outside"));
     write_block_at(outside, 6, 2);
-    cr_assert_eq(symlink(outside, block_file(6)), 0);
+    cr_assert_eq(symlink(outside, fsfx_block_file(M.store, 6)), 0);
     store_block(9, 1);
     fifo_in_place(9);
     start_spec(NULL, "readahead=0");
 
     r = tu_wait_for(tu_fork(shard_writer_body, &w6), 10ll * 1000000000);
     cr_expect_geq(r, 0, "the writer of the linked block hung");
-    cr_assert_eq(lstat(block_file(6), &st), 0);
+    cr_assert_eq(lstat(fsfx_block_file(M.store, 6), &st), 0);
     if (S_ISREG(st.st_mode)) {
-        fd = open(block_file(6), O_RDONLY | O_CLOEXEC);
+        fd = open(fsfx_block_file(M.store, 6), O_RDONLY | O_CLOEXEC);
         cr_assert_geq(fd, 0);
         cr_expect(pread(fd, buf, SHARD, 0) != (ssize_t)SHARD || tu_check(&k6, buf, SHARD) >= 0,
                   "the commit copied bytes from outside the store into the block");
@@ -851,16 +756,16 @@ Test(fs_limits, unlink_right_after_a_read_is_not_ebusy, .timeout = 120)
         struct sfs_key k = tu_key(1, 3);
 
         tu_fill(&k, buf, SHARD);
-        fd = open(shard_path(1, 3), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+        fd = open(fsfx_shard_path(&M.fx, 1, 3), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
         cr_assert_geq(fd, 0, "round %d: create: %s", i, strerror(errno));
         cr_assert_eq(write(fd, buf, SHARD), (ssize_t)SHARD);
         cr_assert_eq(close(fd), 0);
         cr_assert_eq(read_shard_ok(1, 3), 0, "round %d: read back", i);
-        if (unlink(shard_path(1, 3)) != 0) {
+        if (unlink(fsfx_shard_path(&M.fx, 1, 3)) != 0) {
             cr_assert_eq(errno, EBUSY, "round %d: unlink: %s", i, strerror(errno));
             busy++;
-            while (unlink(shard_path(1, 3)) != 0 && errno == EBUSY)
-                sleep_ms(10);
+            while (unlink(fsfx_shard_path(&M.fx, 1, 3)) != 0 && errno == EBUSY)
+                fsfx_sleep_ms(10);
         }
     }
     cr_expect_eq(busy, 0, "%d of 300 unlinks right after a read were EBUSY", busy);

@@ -29,7 +29,6 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <signal.h>
-#include <stdarg.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -57,84 +56,12 @@ static struct {
     struct fsfx fx;
 } W;
 
-static int sh(const char *fmt, ...)
-{
-    char cmd[2048];
-    va_list ap;
-    int st;
-
-    va_start(ap, fmt);
-    vsnprintf(cmd, sizeof(cmd), fmt, ap);
-    va_end(ap);
-    st = system(cmd);
-    if (st == -1)
-        return -1;
-    return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
-}
-
-static void sleep_ms(long ms)
-{
-    struct timespec ts = {ms / 1000, (ms % 1000) * 1000000};
-
-    while (nanosleep(&ts, &ts) < 0 && errno == EINTR)
-        ;
-}
-
-static double now_s(void)
-{
-    return (double)sfs_now_ns() / 1e9;
-}
-
-/* MOUNT/block/<hex of b>/shard/<n> (n < 0: the shard directory). */
-static const char *shard_path(uint64_t b, long n)
-{
-    static __thread char buf[4][256];
-    static __thread int i;
-    char hex[SFS_BLOCK_HEX_LEN + 1];
-    struct sfs_block_id id = tu_block(b);
-    char *p = buf[i++ & 3];
-
-    sfs_block_to_hex(&id, hex);
-    if (n < 0)
-        snprintf(p, 256, "%s/block/%s/shard", W.fx.mnt, hex);
-    else
-        snprintf(p, 256, "%s/block/%s/shard/%ld", W.fx.mnt, hex, n);
-    return p;
-}
-
-/* The block file of b in the store. */
-static const char *disk_path(uint64_t b)
-{
-    static __thread char p[512];
-    char hex[SFS_BLOCK_HEX_LEN + 1];
-    struct sfs_block_id id = tu_block(b);
-
-    sfs_block_to_hex(&id, hex);
-    snprintf(p, sizeof(p), "%s/data/%s", W.store, hex);
-    return p;
-}
-
 /* Block b with shards 0..nshards-1 of old bytes. */
 static void store_write(uint64_t b, unsigned nshards)
 {
-    uint8_t *buf = malloc(SHARD);
-    char dir[256];
-    int fd;
+    int r = tu_store_write(W.store, b, 1, nshards, SHARD, NULL, NULL, false);
 
-    cr_assert_not_null(buf);
-    snprintf(dir, sizeof(dir), "%s/data", W.store);
-    mkdir(W.store, 0755);
-    mkdir(dir, 0755);
-    fd = open(disk_path(b), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-    cr_assert_geq(fd, 0, "create %s: %s", disk_path(b), strerror(errno));
-    for (uint32_t s = 0; s < nshards; s++) {
-        struct sfs_key k = tu_key(b, s);
-
-        tu_fill(&k, buf, SHARD);
-        cr_assert_eq(pwrite(fd, buf, SHARD, (off_t)s * SHARD), (ssize_t)SHARD);
-    }
-    close(fd);
-    free(buf);
+    cr_assert_eq(r, 0, "store block %llu: %s", (unsigned long long)b, strerror(-r));
 }
 
 static void fill_new(uint64_t b, uint32_t s, void *buf)
@@ -181,8 +108,8 @@ static enum version read_version(const char *path, off_t off, uint64_t b, uint32
 static void assert_version(uint64_t b, uint32_t s, enum version v, const char *when)
 {
     static const char *name[] = {"old", "new", "neither old nor new", "unreadable"};
-    enum version m = read_version(shard_path(b, s), 0, b, s);
-    enum version d = read_version(disk_path(b), (off_t)s * SHARD, b, s);
+    enum version m = read_version(fsfx_shard_path(&W.fx, b, s), 0, b, s);
+    enum version d = read_version(fsfx_block_file(W.store, b), (off_t)s * SHARD, b, s);
 
     cr_assert_eq(m, v, "%s: shard %u through the mount is %s, not %s", when, s, name[m], name[v]);
     cr_assert_eq(d, v, "%s: shard %u on disk is %s, not %s", when, s, name[d], name[v]);
@@ -194,7 +121,7 @@ static void assert_stays(uint64_t b, uint32_t s, enum version v, const char *whe
 {
     for (int i = 0; i < 5; i++) {
         assert_version(b, s, v, when);
-        sleep_ms(40);
+        fsfx_sleep_ms(40);
     }
 }
 
@@ -206,30 +133,13 @@ static void start_spec(const char *spec, const char *opts)
     snprintf(W.fx.mnt, sizeof(W.fx.mnt), "%s", tu_path("mnt"));
     snprintf(W.fx.sock, sizeof(W.fx.sock), "%s", tu_path("sock"));
     snprintf(W.fx.log, sizeof(W.fx.log), "%s", tu_path("log"));
-    W.fx.bin = getenv("SHARDFS_TEST_DAEMON") && *getenv("SHARDFS_TEST_DAEMON")
-                   ? getenv("SHARDFS_TEST_DAEMON")
-                   : SHARDFS_BIN;
+    W.fx.bin = fsfx_daemon_bin(SHARDFS_BIN);
     snprintf(o, sizeof(o), "hugepages=off,shard_size=64K,capacity=2M%s%s", opts && *opts ? "," : "",
              opts ? opts : "");
     r = fsfx_start(&W.fx, spec && *spec ? spec : W.store, o, 10.0, &st);
     if (r == -ECHILD)
         cr_assert_fail("daemon exited before mounting (status %d), see %s", st, W.fx.log);
     cr_assert_eq(r, 0, "mount did not appear: %s", strerror(-r));
-}
-
-/* Lines of the daemon's log that contain s. */
-static int log_lines_with(const char *s)
-{
-    char line[1024];
-    int n = 0;
-    FILE *f = fopen(W.fx.log, "re");
-
-    if (!f)
-        return 0;
-    while (fgets(line, sizeof(line), f))
-        n += strstr(line, s) != NULL;
-    fclose(f);
-    return n;
 }
 
 static void setup(void)
@@ -245,27 +155,21 @@ static void teardown(void)
 {
     if (W.fx.pid > 0)
         fsfx_stop(&W.fx, true, 10.0);
-    if (W.fx.mnt[0] && fsfx_is_mounted(W.fx.mnt))
-        sh("fusermount3 -uz %s 2>/dev/null", W.fx.mnt);
-    if (W.fx.mnt[0])
-        rmdir(W.fx.mnt);
+    /* A tmpfs store goes with its tmpfs. */
+    fsfx_cleanup(&W.fx, W.tmpfs[0] ? NULL : W.store);
     if (W.tmpfs[0]) {
         umount2(W.tmpfs, MNT_DETACH);
         rmdir(W.tmpfs);
-    } else if (W.store[0]) {
-        sh("rm -rf %s", W.store);
     }
-    if (W.fx.log[0] && !getenv("SFS_TEST_KEEP_LOGS"))
-        unlink(W.fx.log);
 }
 
 TestSuite(fs_write, .init = setup, .fini = teardown, .timeout = 120);
 
 static int open_shard(uint64_t b, uint32_t s, int flags)
 {
-    int fd = open(shard_path(b, s), flags | O_CLOEXEC, 0644);
+    int fd = open(fsfx_shard_path(&W.fx, b, s), flags | O_CLOEXEC, 0644);
 
-    cr_assert_geq(fd, 0, "open %s: %s", shard_path(b, s), strerror(errno));
+    cr_assert_geq(fd, 0, "open %s: %s", fsfx_shard_path(&W.fx, b, s), strerror(errno));
     return fd;
 }
 
@@ -291,7 +195,7 @@ Test(fs_write, child_closing_an_inherited_fd_stores_nothing, .timeout = 60)
     start_spec(NULL, NULL);
     for (uint32_t s = 0; s < 2; s++) {
         fill_new(BLOCK, s, buf);
-        fd = open(shard_path(BLOCK, s), O_WRONLY | O_TRUNC); /* inherited by children */
+        fd = open(fsfx_shard_path(&W.fx, BLOCK, s), O_WRONLY | O_TRUNC); /* inherited by children */
         cr_assert_geq(fd, 0);
         write_at(fd, buf, 0, HALF);
         pid_t kid = fork();
@@ -350,7 +254,7 @@ Test(fs_write, writer_killed_mid_copy_stores_nothing, .timeout = 60)
 
     cr_assert_geq(kid, 0);
     if (kid == 0) {
-        int fd = open(shard_path(BLOCK, 0), O_WRONLY | O_TRUNC);
+        int fd = open(fsfx_shard_path(&W.fx, BLOCK, 0), O_WRONLY | O_TRUNC);
 
         if (fd < 0 || pwrite(fd, buf, SHARD - 4096, 0) != (ssize_t)(SHARD - 4096))
             _exit(1);
@@ -365,11 +269,12 @@ Test(fs_write, writer_killed_mid_copy_stores_nothing, .timeout = 60)
     kill(kid, SIGKILL);
     cr_assert_eq(tu_wait(kid), 128 + SIGKILL);
     assert_stays(BLOCK, 0, V_OLD, "after the writer was killed");
-    for (double t0 = now_s(); log_lines_with("not a whole shard, discarded") == 0;) {
-        cr_assert_lt(now_s() - t0, 3.0, "no log line for the discarded bytes");
-        sleep_ms(10);
+    for (double t0 = fsfx_now_s();
+         fsfx_log_lines_with(&W.fx, "not a whole shard, discarded") == 0;) {
+        cr_assert_lt(fsfx_now_s() - t0, 3.0, "no log line for the discarded bytes");
+        fsfx_sleep_ms(10);
     }
-    cr_assert_eq(log_lines_with("not a whole shard, discarded"), 1);
+    cr_assert_eq(fsfx_log_lines_with(&W.fx, "not a whole shard, discarded"), 1);
     cr_assert_eq(fsfx_stop(&W.fx, false, 10.0), 0);
 }
 
@@ -379,14 +284,16 @@ Test(fs_write, truncating_open_with_no_data_stores_nothing, .timeout = 60)
 {
     store_write(BLOCK, 1);
     start_spec(NULL, NULL);
-    cr_assert_neq(sh("cat /nonexistent-shardfs-test > %s 2>/dev/null", shard_path(BLOCK, 0)), 0);
+    cr_assert_neq(
+        fsfx_sh("cat /nonexistent-shardfs-test > %s 2>/dev/null", fsfx_shard_path(&W.fx, BLOCK, 0)),
+        0);
     assert_stays(BLOCK, 0, V_OLD, "after cat /nonexistent > shard");
-    cr_assert_eq(sh("sh -c 'exec 3> %s; /bin/true'", shard_path(BLOCK, 0)), 0);
+    cr_assert_eq(fsfx_sh("sh -c 'exec 3> %s; /bin/true'", fsfx_shard_path(&W.fx, BLOCK, 0)), 0);
     assert_stays(BLOCK, 0, V_OLD, "after exec 3> shard; /bin/true");
     cr_assert_eq(close(open_shard(BLOCK, 0, O_WRONLY | O_TRUNC)), 0);
     assert_stays(BLOCK, 0, V_OLD, "after open(O_TRUNC) + close");
     /* Nothing was written: nothing to report either. */
-    cr_assert_eq(log_lines_with("discarded"), 0);
+    cr_assert_eq(fsfx_log_lines_with(&W.fx, "discarded"), 0);
     cr_assert_eq(fsfx_stop(&W.fx, false, 10.0), 0);
 }
 
@@ -405,7 +312,7 @@ static int reader_main(void *p)
     volatile long *c = a->counts + 4 * a->id;
 
     while (!*a->stop)
-        c[read_version(shard_path(BLOCK, 0), 0, BLOCK, 0)]++;
+        c[read_version(fsfx_shard_path(&W.fx, BLOCK, 0), 0, BLOCK, 0)]++;
     return 0;
 }
 
@@ -437,7 +344,7 @@ Test(fs_write, readers_see_the_old_or_the_new_whole_shard, .timeout = 120)
     }
     for (int r = 0; r < ROUNDS; r++) {
         const uint8_t *buf = bufs[(r + 1) & 1]; /* new, old, new, ... */
-        int fd = open(shard_path(BLOCK, 0), O_WRONLY | O_TRUNC);
+        int fd = open(fsfx_shard_path(&W.fx, BLOCK, 0), O_WRONLY | O_TRUNC);
 
         cr_assert_geq(fd, 0);
         for (size_t off = 0; off < SHARD; off += CHUNK) {
@@ -450,7 +357,7 @@ Test(fs_write, readers_see_the_old_or_the_new_whole_shard, .timeout = 120)
                     _exit(0);
                 cr_assert_eq(tu_wait(kid), 0);
             }
-            sleep_ms(1);
+            fsfx_sleep_ms(1);
         }
         cr_assert_eq(close(fd), 0);
         assert_version(BLOCK, 0, (r & 1) ? V_OLD : V_NEW, "after a whole rewrite");
@@ -531,7 +438,7 @@ Test(fs_write, commit_keeps_the_holes_of_a_sparse_block, .timeout = 120)
         snprintf(dir, sizeof(dir), "%s/data", W.store);
         cr_assert_eq(mkdir(dir, 0755), 0);
     }
-    fd = open(disk_path(BLOCK), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    fd = open(fsfx_block_file(W.store, BLOCK), O_WRONLY | O_CREAT | O_TRUNC, 0644);
     cr_assert_geq(fd, 0);
     tu_fill(&k, buf, SHARD);
     cr_assert_eq(pwrite(fd, buf, SHARD, (off_t)far * SHARD), (ssize_t)SHARD);
@@ -543,7 +450,7 @@ Test(fs_write, commit_keeps_the_holes_of_a_sparse_block, .timeout = 120)
     write_at(fd, buf, 0, SHARD);
     cr_assert_eq(close(fd), 0, "storing shard 0: %s", strerror(errno));
     assert_version(BLOCK, 0, V_NEW, "shard 0");
-    cr_assert_eq(stat(disk_path(BLOCK), &st), 0);
+    cr_assert_eq(stat(fsfx_block_file(W.store, BLOCK), &st), 0);
     cr_assert_eq(st.st_size, (off_t)(far + 1) * SHARD);
     cr_assert_lt(st.st_blocks * 512, 4 * SHARD, "the commit allocated %lld bytes",
                  (long long)st.st_blocks * 512);
@@ -551,7 +458,7 @@ Test(fs_write, commit_keeps_the_holes_of_a_sparse_block, .timeout = 120)
     {
         static uint8_t got[SHARD];
 
-        fd = open(disk_path(BLOCK), O_RDONLY);
+        fd = open(fsfx_block_file(W.store, BLOCK), O_RDONLY);
         cr_assert_eq(pread(fd, got, SHARD, (off_t)far * SHARD), (ssize_t)SHARD);
         cr_assert_eq(tu_check(&k, got, SHARD), -1);
         cr_assert_eq(pread(fd, got, SHARD, (off_t)100 * SHARD), (ssize_t)SHARD);
@@ -637,7 +544,7 @@ static int mount_writer_main(void *p)
 
     fill_version((uint32_t)((d->round * (DUMPERS + 1) + d->id) * DUPS), buf);
     go_together(&d->sh->ready[d->round], DUMPERS + 1);
-    fd = open(shard_path(BLOCK, 0), O_WRONLY | O_TRUNC | O_CLOEXEC);
+    fd = open(fsfx_shard_path(&W.fx, BLOCK, 0), O_WRONLY | O_TRUNC | O_CLOEXEC);
     TU_CK(fd >= 0);
     TU_CK(write(fd, buf, SHARD) == (ssize_t)SHARD);
     TU_CK(close(fd) == 0);
@@ -671,11 +578,11 @@ Test(fs_write, concurrent_dumps_of_one_key_leave_cache_and_store_agreeing, .time
         for (int i = 0; i <= DUMPERS; i++)
             cr_assert_eq(tu_wait(kids[i]), 0, "round %d: %s %d failed", r,
                          i < DUMPERS ? "rank" : "mount writer", i);
-        fd = open(shard_path(BLOCK, 0), O_RDONLY);
+        fd = open(fsfx_shard_path(&W.fx, BLOCK, 0), O_RDONLY);
         cr_assert_geq(fd, 0);
         cr_assert_eq(pread(fd, cached, SHARD, 0), (ssize_t)SHARD);
         close(fd);
-        fd = open(disk_path(BLOCK), O_RDONLY);
+        fd = open(fsfx_block_file(W.store, BLOCK), O_RDONLY);
         cr_assert_geq(fd, 0);
         cr_assert_eq(pread(fd, stored, SHARD, 0), (ssize_t)SHARD);
         close(fd);
@@ -775,11 +682,11 @@ Test(fs_write, truncate_and_dd_seek_are_whole_shards, .timeout = 60)
 
     store_write(BLOCK, 1);
     start_spec(NULL, NULL);
-    cr_assert_eq(sh("truncate -s 1000 %s", shard_path(BLOCK, 0)), 0);
+    cr_assert_eq(fsfx_sh("truncate -s 1000 %s", fsfx_shard_path(&W.fx, BLOCK, 0)), 0);
     tu_fill(&k, want, SHARD);
     memset(want + 1000, 0, SHARD - 1000);
     for (int i = 0; i < 2; i++) {
-        fd = open(i ? disk_path(BLOCK) : shard_path(BLOCK, 0), O_RDONLY);
+        fd = open(i ? fsfx_block_file(W.store, BLOCK) : fsfx_shard_path(&W.fx, BLOCK, 0), O_RDONLY);
         cr_assert_geq(fd, 0);
         cr_assert_eq(pread(fd, got, SHARD, 0), (ssize_t)SHARD);
         close(fd);
@@ -791,17 +698,19 @@ Test(fs_write, truncate_and_dd_seek_are_whole_shards, .timeout = 60)
     fd = open(src, O_WRONLY | O_CREAT | O_TRUNC, 0644);
     cr_assert_eq(write(fd, neu + 4096, SHARD - 4096), (ssize_t)(SHARD - 4096));
     close(fd);
-    cr_assert_eq(sh("dd if=%s of=%s bs=4096 seek=1 status=none", src, shard_path(BLOCK, 0)), 0);
+    cr_assert_eq(
+        fsfx_sh("dd if=%s of=%s bs=4096 seek=1 status=none", src, fsfx_shard_path(&W.fx, BLOCK, 0)),
+        0);
     memcpy(want + 4096, neu + 4096, SHARD - 4096);
     for (int i = 0; i < 2; i++) {
-        fd = open(i ? disk_path(BLOCK) : shard_path(BLOCK, 0), O_RDONLY);
+        fd = open(i ? fsfx_block_file(W.store, BLOCK) : fsfx_shard_path(&W.fx, BLOCK, 0), O_RDONLY);
         cr_assert_geq(fd, 0);
         cr_assert_eq(pread(fd, got, SHARD, 0), (ssize_t)SHARD);
         close(fd);
         cr_assert_eq(memcmp(got, want, SHARD), 0, "dd seek=1 (%s)", i ? "disk" : "mount");
     }
     unlink(src);
-    cr_assert_eq(log_lines_with("discarded"), 0);
+    cr_assert_eq(fsfx_log_lines_with(&W.fx, "discarded"), 0);
     cr_assert_eq(fsfx_stop(&W.fx, false, 10.0), 0);
 }
 
@@ -816,11 +725,12 @@ Test(fs_write, cp_of_a_sparse_file_is_a_whole_shard, .timeout = 60)
     store_write(BLOCK, 1);
     start_spec(NULL, NULL);
     snprintf(src, sizeof(src), "%s", tu_path("sparse"));
-    cr_assert_eq(sh("printf 'DATA' > %s && truncate -s %u %s", src, SHARD, src), 0);
-    cr_assert_eq(sh("cp --sparse=always %s %s", src, shard_path(BLOCK, 0)), 0);
+    cr_assert_eq(fsfx_sh("printf 'DATA' > %s && truncate -s %u %s", src, SHARD, src), 0);
+    cr_assert_eq(fsfx_sh("cp --sparse=always %s %s", src, fsfx_shard_path(&W.fx, BLOCK, 0)), 0);
     memcpy(want, "DATA", 4);
     for (int i = 0; i < 2; i++) {
-        int fd = open(i ? disk_path(BLOCK) : shard_path(BLOCK, 0), O_RDONLY);
+        int fd =
+            open(i ? fsfx_block_file(W.store, BLOCK) : fsfx_shard_path(&W.fx, BLOCK, 0), O_RDONLY);
 
         cr_assert_geq(fd, 0);
         cr_assert_eq(pread(fd, got, SHARD, 0), (ssize_t)SHARD);
@@ -828,7 +738,7 @@ Test(fs_write, cp_of_a_sparse_file_is_a_whole_shard, .timeout = 60)
         cr_assert_eq(memcmp(got, want, SHARD), 0, "cp of a sparse file (%s)", i ? "disk" : "mount");
     }
     unlink(src);
-    cr_assert_eq(log_lines_with("discarded"), 0);
+    cr_assert_eq(fsfx_log_lines_with(&W.fx, "discarded"), 0);
     cr_assert_eq(fsfx_stop(&W.fx, false, 10.0), 0);
 }
 
@@ -938,7 +848,8 @@ static int ws_classify(unsigned i, const uint8_t *buf, uint32_t *w, uint32_t *v,
 /* Read shard i whole through the mount (or, disk: from its block file). */
 static long ws_read(unsigned i, bool disk, uint8_t *buf)
 {
-    const char *path = disk ? disk_path(ws_block(i)) : shard_path(ws_block(i), ws_shard(i));
+    const char *path = disk ? fsfx_block_file(W.store, ws_block(i))
+                            : fsfx_shard_path(&W.fx, ws_block(i), ws_shard(i));
     off_t off = disk ? (off_t)ws_shard(i) * SHARD : 0;
     int fd = open(path, O_RDONLY | O_CLOEXEC);
     size_t got = 0;
@@ -979,7 +890,7 @@ static int ws_writer_main(void *p)
         int fd;
 
         ws_fill(i, (uint32_t)a->id, v, buf);
-        fd = open(shard_path(ws_block(i), ws_shard(i)), O_WRONLY | O_TRUNC | O_CLOEXEC);
+        fd = open(fsfx_shard_path(&W.fx, ws_block(i), ws_shard(i)), O_WRONLY | O_TRUNC | O_CLOEXEC);
         if (fd < 0) {
             sh->write_errs[a->id]++;
             fprintf(stderr, "writer %d: open shard %u: %s\n", a->id, i, strerror(errno));
@@ -1048,25 +959,6 @@ static int ws_reader_main(void *p)
     return 0;
 }
 
-/* A counter of MOUNT/stats; -1 if absent. */
-static long long ws_stat(const char *name)
-{
-    char path[256], line[512];
-    size_t nl = strlen(name);
-    long long v = -1;
-    FILE *f;
-
-    snprintf(path, sizeof(path), "%s/stats", W.fx.mnt);
-    f = fopen(path, "re");
-    if (!f)
-        return -1;
-    while (fgets(line, sizeof(line), f))
-        if (strncmp(line, name, nl) == 0 && line[nl] == ' ')
-            v = atoll(line + nl + 1);
-    fclose(f);
-    return v;
-}
-
 Test(fs_write, writers_and_readers_of_the_same_shards_see_whole_versions, .timeout = 180)
 {
     struct ws_shared *sh;
@@ -1089,7 +981,7 @@ Test(fs_write, writers_and_readers_of_the_same_shards_see_whole_versions, .timeo
         args[i] = (struct ws_arg){.sh = sh, .id = writer ? i : i - WS_WRITERS};
         kids[i] = tu_fork(writer ? ws_writer_main : ws_reader_main, &args[i]);
     }
-    sleep_ms(WS_ACTIVE_MS);
+    fsfx_sleep_ms(WS_ACTIVE_MS);
     /* Relaxed: see struct ws_shared. */
     atomic_store_explicit(&sh->stop, 1, memory_order_relaxed);
     for (int i = 0; i < WS_WRITERS + WS_READERS; i++)
@@ -1109,9 +1001,11 @@ Test(fs_write, writers_and_readers_of_the_same_shards_see_whole_versions, .timeo
                 "(%ld of the original), %ld not one whole version, %ld failed",
                 WS_WRITERS, writes, write_errs, WS_READERS, reads, olds, bad, read_errs);
     cr_log_info("cache: %lld evictions, %lld misses, %lld backend loads",
-                ws_stat("shardfs_evictions_total"), ws_stat("shardfs_misses_total"),
-                ws_stat("shardfs_backend_loads_total"));
-    cr_assert_gt(ws_stat("shardfs_evictions_total"), 0, "the cache never evicted: no stress");
+                fsfx_stat(&W.fx, "shardfs_evictions_total"),
+                fsfx_stat(&W.fx, "shardfs_misses_total"),
+                fsfx_stat(&W.fx, "shardfs_backend_loads_total"));
+    cr_assert_gt(fsfx_stat(&W.fx, "shardfs_evictions_total"), 0,
+                 "the cache never evicted: no stress");
     cr_assert_eq(bad, 0, "%ld of %ld reads were not one whole version; first: %s", bad, reads,
                  sh->what);
     cr_assert_eq(read_errs, 0, "%ld reads failed", read_errs);

@@ -119,24 +119,6 @@ static void daemon_stop(void)
     fsfx_stop(&S.fx, true, 10.0);
 }
 
-static long long stat_of(const char *name)
-{
-    char path[256], line[512];
-    size_t nl = strlen(name);
-    long long v = -1;
-    FILE *f;
-
-    snprintf(path, sizeof(path), "%s/stats", S.fx.mnt);
-    f = fopen(path, "re");
-    if (!f)
-        return -1;
-    while (fgets(line, sizeof(line), f))
-        if (strncmp(line, name, nl) == 0 && line[nl] == ' ')
-            v = atoll(line + nl + 1);
-    fclose(f);
-    return v;
-}
-
 /* Read shards [first, first+n) of the global order through the mount with
  * 1 MiB reads; returns bytes, or -1. */
 static long long read_mount(unsigned first, unsigned n, uint8_t *buf)
@@ -414,9 +396,9 @@ int main(int argc, char **argv)
         return 1;
     }
     cold_fs = pass_gbs(true, S.buf);
-    loads_cold = stat_of("shardfs_backend_loads_total");
-    pf_cold = stat_of("shardfs_prefetched_total");
-    pfh_cold = stat_of("shardfs_prefetch_hits_total");
+    loads_cold = fsfx_stat(&S.fx, "shardfs_backend_loads_total");
+    pf_cold = fsfx_stat(&S.fx, "shardfs_prefetched_total");
+    pfh_cold = fsfx_stat(&S.fx, "shardfs_prefetch_hits_total");
 
     /* Resident: warm-up passes, then medians. */
     pass_gbs(true, S.buf);
@@ -462,8 +444,9 @@ int main(int argc, char **argv)
             "the daemon's readahead (default -o readahead=4): %lld, of which already Ready "
             "when read: %lld. Counters after the run: hits %lld, misses %lld, "
             "evictions %lld.\n",
-            loads_cold, S.nblocks * NSHARDS_B, pf_cold, pfh_cold, stat_of("shardfs_hits_total"),
-            stat_of("shardfs_misses_total"), stat_of("shardfs_evictions_total"));
+            loads_cold, S.nblocks * NSHARDS_B, pf_cold, pfh_cold,
+            fsfx_stat(&S.fx, "shardfs_hits_total"), fsfx_stat(&S.fx, "shardfs_misses_total"),
+            fsfx_stat(&S.fx, "shardfs_evictions_total"));
     cleanup();
     free(S.buf);
     return bench_finish(&b);
