@@ -8,7 +8,10 @@
  * two ranks to it through the socket; application threads load, dump and
  * prefetch overlapping tasks at once over a fault backend with latency, so
  * hits, owners, waiters and hand-offs between the library's threads all
- * happen. Every byte copied is verified. Exit status 0 means all held.
+ * happen. Small tasks (4 keys) between the big ones take the inline path
+ * on the application threads when their keys are Ready, and hand their
+ * keys on to the dispatcher when not. Every byte copied is verified. Exit
+ * status 0 means all held.
  */
 #include "testutil.h"
 
@@ -32,6 +35,34 @@ struct app {
     struct sfs_rank *rank;
     int id;
 };
+
+/* A small task: the first 4 entries of e (as set), loaded again into a
+ * buffer of its own, checked. */
+static void small_load(struct app *a, const struct sfs_rank_entry *e)
+{
+    struct sfs_rank_entry s[4];
+    uint8_t *buf = malloc(4 * SHARD);
+    struct sfs_task *t;
+    int st[4];
+
+    for (int i = 0; i < 4; i++)
+        s[i] = (struct sfs_rank_entry){e[i].block, e[i].shard, buf + (size_t)i * SHARD};
+    if (sfs_rank_load(a->rank, s, 4, &t) < 0 || sfs_rank_wait(t, 30000, st) < 0) {
+        atomic_fetch_add(&failed, 1);
+        free(buf);
+        return;
+    }
+    sfs_rank_task_free(t);
+    for (int i = 0; i < 4; i++) {
+        struct sfs_key k = {.block = s[i].block, .shard = s[i].shard};
+
+        if (st[i] < 0)
+            atomic_fetch_add(&failed, 1);
+        else if (tu_check(&k, s[i].addr, SHARD) >= 0)
+            atomic_fetch_add(&wrong, 1);
+    }
+    free(buf);
+}
 
 static void *app_thread(void *arg)
 {
@@ -57,6 +88,7 @@ static void *app_thread(void *arg)
                 tu_fill(&k, e[i].addr, SHARD);
             }
             if (sfs_rank_dump(a->rank, e, NBLOCKS, &t) == 0) {
+                small_load(a, e); /* after the dump, before its end */
                 sfs_rank_wait(t, 30000, st);
                 sfs_rank_task_free(t);
             }
@@ -81,6 +113,10 @@ static void *app_thread(void *arg)
             else if (tu_check(&k, e[i].addr, SHARD) >= 0)
                 atomic_fetch_add(&wrong, 1);
         }
+        small_load(a, e); /* resident now, or evicted meanwhile */
+        for (int i = 0; i < 4; i++)
+            e[i].shard = (shard + 1) % 3; /* loaded by another thread, or not */
+        small_load(a, e);
     }
     free(buf);
     return NULL;
