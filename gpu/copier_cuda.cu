@@ -137,9 +137,9 @@ struct cuda_copier {
     struct seg *segs;
     uint32_t nseg;
     size_t memcpy_min;
-    signed char *peer;      /* [ndev]: 0 not asked yet, 1 peer access on, -1 none */
-    ptr_attrs_fn ptr_attrs; /* cuPointerGetAttributes; NULL: not available */
-    pthread_mutex_t peer_mu; /* peer[]: the copier thread and inline callers */
+    signed char *peer;         /* [ndev]: 0 not asked yet, 1 peer access on, -1 none */
+    ptr_attrs_fn ptr_attrs;    /* cuPointerGetAttributes; NULL: not available */
+    pthread_mutex_t peer_mu;   /* peer[]: the copier thread and inline callers */
     pthread_mutex_t inline_mu; /* slot SLOT_INLINE: one load_inline at a time */
     bool mutexes;              /* the two above are initialised */
     bool failed_once;          /* a failed batch was logged (__atomic: any thread) */

@@ -534,8 +534,9 @@ static void get_and_route(struct sfs_rank *rk, struct rank_item *it, struct load
  * ownership). */
 static void route_pregot(struct sfs_rank *rk, struct rank_item *it, struct load_batch *b)
 {
-    int role = it->pregot == PREGOT_HIT ? SFS_HIT : it->pregot == PREGOT_WAITER ? SFS_WAITER
-                                                                              : SFS_OWNER;
+    int role = it->pregot == PREGOT_HIT      ? SFS_HIT
+               : it->pregot == PREGOT_WAITER ? SFS_WAITER
+                                             : SFS_OWNER;
 
     it->pregot = PREGOT_NONE;
     route(rk, it, b, role == SFS_OWNER, role, 0);

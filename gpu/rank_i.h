@@ -5,6 +5,7 @@
  * the counters. Shared by the library's rooms, whose calls flow one way:
  *
  *   rank.c       the API: open/close, tasks, lookups, counters
+ *     -> inline.c      small resident tasks on the submitting thread
  *     -> loadqueue.c   dispatcher, workers, prefetch, backend callbacks
  *          -> watch.c  watchers: keys other ranks are loading
  *     -> copier.c      copier thread (and releaser), choice of copier
@@ -68,7 +69,7 @@ struct rank_item {
     uint8_t kind;          /* enum item_kind */
     uint8_t step;          /* enum item_step */
     bool leased;
-    bool bounce; /* dump through a private buffer (key leased elsewhere) */
+    bool bounce;    /* dump through a private buffer (key leased elsewhere) */
     uint8_t pregot; /* load: PREGOT_* -- the submitting thread's inline try already Got it */
     struct sfs_key key;
     struct sfs_lease lease;
@@ -282,7 +283,14 @@ bool sfs_watch_settled(struct sfs_rank *rk, struct rank_item *it, int r);
  * rank_link_lost(). */
 void sfs_watch_wake_all(struct sfs_rank *rk);
 
-/* copier.c (called by rank.c) */
+/* inline.c (called by rank.c): try load task t (counted active, not
+ * queued) on the calling thread. True: it is complete, or its every key is
+ * a Ready lease handed to the copier thread (a copier that cannot copy on
+ * this thread). False: the caller queues it for the dispatcher, which
+ * routes the keys the try Got (item->pregot) and walks the rest. */
+bool sfs_inline_load(struct sfs_rank *rk, struct sfs_task *t);
+
+/* copier.c (called by rank.c and inline.c) */
 int sfs_copier_start(struct sfs_rank *rk);
 /* The inline path of a small task: copy items[0..n) (each a Ready lease,
  * n <= RANK_INLINE_KEYS_MAX) on the calling thread and finish each one.

@@ -107,8 +107,10 @@ Test(rank_inline, resident_small_tasks_complete_in_the_call, .timeout = 60)
             sfs_rank_stats(rk, &s0);
             sfs_cache_stats(e.c, &c0);
             cr_assert_eq(sfs_rank_load(rk, ent, n, &t), 0);
-            cr_assert(sfs_rank_task_done(t), "round %d: a resident task of %u was not copied "
-                                             "in the call", round, n);
+            cr_assert(sfs_rank_task_done(t),
+                      "round %d: a resident task of %u was not copied "
+                      "in the call",
+                      round, n);
             cr_assert_eq(sfs_rank_wait(t, 0, st), 0);
             sfs_rank_task_free(t);
             check_bufs(0, n, 0, bufs, st);
@@ -591,8 +593,7 @@ static void cuda_need(struct cudart *c)
     const char *req = getenv("SHARDFS_TEST_REQUIRE_CUDA");
 
     if (sfs_rank_cuda_devices() <= 0) {
-        cr_assert(!req || atoi(req) <= 0, "no CUDA device, and SHARDFS_TEST_REQUIRE_CUDA=%s",
-                  req);
+        cr_assert(!req || atoi(req) <= 0, "no CUDA device, and SHARDFS_TEST_REQUIRE_CUDA=%s", req);
         cr_skip_test("no CUDA device (or built without CUDA): the inline gather not tested");
     }
     c->h = NULL;

@@ -542,8 +542,7 @@ static int64_t small_core(struct sfs_cache *c, const struct sfs_rank_entry *e, u
     return sfs_now_ns() - t0;
 }
 
-static int64_t small_rank(struct sfs_rank *rk, const struct sfs_rank_entry *e, uint32_t n,
-                          int *st)
+static int64_t small_rank(struct sfs_rank *rk, const struct sfs_rank_entry *e, uint32_t n, int *st)
 {
     struct sfs_task *t;
     int64_t t0 = sfs_now_ns();
@@ -591,8 +590,9 @@ static void bench_small(void)
          "threads; a rank opened with SHARDFS_RANK_NO_INLINE); %d tasks each, interleaved; "
          "every byte of each path's last task checked. CPU: %s, %ld online.\n\n",
          iters, cpu, sysconf(_SC_NPROCESSORS_ONLN));
-    emit("| task | core Get+memcpy+Release p50 / p99 (us) | sfs_rank_load inline p50 / p99 (us) "
-         "| inline / core (p50) | pipeline p50 / p99 (us) | checked |\n|---|---|---|---|---|---|\n");
+    emit(
+        "| task | core Get+memcpy+Release p50 / p99 (us) | sfs_rank_load inline p50 / p99 (us) "
+        "| inline / core (p50) | pipeline p50 / p99 (us) | checked |\n|---|---|---|---|---|---|\n");
     for (int z = 0; z < 2; z++) {
         uint32_t n = sizes[z];
         double p50[3], p99[3];
@@ -620,12 +620,12 @@ static void bench_small(void)
         }
         bool ok = small_check(bufs[0], n, shard) && small_check(bufs[1], n, shard) &&
                   small_check(bufs[2], n, shard);
-        fprintf(stderr, "small %u x 16 KiB: core p50 %.2f p99 %.2f; inline p50 %.2f p99 %.2f; "
-                        "pipeline p50 %.2f p99 %.2f us\n",
+        fprintf(stderr,
+                "small %u x 16 KiB: core p50 %.2f p99 %.2f; inline p50 %.2f p99 %.2f; "
+                "pipeline p50 %.2f p99 %.2f us\n",
                 n, p50[0], p99[0], p50[1], p99[1], p50[2], p99[2]);
-        emit("| %u x 16 KiB | %.2f / %.2f | %.2f / %.2f | %.2fx | %.2f / %.2f | %s |\n", n,
-             p50[0], p99[0], p50[1], p99[1], p50[1] / p50[0], p50[2], p99[2],
-             ok ? "all" : "**WRONG**");
+        emit("| %u x 16 KiB | %.2f / %.2f | %.2f / %.2f | %.2fx | %.2f / %.2f | %s |\n", n, p50[0],
+             p99[0], p50[1], p99[1], p50[1] / p50[0], p50[2], p99[2], ok ? "all" : "**WRONG**");
         if (!ok)
             die("small tasks: wrong bytes", EIO);
     }
