@@ -504,19 +504,21 @@ static int submit_entered(struct sfs_rank *rk, const struct sfs_rank_entry *entr
         return -ESHUTDOWN;
     }
     rk->active++;
+    if (kind == ITEM_DUMP) {
+        /* Relaxed: ordered before the push (under tq's lock) that the
+         * dispatcher's walk, and its release decrement, come after. */
+        atomic_fetch_add_explicit(&rk->dumps_unwalked, 1, memory_order_relaxed);
+        sfs_workq_push(&rk->tq, &t->qn); /* under mu: close cancels it, or the dispatcher runs it */
+    }
     pthread_mutex_unlock(&rk->mu);
     rank_ctr_add(rk, RC_TASKS, 1);
     rank_ctr_add(rk, RC_ENTRIES, n);
     *out = t;
-    if (kind == ITEM_LOAD && sfs_inline_load(rk, t))
-        return 0; /* complete, or in the copier's hands (inline.c) */
-    pthread_mutex_lock(&rk->mu);
-    if (kind == ITEM_DUMP)
-        /* Relaxed: ordered before the push (under tq's lock) that the
-         * dispatcher's walk, and its release decrement, come after. */
-        atomic_fetch_add_explicit(&rk->dumps_unwalked, 1, memory_order_relaxed);
+    if (kind == ITEM_DUMP || sfs_inline_load(rk, t))
+        return 0; /* queued; or complete, or in the copier's hands (inline.c) */
     /* Under mu: close cancels it, or the dispatcher runs it (active is
-     * counted, so close waits for it either way). */
+     * counted, so a close that started meanwhile waits for it). */
+    pthread_mutex_lock(&rk->mu);
     sfs_workq_push(&rk->tq, &t->qn);
     pthread_mutex_unlock(&rk->mu);
     return 0;
