@@ -159,6 +159,35 @@ static void batch_done(struct sfs_rank *rk, struct batch *b)
     b->n = 0;
 }
 
+/* The inline path of a small task (rank.c): the submitting thread copies
+ * its Ready items itself, through the copier's load_inline (memcpy, or one
+ * CUDA gather launch on the copier's inline stream, synchronized), then
+ * finishes them as the copier thread would (counters, release, status,
+ * completion). -EAGAIN when the copier cannot copy on this thread: nothing
+ * was copied, the items are untouched. */
+int sfs_copier_inline(struct sfs_rank *rk, struct rank_item **items, size_t n)
+{
+    struct sfs_copy copies[RANK_INLINE_KEYS_MAX];
+    int r;
+
+    if (n == 0 || n > RANK_INLINE_KEYS_MAX || !rk->copier->ops->load_inline)
+        return -EAGAIN;
+    for (size_t i = 0; i < n; i++) {
+        uint32_t len = sfs_cache_length(rk->cache, &items[i]->lease);
+
+        copies[i] = (struct sfs_copy){
+            .dst = items[i]->addr,
+            .src = sfs_cache_data(rk->cache, &items[i]->lease),
+            .len = len ? len : rk->shard_size,
+        };
+    }
+    r = rk->copier->ops->load_inline(rk->copier, copies, n);
+    if (r == -EAGAIN)
+        return r;
+    items_done(rk, items, copies, n, false);
+    return 0;
+}
+
 /* ---------------------------------------------------------------------------
  * The releaser: with a pipelining copier, finished batches are handed on
  * (leases released, tasks completed, dumps written through) by a thread of

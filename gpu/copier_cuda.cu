@@ -33,6 +33,13 @@
  * every batch, and open and close run on a short-lived thread of their own
  * so the caller's current device is left as it was. CUDA errors become
  * -errno here, once.
+ *
+ * A small task whose keys are all Ready is gathered on the thread that
+ * submitted it (load_inline), through a third slot with its own stream and
+ * descriptor buffers, one caller at a time (a try-lock: a second caller, or
+ * a thread whose current device is not ours, gets -EAGAIN and the rank
+ * hands the batch to the copier thread instead). That thread's current
+ * device is never changed, and its capture mode only for the call.
  */
 #include "copier_i.h"
 
@@ -76,7 +83,7 @@ struct seg {
     uintptr_t reg; /* the process registration we hold (its key); 0: none */
 };
 
-/* Where one end of a copy lies, as seen from the copier thread. */
+/* Where one end of a copy lies, as seen from the thread placing a batch. */
 struct place {
     uintptr_t dev; /* the kernel's address for it, when `kernel` */
     bool kernel;   /* the kernel on our device may read and write it */
@@ -111,9 +118,16 @@ struct slot {
     cudaError_t launch; /* the descriptor upload or the launch */
     bool queued;        /* work on the stream to wait for */
     uint8_t path[BATCH_MAX];
+    /* Device allocations placed in this slot's batch (its thread only). */
+    struct span spans[SPANS];
+    unsigned nspans, next_span;
 };
 
-#define NSLOTS 2
+/* Slots 0 and 1: the copier thread's (start/finish). Slot 2: load_inline's,
+ * under inline_mu. */
+#define NSLOTS_THREAD 2
+#define SLOT_INLINE   2
+#define NSLOTS        3
 
 struct cuda_copier {
     struct sfs_copier cp;
@@ -123,12 +137,12 @@ struct cuda_copier {
     struct seg *segs;
     uint32_t nseg;
     size_t memcpy_min;
-    signed char *peer;      /* [ndev]: 0 not asked yet, 1 peer access on, -1 none */
-    ptr_attrs_fn ptr_attrs; /* cuPointerGetAttributes; NULL: not available */
-    /* Copier thread only: */
-    struct span spans[SPANS];
-    unsigned nspans, next_span;
-    bool failed_once; /* a failed batch was logged */
+    signed char *peer;         /* [ndev]: 0 not asked yet, 1 peer access on, -1 none */
+    ptr_attrs_fn ptr_attrs;    /* cuPointerGetAttributes; NULL: not available */
+    pthread_mutex_t peer_mu;   /* peer[]: the copier thread and inline callers */
+    pthread_mutex_t inline_mu; /* slot SLOT_INLINE: one load_inline at a time */
+    bool mutexes;              /* the two above are initialised */
+    bool failed_once;          /* a failed batch was logged (__atomic: any thread) */
 };
 
 static int cuda_errno(cudaError_t e)
@@ -387,11 +401,15 @@ static bool alloc_range(const struct cuda_copier *cc, const void *p, uintptr_t *
 
 /* May the kernel on our device reach memory of device `dev`? Peer access is
  * enabled the first time it is needed (process-wide, as the runtime has it),
- * and kept. Copier thread, our device current. */
+ * and kept. The thread placing a batch, our device current; peer[] under
+ * peer_mu (the copier thread and an inline caller may place at once). */
 static bool peer_ok(struct cuda_copier *cc, int dev)
 {
+    bool ok;
+
     if (dev < 0 || dev >= cc->ndev)
         return false;
+    pthread_mutex_lock(&cc->peer_mu);
     if (cc->peer[dev] == 0) {
         int can = 0;
         cudaError_t e;
@@ -404,21 +422,25 @@ static bool peer_ok(struct cuda_copier *cc, int dev)
         }
         (void)cudaGetLastError();
     }
-    return cc->peer[dev] > 0;
+    ok = cc->peer[dev] > 0;
+    pthread_mutex_unlock(&cc->peer_mu);
+    return ok;
 }
 
-static void span_add(struct cuda_copier *cc, uintptr_t lo, size_t size, bool kernel)
+static void span_add(struct slot *sl, uintptr_t lo, size_t size, bool kernel)
 {
-    unsigned i = cc->nspans < SPANS ? cc->nspans++ : cc->next_span++ % SPANS;
+    unsigned i = sl->nspans < SPANS ? sl->nspans++ : sl->next_span++ % SPANS;
 
-    cc->spans[i] = (struct span){lo, lo + size, kernel};
+    sl->spans[i] = (struct span){lo, lo + size, kernel};
 }
 
-/* Where [p, p + len) lies and who may reach it. Copier thread, our device
- * current. Device allocations are remembered for the rest of the batch
- * only: every destination of a batch is live until its entry completes, but
- * between batches the program may free memory and reuse its addresses. */
-static void place_of(struct cuda_copier *cc, const void *p, size_t len, struct place *o)
+/* Where [p, p + len) lies and who may reach it. The thread placing slot
+ * sl's batch, our device current. Device allocations are remembered for the
+ * rest of the batch only: every destination of a batch is live until its
+ * entry completes, but between batches the program may free memory and
+ * reuse its addresses. */
+static void place_of(struct cuda_copier *cc, struct slot *sl, const void *p, size_t len,
+                     struct place *o)
 {
     uintptr_t a = (uintptr_t)p, lo = 0;
     size_t size = 0;
@@ -439,8 +461,8 @@ static void place_of(struct cuda_copier *cc, const void *p, size_t len, struct p
             return;
         }
     }
-    for (unsigned i = 0; i < cc->nspans; i++) {
-        const struct span *sp = &cc->spans[i];
+    for (unsigned i = 0; i < sl->nspans; i++) {
+        const struct span *sp = &sl->spans[i];
 
         if (a - sp->lo < sp->hi - sp->lo) {
             o->bad = len > sp->hi - a;
@@ -485,7 +507,7 @@ static void place_of(struct cuda_copier *cc, const void *p, size_t len, struct p
         o->kernel = known && legacy && peer_ok(cc, at.device);
     o->dev = a; /* unified addressing: device memory has one address */
     if (known)
-        span_add(cc, lo, size, o->kernel);
+        span_add(sl, lo, size, o->kernel);
 }
 
 /* ---------------------------------------------------------------------------
@@ -507,7 +529,8 @@ static void cuda_start(struct cuda_copier *cc, struct sfs_copy *v, size_t n, boo
     sl->n = n;
     sl->launch = cudaSuccess;
     sl->queued = false;
-    e = cudaSetDevice(cc->device); /* per thread: the copier thread's */
+    e = cudaSetDevice(cc->device); /* per thread: the copier thread's (an inline
+                                      caller's is ours already: a no-op) */
     if (e != cudaSuccess) {
         int err = cuda_errno(e);
 
@@ -518,8 +541,9 @@ static void cuda_start(struct cuda_copier *cc, struct sfs_copy *v, size_t n, boo
         }
         return;
     }
-    capture_mode_local();
-    cc->nspans = 0;
+    if (k != SLOT_INLINE)
+        capture_mode_local(); /* the copier thread's own, kept (inline: the caller sets it) */
+    sl->nspans = 0;
     for (size_t i = 0; i < n; i++) {
         struct place s, d;
 
@@ -531,8 +555,8 @@ static void cuda_start(struct cuda_copier *cc, struct sfs_copy *v, size_t n, boo
         }
         if (v[i].len == 0)
             continue;
-        place_of(cc, v[i].src, v[i].len, &s);
-        place_of(cc, v[i].dst, v[i].len, &d);
+        place_of(cc, sl, v[i].src, v[i].len, &s);
+        place_of(cc, sl, v[i].dst, v[i].len, &d);
         if (s.bad || d.bad) {
             v[i].result = -EFAULT;
             continue;
@@ -600,8 +624,9 @@ static void cuda_finish(struct cuda_copier *cc, int k)
         else if (sl->path[i] == PATH_ASYNC)
             sl->v[i].result = cuda_errno(sync);
     }
-    if ((sl->launch != cudaSuccess || sync != cudaSuccess) && !cc->failed_once) {
-        cc->failed_once = true;
+    /* Relaxed exchange: only "was it logged" matters. */
+    if ((sl->launch != cudaSuccess || sync != cudaSuccess) &&
+        !__atomic_exchange_n(&cc->failed_once, true, __ATOMIC_RELAXED)) {
         sfs_log(LOG_ERR, "cuda copier: device %d: a batch of %zu failed: %s", cc->device, sl->n,
                 cudaGetErrorString(sl->launch != cudaSuccess ? sl->launch : sync));
     }
@@ -634,7 +659,7 @@ static int cuda_dump(struct sfs_copier *cp, struct sfs_copy *v, size_t n)
 
 static int cuda_start_op(struct sfs_copier *cp, struct sfs_copy *v, size_t n, bool dump, int k)
 {
-    if (n > BATCH_MAX || k < 0 || k >= NSLOTS)
+    if (n > BATCH_MAX || k < 0 || k >= NSLOTS_THREAD)
         return -EINVAL;
     cuda_start((struct cuda_copier *)cp, v, n, dump, k);
     return 0;
@@ -643,6 +668,42 @@ static int cuda_start_op(struct sfs_copier *cp, struct sfs_copy *v, size_t n, bo
 static void cuda_finish_op(struct sfs_copier *cp, int k)
 {
     cuda_finish((struct cuda_copier *)cp, k);
+}
+
+/* A small load on the caller's thread: one gather launch on the inline
+ * slot's stream, then its synchronize, so the batch is complete on return
+ * (stream-ordered after nothing of the program's: as the copier thread's
+ * batches, see rank.md's GPU path, item 8). -EAGAIN, touching nothing, when
+ * another thread holds the inline slot or this thread's current device is
+ * not ours: making ours current here would change the caller's (and, on a
+ * thread that never used CUDA, create a context for its old one when set
+ * back). The capture mode is relaxed for the call and then put back, so a
+ * graph captured in global mode elsewhere (or on this thread, on another
+ * stream) neither breaks these calls nor is broken by them. */
+static int cuda_load_inline(struct sfs_copier *cp, struct sfs_copy *v, size_t n)
+{
+    struct cuda_copier *cc = (struct cuda_copier *)cp;
+    cudaStreamCaptureMode mode = cudaStreamCaptureModeRelaxed;
+    int cur = -1;
+
+    if (n > BATCH_MAX || pthread_mutex_trylock(&cc->inline_mu) != 0)
+        return -EAGAIN;
+    if (cudaGetDevice(&cur) != cudaSuccess || cur != cc->device) {
+        (void)cudaGetLastError();
+        pthread_mutex_unlock(&cc->inline_mu);
+        return -EAGAIN;
+    }
+    if (cudaThreadExchangeStreamCaptureMode(&mode) != cudaSuccess) {
+        (void)cudaGetLastError();
+        pthread_mutex_unlock(&cc->inline_mu);
+        return -EAGAIN;
+    }
+    cuda_start(cc, v, n, false, SLOT_INLINE);
+    cuda_finish(cc, SLOT_INLINE);
+    if (cudaThreadExchangeStreamCaptureMode(&mode) != cudaSuccess) /* the caller's again */
+        (void)cudaGetLastError();
+    pthread_mutex_unlock(&cc->inline_mu);
+    return 0;
 }
 
 /* ---------------------------------------------------------------------------
@@ -817,13 +878,17 @@ static void cuda_close(struct sfs_copier *cp)
         if (prev >= 0 && prev != cc->device && cudaSetDevice(prev) != cudaSuccess)
             (void)cudaGetLastError();
     }
+    if (cc->mutexes) {
+        pthread_mutex_destroy(&cc->peer_mu);
+        pthread_mutex_destroy(&cc->inline_mu);
+    }
     free(cc->segs);
     free(cc->peer);
     free(cc);
 }
 
 static const struct sfs_copier_ops cuda_ops = {
-    "cuda", cuda_load, cuda_dump, cuda_close, cuda_start_op, cuda_finish_op,
+    "cuda", cuda_load, cuda_dump, cuda_close, cuda_start_op, cuda_finish_op, cuda_load_inline,
 };
 
 extern "C" int sfs_cuda_device_count(void)
@@ -850,6 +915,9 @@ extern "C" struct sfs_copier *sfs_copier_cuda_open(int device, struct sfs_cache 
     }
     cc->cp.ops = &cuda_ops;
     cc->device = device;
+    pthread_mutex_init(&cc->peer_mu, NULL);
+    pthread_mutex_init(&cc->inline_mu, NULL);
+    cc->mutexes = true;
     cc->memcpy_min = env ? (size_t)strtoull(env, NULL, 0) : MEMCPY_MIN_DEFAULT;
     r = run_apart(open_main, &job);
     if (r == 0)

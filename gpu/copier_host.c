@@ -33,6 +33,7 @@ static const struct sfs_copier_ops host_ops = {
     .load = host_copy,
     .dump = host_copy,
     .close = host_close,
+    .load_inline = host_copy, /* memcpy: any thread */
 };
 
 struct sfs_copier *sfs_copier_host_open(int *err)

@@ -11,7 +11,10 @@
  *
  * A batch call copies every element, sets each one's result, and returns
  * when every copy is complete (the source may be released, the destination
- * read). Batches come from one thread, the rank's copier thread.
+ * read). Batches come from one thread, the rank's copier thread -- except
+ * load_inline, which any thread may call at any time (the submitting thread
+ * of a small task whose keys are all Ready, see rank.c), concurrently with
+ * the copier thread and with other callers of it.
  *
  * A copier whose copies run on their own (the GPU) may also offer start and
  * finish, so that the copier thread prepares and completes one batch while
@@ -55,7 +58,15 @@ struct sfs_copier_ops {
      * was queued (the caller then fails the batch); n <= SFS_COPY_BATCH_MAX. */
     int (*start)(struct sfs_copier *cp, struct sfs_copy *v, size_t n, bool dump, int slot);
     void (*finish)(struct sfs_copier *cp, int slot);
+    /* Optional (NULL: small tasks always go through the copier thread). A
+     * load batch of n <= SFS_COPY_INLINE_MAX on the calling thread, complete
+     * on return, as load. -EAGAIN: not on this thread now (nothing copied,
+     * no result set): the caller hands the batch to the copier thread. */
+    int (*load_inline)(struct sfs_copier *cp, struct sfs_copy *v, size_t n);
 };
+
+/* The most copies one load_inline call gets (rank_i.h's RANK_INLINE_KEYS_MAX). */
+#define SFS_COPY_INLINE_MAX 64
 
 struct sfs_copier {
     const struct sfs_copier_ops *ops;

@@ -100,6 +100,16 @@ static void token_put(struct sfs_rank *rk)
     }
 }
 
+bool sfs_lq_token_try(struct sfs_rank *rk)
+{
+    return token_try(rk);
+}
+
+void sfs_lq_token_put(struct sfs_rank *rk)
+{
+    token_put(rk);
+}
+
 /* ---------------------------------------------------------------------------
  * Leases: the dispatcher short of them.
  */
@@ -424,45 +434,12 @@ struct walk {
  * long task to a few microseconds per owner load. */
 #define LOOKAHEAD_PEEKS 64
 
-/* Get `it` and route it by role. `token`: we hold a depth token for it. */
-static void get_and_route(struct sfs_rank *rk, struct rank_item *it, struct load_batch *b,
-                          bool token)
+/* Route `it`, whose Get made it `role` (its lease taken), by that role.
+ * `token`: we hold a depth token for it. `deadline`: the key's deadline if
+ * the Get read the clock for one, else 0. */
+static void route(struct sfs_rank *rk, struct rank_item *it, struct load_batch *b, bool token,
+                  int role, int64_t deadline)
 {
-    /* The key's deadline starts at its Get, not before the wait for a load
-     * slot (which can outlast key_timeout_ms behind slow loads); it is read
-     * from the clock only when needed: hits, most keys, need none. First a
-     * Get that does not wait for a free slot: a full cache must not wait on
-     * slots whose loads (or copies) we hold back. */
-    int64_t deadline = 0;
-    if (rank_link_lost(rk)) {
-        /* The daemon is gone: nobody repairs this cache any more. */
-        if (token)
-            token_put(rk);
-        sfs_item_done(it, -ESHUTDOWN);
-        return;
-    }
-    int role = sfs_cache_get(rk->cache, &it->key, 0, 0, &it->lease);
-
-    if (role == -ENOSPC) {
-        batch_flush(rk, b);
-        deadline = sfs_deadline_after(rk->key_timeout_ns);
-        role = sfs_cache_get(rk->cache, &it->key, 0, deadline, &it->lease);
-    }
-    /* Out of leases: what we hold goes on (the copier releases it), then
-     * wait for a free one, until the key's deadline. */
-    if (role == -ENOBUFS && !deadline)
-        deadline = sfs_deadline_after(rk->key_timeout_ns);
-    while (role == -ENOBUFS && sfs_now_ns() < deadline) {
-        batch_flush(rk, b);
-        lease_wait(rk, deadline);
-        role = sfs_cache_get(rk->cache, &it->key, 0, deadline, &it->lease);
-    }
-    if (role < 0) {
-        if (token)
-            token_put(rk);
-        sfs_item_done(it, role);
-        return;
-    }
     it->leased = true;
     switch (role) {
     case SFS_HIT:
@@ -507,6 +484,62 @@ static void get_and_route(struct sfs_rank *rk, struct rank_item *it, struct load
             batch_flush(rk, b);
         break;
     }
+}
+
+/* Get `it` and route it by role. `token`: we hold a depth token for it. */
+static void get_and_route(struct sfs_rank *rk, struct rank_item *it, struct load_batch *b,
+                          bool token)
+{
+    /* The key's deadline starts at its Get, not before the wait for a load
+     * slot (which can outlast key_timeout_ms behind slow loads); it is read
+     * from the clock only when needed: hits, most keys, need none. First a
+     * Get that does not wait for a free slot: a full cache must not wait on
+     * slots whose loads (or copies) we hold back. */
+    int64_t deadline = 0;
+    if (rank_link_lost(rk)) {
+        /* The daemon is gone: nobody repairs this cache any more. */
+        if (token)
+            token_put(rk);
+        sfs_item_done(it, -ESHUTDOWN);
+        return;
+    }
+    int role = sfs_cache_get(rk->cache, &it->key, 0, 0, &it->lease);
+
+    if (role == -ENOSPC) {
+        batch_flush(rk, b);
+        deadline = sfs_deadline_after(rk->key_timeout_ns);
+        role = sfs_cache_get(rk->cache, &it->key, 0, deadline, &it->lease);
+    }
+    /* Out of leases: what we hold goes on (the copier releases it), then
+     * wait for a free one, until the key's deadline. */
+    if (role == -ENOBUFS && !deadline)
+        deadline = sfs_deadline_after(rk->key_timeout_ns);
+    while (role == -ENOBUFS && sfs_now_ns() < deadline) {
+        batch_flush(rk, b);
+        lease_wait(rk, deadline);
+        role = sfs_cache_get(rk->cache, &it->key, 0, deadline, &it->lease);
+    }
+    if (role < 0) {
+        if (token)
+            token_put(rk);
+        sfs_item_done(it, role);
+        return;
+    }
+    route(rk, it, b, token, role, deadline);
+}
+
+/* An item the submitting thread already Got (its inline try stopped at it,
+ * or at a key after it): route it by that Get, without another. An owner
+ * comes with its depth token (rank.c takes one before it keeps an
+ * ownership). */
+static void route_pregot(struct sfs_rank *rk, struct rank_item *it, struct load_batch *b)
+{
+    int role = it->pregot == PREGOT_HIT      ? SFS_HIT
+               : it->pregot == PREGOT_WAITER ? SFS_WAITER
+                                             : SFS_OWNER;
+
+    it->pregot = PREGOT_NONE;
+    route(rk, it, b, role == SFS_OWNER, role, 0);
 }
 
 static bool needs_no_token(int state)
@@ -624,6 +657,8 @@ static void walk_task(struct sfs_rank *rk, struct sfs_task *t)
 
         if (t->kind == ITEM_DUMP)
             dispatch_dump(rk, it);
+        else if (it->pregot)
+            route_pregot(rk, it, &w.b);
         else if (!w.taken || !w.taken[w.pos])
             dispatch_load(rk, &w, it);
     }
@@ -675,6 +710,10 @@ static void *dispatcher_main(void *arg)
         if (last)
             sfs_task_unref(last);
         walk_task(rk, t);
+        if (t->kind == ITEM_DUMP)
+            /* Release: a submitter that reads 0 (acquire) sees the keys this
+             * walk took for writing, so its inline load waits for them. */
+            atomic_fetch_sub_explicit(&rk->dumps_unwalked, 1, memory_order_release);
         last = t;
     }
     return NULL;

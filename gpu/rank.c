@@ -3,9 +3,10 @@
  * rank.c - the public face of libshardfs-rank: opening a rank (attach,
  * backend, copier, threads), tasks and waiting for them, lookups, touch,
  * prefetch and counters. The moving parts live in loadqueue.c (dispatcher,
- * workers, prefetch, backend callbacks), watch.c (watchers) and copier.c
- * (copier thread); an entry's end, and a task's references (caller,
- * dispatcher, completion), in complete.c. See rank_i.h for which way the
+ * workers, prefetch, backend callbacks), watch.c (watchers), copier.c
+ * (copier thread) and inline.c (small resident tasks on the submitting
+ * thread); an entry's end, and a task's references (caller, dispatcher,
+ * completion), in complete.c. See rank_i.h for which way the
  * calls go.
  */
 #include "rank_i.h"
@@ -349,6 +350,8 @@ struct sfs_rank *sfs_rank_open(const struct sfs_rank_config *cfg, int *err)
     rk->nworkers = cfg->workers ? cfg->workers : 4;
     rk->rotate = cfg->rotate;
     rk->prealloc = cfg->prealloc;
+    /* Test hook (bench_rank's pipeline figure, A/B tests): never inline. */
+    rk->inline_off = getenv("SHARDFS_RANK_NO_INLINE") != NULL;
     rk->key_timeout_ns = (int64_t)(cfg->key_timeout_ms ? cfg->key_timeout_ms : 30000) * 1000000;
     if ((cfg->socket_path && !(rk->socket_path = strdup(cfg->socket_path))) ||
         (cfg->mount_point && !(rk->mount_point = strdup(cfg->mount_point)))) {
@@ -385,9 +388,20 @@ out_free:
     return NULL;
 }
 
-/* Complete every entry of a task the dispatcher never started. mu held. */
-static void cancel_task(struct sfs_task *t)
+/* Complete every entry of a task the dispatcher never started (an inline
+ * try may have left leases in it: they go back). mu held. */
+static void cancel_task(struct sfs_rank *rk, struct sfs_task *t)
 {
+    for (size_t i = 0; i < t->n; i++) {
+        struct rank_item *it = &t->items[i];
+
+        if (it->leased) {
+            if (it->pregot == PREGOT_OWNER)
+                sfs_lq_token_put(rk);
+            sfs_cache_release(rk->cache, &it->lease);
+            it->leased = false;
+        }
+    }
     pthread_mutex_lock(&t->mu);
     for (size_t i = 0; i < t->n; i++)
         t->status[i] = -ECANCELED;
@@ -410,7 +424,11 @@ void sfs_rank_close(struct sfs_rank *rk)
     __atomic_store_n(&rk->stopping, true, __ATOMIC_RELAXED);
     cancelled = rk->queues_ready ? sfs_workq_pop_all(&rk->tq, SFS_WQ_NOWAIT) : NULL;
     for (n = cancelled; n; n = n->next) {
-        cancel_task(sfs_wq_entry(n, struct sfs_task, qn));
+        struct sfs_task *ct = sfs_wq_entry(n, struct sfs_task, qn);
+
+        if (ct->kind == ITEM_DUMP) /* relaxed: nothing is submitted any more */
+            atomic_fetch_sub_explicit(&rk->dumps_unwalked, 1, memory_order_relaxed);
+        cancel_task(rk, ct);
         rk->active--;
     }
     while (rk->active > 0)
@@ -486,11 +504,23 @@ static int submit_entered(struct sfs_rank *rk, const struct sfs_rank_entry *entr
         return -ESHUTDOWN;
     }
     rk->active++;
-    sfs_workq_push(&rk->tq, &t->qn); /* under mu: close cancels it, or the dispatcher runs it */
+    if (kind == ITEM_DUMP) {
+        /* Relaxed: ordered before the push (under tq's lock) that the
+         * dispatcher's walk, and its release decrement, come after. */
+        atomic_fetch_add_explicit(&rk->dumps_unwalked, 1, memory_order_relaxed);
+        sfs_workq_push(&rk->tq, &t->qn); /* under mu: close cancels it, or the dispatcher runs it */
+    }
     pthread_mutex_unlock(&rk->mu);
     rank_ctr_add(rk, RC_TASKS, 1);
     rank_ctr_add(rk, RC_ENTRIES, n);
     *out = t;
+    if (kind == ITEM_DUMP || sfs_inline_load(rk, t))
+        return 0; /* queued; or complete, or in the copier's hands (inline.c) */
+    /* Under mu: close cancels it, or the dispatcher runs it (active is
+     * counted, so a close that started meanwhile waits for it). */
+    pthread_mutex_lock(&rk->mu);
+    sfs_workq_push(&rk->tq, &t->qn);
+    pthread_mutex_unlock(&rk->mu);
     return 0;
 }
 

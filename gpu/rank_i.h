@@ -5,6 +5,7 @@
  * the counters. Shared by the library's rooms, whose calls flow one way:
  *
  *   rank.c       the API: open/close, tasks, lookups, counters
+ *     -> inline.c      small resident tasks on the submitting thread
  *     -> loadqueue.c   dispatcher, workers, prefetch, backend callbacks
  *          -> watch.c  watchers: keys other ranks are loading
  *     -> copier.c      copier thread (and releaser), choice of copier
@@ -68,7 +69,8 @@ struct rank_item {
     uint8_t kind;          /* enum item_kind */
     uint8_t step;          /* enum item_step */
     bool leased;
-    bool bounce; /* dump through a private buffer (key leased elsewhere) */
+    bool bounce;    /* dump through a private buffer (key leased elsewhere) */
+    uint8_t pregot; /* load: PREGOT_* -- the submitting thread's inline try already Got it */
     struct sfs_key key;
     struct sfs_lease lease;
     void *buf;           /* the slot's bytes, or the bounce buffer */
@@ -76,6 +78,16 @@ struct rank_item {
     int64_t deadline_ns; /* STEP_WAIT, or a bounced dump taking its slot: when it gives up
                             (-ETIMEDOUT) */
     struct sfs_io io;
+};
+
+/* What the inline try of a small task (rank.c) left in an item it handed to
+ * the dispatcher: the Get is done, the dispatcher routes the item by it and
+ * does not Get the key again (so every key is Got once, counted once). */
+enum item_pregot {
+    PREGOT_NONE = 0,
+    PREGOT_HIT = 1,    /* a Ready lease: to the copier */
+    PREGOT_WAITER = 2, /* another owner loads it: to a watcher */
+    PREGOT_OWNER = 3,  /* ours to load, with a depth token taken for it */
 };
 
 /* The item a queue node is, or NULL. */
@@ -128,6 +140,7 @@ struct sfs_rank {
     bool blocking_waits; /* test hook SHARDFS_RANK_BLOCKING_WAITS (loadqueue.c) */
     bool prealloc;
     bool query_only;
+    bool inline_off; /* test hook SHARDFS_RANK_NO_INLINE (rank.c): every task to the pipeline */
     int64_t key_timeout_ns;
 
     /* Lifetime. Lock order: mu before tq's lock (submit pushes under mu,
@@ -140,6 +153,10 @@ struct sfs_rank {
     struct sfs_workq tq;    /* tasks for the dispatcher (struct sfs_task) */
     struct sfs_workq ready; /* items ready to copy (copier thread) */
     struct sfs_workq work;  /* dumps to submit, takeover loads (worker threads) */
+    /* Dump tasks submitted and not yet walked by the dispatcher (whose Gets
+     * take their keys for writing). A small load runs inline only when it
+     * is 0, so a load never overtakes an earlier dump of this rank. */
+    _Atomic unsigned dumps_unwalked;
 
     /* Keys to watch (watcher threads, see watch.c). Each watcher has its
      * own inbox and doorbell; a push goes to the first with room and rings
@@ -207,6 +224,13 @@ void sfs_log(int level, const char *fmt, ...) __attribute__((format(printf, 2, 3
  * would read as an error. sfs_rank_open() refuses a cache past it. */
 #define RANK_SHARD_MAX ((uint32_t)INT32_MAX)
 
+/* A small task: at most this many entries and bytes (entries x shard size)
+ * are tried inline, on the submitting thread, when every key is Ready (see
+ * rank.c). 64 x 16 KiB is the GPU path's small task; 1 MiB bounds the time
+ * sfs_rank_load spends copying before it returns (tens of microseconds). */
+#define RANK_INLINE_KEYS_MAX  ((unsigned)SFS_COPY_INLINE_MAX) /* 64 */
+#define RANK_INLINE_BYTES_MAX (1u << 20)
+
 /* Hand items to the copier thread: a chain head..tail (linked through qn)
  * with one lock and at most one wake. Any thread. */
 static inline void rank_push_copy_chain(struct sfs_rank *rk, struct rank_item *head,
@@ -237,6 +261,9 @@ void sfs_rank_active_put(struct sfs_rank *rk);
 int sfs_lq_start(struct sfs_rank *rk);
 void sfs_lq_stop(struct sfs_rank *rk);
 int sfs_lq_prefetch(struct sfs_rank *rk, const struct sfs_key *keys, size_t n);
+/* Depth tokens (loadqueue.c): take one without waiting, give one back. */
+bool sfs_lq_token_try(struct sfs_rank *rk);
+void sfs_lq_token_put(struct sfs_rank *rk);
 /* The daemon is gone: wake every watcher (its set fails with -ESHUTDOWN)
  * and a dispatcher waiting for a lease. */
 void sfs_lq_link_lost(struct sfs_rank *rk);
@@ -256,8 +283,19 @@ bool sfs_watch_settled(struct sfs_rank *rk, struct rank_item *it, int r);
  * rank_link_lost(). */
 void sfs_watch_wake_all(struct sfs_rank *rk);
 
-/* copier.c (called by rank.c) */
+/* inline.c (called by rank.c): try load task t (counted active, not
+ * queued) on the calling thread. True: it is complete, or its every key is
+ * a Ready lease handed to the copier thread (a copier that cannot copy on
+ * this thread). False: the caller queues it for the dispatcher, which
+ * routes the keys the try Got (item->pregot) and walks the rest. */
+bool sfs_inline_load(struct sfs_rank *rk, struct sfs_task *t);
+
+/* copier.c (called by rank.c and inline.c) */
 int sfs_copier_start(struct sfs_rank *rk);
+/* The inline path of a small task: copy items[0..n) (each a Ready lease,
+ * n <= RANK_INLINE_KEYS_MAX) on the calling thread and finish each one.
+ * -EAGAIN: the copier cannot copy on this thread; nothing was touched. */
+int sfs_copier_inline(struct sfs_rank *rk, struct rank_item **items, size_t n);
 void sfs_copier_stop(struct sfs_rank *rk);
 
 #endif /* SHARDFS_RANK_I_H */

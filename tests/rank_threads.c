@@ -8,7 +8,10 @@
  * two ranks to it through the socket; application threads load, dump and
  * prefetch overlapping tasks at once over a fault backend with latency, so
  * hits, owners, waiters and hand-offs between the library's threads all
- * happen. Every byte copied is verified. Exit status 0 means all held.
+ * happen. Small tasks (4 keys) between the big ones take the inline path
+ * on the application threads when their keys are Ready, and hand their
+ * keys on to the dispatcher when not. Every byte copied is verified. Exit
+ * status 0 means all held.
  */
 #include "testutil.h"
 
@@ -27,11 +30,49 @@
 
 static const char *sock;
 static atomic_long wrong, failed;
+static atomic_long small_inline, small_tasks; /* small tasks; of those, done in the call */
 
 struct app {
     struct sfs_rank *rank;
     int id;
 };
+
+/* A small task: the first 4 entries of e (as set), loaded again into a
+ * buffer of its own, checked. */
+static void small_load(struct app *a, const struct sfs_rank_entry *e)
+{
+    struct sfs_rank_entry s[4];
+    uint8_t *buf = malloc(4 * SHARD);
+    struct sfs_task *t;
+    int st[4];
+
+    for (int i = 0; i < 4; i++)
+        s[i] = (struct sfs_rank_entry){e[i].block, e[i].shard, buf + (size_t)i * SHARD};
+    if (sfs_rank_load(a->rank, s, 4, &t) < 0) {
+        atomic_fetch_add(&failed, 1);
+        free(buf);
+        return;
+    }
+    if (sfs_rank_task_done(t)) /* complete in the call: inline */
+        atomic_fetch_add(&small_inline, 1);
+    if (sfs_rank_wait(t, 30000, st) < 0) {
+        sfs_rank_task_free(t);
+        atomic_fetch_add(&failed, 1);
+        free(buf);
+        return;
+    }
+    atomic_fetch_add(&small_tasks, 1);
+    sfs_rank_task_free(t);
+    for (int i = 0; i < 4; i++) {
+        struct sfs_key k = {.block = s[i].block, .shard = s[i].shard};
+
+        if (st[i] < 0)
+            atomic_fetch_add(&failed, 1);
+        else if (tu_check(&k, s[i].addr, SHARD) >= 0)
+            atomic_fetch_add(&wrong, 1);
+    }
+    free(buf);
+}
 
 static void *app_thread(void *arg)
 {
@@ -57,6 +98,7 @@ static void *app_thread(void *arg)
                 tu_fill(&k, e[i].addr, SHARD);
             }
             if (sfs_rank_dump(a->rank, e, NBLOCKS, &t) == 0) {
+                small_load(a, e); /* after the dump, before its end */
                 sfs_rank_wait(t, 30000, st);
                 sfs_rank_task_free(t);
             }
@@ -81,6 +123,59 @@ static void *app_thread(void *arg)
             else if (tu_check(&k, e[i].addr, SHARD) >= 0)
                 atomic_fetch_add(&wrong, 1);
         }
+        small_load(a, e); /* resident now, or evicted meanwhile */
+        for (int i = 0; i < 4; i++)
+            e[i].shard = (shard + 1) % 3; /* loaded by another thread, or not */
+        small_load(a, e);
+    }
+    free(buf);
+    return NULL;
+}
+
+/* Phase 2: small tasks over 16 keys (shard 6) that stay resident, from
+ * several threads of both ranks at once, while one thread dumps the same
+ * keys (the same bytes) through rank 0: inline tries racing each other, the
+ * dispatcher's dump walks and the copier. */
+#define HOT 16
+
+static void *hot_loader(void *arg)
+{
+    struct app *a = arg;
+    struct sfs_rank_entry e[4];
+    uint64_t rng = 0x9e3779b97f4a7c15ull * (uint64_t)(a->id + 1);
+
+    for (int i = 0; i < 200; i++) {
+        for (int j = 0; j < 4; j++)
+            e[j] = (struct sfs_rank_entry){tu_block(tu_rng_next(&rng) % HOT), 6, NULL};
+        small_load(a, e);
+    }
+    return NULL;
+}
+
+static void *hot_dumper(void *arg)
+{
+    struct app *a = arg;
+    struct sfs_rank_entry e[HOT];
+    uint8_t *buf = malloc((size_t)HOT * SHARD);
+    int st[HOT];
+
+    for (int i = 0; i < HOT; i++) {
+        struct sfs_key k = tu_key((uint64_t)i, 6);
+
+        e[i] = (struct sfs_rank_entry){k.block, 6, buf + (size_t)i * SHARD};
+        tu_fill(&k, e[i].addr, SHARD);
+    }
+    for (int round = 0; round < 10; round++) {
+        struct sfs_task *t;
+
+        if (sfs_rank_dump(a->rank, e, HOT, &t) < 0) {
+            atomic_fetch_add(&failed, 1);
+            continue;
+        }
+        small_load(a, e); /* after the dump: waits for it */
+        if (sfs_rank_wait(t, 30000, st) < 0)
+            atomic_fetch_add(&failed, 1);
+        sfs_rank_task_free(t);
     }
     free(buf);
     return NULL;
@@ -142,6 +237,12 @@ int main(void)
     }
     for (int i = 0; i < 4; i++)
         pthread_join(th[i], NULL);
+    for (int i = 0; i < 4; i++) {
+        apps[i] = (struct app){.rank = ranks[i % 2], .id = i};
+        pthread_create(&th[i], NULL, i == 3 ? hot_dumper : hot_loader, &apps[i]);
+    }
+    for (int i = 0; i < 4; i++)
+        pthread_join(th[i], NULL);
     struct sfs_stats st;
     sfs_cache_stats(c, &st);
     for (int r = 0; r < 2; r++)
@@ -150,10 +251,13 @@ int main(void)
     snprintf(cmd, sizeof(cmd), "rm -rf %s", dir);
     if (system(cmd) != 0)
         fprintf(stderr, "rank_threads: could not remove %s\n", dir);
-    printf("rank_threads: owner loads %llu, waits %llu, hits %llu; wrong %ld, failed %ld\n",
+    printf("rank_threads: owner loads %llu, waits %llu, hits %llu; small tasks %ld (%ld done in "
+           "the call); wrong %ld, failed %ld\n",
            (unsigned long long)st.owner_loads, (unsigned long long)st.waits,
-           (unsigned long long)st.hits, atomic_load(&wrong), atomic_load(&failed));
-    bool ok = atomic_load(&wrong) == 0 && atomic_load(&failed) == 0 && st.owner_loads > 0;
+           (unsigned long long)st.hits, atomic_load(&small_tasks), atomic_load(&small_inline),
+           atomic_load(&wrong), atomic_load(&failed));
+    bool ok = atomic_load(&wrong) == 0 && atomic_load(&failed) == 0 && st.owner_loads > 0 &&
+              atomic_load(&small_inline) > 0;
     printf("%d passed, %d failed\n", ok ? 1 : 0, ok ? 0 : 1);
     return ok ? 0 : 1;
 }

@@ -4,6 +4,7 @@
  *
  *   bench_rank [--quick] [--ranks 1,2,4,8] [--shards M] [--latency-us L]
  *              [--depth D] [--shard-size BYTES[,BYTES..]] [--reps R] [--out FILE]
+ *   bench_rank --small [--quick]
  *   bench_rank --gpu [--quick] [--copier auto|host|cuda] [--out FILE]
  *
  * Default mode, three tables:
@@ -18,6 +19,13 @@
  *     of owner loads, against M/N).
  *  2. Hit path: one rank loads a resident task into host buffers, against a
  *     plain memcpy of the same bytes into the same buffers.
+ *  2b. Small tasks (--small runs only this one, to stdout): p50/p99 round
+ *     trip (sfs_rank_load + sfs_rank_wait) of a resident task of 1 x 16 KiB
+ *     and of 64 x 16 KiB into host buffers -- the inline path, where the
+ *     submitting thread copies -- against the core API doing the same
+ *     (Get + memcpy + Release per key) and against the pipeline (a rank
+ *     opened with the test hook SHARDFS_RANK_NO_INLINE), interleaved in one
+ *     run; every byte of each path's last task checked.
  * --gpu mode (needs a CUDA device to mean anything; with --copier host it
  * runs the same code on the host copier):
  *  3. Load GB/s of resident tasks of 16 KiB .. 4 MiB shards into device
@@ -57,7 +65,7 @@
 #define MAXR 16
 
 static struct {
-    bool quick, gpu;
+    bool quick, gpu, small_only;
     int ranks[MAXR], nranks;
     uint32_t M;
     unsigned lat_us, depth;
@@ -484,6 +492,154 @@ static void bench_hits(void)
 }
 
 /* ---------------------------------------------------------------------------
+ * 2b. Small tasks: the inline path against the core API and the pipeline.
+ */
+
+/* The CPU model, for the record (the figures are per-CPU latencies). */
+static void cpu_model(char *out, size_t len)
+{
+    FILE *f = fopen("/proc/cpuinfo", "r");
+    char line[512];
+
+    snprintf(out, len, "unknown CPU");
+    while (f && fgets(line, sizeof(line), f)) {
+        char *c = strchr(line, ':');
+
+        if (!strncmp(line, "model name", 10) && c) {
+            snprintf(out, len, "%s", c + 2);
+            out[strcspn(out, "\n")] = '\0';
+            break;
+        }
+    }
+    if (f)
+        fclose(f);
+}
+
+/* Key i is all (i & 0xff): every byte of n entries of shard bytes. */
+static bool small_check(const uint8_t *buf, uint32_t n, uint64_t shard)
+{
+    for (uint32_t i = 0; i < n; i++)
+        for (uint64_t b = 0; b < shard; b++)
+            if (buf[i * shard + b] != (uint8_t)i)
+                return false;
+    return true;
+}
+
+static int64_t small_core(struct sfs_cache *c, const struct sfs_rank_entry *e, uint32_t n,
+                          uint64_t shard)
+{
+    int64_t t0 = sfs_now_ns();
+
+    for (uint32_t i = 0; i < n; i++) {
+        struct sfs_key k = {e[i].block, e[i].shard};
+        struct sfs_lease l;
+
+        if (sfs_cache_get(c, &k, 0, 0, &l) != SFS_HIT)
+            die("core Get: not a hit", EIO);
+        memcpy(e[i].addr, sfs_cache_data(c, &l), shard);
+        sfs_cache_release(c, &l);
+    }
+    return sfs_now_ns() - t0;
+}
+
+static int64_t small_rank(struct sfs_rank *rk, const struct sfs_rank_entry *e, uint32_t n, int *st)
+{
+    struct sfs_task *t;
+    int64_t t0 = sfs_now_ns();
+
+    if (sfs_rank_load(rk, e, n, &t) || sfs_rank_wait(t, 60000, st))
+        die("small load", EIO);
+    int64_t dt = sfs_now_ns() - t0;
+
+    sfs_rank_task_free(t);
+    check_status(st, n, "small load");
+    return dt;
+}
+
+static void bench_small(void)
+{
+    const uint64_t shard = 16 * 1024;
+    const uint32_t sizes[2] = {1, 64};
+    int iters = O.quick ? 300 : 5000;
+    char sock[128], cpu[256];
+    uint8_t *bufs[3];
+    struct sfs_rank_entry *e[3];
+    double *v[3];
+    int st[64];
+
+    for (int p = 0; p < 3; p++) {
+        bufs[p] = aligned_alloc(4096, 64 * shard);
+        e[p] = calloc(64, sizeof(*e[p]));
+        v[p] = calloc((size_t)iters, sizeof(*v[p]));
+    }
+    snprintf(sock, sizeof(sock), "/tmp/bench-rank-small-%d.sock", getpid());
+    struct sfs_cache *c = make_cache(shard, 64 + 64, sock);
+
+    for (int p = 0; p < 3; p++)
+        fill_resident(c, 64, shard, bufs[p], e[p], NULL);
+    struct sfs_rank *rk = bench_rank_open(sock, SFS_COPIER_HOST);
+    setenv("SHARDFS_RANK_NO_INLINE", "1", 1); /* read by sfs_rank_open */
+    struct sfs_rank *pipe = bench_rank_open(sock, SFS_COPIER_HOST);
+    unsetenv("SHARDFS_RANK_NO_INLINE");
+
+    cpu_model(cpu, sizeof(cpu));
+    emit("\n### Small tasks: resident 16 KiB shards into host buffers, round trip\n\n");
+    emit("sfs_rank_load + sfs_rank_wait of a task whose keys are all Ready (the inline path: "
+         "the submitting thread copies), against the core API doing the same (sfs_cache_get + "
+         "memcpy + sfs_cache_release per key) and against the pipeline (dispatcher, copier "
+         "threads; a rank opened with SHARDFS_RANK_NO_INLINE); %d tasks each, interleaved; "
+         "every byte of each path's last task checked. CPU: %s, %ld online.\n\n",
+         iters, cpu, sysconf(_SC_NPROCESSORS_ONLN));
+    emit(
+        "| task | core Get+memcpy+Release p50 / p99 (us) | sfs_rank_load inline p50 / p99 (us) "
+        "| inline / core (p50) | pipeline p50 / p99 (us) | checked |\n|---|---|---|---|---|---|\n");
+    for (int z = 0; z < 2; z++) {
+        uint32_t n = sizes[z];
+        double p50[3], p99[3];
+
+        for (int i = -50; i < iters; i++) {
+            int64_t d[3];
+
+            /* Rotate which path goes first: none always pays for a cold line. */
+            for (int k = 0; k < 3; k++) {
+                int p = (i + k) % 3;
+
+                if (p < 0)
+                    p += 3;
+                d[p] = p == 0   ? small_core(c, e[0], n, shard)
+                       : p == 1 ? small_rank(rk, e[1], n, st)
+                                : small_rank(pipe, e[2], n, st);
+            }
+            if (i >= 0)
+                for (int p = 0; p < 3; p++)
+                    v[p][i] = (double)d[p] / 1e3;
+        }
+        for (int p = 0; p < 3; p++) {
+            p99[p] = bench_percentile(v[p], (size_t)iters, 99);
+            p50[p] = bench_percentile(v[p], (size_t)iters, 50);
+        }
+        bool ok = small_check(bufs[0], n, shard) && small_check(bufs[1], n, shard) &&
+                  small_check(bufs[2], n, shard);
+        fprintf(stderr,
+                "small %u x 16 KiB: core p50 %.2f p99 %.2f; inline p50 %.2f p99 %.2f; "
+                "pipeline p50 %.2f p99 %.2f us\n",
+                n, p50[0], p99[0], p50[1], p99[1], p50[2], p99[2]);
+        emit("| %u x 16 KiB | %.2f / %.2f | %.2f / %.2f | %.2fx | %.2f / %.2f | %s |\n", n, p50[0],
+             p99[0], p50[1], p99[1], p50[1] / p50[0], p50[2], p99[2], ok ? "all" : "**WRONG**");
+        if (!ok)
+            die("small tasks: wrong bytes", EIO);
+    }
+    sfs_rank_close(rk);
+    sfs_rank_close(pipe);
+    sfs_cache_close(c);
+    for (int p = 0; p < 3; p++) {
+        free(bufs[p]);
+        free(e[p]);
+        free(v[p]);
+    }
+}
+
+/* ---------------------------------------------------------------------------
  * 3. GPU: load / dump GB/s by shard size, and small-task latency.
  */
 
@@ -761,7 +917,7 @@ static void bench_gpu(void)
 
 static void usage(void)
 {
-    fprintf(stderr, "usage: bench_rank [--quick] [--gpu] [--ranks 1,2,4,8] [--shards M] "
+    fprintf(stderr, "usage: bench_rank [--quick] [--gpu | --small] [--ranks 1,2,4,8] [--shards M] "
                     "[--latency-us L] [--depth D] [--shard-size BYTES[,BYTES..]] [--reps R] "
                     "[--copier auto|host|cuda] [--out FILE]\n");
     exit(2);
@@ -780,6 +936,8 @@ int main(int argc, char **argv)
             O.nranks = 3;
         } else if (!strcmp(a, "--gpu")) {
             O.gpu = true;
+        } else if (!strcmp(a, "--small")) {
+            O.small_only = true;
         } else if (!strcmp(a, "--ranks") && v) {
             char *s = strdup(v), *tok, *save;
 
@@ -841,11 +999,16 @@ int main(int argc, char **argv)
                 O.gpu ? "GPU copies" : "TP scaling and the hit path", O.gpu ? " --gpu" : "");
         bench_stamp(&b);
     }
+    if (O.small_only && O.out)
+        usage(); /* the section is the whole default run's */
     if (O.gpu) {
         bench_gpu();
+    } else if (O.small_only) {
+        bench_small();
     } else {
         bench_tp();
         bench_hits();
+        bench_small();
     }
     if (outf) {
         int rc;
