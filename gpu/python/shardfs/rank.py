@@ -21,6 +21,8 @@ on the parent's Rank raises RankClosed instead of hanging.
 """
 import ctypes
 import errno
+import functools
+import itertools
 import os
 import struct
 import sys
@@ -34,6 +36,16 @@ _HEX = frozenset("0123456789abcdefABCDEF")
 _MAX_SHARD = 0xFFFFFFFF
 # Longest single sleep of an unbounded wait, so that Ctrl-C is seen.
 _WAIT_SLICE_MS = 200
+# This process's pid, kept current across fork() without a getpid() per call.
+_pid = os.getpid()
+
+
+def _after_fork():
+    global _pid
+    _pid = os.getpid()
+
+
+os.register_at_fork(after_in_child=_after_fork)
 
 
 def block_id(block):
@@ -72,6 +84,31 @@ def _shard_index(shard):
 
 _ENTRY = struct.Struct("=16sI4xQ")  # struct sfs_rank_entry on LP64: block, shard, pad, addr
 assert _ENTRY.size == ctypes.sizeof(_lib.Entry)
+# The fast path packs up to _CHUNK entries with one pack_into of a Struct
+# made once per entry count (a cached struct of _CHUNK entries and one for
+# the remainder: at most _CHUNK + 1 distinct Structs ever).
+_CHUNK = 256
+
+
+@functools.lru_cache(maxsize=_CHUNK + 1)
+def _entries_struct(n):
+    return struct.Struct("=" + "16sI4xQ" * n)
+
+
+def _pack(blocks, shards, addrs):
+    """struct sfs_rank_entry[n] from three checked columns (sequences or
+    iterables of n each), packed by a cached Struct _CHUNK entries at a
+    time: no Python bytecode per entry."""
+    flat = list(itertools.chain.from_iterable(zip(blocks, shards, addrs)))
+    n = len(flat) // 3
+    raw = bytearray(_ENTRY.size * n)
+    off = 0
+    while off + _CHUNK <= n:
+        _entries_struct(_CHUNK).pack_into(raw, off * _ENTRY.size, *flat[3 * off:3 * (off + _CHUNK)])
+        off += _CHUNK
+    if off < n:
+        _entries_struct(n - off).pack_into(raw, off * _ENTRY.size, *flat[3 * off:])
+    return (_lib.Entry * n).from_buffer(raw)
 _tensor_type = None
 
 
@@ -98,7 +135,13 @@ def _buffer_address(buf, size, writable, host_only, what):
     when `writable`), or an int address (taken as is: the caller vouches for
     its size). `host_only`: device memory is refused (a host copier would
     fault on it)."""
-    if isinstance(buf, bool):
+    t = type(buf)
+    if t is (_tensor_type or _torch_tensor_type()) and buf.is_contiguous() and buf.numel() * buf.element_size() == size and \
+            (buf.is_cpu or (buf.is_cuda and not host_only)):
+        addr = buf.data_ptr()  # the common case; what it skips is checked below
+        if addr:
+            return addr, buf
+    if t is bool:
         raise InvalidArgument(f"{what}: a bool is not a buffer")
     if isinstance(buf, int):
         if buf <= 0 or buf >= 1 << 64:
@@ -209,12 +252,16 @@ class Task:
             raise InvalidArgument(f"timeout {timeout}: expected seconds >= 0 or None")
         if self._statuses is not None:
             return list(self._statuses)
-        t0 = time.monotonic()
-        if not self._mu.acquire(timeout=-1 if timeout is None else timeout):
-            raise WaitTimeout(f"{self._kind} of {self._n} entries not done after {timeout} s")
+        if timeout is None:
+            self._mu.acquire()
+        else:
+            t0 = time.monotonic()
+            if not self._mu.acquire(timeout=timeout):
+                raise WaitTimeout(f"{self._kind} of {self._n} entries not done after {timeout} s")
+            timeout = max(0.0, timeout - (time.monotonic() - t0))
         try:
             if self._statuses is None:
-                self._wait_locked(None if timeout is None else max(0.0, timeout - (time.monotonic() - t0)))
+                self._wait_locked(timeout)
             return list(self._statuses)
         finally:
             self._mu.release()
@@ -238,7 +285,7 @@ class Task:
             raise WaitTimeout(f"{self._kind} of {self._n} entries not done after {timeout} s")
         check(rc, "sfs_rank_wait")
         self._release()
-        self._statuses = list(status)
+        self._statuses = status[:]
 
     def _release(self):
         ptr, self._ptr = self._ptr, None
@@ -251,7 +298,7 @@ class Task:
         if not ptr:
             return
         rank = self._rank
-        if rank is not None and rank._pid != os.getpid():
+        if rank is not None and rank._pid != _pid:
             return  # the parent's task, inherited through fork: not ours to free
         try:
             lib = _lib.lib()
@@ -264,6 +311,83 @@ class Task:
                 self._keep = None
         except Exception:  # interpreter shutdown: nothing sane left to do
             pass
+
+
+class Entries:
+    """A task's entries in columns, over one buffer: made by Rank.entries()
+    and given to Rank.load() / Rank.dump() (or its own load() / dump())
+    instead of a list of triples.
+
+    Entry i is (blocks[i], shards[i], buffer + i * shard_size): the buffer
+    holds the n shards one after the other (a torch tensor of n rows of
+    shard_size bytes, a numpy array, a writable buffer, or an int address
+    the caller vouches for). The block ids and shard indices are checked and
+    packed once, when it is made; each use checks the buffer again (a few
+    calls, whatever n is) and packs the addresses again only if the buffer
+    moved. No Python code runs per entry, on making it or using it: this is
+    the form for large tasks and tight loops.
+    """
+
+    __slots__ = ("_rank", "_blocks", "_shards", "_buffer", "_n", "_base", "_arr", "__weakref__")
+
+    def __init__(self, rank, blocks, shards, buffer):
+        what = "entries"
+        n = None
+        if isinstance(blocks, (str, bytes, bytearray, memoryview)):
+            one = block_id(blocks)
+            blocks = None
+        else:
+            if not hasattr(blocks, "__iter__"):
+                raise InvalidArgument(f"{what}: blocks must be one block id or a list of them")
+            blocks = [b if type(b) is bytes and len(b) == _lib.BLOCK_ID_LEN else block_id(b)
+                      for b in blocks]
+            n = len(blocks)
+        if isinstance(shards, range) or (hasattr(shards, "__iter__") and not isinstance(shards, (str, bytes))):
+            shards = shards if isinstance(shards, range) else [_shard_index(x) for x in shards]
+            if n is not None and len(shards) != n:
+                raise InvalidArgument(f"{what}: {n} block ids and {len(shards)} shard indices")
+            n = len(shards)
+            if n and (min(shards) < 0 or max(shards) > _MAX_SHARD):
+                raise InvalidArgument(f"{what}: shard indices out of range 0..{_MAX_SHARD}")
+        elif n is None:
+            raise InvalidArgument(f"{what}: one block id and one shard index make one entry: "
+                                  "give a list (or range) of either")
+        else:
+            shards = [_shard_index(shards)] * n
+        if n == 0:
+            raise InvalidArgument(f"{what}: no entries")
+        self._rank = rank
+        self._blocks = blocks if blocks is not None else [one] * n
+        self._shards = shards
+        self._buffer = buffer
+        self._n = n
+        self._base = None
+        self._arr = None
+
+    def __len__(self):
+        return self._n
+
+    def __repr__(self):
+        return f"<shardfs.Entries of {self._n} over {type(self._buffer).__name__}>"
+
+    def _packed(self, rank, writable, what):
+        if rank is not self._rank:
+            raise InvalidArgument(f"{what}: these entries were made by another Rank")
+        size = rank.shard_size
+        base, hold = _buffer_address(self._buffer, size * self._n, writable, rank._host_only,
+                                     f"{what}: entries' buffer")
+        if base != self._base:
+            self._arr = _pack(self._blocks, self._shards, range(base, base + size * self._n, size))
+            self._base = base
+        return self._arr, self._n, hold
+
+    def load(self):
+        """Rank.load(self)."""
+        return self._rank.load(self)
+
+    def dump(self):
+        """Rank.dump(self)."""
+        return self._rank.dump(self)
 
 
 class Rank:
@@ -349,7 +473,7 @@ class Rank:
     # -- lifetime ---------------------------------------------------------
 
     def _enter(self, what):
-        if self._pid != os.getpid():
+        if self._pid != _pid:
             raise RankClosed(f"{what}: this Rank was opened by process {self._pid}; "
                              "after fork, open a new Rank in the child")
         with self._lock:
@@ -392,7 +516,7 @@ class Rank:
         """Stop the rank: queued tasks are cancelled (-ECANCELED), started
         entries finish, then the cache is detached. Tasks stay waitable.
         Waits for calls in flight in other threads. Idempotent."""
-        if self._pid != os.getpid():
+        if self._pid != _pid:
             self._ptr = None  # the parent's: its threads are not in this process
             return
         with self._lock:
@@ -430,12 +554,42 @@ class Rank:
     # -- tasks ------------------------------------------------------------
 
     def _entries(self, entries, writable, what):
-        """The entry array (struct sfs_rank_entry[n], packed with one
-        struct.pack_into per entry) and the objects to keep alive."""
+        """The entry array (struct sfs_rank_entry[n]), n, and the objects to
+        keep alive. Raw int addresses are checked and packed column-wise
+        (_fast_entries); anything else, or anything the fast path doubts,
+        goes through the per-entry loop, which also names the offending
+        entry in its error."""
         if isinstance(entries, (str, bytes)) or not hasattr(entries, "__iter__"):
             raise InvalidArgument(f"{what}: entries must be a list of (block, shard, buffer)")
         if not isinstance(entries, (list, tuple)):
             entries = list(entries)
+        if entries and type(entries[0]) is tuple and type(entries[0][-1]) is int:
+            fast = self._fast_entries(entries)
+            if fast is not None:
+                return fast
+        return self._slow_entries(entries, writable, what)
+
+    @staticmethod
+    def _fast_entries(entries):
+        """(array, n, None) when every entry is (bytes[16], int, int address):
+        engines that hand raw pointers (UCM's load_data, SGLang's page
+        pointers); None otherwise. Each check is one pass of a builtin over
+        a column: no Python bytecode per entry. (Tensors are not done this
+        way: asking each tensor several questions in several passes costs
+        more than the loop's one pass once they are out of the CPU caches,
+        as they are after a load; Rank.entries() is their loop-free form.)"""
+        if set(map(type, entries)) != {tuple} or set(map(len, entries)) != {3}:
+            return None  # not all triples: the slow path says which
+        blocks, shards, addrs = zip(*entries)
+        if set(map(type, addrs)) != {int} or set(map(type, shards)) != {int} or \
+                set(map(type, blocks)) != {bytes} or set(map(len, blocks)) != {_lib.BLOCK_ID_LEN}:
+            return None
+        if min(shards) < 0 or max(shards) > _MAX_SHARD or min(addrs) <= 0 or max(addrs) >= 1 << 64:
+            return None
+        return _pack(blocks, shards, addrs), len(blocks), None
+
+    def _slow_entries(self, entries, writable, what):
+        """The per-entry loop: every kind of buffer, and exact errors."""
         n = len(entries)
         raw = bytearray(_ENTRY.size * n)
         keep = []
@@ -466,8 +620,20 @@ class Rank:
             pack(raw, i * _ENTRY.size, block, shard, addr)
         return (_lib.Entry * n).from_buffer(raw), n, keep
 
+    def entries(self, blocks, shards, buffer):
+        """A task's entries in columns over one buffer (see Entries): entry i
+        is (blocks[i], shards[i]) at buffer + i * shard_size. `blocks`: one
+        block id for every entry, or a list; `shards`: one index, or a list
+        or range; `buffer`: n * shard_size bytes (a torch tensor of n rows,
+        a numpy array, a writable buffer, or an int address). Pass the
+        result to load() or dump(), as often as wanted."""
+        return Entries(self, blocks, shards, buffer)
+
     def _submit(self, fn_name, entries, writable, kind):
-        arr, n, keep = self._entries(entries, writable, kind)
+        if type(entries) is Entries:
+            arr, n, keep = entries._packed(self, writable, kind)
+        else:
+            arr, n, keep = self._entries(entries, writable, kind)
         if n == 0:
             return Task(self, None, 0, None, kind)
         ptr = self._enter(kind)
