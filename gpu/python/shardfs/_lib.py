@@ -56,6 +56,7 @@ class RankConfig(ctypes.Structure):
         ("copier", ctypes.c_int),
         ("workers", ctypes.c_uint),
         ("key_timeout_ms", ctypes.c_uint),
+        ("rank_index", ctypes.c_int),  # 0.2, in 0.1's tail padding: same size
     ]
 
 

@@ -393,7 +393,7 @@ class Entries:
 class Rank:
     """One rank's attachment to the node's shardfs cache.
 
-    Rank(mount=PATH | socket=PATH, backend=SPEC, device=None | int, rank=0, world=1)
+    Rank(mount=PATH | socket=PATH, backend=SPEC, device=None | int, rank=None, world=1)
 
     mount / socket: where the cache is (exactly one): a shardfs mount point
         (its user.shardfs.socket xattr names the socket) or the socket itself.
@@ -406,12 +406,13 @@ class Rank:
         scheduler role (lookup, lookup_prefix, touch; load/dump raise EPERM).
     rank, world: this rank's index among the `world` ranks of the node that
         load the same tasks (RearrangeIndex: rank r walks r, r+world, ...).
-        With a device the library takes the rank index as device % world.
+        rank=None: device % world with a device, else 0 (struct
+        sfs_rank_config's rank_index < 0).
     Extra keywords: load_depth, rotate, prealloc, workers, key_timeout_ms
         (struct sfs_rank_config; defaults are the library's).
     """
 
-    def __init__(self, mount=None, socket=None, backend=None, device=None, rank=0, world=1,
+    def __init__(self, mount=None, socket=None, backend=None, device=None, rank=None, world=1,
                  **options):
         self._ptr = None
         self._pid = os.getpid()
@@ -422,9 +423,9 @@ class Rank:
         if (mount is None) == (socket is None):
             raise InvalidArgument("Rank: give exactly one of mount= and socket=")
         for name, val in (("rank", rank), ("world", world)):
-            if isinstance(val, bool) or not isinstance(val, int):
+            if (val is not None or name == "world") and (isinstance(val, bool) or not isinstance(val, int)):
                 raise InvalidArgument(f"Rank: {name}={val!r}: expected an int")
-        if world < 1 or not 0 <= rank < world:
+        if world < 1 or not 0 <= (0 if rank is None else rank) < world:
             raise InvalidArgument(f"Rank: rank={rank}, world={world}: need 0 <= rank < world")
         if device is not None and (isinstance(device, bool) or not isinstance(device, int)):
             raise InvalidArgument(f"Rank: device={device!r}: expected None or an int")
@@ -436,11 +437,13 @@ class Rank:
         cfg.socket_path, cfg.mount_point, cfg.backend = self._strings
         cfg.local_rank_size = world
         if device is None:
-            cfg.device_id = rank  # the library's rank index is device_id % world
+            cfg.device_id = 0 if rank is None else rank
             cfg.copier = _lib.COPIER_HOST
         else:
             cfg.device_id = device
             cfg.copier = _lib.COPIER_CUDA if device >= 0 else _lib.COPIER_AUTO
+        # < 0: the library takes device_id % world (rank=None with a device).
+        cfg.rank_index = -1 if rank is None else rank
         for name, val in options.items():
             if name in ("rotate", "prealloc"):
                 if not isinstance(val, bool):
@@ -464,6 +467,8 @@ class Rank:
                                f"cannot open a rank on {where} with backend {backend!r}{hint}")
         self._ptr = ptr
         self.device = device
+        if rank is None:
+            rank = device % world if device is not None and device >= 0 else 0
         self.rank = rank
         self.world = world
         self.shard_size = int(lib.sfs_rank_shard_size(ptr))
