@@ -263,8 +263,14 @@ class ShardfsStorage(_Base):
 
     # -- copying interface --------------------------------------------------
 
+    @staticmethod
+    def _check_tensors(values, what):
+        for i, v in enumerate(values):
+            if not all(hasattr(v, a) for a in ("data_ptr", "contiguous", "device")):
+                raise InvalidArgument(f"{what} {i}: expected a torch tensor, got {type(v).__name__}")
+
     def _tensor_row(self, t, what):
-        return _pieces.Row([_pieces.tensor_piece(t, what)], self.shard_size, what)
+        return _pieces.Row([_pieces.tensor_piece(t, what, True)], self.shard_size, what)
 
     def _new_page(self):
         if self.mem_pool_host is not None:
@@ -281,6 +287,7 @@ class ShardfsStorage(_Base):
             [self._new_page() for _ in keys]
         if len(targets) != len(keys):
             raise InvalidArgument(f"batch_get: {len(keys)} keys, {len(targets)} targets")
+        self._check_tensors(targets, "batch_get: target")
         # One buffer given for several keys (a shared dummy page) is read once per key: copy.
         seen = set()
         for i, t in enumerate(targets):
@@ -303,6 +310,7 @@ class ShardfsStorage(_Base):
         values = list(values or [])
         if len(values) != len(keys):
             raise InvalidArgument(f"batch_set: {len(keys)} keys, {len(values)} values")
+        self._check_tensors(values, "batch_set: value")
         values = [v.contiguous() for v in values]  # held until the dump is done
         rows = [self._tensor_row(v, f"batch_set: value {i}") for i, v in enumerate(values)]
         return all(self._run(keys, rows, False))
