@@ -126,21 +126,33 @@ def run_entries(rank, blk, n, dst):
     return t, c
 
 
+def run_reused(rank, ents):
+    """load() of one Rank.entries() made once and used again (its packed
+    array is reused; only the buffer is checked again)."""
+    c0, t0 = time.process_time(), time.perf_counter()
+    st = rank.load(ents).wait()
+    t, c = time.perf_counter() - t0, time.process_time() - c0
+    if any(st):
+        raise OSError(f"python load: statuses {st}")
+    return t, c
+
+
 def compare(rank, drv, blk, n, rows, dst, reps, warm):
-    """Median (wall, process CPU) seconds of (entries form, triples form, C
-    API), interleaved; the order rotates each run so that none always
-    follows the same one."""
+    """Median (wall, process CPU) seconds of (entries made per call, entries
+    reused, triples, C API), interleaved; the order rotates each run so that
+    none always follows the same one."""
     arr = drv.entries(blk, n, rows)
     view = dst[:n]
-    ways = [lambda: run_entries(rank, blk, n, view), lambda: run_triples(rank, blk, n, rows),
-            lambda: drv.run(arr, n)]
+    ents = rank.entries(blk, range(n), view)
+    ways = [lambda: run_entries(rank, blk, n, view), lambda: run_reused(rank, ents),
+            lambda: run_triples(rank, blk, n, rows), lambda: drv.run(arr, n)]
     for _ in range(warm):
         for w in ways:
             w()
-    out = [[], [], []]
+    out = [[] for _ in ways]
     for r in range(reps):
-        for k in range(3):
-            j = (r + k) % 3
+        for k in range(len(ways)):
+            j = (r + k) % len(ways)
             out[j].append(ways[j]())
     return [(statistics.median(w for w, _ in x), statistics.median(c for _, c in x)) for x in out]
 
@@ -221,8 +233,9 @@ def main():
             drv = CDriver(so, shardfs._lib.lib(), rank)
             cpu0 = time.process_time()
             w0 = time.perf_counter()
-            (py, pyc), (tri, tric), (c, cc) = compare(rank, drv, blk, n, rows, dst, reps, warm)
-            (py1, py1c), (tri1, tri1c), (c1, c1c) = compare(rank, drv, blk, 1, rows, dst, reps * 4, warm)
+            (py, pyc), (ru, ruc), (tri, tric), (c, cc) = compare(rank, drv, blk, n, rows, dst, reps, warm)
+            (py1, py1c), (ru1, ru1c), (tri1, tri1c), (c1, c1c) = \
+                compare(rank, drv, blk, 1, rows, dst, reps * 4, warm)
             ent, sub = breakdown(rank, blk, n, rows, max(10, reps // 4))
             busy = (time.process_time() - cpu0) / (time.perf_counter() - w0)
             st = rank.stats()
@@ -243,24 +256,27 @@ def main():
                f"(row views made once); medians of {reps} interleaved runs (1 key: {reps * 4}). "
                "C API: sfs_rank_load + sfs_rank_wait + sfs_rank_task_free timed in C "
                "(bench_python_c.so) on the same rank. Target: Python >= 0.9x the C API.\n\n")
-    out.append("| task | C API | Python, `Rank.entries()` | Python / C | Python, list of triples "
-               "| triples / C |\n")
-    out.append("|---|---|---|---|---|---|\n")
+    out.append("| task | C API | Python, `Rank.entries()` per call | Python / C | `entries()` reused "
+               "| reused / C | list of triples | triples / C |\n")
+    out.append("|---|---|---|---|---|---|---|---|\n")
     out.append(f"| {n} x {size >> 10} KiB | {c * 1e6:.1f} us ({gb / c:.2f} GB/s) | "
                f"{py * 1e6:.1f} us ({gb / py:.2f} GB/s) | **{c / py:.2f}x** | "
+               f"{ru * 1e6:.1f} us | **{c / ru:.2f}x** | "
                f"{tri * 1e6:.1f} us ({gb / tri:.2f} GB/s) | {c / tri:.2f}x |\n")
     out.append(f"| 1 x {size >> 10} KiB | {c1 * 1e6:.1f} us | {py1 * 1e6:.1f} us | {c1 / py1:.2f}x | "
-               f"{tri1 * 1e6:.1f} us | {c1 / tri1:.2f}x |\n\n")
+               f"{ru1 * 1e6:.1f} us | {c1 / ru1:.2f}x | {tri1 * 1e6:.1f} us | {c1 / tri1:.2f}x |\n\n")
     out.append(f"Process CPU time per load (every thread: the copier's memcpy included; "
                f"steadier than wall time on a shared host), C / Python: {n} keys "
-               f"{cc * 1e6:.1f} / {pyc * 1e6:.1f} us = **{cc / pyc:.2f}x** (triples {cc / tric:.2f}x); "
-               f"1 key {c1c * 1e6:.1f} / {py1c * 1e6:.1f} us = {c1c / py1c:.2f}x "
-               f"(triples {c1c / tri1c:.2f}x).\n\n")
+               f"{cc * 1e6:.1f} / {pyc * 1e6:.1f} us = **{cc / pyc:.2f}x** (reused {cc / ruc:.2f}x, "
+               f"triples {cc / tric:.2f}x); 1 key {c1c * 1e6:.1f} / {py1c * 1e6:.1f} us = "
+               f"{c1c / py1c:.2f}x (reused {c1c / ru1c:.2f}x, triples {c1c / tri1c:.2f}x).\n\n")
     out.append("`Rank.entries(block, range(n), tensor)` is the loop-free form (entry i at "
-               "row i, made per call here); the list of `(block, shard, row)` triples asks "
+               "row i): made per call, or made once and reused (its packed array is kept; each "
+               "load checks the tensor again); the list of `(block, shard, row)` triples asks "
                "each row tensor for its address, contiguity, size and device. ")
     out.append(f"Per-call overhead of the binding (1-key task, Python - C): "
-               f"**{(py1 - c1) * 1e6:.1f} us** (triples: {(tri1 - c1) * 1e6:.1f} us). "
+               f"**{(py1 - c1) * 1e6:.1f} us** (reused: {(ru1 - c1) * 1e6:.1f} us, triples: "
+               f"{(tri1 - c1) * 1e6:.1f} us). "
                f"Python-side work in the {n}-entry load of triples: "
                f"building and checking the entry array {ent * 1e6:.1f} us, `load()` "
                f"(that + sfs_rank_load + the Task) {sub * 1e6:.1f} us. Rank counters: "
