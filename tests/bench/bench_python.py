@@ -281,6 +281,9 @@ def main():
                f"building and checking the entry array {ent * 1e6:.1f} us, `load()` "
                f"(that + sfs_rank_load + the Task) {sub * 1e6:.1f} us. Rank counters: "
                f"{st['tasks']} tasks, {st['hits']} hits, {st['owner_loads']} backend loads.\n")
+    out.append(f"\nLoad average at the end of the run: {os.getloadavg()[0]:.1f} on "
+               f"{os.cpu_count()} CPUs.\n\nCommand: `tests/bench/run.sh` (or `/usr/bin/python3 "
+               "tests/bench/bench_python.py --build build --md docs/PERFORMANCE.md`)\n")
     text = "".join(out)
     sys.stdout.write(text)
     if a.md and not a.quick:
