@@ -9,6 +9,7 @@ the mount shows it (user.shardfs.state). With a device the index used to be
 device % world whatever rank= said; the device cases need a CUDA device and
 skip without one (they run on a GPU machine).
 """
+import errno
 import os
 import time
 import unittest
@@ -92,6 +93,18 @@ class RankIndex(unittest.TestCase):
         self.assertEqual(first, 3)
         first, r = self.first_key(b"idx-dev-default", device=0, world=4)
         self.assertEqual((first, r.rank), (0, 0), "rank=None with a device: device % world")
+
+    def test_a_0_1_library_says_it_cannot(self):
+        from shardfs import _lib
+        self.assertTrue(_lib.lib().has_rank_index, "this tree's library has SHARDFS_RANK_0.2")
+        _lib.lib().has_rank_index = False  # as a 0.1 library answers
+        try:
+            with self.assertRaises(shardfs.ShardfsError) as cm:
+                shardfs.Rank(socket=D.sock, device=0, rank=1, world=2)
+            self.assertEqual(cm.exception.errno, errno.ENOTSUP)
+            self.assertIn("older than 0.2", str(cm.exception))
+        finally:
+            _lib.lib().has_rank_index = True
 
     def test_bad_rank_index(self):
         for rank, world in ((4, 4), (-1, 4), (0, 0)):

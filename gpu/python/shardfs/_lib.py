@@ -140,6 +140,19 @@ def _check_layout(handle, where):
     assert ctypes.sizeof(Entry) == 32 and ctypes.sizeof(Key) == 20
 
 
+def _has_version(handle, name, version):
+    """Does the library define name@version? (0.1 libraries lack
+    sfs_rank_open@SHARDFS_RANK_0.2, the one that reads rank_index.) True
+    when it cannot be told (no dlvsym)."""
+    try:
+        dlvsym = ctypes.CDLL(None).dlvsym
+    except (OSError, AttributeError):
+        return True
+    dlvsym.restype = ctypes.c_void_p
+    dlvsym.argtypes = [ctypes.c_void_p, ctypes.c_char_p, ctypes.c_char_p]
+    return bool(dlvsym(handle._handle, name, version))
+
+
 _lock = threading.Lock()
 _lib = None
 
@@ -163,6 +176,7 @@ def lib():
                 continue
             _prototypes(handle)
             _check_layout(handle, path)
+            handle.has_rank_index = _has_version(handle, b"sfs_rank_open", b"SHARDFS_RANK_0.2")
             _lib = handle
             return handle
         where = "SHARDFS_LIB" if from_env else "the build tree and the installed soname"

@@ -434,6 +434,11 @@ class Rank:
         if device is not None and (isinstance(device, bool) or not isinstance(device, int)):
             raise InvalidArgument(f"Rank: device={device!r}: expected None or an int")
         lib = _lib.lib()
+        if device is not None and device >= 0 and rank is not None and rank != device % world \
+                and not getattr(lib, "has_rank_index", True):
+            raise ShardfsError(errno.ENOTSUP, f"Rank: rank={rank} with device={device}: "
+                               f"{_lib.path()} is older than 0.2 and takes the rank index "
+                               f"from the device ({device % world}); leave rank=None")
         cfg = _lib.RankConfig()
         lib.sfs_rank_config_init(ctypes.byref(cfg))
         # Keep the encoded strings alive for the call.
