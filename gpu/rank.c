@@ -22,6 +22,33 @@
 #include <syslog.h>
 #include <time.h>
 
+/*
+ * struct sfs_rank_config as 0.1 had it: the fields up to key_timeout_ms.
+ * rank_index went into its tail padding, so the size is the same; a 0.1
+ * program's struct may hold anything there (a copy need not copy padding),
+ * which is why sfs_rank_open@SHARDFS_RANK_0.1 (rank_open_0_1 below) never
+ * reads it.
+ */
+struct sfs_rank_config_0_1 {
+    const char *socket_path;
+    const char *mount_point;
+    int device_id;
+    int local_rank_size;
+    const char *backend;
+    unsigned load_depth;
+    bool rotate;
+    bool reserved0;
+    bool prealloc;
+    int copier;
+    unsigned workers;
+    unsigned key_timeout_ms;
+};
+_Static_assert(sizeof(struct sfs_rank_config_0_1) == sizeof(struct sfs_rank_config),
+               "struct sfs_rank_config keeps its 0.1 size");
+_Static_assert(offsetof(struct sfs_rank_config, rank_index) >=
+                   offsetof(struct sfs_rank_config_0_1, key_timeout_ms) + sizeof(unsigned),
+               "rank_index comes after every 0.1 field");
+
 void sfs_rank_config_init(struct sfs_rank_config *cfg)
 {
     if (!cfg)
@@ -34,6 +61,7 @@ void sfs_rank_config_init(struct sfs_rank_config *cfg)
     cfg->copier = SFS_COPIER_AUTO;
     cfg->workers = 4;
     cfg->key_timeout_ms = 30000;
+    cfg->rank_index = -1;
 }
 
 static void touch_hook(const struct sfs_block_id *blocks, size_t n, void *arg)
@@ -301,7 +329,11 @@ static void rank_leave(struct sfs_rank *rk)
     pthread_rwlock_unlock(&rk->link_rw);
 }
 
-struct sfs_rank *sfs_rank_open(const struct sfs_rank_config *cfg, int *err)
+/* sfs_rank_open@@SHARDFS_RANK_0.2, the default: reads rank_index. */
+SFS_API struct sfs_rank *rank_open_0_2(const struct sfs_rank_config *cfg, int *err);
+__asm__(".symver rank_open_0_2, sfs_rank_open@@SHARDFS_RANK_0.2");
+
+struct sfs_rank *rank_open_0_2(const struct sfs_rank_config *cfg, int *err)
 {
     struct sfs_rank *rk;
     int r;
@@ -310,7 +342,8 @@ struct sfs_rank *sfs_rank_open(const struct sfs_rank_config *cfg, int *err)
         return NULL;
     /* reserved0 was blocking_waits in 0.1.0: refused, not ignored. */
     if (!cfg || (!cfg->socket_path == !cfg->mount_point) || cfg->local_rank_size < 0 ||
-        cfg->copier < SFS_COPIER_AUTO || cfg->copier > SFS_COPIER_CUDA || cfg->reserved0) {
+        cfg->copier < SFS_COPIER_AUTO || cfg->copier > SFS_COPIER_CUDA || cfg->reserved0 ||
+        (cfg->device_id >= 0 && cfg->rank_index >= (cfg->local_rank_size > 0 ? cfg->local_rank_size : 1))) {
         *err = -EINVAL;
         return NULL;
     }
@@ -345,7 +378,14 @@ struct sfs_rank *sfs_rank_open(const struct sfs_rank_config *cfg, int *err)
     rk->device_id = cfg->device_id;
     rk->copier_mode = cfg->copier;
     rk->N = cfg->local_rank_size > 0 ? (unsigned)cfg->local_rank_size : 1;
-    rk->r = rk->query_only ? 0 : (unsigned)cfg->device_id % rk->N;
+    /* rank_index < 0: the device says the rank (0.1's only way); checked
+     * above to be < N otherwise. */
+    if (rk->query_only)
+        rk->r = 0;
+    else if (cfg->rank_index >= 0)
+        rk->r = (unsigned)cfg->rank_index;
+    else
+        rk->r = (unsigned)cfg->device_id % rk->N;
     rk->depth = cfg->load_depth ? cfg->load_depth : 32;
     rk->nworkers = cfg->workers ? cfg->workers : 4;
     rk->rotate = cfg->rotate;
@@ -386,6 +426,37 @@ struct sfs_rank *sfs_rank_open(const struct sfs_rank_config *cfg, int *err)
 out_free:
     rank_free(rk);
     return NULL;
+}
+
+/* sfs_rank_open@SHARDFS_RANK_0.1: a program built against 0.1 passes the
+ * 0.1 struct; its rank index comes from the device, as it did. */
+SFS_API struct sfs_rank *rank_open_0_1(const struct sfs_rank_config_0_1 *old, int *err);
+__asm__(".symver rank_open_0_1, sfs_rank_open@SHARDFS_RANK_0.1");
+
+struct sfs_rank *rank_open_0_1(const struct sfs_rank_config_0_1 *old, int *err)
+{
+    struct sfs_rank_config cfg;
+
+    if (!old) {
+        if (err)
+            *err = -EINVAL;
+        return NULL;
+    }
+    sfs_rank_config_init(&cfg);
+    cfg.socket_path = old->socket_path;
+    cfg.mount_point = old->mount_point;
+    cfg.device_id = old->device_id;
+    cfg.local_rank_size = old->local_rank_size;
+    cfg.backend = old->backend;
+    cfg.load_depth = old->load_depth;
+    cfg.rotate = old->rotate;
+    cfg.reserved0 = old->reserved0;
+    cfg.prealloc = old->prealloc;
+    cfg.copier = old->copier;
+    cfg.workers = old->workers;
+    cfg.key_timeout_ms = old->key_timeout_ms;
+    cfg.rank_index = -1;
+    return rank_open_0_2(&cfg, err);
 }
 
 /* Complete every entry of a task the dispatcher never started (an inline

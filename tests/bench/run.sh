@@ -80,6 +80,28 @@ for name in bench_cache bench_wake bench_clock bench_rank bench_posix bench_fs; 
     fi
 done
 
+# bench_python: the Python binding against the C API (Debian's interpreter,
+# which has python3-torch; it loads bench_python_c.so from the build).
+if [ -x /usr/bin/python3 ] && [ -f "$build/tests/bench/bench_python_c.so" ]; then
+    echo "== bench_python" >&2
+    if [ "$quick" = 1 ]; then
+        args=(--quick)
+    else
+        args=(--md "$root/docs/PERFORMANCE.md")
+    fi
+    set +e
+    /usr/bin/python3 "$root/tests/bench/bench_python.py" --build "$build" "${args[@]}"
+    rc=$?
+    set -e
+    ran=$((ran + 1))
+    if [ "$rc" = 77 ]; then
+        echo "== bench_python: skipped" >&2
+    elif [ "$rc" != 0 ]; then
+        echo "== bench_python: failed (exit $rc)" >&2
+        failed+=("bench_python")
+    fi
+fi
+
 if [ "$ran" = 0 ]; then
     echo "run.sh: no bench_* programs in $build (configured with -DSHARDFS_BENCH=ON?)" >&2
     exit 1

@@ -85,6 +85,17 @@ struct sfs_rank_config {
      * full of leased slots, fails the entry with -ETIMEDOUT / -ENOSPC after
      * this long (default 30000). */
     unsigned key_timeout_ms;
+    /* This rank's index r among the local_rank_size ranks (RearrangeIndex:
+     * rank r walks r, r+N, ...; it decides which keys this rank owns first).
+     * < 0 (the default): device_id % local_rank_size, as before this field
+     * existed; set it when the device does not say the rank, e.g. every
+     * worker sees its GPU as device 0 through CUDA_VISIBLE_DEVICES.
+     * 0..local_rank_size-1: that index; larger: -EINVAL. Ignored by the
+     * scheduler role. Added in 0.2 (symbol version SHARDFS_RANK_0.2) where
+     * the struct had tail padding: its size is unchanged, and a program
+     * built against 0.1 binds sfs_rank_open@SHARDFS_RANK_0.1, which never
+     * reads it. */
+    int rank_index;
 };
 
 /* One entry of a task: a key and an address. For loads `addr` is the
@@ -100,14 +111,15 @@ struct sfs_rank;
 struct sfs_task;
 
 /* Fill *cfg with the defaults; socket_path/mount_point stay NULL,
- * device_id 0, local_rank_size 1. */
+ * device_id 0, local_rank_size 1, rank_index -1 (from device_id). */
 SFS_API void sfs_rank_config_init(struct sfs_rank_config *cfg);
 
 /*
  * Attach to the cache, open the backend, start the dispatcher, the workers,
  * a watcher and the copier. With a CUDA copier, every data-plane segment is
  * registered with the device here (cudaHostRegister, mapped), once per rank.
- * Returns NULL and sets *err: -EINVAL for a bad config, -ENODEV when
+ * Returns NULL and sets *err: -EINVAL for a bad config (rank_index >=
+ * local_rank_size among others), -ENODEV when
  * copier = CUDA and the device does not exist (or the library was built
  * without CUDA), -ENODATA when the mount point has no socket xattr, or the
  * attach / backend error.

@@ -13,9 +13,9 @@ whole story.
 """
 from ._version import __version__
 from .errors import InvalidArgument, RankClosed, ShardfsError, WaitTimeout
-from .rank import Rank, Task, block_hex, block_id, cuda_devices
+from .rank import Entries, Rank, Task, block_hex, block_id, cuda_devices
 
 __all__ = [
-    "__version__", "Rank", "Task", "ShardfsError", "InvalidArgument", "RankClosed",
+    "__version__", "Rank", "Task", "Entries", "ShardfsError", "InvalidArgument", "RankClosed",
     "WaitTimeout", "block_id", "block_hex", "cuda_devices",
 ]

@@ -56,6 +56,7 @@ class RankConfig(ctypes.Structure):
         ("copier", ctypes.c_int),
         ("workers", ctypes.c_uint),
         ("key_timeout_ms", ctypes.c_uint),
+        ("rank_index", ctypes.c_int),  # 0.2, in 0.1's tail padding: same size
     ]
 
 
@@ -139,6 +140,19 @@ def _check_layout(handle, where):
     assert ctypes.sizeof(Entry) == 32 and ctypes.sizeof(Key) == 20
 
 
+def _has_version(handle, name, version):
+    """Does the library define name@version? (0.1 libraries lack
+    sfs_rank_open@SHARDFS_RANK_0.2, the one that reads rank_index.) True
+    when it cannot be told (no dlvsym)."""
+    try:
+        dlvsym = ctypes.CDLL(None).dlvsym
+    except (OSError, AttributeError):
+        return True
+    dlvsym.restype = ctypes.c_void_p
+    dlvsym.argtypes = [ctypes.c_void_p, ctypes.c_char_p, ctypes.c_char_p]
+    return bool(dlvsym(handle._handle, name, version))
+
+
 _lock = threading.Lock()
 _lib = None
 
@@ -162,6 +176,7 @@ def lib():
                 continue
             _prototypes(handle)
             _check_layout(handle, path)
+            handle.has_rank_index = _has_version(handle, b"sfs_rank_open", b"SHARDFS_RANK_0.2")
             _lib = handle
             return handle
         where = "SHARDFS_LIB" if from_env else "the build tree and the installed soname"

@@ -69,10 +69,17 @@ def event_sync(handle):
         raise ShardfsError(errno.EIO, f"cudaEventSynchronize failed (cudaError {rc})")
 
 
-def tensor_piece(t, what):
-    """(address, bytes) of a contiguous tensor."""
-    if not hasattr(t, "data_ptr") or not hasattr(t, "is_contiguous"):
+def tensor_piece(t, what, host_only=True):
+    """(address, bytes) of a contiguous tensor in memory the rank's copier
+    can reach: host memory, or CUDA memory when not `host_only`. Anything
+    else is refused here, before an address reaches a memcpy."""
+    if not hasattr(t, "data_ptr") or not hasattr(t, "is_contiguous") or not hasattr(t, "device"):
         raise InvalidArgument(f"{what}: expected a torch tensor, got {type(t).__name__}")
+    kind = t.device.type
+    if kind not in ("cpu", "cuda"):
+        raise InvalidArgument(f"{what}: tensor on {t.device}: only CPU and CUDA memory can be copied")
+    if host_only and kind != "cpu":
+        raise InvalidArgument(f"{what}: tensor on {t.device}, but this store copies to host memory")
     if not t.is_contiguous():
         raise InvalidArgument(f"{what}: tensor is not contiguous")
     return int(t.data_ptr()), int(t.numel() * t.element_size())
@@ -158,6 +165,10 @@ def submit(rank, blocks, shards, rows, load):
         raise InvalidArgument(f"{len(blocks)} block ids, {len(shards)} shard indices and "
                               f"{len(rows)} rows of buffers: they must be as many")
     cuda = rank.copier == "cuda"
+    try:
+        shards = [s if type(s) is int else int(s.__index__()) for s in shards]
+    except (AttributeError, TypeError):
+        raise InvalidArgument(f"shard indices {list(shards)[:8]!r}: expected ints") from None
     entries = []
     for b, s, row in zip(blocks, shards, rows):
         entries.append((b, s, row.address()))

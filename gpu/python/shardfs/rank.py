@@ -21,6 +21,8 @@ on the parent's Rank raises RankClosed instead of hanging.
 """
 import ctypes
 import errno
+import functools
+import itertools
 import os
 import struct
 import sys
@@ -34,6 +36,16 @@ _HEX = frozenset("0123456789abcdefABCDEF")
 _MAX_SHARD = 0xFFFFFFFF
 # Longest single sleep of an unbounded wait, so that Ctrl-C is seen.
 _WAIT_SLICE_MS = 200
+# This process's pid, kept current across fork() without a getpid() per call.
+_pid = os.getpid()
+
+
+def _after_fork():
+    global _pid
+    _pid = os.getpid()
+
+
+os.register_at_fork(after_in_child=_after_fork)
 
 
 def block_id(block):
@@ -72,6 +84,31 @@ def _shard_index(shard):
 
 _ENTRY = struct.Struct("=16sI4xQ")  # struct sfs_rank_entry on LP64: block, shard, pad, addr
 assert _ENTRY.size == ctypes.sizeof(_lib.Entry)
+# The fast path packs up to _CHUNK entries with one pack_into of a Struct
+# made once per entry count (a cached struct of _CHUNK entries and one for
+# the remainder: at most _CHUNK + 1 distinct Structs ever).
+_CHUNK = 256
+
+
+@functools.lru_cache(maxsize=_CHUNK + 1)
+def _entries_struct(n):
+    return struct.Struct("=" + "16sI4xQ" * n)
+
+
+def _pack(blocks, shards, addrs):
+    """struct sfs_rank_entry[n] from three checked columns (sequences or
+    iterables of n each), packed by a cached Struct _CHUNK entries at a
+    time: no Python bytecode per entry."""
+    flat = list(itertools.chain.from_iterable(zip(blocks, shards, addrs)))
+    n = len(flat) // 3
+    raw = bytearray(_ENTRY.size * n)
+    off = 0
+    while off + _CHUNK <= n:
+        _entries_struct(_CHUNK).pack_into(raw, off * _ENTRY.size, *flat[3 * off:3 * (off + _CHUNK)])
+        off += _CHUNK
+    if off < n:
+        _entries_struct(n - off).pack_into(raw, off * _ENTRY.size, *flat[3 * off:])
+    return (_lib.Entry * n).from_buffer(raw)
 _tensor_type = None
 
 
@@ -98,7 +135,13 @@ def _buffer_address(buf, size, writable, host_only, what):
     when `writable`), or an int address (taken as is: the caller vouches for
     its size). `host_only`: device memory is refused (a host copier would
     fault on it)."""
-    if isinstance(buf, bool):
+    t = type(buf)
+    if t is (_tensor_type or _torch_tensor_type()) and buf.is_contiguous() and buf.numel() * buf.element_size() == size and \
+            (buf.is_cpu or (buf.is_cuda and not host_only)):
+        addr = buf.data_ptr()  # the common case; what it skips is checked below
+        if addr:
+            return addr, buf
+    if t is bool:
         raise InvalidArgument(f"{what}: a bool is not a buffer")
     if isinstance(buf, int):
         if buf <= 0 or buf >= 1 << 64:
@@ -168,17 +211,21 @@ class Task:
     negative errno (-ENOENT not in the backend, -EIO, -ETIMEDOUT, -ENOSPC,
     -ECANCELED). The Task holds its buffers until it is waited for."""
 
-    __slots__ = ("_ptr", "_n", "_keep", "_rank", "_statuses", "_kind", "_mu", "__weakref__")
+    __slots__ = ("_ptr", "_n", "_keep", "_rank", "_statuses", "_status", "_kind", "_mu",
+                 "__weakref__")
 
     def __init__(self, rank, ptr, n, keep, kind):
         # Held by a waiter for its whole wait: the task is freed by whoever
         # completes the wait, never under another thread's wait or done().
+        # ptr None with n > 0: Rank._submit sets it once the library has the
+        # task; n == 0: an empty task, done at once.
         self._mu = threading.Lock()
         self._ptr = ptr
         self._n = n
         self._keep = keep
         self._rank = rank
-        self._statuses = None if ptr else []
+        self._statuses = None if n else []
+        self._status = (ctypes.c_int * n)() if n else None
         self._kind = kind
 
     def __len__(self):
@@ -209,19 +256,23 @@ class Task:
             raise InvalidArgument(f"timeout {timeout}: expected seconds >= 0 or None")
         if self._statuses is not None:
             return list(self._statuses)
-        t0 = time.monotonic()
-        if not self._mu.acquire(timeout=-1 if timeout is None else timeout):
-            raise WaitTimeout(f"{self._kind} of {self._n} entries not done after {timeout} s")
+        if timeout is None:
+            self._mu.acquire()
+        else:
+            t0 = time.monotonic()
+            if not self._mu.acquire(timeout=timeout):
+                raise WaitTimeout(f"{self._kind} of {self._n} entries not done after {timeout} s")
+            timeout = max(0.0, timeout - (time.monotonic() - t0))
         try:
             if self._statuses is None:
-                self._wait_locked(None if timeout is None else max(0.0, timeout - (time.monotonic() - t0)))
+                self._wait_locked(timeout)
             return list(self._statuses)
         finally:
             self._mu.release()
 
     def _wait_locked(self, timeout):
         lib = _lib.lib()
-        status = (ctypes.c_int * self._n)()
+        status = self._status
         if timeout is None:
             while True:
                 rc = lib.sfs_rank_wait(self._ptr, _WAIT_SLICE_MS, status)
@@ -238,7 +289,7 @@ class Task:
             raise WaitTimeout(f"{self._kind} of {self._n} entries not done after {timeout} s")
         check(rc, "sfs_rank_wait")
         self._release()
-        self._statuses = list(status)
+        self._statuses = status[:]
 
     def _release(self):
         ptr, self._ptr = self._ptr, None
@@ -251,7 +302,7 @@ class Task:
         if not ptr:
             return
         rank = self._rank
-        if rank is not None and rank._pid != os.getpid():
+        if rank is not None and rank._pid != _pid:
             return  # the parent's task, inherited through fork: not ours to free
         try:
             lib = _lib.lib()
@@ -266,10 +317,87 @@ class Task:
             pass
 
 
+class Entries:
+    """A task's entries in columns, over one buffer: made by Rank.entries()
+    and given to Rank.load() / Rank.dump() (or its own load() / dump())
+    instead of a list of triples.
+
+    Entry i is (blocks[i], shards[i], buffer + i * shard_size): the buffer
+    holds the n shards one after the other (a torch tensor of n rows of
+    shard_size bytes, a numpy array, a writable buffer, or an int address
+    the caller vouches for). The block ids and shard indices are checked and
+    packed once, when it is made; each use checks the buffer again (a few
+    calls, whatever n is) and packs the addresses again only if the buffer
+    moved. No Python code runs per entry, on making it or using it: this is
+    the form for large tasks and tight loops.
+    """
+
+    __slots__ = ("_rank", "_blocks", "_shards", "_buffer", "_n", "_base", "_arr", "__weakref__")
+
+    def __init__(self, rank, blocks, shards, buffer):
+        what = "entries"
+        n = None
+        if isinstance(blocks, (str, bytes, bytearray, memoryview)):
+            one = block_id(blocks)
+            blocks = None
+        else:
+            if not hasattr(blocks, "__iter__"):
+                raise InvalidArgument(f"{what}: blocks must be one block id or a list of them")
+            blocks = [b if type(b) is bytes and len(b) == _lib.BLOCK_ID_LEN else block_id(b)
+                      for b in blocks]
+            n = len(blocks)
+        if isinstance(shards, range) or (hasattr(shards, "__iter__") and not isinstance(shards, (str, bytes))):
+            shards = shards if isinstance(shards, range) else [_shard_index(x) for x in shards]
+            if n is not None and len(shards) != n:
+                raise InvalidArgument(f"{what}: {n} block ids and {len(shards)} shard indices")
+            n = len(shards)
+            if n and (min(shards) < 0 or max(shards) > _MAX_SHARD):
+                raise InvalidArgument(f"{what}: shard indices out of range 0..{_MAX_SHARD}")
+        elif n is None:
+            raise InvalidArgument(f"{what}: one block id and one shard index make one entry: "
+                                  "give a list (or range) of either")
+        else:
+            shards = [_shard_index(shards)] * n
+        if n == 0:
+            raise InvalidArgument(f"{what}: no entries")
+        self._rank = rank
+        self._blocks = blocks if blocks is not None else [one] * n
+        self._shards = shards
+        self._buffer = buffer
+        self._n = n
+        self._base = None
+        self._arr = None
+
+    def __len__(self):
+        return self._n
+
+    def __repr__(self):
+        return f"<shardfs.Entries of {self._n} over {type(self._buffer).__name__}>"
+
+    def _packed(self, rank, writable, what):
+        if rank is not self._rank:
+            raise InvalidArgument(f"{what}: these entries were made by another Rank")
+        size = rank.shard_size
+        base, hold = _buffer_address(self._buffer, size * self._n, writable, rank._host_only,
+                                     f"{what}: entries' buffer")
+        if base != self._base:
+            self._arr = _pack(self._blocks, self._shards, range(base, base + size * self._n, size))
+            self._base = base
+        return self._arr, self._n, hold
+
+    def load(self):
+        """Rank.load(self)."""
+        return self._rank.load(self)
+
+    def dump(self):
+        """Rank.dump(self)."""
+        return self._rank.dump(self)
+
+
 class Rank:
     """One rank's attachment to the node's shardfs cache.
 
-    Rank(mount=PATH | socket=PATH, backend=SPEC, device=None | int, rank=0, world=1)
+    Rank(mount=PATH | socket=PATH, backend=SPEC, device=None | int, rank=None, world=1)
 
     mount / socket: where the cache is (exactly one): a shardfs mount point
         (its user.shardfs.socket xattr names the socket) or the socket itself.
@@ -282,12 +410,13 @@ class Rank:
         scheduler role (lookup, lookup_prefix, touch; load/dump raise EPERM).
     rank, world: this rank's index among the `world` ranks of the node that
         load the same tasks (RearrangeIndex: rank r walks r, r+world, ...).
-        With a device the library takes the rank index as device % world.
+        rank=None: device % world with a device, else 0 (struct
+        sfs_rank_config's rank_index < 0).
     Extra keywords: load_depth, rotate, prealloc, workers, key_timeout_ms
         (struct sfs_rank_config; defaults are the library's).
     """
 
-    def __init__(self, mount=None, socket=None, backend=None, device=None, rank=0, world=1,
+    def __init__(self, mount=None, socket=None, backend=None, device=None, rank=None, world=1,
                  **options):
         self._ptr = None
         self._pid = os.getpid()
@@ -298,13 +427,18 @@ class Rank:
         if (mount is None) == (socket is None):
             raise InvalidArgument("Rank: give exactly one of mount= and socket=")
         for name, val in (("rank", rank), ("world", world)):
-            if isinstance(val, bool) or not isinstance(val, int):
+            if (val is not None or name == "world") and (isinstance(val, bool) or not isinstance(val, int)):
                 raise InvalidArgument(f"Rank: {name}={val!r}: expected an int")
-        if world < 1 or not 0 <= rank < world:
+        if world < 1 or not 0 <= (0 if rank is None else rank) < world:
             raise InvalidArgument(f"Rank: rank={rank}, world={world}: need 0 <= rank < world")
         if device is not None and (isinstance(device, bool) or not isinstance(device, int)):
             raise InvalidArgument(f"Rank: device={device!r}: expected None or an int")
         lib = _lib.lib()
+        if device is not None and device >= 0 and rank is not None and rank != device % world \
+                and not getattr(lib, "has_rank_index", True):
+            raise ShardfsError(errno.ENOTSUP, f"Rank: rank={rank} with device={device}: "
+                               f"{_lib.path()} is older than 0.2 and takes the rank index "
+                               f"from the device ({device % world}); leave rank=None")
         cfg = _lib.RankConfig()
         lib.sfs_rank_config_init(ctypes.byref(cfg))
         # Keep the encoded strings alive for the call.
@@ -312,11 +446,13 @@ class Rank:
         cfg.socket_path, cfg.mount_point, cfg.backend = self._strings
         cfg.local_rank_size = world
         if device is None:
-            cfg.device_id = rank  # the library's rank index is device_id % world
+            cfg.device_id = 0 if rank is None else rank
             cfg.copier = _lib.COPIER_HOST
         else:
             cfg.device_id = device
             cfg.copier = _lib.COPIER_CUDA if device >= 0 else _lib.COPIER_AUTO
+        # < 0: the library takes device_id % world (rank=None with a device).
+        cfg.rank_index = -1 if rank is None else rank
         for name, val in options.items():
             if name in ("rotate", "prealloc"):
                 if not isinstance(val, bool):
@@ -340,6 +476,8 @@ class Rank:
                                f"cannot open a rank on {where} with backend {backend!r}{hint}")
         self._ptr = ptr
         self.device = device
+        if rank is None:
+            rank = device % world if device is not None and device >= 0 else 0
         self.rank = rank
         self.world = world
         self.shard_size = int(lib.sfs_rank_shard_size(ptr))
@@ -349,7 +487,7 @@ class Rank:
     # -- lifetime ---------------------------------------------------------
 
     def _enter(self, what):
-        if self._pid != os.getpid():
+        if self._pid != _pid:
             raise RankClosed(f"{what}: this Rank was opened by process {self._pid}; "
                              "after fork, open a new Rank in the child")
         with self._lock:
@@ -392,7 +530,7 @@ class Rank:
         """Stop the rank: queued tasks are cancelled (-ECANCELED), started
         entries finish, then the cache is detached. Tasks stay waitable.
         Waits for calls in flight in other threads. Idempotent."""
-        if self._pid != os.getpid():
+        if self._pid != _pid:
             self._ptr = None  # the parent's: its threads are not in this process
             return
         with self._lock:
@@ -430,12 +568,42 @@ class Rank:
     # -- tasks ------------------------------------------------------------
 
     def _entries(self, entries, writable, what):
-        """The entry array (struct sfs_rank_entry[n], packed with one
-        struct.pack_into per entry) and the objects to keep alive."""
+        """The entry array (struct sfs_rank_entry[n]), n, and the objects to
+        keep alive. Raw int addresses are checked and packed column-wise
+        (_fast_entries); anything else, or anything the fast path doubts,
+        goes through the per-entry loop, which also names the offending
+        entry in its error."""
         if isinstance(entries, (str, bytes)) or not hasattr(entries, "__iter__"):
             raise InvalidArgument(f"{what}: entries must be a list of (block, shard, buffer)")
         if not isinstance(entries, (list, tuple)):
             entries = list(entries)
+        if entries and type(entries[0]) is tuple and type(entries[0][-1]) is int:
+            fast = self._fast_entries(entries)
+            if fast is not None:
+                return fast
+        return self._slow_entries(entries, writable, what)
+
+    @staticmethod
+    def _fast_entries(entries):
+        """(array, n, None) when every entry is (bytes[16], int, int address):
+        engines that hand raw pointers (UCM's load_data, SGLang's page
+        pointers); None otherwise. Each check is one pass of a builtin over
+        a column: no Python bytecode per entry. (Tensors are not done this
+        way: asking each tensor several questions in several passes costs
+        more than the loop's one pass once they are out of the CPU caches,
+        as they are after a load; Rank.entries() is their loop-free form.)"""
+        if set(map(type, entries)) != {tuple} or set(map(len, entries)) != {3}:
+            return None  # not all triples: the slow path says which
+        blocks, shards, addrs = zip(*entries)
+        if set(map(type, addrs)) != {int} or set(map(type, shards)) != {int} or \
+                set(map(type, blocks)) != {bytes} or set(map(len, blocks)) != {_lib.BLOCK_ID_LEN}:
+            return None
+        if min(shards) < 0 or max(shards) > _MAX_SHARD or min(addrs) <= 0 or max(addrs) >= 1 << 64:
+            return None
+        return _pack(blocks, shards, addrs), len(blocks), None
+
+    def _slow_entries(self, entries, writable, what):
+        """The per-entry loop: every kind of buffer, and exact errors."""
         n = len(entries)
         raw = bytearray(_ENTRY.size * n)
         keep = []
@@ -466,23 +634,44 @@ class Rank:
             pack(raw, i * _ENTRY.size, block, shard, addr)
         return (_lib.Entry * n).from_buffer(raw), n, keep
 
+    def entries(self, blocks, shards, buffer):
+        """A task's entries in columns over one buffer (see Entries): entry i
+        is (blocks[i], shards[i]) at buffer + i * shard_size. `blocks`: one
+        block id for every entry, or a list; `shards`: one index, or a list
+        or range; `buffer`: n * shard_size bytes (a torch tensor of n rows,
+        a numpy array, a writable buffer, or an int address). Pass the
+        result to load() or dump(), as often as wanted."""
+        return Entries(self, blocks, shards, buffer)
+
     def _submit(self, fn_name, entries, writable, kind):
-        arr, n, keep = self._entries(entries, writable, kind)
+        if type(entries) is Entries:
+            arr, n, keep = entries._packed(self, writable, kind)
+        else:
+            arr, n, keep = self._entries(entries, writable, kind)
         if n == 0:
             return Task(self, None, 0, None, kind)
+        if self._parked:
+            self._reap_parked()
+        # Everything the Task needs is made before the submit: once the task
+        # is queued the copier runs, and any Python work of this thread until
+        # it sleeps in wait() competes with it for a CPU (measured: about 1 us
+        # of copy time per us of such work on a busy 2-CPU host).
+        task = Task(self, None, n, keep, kind)
+        fn = getattr(_lib.lib(), fn_name)
+        out = ctypes.c_void_p()
         ptr = self._enter(kind)
         try:
-            task = ctypes.c_void_p()
-            rc = getattr(_lib.lib(), fn_name)(ptr, arr, n, ctypes.byref(task))
+            rc = fn(ptr, arr, n, ctypes.byref(out))
+        finally:
+            self._leave()
+        if rc < 0:
+            task._keep = None
             if rc == -errno.EPERM:
                 raise ShardfsError(errno.EPERM, f"{kind}: this Rank is the query-only scheduler "
                                    "role (device < 0)")
             check(rc, f"{kind} of {n} entries")
-            if self._parked:
-                self._reap_parked()
-            return Task(self, task.value, n, keep, kind)
-        finally:
-            self._leave()
+        task._ptr = out.value
+        return task
 
     def load(self, entries):
         """Queue a load: each entry (block, shard, buffer) receives its shard

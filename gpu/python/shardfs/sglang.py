@@ -19,7 +19,11 @@ first 16 bytes of md5(K + suffix), shard 0, where the suffix says whose
 slice of the page it is, as SGLang's own file backend does:
 "_<model with '/' as '-'>", then "_<tp_rank>_<tp_size>" unless the model is
 MLA (every TP rank then holds the whole page, and they share one block),
-then "_<pp_size>_<pp_rank>" with pipeline parallelism. The same key in the
+then "_<pp_size>_<pp_rank>" with pipeline parallelism, then
+"_cp<attn_cp_rank>_<attn_cp_size>" with attention context parallelism (each
+CP rank holds its own slice). A page of another pool than KV (the v2
+interface: Mamba states, SWA, indexer pages...) is key "<K>.<pool name>"
+under the same rule. The same key in the
 same deployment always names the same block file, so engine instances on a
 node share what they store. `block_of(key)` gives the mapping.
 
@@ -35,6 +39,7 @@ None). MLA models: the TP ranks load the same blocks, rank tp_rank of
 tp_size (one backend load per page for all of them).
 """
 import hashlib
+import logging
 
 from . import _pieces
 from .errors import InvalidArgument
@@ -47,6 +52,31 @@ except ImportError:
     _Base = object
     HAVE_SGLANG = False
 
+try:  # batch_exists_v2's result type (newer SGLang)
+    from sglang.srt.mem_cache.hicache_storage import PoolTransferResult
+except ImportError:
+    class PoolTransferResult:
+        """SGLang's PoolTransferResult where SGLang is not installed: the
+        usable KV prefix, and the pages found per pool."""
+
+        def __init__(self, kv_hit_pages, extra_pool_hit_pages):
+            self.kv_hit_pages = kv_hit_pages
+            self.extra_pool_hit_pages = extra_pool_hit_pages
+
+        def __eq__(self, other):
+            return (self.kv_hit_pages, self.extra_pool_hit_pages) == \
+                (other.kv_hit_pages, other.extra_pool_hit_pages)
+
+        def __repr__(self):
+            return f"PoolTransferResult({self.kv_hit_pages}, {self.extra_pool_hit_pages})"
+
+log = logging.getLogger(__name__)
+
+# SGLang's PoolName.KV and PoolHitPolicy values (str enums: they compare
+# equal to these strings).
+KV_POOL = "kv"
+ALL_PAGES = "all_pages"
+
 
 def key_suffix(storage_config):
     model = getattr(storage_config, "model_name", None) or ""
@@ -56,6 +86,9 @@ def key_suffix(storage_config):
     pp_size = getattr(storage_config, "pp_size", 1) or 1
     if pp_size > 1:
         suffix += f"_{pp_size}_{storage_config.pp_rank}"
+    cp_size = getattr(storage_config, "attn_cp_size", 1) or 1
+    if cp_size > 1:
+        suffix += f"_cp{storage_config.attn_cp_rank}_{cp_size}"
     return suffix
 
 
@@ -80,6 +113,7 @@ class ShardfsStorage(_Base):
                          rank=rank, world=max(1, world))
         self.shard_size = self.rank.shard_size
         self.mem_pool_host = None
+        self.registered_pools = {}
 
     # -- keys -------------------------------------------------------------
 
@@ -89,8 +123,11 @@ class ShardfsStorage(_Base):
             raise InvalidArgument(f"key {key!r}: SGLang page keys are str")
         return hashlib.md5((key + self.suffix).encode()).digest()
 
-    def _blocks(self, keys):
-        return [self.block_of(k) for k in keys]
+    def _blocks(self, keys, pool=None):
+        if pool is None or str(pool) == KV_POOL:
+            return [self.block_of(k) for k in keys]
+        return [self.block_of(f"{k}.{pool}") if isinstance(k, str) else self.block_of(k)
+                for k in keys]
 
     # -- the host pool ----------------------------------------------------
 
@@ -102,10 +139,17 @@ class ShardfsStorage(_Base):
                                   f"cache's shard {self.shard_size}: mount with -o shard_size={page_bytes}")
         self.mem_pool_host = mem_pool_host
 
-    def _page_rows(self, keys, host_indices, what):
-        if self.mem_pool_host is None:
+    def register_mem_host_pool_v2(self, host_pool, host_pool_name):
+        """The v2 interface's pools, by name (PoolName: "kv", "mamba", ...).
+        A pool whose page is not the cache's shard size is kept, and its
+        transfers fail page by page (shardfs stores one page size)."""
+        self.registered_pools[str(host_pool_name)] = host_pool
+
+    def _page_rows(self, keys, host_indices, what, pool=None):
+        pool = self.mem_pool_host if pool is None else pool
+        if pool is None:
             raise InvalidArgument(f"{what}: no host pool registered (register_mem_pool_host)")
-        ptrs, sizes = self.mem_pool_host.get_page_buffer_meta(host_indices)
+        ptrs, sizes = pool.get_page_buffer_meta(host_indices)
         ptrs, sizes = list(ptrs), list(sizes)
         if not keys or len(ptrs) % len(keys) or len(ptrs) != len(sizes):
             raise InvalidArgument(f"{what}: {len(keys)} keys, {len(ptrs)} page pointers and "
@@ -114,8 +158,8 @@ class ShardfsStorage(_Base):
         return [_pieces.Row([(int(ptrs[i * per + j]), int(sizes[i * per + j])) for j in range(per)],
                             self.shard_size, f"{what}: page {i}") for i in range(len(keys))]
 
-    def _run(self, keys, rows, load):
-        pt = _pieces.submit(self.rank, self._blocks(keys), [0] * len(keys), rows, load)
+    def _run(self, keys, rows, load, pool=None):
+        pt = _pieces.submit(self.rank, self._blocks(keys, pool), [0] * len(keys), rows, load)
         return [s == 0 for s in pt.finish()]
 
     # -- zero copy (v1) -----------------------------------------------------
@@ -132,10 +176,101 @@ class ShardfsStorage(_Base):
             return []
         return self._run(keys, self._page_rows(keys, host_indices, "batch_set_v1"), False)
 
+    # -- pools (v2) ---------------------------------------------------------
+
+    def _transfer_rows(self, transfer, what):
+        """(keys, rows) of one PoolTransfer, or (keys, None) when it cannot
+        be served (no such pool, indices that do not match the keys, a page
+        of another size): its pages then fail, as SGLang's file backend
+        fails them, without failing the other transfers."""
+        name = str(transfer.name)
+        keys = list(transfer.keys or [])
+        pool = self.registered_pools.get(name)
+        if pool is None and name == KV_POOL:
+            pool = self.mem_pool_host
+        if not keys:
+            return keys, []
+        if pool is None:
+            log.error("%s: no host pool %r registered (register_mem_host_pool_v2)", what, name)
+            return keys, None
+        page = getattr(pool, "page_size", 1) or 1
+        idx = transfer.host_indices
+        if idx is None or len(idx) != len(keys) * page:
+            log.error("%s: pool %r: %d keys of %d tokens, %s host indices", what, name, len(keys),
+                      page, "no" if idx is None else len(idx))
+            return keys, None
+        try:
+            return keys, self._page_rows(keys, idx, f"{what}: pool {name}", pool)
+        except InvalidArgument as e:
+            log.error("%s", e)
+            return keys, None
+
+    def _batch_v2(self, transfers, load, what):
+        if isinstance(transfers, (str, bytes)) or not hasattr(transfers, "__iter__"):
+            raise InvalidArgument(f"{what}: expected a list of PoolTransfer")
+        results, running = {}, []
+        for t in transfers:  # every transfer queued before any is waited for
+            keys, rows = self._transfer_rows(t, what)
+            name = str(t.name)
+            if rows is None:
+                results[name] = [False] * len(keys)
+            elif not keys:
+                results[name] = []
+            else:
+                blocks = self._blocks(keys, name)
+                running.append((name, _pieces.submit(self.rank, blocks, [0] * len(keys), rows, load)))
+        for name, pt in running:
+            results[name] = [s == 0 for s in pt.finish()]
+        return results
+
+    def batch_get_v2(self, transfers, extra_info=None):
+        """Load each PoolTransfer's pages into its pool; {pool name: [bool
+        per key]}."""
+        return self._batch_v2(transfers, True, "batch_get_v2")
+
+    def batch_set_v2(self, transfers, extra_info=None):
+        """Store each PoolTransfer's pages from its pool; {pool name: [bool
+        per key]}."""
+        return self._batch_v2(transfers, False, "batch_set_v2")
+
+    def batch_exists_v2(self, keys, pool_transfers=None, extra_info=None):
+        """The usable KV prefix, respecting every extra pool's hit policy:
+        "all_pages" needs the pool's page for every page of the prefix,
+        "trailing_pages" only for its last len(transfer.keys) pages (at least
+        one). Returns PoolTransferResult(pages, {pool: pages found})."""
+        keys = list(keys or [])
+        kv = self.batch_exists(keys) if keys else 0
+        hits = {KV_POOL: kv} if kv else {}
+        final = kv
+        for t in pool_transfers or []:
+            if final == 0:
+                break
+            name = str(t.name)
+            have = self.rank.lookup(self._blocks(keys[:kv], name))
+            if str(getattr(t, "hit_policy", ALL_PAGES)) == ALL_PAGES:
+                bound = have.index(False) if False in have else kv
+            else:
+                tail = max(1, len(t.keys) if t.keys else 1)
+                bound = 0
+                for end in range(kv, 0, -1):
+                    if all(have[max(0, end - tail):end]):
+                        bound = end
+                        break
+            if bound:
+                hits[name] = bound
+            final = min(final, bound)
+        return PoolTransferResult(final, hits)
+
     # -- copying interface --------------------------------------------------
 
+    @staticmethod
+    def _check_tensors(values, what):
+        for i, v in enumerate(values):
+            if not all(hasattr(v, a) for a in ("data_ptr", "contiguous", "device")):
+                raise InvalidArgument(f"{what} {i}: expected a torch tensor, got {type(v).__name__}")
+
     def _tensor_row(self, t, what):
-        return _pieces.Row([_pieces.tensor_piece(t, what)], self.shard_size, what)
+        return _pieces.Row([_pieces.tensor_piece(t, what, True)], self.shard_size, what)
 
     def _new_page(self):
         if self.mem_pool_host is not None:
@@ -152,6 +287,7 @@ class ShardfsStorage(_Base):
             [self._new_page() for _ in keys]
         if len(targets) != len(keys):
             raise InvalidArgument(f"batch_get: {len(keys)} keys, {len(targets)} targets")
+        self._check_tensors(targets, "batch_get: target")
         # One buffer given for several keys (a shared dummy page) is read once per key: copy.
         seen = set()
         for i, t in enumerate(targets):
@@ -174,6 +310,7 @@ class ShardfsStorage(_Base):
         values = list(values or [])
         if len(values) != len(keys):
             raise InvalidArgument(f"batch_set: {len(keys)} keys, {len(values)} values")
+        self._check_tensors(values, "batch_set: value")
         values = [v.contiguous() for v in values]  # held until the dump is done
         rows = [self._tensor_row(v, f"batch_set: value {i}") for i, v in enumerate(values)]
         return all(self._run(keys, rows, False))
@@ -202,4 +339,4 @@ class ShardfsStorage(_Base):
         self.rank.close()
 
 
-__all__ = ["ShardfsStorage", "key_suffix", "HAVE_SGLANG"]
+__all__ = ["ShardfsStorage", "PoolTransferResult", "key_suffix", "HAVE_SGLANG"]

@@ -165,10 +165,8 @@ class ShardfsStore(_UcmBase):
         for i, row in enumerate(tensors):
             pieces = []
             for j, t in enumerate(row):
-                if host_only and getattr(getattr(t, "device", None), "type", "cpu") != "cpu":
-                    raise InvalidArgument(f"{what}: block {i} tensor {j} is on {t.device}, but this "
-                                          "store copies to host memory (shardfs_device)")
-                pieces.append(_pieces.tensor_piece(t, f"{what}: block {i} tensor {j}"))
+                pieces.append(_pieces.tensor_piece(t, f"{what}: block {i} tensor {j} "
+                                                   "(shardfs_device)", host_only))
             rows.append(_pieces.Row(pieces, self.shard_size, f"{what}: block {i}"))
         return rows
 
@@ -176,7 +174,10 @@ class ShardfsStore(_UcmBase):
         rows = []
         sizes = self.tensor_sizes
         for i, row in enumerate(addrs):
-            row = [int(a) for a in (row.tolist() if hasattr(row, "tolist") else row)]
+            try:
+                row = [int(a) for a in (row.tolist() if hasattr(row, "tolist") else row)]
+            except (TypeError, ValueError):
+                raise InvalidArgument(f"{what}: block {i}: an address is not an int") from None
             if len(row) == 1 and len(sizes) != 1:
                 pieces = [(row[0], self.shard_size)]
             elif len(row) != len(sizes):
@@ -189,7 +190,7 @@ class ShardfsStore(_UcmBase):
 
     def _go(self, kind, block_ids, shard_index, rows, keep=None):
         block_ids = list(block_ids)
-        shard_index = [int(s) for s in shard_index]
+        shard_index = list(shard_index)
         pt = _pieces.submit(self.rank, block_ids, shard_index, rows, kind == "load")
         pt.keep = keep
         return ShardfsUcmTask(kind, pt)
