@@ -914,10 +914,9 @@ static int list_dir(struct posix_backend *p, const char *sub, const char *prefix
     return ret;
 }
 
-static int posix_list(struct sfs_backend *be, int (*fn)(const struct sfs_block_id *, void *),
-                      void *arg)
+static int list_all(struct posix_backend *p, int (*fn)(const struct sfs_block_id *, void *),
+                    void *arg)
 {
-    struct posix_backend *p = (struct posix_backend *)be;
     struct dirent *de;
     DIR *d;
     int dfd, ret = 0;
@@ -948,9 +947,69 @@ static int posix_list(struct sfs_backend *be, int (*fn)(const struct sfs_block_i
     return ret;
 }
 
+/* A job of posix_call.c: the ids of every block of the store, gathered by
+ * the helper (16 bytes a block), handed to the caller's fn afterwards in its
+ * own thread. */
+struct list_job {
+    struct posix_job h;
+    struct sfs_block_id *ids; /* malloc'd, n of cap */
+    size_t n, cap;
+};
+
+static int list_collect(const struct sfs_block_id *id, void *arg)
+{
+    struct list_job *l = arg;
+
+    if (l->n == l->cap) {
+        size_t cap = l->cap ? 2 * l->cap : 256;
+        struct sfs_block_id *ids = realloc(l->ids, cap * sizeof(*ids));
+
+        if (!ids)
+            return -ENOMEM;
+        l->ids = ids;
+        l->cap = cap;
+    }
+    l->ids[l->n++] = *id;
+    return 0;
+}
+
+static int list_fn(struct posix_backend *p, struct posix_job *j)
+{
+    return list_all(p, list_collect, j);
+}
+
+static void list_drop(struct posix_job *j)
+{
+    free(((struct list_job *)j)->ids);
+}
+
+static int posix_list(struct sfs_backend *be, int (*fn)(const struct sfs_block_id *, void *),
+                      void *arg)
+{
+    struct posix_backend *p = (struct posix_backend *)be;
+    struct list_job *l;
+    int ret;
+
+    if (!p->ring_open)
+        return list_all(p, fn, arg);
+    l = calloc(1, sizeof(*l));
+    if (!l)
+        return -ENOMEM;
+    l->h.fn = list_fn;
+    l->h.drop = list_drop;
+    ret = sfs_posix_call(p, &l->h);
+    if (ret < 0)
+        return ret; /* the job is no longer ours */
+    ret = l->h.result;
+    for (size_t i = 0; ret == 0 && i < l->n; i++)
+        ret = fn(&l->ids[i], arg);
+    sfs_posix_job_free(&l->h);
+    return ret;
+}
+
 /* How long close waits for ops that are not a caller's load (a touch's
  * open, a close, a helper's call) before leaving them behind. */
-#define CLOSE_GRACE_NS (2ll * 1000000000)
+#define CLOSE_GRACE_NS (500ll * 1000000)
 
 static void posix_close(struct sfs_backend *be)
 {

@@ -36,7 +36,7 @@
 
 #define HELPER_IDLE_NS (5ll * 1000000000)
 
-enum { JOB_QUEUED, JOB_RUNNING, JOB_DONE, JOB_ABANDONED };
+enum { JOB_QUEUED, JOB_RUNNING, JOB_COMMITTING, JOB_DONE, JOB_ABANDONED };
 
 static void ts_of(int64_t ns, struct timespec *ts)
 {
@@ -127,6 +127,7 @@ int sfs_posix_call(struct posix_backend *p, struct posix_job *j)
 {
     int64_t deadline = sfs_deadline_after((int64_t)p->o.timeout_ms * 1000000);
     struct timespec ts;
+    bool extended = false;
     int ret = 0;
 
     j->state = JOB_QUEUED;
@@ -163,6 +164,13 @@ int sfs_posix_call(struct posix_backend *p, struct posix_job *j)
         }
         if (pthread_cond_timedwait(&p->call_done, &p->call_lock, &ts) == ETIMEDOUT &&
             j->state != JOB_DONE) {
+            if (j->state == JOB_COMMITTING && !extended) {
+                /* Past its point of no return: the answer must say what
+                 * happened, so wait for it once more. */
+                extended = true;
+                ts_of(sfs_deadline_after((int64_t)p->o.timeout_ms * 1000000), &ts);
+                continue;
+            }
             ret = -ETIMEDOUT;
             break;
         }
@@ -190,6 +198,18 @@ int sfs_posix_call(struct posix_backend *p, struct posix_job *j)
     }
     pthread_mutex_unlock(&p->call_lock);
     return 0;
+}
+
+bool sfs_posix_call_commit(struct posix_backend *p, struct posix_job *j)
+{
+    bool go;
+
+    pthread_mutex_lock(&p->call_lock);
+    go = j->state == JOB_RUNNING;
+    if (go)
+        j->state = JOB_COMMITTING;
+    pthread_mutex_unlock(&p->call_lock);
+    return go;
 }
 
 bool sfs_posix_call_stop(struct posix_backend *p, int64_t grace_ns)

@@ -76,6 +76,11 @@ int sfs_posix_call_init(struct posix_backend *p);
  * be started): then j is no longer the caller's. */
 int sfs_posix_call(struct posix_backend *p, struct posix_job *j);
 void sfs_posix_job_free(struct posix_job *j);
+/* Called by a job's fn at its point of no return (a commit's rename): true
+ * when it may go on (the caller still waits, and now waits for it to
+ * finish: one more deadline); false when the caller already gave up
+ * (-ETIMEDOUT), so fn must change nothing. */
+bool sfs_posix_call_commit(struct posix_backend *p, struct posix_job *j);
 /* Stop the helpers: wait up to grace_ns for them to end. True when none is
  * left (the lock and conditions are destroyed then); false when a call is
  * still stuck (the backend must then stay allocated). */
