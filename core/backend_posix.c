@@ -23,10 +23,28 @@
  * Result: len; -ENOENT when the block file is missing or ends at or before the
  * shard; -EIO when it ends inside the shard (a short read) or is not a regular
  * file; else -errno.
- * Block files are opened beneath the root only (posix_path.c: symlinks that
- * leave the store are refused) and without waiting (O_NONBLOCK, then a
- * regular-file check), so a FIFO or a device in the store never holds a
- * submitter; exists and shard_count see such files as absent.
+ * Block files are opened beneath the root only (symlinks that leave the
+ * store are refused) and without waiting (O_NONBLOCK, then a regular-file
+ * check), so a FIFO or a device in the store never holds a submitter;
+ * exists and shard_count see such files as absent.
+ *
+ * A hung file system (a network mount that stops answering) holds, in the
+ * kernel, any thread that opens, stats or closes a file on it. So in ring
+ * mode nothing of a load runs in the submitter's thread: each block file's
+ * open is an OPENAT2 op (posix_path.c's rules: RESOLVE_BENEATH |
+ * RESOLVE_NO_MAGICLINKS, O_NONBLOCK; IOSQE_ASYNC, since tried inline an
+ * open of a cached dentry would wait on the file system's own open), its
+ * regular-file check a STATX of the new fd, then O_NONBLOCK is cleared
+ * (fcntl never reaches the file system) and the block's loads are queued
+ * as READs; the last one's completion queues a CLOSE. The reaper drives
+ * these steps (struct block_fd) from the completions. A touch is OPENAT2,
+ * STATX, FADVISE, CLOSE. A stuck op keeps one io-wq worker and one of the
+ * ring's depth entries; the load's caller gives up at its own deadline
+ * (the daemon's wait_timeout). Ring mode needs those ops (Linux 5.6+;
+ * probed at open, liburing 2.3 has them all); without them opens run in the
+ * submitter as before (sync mode; SHARDFS_POSIX_SYNC_OPEN=1 in the
+ * environment forces it, for tests). The synchronous calls (exists,
+ * shard_count, list, dump, remove) get a deadline from posix_call.c.
  *
  * Dumps and removes (the tmp + rename commit) are posix_commit.c; naming and
  * opening a block file beneath the root is posix_path.c.
