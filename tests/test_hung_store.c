@@ -236,7 +236,10 @@ static void setup(void)
     snprintf(H.fx.mnt, sizeof(H.fx.mnt), "%s", tu_path("hmnt"));
     snprintf(H.fx.sock, sizeof(H.fx.sock), "%s", tu_path("hsock"));
     snprintf(H.fx.log, sizeof(H.fx.log), "%s", tu_path("hlog"));
-    H.fx.bin = SHARDFS_BIN;
+    /* SHARDFS_TEST_DAEMON: another build of the daemon (CI's TSan one). */
+    H.fx.bin = getenv("SHARDFS_TEST_DAEMON") && *getenv("SHARDFS_TEST_DAEMON")
+                   ? getenv("SHARDFS_TEST_DAEMON")
+                   : SHARDFS_BIN;
     mkdir(H.store, 0755);
     mkdir(H.fx.mnt, 0755);
     /* Three blocks in three different prefix directories. */
@@ -414,7 +417,7 @@ Test(hung_store, reads_of_a_hung_shard_time_out_and_the_rest_is_served)
 }
 
 /* SIGTERM with readers of the hung shard pending: the daemon exits 0 within
- * the documented ~2 s (3 s here, plus the start of the stop). */
+ * the documented ~2 s (5 s here: loaded and sanitized CI runs). */
 Test(hung_store, sigterm_exits_promptly_with_calls_stuck_in_the_store)
 {
     pid_t kids[2];
@@ -428,7 +431,7 @@ Test(hung_store, sigterm_exits_promptly_with_calls_stuck_in_the_store)
     kill(H.fx.pid, SIGTERM);
     while (waitpid(H.fx.pid, &st, WNOHANG) != H.fx.pid && now_s() - t0 < 15)
         sleep_ms(10);
-    cr_expect_lt(now_s() - t0, 3.5, "SIGTERM took %.1f s", now_s() - t0);
+    cr_expect_lt(now_s() - t0, 5.0, "SIGTERM took %.1f s", now_s() - t0);
     if (now_s() - t0 >= 15) {
         kill(H.fx.pid, SIGKILL);
         waitpid(H.fx.pid, &st, 0);
