@@ -122,6 +122,7 @@ static struct sfs_backend *open_posix(const char *body, const struct sfs_backend
         .depth = SFS_POSIX_DEPTH_DEFAULT,
         .direct = p->direct,
         .read_only = p->read_only,
+        .timeout_ms = p->timeout_ms ? p->timeout_ms : SFS_BACKEND_TIMEOUT_MS_DEFAULT,
     };
     const char *qm = strchr(body, '?');
     size_t plen = qm ? (size_t)(qm - body) : strlen(body);
@@ -236,6 +237,7 @@ static struct sfs_backend *open_spec(const char *spec, const struct sfs_backend_
             .depth = SFS_POSIX_DEPTH_DEFAULT,
             .direct = p->direct,
             .read_only = p->read_only,
+            .timeout_ms = p->timeout_ms ? p->timeout_ms : SFS_BACKEND_TIMEOUT_MS_DEFAULT,
         };
 
         if (o.dir_prefix > SFS_DIR_PREFIX_MAX) {

@@ -24,6 +24,7 @@ struct sfs_posix_opts {
     bool direct;         /* O_DIRECT loads where buffers and offsets allow */
     bool sync;           /* fsync the tmp file and directory before commit */
     bool read_only;      /* dumps and removes fail with -EROFS */
+    unsigned timeout_ms; /* deadline of a synchronous call (posix_call.c), > 0 */
 };
 
 #define SFS_POSIX_DEPTH_DEFAULT 64u

@@ -23,10 +23,28 @@
  * Result: len; -ENOENT when the block file is missing or ends at or before the
  * shard; -EIO when it ends inside the shard (a short read) or is not a regular
  * file; else -errno.
- * Block files are opened beneath the root only (posix_path.c: symlinks that
- * leave the store are refused) and without waiting (O_NONBLOCK, then a
- * regular-file check), so a FIFO or a device in the store never holds a
- * submitter; exists and shard_count see such files as absent.
+ * Block files are opened beneath the root only (symlinks that leave the
+ * store are refused) and without waiting (O_NONBLOCK, then a regular-file
+ * check), so a FIFO or a device in the store never holds a submitter;
+ * exists and shard_count see such files as absent.
+ *
+ * A hung file system (a network mount that stops answering) holds, in the
+ * kernel, any thread that opens, stats or closes a file on it. So in ring
+ * mode nothing of a load runs in the submitter's thread: each block file's
+ * open is an OPENAT2 op (posix_path.c's rules: RESOLVE_BENEATH |
+ * RESOLVE_NO_MAGICLINKS, O_NONBLOCK; IOSQE_ASYNC, since tried inline an
+ * open of a cached dentry would wait on the file system's own open), its
+ * regular-file check a STATX of the new fd, then O_NONBLOCK is cleared
+ * (fcntl never reaches the file system) and the block's loads are queued
+ * as READs; the last one's completion queues a CLOSE. The reaper drives
+ * these steps (struct block_fd) from the completions. A touch is OPENAT2,
+ * STATX, FADVISE, CLOSE. A stuck op keeps one io-wq worker and one of the
+ * ring's depth entries; the load's caller gives up at its own deadline
+ * (the daemon's wait_timeout). Ring mode needs those ops (Linux 5.6+;
+ * probed at open, liburing 2.3 has them all); without them opens run in the
+ * submitter as before (sync mode; SHARDFS_POSIX_SYNC_OPEN=1 in the
+ * environment forces it, for tests). The synchronous calls (exists,
+ * shard_count, list, dump, remove) get a deadline from posix_call.c.
  *
  * Dumps and removes (the tmp + rename commit) are posix_commit.c; naming and
  * opening a block file beneath the root is posix_path.c.
@@ -34,6 +52,7 @@
 #include "posix_i.h"
 
 #include <dirent.h>
+#include <linux/openat2.h>
 #include <fcntl.h>
 #include <limits.h>
 #include <sched.h>
@@ -49,22 +68,51 @@
 /* io->priv[] of a load, owned by this file while the load is in flight. */
 enum {
     PRIV_FD = 0,   /* struct block_fd * shared by the batch's loads of a block */
-    PRIV_NEXT = 1, /* pending / local list link */
+    PRIV_NEXT = 1, /* pending / waiting / local list link */
     PRIV_DONE = 2, /* bytes read so far (uintptr_t) */
     PRIV_FLAGS = 3 /* F_DIRECT | retries << F_RETRY_SHIFT */
 };
 #define F_DIRECT      1u
 #define F_RETRY_SHIFT 8
 
+/* What a completion is for: the low two bits of its user_data (sfs_io and
+ * block_fd are at least 8-byte aligned). user_data 0 (a NULL read) stops
+ * the reaper. */
+#define TAG_READ  0u /* struct sfs_io *: a read of a load */
+#define TAG_OPEN  1u /* struct block_fd *: its OPENAT2 */
+#define TAG_STAT  2u /* struct block_fd *: its STATX (a regular file?) */
+#define TAG_STEP  3u /* struct block_fd *: its FADVISE (touch) or CLOSE */
+#define TAG_MASK  3u
+
+/* The steps of a block file's open (ring mode: each one an io_uring op, so
+ * nothing waits in the submitter's thread). */
+enum bfd_step {
+    BFD_OPEN,  /* OPENAT2 queued or pending */
+    BFD_STAT,  /* STATX of the new fd queued or pending */
+    BFD_READY, /* a regular file, O_NONBLOCK cleared: loads read it */
+    BFD_FADV,  /* touch: FADVISE(WILLNEED) queued or pending */
+    BFD_CLOSE  /* CLOSE queued or pending; freed on its completion */
+};
+
 /* One open of a block file, shared by the loads of one posix_load() batch
  * that read that block the same way (O_DIRECT or not); closed when the last
  * of them finishes. Never reused across batches: a commit replaces the block
- * file by rename, and a later batch must see the new file. refs is touched by
- * the submitter before the loads are queued (published by sq_lock) and then
- * only by the reaper thread. */
+ * file by rename, and a later batch must see the new file. Set up by the
+ * submitter before it is queued (published by sq_lock), then touched only
+ * under sq_lock. how, rel and stx stay here until their op completes (the
+ * kernel reads how/rel when it takes the entry, which may be at a later
+ * submit, and writes stx at completion). */
 struct block_fd {
     int fd;
-    unsigned refs;
+    unsigned refs;      /* loads holding it; a touch holds one itself */
+    enum bfd_step step;
+    bool direct;        /* O_DIRECT asked of this open */
+    bool touch;         /* a touch's open: FADVISE, then close */
+    struct sfs_io *wait_head, *wait_tail; /* loads waiting for BFD_READY */
+    struct block_fd *next;                /* local list / bfd pending list */
+    struct open_how how;
+    struct statx stx;
+    char rel[PATH_REL_MAX];
 };
 
 static inline struct block_fd *io_bfd(struct sfs_io *io)
@@ -77,33 +125,6 @@ static inline int io_fd(struct sfs_io *io)
     struct block_fd *b = io_bfd(io);
 
     return b ? b->fd : -1;
-}
-
-/* Drop io's reference to its block file. */
-static void io_put_fd(struct sfs_io *io)
-{
-    struct block_fd *b = io_bfd(io);
-
-    io->priv[PRIV_FD] = NULL;
-    if (b && --b->refs == 0) {
-        close(b->fd);
-        free(b);
-    }
-}
-
-/* A block_fd of one reference for an open fd; closes fd on failure. */
-static struct block_fd *bfd_new(int fd, int *err)
-{
-    struct block_fd *b = malloc(sizeof(*b));
-
-    if (!b) {
-        close(fd);
-        *err = -ENOMEM;
-        return NULL;
-    }
-    b->fd = fd;
-    b->refs = 1;
-    return b;
 }
 
 static inline struct sfs_io *io_next(struct sfs_io *io)
@@ -121,10 +142,31 @@ static inline uintptr_t io_flags(struct sfs_io *io)
     return (uintptr_t)io->priv[PRIV_FLAGS];
 }
 
+/* A block_fd, refs 0. Ring mode: step BFD_OPEN, fd -1, the open's
+ * arguments filled in. Sync mode: fd is the open descriptor, BFD_READY. */
+static struct block_fd *bfd_alloc(struct posix_backend *p, const struct sfs_block_id *id,
+                                  bool direct)
+{
+    struct block_fd *b = calloc(1, sizeof(*b));
+
+    if (!b)
+        return NULL;
+    b->fd = -1;
+    b->step = BFD_OPEN;
+    b->direct = direct;
+    sfs_posix_block_rel(p, id, false, b->rel);
+    /* posix_path.c's open, as one op: beneath the root, no magic links,
+     * never waiting on a FIFO (O_NONBLOCK, cleared again once STATX says
+     * it is a regular file). */
+    b->how.flags = (uint64_t)(O_RDONLY | O_CLOEXEC | O_NONBLOCK | O_NOCTTY | (direct ? O_DIRECT : 0));
+    b->how.resolve = RESOLVE_BENEATH | RESOLVE_NO_MAGICLINKS;
+    return b;
+}
+
 /* The size of a block file (0 when it is absent, not a regular file, or not
  * beneath the root: no shards to serve). Returns 0 or -errno for other
- * errors. */
-static int block_size(struct posix_backend *p, const struct sfs_block_id *id, uint64_t *size)
+ * errors. Runs on a helper thread (posix_call.c) in ring mode. */
+int sfs_posix_block_size(struct posix_backend *p, const struct sfs_block_id *id, uint64_t *size)
 {
     char rel[PATH_REL_MAX];
     struct stat st;
@@ -147,8 +189,8 @@ static int block_size(struct posix_backend *p, const struct sfs_block_id *id, ui
     return 0;
 }
 
-/* Open a block file for reading; *direct says whether O_DIRECT was used.
- * Returns the fd or -errno. */
+/* Sync mode: open a block file for reading in the caller's thread; *direct
+ * says whether O_DIRECT was used. Returns the fd or -errno. */
 static int open_block_read(struct posix_backend *p, const struct sfs_block_id *id, bool *direct)
 {
     char rel[PATH_REL_MAX];
@@ -193,6 +235,41 @@ static bool prep_read_locked(struct posix_backend *p, struct sfs_io *io)
     return true;
 }
 
+/* Caller holds sq_lock. Queue b's next op. False when the submission queue
+ * has no entry free. */
+static bool prep_bfd_locked(struct posix_backend *p, struct block_fd *b)
+{
+    struct io_uring_sqe *sqe = io_uring_get_sqe(&p->ring);
+    unsigned tag;
+
+    if (!sqe)
+        return false;
+    switch (b->step) {
+    case BFD_OPEN:
+        io_uring_prep_openat2(sqe, p->root_fd, b->rel, &b->how);
+        /* Straight to an io-wq worker: tried inline, an open whose dentry
+         * is cached would wait on the file system's open (a FUSE OPEN, an
+         * NFS revalidation) in the submitter's io_uring_enter. */
+        sqe->flags |= IOSQE_ASYNC;
+        tag = TAG_OPEN;
+        break;
+    case BFD_STAT:
+        io_uring_prep_statx(sqe, b->fd, "", AT_EMPTY_PATH, STATX_TYPE, &b->stx);
+        tag = TAG_STAT;
+        break;
+    case BFD_FADV:
+        io_uring_prep_fadvise(sqe, b->fd, 0, 0, POSIX_FADV_WILLNEED);
+        tag = TAG_STEP;
+        break;
+    default: /* BFD_CLOSE; a READY block is never queued */
+        io_uring_prep_close(sqe, b->fd);
+        tag = TAG_STEP;
+        break;
+    }
+    io_uring_sqe_set_data64(sqe, (uint64_t)(uintptr_t)b | tag);
+    return true;
+}
+
 /* Caller holds sq_lock. Entries the kernel does not take now stay in the
  * ring and go with the next submit (the reaper submits after every batch). */
 static void submit_locked(struct posix_backend *p)
@@ -224,9 +301,36 @@ static void pend_push_head(struct posix_backend *p, struct sfs_io *io)
         p->pend_tail = io;
 }
 
-/* Caller holds sq_lock: move pending loads into free ring entries. */
+/* Caller holds sq_lock: queue b's next op now, or park it until an entry
+ * frees up (in order with the other parked opens). */
+static void queue_bfd_locked(struct posix_backend *p, struct block_fd *b)
+{
+    if (!p->bpend_head && p->inflight < p->o.depth && prep_bfd_locked(p, b)) {
+        p->inflight++;
+        return;
+    }
+    b->next = NULL;
+    if (p->bpend_tail)
+        p->bpend_tail->next = b;
+    else
+        p->bpend_head = b;
+    p->bpend_tail = b;
+}
+
+/* Caller holds sq_lock: move parked opens, then parked loads, into free
+ * ring entries. Opens first: each is a whole block's loads waiting. */
 static void drain_pending_locked(struct posix_backend *p)
 {
+    while (p->bpend_head && p->inflight < p->o.depth) {
+        struct block_fd *b = p->bpend_head;
+
+        if (!prep_bfd_locked(p, b))
+            return;
+        p->bpend_head = b->next;
+        if (!p->bpend_head)
+            p->bpend_tail = NULL;
+        p->inflight++;
+    }
     while (p->pend_head && p->inflight < p->o.depth) {
         struct sfs_io *io = p->pend_head;
 
@@ -239,14 +343,143 @@ static void drain_pending_locked(struct posix_backend *p)
     }
 }
 
-static void finish_list(struct sfs_io *head)
+/* Caller holds sq_lock: nobody holds b any more. Its descriptor is closed
+ * by an op of the ring (a close may wait on the file system: a FUSE FLUSH,
+ * an NFS flush), or here in sync mode. */
+static void bfd_release_locked(struct posix_backend *p, struct block_fd *b)
 {
+    if (b->fd < 0) {
+        free(b);
+    } else if (p->ring_open) {
+        b->step = BFD_CLOSE;
+        queue_bfd_locked(p, b);
+    } else {
+        close(b->fd);
+        free(b);
+    }
+}
+
+/* Caller holds sq_lock. Drop io's reference to its block file. */
+static void io_put_fd_locked(struct posix_backend *p, struct sfs_io *io)
+{
+    struct block_fd *b = io_bfd(io);
+
+    io->priv[PRIV_FD] = NULL;
+    if (b && --b->refs == 0)
+        bfd_release_locked(p, b);
+}
+
+/* Caller holds sq_lock. b's open failed with err: its waiting loads finish
+ * with err (onto *finished); b goes once they let go of it. */
+static void bfd_fail_locked(struct posix_backend *p, struct block_fd *b, int err,
+                            struct sfs_io **finished)
+{
+    struct sfs_io *io = b->wait_head;
+    bool touch = b->touch;
+
+    b->wait_head = b->wait_tail = NULL;
+    while (io) {
+        struct sfs_io *next = io_next(io);
+
+        io->result = err;
+        io_put_fd_locked(p, io); /* may free b */
+        io_set_next(io, *finished);
+        *finished = io;
+        io = next;
+    }
+    if (touch && --b->refs == 0)
+        bfd_release_locked(p, b);
+}
+
+/* Caller holds sq_lock. b is a regular file, open without O_NONBLOCK: its
+ * waiting loads go to the pending list, in their batch's order. */
+static void bfd_ready_locked(struct posix_backend *p, struct block_fd *b)
+{
+    struct sfs_io *io = b->wait_head;
+
+    b->step = BFD_READY;
+    b->wait_head = b->wait_tail = NULL;
+    while (io) {
+        struct sfs_io *next = io_next(io);
+
+        io->priv[PRIV_FLAGS] = (void *)(uintptr_t)(b->direct ? F_DIRECT : 0);
+        pend_push_tail(p, io);
+        io = next;
+    }
+}
+
+/* Reaper, sq_lock held: the completion of one of b's steps. */
+static void bfd_cqe_locked(struct posix_backend *p, struct block_fd *b, unsigned tag, int res,
+                           struct sfs_io **finished)
+{
+    int fl;
+
+    if (tag == TAG_STEP) {
+        if (b->step == BFD_CLOSE) {
+            free(b);
+        } else if (--b->refs == 0) { /* BFD_FADV: the touch is done */
+            bfd_release_locked(p, b);
+        }
+        return;
+    }
+    if (tag == TAG_OPEN) {
+        if (res == -EINVAL && b->direct) {
+            /* The fs refuses O_DIRECT: remember, open again buffered.
+             * Relaxed: see open_block_read. */
+            atomic_store_explicit(&p->direct_off, true, memory_order_relaxed);
+            b->direct = false;
+            b->how.flags &= ~(uint64_t)O_DIRECT;
+            queue_bfd_locked(p, b);
+            return;
+        }
+        if (res < 0) {
+            bfd_fail_locked(p, b, sfs_posix_errno_of_open(-res), finished);
+            return;
+        }
+        b->fd = res;
+        b->step = BFD_STAT;
+        queue_bfd_locked(p, b);
+        return;
+    }
+    /* TAG_STAT: anything but a regular file (a FIFO, a device, a
+     * directory) is no block we can read. */
+    if (res < 0 || !S_ISREG(b->stx.stx_mode)) {
+        bfd_fail_locked(p, b, res < 0 ? res : -EIO, finished);
+        return;
+    }
+    /* fcntl(F_SETFL) does not reach the file system: it never waits. */
+    fl = fcntl(b->fd, F_GETFL);
+    if (fl < 0 || fcntl(b->fd, F_SETFL, fl & ~O_NONBLOCK) < 0) {
+        bfd_fail_locked(p, b, -errno, finished);
+        return;
+    }
+    if (b->touch) {
+        b->step = BFD_FADV;
+        queue_bfd_locked(p, b);
+        return;
+    }
+    bfd_ready_locked(p, b);
+}
+
+/* Call done() of each load on the list (outside every lock: a done() may
+ * submit again), then count them out of loads_active. */
+static void finish_list(struct posix_backend *p, struct sfs_io *head)
+{
+    unsigned n = 0;
+
     while (head) {
         struct sfs_io *io = head;
 
         head = io_next(io);
-        io_put_fd(io);
         io->done(io); /* io is the caller's again from here */
+        n++;
+    }
+    if (n) {
+        pthread_mutex_lock(&p->sq_lock);
+        p->loads_active -= n;
+        if (p->loads_active == 0)
+            pthread_cond_broadcast(&p->idle_cond);
+        pthread_mutex_unlock(&p->sq_lock);
     }
 }
 
@@ -257,24 +490,50 @@ static void finish_list(struct sfs_io *head)
 struct open_ent {
     struct sfs_block_id id;
     bool direct; /* the mode asked for */
-    bool actual; /* the mode the open got */
     struct block_fd *bfd;
 };
+
+/* Hang io on b: it waits for the open (ring mode) or reads at once. */
+static void bfd_attach(struct block_fd *b, struct sfs_io *io, struct sfs_io **ready,
+                       struct sfs_io **ready_tail)
+{
+    b->refs++;
+    io->priv[PRIV_FD] = b;
+    io_set_next(io, NULL);
+    if (b->step != BFD_READY) {
+        if (b->wait_tail)
+            io_set_next(b->wait_tail, io);
+        else
+            b->wait_head = io;
+        b->wait_tail = io;
+        return;
+    }
+    io->priv[PRIV_FLAGS] = (void *)(uintptr_t)(b->direct ? F_DIRECT : 0);
+    /* Keep the batch's order: the caller put its loads in walk order. */
+    if (*ready_tail)
+        io_set_next(*ready_tail, io);
+    else
+        *ready = io;
+    *ready_tail = io;
+}
 
 static int posix_load(struct sfs_backend *be, struct sfs_io **ios, size_t n)
 {
     struct posix_backend *p = (struct posix_backend *)be;
     struct sfs_io *ready = NULL, *failed = NULL, *ready_tail = NULL;
+    struct block_fd *opens = NULL, *opens_tail = NULL;
     struct open_ent win[OPEN_WINDOW];
     size_t nwin = 0, wnext = 0;
+    unsigned nqueued = 0;
 
-    /* Opens happen outside the lock: they may wait on directory I/O. Each
-     * block is opened once for the loads of this batch that read it. */
+    /* Ring mode: nothing here waits; each block's open, its regular-file
+     * check and its reads are ops of the ring. Sync mode: opens happen
+     * here, outside the lock (they may wait on directory I/O). Either way
+     * each block is opened once for the loads of this batch that read it. */
     for (size_t i = 0; i < n; i++) {
         struct sfs_io *io = ios[i];
         struct block_fd *bfd = NULL;
         bool direct;
-        int fd;
 
         io->priv[PRIV_FD] = NULL;
         io->priv[PRIV_DONE] = (void *)0;
@@ -290,17 +549,35 @@ static int posix_load(struct sfs_backend *be, struct sfs_io **ios, size_t n)
             if (win[w].direct == direct &&
                 memcmp(&win[w].id, &io->key.block, sizeof(win[w].id)) == 0) {
                 bfd = win[w].bfd;
-                bfd->refs++;
-                direct = win[w].actual;
                 break;
             }
         }
         if (!bfd) {
             bool asked = direct;
+            int fd = -ENOMEM;
 
-            fd = open_block_read(p, &io->key.block, &direct);
-            if (fd >= 0)
-                bfd = bfd_new(fd, &fd);
+            if (p->ring_open) {
+                bfd = bfd_alloc(p, &io->key.block, direct);
+                if (bfd) {
+                    bfd->next = NULL;
+                    if (opens_tail)
+                        opens_tail->next = bfd;
+                    else
+                        opens = bfd;
+                    opens_tail = bfd;
+                }
+            } else {
+                fd = open_block_read(p, &io->key.block, &direct);
+                if (fd >= 0 && !(bfd = calloc(1, sizeof(*bfd)))) {
+                    close(fd);
+                    fd = -ENOMEM;
+                }
+                if (bfd) {
+                    bfd->fd = fd;
+                    bfd->step = BFD_READY;
+                    bfd->direct = direct;
+                }
+            }
             if (!bfd) {
                 io->result = fd;
                 io_set_next(io, failed);
@@ -309,24 +586,23 @@ static int posix_load(struct sfs_backend *be, struct sfs_io **ios, size_t n)
             }
             /* Remember it under the mode asked for: the next load of the
              * block asks the same way and gets the same answer. */
-            win[wnext] = (struct open_ent){
-                .id = io->key.block, .direct = asked, .actual = direct, .bfd = bfd};
+            win[wnext] = (struct open_ent){.id = io->key.block, .direct = asked, .bfd = bfd};
             wnext = (wnext + 1) % OPEN_WINDOW;
             if (nwin < OPEN_WINDOW)
                 nwin++;
         }
-        io->priv[PRIV_FD] = bfd;
-        io->priv[PRIV_FLAGS] = (void *)(uintptr_t)(direct ? F_DIRECT : 0);
-        /* Keep the batch's order: the caller put its loads in walk order. */
-        io_set_next(io, NULL);
-        if (ready_tail)
-            io_set_next(ready_tail, io);
-        else
-            ready = io;
-        ready_tail = io;
+        bfd_attach(bfd, io, &ready, &ready_tail);
+        nqueued++;
     }
 
     pthread_mutex_lock(&p->sq_lock);
+    p->loads_active += nqueued;
+    while (opens) {
+        struct block_fd *b = opens;
+
+        opens = b->next;
+        queue_bfd_locked(p, b);
+    }
     while (ready) {
         struct sfs_io *io = ready;
 
@@ -339,13 +615,20 @@ static int posix_load(struct sfs_backend *be, struct sfs_io **ios, size_t n)
     submit_locked(p);
     pthread_mutex_unlock(&p->sq_lock);
 
-    finish_list(failed);
+    /* Not counted in loads_active: finished before we return. */
+    while (failed) {
+        struct sfs_io *io = failed;
+
+        failed = io_next(io);
+        io->done(io);
+    }
     return (int)n;
 }
 
-enum cqe_verdict { CQE_FINISH, CQE_RESUBMIT };
+enum cqe_verdict { CQE_FINISH, CQE_RESUBMIT, CQE_REOPEN };
 
-/* Reaper: decide what one completion means for its load. */
+/* Reaper, sq_lock held: decide what one read's completion means for its
+ * load. */
 static enum cqe_verdict handle_cqe(struct posix_backend *p, struct sfs_io *io, int res)
 {
     uintptr_t got = (uintptr_t)io->priv[PRIV_DONE];
@@ -359,24 +642,44 @@ static enum cqe_verdict handle_cqe(struct posix_backend *p, struct sfs_io *io, i
         res = -EIO;
     }
     if (res == -EINVAL && (flags & F_DIRECT) && got == 0) {
-        /* Opened O_DIRECT but the fs will not read it that way: go buffered
-         * (a blocking open under sq_lock, at most once per load in flight
-         * when the fallback is first discovered). */
-        bool direct = false;
-        int fd;
-
-        /* Relaxed: see open_block_read. */
+        /* Opened O_DIRECT but the fs will not read it that way: go
+         * buffered. Relaxed: see open_block_read. */
         atomic_store_explicit(&p->direct_off, true, memory_order_relaxed);
-        io_put_fd(io); /* the batch's other loads of the block fall back alike */
-        fd = open_block_read(p, &io->key.block, &direct);
+        io_put_fd_locked(p, io); /* the batch's other loads of the block fall back alike */
         io->priv[PRIV_FLAGS] = (void *)(flags & ~(uintptr_t)F_DIRECT);
-        if (fd >= 0)
-            io->priv[PRIV_FD] = bfd_new(fd, &fd);
-        if (fd < 0) {
-            io->result = fd;
-            return CQE_FINISH;
+        if (p->ring_open) {
+            /* A buffered open of its own, as an op of the ring. */
+            struct block_fd *b = bfd_alloc(p, &io->key.block, false);
+
+            if (!b) {
+                io->result = -ENOMEM;
+                return CQE_FINISH;
+            }
+            b->refs = 1;
+            io->priv[PRIV_FD] = b;
+            io_set_next(io, NULL);
+            b->wait_head = b->wait_tail = io;
+            queue_bfd_locked(p, b);
+            return CQE_REOPEN;
+        } else {
+            /* Sync mode: a blocking open under sq_lock, at most once per
+             * load in flight when the fallback is first discovered. */
+            bool direct = false;
+            int fd = open_block_read(p, &io->key.block, &direct);
+            struct block_fd *b = fd >= 0 ? calloc(1, sizeof(*b)) : NULL;
+
+            if (!b) {
+                if (fd >= 0)
+                    close(fd);
+                io->result = fd >= 0 ? -ENOMEM : fd;
+                return CQE_FINISH;
+            }
+            b->fd = fd;
+            b->refs = 1;
+            b->step = BFD_READY;
+            io->priv[PRIV_FD] = b;
+            return CQE_RESUBMIT;
         }
-        return CQE_RESUBMIT;
     }
     if (res < 0) {
         io->result = got ? -EIO : res;
@@ -404,7 +707,7 @@ static void *reaper_main(void *arg)
     while (!stop) {
         struct sfs_io *finished = NULL, *resubmit = NULL;
         struct io_uring_cqe *cqe;
-        unsigned head, count = 0, nfinished = 0;
+        unsigned head, count = 0;
         int ret = io_uring_wait_cqe(&p->ring, &cqe);
 
         if (ret < 0) {
@@ -418,24 +721,38 @@ static void *reaper_main(void *arg)
         pthread_mutex_lock(&p->sq_lock);
         io_uring_for_each_cqe(&p->ring, head, cqe)
         {
-            struct sfs_io *io = io_uring_cqe_get_data(cqe);
+            uint64_t data = io_uring_cqe_get_data64(cqe);
+            unsigned tag = (unsigned)(data & TAG_MASK);
+            struct sfs_io *io;
 
             count++;
-            if (!io) {
+            if (data == 0) {
                 stop = true;
                 continue;
             }
-            if (handle_cqe(p, io, cqe->res) == CQE_FINISH) {
+            if (tag != TAG_READ) {
+                p->inflight--;
+                bfd_cqe_locked(p, (struct block_fd *)(uintptr_t)(data & ~(uint64_t)TAG_MASK),
+                               tag, cqe->res, &finished);
+                continue;
+            }
+            io = (struct sfs_io *)(uintptr_t)data;
+            switch (handle_cqe(p, io, cqe->res)) {
+            case CQE_FINISH:
+                p->inflight--;
+                io_put_fd_locked(p, io);
                 io_set_next(io, finished);
                 finished = io;
-                nfinished++;
-            } else {
+                break;
+            case CQE_REOPEN:
+                p->inflight--;
+                break;
+            default:
                 io_set_next(io, resubmit);
                 resubmit = io;
             }
         }
         io_uring_cq_advance(&p->ring, count);
-        p->inflight -= nfinished;
         while (resubmit) {
             struct sfs_io *io = resubmit;
 
@@ -447,35 +764,95 @@ static void *reaper_main(void *arg)
         }
         drain_pending_locked(p);
         submit_locked(p);
-        if (p->inflight == 0 && !p->pend_head)
+        if (p->inflight == 0 && !p->pend_head && !p->bpend_head)
             pthread_cond_broadcast(&p->idle_cond);
         pthread_mutex_unlock(&p->sq_lock);
 
-        finish_list(finished);
+        finish_list(p, finished);
     }
     return NULL;
+}
+
+/* A job of posix_call.c: the sizes of n block files. */
+struct sizes_job {
+    struct posix_job h;
+    size_t n;
+    struct sfs_block_id *ids; /* n, in this block */
+    uint64_t *sizes;          /* n, in this block */
+};
+
+static int sizes_fn(struct posix_backend *p, struct posix_job *j)
+{
+    struct sizes_job *s = (struct sizes_job *)j;
+
+    for (size_t i = 0; i < s->n; i++) {
+        int ret = sfs_posix_block_size(p, &s->ids[i], &s->sizes[i]);
+
+        if (ret < 0)
+            return ret;
+    }
+    return 0;
+}
+
+/* The sizes of n block files (keys[i].block, or *block when keys is NULL),
+ * on a helper with the backend's deadline (ring mode), or here. Returns 0
+ * or -errno (-ETIMEDOUT: the file system did not answer in time). */
+static int block_sizes(struct posix_backend *p, const struct sfs_key *keys,
+                       const struct sfs_block_id *block, size_t n, uint64_t *sizes)
+{
+    struct sizes_job *s;
+    int ret;
+
+    if (!p->ring_open) {
+        for (size_t i = 0; i < n; i++) {
+            ret = sfs_posix_block_size(p, keys ? &keys[i].block : block, &sizes[i]);
+            if (ret < 0)
+                return ret;
+        }
+        return 0;
+    }
+    if (n > (SIZE_MAX - sizeof(*s)) / (sizeof(*s->ids) + sizeof(*s->sizes)))
+        return -ENOMEM;
+    s = calloc(1, sizeof(*s) + n * (sizeof(*s->ids) + sizeof(*s->sizes)));
+    if (!s)
+        return -ENOMEM;
+    s->h.fn = sizes_fn;
+    s->n = n;
+    s->sizes = (uint64_t *)(s + 1);
+    s->ids = (struct sfs_block_id *)(s->sizes + n);
+    for (size_t i = 0; i < n; i++)
+        s->ids[i] = keys ? keys[i].block : *block;
+    ret = sfs_posix_call(p, &s->h);
+    if (ret < 0)
+        return ret; /* the job is no longer ours */
+    ret = s->h.result;
+    if (ret == 0)
+        memcpy(sizes, s->sizes, n * sizeof(*sizes));
+    sfs_posix_job_free(&s->h);
+    return ret;
 }
 
 static int posix_exists(struct sfs_backend *be, const struct sfs_key *keys, size_t n, bool *present)
 {
     struct posix_backend *p = (struct posix_backend *)be;
+    uint64_t one, *sizes = n == 1 ? &one : malloc(n * sizeof(*sizes));
+    int ret;
 
-    for (size_t i = 0; i < n; i++) {
-        uint64_t size;
-        int ret = block_size(p, &keys[i].block, &size);
-
-        if (ret < 0)
-            return ret;
-        present[i] = size >= ((uint64_t)keys[i].shard + 1) * be->shard_size;
-    }
-    return 0;
+    if (!sizes)
+        return -ENOMEM;
+    ret = block_sizes(p, keys, NULL, n, sizes);
+    for (size_t i = 0; ret == 0 && i < n; i++)
+        present[i] = sizes[i] >= ((uint64_t)keys[i].shard + 1) * be->shard_size;
+    if (sizes != &one)
+        free(sizes);
+    return ret;
 }
 
 static int posix_shard_count(struct sfs_backend *be, const struct sfs_block_id *block)
 {
     struct posix_backend *p = (struct posix_backend *)be;
     uint64_t size, count;
-    int ret = block_size(p, block, &size);
+    int ret = block_sizes(p, NULL, block, 1, &size);
 
     if (ret < 0)
         return ret;
@@ -489,6 +866,23 @@ static int posix_touch(struct sfs_backend *be, const struct sfs_block_id *blocks
 {
     struct posix_backend *p = (struct posix_backend *)be;
 
+    if (p->ring_open) {
+        /* A hint: each block's open, check, FADVISE and close are ops of
+         * the ring; nothing here waits on the file system. */
+        pthread_mutex_lock(&p->sq_lock);
+        for (size_t i = 0; i < n; i++) {
+            struct block_fd *b = bfd_alloc(p, &blocks[i], false);
+
+            if (!b)
+                break;
+            b->touch = true;
+            b->refs = 1;
+            queue_bfd_locked(p, b);
+        }
+        submit_locked(p);
+        pthread_mutex_unlock(&p->sq_lock);
+        return 0;
+    }
     for (size_t i = 0; i < n; i++) {
         char rel[PATH_REL_MAX];
         int fd;
@@ -538,10 +932,9 @@ static int list_dir(struct posix_backend *p, const char *sub, const char *prefix
     return ret;
 }
 
-static int posix_list(struct sfs_backend *be, int (*fn)(const struct sfs_block_id *, void *),
-                      void *arg)
+static int list_all(struct posix_backend *p, int (*fn)(const struct sfs_block_id *, void *),
+                    void *arg)
 {
-    struct posix_backend *p = (struct posix_backend *)be;
     struct dirent *de;
     DIR *d;
     int dfd, ret = 0;
@@ -572,15 +965,100 @@ static int posix_list(struct sfs_backend *be, int (*fn)(const struct sfs_block_i
     return ret;
 }
 
+/* A job of posix_call.c: the ids of every block of the store, gathered by
+ * the helper (16 bytes a block), handed to the caller's fn afterwards in its
+ * own thread. */
+struct list_job {
+    struct posix_job h;
+    struct sfs_block_id *ids; /* malloc'd, n of cap */
+    size_t n, cap;
+};
+
+static int list_collect(const struct sfs_block_id *id, void *arg)
+{
+    struct list_job *l = arg;
+
+    if (l->n == l->cap) {
+        size_t cap = l->cap ? 2 * l->cap : 256;
+        struct sfs_block_id *ids = realloc(l->ids, cap * sizeof(*ids));
+
+        if (!ids)
+            return -ENOMEM;
+        l->ids = ids;
+        l->cap = cap;
+    }
+    l->ids[l->n++] = *id;
+    return 0;
+}
+
+static int list_fn(struct posix_backend *p, struct posix_job *j)
+{
+    return list_all(p, list_collect, j);
+}
+
+static void list_drop(struct posix_job *j)
+{
+    free(((struct list_job *)j)->ids);
+}
+
+static int posix_list(struct sfs_backend *be, int (*fn)(const struct sfs_block_id *, void *),
+                      void *arg)
+{
+    struct posix_backend *p = (struct posix_backend *)be;
+    struct list_job *l;
+    int ret;
+
+    if (!p->ring_open)
+        return list_all(p, fn, arg);
+    l = calloc(1, sizeof(*l));
+    if (!l)
+        return -ENOMEM;
+    l->h.fn = list_fn;
+    l->h.drop = list_drop;
+    ret = sfs_posix_call(p, &l->h);
+    if (ret < 0)
+        return ret; /* the job is no longer ours */
+    ret = l->h.result;
+    for (size_t i = 0; ret == 0 && i < l->n; i++)
+        ret = fn(&l->ids[i], arg);
+    sfs_posix_job_free(&l->h);
+    return ret;
+}
+
+/* How long close waits for ops that are not a caller's load (a touch's
+ * open, a close, a helper's call) before leaving them behind. */
+#define CLOSE_GRACE_NS (500ll * 1000000)
+
 static void posix_close(struct sfs_backend *be)
 {
     struct posix_backend *p = (struct posix_backend *)be;
     struct io_uring_sqe *sqe;
+    int64_t deadline;
+    bool ring_idle, calls_idle;
 
     pthread_mutex_lock(&p->sq_lock);
     p->closing = true;
-    while (p->inflight || p->pend_head)
+    /* Every load the caller submitted completes first (its done() touches
+     * the caller's memory): as before, a load stuck in a hung file system
+     * holds close; the daemon does not close a backend it abandoned loads
+     * on (docs/fs.md). */
+    while (p->loads_active)
         pthread_cond_wait(&p->idle_cond, &p->sq_lock);
+    /* What is left is ours (a touch, a close): a grace, then leave it. */
+    deadline = sfs_deadline_after(CLOSE_GRACE_NS);
+    while ((p->inflight || p->pend_head || p->bpend_head) && sfs_now_ns() < deadline) {
+        pthread_mutex_unlock(&p->sq_lock);
+        usleep(1000);
+        pthread_mutex_lock(&p->sq_lock);
+    }
+    ring_idle = !p->inflight && !p->pend_head && !p->bpend_head;
+    pthread_mutex_unlock(&p->sq_lock);
+    calls_idle = !p->ring_open || sfs_posix_call_stop(p, CLOSE_GRACE_NS);
+    if (!ring_idle || !calls_idle)
+        return; /* stuck in a hung file system: the struct, the ring and the
+                 * root descriptor stay for those calls (posix_call.c) */
+
+    pthread_mutex_lock(&p->sq_lock);
     /* Nothing is in flight, so an entry frees up as soon as the kernel has
      * taken what the queue holds: tell the reaper to stop. */
     while (!(sqe = io_uring_get_sqe(&p->ring))) {
@@ -597,6 +1075,21 @@ static void posix_close(struct sfs_backend *be)
     pthread_cond_destroy(&p->idle_cond);
     pthread_mutex_destroy(&p->sq_lock);
     free(p);
+}
+
+/* Ring mode needs OPENAT2, STATX, FADVISE and CLOSE as ring ops (Linux 5.6
+ * and later). */
+static bool ring_can_open(struct posix_backend *p)
+{
+    struct io_uring_probe *pr = io_uring_get_probe_ring(&p->ring);
+    bool ok = pr && io_uring_opcode_supported(pr, IORING_OP_OPENAT2) &&
+              io_uring_opcode_supported(pr, IORING_OP_STATX) &&
+              io_uring_opcode_supported(pr, IORING_OP_FADVISE) &&
+              io_uring_opcode_supported(pr, IORING_OP_CLOSE);
+
+    if (pr)
+        io_uring_free_probe(pr);
+    return ok && !getenv("SHARDFS_POSIX_SYNC_OPEN");
 }
 
 static const struct sfs_backend_ops posix_ops = {
@@ -650,6 +1143,14 @@ struct sfs_backend *sfs_posix_open(const char *root, const struct sfs_posix_opts
                  -ret);
         goto out_close_root;
     }
+    p->ring_open = ring_can_open(p);
+    if (p->ring_open) {
+        ret = sfs_posix_call_init(p);
+        if (ret < 0) {
+            sfs_errf(errbuf, errlen, "posix: cannot set up the helpers (errno %d)", -ret);
+            goto out_exit_ring_only;
+        }
+    }
     pthread_mutex_init(&p->sq_lock, NULL);
     pthread_cond_init(&p->idle_cond, NULL);
     /* The reaper takes no signals: they belong to the application's threads. */
@@ -666,6 +1167,9 @@ struct sfs_backend *sfs_posix_open(const char *root, const struct sfs_posix_opts
 out_exit_ring:
     pthread_cond_destroy(&p->idle_cond);
     pthread_mutex_destroy(&p->sq_lock);
+    if (p->ring_open)
+        sfs_posix_call_stop(p, 0);
+out_exit_ring_only:
     io_uring_queue_exit(&p->ring);
 out_close_root:
     close(p->root_fd);

@@ -37,6 +37,7 @@
 
 #include <errno.h>
 #include <fcntl.h>
+#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/file.h>
@@ -209,7 +210,7 @@ static int copy_prefix(int src, int dst, uint64_t len)
  * cut_shard shards (remove; ios == NULL). Returns 0 or -errno.
  */
 static int commit_block(struct posix_backend *p, const struct sfs_block_id *id, struct sfs_io **ios,
-                        size_t k, uint32_t cut_shard)
+                        size_t k, uint32_t cut_shard, struct posix_job *gate)
 {
     char rel[PATH_REL_MAX], tmp[PATH_REL_MAX];
     uint64_t S = p->be.shard_size, keep = 0;
@@ -272,6 +273,10 @@ static int commit_block(struct posix_backend *p, const struct sfs_block_id *id, 
     if (removing && keep == 0) {
         /* Dropping shard 0 drops the block: unlink it, then our tmp, both
          * under the lock, so the next writer starts from nothing. */
+        if (gate && !sfs_posix_call_commit(p, gate)) {
+            ret = -ETIMEDOUT; /* the caller gave up: nothing changes */
+            goto out_unlink_tmp;
+        }
         if (unlinkat(p->root_fd, rel, 0) < 0 && errno != ENOENT) {
             ret = -errno;
             goto out_unlink_tmp;
@@ -288,6 +293,12 @@ static int commit_block(struct posix_backend *p, const struct sfs_block_id *id, 
         ret = -errno;
         goto out_unlink_tmp;
     }
+    /* The commit point: a caller that already gave up (-ETIMEDOUT, a hung
+     * store) was told nothing is stored, so nothing is. */
+    if (gate && !sfs_posix_call_commit(p, gate)) {
+        ret = -ETIMEDOUT;
+        goto out_unlink_tmp;
+    }
     if (renameat(p->root_fd, tmp, p->root_fd, rel) < 0) {
         ret = -errno;
         goto out_unlink_tmp;
@@ -301,6 +312,64 @@ out_unlink_tmp:
      * waiters start over instead of trusting half-written bytes. */
     unlinkat(p->root_fd, tmp, 0);
     close(fd);
+    return ret;
+}
+
+/* A job of posix_call.c: one block's commit, with copies of its shards
+ * (a caller that gave up may free its buffers at once). */
+struct commit_job {
+    struct posix_job h;
+    struct sfs_block_id id;
+    uint32_t cut_shard; /* remove: the first shard dropped */
+    size_t k;           /* dump: shards; 0: a remove */
+    struct sfs_io io[]; /* k, each with buf pointing after the array */
+};
+
+static int commit_fn(struct posix_backend *p, struct posix_job *j)
+{
+    struct commit_job *c = (struct commit_job *)j;
+    struct sfs_io *ios[c->k ? c->k : 1];
+
+    for (size_t i = 0; i < c->k; i++)
+        ios[i] = &c->io[i];
+    return commit_block(p, &c->id, c->k ? ios : NULL, c->k, c->cut_shard, j);
+}
+
+/* commit_block on a helper with the backend's deadline (ring mode), or
+ * here. Returns 0 or -errno; -ETIMEDOUT: nothing was committed (or, only if
+ * the rename itself hangs past a second deadline, the outcome is unknown:
+ * docs/fs.md). */
+static int commit_deadline(struct posix_backend *p, const struct sfs_block_id *id,
+                           struct sfs_io **ios, size_t k, uint32_t cut_shard)
+{
+    uint64_t S = p->be.shard_size;
+    struct commit_job *c;
+    char *bytes;
+    int ret;
+
+    if (!p->ring_open)
+        return commit_block(p, id, ios, k, cut_shard, NULL);
+    if (k > (SIZE_MAX - sizeof(*c)) / (sizeof(struct sfs_io) + S))
+        return -ENOMEM;
+    c = calloc(1, sizeof(*c) + k * (sizeof(struct sfs_io) + S));
+    if (!c)
+        return -ENOMEM;
+    c->h.fn = commit_fn;
+    c->id = *id;
+    c->cut_shard = cut_shard;
+    c->k = k;
+    bytes = (char *)&c->io[k];
+    for (size_t i = 0; i < k; i++) {
+        c->io[i].key = ios[i]->key;
+        c->io[i].len = ios[i]->len;
+        c->io[i].buf = bytes + i * S;
+        memcpy(c->io[i].buf, ios[i]->buf, ios[i]->len);
+    }
+    ret = sfs_posix_call(p, &c->h);
+    if (ret < 0)
+        return ret; /* the job is no longer ours */
+    ret = c->h.result;
+    sfs_posix_job_free(&c->h);
     return ret;
 }
 
@@ -338,7 +407,7 @@ int sfs_posix_dump(struct sfs_backend *be, struct sfs_io **ios, size_t n)
             io->done(io);
         } else if (!ents || !group) {
             /* No memory to group: commit this one on its own. */
-            int ret = commit_block(p, &io->key.block, &io, 1, 0);
+            int ret = commit_deadline(p, &io->key.block, &io, 1, 0);
 
             io->result = ret < 0 ? ret : (int)io->len;
             io->done(io);
@@ -350,6 +419,8 @@ int sfs_posix_dump(struct sfs_backend *be, struct sfs_io **ios, size_t n)
     }
     if (nvalid)
         qsort(ents, nvalid, sizeof(*ents), dump_ent_cmp);
+    /* One commit (and one deadline) per block: each block's answer says
+     * exactly whether that block was committed. */
     for (size_t i = 0; i < nvalid;) {
         size_t j = i, k = 0;
         int ret;
@@ -357,7 +428,7 @@ int sfs_posix_dump(struct sfs_backend *be, struct sfs_io **ios, size_t n)
         while (j < nvalid && memcmp(&ents[j].io->key.block, &ents[i].io->key.block,
                                     sizeof(struct sfs_block_id)) == 0)
             group[k++] = ents[j++].io;
-        ret = commit_block(p, &ents[i].io->key.block, group, k, 0);
+        ret = commit_deadline(p, &ents[i].io->key.block, group, k, 0);
         for (size_t g = 0; g < k; g++) {
             group[g]->result = ret < 0 ? ret : (int)group[g]->len;
             group[g]->done(group[g]);
@@ -375,5 +446,5 @@ int sfs_posix_remove(struct sfs_backend *be, const struct sfs_key *key)
 
     if (p->o.read_only)
         return -EROFS;
-    return commit_block(p, &key->block, NULL, 0, key->shard);
+    return commit_deadline(p, &key->block, NULL, 0, key->shard);
 }

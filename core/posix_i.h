@@ -16,6 +16,10 @@
 #include <liburing.h>
 #include <pthread.h>
 #include <stdatomic.h>
+#include <stdbool.h>
+
+struct block_fd;
+struct posix_job;
 
 #define PATH_REL_MAX 96 /* "<32 hex>/" + "<32 hex>" + ".tmp" + NUL, with room */
 
@@ -31,9 +35,60 @@ struct posix_backend {
     unsigned inflight;        /* sq_lock: loads that hold a ring entry */
     struct sfs_io *pend_head; /* sq_lock: loads waiting for a ring entry */
     struct sfs_io *pend_tail; /* sq_lock */
+    struct block_fd *bpend_head; /* sq_lock: block-file ops waiting for a ring entry */
+    struct block_fd *bpend_tail; /* sq_lock */
+    unsigned loads_active;    /* sq_lock: loads submitted whose done() has not returned */
     bool closing;             /* sq_lock */
+    bool ring_open;           /* immutable: opens are ring ops (OPENAT2 + STATX) */
     atomic_bool direct_off;   /* set once the fs refused O_DIRECT */
+
+    /* posix_call.c: the helpers of the synchronous calls. */
+    pthread_mutex_t call_lock;
+    pthread_cond_t call_cond;       /* a job was queued, or stop (helpers wait) */
+    pthread_cond_t call_done;       /* a job finished, or a helper ended (callers wait) */
+    struct posix_job *call_head;    /* call_lock: jobs not yet taken */
+    struct posix_job *call_tail;    /* call_lock */
+    unsigned call_threads;          /* call_lock: helpers alive, <= POSIX_HELPERS_MAX */
+    unsigned call_idle;             /* call_lock: helpers waiting for a job */
+    bool call_stop;                 /* call_lock */
 };
+
+/* Helpers of the synchronous calls alive at once: also how many calls can be
+ * stuck in a hung file system at once (posix_call.c). */
+#define POSIX_HELPERS_MAX 8u
+
+/* One synchronous call, run by a helper. Allocated by the caller as one
+ * block (with its inputs and outputs); fn must touch nothing outside it but
+ * the backend. */
+struct posix_job {
+    int (*fn)(struct posix_backend *p, struct posix_job *j);
+    void (*drop)(struct posix_job *j); /* frees what the job points to, or NULL */
+    int result;                        /* fn's return, once done */
+    int state;                         /* call_lock */
+    struct posix_job *next;            /* call_lock: queue link */
+};
+
+/* posix_call.c. Set up the helpers' lock and conditions: 0 or -errno. */
+int sfs_posix_call_init(struct posix_backend *p);
+/* Run j on a helper and wait until the backend's deadline. Returns 0 when j
+ * ran (j->result holds fn's return; the caller frees j with
+ * sfs_posix_job_free), or -ETIMEDOUT (deadline) / -EAGAIN (no helper could
+ * be started): then j is no longer the caller's. */
+int sfs_posix_call(struct posix_backend *p, struct posix_job *j);
+void sfs_posix_job_free(struct posix_job *j);
+/* Called by a job's fn at its point of no return (a commit's rename): true
+ * when it may go on (the caller still waits, and now waits for it to
+ * finish: one more deadline); false when the caller already gave up
+ * (-ETIMEDOUT), so fn must change nothing. */
+bool sfs_posix_call_commit(struct posix_backend *p, struct posix_job *j);
+/* Stop the helpers: wait up to grace_ns for them to end. True when none is
+ * left (the lock and conditions are destroyed then); false when a call is
+ * still stuck (the backend must then stay allocated). */
+bool sfs_posix_call_stop(struct posix_backend *p, int64_t grace_ns);
+
+/* backend_posix.c: the size of a block file, 0 when absent or not a regular
+ * file beneath the root. 0 or -errno. Blocks on a hung file system. */
+int sfs_posix_block_size(struct posix_backend *p, const struct sfs_block_id *id, uint64_t *size);
 
 /* posix_path.c. Relative path of the block file (tmp: of its .tmp); returns
  * the length of the directory part, so callers can cut the path there. */

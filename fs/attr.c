@@ -98,8 +98,12 @@ int fs_child_obj(struct fs *fs, const struct fs_obj *parent, const char *name, b
         if (!fs_parse_shard(name, &n))
             return -ENOENT;
         *out = fs_make_obj(FS_SHARD, &parent->key.block, n);
-        if (check_exists && !fs_shard_exists(fs, &out->key))
-            return -ENOENT;
+        if (check_exists) {
+            int r = fs_shard_present(fs, &out->key);
+
+            if (r <= 0)
+                return r < 0 ? r : -ENOENT; /* -ETIMEDOUT: a hung store */
+        }
         return 0;
     default:
         return -ENOTDIR;

@@ -258,6 +258,8 @@ void fs_forget_one(struct fs *fs, fuse_ino_t ino, uint64_t nlookup);
 /* A shard exists while a write handle holds it, while the cache has it Ready
  * or Loading, or when the backend has it. */
 bool fs_shard_exists(struct fs *fs, const struct sfs_key *key);
+/* fs_shard_exists, but 1, 0 or -ETIMEDOUT (the backend did not answer). */
+int fs_shard_present(struct fs *fs, const struct sfs_key *key);
 
 /* read.c: the read path. */
 void fs_op_read(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off, struct fuse_file_info *fi);

@@ -119,6 +119,8 @@ int main(int argc, char *argv[])
     bp.shard_size = cfg.cache.shard_size;
     bp.dir_prefix = cfg.dir_prefix;
     bp.read_only = o.ro;
+    /* A call into a hung store answers ETIMEDOUT at a read's deadline. */
+    bp.timeout_ms = (unsigned)(cfg.wait_ns / 1000000);
     fs.be = sfs_backend_open(o.backend, &bp, errbuf, sizeof(errbuf), &err);
     if (!fs.be) {
         fprintf(stderr, "shardfs: BACKEND_DIR %s: %s\n", o.backend,

@@ -353,19 +353,27 @@ void fs_forget_one(struct fs *fs, fuse_ino_t ino, uint64_t nlookup)
  */
 
 /* A shard exists while a write handle holds it, while the cache has it Ready
- * or Loading, or when the backend has it. */
-bool fs_shard_exists(struct fs *fs, const struct sfs_key *key)
+ * or Loading, or when the backend has it. 1 or 0; -ETIMEDOUT when the
+ * backend did not answer by its deadline (a hung store); other backend
+ * errors read as absent. */
+int fs_shard_present(struct fs *fs, const struct sfs_key *key)
 {
     struct fs_obj o = fs_make_obj(FS_SHARD, &key->block, key->shard);
     bool present = false;
-    int st;
+    int st, r;
 
     if (fs_has_writers(fs, &o))
-        return true;
+        return 1;
     st = sfs_cache_state(fs->cache, key);
     if (st == SFS_STATE_READY || st == SFS_STATE_LOADING)
-        return true;
-    if (sfs_backend_exists(fs->be, key, 1, &present) < 0)
-        return false;
-    return present;
+        return 1;
+    r = sfs_backend_exists(fs->be, key, 1, &present);
+    if (r == -ETIMEDOUT)
+        return r;
+    return r == 0 && present;
+}
+
+bool fs_shard_exists(struct fs *fs, const struct sfs_key *key)
+{
+    return fs_shard_present(fs, key) > 0;
 }

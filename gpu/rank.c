@@ -405,7 +405,8 @@ struct sfs_rank *rank_open_0_2(const struct sfs_rank_config *cfg, int *err)
         goto out_free;
     }
     if (cfg->backend) {
-        struct sfs_backend_params bp = {.shard_size = rk->shard_size};
+        struct sfs_backend_params bp = {.shard_size = rk->shard_size,
+                                        .timeout_ms = (unsigned)(rk->key_timeout_ns / 1000000)};
         char errbuf[256] = "";
 
         rk->be = sfs_backend_open(cfg->backend, &bp, errbuf, sizeof(errbuf), err);

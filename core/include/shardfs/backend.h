@@ -52,7 +52,13 @@ struct sfs_backend_params {
     unsigned dir_prefix; /* posix: default when the spec does not say */
     bool direct;         /* posix: O_DIRECT reads when the spec does not say */
     bool read_only;      /* dumps and removes fail with -EROFS */
+    /* posix: deadline of a synchronous call (exists, shard_count, list), ms;
+     * past it the call returns -ETIMEDOUT and is left to finish on its own
+     * (a hung file system). 0: SFS_BACKEND_TIMEOUT_MS_DEFAULT. */
+    unsigned timeout_ms;
 };
+
+#define SFS_BACKEND_TIMEOUT_MS_DEFAULT 30000u
 
 struct sfs_backend_ops {
     const char *name;

@@ -1,0 +1,236 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * posix_call.c - the posix backend's synchronous calls, each with a
+ * deadline: a helper thread makes the system calls, the caller waits for it
+ * at most the backend's timeout (timeout_ms: the daemon's wait_timeout, a
+ * rank's key_timeout_ms).
+ *
+ * Why: a block file on a file system that stops answering (a hung network
+ * mount, a FUSE server that never replies) blocks whatever thread calls
+ * openat(), fstatat() or readdir() on it, for good. Loads never make such a
+ * call in the caller's thread (backend_posix.c puts them in the ring); the
+ * synchronous calls (exists, shard_count, list) come here instead, so the
+ * caller (a FUSE worker answering a lookup, a rank's lookup) gets -ETIMEDOUT
+ * at its deadline and the stuck call is left to its helper.
+ *
+ * A job is one malloc'ed block holding everything the helper touches (its
+ * inputs copied, its outputs), so a caller that gave up owes it nothing:
+ * the helper frees an abandoned job when the call finally returns. Helpers
+ * are started on demand, at most POSIX_HELPERS_MAX at once, and end after
+ * HELPER_IDLE_NS without work. Bound: at most POSIX_HELPERS_MAX calls can be
+ * stuck at once (each holds its helper); with all of them stuck, later calls
+ * wait in the queue and get -ETIMEDOUT at their deadline, without starting
+ * anything, until a stuck call returns. A job still queued at its deadline
+ * is taken off the queue by its caller. Nothing is left running when every
+ * call returned: posix_close() waits a short grace for busy helpers and,
+ * when some are still stuck, leaves the backend's memory and root
+ * descriptor to them (a leak bounded by one backend, never freed while a
+ * helper may use it).
+ */
+#include "posix_i.h"
+
+#include <errno.h>
+#include <signal.h>
+#include <stdlib.h>
+#include <time.h>
+
+#define HELPER_IDLE_NS (5ll * 1000000000)
+
+enum { JOB_QUEUED, JOB_RUNNING, JOB_COMMITTING, JOB_DONE, JOB_ABANDONED };
+
+static void ts_of(int64_t ns, struct timespec *ts)
+{
+    ts->tv_sec = (time_t)(ns / 1000000000);
+    ts->tv_nsec = (long)(ns % 1000000000);
+}
+
+void sfs_posix_job_free(struct posix_job *j)
+{
+    if (j->drop)
+        j->drop(j);
+    free(j);
+}
+
+static void *helper_main(void *arg)
+{
+    struct posix_backend *p = arg;
+
+    pthread_mutex_lock(&p->call_lock);
+    for (;;) {
+        struct posix_job *j;
+        int r;
+
+        while (!p->call_head && !p->call_stop) {
+            struct timespec ts;
+            int e;
+
+            /* CLOCK_MONOTONIC: call_cond is set up with it (posix_call_init). */
+            ts_of(sfs_now_ns() + HELPER_IDLE_NS, &ts);
+            p->call_idle++;
+            e = pthread_cond_timedwait(&p->call_cond, &p->call_lock, &ts);
+            p->call_idle--;
+            if (e == ETIMEDOUT && !p->call_head)
+                goto out;
+        }
+        if (!p->call_head)
+            goto out; /* stopping */
+        j = p->call_head;
+        p->call_head = j->next;
+        if (!p->call_head)
+            p->call_tail = NULL;
+        j->state = JOB_RUNNING;
+        pthread_mutex_unlock(&p->call_lock);
+
+        r = j->fn(p, j);
+
+        pthread_mutex_lock(&p->call_lock);
+        if (j->state == JOB_ABANDONED) {
+            pthread_mutex_unlock(&p->call_lock);
+            sfs_posix_job_free(j);
+            pthread_mutex_lock(&p->call_lock);
+            continue;
+        }
+        j->result = r;
+        j->state = JOB_DONE;
+        pthread_cond_broadcast(&p->call_done);
+    }
+out:
+    p->call_threads--;
+    pthread_cond_broadcast(&p->call_done);
+    pthread_mutex_unlock(&p->call_lock);
+    return NULL;
+}
+
+int sfs_posix_call_init(struct posix_backend *p)
+{
+    pthread_condattr_t ca;
+    int ret;
+
+    ret = -pthread_condattr_init(&ca);
+    if (ret < 0)
+        return ret;
+    pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+    ret = -pthread_cond_init(&p->call_cond, &ca);
+    if (ret == 0) {
+        ret = -pthread_cond_init(&p->call_done, &ca);
+        if (ret < 0)
+            pthread_cond_destroy(&p->call_cond);
+    }
+    pthread_condattr_destroy(&ca);
+    if (ret < 0)
+        return ret;
+    pthread_mutex_init(&p->call_lock, NULL);
+    return 0;
+}
+
+int sfs_posix_call(struct posix_backend *p, struct posix_job *j)
+{
+    int64_t deadline = sfs_deadline_after((int64_t)p->o.timeout_ms * 1000000);
+    struct timespec ts;
+    bool extended = false;
+    int ret = 0;
+
+    j->state = JOB_QUEUED;
+    j->next = NULL;
+    pthread_mutex_lock(&p->call_lock);
+    if (p->call_tail)
+        p->call_tail->next = j;
+    else
+        p->call_head = j;
+    p->call_tail = j;
+    if (p->call_idle == 0 && p->call_threads < POSIX_HELPERS_MAX) {
+        sigset_t all, old;
+        pthread_attr_t at;
+        pthread_t t;
+
+        /* Helpers take no signals (they belong to the application's
+         * threads) and are never joined: one may be stuck for good. */
+        pthread_attr_init(&at);
+        pthread_attr_setdetachstate(&at, PTHREAD_CREATE_DETACHED);
+        sigfillset(&all);
+        pthread_sigmask(SIG_SETMASK, &all, &old);
+        if (pthread_create(&t, &at, helper_main, p) == 0)
+            p->call_threads++;
+        pthread_sigmask(SIG_SETMASK, &old, NULL);
+        pthread_attr_destroy(&at);
+    } else {
+        pthread_cond_signal(&p->call_cond);
+    }
+    ts_of(deadline, &ts);
+    while (j->state != JOB_DONE) {
+        if (p->call_threads == 0 && j->state == JOB_QUEUED) {
+            ret = -EAGAIN; /* no helper could be started */
+            break;
+        }
+        if (pthread_cond_timedwait(&p->call_done, &p->call_lock, &ts) == ETIMEDOUT &&
+            j->state != JOB_DONE) {
+            if (j->state == JOB_COMMITTING && !extended) {
+                /* Past its point of no return: the answer must say what
+                 * happened, so wait for it once more. */
+                extended = true;
+                ts_of(sfs_deadline_after((int64_t)p->o.timeout_ms * 1000000), &ts);
+                continue;
+            }
+            ret = -ETIMEDOUT;
+            break;
+        }
+    }
+    if (ret < 0 && j->state == JOB_QUEUED) {
+        /* Never started: off the queue, ours to free. */
+        struct posix_job **pp = &p->call_head, *prev = NULL;
+
+        while (*pp != j) {
+            prev = *pp;
+            pp = &(*pp)->next;
+        }
+        *pp = j->next;
+        if (p->call_tail == j)
+            p->call_tail = prev;
+        pthread_mutex_unlock(&p->call_lock);
+        sfs_posix_job_free(j);
+        return ret;
+    }
+    if (ret < 0) {
+        /* Running, stuck: its helper frees it when the call returns. */
+        j->state = JOB_ABANDONED;
+        pthread_mutex_unlock(&p->call_lock);
+        return ret;
+    }
+    pthread_mutex_unlock(&p->call_lock);
+    return 0;
+}
+
+bool sfs_posix_call_commit(struct posix_backend *p, struct posix_job *j)
+{
+    bool go;
+
+    pthread_mutex_lock(&p->call_lock);
+    go = j->state == JOB_RUNNING;
+    if (go)
+        j->state = JOB_COMMITTING;
+    pthread_mutex_unlock(&p->call_lock);
+    return go;
+}
+
+bool sfs_posix_call_stop(struct posix_backend *p, int64_t grace_ns)
+{
+    int64_t deadline = sfs_deadline_after(grace_ns);
+    struct timespec ts;
+    bool idle;
+
+    ts_of(deadline, &ts);
+    pthread_mutex_lock(&p->call_lock);
+    p->call_stop = true;
+    pthread_cond_broadcast(&p->call_cond);
+    while (p->call_threads > 0 &&
+           pthread_cond_timedwait(&p->call_done, &p->call_lock, &ts) != ETIMEDOUT)
+        ;
+    idle = p->call_threads == 0;
+    pthread_mutex_unlock(&p->call_lock);
+    if (idle) {
+        pthread_cond_destroy(&p->call_cond);
+        pthread_cond_destroy(&p->call_done);
+        pthread_mutex_destroy(&p->call_lock);
+    }
+    return idle;
+}
