@@ -193,6 +193,7 @@ struct fs {
 /* Hidden (not listed): drives a fault backend; the public names are SFS_XATTR_*. */
 #define FS_XATTR_FAULT "user.shardfs.fault"
 
+#define FS_BLKSIZE    (128u << 10) /* st_blksize of a shard (at most shard_size): attr.c */
 #define ENTRY_TIMEOUT 1.0
 #define ATTR_TIMEOUT  1.0
 #define STATS_MAX     (16u << 10) /* bytes of the /stats text */
