@@ -14,6 +14,7 @@
  *   wait.c     reads parked until another's load settles (the settler)
  *   attr.c     attributes and entry replies; loads.c backend loads into
  *              leased slots, prefetch, the answer of a settled read
+ *   pagecache.c  -o page_cache: pins on page-cached shards, their watcher
  *   names.c    names and the inode table; stats.c the /stats text;
  *              cgroup.c memory limits; log.c the daemon's log
  *
