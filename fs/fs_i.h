@@ -282,6 +282,8 @@ fuse_ino_t fs_obj_ref(struct fs *fs, const struct fs_obj *o, bool writer);
 void fs_writers_add(struct fs *fs, const struct fs_obj *o, int delta, int dirty);
 /* True while a write handle of the mount holds bytes of o not yet stored. */
 bool fs_has_writers(struct fs *fs, const struct fs_obj *o);
+/* True while the mount has o open for writing (stored or not). */
+bool fs_has_write_handles(struct fs *fs, const struct fs_obj *o);
 /* Drop nlookup kernel references on ino. */
 void fs_forget_one(struct fs *fs, fuse_ino_t ino, uint64_t nlookup);
 /* A shard exists while a write handle holds it, while the cache has it Ready

@@ -354,6 +354,18 @@ bool fs_has_writers(struct fs *fs, const struct fs_obj *o)
     return w;
 }
 
+bool fs_has_write_handles(struct fs *fs, const struct fs_obj *o)
+{
+    struct fs_node *n;
+    bool w;
+
+    pthread_mutex_lock(&fs->lock);
+    n = node_by_obj(fs, o);
+    w = n && n->nwriters > 0;
+    pthread_mutex_unlock(&fs->lock);
+    return w;
+}
+
 void fs_forget_one(struct fs *fs, fuse_ino_t ino, uint64_t nlookup)
 {
     struct fs_node *n;

@@ -318,8 +318,12 @@ void fs_op_open(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi)
     }
     fi->fh = (uintptr_t)h;
     /* -o page_cache: a shard opened for reading is served by the kernel's
-     * page cache, kept across opens (pagecache.c keeps it coherent). */
-    fi->direct_io = !(fs->pc_max && o.kind == FS_SHARD && !h->writable);
+     * page cache, kept across opens (pagecache.c keeps it coherent); not
+     * while the mount has it open for writing: the kernel tracks the size
+     * the writer's O_TRUNC and writes leave, and a cached read would stop
+     * there (a direct_io read does not). */
+    fi->direct_io = !(fs->pc_max && o.kind == FS_SHARD && !h->writable &&
+                      !fs_has_write_handles(fs, &o));
     fi->keep_cache = !fi->direct_io;
     /* Closing a reader has nothing to store: spare the FLUSH round trip. */
     fi->noflush = !h->writable;
