@@ -50,6 +50,15 @@ static struct {
     bool pc; /* the page-cache mode is on */
 } P;
 
+/* The daemon under test: the build's, or SHARDFS_TEST_DAEMON (CI points it
+ * at a TSan build). */
+static const char *daemon_bin(void)
+{
+    const char *e = getenv("SHARDFS_TEST_DAEMON");
+
+    return e && *e ? e : SHARDFS_BIN;
+}
+
 static void setup(void)
 {
     if (!fsfx_usable())
@@ -105,7 +114,7 @@ static void start(bool page_cache)
     snprintf(P.fx.mnt, sizeof(P.fx.mnt), "%s", tu_path("mnt"));
     snprintf(P.fx.sock, sizeof(P.fx.sock), "%s", tu_path("sock"));
     snprintf(P.fx.log, sizeof(P.fx.log), "%s", tu_path("log"));
-    P.fx.bin = SHARDFS_BIN;
+    P.fx.bin = daemon_bin();
     r = fsfx_start(&P.fx, P.store, opts, 10.0, &st);
     if (r == -ECHILD)
         cr_assert_fail("daemon exited before mounting (status %d), see %s", st, P.fx.log);
@@ -334,7 +343,7 @@ Test(fs_pagecache, page_cache_beyond_its_budget_still_reads_right, .timeout = 60
     snprintf(P.fx.mnt, sizeof(P.fx.mnt), "%s", tu_path("mnt"));
     snprintf(P.fx.sock, sizeof(P.fx.sock), "%s", tu_path("sock"));
     snprintf(P.fx.log, sizeof(P.fx.log), "%s", tu_path("log"));
-    P.fx.bin = SHARDFS_BIN;
+    P.fx.bin = daemon_bin();
     r = fsfx_start(&P.fx, P.store, "hugepages=off,shard_size=64K,capacity=4M,page_cache=256K", 10.0,
                    &st);
     cr_assert_eq(r, 0, "mount: %s (status %d)", strerror(-r), st);
@@ -360,7 +369,7 @@ Test(fs_pagecache, page_cache_options_out_of_range_exit_1, .timeout = 30)
         snprintf(P.fx.mnt, sizeof(P.fx.mnt), "%s", tu_path("mnt"));
         snprintf(P.fx.sock, sizeof(P.fx.sock), "%s", tu_path("sock"));
         snprintf(P.fx.log, sizeof(P.fx.log), "%s", tu_path("log"));
-        P.fx.bin = SHARDFS_BIN;
+        P.fx.bin = daemon_bin();
         snprintf(o, sizeof(o), "hugepages=off,shard_size=64K,capacity=4M,%s", bad[i]);
         r = fsfx_start(&P.fx, P.store, o, 10.0, &st);
         cr_assert_eq(r, -ECHILD, "%s: mounted", bad[i]);
