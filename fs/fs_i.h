@@ -127,10 +127,10 @@ struct fs {
 
     /* The inode table. */
     pthread_mutex_t lock;
-    struct fs_node **by_ino, **by_obj; /* nbuckets chains each; lock */
-    size_t nbuckets, nnodes;           /* lock */
-    uint64_t next_ino;                 /* lock */
-    struct fs_handle *handles;         /* lock: open files (write.c) */
+    struct fs_node **by_ino, **by_obj;   /* nbuckets chains each; lock */
+    size_t nbuckets, nnodes;             /* lock */
+    uint64_t next_ino;                   /* lock */
+    struct fs_handle *handles;           /* lock: open files (write.c) */
     struct fs_node *pin_head, *pin_tail; /* lock: pinned nodes, oldest first (pagecache.c) */
     uint32_t npins;                      /* lock: how many */
 

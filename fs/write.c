@@ -322,8 +322,8 @@ void fs_op_open(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi)
      * while the mount has it open for writing: the kernel tracks the size
      * the writer's O_TRUNC and writes leave, and a cached read would stop
      * there (a direct_io read does not). */
-    fi->direct_io = !(fs->pc_max && o.kind == FS_SHARD && !h->writable &&
-                      !fs_has_write_handles(fs, &o));
+    fi->direct_io =
+        !(fs->pc_max && o.kind == FS_SHARD && !h->writable && !fs_has_write_handles(fs, &o));
     fi->keep_cache = !fi->direct_io;
     /* Closing a reader has nothing to store: spare the FLUSH round trip. */
     fi->noflush = !h->writable;

@@ -295,8 +295,7 @@ static void unlink_then_lookup(bool page_cache)
     v = read_fd(fd2, BLOCK, 2);
     cr_assert_eq(v, V_ERR, "the unlinked shard, through the descriptor kept open: %s", vname[v]);
     v = read_fd(fd3, BLOCK, 3);
-    cr_assert_eq(v, V_ERR, "the later shard unlink dropped, through its descriptor: %s",
-                 vname[v]);
+    cr_assert_eq(v, V_ERR, "the later shard unlink dropped, through its descriptor: %s", vname[v]);
     cr_assert_eq(read_path(BLOCK, 3), V_ERR, "the later shard still reads");
     close(fd2);
     close(fd3);

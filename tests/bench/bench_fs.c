@@ -48,19 +48,19 @@
 enum mode { M_TMPFS, M_PLL, M_DEF, M_PC, NMODES };
 
 enum wl { W_CAT, W_SEQ1, W_RND1, W_SEQ4, W_RND4, W_4K, NWL };
-static const char *wl_name[NWL] = {
-    "`cat` of every shard file", "1 MiB reads, sequential, 1 job", "1 MiB reads, random, 1 job",
-    "1 MiB reads, sequential, 4 jobs", "1 MiB reads, random, 4 jobs", "4 KiB random reads, 1 job"};
+static const char *wl_name[NWL] = {"`cat` of every shard file",   "1 MiB reads, sequential, 1 job",
+                                   "1 MiB reads, random, 1 job",  "1 MiB reads, sequential, 4 jobs",
+                                   "1 MiB reads, random, 4 jobs", "4 KiB random reads, 1 job"};
 
 struct setup {
     char store[128], shm[128], pll_mnt[128];
-    struct fsfx def, pc;    /* the two shardfs daemons */
-    pid_t pll;              /* passthrough_ll, or 0 */
-    unsigned n;             /* shards */
-    int ops4k;              /* 4 KiB reads per pass */
-    uint8_t *buf;           /* SHARD bytes, aligned */
-    double *lat;            /* shared with the jobs: job 0's latency per read, us */
-    double p50;             /* of the last pass of a 1-job workload, us */
+    struct fsfx def, pc; /* the two shardfs daemons */
+    pid_t pll;           /* passthrough_ll, or 0 */
+    unsigned n;          /* shards */
+    int ops4k;           /* 4 KiB reads per pass */
+    uint8_t *buf;        /* SHARD bytes, aligned */
+    double *lat;         /* shared with the jobs: job 0's latency per read, us */
+    double p50;          /* of the last pass of a 1-job workload, us */
 };
 
 static struct setup S;
@@ -379,8 +379,8 @@ static double cpu_busy_s(void)
     double hz = (double)sysconf(_SC_CLK_TCK), r = 0;
     FILE *f = fopen("/proc/stat", "r");
 
-    if (f && fscanf(f, "cpu %llu %llu %llu %llu %llu %llu %llu %llu", &u, &n, &s, &idle, &io,
-                    &irq, &sirq, &st) == 8)
+    if (f && fscanf(f, "cpu %llu %llu %llu %llu %llu %llu %llu %llu", &u, &n, &s, &idle, &io, &irq,
+                    &sirq, &st) == 8)
         r = (double)(u + n + s + irq + sirq) / hz;
     if (f)
         fclose(f);
@@ -437,7 +437,8 @@ int main(int argc, char **argv)
                  PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
     if (S.lat == MAP_FAILED)
         S.lat = NULL;
-    if (!S.buf || !S.lat || mkdir(S.def.mnt, 0755) < 0 || mkdir(S.pc.mnt, 0755) < 0 || make_store() < 0) {
+    if (!S.buf || !S.lat || mkdir(S.def.mnt, 0755) < 0 || mkdir(S.pc.mnt, 0755) < 0 ||
+        make_store() < 0) {
         fprintf(stderr, "bench_fs: setup: %s\n", strerror(errno));
         cleanup();
         return 1;
@@ -609,8 +610,9 @@ int main(int argc, char **argv)
             lo_def = d < lo_def ? d : lo_def;
             lo_pc = p < lo_pc ? p : lo_pc;
         }
-        fprintf(b.out, "| `cat` of all shards >= 0.8x tmpfs | default %.2fx, page_cache %.2fx | "
-                       "default %s, page_cache %s |\n",
+        fprintf(b.out,
+                "| `cat` of all shards >= 0.8x tmpfs | default %.2fx, page_cache %.2fx | "
+                "default %s, page_cache %s |\n",
                 c_def, c_pc, c_def >= 0.8 ? "yes" : "**no**", c_pc >= 0.8 ? "yes" : "**no**");
         fprintf(b.out,
                 "| 1 MiB reads (seq/random, 1 and 4 jobs) >= 0.8x tmpfs | lowest of the four: "
