@@ -121,11 +121,11 @@ static void start(bool page_cache)
     cr_assert_eq(r, 0, "mount did not appear: %s", strerror(-r));
 }
 
-/* shardfs_fs_reads_total: FUSE reads the daemon answered. */
-static long long fs_reads(void)
+/* The value of the metric whose line starts with name (its trailing space
+ * included) in /stats. */
+static long long stat_named(const char *name)
 {
     char path[256], line[512];
-    const char *name = "shardfs_fs_reads_total ";
     long long v = -1;
     FILE *f;
 
@@ -137,6 +137,12 @@ static long long fs_reads(void)
             v = atoll(line + strlen(name));
     fclose(f);
     return v;
+}
+
+/* shardfs_fs_reads_total: FUSE reads the daemon answered. */
+static long long fs_reads(void)
+{
+    return stat_named("shardfs_fs_reads_total ");
 }
 
 enum version { V_OLD, V_NEW, V_OTHER, V_ERR };
@@ -349,6 +355,10 @@ Test(fs_pagecache, page_cache_beyond_its_budget_still_reads_right, .timeout = 60
     for (int pass = 0; pass < 3; pass++)
         for (uint32_t s = 0; s < 40; s++)
             cr_assert_eq(read_path(BLOCK, s), V_OLD, "pass %d shard %u", pass, s);
+    /* 256K of 64K shards: the watcher brings the pins back to 4. */
+    for (int i = 0; i < 300 && stat_named("shardfs_fs_page_cache_pinned_shards ") > 4; i++)
+        usleep(10000);
+    cr_assert_leq(stat_named("shardfs_fs_page_cache_pinned_shards "), 4, "pins above the budget");
     /* A rank's dump of the last one read is not held up for long. */
     r = tu_wait(tu_fork(rank_dump_main, (void *)(uintptr_t)39));
     cr_assert_eq(r, 0, "the rank's dump failed (step %d)", r);
