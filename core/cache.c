@@ -101,6 +101,10 @@ retry:
         if (flags & SFS_GET_WRITE) {
             if (atomic_load_explicit(&sl->refcount, memory_order_relaxed) ||
                 st == SFS_STATE_LOADING) {
+                /* Relaxed: a hint for a holder that polls (the mount's
+                 * page-cache pins); the writer retries either way. */
+                atomic_fetch_or_explicit(&sl->flags, (uint8_t)SLOT_F_WRITE_WANTED,
+                                         memory_order_relaxed);
                 r = -EBUSY;
                 goto out_unlock;
             }
@@ -529,6 +533,14 @@ uint32_t sfs_cache_length(struct sfs_cache *c, const struct sfs_lease *lease)
     return len <= c->shard_size ? len : 0;
 }
 
+bool sfs_cache_write_wanted(struct sfs_cache *c, const struct sfs_lease *lease)
+{
+    struct sfs_slot_rec *sl = lease_slot(c, lease);
+
+    /* Relaxed: a hint polled by the lease's holder (see SLOT_F_WRITE_WANTED). */
+    return sl && (atomic_load_explicit(&sl->flags, memory_order_relaxed) & SLOT_F_WRITE_WANTED);
+}
+
 void *sfs_cache_data(struct sfs_cache *c, const struct sfs_lease *lease)
 {
     if (!c || c->query_only || !lease || !slot_ok(c, lease->slot))
@@ -625,6 +637,9 @@ int sfs_cache_remove(struct sfs_cache *c, const struct sfs_key *key)
     if (s == SFS_NIL) {
         r = -ENOENT;
     } else if (atomic_load_explicit(&c->slots[s].refcount, memory_order_relaxed)) {
+        /* Relaxed: the same hint as a write Get's (get_impl). */
+        atomic_fetch_or_explicit(&c->slots[s].flags, (uint8_t)SLOT_F_WRITE_WANTED,
+                                 memory_order_relaxed);
         r = -EBUSY;
     } else {
         struct sfs_slot_rec *sl = &c->slots[s];

@@ -98,8 +98,11 @@ struct sfs_slot_rec {
 };
 
 enum {
-    SLOT_F_PREFETCHED = 1u << 0, /* filled by prefetch, not yet hit */
-    SLOT_F_RESERVED = 1u << 1,   /* constant: belongs to the reserved pool */
+    SLOT_F_PREFETCHED = 1u << 0,   /* filled by prefetch, not yet hit */
+    SLOT_F_RESERVED = 1u << 1,     /* constant: belongs to the reserved pool */
+    SLOT_F_WRITE_WANTED = 1u << 2, /* a write Get or a remove found it leased (set under
+                                    * the bucket lock; cleared when the slot is owned or
+                                    * reused): the mount drops its page-cache pin on it */
 };
 
 enum sfs_proc_state {

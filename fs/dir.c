@@ -156,7 +156,12 @@ static int cache_remove_settled(struct fs *fs, const struct sfs_key *key)
     int64_t grace = sfs_deadline_after(REMOVE_GRACE_NS);
 
     for (;;) {
-        int r = sfs_cache_remove(fs->cache, key);
+        int r;
+
+        /* Our page-cache pin (its pages invalidated first), each round:
+         * a reader may have pinned it anew. */
+        fs_pin_drop(fs, key);
+        r = sfs_cache_remove(fs->cache, key);
         int64_t now;
 
         if (r != -EBUSY || fs_stopping(fs))

@@ -14,6 +14,7 @@
  *   wait.c     reads parked until another's load settles (the settler)
  *   attr.c     attributes and entry replies; loads.c backend loads into
  *              leased slots, prefetch, the answer of a settled read
+ *   pagecache.c  -o page_cache: pins on page-cached shards, their watcher
  *   names.c    names and the inode table; stats.c the /stats text;
  *              cgroup.c memory limits; log.c the daemon's log
  *
@@ -74,6 +75,18 @@ struct fs_node {
                         * (and unlink is EBUSY) while > 0. Not nwriters: RELEASE comes
                         * after close(2) returns, so a closed handle may linger. */
     struct fs_node *next_ino, *next_obj; /* hash chains */
+    /* -o page_cache (pagecache.c): while pinned, a lease on the shard's slot
+     * that this process holds because the kernel may cache its pages. */
+    bool pinned;
+    struct sfs_lease pin;
+    struct fs_node *pin_prev, *pin_next; /* fs->pins, oldest first */
+};
+
+/* A pin taken off its node, to be dropped: its pages invalidated, then its
+ * lease released (pagecache.c). */
+struct fs_pinned {
+    fuse_ino_t ino;
+    struct sfs_lease lease;
 };
 
 /* Counters the daemon keeps itself (the cache keeps the shared ones).
@@ -105,6 +118,7 @@ struct fs {
     int64_t wait_ns;    /* deadline of a waiter, and of a load on a full cache */
     uint32_t readahead; /* shards loaded ahead of a missed read (0: off) */
     uint32_t nslots;    /* the cache's slots: bounds prefetch (loads.c) */
+    uint32_t pc_max;    /* -o page_cache: shards the kernel may cache at once (0: off) */
     uid_t uid;          /* owner of every inode: the backend directory's */
     gid_t gid;          /* group of every inode: the backend directory's */
     mode_t perm;        /* its permission bits (07777 masked to 0777) */
@@ -113,10 +127,22 @@ struct fs {
 
     /* The inode table. */
     pthread_mutex_t lock;
-    struct fs_node **by_ino, **by_obj; /* nbuckets chains each; lock */
-    size_t nbuckets, nnodes;           /* lock */
-    uint64_t next_ino;                 /* lock */
-    struct fs_handle *handles;         /* lock: open files (write.c) */
+    struct fs_node **by_ino, **by_obj;   /* nbuckets chains each; lock */
+    size_t nbuckets, nnodes;             /* lock */
+    uint64_t next_ino;                   /* lock */
+    struct fs_handle *handles;           /* lock: open files (write.c) */
+    struct fs_node *pin_head, *pin_tail; /* lock: pinned nodes, oldest first (pagecache.c) */
+    uint32_t npins;                      /* lock: how many */
+
+    /* The page-cache watcher (pagecache.c): sleeps on cond (with fs->lock,
+     * CLOCK_MONOTONIC) while nothing is pinned, else looks every
+     * PC_POLL_NS for pins a writer wants or beyond the budget. */
+    struct fs_pcwatch {
+        pthread_cond_t cond;
+        bool stop;    /* fs->lock */
+        bool started; /* set before and after the thread runs */
+        pthread_t thread;
+    } pcw;
 
     /* The session: handlers that block (waiters) poll fuse_session_exited()
      * so that a stop is not held up by them. Set before the loop starts. */
@@ -160,12 +186,15 @@ struct fs {
 #define DEFAULT_MAX_IDLE_THREADS 16
 #define DEFAULT_READAHEAD        4
 #define MAX_READAHEAD            1024
+#define PC_POLL_NS               (1000 * 1000ll) /* the page-cache watcher's look at pins */
+#define PC_MAX_PINS              8192            /* leases the page-cache mode may hold */
 #define REAP_INTERVAL_NS         (200 * 1000 * 1000ll)
 #define STOP_GRACE_NS            (2 * 1000 * 1000 * 1000ll) /* loads in flight get this to finish */
 #define SFS_ATTACH_UIDS_MAX      64                         /* uids in -o attach_uids */
 /* Hidden (not listed): drives a fault backend; the public names are SFS_XATTR_*. */
 #define FS_XATTR_FAULT "user.shardfs.fault"
 
+#define FS_BLKSIZE    (128u << 10) /* st_blksize of a shard (at most shard_size): attr.c */
 #define ENTRY_TIMEOUT 1.0
 #define ATTR_TIMEOUT  1.0
 #define STATS_MAX     (16u << 10) /* bytes of the /stats text */
@@ -253,6 +282,8 @@ fuse_ino_t fs_obj_ref(struct fs *fs, const struct fs_obj *o, bool writer);
 void fs_writers_add(struct fs *fs, const struct fs_obj *o, int delta, int dirty);
 /* True while a write handle of the mount holds bytes of o not yet stored. */
 bool fs_has_writers(struct fs *fs, const struct fs_obj *o);
+/* True while the mount has o open for writing (stored or not). */
+bool fs_has_write_handles(struct fs *fs, const struct fs_obj *o);
 /* Drop nlookup kernel references on ino. */
 void fs_forget_one(struct fs *fs, fuse_ino_t ino, uint64_t nlookup);
 /* A shard exists while a write handle holds it, while the cache has it Ready
@@ -260,6 +291,27 @@ void fs_forget_one(struct fs *fs, fuse_ino_t ino, uint64_t nlookup);
 bool fs_shard_exists(struct fs *fs, const struct sfs_key *key);
 /* fs_shard_exists, but 1, 0 or -ETIMEDOUT (the backend did not answer). */
 int fs_shard_present(struct fs *fs, const struct sfs_key *key);
+
+/* Page-cache mode (-o page_cache), the inode table's side (names.c). */
+/* After answering a read of key from lease l: keep l as the pin of key's
+ * inode unless it has one. True: l is kept (do not release it). */
+bool fs_pin_keep(struct fs *fs, const struct sfs_key *key, const struct sfs_lease *l);
+/* Take the pin off key's inode, if it has one: 1 (and *out), else 0. */
+int fs_pin_take(struct fs *fs, const struct sfs_key *key, struct fs_pinned *out);
+/* Under fs->lock: take off at most max pins that must go (a writer or a
+ * remove wants the slot, or beyond fs->pc_max, oldest first). */
+size_t fs_pins_collect_locked(struct fs *fs, struct fs_pinned *out, size_t max);
+
+/* pagecache.c: the page-cache mode's pins and their watcher. */
+/* Drop key's pin, if any: invalidate its inode's pages, release the lease.
+ * Before anything that changes or removes the key. No-op when the mode is off. */
+void fs_pin_drop(struct fs *fs, const struct sfs_key *key);
+/* After replying to a read of key from lease l: keep it as a pin (page-cache
+ * mode) or release it. */
+void fs_read_release(struct fs *fs, const struct sfs_key *key, const struct sfs_lease *l);
+/* Start / stop the watcher (main; no-ops when the mode is off). */
+int fs_pagecache_start(struct fs *fs);
+void fs_pagecache_stop(struct fs *fs);
 
 /* read.c: the read path. */
 void fs_op_read(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off, struct fuse_file_info *fi);
@@ -390,6 +442,7 @@ struct fs_options {
     char *numa_node;
     char *attach_uids; /* U1:U2:...: more uids that may attach */
     char *attach_gid;  /* a group whose members may attach */
+    char *page_cache;  /* SIZE: bytes of shards the kernel page cache may hold */
     char *backend;     /* the first non-option argument */
     unsigned max_read;
     bool max_read_set;
@@ -406,6 +459,7 @@ struct fs_config {
     unsigned dir_prefix;
     int64_t wait_ns;
     uint32_t readahead;
+    uint64_t page_cache; /* bytes (0: off) */
     char socket[sizeof(((struct sockaddr_un *)0)->sun_path)];
     bool default_socket;
     /* Who may attach besides root and our uid (-o attach_uids, attach_gid). */

@@ -140,6 +140,8 @@ static void load_done(struct sfs_io *io)
     }
     if (op->batch)
         batch_put(fs, op->batch);
+    else if (op->req && !err)
+        fs_read_release(fs, &op->io.key, &op->lease); /* or kept as a pin */
     else
         sfs_cache_release(fs->cache, &op->lease);
     pthread_mutex_lock(&fs->load_lock);
@@ -374,6 +376,8 @@ void fs_read_settled(struct fs *fs, fuse_req_t req, const struct sfs_key *key,
     }
     if (r == SFS_WAIT_READY) {
         fs_reply_slot(fs, req, l, off, size);
+        fs_read_release(fs, key, l); /* or kept as the page cache's pin */
+        return;
     } else if (r == -ETIMEDOUT) {
         CTR_ADD(fs, wait_timeouts, 1);
         fuse_reply_err(req, ETIMEDOUT);

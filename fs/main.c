@@ -91,6 +91,12 @@ int main(int argc, char *argv[])
     }
     if (fs_options_check(&o, co.mountpoint, &cfg) < 0 || fs_options_mount_args(&o, &args) < 0)
         goto out_args;
+    if (cfg.page_cache && co.singlethread) {
+        /* An invalidation may wait for a read only another worker answers. */
+        fprintf(stderr, "shardfs: page_cache=%s: needs the multi-threaded loop (not -s)\n",
+                o.page_cache);
+        goto out_args;
+    }
 
     if (!co.foreground)
         ready_fd = fs_daemonize_start();
@@ -107,6 +113,11 @@ int main(int argc, char *argv[])
     fs.wait_ns = cfg.wait_ns;
     fs.readahead = cfg.readahead;
     fs.nslots = (uint32_t)(cfg.cache.capacity / cfg.cache.shard_size); /* < 2^30 (validate) */
+    /* Pins: page_cache / shard_size, >= 1 (options.c), at most half the
+     * slots (options.c) and PC_MAX_PINS leases. */
+    fs.pc_max = (uint32_t)(cfg.page_cache / cfg.cache.shard_size);
+    if (fs.pc_max > PC_MAX_PINS)
+        fs.pc_max = PC_MAX_PINS;
     fs_inode_owner(o.backend, &fs);
     snprintf(fs.socket_path, sizeof(fs.socket_path), "%s", cfg.socket);
     clock_gettime(CLOCK_REALTIME, &fs.start);
@@ -178,6 +189,13 @@ int main(int argc, char *argv[])
         fs_reaper_stop(&reaper);
         goto out_unmount;
     }
+    err = fs_pagecache_start(&fs);
+    if (err < 0) {
+        fprintf(stderr, "shardfs: page-cache thread: %s\n", strerror(-err));
+        fs_waitq_stop(&fs);
+        fs_reaper_stop(&reaper);
+        goto out_unmount;
+    }
     if (ready_fd >= 0) {
         fs_daemonize_done(ready_fd);
         ready_fd = -1;
@@ -198,6 +216,7 @@ int main(int argc, char *argv[])
     err = fs_loop_start(&loop);
     if (err < 0) {
         fprintf(stderr, "shardfs: session thread: %s\n", strerror(-err));
+        fs_pagecache_stop(&fs);
         fs_waitq_stop(&fs);
         fs_reaper_stop(&reaper);
         goto out_unmount;
@@ -237,7 +256,8 @@ int main(int argc, char *argv[])
      * backend that is stuck must not keep us (and the mount) alive: what is
      * left is abandoned, its slots failed so that no rank waits on a load
      * that will never come. */
-    fs_waitq_stop(&fs); /* parked reads: EIO, the session ended */
+    fs_pagecache_stop(&fs); /* pins stay until the cache closes */
+    fs_waitq_stop(&fs);     /* parked reads: EIO, the session ended */
     abandoned = fs_loads_stop(&fs, loop.grace_left_ns);
     if (abandoned) {
         char msg[160];

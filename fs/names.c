@@ -222,6 +222,22 @@ static struct fs_node *node_get(struct fs *fs, const struct fs_obj *o)
     return n;
 }
 
+/* Under fs->lock: take n off the list of pinned nodes. */
+static void pin_unlink(struct fs *fs, struct fs_node *n)
+{
+    if (n->pin_prev)
+        n->pin_prev->pin_next = n->pin_next;
+    else
+        fs->pin_head = n->pin_next;
+    if (n->pin_next)
+        n->pin_next->pin_prev = n->pin_prev;
+    else
+        fs->pin_tail = n->pin_prev;
+    n->pin_prev = n->pin_next = NULL;
+    n->pinned = false;
+    fs->npins--;
+}
+
 /* Under fs->lock: drop n when nothing refers to it any more. */
 static void node_maybe_free(struct fs *fs, struct fs_node *n)
 {
@@ -229,6 +245,11 @@ static void node_maybe_free(struct fs *fs, struct fs_node *n)
 
     if (n->nlookup > 0 || n->nwriters > 0)
         return;
+    if (n->pinned) {
+        /* The kernel forgot the inode, and its pages went with it. */
+        pin_unlink(fs, n);
+        sfs_cache_release(fs->cache, &n->pin);
+    }
     for (pp = &fs->by_ino[mix64(n->ino) & (fs->nbuckets - 1)]; *pp; pp = &(*pp)->next_ino)
         if (*pp == n) {
             *pp = n->next_ino;
@@ -333,6 +354,18 @@ bool fs_has_writers(struct fs *fs, const struct fs_obj *o)
     return w;
 }
 
+bool fs_has_write_handles(struct fs *fs, const struct fs_obj *o)
+{
+    struct fs_node *n;
+    bool w;
+
+    pthread_mutex_lock(&fs->lock);
+    n = node_by_obj(fs, o);
+    w = n && n->nwriters > 0;
+    pthread_mutex_unlock(&fs->lock);
+    return w;
+}
+
 void fs_forget_one(struct fs *fs, fuse_ino_t ino, uint64_t nlookup)
 {
     struct fs_node *n;
@@ -376,4 +409,72 @@ int fs_shard_present(struct fs *fs, const struct sfs_key *key)
 bool fs_shard_exists(struct fs *fs, const struct sfs_key *key)
 {
     return fs_shard_present(fs, key) > 0;
+}
+
+/* ---------------------------------------------------------------------------
+ * Page-cache pins (-o page_cache; pagecache.c says why).
+ */
+
+bool fs_pin_keep(struct fs *fs, const struct sfs_key *key, const struct sfs_lease *l)
+{
+    struct fs_obj o = fs_make_obj(FS_SHARD, &key->block, key->shard);
+    struct fs_node *n;
+    bool kept = false;
+
+    pthread_mutex_lock(&fs->lock);
+    n = node_by_obj(fs, &o);
+    /* No node: the kernel holds no inode, so no page of it either. */
+    if (n && !n->pinned) {
+        n->pinned = true;
+        n->pin = *l;
+        n->pin_prev = fs->pin_tail;
+        n->pin_next = NULL;
+        if (fs->pin_tail)
+            fs->pin_tail->pin_next = n;
+        else
+            fs->pin_head = n;
+        fs->pin_tail = n;
+        if (fs->npins++ == 0 || fs->npins > fs->pc_max)
+            pthread_cond_signal(&fs->pcw.cond);
+        kept = true;
+    }
+    pthread_mutex_unlock(&fs->lock);
+    return kept;
+}
+
+int fs_pin_take(struct fs *fs, const struct sfs_key *key, struct fs_pinned *out)
+{
+    struct fs_obj o = fs_make_obj(FS_SHARD, &key->block, key->shard);
+    struct fs_node *n;
+    int r = 0;
+
+    pthread_mutex_lock(&fs->lock);
+    n = node_by_obj(fs, &o);
+    if (n && n->pinned) {
+        out->ino = n->ino;
+        out->lease = n->pin;
+        pin_unlink(fs, n);
+        r = 1;
+    }
+    pthread_mutex_unlock(&fs->lock);
+    return r;
+}
+
+/* Bound: one pass over the pinned nodes (at most pc_max plus the pins taken
+ * since the last pass), at most max taken. */
+size_t fs_pins_collect_locked(struct fs *fs, struct fs_pinned *out, size_t max)
+{
+    struct fs_node *n = fs->pin_head, *next;
+    size_t k = 0;
+
+    for (; n && k < max; n = next) {
+        next = n->pin_next;
+        if (fs->npins > fs->pc_max || sfs_cache_write_wanted(fs->cache, &n->pin)) {
+            out[k].ino = n->ino;
+            out[k].lease = n->pin;
+            pin_unlink(fs, n);
+            k++;
+        }
+    }
+    return k;
 }

@@ -51,6 +51,7 @@ static const struct fuse_opt opt_table[] = {
     OPT("numa_node=%s", numa_node),
     OPT("attach_uids=%s", attach_uids),
     OPT("attach_gid=%s", attach_gid),
+    OPT("page_cache=%s", page_cache),
     FUSE_OPT_KEY("ro", KEY_RO),
     FUSE_OPT_KEY("max_read=", KEY_MAX_READ),
     FUSE_OPT_KEY("default_permissions", KEY_PERMS_ON),
@@ -81,6 +82,8 @@ void fs_usage(const char *prog)
            "    -o max_read=N          bytes per read request (default 1M)\n"
            "    -o readahead=N         shards of a block loaded ahead of a missed read\n"
            "                           (default %d, 0: off)\n"
+           "    -o page_cache=SIZE     the kernel page cache may hold this many bytes of\n"
+           "                           resident shards, kept coherent (default 0: off)\n"
            "    -o numa_node=N         bind the data plane to NUMA node N (default: none)\n"
            "    -o attach_uids=U1:U2   more uids that may attach to the socket (default: none;\n"
            "                           root and the daemon's uid always may)\n"
@@ -361,6 +364,19 @@ static int validate(const struct fs_options *o, const char *mnt, struct fs_confi
             FAIL("readahead=%s: out of range (0..%d shards)", o->readahead, MAX_READAHEAD);
         cfg->readahead = (uint32_t)v;
     }
+    if (o->page_cache) {
+        if (!parse_size(o->page_cache, &v))
+            FAIL("page_cache=%s: not a size (a number with an optional K, M or G suffix)",
+                 o->page_cache);
+        if (v && v < cfg->cache.shard_size)
+            FAIL("page_cache=%s: smaller than one shard (shard_size=%" PRIu64 "; 0: off)",
+                 o->page_cache, cfg->cache.shard_size);
+        if (v > cfg->cache.capacity / 2)
+            FAIL("page_cache=%s: above half the capacity (%" PRIu64
+                 " bytes): the shards it holds cannot be evicted",
+                 o->page_cache, cfg->cache.capacity / 2);
+        cfg->page_cache = v;
+    }
     if (o->numa_node) {
         if (!parse_uint(o->numa_node, 1023, &v))
             FAIL("numa_node=%s: out of range (0..1023)", o->numa_node);
@@ -568,6 +584,7 @@ void fs_options_free(struct fs_options *o)
     free(o->reserved);
     free(o->wait_timeout);
     free(o->readahead);
+    free(o->page_cache);
     free(o->numa_node);
     free(o->backend);
 }

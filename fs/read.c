@@ -89,7 +89,7 @@ static void read_shard(fuse_req_t req, struct fs *fs, const struct sfs_key *keyp
     /* A hit on a shard readahead loaded: move the window on. */
     ra = fs->readahead && fs_ra_mark_take(fs, &key);
     fs_reply_slot(fs, req, &l, off, size);
-    sfs_cache_release(fs->cache, &l);
+    fs_read_release(fs, &key, &l); /* or kept as the page cache's pin */
     if (ra)
         read_ahead(fs, &key);
 }

@@ -70,6 +70,15 @@ size_t fs_stats_text(struct fs *fs, char *buf, size_t len)
     C("fs_prefetch_started_total", "Loads started by user.shardfs.prefetch.", L(prefetch_accepted));
     C("fs_readahead_started_total", "Loads started by readahead after a read.",
       L(readahead_started));
+    {
+        uint32_t pins;
+
+        pthread_mutex_lock(&fs->lock);
+        pins = fs->npins;
+        pthread_mutex_unlock(&fs->lock);
+        G("fs_page_cache_pinned_shards",
+          "Shards the kernel page cache may hold (-o page_cache): leased by the daemon.", pins);
+    }
     G("shard_size_bytes", "Bytes per shard.", ci.shard_size);
     G("slots", "Slots in the cache.", ci.nslots);
 #undef C

@@ -49,6 +49,10 @@ static int store_shard(struct fs *fs, const struct sfs_key *key, const void *buf
     int r;
 
     for (;;) {
+        /* Our own page-cache pin would make the slot busy: drop it (the
+         * kernel's pages of the old bytes go with it). Again each round:
+         * a reader may have pinned it anew. */
+        fs_pin_drop(fs, key);
         r = sfs_cache_get(fs->cache, key, SFS_GET_WRITE, deadline, &l);
         if (r >= 0 && r != SFS_OWNER) {
             sfs_cache_release(fs->cache, &l); /* not ours to write: try again */
@@ -316,8 +320,14 @@ void fs_op_open(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi)
         goto out_err;
     }
     fi->fh = (uintptr_t)h;
-    fi->direct_io = 1;
-    fi->keep_cache = 0;
+    /* -o page_cache: a shard opened for reading is served by the kernel's
+     * page cache, kept across opens (pagecache.c keeps it coherent); not
+     * while the mount has it open for writing: the kernel tracks the size
+     * the writer's O_TRUNC and writes leave, and a cached read would stop
+     * there (a direct_io read does not). */
+    fi->direct_io =
+        !(fs->pc_max && o.kind == FS_SHARD && !h->writable && !fs_has_write_handles(fs, &o));
+    fi->keep_cache = !fi->direct_io;
     /* Closing a reader has nothing to store: spare the FLUSH round trip. */
     fi->noflush = !h->writable;
     handle_track(fs, h);

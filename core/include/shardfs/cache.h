@@ -318,6 +318,15 @@ SFS_API uint32_t sfs_cache_length(struct sfs_cache *c, const struct sfs_lease *l
  */
 SFS_API int sfs_cache_release(struct sfs_cache *c, const struct sfs_lease *lease);
 
+/*
+ * True when, since the leased slot was last filled, a Get with SFS_GET_WRITE
+ * or a sfs_cache_remove() of its key found it leased and returned -EBUSY
+ * (they retry until their deadline). For a holder that keeps a lease long
+ * (the mount's page-cache pins) and should let go. A hint, read without a
+ * lock; false for a lease not of this process.
+ */
+SFS_API bool sfs_cache_write_wanted(struct sfs_cache *c, const struct sfs_lease *lease);
+
 /* The slot's bytes in this process's mapping; NULL for the query-only role. */
 SFS_API void *sfs_cache_data(struct sfs_cache *c, const struct sfs_lease *lease);
 
