@@ -70,6 +70,7 @@ size_t fs_stats_text(struct fs *fs, char *buf, size_t len)
     C("fs_prefetch_started_total", "Loads started by user.shardfs.prefetch.", L(prefetch_accepted));
     C("fs_readahead_started_total", "Loads started by readahead after a read.",
       L(readahead_started));
+    C("warmed_total", "Shard loads started by the warm restart (-o warm).", L(warmed));
     G("shard_size_bytes", "Bytes per shard.", ci.shard_size);
     G("slots", "Slots in the cache.", ci.nslots);
 #undef C
