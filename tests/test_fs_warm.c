@@ -7,7 +7,7 @@
  * A usage file that is corrupt, truncated or foreign is ignored with one
  * log line; warm=0 loads nothing; reads during the warm-up get the right
  * bytes; a process that attaches to the warm cache finds the hot keys as
- * hits.
+ * hits, through the core's attach and through the rank library.
  *
  * Real mounts (tests/fsfixture.h) on a posix store; the daemon is stopped
  * with SIGTERM. Capacity 8M of 64K shards: 128 slots. Skips without FUSE.
@@ -16,6 +16,7 @@
 #include "testutil.h"
 
 #include <shardfs/cache.h>
+#include <shardfs/rank.h>
 
 #include <criterion/criterion.h>
 #include <errno.h>
@@ -496,5 +497,52 @@ Test(fs_warm, an_attached_process_finds_the_hot_keys_as_hits, .timeout = 90)
     cr_assert_eq(st.hits, NHOT * NSH);
     cr_assert_eq(st.misses, 0);
     sfs_cache_close(c);
+    stop_term();
+}
+
+Test(fs_warm, a_rank_finds_the_hot_keys_as_hits, .timeout = 90)
+{
+    struct sfs_rank_config cfg;
+    struct sfs_rank_entry e[NHOT * NSH];
+    struct sfs_rank_stats rs;
+    struct sfs_task *t;
+    struct sfs_rank *rk;
+    uint8_t *bufs = malloc((size_t)NHOT * NSH * SHARD);
+    char spec[200];
+    int st[NHOT * NSH], err = 0, i = 0;
+
+    cr_assert_not_null(bufs);
+    learn();
+    start(WARM_HOT);
+    /* No reader: the state xattr only, until the warm-up is done. */
+    cr_assert(hot_ready_within(15.0), "hot blocks not all Ready 15 s after mount");
+    sfs_rank_config_init(&cfg);
+    snprintf(spec, sizeof(spec), "posix:%s", M.store);
+    cfg.mount_point = M.fx.mnt;
+    cfg.backend = spec;
+    cfg.copier = SFS_COPIER_HOST;
+    rk = sfs_rank_open(&cfg, &err);
+    cr_assert_not_null(rk, "sfs_rank_open: %s", strerror(-err));
+    for (uint64_t b = 0; b < NHOT; b++)
+        for (uint32_t s = 0; s < NSH; s++, i++)
+            e[i] = (struct sfs_rank_entry){
+                .block = tu_block(b), .shard = s, .addr = bufs + (size_t)i * SHARD};
+    cr_assert_eq(sfs_rank_load(rk, e, NHOT * NSH, &t), 0);
+    cr_assert_eq(sfs_rank_wait(t, 20000, st), 0);
+    sfs_rank_task_free(t);
+    i = 0;
+    for (uint64_t b = 0; b < NHOT; b++)
+        for (uint32_t s = 0; s < NSH; s++, i++) {
+            struct sfs_key k = tu_key(b, s);
+
+            cr_assert_eq(st[i], 0);
+            cr_assert_eq(tu_check(&k, bufs + (size_t)i * SHARD, SHARD), -1);
+        }
+    sfs_rank_stats(rk, &rs);
+    cr_assert_eq(rs.hits, NHOT * NSH, "rank hits %llu", (unsigned long long)rs.hits);
+    cr_assert_eq(rs.owner_loads, 0);
+    cr_assert_eq(rs.waits, 0);
+    sfs_rank_close(rk);
+    free(bufs);
     stop_term();
 }
