@@ -78,6 +78,7 @@ struct fs_usage {
 
     /* The sampler's own memory (only its thread touches it). */
     uint32_t nslots;
+    uint32_t nregular;  /* slots outside the reserved pool: the most warm may fill */
     uint64_t *seen_key; /* per slot: hash of the key at the last sample | 1, 0: none */
     uint8_t *seen_acc;  /* per slot: its accessed bit then */
 
@@ -474,6 +475,10 @@ static void *warm_main(void *arg)
     uint32_t inflight = fs->nslots / 8 ? fs->nslots / 8 : 1;
     size_t blocks = 0;
 
+    /* Prefetch takes no reserved slot: past the regular pool a warm load
+     * could only evict a hotter block warmed before it. */
+    if (budget > u->nregular)
+        budget = u->nregular;
     if (inflight > USE_MAX_INFLIGHT)
         inflight = USE_MAX_INFLIGHT;
     for (size_t i = 0; i < u->nwarm; i++) {
@@ -533,6 +538,7 @@ void fs_usage_start(struct fs *fs, const char *spec, unsigned warm_pct, bool sav
     }
     sfs_cache_info(fs->cache, &ci);
     u->nslots = ci.nslots;
+    u->nregular = ci.nslots - ci.nreserved;
     u->ents = calloc((size_t)USE_SETS * USE_WAYS, sizeof(*u->ents));
     u->seen_key = calloc(u->nslots ? u->nslots : 1, sizeof(*u->seen_key));
     u->seen_acc = calloc(u->nslots ? u->nslots : 1, 1);
