@@ -7,20 +7,26 @@
  * slot's lease count) and writes nothing shared: no counter, no bit, no
  * lock held longer than one chain walk. A bucket whose lock is busy is
  * skipped (trylock, never a wait), so the sampler never queues behind a Get;
- * what it skips it sees at the next sample. Its cost is one pass over the
- * buckets: O(nbuckets + nslots) per call, no allocation.
+ * what it skips it sees at the next sample. A call visits at most
+ * max_buckets buckets from a cursor the caller keeps, so the caller bounds
+ * the cost of each call whatever the cache's size: O(max_buckets + the
+ * slots on their chains), no allocation.
  */
 #include "slot_i.h"
 
 #include <string.h>
 
-int sfs_cache_sample(struct sfs_cache *c, sfs_sample_fn *fn, void *arg)
+int sfs_cache_sample(struct sfs_cache *c, uint32_t *cursor, uint32_t max_buckets,
+                     sfs_sample_fn *fn, void *arg)
 {
+    uint32_t b, n;
     int r = 0;
 
-    if (!c || !fn)
+    if (!c || !fn || !cursor)
         return -EINVAL;
-    for (uint32_t b = 0; b < c->nbuckets && r == 0; b++) {
+    n = max_buckets && max_buckets < c->nbuckets ? max_buckets : c->nbuckets;
+    b = *cursor & c->bucket_mask; /* nbuckets is a power of two */
+    for (uint32_t i = 0; i < n && r == 0; i++, b = (b + 1) & c->bucket_mask) {
         /* Relaxed racy peek: an empty chain is skipped without its lock; a
          * snapshot may miss a key linked just now (the next sample sees it). */
         if (atomic_load_explicit(&c->buckets[b].head, memory_order_relaxed) == SFS_NIL)
@@ -48,5 +54,6 @@ int sfs_cache_sample(struct sfs_cache *c, sfs_sample_fn *fn, void *arg)
         }
         bucket_unlock(c, b);
     }
+    *cursor = b;
     return r;
 }

@@ -10,8 +10,9 @@
  *   - the mount's own reads: a read at offset 0 of a shard counts one use of
  *     its block (fs_usage_note, under one of USE_STRIPES striped locks, so
  *     reads of different blocks share no line bar a stripe collision);
- *   - a sampler thread that, every USE_TICK_MS, looks at the Ready slots
- *     through sfs_cache_sample() (read-only: the CLOCK accessed bit and
+ *   - a sampler thread that, every USE_TICK_MS, looks at the Ready slots of
+ *     the next USE_SAMPLE_BUCKETS buckets (all of a cache of up to ~32K
+ *     slots) through sfs_cache_sample() (read-only: the CLOCK accessed bit and
  *     whether a lease holds the slot) and counts a use for a slot that is
  *     leased now, or whose accessed bit is set and was clear (or held
  *     another key) at the previous sample. That sees the ranks' use of the
@@ -46,6 +47,7 @@
 #define USE_SETS        8192 /* x USE_WAYS = 65536 blocks, 24 B each: 1.5 MiB */
 #define USE_STRIPES     64
 #define USE_TICK_MS     1000
+#define USE_SAMPLE_BUCKETS 16384 /* buckets one tick samples: bounds its cost */
 #define USE_SAVE_S      60  /* the file is rewritten this often when it changed */
 #define USE_HALF_LIFE_S 600 /* counts halve this often */
 #define USE_MAX_INFLIGHT 64 /* warm loads in flight at once (also <= nslots / 8) */
@@ -81,6 +83,9 @@ struct fs_usage {
     uint32_t nregular;  /* slots outside the reserved pool: the most warm may fill */
     uint64_t *seen_key; /* per slot: hash of the key at the last sample | 1, 0: none */
     uint8_t *seen_acc;  /* per slot: its accessed bit then */
+    struct sfs_block_id *used; /* blocks of this pass's used slots (at most nslots) */
+    uint32_t nused;
+    uint32_t cursor; /* the next bucket to sample */
 
     /* Warm restart: blocks hottest first (set before the warm thread starts). */
     struct use_ent *warm;
@@ -410,8 +415,9 @@ static int sample_one(const struct sfs_key *key, uint32_t slot, bool accessed, b
     used = leased || (accessed && (u->seen_key[slot] != h || !u->seen_acc[slot]));
     u->seen_key[slot] = h;
     u->seen_acc[slot] = accessed;
-    if (used)
-        use_add(u, key->block.b, 1);
+    /* Counted after the pass: no lock of ours is taken under a bucket lock. */
+    if (used && u->nused < u->nslots)
+        u->used[u->nused++] = key->block;
     return 0;
 }
 
@@ -458,7 +464,10 @@ static void *sampler_main(void *arg)
 
     while (!nap(u, USE_TICK_MS)) {
         tick++;
-        sfs_cache_sample(u->fs->cache, sample_one, u);
+        u->nused = 0;
+        sfs_cache_sample(u->fs->cache, &u->cursor, USE_SAMPLE_BUCKETS, sample_one, u);
+        for (uint32_t i = 0; i < u->nused; i++)
+            use_add(u, u->used[i].b, 1);
         if (tick % (USE_HALF_LIFE_S * 1000 / USE_TICK_MS) == 0)
             decay(u);
         if (tick % (USE_SAVE_S * 1000 / USE_TICK_MS) == 0)
@@ -542,7 +551,8 @@ void fs_usage_start(struct fs *fs, const char *spec, unsigned warm_pct, bool sav
     u->ents = calloc((size_t)USE_SETS * USE_WAYS, sizeof(*u->ents));
     u->seen_key = calloc(u->nslots ? u->nslots : 1, sizeof(*u->seen_key));
     u->seen_acc = calloc(u->nslots ? u->nslots : 1, 1);
-    if (!u->ents || !u->seen_key || !u->seen_acc) {
+    u->used = calloc(u->nslots ? u->nslots : 1, sizeof(*u->used));
+    if (!u->ents || !u->seen_key || !u->seen_acc || !u->used) {
         fs_log(LOG_WARNING, "hot set: out of memory; running without one");
         goto fail;
     }
@@ -586,6 +596,7 @@ fail:
     free(u->ents);
     free(u->seen_key);
     free(u->seen_acc);
+    free(u->used);
     free(u);
 }
 
@@ -613,5 +624,6 @@ void fs_usage_stop(struct fs *fs)
     free(u->ents);
     free(u->seen_key);
     free(u->seen_acc);
+    free(u->used);
     free(u);
 }

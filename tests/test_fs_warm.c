@@ -546,3 +546,72 @@ Test(fs_warm, a_rank_finds_the_hot_keys_as_hits, .timeout = 90)
     free(bufs);
     stop_term();
 }
+
+/* ---------------------------------------------------------------------------
+ * sfs_cache_sample(), the sampler's read-only query (core/sample.c), in
+ * this process: no mount needed.
+ */
+
+struct seen {
+    unsigned n, leased, accessed, stop_after;
+    bool key3_leased;
+};
+
+static int count_visit(const struct sfs_key *k, uint32_t slot, bool acc, bool leased, void *arg)
+{
+    struct seen *s = arg;
+
+    (void)slot;
+    s->n++;
+    s->leased += leased;
+    s->accessed += acc;
+    if (k->shard == 0 && memcmp(k->block.b, tu_block(3).b, SFS_BLOCK_ID_LEN) == 0)
+        s->key3_leased = leased;
+    return s->stop_after && s->n == s->stop_after ? 42 : 0;
+}
+
+Test(fs_warm_sample, reports_ready_slots_with_their_bits_and_sweeps_by_cursor, .timeout = 30)
+{
+    struct sfs_cache *c = tu_cache(64, 0, 4096);
+    struct sfs_cache_info ci;
+    struct sfs_key k3 = tu_key(3, 0), k10 = tu_key(10, 0);
+    struct sfs_lease l3, l10;
+    struct seen s = {0};
+    uint32_t cursor = 0;
+
+    cr_assert_not_null(c);
+    sfs_cache_info(c, &ci);
+    for (uint64_t b = 0; b < 10; b++) {
+        struct sfs_key k = tu_key(b, 0);
+
+        cr_assert_eq(tu_load(c, &k), SFS_OWNER);
+    }
+    cr_assert_eq(sfs_cache_get(c, &k3, 0, 0, &l3), SFS_HIT);   /* held: leased */
+    cr_assert_eq(sfs_cache_get(c, &k10, 0, 0, &l10), SFS_OWNER); /* Loading: not visited */
+
+    cr_assert_eq(sfs_cache_sample(c, &cursor, 0, count_visit, &s), 0);
+    cr_assert_eq(s.n, 10, "visited %u Ready slots of 10", s.n);
+    cr_assert_eq(s.leased, 1);
+    cr_assert(s.key3_leased);
+    cr_assert_eq(s.accessed, 10, "a claim and a hit set the accessed bit");
+
+    /* One bucket at a time: a whole sweep sees each Ready slot once and
+     * brings the cursor back. */
+    memset(&s, 0, sizeof(s));
+    cursor = 5;
+    for (uint32_t i = 0; i < ci.nbuckets; i++)
+        cr_assert_eq(sfs_cache_sample(c, &cursor, 1, count_visit, &s), 0);
+    cr_assert_eq(s.n, 10);
+    cr_assert_eq(cursor, 5);
+
+    memset(&s, 0, sizeof(s));
+    s.stop_after = 4;
+    cr_assert_eq(sfs_cache_sample(c, &cursor, 0, count_visit, &s), 42);
+    cr_assert_eq(s.n, 4);
+    cr_assert_eq(sfs_cache_sample(c, NULL, 0, count_visit, &s), -EINVAL);
+
+    cr_assert_eq(sfs_cache_release(c, &l3), 0);
+    cr_assert_eq(sfs_cache_fail(c, &l10, -EIO), 0);
+    cr_assert_eq(sfs_cache_release(c, &l10), 0);
+    sfs_cache_close(c);
+}
