@@ -16,8 +16,8 @@
 
 #include <string.h>
 
-int sfs_cache_sample(struct sfs_cache *c, uint32_t *cursor, uint32_t max_buckets,
-                     sfs_sample_fn *fn, void *arg)
+int sfs_cache_sample(struct sfs_cache *c, uint32_t *cursor, uint32_t max_buckets, sfs_sample_fn *fn,
+                     void *arg)
 {
     uint32_t b, n;
     int r = 0;

@@ -406,7 +406,7 @@ struct fs_options {
     char *reserved;
     char *wait_timeout;
     char *readahead;
-    char *warm;       /* -o warm=PCT */
+    char *warm; /* -o warm=PCT */
     char *numa_node;
     char *attach_uids; /* U1:U2:...: more uids that may attach */
     char *attach_gid;  /* a group whose members may attach */

@@ -43,23 +43,23 @@
 #include <syslog.h>
 #include <unistd.h>
 
-#define USE_WAYS        8
-#define USE_SETS        8192 /* x USE_WAYS = 65536 blocks, 24 B each: 1.5 MiB */
-#define USE_STRIPES     64
-#define USE_TICK_MS     1000
+#define USE_WAYS           8
+#define USE_SETS           8192 /* x USE_WAYS = 65536 blocks, 24 B each: 1.5 MiB */
+#define USE_STRIPES        64
+#define USE_TICK_MS        1000
 #define USE_SAMPLE_BUCKETS 16384 /* buckets one tick samples: bounds its cost */
-#define USE_SAVE_S      60  /* the file is rewritten this often when it changed */
-#define USE_HALF_LIFE_S 600 /* counts halve this often */
-#define USE_MAX_INFLIGHT 64 /* warm loads in flight at once (also <= nslots / 8) */
+#define USE_SAVE_S         60    /* the file is rewritten this often when it changed */
+#define USE_HALF_LIFE_S    600   /* counts halve this often */
+#define USE_MAX_INFLIGHT   64    /* warm loads in flight at once (also <= nslots / 8) */
 
 /* The file: a 40-byte header, count entries of 24 bytes, an 8-byte FNV-1a
  * 64 checksum of everything before it. Little-endian. docs/fs.md. */
-#define USE_FILE       ".shardfs_usage"
-#define USE_MAGIC      "SFSUSAGE"
-#define USE_VERSION    1
-#define USE_HDR        40
-#define USE_ENT        24
-#define USE_MAX_FILE   ((uint64_t)USE_HDR + (uint64_t)USE_SETS * USE_WAYS * USE_ENT + 8)
+#define USE_FILE     ".shardfs_usage"
+#define USE_MAGIC    "SFSUSAGE"
+#define USE_VERSION  1
+#define USE_HDR      40
+#define USE_ENT      24
+#define USE_MAX_FILE ((uint64_t)USE_HDR + (uint64_t)USE_SETS * USE_WAYS * USE_ENT + 8)
 
 struct use_ent {
     uint8_t id[SFS_BLOCK_ID_LEN];
@@ -80,9 +80,9 @@ struct fs_usage {
 
     /* The sampler's own memory (only its thread touches it). */
     uint32_t nslots;
-    uint32_t nregular;  /* slots outside the reserved pool: the most warm may fill */
-    uint64_t *seen_key; /* per slot: hash of the key at the last sample | 1, 0: none */
-    uint8_t *seen_acc;  /* per slot: its accessed bit then */
+    uint32_t nregular;         /* slots outside the reserved pool: the most warm may fill */
+    uint64_t *seen_key;        /* per slot: hash of the key at the last sample | 1, 0: none */
+    uint8_t *seen_acc;         /* per slot: its accessed bit then */
     struct sfs_block_id *used; /* blocks of this pass's used slots (at most nslots) */
     uint32_t nused;
     uint32_t cursor; /* the next bucket to sample */
@@ -182,8 +182,9 @@ static int cmp_hot(const void *a, const void *b)
 {
     const struct use_ent *x = a, *y = b;
 
-    return x->count < y->count ? 1 : x->count > y->count ? -1
-                                                          : memcmp(x->id, y->id, SFS_BLOCK_ID_LEN);
+    return x->count < y->count   ? 1
+           : x->count > y->count ? -1
+                                 : memcmp(x->id, y->id, SFS_BLOCK_ID_LEN);
 }
 
 /* Read and check the file; on success *out (malloc'd, *n entries, counts >
@@ -520,8 +521,9 @@ static void *warm_main(void *arg)
         }
     }
 out:
-    fs_log(LOG_INFO, "warm restart: %" PRIu64 " loads started for %zu blocks (%" PRIu64
-                     " of %" PRIu64 " shards budgeted)",
+    fs_log(LOG_INFO,
+           "warm restart: %" PRIu64 " loads started for %zu blocks (%" PRIu64 " of %" PRIu64
+           " shards budgeted)",
            started, blocks, used, budget);
     return NULL;
 }

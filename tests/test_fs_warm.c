@@ -36,11 +36,11 @@
 #error "SHARDFS_BIN must name the daemon binary (tests/CMakeLists.txt)"
 #endif
 
-#define SHARD   (64u << 10)
-#define NSH     4  /* shards per block */
-#define NHOT    4  /* blocks 0..3: read HOTREADS times each */
-#define COLD0   10 /* blocks COLD0..COLD0+NCOLD-1: read once */
-#define NCOLD   20
+#define SHARD    (64u << 10)
+#define NSH      4  /* shards per block */
+#define NHOT     4  /* blocks 0..3: read HOTREADS times each */
+#define COLD0    10 /* blocks COLD0..COLD0+NCOLD-1: read once */
+#define NCOLD    20
 #define HOTREADS 10
 /* 13 % of 128 slots = 16 shards: exactly the hot blocks. */
 #define WARM_HOT "warm=13"
@@ -586,7 +586,7 @@ Test(fs_warm_sample, reports_ready_slots_with_their_bits_and_sweeps_by_cursor, .
 
         cr_assert_eq(tu_load(c, &k), SFS_OWNER);
     }
-    cr_assert_eq(sfs_cache_get(c, &k3, 0, 0, &l3), SFS_HIT);   /* held: leased */
+    cr_assert_eq(sfs_cache_get(c, &k3, 0, 0, &l3), SFS_HIT);     /* held: leased */
     cr_assert_eq(sfs_cache_get(c, &k10, 0, 0, &l10), SFS_OWNER); /* Loading: not visited */
 
     cr_assert_eq(sfs_cache_sample(c, &cursor, 0, count_visit, &s), 0);

@@ -340,7 +340,8 @@ int main(int argc, char **argv)
     fprintf(b.out, "| warm (`-o warm=100`) | %.1f %% | %.1f %% | %.1f %% |\n\n", warm1 * 100,
             warm10 * 100, warm_all * 100);
     fprintf(b.out,
-            "Warm minus cold: first 1 %%: %+.1f points; first 10 %%: %+.1f points. The warm-up loaded %lld shards and "
+            "Warm minus cold: first 1 %%: %+.1f points; first 10 %%: %+.1f points. The warm-up "
+            "loaded %lld shards and "
             "had settled %.2f s after the mount started (the replay began then).\n\n",
             (warm1 - cold1) * 100, (warm10 - cold10) * 100, warmed, warm_s);
     fprintf(b.out, "The hot-set sampler: `sfs_cache_sample()` over a full cache of Ready "
