@@ -12,6 +12,7 @@
  *              readahead; open files and storing shards; changing the tree
  *              and listings; extended attributes
  *   wait.c     reads parked until another's load settles (the settler)
+ *   usage.c    the learned hot set: usage counts, the usage file, warm restart
  *   attr.c     attributes and entry replies; loads.c backend loads into
  *              leased slots, prefetch, the answer of a settled read
  *   pagecache.c  -o page_cache: pins on page-cached shards, their watcher
@@ -100,6 +101,7 @@ struct fs_counters {
     _Atomic uint64_t wait_timeouts;     /* reads that gave up waiting (ETIMEDOUT/EAGAIN) */
     _Atomic uint64_t prefetch_accepted; /* shards user.shardfs.prefetch started loading */
     _Atomic uint64_t readahead_started; /* shards readahead started loading */
+    _Atomic uint64_t warmed;            /* shards the warm restart started loading */
 };
 
 /* Readahead markers: a direct-mapped set of hashes of shards that readahead
@@ -172,6 +174,10 @@ struct fs {
     _Atomic uint32_t prefetch_pinned; /* relaxed: slots prefetch batches hold leased */
 
     _Atomic uint64_t ra_mark[FS_RA_MARKS]; /* relaxed: advisory */
+
+    /* The learned hot set and warm restart (usage.c); NULL: none (a store
+     * with no directory, or no memory for the table). */
+    struct fs_usage *usage;
 };
 
 /* The daemon's defaults and bounds (options.c, session.c, main.c). */
@@ -188,6 +194,7 @@ struct fs {
 #define MAX_READAHEAD            1024
 #define PC_POLL_NS               (1000 * 1000ll) /* the page-cache watcher's look at pins */
 #define PC_MAX_PINS              8192            /* leases the page-cache mode may hold */
+#define DEFAULT_WARM_PCT         25 /* -o warm: percent of capacity */
 #define REAP_INTERVAL_NS         (200 * 1000 * 1000ll)
 #define STOP_GRACE_NS            (2 * 1000 * 1000 * 1000ll) /* loads in flight get this to finish */
 #define SFS_ATTACH_UIDS_MAX      64                         /* uids in -o attach_uids */
@@ -316,6 +323,20 @@ void fs_pagecache_stop(struct fs *fs);
 /* read.c: the read path. */
 void fs_op_read(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off, struct fuse_file_info *fi);
 
+/* usage.c: the learned hot set, the usage file, warm restart (above loads.c). */
+/* Set up the hot set of a store (spec: the BACKEND_DIR argument) and start
+ * its threads: read BACKEND_DIR/.shardfs_usage (a bad one is ignored with
+ * one log line), start warming warm_pct % of capacity from it in the
+ * background, sample the cache every second, save the file every minute
+ * (not with save false: -o ro). Never fails the mount: on any error the
+ * daemon runs without a hot set (fs->usage stays NULL). */
+void fs_usage_start(struct fs *fs, const char *spec, unsigned warm_pct, bool save);
+/* Stop the threads, write the file a last time, free (safe when NULL). */
+void fs_usage_stop(struct fs *fs);
+/* A read of the mount used a shard of block: count it (striped lock: no
+ * line shared by reads of different blocks, bar a 1/64 stripe collision). */
+void fs_usage_note(struct fs *fs, const struct sfs_block_id *block);
+
 /* loads.c: backend loads into leased slots (below read.c, wait.c, write.c). */
 /* As owner of lease: load the shard asynchronously. Consumes the lease (and
  * answers req, when given) whatever happens. */
@@ -439,6 +460,7 @@ struct fs_options {
     char *reserved;
     char *wait_timeout;
     char *readahead;
+    char *warm; /* -o warm=PCT */
     char *numa_node;
     char *attach_uids; /* U1:U2:...: more uids that may attach */
     char *attach_gid;  /* a group whose members may attach */
@@ -460,6 +482,7 @@ struct fs_config {
     int64_t wait_ns;
     uint32_t readahead;
     uint64_t page_cache; /* bytes (0: off) */
+    unsigned warm_pct; /* -o warm: percent of capacity warmed at mount (0: off) */
     char socket[sizeof(((struct sockaddr_un *)0)->sun_path)];
     bool default_socket;
     /* Who may attach besides root and our uid (-o attach_uids, attach_gid). */

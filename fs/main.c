@@ -196,6 +196,9 @@ int main(int argc, char *argv[])
         fs_reaper_stop(&reaper);
         goto out_unmount;
     }
+    /* The hot set: reads the usage file and warms from it in the background
+     * while the mount serves; never fails the mount. */
+    fs_usage_start(&fs, o.backend, cfg.warm_pct, !o.ro);
     if (ready_fd >= 0) {
         fs_daemonize_done(ready_fd);
         ready_fd = -1;
@@ -217,6 +220,7 @@ int main(int argc, char *argv[])
     if (err < 0) {
         fprintf(stderr, "shardfs: session thread: %s\n", strerror(-err));
         fs_pagecache_stop(&fs);
+        fs_usage_stop(&fs);
         fs_waitq_stop(&fs);
         fs_reaper_stop(&reaper);
         goto out_unmount;
@@ -256,6 +260,7 @@ int main(int argc, char *argv[])
      * backend that is stuck must not keep us (and the mount) alive: what is
      * left is abandoned, its slots failed so that no rank waits on a load
      * that will never come. */
+    fs_usage_stop(&fs);     /* no more warm loads; the usage file written */
     fs_pagecache_stop(&fs); /* pins stay until the cache closes */
     fs_waitq_stop(&fs);     /* parked reads: EIO, the session ended */
     abandoned = fs_loads_stop(&fs, loop.grace_left_ns);

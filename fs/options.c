@@ -49,6 +49,7 @@ static const struct fuse_opt opt_table[] = {
     OPT("wait_timeout=%s", wait_timeout),
     OPT("readahead=%s", readahead),
     OPT("numa_node=%s", numa_node),
+    OPT("warm=%s", warm),
     OPT("attach_uids=%s", attach_uids),
     OPT("attach_gid=%s", attach_gid),
     OPT("page_cache=%s", page_cache),
@@ -85,6 +86,8 @@ void fs_usage(const char *prog)
            "    -o page_cache=SIZE     the kernel page cache may hold this many bytes of\n"
            "                           resident shards, kept coherent (default 0: off)\n"
            "    -o numa_node=N         bind the data plane to NUMA node N (default: none)\n"
+           "    -o warm=PCT            at mount, load the hottest blocks of the usage file up\n"
+           "                           to PCT %% of capacity (default %d, 0: off)\n"
            "    -o attach_uids=U1:U2   more uids that may attach to the socket (default: none;\n"
            "                           root and the daemon's uid always may)\n"
            "    -o attach_gid=GID      members of group GID may attach to the socket\n"
@@ -92,7 +95,7 @@ void fs_usage(const char *prog)
            "    -o no_default_permissions  the kernel does not check modes and owners\n"
            "                           (default: it does; see shardfs(8), PERMISSIONS)\n"
            "\n",
-           prog, DEFAULT_WAIT_S, DEFAULT_READAHEAD);
+           prog, DEFAULT_WAIT_S, DEFAULT_READAHEAD, DEFAULT_WARM_PCT);
 }
 
 static int opt_proc(void *data, const char *arg, int key, struct fuse_args *outargs)
@@ -297,6 +300,7 @@ static int validate(const struct fs_options *o, const char *mnt, struct fs_confi
     cfg->cache.populate = true;
     cfg->wait_ns = DEFAULT_WAIT_S * 1000000000ll;
     cfg->readahead = DEFAULT_READAHEAD;
+    cfg->warm_pct = DEFAULT_WARM_PCT;
 
     if (o->shard_size) {
         if (!parse_size(o->shard_size, &v))
@@ -376,6 +380,10 @@ static int validate(const struct fs_options *o, const char *mnt, struct fs_confi
                  " bytes): the shards it holds cannot be evicted",
                  o->page_cache, cfg->cache.capacity / 2);
         cfg->page_cache = v;
+    if (o->warm) {
+        if (!parse_uint(o->warm, 100, &v))
+            FAIL("warm=%s: out of range (0..100 percent of capacity)", o->warm);
+        cfg->warm_pct = (unsigned)v;
     }
     if (o->numa_node) {
         if (!parse_uint(o->numa_node, 1023, &v))
@@ -585,6 +593,7 @@ void fs_options_free(struct fs_options *o)
     free(o->wait_timeout);
     free(o->readahead);
     free(o->page_cache);
+    free(o->warm);
     free(o->numa_node);
     free(o->backend);
 }

@@ -65,6 +65,8 @@ static void read_shard(fuse_req_t req, struct fs *fs, const struct sfs_key *keyp
     }
     if (size > fs->shard_size - (uint64_t)off)
         size = fs->shard_size - (size_t)off;
+    if (off == 0)
+        fs_usage_note(fs, &key.block); /* one use per read of the shard from its start */
     r = sfs_cache_get(fs->cache, &key, 0, sfs_deadline_after(fs->wait_ns), &l);
     if (r < 0) {
         fuse_reply_err(req, get_errno(fs, r));

@@ -79,6 +79,7 @@ size_t fs_stats_text(struct fs *fs, char *buf, size_t len)
         G("fs_page_cache_pinned_shards",
           "Shards the kernel page cache may hold (-o page_cache): leased by the daemon.", pins);
     }
+    C("warmed_total", "Shard loads started by the warm restart (-o warm).", L(warmed));
     G("shard_size_bytes", "Bytes per shard.", ci.shard_size);
     G("slots", "Slots in the cache.", ci.nslots);
 #undef C

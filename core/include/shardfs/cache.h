@@ -385,6 +385,24 @@ typedef int sfs_key_visit_fn(const struct sfs_key *key, int state, void *arg);
 SFS_API int sfs_cache_foreach(struct sfs_cache *c, unsigned state_mask, sfs_key_visit_fn *fn,
                               void *arg);
 
+/*
+ * Read-only usage sample, for a sampler outside the hit path (the daemon's
+ * hot set): visit the Ready slots of up to max_buckets buckets (0: all),
+ * starting at bucket *cursor (taken modulo the bucket count) and leaving
+ * *cursor at the next one, so that repeated calls sweep the whole cache at
+ * a bounded cost per call. Each visit gets the key, the slot index, the
+ * CLOCK accessed bit (set by a hit or a claim, cleared by the hand) and
+ * whether any lease holds the slot now. Writes nothing shared; a bucket
+ * whose lock is busy is skipped, never waited for. fn runs under the
+ * bucket's lock: it must be short, take no lock, and not call into the
+ * cache. Stops early when fn returns non-zero and returns that value;
+ * -EINVAL for NULL arguments.
+ */
+typedef int sfs_sample_fn(const struct sfs_key *key, uint32_t slot, bool accessed, bool leased,
+                          void *arg);
+SFS_API int sfs_cache_sample(struct sfs_cache *c, uint32_t *cursor, uint32_t max_buckets,
+                             sfs_sample_fn *fn, void *arg);
+
 /* Counters, summed over every process that ever attached. */
 struct sfs_stats {
     uint64_t requests;      /* Gets */

@@ -1,0 +1,631 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * usage.c - the learned hot set and warm restart (issue 12; docs/fs.md,
+ * "Warm restart").
+ *
+ * The daemon keeps decayed per-block usage counts in a fixed table of
+ * USE_SETS x USE_WAYS entries (set-associative by a hash of the block id;
+ * when a block's set is full the entry with the lowest count, the coldest,
+ * is replaced). Two sources feed it, neither on the cache's hit path:
+ *   - the mount's own reads: a read at offset 0 of a shard counts one use of
+ *     its block (fs_usage_note, under one of USE_STRIPES striped locks, so
+ *     reads of different blocks share no line bar a stripe collision);
+ *   - a sampler thread that, every USE_TICK_MS, looks at the Ready slots of
+ *     the next USE_SAMPLE_BUCKETS buckets (all of a cache of up to ~32K
+ *     slots) through sfs_cache_sample() (read-only: the CLOCK accessed bit and
+ *     whether a lease holds the slot) and counts a use for a slot that is
+ *     leased now, or whose accessed bit is set and was clear (or held
+ *     another key) at the previous sample. That sees the ranks' use of the
+ *     cache without a word written on their path.
+ * Every USE_HALF_LIFE_S all counts halve (decay). The table is written to
+ * BACKEND_DIR/.shardfs_usage every USE_SAVE_S when it changed and at stop,
+ * by tmp + fsync + rename (+ fsync of the directory).
+ *
+ * At mount, the file (if valid) seeds the table, and a warm thread loads
+ * the hottest blocks, all the shards the backend has of each, up to
+ * warm_pct % of capacity, through the advisory prefetch path (loads.c:
+ * SFS_GET_PREFETCH never evicts a leased slot and never blocks a reader; a
+ * reader of a key being warmed is its waiter), a bounded number at a time.
+ * A bad file (short, corrupt, foreign, another version) is ignored with one
+ * log line; the mount never fails for it.
+ *
+ * Calls loads.c and log.c; read.c and main.c call it.
+ */
+#include "fs_i.h"
+
+#include <endian.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <syslog.h>
+#include <unistd.h>
+
+#define USE_WAYS           8
+#define USE_SETS           8192 /* x USE_WAYS = 65536 blocks, 24 B each: 1.5 MiB */
+#define USE_STRIPES        64
+#define USE_TICK_MS        1000
+#define USE_SAMPLE_BUCKETS 16384 /* buckets one tick samples: bounds its cost */
+#define USE_SAVE_S         60    /* the file is rewritten this often when it changed */
+#define USE_HALF_LIFE_S    600   /* counts halve this often */
+#define USE_MAX_INFLIGHT   64    /* warm loads in flight at once (also <= nslots / 8) */
+
+/* The file: a 40-byte header, count entries of 24 bytes, an 8-byte FNV-1a
+ * 64 checksum of everything before it. Little-endian. docs/fs.md. */
+#define USE_FILE     ".shardfs_usage"
+#define USE_MAGIC    "SFSUSAGE"
+#define USE_VERSION  1
+#define USE_HDR      40
+#define USE_ENT      24
+#define USE_MAX_FILE ((uint64_t)USE_HDR + (uint64_t)USE_SETS * USE_WAYS * USE_ENT + 8)
+
+struct use_ent {
+    uint8_t id[SFS_BLOCK_ID_LEN];
+    uint32_t count; /* 0: empty */
+};
+
+struct use_stripe {
+    pthread_mutex_t lock; /* the sets s with s % USE_STRIPES == this stripe */
+    bool dirty;           /* lock: a count changed since the last save */
+} __attribute__((aligned(64)));
+
+struct fs_usage {
+    struct fs *fs;
+    struct use_ent *ents; /* USE_SETS * USE_WAYS; stripe locks */
+    struct use_stripe stripes[USE_STRIPES];
+    char path[PATH_MAX]; /* BACKEND_DIR/.shardfs_usage */
+    bool save;           /* write the file (not with -o ro) */
+
+    /* The sampler's own memory (only its thread touches it). */
+    uint32_t nslots;
+    uint32_t nregular;         /* slots outside the reserved pool: the most warm may fill */
+    uint64_t *seen_key;        /* per slot: hash of the key at the last sample | 1, 0: none */
+    uint8_t *seen_acc;         /* per slot: its accessed bit then */
+    struct sfs_block_id *used; /* blocks of this pass's used slots (at most nslots) */
+    uint32_t nused;
+    uint32_t cursor; /* the next bucket to sample */
+
+    /* Warm restart: blocks hottest first (set before the warm thread starts). */
+    struct use_ent *warm;
+    size_t nwarm;
+    unsigned warm_pct;
+    bool warm_started;
+
+    pthread_t sampler, warmer;
+    bool sampler_started;
+    pthread_mutex_t lock;
+    pthread_cond_t cond; /* CLOCK_MONOTONIC: stop was set */
+    _Atomic bool stop;   /* relaxed reads by the warm loop; set under lock */
+};
+
+static uint64_t block_hash(const uint8_t *id)
+{
+    uint64_t a, b;
+
+    memcpy(&a, id, 8);
+    memcpy(&b, id + 8, 8);
+    a ^= b * 0x9e3779b97f4a7c15ull;
+    a ^= a >> 31;
+    a *= 0xbf58476d1ce4e5b9ull;
+    return a ^ (a >> 29);
+}
+
+static uint64_t fnv1a(const uint8_t *p, size_t n)
+{
+    uint64_t h = 0xcbf29ce484222325ull;
+
+    for (size_t i = 0; i < n; i++)
+        h = (h ^ p[i]) * 0x100000001b3ull;
+    return h;
+}
+
+/* Add v uses of block id (saturating). */
+static void use_add(struct fs_usage *u, const uint8_t *id, uint32_t v)
+{
+    uint64_t h = block_hash(id);
+    uint32_t set = (uint32_t)h & (USE_SETS - 1);
+    struct use_stripe *st = &u->stripes[set % USE_STRIPES];
+    struct use_ent *e = &u->ents[(size_t)set * USE_WAYS], *victim = NULL;
+
+    pthread_mutex_lock(&st->lock);
+    for (int w = 0; w < USE_WAYS; w++) {
+        if (e[w].count && memcmp(e[w].id, id, SFS_BLOCK_ID_LEN) == 0) {
+            e[w].count = e[w].count > UINT32_MAX - v ? UINT32_MAX : e[w].count + v;
+            st->dirty = true;
+            pthread_mutex_unlock(&st->lock);
+            return;
+        }
+        if (!victim || e[w].count < victim->count)
+            victim = &e[w]; /* an empty way (0), else the coldest */
+    }
+    /* Full set: the coldest entry makes room (a block hotter than it stays). */
+    memcpy(victim->id, id, SFS_BLOCK_ID_LEN);
+    victim->count = v;
+    st->dirty = true;
+    pthread_mutex_unlock(&st->lock);
+}
+
+void fs_usage_note(struct fs *fs, const struct sfs_block_id *block)
+{
+    if (fs->usage)
+        use_add(fs->usage, block->b, 1);
+}
+
+/* ---------------------------------------------------------------------------
+ * The file.
+ */
+
+/* BACKEND_DIR of a posix store (a plain path or posix:DIR?opts), else NULL:
+ * mem: and fault: stores have no usage file. */
+static bool usage_path(const char *spec, char *out, size_t len)
+{
+    size_t n;
+
+    if (strncmp(spec, "mem", 3) == 0 || strncmp(spec, "fault:", 6) == 0)
+        return false;
+    if (strncmp(spec, "posix:", 6) == 0) {
+        const char *q = strchr(spec + 6, '?');
+
+        spec += 6;
+        n = q ? (size_t)(q - spec) : strlen(spec);
+    } else {
+        n = strlen(spec);
+    }
+    while (n > 1 && spec[n - 1] == '/')
+        n--;
+    return n && snprintf(out, len, "%.*s/%s", (int)n, spec, USE_FILE) < (int)len;
+}
+
+static int cmp_hot(const void *a, const void *b)
+{
+    const struct use_ent *x = a, *y = b;
+
+    return x->count < y->count   ? 1
+           : x->count > y->count ? -1
+                                 : memcmp(x->id, y->id, SFS_BLOCK_ID_LEN);
+}
+
+/* Read and check the file; on success *out (malloc'd, *n entries, counts >
+ * 0). Returns 0, -ENOENT (no file: silent), or -EINVAL with *why set. */
+static int usage_read(struct fs_usage *u, struct use_ent **out, size_t *n, const char **why)
+{
+    int fd = open(u->path, O_RDONLY | O_NOFOLLOW | O_CLOEXEC);
+    uint8_t *buf = NULL;
+    struct stat st;
+    uint64_t size, shard_size, sum;
+    uint32_t version, id_len, count, ent_size;
+    size_t got = 0;
+    int r = -EINVAL;
+
+    *why = "unreadable";
+    if (fd < 0)
+        return errno == ENOENT ? -ENOENT : -EINVAL;
+    if (fstat(fd, &st) < 0 || !S_ISREG(st.st_mode)) {
+        *why = "not a regular file";
+        goto out;
+    }
+    size = (uint64_t)st.st_size;
+    if (size < USE_HDR + 8) {
+        *why = "truncated";
+        goto out;
+    }
+    if (size > USE_MAX_FILE) {
+        *why = "larger than any usage file";
+        goto out;
+    }
+    buf = malloc(size);
+    if (!buf)
+        goto out;
+    while (got < size) {
+        ssize_t k = read(fd, buf + got, size - got);
+
+        if (k < 0 && errno == EINTR)
+            continue;
+        if (k <= 0)
+            break;
+        got += (size_t)k;
+    }
+    if (got != size) {
+        *why = "truncated";
+        goto out;
+    }
+    if (memcmp(buf, USE_MAGIC, 8) != 0) {
+        *why = "not a shardfs usage file (bad magic)";
+        goto out;
+    }
+    memcpy(&version, buf + 8, 4);
+    memcpy(&id_len, buf + 12, 4);
+    memcpy(&shard_size, buf + 16, 8);
+    memcpy(&count, buf + 32, 4);
+    memcpy(&ent_size, buf + 36, 4);
+    version = le32toh(version);
+    id_len = le32toh(id_len);
+    shard_size = le64toh(shard_size);
+    count = le32toh(count);
+    ent_size = le32toh(ent_size);
+    if (version != USE_VERSION) {
+        *why = "another version";
+        goto out;
+    }
+    if (size != USE_HDR + (uint64_t)count * USE_ENT + 8) {
+        *why = size < USE_HDR + (uint64_t)count * USE_ENT + 8 ? "truncated" : "trailing bytes";
+        goto out;
+    }
+    memcpy(&sum, buf + size - 8, 8);
+    if (le64toh(sum) != fnv1a(buf, size - 8)) {
+        *why = "checksum mismatch (corrupt)";
+        goto out;
+    }
+    if (id_len != SFS_BLOCK_ID_LEN || ent_size != USE_ENT) {
+        *why = "foreign block-id format";
+        goto out;
+    }
+    if (shard_size != u->fs->shard_size) {
+        *why = "written for another shard_size (foreign)";
+        goto out;
+    }
+    *out = calloc(count ? count : 1, sizeof(**out));
+    if (!*out) {
+        *why = "no memory";
+        goto out;
+    }
+    *n = 0;
+    for (uint32_t i = 0; i < count; i++) {
+        const uint8_t *p = buf + USE_HDR + (size_t)i * USE_ENT;
+        uint32_t c;
+
+        memcpy(&c, p + 16, 4);
+        c = le32toh(c);
+        if (!c)
+            continue;
+        memcpy((*out)[*n].id, p, SFS_BLOCK_ID_LEN);
+        (*out)[(*n)++].count = c;
+    }
+    r = 0;
+out:
+    free(buf);
+    close(fd);
+    return r;
+}
+
+static int write_all(int fd, const void *p, size_t n)
+{
+    const uint8_t *b = p;
+
+    while (n) {
+        ssize_t k = write(fd, b, n);
+
+        if (k < 0 && errno == EINTR)
+            continue;
+        if (k <= 0)
+            return k < 0 ? -errno : -EIO;
+        b += k;
+        n -= (size_t)k;
+    }
+    return 0;
+}
+
+/* Write the table: tmp + fsync + rename + fsync of the directory. Does
+ * nothing when no count changed since the last save (force: unless the
+ * table is empty). Errors: one log line. */
+static void usage_save(struct fs_usage *u)
+{
+    size_t cap = (size_t)USE_SETS * USE_WAYS, n = 0;
+    uint8_t *buf;
+    bool dirty = false;
+    char tmp[PATH_MAX + 8], dir[PATH_MAX];
+    uint32_t v32;
+    uint64_t v64;
+    int fd, r;
+
+    if (!u->save)
+        return;
+    for (int i = 0; i < USE_STRIPES; i++) {
+        pthread_mutex_lock(&u->stripes[i].lock);
+        dirty |= u->stripes[i].dirty;
+        pthread_mutex_unlock(&u->stripes[i].lock);
+    }
+    if (!dirty)
+        return;
+    buf = malloc(USE_HDR + cap * USE_ENT + 8);
+    if (!buf)
+        return;
+    for (int i = 0; i < USE_STRIPES; i++) {
+        struct use_stripe *st = &u->stripes[i];
+
+        pthread_mutex_lock(&st->lock);
+        for (uint32_t set = (uint32_t)i; set < USE_SETS; set += USE_STRIPES) {
+            for (int w = 0; w < USE_WAYS; w++) {
+                const struct use_ent *e = &u->ents[(size_t)set * USE_WAYS + w];
+                uint8_t *p = buf + USE_HDR + n * USE_ENT;
+
+                if (!e->count)
+                    continue;
+                memcpy(p, e->id, SFS_BLOCK_ID_LEN);
+                v32 = htole32(e->count);
+                memcpy(p + 16, &v32, 4);
+                memset(p + 20, 0, 4);
+                n++;
+            }
+        }
+        st->dirty = false;
+        pthread_mutex_unlock(&st->lock);
+    }
+    memcpy(buf, USE_MAGIC, 8);
+    v32 = htole32(USE_VERSION);
+    memcpy(buf + 8, &v32, 4);
+    v32 = htole32(SFS_BLOCK_ID_LEN);
+    memcpy(buf + 12, &v32, 4);
+    v64 = htole64(u->fs->shard_size);
+    memcpy(buf + 16, &v64, 8);
+    v64 = htole64((uint64_t)time(NULL));
+    memcpy(buf + 24, &v64, 8);
+    v32 = htole32((uint32_t)n);
+    memcpy(buf + 32, &v32, 4);
+    v32 = htole32(USE_ENT);
+    memcpy(buf + 36, &v32, 4);
+    v64 = htole64(fnv1a(buf, USE_HDR + n * USE_ENT));
+    memcpy(buf + USE_HDR + n * USE_ENT, &v64, 8);
+
+    snprintf(tmp, sizeof(tmp), "%s.tmp", u->path);
+    fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_NOFOLLOW | O_CLOEXEC, 0644);
+    r = fd < 0 ? -errno : write_all(fd, buf, USE_HDR + n * USE_ENT + 8);
+    if (r == 0 && fsync(fd) < 0)
+        r = -errno;
+    if (fd >= 0)
+        close(fd);
+    if (r == 0 && rename(tmp, u->path) < 0)
+        r = -errno;
+    if (r < 0) {
+        unlink(tmp);
+        fs_log(LOG_WARNING, "usage file %s not written: %s", u->path, strerror(-r));
+    } else {
+        char *slash;
+
+        snprintf(dir, sizeof(dir), "%s", u->path);
+        slash = strrchr(dir, '/');
+        if (slash) {
+            *slash = '\0';
+            fd = open(dir[0] ? dir : "/", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+            if (fd >= 0) {
+                fsync(fd); /* the rename is durable; a failure here loses nothing else */
+                close(fd);
+            }
+        }
+    }
+    free(buf);
+}
+
+/* ---------------------------------------------------------------------------
+ * The sampler and the warm thread.
+ */
+
+static int sample_one(const struct sfs_key *key, uint32_t slot, bool accessed, bool leased,
+                      void *arg)
+{
+    struct fs_usage *u = arg;
+    uint64_t h = (block_hash(key->block.b) + key->shard) | 1;
+    bool used;
+
+    if (slot >= u->nslots)
+        return 0;
+    /* Used since the last sample: leased now, or its accessed bit turned on
+     * (a hit or a claim after the hand cleared it, or a new key here). */
+    used = leased || (accessed && (u->seen_key[slot] != h || !u->seen_acc[slot]));
+    u->seen_key[slot] = h;
+    u->seen_acc[slot] = accessed;
+    /* Counted after the pass: no lock of ours is taken under a bucket lock. */
+    if (used && u->nused < u->nslots)
+        u->used[u->nused++] = key->block;
+    return 0;
+}
+
+static void decay(struct fs_usage *u)
+{
+    for (int i = 0; i < USE_STRIPES; i++) {
+        struct use_stripe *st = &u->stripes[i];
+
+        pthread_mutex_lock(&st->lock);
+        for (uint32_t set = (uint32_t)i; set < USE_SETS; set += USE_STRIPES)
+            for (int w = 0; w < USE_WAYS; w++) {
+                struct use_ent *e = &u->ents[(size_t)set * USE_WAYS + w];
+
+                if (e->count) {
+                    e->count >>= 1;
+                    st->dirty = true;
+                }
+            }
+        pthread_mutex_unlock(&st->lock);
+    }
+}
+
+/* Sleeps ms or until stop; true when stopping. */
+static bool nap(struct fs_usage *u, int64_t ms)
+{
+    int64_t until = sfs_now_ns() + ms * 1000000ll;
+    struct timespec ts = {.tv_sec = until / 1000000000, .tv_nsec = until % 1000000000};
+    bool stop;
+
+    pthread_mutex_lock(&u->lock);
+    /* Relaxed: stop is written under lock, read here under it too. */
+    while (!atomic_load_explicit(&u->stop, memory_order_relaxed) &&
+           pthread_cond_timedwait(&u->cond, &u->lock, &ts) != ETIMEDOUT)
+        ;
+    stop = atomic_load_explicit(&u->stop, memory_order_relaxed);
+    pthread_mutex_unlock(&u->lock);
+    return stop;
+}
+
+static void *sampler_main(void *arg)
+{
+    struct fs_usage *u = arg;
+    uint64_t tick = 0;
+
+    while (!nap(u, USE_TICK_MS)) {
+        tick++;
+        u->nused = 0;
+        sfs_cache_sample(u->fs->cache, &u->cursor, USE_SAMPLE_BUCKETS, sample_one, u);
+        for (uint32_t i = 0; i < u->nused; i++)
+            use_add(u, u->used[i].b, 1);
+        if (tick % (USE_HALF_LIFE_S * 1000 / USE_TICK_MS) == 0)
+            decay(u);
+        if (tick % (USE_SAVE_S * 1000 / USE_TICK_MS) == 0)
+            usage_save(u);
+    }
+    return NULL;
+}
+
+static void *warm_main(void *arg)
+{
+    struct fs_usage *u = arg;
+    struct fs *fs = u->fs;
+    uint64_t budget = (uint64_t)fs->nslots * u->warm_pct / 100, used = 0, started = 0;
+    uint32_t inflight = fs->nslots / 8 ? fs->nslots / 8 : 1;
+    size_t blocks = 0;
+
+    /* Prefetch takes no reserved slot: past the regular pool a warm load
+     * could only evict a hotter block warmed before it. */
+    if (budget > u->nregular)
+        budget = u->nregular;
+    if (inflight > USE_MAX_INFLIGHT)
+        inflight = USE_MAX_INFLIGHT;
+    for (size_t i = 0; i < u->nwarm; i++) {
+        struct sfs_block_id b;
+        int n;
+
+        memcpy(b.b, u->warm[i].id, SFS_BLOCK_ID_LEN);
+        n = sfs_backend_shard_count(fs->be, &b);
+        if (n <= 0)
+            continue; /* gone from the store */
+        if (used + (uint64_t)n > budget)
+            break; /* the warmed set is a prefix of the ranking: no colder block jumps it */
+        used += (uint64_t)n;
+        blocks++;
+        for (uint32_t s = 0; s < (uint32_t)n; s++) {
+            int k;
+
+            /* Relaxed: an approximate bound on the prefetch loads in flight
+             * (all of them, readahead's and prefetch's too). */
+            while (atomic_load_explicit(&fs->prefetch_pinned, memory_order_relaxed) >= inflight)
+                if (nap(u, 1))
+                    goto out;
+            if (atomic_load_explicit(&u->stop, memory_order_relaxed))
+                goto out;
+            k = fs_prefetch_shards(fs, &b, s, 1, false);
+            if (k > 0) {
+                started += (uint64_t)k;
+                CTR_ADD(fs, warmed, (uint64_t)k);
+            }
+        }
+    }
+out:
+    fs_log(LOG_INFO,
+           "warm restart: %" PRIu64 " loads started for %zu blocks (%" PRIu64 " of %" PRIu64
+           " shards budgeted)",
+           started, blocks, used, budget);
+    return NULL;
+}
+
+void fs_usage_start(struct fs *fs, const char *spec, unsigned warm_pct, bool save)
+{
+    struct fs_usage *u;
+    struct sfs_cache_info ci;
+    pthread_condattr_t ca;
+    struct use_ent *file = NULL;
+    size_t nfile = 0;
+    const char *why = NULL;
+    int r;
+
+    fs->usage = NULL;
+    u = calloc(1, sizeof(*u));
+    if (!u)
+        return;
+    u->fs = fs;
+    if (!usage_path(spec, u->path, sizeof(u->path))) {
+        free(u); /* no store directory: no hot set (docs/fs.md) */
+        return;
+    }
+    sfs_cache_info(fs->cache, &ci);
+    u->nslots = ci.nslots;
+    u->nregular = ci.nslots - ci.nreserved;
+    u->ents = calloc((size_t)USE_SETS * USE_WAYS, sizeof(*u->ents));
+    u->seen_key = calloc(u->nslots ? u->nslots : 1, sizeof(*u->seen_key));
+    u->seen_acc = calloc(u->nslots ? u->nslots : 1, 1);
+    u->used = calloc(u->nslots ? u->nslots : 1, sizeof(*u->used));
+    if (!u->ents || !u->seen_key || !u->seen_acc || !u->used) {
+        fs_log(LOG_WARNING, "hot set: out of memory; running without one");
+        goto fail;
+    }
+    u->save = save;
+    u->warm_pct = warm_pct;
+    for (int i = 0; i < USE_STRIPES; i++)
+        pthread_mutex_init(&u->stripes[i].lock, NULL);
+    pthread_mutex_init(&u->lock, NULL);
+    pthread_condattr_init(&ca);
+    pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+    pthread_cond_init(&u->cond, &ca);
+    pthread_condattr_destroy(&ca);
+    atomic_init(&u->stop, false);
+
+    r = usage_read(u, &file, &nfile, &why);
+    if (r == -EINVAL)
+        fs_log(LOG_WARNING, "usage file %s ignored: %s", u->path, why);
+    if (r == 0) {
+        for (size_t i = 0; i < nfile; i++)
+            use_add(u, file[i].id, file[i].count);
+        for (int i = 0; i < USE_STRIPES; i++)
+            u->stripes[i].dirty = false; /* as on disk */
+        qsort(file, nfile, sizeof(*file), cmp_hot);
+        u->warm = file;
+        u->nwarm = nfile;
+    }
+    fs->usage = u;
+    r = pthread_create(&u->sampler, NULL, sampler_main, u);
+    u->sampler_started = r == 0;
+    if (r)
+        fs_log(LOG_WARNING, "hot set: sampler thread: %s; usage learned from reads only",
+               strerror(r));
+    if (warm_pct && u->nwarm) {
+        r = pthread_create(&u->warmer, NULL, warm_main, u);
+        u->warm_started = r == 0;
+        if (r)
+            fs_log(LOG_WARNING, "warm restart: thread: %s; not warming", strerror(r));
+    }
+    return;
+fail:
+    free(u->ents);
+    free(u->seen_key);
+    free(u->seen_acc);
+    free(u->used);
+    free(u);
+}
+
+void fs_usage_stop(struct fs *fs)
+{
+    struct fs_usage *u = fs->usage;
+
+    if (!u)
+        return;
+    pthread_mutex_lock(&u->lock);
+    atomic_store_explicit(&u->stop, true, memory_order_relaxed); /* under lock: see nap */
+    pthread_cond_broadcast(&u->cond);
+    pthread_mutex_unlock(&u->lock);
+    if (u->warm_started)
+        pthread_join(u->warmer, NULL);
+    if (u->sampler_started)
+        pthread_join(u->sampler, NULL);
+    usage_save(u);
+    fs->usage = NULL;
+    for (int i = 0; i < USE_STRIPES; i++)
+        pthread_mutex_destroy(&u->stripes[i].lock);
+    pthread_cond_destroy(&u->cond);
+    pthread_mutex_destroy(&u->lock);
+    free(u->warm);
+    free(u->ents);
+    free(u->seen_key);
+    free(u->seen_acc);
+    free(u->used);
+    free(u);
+}
