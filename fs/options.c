@@ -380,6 +380,7 @@ static int validate(const struct fs_options *o, const char *mnt, struct fs_confi
                  " bytes): the shards it holds cannot be evicted",
                  o->page_cache, cfg->cache.capacity / 2);
         cfg->page_cache = v;
+    }
     if (o->warm) {
         if (!parse_uint(o->warm, 100, &v))
             FAIL("warm=%s: out of range (0..100 percent of capacity)", o->warm);
