@@ -87,7 +87,7 @@ struct sfs_bucket_rec {
  * - accessed: set on hit and claim, cleared by the CLOCK hand; lock-free.
  */
 struct sfs_slot_rec {
-    uint8_t block[16];          /* key: block id */
+    alignas(8) uint8_t block[16]; /* key: block id; 8-aligned: read as two atomic words */
     uint32_t shard;             /* key: shard index */
     _Atomic uint32_t bucket;    /* chain it is on, or SFS_NIL */
     _Atomic uint32_t next;      /* next slot on the chain or SFS_NIL */
