@@ -5,7 +5,9 @@
  * Every bucket lock is a robust process-shared mutex. When a process dies
  * holding one, the next locker gets EOWNERDEAD and repairs the chain: walks
  * it (bounded, indices checked), and recounts each slot's refcount from the
- * lease tables, which change only under the same lock. The order of writes
+ * lease tables (slot_recount: the slot is closed to lock-free hits first,
+ * and a slot a live process is mid-step on keeps its count, which is exact
+ * but for the dead one's entries in transit, settled by its reap). The order of writes
  * when a slot is claimed (unlink, bucket, key, link, lease entry, refcount)
  * makes any prefix of it repairable: a slot cut off mid-move is an orphan
  * that the next evictor finds by walking its chain (evict.c), and it never
@@ -43,9 +45,84 @@ static int chain_check(struct sfs_cache *c, uint32_t b, bool fix)
 }
 
 /*
+ * Bucket lock held, s on its chain. Quiesce s: close it (lock-free hits and
+ * releases need SLOT_REF_OPEN, so from the close on only holders of this
+ * lock change the count), then read every table. A held entry counts; an
+ * entry in transit of a dead record (Dead or Reaping: it will never take
+ * another step) is settled as never taken, freed, and not counted; one in
+ * transit of a record still Alive means that process is between two steps
+ * on s (its increment or decrement may or may not be in the count), so
+ * nothing is changed and -EBUSY says to come back. Why this is exact, and
+ * why a live process's transit entry is always seen: docs/recovery.md.
+ *
+ * Bound: the tables of records that are not Free, each to its lease_hwm
+ * (see repair_bucket), read twice at most.
+ */
+int slot_recount(struct sfs_cache *c, uint32_t s)
+{
+    struct sfs_slot_rec *sl = &c->slots[s];
+    uint32_t held = 0;
+    bool busy = false, frozen = false;
+
+    SFS_ASSERT(s < c->nslots);
+    /* acq_rel: a lock-free changer's release CAS before the close makes its
+     * transit mark (stored before that CAS) visible to the reads below. */
+    atomic_fetch_and_explicit(&sl->refcount, ~SLOT_REF_OPEN, memory_order_acq_rel);
+    SFS_TEST_POINT("recount:closed");
+    for (int pass = 0; pass < 2 && !busy; pass++) {
+        for (uint32_t p = 0; p < c->max_procs && !busy; p++) {
+            /* Acquire: pairs with the release that freed the record / raised
+             * the mark before an entry beyond it was written. */
+            uint32_t ps = atomic_load_explicit(&c->procs[p].state, memory_order_acquire);
+            if (ps == PROC_FREE)
+                continue;
+            _Atomic uint32_t *t = lease_table(c, p);
+            uint32_t hwm = atomic_load_explicit(&c->procs[p].lease_hwm, memory_order_acquire);
+            if (hwm > c->max_leases)
+                hwm = c->max_leases; /* input: bounded by the table */
+            for (uint32_t e = 0; e < hwm; e++) {
+                uint32_t v = atomic_load_explicit(&t[e], memory_order_relaxed);
+
+                if (ENTRY_SLOT1(v) != s + 1)
+                    continue;
+                bool dead = ps == PROC_DEAD || ps == PROC_REAPING;
+
+                if (pass == 1) {
+                    /* Dead: it never takes the next step. Settled as not
+                     * taken; the count stored below is what makes that so.
+                     * (A live transit mark first seen now was made after
+                     * the close: its CAS fails, it changes no count.) */
+                    if ((v & ENTRY_TRANSIT) && dead)
+                        atomic_store_explicit(&t[e], SFS_ENTRY_FREE, memory_order_relaxed);
+                } else if (!(v & ENTRY_TRANSIT)) {
+                    held++;
+                } else if (!dead) {
+                    busy = true; /* alive (or claiming, leaving): mid-step */
+                    break;
+                } else {
+                    frozen = true;
+                }
+            }
+        }
+        if (!frozen)
+            break; /* nothing to free: one pass was enough */
+    }
+    if (!busy) {
+        uint32_t w = atomic_load_explicit(&sl->refcount, memory_order_relaxed);
+        /* Closed: only holders of this lock change the count now. */
+        atomic_store_explicit(&sl->refcount, held, memory_order_relaxed);
+        if (SLOT_REF_COUNT(w) && !held)
+            refcount_last(c, sl);
+    }
+    if (atomic_load_explicit(&sl->state, memory_order_acquire) == SFS_STATE_READY)
+        slot_open(sl);
+    return busy ? -EBUSY : 0;
+}
+
+/*
  * A process died holding bucket b's lock. Cut the chain at any bad link and
- * recount each chain slot's refcount from the lease tables: entries for slots
- * on this chain change only under this lock, so the count is exact.
+ * recount each chain slot's refcount from the lease tables (slot_recount):
+ * a slot whose count a live process is changing right now keeps it.
  *
  * Bound: this runs under the lock, so it reads only what can hold a lease:
  * the tables of records that are not Free (a record is freed only after its
@@ -57,51 +134,15 @@ static int chain_check(struct sfs_cache *c, uint32_t b, bool fix)
  */
 static void repair_bucket(struct sfs_cache *c, uint32_t b)
 {
-    uint32_t chain[64], n = 0, s;
-    bool all = false;
+    uint32_t s;
 
     chain_check(c, b, true);
     s = atomic_load_explicit(&c->buckets[b].head, memory_order_relaxed);
-    while (s != SFS_NIL && slot_ok(c, s)) {
-        if (n < 64)
-            chain[n++] = s;
-        else
-            all = true;
-        atomic_store_explicit(&c->slots[s].refcount, 0, memory_order_relaxed);
-        s = atomic_load_explicit(&c->slots[s].next, memory_order_relaxed);
-    }
-    for (uint32_t p = 0; p < c->max_procs; p++) {
-        _Atomic uint32_t *t = lease_table(c, p);
-        /* Acquire: pairs with the release that freed the record / raised
-         * the mark before an entry beyond it was written. */
-        if (atomic_load_explicit(&c->procs[p].state, memory_order_acquire) == PROC_FREE)
-            continue;
-        uint32_t hwm = atomic_load_explicit(&c->procs[p].lease_hwm, memory_order_acquire);
-        if (hwm > c->max_leases)
-            hwm = c->max_leases; /* input: bounded by the table */
-
-        for (uint32_t e = 0; e < hwm; e++) {
-            uint32_t v = ENTRY_SLOT1(atomic_load_explicit(&t[e], memory_order_relaxed));
-
-            if (v == SFS_ENTRY_FREE || !slot_ok(c, v - 1))
-                continue;
-            s = v - 1;
-            bool on = false;
-            if (all) {
-                on = atomic_load_explicit(&c->slots[s].bucket, memory_order_relaxed) == b;
-            } else {
-                for (uint32_t i = 0; i < n && !on; i++)
-                    on = chain[i] == s;
-            }
-            if (on)
-                atomic_fetch_add_explicit(&c->slots[s].refcount, 1, memory_order_relaxed);
-        }
-    }
-    /* A slot nobody leases has no live waiter: a waiter killed in its
-     * sleep leaves no count behind (see refcount_drop in lease.c). */
-    s = atomic_load_explicit(&c->buckets[b].head, memory_order_relaxed);
     for (uint32_t k = 0; s != SFS_NIL && slot_ok(c, s) && k < c->nslots; k++) {
-        if (atomic_load_explicit(&c->slots[s].refcount, memory_order_relaxed) == 0)
+        slot_recount(c, s);
+        /* A slot nobody leases has no live waiter: a waiter killed in its
+         * sleep leaves no count behind (see refcount_drop in lease.c). */
+        if (sfs_slot_refs(&c->slots[s]) == 0)
             atomic_store_explicit(&c->slots[s].nwaiters, 0, memory_order_relaxed);
         s = atomic_load_explicit(&c->slots[s].next, memory_order_relaxed);
     }

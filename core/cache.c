@@ -54,6 +54,86 @@ static bool owner_alive_rec(struct sfs_cache *c, const struct sfs_slot_rec *s)
  * Get / Wait / Publish / Release.
  */
 
+/*
+ * The lock-free hit (docs/recovery.md, "Lock-free hits", argues each step).
+ * Walk the chain without the lock to a slot that carries the key, then:
+ *   1. read its refcount word; closed (not Ready, or being changed under
+ *      the lock): take the locked path;
+ *   2. write our entry as an intent (slot + 1 | ENTRY_TRANSIT);
+ *   3. CAS the word to one more lease, only while it is still open: no
+ *      evictor, remover or writer can have closed it in between, since each
+ *      closes it by a CAS that needs the count at 0 (and a recount closes it
+ *      too);
+ *   4. confirm the entry (slot + 1);
+ *   5. check the key and the state again: the slot may have been evicted
+ *      and reloaded with another key between the walk and the CAS (the CAS
+ *      then pinned the wrong key): let go of it and take the locked path.
+ * A death at any step leaves the entry in transit (2-3) or held (4-5), and
+ * the reaper settles either exactly. 1: a hit, the lease in *out; 0: take
+ * the locked path (entry e is free again); -1: take the locked path with
+ * another entry (e went back with the lease let go in step 5).
+ */
+static int release_lease(struct sfs_cache *c, const struct sfs_lease *lease, bool free_entry);
+
+static int hit_fast(struct sfs_cache *c, uint32_t b, const struct sfs_key *key, uint32_t e,
+                    struct sfs_lease *out)
+{
+    /* Acquire: the slot's key and state were written before it was linked. */
+    uint32_t s = atomic_load_explicit(&c->buckets[b].head, memory_order_acquire);
+
+    SFS_ASSERT(e < c->max_leases);
+    /* Bounded: at most nslots steps (the chain may change under us; a walk
+     * that strays gives up, the locked path decides). */
+    for (uint32_t n = 0; s != SFS_NIL; n++) {
+        if (!slot_ok(c, s) || n >= c->nslots)
+            return 0;
+        if (key_eq_atomic(&c->slots[s], key))
+            break;
+        s = atomic_load_explicit(&c->slots[s].next, memory_order_acquire);
+    }
+    if (s == SFS_NIL)
+        return 0;
+    struct sfs_slot_rec *sl = &c->slots[s];
+    uint32_t w = atomic_load_explicit(&sl->refcount, memory_order_relaxed);
+
+    if (!(w & SLOT_REF_OPEN))
+        return 0;
+    /* The intent before the CAS; relaxed: the CAS below releases it. */
+    atomic_store_explicit(&c->leases[e], (s + 1) | ENTRY_TRANSIT, memory_order_relaxed);
+    SFS_TEST_POINT("hit:intent");
+    /* acq_rel: our intent is seen by whoever closes the slot after us, and
+     * the key, state and bytes published before the open are seen by us. */
+    while (!atomic_compare_exchange_weak_explicit(&sl->refcount, &w, w + 1, memory_order_acq_rel,
+                                                  memory_order_relaxed)) {
+        if (!(w & SLOT_REF_OPEN) || SLOT_REF_COUNT(w + 1) == 0) {
+            atomic_store_explicit(&c->leases[e], SFS_ENTRY_FREE, memory_order_relaxed);
+            return 0; /* closed meanwhile: the locked path */
+        }
+    }
+    SFS_TEST_POINT("hit:counted");
+    atomic_store_explicit(&c->leases[e], s + 1, memory_order_relaxed);
+    SFS_TEST_POINT("hit:confirmed");
+    out->slot = s;
+    out->entry = e;
+    /* Pinned now (open with a lease on it: no one can close it to change
+     * its key or state): the check is stable. */
+    if (!key_eq_atomic(sl, key) ||
+        atomic_load_explicit(&sl->state, memory_order_acquire) != SFS_STATE_READY) {
+        release_lease(c, out, true);
+        return -1;
+    }
+    if (!atomic_load_explicit(&sl->accessed, memory_order_relaxed))
+        atomic_store_explicit(&sl->accessed, 1, memory_order_relaxed);
+    if (atomic_load_explicit(&sl->flags, memory_order_relaxed) & SLOT_F_PREFETCHED) {
+        /* Once per prefetched load: the fetch_and says who cleared it. */
+        if (atomic_fetch_and_explicit(&sl->flags, (uint8_t)~SLOT_F_PREFETCHED,
+                                      memory_order_relaxed) &
+            SLOT_F_PREFETCHED)
+            sfs_ctr_add(c, CTR_PREFETCH_HITS, 1);
+    }
+    return 1;
+}
+
 /* A Get on a full cache that waits for a release: registered (counted in
  * release_waiters) from its first failed scan to its return. */
 struct release_wait {
@@ -80,6 +160,16 @@ static int get_impl(struct sfs_cache *c, const struct sfs_key *key, unsigned fla
     const bool lookup = !(flags & SFS_GET_PREFETCH);
     if (lookup)
         sfs_ctr_add(c, CTR_REQUESTS, 1);
+    if (!(flags & (SFS_GET_PREFETCH | SFS_GET_WRITE)) && !SFS_TEST_FORCE_LOCKED()) {
+        int h = hit_fast(c, b, key, e, lease);
+
+        if (h > 0)
+            return SFS_HIT;
+        if (h < 0 && (r = entry_alloc(c, &e)) < 0) {
+            sfs_ctr_add(c, CTR_UNSERVED, 1);
+            return r;
+        }
+    }
 retry:
     r = bucket_lock(c, b, deadline_ns);
     if (r < 0)
@@ -99,8 +189,9 @@ retry:
             goto out_unlock;
         }
         if (flags & SFS_GET_WRITE) {
-            if (atomic_load_explicit(&sl->refcount, memory_order_relaxed) ||
-                st == SFS_STATE_LOADING) {
+            /* Closing the slot is the check for no lease (a lock-free hit
+             * that got in first makes the CAS fail). */
+            if (st == SFS_STATE_LOADING || !slot_close_unleased(sl)) {
                 /* Relaxed: a hint for a holder that polls (the mount's
                  * page-cache pins); the writer retries either way. */
                 atomic_fetch_or_explicit(&sl->flags, (uint8_t)SLOT_F_WRITE_WANTED,
@@ -123,6 +214,8 @@ retry:
         switch (st) {
         case SFS_STATE_READY:
             lease_take(c, s, e, lease);
+            /* Closed by a recount cut short (a death): open it again. */
+            slot_open(sl);
             atomic_store_explicit(&sl->accessed, 1, memory_order_relaxed);
             if (atomic_load_explicit(&sl->flags, memory_order_relaxed) & SLOT_F_PREFETCHED) {
                 atomic_fetch_and_explicit(&sl->flags, (uint8_t)~SLOT_F_PREFETCHED,
@@ -476,6 +569,18 @@ int sfs_cache_publish(struct sfs_cache *c, const struct sfs_lease *lease, uint32
     /* No longer an owner's lease: a later retry's owner is someone else. */
     atomic_fetch_and_explicit(&c->leases[lease->entry], ~ENTRY_OWNER, memory_order_relaxed);
     set_state(sl, SFS_STATE_READY);
+    /* Open to lock-free hits, after the state (release in slot_open: a
+     * hitter's acquire CAS sees Ready, the length and the bytes). Only
+     * under the bucket lock: a recount (slot_recount) relies on a slot it
+     * closed staying closed while it holds the lock. Tried, never waited
+     * for: a slot left closed is opened by the next Get that takes the
+     * lock, and meanwhile hits take the locked path. */
+    uint32_t b = atomic_load_explicit(&sl->bucket, memory_order_relaxed);
+    if (b < c->nbuckets && bucket_lock(c, b, LOCK_TRY) == 0) {
+        if (atomic_load_explicit(&sl->state, memory_order_relaxed) == SFS_STATE_READY)
+            slot_open(sl);
+        bucket_unlock(c, b);
+    }
     return 0;
 }
 
@@ -548,7 +653,44 @@ void *sfs_cache_data(struct sfs_cache *c, const struct sfs_lease *lease)
     return sfs_dp_addr(c, lease->slot);
 }
 
-int sfs_cache_release(struct sfs_cache *c, const struct sfs_lease *lease)
+/*
+ * The lock-free release of a held, non-owner lease on an open slot: mark the
+ * entry in transit (a CAS: of two threads releasing one lease, one wins),
+ * decrement the count while the word is still open, free the entry. 0:
+ * released; 1: the slot is closed (entry restored), take the lock; -EINVAL:
+ * not a lease we hold.
+ */
+static int release_fast(struct sfs_cache *c, const struct sfs_lease *lease)
+{
+    struct sfs_slot_rec *sl = &c->slots[lease->slot];
+    uint32_t v = lease->slot + 1;
+    uint32_t w = atomic_load_explicit(&sl->refcount, memory_order_relaxed);
+
+    if (!(w & SLOT_REF_OPEN))
+        return 1;
+    /* Relaxed: the decrement's release CAS publishes the mark. */
+    if (!atomic_compare_exchange_strong_explicit(&c->leases[lease->entry], &v, v | ENTRY_TRANSIT,
+                                                 memory_order_relaxed, memory_order_relaxed))
+        return (v & ~ENTRY_OWNER) == lease->slot + 1 ? 1 : -EINVAL; /* an owner's: locked */
+    SFS_TEST_POINT("release:intent");
+    do {
+        if (!(w & SLOT_REF_OPEN) || SLOT_REF_COUNT(w) == 0) {
+            atomic_store_explicit(&c->leases[lease->entry], v, memory_order_relaxed);
+            return 1;
+        }
+        /* Release: our reads of the bytes happen-before the acquire CAS of
+         * whoever closes the slot at count 0 to reuse it. */
+    } while (!atomic_compare_exchange_weak_explicit(&sl->refcount, &w, w - 1,
+                                                    memory_order_release, memory_order_relaxed));
+    SFS_TEST_POINT("release:dropped");
+    if (SLOT_REF_COUNT(w) == 1)
+        refcount_last(c, sl);
+    atomic_store_explicit(&c->leases[lease->entry], SFS_ENTRY_FREE, memory_order_relaxed);
+    return 0;
+}
+
+/* Release a lease; free its entry when free_entry (else the caller reuses it). */
+static int release_lease(struct sfs_cache *c, const struct sfs_lease *lease, bool free_entry)
 {
     struct sfs_slot_rec *sl = lease_slot(c, lease);
     uint32_t b;
@@ -556,12 +698,21 @@ int sfs_cache_release(struct sfs_cache *c, const struct sfs_lease *lease)
 
     if (!sl)
         return -EINVAL;
+    /* Process-local: a release still finishes our deferred ones. */
+    if (atomic_load_explicit(&c->deferred, memory_order_relaxed))
+        lease_finish_deferred(c);
+    if (!SFS_TEST_FORCE_LOCKED()) {
+        r = release_fast(c, lease);
+        if (r <= 0) {
+            if (r == 0 && free_entry)
+                entry_free(c, lease->entry);
+            return r;
+        }
+    }
     /* Stable while we hold the lease: a leased slot never moves. */
     b = atomic_load_explicit(&sl->bucket, memory_order_relaxed);
     if (b >= c->nbuckets)
         return -EBADMSG;
-    if (atomic_load_explicit(&c->deferred, memory_order_relaxed))
-        lease_finish_deferred(c);
     uint32_t v = atomic_load_explicit(&c->leases[lease->entry], memory_order_relaxed);
     r = bucket_lock_within(c, b, RELEASE_LOCK_NS);
     if (r < 0) {
@@ -578,8 +729,14 @@ int sfs_cache_release(struct sfs_cache *c, const struct sfs_lease *lease)
     }
     release_locked(c, c->me, c->my_gen, c->leases, lease->entry, lease->slot);
     bucket_unlock(c, b);
-    entry_free(c, lease->entry);
+    if (free_entry)
+        entry_free(c, lease->entry);
     return 0;
+}
+
+int sfs_cache_release(struct sfs_cache *c, const struct sfs_lease *lease)
+{
+    return release_lease(c, lease, true);
 }
 
 /* ---------------------------------------------------------------------------
@@ -636,8 +793,9 @@ int sfs_cache_remove(struct sfs_cache *c, const struct sfs_key *key)
         return r;
     if (s == SFS_NIL) {
         r = -ENOENT;
-    } else if (atomic_load_explicit(&c->slots[s].refcount, memory_order_relaxed)) {
-        /* Relaxed: the same hint as a write Get's (get_impl). */
+    } else if (!slot_close_unleased(&c->slots[s])) {
+        /* Leased (the CAS that closes it to lock-free hits failed). Relaxed:
+         * the same hint as a write Get's (get_impl). */
         atomic_fetch_or_explicit(&c->slots[s].flags, (uint8_t)SLOT_F_WRITE_WANTED,
                                  memory_order_relaxed);
         r = -EBUSY;

@@ -113,7 +113,7 @@ static int geometry_from_config(const struct sfs_cache_config *cfg, struct geome
         return -EINVAL;
     g->stride = SFS_ALIGN_UP(g->shard_size, STRIDE_ALIGN);
     nslots = cfg->nslots ? cfg->nslots : cap / g->shard_size;
-    if (nslots < 1 || nslots >= (1u << 30))
+    if (nslots < 1 || nslots >= (1u << 29))
         return -EINVAL;
     g->nslots = (uint32_t)nslots;
     if (cfg->no_reserved)
@@ -268,7 +268,7 @@ int sfs_ctl_validate(struct sfs_cache *c)
     g.slots_per_seg = h->slots_per_segment;
     /* Each field within the bounds geometry_from_config() gives it. */
     if (g.shard_size == 0 || g.shard_size > UINT32_MAX || g.nslots == 0 ||
-        g.nslots >= (1u << 30) || g.nreserved >= g.nslots || g.nbuckets == 0 ||
+        g.nslots >= (1u << 29) || g.nreserved >= g.nslots || g.nbuckets == 0 ||
         (g.nbuckets & (g.nbuckets - 1)) || g.max_procs == 0 || g.max_procs > 4096 ||
         g.max_leases == 0 || g.max_leases > (1u << 24) || g.slots_per_seg == 0 ||
         g.slots_per_seg > g.nslots)

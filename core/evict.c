@@ -46,8 +46,10 @@ static int take_slot(struct sfs_cache *c, uint32_t b, uint32_t s)
     /* Leased after all (the scan's look was a hint): never unlinked. The
      * count is checked before the unlink, so at no instant is a leased slot
      * off its chain: a death there left one, and the next Get of its key
-     * became a second owner. An orphan is reclaimed only at refcount 0. */
-    if (atomic_load_explicit(&sl->refcount, memory_order_relaxed) != 0)
+     * became a second owner. An orphan is reclaimed only at refcount 0. The
+     * check is the CAS that closes the slot to lock-free hits: one that
+     * took a lease first makes it fail, one that comes later fails its own. */
+    if (!slot_close_unleased(sl))
         goto out_unlock;
     if (!chain_unlink(c, sb, s)) {
         /* On no chain though it names one: cut off by a dead mover. Ours. */
@@ -107,7 +109,7 @@ static int clock_scan(struct sfs_cache *c, uint32_t b, _Atomic uint64_t *hand, u
             atomic_store_explicit(&sl->accessed, 0, memory_order_relaxed);
             continue;
         }
-        if (atomic_load_explicit(&sl->refcount, memory_order_relaxed) != 0)
+        if (sfs_slot_refs(sl) != 0)
             continue; /* hint; re-checked under the lock */
         int r = take_slot(c, b, s);
 
@@ -152,8 +154,9 @@ void install(struct sfs_cache *c, uint32_t b, uint32_t s, const struct sfs_key *
     uint8_t flags = s >= c->nregular ? SLOT_F_RESERVED : 0;
 
     SFS_ASSERT(s < c->nslots && b < c->nbuckets);
-    memcpy(sl->block, k->block.b, SFS_BLOCK_ID_LEN);
-    sl->shard = k->shard;
+    /* Relaxed atomic stores: a lock-free hit may read the key while we write
+     * it (and then fails its CAS or its check: the slot is closed). */
+    slot_key_store(sl, k);
     make_owner(c, sl);
     atomic_store_explicit(&sl->flags, flags | (prefetch ? SLOT_F_PREFETCHED : 0),
                           memory_order_relaxed);

@@ -26,7 +26,7 @@
 #include <stdint.h>
 
 #define SFS_MAGIC          0x3153465344524148ull /* "HARDSFS1" little-endian */
-#define SFS_LAYOUT_VERSION 2u                    /* 2: records held by connections */
+#define SFS_LAYOUT_VERSION 3u /* 3: the refcount word carries SLOT_REF_OPEN (lock-free hits) */
 #define SFS_NIL            UINT32_MAX            /* "no slot / no bucket" in links */
 #define SFS_CACHELINE      64
 
@@ -68,8 +68,15 @@ struct sfs_bucket_rec {
  * slot * stride (see dataplane.c).
  *
  * Who writes what:
- * - key, shard, next, refcount, accessed(set on claim): under the lock of the
- *   bucket the slot is on (or is being moved to).
+ * - key, shard, next, accessed(set on claim): under the lock of the bucket
+ *   the slot is on (or is being moved to). key and shard are written with
+ *   relaxed atomic stores (install), because a lock-free hit reads them.
+ * - refcount: the lease count in bits 0-30 and SLOT_REF_OPEN in bit 31,
+ *   changed only by atomic read-modify-writes: under the bucket lock by
+ *   anyone, and lock-free (a hit, a release) only while SLOT_REF_OPEN is set
+ *   (docs/recovery.md, "Lock-free hits"). Set only on a Ready slot: publish
+ *   sets it, whoever takes the slot out of Ready clears it (by a CAS that
+ *   requires the count to be 0) under the bucket lock.
  * - bucket: under the lock of the bucket it leaves or joins; read lock-free
  *   by the CLOCK hand as a hint, re-checked under that bucket's lock.
  * - state: claimed (FREE/IDLE/FAILED -> LOADING) under the bucket lock;
@@ -80,14 +87,14 @@ struct sfs_bucket_rec {
  * - accessed: set on hit and claim, cleared by the CLOCK hand; lock-free.
  */
 struct sfs_slot_rec {
-    uint8_t block[16];          /* key: block id */
+    alignas(8) uint8_t block[16]; /* key: block id; 8-aligned: read as two atomic words */
     uint32_t shard;             /* key: shard index */
     _Atomic uint32_t bucket;    /* chain it is on, or SFS_NIL */
     _Atomic uint32_t next;      /* next slot on the chain or SFS_NIL */
     _Atomic uint32_t state;     /* enum sfs_state */
     _Atomic uint32_t version;   /* futex word: bumped on every state change */
     _Atomic uint32_t nwaiters;  /* processes sleeping on version */
-    _Atomic uint32_t refcount;  /* leases held, all processes; under bucket lock */
+    _Atomic uint32_t refcount;  /* leases held, all processes | SLOT_REF_OPEN */
     _Atomic int32_t error;      /* -errno a Failed slot carries */
     _Atomic uint32_t length;    /* valid bytes when Ready */
     _Atomic uint32_t owner;     /* proc index of the owner while Loading */
@@ -96,6 +103,17 @@ struct sfs_slot_rec {
     _Atomic uint8_t flags;      /* SLOT_F_* */
     uint8_t pad[2];
 };
+
+/* The refcount word: bit 31 says lock-free hits and releases may change the
+ * count (the slot is Ready); bits 0-30 count the leases. */
+#define SLOT_REF_OPEN     (1u << 31)
+#define SLOT_REF_COUNT(w) ((w) & ~SLOT_REF_OPEN)
+
+/* The leases on a slot now (a snapshot; tests and hints). */
+static inline uint32_t sfs_slot_refs(const struct sfs_slot_rec *s)
+{
+    return SLOT_REF_COUNT(atomic_load_explicit(&s->refcount, memory_order_relaxed));
+}
 
 enum {
     SLOT_F_PREFETCHED = 1u << 0,   /* filled by prefetch, not yet hit */

@@ -4,8 +4,11 @@
  * memory, one spare per thread, and dropping leases.
  *
  * Key idea: a lease is one entry in its process's table in the control plane
- * (slot + 1, see slot_i.h), written only under the slot's bucket lock, so
- * repair can recount any slot's refcount from the tables (bucket.c). Which
+ * (slot + 1, see slot_i.h). An entry is marked in transit (ENTRY_TRANSIT)
+ * around every change of the slot's count made for it, under the bucket
+ * lock or lock-free (a hit or release on an open Ready slot), so the count
+ * of any slot can be settled from the tables after a death (slot_recount in
+ * bucket.c; the argument is in docs/recovery.md). Which
  * entries are free is private to the process: a lock-free stack, plus one
  * spare entry per thread so a thread's Get/Release pair touches no shared
  * word for its entry. A refcount that drops to 0 is what a Get waiting for a
@@ -158,15 +161,23 @@ static void registry_remove(struct sfs_cache *c)
  * waiter holds its lease through its sleep): nwaiters is reset, and a waiter
  * killed in its sleep leaves it raised only until then.
  */
-static void refcount_drop(struct sfs_cache *c, struct sfs_slot_rec *s)
+void refcount_drop(struct sfs_cache *c, struct sfs_slot_rec *s)
 {
-    uint32_t rc = atomic_load_explicit(&s->refcount, memory_order_relaxed);
+    uint32_t w = atomic_load_explicit(&s->refcount, memory_order_relaxed);
 
-    if (rc == 0)
-        return; /* saturate: a repaired count is never driven below zero */
-    atomic_store_explicit(&s->refcount, rc - 1, memory_order_relaxed);
-    if (rc != 1)
-        return;
+    do {
+        if (SLOT_REF_COUNT(w) == 0)
+            return; /* saturate: a repaired count is never driven below zero */
+        /* Release: our reads of the bytes happen-before a closer's acquire
+         * CAS (slot_close_unleased) that sees the count at 0. */
+    } while (!atomic_compare_exchange_weak_explicit(&s->refcount, &w, w - 1, memory_order_release,
+                                                    memory_order_relaxed));
+    if (SLOT_REF_COUNT(w) == 1)
+        refcount_last(c, s);
+}
+
+void refcount_last(struct sfs_cache *c, struct sfs_slot_rec *s)
+{
     /* Relaxed: nwaiters only decides whether set_state makes a wake call. */
     if (atomic_load_explicit(&s->nwaiters, memory_order_relaxed))
         atomic_store_explicit(&s->nwaiters, 0, memory_order_relaxed);
@@ -187,7 +198,9 @@ void release_locked(struct sfs_cache *c, uint32_t proc, uint32_t gen,
     struct sfs_slot_rec *sl = &c->slots[s];
     uint32_t v = atomic_load_explicit(&table[e], memory_order_relaxed);
 
-    atomic_store_explicit(&table[e], SFS_ENTRY_FREE, memory_order_relaxed);
+    /* In transit until the count is down: a death in between is settled by
+     * a recount (slot_recount), never by a second decrement. */
+    atomic_store_explicit(&table[e], v | ENTRY_TRANSIT, memory_order_relaxed);
     if ((v & ENTRY_OWNER) &&
         atomic_load_explicit(&sl->state, memory_order_relaxed) == SFS_STATE_LOADING &&
         atomic_load_explicit(&sl->owner, memory_order_relaxed) == proc &&
@@ -195,7 +208,9 @@ void release_locked(struct sfs_cache *c, uint32_t proc, uint32_t gen,
         atomic_store_explicit(&sl->owner, SFS_NIL, memory_order_relaxed);
         set_state(sl, SFS_STATE_IDLE);
     }
+    SFS_TEST_POINT("release:transit_locked");
     refcount_drop(c, sl);
+    atomic_store_explicit(&table[e], SFS_ENTRY_FREE, memory_order_relaxed);
 }
 
 /* Free every lease in proc p's table (p is dead, or is us detaching); a
@@ -230,8 +245,16 @@ int drop_all_leases(struct sfs_cache *c, uint32_t p, uint32_t gen, int64_t deadl
             left++;
             continue;
         }
-        if (atomic_load_explicit(&t[e], memory_order_relaxed) == v)
-            release_locked(c, p, gen, t, e, s);
+        if (atomic_load_explicit(&t[e], memory_order_relaxed) == v) {
+            if (!(v & ENTRY_TRANSIT))
+                release_locked(c, p, gen, t, e, s);
+            else if (slot_recount(c, s) < 0)
+                left++; /* a live process is mid-step on s: the next pass */
+            /* A transit entry of ours (we detach with a Get in flight on
+             * another thread) stays too: slot_recount sees us alive. */
+            else if (atomic_load_explicit(&t[e], memory_order_relaxed) != SFS_ENTRY_FREE)
+                left++;
+        }
         bucket_unlock(c, b);
     }
     return left;

@@ -43,7 +43,7 @@ int sfs_cache_sample(struct sfs_cache *c, uint32_t *cursor, uint32_t max_buckets
             if (st == SFS_STATE_READY) {
                 struct sfs_key k;
                 bool acc = atomic_load_explicit(&sl->accessed, memory_order_relaxed) != 0;
-                bool leased = atomic_load_explicit(&sl->refcount, memory_order_relaxed) != 0;
+                bool leased = sfs_slot_refs(sl) != 0;
 
                 memcpy(k.block.b, sl->block, SFS_BLOCK_ID_LEN);
                 k.shard = sl->shard;

@@ -50,12 +50,36 @@ static inline bool key_eq(const struct sfs_slot_rec *s, const struct sfs_key *k)
     return s->shard == k->shard && ((a[0] ^ b[0]) | (a[1] ^ b[1])) == 0;
 }
 
+/* The key's words, as a lock-free hit reads them and install writes them
+ * (relaxed atomics: the slot may change under the reader, who validates). */
+typedef uint64_t __attribute__((may_alias)) key_word;
+
+static inline bool key_eq_atomic(const struct sfs_slot_rec *s, const struct sfs_key *k)
+{
+    uint64_t b[2];
+
+    __builtin_memcpy(b, k->block.b, 16);
+    return __atomic_load_n((const uint32_t *)&s->shard, __ATOMIC_RELAXED) == k->shard &&
+           __atomic_load_n((const key_word *)s->block, __ATOMIC_RELAXED) == b[0] &&
+           __atomic_load_n((const key_word *)(s->block + 8), __ATOMIC_RELAXED) == b[1];
+}
+
+static inline void slot_key_store(struct sfs_slot_rec *s, const struct sfs_key *k)
+{
+    uint64_t b[2];
+
+    __builtin_memcpy(b, k->block.b, 16);
+    __atomic_store_n((key_word *)s->block, b[0], __ATOMIC_RELAXED);
+    __atomic_store_n((key_word *)(s->block + 8), b[1], __ATOMIC_RELAXED);
+    __atomic_store_n(&s->shard, k->shard, __ATOMIC_RELAXED);
+}
+
 /*
  * A lease-table entry is slot + 1, with ENTRY_OWNER set on the one lease that
  * made its holder owner, from the claim until publish or fail. Ownership is
  * the process (slot->owner) *and* that lease: releasing another lease the
  * owner's process holds on the slot (a waiter thread's) does not abandon the
- * load. Slots are < 2^30, so bits 31 and 30 are free.
+ * load. Slots are < 2^29, so bits 31, 30 and 29 are free.
  */
 #define ENTRY_OWNER    (1u << 31)
 /* Set on an entry its holder released while the bucket lock was out of
@@ -63,7 +87,13 @@ static inline bool key_eq(const struct sfs_slot_rec *s, const struct sfs_key *k)
  * lease_finish_deferred() (or close, or the reaper) drops it under the lock,
  * but no longer a lease its holder may use. */
 #define ENTRY_DROP     (1u << 30)
-#define ENTRY_SLOT1(v) ((v) & ~(ENTRY_OWNER | ENTRY_DROP)) /* slot + 1, or SFS_ENTRY_FREE */
+/* Set while the slot's count is being changed for this entry (a Get's
+ * intent before its increment, a release's before its decrement, until the
+ * entry is confirmed or freed): the count may or may not include the entry.
+ * Only a recount of the quiesced slot (slot_recount) settles a dead
+ * process's transit entry; see docs/recovery.md, "Lock-free hits". */
+#define ENTRY_TRANSIT  (1u << 29)
+#define ENTRY_SLOT1(v) ((v) & ~(ENTRY_OWNER | ENTRY_DROP | ENTRY_TRANSIT)) /* slot + 1, or 0 */
 
 static inline _Atomic uint32_t *lease_table(const struct sfs_cache *c, uint32_t proc)
 {
@@ -209,25 +239,66 @@ static inline void lease_mark_owner(struct sfs_cache *c, uint32_t s, uint32_t e)
     atomic_store_explicit(&c->leases[e], (s + 1) | ENTRY_OWNER, memory_order_relaxed);
 }
 
-/* Bucket lock held: record the lease, then count it (repair recounts). */
+/* Bucket lock held: the entry in transit, the count up, the entry held. A
+ * Ready slot's count is also changed by lock-free hits and releases, so the
+ * add is atomic. Relaxed: a recount that must see the transit mark holds
+ * this same lock, and the lock orders the stores for it. */
 static inline void lease_take(struct sfs_cache *c, uint32_t s, uint32_t e, struct sfs_lease *out)
 {
     struct sfs_slot_rec *sl = &c->slots[s];
 
     SFS_ASSERT(s < c->nslots && e < c->max_leases);
+    atomic_store_explicit(&c->leases[e], (s + 1) | ENTRY_TRANSIT, memory_order_relaxed);
+    SFS_TEST_POINT("take:transit");
+    atomic_fetch_add_explicit(&sl->refcount, 1, memory_order_relaxed);
+    SFS_TEST_POINT("take:counted");
     atomic_store_explicit(&c->leases[e], s + 1, memory_order_relaxed);
-    /* Under the bucket lock: a plain read-modify-write, no locked add. */
-    atomic_store_explicit(&sl->refcount,
-                          atomic_load_explicit(&sl->refcount, memory_order_relaxed) + 1,
-                          memory_order_relaxed);
     out->slot = s;
     out->entry = e;
 }
+
+/* Bucket lock held: close slot s to lock-free changes if no lease is on it
+ * (the CAS fails on any concurrent lock-free hit). True: closed with a
+ * count of 0, so no Get can take it until it is Ready and open again; the
+ * caller may unlink, reset or reload it. acq_rel: the releases that brought
+ * the count to 0 (their reads of the bytes) happen-before what we do next. */
+static inline bool slot_close_unleased(struct sfs_slot_rec *sl)
+{
+    uint32_t w = atomic_load_explicit(&sl->refcount, memory_order_relaxed);
+
+    while (SLOT_REF_COUNT(w) == 0) {
+        if (atomic_compare_exchange_weak_explicit(&sl->refcount, &w, 0, memory_order_acq_rel,
+                                                  memory_order_relaxed))
+            return true;
+    }
+    return false;
+}
+
+/* Bucket lock held, the slot Ready: open it to lock-free hits (release: the
+ * state and key it carries are seen by a hitter's acquire CAS). */
+static inline void slot_open(struct sfs_slot_rec *sl)
+{
+    if (!(atomic_load_explicit(&sl->refcount, memory_order_relaxed) & SLOT_REF_OPEN))
+        atomic_fetch_or_explicit(&sl->refcount, SLOT_REF_OPEN, memory_order_release);
+}
+
+/* Bucket lock held (bucket b, slot s on it): close s and set its count to
+ * the held entries the lease tables have for it, settling the transit
+ * entries of dead records (freed). -EBUSY, count untouched, when a record
+ * still alive has an entry in transit on s (it is between two of its steps:
+ * try again later). Reopens a Ready slot. Bounded like repair_bucket. */
+int slot_recount(struct sfs_cache *c, uint32_t s);
 
 /* Drop the lease in entry e of `table` (proc, gen) on slot s: bucket lock
  * held. An owner that lets go of a slot it never published leaves it Idle. */
 void release_locked(struct sfs_cache *c, uint32_t proc, uint32_t gen, _Atomic uint32_t *table,
                     uint32_t e, uint32_t s);
+/* One lease fewer on s, by an atomic decrement (saturating at 0); the last
+ * one wakes a Get waiting for a free slot. Lock-free callers only while the
+ * slot is open (release_fast). */
+void refcount_drop(struct sfs_cache *c, struct sfs_slot_rec *s);
+/* The last lease on s is gone: wake a Get waiting for a free slot. */
+void refcount_last(struct sfs_cache *c, struct sfs_slot_rec *s);
 /* Free every lease in proc p's table (p is dead, or is us detaching) whose
  * bucket lock is reachable by deadline_ns (bucket_lock's meaning); returns
  * how many are left for a later call. */

@@ -22,6 +22,23 @@ struct tp {
 static struct tp table[SFS_TP_MAX];
 static pthread_mutex_t tp_mu = PTHREAD_MUTEX_INITIALIZER;
 _Atomic int sfs_testpoints_armed;
+_Atomic int sfs_testpoints_force_locked;
+
+/* tp_mu held: recompute both summaries of the table. */
+static void summarise(void)
+{
+    int n = 0, locked = 0;
+
+    for (int i = 0; i < SFS_TP_MAX; i++) {
+        if (!table[i].name)
+            continue;
+        n++;
+        size_t len = strlen(table[i].name);
+        locked |= len >= 7 && strcmp(table[i].name + len - 7, ":locked") == 0;
+    }
+    atomic_store_explicit(&sfs_testpoints_force_locked, locked, memory_order_relaxed);
+    atomic_store_explicit(&sfs_testpoints_armed, n, memory_order_relaxed);
+}
 
 static struct tp *find(const char *name)
 {
@@ -34,7 +51,7 @@ static struct tp *find(const char *name)
 int sfs_testpoint_arm(const char *name, enum sfs_tp_action action, sfs_tp_fn *fn, void *arg)
 {
     struct tp *t;
-    int r = 0, n = 0;
+    int r = 0;
 
     pthread_mutex_lock(&tp_mu);
     t = find(name);
@@ -49,9 +66,7 @@ int sfs_testpoint_arm(const char *name, enum sfs_tp_action action, sfs_tp_fn *fn
         *t = (struct tp){.name = action == SFS_TP_OFF ? NULL : name,
                          .action = action, .fn = fn, .arg = arg};
     }
-    for (int i = 0; i < SFS_TP_MAX; i++)
-        n += table[i].name != NULL;
-    atomic_store_explicit(&sfs_testpoints_armed, n, memory_order_relaxed);
+    summarise();
     pthread_mutex_unlock(&tp_mu);
     return r;
 }
@@ -60,7 +75,7 @@ void sfs_testpoint_disarm_all(void)
 {
     pthread_mutex_lock(&tp_mu);
     memset(table, 0, sizeof(table));
-    atomic_store_explicit(&sfs_testpoints_armed, 0, memory_order_relaxed);
+    summarise();
     pthread_mutex_unlock(&tp_mu);
 }
 

@@ -44,6 +44,13 @@ unsigned sfs_testpoint_hits(const char *name);
 void sfs_testpoint_hit(const char *name);
 extern _Atomic int sfs_testpoints_armed;
 
+/* Set while a point on a locked path ("get:locked", "release:locked") is
+ * armed: Gets and Releases then take their locked paths, so a test of those
+ * points reaches them on a Ready key too (the lock-free hit would not). */
+extern _Atomic int sfs_testpoints_force_locked;
+#define SFS_TEST_FORCE_LOCKED()                                                             \
+    atomic_load_explicit(&sfs_testpoints_force_locked, memory_order_relaxed)
+
 #define SFS_TEST_POINT(name)                                                                \
     do {                                                                                    \
         /* Relaxed: arming happens before the calls a test makes to reach it. */            \
@@ -52,6 +59,7 @@ extern _Atomic int sfs_testpoints_armed;
     } while (0)
 #else
 #define SFS_TEST_POINT(name) ((void)0)
+#define SFS_TEST_FORCE_LOCKED() 0
 #endif
 
 #endif /* SHARDFS_TESTPOINT_I_H */

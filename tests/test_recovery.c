@@ -140,17 +140,29 @@ static int lease_and_die(struct sfs_cache *c)
         pause();
 }
 
+static void tp_nothing(const char *name, void *arg)
+{
+    (void)name;
+    (void)arg;
+}
+
 /* With A's lock held by a stopped process: a Get with a 0.5 s deadline,
- * timed. */
+ * timed, on the locked path (armed "get:locked" forces it); then the
+ * lock-free hit, which needs no lock at all. */
 static int get_past_stopped(struct sfs_cache *c)
 {
     struct sfs_lease l;
+
+    sfs_testpoint_arm("get:locked", SFS_TP_CALL, tp_nothing, NULL);
     int64_t t0 = sfs_now_ns();
     int r = sfs_cache_get(c, &sh->key, 0, t0 + 500 * MS, &l);
 
     atomic_store(&sh->ns, sfs_now_ns() - t0);
     atomic_store(&sh->rc, r);
     TU_CK(r == -ETIMEDOUT);
+    sfs_testpoint_arm("get:locked", SFS_TP_OFF, NULL, NULL);
+    TU_CK(sfs_cache_get(c, &sh->key, 0, sfs_now_ns() + 500 * MS, &l) == SFS_HIT);
+    TU_CK(sfs_cache_release(c, &l) == 0);
     return 0;
 }
 
@@ -304,7 +316,7 @@ static int release_behind_stopped(struct sfs_cache *c)
     TU_CK(wait_until(&sh->go, 2, 10 * SEC));
     TU_CK(sfs_cache_get(c, &sh->key2, 0, 0, &o) == SFS_HIT);
     TU_CK(sfs_cache_release(c, &o) == 0); /* finishes the deferred one */
-    TU_CK(atomic_load(&c->slots[sh->slot].refcount) == 0);
+    TU_CK(sfs_slot_refs(&c->slots[sh->slot]) == 0);
     TU_CK(atomic_load(&c->deferred) == 0);
     return 0;
 }
@@ -522,11 +534,11 @@ Test(recovery, partial_reap_is_finished_when_the_lock_holder_goes_on, .timeout =
     cr_assert_eq(tu_wait(d), 128 + SIGKILL);
     /* The server reaps at once: key's lease goes, key2's stays behind the
      * stopped holder's lock, and so does the record. */
-    for (int i = 0; i < 3000 && atomic_load(&c->slots[sa].refcount) != 0; i++)
+    for (int i = 0; i < 3000 && sfs_slot_refs(&c->slots[sa]) != 0; i++)
         usleep(1000);
-    cr_assert_eq(atomic_load(&c->slots[sa].refcount), 0, "the reap did not start");
+    cr_assert_eq(sfs_slot_refs(&c->slots[sa]), 0, "the reap did not start");
     usleep(500 * 1000); /* the reaper's retries meet the busy lock */
-    cr_assert_eq(atomic_load(&c->slots[sb].refcount), 1);
+    cr_assert_eq(sfs_slot_refs(&c->slots[sb]), 1);
     sfs_cache_stats(c, &stats);
     cr_assert_eq(stats.reaped, 0, "a record freed with a lease left");
     uint32_t st = dead_record_state(c);
@@ -537,7 +549,7 @@ Test(recovery, partial_reap_is_finished_when_the_lock_holder_goes_on, .timeout =
     kill(s, SIGCONT);
     cr_assert(wait_until(&sh->step, 2, 5 * SEC), "the holder did not go on");
     tu_wait_reaped(c, 1);
-    cr_assert_eq(atomic_load(&c->slots[sb].refcount), 0, "the dead rank's lease leaked");
+    cr_assert_eq(sfs_slot_refs(&c->slots[sb]), 0, "the dead rank's lease leaked");
     /* Its half-filled key2 is served again (taken over), key as before. */
     int role = sfs_cache_get(c, &sh->key2, 0, sfs_deadline_after(SEC), &l);
     cr_assert_eq(role, SFS_OWNER, "key2 after the reap: %d", role);
@@ -602,7 +614,7 @@ Test(recovery, lease_released_twice_counts_once, .timeout = 30)
     struct sfs_lease l;
     cr_assert_eq(sfs_cache_get(c, &a, 0, 0, &l), SFS_HIT);
     uint32_t s = l.slot;
-    cr_assert_eq(atomic_load(&c->slots[s].refcount), 2);
+    cr_assert_eq(sfs_slot_refs(&c->slots[s]), 2);
     d[0] = (struct double_release){.c = c, .l = l};
     d[1] = (struct double_release){.c = c, .l = l};
     sfs_testpoint_arm("release:locked", SFS_TP_CALL, hold_first_releaser, &d[0]);
@@ -613,7 +625,7 @@ Test(recovery, lease_released_twice_counts_once, .timeout = 30)
     sfs_testpoint_disarm_all();
     fprintf(stderr, "double release: %d and %d\n", d[0].r, d[1].r);
     cr_assert((d[0].r == 0 && d[1].r == -EINVAL) || (d[0].r == -EINVAL && d[1].r == 0));
-    cr_assert_eq(atomic_load(&c->slots[s].refcount), 1, "one lease dropped twice");
+    cr_assert_eq(sfs_slot_refs(&c->slots[s]), 1, "one lease dropped twice");
     cr_assert_eq(sfs_cache_remove(c, &a), -EBUSY);
     cr_assert_eq(sfs_cache_release(c, &keep), 0);
     cr_assert_eq(sfs_cache_remove(c, &a), 0);
@@ -775,7 +787,7 @@ Test(recovery, evictor_never_unlinks_a_leased_slot, .timeout = 30)
     cr_assert_eq(sfs_cache_state(c, &a), SFS_STATE_READY);
     cr_assert_eq(st, 0, "evictor exit %d (137: killed between unlink and relink)", st);
     cr_assert_eq(slot_of(c, &a), sa);
-    cr_assert_eq(atomic_load(&c->slots[sa].refcount), 1);
+    cr_assert_eq(sfs_slot_refs(&c->slots[sa]), 1);
     cr_assert_eq(sfs_cache_get(c, &a, 0, 0, &l2), SFS_HIT);
     cr_assert_eq(sfs_cache_release(c, &l2), 0);
     cr_assert_eq(sfs_cache_release(c, &la), 0);
@@ -980,8 +992,10 @@ Test(recovery, repair_reads_only_entries_ever_used, .timeout = 30)
     tu_hold_reaper(true); /* the Get below repairs, not the server's reaper */
     pid_t d = child(die_in_get);
     cr_assert_eq(tu_wait_for(d, 10 * SEC), 128 + SIGKILL);
-    cr_assert_eq(sfs_cache_get(c, &sh->key, 0, sfs_deadline_after(SEC), &m), SFS_HIT); /* repairs */
-    cr_assert_eq(atomic_load(&c->slots[s].refcount), 4, "repair counted what no lease holds");
+    /* A Ready hit takes no lock: State does, and repairs. */
+    cr_assert_eq(sfs_cache_state(c, &sh->key), SFS_STATE_READY);
+    cr_assert_eq(sfs_cache_get(c, &sh->key, 0, sfs_deadline_after(SEC), &m), SFS_HIT);
+    cr_assert_eq(sfs_slot_refs(&c->slots[s]), 4, "repair counted what no lease holds");
     atomic_store(&c->leases[c->max_leases - 1], SFS_ENTRY_FREE);
     atomic_store(&lease_table(c, free_rec)[0], SFS_ENTRY_FREE);
     for (int i = 0; i < 3; i++)

@@ -208,7 +208,7 @@ unsigned tu_leases_left(struct sfs_cache *c, unsigned *entries)
     unsigned rc = 0, ent = 0;
 
     for (uint32_t s = 0; s < c->nslots; s++)
-        if (atomic_load(&c->slots[s].refcount))
+        if (sfs_slot_refs(&c->slots[s]))
             rc++;
     _Atomic uint32_t *t = (_Atomic uint32_t *)((uint8_t *)c->ctl + c->off_leases);
     for (uint64_t i = 0; i < (uint64_t)c->max_procs * c->max_leases; i++)
