@@ -5,7 +5,7 @@
  *
  * A plain program, not a Criterion one, so it runs under TSan (Criterion's
  * runner does not start there). One process creates a cache and attaches
- * two ranks to it through the socket; application threads load, dump and
+ * one rank to it through the socket (NRANKS); application threads load, dump and
  * prefetch overlapping tasks at once over a fault backend with latency, so
  * hits, owners, waiters and hand-offs between the library's threads all
  * happen. Small tasks (4 keys) between the big ones take the inline path
@@ -27,6 +27,13 @@
 #define SHARD   8192
 #define NBLOCKS 96
 #define ROUNDS  12
+/* One rank. Each rank maps the cache's memfds at its own addresses, and
+ * TSan knows memory and locks by address: with two ranks in one process, an
+ * order that passes through the other rank's mapping (it evicts a slot under
+ * its copy of a bucket lock, and this rank takes the slot next) is invisible,
+ * and TSan reports the slot's key words as a race (1 run in 4 did). Ranks
+ * in separate processes are the crash and stress suites' business. */
+#define NRANKS  1
 
 static const char *sock;
 static atomic_long wrong, failed;
@@ -184,7 +191,7 @@ static void *hot_dumper(void *arg)
 int main(void)
 {
     static char dir[128], spec[256];
-    struct sfs_rank *ranks[2];
+    struct sfs_rank *ranks[NRANKS];
     struct app apps[4];
     pthread_t th[4];
     int err = 0;
@@ -215,13 +222,13 @@ int main(void)
     free(buf);
     snprintf(spec, sizeof(spec), "fault:latency_us=300,jitter_us=300:%s", dir);
 
-    for (int r = 0; r < 2; r++) {
+    for (int r = 0; r < NRANKS; r++) {
         struct sfs_rank_config cfg;
 
         sfs_rank_config_init(&cfg);
         cfg.socket_path = sock;
         cfg.device_id = r;
-        cfg.local_rank_size = 2;
+        cfg.local_rank_size = NRANKS;
         cfg.backend = spec;
         cfg.copier = SFS_COPIER_HOST;
         cfg.load_depth = 8;
@@ -232,20 +239,20 @@ int main(void)
         }
     }
     for (int i = 0; i < 4; i++) {
-        apps[i] = (struct app){.rank = ranks[i % 2], .id = i};
+        apps[i] = (struct app){.rank = ranks[i % NRANKS], .id = i};
         pthread_create(&th[i], NULL, app_thread, &apps[i]);
     }
     for (int i = 0; i < 4; i++)
         pthread_join(th[i], NULL);
     for (int i = 0; i < 4; i++) {
-        apps[i] = (struct app){.rank = ranks[i % 2], .id = i};
+        apps[i] = (struct app){.rank = ranks[i % NRANKS], .id = i};
         pthread_create(&th[i], NULL, i == 3 ? hot_dumper : hot_loader, &apps[i]);
     }
     for (int i = 0; i < 4; i++)
         pthread_join(th[i], NULL);
     struct sfs_stats st;
     sfs_cache_stats(c, &st);
-    for (int r = 0; r < 2; r++)
+    for (int r = 0; r < NRANKS; r++)
         sfs_rank_close(ranks[r]);
     sfs_cache_close(c);
     snprintf(cmd, sizeof(cmd), "rm -rf %s", dir);
