@@ -20,6 +20,8 @@
  *   sync-open the same with SHARDFS_POSIX_SYNC_OPEN=1 in the ranks: block
  *             files opened in the submitter (the old path), not as OPENAT2
  *             ops of the ring.
+ *   direct=0  the same ranks with `posix:DIR?direct=0`: buffered reads (what
+ *             a file system without O_DIRECT gets).
  *   pread     N forked processes, each: for every block file open, pread(2)
  *             each shard (buffered), close; one thread.
  *   odirect8  N forked processes, each: 8 threads taking block files in turn,
@@ -193,7 +195,7 @@ static uint8_t *touch_buf(size_t bytes)
 
 /* A rank: waits for 'r', loads every key, reports, until 'q'. */
 static int rank_main(const struct store *st, const char *sock, int r, int N, bool sync_open,
-                     struct pres *res, int cmd_r, int done_w)
+                     bool buffered, struct pres *res, int cmd_r, int done_w)
 {
     struct sfs_rank_config cfg;
     char spec[700];
@@ -210,7 +212,7 @@ static int rank_main(const struct store *st, const char *sock, int r, int N, boo
         return 2;
     if (sync_open)
         setenv("SHARDFS_POSIX_SYNC_OPEN", "1", 1);
-    snprintf(spec, sizeof(spec), "posix:%s", st->dir); /* the default spec */
+    snprintf(spec, sizeof(spec), "posix:%s%s", st->dir, buffered ? "?direct=0" : "");
     sfs_rank_config_init(&cfg);
     cfg.socket_path = sock;
     cfg.device_id = r;
@@ -337,9 +339,11 @@ static int base_main(const struct store *st, bool direct, struct pres *res, int 
     return write(done_w, "d", 1) == 1 ? 0 : 4;
 }
 
-enum kind { K_SFS, K_SYNC, K_PREAD, K_OD8, K_N };
+enum kind { K_SFS, K_SYNC, K_BUF, K_PREAD, K_OD8, K_N };
+#define K_RANKS K_BUF /* the last kind that is ranks */
 static const char *kind_name[K_N] = {"shardfs (default spec)", "shardfs, sync open",
-                                     "per-process pread", "per-process O_DIRECT, 8 threads"};
+                                     "shardfs `direct=0` (buffered)", "per-process pread",
+                                     "per-process O_DIRECT, 8 threads"};
 
 static void spawn(const struct store *st, const char *sock, enum kind k, int N, struct shared *sh,
                   struct child *ch)
@@ -356,8 +360,9 @@ static void spawn(const struct store *st, const char *sock, enum kind k, int N, 
         if (ch[r].pid == 0) {
             close(cmd[1]);
             close(done[0]);
-            if (k == K_SFS || k == K_SYNC)
-                _exit(rank_main(st, sock, r, N, k == K_SYNC, &sh->r[r], cmd[0], done[1]));
+            if (k <= K_RANKS)
+                _exit(rank_main(st, sock, r, N, k == K_SYNC, k == K_BUF, &sh->r[r], cmd[0],
+                                done[1]));
             _exit(base_main(st, k == K_OD8, &sh->r[r], cmd[0], done[1]));
         }
         close(cmd[0]);
@@ -461,14 +466,14 @@ static void bench_n(struct bench *b, struct sfs_cache *c, const struct store *st
 {
     struct shared *sh = mmap(NULL, sizeof(*sh), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS,
                              -1, 0);
-    struct child rk[K_SYNC + 1][MAXN];
+    struct child rk[K_RANKS + 1][MAXN];
     double wall[K_N][MAXREPS], cpu[K_N][MAXREPS], dev[K_N][MAXREPS];
     double rp[MAXREPS], rd[MAXREPS], rs[MAXREPS], warm[2][MAXREPS], wcpu[2][MAXREPS];
     struct pass p;
 
     if (sh == MAP_FAILED)
         die("mmap", errno);
-    for (int k = K_SFS; k <= K_SYNC; k++) {
+    for (int k = K_SFS; k <= K_RANKS; k++) {
         spawn(st, sock, (enum kind)k, N, sh, rk[k]);
         sfs_cache_foreach(c, ~0u, drop_key, c);
         run_pass(st, N, sh, rk[k], &p); /* warm-up, untimed */
@@ -482,13 +487,13 @@ static void bench_n(struct bench *b, struct sfs_cache *c, const struct store *st
                 spawn(st, sock, k, N, sh, bch);
             sfs_cache_foreach(c, ~0u, drop_key, c);
             cold(st);
-            run_pass(st, N, sh, k <= K_SYNC ? rk[k] : bch, &p);
+            run_pass(st, N, sh, k <= K_RANKS ? rk[k] : bch, &p);
             if (k == K_PREAD || k == K_OD8)
                 reap(N, bch);
             wall[k][rep] = p.wall_ms;
             cpu[k][rep] = p.cpu_ms;
             dev[k][rep] = p.dev;
-            if (k <= K_SYNC && p.owner != st->nkeys)
+            if (k <= K_RANKS && p.owner != st->nkeys)
                 fprintf(stderr, "bench_cold: N=%d: %llu owner loads for %u keys\n", N,
                         (unsigned long long)p.owner, st->nkeys);
         }
@@ -503,11 +508,13 @@ static void bench_n(struct bench *b, struct sfs_cache *c, const struct store *st
         rs[rep] = wall[K_SFS][rep] / wall[K_SYNC][rep];
         fprintf(stderr,
                 "bench_cold: N=%d round %d: shardfs %.0f ms, sync-open %.0f, pread %.0f, "
-                "odirect8 %.0f (vs pread %.2fx, vs odirect8 %.2fx); warm %.0f / %.0f ms\n",
+                "odirect8 %.0f, direct=0 %.0f (vs pread %.2fx, vs odirect8 %.2fx); warm %.0f / "
+                "%.0f ms\n",
                 N, rep, wall[K_SFS][rep], wall[K_SYNC][rep], wall[K_PREAD][rep], wall[K_OD8][rep],
+                wall[K_BUF][rep],
                 rp[rep], rd[rep], warm[0][rep], warm[1][rep]);
     }
-    for (int k = K_SFS; k <= K_SYNC; k++)
+    for (int k = K_SFS; k <= K_RANKS; k++)
         reap(N, rk[k]);
     munmap(sh, sizeof(*sh));
 
@@ -681,7 +688,7 @@ int main(int argc, char **argv)
             "plane on %s. Every pass cold (keys removed from the cache, `sync`, "
             "`drop_caches` = 3, `POSIX_FADV_DONTNEED` on every block file). shardfs: N forked "
             "ranks, backend `posix:DIR` (the default spec), host copier, each loads every key "
-            "into its own buffer (each key read from the store once, by its owner). pread: N "
+            "into its own buffer (each key read from the store once, by its owner); `direct=0`: the same, buffered (the fallback's path). pread: N "
             "processes each opening every block file and `pread`ing its shards, buffered. "
             "O_DIRECT: N processes each with %d threads doing the same O_DIRECT. Wall: first "
             "start to last end of the N processes; %d rounds, the order rotating each round; "
