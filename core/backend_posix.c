@@ -878,6 +878,11 @@ static int posix_touch(struct sfs_backend *be, const struct sfs_block_id *blocks
 {
     struct posix_backend *p = (struct posix_backend *)be;
 
+    /* Readahead into the page cache helps buffered loads only: an O_DIRECT
+     * load reads the device again, so the hint would read every touched
+     * byte twice. Relaxed: see direct_refused. */
+    if (p->o.direct && !atomic_load_explicit(&p->direct_off, memory_order_relaxed))
+        return 0;
     if (p->ring_open) {
         /* A hint: each block's open, check, FADVISE and close are ops of
          * the ring; nothing here waits on the file system. */

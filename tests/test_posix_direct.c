@@ -12,7 +12,9 @@
  * always resident): the store goes under /var/tmp, and the test is skipped
  * where /var/tmp is tmpfs or cannot drop its pages. The fallback needs a file
  * system without O_DIRECT: ramfs (tmpfs has O_DIRECT since Linux 6.6),
- * mounted here (root); skipped where mount is not allowed. Both ring mode
+ * mounted here (root); skipped where mount is not allowed. A touch (the
+ * readahead hint) reads nothing while loads are O_DIRECT: they would read
+ * the device a second time. Both ring mode
  * and sync mode (SHARDFS_POSIX_SYNC_OPEN=1) are covered.
  */
 #include "testutil.h"
@@ -239,4 +241,57 @@ Test(posix_direct, fallback_logged_once_ring, .timeout = 60)
 Test(posix_direct, fallback_logged_once_sync, .timeout = 60)
 {
     fallback_on_ramfs(true);
+}
+
+/* Touch every block with spec, close (the ring's ops drained), count the
+ * pages the touch brought into the page cache. */
+static long touch_footprint(const char *dir, const char *spec)
+{
+    struct sfs_backend_params prm = {.shard_size = SHARD};
+    struct sfs_block_id ids[NBLOCKS];
+    char err[256] = "";
+    int e = 0;
+    struct sfs_backend *be = sfs_backend_open(spec, &prm, err, sizeof(err), &e);
+
+    cr_assert(be, "open %s: %s (%d)", spec, err, e);
+    for (uint64_t b = 0; b < NBLOCKS; b++)
+        ids[b] = tu_block(b);
+    cr_assert_eq(sfs_backend_touch(be, ids, NBLOCKS), 0);
+    sfs_backend_close(be);
+    /* FADVISE(WILLNEED) starts readahead, which may bring its pages in a
+     * little later: look for them for up to a second (a touch that reads
+     * nothing waits the whole second). */
+    for (int i = 0; i < 50; i++) {
+        long n = resident_total(dir);
+
+        if (n != 0)
+            return n;
+        usleep(20000);
+    }
+    return 0;
+}
+
+static void touch_direct(bool sync_open)
+{
+    char dir[256], spec[300];
+
+    if (sync_open)
+        setenv("SHARDFS_POSIX_SYNC_OPEN", "1", 1);
+    if (!disk_store(dir, sizeof(dir)))
+        cr_skip_test("/var/tmp cannot show a read's page-cache footprint (tmpfs?)");
+    snprintf(spec, sizeof(spec), "posix:%s", dir);
+    cr_expect_eq(touch_footprint(dir, spec), 0, "a touch read ahead for O_DIRECT loads");
+
+    rm_tree(dir);
+    unsetenv("SHARDFS_POSIX_SYNC_OPEN");
+}
+
+Test(posix_direct, touch_reads_nothing_for_o_direct_ring, .timeout = 60)
+{
+    touch_direct(false);
+}
+
+Test(posix_direct, touch_reads_nothing_for_o_direct_sync, .timeout = 60)
+{
+    touch_direct(true);
 }
