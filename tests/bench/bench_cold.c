@@ -728,9 +728,14 @@ int main(int argc, char **argv)
                 (double)(bench_now_ns() - w0) / 1e9, sysconf(_SC_NPROCESSORS_ONLN), la[0], la[1],
                 la[2]);
     }
-    fprintf(b.out, "\nCommand: `build/tests/bench/bench_cold%s --md docs/PERFORMANCE.md` "
-                   "(root: drop_caches)\n",
-            O.hugepages ? " --hugepages N" : "");
+    if (O.hugepages)
+        fprintf(b.out,
+                "\nCommand: `build/tests/bench/bench_cold --hugepages %ld --md "
+                "docs/PERFORMANCE.md` (as root: drop_caches)\n",
+                O.hugepages);
+    else
+        fprintf(b.out, "\nCommand: `build/tests/bench/bench_cold --md docs/PERFORMANCE.md` (as "
+                       "root: drop_caches)\n");
     sfs_cache_close(c);
     unlink(sock);
     nftw(root, rm_one, 16, FTW_DEPTH | FTW_PHYS);
