@@ -195,7 +195,9 @@ int sfs_posix_block_size(struct posix_backend *p, const struct sfs_block_id *id,
  * later load of this backend reads buffered, and the first to find out logs
  * it, once per backend (the store is one file system, in practice). Relaxed:
  * direct_off is a hint, a racing load that misses it takes the same
- * fallback; the exchange only picks the one that logs. */
+ * fallback; the exchange only picks the one that logs. In ring mode this
+ * runs in the reaper under sq_lock: the one line goes to the log function
+ * from there (it must not call into this backend). */
 static void direct_refused(struct posix_backend *p)
 {
     if (!atomic_exchange_explicit(&p->direct_off, true, memory_order_relaxed))
