@@ -361,8 +361,8 @@ static void spawn(const struct store *st, const char *sock, enum kind k, int N, 
             close(cmd[1]);
             close(done[0]);
             if (k <= K_RANKS)
-                _exit(rank_main(st, sock, r, N, k == K_SYNC, k == K_BUF, &sh->r[r], cmd[0],
-                                done[1]));
+                _exit(
+                    rank_main(st, sock, r, N, k == K_SYNC, k == K_BUF, &sh->r[r], cmd[0], done[1]));
             _exit(base_main(st, k == K_OD8, &sh->r[r], cmd[0], done[1]));
         }
         close(cmd[0]);
@@ -461,11 +461,11 @@ static double minof(const double *v, int n)
     return m;
 }
 
-static void bench_n(struct bench *b, struct sfs_cache *c, const struct store *st,
-                    const char *sock, int N, FILE *open_tab)
+static void bench_n(struct bench *b, struct sfs_cache *c, const struct store *st, const char *sock,
+                    int N, FILE *open_tab)
 {
-    struct shared *sh = mmap(NULL, sizeof(*sh), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS,
-                             -1, 0);
+    struct shared *sh =
+        mmap(NULL, sizeof(*sh), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
     struct child rk[K_RANKS + 1][MAXN];
     double wall[K_N][MAXREPS], cpu[K_N][MAXREPS], dev[K_N][MAXREPS];
     double rp[MAXREPS], rd[MAXREPS], rs[MAXREPS], warm[2][MAXREPS], wcpu[2][MAXREPS];
@@ -511,8 +511,7 @@ static void bench_n(struct bench *b, struct sfs_cache *c, const struct store *st
                 "odirect8 %.0f, direct=0 %.0f (vs pread %.2fx, vs odirect8 %.2fx); warm %.0f / "
                 "%.0f ms\n",
                 N, rep, wall[K_SFS][rep], wall[K_SYNC][rep], wall[K_PREAD][rep], wall[K_OD8][rep],
-                wall[K_BUF][rep],
-                rp[rep], rd[rep], warm[0][rep], warm[1][rep]);
+                wall[K_BUF][rep], rp[rep], rd[rep], warm[0][rep], warm[1][rep]);
     }
     for (int k = K_SFS; k <= K_RANKS; k++)
         reap(N, rk[k]);
@@ -527,14 +526,14 @@ static void bench_n(struct bench *b, struct sfs_cache *c, const struct store *st
             fprintf(b->out, "%.2fx (max %.2fx) | %.2fx (max %.2fx) | ", med(rp, O.reps),
                     maxof(rp, O.reps), med(rd, O.reps), maxof(rd, O.reps));
         else
-            fprintf(b->out, "%.2fx | %.2fx | ",
-                    med(wall[k], O.reps) / med(wall[K_PREAD], O.reps),
+            fprintf(b->out, "%.2fx | %.2fx | ", med(wall[k], O.reps) / med(wall[K_PREAD], O.reps),
                     med(wall[k], O.reps) / med(wall[K_OD8], O.reps));
         fprintf(b->out, "%.2f (%.2f..%.2f) | %.0f |\n", med(dev[k], O.reps), minof(dev[k], O.reps),
                 maxof(dev[k], O.reps), med(cpu[k], O.reps));
     }
-    fprintf(open_tab, "| %d | %.0f | %.0f | %.2fx (%.2f..%.2f) | %.0f / %.0f | %.0f | %.0f | %.2fx | "
-                      "%.0f / %.0f |\n",
+    fprintf(open_tab,
+            "| %d | %.0f | %.0f | %.2fx (%.2f..%.2f) | %.0f / %.0f | %.0f | %.0f | %.2fx | "
+            "%.0f / %.0f |\n",
             N, med(wall[K_SFS], O.reps), med(wall[K_SYNC], O.reps), med(rs, O.reps),
             minof(rs, O.reps), maxof(rs, O.reps), med(cpu[K_SFS], O.reps), med(cpu[K_SYNC], O.reps),
             med(warm[0], O.reps), med(warm[1], O.reps), med(warm[0], O.reps) / med(warm[1], O.reps),
@@ -640,11 +639,10 @@ int main(int argc, char **argv)
         ssize_t n = readlink(dev_sys, link, sizeof(link) - 1);
         const char *dev = n > 0 ? (link[n] = 0, strrchr(link, '/') ? strrchr(link, '/') + 1 : link)
                                 : "no block device";
-        bool mem = (unsigned long)sf.f_type == TMPFS_MAGIC ||
-                   (unsigned long)sf.f_type == RAMFS_MAGIC;
+        bool mem =
+            (unsigned long)sf.f_type == TMPFS_MAGIC || (unsigned long)sf.f_type == RAMFS_MAGIC;
 
-        snprintf(fsdesc, sizeof(fsdesc), "f_type 0x%lx%s on %s (%u:%u)",
-                 (unsigned long)sf.f_type,
+        snprintf(fsdesc, sizeof(fsdesc), "f_type 0x%lx%s on %s (%u:%u)", (unsigned long)sf.f_type,
                  (unsigned long)sf.f_type == EXT4_SUPER_MAGIC ? " (ext2/3/4)"
                  : mem                                        ? " (**memory: figures meaningless**)"
                                                               : "",
@@ -688,7 +686,8 @@ int main(int argc, char **argv)
             "plane on %s. Every pass cold (keys removed from the cache, `sync`, "
             "`drop_caches` = 3, `POSIX_FADV_DONTNEED` on every block file). shardfs: N forked "
             "ranks, backend `posix:DIR` (the default spec), host copier, each loads every key "
-            "into its own buffer (each key read from the store once, by its owner); `direct=0`: the same, buffered (the fallback's path). pread: N "
+            "into its own buffer (each key read from the store once, by its owner); `direct=0`: "
+            "the same, buffered (the fallback's path). pread: N "
             "processes each opening every block file and `pread`ing its shards, buffered. "
             "O_DIRECT: N processes each with %d threads doing the same O_DIRECT. Wall: first "
             "start to last end of the N processes; %d rounds, the order rotating each round; "
