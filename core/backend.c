@@ -12,6 +12,9 @@
  *                                              "<word>:..." with an unknown word
  *   posix keys: dir_prefix=0..32, direct=0|1, depth=1..32768, sync=0|1,
  *               read_only=0|1
+ *   direct defaults to 1: O_DIRECT loads wherever the file system and the
+ *   buffers allow, buffered otherwise (backend_posix.c detects it and logs
+ *   the fallback once); direct=0 asks for buffered loads always.
  *
  * Parsing is strict: an unknown key, a value out of range or trailing junk
  * is -EINVAL with one line in errbuf naming the offending part, so a daemon
@@ -120,7 +123,7 @@ static struct sfs_backend *open_posix(const char *body, const struct sfs_backend
     struct sfs_posix_opts o = {
         .dir_prefix = p->dir_prefix,
         .depth = SFS_POSIX_DEPTH_DEFAULT,
-        .direct = p->direct,
+        .direct = true, /* params.direct predates this default */
         .read_only = p->read_only,
         .timeout_ms = p->timeout_ms ? p->timeout_ms : SFS_BACKEND_TIMEOUT_MS_DEFAULT,
     };
@@ -235,7 +238,7 @@ static struct sfs_backend *open_spec(const char *spec, const struct sfs_backend_
         struct sfs_posix_opts o = {
             .dir_prefix = p->dir_prefix,
             .depth = SFS_POSIX_DEPTH_DEFAULT,
-            .direct = p->direct,
+            .direct = true, /* params.direct predates this default */
             .read_only = p->read_only,
             .timeout_ms = p->timeout_ms ? p->timeout_ms : SFS_BACKEND_TIMEOUT_MS_DEFAULT,
         };

@@ -50,6 +50,7 @@
  * opening a block file beneath the root is posix_path.c.
  */
 #include "posix_i.h"
+#include "cache_i.h" /* sfs_log */
 
 #include <dirent.h>
 #include <linux/openat2.h>
@@ -60,6 +61,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <syslog.h>
 #include <unistd.h>
 
 #define DIRECT_ALIGN 4096u
@@ -189,6 +191,21 @@ int sfs_posix_block_size(struct posix_backend *p, const struct sfs_block_id *id,
     return 0;
 }
 
+/* The file system refused O_DIRECT (an open or a read said EINVAL): every
+ * later load of this backend reads buffered, and the first to find out logs
+ * it, once per backend (the store is one file system, in practice). Relaxed:
+ * direct_off is a hint, a racing load that misses it takes the same
+ * fallback; the exchange only picks the one that logs. In ring mode this
+ * runs in the reaper under sq_lock: the one line goes to the log function
+ * from there (it must not call into this backend). */
+static void direct_refused(struct posix_backend *p)
+{
+    if (!atomic_exchange_explicit(&p->direct_off, true, memory_order_relaxed))
+        sfs_log(LOG_NOTICE,
+                "posix: the store's file system refuses O_DIRECT; loads are buffered reads "
+                "from now on");
+}
+
 /* Sync mode: open a block file for reading in the caller's thread; *direct
  * says whether O_DIRECT was used. Returns the fd or -errno. */
 static int open_block_read(struct posix_backend *p, const struct sfs_block_id *id, bool *direct)
@@ -201,9 +218,7 @@ static int open_block_read(struct posix_backend *p, const struct sfs_block_id *i
         fd = sfs_posix_open_block_file(p, rel, O_RDONLY | O_DIRECT);
         if (fd != -EINVAL)
             return fd;
-        /* The fs refuses O_DIRECT: remember, go buffered. Relaxed: a hint,
-         * a racing reader that misses it just takes the same fallback. */
-        atomic_store_explicit(&p->direct_off, true, memory_order_relaxed);
+        direct_refused(p);
         *direct = false;
     }
     return sfs_posix_open_block_file(p, rel, O_RDONLY);
@@ -213,7 +228,7 @@ static bool want_direct(struct posix_backend *p, const struct sfs_io *io)
 {
     uint64_t off = (uint64_t)io->key.shard * p->be.shard_size;
 
-    /* Relaxed: see open_block_read. */
+    /* Relaxed: see direct_refused. */
     return p->o.direct && !atomic_load_explicit(&p->direct_off, memory_order_relaxed) &&
            (uintptr_t)io->buf % DIRECT_ALIGN == 0 && io->len % DIRECT_ALIGN == 0 &&
            off % DIRECT_ALIGN == 0;
@@ -424,9 +439,8 @@ static void bfd_cqe_locked(struct posix_backend *p, struct block_fd *b, unsigned
     }
     if (tag == TAG_OPEN) {
         if (res == -EINVAL && b->direct) {
-            /* The fs refuses O_DIRECT: remember, open again buffered.
-             * Relaxed: see open_block_read. */
-            atomic_store_explicit(&p->direct_off, true, memory_order_relaxed);
+            /* The fs refuses O_DIRECT: remember, open again buffered. */
+            direct_refused(p);
             b->direct = false;
             b->how.flags &= ~(uint64_t)O_DIRECT;
             queue_bfd_locked(p, b);
@@ -643,8 +657,8 @@ static enum cqe_verdict handle_cqe(struct posix_backend *p, struct sfs_io *io, i
     }
     if (res == -EINVAL && (flags & F_DIRECT) && got == 0) {
         /* Opened O_DIRECT but the fs will not read it that way: go
-         * buffered. Relaxed: see open_block_read. */
-        atomic_store_explicit(&p->direct_off, true, memory_order_relaxed);
+         * buffered. */
+        direct_refused(p);
         io_put_fd_locked(p, io); /* the batch's other loads of the block fall back alike */
         io->priv[PRIV_FLAGS] = (void *)(flags & ~(uintptr_t)F_DIRECT);
         if (p->ring_open) {
@@ -866,6 +880,11 @@ static int posix_touch(struct sfs_backend *be, const struct sfs_block_id *blocks
 {
     struct posix_backend *p = (struct posix_backend *)be;
 
+    /* Readahead into the page cache helps buffered loads only: an O_DIRECT
+     * load reads the device again, so the hint would read every touched
+     * byte twice. Relaxed: see direct_refused. */
+    if (p->o.direct && !atomic_load_explicit(&p->direct_off, memory_order_relaxed))
+        return 0;
     if (p->ring_open) {
         /* A hint: each block's open, check, FADVISE and close are ops of
          * the ring; nothing here waits on the file system. */

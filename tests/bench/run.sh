@@ -49,7 +49,7 @@ fi
 cd "$root"
 failed=()
 ran=0
-for name in bench_cache bench_wake bench_clock bench_rank bench_posix bench_fs bench_warm; do
+for name in bench_cache bench_wake bench_clock bench_rank bench_posix bench_cold bench_fs bench_warm; do
     bin=$(find "$build" -name "$name" -type f -perm -u+x 2>/dev/null | head -n 1)
     [ -n "$bin" ] || continue
     echo "== $name" >&2
@@ -66,6 +66,10 @@ for name in bench_cache bench_wake bench_clock bench_rank bench_posix bench_fs b
     # root it reserves enough for its 1 GiB store for its run only.
     if [ "$name" = bench_posix ] && [ "$quick" = 0 ] && [ "$(id -u)" = 0 ]; then
         args+=(--hugepages 640)
+    fi
+    # bench_cold likewise, for its 512 MiB store (and drops caches as root).
+    if [ "$name" = bench_cold ] && [ "$quick" = 0 ] && [ "$(id -u)" = 0 ]; then
+        args+=(--hugepages 400)
     fi
     set +e
     "$bin" "${args[@]}"

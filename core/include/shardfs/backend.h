@@ -16,6 +16,14 @@
  *   mem:                             in-process store (tests)
  *   fault:latency_us=200,eio=0.1,short=0.05,stall_ms=0,seed=7:<inner spec>
  *
+ * Posix options: dir_prefix=N (layout below), depth=D (io_uring entries),
+ * sync=1 (fsync on commit), read_only=1, direct=0|1 (default 1: loads read
+ * O_DIRECT where the file system and the buffer's alignment allow (4 KiB
+ * aligned buffer, length and offset), buffered otherwise; the first load
+ * that finds the file system refusing O_DIRECT logs one line and the
+ * backend reads buffered from then on; direct=0: always buffered, through
+ * the page cache).
+ *
  * Posix layout: block file <root>/data/<32 hex id> (dir_prefix=0), or
  * <root>/<first N hex chars>/<32 hex id>; shard n at byte offset
  * n * shard_size. Writers write <file>.tmp and rename it on commit, so no
@@ -50,7 +58,8 @@ struct sfs_io {
 struct sfs_backend_params {
     uint64_t shard_size; /* bytes per shard (required) */
     unsigned dir_prefix; /* posix: default when the spec does not say */
-    bool direct;         /* posix: O_DIRECT reads when the spec does not say */
+    bool direct;         /* unused: posix loads are O_DIRECT by default (the
+                          * spec's direct=0 turns it off); kept for the ABI */
     bool read_only;      /* dumps and removes fail with -EROFS */
     /* posix: deadline of a synchronous call (exists, shard_count, list), ms;
      * past it the call returns -ETIMEDOUT and is left to finish on its own

@@ -1,0 +1,743 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * bench_cold.c - cold loads with the DEFAULT posix spec: N rank processes
+ * loading the same keys through the cache, against N processes each reading
+ * those keys themselves, in the same run (issue 14, section 4).
+ *
+ *   bench_cold [--quick] [--md FILE] [--dir DIR] [--reps R] [--mib M]
+ *              [--hugepages N]
+ *
+ * The store (UCM layout, 256 KiB shards, 4 shards per block file; 512 MiB,
+ * 64 MiB with --quick) is written to a disk file system (default /var/tmp;
+ * its type and device are printed: on tmpfs the figures mean nothing).
+ * For N = 2 and 4, every round runs these passes in a rotating order, each
+ * cold (keys removed from the cache, `sync`, 3 written to
+ * /proc/sys/vm/drop_caches, POSIX_FADV_DONTNEED on every block file):
+ *
+ *   shardfs   N forked ranks, backend `posix:DIR` (the default spec), host
+ *             copier, each loads one task of every key into its own buffer;
+ *             each key is loaded from the store once, by its owner.
+ *   sync-open the same with SHARDFS_POSIX_SYNC_OPEN=1 in the ranks: block
+ *             files opened in the submitter (the old path), not as OPENAT2
+ *             ops of the ring.
+ *   direct=0  the same ranks with `posix:DIR?direct=0`: buffered reads (what
+ *             a file system without O_DIRECT gets).
+ *   pread     N forked processes, each: for every block file open, pread(2)
+ *             each shard (buffered), close; one thread.
+ *   odirect8  N forked processes, each: 8 threads taking block files in turn,
+ *             open O_DIRECT, pread each shard, close.
+ *
+ * and then two warm passes (keys removed from the cache only: dentries and
+ * inodes cached, the page cache as the pread pass left it) of shardfs and
+ * sync-open, for the open path's cost where the open does not wait on the
+ * disk.
+ *
+ * Wall time of a pass: the first process's start to the last one's end (the
+ * processes are started, their buffers touched, then released together).
+ * CPU: getrusage of each process over its pass (all its threads), median
+ * over processes and rounds. Device bytes: sectors read from the store's
+ * disk (/sys/dev/block/M:m/stat) during the pass, over the store's size.
+ * Every shard's first 16 bytes name its key and are checked in every
+ * process after every pass. Ranks live for a whole N (one warm-up pass
+ * each first, untimed: it faults the data plane into the ranks).
+ */
+#include "bench_util.h"
+#include "testutil.h"
+
+#include <shardfs/cache.h>
+#include <shardfs/rank.h>
+
+#include <fcntl.h>
+#include <ftw.h>
+#include <linux/magic.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdatomic.h>
+#include <sys/mman.h>
+#include <sys/resource.h>
+#include <sys/stat.h>
+#include <sys/statfs.h>
+#include <sys/sysmacros.h>
+#include <sys/wait.h>
+
+#define SHARD            (256u << 10)
+#define SHARDS_PER_BLOCK 4u
+#define MAXN             4
+#define MAXREPS          16
+#define OD_THREADS       8
+
+static struct {
+    const char *dir;
+    int reps;
+    uint64_t total;
+    long hugepages;
+} O = {.reps = 5};
+
+static char dev_sys[128];
+
+static void die(const char *what, int err)
+{
+    fprintf(stderr, "bench_cold: %s: %s\n", what, strerror(err < 0 ? -err : err));
+    exit(1);
+}
+
+/* --- the store --- */
+
+struct store {
+    char dir[512];
+    uint32_t nblocks, nkeys;
+    char (*paths)[600];
+};
+
+static void key_tag(uint8_t *p, uint32_t b, uint32_t s)
+{
+    uint64_t v[2] = {0x5346534200000000ull | b, 0x5346534300000000ull | s};
+
+    memcpy(p, v, sizeof(v));
+}
+
+static bool key_ok(const uint8_t *p, uint32_t b, uint32_t s)
+{
+    uint8_t want[16];
+
+    key_tag(want, b, s);
+    return memcmp(p, want, 16) == 0;
+}
+
+static void fill_tagged(uint64_t block, uint32_t shard, void *buf, size_t len, void *arg)
+{
+    (void)arg;
+    memset(buf, (int)(block & 0xff), len);
+    key_tag(buf, (uint32_t)block, shard);
+}
+
+static bool check_all(const struct store *st, const uint8_t *dst)
+{
+    for (uint32_t i = 0; i < st->nkeys; i++)
+        if (!key_ok(dst + (size_t)i * SHARD, i / SHARDS_PER_BLOCK, i % SHARDS_PER_BLOCK))
+            return false;
+    return true;
+}
+
+static void cold(const struct store *st)
+{
+    int fd;
+
+    sync();
+    fd = open("/proc/sys/vm/drop_caches", O_WRONLY | O_CLOEXEC);
+    if (fd >= 0) {
+        if (write(fd, "3", 1) != 1) {
+            /* not allowed (a container): the fadvise below still drops the data */
+        }
+        close(fd);
+    }
+    for (uint32_t b = 0; b < st->nblocks; b++) {
+        fd = open(st->paths[b], O_RDONLY | O_CLOEXEC);
+        if (fd >= 0) {
+            posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED);
+            close(fd);
+        }
+    }
+}
+
+static uint64_t dev_read_bytes(void)
+{
+    unsigned long long ios = 0, merges = 0, sectors = 0;
+    char p[160];
+    FILE *f;
+
+    snprintf(p, sizeof(p), "%s/stat", dev_sys);
+    f = fopen(p, "r");
+    if (!f)
+        return 0;
+    if (fscanf(f, "%llu %llu %llu", &ios, &merges, &sectors) != 3)
+        sectors = 0;
+    fclose(f);
+    return sectors * 512;
+}
+
+static int64_t cpu_self_ns(void)
+{
+    struct rusage ru;
+
+    getrusage(RUSAGE_SELF, &ru);
+    return ((int64_t)ru.ru_utime.tv_sec + ru.ru_stime.tv_sec) * 1000000000ll +
+           ((int64_t)ru.ru_utime.tv_usec + ru.ru_stime.tv_usec) * 1000ll;
+}
+
+/* --- processes: what each one reports, in shared memory --- */
+
+struct pres {
+    int rc;
+    int64_t t0, t1, cpu_ns;
+    uint64_t owner;
+};
+
+struct shared {
+    struct pres r[MAXN];
+};
+
+struct child {
+    pid_t pid;
+    int cmd_w, done_r;
+};
+
+static uint8_t *touch_buf(size_t bytes)
+{
+    uint8_t *p = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+
+    if (p == MAP_FAILED)
+        return NULL;
+    madvise(p, bytes, MADV_HUGEPAGE);
+    memset(p, 0, bytes);
+    return p;
+}
+
+/* A rank: waits for 'r', loads every key, reports, until 'q'. */
+static int rank_main(const struct store *st, const char *sock, int r, int N, bool sync_open,
+                     bool buffered, struct pres *res, int cmd_r, int done_w)
+{
+    struct sfs_rank_config cfg;
+    char spec[700];
+    size_t bytes = (size_t)st->nkeys * SHARD;
+    uint8_t *dst = touch_buf(bytes);
+    struct sfs_rank_entry *e = calloc(st->nkeys, sizeof(*e));
+    int *status = calloc(st->nkeys, sizeof(*status));
+    struct sfs_rank_stats s0, s1;
+    struct sfs_rank *rk;
+    int err = 0;
+    char c;
+
+    if (!dst || !e || !status)
+        return 2;
+    if (sync_open)
+        setenv("SHARDFS_POSIX_SYNC_OPEN", "1", 1);
+    snprintf(spec, sizeof(spec), "posix:%s%s", st->dir, buffered ? "?direct=0" : "");
+    sfs_rank_config_init(&cfg);
+    cfg.socket_path = sock;
+    cfg.device_id = r;
+    cfg.local_rank_size = N;
+    cfg.backend = spec;
+    cfg.copier = SFS_COPIER_HOST;
+    rk = sfs_rank_open(&cfg, &err);
+    if (!rk) {
+        fprintf(stderr, "bench_cold: rank %d: sfs_rank_open: %s\n", r, strerror(-err));
+        return 3;
+    }
+    for (uint32_t i = 0; i < st->nkeys; i++)
+        e[i] = (struct sfs_rank_entry){tu_block(i / SHARDS_PER_BLOCK), i % SHARDS_PER_BLOCK,
+                                       dst + (size_t)i * SHARD};
+    if (write(done_w, "o", 1) != 1)
+        return 4;
+    while (read(cmd_r, &c, 1) == 1 && c == 'r') {
+        struct sfs_task *t;
+        int rc = 0;
+
+        for (uint32_t i = 0; i < st->nkeys; i++)
+            memset(dst + (size_t)i * SHARD, 0, 16);
+        sfs_rank_stats(rk, &s0);
+        int64_t c0 = cpu_self_ns();
+        res->t0 = bench_now_ns();
+        if (sfs_rank_load(rk, e, st->nkeys, &t) != 0 || sfs_rank_wait(t, 300000, status) != 0)
+            rc = 5;
+        res->t1 = bench_now_ns();
+        res->cpu_ns = cpu_self_ns() - c0;
+        if (rc == 0)
+            sfs_rank_task_free(t);
+        sfs_rank_stats(rk, &s1);
+        for (uint32_t i = 0; rc == 0 && i < st->nkeys; i++)
+            if (status[i] != 0)
+                rc = 6;
+        if (rc == 0 && !check_all(st, dst))
+            rc = 7;
+        res->owner = s1.owner_loads - s0.owner_loads;
+        res->rc = rc;
+        if (write(done_w, "d", 1) != 1)
+            break;
+    }
+    sfs_rank_close(rk);
+    return 0;
+}
+
+/* odirect8: threads take block files in turn. */
+struct od {
+    const struct store *st;
+    uint8_t *dst;
+    atomic_uint next;
+    atomic_int err;
+};
+
+static void *od_main(void *arg)
+{
+    struct od *o = arg;
+    unsigned b;
+
+    /* Relaxed: a work counter; the bytes are read after pthread_join. */
+    while ((b = atomic_fetch_add_explicit(&o->next, 1, memory_order_relaxed)) < o->st->nblocks) {
+        int fd = open(o->st->paths[b], O_RDONLY | O_DIRECT | O_CLOEXEC);
+
+        if (fd < 0) {
+            atomic_store_explicit(&o->err, errno, memory_order_relaxed);
+            continue;
+        }
+        for (uint32_t s = 0; s < SHARDS_PER_BLOCK; s++) {
+            size_t k = (size_t)b * SHARDS_PER_BLOCK + s;
+
+            if (pread(fd, o->dst + k * SHARD, SHARD, (off_t)s * SHARD) != (ssize_t)SHARD)
+                atomic_store_explicit(&o->err, EIO, memory_order_relaxed);
+        }
+        close(fd);
+    }
+    return NULL;
+}
+
+/* A baseline process: touches its buffer, says 'o', waits for 'r', reads. */
+static int base_main(const struct store *st, bool direct, struct pres *res, int cmd_r, int done_w)
+{
+    size_t bytes = (size_t)st->nkeys * SHARD;
+    uint8_t *dst = touch_buf(bytes);
+    char c;
+
+    if (!dst)
+        return 2;
+    if (write(done_w, "o", 1) != 1 || read(cmd_r, &c, 1) != 1)
+        return 4;
+    int64_t c0 = cpu_self_ns();
+    res->t0 = bench_now_ns();
+    if (direct) {
+        struct od o = {.st = st, .dst = dst};
+        pthread_t th[OD_THREADS];
+
+        atomic_init(&o.next, 0);
+        atomic_init(&o.err, 0);
+        for (int i = 0; i < OD_THREADS; i++)
+            pthread_create(&th[i], NULL, od_main, &o);
+        for (int i = 0; i < OD_THREADS; i++)
+            pthread_join(th[i], NULL);
+        res->rc = atomic_load(&o.err) ? 8 : 0;
+    } else {
+        for (uint32_t b = 0; b < st->nblocks && res->rc == 0; b++) {
+            int fd = open(st->paths[b], O_RDONLY | O_CLOEXEC);
+
+            if (fd < 0) {
+                res->rc = 8;
+                break;
+            }
+            for (uint32_t s = 0; s < SHARDS_PER_BLOCK; s++) {
+                size_t k = (size_t)b * SHARDS_PER_BLOCK + s;
+
+                if (pread(fd, dst + k * SHARD, SHARD, (off_t)s * SHARD) != (ssize_t)SHARD)
+                    res->rc = 9;
+            }
+            close(fd);
+        }
+    }
+    res->t1 = bench_now_ns();
+    res->cpu_ns = cpu_self_ns() - c0;
+    if (res->rc == 0 && !check_all(st, dst))
+        res->rc = 7;
+    return write(done_w, "d", 1) == 1 ? 0 : 4;
+}
+
+enum kind { K_SFS, K_SYNC, K_BUF, K_PREAD, K_OD8, K_N };
+#define K_RANKS K_BUF /* the last kind that is ranks */
+static const char *kind_name[K_N] = {"shardfs (default spec)", "shardfs, sync open",
+                                     "shardfs `direct=0` (buffered)", "per-process pread",
+                                     "per-process O_DIRECT, 8 threads"};
+
+static void spawn(const struct store *st, const char *sock, enum kind k, int N, struct shared *sh,
+                  struct child *ch)
+{
+    for (int r = 0; r < N; r++) {
+        int cmd[2], done[2];
+        char c;
+
+        if (pipe2(cmd, O_CLOEXEC) < 0 || pipe2(done, O_CLOEXEC) < 0)
+            die("pipe", errno);
+        ch[r].pid = fork();
+        if (ch[r].pid < 0)
+            die("fork", errno);
+        if (ch[r].pid == 0) {
+            close(cmd[1]);
+            close(done[0]);
+            if (k <= K_RANKS)
+                _exit(
+                    rank_main(st, sock, r, N, k == K_SYNC, k == K_BUF, &sh->r[r], cmd[0], done[1]));
+            _exit(base_main(st, k == K_OD8, &sh->r[r], cmd[0], done[1]));
+        }
+        close(cmd[0]);
+        close(done[1]);
+        ch[r].cmd_w = cmd[1];
+        ch[r].done_r = done[0];
+        if (read(ch[r].done_r, &c, 1) != 1 || c != 'o')
+            die("process start", EIO);
+    }
+}
+
+static void reap(int N, struct child *ch)
+{
+    for (int r = 0; r < N; r++) {
+        int stt;
+
+        if (write(ch[r].cmd_w, "q", 1) != 1) {
+            /* gone already: waitpid says how */
+        }
+        close(ch[r].cmd_w);
+        close(ch[r].done_r);
+        waitpid(ch[r].pid, &stt, 0);
+        if (!WIFEXITED(stt) || WEXITSTATUS(stt) != 0) {
+            fprintf(stderr, "bench_cold: process %d exited with status %d\n", r, stt);
+            exit(1);
+        }
+    }
+}
+
+struct pass {
+    double wall_ms, cpu_ms, dev; /* cpu: median per process; dev: device bytes / store */
+    uint64_t owner;
+};
+
+/* One pass of N processes: release them together, collect. */
+static void run_pass(const struct store *st, int N, struct shared *sh, struct child *ch,
+                     struct pass *out)
+{
+    int64_t t0 = INT64_MAX, t1 = 0;
+    double cpu[MAXN];
+    uint64_t d0 = dev_read_bytes();
+
+    memset(sh, 0, sizeof(*sh));
+    memset(out, 0, sizeof(*out));
+    for (int r = 0; r < N; r++)
+        if (write(ch[r].cmd_w, "r", 1) != 1)
+            die("command", errno);
+    for (int r = 0; r < N; r++) {
+        char c;
+        struct pres *p = &sh->r[r];
+
+        if (read(ch[r].done_r, &c, 1) != 1 || p->rc != 0) {
+            fprintf(stderr, "bench_cold: process %d failed (rc %d)\n", r, p->rc);
+            exit(1);
+        }
+        t0 = p->t0 < t0 ? p->t0 : t0;
+        t1 = p->t1 > t1 ? p->t1 : t1;
+        cpu[r] = (double)p->cpu_ns / 1e6;
+        out->owner += p->owner;
+    }
+    out->dev = (double)(dev_read_bytes() - d0) / ((double)st->nkeys * SHARD);
+    out->wall_ms = (double)(t1 - t0) / 1e6;
+    out->cpu_ms = bench_median(cpu, (size_t)N);
+}
+
+static int drop_key(const struct sfs_key *k, int state, void *arg)
+{
+    (void)state;
+    sfs_cache_remove(arg, k);
+    return 0;
+}
+
+static double med(const double *v, int n)
+{
+    double t[MAXREPS];
+
+    memcpy(t, v, (size_t)n * sizeof(*t));
+    return bench_median(t, (size_t)n);
+}
+
+static double maxof(const double *v, int n)
+{
+    double m = v[0];
+
+    for (int i = 1; i < n; i++)
+        m = v[i] > m ? v[i] : m;
+    return m;
+}
+
+static double minof(const double *v, int n)
+{
+    double m = v[0];
+
+    for (int i = 1; i < n; i++)
+        m = v[i] < m ? v[i] : m;
+    return m;
+}
+
+static void bench_n(struct bench *b, struct sfs_cache *c, const struct store *st, const char *sock,
+                    int N, FILE *open_tab)
+{
+    struct shared *sh =
+        mmap(NULL, sizeof(*sh), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+    struct child rk[K_RANKS + 1][MAXN];
+    double wall[K_N][MAXREPS], cpu[K_N][MAXREPS], dev[K_N][MAXREPS];
+    double rp[MAXREPS], rd[MAXREPS], rs[MAXREPS], warm[2][MAXREPS], wcpu[2][MAXREPS];
+    struct pass p;
+
+    if (sh == MAP_FAILED)
+        die("mmap", errno);
+    for (int k = K_SFS; k <= K_RANKS; k++) {
+        spawn(st, sock, (enum kind)k, N, sh, rk[k]);
+        sfs_cache_foreach(c, ~0u, drop_key, c);
+        run_pass(st, N, sh, rk[k], &p); /* warm-up, untimed */
+    }
+    for (int rep = 0; rep < O.reps; rep++) {
+        for (int i = 0; i < K_N; i++) {
+            enum kind k = (enum kind)((i + rep) % K_N);
+            struct child bch[MAXN];
+
+            if (k == K_PREAD || k == K_OD8)
+                spawn(st, sock, k, N, sh, bch);
+            sfs_cache_foreach(c, ~0u, drop_key, c);
+            cold(st);
+            run_pass(st, N, sh, k <= K_RANKS ? rk[k] : bch, &p);
+            if (k == K_PREAD || k == K_OD8)
+                reap(N, bch);
+            wall[k][rep] = p.wall_ms;
+            cpu[k][rep] = p.cpu_ms;
+            dev[k][rep] = p.dev;
+            if (k <= K_RANKS && p.owner != st->nkeys)
+                fprintf(stderr, "bench_cold: N=%d: %llu owner loads for %u keys\n", N,
+                        (unsigned long long)p.owner, st->nkeys);
+        }
+        for (int k = K_SFS; k <= K_SYNC; k++) {
+            sfs_cache_foreach(c, ~0u, drop_key, c);
+            run_pass(st, N, sh, rk[k], &p);
+            warm[k][rep] = p.wall_ms;
+            wcpu[k][rep] = p.cpu_ms;
+        }
+        rp[rep] = wall[K_SFS][rep] / wall[K_PREAD][rep];
+        rd[rep] = wall[K_SFS][rep] / wall[K_OD8][rep];
+        rs[rep] = wall[K_SFS][rep] / wall[K_SYNC][rep];
+        fprintf(stderr,
+                "bench_cold: N=%d round %d: shardfs %.0f ms, sync-open %.0f, pread %.0f, "
+                "odirect8 %.0f, direct=0 %.0f (vs pread %.2fx, vs odirect8 %.2fx); warm %.0f / "
+                "%.0f ms\n",
+                N, rep, wall[K_SFS][rep], wall[K_SYNC][rep], wall[K_PREAD][rep], wall[K_OD8][rep],
+                wall[K_BUF][rep], rp[rep], rd[rep], warm[0][rep], warm[1][rep]);
+    }
+    for (int k = K_SFS; k <= K_RANKS; k++)
+        reap(N, rk[k]);
+    munmap(sh, sizeof(*sh));
+
+    for (int k = 0; k < K_N; k++) {
+        double mb = (double)st->nkeys * SHARD / (1 << 20);
+
+        fprintf(b->out, "| %d | %s | %.0f | %.0f | %.2f | ", N, kind_name[k], med(wall[k], O.reps),
+                maxof(wall[k], O.reps), mb / med(wall[k], O.reps) * 1000 / 1024);
+        if (k == K_SFS)
+            fprintf(b->out, "%.2fx (max %.2fx) | %.2fx (max %.2fx) | ", med(rp, O.reps),
+                    maxof(rp, O.reps), med(rd, O.reps), maxof(rd, O.reps));
+        else
+            fprintf(b->out, "%.2fx | %.2fx | ", med(wall[k], O.reps) / med(wall[K_PREAD], O.reps),
+                    med(wall[k], O.reps) / med(wall[K_OD8], O.reps));
+        fprintf(b->out, "%.2f (%.2f..%.2f) | %.0f |\n", med(dev[k], O.reps), minof(dev[k], O.reps),
+                maxof(dev[k], O.reps), med(cpu[k], O.reps));
+    }
+    fprintf(open_tab,
+            "| %d | %.0f | %.0f | %.2fx (%.2f..%.2f) | %.0f / %.0f | %.0f | %.0f | %.2fx | "
+            "%.0f / %.0f |\n",
+            N, med(wall[K_SFS], O.reps), med(wall[K_SYNC], O.reps), med(rs, O.reps),
+            minof(rs, O.reps), maxof(rs, O.reps), med(cpu[K_SFS], O.reps), med(cpu[K_SYNC], O.reps),
+            med(warm[0], O.reps), med(warm[1], O.reps), med(warm[0], O.reps) / med(warm[1], O.reps),
+            med(wcpu[0], O.reps), med(wcpu[1], O.reps));
+    fflush(b->out);
+}
+
+/* --hugepages N: vm.nr_hugepages for this run, the old value back at exit. */
+static long hp_old = -1;
+
+static void hp_set(long n)
+{
+    FILE *f = fopen("/proc/sys/vm/nr_hugepages", "w");
+
+    if (f) {
+        fprintf(f, "%ld\n", n);
+        fclose(f);
+    }
+}
+
+static void hp_restore(void)
+{
+    if (hp_old >= 0)
+        hp_set(hp_old);
+}
+
+static void hp_reserve(long n)
+{
+    FILE *f = fopen("/proc/sys/vm/nr_hugepages", "r");
+
+    if (!f || fscanf(f, "%ld", &hp_old) != 1)
+        hp_old = -1;
+    if (f)
+        fclose(f);
+    if (hp_old < 0 || hp_old >= n) {
+        hp_old = -1;
+        return;
+    }
+    hp_set(n);
+    atexit(hp_restore);
+}
+
+static int rm_one(const char *p, const struct stat *sb, int flag, struct FTW *f)
+{
+    (void)sb;
+    (void)flag;
+    (void)f;
+    return remove(p);
+}
+
+int main(int argc, char **argv)
+{
+    struct bench b;
+    char *args[8] = {argv[0]};
+    int nargs = 1, err = 0;
+    char root[400], sock[128], fsdesc[256];
+    struct store st = {0};
+    struct statfs sf;
+    struct stat sb;
+    char *obuf = NULL;
+    size_t olen = 0;
+
+    for (int i = 1; i < argc; i++) {
+        const char *v = i + 1 < argc ? argv[i + 1] : NULL;
+
+        if (!strcmp(argv[i], "--dir") && v)
+            O.dir = v, i++;
+        else if (!strcmp(argv[i], "--reps") && v)
+            O.reps = atoi(v), i++;
+        else if (!strcmp(argv[i], "--mib") && v)
+            O.total = (uint64_t)atol(v) << 20, i++;
+        else if (!strcmp(argv[i], "--hugepages") && v)
+            O.hugepages = atol(v), i++;
+        else if (nargs < 7)
+            args[nargs++] = argv[i];
+    }
+    if (bench_init(&b, "bench_cold", nargs, args) != 0) {
+        fprintf(stderr, "       bench_cold options: [--dir DIR] [--reps R] [--mib M] "
+                        "[--hugepages N]\n");
+        return 2;
+    }
+    if (b.quick && O.reps == 5)
+        O.reps = 2;
+    if (!O.total)
+        O.total = b.quick ? (64ull << 20) : (512ull << 20);
+    if (O.reps < 1 || O.reps > MAXREPS || O.total < SHARDS_PER_BLOCK * SHARD) {
+        fprintf(stderr, "bench_cold: bad --reps or --mib\n");
+        return 2;
+    }
+    if (O.hugepages > 0)
+        hp_reserve(O.hugepages);
+    signal(SIGPIPE, SIG_IGN);
+
+    snprintf(root, sizeof(root), "%s/shardfs-bench-cold-%d", O.dir ? O.dir : "/var/tmp",
+             (int)getpid());
+    if (mkdir(root, 0755) < 0)
+        die(root, errno);
+    if (statfs(root, &sf) < 0 || stat(root, &sb) < 0)
+        die(root, errno);
+    snprintf(dev_sys, sizeof(dev_sys), "/sys/dev/block/%u:%u", major(sb.st_dev), minor(sb.st_dev));
+    {
+        char link[600] = "";
+        ssize_t n = readlink(dev_sys, link, sizeof(link) - 1);
+        const char *dev = n > 0 ? (link[n] = 0, strrchr(link, '/') ? strrchr(link, '/') + 1 : link)
+                                : "no block device";
+        bool mem =
+            (unsigned long)sf.f_type == TMPFS_MAGIC || (unsigned long)sf.f_type == RAMFS_MAGIC;
+
+        snprintf(fsdesc, sizeof(fsdesc), "f_type 0x%lx%s on %s (%u:%u)", (unsigned long)sf.f_type,
+                 (unsigned long)sf.f_type == EXT4_SUPER_MAGIC ? " (ext2/3/4)"
+                 : mem                                        ? " (**memory: figures meaningless**)"
+                                                              : "",
+                 dev, major(sb.st_dev), minor(sb.st_dev));
+    }
+    fprintf(stderr, "bench_cold: store under %s: %s\n", root, fsdesc);
+
+    st.nblocks = (uint32_t)(O.total / (SHARDS_PER_BLOCK * SHARD));
+    st.nkeys = st.nblocks * SHARDS_PER_BLOCK;
+    snprintf(st.dir, sizeof(st.dir), "%s/store", root);
+    st.paths = calloc(st.nblocks, sizeof(*st.paths));
+    if (!st.paths)
+        die("calloc", ENOMEM);
+    err = tu_store_write(st.dir, 0, st.nblocks, SHARDS_PER_BLOCK, SHARD, fill_tagged, NULL, true);
+    if (err < 0)
+        die("write store", err);
+    for (uint32_t i = 0; i < st.nblocks; i++)
+        tu_store_path(st.dir, i, st.paths[i], sizeof(st.paths[i]));
+
+    snprintf(sock, sizeof(sock), "/tmp/bench-cold-%d.sock", (int)getpid());
+    struct sfs_cache_config cc = {
+        .shard_size = SHARD,
+        .nslots = st.nkeys + st.nkeys / 8 + 64,
+        .hugepages = SFS_HUGEPAGES_AUTO,
+        .populate = true,
+        .segment_size = 64ull << 20,
+    };
+    struct sfs_cache *c = sfs_cache_create(&cc, &err);
+    if (!c)
+        die("sfs_cache_create", err);
+    err = sfs_cache_serve(c, sock);
+    if (err)
+        die("sfs_cache_serve", err);
+    struct sfs_cache_info info;
+    sfs_cache_info(c, &info);
+
+    fprintf(b.out, "## Cold loads with the default posix spec (`bench_cold`)\n\n");
+    bench_stamp(&b);
+    fprintf(b.out,
+            "Store: %lu MiB of 256 KiB shards (blocks of %u shards, UCM layout) on %s; data "
+            "plane on %s. Every pass cold (keys removed from the cache, `sync`, "
+            "`drop_caches` = 3, `POSIX_FADV_DONTNEED` on every block file). shardfs: N forked "
+            "ranks, backend `posix:DIR` (the default spec), host copier, each loads every key "
+            "into its own buffer (each key read from the store once, by its owner); `direct=0`: "
+            "the same, buffered (the fallback's path). pread: N "
+            "processes each opening every block file and `pread`ing its shards, buffered. "
+            "O_DIRECT: N processes each with %d threads doing the same O_DIRECT. Wall: first "
+            "start to last end of the N processes; %d rounds, the order rotating each round; "
+            "ratios are per round (median, worst). Device: bytes read from the disk during "
+            "the pass / store bytes. CPU: per process, median, ms.\n\n",
+            (unsigned long)(O.total >> 20), SHARDS_PER_BLOCK, fsdesc,
+            info.hugepages ? "huge pages" : "4 KiB pages", OD_THREADS, O.reps);
+    fprintf(b.out, "| N | reader | wall ms (median) | worst ms | GiB/s | vs pread (per round) | "
+                   "vs O_DIRECT x8 | device bytes / store (min..max) | CPU ms per process |\n");
+    fprintf(b.out, "|---|---|---|---|---|---|---|---|---|\n");
+
+    FILE *open_tab = open_memstream(&obuf, &olen);
+    int64_t w0 = bench_now_ns();
+    bench_n(&b, c, &st, sock, 2, open_tab);
+    bench_n(&b, c, &st, sock, 4, open_tab);
+    fclose(open_tab);
+
+    fprintf(b.out,
+            "\nThe open path: block files opened as OPENAT2 ops of the ring (io-wq), then "
+            "STATX (the default) vs opened in the submitter (`SHARDFS_POSIX_SYNC_OPEN=1`, the "
+            "old path), same spec, same rounds. Cold as above; warm: keys removed from the "
+            "cache only (dentries, inodes and the page cache kept; the data is still read "
+            "O_DIRECT).\n\n");
+    fprintf(b.out, "| N | cold ring ms | cold sync ms | ring / sync (min..max) | CPU ms ring / "
+                   "sync | warm ring ms | warm sync ms | ring / sync | warm CPU ms ring / sync "
+                   "|\n|---|---|---|---|---|---|---|---|---|\n");
+    fputs(obuf, b.out);
+    free(obuf);
+    {
+        double la[3] = {0};
+
+        if (getloadavg(la, 3) != 3)
+            la[0] = la[1] = la[2] = -1;
+        fprintf(b.out,
+                "\nDuring the run: %.0f s wall, %ld CPUs online, load average at the end "
+                "(1, 5, 15 min) %.2f %.2f %.2f (other agents share the machine).\n",
+                (double)(bench_now_ns() - w0) / 1e9, sysconf(_SC_NPROCESSORS_ONLN), la[0], la[1],
+                la[2]);
+    }
+    if (O.hugepages)
+        fprintf(b.out,
+                "\nCommand: `build/tests/bench/bench_cold --hugepages %ld --md "
+                "docs/PERFORMANCE.md` (as root: drop_caches)\n",
+                O.hugepages);
+    else
+        fprintf(b.out, "\nCommand: `build/tests/bench/bench_cold --md docs/PERFORMANCE.md` (as "
+                       "root: drop_caches)\n");
+    sfs_cache_close(c);
+    unlink(sock);
+    nftw(root, rm_one, 16, FTW_DEPTH | FTW_PHYS);
+    free(st.paths);
+    return bench_finish(&b);
+}
