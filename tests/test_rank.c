@@ -1406,7 +1406,9 @@ static void new_waits_join_promptly(bool compat)
     cr_log_info("new_waits_join%s: publish -> copied median %ld us, max %ld us",
                 compat ? "_compat" : "", (long)(lat[R / 2] / 1000), (long)(lat[R - 1] / 1000));
     cr_assert_lt(lat[R / 2], 10 * 1000000ll, "median %ld us", (long)(lat[R / 2] / 1000));
-    cr_assert_lt(lat[R - 1], 100 * 1000000ll, "max %ld us", (long)(lat[R - 1] / 1000));
+    /* Generous: a loaded CI host stalled one round 340 ms; a watcher that
+     * missed the bell would sleep until the slow key's deadline (30 s). */
+    cr_assert_lt(lat[R - 1], 1000 * 1000000ll, "max %ld us", (long)(lat[R - 1] / 1000));
 
     publish_owned(e.c, 0, &slow);
     cr_assert_eq(sfs_rank_wait(ts, 5000, st), 0);
