@@ -14,7 +14,6 @@
  */
 #include "slot_i.h"
 
-#include <string.h>
 
 int sfs_cache_sample(struct sfs_cache *c, uint32_t *cursor, uint32_t max_buckets, sfs_sample_fn *fn,
                      void *arg)
@@ -45,8 +44,7 @@ int sfs_cache_sample(struct sfs_cache *c, uint32_t *cursor, uint32_t max_buckets
                 bool acc = atomic_load_explicit(&sl->accessed, memory_order_relaxed) != 0;
                 bool leased = sfs_slot_refs(sl) != 0;
 
-                memcpy(k.block.b, sl->block, SFS_BLOCK_ID_LEN);
-                k.shard = sl->shard;
+                slot_key_load(sl, &k);
                 /* Under the lock: fn must not call into the cache. */
                 r = fn(&k, s, acc, leased, arg);
             }

@@ -40,16 +40,6 @@ static inline uint32_t bucket_of(const struct sfs_cache *c, const struct sfs_key
     return (uint32_t)(sfs_key_hash(&k->block) + k->shard) & c->bucket_mask;
 }
 
-static inline bool key_eq(const struct sfs_slot_rec *s, const struct sfs_key *k)
-{
-    uint64_t a[2], b[2];
-
-    /* Two word compares, not a memcmp call: this runs on every chain step. */
-    __builtin_memcpy(a, s->block, 16);
-    __builtin_memcpy(b, k->block.b, 16);
-    return s->shard == k->shard && ((a[0] ^ b[0]) | (a[1] ^ b[1])) == 0;
-}
-
 /* The key's words, as a lock-free hit reads them and install writes them
  * (relaxed atomics: the slot may change under the reader, who validates). */
 typedef uint64_t __attribute__((may_alias)) key_word;
@@ -62,6 +52,31 @@ static inline bool key_eq_atomic(const struct sfs_slot_rec *s, const struct sfs_
     return __atomic_load_n((const uint32_t *)&s->shard, __ATOMIC_RELAXED) == k->shard &&
            __atomic_load_n((const key_word *)s->block, __ATOMIC_RELAXED) == b[0] &&
            __atomic_load_n((const key_word *)(s->block + 8), __ATOMIC_RELAXED) == b[1];
+}
+
+/* The same compare under the bucket lock (every chain step). Relaxed
+ * atomic loads too, free on the machines we run on: the lock orders us with
+ * this process's writers, but a slot can reach this chain from another
+ * bucket, moved there by another process (another mapping), and install
+ * wrote its key under that bucket's lock; plain loads would be a race to
+ * ThreadSanitizer, which sees no order made in another process. */
+static inline bool key_eq(const struct sfs_slot_rec *s, const struct sfs_key *k)
+{
+    return key_eq_atomic(s, k);
+}
+
+/* The key a slot holds now, read as a lock-free hit reads it (relaxed
+ * atomics): for readers that take a snapshot, such as the hot-set sampler,
+ * even under the bucket lock, since install writes the words under another
+ * bucket's lock once the slot moved there, possibly from another process. */
+static inline void slot_key_load(const struct sfs_slot_rec *s, struct sfs_key *k)
+{
+    uint64_t b[2];
+
+    b[0] = __atomic_load_n((const key_word *)s->block, __ATOMIC_RELAXED);
+    b[1] = __atomic_load_n((const key_word *)(s->block + 8), __ATOMIC_RELAXED);
+    __builtin_memcpy(k->block.b, b, 16);
+    k->shard = __atomic_load_n((const uint32_t *)&s->shard, __ATOMIC_RELAXED);
 }
 
 static inline void slot_key_store(struct sfs_slot_rec *s, const struct sfs_key *k)
