@@ -276,7 +276,9 @@ class OneRank(unittest.TestCase):
     def test_a_task_holds_its_buffers_until_waited(self):
         b = fixture.block(1, b"hold")
         fixture.write_block(D.store, b, 1, SIZE)
-        with shardfs.Rank(socket=D.sock, backend=f"fault:latency_us=300000:{D.store}") as r:
+        # 2 s of latency: the load must still run after the del and the
+        # collection below, on a loaded CI host too (300 ms was not enough).
+        with shardfs.Rank(socket=D.sock, backend=f"fault:latency_us=2000000:{D.store}") as r:
             t = torch.empty(SIZE, dtype=torch.uint8)
             ref = weakref.ref(t)
             task = r.load([(b, 0, t)])
