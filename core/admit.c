@@ -46,17 +46,20 @@ bool sfs_admit_pass(struct sfs_cache *c, struct sfs_slot_rec *sl)
         atomic_fetch_and_explicit(&sl->flags, (uint8_t)~SLOT_F_PROBATION, memory_order_relaxed);
         prob = false;
     }
-    /* The census covers about the last lap: halved when it reaches one. */
+    /* The census: of the last nregular slots this process's hand visited
+     * (one lap's worth), how many were probationary. The decision uses the
+     * last complete window: a running ratio would swing with the order of
+     * the ring (main slots lie together, in the order they were loaded). */
     uint32_t seen = atomic_fetch_add_explicit(&c->adm_seen, 1, memory_order_relaxed) + 1;
     uint32_t np = atomic_load_explicit(&c->adm_prob, memory_order_relaxed) + prob;
 
     if (prob)
         atomic_store_explicit(&c->adm_prob, np, memory_order_relaxed);
     if (seen >= c->nregular) {
-        seen /= 2;
-        np /= 2;
-        atomic_store_explicit(&c->adm_seen, seen, memory_order_relaxed);
-        atomic_store_explicit(&c->adm_prob, np, memory_order_relaxed);
+        atomic_store_explicit(&c->adm_last, np, memory_order_relaxed);
+        atomic_store_explicit(&c->adm_seen, 0, memory_order_relaxed);
+        atomic_store_explicit(&c->adm_prob, 0, memory_order_relaxed);
     }
-    return !prob && (uint64_t)np * 100u > (uint64_t)seen * SFS_ADMIT_SHARE_PCT;
+    return !prob && (uint64_t)atomic_load_explicit(&c->adm_last, memory_order_relaxed) * 100u >
+                        (uint64_t)c->nregular * SFS_ADMIT_SHARE_PCT;
 }

@@ -46,6 +46,18 @@ struct sfs_cache *sfs_cache_create(const struct sfs_cache_config *cfg, int *err)
 
     if (!cfg)
         cfg = &def;
+#ifdef SFS_TEST_HOOKS
+    /* Tests only (never the daemon or the rank library): run the suite with
+     * SHARDFS_TEST_ADMISSION=scan to create every default cache that way. */
+    struct sfs_cache_config adm;
+    const char *ae = getenv("SHARDFS_TEST_ADMISSION");
+
+    if (ae && strcmp(ae, "scan") == 0 && cfg->admission == SFS_ADMIT_CLOCK) {
+        adm = *cfg;
+        adm.admission = SFS_ADMIT_SCAN;
+        cfg = &adm;
+    }
+#endif
     if (cfg->hugepages < SFS_HUGEPAGES_AUTO || cfg->hugepages > SFS_HUGEPAGES_OFF ||
         (cfg->admission != SFS_ADMIT_CLOCK && cfg->admission != SFS_ADMIT_SCAN)) {
         r = -EINVAL;

@@ -84,8 +84,9 @@ struct sfs_cache {
     /* Padded to a line each side (the handle is calloc'ed, not aligned):
      * written per hand step, and free_head above is on every Get. */
     uint8_t adm_pad0[SFS_CACHELINE];
-    _Atomic uint32_t adm_seen;
-    _Atomic uint32_t adm_prob;
+    _Atomic uint32_t adm_seen; /* visits in the current window of nregular */
+    _Atomic uint32_t adm_prob; /* of them, probationary */
+    _Atomic uint32_t adm_last; /* probationary visits of the last full window */
     uint8_t adm_pad1[SFS_CACHELINE];
 };
 

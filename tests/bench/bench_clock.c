@@ -39,12 +39,12 @@ static const char *const pol_name[NPOL] = {
 struct pol {
     enum kind kind;
     uint32_t cap, nkeys, used;
-    uint32_t *where;             /* key -> slot (CLOCK, FIFO) or 1/NONE (LRU) */
-    uint32_t *skey;              /* slot -> key */
-    uint8_t *bit;                /* CLOCK accessed bit */
-    uint32_t *ref;               /* CLOCK: leases held */
-    uint8_t *prob;               /* admission=scan: SLOT_F_PROBATION */
-    uint32_t adm_seen, adm_prob; /* admission=scan: the hand's census */
+    uint32_t *where;                       /* key -> slot (CLOCK, FIFO) or 1/NONE (LRU) */
+    uint32_t *skey;                        /* slot -> key */
+    uint8_t *bit;                          /* CLOCK accessed bit */
+    uint32_t *ref;                         /* CLOCK: leases held */
+    uint8_t *prob;                         /* admission=scan: SLOT_F_PROBATION */
+    uint32_t adm_seen, adm_prob, adm_last; /* admission=scan: the hand's census */
     uint64_t hand;
     /* LRU list over keys */
     uint32_t *prev, *next, head, tail;
@@ -150,12 +150,11 @@ static bool admit_pass(struct pol *p, uint32_t s)
     if (prob)
         p->adm_prob = np;
     if (seen >= p->cap) {
-        seen /= 2;
-        np /= 2;
-        p->adm_seen = seen;
-        p->adm_prob = np;
+        p->adm_last = np;
+        p->adm_seen = 0;
+        p->adm_prob = 0;
     }
-    return !prob && (uint64_t)np * 100u > (uint64_t)seen * 50u; /* SFS_ADMIT_SHARE_PCT */
+    return !prob && (uint64_t)p->adm_last * 100u > (uint64_t)p->cap * 50u; /* SFS_ADMIT_SHARE_PCT */
 }
 
 /* One clock_scan of evict.c: at most two laps. */
