@@ -46,7 +46,20 @@ struct sfs_cache *sfs_cache_create(const struct sfs_cache_config *cfg, int *err)
 
     if (!cfg)
         cfg = &def;
-    if (cfg->hugepages < SFS_HUGEPAGES_AUTO || cfg->hugepages > SFS_HUGEPAGES_OFF) {
+#ifdef SFS_TEST_HOOKS
+    /* Tests only (never the daemon or the rank library): run the suite with
+     * SHARDFS_TEST_ADMISSION=scan to create every default cache that way. */
+    struct sfs_cache_config adm;
+    const char *ae = getenv("SHARDFS_TEST_ADMISSION");
+
+    if (ae && strcmp(ae, "scan") == 0 && cfg->admission == SFS_ADMIT_CLOCK) {
+        adm = *cfg;
+        adm.admission = SFS_ADMIT_SCAN;
+        cfg = &adm;
+    }
+#endif
+    if (cfg->hugepages < SFS_HUGEPAGES_AUTO || cfg->hugepages > SFS_HUGEPAGES_OFF ||
+        (cfg->admission != SFS_ADMIT_CLOCK && cfg->admission != SFS_ADMIT_SCAN)) {
         r = -EINVAL;
         goto out_err;
     }
@@ -68,6 +81,9 @@ struct sfs_cache *sfs_cache_create(const struct sfs_cache_config *cfg, int *err)
         goto out_free;
     }
     c->hdr->hugepages = 0;
+    /* Written before any other process can attach, like the geometry. */
+    c->hdr->admission = (uint32_t)cfg->admission;
+    c->admit_scan = cfg->admission == SFS_ADMIT_SCAN;
     r = sfs_dp_create(c, cfg->hugepages, cfg->numa_bind ? cfg->numa_node : -1, cfg->populate);
     if (r < 0)
         goto out_free;
@@ -293,6 +309,9 @@ static struct sfs_cache *sfs_cache_attach_fds_into(struct sfs_cache *c, int *fds
     if (r < 0)
         goto out_fds;
     c->hugepages = c->hdr->hugepages != 0;
+    /* Any other value is input we do not know: plain CLOCK (a policy, not
+     * a correctness matter: see admit.c). */
+    c->admit_scan = c->hdr->admission == SFS_ADMIT_SCAN;
     if (!c->query_only) {
         r = sfs_dp_map(c, fds, nfds); /* owns the fds from here */
         free(fds);

@@ -22,6 +22,7 @@
  * lease.c the lease tables, evict.c CLOCK eviction and the wait for a free
  * slot, proc.c process records and reaping, ctl.c the region's geometry.
  */
+#include "admit_i.h"
 #include "slot_i.h"
 
 #include <errno.h>
@@ -124,7 +125,10 @@ static int hit_fast(struct sfs_cache *c, uint32_t b, const struct sfs_key *key, 
     }
     if (!atomic_load_explicit(&sl->accessed, memory_order_relaxed))
         atomic_store_explicit(&sl->accessed, 1, memory_order_relaxed);
-    if (atomic_load_explicit(&sl->flags, memory_order_relaxed) & SLOT_F_PREFETCHED) {
+    uint8_t f = atomic_load_explicit(&sl->flags, memory_order_relaxed);
+
+    sfs_admit_hit(sl, f); /* a second access: out of probation */
+    if (f & SLOT_F_PREFETCHED) {
         /* Once per prefetched load: the fetch_and says who cleared it. */
         if (atomic_fetch_and_explicit(&sl->flags, (uint8_t)~SLOT_F_PREFETCHED,
                                       memory_order_relaxed) &
@@ -217,6 +221,7 @@ retry:
             /* Closed by a recount cut short (a death): open it again. */
             slot_open(sl);
             atomic_store_explicit(&sl->accessed, 1, memory_order_relaxed);
+            sfs_admit_hit(sl, atomic_load_explicit(&sl->flags, memory_order_relaxed));
             if (atomic_load_explicit(&sl->flags, memory_order_relaxed) & SLOT_F_PREFETCHED) {
                 atomic_fetch_and_explicit(&sl->flags, (uint8_t)~SLOT_F_PREFETCHED,
                                           memory_order_relaxed);
@@ -228,6 +233,7 @@ retry:
             if (owner_alive_rec(c, sl)) {
                 lease_take(c, s, e, lease);
                 atomic_store_explicit(&sl->accessed, 1, memory_order_relaxed);
+                sfs_admit_hit(sl, atomic_load_explicit(&sl->flags, memory_order_relaxed));
                 sfs_ctr_add(c, CTR_MISSES, 1);
                 sfs_ctr_add(c, CTR_WAITS, 1);
                 bucket_unlock(c, b);
@@ -895,6 +901,7 @@ int sfs_cache_touch(struct sfs_cache *c, const struct sfs_block_id *blocks, size
             if ((st == SFS_STATE_READY || st == SFS_STATE_LOADING) &&
                 block_in(blocks, n, sl->block)) {
                 atomic_store_explicit(&sl->accessed, 1, memory_order_relaxed);
+                sfs_admit_hit(sl, atomic_load_explicit(&sl->flags, memory_order_relaxed));
                 marked++;
             }
             s = atomic_load_explicit(&sl->next, memory_order_relaxed);

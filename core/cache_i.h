@@ -76,6 +76,18 @@ struct sfs_cache {
 
     struct sfs_server *server;
     int conn_fd; /* the attach connection, held for the handle's life; -1: none */
+
+    /* admission=scan (admit.c): the mode as the creator set it, and this
+     * process's census of the slots its CLOCK hand visited (process-local,
+     * so nothing to repair after a death; relaxed: an estimate). */
+    bool admit_scan;
+    /* Padded to a line each side (the handle is calloc'ed, not aligned):
+     * written per hand step, and free_head above is on every Get. */
+    uint8_t adm_pad0[SFS_CACHELINE];
+    _Atomic uint32_t adm_seen; /* visits in the current window of nregular */
+    _Atomic uint32_t adm_prob; /* of them, probationary */
+    _Atomic uint32_t adm_last; /* probationary visits of the last full window */
+    uint8_t adm_pad1[SFS_CACHELINE];
 };
 
 /* util.c */

@@ -16,6 +16,7 @@
  * chain is an orphan cut off by a dead mover, and the evictor that finds it
  * takes it.
  */
+#include "admit_i.h"
 #include "slot_i.h"
 
 #include <string.h>
@@ -92,9 +93,11 @@ static int take_fresh(struct sfs_cache *c, uint32_t b, _Atomic uint32_t *fresh, 
 /*
  * CLOCK over slots [base, base + n): at most two laps. A set bit is cleared
  * (leased or not) and skipped; the first clear, unleased slot is the victim.
+ * With `passed` (admission=scan, regular pool), the admission may have the
+ * hand pass over a slot untouched; *passed then says it did.
  */
 static int clock_scan(struct sfs_cache *c, uint32_t b, _Atomic uint64_t *hand, uint32_t base,
-                      uint32_t n, uint32_t *out, bool *busy)
+                      uint32_t n, uint32_t *out, bool *busy, bool *passed)
 {
     if (n == 0)
         return -ENOSPC;
@@ -105,6 +108,10 @@ static int clock_scan(struct sfs_cache *c, uint32_t b, _Atomic uint64_t *hand, u
             base + (uint32_t)(atomic_fetch_add_explicit(hand, 1, memory_order_relaxed) % n);
         struct sfs_slot_rec *sl = &c->slots[s];
 
+        if (passed && sfs_admit_pass(c, sl)) {
+            *passed = true;
+            continue;
+        }
         if (atomic_load_explicit(&sl->accessed, memory_order_relaxed)) {
             atomic_store_explicit(&sl->accessed, 0, memory_order_relaxed);
             continue;
@@ -133,14 +140,22 @@ int alloc_slot(struct sfs_cache *c, uint32_t b, unsigned pools, uint32_t *out)
     if (pools & POOL_REGULAR) {
         if (take_fresh(c, b, &h->fresh, 0, c->nregular, out) == 0)
             return 0;
-        if (!(pools & POOL_FRESH_ONLY) &&
-            clock_scan(c, b, &h->hand, 0, c->nregular, out, &busy) == 0)
-            return 0;
+        if (!(pools & POOL_FRESH_ONLY)) {
+            bool passed = false;
+
+            if (clock_scan(c, b, &h->hand, 0, c->nregular, out, &busy,
+                           c->admit_scan ? &passed : NULL) == 0)
+                return 0;
+            /* The admission passed over main slots and found no victim:
+             * plain CLOCK, so it never turns a free slot into -ENOSPC. */
+            if (passed && clock_scan(c, b, &h->hand, 0, c->nregular, out, &busy, NULL) == 0)
+                return 0;
+        }
     }
     if (pools & POOL_RESERVED) {
         if (take_fresh(c, b, &h->fresh_reserved, c->nregular, c->nreserved, out) == 0)
             return 0;
-        if (clock_scan(c, b, &h->hand_reserved, c->nregular, c->nreserved, out, &busy) == 0)
+        if (clock_scan(c, b, &h->hand_reserved, c->nregular, c->nreserved, out, &busy, NULL) == 0)
             return 0;
     }
     return busy ? -EAGAIN : -ENOSPC;
@@ -158,6 +173,7 @@ void install(struct sfs_cache *c, uint32_t b, uint32_t s, const struct sfs_key *
      * it (and then fails its CAS or its check: the slot is closed). */
     slot_key_store(sl, k);
     make_owner(c, sl);
+    flags |= sfs_admit_new(c, s); /* admission=scan: probationary until hit */
     atomic_store_explicit(&sl->flags, flags | (prefetch ? SLOT_F_PREFETCHED : 0),
                           memory_order_relaxed);
     atomic_store_explicit(&sl->refcount, 0, memory_order_relaxed);

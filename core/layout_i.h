@@ -26,7 +26,7 @@
 #include <stdint.h>
 
 #define SFS_MAGIC          0x3153465344524148ull /* "HARDSFS1" little-endian */
-#define SFS_LAYOUT_VERSION 3u /* 3: the refcount word carries SLOT_REF_OPEN (lock-free hits) */
+#define SFS_LAYOUT_VERSION 4u /* 4: header.admission (was pad0); SLOT_F_PROBATION */
 #define SFS_NIL            UINT32_MAX            /* "no slot / no bucket" in links */
 #define SFS_CACHELINE      64
 
@@ -121,6 +121,9 @@ enum {
     SLOT_F_WRITE_WANTED = 1u << 2, /* a write Get or a remove found it leased (set under
                                     * the bucket lock; cleared when the slot is owned or
                                     * reused): the mount drops its page-cache pin on it */
+    SLOT_F_PROBATION = 1u << 3,    /* admission=scan: a new key not hit since its load
+                                    * (admit.c); a hint: a lost race only moves a key
+                                    * between probation and main */
 };
 
 enum sfs_proc_state {
@@ -183,7 +186,7 @@ struct sfs_header {
     uint32_t slots_per_segment;
     uint32_t seg_shift; /* log2(slots_per_segment) when a power of two, else 0 */
     uint32_t hugepages; /* the data plane is on huge pages */
-    uint32_t pad0;
+    uint32_t admission; /* enum sfs_admission of the creator (admit.c) */
     uint64_t off_buckets;
     uint64_t off_slots;
     uint64_t off_procs;

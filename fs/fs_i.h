@@ -465,6 +465,7 @@ struct fs_options {
     char *attach_uids; /* U1:U2:...: more uids that may attach */
     char *attach_gid;  /* a group whose members may attach */
     char *page_cache;  /* SIZE: bytes of shards the kernel page cache may hold */
+    char *admission;   /* clock|scan: -o admission (enum sfs_admission) */
     char *backend;     /* the first non-option argument */
     unsigned max_read;
     bool max_read_set;

@@ -53,6 +53,7 @@ static const struct fuse_opt opt_table[] = {
     OPT("attach_uids=%s", attach_uids),
     OPT("attach_gid=%s", attach_gid),
     OPT("page_cache=%s", page_cache),
+    OPT("admission=%s", admission),
     FUSE_OPT_KEY("ro", KEY_RO),
     FUSE_OPT_KEY("max_read=", KEY_MAX_READ),
     FUSE_OPT_KEY("default_permissions", KEY_PERMS_ON),
@@ -88,6 +89,9 @@ void fs_usage(const char *prog)
            "    -o numa_node=N         bind the data plane to NUMA node N (default: none)\n"
            "    -o warm=PCT            at mount, load the hottest blocks of the usage file up\n"
            "                           to PCT %% of capacity (default %d, 0: off)\n"
+           "    -o admission=clock|scan  how a new shard enters the cache: clock (default),\n"
+           "                           or scan: probationary until its second read, so a\n"
+           "                           scan larger than the cache does not flush hot shards\n"
            "    -o attach_uids=U1:U2   more uids that may attach to the socket (default: none;\n"
            "                           root and the daemon's uid always may)\n"
            "    -o attach_gid=GID      members of group GID may attach to the socket\n"
@@ -386,6 +390,14 @@ static int validate(const struct fs_options *o, const char *mnt, struct fs_confi
             FAIL("warm=%s: out of range (0..100 percent of capacity)", o->warm);
         cfg->warm_pct = (unsigned)v;
     }
+    if (o->admission) {
+        if (strcmp(o->admission, "clock") == 0)
+            cfg->cache.admission = SFS_ADMIT_CLOCK;
+        else if (strcmp(o->admission, "scan") == 0)
+            cfg->cache.admission = SFS_ADMIT_SCAN;
+        else
+            FAIL("admission=%s: must be clock or scan", o->admission);
+    }
     if (o->numa_node) {
         if (!parse_uint(o->numa_node, 1023, &v))
             FAIL("numa_node=%s: out of range (0..1023)", o->numa_node);
@@ -595,6 +607,7 @@ void fs_options_free(struct fs_options *o)
     free(o->readahead);
     free(o->page_cache);
     free(o->warm);
+    free(o->admission);
     free(o->numa_node);
     free(o->backend);
 }

@@ -107,6 +107,13 @@ int fsfx_start(struct fsfx *m, const char *backend, const char *opts, double tim
     mkdir(m->mnt, 0755);
     snprintf(o, sizeof(o), "%s%s%s%s", m->sock[0] ? "socket=" : "", m->sock,
              m->sock[0] && opts && *opts ? "," : "", opts ? opts : "");
+    /* SHARDFS_TEST_ADMISSION=scan: the suite with -o admission=scan (unless
+     * the test names an admission itself). */
+    const char *adm = getenv("SHARDFS_TEST_ADMISSION");
+    if (adm && *adm && !(opts && strstr(opts, "admission="))) {
+        size_t ol = strlen(o);
+        snprintf(o + ol, sizeof(o) - ol, "%sadmission=%s", ol ? "," : "", adm);
+    }
     m->pid = fork();
     if (m->pid < 0) {
         m->pid = 0;

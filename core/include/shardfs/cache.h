@@ -113,6 +113,13 @@ struct sfs_cache_config {
     bool numa_bind;        /* bind the data plane to numa_node (default: no binding) */
     bool populate;         /* prefault the data plane at create (default false) */
     bool no_reserved;      /* nreserved is exactly 0 (0 in nreserved means default) */
+    int admission;         /* enum sfs_admission (default SFS_ADMIT_CLOCK) */
+};
+
+/* How a new key enters the cache (docs/eviction.md, "Scan-resistant admission"). */
+enum sfs_admission {
+    SFS_ADMIT_CLOCK = 0, /* CLOCK with the new-load bit: every key on equal terms */
+    SFS_ADMIT_SCAN = 1,  /* a new key is probationary until its second access */
 };
 
 struct sfs_cache;
