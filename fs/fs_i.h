@@ -461,6 +461,8 @@ struct fs_options {
     char *wait_timeout;
     char *readahead;
     char *warm; /* -o warm=PCT */
+    char *partitions; /* -o partitions=P */
+    char *pin_budget; /* -o pin_budget=PCT */
     char *numa_node;
     char *attach_uids; /* U1:U2:...: more uids that may attach */
     char *attach_gid;  /* a group whose members may attach */

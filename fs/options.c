@@ -50,6 +50,8 @@ static const struct fuse_opt opt_table[] = {
     OPT("readahead=%s", readahead),
     OPT("numa_node=%s", numa_node),
     OPT("warm=%s", warm),
+    OPT("partitions=%s", partitions),
+    OPT("pin_budget=%s", pin_budget),
     OPT("attach_uids=%s", attach_uids),
     OPT("attach_gid=%s", attach_gid),
     OPT("page_cache=%s", page_cache),
@@ -88,6 +90,10 @@ void fs_usage(const char *prog)
            "    -o numa_node=N         bind the data plane to NUMA node N (default: none)\n"
            "    -o warm=PCT            at mount, load the hottest blocks of the usage file up\n"
            "                           to PCT %% of capacity (default %d, 0: off)\n"
+           "    -o partitions=P        eviction domains: a key's domain is its shard index\n"
+           "                           mod P; each has 1/P of the slots (default 1)\n"
+           "    -o pin_budget=PCT      pins (user.shardfs.pin) may hold PCT %% of the slots\n"
+           "                           (default 25, 0: no pins)\n"
            "    -o attach_uids=U1:U2   more uids that may attach to the socket (default: none;\n"
            "                           root and the daemon's uid always may)\n"
            "    -o attach_gid=GID      members of group GID may attach to the socket\n"
@@ -386,6 +392,20 @@ static int validate(const struct fs_options *o, const char *mnt, struct fs_confi
             FAIL("warm=%s: out of range (0..100 percent of capacity)", o->warm);
         cfg->warm_pct = (unsigned)v;
     }
+    if (o->partitions) {
+        uint64_t nslots = cfg->cache.capacity / cfg->cache.shard_size;
+
+        if (!parse_uint(o->partitions, SFS_MAX_PARTITIONS_PUBLIC, &v) || v == 0 || v > nslots / 2)
+            FAIL("partitions=%s: out of range (1..%u, and at most half the %" PRIu64 " slots)",
+                 o->partitions, SFS_MAX_PARTITIONS_PUBLIC, nslots);
+        cfg->cache.partitions = (uint32_t)v;
+    }
+    cfg->cache.pin_budget_pct = (int)SFS_DEFAULT_PIN_BUDGET_PCT;
+    if (o->pin_budget) {
+        if (!parse_uint(o->pin_budget, 100, &v))
+            FAIL("pin_budget=%s: out of range (0..100 percent of capacity)", o->pin_budget);
+        cfg->cache.pin_budget_pct = v ? (int)v : -1;
+    }
     if (o->numa_node) {
         if (!parse_uint(o->numa_node, 1023, &v))
             FAIL("numa_node=%s: out of range (0..1023)", o->numa_node);
@@ -595,6 +615,8 @@ void fs_options_free(struct fs_options *o)
     free(o->readahead);
     free(o->page_cache);
     free(o->warm);
+    free(o->partitions);
+    free(o->pin_budget);
     free(o->numa_node);
     free(o->backend);
 }
