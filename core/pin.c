@@ -51,12 +51,10 @@ static void block_words(const uint8_t *block, uint64_t w[2])
  * The expiry of block's pin: 0 if it has none, PIN_UNKNOWN if an entry kept
  * changing (a writer died in it: the next writer repairs it). Lock-free.
  */
-static int64_t pin_expiry(const struct sfs_cache *c, const uint8_t *block)
+static int64_t pin_expiry(const struct sfs_cache *c, const uint64_t w[2])
 {
-    uint64_t w[2];
-    uint32_t home = pin_home(c, block);
+    uint32_t home = pin_home(c, (const uint8_t *)w);
 
-    block_words(block, w);
     for (uint32_t i = 0; i < PIN_PROBE; i++) {
         struct sfs_pin_rec *p = &c->pins[(home + i) & (c->npins - 1)];
         int t;
@@ -144,9 +142,20 @@ static void slot_unflag(struct sfs_cache *c, struct sfs_slot_rec *sl)
         pin_uncharge(c, 1);
 }
 
+/* A slot's block id, as a lock-free reader may read it while install
+ * writes it (relaxed atomic words, as the lock-free hit reads them). */
+static void slot_block_words(const struct sfs_slot_rec *sl, uint64_t w[2])
+{
+    w[0] = __atomic_load_n((const key_word *)sl->block, __ATOMIC_RELAXED);
+    w[1] = __atomic_load_n((const key_word *)(sl->block + 8), __ATOMIC_RELAXED);
+}
+
 bool slot_pin_hint(struct sfs_cache *c, const struct sfs_slot_rec *sl)
 {
-    int64_t e = pin_expiry(c, sl->block);
+    uint64_t w[2];
+
+    slot_block_words(sl, w);
+    int64_t e = pin_expiry(c, w);
 
     return e != 0 && (e == PIN_UNKNOWN || e > sfs_now_ns());
 }
@@ -167,7 +176,10 @@ void pin_on_install(struct sfs_cache *c, struct sfs_slot_rec *sl)
      * (its walk runs after its entry is visible). */
     if (atomic_load_explicit(&c->hdr->pins_used, memory_order_relaxed) == 0)
         return;
-    int64_t e = pin_expiry(c, sl->block);
+    uint64_t w[2];
+
+    slot_block_words(sl, w);
+    int64_t e = pin_expiry(c, w);
 
     if (e != 0 && e != PIN_UNKNOWN && e > sfs_now_ns() && pin_charge(c))
         atomic_fetch_or_explicit(&sl->flags, (uint8_t)SLOT_F_PINNED, memory_order_relaxed);
@@ -229,7 +241,7 @@ static void walk_block(struct sfs_cache *c, const uint8_t *block, slot_fn *fn, v
             struct sfs_slot_rec *sl = &c->slots[s];
             uint64_t v[2];
 
-            memcpy(v, sl->block, 16);
+            slot_block_words(sl, v);
             if (v[0] == w[0] && v[1] == w[1] &&
                 atomic_load_explicit(&sl->state, memory_order_relaxed) != SFS_STATE_FREE)
                 fn(c, sl, arg);
