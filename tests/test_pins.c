@@ -10,12 +10,16 @@
  * Invariant (docs/invariants.md): a pinned slot is never evicted before its
  * pin's expiry (every test here floods the cache while a pin lasts).
  */
+#ifndef _GNU_SOURCE
+#define _GNU_SOURCE /* dlvsym */
+#endif
 #include "testutil.h"
 
 #include <shardfs/rank.h>
 
 #include <criterion/criterion.h>
 
+#include <dlfcn.h>
 #include <errno.h>
 #include <signal.h>
 #include <string.h>
@@ -245,4 +249,13 @@ Test(pins, rank_api_pin_and_a_killed_pinner, .timeout = 60)
     cr_assert_eq(sfs_rank_pin(NULL, bs, 1, 1), -EINVAL);
     sfs_rank_close(rk);
     sfs_cache_close(c);
+}
+
+Test(pins, rank_pin_is_in_the_current_symbol_version, .timeout = 30)
+{
+    /* ABI: a new symbol goes in the map's current node (SHARDFS_RANK_0.2). */
+    void *f = dlvsym(RTLD_DEFAULT, "sfs_rank_pin", "SHARDFS_RANK_0.2");
+
+    cr_assert_not_null(f, "no sfs_rank_pin@SHARDFS_RANK_0.2: %s", dlerror());
+    cr_assert_eq(f, (void *)sfs_rank_pin);
 }
