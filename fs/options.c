@@ -52,6 +52,7 @@ static const struct fuse_opt opt_table[] = {
     OPT("warm=%s", warm),
     OPT("partitions=%s", partitions),
     OPT("pin_budget=%s", pin_budget),
+    OPT("warm_pin=%s", warm_pin),
     OPT("attach_uids=%s", attach_uids),
     OPT("attach_gid=%s", attach_gid),
     OPT("page_cache=%s", page_cache),
@@ -94,6 +95,8 @@ void fs_usage(const char *prog)
            "                           mod P; each has 1/P of the slots (default 1)\n"
            "    -o pin_budget=PCT      pins (user.shardfs.pin) may hold PCT %% of the slots\n"
            "                           (default 25, 0: no pins)\n"
+           "    -o warm_pin=SECONDS    pin each block the warm-up loads for SECONDS (within\n"
+           "                           pin_budget; default 0: no pin)\n"
            "    -o attach_uids=U1:U2   more uids that may attach to the socket (default: none;\n"
            "                           root and the daemon's uid always may)\n"
            "    -o attach_gid=GID      members of group GID may attach to the socket\n"
@@ -406,6 +409,11 @@ static int validate(const struct fs_options *o, const char *mnt, struct fs_confi
             FAIL("pin_budget=%s: out of range (0..100 percent of capacity)", o->pin_budget);
         cfg->cache.pin_budget_pct = v ? (int)v : -1;
     }
+    if (o->warm_pin) {
+        if (!parse_uint(o->warm_pin, SFS_PIN_MAX_SECONDS, &v))
+            FAIL("warm_pin=%s: out of range (0..%u seconds)", o->warm_pin, SFS_PIN_MAX_SECONDS);
+        cfg->warm_pin_s = (uint32_t)v;
+    }
     if (o->numa_node) {
         if (!parse_uint(o->numa_node, 1023, &v))
             FAIL("numa_node=%s: out of range (0..1023)", o->numa_node);
@@ -617,6 +625,7 @@ void fs_options_free(struct fs_options *o)
     free(o->warm);
     free(o->partitions);
     free(o->pin_budget);
+    free(o->warm_pin);
     free(o->numa_node);
     free(o->backend);
 }

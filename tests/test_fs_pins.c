@@ -213,3 +213,38 @@ Test(fs_pins, bad_partitions_refused)
                  -ECHILD);
     cr_assert_eq(fsfx_log_lines_with(&M, "partitions=65: out of range"), 1);
 }
+
+Test(fs_pins, warm_restart_pins_what_it_warms)
+{
+    char usage[192];
+    struct stat st;
+
+    /* A skewed workload: blocks 0 and 1 (8 shards: a quarter of the
+     * cache) read ten times, blocks 10..19 once. */
+    start(NULL);
+    for (int i = 0; i < 10; i++) {
+        read_block(0);
+        read_block(1);
+    }
+    flood(10, 20, 1, 0);
+    cr_assert_geq(fsfx_stop(&M, true, 10.0), 0);
+    snprintf(usage, sizeof(usage), "%s/.shardfs_usage", store);
+    cr_assert_eq(stat(usage, &st), 0, "no usage file after the unmount");
+    /* Warm a quarter (the two hot blocks) and pin them. */
+    start("warm=25,warm_pin=600");
+    double t0 = fsfx_now_s();
+    bool all = false;
+    while (!all && fsfx_now_s() - t0 < 15.0) {
+        all = true;
+        for (uint64_t b = 0; b < 2 && all; b++)
+            for (uint32_t s = 0; s < NSH && all; s++)
+                all = strcmp(state(b, s), "ready,pinned") == 0;
+        if (!all)
+            fsfx_sleep_ms(50);
+    }
+    cr_assert(all, "the warmed hot blocks are not ready,pinned within 15 s");
+    cr_assert_eq(fsfx_stat(&M, "shardfs_pinned_bytes"), 8ll * SHARD);
+    flood(20, NBLOCKS, 1, 0);
+    cr_assert_str_eq(state(0, 0), "ready,pinned");
+    cr_assert_str_eq(state(1, 3), "ready,pinned");
+}
