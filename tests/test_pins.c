@@ -21,6 +21,7 @@
 
 #include <dlfcn.h>
 #include <errno.h>
+#include <pthread.h>
 #include <signal.h>
 #include <string.h>
 #include <time.h>
@@ -258,4 +259,68 @@ Test(pins, rank_pin_is_in_the_current_symbol_version, .timeout = 30)
 
     cr_assert_not_null(f, "no sfs_rank_pin@SHARDFS_RANK_0.2: %s", dlerror());
     cr_assert_eq(f, (void *)sfs_rank_pin);
+}
+
+/* Two threads flood the cache while this one pins, checks and unpins
+ * another block, over and over: the long pin never loses a shard, the
+ * short ones' charges all come back. */
+struct flooder {
+    struct sfs_cache *c;
+    uint64_t first;
+    int n;
+    int err;
+};
+
+static void *flood_thread(void *arg)
+{
+    struct flooder *f = arg;
+
+    for (int i = 0; i < f->n && !f->err; i++) {
+        struct sfs_key k = tu_key(f->first + (uint64_t)i, (uint32_t)i & 3);
+        struct sfs_lease l;
+        int role = sfs_cache_get(f->c, &k, 0, sfs_deadline_after(5000000000ll), &l);
+
+        if (role < 0) {
+            f->err = role;
+            break;
+        }
+        if (role == SFS_OWNER)
+            tu_publish(f->c, &k, &l);
+        else if (role == SFS_WAITER)
+            sfs_cache_wait(f->c, &l, sfs_deadline_after(5000000000ll));
+        sfs_cache_release(f->c, &l);
+    }
+    return NULL;
+}
+
+Test(pins, concurrent_floods_never_evict_a_live_pin, .timeout = 120)
+{
+    struct sfs_cache *c = cache_pins(64, 25); /* 16 slots of pins */
+    struct sfs_block_id x = tu_block(7), y = tu_block(8);
+    struct flooder f[2] = {{c, 100000, 20000, 0}, {c, 200000, 20000, 0}};
+    pthread_t t[2];
+
+    for (uint32_t s = 0; s < 4; s++)
+        load(c, 7, s);
+    cr_assert_eq(sfs_cache_pin(c, &x, 1, 600), 4);
+    for (int i = 0; i < 2; i++)
+        cr_assert_eq(pthread_create(&t[i], NULL, flood_thread, &f[i]), 0);
+    for (int round = 0; round < 300; round++) {
+        for (uint32_t s = 0; s < 2; s++)
+            tu_load(c, &(struct sfs_key){y, s});
+        int r = sfs_cache_pin(c, &y, 1, 600);
+        cr_assert(r >= 0 && r <= 2, "pin y: %d", r);
+        for (uint32_t s = 0; s < 4; s++)
+            cr_assert_eq(state(c, 7, s), SFS_STATE_READY, "round %d: pinned shard %u gone", round,
+                         s);
+        cr_assert_eq(sfs_cache_pin(c, &y, 1, 0), 0);
+    }
+    for (int i = 0; i < 2; i++) {
+        pthread_join(t[i], NULL);
+        cr_assert_eq(f[i].err, 0, "flooder %d: %s", i, strerror(-f[i].err));
+    }
+    for (uint32_t s = 0; s < 4; s++)
+        cr_assert_eq(state(c, 7, s), SFS_STATE_READY);
+    cr_assert_eq(sfs_cache_pinned_bytes(c), 4ull * SHARD);
+    sfs_cache_close(c);
 }
