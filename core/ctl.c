@@ -138,11 +138,8 @@ static int geometry_from_config(const struct sfs_cache_config *cfg, struct geome
         return -EINVAL;
     if (cfg->pin_budget_pct > 100)
         return -EINVAL;
-    g->pin_budget = cfg->pin_budget_pct < 0 ? 0
-                    : (uint32_t)((uint64_t)g->nslots *
-                                 (cfg->pin_budget_pct ? (uint32_t)cfg->pin_budget_pct
-                                                      : SFS_DEFAULT_PIN_BUDGET_PCT) /
-                                 100);
+    uint32_t pct = cfg->pin_budget_pct ? (uint32_t)cfg->pin_budget_pct : SFS_DEFAULT_PIN_BUDGET_PCT;
+    g->pin_budget = cfg->pin_budget_pct < 0 ? 0 : (uint32_t)((uint64_t)g->nslots * pct / 100);
     /* One entry per pinned block; half the slots is room for a budget of
      * 100 % in blocks of two shards (a table of 32 bytes an entry). */
     g->npins = pow2_at_least(g->nslots / 2 > 65536 ? 65536 : g->nslots / 2);

@@ -24,8 +24,8 @@
  * victim's bucket lock). Relaxed: a counter, summed by /stats. */
 static void count_domain_eviction(struct sfs_cache *c, const struct sfs_slot_rec *sl)
 {
-    uint32_t d = sfs_domain_of(c, atomic_load_explicit((_Atomic uint32_t *)&sl->shard,
-                                                       memory_order_relaxed));
+    uint32_t d = sfs_domain_of(
+        c, atomic_load_explicit((_Atomic uint32_t *)&sl->shard, memory_order_relaxed));
 
     atomic_fetch_add_explicit(&c->hdr->part_evictions[d], 1, memory_order_relaxed);
 }

@@ -26,8 +26,9 @@
 #include <stdint.h>
 
 #define SFS_MAGIC          0x3153465344524148ull /* "HARDSFS1" little-endian */
-#define SFS_LAYOUT_VERSION 4u /* 3: the refcount word carries SLOT_REF_OPEN (lock-free hits);
-                                * 4: eviction domains and the pin table */
+/* 3: the refcount word carries SLOT_REF_OPEN (lock-free hits); 4: eviction
+ * domains and the pin table (docs/layout.md). */
+#define SFS_LAYOUT_VERSION 4u
 #define SFS_NIL            UINT32_MAX            /* "no slot / no bucket" in links */
 #define SFS_CACHELINE      64
 /* Eviction domains: at most this many (-o partitions). */

@@ -28,7 +28,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#define PIN_PROBE 16 /* entries a block's pin may sit in, from its hash */
+#define PIN_PROBE      16 /* entries a block's pin may sit in, from its hash */
 #define PIN_READ_TRIES 64
 
 /* What a lock-free look at the table says. */
@@ -129,9 +129,8 @@ static void pin_uncharge(struct sfs_cache *c, uint32_t n)
     do {
         if (v == 0)
             return;
-    } while (!atomic_compare_exchange_weak_explicit(&c->hdr->pinned_slots, &v,
-                                                    v > n ? v - n : 0, memory_order_relaxed,
-                                                    memory_order_relaxed));
+    } while (!atomic_compare_exchange_weak_explicit(&c->hdr->pinned_slots, &v, v > n ? v - n : 0,
+                                                    memory_order_relaxed, memory_order_relaxed));
 }
 
 static void slot_unflag(struct sfs_cache *c, struct sfs_slot_rec *sl)

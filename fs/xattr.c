@@ -170,8 +170,8 @@ void fs_op_listxattr(fuse_req_t req, fuse_ino_t ino, size_t size)
 void fs_op_removexattr(fuse_req_t req, fuse_ino_t ino, const char *name)
 {
     bool ours = strcmp(name, SFS_XATTR_TOUCH) == 0 || strcmp(name, SFS_XATTR_PREFETCH) == 0 ||
-                strcmp(name, SFS_XATTR_PIN) == 0 ||
-                strcmp(name, SFS_XATTR_STATE) == 0 || strcmp(name, SFS_XATTR_SOCKET) == 0;
+                strcmp(name, SFS_XATTR_PIN) == 0 || strcmp(name, SFS_XATTR_STATE) == 0 ||
+                strcmp(name, SFS_XATTR_SOCKET) == 0;
 
     fuse_reply_err(req, ours ? ENOTSUP : ENODATA);
 }

@@ -801,8 +801,7 @@ int sfs_rank_touch(struct sfs_rank *rk, const struct sfs_block_id *blocks, size_
     return r;
 }
 
-int sfs_rank_pin(struct sfs_rank *rk, const struct sfs_block_id *blocks, size_t n,
-                 uint32_t seconds)
+int sfs_rank_pin(struct sfs_rank *rk, const struct sfs_block_id *blocks, size_t n, uint32_t seconds)
 {
     int r;
 

@@ -208,9 +208,9 @@ Test(fs_pins, bad_partitions_refused)
 {
     int st = 0;
 
-    cr_assert_eq(fsfx_start(&M, store, "hugepages=off,capacity=2M,shard_size=64K,partitions=65",
-                            10.0, &st),
-                 -ECHILD);
+    cr_assert_eq(
+        fsfx_start(&M, store, "hugepages=off,capacity=2M,shard_size=64K,partitions=65", 10.0, &st),
+        -ECHILD);
     cr_assert_eq(fsfx_log_lines_with(&M, "partitions=65: out of range"), 1);
 }
 
