@@ -207,8 +207,9 @@ retry:
                 sfs_ctr_add(c, CTR_RESIDENT_DELTA,
                             -(int64_t)atomic_load_explicit(&sl->length, memory_order_relaxed));
             make_owner(c, sl);
-            atomic_store_explicit(&sl->flags, s >= c->nregular ? SLOT_F_RESERVED : 0,
-                                  memory_order_relaxed);
+            /* The pin flag stays: the key stays (and its charge with it). */
+            atomic_fetch_and_explicit(&sl->flags, (uint8_t)(SLOT_F_RESERVED | SLOT_F_PINNED),
+                                      memory_order_relaxed);
             set_state(sl, SFS_STATE_LOADING);
             atomic_store_explicit(&sl->accessed, 1, memory_order_relaxed);
             lease_take(c, s, e, lease);
@@ -248,7 +249,8 @@ retry:
             if (st == SFS_STATE_IDLE)
                 sfs_ctr_add(c, CTR_TAKEOVERS, 1);
             make_owner(c, sl);
-            atomic_fetch_and_explicit(&sl->flags, (uint8_t)SLOT_F_RESERVED, memory_order_relaxed);
+            atomic_fetch_and_explicit(&sl->flags, (uint8_t)(SLOT_F_RESERVED | SLOT_F_PINNED),
+                                      memory_order_relaxed);
             set_state(sl, SFS_STATE_LOADING);
             atomic_store_explicit(&sl->accessed, 1, memory_order_relaxed);
             lease_take(c, s, e, lease);
@@ -261,8 +263,8 @@ retry:
         r = -ENOENT;
         goto out_unlock;
     }
-    r = alloc_slot(c, b, (flags & SFS_GET_PREFETCH) ? POOL_REGULAR : POOL_REGULAR | POOL_RESERVED,
-                   &s);
+    r = alloc_slot(c, b, sfs_domain_of(c, key->shard),
+                   (flags & SFS_GET_PREFETCH) ? POOL_REGULAR : POOL_REGULAR | POOL_RESERVED, &s);
     if (r == -EAGAIN && busy_retries++ < 64) {
         /* A victim's bucket was busy: let its holder finish, then rescan. */
         bucket_unlock(c, b);
@@ -809,6 +811,7 @@ int sfs_cache_remove(struct sfs_cache *c, const struct sfs_key *key)
         struct sfs_slot_rec *sl = &c->slots[s];
 
         chain_unlink(c, b, s);
+        pin_on_unlink(c, sl);
         if (atomic_load_explicit(&sl->state, memory_order_relaxed) == SFS_STATE_READY)
             sfs_ctr_add(c, CTR_RESIDENT_DELTA,
                         -(int64_t)atomic_load_explicit(&sl->length, memory_order_relaxed));
@@ -831,7 +834,8 @@ int sfs_cache_prealloc(struct sfs_cache *c, const struct sfs_key *key)
         return r;
     if (s != SFS_NIL) {
         r = 0;
-    } else if (alloc_slot(c, b, POOL_REGULAR | POOL_FRESH_ONLY | POOL_RESERVED, &s) == 0) {
+    } else if (alloc_slot(c, b, sfs_domain_of(c, key->shard),
+                          POOL_REGULAR | POOL_FRESH_ONLY | POOL_RESERVED, &s) == 0) {
         install(c, b, s, key, SFS_STATE_IDLE, false);
         atomic_store_explicit(&c->slots[s].owner, SFS_NIL, memory_order_relaxed);
         sfs_ctr_add(c, CTR_PREALLOC, 1);

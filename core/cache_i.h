@@ -48,6 +48,10 @@ struct sfs_cache {
     uint32_t slots_per_seg;
     uint32_t seg_shift; /* 0: use div/mod */
     uint32_t seg_mask;
+    uint32_t npartitions; /* eviction domains (>= 1) */
+    uint32_t npins;       /* pin table entries (a power of two) */
+    uint32_t pin_budget;  /* slots pins may hold */
+    struct sfs_pin_rec *pins;
 
     /* Data plane (NULL for the query-only role). */
     int *seg_fds;
@@ -89,6 +93,22 @@ struct sfs_cache {
     _Atomic uint32_t adm_last; /* probationary visits of the last full window */
     uint8_t adm_pad1[SFS_CACHELINE];
 };
+
+/* pin.c: the evictor's and install's side of pins (under the slot's bucket
+ * lock). slot_pin_holds: false for an unpinned slot; for a flagged one, true
+ * while its block's pin lasts, else clears the flag (and the charge) and
+ * returns false. pin_on_install: flag a slot just given a key whose block is
+ * pinned, if the budget has room. pin_on_unlink: a slot leaves its chain. */
+bool slot_pin_holds(struct sfs_cache *c, struct sfs_slot_rec *sl);
+bool slot_pin_hint(struct sfs_cache *c, const struct sfs_slot_rec *sl); /* lock-free look */
+void pin_on_install(struct sfs_cache *c, struct sfs_slot_rec *sl);
+void pin_on_unlink(struct sfs_cache *c, struct sfs_slot_rec *sl);
+
+/* The domain of a key: its shard index mod npartitions (DESIGN 13). */
+static inline uint32_t sfs_domain_of(const struct sfs_cache *c, uint32_t shard)
+{
+    return c->npartitions > 1 ? shard % c->npartitions : 0;
+}
 
 /* util.c */
 void sfs_log(int level, const char *fmt, ...) __attribute__((format(printf, 2, 3)));

@@ -21,6 +21,8 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+_Static_assert(SFS_MAX_PARTITIONS == SFS_MAX_PARTITIONS_PUBLIC, "one bound on domains");
+
 #define DEFAULT_SEGMENT    (1ull << 30)
 #define DEFAULT_MAX_PROCS  64u
 #define DEFAULT_MAX_LEASES 16384u
@@ -35,7 +37,8 @@
 struct geometry {
     uint64_t shard_size, stride, seg_size;
     uint32_t nslots, nreserved, nbuckets, max_procs, max_leases, nsegments, slots_per_seg;
-    uint64_t off_buckets, off_slots, off_procs, off_leases, size;
+    uint32_t npartitions, npins, pin_budget;
+    uint64_t off_buckets, off_slots, off_procs, off_leases, off_pins, size;
 };
 
 static void layout(struct geometry *g)
@@ -50,6 +53,9 @@ static void layout(struct geometry *g)
     off += (uint64_t)g->max_procs * sizeof(struct sfs_proc_rec);
     g->off_leases = off;
     off += (uint64_t)g->max_procs * g->max_leases * sizeof(uint32_t);
+    off = SFS_ALIGN_UP(off, SFS_CACHELINE);
+    g->off_pins = off;
+    off += (uint64_t)g->npins * sizeof(struct sfs_pin_rec);
     g->size = SFS_ALIGN_UP(off, 4096);
 }
 
@@ -70,6 +76,10 @@ uint64_t sfs_layout_format(void)
         offsetof(struct sfs_header, hand),
         offsetof(struct sfs_header, release_seq),
         offsetof(struct sfs_header, proc_lock),
+        offsetof(struct sfs_header, pin_lock),
+        offsetof(struct sfs_header, dom),
+        sizeof(struct sfs_pin_rec),
+        SFS_MAX_PARTITIONS,
         offsetof(struct sfs_header, retired),
         sizeof(struct sfs_bucket_rec),
         offsetof(struct sfs_bucket_rec, head),
@@ -122,6 +132,19 @@ static int geometry_from_config(const struct sfs_cache_config *cfg, struct geome
         g->nreserved = cfg->nreserved ? cfg->nreserved : g->nslots / 64;
     if (g->nreserved >= g->nslots)
         return -EINVAL;
+    /* Domains: each needs a regular slot at least. */
+    g->npartitions = cfg->partitions ? cfg->partitions : 1;
+    if (g->npartitions > SFS_MAX_PARTITIONS || g->npartitions > g->nslots - g->nreserved)
+        return -EINVAL;
+    if (cfg->pin_budget_pct > 100)
+        return -EINVAL;
+    uint32_t pct = cfg->pin_budget_pct ? (uint32_t)cfg->pin_budget_pct : SFS_DEFAULT_PIN_BUDGET_PCT;
+    g->pin_budget = cfg->pin_budget_pct < 0 ? 0 : (uint32_t)((uint64_t)g->nslots * pct / 100);
+    /* One entry per pinned block; half the slots is room for a budget of
+     * 100 % in blocks of two shards (a table of 32 bytes an entry). */
+    g->npins = pow2_at_least(g->nslots / 2 > 65536 ? 65536 : g->nslots / 2);
+    if (g->npins < 64)
+        g->npins = 64;
     g->nbuckets = pow2_at_least(cfg->nbuckets ? cfg->nbuckets : g->nslots / 2);
     if (g->nbuckets < 64)
         g->nbuckets = 64;
@@ -172,6 +195,10 @@ static void adopt_geometry(struct sfs_cache *c, const struct geometry *g)
     c->slots = (struct sfs_slot_rec *)((uint8_t *)c->ctl + g->off_slots);
     c->procs = (struct sfs_proc_rec *)((uint8_t *)c->ctl + g->off_procs);
     c->off_leases = g->off_leases;
+    c->npartitions = g->npartitions;
+    c->npins = g->npins;
+    c->pin_budget = g->pin_budget;
+    c->pins = (struct sfs_pin_rec *)((uint8_t *)c->ctl + g->off_pins);
 }
 
 int sfs_ctl_init(struct sfs_cache *c, const struct sfs_cache_config *cfg)
@@ -216,7 +243,14 @@ int sfs_ctl_init(struct sfs_cache *c, const struct sfs_cache_config *cfg)
     h->off_slots = g.off_slots;
     h->off_procs = g.off_procs;
     h->off_leases = g.off_leases;
+    h->off_pins = g.off_pins;
+    h->npartitions = g.npartitions;
+    h->npins = g.npins;
+    h->pin_budget = g.pin_budget;
     r = sfs_robust_mutex_init(&h->proc_lock);
+    if (r < 0)
+        return r;
+    r = sfs_robust_mutex_init(&h->pin_lock);
     if (r < 0)
         return r;
     for (uint32_t b = 0; b < g.nbuckets; b++) {
@@ -266,12 +300,17 @@ int sfs_ctl_validate(struct sfs_cache *c)
     g.max_leases = h->max_leases;
     g.nsegments = h->nsegments;
     g.slots_per_seg = h->slots_per_segment;
+    g.npartitions = h->npartitions;
+    g.npins = h->npins;
+    g.pin_budget = h->pin_budget;
     /* Each field within the bounds geometry_from_config() gives it. */
     if (g.shard_size == 0 || g.shard_size > UINT32_MAX || g.nslots == 0 ||
         g.nslots >= (1u << 29) || g.nreserved >= g.nslots || g.nbuckets == 0 ||
         (g.nbuckets & (g.nbuckets - 1)) || g.max_procs == 0 || g.max_procs > 4096 ||
         g.max_leases == 0 || g.max_leases > (1u << 24) || g.slots_per_seg == 0 ||
-        g.slots_per_seg > g.nslots)
+        g.slots_per_seg > g.nslots || g.npartitions == 0 ||
+        g.npartitions > SFS_MAX_PARTITIONS || g.npartitions > g.nslots - g.nreserved ||
+        g.npins < 64 || g.npins > 65536 || (g.npins & (g.npins - 1)) || g.pin_budget > g.nslots)
         return -EBADMSG;
     /* Every derived size recomputed as the creator computes it, each product
      * overflow-checked, and required equal: stride exactly the aligned shard
@@ -289,7 +328,7 @@ int sfs_ctl_validate(struct sfs_cache *c)
     layout(&g);
     if (g.size != h->region_size || g.size != (uint64_t)st.st_size || g.size != c->ctl_len ||
         g.off_buckets != h->off_buckets || g.off_slots != h->off_slots ||
-        g.off_procs != h->off_procs || g.off_leases != h->off_leases)
+        g.off_procs != h->off_procs || g.off_leases != h->off_leases || g.off_pins != h->off_pins)
         return -EBADMSG;
     adopt_geometry(c, &g);
     return 0;

@@ -21,6 +21,16 @@
 
 #include <string.h>
 
+/* One more eviction in the domain of the slot's key (read under the
+ * victim's bucket lock). Relaxed: a counter, summed by /stats. */
+static void count_domain_eviction(struct sfs_cache *c, const struct sfs_slot_rec *sl)
+{
+    uint32_t d = sfs_domain_of(
+        c, atomic_load_explicit((_Atomic uint32_t *)&sl->shard, memory_order_relaxed));
+
+    atomic_fetch_add_explicit(&c->hdr->part_evictions[d], 1, memory_order_relaxed);
+}
+
 /* Try to take slot s for bucket b (b locked). Returns 0 with s detached and
  * s->bucket == b, -EBUSY when its bucket was busy, or -EAGAIN to move on. */
 static int take_slot(struct sfs_cache *c, uint32_t b, uint32_t s)
@@ -44,6 +54,10 @@ static int take_slot(struct sfs_cache *c, uint32_t b, uint32_t s)
     int r = -EAGAIN;
     if (atomic_load_explicit(&sl->bucket, memory_order_relaxed) != sb)
         goto out_unlock;
+    /* Pinned, and the pin lasts: not a victim (an expired pin's flag is
+     * cleared here, and the slot is one like any other). */
+    if (slot_pin_holds(c, sl))
+        goto out_unlock;
     /* Leased after all (the scan's look was a hint): never unlinked. The
      * count is checked before the unlink, so at no instant is a leased slot
      * off its chain: a death there left one, and the next Get of its key
@@ -61,8 +75,10 @@ static int take_slot(struct sfs_cache *c, uint32_t b, uint32_t s)
         if (st == SFS_STATE_READY)
             sfs_ctr_add(c, CTR_RESIDENT_DELTA,
                         -(int64_t)atomic_load_explicit(&sl->length, memory_order_relaxed));
-        if (st != SFS_STATE_FREE)
+        if (st != SFS_STATE_FREE) {
             sfs_ctr_add(c, CTR_EVICTIONS, 1);
+            count_domain_eviction(c, sl);
+        }
     }
     SFS_TEST_POINT("evict:unlinked");
     atomic_store_explicit(&sl->bucket, b, memory_order_relaxed);
@@ -118,6 +134,9 @@ static int clock_scan(struct sfs_cache *c, uint32_t b, _Atomic uint64_t *hand, u
         }
         if (sfs_slot_refs(sl) != 0)
             continue; /* hint; re-checked under the lock */
+        if ((atomic_load_explicit(&sl->flags, memory_order_relaxed) & SLOT_F_PINNED) &&
+            slot_pin_hint(c, sl))
+            continue; /* hint; re-checked under the lock (take_slot) */
         int r = take_slot(c, b, s);
 
         if (r == 0) {
@@ -130,32 +149,70 @@ static int clock_scan(struct sfs_cache *c, uint32_t b, _Atomic uint64_t *hand, u
     return -ENOSPC;
 }
 
-/* -ENOSPC when every candidate was leased; -EAGAIN when some unleased one
- * sat in a bucket that was busy at that instant (worth another try). */
-int alloc_slot(struct sfs_cache *c, uint32_t b, unsigned pools, uint32_t *out)
+/*
+ * An eviction domain: its share of each pool and its hands. Domain d of P
+ * owns regular slots [d * R / P, (d + 1) * R / P) and reserved slots
+ * likewise, so a domain's budget is a hard bound by construction: its keys
+ * are only ever installed in its own ranges. With P = 1 this is the whole
+ * pools and the header's hands, exactly as before domains.
+ */
+struct domain {
+    _Atomic uint64_t *hand, *hand_reserved;
+    _Atomic uint32_t *fresh, *fresh_reserved;
+    uint32_t base, n, rbase, rn;
+};
+
+static void domain_get(struct sfs_cache *c, uint32_t d, struct domain *o)
 {
     struct sfs_header *h = c->hdr;
+    uint32_t p = c->npartitions;
+
+    if (d == 0) {
+        o->hand = &h->hand;
+        o->hand_reserved = &h->hand_reserved;
+        o->fresh = &h->fresh;
+        o->fresh_reserved = &h->fresh_reserved;
+    } else {
+        o->hand = &h->dom[d - 1].hand;
+        o->hand_reserved = &h->dom[d - 1].hand_reserved;
+        o->fresh = &h->dom[d - 1].fresh;
+        o->fresh_reserved = &h->dom[d - 1].fresh_reserved;
+    }
+    o->base = (uint32_t)((uint64_t)c->nregular * d / p);
+    o->n = (uint32_t)((uint64_t)c->nregular * (d + 1) / p) - o->base;
+    o->rbase = c->nregular + (uint32_t)((uint64_t)c->nreserved * d / p);
+    o->rn = c->nregular + (uint32_t)((uint64_t)c->nreserved * (d + 1) / p) - o->rbase;
+}
+
+/* -ENOSPC when every candidate was leased (or pinned); -EAGAIN when some
+ * unleased one sat in a bucket that was busy at that instant (worth another
+ * try). Only the slots of domain `dom` are candidates. */
+int alloc_slot(struct sfs_cache *c, uint32_t b, uint32_t dom, unsigned pools, uint32_t *out)
+{
+    struct domain d;
     bool busy = false;
 
+    SFS_ASSERT(dom < c->npartitions);
+    domain_get(c, dom, &d);
     if (pools & POOL_REGULAR) {
-        if (take_fresh(c, b, &h->fresh, 0, c->nregular, out) == 0)
+        if (take_fresh(c, b, d.fresh, d.base, d.n, out) == 0)
             return 0;
         if (!(pools & POOL_FRESH_ONLY)) {
             bool passed = false;
 
-            if (clock_scan(c, b, &h->hand, 0, c->nregular, out, &busy,
+            if (clock_scan(c, b, d.hand, d.base, d.n, out, &busy,
                            c->admit_scan ? &passed : NULL) == 0)
                 return 0;
             /* The admission passed over main slots and found no victim:
              * plain CLOCK, so it never turns a free slot into -ENOSPC. */
-            if (passed && clock_scan(c, b, &h->hand, 0, c->nregular, out, &busy, NULL) == 0)
+            if (passed && clock_scan(c, b, d.hand, d.base, d.n, out, &busy, NULL) == 0)
                 return 0;
         }
     }
     if (pools & POOL_RESERVED) {
-        if (take_fresh(c, b, &h->fresh_reserved, c->nregular, c->nreserved, out) == 0)
+        if (take_fresh(c, b, d.fresh_reserved, d.rbase, d.rn, out) == 0)
             return 0;
-        if (clock_scan(c, b, &h->hand_reserved, c->nregular, c->nreserved, out, &busy, NULL) == 0)
+        if (clock_scan(c, b, d.hand_reserved, d.rbase, d.rn, out, &busy, NULL) == 0)
             return 0;
     }
     return busy ? -EAGAIN : -ENOSPC;
@@ -180,6 +237,7 @@ void install(struct sfs_cache *c, uint32_t b, uint32_t s, const struct sfs_key *
     /* A new load gets a second chance; a prewarmed guess does not. */
     atomic_store_explicit(&sl->accessed, state == SFS_STATE_LOADING, memory_order_relaxed);
     set_state(sl, state);
+    pin_on_install(c, sl);
     chain_link(c, b, s);
     uint32_t m = atomic_load_explicit(&c->hdr->max_shard, memory_order_relaxed);
     while (k->shard > m &&

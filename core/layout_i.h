@@ -5,7 +5,7 @@
  * The control plane is one memfd mapped by every attached process, at any
  * address, so it holds offsets and indices, never pointers. It is laid out as
  *
- *   [header][bucket table][slot table][process table][lease tables]
+ *   [header][bucket table][slot table][process table][lease tables][pin table]
  *
  * each part cache-line aligned. Every field says who writes it and what
  * protects it. Everything read from here is input: an index is checked
@@ -26,9 +26,14 @@
 #include <stdint.h>
 
 #define SFS_MAGIC          0x3153465344524148ull /* "HARDSFS1" little-endian */
-#define SFS_LAYOUT_VERSION 4u /* 4: header.admission (was pad0); SLOT_F_PROBATION */
+/* 3: the refcount word carries SLOT_REF_OPEN (lock-free hits); 4: header.
+ * admission (was pad0) and SLOT_F_PROBATION (scan-resistant admission); 5:
+ * eviction domains and the pin table, SLOT_F_PINNED (docs/layout.md). */
+#define SFS_LAYOUT_VERSION 5u
 #define SFS_NIL            UINT32_MAX            /* "no slot / no bucket" in links */
 #define SFS_CACHELINE      64
+/* Eviction domains: at most this many (-o partitions). */
+#define SFS_MAX_PARTITIONS 64u /* = SFS_MAX_PARTITIONS_PUBLIC (ctl.c checks) */
 
 /* Lease-table entries: 0 is free, else slot index + 1. */
 #define SFS_ENTRY_FREE 0u
@@ -124,6 +129,23 @@ enum {
     SLOT_F_PROBATION = 1u << 3,    /* admission=scan: a new key not hit since its load
                                     * (admit.c); a hint: a lost race only moves a key
                                     * between probation and main */
+    SLOT_F_PINNED = 1u << 4,       /* its block had a live pin when this was set (under
+                                    * the bucket lock, with hdr->pinned_slots charged);
+                                    * the pin table says whether it still holds (pin.c) */
+};
+
+/*
+ * One pin: a block and the absolute CLOCK_MONOTONIC instant its pin ends.
+ * Written only under hdr->pin_lock, as a seqlock (seq odd while the entry
+ * changes), read lock-free by the evictor and by install. expiry_ns 0: the
+ * entry is free. No process owns a pin: it ends at expiry_ns whoever made
+ * it, dead or alive (docs/eviction.md, "Pins").
+ */
+struct sfs_pin_rec {
+    _Atomic uint32_t seq;
+    uint32_t pad0;
+    alignas(8) uint8_t block[16]; /* read as two relaxed atomic words */
+    _Atomic int64_t expiry_ns;
 };
 
 enum sfs_proc_state {
@@ -186,13 +208,20 @@ struct sfs_header {
     uint32_t slots_per_segment;
     uint32_t seg_shift; /* log2(slots_per_segment) when a power of two, else 0 */
     uint32_t hugepages; /* the data plane is on huge pages */
-    uint32_t admission; /* enum sfs_admission of the creator (admit.c) */
+    uint32_t admission;   /* enum sfs_admission of the creator (admit.c) */
+    uint32_t npartitions; /* eviction domains, 1..SFS_MAX_PARTITIONS */
+    uint32_t npins;       /* pin table entries, a power of two */
+    uint32_t pin_budget;  /* slots pins may hold at once */
+    uint32_t pad1;
     uint64_t off_buckets;
     uint64_t off_slots;
     uint64_t off_procs;
     uint64_t off_leases;
+    uint64_t off_pins;
 
-    /* CLOCK hands (regular and reserved pools): fetch_add, relaxed. */
+    /* CLOCK hands (regular and reserved pools) of domain 0, the only one
+     * when npartitions is 1: fetch_add, relaxed. Domains 1.. have theirs in
+     * dom[] below. */
     alignas(SFS_CACHELINE) _Atomic uint64_t hand;
     _Atomic uint64_t hand_reserved;
     /* Never-used slots are handed out in order before the hand moves. */
@@ -204,6 +233,24 @@ struct sfs_header {
     /* Slot-free notification for Gets waiting on a full cache. */
     alignas(SFS_CACHELINE) _Atomic uint32_t release_seq; /* futex word */
     _Atomic uint32_t release_waiters;
+
+    /* Pins (pin.c): the table's writers' lock, and the slots flagged
+     * SLOT_F_PINNED (charged before the flag is set, uncharged after it is
+     * cleared, both under the slot's bucket lock; never above pin_budget). */
+    alignas(SFS_CACHELINE) pthread_mutex_t pin_lock; /* robust, pshared */
+    _Atomic uint32_t pinned_slots;
+    _Atomic uint32_t pins_used; /* entries with expiry_ns != 0 (a hint: 0 skips lookups) */
+
+    /* Evictions by domain (a miss path's fetch_add, relaxed). */
+    alignas(SFS_CACHELINE) _Atomic uint64_t part_evictions[SFS_MAX_PARTITIONS];
+
+    /* The hands of domains 1..npartitions-1 (domain d at dom[d - 1]). */
+    alignas(SFS_CACHELINE) struct {
+        alignas(SFS_CACHELINE) _Atomic uint64_t hand;
+        _Atomic uint64_t hand_reserved;
+        _Atomic uint32_t fresh;
+        _Atomic uint32_t fresh_reserved;
+    } dom[SFS_MAX_PARTITIONS - 1];
 
     /* Counters of reaped or detached processes, folded in under proc_lock. */
     alignas(SFS_CACHELINE) pthread_mutex_t proc_lock; /* robust, pshared */

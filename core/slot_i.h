@@ -338,7 +338,7 @@ enum pool { POOL_REGULAR = 1, POOL_RESERVED = 2, POOL_FRESH_ONLY = 4 };
 /* Take a slot for bucket b (b locked) from `pools`: 0 with *out detached
  * and its bucket set to b; -ENOSPC when every candidate was leased; -EAGAIN
  * when some unleased one sat in a bucket that was busy at that instant. */
-int alloc_slot(struct sfs_cache *c, uint32_t b, unsigned pools, uint32_t *out);
+int alloc_slot(struct sfs_cache *c, uint32_t b, uint32_t dom, unsigned pools, uint32_t *out);
 /* Put key on slot s (detached, s->bucket == b, b locked) in `state`. */
 void install(struct sfs_cache *c, uint32_t b, uint32_t s, const struct sfs_key *k, uint32_t state,
              bool prefetch);

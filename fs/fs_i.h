@@ -178,6 +178,7 @@ struct fs {
     /* The learned hot set and warm restart (usage.c); NULL: none (a store
      * with no directory, or no memory for the table). */
     struct fs_usage *usage;
+    uint32_t warm_pin_s; /* -o warm_pin: seconds the warm-up pins what it warms (0: no) */
 };
 
 /* The daemon's defaults and bounds (options.c, session.c, main.c). */
@@ -461,6 +462,9 @@ struct fs_options {
     char *wait_timeout;
     char *readahead;
     char *warm; /* -o warm=PCT */
+    char *partitions; /* -o partitions=P */
+    char *pin_budget; /* -o pin_budget=PCT */
+    char *warm_pin;   /* -o warm_pin=SECONDS */
     char *numa_node;
     char *attach_uids; /* U1:U2:...: more uids that may attach */
     char *attach_gid;  /* a group whose members may attach */
@@ -484,6 +488,7 @@ struct fs_config {
     uint32_t readahead;
     uint64_t page_cache; /* bytes (0: off) */
     unsigned warm_pct; /* -o warm: percent of capacity warmed at mount (0: off) */
+    uint32_t warm_pin_s; /* -o warm_pin: pin the warmed blocks this long (0: no) */
     char socket[sizeof(((struct sockaddr_un *)0)->sun_path)];
     bool default_socket;
     /* Who may attach besides root and our uid (-o attach_uids, attach_gid). */

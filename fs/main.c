@@ -198,6 +198,7 @@ int main(int argc, char *argv[])
     }
     /* The hot set: reads the usage file and warms from it in the background
      * while the mount serves; never fails the mount. */
+    fs.warm_pin_s = cfg.warm_pin_s;
     fs_usage_start(&fs, o.backend, cfg.warm_pct, !o.ro);
     if (ready_fd >= 0) {
         fs_daemonize_done(ready_fd);

@@ -50,6 +50,9 @@ static const struct fuse_opt opt_table[] = {
     OPT("readahead=%s", readahead),
     OPT("numa_node=%s", numa_node),
     OPT("warm=%s", warm),
+    OPT("partitions=%s", partitions),
+    OPT("pin_budget=%s", pin_budget),
+    OPT("warm_pin=%s", warm_pin),
     OPT("attach_uids=%s", attach_uids),
     OPT("attach_gid=%s", attach_gid),
     OPT("page_cache=%s", page_cache),
@@ -92,6 +95,12 @@ void fs_usage(const char *prog)
            "    -o admission=clock|scan  how a new shard enters the cache: clock (default),\n"
            "                           or scan: probationary until its second read, so a\n"
            "                           scan larger than the cache does not flush hot shards\n"
+           "    -o partitions=P        eviction domains: a key's domain is its shard index\n"
+           "                           mod P; each has 1/P of the slots (default 1)\n"
+           "    -o pin_budget=PCT      pins (user.shardfs.pin) may hold PCT %% of the slots\n"
+           "                           (default 25, 0: no pins)\n"
+           "    -o warm_pin=SECONDS    pin each block the warm-up loads for SECONDS (within\n"
+           "                           pin_budget; default 0: no pin)\n"
            "    -o attach_uids=U1:U2   more uids that may attach to the socket (default: none;\n"
            "                           root and the daemon's uid always may)\n"
            "    -o attach_gid=GID      members of group GID may attach to the socket\n"
@@ -398,6 +407,25 @@ static int validate(const struct fs_options *o, const char *mnt, struct fs_confi
         else
             FAIL("admission=%s: must be clock or scan", o->admission);
     }
+    if (o->partitions) {
+        uint64_t nslots = cfg->cache.capacity / cfg->cache.shard_size;
+
+        if (!parse_uint(o->partitions, SFS_MAX_PARTITIONS_PUBLIC, &v) || v == 0 || v > nslots / 2)
+            FAIL("partitions=%s: out of range (1..%u, and at most half the %" PRIu64 " slots)",
+                 o->partitions, SFS_MAX_PARTITIONS_PUBLIC, nslots);
+        cfg->cache.partitions = (uint32_t)v;
+    }
+    cfg->cache.pin_budget_pct = (int)SFS_DEFAULT_PIN_BUDGET_PCT;
+    if (o->pin_budget) {
+        if (!parse_uint(o->pin_budget, 100, &v))
+            FAIL("pin_budget=%s: out of range (0..100 percent of capacity)", o->pin_budget);
+        cfg->cache.pin_budget_pct = v ? (int)v : -1;
+    }
+    if (o->warm_pin) {
+        if (!parse_uint(o->warm_pin, SFS_PIN_MAX_SECONDS, &v))
+            FAIL("warm_pin=%s: out of range (0..%u seconds)", o->warm_pin, SFS_PIN_MAX_SECONDS);
+        cfg->warm_pin_s = (uint32_t)v;
+    }
     if (o->numa_node) {
         if (!parse_uint(o->numa_node, 1023, &v))
             FAIL("numa_node=%s: out of range (0..1023)", o->numa_node);
@@ -608,6 +636,9 @@ void fs_options_free(struct fs_options *o)
     free(o->page_cache);
     free(o->warm);
     free(o->admission);
+    free(o->partitions);
+    free(o->pin_budget);
+    free(o->warm_pin);
     free(o->numa_node);
     free(o->backend);
 }

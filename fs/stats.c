@@ -11,6 +11,7 @@
 #include "fs_i.h"
 
 #include <inttypes.h>
+#include <stdarg.h>
 #include <stdio.h>
 
 struct textbuf {
@@ -27,6 +28,31 @@ static void emit(struct textbuf *t, const char *name, const char *type, const ch
 
     if (n > 0)
         t->len += (size_t)n;
+}
+
+static void out(struct textbuf *t, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static void out(struct textbuf *t, const char *fmt, ...)
+{
+    va_list ap;
+
+    va_start(ap, fmt);
+    int n = vsnprintf(t->p + (t->len < t->cap ? t->len : t->cap),
+                      t->len < t->cap ? t->cap - t->len : 0, fmt, ap);
+    va_end(ap);
+    if (n > 0)
+        t->len += (size_t)n;
+}
+
+/* shardfs_partition_evictions_total{partition="i"}, one line a domain. */
+static void emit_partitions(struct textbuf *t, struct sfs_cache *c)
+{
+    uint64_t ev[SFS_MAX_PARTITIONS_PUBLIC];
+    uint32_t p = sfs_cache_partition_evictions(c, ev, SFS_MAX_PARTITIONS_PUBLIC);
+
+    out(t, "# HELP shardfs_partition_evictions_total Evictions in each eviction domain "
+           "(-o partitions).\n# TYPE shardfs_partition_evictions_total counter\n");
+    for (uint32_t i = 0; i < p && i < SFS_MAX_PARTITIONS_PUBLIC; i++)
+        out(t, "shardfs_partition_evictions_total{partition=\"%u\"} %" PRIu64 "\n", i, ev[i]);
 }
 
 size_t fs_stats_text(struct fs *fs, char *buf, size_t len)
@@ -80,6 +106,9 @@ size_t fs_stats_text(struct fs *fs, char *buf, size_t len)
           "Shards the kernel page cache may hold (-o page_cache): leased by the daemon.", pins);
     }
     C("warmed_total", "Shard loads started by the warm restart (-o warm).", L(warmed));
+    G("pinned_bytes", "Bytes of the slots pins hold (user.shardfs.pin, the rank API).",
+      sfs_cache_pinned_bytes(fs->cache));
+    emit_partitions(&t, fs->cache);
     G("shard_size_bytes", "Bytes per shard.", ci.shard_size);
     G("slots", "Slots in the cache.", ci.nslots);
 #undef C

@@ -484,6 +484,7 @@ static void *warm_main(void *arg)
     uint64_t budget = (uint64_t)fs->nslots * u->warm_pct / 100, used = 0, started = 0;
     uint32_t inflight = fs->nslots / 8 ? fs->nslots / 8 : 1;
     size_t blocks = 0;
+    unsigned pin_failed = 0;
 
     /* Prefetch takes no reserved slot: past the regular pool a warm load
      * could only evict a hotter block warmed before it. */
@@ -503,6 +504,14 @@ static void *warm_main(void *arg)
             break; /* the warmed set is a prefix of the ranking: no colder block jumps it */
         used += (uint64_t)n;
         blocks++;
+        /* -o warm_pin: pin before loading, so each shard is pinned as it
+         * lands (within pin_budget: past it, shards load unpinned). */
+        if (fs->warm_pin_s) {
+            int p = sfs_cache_pin(fs->cache, &b, 1, fs->warm_pin_s);
+
+            if (p < 0 && !pin_failed++)
+                fs_log(LOG_WARNING, "warm restart: pin: %s; warming unpinned", strerror(-p));
+        }
         for (uint32_t s = 0; s < (uint32_t)n; s++) {
             int k;
 

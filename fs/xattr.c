@@ -25,6 +25,28 @@ static bool value_is_one(const char *v, size_t n)
     return (n == 1 && v[0] == '1') || (n == 2 && v[0] == '1' && v[1] == '\n');
 }
 
+/* user.shardfs.pin's value: decimal seconds (0 unpins), an optional
+ * newline; -EINVAL for anything else or above SFS_PIN_MAX_SECONDS. */
+static int parse_pin_seconds(const char *v, size_t n)
+{
+    uint64_t s = 0;
+
+    if (n && v[n - 1] == '\n')
+        n--;
+    if (n == 0 || n > 10)
+        return -EINVAL;
+    for (size_t i = 0; i < n; i++) {
+        if (v[i] < '0' || v[i] > '9')
+            return -EINVAL;
+        s = s * 10 + (uint64_t)(v[i] - '0');
+    }
+    return s > SFS_PIN_MAX_SECONDS ? -EINVAL : (int)s;
+}
+
+/* user.shardfs.state: the state's name, with ",pinned" while the shard's
+ * block pin lasts ("ready,pinned"). */
+static void reply_state(fuse_req_t req, struct fs *fs, const struct sfs_key *key, size_t size);
+
 /* user.shardfs.prefetch: start background loads of every shard of block the
  * backend has and the cache lacks. Returns how many loads started. */
 static int prefetch_block(struct fs *fs, const struct sfs_block_id *block)
@@ -51,6 +73,11 @@ void fs_op_setxattr(fuse_req_t req, fuse_ino_t ino, const char *name, const char
         r = value_is_one(value, size) ? 0 : -EINVAL;
         if (r == 0)
             prefetch_block(fs, &o.key.block);
+    } else if (o.kind == FS_BLOCK && strcmp(name, SFS_XATTR_PIN) == 0) {
+        r = parse_pin_seconds(value, size);
+        if (r >= 0)
+            r = sfs_cache_pin(fs->cache, &o.key.block, 1, (uint32_t)r);
+        r = r < 0 ? r : 0;
     } else if (o.kind == FS_ROOT && strcmp(name, FS_XATTR_FAULT) == 0) {
         char opts[256];
 
@@ -84,6 +111,15 @@ static void reply_xattr_value(fuse_req_t req, const char *v, size_t size)
         fuse_reply_buf(req, v, len);
 }
 
+static void reply_state(fuse_req_t req, struct fs *fs, const struct sfs_key *key, size_t size)
+{
+    char v[64];
+    const char *name = sfs_state_name(sfs_cache_state(fs->cache, key));
+
+    snprintf(v, sizeof(v), "%s%s", name, sfs_cache_pinned(fs->cache, key) == 1 ? ",pinned" : "");
+    reply_xattr_value(req, v, size);
+}
+
 void fs_op_getxattr(fuse_req_t req, fuse_ino_t ino, const char *name, size_t size)
 {
     struct fs *fs = fs_of(req);
@@ -95,7 +131,7 @@ void fs_op_getxattr(fuse_req_t req, fuse_ino_t ino, const char *name, size_t siz
         return;
     }
     if (o.kind == FS_SHARD && strcmp(name, SFS_XATTR_STATE) == 0)
-        reply_xattr_value(req, sfs_state_name(sfs_cache_state(fs->cache, &o.key)), size);
+        reply_state(req, fs, &o.key, size);
     else if (o.kind == FS_ROOT && strcmp(name, SFS_XATTR_SOCKET) == 0)
         reply_xattr_value(req, fs->socket_path, size);
     else
@@ -134,7 +170,8 @@ void fs_op_listxattr(fuse_req_t req, fuse_ino_t ino, size_t size)
 void fs_op_removexattr(fuse_req_t req, fuse_ino_t ino, const char *name)
 {
     bool ours = strcmp(name, SFS_XATTR_TOUCH) == 0 || strcmp(name, SFS_XATTR_PREFETCH) == 0 ||
-                strcmp(name, SFS_XATTR_STATE) == 0 || strcmp(name, SFS_XATTR_SOCKET) == 0;
+                strcmp(name, SFS_XATTR_PIN) == 0 || strcmp(name, SFS_XATTR_STATE) == 0 ||
+                strcmp(name, SFS_XATTR_SOCKET) == 0;
 
     fuse_reply_err(req, ours ? ENOTSUP : ENODATA);
 }

@@ -801,6 +801,20 @@ int sfs_rank_touch(struct sfs_rank *rk, const struct sfs_block_id *blocks, size_
     return r;
 }
 
+int sfs_rank_pin(struct sfs_rank *rk, const struct sfs_block_id *blocks, size_t n, uint32_t seconds)
+{
+    int r;
+
+    if (!rk || (n && !blocks))
+        return -EINVAL;
+    r = rank_enter(rk);
+    if (r < 0)
+        return r;
+    r = sfs_cache_pin(rk->cache, blocks, n, seconds);
+    rank_leave(rk);
+    return r;
+}
+
 static int prefetch_entered(struct sfs_rank *rk, const struct sfs_key *keys, size_t n)
 {
     if (!rk || (n && !keys))

@@ -114,6 +114,12 @@ struct sfs_cache_config {
     bool populate;         /* prefault the data plane at create (default false) */
     bool no_reserved;      /* nreserved is exactly 0 (0 in nreserved means default) */
     int admission;         /* enum sfs_admission (default SFS_ADMIT_CLOCK) */
+    /* Policies (seed 003). Appended: a caller built against the older header
+     * passes a shorter struct; sfs_cache_create is the creator's call (the
+     * daemon, tests), not a rank's, so only they need a rebuild. */
+    uint32_t partitions; /* eviction domains (0 or 1: one; at most 64); a key's
+                          * domain is its shard index mod partitions */
+    int pin_budget_pct;  /* percent of the slots pins may hold (0: 25; < 0: no pins) */
 };
 
 /* How a new key enters the cache (docs/eviction.md, "Scan-resistant admission"). */
@@ -358,6 +364,34 @@ typedef void sfs_touch_hook_fn(const struct sfs_block_id *blocks, size_t n, void
 SFS_API void sfs_cache_set_touch_hook(struct sfs_cache *c, sfs_touch_hook_fn *fn, void *arg);
 
 /*
+ * Pin blocks for `seconds` (0: unpin). A pinned block's resident shards, and
+ * its shards loaded while the pin lasts (as long as the budget has room for
+ * them), are never evicted until the pin's absolute expiry; then they are
+ * ordinary slots again, whoever made the pin and whether that process still
+ * lives (a pin is an expiry in shared memory, nothing else). Pinning a
+ * pinned block sets its expiry to now + seconds. All or nothing: a batch
+ * whose resident shards would take the pinned slots above the budget
+ * (config pin_budget_pct of the slots) is refused with -EDQUOT and pins
+ * nothing; -ENOSPC: the pin table has no entry left near a block's hash;
+ * -EPERM: this cache has no pins (pin_budget_pct < 0); -EINVAL: bad
+ * arguments or seconds above SFS_PIN_MAX_SECONDS. Returns the shards pinned
+ * now (unpin: 0).
+ */
+#define SFS_PIN_MAX_SECONDS (366u * 24 * 3600)
+SFS_API int sfs_cache_pin(struct sfs_cache *c, const struct sfs_block_id *blocks, size_t n,
+                          uint32_t seconds);
+
+/* 1 if key is resident and its block's pin lasts, 0 if not, or -errno. */
+SFS_API int sfs_cache_pinned(struct sfs_cache *c, const struct sfs_key *key);
+
+/* Bytes of the slots pins hold now (expired pins swept first). */
+SFS_API uint64_t sfs_cache_pinned_bytes(struct sfs_cache *c);
+
+/* The eviction domains: returns their number P and fills out[0..min(P, max))
+ * with each domain's evictions so far. */
+SFS_API uint32_t sfs_cache_partition_evictions(struct sfs_cache *c, uint64_t *out, uint32_t max);
+
+/*
  * Idle-window prewarm: put an Idle slot for `key` on its chain with refcount
  * 0, taking a never-used regular slot if one is left, else a reserved one; it
  * never evicts from the regular pool. Returns 1 if a slot was placed, 0 if the
@@ -468,10 +502,13 @@ SFS_API const char *sfs_state_name(int state);
  * shardfs mount (docs/fs.md). */
 #define SFS_DEFAULT_SHARD_SIZE (256ull << 10) /* bytes per shard */
 #define SFS_DEFAULT_CAPACITY   (1ull << 30)   /* data-plane bytes */
+#define SFS_DEFAULT_PIN_BUDGET_PCT 25u        /* percent of slots pins may hold */
+#define SFS_MAX_PARTITIONS_PUBLIC  64u        /* eviction domains at most */
 #define SFS_XATTR_SOCKET       "user.shardfs.socket"   /* root: the attach socket's path */
 #define SFS_XATTR_STATE        "user.shardfs.state"    /* shard: its cache state */
 #define SFS_XATTR_TOUCH        "user.shardfs.touch"    /* block, set to 1: mark it recently used */
 #define SFS_XATTR_PREFETCH     "user.shardfs.prefetch" /* block, set to 1: load it */
+#define SFS_XATTR_PIN          "user.shardfs.pin"      /* block, set to SECONDS: pin (0 unpins) */
 
 #ifdef __cplusplus
 }

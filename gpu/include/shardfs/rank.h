@@ -203,6 +203,19 @@ SFS_API long sfs_rank_lookup_prefix(struct sfs_rank *rank, const struct sfs_bloc
 SFS_API int sfs_rank_touch(struct sfs_rank *rank, const struct sfs_block_id *blocks, size_t n);
 
 /*
+ * Pin blocks for `seconds` (0 unpins): their resident shards, and shards
+ * loaded while the pin lasts, are not evicted until the pin's absolute
+ * expiry, whether this process lives that long or not (a pin is bounded by
+ * its time to live, by construction). Pins share the daemon's budget
+ * (-o pin_budget): a batch over it is refused whole with -EDQUOT, never by
+ * evicting another pin. -ENOSPC: no pin table entry near a block's hash;
+ * -EPERM: the daemon has pins off. Returns the shards pinned now (unpin: 0).
+ * (ABI: new in SHARDFS_RANK_0.2.)
+ */
+SFS_API int sfs_rank_pin(struct sfs_rank *rank, const struct sfs_block_id *blocks, size_t n,
+                         uint32_t seconds);
+
+/*
  * Advisory prefetch: start loading keys into the cache, with no destination
  * and no lease kept once loaded. Keys already present, keys that would need
  * an eviction of a reserved slot, and keys beyond the free load depth are
