@@ -176,20 +176,6 @@ void refcount_drop(struct sfs_cache *c, struct sfs_slot_rec *s)
         refcount_last(c, s);
 }
 
-void refcount_last(struct sfs_cache *c, struct sfs_slot_rec *s)
-{
-    /* Relaxed: nwaiters only decides whether set_state makes a wake call. */
-    if (atomic_load_explicit(&s->nwaiters, memory_order_relaxed))
-        atomic_store_explicit(&s->nwaiters, 0, memory_order_relaxed);
-    /* seq_cst fence: the count's store above is ordered before the read of
-     * release_waiters, against the waiter's registration and rescan. */
-    atomic_thread_fence(memory_order_seq_cst);
-    if (atomic_load_explicit(&c->hdr->release_waiters, memory_order_relaxed)) {
-        atomic_fetch_add_explicit(&c->hdr->release_seq, 1, memory_order_seq_cst);
-        sfs_futex_wake(&c->hdr->release_seq, INT32_MAX);
-    }
-}
-
 /* Drop the lease in entry e on slot s: bucket lock held. An owner that lets
  * go of a slot it never published leaves it Idle, and waiters take over. */
 void release_locked(struct sfs_cache *c, uint32_t proc, uint32_t gen,
