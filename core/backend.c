@@ -245,9 +245,10 @@ static struct sfs_backend *open_spec(const char *spec, const struct sfs_backend_
     if (strncmp(spec, "posix:", 6) == 0)
         return open_posix(spec + 6, p, errbuf, errlen, err);
     if (looks_like_scheme(spec, &wlen)) {
-        sfs_errf(errbuf, errlen,
-                 "spec: unknown backend type '%.*s' (posix:, mem:, fault:, peer:, or a directory path)",
-                 (int)wlen, spec);
+        sfs_errf(
+            errbuf, errlen,
+            "spec: unknown backend type '%.*s' (posix:, mem:, fault:, peer:, or a directory path)",
+            (int)wlen, spec);
         *err = -EINVAL;
         return NULL;
     }

@@ -37,10 +37,10 @@
 #include <sys/stat.h>
 #include <time.h>
 
-#define PEER_WORKERS        4
-#define PEER_PUBLISH_MAX    64
-#define PEER_DEADLINE_MS    200u
-#define PEER_SHARD_PROBE    4096u /* shard_count: most shards probed in the peer tier */
+#define PEER_WORKERS     4
+#define PEER_PUBLISH_MAX 64
+#define PEER_DEADLINE_MS 200u
+#define PEER_SHARD_PROBE 4096u /* shard_count: most shards probed in the peer tier */
 
 struct peer_member {
     pthread_mutex_t lock; /* one call at a time on conn */
@@ -81,8 +81,8 @@ struct peer_backend {
     pthread_t workers[PEER_WORKERS], publisher;
 
     struct peer_ctrs {
-        _Atomic uint64_t hits, misses, clean_torn, clean_other_key, clean_length,
-            clean_unreachable, bytes_read, bytes_written, writes, lost_writes;
+        _Atomic uint64_t hits, misses, clean_torn, clean_other_key, clean_length, clean_unreachable,
+            bytes_read, bytes_written, writes, lost_writes;
     } st; /* relaxed counters (CTR_ADD) */
 };
 
@@ -123,11 +123,20 @@ static int parse_size(const char *v, size_t n, uint64_t *out)
     }
     if (i < n) {
         switch (v[i] | 0x20) {
-        case 'k': mul = 1ull << 10; break;
-        case 'm': mul = 1ull << 20; break;
-        case 'g': mul = 1ull << 30; break;
-        case 't': mul = 1ull << 40; break;
-        default: return -EINVAL;
+        case 'k':
+            mul = 1ull << 10;
+            break;
+        case 'm':
+            mul = 1ull << 20;
+            break;
+        case 'g':
+            mul = 1ull << 30;
+            break;
+        case 't':
+            mul = 1ull << 40;
+            break;
+        default:
+            return -EINVAL;
         }
         if (i + 1 != n)
             return -EINVAL;
@@ -174,8 +183,7 @@ int sfs_peer_parse(const char *s, struct sfs_peer_opts *o, const char **inner, c
         }
         vlen = (size_t)(end - v);
         if (vlen == 0 || vlen >= sizeof(o->listen)) {
-            sfs_errf(errbuf, errlen, "peer spec: empty or too long value for '%.*s'", (int)klen,
-                     p);
+            sfs_errf(errbuf, errlen, "peer spec: empty or too long value for '%.*s'", (int)klen, p);
             return -EINVAL;
         }
         if (klen == 6 && strncmp(p, "listen", 6) == 0) {
@@ -216,8 +224,8 @@ int sfs_peer_parse(const char *s, struct sfs_peer_opts *o, const char **inner, c
         sfs_errf(errbuf, errlen, "peer spec: missing ':<inner spec>'");
         return -EINVAL;
     bad:
-        sfs_errf(errbuf, errlen, "peer spec: bad value '%.*s' for '%.*s'", (int)vlen, v,
-                 (int)klen, p);
+        sfs_errf(errbuf, errlen, "peer spec: bad value '%.*s' for '%.*s'", (int)vlen, v, (int)klen,
+                 p);
         return -EINVAL;
     }
     if (!o->listen[0] || !o->capacity) {
@@ -328,9 +336,8 @@ static void members_maybe_reload(struct peer_backend *pb)
         return;
     if (now - pb->members_checked_ns >= 1000000000) {
         pb->members_checked_ns = now;
-        if (stat(pb->o.members, &st) == 0 &&
-            (st.st_mtim.tv_sec != pb->members_mtime.tv_sec ||
-             st.st_mtim.tv_nsec != pb->members_mtime.tv_nsec))
+        if (stat(pb->o.members, &st) == 0 && (st.st_mtim.tv_sec != pb->members_mtime.tv_sec ||
+                                              st.st_mtim.tv_nsec != pb->members_mtime.tv_nsec))
             members_load(pb);
     }
     pthread_mutex_unlock(&pb->reload_lock);
@@ -343,17 +350,25 @@ static void count_miss(struct peer_backend *pb, enum peer_miss m)
     CTR_ADD(pb, misses, 1);
     switch (m) {
     case PEER_MISS_TORN:
-    case PEER_MISS_CHECKSUM: CTR_ADD(pb, clean_torn, 1); break;
-    case PEER_MISS_OTHER_KEY: CTR_ADD(pb, clean_other_key, 1); break;
-    case PEER_MISS_LENGTH: CTR_ADD(pb, clean_length, 1); break;
-    case PEER_MISS_UNREACHABLE: CTR_ADD(pb, clean_unreachable, 1); break;
-    default: break;
+    case PEER_MISS_CHECKSUM:
+        CTR_ADD(pb, clean_torn, 1);
+        break;
+    case PEER_MISS_OTHER_KEY:
+        CTR_ADD(pb, clean_other_key, 1);
+        break;
+    case PEER_MISS_LENGTH:
+        CTR_ADD(pb, clean_length, 1);
+        break;
+    case PEER_MISS_UNREACHABLE:
+        CTR_ADD(pb, clean_unreachable, 1);
+        break;
+    default:
+        break;
     }
 }
 
-static enum peer_miss remote_get(struct peer_backend *pb, struct peer_member *m,
-                                 const char *name, const struct peer_hash *h, void *buf,
-                                 uint32_t len)
+static enum peer_miss remote_get(struct peer_backend *pb, struct peer_member *m, const char *name,
+                                 const struct peer_hash *h, void *buf, uint32_t len)
 {
     struct peer_slot_hdr hdrs[PEER_WAYS_MAX];
     uint64_t after[PEER_WAYS_MAX];
@@ -387,8 +402,8 @@ static enum peer_miss remote_get(struct peer_backend *pb, struct peer_member *m,
             continue;
         }
         if (r == PEER_HIT) {
-            if (peer_conn_read_slot(c, name, pb->o.deadline_ms, bucket, w, len, &hdr, &a2,
-                                    buf) < 0) {
+            if (peer_conn_read_slot(c, name, pb->o.deadline_ms, bucket, w, len, &hdr, &a2, buf) <
+                0) {
                 pthread_mutex_unlock(&m->lock);
                 return PEER_MISS_UNREACHABLE;
             }
@@ -676,8 +691,7 @@ static bool peer_has(struct peer_backend *pb, const struct sfs_key *key)
     return ok;
 }
 
-static int peer_exists(struct sfs_backend *be, const struct sfs_key *keys, size_t n,
-                       bool *present)
+static int peer_exists(struct sfs_backend *be, const struct sfs_key *keys, size_t n, bool *present)
 {
     struct peer_backend *pb = (struct peer_backend *)be;
     int ret = sfs_be_exists(pb->inner, keys, n, present);
@@ -775,8 +789,8 @@ struct sfs_backend *sfs_peer_wrap(struct sfs_backend *inner, const struct sfs_pe
     pb->self = -1;
     pb->region.memfd = -1;
     if (!pb->o.slot)
-        pb->o.slot = (uint32_t)(inner->shard_size < PEER_PAYLOAD_MAX ? inner->shard_size
-                                                                      : PEER_PAYLOAD_MAX);
+        pb->o.slot =
+            (uint32_t)(inner->shard_size < PEER_PAYLOAD_MAX ? inner->shard_size : PEER_PAYLOAD_MAX);
     pthread_rwlock_init(&pb->ring_lock, NULL);
     pthread_mutex_init(&pb->reload_lock, NULL);
     pthread_mutex_init(&pb->qlock, NULL);
@@ -797,8 +811,7 @@ struct sfs_backend *sfs_peer_wrap(struct sfs_backend *inner, const struct sfs_pe
     if (pb->o.members[0]) {
         ret = members_load(pb);
         if (ret < 0) {
-            sfs_errf(errbuf, errlen, "peer: members file '%s': %s", pb->o.members,
-                     strerror(-ret));
+            sfs_errf(errbuf, errlen, "peer: members file '%s': %s", pb->o.members, strerror(-ret));
             goto fail;
         }
     }
@@ -834,7 +847,7 @@ int sfs_backend_peer_stats(struct sfs_backend *be, struct sfs_peer_stats *out)
 
     if (!be || be->ops != &peer_ops)
         return -ENOENT;
-    /* Relaxed: a snapshot of counters. */
+        /* Relaxed: a snapshot of counters. */
 #define RD(f) out->f = atomic_load_explicit(&pb->st.f, memory_order_relaxed)
     RD(hits);
     RD(misses);

@@ -101,7 +101,7 @@ struct peer_ring {
     struct peer_point {
         uint64_t h;
         uint32_t member;
-    } *points;
+    } * points;
 };
 
 int peer_ring_build(struct peer_ring *r, char *const *members, size_t n);
@@ -160,8 +160,7 @@ int peer_pick_way(const struct peer_slot_hdr *hdrs, const uint64_t *seqs, uint32
  * 0, -EAGAIN when the seq moved (another writer), -EINVAL on bad sizes.
  */
 int peer_slot_write(struct peer_region *r, uint64_t bucket, uint32_t way, uint64_t expect,
-                    const struct peer_hash *h, const void *payload, uint32_t len,
-                    uint64_t stamp);
+                    const struct peer_hash *h, const void *payload, uint32_t len, uint64_t stamp);
 
 /* Local set: pick a way under CAS, retry once. 0, or -EAGAIN (lost). */
 int peer_local_set(struct peer_region *r, const struct peer_hash *h, const void *payload,
@@ -227,9 +226,9 @@ int peer_conn_read_slot(struct peer_conn *c, const char *member, unsigned deadli
                         uint64_t bucket, uint32_t way, uint32_t len, struct peer_slot_hdr *hdr,
                         uint64_t *seq_after, void *buf);
 /* 0, -EAGAIN (seq moved; *found set), or -errno. */
-int peer_conn_write(struct peer_conn *c, const char *member, unsigned deadline_ms,
-                    uint64_t bucket, uint32_t way, uint64_t expect, const struct peer_hash *h,
-                    const void *payload, uint32_t len, uint64_t stamp, uint64_t *found);
+int peer_conn_write(struct peer_conn *c, const char *member, unsigned deadline_ms, uint64_t bucket,
+                    uint32_t way, uint64_t expect, const struct peer_hash *h, const void *payload,
+                    uint32_t len, uint64_t stamp, uint64_t *found);
 /* Connect (if not connected) and fetch the geometry: 0 or -errno. */
 int peer_conn_open(struct peer_conn *c, const char *member, unsigned deadline_ms);
 

@@ -219,8 +219,8 @@ static int serve_one(struct peer_server *s, int fd, uint8_t *buf)
         uint64_t before, after;
 
         memset(buf + sizeof(rep) + sizeof(h) + 8, 0, q.len);
-        after = peer_slot_copy(s->r, q.bucket, q.way, &h, &before, buf + sizeof(rep) + sizeof(h) + 8,
-                               q.len);
+        after = peer_slot_copy(s->r, q.bucket, q.way, &h, &before,
+                               buf + sizeof(rep) + sizeof(h) + 8, q.len);
         memcpy(buf, &rep, sizeof(rep));
         memcpy(buf + sizeof(rep), &h, sizeof(h));
         memcpy(buf + sizeof(rep) + sizeof(h), &after, 8);
@@ -484,8 +484,8 @@ static int call(struct peer_conn *c, const char *member, unsigned deadline_ms,
 int peer_conn_read_hdrs(struct peer_conn *c, const char *member, unsigned deadline_ms,
                         uint64_t bucket, struct peer_slot_hdr *hdrs, uint64_t *seq_after)
 {
-    struct peer_req q = {.magic = PEER_MAGIC, .version = PEER_VERSION, .op = PEER_OP_READ_HDRS,
-                         .bucket = bucket};
+    struct peer_req q = {
+        .magic = PEER_MAGIC, .version = PEER_VERSION, .op = PEER_OP_READ_HDRS, .bucket = bucket};
     struct peer_rep rep;
     int64_t deadline;
     int ret = peer_conn_open(c, member, deadline_ms);
@@ -512,8 +512,13 @@ int peer_conn_read_slot(struct peer_conn *c, const char *member, unsigned deadli
                         uint64_t bucket, uint32_t way, uint32_t len, struct peer_slot_hdr *hdr,
                         uint64_t *seq_after, void *buf)
 {
-    struct peer_req q = {.magic = PEER_MAGIC, .version = PEER_VERSION, .op = PEER_OP_READ_SLOT,
-                         .bucket = bucket, .way = way, .nways = 1, .len = len};
+    struct peer_req q = {.magic = PEER_MAGIC,
+                         .version = PEER_VERSION,
+                         .op = PEER_OP_READ_SLOT,
+                         .bucket = bucket,
+                         .way = way,
+                         .nways = 1,
+                         .len = len};
     struct peer_rep rep;
     int64_t deadline;
     int ret = call(c, member, deadline_ms, &q, NULL, &rep, &deadline);
@@ -530,13 +535,21 @@ int peer_conn_read_slot(struct peer_conn *c, const char *member, unsigned deadli
     return ret < 0 ? fail(c, ret) : 0;
 }
 
-int peer_conn_write(struct peer_conn *c, const char *member, unsigned deadline_ms,
-                    uint64_t bucket, uint32_t way, uint64_t expect, const struct peer_hash *h,
-                    const void *payload, uint32_t len, uint64_t stamp, uint64_t *found)
+int peer_conn_write(struct peer_conn *c, const char *member, unsigned deadline_ms, uint64_t bucket,
+                    uint32_t way, uint64_t expect, const struct peer_hash *h, const void *payload,
+                    uint32_t len, uint64_t stamp, uint64_t *found)
 {
-    struct peer_req q = {.magic = PEER_MAGIC, .version = PEER_VERSION, .op = PEER_OP_WRITE,
-                         .bucket = bucket, .way = way, .nways = 1, .expect = expect,
-                         .hash_lo = h->lo, .hash_hi = h->hi, .len = len, .stamp = stamp};
+    struct peer_req q = {.magic = PEER_MAGIC,
+                         .version = PEER_VERSION,
+                         .op = PEER_OP_WRITE,
+                         .bucket = bucket,
+                         .way = way,
+                         .nways = 1,
+                         .expect = expect,
+                         .hash_lo = h->lo,
+                         .hash_hi = h->hi,
+                         .len = len,
+                         .stamp = stamp};
     struct peer_rep rep;
     int64_t deadline;
     int ret = call(c, member, deadline_ms, &q, payload, &rep, &deadline);

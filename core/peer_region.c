@@ -409,8 +409,8 @@ int peer_slot_write(struct peer_region *r, uint64_t bucket, uint32_t way, uint64
     s = peer_slot(r, bucket, way);
     /* Acquire on success: our stores below stay after the claim; the release
      * fence then keeps them from becoming visible before the odd seq. */
-    if (!atomic_compare_exchange_strong_explicit(&s->seq, &expect, expect + 1,
-                                                 memory_order_acquire, memory_order_relaxed))
+    if (!atomic_compare_exchange_strong_explicit(&s->seq, &expect, expect + 1, memory_order_acquire,
+                                                 memory_order_relaxed))
         return -EAGAIN;
     atomic_thread_fence(memory_order_release);
     memset(&nh, 0, sizeof(nh));
@@ -457,8 +457,7 @@ int peer_local_set(struct peer_region *r, const struct peer_hash *h, const void 
         w = peer_pick_way(hdrs, seqs, r->g.ways, h);
         if (w < 0)
             continue;
-        if (peer_slot_write(r, bucket, (uint32_t)w, seqs[w], h, payload, len, realtime_ns()) ==
-            0)
+        if (peer_slot_write(r, bucket, (uint32_t)w, seqs[w], h, payload, len, realtime_ns()) == 0)
             return 0;
     }
     return -EAGAIN;

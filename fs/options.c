@@ -639,8 +639,8 @@ char *fs_backend_spec(const struct fs_options *o)
 
 int fs_options_check(const struct fs_options *o, const char *mnt, struct fs_config *cfg)
 {
-    if (validate(o, mnt, cfg) < 0 || check_peer(o) < 0 || check_backend(o->backend) < 0 || check_mountpoint(mnt) < 0 ||
-        check_socket(cfg->socket, cfg->default_socket) < 0)
+    if (validate(o, mnt, cfg) < 0 || check_peer(o) < 0 || check_backend(o->backend) < 0 ||
+        check_mountpoint(mnt) < 0 || check_socket(cfg->socket, cfg->default_socket) < 0)
         return -1;
     if (o->perms_on && o->perms_off)
         FAIL("default_permissions and no_default_permissions: pick one");

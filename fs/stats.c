@@ -109,8 +109,7 @@ size_t fs_stats_text(struct fs *fs, char *buf, size_t len)
                          cm[i]);
                 emit_raw(&t, line);
             }
-            C("peer_bytes_read_total", "Bytes read from other hosts' slot regions.",
-              ps.bytes_read);
+            C("peer_bytes_read_total", "Bytes read from other hosts' slot regions.", ps.bytes_read);
             C("peer_bytes_written_total", "Payload bytes published to the peer tier.",
               ps.bytes_written);
             C("peer_writes_total", "Shards published to the peer tier.", ps.writes);

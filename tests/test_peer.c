@@ -398,15 +398,30 @@ Test(peer, malformed_request_closes_only_its_connection, .timeout = 30)
         {.magic = 0xdead, .version = PEER_VERSION, .op = PEER_OP_READ_HDRS, .nways = 1},
         {.magic = PEER_MAGIC, .version = 9, .op = PEER_OP_READ_HDRS, .nways = 1},
         {.magic = PEER_MAGIC, .version = PEER_VERSION, .op = 77},
-        {.magic = PEER_MAGIC, .version = PEER_VERSION, .op = PEER_OP_READ_HDRS, .bucket = 16,
+        {.magic = PEER_MAGIC,
+         .version = PEER_VERSION,
+         .op = PEER_OP_READ_HDRS,
+         .bucket = 16,
          .nways = 1},
-        {.magic = PEER_MAGIC, .version = PEER_VERSION, .op = PEER_OP_READ_HDRS, .way = 3,
+        {.magic = PEER_MAGIC,
+         .version = PEER_VERSION,
+         .op = PEER_OP_READ_HDRS,
+         .way = 3,
          .nways = 2},
-        {.magic = PEER_MAGIC, .version = PEER_VERSION, .op = PEER_OP_READ_SLOT, .nways = 1,
+        {.magic = PEER_MAGIC,
+         .version = PEER_VERSION,
+         .op = PEER_OP_READ_SLOT,
+         .nways = 1,
          .len = PAY + 1},
-        {.magic = PEER_MAGIC, .version = PEER_VERSION, .op = PEER_OP_WRITE, .nways = 1,
+        {.magic = PEER_MAGIC,
+         .version = PEER_VERSION,
+         .op = PEER_OP_WRITE,
+         .nways = 1,
          .len = 0xffffffffu},
-        {.magic = PEER_MAGIC, .version = PEER_VERSION, .op = PEER_OP_WRITE, .nways = 1,
+        {.magic = PEER_MAGIC,
+         .version = PEER_VERSION,
+         .op = PEER_OP_WRITE,
+         .nways = 1,
          .expect = 1},
     };
 
@@ -490,8 +505,8 @@ static void open_hosts(struct host *h, int n, const char *members, const char *i
         snprintf(h[i].addr, sizeof(h[i].addr), "127.0.0.1:%u", free_port());
     write_members(members, h, n);
     for (int i = 0; i < n; i++) {
-        snprintf(spec, sizeof(spec), "peer:listen=%s,members=%s,ways=4,capacity=4M:%s",
-                 h[i].addr, members, inner);
+        snprintf(spec, sizeof(spec), "peer:listen=%s,members=%s,ways=4,capacity=4M:%s", h[i].addr,
+                 members, inner);
         h[i].be = sfs_backend_open(spec, &p, err, sizeof(err), &e);
         cr_assert(h[i].be, "%s: %s", spec, err);
     }
@@ -582,9 +597,9 @@ Test(peer, spec_errors, .timeout = 10)
 {
     struct sfs_backend_params p = {.shard_size = PAY};
     const char *bad[] = {
-        "peer:listen=127.0.0.1:1,capacity=1M",            /* no inner */
-        "peer:capacity=1M:mem:",                          /* no listen */
-        "peer:listen=127.0.0.1,capacity=1M:mem:",         /* no port */
+        "peer:listen=127.0.0.1:1,capacity=1M",             /* no inner */
+        "peer:capacity=1M:mem:",                           /* no listen */
+        "peer:listen=127.0.0.1,capacity=1M:mem:",          /* no port */
         "peer:listen=127.0.0.1:1,capacity=1M,ways=0:mem:", /* ways */
         "peer:listen=127.0.0.1:1,capacity=1M,bogus=1:mem:",
         "peer:listen=127.0.0.1:1,capacity=1k:mem:", /* no bucket fits */

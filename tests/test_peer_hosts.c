@@ -82,8 +82,8 @@ static void setup(void)
                 "ip -n %s addr add 10.77.0.2/24 dev sfb%d && "
                 "ip -n %s link set sfa%d up && ip -n %s link set sfb%d up && "
                 "ip -n %s link set lo up && ip -n %s link set lo up",
-                H.ns[0], H.ns[1], pid, pid, pid, H.ns[0], pid, H.ns[1], H.ns[0], pid, H.ns[1],
-                pid, H.ns[0], pid, H.ns[1], pid, H.ns[0], H.ns[1]) != 0) {
+                H.ns[0], H.ns[1], pid, pid, pid, H.ns[0], pid, H.ns[1], H.ns[0], pid, H.ns[1], pid,
+                H.ns[0], pid, H.ns[1], pid, H.ns[0], H.ns[1]) != 0) {
         fsfx_sh("ip netns del %s 2>/dev/null; ip netns del %s 2>/dev/null", H.ns[0], H.ns[1]);
         cr_skip_test("cannot create network namespaces and a veth pair here");
     }
