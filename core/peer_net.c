@@ -120,9 +120,28 @@ static int wait_fd(int fd, short ev, int64_t deadline_ns)
     return r < 0 ? -errno : 0;
 }
 
-static int send_all(int fd, const void *buf, size_t n, int64_t deadline_ns)
+/*
+ * Without a deadline (the server's side) a socket timeout of 200 ms wakes
+ * the call: it gives up when the server stops, or when a message it has
+ * started stalls PEER_STALLS_MAX times in a row (10 s: a peer that stops
+ * reading or sending mid-message does not hold a thread forever). A
+ * connection idle between requests is kept.
+ */
+#define PEER_STALLS_MAX 50
+
+static bool stalled(const _Atomic bool *stop, unsigned *stalls, bool started)
+{
+    /* Relaxed: a stop flag polled once a socket timeout. */
+    if (stop && atomic_load_explicit(stop, memory_order_relaxed))
+        return true;
+    return started && ++*stalls >= PEER_STALLS_MAX;
+}
+
+static int send_all(int fd, const void *buf, size_t n, int64_t deadline_ns,
+                    const _Atomic bool *stop)
 {
     const uint8_t *p = buf;
+    unsigned stalls = 0;
 
     while (n) {
         ssize_t w;
@@ -132,20 +151,24 @@ static int send_all(int fd, const void *buf, size_t n, int64_t deadline_ns)
             return r;
         w = send(fd, p, n, MSG_NOSIGNAL | (deadline_ns ? MSG_DONTWAIT : 0));
         if (w < 0) {
-            if (errno == EINTR || errno == EAGAIN)
+            if (errno == EINTR)
                 continue;
-            return -errno;
+            if (errno == EAGAIN && (deadline_ns || !stalled(stop, &stalls, true)))
+                continue;
+            return errno == EAGAIN ? -ETIMEDOUT : -errno;
         }
+        stalls = 0;
         p += w;
         n -= (size_t)w;
     }
     return 0;
 }
 
-/* stop: the server's flag; a receive timeout re-checks it. */
-static int recv_all(int fd, void *buf, size_t n, int64_t deadline_ns, const _Atomic bool *stop)
+static int recv_all(int fd, void *buf, size_t n, int64_t deadline_ns, const _Atomic bool *stop,
+                    bool started)
 {
     uint8_t *p = buf;
+    unsigned stalls = 0;
 
     while (n) {
         ssize_t got;
@@ -159,11 +182,12 @@ static int recv_all(int fd, void *buf, size_t n, int64_t deadline_ns, const _Ato
         if (got < 0) {
             if (errno == EINTR)
                 continue;
-            /* Relaxed: a stop flag polled once a receive timeout. */
-            if (errno == EAGAIN && (!stop || !atomic_load_explicit(stop, memory_order_relaxed)))
+            if (errno == EAGAIN &&
+                (deadline_ns || !stalled(stop, &stalls, started || p != (uint8_t *)buf)))
                 continue;
-            return -errno;
+            return errno == EAGAIN ? -ETIMEDOUT : -errno;
         }
+        stalls = 0;
         p += got;
         n -= (size_t)got;
     }
@@ -194,7 +218,7 @@ static int serve_one(struct peer_server *s, int fd, uint8_t *buf)
     struct peer_req q;
     struct peer_rep rep = {.magic = PEER_MAGIC};
     size_t n = 0;
-    int ret = recv_all(fd, &q, sizeof(q), 0, &s->stop);
+    int ret = recv_all(fd, &q, sizeof(q), 0, &s->stop, false);
 
     if (ret < 0)
         return ret;
@@ -230,7 +254,7 @@ static int serve_one(struct peer_server *s, int fd, uint8_t *buf)
     case PEER_OP_WRITE: {
         struct peer_hash h = {q.hash_lo, q.hash_hi};
 
-        ret = recv_all(fd, buf, q.len, 0, &s->stop);
+        ret = recv_all(fd, buf, q.len, 0, &s->stop, true);
         if (ret < 0)
             return ret;
         ret = peer_slot_write(s->r, q.bucket, q.way, q.expect, &h, buf, q.len, q.stamp);
@@ -243,7 +267,7 @@ static int serve_one(struct peer_server *s, int fd, uint8_t *buf)
         break;
     }
     }
-    return send_all(fd, buf, n, 0);
+    return send_all(fd, buf, n, 0, &s->stop);
 }
 
 static void *conn_main(void *arg)
@@ -258,7 +282,7 @@ static void *conn_main(void *arg)
     struct peer_hello hello = {.magic = PEER_MAGIC, .version = PEER_VERSION, .g = *g};
 
     free(ca);
-    if (buf && send_all(fd, &hello, sizeof(hello), 0) == 0)
+    if (buf && send_all(fd, &hello, sizeof(hello), 0, &s->stop) == 0)
         while (serve_one(s, fd, buf) == 0)
             ;
     free(buf);
@@ -452,7 +476,7 @@ int peer_conn_open(struct peer_conn *c, const char *member, unsigned deadline_ms
     if (ret < 0)
         return fail(c, ret);
     c->fd = ret;
-    ret = recv_all(c->fd, &hello, sizeof(hello), deadline, NULL);
+    ret = recv_all(c->fd, &hello, sizeof(hello), deadline, NULL, false);
     if (ret < 0)
         return fail(c, ret);
     if (hello.magic != PEER_MAGIC || hello.version != PEER_VERSION ||
@@ -462,23 +486,36 @@ int peer_conn_open(struct peer_conn *c, const char *member, unsigned deadline_ms
     return 0;
 }
 
+/* Send q (and payload) and read the answer's peer_rep. A connection that
+ * was already open may have been closed by the member meanwhile (it
+ * restarted, or dropped us): then once more on a fresh one before the
+ * member counts as failed. */
 static int call(struct peer_conn *c, const char *member, unsigned deadline_ms,
                 const struct peer_req *q, const void *payload, struct peer_rep *rep,
                 int64_t *deadline)
 {
-    int ret = peer_conn_open(c, member, deadline_ms);
+    for (int attempt = 0;; attempt++) {
+        bool reused = c->fd >= 0;
+        int ret = peer_conn_open(c, member, deadline_ms);
 
-    if (ret < 0)
-        return ret;
-    *deadline = mono_ns() + (int64_t)deadline_ms * 1000000;
-    ret = send_all(c->fd, q, sizeof(*q), *deadline);
-    if (ret == 0 && payload && q->len)
-        ret = send_all(c->fd, payload, q->len, *deadline);
-    if (ret == 0)
-        ret = recv_all(c->fd, rep, sizeof(*rep), *deadline, NULL);
-    if (ret == 0 && rep->magic != PEER_MAGIC)
-        ret = -EPROTO;
-    return ret < 0 ? fail(c, ret) : 0;
+        if (ret < 0)
+            return ret;
+        *deadline = mono_ns() + (int64_t)deadline_ms * 1000000;
+        ret = send_all(c->fd, q, sizeof(*q), *deadline, NULL);
+        if (ret == 0 && payload && q->len)
+            ret = send_all(c->fd, payload, q->len, *deadline, NULL);
+        if (ret == 0)
+            ret = recv_all(c->fd, rep, sizeof(*rep), *deadline, NULL, false);
+        if (ret == 0 && rep->magic != PEER_MAGIC)
+            ret = -EPROTO;
+        if (ret == 0)
+            return 0;
+        if (reused && attempt == 0 && (ret == -ECONNRESET || ret == -EPIPE)) {
+            peer_conn_close(c);
+            continue;
+        }
+        return fail(c, ret);
+    }
 }
 
 int peer_conn_read_hdrs(struct peer_conn *c, const char *member, unsigned deadline_ms,
@@ -499,9 +536,9 @@ int peer_conn_read_hdrs(struct peer_conn *c, const char *member, unsigned deadli
     if (rep.status)
         return fail(c, -EPROTO);
     for (uint32_t w = 0; w < c->g.ways; w++) {
-        ret = recv_all(c->fd, &hdrs[w], sizeof(hdrs[w]), deadline, NULL);
+        ret = recv_all(c->fd, &hdrs[w], sizeof(hdrs[w]), deadline, NULL, false);
         if (ret == 0)
-            ret = recv_all(c->fd, &seq_after[w], 8, deadline, NULL);
+            ret = recv_all(c->fd, &seq_after[w], 8, deadline, NULL, false);
         if (ret < 0)
             return fail(c, ret);
     }
@@ -527,11 +564,11 @@ int peer_conn_read_slot(struct peer_conn *c, const char *member, unsigned deadli
         return ret;
     if (rep.status)
         return fail(c, -EPROTO);
-    ret = recv_all(c->fd, hdr, sizeof(*hdr), deadline, NULL);
+    ret = recv_all(c->fd, hdr, sizeof(*hdr), deadline, NULL, false);
     if (ret == 0)
-        ret = recv_all(c->fd, seq_after, 8, deadline, NULL);
+        ret = recv_all(c->fd, seq_after, 8, deadline, NULL, false);
     if (ret == 0)
-        ret = recv_all(c->fd, buf, len, deadline, NULL);
+        ret = recv_all(c->fd, buf, len, deadline, NULL, false);
     return ret < 0 ? fail(c, ret) : 0;
 }
 

@@ -477,6 +477,55 @@ Test(peer, silent_member_is_a_miss_within_the_deadline, .timeout = 30)
     close(lfd);
 }
 
+/* The member restarted (same address): the client's open connection is
+ * stale; the next call reconnects once instead of counting a failure. */
+Test(peer, client_reconnects_once_after_a_restart, .timeout = 30)
+{
+    struct srv x;
+    struct peer_conn c;
+    struct peer_slot_hdr hdrs[4];
+    uint64_t after[4];
+    char err[256] = "";
+
+    srv_start(&x, 16, 4);
+    peer_conn_init(&c);
+    cr_assert_eq(peer_conn_read_hdrs(&c, x.addr, 2000, 1, hdrs, after), 0);
+    peer_server_stop(x.s);
+    cr_assert_eq(peer_server_start(&x.s, &x.r, x.addr, err, sizeof(err)), 0, "%s", err);
+    cr_assert_eq(peer_conn_read_hdrs(&c, x.addr, 2000, 1, hdrs, after), 0);
+    peer_conn_close(&c);
+    srv_stop(&x);
+}
+
+/* A client that stops mid-request and one that never reads its answers
+ * hold no server thread past the server's stop. */
+Test(peer, stop_is_not_held_by_stalled_clients, .timeout = 30)
+{
+    struct srv x;
+    struct peer_req q = {.magic = PEER_MAGIC,
+                         .version = PEER_VERSION,
+                         .op = PEER_OP_READ_SLOT,
+                         .nways = 1,
+                         .len = PAY};
+    int half, deaf;
+    int64_t t0;
+
+    srv_start(&x, 16, 4);
+    half = raw_connect(x.addr);
+    cr_assert_eq(send(half, &q, sizeof(q) / 2, 0), (ssize_t)(sizeof(q) / 2));
+    deaf = raw_connect(x.addr);
+    /* Requests until the send buffers on both sides are full. */
+    for (int i = 0; i < 4096; i++)
+        if (send(deaf, &q, sizeof(q), MSG_DONTWAIT) < 0)
+            break;
+    usleep(100000);
+    t0 = now_ns();
+    srv_stop(&x);
+    cr_assert_lt(now_ns() - t0, 5000000000ll); /* generous: threads poll every 200 ms */
+    close(half);
+    close(deaf);
+}
+
 /* --- the backend: two hosts on loopback, each over its own mem store --- */
 
 struct host {
