@@ -323,6 +323,9 @@ static int members_load(struct peer_backend *pb)
     pb->mem = mem;
     pb->self = self;
     pb->members_mtime = mt;
+    /* Only members may read or write our region. */
+    if (pb->srv)
+        peer_server_allow(pb->srv, pb->ring.members, pb->ring.nmembers);
     pthread_rwlock_unlock(&pb->ring_lock);
     return 0;
 }
@@ -818,6 +821,8 @@ struct sfs_backend *sfs_peer_wrap(struct sfs_backend *inner, const struct sfs_pe
     ret = peer_server_start(&pb->srv, &pb->region, pb->o.listen, errbuf, errlen);
     if (ret < 0)
         goto fail;
+    if (pb->ring.nmembers)
+        peer_server_allow(pb->srv, pb->ring.members, pb->ring.nmembers);
     for (; nw < PEER_WORKERS; nw++)
         if ((ret = -pthread_create(&pb->workers[nw], NULL, worker_main, pb)) < 0)
             goto fail_threads;

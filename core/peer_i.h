@@ -204,11 +204,13 @@ struct peer_rep {
 int peer_req_check(const struct peer_req *q, const struct peer_geometry *g);
 
 struct peer_server;
-/* Serve region r on addr ("host:port"). `allow`, when not NULL, is a list of
- * n host names/addresses (members) a connection must come from. */
+/* Serve region r on addr ("host:port"), to anyone until peer_server_allow. */
 int peer_server_start(struct peer_server **out, struct peer_region *r, const char *addr,
                       char *errbuf, size_t errlen);
 void peer_server_stop(struct peer_server *s);
+/* Serve only connections from the hosts of these members ("host:port",
+ * resolved now; n == 0: from anyone). 0, or -errno (the old list stays). */
+int peer_server_allow(struct peer_server *s, char *const *members, size_t n);
 
 /* One connection to a member, with a deadline per call. */
 struct peer_conn {

@@ -3,7 +3,8 @@
  * peer_net.c - the peer tier's TCP server and client (protocol: peer_i.h).
  *
  * Server: one accept thread and one thread per connection, at most
- * PEER_CONNS_MAX connections (more are closed at accept). The server does no
+ * PEER_CONNS_MAX connections (more are closed at accept), and, once the
+ * backend gave a members list, only from the members' addresses. The server does no
  * lookup and keeps no per-key state: it copies bytes of the region under the
  * seqlock (peer_slot_copy) and sends them with the seq it read after the
  * copy, or applies a conditional write (peer_slot_write). Every request is
@@ -204,6 +205,10 @@ struct peer_server {
     pthread_mutex_t lock;
     pthread_cond_t idle;
     unsigned nconns; /* lock */
+    /* lock: when nallow > 0, only connections from these addresses are
+     * served (the members' hosts; the port is the peer's own, not compared). */
+    struct sockaddr_storage *allow;
+    size_t nallow;
 };
 
 struct conn_arg {
@@ -294,6 +299,69 @@ static void *conn_main(void *arg)
     return NULL;
 }
 
+static bool same_host(const struct sockaddr_storage *a, const struct sockaddr_storage *b)
+{
+    if (a->ss_family != b->ss_family)
+        return false;
+    if (a->ss_family == AF_INET)
+        return ((const struct sockaddr_in *)a)->sin_addr.s_addr ==
+               ((const struct sockaddr_in *)b)->sin_addr.s_addr;
+    if (a->ss_family == AF_INET6)
+        return memcmp(&((const struct sockaddr_in6 *)a)->sin6_addr,
+                      &((const struct sockaddr_in6 *)b)->sin6_addr, sizeof(struct in6_addr)) == 0;
+    return false;
+}
+
+/* Caller holds s->lock. */
+static bool allowed(const struct peer_server *s, const struct sockaddr_storage *from)
+{
+    if (s->nallow == 0)
+        return true;
+    for (size_t i = 0; i < s->nallow; i++)
+        if (same_host(&s->allow[i], from))
+            return true;
+    return false;
+}
+
+int peer_server_allow(struct peer_server *s, char *const *members, size_t n)
+{
+    struct sockaddr_storage *v = NULL;
+    size_t k = 0;
+
+    for (size_t i = 0; i < n; i++) {
+        struct addrinfo *res = NULL, *ai;
+
+        if (resolve(members[i], false, &res) < 0)
+            continue; /* a member we cannot resolve cannot connect either */
+        for (ai = res; ai; ai = ai->ai_next) {
+            struct sockaddr_storage *nv;
+
+            if (ai->ai_addrlen > sizeof(*v))
+                continue;
+            nv = realloc(v, (k + 1) * sizeof(*v));
+            if (!nv) {
+                freeaddrinfo(res);
+                free(v);
+                return -ENOMEM;
+            }
+            v = nv;
+            memset(&v[k], 0, sizeof(v[k]));
+            memcpy(&v[k++], ai->ai_addr, ai->ai_addrlen);
+        }
+        freeaddrinfo(res);
+    }
+    if (n > 0 && k == 0) {
+        free(v);
+        return -EHOSTUNREACH; /* keep the old list rather than open up */
+    }
+    pthread_mutex_lock(&s->lock);
+    free(s->allow);
+    s->allow = v;
+    s->nallow = k;
+    pthread_mutex_unlock(&s->lock);
+    return 0;
+}
+
 static void *accept_main(void *arg)
 {
     struct peer_server *s = arg;
@@ -302,6 +370,8 @@ static void *accept_main(void *arg)
     while (!atomic_load_explicit(&s->stop, memory_order_relaxed)) {
         struct pollfd p = {.fd = s->lfd, .events = POLLIN};
         struct timeval tv = {.tv_sec = 0, .tv_usec = 200000};
+        struct sockaddr_storage from;
+        socklen_t sl;
         struct conn_arg *ca;
         pthread_attr_t at;
         pthread_t t;
@@ -309,11 +379,12 @@ static void *accept_main(void *arg)
 
         if (poll(&p, 1, 200) <= 0)
             continue;
-        fd = accept4(s->lfd, NULL, NULL, SOCK_CLOEXEC);
+        sl = sizeof(from);
+        fd = accept4(s->lfd, (struct sockaddr *)&from, &sl, SOCK_CLOEXEC);
         if (fd < 0)
             continue;
         pthread_mutex_lock(&s->lock);
-        if (s->nconns >= PEER_CONNS_MAX) {
+        if (s->nconns >= PEER_CONNS_MAX || !allowed(s, &from)) {
             pthread_mutex_unlock(&s->lock);
             close(fd);
             continue;
@@ -403,6 +474,7 @@ void peer_server_stop(struct peer_server *s)
     pthread_mutex_unlock(&s->lock);
     pthread_mutex_destroy(&s->lock);
     pthread_cond_destroy(&s->idle);
+    free(s->allow);
     free(s);
 }
 

@@ -497,6 +497,24 @@ Test(peer, client_reconnects_once_after_a_restart, .timeout = 30)
     srv_stop(&x);
 }
 
+/* With a members list, only the members' hosts are served. */
+Test(peer, server_serves_only_members, .timeout = 30)
+{
+    struct srv x;
+    struct peer_conn c;
+    char *outsider[] = {"10.255.255.1:7000"}, *us[] = {"10.255.255.1:7000", "127.0.0.1:7000"};
+
+    srv_start(&x, 16, 4);
+    cr_assert_eq(peer_server_allow(x.s, outsider, 1), 0);
+    peer_conn_init(&c);
+    cr_assert_lt(peer_conn_open(&c, x.addr, 2000), 0);
+    cr_assert_eq(peer_server_allow(x.s, us, 2), 0);
+    peer_conn_init(&c); /* forget the down mark */
+    cr_assert_eq(peer_conn_open(&c, x.addr, 2000), 0);
+    peer_conn_close(&c);
+    srv_stop(&x);
+}
+
 /* A client that stops mid-request and one that never reads its answers
  * hold no server thread past the server's stop. */
 Test(peer, stop_is_not_held_by_stalled_clients, .timeout = 30)
