@@ -562,7 +562,8 @@ static void write_members(const char *path, struct host *h, int n)
     fclose(f);
 }
 
-static void open_hosts(struct host *h, int n, const char *members, const char *inner)
+static void open_hosts_geom(struct host *h, int n, const char *members, const char *inner,
+                            const char *geom)
 {
     struct sfs_backend_params p = {.shard_size = PAY};
     char spec[512], err[256] = "";
@@ -572,11 +573,16 @@ static void open_hosts(struct host *h, int n, const char *members, const char *i
         snprintf(h[i].addr, sizeof(h[i].addr), "127.0.0.1:%u", free_port());
     write_members(members, h, n);
     for (int i = 0; i < n; i++) {
-        snprintf(spec, sizeof(spec), "peer:listen=%s,members=%s,ways=4,capacity=4M:%s", h[i].addr,
-                 members, inner);
+        snprintf(spec, sizeof(spec), "peer:listen=%s,members=%s,%s:%s", h[i].addr, members, geom,
+                 inner);
         h[i].be = sfs_backend_open(spec, &p, err, sizeof(err), &e);
         cr_assert(h[i].be, "%s: %s", spec, err);
     }
+}
+
+static void open_hosts(struct host *h, int n, const char *members, const char *inner)
+{
+    open_hosts_geom(h, n, members, inner, "ways=4,capacity=4M");
 }
 
 static void wait_writes(struct sfs_backend *be, uint64_t n)
@@ -680,4 +686,113 @@ Test(peer, spec_errors, .timeout = 10)
         cr_assert_eq(e, -EINVAL, "%s: %d", bad[i], e);
         cr_assert(err[0], "%s: no reason", bad[i]);
     }
+}
+
+/* Writers on both hosts rewrite a few keys in a tiny region (4 buckets x 2
+ * ways: constant collisions, evictions and conditional-write races across
+ * the wire) while readers on both hosts load them. Every payload names its
+ * version in its first 8 bytes and the rest is a function of (key,
+ * version): whatever a load returns must be one whole version. */
+#define X_KEYS 12
+
+static void x_fill(const struct sfs_key *k, uint64_t v, uint8_t *buf)
+{
+    uint64_t st = v * 0x9e3779b97f4a7c15ull ^ k->block.b[0] ^ ((uint64_t)k->shard << 32);
+
+    memcpy(buf, &v, 8);
+    for (unsigned i = 8; i < PAY; i += 8) {
+        uint64_t w = tu_rng_next(&st);
+
+        memcpy(buf + i, &w, 8);
+    }
+}
+
+struct xhost {
+    struct sfs_backend *be;
+    _Atomic bool *stop;
+    _Atomic uint64_t *version, *loads, *bad;
+    unsigned seed;
+};
+
+static void *x_writer(void *arg)
+{
+    struct xhost *x = arg;
+    static _Thread_local uint8_t buf[PAY];
+    uint64_t st = x->seed;
+
+    while (!atomic_load(x->stop)) {
+        struct sfs_key k = tu_key(7000 + tu_rng_next(&st) % X_KEYS, 0);
+        uint64_t v = atomic_fetch_add(x->version, 1) + 1;
+
+        x_fill(&k, v, buf);
+        sfs_backend_dump_sync(x->be, &k, buf, PAY);
+    }
+    return NULL;
+}
+
+static void *x_reader(void *arg)
+{
+    struct xhost *x = arg;
+    static _Thread_local uint8_t buf[PAY], want[PAY];
+    uint64_t st = x->seed;
+
+    while (!atomic_load(x->stop)) {
+        struct sfs_key k = tu_key(7000 + tu_rng_next(&st) % X_KEYS, 0);
+        uint64_t v;
+
+        if (sfs_backend_load_sync(x->be, &k, buf, PAY) != PAY)
+            continue;
+        memcpy(&v, buf, 8);
+        x_fill(&k, v, want);
+        if (memcmp(buf, want, PAY) != 0)
+            atomic_fetch_add(x->bad, 1);
+        atomic_fetch_add(x->loads, 1);
+    }
+    return NULL;
+}
+
+Test(peer, cross_host_writers_and_readers_never_see_mixed_bytes, .timeout = 120)
+{
+    struct host h[2];
+    const char *members = tu_path("members");
+    _Atomic bool stop = false;
+    _Atomic uint64_t version = 0, loads = 0, bad = 0;
+    struct xhost xh[8];
+    pthread_t t[8];
+    struct sfs_peer_stats sa, sb;
+    char geom[64];
+
+    snprintf(geom, sizeof(geom), "ways=2,capacity=%u",
+             4u * 2 * ((PEER_HDR_SIZE + PAY + 63) & ~63u));
+    open_hosts_geom(h, 2, members, "mem:", geom);
+    for (int i = 0; i < 8; i++) {
+        xh[i] = (struct xhost){.be = h[i % 2].be,
+                               .stop = &stop,
+                               .version = &version,
+                               .loads = &loads,
+                               .bad = &bad,
+                               .seed = 1234u + (unsigned)i};
+        pthread_create(&t[i], NULL, i < 4 ? x_writer : x_reader, &xh[i]);
+    }
+    /* Until enough loads were checked (a liveness bound only). */
+    for (int i = 0; i < 3000 && atomic_load(&loads) < 2000; i++)
+        usleep(10000);
+    atomic_store(&stop, true);
+    for (int i = 0; i < 8; i++)
+        pthread_join(t[i], NULL);
+    cr_assert_eq(sfs_backend_peer_stats(h[0].be, &sa), 0);
+    cr_assert_eq(sfs_backend_peer_stats(h[1].be, &sb), 0);
+    cr_log_info("loads %llu, peer hits %llu, writes %llu, lost %llu, torn %llu, other %llu",
+                (unsigned long long)atomic_load(&loads), (unsigned long long)(sa.hits + sb.hits),
+                (unsigned long long)(sa.writes + sb.writes),
+                (unsigned long long)(sa.lost_writes + sb.lost_writes),
+                (unsigned long long)(sa.clean_torn + sb.clean_torn),
+                (unsigned long long)(sa.clean_other_key + sb.clean_other_key));
+    cr_assert_eq(atomic_load(&bad), 0, "%llu loads returned mixed bytes",
+                 (unsigned long long)atomic_load(&bad));
+    cr_assert_gt(atomic_load(&loads), 0);
+    cr_assert_gt(sa.hits + sb.hits, 0);
+    sfs_backend_close(h[0].be);
+    sfs_backend_close(h[1].be);
+    unlink(members);
 }
