@@ -20,9 +20,9 @@
  * peer tier for what the inner has not. touch, remove, list: the inner.
  *
  * The members file is re-read when its mtime changes (checked at most once
- * a second on use), so a SIGHUP-free edit takes effect; the daemon need not
- * forward a signal. A member that does not answer within deadline_ms is a
- * clean miss ("unreachable") and is skipped for a second (peer_net.c).
+ * a second, on use and by the idle publisher thread), so an edit takes
+ * effect without a signal; the daemon need not forward SIGHUP. A member that does not answer within
+ * deadline_ms is a clean miss ("unreachable") and is skipped for a second (peer_net.c).
  */
 
 #include "backend_i.h"
@@ -551,9 +551,19 @@ static void *publisher_main(void *arg)
         struct pub *p = pb->phead;
 
         if (!p) {
+            struct timespec ts;
+
             if (pb->stop)
                 break;
-            pthread_cond_wait(&pb->pcond, &pb->qlock);
+            /* Idle: look at the members file once a second, so that a server
+             * nobody asks still learns of a joiner (and lets it connect). */
+            clock_gettime(CLOCK_REALTIME, &ts);
+            ts.tv_sec += 1;
+            if (pthread_cond_timedwait(&pb->pcond, &pb->qlock, &ts) == ETIMEDOUT) {
+                pthread_mutex_unlock(&pb->qlock);
+                members_maybe_reload(pb);
+                pthread_mutex_lock(&pb->qlock);
+            }
             continue;
         }
         pb->phead = p->next;

@@ -1,13 +1,14 @@
 /* SPDX-License-Identifier: MIT */
 /*
- * test_peer_hosts.c - the peer tier between real daemons on "hosts": two
- * network namespaces joined by a veth pair (10.77.0.1 and 10.77.0.2), each
- * running its own shardfs daemon (the real binary, through fsfixture) with
- * its own posix store and -o peer_listen on its own address.
+ * test_peer_hosts.c - the peer tier between real daemons on "hosts": three
+ * network namespaces (10.77.0.1..3), each with a veth pair to a bridge in a
+ * fourth, "switch" namespace, each running its own shardfs daemon (the real
+ * binary, through fsfixture) with its own posix store and -o peer_listen on
+ * its own address.
  *
- * The namespaces and the veth pair are created by the test and removed by
- * its teardown (ip netns del takes the veth ends with it). Traffic stays on
- * the veth. The test needs root and the `ip` tool; without them it is
+ * The namespaces, veth pairs and bridge are created by the test and removed
+ * by its teardown (ip netns del takes the veth ends with it). Traffic stays
+ * inside them. The test needs root and the `ip` tool; without them it is
  * skipped with a message saying which is missing. The daemons' mounts live
  * in the test's mount namespace; only their network is the namespace's
  * (the test enters it with setns() around the fork of each daemon).
@@ -31,13 +32,26 @@
 #define SHARD  (64u * 1024)
 #define NSHARD 4
 
+#define NHOST 3
+
 static struct {
     bool up;
-    char ns[2][32], members[128], store[2][128];
-    struct fsfx fx[2];
+    char ns[NHOST][32], sw[32], members[128], store[NHOST][128];
+    struct fsfx fx[NHOST];
 } H;
 
-static const char *const ADDR[2] = {"10.77.0.1:7001", "10.77.0.2:7001"};
+static const char *const ADDR[NHOST] = {"10.77.0.1:7001", "10.77.0.2:7001", "10.77.0.3:7001"};
+
+/* The members file: the first n hosts. */
+static void write_members(int n)
+{
+    FILE *f = fopen(H.members, "w");
+
+    cr_assert(f);
+    for (int i = 0; i < n; i++)
+        fprintf(f, "%s\n", ADDR[i]);
+    fclose(f);
+}
 
 static int in_netns(const char *ns, int *saved)
 {
@@ -62,9 +76,19 @@ static void back_to(int saved)
     close(saved);
 }
 
+static void netns_del_all(void)
+{
+    for (int i = 0; i < NHOST; i++)
+        fsfx_sh("ip netns del %s 2>/dev/null", H.ns[i]);
+    fsfx_sh("ip netns del %s 2>/dev/null", H.sw);
+}
+
+/* NHOST host namespaces, each with a veth pair to a bridge in a "switch"
+ * namespace: 10.77.0.(i+1)/24 on host i. */
 static void setup(void)
 {
     int pid = getpid();
+    bool ok;
 
     memset(&H, 0, sizeof(H));
     if (geteuid() != 0)
@@ -73,41 +97,44 @@ static void setup(void)
         cr_skip_test("FUSE is not usable here");
     if (fsfx_sh("command -v ip >/dev/null 2>&1") != 0)
         cr_skip_test("the `ip` tool (iproute2) is missing");
-    snprintf(H.ns[0], sizeof(H.ns[0]), "sfspa%d", pid);
-    snprintf(H.ns[1], sizeof(H.ns[1]), "sfspb%d", pid);
-    if (fsfx_sh("ip netns add %s && ip netns add %s && "
-                "ip link add sfa%d type veth peer name sfb%d && "
-                "ip link set sfa%d netns %s && ip link set sfb%d netns %s && "
-                "ip -n %s addr add 10.77.0.1/24 dev sfa%d && "
-                "ip -n %s addr add 10.77.0.2/24 dev sfb%d && "
-                "ip -n %s link set sfa%d up && ip -n %s link set sfb%d up && "
-                "ip -n %s link set lo up && ip -n %s link set lo up",
-                H.ns[0], H.ns[1], pid, pid, pid, H.ns[0], pid, H.ns[1], H.ns[0], pid, H.ns[1], pid,
-                H.ns[0], pid, H.ns[1], pid, H.ns[0], H.ns[1]) != 0) {
-        fsfx_sh("ip netns del %s 2>/dev/null; ip netns del %s 2>/dev/null", H.ns[0], H.ns[1]);
-        cr_skip_test("cannot create network namespaces and a veth pair here");
+    snprintf(H.sw, sizeof(H.sw), "sfpsw%d", pid);
+    ok = fsfx_sh("ip netns add %s && ip -n %s link add br0 type bridge && "
+                 "ip -n %s link set br0 up",
+                 H.sw, H.sw, H.sw) == 0;
+    for (int i = 0; ok && i < NHOST; i++) {
+        snprintf(H.ns[i], sizeof(H.ns[i]), "sfp%c%d", 'a' + i, pid);
+        ok = fsfx_sh("ip netns add %s && ip link add sfh%d%d type veth peer name sfs%d%d && "
+                     "ip link set sfh%d%d netns %s && ip link set sfs%d%d netns %s && "
+                     "ip -n %s link set sfs%d%d master br0 && ip -n %s link set sfs%d%d up && "
+                     "ip -n %s addr add 10.77.0.%d/24 dev sfh%d%d && "
+                     "ip -n %s link set sfh%d%d up && ip -n %s link set lo up",
+                     H.ns[i], i, pid, i, pid, i, pid, H.ns[i], i, pid, H.sw, H.sw, i, pid, H.sw, i,
+                     pid, H.ns[i], i + 1, i, pid, H.ns[i], i, pid, H.ns[i]) == 0;
+    }
+    if (!ok) {
+        netns_del_all();
+        cr_skip_test("cannot create network namespaces, veth pairs and a bridge here");
     }
     H.up = true;
     snprintf(H.members, sizeof(H.members), "%s", tu_path("members"));
-    {
-        FILE *f = fopen(H.members, "w");
+    write_members(2);
+    for (int i = 0; i < NHOST; i++) {
+        char tag[16];
 
-        cr_assert(f);
-        fprintf(f, "%s\n%s\n", ADDR[0], ADDR[1]);
-        fclose(f);
-    }
-    for (int i = 0; i < 2; i++) {
-        snprintf(H.store[i], sizeof(H.store[i]), "%s", tu_path(i ? "storeB" : "storeA"));
+        snprintf(tag, sizeof(tag), "store%c", 'A' + i);
+        snprintf(H.store[i], sizeof(H.store[i]), "%s", tu_path(tag));
         cr_assert_eq(mkdir(H.store[i], 0755), 0);
-        snprintf(H.fx[i].mnt, sizeof(H.fx[i].mnt), "%s", tu_path(i ? "mntB" : "mntA"));
-        snprintf(H.fx[i].log, sizeof(H.fx[i].log), "%s", tu_path(i ? "logB" : "logA"));
+        snprintf(tag, sizeof(tag), "mnt%c", 'A' + i);
+        snprintf(H.fx[i].mnt, sizeof(H.fx[i].mnt), "%s", tu_path(tag));
+        snprintf(tag, sizeof(tag), "log%c", 'A' + i);
+        snprintf(H.fx[i].log, sizeof(H.fx[i].log), "%s", tu_path(tag));
         H.fx[i].bin = fsfx_daemon_bin(SHARDFS_BIN);
     }
 }
 
 static void teardown(void)
 {
-    for (int i = 0; i < 2; i++) {
+    for (int i = 0; i < NHOST; i++) {
         if (H.fx[i].pid)
             fsfx_stop(&H.fx[i], true, 10.0);
         if (H.fx[i].mnt[0])
@@ -116,7 +143,7 @@ static void teardown(void)
     if (H.members[0])
         unlink(H.members);
     if (H.up)
-        fsfx_sh("ip netns del %s; ip netns del %s", H.ns[0], H.ns[1]);
+        netns_del_all();
 }
 
 static void start_host(int i)
@@ -160,15 +187,15 @@ static void read_exact(int host, uint64_t b, uint32_t s)
 }
 
 /* The owner of a key, as every host computes it. */
-static int owner_of(uint64_t b, uint32_t s)
+static int owner_of(uint64_t b, uint32_t s, int nmembers)
 {
-    char *m[] = {(char *)ADDR[0], (char *)ADDR[1]};
+    char *m[] = {(char *)ADDR[0], (char *)ADDR[1], (char *)ADDR[2]};
     struct peer_ring r;
     struct sfs_key k = tu_key(b, s);
     struct peer_hash h = peer_key_hash(&k);
     int o;
 
-    cr_assert_eq(peer_ring_build(&r, m, 2), 0);
+    cr_assert_eq(peer_ring_build(&r, m, (size_t)nmembers), 0);
     o = peer_ring_owner(&r, &h);
     peer_ring_free(&r);
     return o;
@@ -207,9 +234,9 @@ Test(peer_hosts, written_on_a_read_on_b_then_a_dies, .timeout = 180)
     /* Host A dies and its link goes down: its keys are clean misses on B,
      * served from B's store, each read well within a liveness bound. */
     for (uint32_t s = 0; s < NSHARD; s++)
-        owned_by_a += owner_of(LATE, s) == 0;
+        owned_by_a += owner_of(LATE, s, 2) == 0;
     cr_assert_eq(kill(H.fx[0].pid, SIGKILL), 0);
-    fsfx_sh("ip -n %s link set sfa%d down", H.ns[0], getpid());
+    fsfx_sh("ip -n %s link set sfh0%d down", H.ns[0], getpid());
     for (uint32_t s = 0; s < NSHARD; s++) {
         double t0 = fsfx_now_s();
 
@@ -224,4 +251,50 @@ Test(peer_hosts, written_on_a_read_on_b_then_a_dies, .timeout = 180)
         cr_assert_gt(unreach, 0, "no unreachable miss counted (%u keys owned by A)", owned_by_a);
     /* Host B stops cleanly (a sanitizer daemon's report would make it fail). */
     cr_assert_eq(fsfx_stop(&H.fx[1], false, 20.0), 0);
+}
+
+/* A third host joins: it finds every key the two others published where the
+ * ring of three still puts it (with the others), and only its own share is
+ * a miss (its region is new and empty; its store has nothing). */
+Test(peer_hosts, a_joining_host_moves_only_its_share, .timeout = 180)
+{
+    const uint64_t B0 = 200;
+    const unsigned NB = 24; /* blocks of one shard: one key each */
+    unsigned mine = 0, others = 0;
+    long long hits;
+
+    start_host(0);
+    start_host(1);
+    for (unsigned i = 0; i < NB; i++)
+        write_shard(0, B0 + i, 0);
+    for (int i = 0; i < 2000 && fsfx_stat(&H.fx[0], "shardfs_peer_writes_total") < NB; i++)
+        fsfx_sleep_ms(10);
+    cr_assert_geq(fsfx_stat(&H.fx[0], "shardfs_peer_writes_total"), NB);
+
+    write_members(3);
+    /* Hosts A and B look at the file once a second (then they let C in);
+     * generous for a loaded machine. */
+    fsfx_sleep_ms(3000);
+    start_host(2);
+    for (unsigned i = 0; i < NB; i++) {
+        uint64_t b = B0 + i;
+
+        if (owner_of(b, 0, 3) == 2) {
+            char *path = (char *)fsfx_shard_path(&H.fx[2], b, 0);
+            static uint8_t buf[SHARD];
+
+            /* Its share: a clean miss, and its store has nothing. */
+            cr_assert_lt(fsfx_read_all(path, buf, SHARD), 0, "block %llu", (unsigned long long)b);
+            mine++;
+        } else {
+            read_exact(2, b, 0);
+            others++;
+        }
+    }
+    hits = fsfx_stat(&H.fx[2], "shardfs_peer_hits_total");
+    cr_log_info("joiner: %u keys moved to it, %u found on the others, %lld peer hits", mine, others,
+                hits);
+    cr_assert_gt(others, 0);
+    cr_assert_eq(hits, (long long)others);
+    cr_assert_eq(fsfx_stop(&H.fx[2], false, 20.0), 0);
 }
