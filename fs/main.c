@@ -142,8 +142,13 @@ int main(int argc, char *argv[])
         free(spec);
     }
     if (!fs.be) {
-        fprintf(stderr, "shardfs: BACKEND_DIR %s: %s\n", o.backend,
-                errbuf[0] ? errbuf : strerror(-err));
+        /* The peer tier's reasons name its options (peer:...: the spec
+         * the daemon built from -o peer_*). */
+        if (o.peer_listen && strncmp(errbuf, "peer", 4) == 0)
+            fprintf(stderr, "shardfs: -o peer_listen=%s: %s\n", o.peer_listen, errbuf);
+        else
+            fprintf(stderr, "shardfs: BACKEND_DIR %s: %s\n", o.backend,
+                    errbuf[0] ? errbuf : strerror(-err));
         goto out_table;
     }
     if (cfg.no_fallback) /* its one line says it all: the data plane's own is noise */

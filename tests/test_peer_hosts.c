@@ -27,6 +27,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #define SHARD  (64u * 1024)
@@ -297,4 +298,40 @@ Test(peer_hosts, a_joining_host_moves_only_its_share, .timeout = 180)
     cr_assert_gt(others, 0);
     cr_assert_eq(hits, (long long)others);
     cr_assert_eq(fsfx_stop(&H.fx[2], false, 20.0), 0);
+}
+
+/* The peer options are checked before anything starts: one line naming the
+ * option, exit status 1, no mount (no namespaces needed). */
+Test(peer_opts, bad_peer_options_are_refused_with_one_line, .timeout = 60)
+{
+    const char *bad[][2] = {
+        {"peers=/nonexistent", "need -o peer_listen"},
+        {"peer_listen=127.0.0.1:7001,peer_ways=0x", "peer_ways=0x"},
+        {"peer_listen=127.0.0.1:7001,peer_capacity=lots", "peer_capacity=lots"},
+        {"peer_listen=127.0.0.1:7001,peers=/nonexistent/members", "peers=/nonexistent"},
+        {"peer_listen=127.0.0.1,peer_capacity=1M",
+         "-o peer_listen=127.0.0.1: peer spec: listen= wants"},
+    };
+    struct fsfx fx;
+    char store[128];
+
+    if (!fsfx_usable())
+        cr_skip_test("FUSE is not usable here");
+    snprintf(store, sizeof(store), "%s", tu_path("store"));
+    cr_assert_eq(mkdir(store, 0755), 0);
+    for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+        int st = 0, r;
+
+        memset(&fx, 0, sizeof(fx));
+        snprintf(fx.mnt, sizeof(fx.mnt), "%s", tu_path("mnt"));
+        snprintf(fx.log, sizeof(fx.log), "%s", tu_path("log"));
+        fx.bin = fsfx_daemon_bin(SHARDFS_BIN);
+        r = fsfx_start(&fx, store, bad[i][0], 10.0, &st);
+        cr_assert_eq(r, -ECHILD, "%s: started (%d)", bad[i][0], r);
+        cr_assert(WIFEXITED(st) && WEXITSTATUS(st) == 1, "%s: status %d", bad[i][0], st);
+        cr_assert_eq(fsfx_log_lines_with(&fx, bad[i][1]), 1, "%s: no line with '%s'", bad[i][0],
+                     bad[i][1]);
+        fsfx_cleanup(&fx, NULL);
+    }
+    fsfx_cleanup(&fx, store);
 }
