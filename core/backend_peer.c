@@ -404,6 +404,10 @@ static enum peer_miss remote_get(struct peer_backend *pb, struct peer_member *m,
                 best = r;
             continue;
         }
+        if (r == PEER_HIT && !buf) {
+            pthread_mutex_unlock(&m->lock);
+            return PEER_HIT; /* exists: the header names the key and length */
+        }
         if (r == PEER_HIT) {
             if (peer_conn_read_slot(c, name, pb->o.deadline_ms, bucket, w, len, &hdr, &a2, buf) <
                 0) {
@@ -690,18 +694,12 @@ static int peer_dump(struct sfs_backend *be, struct sfs_io **ios, size_t n)
     return (int)n;
 }
 
+/* Header only (the seed's exists): a slot whose header names the key and
+ * the shard's length, read under the seqlock; no payload moves. A later
+ * load still checks the payload, and misses cleanly if it is torn. */
 static bool peer_has(struct peer_backend *pb, const struct sfs_key *key)
 {
-    uint8_t *buf = malloc(pb->be.shard_size);
-    bool ok;
-
-    /* A full read: the payload checksum is part of "has". Bounded by one
-     * shard; exists is rare on the read path (lookups). */
-    if (!buf)
-        return false;
-    ok = peer_get(pb, key, buf, (uint32_t)pb->be.shard_size) == PEER_HIT;
-    free(buf);
-    return ok;
+    return peer_get(pb, key, NULL, (uint32_t)pb->be.shard_size) == PEER_HIT;
 }
 
 static int peer_exists(struct sfs_backend *be, const struct sfs_key *keys, size_t n, bool *present)

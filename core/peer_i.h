@@ -145,7 +145,8 @@ uint64_t peer_slot_copy(const struct peer_region *r, uint64_t bucket, uint32_t w
                         struct peer_slot_hdr *hdr, uint64_t *seq_before, void *buf, size_t cap);
 
 /* Look up key in the local region: PEER_HIT with len bytes in buf, or why
- * not (the most telling reason across the ways). */
+ * not (the most telling reason across the ways). buf NULL: the header only
+ * (a slot names the key with this length; no payload checksum). */
 enum peer_miss peer_local_get(const struct peer_region *r, const struct peer_hash *h, void *buf,
                               uint32_t len);
 

@@ -355,6 +355,8 @@ enum peer_miss peer_local_get(const struct peer_region *r, const struct peer_has
                 best = m;
             continue;
         }
+        if (m == PEER_HIT && !buf)
+            return PEER_HIT; /* header only */
         if (m == PEER_HIT) {
             after = peer_slot_copy(r, bucket, w, &hdr, &before, buf, len);
             m = peer_slot_matches(&hdr, before, after, h, len, buf);

@@ -637,13 +637,35 @@ Test(peer, backend_serves_a_dump_on_one_host_to_the_other, .timeout = 60)
     }
     cr_assert_eq(sfs_backend_peer_stats(h[1].be, &st), 0);
     cr_assert_eq(st.misses, 1);
-    /* shard_count and exists see the peer tier where the store has nothing. */
+    /* exists sees the peer tier where the store has nothing, by headers
+     * only: a key host A owns costs B one bucket of headers, no payload. */
     {
-        struct sfs_key k = tu_key(100, 0);
+        char *names[] = {h[0].addr, h[1].addr};
+        struct peer_ring ring;
+        struct sfs_peer_stats st0;
         bool present = false;
+        unsigned i = 0;
 
-        cr_assert_eq(sfs_backend_exists(h[1].be, &k, 1, &present), 0);
-        cr_assert(present);
+        cr_assert_eq(peer_ring_build(&ring, names, 2), 0);
+        for (;; i++) {
+            struct sfs_key k = tu_key(100 + i, i % 3);
+            struct peer_hash kh = peer_key_hash(&k);
+
+            cr_assert_lt(i, n, "no key owned by host A");
+            if (peer_ring_owner(&ring, &kh) == 0)
+                break;
+        }
+        peer_ring_free(&ring);
+        {
+            struct sfs_key k = tu_key(100 + i, i % 3);
+
+            cr_assert_eq(sfs_backend_peer_stats(h[1].be, &st0), 0);
+            cr_assert_eq(sfs_backend_exists(h[1].be, &k, 1, &present), 0);
+            cr_assert(present);
+            cr_assert_eq(sfs_backend_peer_stats(h[1].be, &st), 0);
+            cr_assert_gt(st.bytes_read, st0.bytes_read);
+            cr_assert_lt(st.bytes_read - st0.bytes_read, PAY, "exists read a payload");
+        }
     }
     sfs_backend_close(h[0].be);
     /* Host A is gone: its keys are clean misses (unreachable) within the
