@@ -82,7 +82,7 @@ struct peer_backend {
 
     struct peer_ctrs {
         _Atomic uint64_t hits, misses, clean_torn, clean_other_key, clean_length, clean_unreachable,
-            bytes_read, bytes_written, writes, lost_writes;
+            bytes_read, bytes_written, writes, lost_writes, round_trips;
     } st; /* relaxed counters (CTR_ADD) */
 };
 
@@ -387,6 +387,7 @@ static enum peer_miss remote_get(struct peer_backend *pb, struct peer_member *m,
         return r;
     }
     bucket = peer_bucket_of(h, c->g.num_buckets);
+    CTR_ADD(pb, round_trips, 1);
     if (peer_conn_read_hdrs(c, name, pb->o.deadline_ms, bucket, hdrs, after) < 0) {
         pthread_mutex_unlock(&m->lock);
         return PEER_MISS_UNREACHABLE;
@@ -409,6 +410,7 @@ static enum peer_miss remote_get(struct peer_backend *pb, struct peer_member *m,
             return PEER_HIT; /* exists: the header names the key and length */
         }
         if (r == PEER_HIT) {
+            CTR_ADD(pb, round_trips, 1);
             if (peer_conn_read_slot(c, name, pb->o.deadline_ms, bucket, w, len, &hdr, &a2, buf) <
                 0) {
                 pthread_mutex_unlock(&m->lock);
@@ -468,6 +470,7 @@ static int remote_set(struct peer_backend *pb, struct peer_member *m, const char
         uint64_t bucket = peer_bucket_of(h, c->g.num_buckets);
         int w;
 
+        CTR_ADD(pb, round_trips, 1);
         if ((ret = peer_conn_read_hdrs(c, name, pb->o.deadline_ms, bucket, hdrs, after)) < 0)
             goto out;
         for (uint32_t i = 0; i < c->g.ways; i++)
@@ -479,6 +482,7 @@ static int remote_set(struct peer_backend *pb, struct peer_member *m, const char
             ret = -EAGAIN;
             continue;
         }
+        CTR_ADD(pb, round_trips, 1);
         ret = peer_conn_write(c, name, pb->o.deadline_ms, bucket, (uint32_t)w, after[w], h, buf,
                               len, realtime_ns(), &found);
         if (ret != -EAGAIN)
@@ -694,12 +698,104 @@ static int peer_dump(struct sfs_backend *be, struct sfs_io **ios, size_t n)
     return (int)n;
 }
 
-/* Header only (the seed's exists): a slot whose header names the key and
- * the shard's length, read under the seqlock; no payload moves. A later
- * load still checks the payload, and misses cleanly if it is torn. */
-static bool peer_has(struct peer_backend *pb, const struct sfs_key *key)
+/*
+ * Batch exists in the peer tier, headers only: for each key with
+ * present[i] false, one round trip per owner host per PEER_BATCH_MAX keys
+ * (READ_HDRS_MULTI), the local region read directly. A member that does
+ * not answer leaves its keys absent.
+ */
+/* One READ_HDRS_MULTI for k keys (keys[idx[a]], in buckets[a]) of one
+ * member (m->lock held, connection open); marks the ones found. false when
+ * the member did not answer. */
+static bool exists_flush(struct peer_backend *pb, struct peer_member *m, const char *name,
+                         const struct sfs_key *keys, const size_t *idx, const uint64_t *buckets,
+                         uint32_t k, struct peer_slot_hdr *hdrs, uint64_t *after, bool *present)
 {
-    return peer_get(pb, key, NULL, (uint32_t)pb->be.shard_size) == PEER_HIT;
+    uint32_t len = (uint32_t)pb->be.shard_size, ways;
+
+    CTR_ADD(pb, round_trips, 1);
+    if (peer_conn_read_hdrs_multi(&m->conn, name, pb->o.deadline_ms, buckets, k, hdrs, after) < 0)
+        return false;
+    ways = m->conn.g.ways;
+    CTR_ADD(pb, bytes_read, (uint64_t)k * ways * (PEER_HDR_SIZE + 8));
+    for (uint32_t a = 0; a < k; a++) {
+        struct peer_hash h = peer_key_hash(&keys[idx[a]]);
+
+        for (uint32_t w = 0; w < ways && !present[idx[a]]; w++) {
+            struct peer_slot_hdr *x = &hdrs[a * ways + w];
+            /* Relaxed: a private copy off the wire. */
+            uint64_t before = atomic_load_explicit(&x->seq, memory_order_relaxed);
+
+            present[idx[a]] =
+                peer_slot_matches(x, before, after[a * ways + w], &h, len, NULL) == PEER_HIT;
+        }
+    }
+    return true;
+}
+
+static void peer_has_batch(struct peer_backend *pb, const struct sfs_key *keys, size_t n,
+                           bool *present)
+{
+    size_t *idx = malloc(PEER_BATCH_MAX * sizeof(*idx));
+    struct peer_slot_hdr *hdrs = malloc((size_t)PEER_BATCH_MAX * PEER_WAYS_MAX * sizeof(*hdrs));
+    uint64_t *after = malloc((size_t)PEER_BATCH_MAX * PEER_WAYS_MAX * sizeof(*after));
+    uint64_t buckets[PEER_BATCH_MAX];
+    uint32_t len = (uint32_t)pb->be.shard_size;
+    bool *done = calloc(n ? n : 1, sizeof(*done));
+
+    if (!idx || !hdrs || !after || !done)
+        goto out;
+    members_maybe_reload(pb);
+    pthread_rwlock_rdlock(&pb->ring_lock);
+    for (size_t i = 0; i < n; i++) {
+        struct peer_hash h;
+        int owner;
+
+        if (present[i] || done[i])
+            continue;
+        h = peer_key_hash(&keys[i]);
+        owner = peer_ring_owner(&pb->ring, &h);
+        if (owner < 0 || owner == pb->self) {
+            present[i] = peer_local_get(&pb->region, &h, NULL, len) == PEER_HIT;
+            done[i] = true;
+            continue;
+        }
+        /* Gather this owner's keys from i on, PEER_BATCH_MAX at a time. */
+        struct peer_member *m = &pb->mem[owner];
+        const char *name = pb->ring.members[owner];
+        uint32_t k = 0;
+
+        pthread_mutex_lock(&m->lock);
+        bool open = peer_conn_open(&m->conn, name, pb->o.deadline_ms) == 0;
+
+        for (size_t j = i; j < n; j++) {
+            struct peer_hash hj;
+
+            if (present[j] || done[j])
+                continue;
+            hj = peer_key_hash(&keys[j]);
+            if (peer_ring_owner(&pb->ring, &hj) != owner)
+                continue;
+            done[j] = true;
+            if (!open || len > m->conn.g.max_payload)
+                continue; /* absent: unreachable, or too long for its slots */
+            idx[k] = j;
+            buckets[k++] = peer_bucket_of(&hj, m->conn.g.num_buckets);
+            if (k == PEER_BATCH_MAX) {
+                open = exists_flush(pb, m, name, keys, idx, buckets, k, hdrs, after, present);
+                k = 0;
+            }
+        }
+        if (k && open)
+            exists_flush(pb, m, name, keys, idx, buckets, k, hdrs, after, present);
+        pthread_mutex_unlock(&m->lock);
+    }
+    pthread_rwlock_unlock(&pb->ring_lock);
+out:
+    free(idx);
+    free(hdrs);
+    free(after);
+    free(done);
 }
 
 static int peer_exists(struct sfs_backend *be, const struct sfs_key *keys, size_t n, bool *present)
@@ -709,26 +805,35 @@ static int peer_exists(struct sfs_backend *be, const struct sfs_key *keys, size_
 
     if (ret < 0)
         return ret;
-    for (size_t i = 0; i < n; i++)
-        if (!present[i])
-            present[i] = peer_has(pb, &keys[i]);
+    peer_has_batch(pb, keys, n, present);
     return 0;
 }
 
+/* The inner's count, else the shards 0, 1, ... the peer tier has in a row,
+ * PEER_BATCH_MAX at a time (one round trip per owner host per batch). */
 static int peer_shard_count(struct sfs_backend *be, const struct sfs_block_id *block)
 {
     struct peer_backend *pb = (struct peer_backend *)be;
     int ret = sfs_be_shard_count(pb->inner, block);
+    struct sfs_key keys[PEER_BATCH_MAX];
+    bool present[PEER_BATCH_MAX];
     uint32_t k = 0;
 
     if (ret != -ENOENT)
         return ret;
     while (k < PEER_SHARD_PROBE) {
-        struct sfs_key key = {.block = *block, .shard = k};
+        uint32_t i;
 
-        if (!peer_has(pb, &key))
+        for (i = 0; i < PEER_BATCH_MAX; i++) {
+            keys[i] = (struct sfs_key){.block = *block, .shard = k + i};
+            present[i] = false;
+        }
+        peer_has_batch(pb, keys, PEER_BATCH_MAX, present);
+        for (i = 0; i < PEER_BATCH_MAX && present[i]; i++)
+            ;
+        k += i;
+        if (i < PEER_BATCH_MAX)
             break;
-        k++;
     }
     return k ? (int)k : -ENOENT;
 }
@@ -872,6 +977,7 @@ int sfs_backend_peer_stats(struct sfs_backend *be, struct sfs_peer_stats *out)
     RD(bytes_written);
     RD(writes);
     RD(lost_writes);
+    RD(round_trips);
 #undef RD
     return 0;
 }

@@ -169,10 +169,16 @@ int peer_local_set(struct peer_region *r, const struct peer_hash *h, const void 
 
 /* --- wire (peer_net.c) --- */
 enum peer_op {
-    PEER_OP_READ_HDRS = 1, /* headers of ways [way, way + nways) of a bucket */
-    PEER_OP_READ_SLOT = 2, /* header + payload (len bytes) of one slot */
-    PEER_OP_WRITE = 3,     /* conditional write of one slot; len payload bytes follow */
+    PEER_OP_READ_HDRS = 1,       /* headers of ways [way, way + nways) of a bucket */
+    PEER_OP_READ_SLOT = 2,       /* header + payload (len bytes) of one slot */
+    PEER_OP_WRITE = 3,           /* conditional write of one slot; len payload bytes follow */
+    PEER_OP_READ_HDRS_MULTI = 4, /* all headers of nways (1..PEER_BATCH_MAX) buckets, whose
+                                  * numbers follow as len = 8 x nways bytes */
 };
+
+/* Buckets one READ_HDRS_MULTI names: a batch's keys of one owner host go in
+ * as few requests of this many as they need. */
+#define PEER_BATCH_MAX 64u
 
 struct peer_hello {
     uint32_t magic, version;
@@ -232,6 +238,12 @@ int peer_conn_read_slot(struct peer_conn *c, const char *member, unsigned deadli
 int peer_conn_write(struct peer_conn *c, const char *member, unsigned deadline_ms, uint64_t bucket,
                     uint32_t way, uint64_t expect, const struct peer_hash *h, const void *payload,
                     uint32_t len, uint64_t stamp, uint64_t *found);
+/* All headers of `count` (1..PEER_BATCH_MAX) buckets in one round trip:
+ * hdrs and seq_after get count x g.ways entries, bucket by bucket. The
+ * connection must be open (the caller computed the buckets from c->g). */
+int peer_conn_read_hdrs_multi(struct peer_conn *c, const char *member, unsigned deadline_ms,
+                              const uint64_t *buckets, uint32_t count, struct peer_slot_hdr *hdrs,
+                              uint64_t *seq_after);
 /* Connect (if not connected) and fetch the geometry: 0 or -errno. */
 int peer_conn_open(struct peer_conn *c, const char *member, unsigned deadline_ms);
 

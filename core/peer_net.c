@@ -89,6 +89,10 @@ int peer_req_check(const struct peer_req *q, const struct peer_geometry *g)
         if (q->nways == 0 || q->way >= g->ways || q->nways > g->ways - q->way || q->len)
             return -EINVAL;
         return 0;
+    case PEER_OP_READ_HDRS_MULTI:
+        if (q->nways == 0 || q->nways > PEER_BATCH_MAX || q->way || q->len != q->nways * 8u)
+            return -EINVAL;
+        return 0; /* each bucket that follows is checked when read */
     case PEER_OP_READ_SLOT:
     case PEER_OP_WRITE:
         if (q->way >= g->ways || q->nways != 1 || q->len > g->max_payload)
@@ -231,7 +235,7 @@ static int serve_one(struct peer_server *s, int fd, uint8_t *buf)
         return -EINVAL;
     switch (q.op) {
     case PEER_OP_READ_HDRS:
-        /* buf holds max(ways x 72, 72 + max_payload) bytes: see conn_main. */
+        /* buf holds enough for any answer: see conn_main. */
         memcpy(buf, &rep, sizeof(rep));
         n = sizeof(rep);
         for (uint32_t w = q.way; w < q.way + q.nways; w++) {
@@ -243,6 +247,28 @@ static int serve_one(struct peer_server *s, int fd, uint8_t *buf)
             n += sizeof(h) + 8;
         }
         break;
+    case PEER_OP_READ_HDRS_MULTI: {
+        uint64_t b[PEER_BATCH_MAX];
+
+        ret = recv_all(fd, b, q.len, 0, &s->stop, true);
+        if (ret < 0)
+            return ret;
+        memcpy(buf, &rep, sizeof(rep));
+        n = sizeof(rep);
+        for (uint32_t i = 0; i < q.nways; i++) {
+            if (b[i] >= g->num_buckets)
+                return -EINVAL; /* closes the connection, as any bad field */
+            for (uint32_t w = 0; w < g->ways; w++) {
+                struct peer_slot_hdr h;
+                uint64_t before, after = peer_slot_copy(s->r, b[i], w, &h, &before, NULL, 0);
+
+                memcpy(buf + n, &h, sizeof(h));
+                memcpy(buf + n + sizeof(h), &after, 8);
+                n += sizeof(h) + 8;
+            }
+        }
+        break;
+    }
     case PEER_OP_READ_SLOT: {
         struct peer_slot_hdr h;
         uint64_t before, after;
@@ -283,7 +309,15 @@ static void *conn_main(void *arg)
     const struct peer_geometry *g = &s->r->g;
     size_t cap = sizeof(struct peer_rep) + (size_t)g->ways * (PEER_HDR_SIZE + 8);
     size_t cap2 = sizeof(struct peer_rep) + PEER_HDR_SIZE + 8 + g->max_payload;
-    uint8_t *buf = malloc(cap > cap2 ? cap : cap2);
+    /* READ_HDRS_MULTI: at most 64 x 64 x 72 bytes (288 KiB). */
+    size_t cap3 = sizeof(struct peer_rep) + (size_t)PEER_BATCH_MAX * g->ways * (PEER_HDR_SIZE + 8);
+    uint8_t *buf;
+
+    if (cap2 > cap)
+        cap = cap2;
+    if (cap3 > cap)
+        cap = cap3;
+    buf = malloc(cap);
     struct peer_hello hello = {.magic = PEER_MAGIC, .version = PEER_VERSION, .g = *g};
 
     free(ca);
@@ -611,6 +645,36 @@ int peer_conn_read_hdrs(struct peer_conn *c, const char *member, unsigned deadli
         ret = recv_all(c->fd, &hdrs[w], sizeof(hdrs[w]), deadline, NULL, false);
         if (ret == 0)
             ret = recv_all(c->fd, &seq_after[w], 8, deadline, NULL, false);
+        if (ret < 0)
+            return fail(c, ret);
+    }
+    return 0;
+}
+
+int peer_conn_read_hdrs_multi(struct peer_conn *c, const char *member, unsigned deadline_ms,
+                              const uint64_t *buckets, uint32_t count, struct peer_slot_hdr *hdrs,
+                              uint64_t *seq_after)
+{
+    struct peer_req q = {.magic = PEER_MAGIC,
+                         .version = PEER_VERSION,
+                         .op = PEER_OP_READ_HDRS_MULTI,
+                         .nways = count,
+                         .len = count * 8u};
+    struct peer_rep rep;
+    int64_t deadline;
+    int ret;
+
+    if (count == 0 || count > PEER_BATCH_MAX || c->fd < 0)
+        return -EINVAL;
+    ret = call(c, member, deadline_ms, &q, buckets, &rep, &deadline);
+    if (ret < 0)
+        return ret;
+    if (rep.status)
+        return fail(c, -EPROTO);
+    for (uint32_t i = 0; i < count * c->g.ways; i++) {
+        ret = recv_all(c->fd, &hdrs[i], sizeof(hdrs[i]), deadline, NULL, false);
+        if (ret == 0)
+            ret = recv_all(c->fd, &seq_after[i], 8, deadline, NULL, false);
         if (ret < 0)
             return fail(c, ret);
     }

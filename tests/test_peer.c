@@ -478,6 +478,61 @@ Test(peer, silent_member_is_a_miss_within_the_deadline, .timeout = 30)
     close(lfd);
 }
 
+/* The headers of several buckets in one round trip equal those read one
+ * bucket at a time; a bad bucket in the list closes the connection. */
+Test(peer, multi_bucket_header_read, .timeout = 30)
+{
+    struct srv x;
+    struct peer_conn c;
+    struct peer_slot_hdr one[4], many[3 * 4];
+    uint64_t a1[4], am[3 * 4], b[3] = {2, 7, 15}, bad[2] = {1, 16};
+    uint8_t in[PAY];
+
+    srv_start(&x, 16, 4);
+    for (unsigned i = 0; i < 40; i++) {
+        struct sfs_key k = tu_key(300 + i, 0);
+        struct peer_hash h = peer_key_hash(&k);
+
+        tu_fill(&k, in, PAY);
+        cr_assert_eq(peer_local_set(&x.r, &h, in, PAY), 0);
+    }
+    peer_conn_init(&c);
+    cr_assert_eq(peer_conn_open(&c, x.addr, 2000), 0);
+    cr_assert_eq(peer_conn_read_hdrs_multi(&c, x.addr, 2000, b, 3, many, am), 0);
+    for (int i = 0; i < 3; i++) {
+        cr_assert_eq(peer_conn_read_hdrs(&c, x.addr, 2000, b[i], one, a1), 0);
+        for (int w = 0; w < 4; w++) {
+            cr_assert_eq(a1[w], am[i * 4 + w]);
+            cr_assert_eq(memcmp((uint8_t *)&one[w] + 8, (uint8_t *)&many[i * 4 + w] + 8, 56), 0);
+        }
+    }
+    cr_assert_lt(peer_conn_read_hdrs_multi(&c, x.addr, 2000, bad, 2, many, am), 0);
+    /* Only that connection: a new one is served (after the down mark). */
+    peer_conn_init(&c);
+    cr_assert_eq(peer_conn_open(&c, x.addr, 2000), 0);
+    cr_assert_eq(peer_conn_read_hdrs_multi(&c, x.addr, 2000, b, 1, many, am), 0);
+    {
+        struct peer_req q[] = {
+            {.magic = PEER_MAGIC, .version = PEER_VERSION, .op = PEER_OP_READ_HDRS_MULTI},
+            {.magic = PEER_MAGIC,
+             .version = PEER_VERSION,
+             .op = PEER_OP_READ_HDRS_MULTI,
+             .nways = PEER_BATCH_MAX + 1,
+             .len = (PEER_BATCH_MAX + 1) * 8},
+            {.magic = PEER_MAGIC,
+             .version = PEER_VERSION,
+             .op = PEER_OP_READ_HDRS_MULTI,
+             .nways = 2,
+             .len = 8},
+        };
+
+        for (size_t i = 0; i < sizeof(q) / sizeof(q[0]); i++)
+            cr_assert_neq(peer_req_check(&q[i], &x.r.g), 0, "multi request %zu passes", i);
+    }
+    peer_conn_close(&c);
+    srv_stop(&x);
+}
+
 /* The member restarted (same address): the client's open connection is
  * stale; the next call reconnects once instead of counting a failure. */
 Test(peer, client_reconnects_once_after_a_restart, .timeout = 30)
@@ -666,6 +721,24 @@ Test(peer, backend_serves_a_dump_on_one_host_to_the_other, .timeout = 60)
             cr_assert_gt(st.bytes_read, st0.bytes_read);
             cr_assert_lt(st.bytes_read - st0.bytes_read, PAY, "exists read a payload");
         }
+    }
+    /* A batch exists: one round trip per owner host for the whole batch
+     * (host A is B's only other member), and the right answer per key. */
+    {
+        struct sfs_key ks[40];
+        bool present[40];
+        struct sfs_peer_stats st0;
+
+        for (unsigned i = 0; i < 40; i++) {
+            ks[i] = i < 32 ? tu_key(100 + i, i % 3) : tu_key(5000 + i, 0);
+            present[i] = false;
+        }
+        cr_assert_eq(sfs_backend_peer_stats(h[1].be, &st0), 0);
+        cr_assert_eq(sfs_backend_exists(h[1].be, ks, 40, present), 0);
+        cr_assert_eq(sfs_backend_peer_stats(h[1].be, &st), 0);
+        for (unsigned i = 0; i < 40; i++)
+            cr_assert_eq(present[i], i < 32, "key %u", i);
+        cr_assert_eq(st.round_trips - st0.round_trips, 1);
     }
     sfs_backend_close(h[0].be);
     /* Host A is gone: its keys are clean misses (unreachable) within the

@@ -94,9 +94,16 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
             uint64_t end = (q.bucket * g.ways + q.way + (q.nways ? q.nways : 1)) * g.stride;
 
             check(q.bucket < g.num_buckets, "bucket out of range");
-            check(q.way < g.ways && q.nways >= 1 && q.way + q.nways <= g.ways, "ways out of range");
-            check(end <= g.num_buckets * g.ways * g.stride, "range past the region");
-            check(q.len <= g.max_payload, "length past the slot");
+            if (q.op == PEER_OP_READ_HDRS_MULTI) {
+                /* The buckets follow; the server checks each as it reads. */
+                check(q.nways >= 1 && q.nways <= PEER_BATCH_MAX, "batch out of range");
+                check(q.len == q.nways * 8u && q.way == 0, "batch length");
+            } else {
+                check(q.way < g.ways && q.nways >= 1 && q.way + q.nways <= g.ways,
+                      "ways out of range");
+                check(end <= g.num_buckets * g.ways * g.stride, "range past the region");
+                check(q.len <= g.max_payload, "length past the slot");
+            }
             check(q.op != PEER_OP_WRITE || !(q.expect & 1), "odd expected seq");
         }
     }

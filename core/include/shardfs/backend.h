@@ -120,6 +120,7 @@ struct sfs_peer_stats {
     uint64_t hits, misses;
     uint64_t clean_torn, clean_other_key, clean_length, clean_unreachable;
     uint64_t bytes_read, bytes_written, writes, lost_writes;
+    uint64_t round_trips; /* requests to other hosts (not in /stats) */
 };
 
 /* A snapshot of be's peer counters; -ENOENT when be is not a peer backend. */
