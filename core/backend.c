@@ -7,6 +7,9 @@
  *
  *   spec   := "mem:" | "mem"
  *           | "fault:" fopts ":" spec          fopts: k=v,k=v (no ':')
+ *           | "peer:" popts ":" spec           popts: listen=ADDR:PORT,members=FILE,
+ *                                              ways=N,capacity=SIZE[,slot=SIZE]
+ *                                              [,deadline_ms=N] (backend_peer.c)
  *           | "posix:" path [ "?" k=v ("&" k=v)* ]
  *           | path                             anything else that is not
  *                                              "<word>:..." with an unknown word
@@ -224,12 +227,31 @@ static struct sfs_backend *open_spec(const char *spec, const struct sfs_backend_
             sfs_be_close(inner);
         return be;
     }
+    if (strncmp(spec, "peer:", 5) == 0) {
+        struct sfs_peer_opts po;
+        const char *inner_spec = NULL;
+        struct sfs_backend *inner, *be;
+        int ret = sfs_peer_parse(spec + 5, &po, &inner_spec, errbuf, errlen);
+
+        if (ret < 0) {
+            *err = ret;
+            return NULL;
+        }
+        inner = open_spec(inner_spec, p, errbuf, errlen, err, nest + 1);
+        if (!inner)
+            return NULL;
+        be = sfs_peer_wrap(inner, &po, errbuf, errlen, err);
+        if (!be)
+            sfs_be_close(inner);
+        return be;
+    }
     if (strncmp(spec, "posix:", 6) == 0)
         return open_posix(spec + 6, p, errbuf, errlen, err);
     if (looks_like_scheme(spec, &wlen)) {
-        sfs_errf(errbuf, errlen,
-                 "spec: unknown backend type '%.*s' (posix:, mem:, fault:, or a directory path)",
-                 (int)wlen, spec);
+        sfs_errf(
+            errbuf, errlen,
+            "spec: unknown backend type '%.*s' (posix:, mem:, fault:, peer:, or a directory path)",
+            (int)wlen, spec);
         *err = -EINVAL;
         return NULL;
     }

@@ -43,6 +43,25 @@ struct sfs_fault_opts {
     uint64_t seed;
 };
 
+/* Options of the peer backend (peer:k=v,...:<inner>), backend_peer.c. */
+struct sfs_peer_opts {
+    char listen[256];     /* ADDR:PORT the slot region is served on */
+    char members[256];    /* members file; empty: no other hosts */
+    uint32_t ways;        /* 1..PEER_WAYS_MAX, default 4 */
+    uint64_t capacity;    /* slot region bytes */
+    uint32_t slot;        /* max payload; 0: the shard size */
+    unsigned deadline_ms; /* per call to a member, default 200 */
+};
+
+/* Parse the peer options of s (after "peer:"); *inner points at the inner
+ * spec on success. 0 or -EINVAL with a reason. */
+int sfs_peer_parse(const char *s, struct sfs_peer_opts *o, const char **inner, char *errbuf,
+                   size_t errlen);
+
+/* Wrap inner; on success the peer backend owns it. */
+struct sfs_backend *sfs_peer_wrap(struct sfs_backend *inner, const struct sfs_peer_opts *o,
+                                  char *errbuf, size_t errlen, int *err);
+
 struct sfs_backend *sfs_posix_open(const char *root, const struct sfs_posix_opts *o,
                                    uint64_t shard_size, char *errbuf, size_t errlen, int *err);
 

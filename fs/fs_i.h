@@ -470,6 +470,11 @@ struct fs_options {
     char *attach_gid;  /* a group whose members may attach */
     char *page_cache;  /* SIZE: bytes of shards the kernel page cache may hold */
     char *admission;   /* clock|scan: -o admission (enum sfs_admission) */
+    char *peer_listen;   /* ADDR:PORT: enables the peer tier (DESIGN section 12) */
+    char *peers;         /* the members file */
+    char *peer_capacity; /* SIZE: slot region bytes */
+    char *peer_ways;     /* N */
+    char *peer_slot;     /* SIZE: max payload (default the shard size) */
     char *backend;     /* the first non-option argument */
     unsigned max_read;
     bool max_read_set;
@@ -509,6 +514,9 @@ int fs_options_check(const struct fs_options *o, const char *mnt, struct fs_conf
 /* Add the mount options the kernel needs (default_permissions, max_read). */
 int fs_options_mount_args(const struct fs_options *o, struct fuse_args *args);
 void fs_options_free(struct fs_options *o);
+/* The backend spec the daemon opens: BACKEND_DIR, wrapped in a peer: spec
+ * when -o peer_listen is given (malloc'd; NULL: out of memory). */
+char *fs_backend_spec(const struct fs_options *o);
 void fs_usage(const char *prog);
 /* Every inode shows the backend directory's owner, group and permission
  * bits, so that with default_permissions the mount grants exactly what the

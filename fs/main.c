@@ -132,10 +132,23 @@ int main(int argc, char *argv[])
     bp.read_only = o.ro;
     /* A call into a hung store answers ETIMEDOUT at a read's deadline. */
     bp.timeout_ms = (unsigned)(cfg.wait_ns / 1000000);
-    fs.be = sfs_backend_open(o.backend, &bp, errbuf, sizeof(errbuf), &err);
+    {
+        /* -o peer_listen wraps BACKEND_DIR in the peer tier (options.c). */
+        char *spec = fs_backend_spec(&o);
+
+        fs.be = spec ? sfs_backend_open(spec, &bp, errbuf, sizeof(errbuf), &err) : NULL;
+        if (!spec)
+            err = -ENOMEM;
+        free(spec);
+    }
     if (!fs.be) {
-        fprintf(stderr, "shardfs: BACKEND_DIR %s: %s\n", o.backend,
-                errbuf[0] ? errbuf : strerror(-err));
+        /* The peer tier's reasons name its options (peer:...: the spec
+         * the daemon built from -o peer_*). */
+        if (o.peer_listen && strncmp(errbuf, "peer", 4) == 0)
+            fprintf(stderr, "shardfs: -o peer_listen=%s: %s\n", o.peer_listen, errbuf);
+        else
+            fprintf(stderr, "shardfs: BACKEND_DIR %s: %s\n", o.backend,
+                    errbuf[0] ? errbuf : strerror(-err));
         goto out_table;
     }
     if (cfg.no_fallback) /* its one line says it all: the data plane's own is noise */

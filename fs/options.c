@@ -57,6 +57,11 @@ static const struct fuse_opt opt_table[] = {
     OPT("attach_gid=%s", attach_gid),
     OPT("page_cache=%s", page_cache),
     OPT("admission=%s", admission),
+    OPT("peer_listen=%s", peer_listen),
+    OPT("peers=%s", peers),
+    OPT("peer_capacity=%s", peer_capacity),
+    OPT("peer_ways=%s", peer_ways),
+    OPT("peer_slot=%s", peer_slot),
     FUSE_OPT_KEY("ro", KEY_RO),
     FUSE_OPT_KEY("max_read=", KEY_MAX_READ),
     FUSE_OPT_KEY("default_permissions", KEY_PERMS_ON),
@@ -72,7 +77,7 @@ void fs_usage(const char *prog)
            "A node-local shared cache of KV-cache shards, as a file system:\n"
            "MOUNTPOINT/block/<32 hex>/shard/<n> is one shard, MOUNTPOINT/stats the counters.\n"
            "BACKEND_DIR is a store in UCM PosixStore layout, or a backend spec\n"
-           "(mem:, posix:DIR?k=v, fault:OPTS:SPEC).\n"
+           "(mem:, posix:DIR?k=v, fault:OPTS:SPEC, peer:OPTS:SPEC).\n"
            "\n"
            "shardfs options:\n"
            "    -o shard_size=SIZE     bytes per shard (default " DEFAULT_SHARD_SIZE_TEXT
@@ -104,6 +109,12 @@ void fs_usage(const char *prog)
            "    -o attach_uids=U1:U2   more uids that may attach to the socket (default: none;\n"
            "                           root and the daemon's uid always may)\n"
            "    -o attach_gid=GID      members of group GID may attach to the socket\n"
+           "    -o peer_listen=ADDR:PORT  serve a peer-tier slot region there and read other\n"
+           "                           hosts' (enables the peer tier; see shardfs(8))\n"
+           "    -o peers=FILE          peer members, one host:port a line\n"
+           "    -o peer_capacity=SIZE  slot region bytes (default 1G)\n"
+           "    -o peer_ways=N         ways per bucket (default 4)\n"
+           "    -o peer_slot=SIZE      max payload of a slot (default the shard size)\n"
            "    -o ro                  read-only: every change is EROFS\n"
            "    -o no_default_permissions  the kernel does not check modes and owners\n"
            "                           (default: it does; see shardfs(8), PERMISSIONS)\n"
@@ -482,7 +493,8 @@ static int check_backend(const char *spec)
 
     if (strncmp(spec, "mem", 3) == 0 && (spec[3] == '\0' || spec[3] == ':'))
         return 0;
-    if (strncmp(spec, "fault:", 6) == 0 || strncmp(spec, "posix:", 6) == 0)
+    if (strncmp(spec, "fault:", 6) == 0 || strncmp(spec, "posix:", 6) == 0 ||
+        strncmp(spec, "peer:", 5) == 0)
         return 0; /* sfs_backend_open reports what is wrong */
     if (stat(spec, &st) < 0)
         FAIL("BACKEND_DIR %s: %s", spec, strerror(errno));
@@ -502,6 +514,33 @@ static char *backend_dir(const char *spec)
         const char *inner = strchr(spec + 6, ':');
 
         return inner ? backend_dir(inner + 1) : NULL;
+    }
+    if (strncmp(spec, "peer:", 5) == 0) {
+        /* k=v,... then ':' and the inner spec; listen=HOST:PORT has a ':'
+         * of its own, followed by the port's digits. */
+        const char *p = spec + 5;
+
+        for (;;) {
+            const char *eq = strchr(p, '=');
+
+            if (!eq)
+                return NULL;
+            if (eq - p == 6 && strncmp(p, "listen", 6) == 0) {
+                p = strchr(eq, ':');
+                if (!p)
+                    return NULL;
+                p++;
+                while (isdigit((unsigned char)*p))
+                    p++;
+            } else {
+                p = eq + 1 + strcspn(eq + 1, ",:");
+            }
+            if (*p == ':')
+                return backend_dir(p + 1);
+            if (*p != ',')
+                return NULL;
+            p++;
+        }
     }
     if (strncmp(spec, "posix:", 6) == 0) {
         const char *q = strchr(spec + 6, '?');
@@ -595,10 +634,53 @@ int fs_options_parse(struct fuse_args *args, struct fs_options *o)
     return 0;
 }
 
+/* The peer options: their values are checked again, with reasons, by
+ * sfs_backend_open; here only what the spec syntax cannot carry. */
+static int check_peer(const struct fs_options *o)
+{
+    uint64_t v;
+
+    if (!o->peer_listen) {
+        if (o->peers || o->peer_capacity || o->peer_ways || o->peer_slot)
+            FAIL("peers, peer_capacity, peer_ways, peer_slot: need -o peer_listen=ADDR:PORT");
+        return 0;
+    }
+    if (strpbrk(o->peer_listen, ",") || (o->peers && strpbrk(o->peers, ",:")))
+        FAIL("peer_listen, peers: ',' and (in peers) ':' cannot be named in a backend spec");
+    if (o->peer_capacity && !parse_size(o->peer_capacity, &v))
+        FAIL("peer_capacity=%s: not a size", o->peer_capacity);
+    if (o->peer_slot && !parse_size(o->peer_slot, &v))
+        FAIL("peer_slot=%s: not a size", o->peer_slot);
+    if (o->peer_ways && !parse_uint(o->peer_ways, 64, &v))
+        FAIL("peer_ways=%s: not a number 1..64", o->peer_ways);
+    if (o->peers && access(o->peers, R_OK) < 0)
+        FAIL("peers=%s: %s", o->peers, strerror(errno));
+    return 0;
+}
+
+char *fs_backend_spec(const struct fs_options *o)
+{
+    char *s = NULL;
+    uint64_t cap = 1ull << 30, slot = 0;
+
+    if (!o->peer_listen)
+        return strdup(o->backend);
+    if (o->peer_capacity)
+        parse_size(o->peer_capacity, &cap);
+    if (o->peer_slot)
+        parse_size(o->peer_slot, &slot);
+    if (asprintf(&s, "peer:listen=%s%s%s,ways=%s,capacity=%" PRIu64 "%s%.0" PRIu64 ":%s",
+                 o->peer_listen, o->peers ? ",members=" : "", o->peers ? o->peers : "",
+                 o->peer_ways ? o->peer_ways : "4", cap, slot ? ",slot=" : "", slot,
+                 o->backend) < 0)
+        return NULL;
+    return s;
+}
+
 int fs_options_check(const struct fs_options *o, const char *mnt, struct fs_config *cfg)
 {
-    if (validate(o, mnt, cfg) < 0 || check_backend(o->backend) < 0 || check_mountpoint(mnt) < 0 ||
-        check_socket(cfg->socket, cfg->default_socket) < 0)
+    if (validate(o, mnt, cfg) < 0 || check_peer(o) < 0 || check_backend(o->backend) < 0 ||
+        check_mountpoint(mnt) < 0 || check_socket(cfg->socket, cfg->default_socket) < 0)
         return -1;
     if (o->perms_on && o->perms_off)
         FAIL("default_permissions and no_default_permissions: pick one");
@@ -634,6 +716,11 @@ void fs_options_free(struct fs_options *o)
     free(o->wait_timeout);
     free(o->readahead);
     free(o->page_cache);
+    free(o->peer_listen);
+    free(o->peers);
+    free(o->peer_capacity);
+    free(o->peer_ways);
+    free(o->peer_slot);
     free(o->warm);
     free(o->admission);
     free(o->partitions);

@@ -43,6 +43,15 @@ static void out(struct textbuf *t, const char *fmt, ...)
         t->len += (size_t)n;
 }
 
+static void emit_raw(struct textbuf *t, const char *text)
+{
+    int n = snprintf(t->p + (t->len < t->cap ? t->len : t->cap),
+                     t->len < t->cap ? t->cap - t->len : 0, "%s", text);
+
+    if (n > 0)
+        t->len += (size_t)n;
+}
+
 /* shardfs_partition_evictions_total{partition="i"}, one line a domain. */
 static void emit_partitions(struct textbuf *t, struct sfs_cache *c)
 {
@@ -104,6 +113,36 @@ size_t fs_stats_text(struct fs *fs, char *buf, size_t len)
         pthread_mutex_unlock(&fs->lock);
         G("fs_page_cache_pinned_shards",
           "Shards the kernel page cache may hold (-o page_cache): leased by the daemon.", pins);
+    }
+    {
+        struct sfs_peer_stats ps;
+
+        if (sfs_backend_peer_stats(fs->be, &ps) == 0) {
+            static const char *const why[] = {"torn", "other_key", "length", "unreachable"};
+            uint64_t cm[] = {ps.clean_torn, ps.clean_other_key, ps.clean_length,
+                             ps.clean_unreachable};
+
+            C("peer_hits_total", "Loads the peer tier answered.", ps.hits);
+            C("peer_misses_total", "Loads the peer tier did not (then the inner backend).",
+              ps.misses);
+            emit_raw(&t, "# HELP shardfs_peer_clean_misses_total Peer misses by reason, never "
+                         "bytes.\n# TYPE shardfs_peer_clean_misses_total counter\n");
+            for (int i = 0; i < 4; i++) {
+                char line[128];
+
+                snprintf(line, sizeof(line),
+                         "shardfs_peer_clean_misses_total{reason=\"%s\"} %" PRIu64 "\n", why[i],
+                         cm[i]);
+                emit_raw(&t, line);
+            }
+            C("peer_bytes_read_total", "Bytes read from other hosts' slot regions.", ps.bytes_read);
+            C("peer_bytes_written_total", "Payload bytes published to the peer tier.",
+              ps.bytes_written);
+            C("peer_writes_total", "Shards published to the peer tier.", ps.writes);
+            C("peer_lost_writes_total",
+              "Publishes that lost their slot to another writer twice (not written).",
+              ps.lost_writes);
+        }
     }
     C("warmed_total", "Shard loads started by the warm restart (-o warm).", L(warmed));
     G("pinned_bytes", "Bytes of the slots pins hold (user.shardfs.pin, the rank API).",

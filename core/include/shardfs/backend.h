@@ -15,6 +15,8 @@
  *   posix:/path/to/dir?dir_prefix=2&direct=1&depth=64
  *   mem:                             in-process store (tests)
  *   fault:latency_us=200,eio=0.1,short=0.05,stall_ms=0,seed=7:<inner spec>
+ *   peer:listen=ADDR:PORT,members=FILE,ways=N,capacity=SIZE:<inner spec>
+ *                                    the peer tier over another (docs/peer.md)
  *
  * Posix options: dir_prefix=N (layout below), depth=D (io_uring entries),
  * sync=1 (fsync on commit), read_only=1, direct=0|1 (default 1: loads read
@@ -121,6 +123,17 @@ SFS_API int sfs_backend_list(struct sfs_backend *be,
                              int (*fn)(const struct sfs_block_id *block, void *arg), void *arg);
 
 SFS_API void sfs_backend_close(struct sfs_backend *be);
+
+/* The peer tier's counters (DESIGN section 12: shardfs_peer_*). */
+struct sfs_peer_stats {
+    uint64_t hits, misses;
+    uint64_t clean_torn, clean_other_key, clean_length, clean_unreachable;
+    uint64_t bytes_read, bytes_written, writes, lost_writes;
+    uint64_t round_trips; /* requests to other hosts (not in /stats) */
+};
+
+/* A snapshot of be's peer counters; -ENOENT when be is not a peer backend. */
+SFS_API int sfs_backend_peer_stats(struct sfs_backend *be, struct sfs_peer_stats *out);
 
 /* Synchronous convenience: load or dump one shard and wait. Returns bytes or
  * -errno. */

@@ -1,0 +1,250 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * peer_i.h - the peer tier (seed 002, DESIGN section 12): the slot region one
+ * daemon serves to the other hosts, the placement every host computes alike,
+ * the wire protocol, and the server and client that speak it.
+ *
+ * Region: num_buckets x ways x stride bytes in a memfd of its own (not the
+ * CacheBuffer). A slot is a 64-byte header then at most max_payload bytes;
+ * stride = 64 + max_payload rounded up to 64. The header is a seqlock:
+ * `seq` is odd while a write is in progress, and a reader copies the header
+ * and payload and re-reads `seq` AFTER the copy (peer_slot_read); only an
+ * unchanged even seq with a matching key hash, length and payload checksum
+ * is a hit (peer_slot_matches). Every other outcome is a clean miss with a
+ * reason, never bytes.
+ *
+ * Placement: owner = a consistent-hash ring over the members (64 virtual
+ * nodes each), bucket = an independent hash of the key modulo the owner's
+ * announced num_buckets, way = an empty slot, else the same key, else the
+ * oldest stamp. Writes are compare-and-swap on the seq the writer read.
+ *
+ * Wire (TCP, host byte order: the hosts of one deployment share an ABI):
+ * the server sends a peer_hello with its geometry on accept; then each
+ * request is one 64-byte peer_req (plus `len` payload bytes for a write) and
+ * each answer one peer_rep plus data. Every field is checked against the
+ * announced geometry; a request that fails a check closes its connection.
+ */
+#ifndef SHARDFS_PEER_I_H
+#define SHARDFS_PEER_I_H
+
+#include <shardfs/backend.h>
+
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#define PEER_HDR_SIZE    64u
+#define PEER_WAYS_MAX    64u
+#define PEER_VNODES      64u
+#define PEER_MEMBERS_MAX 256u
+#define PEER_MAGIC       0x53465031u /* "SFP1" */
+#define PEER_VERSION     1u
+/* Largest payload a slot can hold (one shard); bounds every length on the
+ * wire together with the announced geometry. */
+#define PEER_PAYLOAD_MAX (64u << 20)
+
+/* 128-bit key hash: what a slot header names its key by. */
+struct peer_hash {
+    uint64_t lo, hi;
+};
+
+/* The slot header, at the start of every slot. `seq` is the seqlock word;
+ * the other fields are plain and only meaningful between two equal even
+ * reads of seq. */
+struct peer_slot_hdr {
+    _Atomic uint64_t seq; /* odd: a write is in progress; 0: never written */
+    uint64_t hash_lo, hash_hi;
+    uint32_t len;   /* payload bytes, <= max_payload */
+    uint32_t magic; /* PEER_MAGIC once written */
+    uint64_t csum;  /* peer_checksum(payload, len) */
+    uint64_t stamp; /* CLOCK_REALTIME ns of the write: "oldest" for eviction */
+    uint64_t pad[2];
+};
+_Static_assert(sizeof(struct peer_slot_hdr) == PEER_HDR_SIZE, "slot header is 64 bytes");
+
+struct peer_geometry {
+    uint64_t num_buckets;
+    uint32_t ways;
+    uint32_t max_payload;
+    uint64_t stride; /* PEER_HDR_SIZE + max_payload, rounded up to 64 */
+};
+
+/* Why a read was not a hit. */
+enum peer_miss {
+    PEER_HIT = 0,
+    PEER_MISS_EMPTY,       /* never written, or no slot of the bucket has the key */
+    PEER_MISS_TORN,        /* odd seq, or seq changed during the copy */
+    PEER_MISS_OTHER_KEY,   /* the slot holds another key */
+    PEER_MISS_LENGTH,      /* the key, but another length */
+    PEER_MISS_CHECKSUM,    /* the key and length, but the payload does not match */
+    PEER_MISS_UNREACHABLE, /* the owner did not answer within the deadline */
+};
+
+struct peer_region {
+    int memfd;
+    uint8_t *base;
+    size_t size;
+    struct peer_geometry g;
+};
+
+/* --- hashing and placement (peer_region.c) --- */
+struct peer_hash peer_key_hash(const struct sfs_key *key);
+uint64_t peer_bucket_of(const struct peer_hash *h, uint64_t num_buckets);
+uint64_t peer_checksum(const void *p, size_t len);
+
+/* A ring of members; each member is "host:port". */
+struct peer_ring {
+    size_t nmembers;
+    char **members;
+    size_t npoints;
+    struct peer_point {
+        uint64_t h;
+        uint32_t member;
+    } * points;
+};
+
+int peer_ring_build(struct peer_ring *r, char *const *members, size_t n);
+void peer_ring_free(struct peer_ring *r);
+/* The member index owning the key; -ENOENT with no members. */
+int peer_ring_owner(const struct peer_ring *r, const struct peer_hash *h);
+
+/* --- the region (peer_region.c) --- */
+
+/* Geometry from a capacity in bytes, ways and max payload; -EINVAL when it
+ * gives no bucket. */
+int peer_geometry_make(uint64_t capacity, uint32_t ways, uint32_t max_payload,
+                       struct peer_geometry *g);
+/* Check a geometry a peer announced: bounded, self-consistent. */
+int peer_geometry_check(const struct peer_geometry *g);
+
+int peer_region_create(struct peer_region *r, const struct peer_geometry *g);
+void peer_region_destroy(struct peer_region *r);
+
+static inline struct peer_slot_hdr *peer_slot(const struct peer_region *r, uint64_t bucket,
+                                              uint32_t way)
+{
+    return (struct peer_slot_hdr *)(r->base + (bucket * r->g.ways + way) * r->g.stride);
+}
+
+/*
+ * The single gate. `hdr` is a COPY of a header taken with seq `seq_before`,
+ * and `seq_after` the seq read again after the payload was copied; `payload`
+ * the copied payload (NULL: header only, the checksum is not checked).
+ */
+enum peer_miss peer_slot_matches(const struct peer_slot_hdr *hdr, uint64_t seq_before,
+                                 uint64_t seq_after, const struct peer_hash *h,
+                                 uint32_t expected_len, const void *payload);
+
+/*
+ * Seqlock copy of one slot of the local region: the header into *hdr and up
+ * to `cap` payload bytes into buf (NULL: header only), then seq again.
+ * Returns the seq read after the copy; *seq_before the one before.
+ */
+uint64_t peer_slot_copy(const struct peer_region *r, uint64_t bucket, uint32_t way,
+                        struct peer_slot_hdr *hdr, uint64_t *seq_before, void *buf, size_t cap);
+
+/* Look up key in the local region: PEER_HIT with len bytes in buf, or why
+ * not (the most telling reason across the ways). buf NULL: the header only
+ * (a slot names the key with this length; no payload checksum). */
+enum peer_miss peer_local_get(const struct peer_region *r, const struct peer_hash *h, void *buf,
+                              uint32_t len);
+
+/* Choose a way given the bucket's header copies (seqs[i] the seq read):
+ * empty, then the same key, then the oldest stamp; slots with an odd seq
+ * (write in progress) are skipped. -EBUSY when every way is busy. */
+int peer_pick_way(const struct peer_slot_hdr *hdrs, const uint64_t *seqs, uint32_t ways,
+                  const struct peer_hash *h);
+
+/*
+ * Conditional write of one slot: only if its seq is still `expect` (even).
+ * 0, -EAGAIN when the seq moved (another writer), -EINVAL on bad sizes.
+ */
+int peer_slot_write(struct peer_region *r, uint64_t bucket, uint32_t way, uint64_t expect,
+                    const struct peer_hash *h, const void *payload, uint32_t len, uint64_t stamp);
+
+/* Local set: pick a way under CAS, retry once. 0, or -EAGAIN (lost). */
+int peer_local_set(struct peer_region *r, const struct peer_hash *h, const void *payload,
+                   uint32_t len);
+
+/* --- wire (peer_net.c) --- */
+enum peer_op {
+    PEER_OP_READ_HDRS = 1,       /* headers of ways [way, way + nways) of a bucket */
+    PEER_OP_READ_SLOT = 2,       /* header + payload (len bytes) of one slot */
+    PEER_OP_WRITE = 3,           /* conditional write of one slot; len payload bytes follow */
+    PEER_OP_READ_HDRS_MULTI = 4, /* all headers of nways (1..PEER_BATCH_MAX) buckets, whose
+                                  * numbers follow as len = 8 x nways bytes */
+};
+
+/* Buckets one READ_HDRS_MULTI names: a batch's keys of one owner host go in
+ * as few requests of this many as they need. */
+#define PEER_BATCH_MAX 64u
+
+struct peer_hello {
+    uint32_t magic, version;
+    struct peer_geometry g;
+};
+
+struct peer_req {
+    uint32_t magic;
+    uint16_t version, op;
+    uint64_t bucket;
+    uint32_t way, nways;
+    uint64_t expect; /* WRITE: the seq read */
+    uint64_t hash_lo, hash_hi;
+    uint32_t len; /* READ_SLOT: payload bytes wanted; WRITE: bytes that follow */
+    uint32_t pad;
+    uint64_t stamp;
+};
+_Static_assert(sizeof(struct peer_req) == 64, "request is 64 bytes");
+
+/* Answer: status 0 or -errno; then for READ_HDRS nways x (header, seq_after);
+ * for READ_SLOT (header, seq_after) then len payload bytes; for WRITE
+ * nothing (status -EAGAIN: the seq moved). */
+struct peer_rep {
+    uint32_t magic;
+    int32_t status;
+    uint64_t seq; /* WRITE -EAGAIN: the seq found */
+};
+
+/* Validate a request against the geometry; 0 or -EINVAL. (Fuzzable.) */
+int peer_req_check(const struct peer_req *q, const struct peer_geometry *g);
+
+struct peer_server;
+/* Serve region r on addr ("host:port"), to anyone until peer_server_allow. */
+int peer_server_start(struct peer_server **out, struct peer_region *r, const char *addr,
+                      char *errbuf, size_t errlen);
+void peer_server_stop(struct peer_server *s);
+/* Serve only connections from the hosts of these members ("host:port",
+ * resolved now; n == 0: from anyone). 0, or -errno (the old list stays). */
+int peer_server_allow(struct peer_server *s, char *const *members, size_t n);
+
+/* One connection to a member, with a deadline per call. */
+struct peer_conn {
+    int fd;
+    struct peer_geometry g; /* what the member announced */
+    int64_t down_until_ns;  /* after a failure: a clean miss until then */
+};
+
+void peer_conn_init(struct peer_conn *c);
+void peer_conn_close(struct peer_conn *c);
+/* Read headers of a whole bucket; hdrs/seq_after have g.ways entries. */
+int peer_conn_read_hdrs(struct peer_conn *c, const char *member, unsigned deadline_ms,
+                        uint64_t bucket, struct peer_slot_hdr *hdrs, uint64_t *seq_after);
+int peer_conn_read_slot(struct peer_conn *c, const char *member, unsigned deadline_ms,
+                        uint64_t bucket, uint32_t way, uint32_t len, struct peer_slot_hdr *hdr,
+                        uint64_t *seq_after, void *buf);
+/* 0, -EAGAIN (seq moved; *found set), or -errno. */
+int peer_conn_write(struct peer_conn *c, const char *member, unsigned deadline_ms, uint64_t bucket,
+                    uint32_t way, uint64_t expect, const struct peer_hash *h, const void *payload,
+                    uint32_t len, uint64_t stamp, uint64_t *found);
+/* All headers of `count` (1..PEER_BATCH_MAX) buckets in one round trip:
+ * hdrs and seq_after get count x g.ways entries, bucket by bucket. The
+ * connection must be open (the caller computed the buckets from c->g). */
+int peer_conn_read_hdrs_multi(struct peer_conn *c, const char *member, unsigned deadline_ms,
+                              const uint64_t *buckets, uint32_t count, struct peer_slot_hdr *hdrs,
+                              uint64_t *seq_after);
+/* Connect (if not connected) and fetch the geometry: 0 or -errno. */
+int peer_conn_open(struct peer_conn *c, const char *member, unsigned deadline_ms);
+
+#endif /* SHARDFS_PEER_I_H */

@@ -1,0 +1,126 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * fuzz_peer_wire.c - libFuzzer target: the peer tier's validation
+ * (core/peer_net.c's peer_req_check, core/peer_region.c's
+ * peer_geometry_check and peer_slot_matches) over arbitrary bytes.
+ *
+ *   bytes 0..31    a geometry as a hello announces it (peer_geometry, 24
+ *                  bytes, then unused)
+ *   bytes 32..95   a request (peer_req)
+ *   bytes 96..159  a slot header (peer_slot_hdr), then 8+8 bytes: the seqs
+ *                  read before and after the copy, 4 bytes: the expected
+ *                  length, 16 bytes: the key hash; the rest: the payload
+ *
+ * Short inputs are zero-padded. Properties (abort on a breach):
+ * - a geometry that passes the check has a region below 2^47 bytes and a
+ *   stride that holds the header and max_payload;
+ * - a request that passes the check against a valid geometry names bytes
+ *   inside the region (bucket, way range, length), and a write's expected
+ *   seq is even;
+ * - peer_slot_matches says hit only for an even, unchanged seq, the key's
+ *   hash, the expected length and the payload's checksum.
+ */
+#include "fuzz_seeds.h"
+#include "peer_i.h"
+
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+int LLVMFuzzerInitialize(int *argc, char ***argv);
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
+
+#define OFF_REQ  32
+#define OFF_HDR  96
+#define OFF_TAIL 160
+#define TAIL     (8 + 8 + 4 + 16)
+
+static void check(int ok, const char *what)
+{
+    if (!ok) {
+        fprintf(stderr, "fuzz_peer_wire: property broken: %s\n", what);
+        abort();
+    }
+}
+
+int LLVMFuzzerInitialize(int *argc, char ***argv)
+{
+    uint8_t seed[OFF_TAIL + TAIL + 64];
+    struct peer_geometry g;
+    struct peer_req q = {.magic = PEER_MAGIC,
+                         .version = PEER_VERSION,
+                         .op = PEER_OP_READ_HDRS,
+                         .bucket = 3,
+                         .nways = 4};
+
+    (void)argc;
+    (void)argv;
+    memset(seed, 0, sizeof(seed));
+    peer_geometry_make(1 << 20, 4, 4096, &g);
+    memcpy(seed, &g, sizeof(g));
+    memcpy(seed + OFF_REQ, &q, sizeof(q));
+    fz_seed("read_hdrs", seed, sizeof(seed));
+    q.op = PEER_OP_WRITE;
+    q.nways = 1;
+    q.len = 64;
+    memcpy(seed + OFF_REQ, &q, sizeof(q));
+    fz_seed("write", seed, sizeof(seed));
+    return 0;
+}
+
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
+{
+    uint8_t in[OFF_TAIL + TAIL];
+    struct peer_geometry g;
+    struct peer_req q;
+    struct peer_slot_hdr hdr;
+    struct peer_hash h;
+    uint64_t before, after;
+    uint32_t len;
+    const uint8_t *payload = size > sizeof(in) ? data + sizeof(in) : NULL;
+    size_t plen = size > sizeof(in) ? size - sizeof(in) : 0;
+    _Static_assert(sizeof(struct peer_geometry) <= OFF_REQ, "geometry fits before the request");
+
+    memset(in, 0, sizeof(in));
+    memcpy(in, data, size < sizeof(in) ? size : sizeof(in));
+    memcpy(&g, in, sizeof(g));
+    memcpy(&q, in + OFF_REQ, sizeof(q));
+
+    if (peer_geometry_check(&g) == 0) {
+        check(g.stride >= PEER_HDR_SIZE + (uint64_t)g.max_payload, "stride too small");
+        check(g.num_buckets * g.ways * g.stride <= (1ull << 47), "region too large");
+        if (peer_req_check(&q, &g) == 0) {
+            uint64_t end = (q.bucket * g.ways + q.way + (q.nways ? q.nways : 1)) * g.stride;
+
+            check(q.bucket < g.num_buckets, "bucket out of range");
+            if (q.op == PEER_OP_READ_HDRS_MULTI) {
+                /* The buckets follow; the server checks each as it reads. */
+                check(q.nways >= 1 && q.nways <= PEER_BATCH_MAX, "batch out of range");
+                check(q.len == q.nways * 8u && q.way == 0, "batch length");
+            } else {
+                check(q.way < g.ways && q.nways >= 1 && q.way + q.nways <= g.ways,
+                      "ways out of range");
+                check(end <= g.num_buckets * g.ways * g.stride, "range past the region");
+                check(q.len <= g.max_payload, "length past the slot");
+            }
+            check(q.op != PEER_OP_WRITE || !(q.expect & 1), "odd expected seq");
+        }
+    }
+
+    memcpy(&hdr, in + OFF_HDR, sizeof(hdr));
+    memcpy(&before, in + OFF_TAIL, 8);
+    memcpy(&after, in + OFF_TAIL + 8, 8);
+    memcpy(&len, in + OFF_TAIL + 16, 4);
+    memcpy(&h, in + OFF_TAIL + 20, 16);
+    if (plen < len)
+        len = (uint32_t)plen; /* the copy holds at most what was read */
+    if (peer_slot_matches(&hdr, before, after, &h, len, payload) == PEER_HIT) {
+        check(before == after && !(before & 1) && before != 0, "hit on a moving seq");
+        check(hdr.magic == PEER_MAGIC, "hit on an unwritten slot");
+        check(hdr.hash_lo == h.lo && hdr.hash_hi == h.hi, "hit on another key");
+        check(hdr.len == len, "hit with another length");
+        check(!payload || peer_checksum(payload, len) == hdr.csum, "hit with a bad checksum");
+    }
+    return 0;
+}

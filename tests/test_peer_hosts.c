@@ -1,0 +1,337 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * test_peer_hosts.c - the peer tier between real daemons on "hosts": three
+ * network namespaces (10.77.0.1..3), each with a veth pair to a bridge in a
+ * fourth, "switch" namespace, each running its own shardfs daemon (the real
+ * binary, through fsfixture) with its own posix store and -o peer_listen on
+ * its own address.
+ *
+ * The namespaces, veth pairs and bridge are created by the test and removed
+ * by its teardown (ip netns del takes the veth ends with it). Traffic stays
+ * inside them. The test needs root and the `ip` tool; without them it is
+ * skipped with a message saying which is missing. The daemons' mounts live
+ * in the test's mount namespace; only their network is the namespace's
+ * (the test enters it with setns() around the fork of each daemon).
+ */
+#include "fsfixture.h"
+#include "peer_i.h"
+#include "testutil.h"
+
+#include <criterion/criterion.h>
+
+#include <errno.h>
+#include <fcntl.h>
+#include <sched.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#define SHARD  (64u * 1024)
+#define NSHARD 4
+
+#define NHOST 3
+
+static struct {
+    bool up;
+    char ns[NHOST][32], sw[32], members[128], store[NHOST][128];
+    struct fsfx fx[NHOST];
+} H;
+
+static const char *const ADDR[NHOST] = {"10.77.0.1:7001", "10.77.0.2:7001", "10.77.0.3:7001"};
+
+/* The members file: the first n hosts. */
+static void write_members(int n)
+{
+    FILE *f = fopen(H.members, "w");
+
+    cr_assert(f);
+    for (int i = 0; i < n; i++)
+        fprintf(f, "%s\n", ADDR[i]);
+    fclose(f);
+}
+
+static int in_netns(const char *ns, int *saved)
+{
+    char p[64];
+    int fd;
+
+    *saved = open("/proc/self/ns/net", O_RDONLY | O_CLOEXEC);
+    snprintf(p, sizeof(p), "/var/run/netns/%s", ns);
+    fd = open(p, O_RDONLY | O_CLOEXEC);
+    if (fd < 0 || *saved < 0 || setns(fd, CLONE_NEWNET) < 0) {
+        if (fd >= 0)
+            close(fd);
+        return -errno;
+    }
+    close(fd);
+    return 0;
+}
+
+static void back_to(int saved)
+{
+    cr_assert_eq(setns(saved, CLONE_NEWNET), 0, "setns back: %s", strerror(errno));
+    close(saved);
+}
+
+static void netns_del_all(void)
+{
+    for (int i = 0; i < NHOST; i++)
+        fsfx_sh("ip netns del %s 2>/dev/null", H.ns[i]);
+    fsfx_sh("ip netns del %s 2>/dev/null", H.sw);
+}
+
+/* NHOST host namespaces, each with a veth pair to a bridge in a "switch"
+ * namespace: 10.77.0.(i+1)/24 on host i. */
+static void setup(void)
+{
+    int pid = getpid();
+    bool ok;
+
+    memset(&H, 0, sizeof(H));
+    if (geteuid() != 0)
+        cr_skip_test("needs root (network namespaces and veth pairs)");
+    if (!fsfx_usable())
+        cr_skip_test("FUSE is not usable here");
+    if (fsfx_sh("command -v ip >/dev/null 2>&1") != 0)
+        cr_skip_test("the `ip` tool (iproute2) is missing");
+    snprintf(H.sw, sizeof(H.sw), "sfpsw%d", pid);
+    ok = fsfx_sh("ip netns add %s && ip -n %s link add br0 type bridge && "
+                 "ip -n %s link set br0 up",
+                 H.sw, H.sw, H.sw) == 0;
+    for (int i = 0; ok && i < NHOST; i++) {
+        snprintf(H.ns[i], sizeof(H.ns[i]), "sfp%c%d", 'a' + i, pid);
+        ok = fsfx_sh("ip netns add %s && ip link add sfh%d%d type veth peer name sfs%d%d && "
+                     "ip link set sfh%d%d netns %s && ip link set sfs%d%d netns %s && "
+                     "ip -n %s link set sfs%d%d master br0 && ip -n %s link set sfs%d%d up && "
+                     "ip -n %s addr add 10.77.0.%d/24 dev sfh%d%d && "
+                     "ip -n %s link set sfh%d%d up && ip -n %s link set lo up",
+                     H.ns[i], i, pid, i, pid, i, pid, H.ns[i], i, pid, H.sw, H.sw, i, pid, H.sw, i,
+                     pid, H.ns[i], i + 1, i, pid, H.ns[i], i, pid, H.ns[i]) == 0;
+    }
+    if (!ok) {
+        netns_del_all();
+        cr_skip_test("cannot create network namespaces, veth pairs and a bridge here");
+    }
+    H.up = true;
+    snprintf(H.members, sizeof(H.members), "%s", tu_path("members"));
+    write_members(2);
+    for (int i = 0; i < NHOST; i++) {
+        char tag[16];
+
+        snprintf(tag, sizeof(tag), "store%c", 'A' + i);
+        snprintf(H.store[i], sizeof(H.store[i]), "%s", tu_path(tag));
+        cr_assert_eq(mkdir(H.store[i], 0755), 0);
+        snprintf(tag, sizeof(tag), "mnt%c", 'A' + i);
+        snprintf(H.fx[i].mnt, sizeof(H.fx[i].mnt), "%s", tu_path(tag));
+        snprintf(tag, sizeof(tag), "log%c", 'A' + i);
+        snprintf(H.fx[i].log, sizeof(H.fx[i].log), "%s", tu_path(tag));
+        H.fx[i].bin = fsfx_daemon_bin(SHARDFS_BIN);
+    }
+}
+
+static void teardown(void)
+{
+    for (int i = 0; i < NHOST; i++) {
+        if (H.fx[i].pid)
+            fsfx_stop(&H.fx[i], true, 10.0);
+        if (H.fx[i].mnt[0])
+            fsfx_cleanup(&H.fx[i], H.store[i][0] ? H.store[i] : NULL);
+    }
+    if (H.members[0])
+        unlink(H.members);
+    if (H.up)
+        netns_del_all();
+}
+
+static void start_host(int i)
+{
+    char o[512];
+    int saved, st = 0, r;
+
+    snprintf(o, sizeof(o),
+             "shard_size=%u,capacity=16M,wait_timeout=20,peer_listen=%s,peers=%s,"
+             "peer_capacity=8M,peer_ways=4",
+             SHARD, ADDR[i], H.members);
+    cr_assert_eq(in_netns(H.ns[i], &saved), 0, "setns %s", H.ns[i]);
+    r = fsfx_start(&H.fx[i], H.store[i], o, 20.0, &st);
+    back_to(saved);
+    cr_assert_eq(r, 0, "daemon %d did not mount (%d, status %d)", i, r, st);
+}
+
+static void write_shard(int host, uint64_t b, uint32_t s)
+{
+    static uint8_t buf[SHARD];
+    struct sfs_key k = tu_key(b, s);
+    int fd;
+
+    tu_fill(&k, buf, SHARD);
+    cr_assert_eq(fsfx_sh("mkdir -p %s", fsfx_shard_path(&H.fx[host], b, -1)), 0);
+    fd = open(fsfx_shard_path(&H.fx[host], b, s), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    cr_assert_geq(fd, 0, "open: %s", strerror(errno));
+    cr_assert_eq(write(fd, buf, SHARD), (ssize_t)SHARD);
+    cr_assert_eq(close(fd), 0);
+}
+
+static void read_exact(int host, uint64_t b, uint32_t s)
+{
+    static uint8_t buf[SHARD + 1];
+    struct sfs_key k = tu_key(b, s);
+    long n = fsfx_read_all(fsfx_shard_path(&H.fx[host], b, s), buf, sizeof(buf));
+
+    cr_assert_eq(n, (long)SHARD, "block %llu shard %u: %ld", (unsigned long long)b, s, n);
+    cr_assert_eq(tu_check(&k, buf, SHARD), -1, "block %llu shard %u: wrong bytes",
+                 (unsigned long long)b, s);
+}
+
+/* The owner of a key, as every host computes it. */
+static int owner_of(uint64_t b, uint32_t s, int nmembers)
+{
+    char *m[] = {(char *)ADDR[0], (char *)ADDR[1], (char *)ADDR[2]};
+    struct peer_ring r;
+    struct sfs_key k = tu_key(b, s);
+    struct peer_hash h = peer_key_hash(&k);
+    int o;
+
+    cr_assert_eq(peer_ring_build(&r, m, (size_t)nmembers), 0);
+    o = peer_ring_owner(&r, &h);
+    peer_ring_free(&r);
+    return o;
+}
+
+TestSuite(peer_hosts, .init = setup, .fini = teardown, .timeout = 180);
+
+Test(peer_hosts, written_on_a_read_on_b_then_a_dies, .timeout = 180)
+{
+    const uint64_t B0 = 100, LATE = 500;
+    struct stat st;
+    long long hits, unreach;
+    unsigned owned_by_a = 0;
+
+    /* Host B's store has block LATE (and nothing of B0): it is read only
+     * after host A is gone. */
+    cr_assert_eq(tu_store_write(H.store[1], LATE, 1, NSHARD, SHARD, NULL, NULL, false), 0);
+    start_host(0);
+    start_host(1);
+
+    for (uint32_t s = 0; s < NSHARD; s++)
+        write_shard(0, B0, s);
+    /* The publish is asynchronous: wait for host A to have written all. */
+    for (int i = 0; i < 2000 && fsfx_stat(&H.fx[0], "shardfs_peer_writes_total") < NSHARD; i++)
+        fsfx_sleep_ms(10);
+    cr_assert_geq(fsfx_stat(&H.fx[0], "shardfs_peer_writes_total"), NSHARD);
+
+    /* Host B reads every byte; its store never had the block. */
+    for (uint32_t s = 0; s < NSHARD; s++)
+        read_exact(1, B0, s);
+    cr_assert_neq(stat(fsfx_block_file(H.store[1], B0), &st), 0,
+                  "host B's store has the block: the test proves nothing");
+    hits = fsfx_stat(&H.fx[1], "shardfs_peer_hits_total");
+    cr_assert_eq(hits, NSHARD, "peer hits on host B: %lld", hits);
+
+    /* Host A dies and its link goes down: its keys are clean misses on B,
+     * served from B's store, each read well within a liveness bound. */
+    for (uint32_t s = 0; s < NSHARD; s++)
+        owned_by_a += owner_of(LATE, s, 2) == 0;
+    cr_assert_eq(kill(H.fx[0].pid, SIGKILL), 0);
+    fsfx_sh("ip -n %s link set sfh0%d down", H.ns[0], getpid());
+    for (uint32_t s = 0; s < NSHARD; s++) {
+        double t0 = fsfx_now_s();
+
+        read_exact(1, LATE, s);
+        /* Generous: the per-member deadline is 200 ms. */
+        cr_assert_lt(fsfx_now_s() - t0, 5.0, "shard %u took %.1f s", s, fsfx_now_s() - t0);
+    }
+    unreach = fsfx_stat(&H.fx[1], "shardfs_peer_clean_misses_total{reason=\"unreachable\"}");
+    cr_log_info("peer hits on B %lld; after A died: %u of %u keys owned by A, %lld unreachable",
+                hits, owned_by_a, NSHARD, unreach);
+    if (owned_by_a)
+        cr_assert_gt(unreach, 0, "no unreachable miss counted (%u keys owned by A)", owned_by_a);
+    /* Host B stops cleanly (a sanitizer daemon's report would make it fail). */
+    cr_assert_eq(fsfx_stop(&H.fx[1], false, 20.0), 0);
+}
+
+/* A third host joins: it finds every key the two others published where the
+ * ring of three still puts it (with the others), and only its own share is
+ * a miss (its region is new and empty; its store has nothing). */
+Test(peer_hosts, a_joining_host_moves_only_its_share, .timeout = 180)
+{
+    const uint64_t B0 = 200;
+    const unsigned NB = 24; /* blocks of one shard: one key each */
+    unsigned mine = 0, others = 0;
+    long long hits;
+
+    start_host(0);
+    start_host(1);
+    for (unsigned i = 0; i < NB; i++)
+        write_shard(0, B0 + i, 0);
+    for (int i = 0; i < 2000 && fsfx_stat(&H.fx[0], "shardfs_peer_writes_total") < NB; i++)
+        fsfx_sleep_ms(10);
+    cr_assert_geq(fsfx_stat(&H.fx[0], "shardfs_peer_writes_total"), NB);
+
+    write_members(3);
+    /* Hosts A and B look at the file once a second (then they let C in);
+     * generous for a loaded machine. */
+    fsfx_sleep_ms(3000);
+    start_host(2);
+    for (unsigned i = 0; i < NB; i++) {
+        uint64_t b = B0 + i;
+
+        if (owner_of(b, 0, 3) == 2) {
+            char *path = (char *)fsfx_shard_path(&H.fx[2], b, 0);
+            static uint8_t buf[SHARD];
+
+            /* Its share: a clean miss, and its store has nothing. */
+            cr_assert_lt(fsfx_read_all(path, buf, SHARD), 0, "block %llu", (unsigned long long)b);
+            mine++;
+        } else {
+            read_exact(2, b, 0);
+            others++;
+        }
+    }
+    hits = fsfx_stat(&H.fx[2], "shardfs_peer_hits_total");
+    cr_log_info("joiner: %u keys moved to it, %u found on the others, %lld peer hits", mine, others,
+                hits);
+    cr_assert_gt(others, 0);
+    cr_assert_eq(hits, (long long)others);
+    cr_assert_eq(fsfx_stop(&H.fx[2], false, 20.0), 0);
+}
+
+/* The peer options are checked before anything starts: one line naming the
+ * option, exit status 1, no mount (no namespaces needed). */
+Test(peer_opts, bad_peer_options_are_refused_with_one_line, .timeout = 60)
+{
+    const char *bad[][2] = {
+        {"peers=/nonexistent", "need -o peer_listen"},
+        {"peer_listen=127.0.0.1:7001,peer_ways=0x", "peer_ways=0x"},
+        {"peer_listen=127.0.0.1:7001,peer_capacity=lots", "peer_capacity=lots"},
+        {"peer_listen=127.0.0.1:7001,peers=/nonexistent/members", "peers=/nonexistent"},
+        {"peer_listen=127.0.0.1,peer_capacity=1M",
+         "-o peer_listen=127.0.0.1: peer spec: listen= wants"},
+    };
+    struct fsfx fx;
+    char store[128];
+
+    if (!fsfx_usable())
+        cr_skip_test("FUSE is not usable here");
+    snprintf(store, sizeof(store), "%s", tu_path("store"));
+    cr_assert_eq(mkdir(store, 0755), 0);
+    for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+        int st = 0, r;
+
+        memset(&fx, 0, sizeof(fx));
+        snprintf(fx.mnt, sizeof(fx.mnt), "%s", tu_path("mnt"));
+        snprintf(fx.log, sizeof(fx.log), "%s", tu_path("log"));
+        fx.bin = fsfx_daemon_bin(SHARDFS_BIN);
+        r = fsfx_start(&fx, store, bad[i][0], 10.0, &st);
+        cr_assert_eq(r, -ECHILD, "%s: started (%d)", bad[i][0], r);
+        cr_assert(WIFEXITED(st) && WEXITSTATUS(st) == 1, "%s: status %d", bad[i][0], st);
+        cr_assert_eq(fsfx_log_lines_with(&fx, bad[i][1]), 1, "%s: no line with '%s'", bad[i][0],
+                     bad[i][1]);
+        fsfx_cleanup(&fx, NULL);
+    }
+    fsfx_cleanup(&fx, store);
+}
