@@ -8,7 +8,8 @@
  * Commit protocol, for one block (docs/shared-store.md: why it holds with
  * several hosts on one store, on NFS and GlusterFS too):
  *   1. open <file>.lock O_CREAT and flock(LOCK_EX) it; if the path no longer
- *      names the locked inode (the writer before us finished), start again;
+ *      names the locked inode (the writer before us finished), start again
+ *      (where flock is refused, go on without the lock);
  *   2. create this writer's own temporary file exclusively (O_EXCL):
  *      <file>.tmp.<host>.<pid>.<seq>; no other writer, on any host, ever
  *      opens it, so nobody truncates or writes it under us;
@@ -60,8 +61,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#define LOCK_TRIES   100000
-#define LOCK_WAIT_NS (2ll * 1000000000) /* best effort: then without the lock */
+#define LOCK_TRIES 100000
 /* -ESTALE (a handle another host's rename or unlink made stale, NFS and
  * GlusterFS) is retried: a new lookup resolves the name afresh. */
 #define STALE_TRIES 16
@@ -104,47 +104,39 @@ static int sync_dir(struct posix_backend *p, const char *rel, size_t dlen)
 
 /* Open and exclusively lock <file>.lock, making sure the locked inode is the
  * one the path names (a writer that held the lock before us unlinks it when
- * done). The lock is best effort: it only keeps writers of one block from
- * losing each other's shards, nothing written depends on it (see the
- * header). On a network file system a lock held by another host, stale
- * handles and cached lookups can keep it from being confirmed: after
- * LOCK_WAIT_NS of trying, the commit goes on without it. Returns the fd of
- * the held lock, or -1: no lock. */
+ * done). The lock only keeps writers of one block from losing each other's
+ * shards; nothing written depends on it (see the header). Where the file
+ * system refuses it (ENOLCK: NFS without a lock manager) the commit goes
+ * on without it. -ESTALE (the lock file unlinked by its holder on another
+ * host while we waited) is a lock that moved on: start again. Returns the
+ * fd of the held lock, or -1: no lock. */
 static int lock_block(struct posix_backend *p, const char *lock_rel)
 {
-    int64_t deadline = sfs_now_ns() + LOCK_WAIT_NS;
-
-    for (unsigned tries = 0; tries < LOCK_TRIES; tries++) {
+    for (int tries = 0; tries < LOCK_TRIES; tries++) {
         struct stat a, b;
         /* O_NOFOLLOW: a link planted at the lock's name never makes us
          * create a file outside the store. */
         int fd = openat(p->root_fd, lock_rel, O_RDONLY | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0644);
+        int r;
 
-        if (fd < 0 && errno != ESTALE && errno != EINTR)
-            return -1; /* cannot create it: go on without */
-        if (fd >= 0) {
-            /* Non-blocking, polled: a holder on another host (or a
-             * flock the file system forwards to a hung server) never
-             * holds us past the deadline. */
-            while (flock(fd, LOCK_EX | LOCK_NB) < 0) {
-                if ((errno != EWOULDBLOCK && errno != EINTR) || sfs_now_ns() > deadline)
-                    break;
-                usleep(1000);
-            }
-            /* ESTALE and friends: unlinked by its holder on another host
-             * while we waited; the inode test below fails then too. */
-            if (fstat(fd, &a) == 0 && fstatat(p->root_fd, lock_rel, &b, 0) == 0 &&
-                a.st_ino == b.st_ino && a.st_dev == b.st_dev &&
-                flock(fd, LOCK_EX | LOCK_NB) == 0) {
-                /* A lock left by a killed writer is taken over: fresh
-                 * again for the sweep's age test. */
-                futimens(fd, NULL);
-                return fd;
-            }
+        if (fd < 0 && errno == ESTALE)
+            continue;
+        if (fd < 0)
+            return -1;
+        while ((r = flock(fd, LOCK_EX)) < 0 && errno == EINTR)
+            ;
+        if (r < 0 && errno != ESTALE) {
             close(fd);
+            return -1;
         }
-        if (sfs_now_ns() > deadline)
-            break;
+        if (r == 0 && fstat(fd, &a) == 0 && fstatat(p->root_fd, lock_rel, &b, 0) == 0 &&
+            a.st_ino == b.st_ino && a.st_dev == b.st_dev) {
+            /* A lock left by a killed writer is taken over: fresh again
+             * for the sweep's age test. */
+            futimens(fd, NULL);
+            return fd;
+        }
+        close(fd);
     }
     return -1;
 }
