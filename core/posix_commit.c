@@ -420,6 +420,11 @@ static int commit_block_once(struct posix_backend *p, const struct sfs_block_id 
         }
         ret = keep ? copy_prefix(src, fd, keep) : 0;
         close(src);
+        /* The file we opened was replaced and freed by another host
+         * (NFS, GlusterFS: its handle went stale, or its gfid is gone):
+         * start the commit again from the new one (commit_block). */
+        if (ret == -ENOENT || ret == -EIO)
+            ret = -ESTALE;
         if (ret < 0)
             goto out_unlink_tmp;
     } else if (src != -ENOENT) {
