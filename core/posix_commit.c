@@ -500,8 +500,10 @@ static int commit_block(struct posix_backend *p, const struct sfs_block_id *id, 
 
     for (int tries = 0;; tries++) {
         ret = commit_block_once(p, id, ios, k, cut_shard, gate, &gated);
-        if (ret != -ESTALE || gated || tries >= STALE_TRIES)
+        if (ret != -ESTALE || gated)
             return ret;
+        if (tries >= STALE_TRIES)
+            return -EIO; /* still changing under us: not stored */
     }
 }
 
