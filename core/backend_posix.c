@@ -5,8 +5,9 @@
  * Layout: block file <root>/data/<32 lowercase hex id> (dir_prefix=0), or
  * <root>/<first N hex chars of the id>/<32 hex id> (dir_prefix=N, 1..32);
  * shard n lives at byte offset n * shard_size. A block file is never
- * modified in place: every change is written to <file>.tmp and renamed over
- * the block file, so a reader that opened the block file reads one committed
+ * modified in place: every change is written to a temporary file of its
+ * writer's own (<file>.tmp.<host>.<pid>.<seq>: posix_commit.c) and renamed
+ * over the block file, so a reader that opened the block file reads one committed
  * version from start to end, and no reader ever sees a torn shard.
  *
  * Loads go through one io_uring of `depth` entries. Any thread may submit
@@ -20,9 +21,11 @@
  * that block (struct block_fd); the reaper closes it after the last of them.
  * Descriptors never outlive their batch: a cached descriptor would keep
  * reading a block file that a commit has since replaced.
- * Result: len; -ENOENT when the block file is missing or ends at or before the
- * shard; -EIO when it ends inside the shard (a short read) or is not a regular
- * file; else -errno.
+ * Result: len; -ENOENT when the block file is missing or ends before the
+ * shard's end (a partial shard is a miss, never a short read passed on);
+ * -EIO when it is not a regular file; else -errno. -ESTALE (NFS, another
+ * host replaced the file) is no answer: the shard is read again from a new
+ * open (estale_reopen_locked).
  * Block files are opened beneath the root only (symlinks that leave the
  * store are refused) and without waiting (O_NONBLOCK, then a regular-file
  * check), so a FIFO or a device in the store never holds a submitter;
@@ -110,6 +113,7 @@ struct block_fd {
     enum bfd_step step;
     bool direct;        /* O_DIRECT asked of this open */
     bool touch;         /* a touch's open: FADVISE, then close */
+    unsigned char stale; /* opens retried after -ESTALE (< IO_RETRY_MAX) */
     struct sfs_io *wait_head, *wait_tail; /* loads waiting for BFD_READY */
     struct block_fd *next;                /* local list / bfd pending list */
     struct open_how how;
@@ -446,8 +450,16 @@ static void bfd_cqe_locked(struct posix_backend *p, struct block_fd *b, unsigned
             queue_bfd_locked(p, b);
             return;
         }
+        if (res == -ESTALE && b->stale < IO_RETRY_MAX) {
+            /* A handle another host's rename or unlink made stale (NFS):
+             * look the name up again. */
+            b->stale++;
+            queue_bfd_locked(p, b);
+            return;
+        }
         if (res < 0) {
-            bfd_fail_locked(p, b, sfs_posix_errno_of_open(-res), finished);
+            bfd_fail_locked(p, b, res == -ESTALE ? -ENOENT : sfs_posix_errno_of_open(-res),
+                            finished);
             return;
         }
         b->fd = res;
@@ -641,6 +653,59 @@ static int posix_load(struct sfs_backend *be, struct sfs_io **ios, size_t n)
 
 enum cqe_verdict { CQE_FINISH, CQE_RESUBMIT, CQE_REOPEN };
 
+/* Reaper, sq_lock held: a read answered -ESTALE (NFS: another host renamed
+ * a new version over the file, or removed it, and the server dropped the
+ * inode we hold). Not an error: the shard is read again, whole, from a new
+ * open of the name (the new version, or a miss), at most IO_RETRY_MAX
+ * times; the bytes read so far are dropped so no two versions mix. */
+static enum cqe_verdict estale_reopen_locked(struct posix_backend *p, struct sfs_io *io)
+{
+    uintptr_t flags = io_flags(io);
+    bool direct = (flags & F_DIRECT) != 0;
+    struct block_fd *b;
+    int fd;
+
+    if ((flags >> F_RETRY_SHIFT) >= IO_RETRY_MAX) {
+        io->result = -ENOENT; /* still stale: a miss, never an error */
+        return CQE_FINISH;
+    }
+    io_put_fd_locked(p, io);
+    io->priv[PRIV_DONE] = (void *)(uintptr_t)0;
+    io->priv[PRIV_FLAGS] = (void *)(flags + (1u << F_RETRY_SHIFT));
+    if (p->ring_open) {
+        b = bfd_alloc(p, &io->key.block, direct);
+        if (!b) {
+            io->priv[PRIV_FD] = NULL;
+            io->result = -ENOMEM;
+            return CQE_FINISH;
+        }
+        b->refs = 1;
+        io->priv[PRIV_FD] = b;
+        io_set_next(io, NULL);
+        b->wait_head = b->wait_tail = io;
+        queue_bfd_locked(p, b);
+        return CQE_REOPEN;
+    }
+    /* Sync mode: a blocking open under sq_lock, as the O_DIRECT fallback. */
+    fd = open_block_read(p, &io->key.block, &direct);
+    b = fd >= 0 ? calloc(1, sizeof(*b)) : NULL;
+    if (!b) {
+        if (fd >= 0)
+            close(fd);
+        io->priv[PRIV_FD] = NULL;
+        io->result = fd >= 0 ? -ENOMEM : fd;
+        return CQE_FINISH;
+    }
+    b->fd = fd;
+    b->refs = 1;
+    b->step = BFD_READY;
+    b->direct = direct;
+    io->priv[PRIV_FD] = b;
+    if (!direct)
+        io->priv[PRIV_FLAGS] = (void *)(io_flags(io) & ~(uintptr_t)F_DIRECT);
+    return CQE_RESUBMIT;
+}
+
 /* Reaper, sq_lock held: decide what one read's completion means for its
  * load. */
 static enum cqe_verdict handle_cqe(struct posix_backend *p, struct sfs_io *io, int res)
@@ -695,13 +760,18 @@ static enum cqe_verdict handle_cqe(struct posix_backend *p, struct sfs_io *io, i
             return CQE_RESUBMIT;
         }
     }
+    if (res == -ESTALE)
+        return estale_reopen_locked(p, io);
     if (res < 0) {
         io->result = got ? -EIO : res;
         return CQE_FINISH;
     }
     if (res == 0) {
-        /* EOF: at the shard's start the shard is absent, inside it torn. */
-        io->result = got ? -EIO : -ENOENT;
+        /* EOF before the shard's end: the file holds no whole shard here,
+         * a miss (docs/shared-store.md). A file is never written after its
+         * rename, so this is a file cut short by a writer that crashed on
+         * a file system without ordered renames, or a remove. */
+        io->result = -ENOENT;
         return CQE_FINISH;
     }
     got += (uintptr_t)res;
@@ -1145,6 +1215,7 @@ struct sfs_backend *sfs_posix_open(const char *root, const struct sfs_posix_opts
     p->be.shard_size = shard_size;
     p->o = *o;
     atomic_init(&p->direct_off, false);
+    sfs_posix_commit_init(p);
     p->root_fd = open(root, O_PATH | O_DIRECTORY | O_CLOEXEC);
     if (p->root_fd < 0) {
         ret = -errno;

@@ -5,19 +5,34 @@
  *
  * Dumps are synchronous, in the submitter's thread, grouped by block so that
  * one rename commits every shard of the batch that belongs to the block.
- * Commit protocol, for one block:
- *   1. open <file>.tmp O_CREAT and flock(LOCK_EX) it; if the path no longer
- *      names the locked inode (another writer committed it meanwhile),
- *      close and start again;
- *   2. truncate the tmp (a writer killed mid-dump leaves garbage there) and
- *      copy the committed block file into it: sized to the committed size
+ * Commit protocol, for one block (docs/shared-store.md: why it holds with
+ * several hosts on one store, on NFS and GlusterFS too):
+ *   1. open <file>.lock O_CREAT and flock(LOCK_EX) it; if the path no longer
+ *      names the locked inode (the writer before us finished), start again
+ *      (where flock is refused, go on without the lock);
+ *   2. create this writer's own temporary file exclusively (O_EXCL):
+ *      <file>.tmp.<host>.<pid>.<seq>; no other writer, on any host, ever
+ *      opens it, so nobody truncates or writes it under us;
+ *   3. copy the committed block file into it: sized to the committed size
  *      first, then only its data extents (SEEK_DATA / SEEK_HOLE, each with
  *      copy_file_range), so holes stay holes (below);
- *   3. pwrite the new shards; fsync if sync=1;
- *   4. rename tmp -> block file (and fsync the directory if sync=1); close.
- * Writers in any process serialize on the tmp's lock and each starts from the
- * previous commit, so concurrent dumps of different shards lose nothing. A
- * writer killed at any point leaves the committed file untouched.
+ *   4. pwrite the new shards; fsync if sync=1;
+ *   5. rename tmp -> block file (and fsync the directory if sync=1);
+ *      unlink the lock file; close.
+ * What a reader sees is always one whole file (the old or the new): a block
+ * file is never written after its rename. Integrity rests on the unique
+ * temporary name and the rename only; the lock adds that writers on one
+ * host (where flock is coherent) start from each other's commits, so
+ * concurrent dumps of different shards of a block lose nothing. Writers on
+ * different hosts whose file system does not carry flock between clients
+ * may lose one's shards to the other's commit (last rename wins): a later
+ * miss, never a torn block. A writer killed at any point leaves the
+ * committed file untouched, plus its temporary file and maybe the lock
+ * file: any later commit into that directory sweeps such leftovers once
+ * they are older than tmp_age (20 deadlines, at least 10 minutes), an age
+ * no live commit reaches (a commit ends within two deadlines: posix_call.c).
+ * Ages are measured against the file system's clock (the mtime of the
+ * sweeper's own new temporary file), so host clocks need not agree.
  * Dumping shard n of a block that has fewer than n shards leaves a hole: the
  * shards in between read as zeros (the layout cannot mark them absent).
  * Holes are kept by every later commit: copying the whole file would turn
@@ -35,8 +50,10 @@
  */
 #include "posix_i.h"
 
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <stdio.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -45,15 +62,27 @@
 #include <unistd.h>
 
 #define LOCK_TRIES 100000
+/* -ESTALE (a handle another host's rename or unlink made stale, NFS and
+ * GlusterFS) is retried: a new lookup resolves the name afresh. */
+#define STALE_TRIES 16
+/* Temporary names: <file>.tmp.<host>.<pid>.<seq>. */
+#define TMP_INFIX ".tmp."
+/* A temporary or lock file is stale when older than this many deadlines,
+ * and never younger than TMP_AGE_MIN_NS. */
+#define TMP_AGE_DEADLINES 20
+#define TMP_AGE_MIN_NS    (10ll * 60 * 1000000000)
 
 static int ensure_dir(struct posix_backend *p, const char *rel, size_t dlen)
 {
     char dir[PATH_REL_MAX];
+    int tries = 0;
 
     memcpy(dir, rel, dlen);
     dir[dlen] = '\0';
-    if (mkdirat(p->root_fd, dir, 0755) < 0 && errno != EEXIST)
-        return -errno;
+    while (mkdirat(p->root_fd, dir, 0755) < 0 && errno != EEXIST) {
+        if (errno != ESTALE || ++tries > STALE_TRIES)
+            return -errno;
+    }
     return 0;
 }
 
@@ -73,33 +102,163 @@ static int sync_dir(struct posix_backend *p, const char *rel, size_t dlen)
     return ret;
 }
 
-/* Open and exclusively lock <file>.tmp, making sure the locked inode is the
- * one the path names (a writer that held the lock before us may have renamed
- * or unlinked it). Returns the fd or -errno. */
-static int lock_tmp(struct posix_backend *p, const char *tmp_rel)
+/* Open and exclusively lock <file>.lock, making sure the locked inode is the
+ * one the path names (a writer that held the lock before us unlinks it when
+ * done). The lock only keeps writers of one block from losing each other's
+ * shards; nothing written depends on it (see the header). Where the file
+ * system refuses it (ENOLCK: NFS without a lock manager) the commit goes
+ * on without it. -ESTALE (the lock file unlinked by its holder on another
+ * host while we waited) is a lock that moved on: start again. Returns the
+ * fd of the held lock, or -1: no lock. */
+static int lock_block(struct posix_backend *p, const char *lock_rel)
 {
     for (int tries = 0; tries < LOCK_TRIES; tries++) {
         struct stat a, b;
-        /* O_NOFOLLOW: a link planted at the tmp name never redirects a
-         * commit's writes outside the store. */
-        int fd = openat(p->root_fd, tmp_rel, O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0644);
+        /* O_NOFOLLOW: a link planted at the lock's name never makes us
+         * create a file outside the store. */
+        int fd = openat(p->root_fd, lock_rel, O_RDONLY | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0644);
+        int r;
 
+        if (fd < 0 && errno == ESTALE)
+            continue;
         if (fd < 0)
-            return -errno;
-        while (flock(fd, LOCK_EX) < 0) {
-            if (errno != EINTR) {
-                int e = -errno;
-
-                close(fd);
-                return e;
-            }
+            return -1;
+        while ((r = flock(fd, LOCK_EX)) < 0 && errno == EINTR)
+            ;
+        if (r < 0 && errno != ESTALE) {
+            close(fd);
+            return -1;
         }
-        if (fstat(fd, &a) == 0 && fstatat(p->root_fd, tmp_rel, &b, 0) == 0 &&
-            a.st_ino == b.st_ino && a.st_dev == b.st_dev)
+        if (r == 0 && fstat(fd, &a) == 0 && fstatat(p->root_fd, lock_rel, &b, 0) == 0 &&
+            a.st_ino == b.st_ino && a.st_dev == b.st_dev) {
+            /* A lock left by a killed writer is taken over: fresh again
+             * for the sweep's age test. */
+            futimens(fd, NULL);
             return fd;
+        }
         close(fd);
     }
-    return -EAGAIN;
+    return -1;
+}
+
+/* This writer's own temporary file for the block whose path is rel:
+ * <file>.tmp.<host>.<pid>.<seq>, created exclusively, so no two writers (on
+ * this host or any other) ever write the same file. Returns the fd (name in
+ * tmp) or -errno. */
+static int create_tmp(struct posix_backend *p, const char *rel, char tmp[PATH_REL_MAX])
+{
+    for (int tries = 0; tries < 64; tries++) {
+        /* Relaxed: the counter only has to differ per call. */
+        uint64_t seq = atomic_fetch_add_explicit(&p->tmp_seq, 1, memory_order_relaxed);
+        int n = snprintf(tmp, PATH_REL_MAX, "%s" TMP_INFIX "%s.%ld.%llu", rel, p->host,
+                         (long)getpid(), (unsigned long long)seq);
+        int fd;
+
+        if (n < 0 || n >= PATH_REL_MAX)
+            return -ENAMETOOLONG;
+        fd = openat(p->root_fd, tmp, O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC | O_NOFOLLOW, 0644);
+        if (fd >= 0)
+            return fd;
+        if (errno != EEXIST && errno != ESTALE)
+            return -errno;
+        /* A name left by an earlier process with our pid: next counter. */
+    }
+    return -EEXIST;
+}
+
+/* Is name (an entry of a block directory) a temporary or lock file of a
+ * block: <32 hex>.tmp.* or <32 hex>.lock? */
+static bool is_commit_leftover(const char *name)
+{
+    for (int i = 0; i < SFS_BLOCK_HEX_LEN; i++) {
+        char c = name[i];
+
+        if (!((c >= '0' && c <= '9') || (c >= 'a' && c <= 'f')))
+            return false;
+    }
+    return strncmp(name + SFS_BLOCK_HEX_LEN, TMP_INFIX, sizeof(TMP_INFIX) - 1) == 0 ||
+           strcmp(name + SFS_BLOCK_HEX_LEN, ".lock") == 0;
+}
+
+/*
+ * Remove the temporary and lock files of the block directory dir whose
+ * mtime is more than tmp_age before now_ref. now_ref is the mtime of the
+ * temporary file the caller just created: the file system's own clock, so
+ * hosts whose clocks differ agree on ages. At most once per tmp_age / 4 per
+ * backend (sweep_ns), so a commit rarely pays for a readdir. Errors are
+ * ignored: a leftover not removed now is removed by a later sweep.
+ */
+static void sweep_dir(struct posix_backend *p, const char *rel, size_t dlen,
+                      const struct timespec *now_ref)
+{
+    int64_t now = sfs_now_ns();
+    /* Relaxed: sweep_ns only spaces sweeps out; two sweeps at once are
+     * harmless (both unlink the same names; ENOENT is ignored). */
+    int64_t last = atomic_load_explicit(&p->sweep_ns, memory_order_relaxed);
+    int64_t ref = (int64_t)now_ref->tv_sec * 1000000000 + now_ref->tv_nsec;
+    char dir[PATH_REL_MAX];
+    struct dirent *de;
+    DIR *d;
+    int fd;
+
+    if (last && now - last < p->tmp_age_ns / 4)
+        return;
+    if (!atomic_compare_exchange_strong_explicit(&p->sweep_ns, &last, now, memory_order_relaxed,
+                                                 memory_order_relaxed))
+        return;
+    memcpy(dir, rel, dlen);
+    dir[dlen] = '\0';
+    fd = openat(p->root_fd, dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC | O_NOFOLLOW);
+    if (fd < 0)
+        return;
+    d = fdopendir(fd);
+    if (!d) {
+        close(fd);
+        return;
+    }
+    while ((de = readdir(d))) {
+        struct stat st;
+
+        if (!is_commit_leftover(de->d_name))
+            continue;
+        if (fstatat(fd, de->d_name, &st, AT_SYMLINK_NOFOLLOW) < 0 || !S_ISREG(st.st_mode))
+            continue;
+        if (ref - ((int64_t)st.st_mtim.tv_sec * 1000000000 + st.st_mtim.tv_nsec) > p->tmp_age_ns)
+            unlinkat(fd, de->d_name, 0);
+    }
+    closedir(d);
+}
+
+void sfs_posix_commit_init(struct posix_backend *p)
+{
+    const char *age = getenv("SHARDFS_POSIX_TMP_AGE_MS");
+    char host[256];
+    size_t n = 0;
+
+    if (gethostname(host, sizeof(host)) < 0)
+        host[0] = '\0';
+    host[sizeof(host) - 1] = '\0';
+    /* Only characters that need no quoting anywhere, and no '.' (the
+     * name's separator). */
+    for (size_t i = 0; host[i] && n < POSIX_HOST_MAX; i++) {
+        char c = host[i];
+
+        if ((c >= '0' && c <= '9') || (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') ||
+            c == '-' || c == '_')
+            p->host[n++] = c;
+    }
+    if (n == 0)
+        p->host[n++] = '_';
+    p->host[n] = '\0';
+    atomic_init(&p->tmp_seq, 0);
+    atomic_init(&p->sweep_ns, 0);
+    /* Stale: far older than any live commit can be (one deadline for the
+     * copy and the writes, one more for the rename: posix_call.c). */
+    p->tmp_age_ns = (int64_t)p->o.timeout_ms * 1000000 * TMP_AGE_DEADLINES;
+    if (p->tmp_age_ns < TMP_AGE_MIN_NS)
+        p->tmp_age_ns = TMP_AGE_MIN_NS;
+    if (age && *age) /* tests only: a stale age they can wait for */
+        p->tmp_age_ns = strtoll(age, NULL, 10) * 1000000;
 }
 
 static int pwrite_all(int fd, const void *buf, size_t len, uint64_t off)
@@ -209,17 +368,18 @@ static int copy_prefix(int src, int dst, uint64_t len)
  * Commit one block: write the given shards (dump), or cut the block file to
  * cut_shard shards (remove; ios == NULL). Returns 0 or -errno.
  */
-static int commit_block(struct posix_backend *p, const struct sfs_block_id *id, struct sfs_io **ios,
-                        size_t k, uint32_t cut_shard, struct posix_job *gate)
+static int commit_block_once(struct posix_backend *p, const struct sfs_block_id *id,
+                             struct sfs_io **ios, size_t k, uint32_t cut_shard,
+                             struct posix_job *gate, bool *gated)
 {
-    char rel[PATH_REL_MAX], tmp[PATH_REL_MAX];
+    char rel[PATH_REL_MAX], lock[PATH_REL_MAX], tmp[PATH_REL_MAX];
     uint64_t S = p->be.shard_size, keep = 0;
     size_t dlen = sfs_posix_block_rel(p, id, false, rel);
     bool removing = ios == NULL;
     struct stat st;
-    int fd, src, ret;
+    int lfd, fd, src, ret;
 
-    sfs_posix_block_rel(p, id, true, tmp);
+    sfs_posix_block_rel(p, id, true, lock);
     if (removing) {
         /* Nothing to cut: answer without creating a tmp (or directories). */
         if (fstatat(p->root_fd, rel, &st, 0) < 0)
@@ -232,14 +392,14 @@ static int commit_block(struct posix_backend *p, const struct sfs_block_id *id, 
             return ret;
     }
 
-    fd = lock_tmp(p, tmp);
-    if (fd < 0)
-        return fd;
-    /* A writer killed mid-dump may have left bytes here. */
-    if (ftruncate(fd, 0) < 0) {
-        ret = -errno;
-        goto out_unlink_tmp;
+    lfd = lock_block(p, lock);
+    fd = create_tmp(p, rel, tmp);
+    if (fd < 0) {
+        ret = fd;
+        goto out_unlock;
     }
+    if (fstat(fd, &st) == 0)
+        sweep_dir(p, rel, dlen, &st.st_mtim);
     /* The committed block is read as the loads read it: beneath the root,
      * regular files only, never waiting on a FIFO. */
     src = sfs_posix_open_block_file(p, rel, O_RDONLY);
@@ -260,6 +420,11 @@ static int commit_block(struct posix_backend *p, const struct sfs_block_id *id, 
         }
         ret = keep ? copy_prefix(src, fd, keep) : 0;
         close(src);
+        /* The file we opened was replaced and freed by another host
+         * (NFS, GlusterFS: its handle went stale, or its gfid is gone):
+         * start the commit again from the new one (commit_block). */
+        if (ret == -ENOENT || ret == -EIO)
+            ret = -ESTALE;
         if (ret < 0)
             goto out_unlink_tmp;
     } else if (src != -ENOENT) {
@@ -271,12 +436,13 @@ static int commit_block(struct posix_backend *p, const struct sfs_block_id *id, 
     }
 
     if (removing && keep == 0) {
-        /* Dropping shard 0 drops the block: unlink it, then our tmp, both
-         * under the lock, so the next writer starts from nothing. */
+        /* Dropping shard 0 drops the block: unlink it (and our tmp) under
+         * the lock, so the next writer starts from nothing. */
         if (gate && !sfs_posix_call_commit(p, gate)) {
             ret = -ETIMEDOUT; /* the caller gave up: nothing changes */
             goto out_unlink_tmp;
         }
+        *gated = true;
         if (unlinkat(p->root_fd, rel, 0) < 0 && errno != ENOENT) {
             ret = -errno;
             goto out_unlink_tmp;
@@ -299,20 +465,46 @@ static int commit_block(struct posix_backend *p, const struct sfs_block_id *id, 
         ret = -ETIMEDOUT;
         goto out_unlink_tmp;
     }
-    if (renameat(p->root_fd, tmp, p->root_fd, rel) < 0) {
-        ret = -errno;
-        goto out_unlink_tmp;
+    *gated = true;
+    for (int tries = 0; renameat(p->root_fd, tmp, p->root_fd, rel) < 0; tries++) {
+        if (errno != ESTALE || tries >= STALE_TRIES) {
+            ret = -errno;
+            goto out_unlink_tmp;
+        }
     }
     ret = p->o.sync ? sync_dir(p, rel, dlen) : 0;
-    close(fd); /* releases the lock; waiters find the path moved on */
-    return ret;
+    close(fd);
+    goto out_unlock;
 
 out_unlink_tmp:
-    /* We still hold the lock on the inode the path names: removing it makes
-     * waiters start over instead of trusting half-written bytes. */
     unlinkat(p->root_fd, tmp, 0);
     close(fd);
+out_unlock:
+    /* Unlinked while we hold it: waiters find the path moved on and start
+     * over on a new lock file. */
+    if (lfd >= 0) {
+        unlinkat(p->root_fd, lock, 0);
+        close(lfd);
+    }
     return ret;
+}
+
+/* commit_block_once, again from the start while it fails -ESTALE before
+ * its commit point (the committed file or the lock file replaced by
+ * another host while we read it): nothing was changed yet. */
+static int commit_block(struct posix_backend *p, const struct sfs_block_id *id, struct sfs_io **ios,
+                        size_t k, uint32_t cut_shard, struct posix_job *gate)
+{
+    bool gated = false;
+    int ret;
+
+    for (int tries = 0;; tries++) {
+        ret = commit_block_once(p, id, ios, k, cut_shard, gate, &gated);
+        if (ret != -ESTALE || gated)
+            return ret;
+        if (tries >= STALE_TRIES)
+            return -EIO; /* still changing under us: not stored */
+    }
 }
 
 /* A job of posix_call.c: one block's commit, with copies of its shards

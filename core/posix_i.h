@@ -21,7 +21,10 @@
 struct block_fd;
 struct posix_job;
 
-#define PATH_REL_MAX 96 /* "<32 hex>/" + "<32 hex>" + ".tmp" + NUL, with room */
+/* "<32 hex>/" + "<32 hex>" + ".tmp." + host (<= POSIX_HOST_MAX) + ".<pid>.<seq>"
+ * + NUL, with room (posix_commit.c's temporary names). */
+#define PATH_REL_MAX   160
+#define POSIX_HOST_MAX 40
 
 struct posix_backend {
     struct sfs_backend be;
@@ -51,6 +54,12 @@ struct posix_backend {
     unsigned call_threads;          /* call_lock: helpers alive, <= POSIX_HELPERS_MAX */
     unsigned call_idle;             /* call_lock: helpers waiting for a job */
     bool call_stop;                 /* call_lock */
+
+    /* posix_commit.c: temporary names and their sweep. */
+    char host[POSIX_HOST_MAX + 1]; /* immutable: this host's name, [A-Za-z0-9_-] only */
+    atomic_uint_fast64_t tmp_seq;  /* the next temporary name's counter */
+    int64_t tmp_age_ns;            /* immutable: a temporary file older than this is stale */
+    atomic_int_fast64_t sweep_ns;  /* when this backend last swept (sfs_now_ns), 0: never */
 };
 
 /* Helpers of the synchronous calls alive at once: also how many calls can be
@@ -90,8 +99,9 @@ bool sfs_posix_call_stop(struct posix_backend *p, int64_t grace_ns);
  * file beneath the root. 0 or -errno. Blocks on a hung file system. */
 int sfs_posix_block_size(struct posix_backend *p, const struct sfs_block_id *id, uint64_t *size);
 
-/* posix_path.c. Relative path of the block file (tmp: of its .tmp); returns
- * the length of the directory part, so callers can cut the path there. */
+/* posix_path.c. Relative path of the block file (tmp: of its lock file,
+ * <file>.lock); returns the length of the directory part, so callers can cut
+ * the path there. */
 size_t sfs_posix_block_rel(const struct posix_backend *p, const struct sfs_block_id *id, bool tmp,
                            char out[PATH_REL_MAX]);
 /* An open's errno, as a block's: a missing directory level is a missing
@@ -104,6 +114,9 @@ int sfs_posix_open_beneath(struct posix_backend *p, const char *rel, int flags);
  * (else -EIO), with O_NONBLOCK cleared again. Returns the fd or -errno. */
 int sfs_posix_open_block_file(struct posix_backend *p, const char *rel, int flags);
 
+/* posix_commit.c: set up the temporary names (host, counter) and the age
+ * past which a temporary file is stale. Never fails. */
+void sfs_posix_commit_init(struct posix_backend *p);
 /* posix_commit.c: the backend's dump and remove (its sfs_backend_ops). */
 int sfs_posix_dump(struct sfs_backend *be, struct sfs_io **ios, size_t n);
 int sfs_posix_remove(struct sfs_backend *be, const struct sfs_key *key);

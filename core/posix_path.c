@@ -37,7 +37,7 @@ size_t sfs_posix_block_rel(const struct posix_backend *p, const struct sfs_block
     out[dlen] = '/';
     memcpy(out + dlen + 1, hex, SFS_BLOCK_HEX_LEN);
     if (tmp)
-        memcpy(out + dlen + 1 + SFS_BLOCK_HEX_LEN, ".tmp", 5);
+        memcpy(out + dlen + 1 + SFS_BLOCK_HEX_LEN, ".lock", 6);
     else
         out[dlen + 1 + SFS_BLOCK_HEX_LEN] = '\0';
     return dlen;
@@ -45,7 +45,8 @@ size_t sfs_posix_block_rel(const struct posix_backend *p, const struct sfs_block
 
 int sfs_posix_errno_of_open(int e)
 {
-    return (e == ENOENT || e == ENOTDIR) ? -ENOENT : -e;
+    /* ESTALE still after retries: the name names nothing we can read. */
+    return (e == ENOENT || e == ENOTDIR || e == ESTALE) ? -ENOENT : -e;
 }
 
 /*
@@ -67,10 +68,17 @@ int sfs_posix_open_beneath(struct posix_backend *p, const char *rel, int flags)
         .flags = (uint64_t)(flags | extra),
         .resolve = RESOLVE_BENEATH | RESOLVE_NO_MAGICLINKS,
     };
-    int fd = (int)syscall(SYS_openat2, p->root_fd, rel, &how, sizeof(how));
+    int fd;
 
-    if (fd < 0 && errno == ENOSYS)
-        fd = openat(p->root_fd, rel, flags | extra | O_NOFOLLOW);
+    /* -ESTALE: a cached handle of a directory or file another host
+     * replaced or removed (NFS); a new lookup resolves the name afresh. */
+    for (int stale = 0;; stale++) {
+        fd = (int)syscall(SYS_openat2, p->root_fd, rel, &how, sizeof(how));
+        if (fd < 0 && errno == ENOSYS)
+            fd = openat(p->root_fd, rel, flags | extra | O_NOFOLLOW);
+        if (fd >= 0 || errno != ESTALE || stale >= 8)
+            break;
+    }
     return fd >= 0 ? fd : sfs_posix_errno_of_open(errno);
 }
 

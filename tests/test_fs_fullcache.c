@@ -389,7 +389,7 @@ Test(fs_fullcache, a_store_never_commits_behind_a_reader_of_the_previous_bytes, 
     cr_assert_eq(tu_store_write(F.store, BLOCK, 1, 1, SHARD, NULL, NULL, false), 0);
     start("1");
     hold_start();
-    snprintf(tmp, sizeof(tmp), "%s.tmp", fsfx_block_file(F.store, BLOCK));
+    snprintf(tmp, sizeof(tmp), "%s.lock", fsfx_block_file(F.store, BLOCK));
     fd = open(tmp, O_RDWR | O_CREAT | O_CLOEXEC, 0644);
     cr_assert_geq(fd, 0, "%s: %s", tmp, strerror(errno));
     cr_assert_eq(flock(fd, LOCK_EX), 0);
@@ -484,7 +484,7 @@ Test(fs_fullcache, an_unlink_never_returns_behind_a_reader_of_the_removed_bytes,
 
     cr_assert_eq(tu_store_write(F.store, BLOCK, 1, 1, SHARD, NULL, NULL, false), 0);
     start("5");
-    snprintf(tmp, sizeof(tmp), "%s.tmp", fsfx_block_file(F.store, BLOCK));
+    snprintf(tmp, sizeof(tmp), "%s.lock", fsfx_block_file(F.store, BLOCK));
     fd = open(tmp, O_RDWR | O_CREAT | O_CLOEXEC, 0644);
     cr_assert_geq(fd, 0, "%s: %s", tmp, strerror(errno));
     cr_assert_eq(flock(fd, LOCK_EX), 0);
