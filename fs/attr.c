@@ -17,10 +17,35 @@
 #include <string.h>
 #include <sys/stat.h>
 
+/* The inode number stat shows: the fixed ones as they are; a block, its
+ * shard directory or a shard gets a pure function of what it names, not
+ * the node number the table handed out. The kernel forgets an idle node
+ * (memory pressure, an expired entry) and the next lookup gets a new node
+ * number; a tool that compares st_ino across its own stat and open (cp:
+ * "replaced while being copied") must still see the same file. 63 bits,
+ * never one of the fixed numbers; two objects sharing one is a 2^-63 event
+ * that only tools comparing inode numbers could notice. */
+static ino_t stable_ino(const struct fs_obj *o, fuse_ino_t ino)
+{
+    uint64_t w[2], h;
+
+    if (ino < FS_INO_DYNAMIC)
+        return (ino_t)ino;
+    memcpy(w, o->key.block.b, sizeof(w));
+    h = w[0] ^ (w[1] * 0x9e3779b97f4a7c15ull) ^ ((uint64_t)o->key.shard << 3) ^ (uint64_t)o->kind;
+    h ^= h >> 33;
+    h *= 0xff51afd7ed558ccdull;
+    h ^= h >> 33;
+    h *= 0xc4ceb9fe1a85ec53ull;
+    h ^= h >> 33;
+    h &= INT64_MAX;
+    return (ino_t)(h < FS_INO_DYNAMIC ? h + FS_INO_DYNAMIC : h);
+}
+
 void fs_fill_attr(struct fs *fs, const struct fs_obj *o, fuse_ino_t ino, struct stat *st)
 {
     memset(st, 0, sizeof(*st));
-    st->st_ino = ino;
+    st->st_ino = stable_ino(o, ino);
     /* The backend directory's owner, group and mode (options.c): what the
      * kernel checks (default_permissions) is what the store's own
      * directory allows. Shards drop the x bits; -o ro drops the w bits. */

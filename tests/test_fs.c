@@ -449,6 +449,39 @@ Test(fs, readahead_zero_loads_only_what_is_read, .timeout = 60)
     cr_assert_eq(stop(), 0);
 }
 
+/* The kernel forgets idle nodes (here: drop_caches), and the next lookup
+ * gets a new node number from the daemon; stat must still show the same
+ * inode number, or cp, which compares its stat with its open's fstat, skips
+ * the file as "replaced while being copied" (seen once in CI, with eight
+ * cp readers on a slow daemon). */
+Test(fs, inode_numbers_survive_the_kernel_forgetting_a_node, .timeout = 60)
+{
+    const char *paths[3];
+    struct stat a[3], b[3];
+    char blockdir[300], sharddir[320];
+
+    store_write(M.store, 44, 1, 2);
+    start("shard_size=64K,capacity=1M");
+    snprintf(blockdir, sizeof(blockdir), "%s", fsfx_block_dir(&M.fx, 44));
+    snprintf(sharddir, sizeof(sharddir), "%s/shard", blockdir);
+    paths[0] = blockdir;
+    paths[1] = sharddir;
+    paths[2] = fsfx_shard_path(&M.fx, 44, 1);
+    for (int i = 0; i < 3; i++)
+        cr_assert_eq(stat(paths[i], &a[i]), 0, "%s: %s", paths[i], strerror(errno));
+    cr_assert_neq(a[0].st_ino, a[2].st_ino);
+    cr_assert_neq(a[1].st_ino, a[2].st_ino);
+    /* Dentries and inodes out: the kernel sends FORGET for each node. */
+    cr_assert_eq(fsfx_sh("sync; echo 2 > /proc/sys/vm/drop_caches"), 0);
+    fsfx_sleep_ms(100);
+    for (int i = 0; i < 3; i++) {
+        cr_assert_eq(stat(paths[i], &b[i]), 0, "%s: %s", paths[i], strerror(errno));
+        cr_assert_eq(a[i].st_ino, b[i].st_ino, "%s: inode %llu, then %llu", paths[i],
+                     (unsigned long long)a[i].st_ino, (unsigned long long)b[i].st_ino);
+    }
+    cr_assert_eq(stop(), 0);
+}
+
 struct reader_arg {
     const char *src, *dst;
 };
