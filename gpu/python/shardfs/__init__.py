@@ -12,10 +12,11 @@ shardfs.sglang.ShardfsStorage (SGLang HiCacheStorage). docs/python.md has the
 whole story.
 """
 from ._version import __version__
-from .errors import InvalidArgument, RankClosed, ShardfsError, WaitTimeout
+from .errors import (InvalidArgument, PinBudgetExceeded, PinsDisabled, RankClosed, ShardfsError,
+                     WaitTimeout)
 from .rank import Entries, Rank, Task, block_hex, block_id, cuda_devices
 
 __all__ = [
     "__version__", "Rank", "Task", "Entries", "ShardfsError", "InvalidArgument", "RankClosed",
-    "WaitTimeout", "block_id", "block_hex", "cuda_devices",
+    "WaitTimeout", "PinBudgetExceeded", "PinsDisabled", "block_id", "block_hex", "cuda_devices",
 ]

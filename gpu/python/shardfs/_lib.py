@@ -101,13 +101,18 @@ def _prototypes(lib):
         "sfs_rank_lookup_prefix": (ctypes.c_long, [P, ctypes.POINTER(BlockId), ctypes.c_size_t,
                                                    ctypes.c_uint32]),
         "sfs_rank_touch": (ctypes.c_int, [P, ctypes.POINTER(BlockId), ctypes.c_size_t]),
+        "sfs_rank_pin": (ctypes.c_int, [P, ctypes.POINTER(BlockId), ctypes.c_size_t,
+                                        ctypes.c_uint32]),
         "sfs_rank_prefetch": (ctypes.c_int, [P, ctypes.POINTER(Key), ctypes.c_size_t]),
         "sfs_rank_stats": (None, [P, ctypes.POINTER(RankStats)]),
         "sfs_rank_shard_size": (ctypes.c_uint64, [P]),
         "sfs_rank_copier_name": (ctypes.c_char_p, [P]),
         "sfs_rank_cuda_devices": (ctypes.c_int, []),
     }
+    optional = {"sfs_rank_pin"}  # new in SHARDFS_RANK_0.2: Rank.pin says when it is missing
     for name, (res, args) in sig.items():
+        if name in optional and not hasattr(lib, name):
+            continue
         fn = getattr(lib, name)
         fn.restype = res
         fn.argtypes = args

@@ -7,6 +7,8 @@ ShardfsError          anything the library answered with -errno (.errno set)
                       of a forked process (EBADF)
   WaitTimeout         Task.wait() ran out of time (ETIMEDOUT); also the
                       builtin TimeoutError
+  PinBudgetExceeded   Rank.pin() over the daemon's pin budget (EDQUOT)
+  PinsDisabled        Rank.pin() on a cache with pins off (EPERM)
 """
 import errno as _errno
 import os
@@ -39,6 +41,21 @@ class WaitTimeout(ShardfsError, TimeoutError):
 
     def __init__(self, message):
         ShardfsError.__init__(self, _errno.ETIMEDOUT, message)
+
+
+class PinBudgetExceeded(ShardfsError):
+    """A pin batch would take the pinned slots over the daemon's budget
+    (-o pin_budget): refused whole, nothing pinned, no other pin evicted."""
+
+    def __init__(self, message):
+        ShardfsError.__init__(self, _errno.EDQUOT, message)
+
+
+class PinsDisabled(ShardfsError):
+    """The cache has pins off (-o pin_budget=0)."""
+
+    def __init__(self, message):
+        ShardfsError.__init__(self, _errno.EPERM, message)
 
 
 def check(rc, what):

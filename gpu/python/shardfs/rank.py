@@ -30,10 +30,13 @@ import threading
 import time
 
 from . import _lib
-from .errors import InvalidArgument, RankClosed, ShardfsError, WaitTimeout, check
+from .errors import (InvalidArgument, PinBudgetExceeded, PinsDisabled, RankClosed, ShardfsError,
+                     WaitTimeout, check)
 
 _HEX = frozenset("0123456789abcdefABCDEF")
 _MAX_SHARD = 0xFFFFFFFF
+# SFS_PIN_MAX_SECONDS (shardfs/cache.h): the longest pin, 366 days.
+PIN_MAX_SECONDS = 366 * 24 * 3600
 # Longest single sleep of an unbounded wait, so that Ctrl-C is seen.
 _WAIT_SLICE_MS = 200
 # This process's pid, kept current across fork() without a getpid() per call.
@@ -734,6 +737,51 @@ class Rank:
             return check(_lib.lib().sfs_rank_touch(ptr, arr, n), "touch")
         finally:
             self._leave()
+
+    def pin(self, blocks, seconds):
+        """Pin every shard of each block for `seconds` (an int, 0 unpins):
+        resident shards, and shards loaded while the pin lasts, are not
+        evicted until the pin's absolute expiry, whether this process lives
+        that long or not. Pinning a pinned block sets its expiry to now +
+        seconds. All or nothing: a batch over the daemon's pin budget
+        (-o pin_budget) raises PinBudgetExceeded (EDQUOT) and pins nothing;
+        pins off (-o pin_budget=0) raise PinsDisabled (EPERM); ENOSPC (no
+        pin table entry near a block's hash) raises ShardfsError. Returns
+        the shards pinned now (0 for an unpin)."""
+        if isinstance(seconds, bool):
+            raise InvalidArgument(f"pin: seconds {seconds!r}: expected an int (0 unpins)")
+        if not isinstance(seconds, int):
+            try:
+                seconds = int(seconds.__index__())
+            except (AttributeError, TypeError):
+                raise InvalidArgument(f"pin: seconds {seconds!r}: expected an int "
+                                      "(0 unpins)") from None
+        if not 0 <= seconds <= PIN_MAX_SECONDS:
+            raise InvalidArgument(f"pin: seconds {seconds}: out of range 0..{PIN_MAX_SECONDS} "
+                                  "(0 unpins)")
+        if isinstance(blocks, (str, bytes, bytearray, memoryview)):
+            raise InvalidArgument("pin: expected a list of block ids (one block: [block])")
+        arr, n = self._blocks(blocks, "pin")
+        fn = getattr(_lib.lib(), "sfs_rank_pin", None)
+        if fn is None:
+            raise ShardfsError(errno.ENOTSUP, f"pin: the library at {_lib.path()} is older "
+                               "than 0.2 (no sfs_rank_pin)")
+        if n == 0:
+            return 0
+        ptr = self._enter("pin")
+        try:
+            rc = fn(ptr, arr, n, seconds)
+        finally:
+            self._leave()
+        if rc == -errno.EDQUOT:
+            raise PinBudgetExceeded(f"pin of {n} blocks for {seconds} s: over the daemon's "
+                                    "pin budget (-o pin_budget); nothing pinned")
+        if rc == -errno.EPERM:
+            raise PinsDisabled(f"pin of {n} blocks: the cache has pins off (-o pin_budget=0)")
+        if rc == -errno.ENOSPC:
+            raise ShardfsError(errno.ENOSPC, f"pin of {n} blocks: no pin table entry left "
+                               "near a block's hash")
+        return check(rc, f"pin of {n} blocks for {seconds} s")
 
     def prefetch(self, keys):
         """Advisory: start loading (block, shard) keys into the cache.
