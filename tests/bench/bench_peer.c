@@ -144,14 +144,15 @@ static int ns_create(void)
     snprintf(va, sizeof(va), "sfbva%d", pid);
     snprintf(vethB, sizeof(vethB), "sfbvb%d", pid);
     ns_up = true;
-    return sh_run("ip netns add %s && ip netns add %s && "
-                  "ip link add %s type veth peer name %s && "
-                  "ip link set %s netns %s && ip link set %s netns %s && "
-                  "ip -n %s addr add 10.78.0.1/24 dev %s && ip -n %s addr add 10.78.0.2/24 dev %s && "
-                  "ip -n %s link set %s up && ip -n %s link set %s up && "
-                  "ip -n %s link set lo up && ip -n %s link set lo up",
-                  nsA, nsB, va, vethB, va, nsA, vethB, nsB, nsA, va, nsB, vethB, nsA, va, nsB,
-                  vethB, nsA, nsB);
+    return sh_run(
+        "ip netns add %s && ip netns add %s && "
+        "ip link add %s type veth peer name %s && "
+        "ip link set %s netns %s && ip link set %s netns %s && "
+        "ip -n %s addr add 10.78.0.1/24 dev %s && ip -n %s addr add 10.78.0.2/24 dev %s && "
+        "ip -n %s link set %s up && ip -n %s link set %s up && "
+        "ip -n %s link set lo up && ip -n %s link set lo up",
+        nsA, nsB, va, vethB, va, nsA, vethB, nsB, nsA, va, nsB, vethB, nsA, va, nsB, vethB, nsA,
+        nsB);
 }
 
 static int enter_ns(const char *ns)
@@ -336,10 +337,8 @@ static int server_main(int ready, int quit)
  */
 enum pass { P_PEER, P_RAW, P_STREAM, P_HDRS, P_SLOT, NPASS };
 static const char *const pass_name[NPASS] = {
-    "peer get (READ_HDRS + READ_SLOT)",
-    "raw TCP, one page per request (baseline)",
-    "raw TCP, streaming (baseline)",
-    "breakdown: READ_HDRS alone",
+    "peer get (READ_HDRS + READ_SLOT)", "raw TCP, one page per request (baseline)",
+    "raw TCP, streaming (baseline)",    "breakdown: READ_HDRS alone",
     "breakdown: READ_SLOT alone",
 };
 
@@ -421,8 +420,7 @@ static void run_pass(enum pass p, unsigned reps, bool verify, struct result *res
             for (uint32_t i = 0; i < nids && !miss; i++) {
                 struct sfs_key k = tu_key(1000 + i, 0);
 
-                if (full_recv(raw_fd, cbuf, PAGE) < 0 ||
-                    (verify && tu_check(&k, cbuf, PAGE) != -1))
+                if (full_recv(raw_fd, cbuf, PAGE) < 0 || (verify && tu_check(&k, cbuf, PAGE) != -1))
                     miss++;
             }
             continue;
@@ -432,10 +430,18 @@ static void run_pass(enum pass p, unsigned reps, bool verify, struct result *res
             int e;
 
             switch (p) {
-            case P_PEER: e = peer_get(id, true, true, verify); break;
-            case P_RAW: e = raw_get(id, verify); break;
-            case P_HDRS: e = peer_get(id, true, false, false); break;
-            default: e = peer_get(id, false, true, verify); break;
+            case P_PEER:
+                e = peer_get(id, true, true, verify);
+                break;
+            case P_RAW:
+                e = raw_get(id, verify);
+                break;
+            case P_HDRS:
+                e = peer_get(id, true, false, false);
+                break;
+            default:
+                e = peer_get(id, false, true, verify);
+                break;
             }
             miss += e != 0;
         }
@@ -815,8 +821,8 @@ int main(int argc, char **argv)
                         "memset + seqlock copy of the payload into its send buffer, %.1f us, "
                         "and the client's payload checksum, %.1f us (both timed in this "
                         "process on a 256 KiB page). A get is the two round trips in series.\n",
-                        med[P_HDRS][1], med[P_HDRS][3], med[P_SLOT][1], med[P_SLOT][3], med[P_RAW][1],
-                        med[P_RAW][3], cp, ck);
+                        med[P_HDRS][1], med[P_HDRS][3], med[P_SLOT][1], med[P_SLOT][3],
+                        med[P_RAW][1], med[P_RAW][3], cp, ck);
                 free(x);
             }
             (void)sink;
