@@ -114,6 +114,25 @@ static void do_set(int t, const char *name, const char *value, size_t vlen)
     } else if (kind == FS_BLOCK && (strcmp(name, "user.shardfs.touch") == 0 ||
                                     strcmp(name, "user.shardfs.prefetch") == 0)) {
         check_err(&req, value_is_one(value, vlen) ? 0 : EINVAL, name);
+    } else if (kind == FS_BLOCK && strcmp(name, "user.shardfs.pin") == 0) {
+        /* Decimal seconds, an optional newline, at most SFS_PIN_MAX_SECONDS
+         * (fs.md); a good value may still meet the pin budget (EDQUOT), a
+         * full pin table (ENOSPC) or pins turned off (EPERM). */
+        size_t n = vlen && value[vlen - 1] == '\n' ? vlen - 1 : vlen;
+        bool ok = n > 0 && n <= 10;
+        uint64_t v = 0;
+
+        for (size_t i = 0; ok && i < n; i++) {
+            ok = value[i] >= '0' && value[i] <= '9';
+            v = v * 10 + (uint64_t)(value[i] - '0');
+        }
+        ok = ok && v <= SFS_PIN_MAX_SECONDS;
+        if (!ok)
+            check_err(&req, EINVAL, name);
+        else if (req.kind != FZ_ERR ||
+                 (req.err != 0 && req.err != EDQUOT && req.err != ENOSPC && req.err != EPERM))
+            fz_fail("user.shardfs.pin=%.*s: reply %d errno %d", (int)vlen, value, req.kind,
+                    req.err);
     } else if (kind == FS_ROOT && strcmp(name, "user.shardfs.fault") == 0) {
         /* The option grammar is the fault backend's: any value is accepted
          * or EINVAL, nothing else; and "off" always clears. */
@@ -132,7 +151,8 @@ static void do_set(int t, const char *name, const char *value, size_t vlen)
 
 static void do_get(int t, const char *name, size_t size)
 {
-    static const char *const words[] = {"absent", "idle", "loading", "ready", "failed"};
+    static const char *const words[] = {"absent", "idle",   "loading",
+                                        "ready",  "failed", "ready,pinned"};
     struct fuse_req req;
     int kind = kinds[t];
 
@@ -151,8 +171,9 @@ static void do_get(int t, const char *name, size_t size)
             if (strlen(words[i]) == len &&
                 (req.kind != FZ_BUF || memcmp(req.buf, words[i], len) == 0))
                 want = words[i];
-        if (req.kind == FZ_ERR && req.err == ERANGE && size > 0 && size < 7)
-            return; /* shorter than some word: which one is not ours to know */
+        if (req.kind == FZ_ERR && req.err == ERANGE && size > 0 && size < 12)
+            return; /* shorter than some word ("ready,pinned" is the longest):
+                     * which one is not ours to know */
         if (!want)
             fz_fail("user.shardfs.state: reply %d errno %d size %zu: not a state word", req.kind,
                     req.err, req.size);
@@ -187,7 +208,8 @@ static void do_remove(int t, const char *name)
     struct fuse_req req;
     bool ours = strcmp(name, "user.shardfs.touch") == 0 ||
                 strcmp(name, "user.shardfs.prefetch") == 0 ||
-                strcmp(name, "user.shardfs.state") == 0 || strcmp(name, "user.shardfs.socket") == 0;
+                strcmp(name, "user.shardfs.pin") == 0 || strcmp(name, "user.shardfs.state") == 0 ||
+                strcmp(name, "user.shardfs.socket") == 0;
 
     fz_req_init(&req, fs);
     fs_op_removexattr(&req, inos[t], name);
