@@ -429,6 +429,18 @@ static int expire_hellos(struct sfs_server *s)
         if (k->state != CONN_HELLO)
             continue;
         if (k->deadline <= now) {
+            /* Read what arrived first: a server that ran late (stopped,
+             * starved of CPU) must not refuse a client that was on time.
+             * A whole hello is answered, a short one ended by EOF is
+             * -EBADMSG; only a hello still incomplete is late. */
+            size_t got;
+
+            do {
+                got = k->got;
+                conn_event(s, k, EPOLLIN);
+            } while (k->state == CONN_HELLO && k->got != got);
+            if (k->state != CONN_HELLO)
+                continue;
             sfs_log(LOG_WARNING, "attach: refused pid %d: no hello within %lld ms (%zu bytes)",
                     k->pid, HELLO_TIMEOUT_NS / 1000000, k->got);
             refuse(k->fd, -ETIMEDOUT);
