@@ -40,11 +40,12 @@
  * a thread whose current device is not ours, gets -EAGAIN and the rank
  * hands the batch to the copier thread instead). That thread's current
  * device is never changed, and its capture mode only for the call.
+ *
+ * This file: the kernel, batches, open and close. The registration table
+ * and the placing of a copy's ends are copier_cuda_place.cu's; the types
+ * both share, copier_cuda_i.h's.
  */
-#include "copier_i.h"
-
-#include <cuda.h>
-#include <cuda_runtime.h>
+#include "copier_cuda_i.h"
 
 #include <errno.h>
 #include <pthread.h>
@@ -52,136 +53,6 @@
 #include <stdlib.h>
 #include <string.h>
 #include <syslog.h>
-
-#define CHUNK              (64u * 1024)
-#define THREADS            256u
-#define BATCH_MAX          ((size_t)SFS_COPY_BATCH_MAX)
-#define MEMCPY_MIN_DEFAULT (4ull << 20)
-/* One cudaHostRegister call at most: drivers fail single registrations of
- * hundreds of GiB (page-table metadata beyond their allocation limit). */
-#define REG_PIECE_MAX (64ull << 30)
-/* Device allocations remembered within one batch. */
-#define SPANS 16u
-
-/* The core's logger (util.c, linked into this library). */
-extern "C" void sfs_log(int level, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-
-/* What sfs_move_kernel reads, one per grid.y. tests/fakecuda/fakecudart.cpp
- * emulates the kernel by reading this array (and relies on CHUNK, the launch
- * shape and the kernel's name): a change here is a change there. */
-struct desc {
-    const uint8_t *src;
-    uint8_t *dst;
-    uint64_t len;
-};
-
-/* One registered piece of this rank's data-plane mapping. */
-struct seg {
-    uintptr_t base;
-    size_t len;
-    uintptr_t dev; /* its device address; 0: the kernel cannot read it */
-    uintptr_t reg; /* the process registration we hold (its key); 0: none */
-};
-
-/* Where one end of a copy lies, as seen from the thread placing a batch. */
-struct place {
-    uintptr_t dev; /* the kernel's address for it, when `kernel` */
-    bool kernel;   /* the kernel on our device may read and write it */
-    bool host;     /* the CPU may read and write it (memcpy) */
-    bool bad;      /* it runs past the end of its allocation */
-};
-
-/* A device allocation placed earlier in this batch: [lo, hi). */
-struct span {
-    uintptr_t lo, hi;
-    bool kernel;
-};
-
-enum {
-    PATH_DONE = 0, /* copied by the CPU, skipped, or failed: result is final */
-    PATH_ASYNC,    /* cudaMemcpyAsync on our stream */
-    PATH_KERNEL,   /* a descriptor of this batch's launch */
-};
-
-typedef CUresult (*ptr_attrs_fn)(unsigned int n, CUpointer_attribute *which, void **data,
-                                 CUdeviceptr p);
-
-/* One batch on its way: the copier has two, so that the CPU work of one
- * (placing, releasing leases) overlaps the other's transfer on the GPU.
- * Each has its own stream, so finishing one never waits for the other. */
-struct slot {
-    cudaStream_t stream;
-    struct desc *hdesc; /* pinned */
-    struct desc *ddesc; /* device */
-    struct sfs_copy *v; /* the batch, between start and finish */
-    size_t n;
-    cudaError_t launch; /* the descriptor upload or the launch */
-    bool queued;        /* work on the stream to wait for */
-    uint8_t path[BATCH_MAX];
-    /* Device allocations placed in this slot's batch (its thread only). */
-    struct span spans[SPANS];
-    unsigned nspans, next_span;
-};
-
-/* Slots 0 and 1: the copier thread's (start/finish). Slot 2: load_inline's,
- * under inline_mu. */
-#define NSLOTS_THREAD 2
-#define SLOT_INLINE   2
-#define NSLOTS        3
-
-struct cuda_copier {
-    struct sfs_copier cp;
-    int device;
-    int ndev;
-    struct slot slots[NSLOTS];
-    struct seg *segs;
-    uint32_t nseg;
-    size_t memcpy_min;
-    signed char *peer;         /* [ndev]: 0 not asked yet, 1 peer access on, -1 none */
-    ptr_attrs_fn ptr_attrs;    /* cuPointerGetAttributes; NULL: not available */
-    pthread_mutex_t peer_mu;   /* peer[]: the copier thread and inline callers */
-    pthread_mutex_t inline_mu; /* slot SLOT_INLINE: one load_inline at a time */
-    bool mutexes;              /* the two above are initialised */
-    bool failed_once;          /* a failed batch was logged (__atomic: any thread) */
-};
-
-static int cuda_errno(cudaError_t e)
-{
-    switch (e) {
-    case cudaSuccess:
-        return 0;
-    case cudaErrorMemoryAllocation:
-    case cudaErrorLaunchOutOfResources:
-        return -ENOMEM;
-    case cudaErrorInvalidValue:
-    case cudaErrorInvalidDevicePointer:
-        return -EINVAL;
-    case cudaErrorNoDevice:
-    case cudaErrorInvalidDevice:
-    case cudaErrorInsufficientDriver:
-    case cudaErrorInitializationError:
-        return -ENODEV;
-    case cudaErrorDevicesUnavailable:
-        return -EBUSY;
-    case cudaErrorHostMemoryAlreadyRegistered:
-        return -EEXIST;
-    case cudaErrorNotSupported:
-        return -EOPNOTSUPP;
-    default:
-        return -EIO;
-    }
-}
-
-/* This thread never captures: a capture another thread runs in global mode
- * (PyTorch's default) must not turn our calls into capture errors. For our
- * own threads only (the mode is per thread, and is not put back). */
-static void capture_mode_local(void)
-{
-    cudaStreamCaptureMode m = cudaStreamCaptureModeThreadLocal;
-
-    if (cudaThreadExchangeStreamCaptureMode(&m) != cudaSuccess)
-        (void)cudaGetLastError();
-}
 
 /* ---------------------------------------------------------------------------
  * The kernel.
@@ -265,252 +136,6 @@ __global__ void __launch_bounds__(THREADS) sfs_move_kernel(const struct desc *d,
 }
 
 /* ---------------------------------------------------------------------------
- * Host registrations, per process: [base, base + len) registered once,
- * refcounted by the ranks' data-plane pieces that lie in it.
- */
-
-struct reg {
-    uintptr_t base;
-    size_t len;
-    unsigned refs;
-    bool ours; /* we registered it, so we unregister it; else the program did */
-};
-
-static pthread_mutex_t reg_mu = PTHREAD_MUTEX_INITIALIZER;
-static struct reg *regs; /* under reg_mu */
-static size_t nregs, cap_regs;
-
-/* Hold a registration covering [base, base + len), registering it (with our
- * device current) if nobody has. 0 and its key in *key, or -errno. */
-static int reg_get(uintptr_t base, size_t len, uintptr_t *key)
-{
-    cudaError_t e;
-    bool ours = true;
-    int r = 0;
-
-    pthread_mutex_lock(&reg_mu);
-    for (size_t i = 0; i < nregs; i++) {
-        struct reg *g = &regs[i];
-
-        if (base >= g->base && base + len <= g->base + g->len) {
-            g->refs++;
-            *key = g->base;
-            goto out;
-        }
-        if (base < g->base + g->len && g->base < base + len) {
-            r = -EEXIST; /* overlaps partly: not ours to split */
-            goto out;
-        }
-    }
-    if (nregs == cap_regs) {
-        size_t cap = cap_regs ? 2 * cap_regs : 16;
-        struct reg *nr = (struct reg *)realloc(regs, cap * sizeof(*nr));
-
-        if (!nr) {
-            r = -ENOMEM;
-            goto out;
-        }
-        regs = nr;
-        cap_regs = cap;
-    }
-    e = cudaHostRegister((void *)base, len, cudaHostRegisterMapped | cudaHostRegisterPortable);
-    if (e == cudaErrorHostMemoryAlreadyRegistered) {
-        /* Registered outside this table: by the program. Use it, never
-         * unregister it. */
-        (void)cudaGetLastError();
-        ours = false;
-    } else if (e != cudaSuccess) {
-        (void)cudaGetLastError();
-        r = cuda_errno(e);
-        goto out;
-    }
-    regs[nregs++] = (struct reg){base, len, 1, ours};
-    *key = base;
-out:
-    pthread_mutex_unlock(&reg_mu);
-    return r;
-}
-
-/* Drop a hold from reg_get(); the last one unregisters. Before the memory is
- * unmapped: a registration that outlives its mapping pins the old pages, and
- * a new mapping at the same address would be read through them. */
-static void reg_put(uintptr_t key)
-{
-    pthread_mutex_lock(&reg_mu);
-    for (size_t i = 0; i < nregs; i++) {
-        if (regs[i].base != key)
-            continue;
-        if (--regs[i].refs == 0) {
-            if (regs[i].ours && cudaHostUnregister((void *)key) != cudaSuccess)
-                (void)cudaGetLastError();
-            regs[i] = regs[--nregs];
-        }
-        break;
-    }
-    pthread_mutex_unlock(&reg_mu);
-}
-
-/* ---------------------------------------------------------------------------
- * Placing the ends of a copy.
- */
-
-/* cuPointerGetAttributes, through the runtime (no link to libcuda: the
- * library must load on machines without a driver). NULL when unavailable:
- * then no span cache, and no kernel on other devices' memory. */
-static ptr_attrs_fn driver_ptr_attrs(void)
-{
-#if CUDART_VERSION >= 12050
-    cudaDriverEntryPointQueryResult q = cudaDriverEntryPointSymbolNotFound;
-    void *fn = NULL;
-
-    if (cudaGetDriverEntryPointByVersion("cuPointerGetAttributes", &fn, 12000, cudaEnableDefault,
-                                         &q) != cudaSuccess ||
-        q != cudaDriverEntryPointSuccess) {
-        (void)cudaGetLastError();
-        return NULL;
-    }
-    return (ptr_attrs_fn)fn;
-#else
-    return NULL;
-#endif
-}
-
-/* The allocation p lies in, and whether it is an ordinary cudaMalloc one
- * (the kind peer access maps; pool and VMM memory have their own access
- * lists). false when the driver does not say. */
-static bool alloc_range(const struct cuda_copier *cc, const void *p, uintptr_t *lo, size_t *size,
-                        bool *legacy)
-{
-    CUpointer_attribute which[3] = {CU_POINTER_ATTRIBUTE_RANGE_START_ADDR,
-                                    CU_POINTER_ATTRIBUTE_RANGE_SIZE,
-                                    CU_POINTER_ATTRIBUTE_IS_LEGACY_CUDA_IPC_CAPABLE};
-    /* 8 bytes each, zeroed: the boolean may be written narrower. */
-    unsigned long long start = 0, sz = 0, leg = 0;
-    void *data[3] = {&start, &sz, &leg};
-    uintptr_t a = (uintptr_t)p;
-
-    if (!cc->ptr_attrs || cc->ptr_attrs(3, which, data, (CUdeviceptr)a) != CUDA_SUCCESS)
-        return false;
-    if (sz == 0 || a < start || a - start >= sz)
-        return false;
-    *lo = (uintptr_t)start;
-    *size = (size_t)sz;
-    *legacy = leg != 0;
-    return true;
-}
-
-/* May the kernel on our device reach memory of device `dev`? Peer access is
- * enabled the first time it is needed (process-wide, as the runtime has it),
- * and kept. The thread placing a batch, our device current; peer[] under
- * peer_mu (the copier thread and an inline caller may place at once). */
-static bool peer_ok(struct cuda_copier *cc, int dev)
-{
-    bool ok;
-
-    if (dev < 0 || dev >= cc->ndev)
-        return false;
-    pthread_mutex_lock(&cc->peer_mu);
-    if (cc->peer[dev] == 0) {
-        int can = 0;
-        cudaError_t e;
-
-        cc->peer[dev] = -1;
-        if (cudaDeviceCanAccessPeer(&can, cc->device, dev) == cudaSuccess && can) {
-            e = cudaDeviceEnablePeerAccess(dev, 0);
-            if (e == cudaSuccess || e == cudaErrorPeerAccessAlreadyEnabled)
-                cc->peer[dev] = 1;
-        }
-        (void)cudaGetLastError();
-    }
-    ok = cc->peer[dev] > 0;
-    pthread_mutex_unlock(&cc->peer_mu);
-    return ok;
-}
-
-static void span_add(struct slot *sl, uintptr_t lo, size_t size, bool kernel)
-{
-    unsigned i = sl->nspans < SPANS ? sl->nspans++ : sl->next_span++ % SPANS;
-
-    sl->spans[i] = (struct span){lo, lo + size, kernel};
-}
-
-/* Where [p, p + len) lies and who may reach it. The thread placing slot
- * sl's batch, our device current. Device allocations are remembered for the
- * rest of the batch only: every destination of a batch is live until its
- * entry completes, but between batches the program may free memory and
- * reuse its addresses. */
-static void place_of(struct cuda_copier *cc, struct slot *sl, const void *p, size_t len,
-                     struct place *o)
-{
-    uintptr_t a = (uintptr_t)p, lo = 0;
-    size_t size = 0;
-    bool known, legacy = false;
-    cudaPointerAttributes at;
-
-    *o = (struct place){0, false, false, false};
-    /* The data plane: host memory, for the kernel through its mapping. */
-    for (uint32_t i = 0; i < cc->nseg; i++) {
-        const struct seg *s = &cc->segs[i];
-
-        if (a - s->base < s->len) {
-            o->host = true;
-            if (s->dev && len <= s->len - (a - s->base)) {
-                o->kernel = true;
-                o->dev = s->dev + (a - s->base);
-            }
-            return;
-        }
-    }
-    for (unsigned i = 0; i < sl->nspans; i++) {
-        const struct span *sp = &sl->spans[i];
-
-        if (a - sp->lo < sp->hi - sp->lo) {
-            o->bad = len > sp->hi - a;
-            o->kernel = sp->kernel;
-            o->dev = a;
-            return;
-        }
-    }
-    if (cudaPointerGetAttributes(&at, p) != cudaSuccess) {
-        /* Drivers before CUDA 11 say so for plain host memory. */
-        (void)cudaGetLastError();
-        o->host = true;
-        return;
-    }
-    switch (at.type) {
-    case cudaMemoryTypeHost:
-        /* Pinned or registered: the kernel goes through its device alias,
-         * which exists only if it was mapped for our device. */
-        o->host = true;
-        if (at.devicePointer) {
-            o->kernel = true;
-            o->dev = (uintptr_t)at.devicePointer;
-        }
-        return;
-    case cudaMemoryTypeDevice:
-    case cudaMemoryTypeManaged:
-        break;
-    default: /* unregistered: pageable host memory */
-        o->host = true;
-        return;
-    }
-    known = alloc_range(cc, p, &lo, &size, &legacy);
-    if (known && len > size - (a - lo)) {
-        o->bad = true; /* the kernel would run off its allocation */
-        return;
-    }
-    if (at.type == cudaMemoryTypeManaged)
-        o->kernel = at.devicePointer != NULL; /* never the CPU: concurrent access rules */
-    else if (at.device == cc->device)
-        o->kernel = true;
-    else
-        o->kernel = known && legacy && peer_ok(cc, at.device);
-    o->dev = a; /* unified addressing: device memory has one address */
-    if (known)
-        span_add(sl, lo, size, o->kernel);
-}
-
-/* ---------------------------------------------------------------------------
  * Batches.
  */
 
@@ -555,8 +180,8 @@ static void cuda_start(struct cuda_copier *cc, struct sfs_copy *v, size_t n, boo
         }
         if (v[i].len == 0)
             continue;
-        place_of(cc, sl, v[i].src, v[i].len, &s);
-        place_of(cc, sl, v[i].dst, v[i].len, &d);
+        cuda_place_of(cc, sl, v[i].src, v[i].len, &s);
+        cuda_place_of(cc, sl, v[i].dst, v[i].len, &d);
         if (s.bad || d.bad) {
             v[i].result = -EFAULT;
             continue;
@@ -734,7 +359,7 @@ static void seg_add(struct cuda_copier *cc, uintptr_t base, size_t len)
     int r;
 
     *s = (struct seg){base, len, 0, 0};
-    r = reg_get(base, len, &s->reg);
+    r = cuda_reg_get(base, len, &s->reg);
     if (r < 0) {
         sfs_log(LOG_WARNING,
                 "cuda copier: device %d: cannot register %zu bytes of the data plane at %p "
@@ -794,7 +419,7 @@ static int open_here(struct cuda_copier *cc, struct sfs_cache *c)
     cc->peer = (signed char *)calloc(cc->ndev > 0 ? (size_t)cc->ndev : 1, 1);
     if (!cc->peer)
         return -ENOMEM;
-    cc->ptr_attrs = driver_ptr_attrs();
+    cc->ptr_attrs = cuda_driver_ptr_attrs();
 
     sfs_cache_info(c, &info);
     for (uint32_t i = 0; i < info.nsegments; i++) {
@@ -840,7 +465,7 @@ static void close_here(struct cuda_copier *cc)
             cudaStreamSynchronize(cc->slots[k].stream);
     for (uint32_t i = 0; i < cc->nseg; i++)
         if (cc->segs[i].reg)
-            reg_put(cc->segs[i].reg);
+            cuda_reg_put(cc->segs[i].reg);
     for (int k = 0; k < NSLOTS; k++) {
         struct slot *sl = &cc->slots[k];
 
