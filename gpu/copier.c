@@ -159,7 +159,7 @@ static void batch_done(struct sfs_rank *rk, struct batch *b)
     b->n = 0;
 }
 
-/* The inline path of a small task (rank.c): the submitting thread copies
+/* The inline path of a small task (inline.c): the submitting thread copies
  * its Ready items itself, through the copier's load_inline (memcpy, or one
  * CUDA gather launch on the copier's inline stream, synchronized), then
  * finishes them as the copier thread would (counters, release, status,

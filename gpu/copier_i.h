@@ -13,7 +13,7 @@
  * when every copy is complete (the source may be released, the destination
  * read). Batches come from one thread, the rank's copier thread -- except
  * load_inline, which any thread may call at any time (the submitting thread
- * of a small task whose keys are all Ready, see rank.c), concurrently with
+ * of a small task whose keys are all Ready, see inline.c), concurrently with
  * the copier thread and with other callers of it.
  *
  * A copier whose copies run on their own (the GPU) may also offer start and

@@ -32,7 +32,7 @@
  *
  * Calls go down only: to loadqueue.c (a depth token), copier.c (the copy
  * and the items' end) and complete.c through it; the task queue is pushed
- * by rank.c when this returns false.
+ * by task.c when this returns false.
  */
 #include "rank_i.h"
 

@@ -1,26 +1,20 @@
 /* SPDX-License-Identifier: MIT */
 /*
- * rank.c - the public face of libshardfs-rank: opening a rank (attach,
- * backend, copier, threads), tasks and waiting for them, lookups, touch,
- * prefetch and counters. The moving parts live in loadqueue.c (dispatcher,
- * workers, prefetch, backend callbacks), watch.c (watchers), copier.c
- * (copier thread) and inline.c (small resident tasks on the submitting
- * thread); an entry's end, and a task's references (caller, dispatcher,
- * completion), in complete.c. See rank_i.h for which way the
- * calls go.
+ * rank.c - opening and closing a rank (configuration, backend, attach and
+ * engine through link.c), and its counters and accessors. Tasks are
+ * task.c's, lookups, touch, pins and prefetch lookup.c's, the daemon link
+ * link.c's. The moving parts live in loadqueue.c (dispatcher, workers,
+ * prefetch, backend callbacks), watch.c (watchers), copier.c (copier
+ * thread) and inline.c (small resident tasks on the submitting thread); an
+ * entry's end, and a task's references (caller, dispatcher, completion), in
+ * complete.c. See rank_i.h for which way the calls go.
  */
 #include "rank_i.h"
 
 #include <errno.h>
-#include <limits.h>
-#include <poll.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/eventfd.h>
-#include <sys/xattr.h>
-#include <unistd.h>
 #include <syslog.h>
-#include <time.h>
 
 /*
  * struct sfs_rank_config as 0.1 had it: the fields up to key_timeout_ms.
@@ -64,27 +58,6 @@ void sfs_rank_config_init(struct sfs_rank_config *cfg)
     cfg->rank_index = -1;
 }
 
-static void touch_hook(const struct sfs_block_id *blocks, size_t n, void *arg)
-{
-    struct sfs_rank *rk = arg;
-
-    if (rk->be)
-        sfs_backend_touch(rk->be, blocks, n); /* a hint: errors do not matter */
-}
-
-/* The socket a mount point names in its xattr. */
-static int socket_from_mount(const char *mnt, char *out, size_t len)
-{
-    ssize_t n = getxattr(mnt, SFS_XATTR_SOCKET, out, len - 1);
-
-    if (n < 0)
-        return errno == ENOTSUP ? -ENODATA : -errno;
-    out[n] = '\0';
-    while (n > 0 && (out[n - 1] == '\n' || out[n - 1] == '\0'))
-        out[--n] = '\0';
-    return n > 0 ? 0 : -ENODATA;
-}
-
 static void rank_free(struct sfs_rank *rk)
 {
     if (rk->copier)
@@ -108,225 +81,6 @@ static void rank_free(struct sfs_rank *rk)
     pthread_mutex_destroy(&rk->lease_mu);
     pthread_cond_destroy(&rk->lease_cv);
     free(rk);
-}
-
-/* ---------------------------------------------------------------------------
- * The daemon link.
- *
- * The cache handle holds its attach connection for its whole life (the
- * daemon reaps this process when it closes). A thread polls it: when the
- * daemon exits or is killed the connection reads EOF at once, the thread
- * sets link_lost and wakes the watchers and the dispatcher, and every entry
- * in flight that still depends on the old cache fails with -ESHUTDOWN within
- * a slice (no one would reap a dead owner there any more). Loads this rank
- * owns finish from the backend as usual. The next call re-attaches to
- * whatever serves the socket path by then (rank_enter), transparently.
- */
-
-static void *link_main(void *arg)
-{
-    struct sfs_rank *rk = arg;
-    struct pollfd pf[2] = {{.fd = sfs_cache_conn_fd(rk->cache), .events = POLLIN | POLLRDHUP},
-                           {.fd = rk->link_stop_fd, .events = POLLIN}};
-
-    for (;;) {
-        if (poll(pf, 2, -1) < 0) {
-            if (errno == EINTR)
-                continue;
-            sfs_log(LOG_ERR, "rank %d: cannot watch the daemon link: %s", rk->device_id,
-                    strerror(errno));
-            return NULL;
-        }
-        if (pf[1].revents)
-            return NULL; /* stopped */
-        if (pf[0].revents)
-            break;
-    }
-    sfs_log(LOG_WARNING,
-            "rank %d: the daemon went away: entries in flight fail with ESHUTDOWN; the next "
-            "call attaches again",
-            rk->device_id);
-    /* Release: what the waits see after this store. */
-    atomic_store_explicit(&rk->link_lost, true, memory_order_release);
-    sfs_lq_link_lost(rk);
-    return NULL;
-}
-
-static int link_start(struct sfs_rank *rk)
-{
-    int r;
-
-    if (sfs_cache_conn_fd(rk->cache) < 0)
-        return 0; /* not attached through a server: nothing to watch */
-    rk->link_stop_fd = eventfd(0, EFD_CLOEXEC);
-    if (rk->link_stop_fd < 0)
-        return -errno;
-    r = pthread_create(&rk->link_thread, NULL, link_main, rk);
-    if (r) {
-        close(rk->link_stop_fd);
-        return -r;
-    }
-    rk->link_started = true;
-    return 0;
-}
-
-static void link_stop(struct sfs_rank *rk)
-{
-    uint64_t one = 1;
-
-    if (!rk->link_started)
-        return;
-    if (write(rk->link_stop_fd, &one, sizeof(one)) < 0)
-        sfs_log(LOG_ERR, "rank %d: cannot stop the link thread: %s", rk->device_id,
-                strerror(errno));
-    pthread_join(rk->link_thread, NULL);
-    close(rk->link_stop_fd);
-    rk->link_started = false;
-}
-
-/* Attach to the socket the configuration names (a mount point's xattr is
- * read anew: the daemon behind it may have restarted). */
-static int attach_cache(struct sfs_rank *rk)
-{
-    char sock[PATH_MAX];
-    const char *path = rk->socket_path;
-    struct sfs_cache_info info;
-    int r;
-
-    if (rk->mount_point) {
-        r = socket_from_mount(rk->mount_point, sock, sizeof(sock));
-        if (r < 0)
-            return r;
-        path = sock;
-    }
-    rk->cache = sfs_cache_attach(path, rk->query_only ? -1 : rk->device_id, &r);
-    if (!rk->cache)
-        return r;
-    sfs_cache_info(rk->cache, &info);
-    /* The shard size's one check: past it, the rank's every use is a
-     * uint32_t that fits the backend's int result. */
-    if (info.shard_size == 0 || info.shard_size > RANK_SHARD_MAX) {
-        sfs_cache_close(rk->cache);
-        rk->cache = NULL;
-        return -EINVAL;
-    }
-    if (rk->shard_size && info.shard_size != rk->shard_size) {
-        /* Re-attached to a daemon of another shard size: the backend and
-         * the caller's buffers are sized for the old one. */
-        sfs_log(LOG_ERR, "rank %d: the daemon now serves %llu-byte shards, not %llu", rk->device_id,
-                (unsigned long long)info.shard_size, (unsigned long long)rk->shard_size);
-        sfs_cache_close(rk->cache);
-        rk->cache = NULL;
-        return -EPROTO;
-    }
-    rk->shard_size = (uint32_t)info.shard_size;
-    return 0;
-}
-
-/* Everything that runs on the cache: touch hook, copier, threads, link. On
- * failure, what was started is stopped again. */
-static int start_engine(struct sfs_rank *rk)
-{
-    int r = 0;
-
-    if (rk->be)
-        sfs_cache_set_touch_hook(rk->cache, touch_hook, rk);
-    if (!rk->query_only) {
-        r = sfs_copier_open(rk->copier_mode, rk->device_id, rk->cache, &rk->copier);
-        if (r < 0)
-            return r;
-        r = sfs_copier_start(rk);
-        if (r == 0)
-            r = sfs_lq_start(rk);
-    }
-    if (r == 0)
-        r = link_start(rk);
-    if (r < 0) {
-        sfs_lq_stop(rk);
-        sfs_copier_stop(rk);
-        if (rk->copier)
-            rk->copier->ops->close(rk->copier);
-        rk->copier = NULL;
-    }
-    return r;
-}
-
-/* link_rw held for writing: wait for every task and prefetch in flight (those
- * on the old cache fail fast), stop the threads, close the old handle. */
-static void rank_down(struct sfs_rank *rk)
-{
-    if (rk->down)
-        return;
-    pthread_mutex_lock(&rk->mu);
-    while (rk->active > 0)
-        pthread_cond_wait(&rk->idle_cv, &rk->mu);
-    pthread_mutex_unlock(&rk->mu);
-    sfs_lq_stop(rk);
-    sfs_copier_stop(rk);
-    link_stop(rk);
-    if (rk->copier)
-        rk->copier->ops->close(rk->copier);
-    rk->copier = NULL;
-    sfs_cache_set_touch_hook(rk->cache, NULL, NULL);
-    sfs_cache_close(rk->cache);
-    rk->cache = NULL;
-    rk->down = true;
-}
-
-/* link_rw held for writing: attach anew and restart. */
-static int rank_relink(struct sfs_rank *rk)
-{
-    int r;
-
-    rank_down(rk);
-    r = attach_cache(rk);
-    if (r < 0)
-        return r;
-    /* The threads are stopped: their stop flags are ours to reset. */
-    rk->stopping = false;
-    rk->watchers_stop = false;
-    sfs_workq_restart(&rk->tq);
-    sfs_workq_restart(&rk->ready);
-    sfs_workq_restart(&rk->work);
-    /* Relaxed: the threads that read it are started below (pthread_create
-     * orders this store before them); the callers hold link_rw. */
-    atomic_store_explicit(&rk->link_lost, false, memory_order_relaxed);
-    r = start_engine(rk);
-    if (r < 0) {
-        sfs_cache_close(rk->cache);
-        rk->cache = NULL;
-        return r;
-    }
-    rk->down = false;
-    sfs_log(LOG_NOTICE, "rank %d: attached again", rk->device_id);
-    return 0;
-}
-
-/* Enter a call that uses the cache: link_rw held for reading on success
- * (rank_leave drops it). A lost daemon link is re-attached first; when no
- * daemon serves the socket yet, that error (-ENOENT, -ECONNREFUSED, ...) is
- * the call's, and the next call tries again. */
-static int rank_enter(struct sfs_rank *rk)
-{
-    for (;;) {
-        int r = 0;
-
-        pthread_rwlock_rdlock(&rk->link_rw);
-        if (!rk->down && !rank_link_lost(rk))
-            return 0;
-        pthread_rwlock_unlock(&rk->link_rw);
-        pthread_rwlock_wrlock(&rk->link_rw);
-        if (rk->down || rank_link_lost(rk))
-            r = rank_relink(rk);
-        pthread_rwlock_unlock(&rk->link_rw);
-        if (r < 0)
-            return r;
-    }
-}
-
-static void rank_leave(struct sfs_rank *rk)
-{
-    pthread_rwlock_unlock(&rk->link_rw);
 }
 
 /* sfs_rank_open@@SHARDFS_RANK_0.2, the default: reads rank_index. */
@@ -399,7 +153,7 @@ struct sfs_rank *rank_open_0_2(const struct sfs_rank_config *cfg, int *err)
         goto out_free;
     }
 
-    r = attach_cache(rk);
+    r = sfs_link_attach(rk);
     if (r < 0) {
         *err = r;
         goto out_free;
@@ -416,7 +170,7 @@ struct sfs_rank *rank_open_0_2(const struct sfs_rank_config *cfg, int *err)
             goto out_free;
         }
     }
-    r = start_engine(rk);
+    r = sfs_link_start_engine(rk);
     if (r < 0) {
         *err = r;
         goto out_free;
@@ -514,330 +268,10 @@ void sfs_rank_close(struct sfs_rank *rk)
     }
     sfs_lq_stop(rk);
     sfs_copier_stop(rk);
-    link_stop(rk);
+    sfs_link_stop(rk);
     if (rk->be && rk->cache)
         sfs_cache_set_touch_hook(rk->cache, NULL, NULL);
     rank_free(rk); /* sfs_cache_close() drops any lease left */
-}
-
-static int submit_entered(struct sfs_rank *rk, const struct sfs_rank_entry *entries, size_t n,
-                          int kind, struct sfs_task **out)
-{
-    struct sfs_task *t;
-    pthread_condattr_t ca;
-
-    if (!rk || !entries || !out || n == 0 || n > UINT32_MAX)
-        return -EINVAL;
-    *out = NULL;
-    if (rk->query_only)
-        return -EPERM;
-    t = calloc(1, sizeof(*t));
-    if (!t)
-        return -ENOMEM;
-    t->entries = malloc(n * sizeof(*t->entries));
-    t->items = calloc(n, sizeof(*t->items));
-    t->status = calloc(n, sizeof(*t->status));
-    if (!t->entries || !t->items || !t->status) {
-        free(t->entries);
-        free(t->items);
-        free(t->status);
-        free(t);
-        return -ENOMEM;
-    }
-    memcpy(t->entries, entries, n * sizeof(*entries));
-    t->rank = rk;
-    t->kind = kind;
-    t->n = n;
-    t->pending = n;
-    t->refs = 3; /* caller, dispatcher, completion */
-    pthread_mutex_init(&t->mu, NULL);
-    pthread_condattr_init(&ca);
-    pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
-    pthread_cond_init(&t->cv, &ca);
-    pthread_condattr_destroy(&ca);
-    for (size_t i = 0; i < n; i++) {
-        struct rank_item *it = &t->items[i];
-
-        it->rank = rk;
-        it->task = t;
-        it->idx = (uint32_t)i;
-        it->kind = (uint8_t)kind;
-        it->key.block = entries[i].block;
-        it->key.shard = entries[i].shard;
-        it->addr = entries[i].addr;
-        t->status[i] = -EINPROGRESS;
-    }
-
-    pthread_mutex_lock(&rk->mu);
-    if (rk->stopping) {
-        pthread_mutex_unlock(&rk->mu);
-        t->refs = 1;
-        sfs_task_unref(t);
-        return -ESHUTDOWN;
-    }
-    rk->active++;
-    if (kind == ITEM_DUMP) {
-        /* Relaxed: ordered before the push (under tq's lock) that the
-         * dispatcher's walk, and its release decrement, come after. */
-        atomic_fetch_add_explicit(&rk->dumps_unwalked, 1, memory_order_relaxed);
-        sfs_workq_push(&rk->tq, &t->qn); /* under mu: close cancels it, or the dispatcher runs it */
-    }
-    pthread_mutex_unlock(&rk->mu);
-    rank_ctr_add(rk, RC_TASKS, 1);
-    rank_ctr_add(rk, RC_ENTRIES, n);
-    *out = t;
-    if (kind == ITEM_DUMP || sfs_inline_load(rk, t))
-        return 0; /* queued; or complete, or in the copier's hands (inline.c) */
-    /* Under mu: close cancels it, or the dispatcher runs it (active is
-     * counted, so a close that started meanwhile waits for it). */
-    pthread_mutex_lock(&rk->mu);
-    sfs_workq_push(&rk->tq, &t->qn);
-    pthread_mutex_unlock(&rk->mu);
-    return 0;
-}
-
-static int submit(struct sfs_rank *rk, const struct sfs_rank_entry *entries, size_t n, int kind,
-                  struct sfs_task **out)
-{
-    int r;
-
-    if (!rk || !entries || !out || n == 0 || n > UINT32_MAX)
-        return -EINVAL;
-    *out = NULL;
-    r = rank_enter(rk);
-    if (r < 0)
-        return r;
-    r = submit_entered(rk, entries, n, kind, out);
-    rank_leave(rk);
-    return r;
-}
-
-int sfs_rank_load(struct sfs_rank *rk, const struct sfs_rank_entry *entries, size_t n,
-                  struct sfs_task **task)
-{
-    return submit(rk, entries, n, ITEM_LOAD, task);
-}
-
-int sfs_rank_dump(struct sfs_rank *rk, const struct sfs_rank_entry *entries, size_t n,
-                  struct sfs_task **task)
-{
-    return submit(rk, entries, n, ITEM_DUMP, task);
-}
-
-int sfs_rank_wait(struct sfs_task *t, int timeout_ms, int *status)
-{
-    struct timespec ts;
-    int r = 0;
-
-    if (!t)
-        return -EINVAL;
-    if (timeout_ms >= 0) {
-        int64_t d = sfs_deadline_after((int64_t)timeout_ms * 1000000);
-
-        ts.tv_sec = d / 1000000000;
-        ts.tv_nsec = d % 1000000000;
-    }
-    pthread_mutex_lock(&t->mu);
-    while (t->pending > 0) {
-        if (timeout_ms < 0) {
-            pthread_cond_wait(&t->cv, &t->mu);
-        } else if (pthread_cond_timedwait(&t->cv, &t->mu, &ts) == ETIMEDOUT) {
-            if (t->pending > 0)
-                r = -ETIMEDOUT;
-            break;
-        }
-    }
-    if (r == 0 && status)
-        memcpy(status, t->status, t->n * sizeof(*status));
-    pthread_mutex_unlock(&t->mu);
-    return r;
-}
-
-bool sfs_rank_task_done(struct sfs_task *t)
-{
-    bool done;
-
-    if (!t)
-        return false;
-    pthread_mutex_lock(&t->mu);
-    done = t->pending == 0;
-    pthread_mutex_unlock(&t->mu);
-    return done;
-}
-
-size_t sfs_rank_task_size(struct sfs_task *t)
-{
-    return t ? t->n : 0;
-}
-
-void sfs_rank_task_free(struct sfs_task *t)
-{
-    if (t)
-        sfs_task_unref(t);
-}
-
-/* ---------------------------------------------------------------------------
- * Lookups, touch, prefetch.
- */
-
-static int lookup_entered(struct sfs_rank *rk, const struct sfs_block_id *blocks, size_t n,
-                          uint32_t shard, bool *present)
-{
-    struct sfs_key *miss = NULL;
-    size_t *where = NULL, nmiss = 0;
-    bool *found = NULL;
-    int r = 0;
-
-    if (!rk || (n && (!blocks || !present)))
-        return -EINVAL;
-    for (size_t i = 0; i < n; i++) {
-        struct sfs_key k = {.block = blocks[i], .shard = shard};
-
-        present[i] = sfs_cache_exists(rk->cache, &k);
-        if (!present[i])
-            nmiss++;
-    }
-    if (nmiss == 0 || !rk->be)
-        return 0;
-    miss = malloc(nmiss * sizeof(*miss));
-    where = malloc(nmiss * sizeof(*where));
-    found = malloc(nmiss * sizeof(*found));
-    if (!miss || !where || !found) {
-        r = -ENOMEM;
-        goto out;
-    }
-    nmiss = 0;
-    for (size_t i = 0; i < n; i++) {
-        if (present[i])
-            continue;
-        miss[nmiss] = (struct sfs_key){.block = blocks[i], .shard = shard};
-        where[nmiss++] = i;
-    }
-    r = sfs_backend_exists(rk->be, miss, nmiss, found);
-    if (r == 0)
-        for (size_t j = 0; j < nmiss; j++)
-            present[where[j]] = found[j];
-out:
-    free(miss);
-    free(where);
-    free(found);
-    return r;
-}
-
-int sfs_rank_lookup(struct sfs_rank *rk, const struct sfs_block_id *blocks, size_t n,
-                    uint32_t shard, bool *present)
-{
-    int r;
-
-    if (!rk || (n && (!blocks || !present)))
-        return -EINVAL;
-    r = rank_enter(rk);
-    if (r < 0)
-        return r;
-    r = lookup_entered(rk, blocks, n, shard, present);
-    rank_leave(rk);
-    return r;
-}
-
-static long lookup_prefix_entered(struct sfs_rank *rk, const struct sfs_block_id *blocks, size_t n,
-                                  uint32_t shard)
-{
-    size_t i = 0;
-    bool *present;
-    int r;
-
-    if (!rk || (n && !blocks))
-        return -EINVAL;
-    /* The cache answers the common case (a resident prefix) without I/O. */
-    for (; i < n; i++) {
-        struct sfs_key k = {.block = blocks[i], .shard = shard};
-
-        if (!sfs_cache_exists(rk->cache, &k))
-            break;
-    }
-    if (i == n || !rk->be)
-        return (long)i;
-    present = malloc((n - i) * sizeof(*present));
-    if (!present)
-        return -ENOMEM;
-    r = sfs_rank_lookup(rk, blocks + i, n - i, shard, present);
-    if (r == 0) {
-        size_t j = 0;
-
-        while (i + j < n && present[j])
-            j++;
-        i += j;
-    }
-    free(present);
-    return r < 0 ? r : (long)i;
-}
-
-long sfs_rank_lookup_prefix(struct sfs_rank *rk, const struct sfs_block_id *blocks, size_t n,
-                            uint32_t shard)
-{
-    long r;
-
-    if (!rk || (n && !blocks))
-        return -EINVAL;
-    r = rank_enter(rk);
-    if (r < 0)
-        return r;
-    r = lookup_prefix_entered(rk, blocks, n, shard);
-    rank_leave(rk);
-    return r;
-}
-
-int sfs_rank_touch(struct sfs_rank *rk, const struct sfs_block_id *blocks, size_t n)
-{
-    int r;
-
-    if (!rk || (n && !blocks))
-        return -EINVAL;
-    r = rank_enter(rk);
-    if (r < 0)
-        return r;
-    r = sfs_cache_touch(rk->cache, blocks, n);
-    rank_leave(rk);
-    return r;
-}
-
-int sfs_rank_pin(struct sfs_rank *rk, const struct sfs_block_id *blocks, size_t n, uint32_t seconds)
-{
-    int r;
-
-    if (!rk || (n && !blocks))
-        return -EINVAL;
-    r = rank_enter(rk);
-    if (r < 0)
-        return r;
-    r = sfs_cache_pin(rk->cache, blocks, n, seconds);
-    rank_leave(rk);
-    return r;
-}
-
-static int prefetch_entered(struct sfs_rank *rk, const struct sfs_key *keys, size_t n)
-{
-    if (!rk || (n && !keys))
-        return -EINVAL;
-    if (rk->query_only || !rk->be)
-        return 0;
-    return sfs_lq_prefetch(rk, keys, n);
-}
-
-int sfs_rank_prefetch(struct sfs_rank *rk, const struct sfs_key *keys, size_t n)
-{
-    int r;
-
-    if (!rk || (n && !keys))
-        return -EINVAL;
-    if (rk->query_only || !rk->be)
-        return 0;
-    r = rank_enter(rk);
-    if (r < 0)
-        return r;
-    r = prefetch_entered(rk, keys, n);
-    rank_leave(rk);
-    return r;
 }
 
 /* ---------------------------------------------------------------------------
@@ -869,9 +303,9 @@ void sfs_rank_stats(struct sfs_rank *rk, struct sfs_rank_stats *o)
     o->max_inflight = atomic_load_explicit(&rk->max_inflight, memory_order_relaxed);
     /* The cache's part: of the cache attached now (none while no daemon
      * serves the socket: zeros). */
-    if (rank_enter(rk) == 0) {
+    if (sfs_link_enter(rk) == 0) {
         sfs_cache_stats(rk->cache, &o->cache);
-        rank_leave(rk);
+        sfs_link_leave(rk);
     }
 }
 

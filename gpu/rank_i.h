@@ -4,7 +4,10 @@
  * carry one entry through dispatcher -> (backend | watcher) -> copier, and
  * the counters. Shared by the library's rooms, whose calls flow one way:
  *
- *   rank.c       the API: open/close, tasks, lookups, counters
+ *   rank.c       the API: open/close, counters
+ *   task.c       the API: tasks (submit, wait, free)
+ *   lookup.c     the API: lookups, touch, pins, prefetch
+ *     -> link.c        the daemon link: attach, start/stop, enter/leave
  *     -> inline.c      small resident tasks on the submitting thread
  *     -> loadqueue.c   dispatcher, workers, prefetch, backend callbacks
  *          -> watch.c  watchers: keys other ranks are loading
@@ -80,7 +83,7 @@ struct rank_item {
     struct sfs_io io;
 };
 
-/* What the inline try of a small task (rank.c) left in an item it handed to
+/* What the inline try of a small task (inline.c) left in an item it handed to
  * the dispatcher: the Get is done, the dispatcher routes the item by it and
  * does not Get the key again (so every key is Got once, counted once). */
 enum item_pregot {
@@ -191,7 +194,7 @@ struct sfs_rank {
     bool dispatcher_started, copier_started;
     bool queues_ready; /* tq, ready and work initialised */
 
-    /* The daemon link (rank.c). A thread polls the attach connection; when
+    /* The daemon link (link.c). A thread polls the attach connection; when
      * the daemon goes away it sets link_lost and wakes the watchers and the
      * dispatcher, which fail what they hold with -ESHUTDOWN. The next call
      * re-attaches under link_rw held for writing; calls that use `cache`
@@ -226,7 +229,7 @@ void sfs_log(int level, const char *fmt, ...) __attribute__((format(printf, 2, 3
 
 /* A small task: at most this many entries and bytes (entries x shard size)
  * are tried inline, on the submitting thread, when every key is Ready (see
- * rank.c). 64 x 16 KiB is the GPU path's small task; 1 MiB bounds the time
+ * inline.c). 64 x 16 KiB is the GPU path's small task; 1 MiB bounds the time
  * sfs_rank_load spends copying before it returns (tens of microseconds). */
 #define RANK_INLINE_KEYS_MAX  ((unsigned)SFS_COPY_INLINE_MAX) /* 64 */
 #define RANK_INLINE_BYTES_MAX (1u << 20)
@@ -283,14 +286,26 @@ bool sfs_watch_settled(struct sfs_rank *rk, struct rank_item *it, int r);
  * rank_link_lost(). */
 void sfs_watch_wake_all(struct sfs_rank *rk);
 
-/* inline.c (called by rank.c): try load task t (counted active, not
+/* link.c (called by rank.c, task.c and lookup.c). Attach to the cache the
+ * configuration names; start what runs on it (touch hook, copier,
+ * LoadQueue, link thread: on failure what was started is stopped again);
+ * stop the link thread (close). */
+int sfs_link_attach(struct sfs_rank *rk);
+int sfs_link_start_engine(struct sfs_rank *rk);
+void sfs_link_stop(struct sfs_rank *rk);
+/* Enter a call that uses the cache: link_rw held for reading on success,
+ * after re-attaching a lost daemon link; sfs_link_leave() drops it. */
+int sfs_link_enter(struct sfs_rank *rk);
+void sfs_link_leave(struct sfs_rank *rk);
+
+/* inline.c (called by task.c): try load task t (counted active, not
  * queued) on the calling thread. True: it is complete, or its every key is
  * a Ready lease handed to the copier thread (a copier that cannot copy on
  * this thread). False: the caller queues it for the dispatcher, which
  * routes the keys the try Got (item->pregot) and walks the rest. */
 bool sfs_inline_load(struct sfs_rank *rk, struct sfs_task *t);
 
-/* copier.c (called by rank.c and inline.c) */
+/* copier.c (called by link.c and inline.c) */
 int sfs_copier_start(struct sfs_rank *rk);
 /* The inline path of a small task: copy items[0..n) (each a Ready lease,
  * n <= RANK_INLINE_KEYS_MAX) on the calling thread and finish each one.
