@@ -30,7 +30,7 @@
  * them is a waiter (not a hit) and goes the pipeline, to be copied after
  * the dump's publish, exactly as before.
  *
- * Calls go down only: to loadqueue.c (a depth token), copier.c (the copy
+ * Calls go down only: to owner.c (a depth token), copier.c (the copy
  * and the items' end) and complete.c through it; the task queue is pushed
  * by task.c when this returns false.
  */
@@ -79,7 +79,7 @@ bool sfs_inline_load(struct sfs_rank *rk, struct sfs_task *t)
         if (role == SFS_WAITER) {
             it->pregot = PREGOT_WAITER;
             it->leased = true;
-        } else if (sfs_lq_token_try(rk)) {
+        } else if (sfs_own_token_try(rk)) {
             it->pregot = PREGOT_OWNER;
             it->leased = true;
         } else {

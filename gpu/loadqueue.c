@@ -1,9 +1,9 @@
 /* SPDX-License-Identifier: MIT */
 /*
- * loadqueue.c - the LoadQueue of a rank: the dispatcher, the workers, the
- * backend completions and prefetch; the watchers are watch.c's, the end of
- * an item is complete.c's (both below this file: it calls them, never the
- * other way).
+ * loadqueue.c - the LoadQueue of a rank: the dispatcher; the watchers are
+ * watch.c's, what an owner does (depth tokens, backend requests and their
+ * completions, workers, prefetch) owner.c's, the end of an item
+ * complete.c's (all below this file: it calls them, never the other way).
  *
  * Key idea: the dispatcher never blocks on one key. It walks a task in
  * RearrangeIndex order and Gets each key:
@@ -50,67 +50,6 @@
 #include <time.h>
 
 /* ---------------------------------------------------------------------------
- * Depth tokens: backend requests in flight.
- */
-
-static bool token_try(struct sfs_rank *rk)
-{
-    unsigned cur = atomic_load_explicit(&rk->inflight, memory_order_relaxed);
-    unsigned max;
-
-    do {
-        if (cur >= rk->depth)
-            return false;
-    } while (!atomic_compare_exchange_weak_explicit(&rk->inflight, &cur, cur + 1,
-                                                    memory_order_seq_cst, memory_order_relaxed));
-    /* A statistic: a racy maximum is fine as long as it only grows. */
-    max = atomic_load_explicit(&rk->max_inflight, memory_order_relaxed);
-    while (cur + 1 > max &&
-           !atomic_compare_exchange_weak_explicit(&rk->max_inflight, &max, cur + 1,
-                                                  memory_order_relaxed, memory_order_relaxed))
-        ;
-    return true;
-}
-
-/* Block until a token is free. Tokens come back from backend completions,
- * which never wait for anything of ours: this always ends. */
-static void token_get(struct sfs_rank *rk)
-{
-    if (token_try(rk))
-        return;
-    pthread_mutex_lock(&rk->depth_mu);
-    /* Counted before the try, both seq_cst, and the putter's decrement
-     * before its look at the count (Dekker): either our try sees the token
-     * come back or the putter sees us waiting and signals under the mutex,
-     * which we hold until pthread_cond_wait releases it. */
-    atomic_fetch_add_explicit(&rk->token_waiters, 1, memory_order_seq_cst);
-    while (!token_try(rk))
-        pthread_cond_wait(&rk->depth_cv, &rk->depth_mu);
-    atomic_fetch_sub_explicit(&rk->token_waiters, 1, memory_order_relaxed);
-    pthread_mutex_unlock(&rk->depth_mu);
-}
-
-static void token_put(struct sfs_rank *rk)
-{
-    atomic_fetch_sub_explicit(&rk->inflight, 1, memory_order_seq_cst);
-    if (atomic_load_explicit(&rk->token_waiters, memory_order_seq_cst)) {
-        pthread_mutex_lock(&rk->depth_mu);
-        pthread_cond_signal(&rk->depth_cv);
-        pthread_mutex_unlock(&rk->depth_mu);
-    }
-}
-
-bool sfs_lq_token_try(struct sfs_rank *rk)
-{
-    return token_try(rk);
-}
-
-void sfs_lq_token_put(struct sfs_rank *rk)
-{
-    token_put(rk);
-}
-
-/* ---------------------------------------------------------------------------
  * Leases: the dispatcher short of them.
  */
 
@@ -141,209 +80,6 @@ static void lease_wait(struct sfs_rank *rk, int64_t deadline)
 }
 
 /* ---------------------------------------------------------------------------
- * Backend completions (backend threads, or inline in submit).
- *
- * The core's ownership is the owner's lease: another Get of ours on a slot
- * we are loading makes that item a waiter, which waits for our publish like
- * any other (and releasing it does not abandon the load). So a load needs to
- * know nothing about other items of ours on the same key.
- */
-
-static void load_done(struct sfs_io *io)
-{
-    struct rank_item *it = io->arg;
-    struct sfs_rank *rk = it->rank;
-    int res;
-
-    token_put(rk);
-    /* -EPERM: we are no longer its owner (reaped as dead): let go. */
-    res = sfs_cache_settle(rk->cache, &it->lease, io->result, io->len, 0);
-    if (res == 0 && it->kind != ITEM_PREFETCH) {
-        it->step = STEP_COPY_OUT;
-        rank_push_copy(rk, it);
-        return;
-    }
-    sfs_item_done(it, res); /* a prefetch keeps no lease */
-}
-
-/* The backend request of `it`: its key, one shard to or from it->buf. */
-static void io_prep(struct rank_item *it, void (*done)(struct sfs_io *))
-{
-    struct sfs_io *iop = &it->io;
-
-    memset(iop, 0, sizeof(*iop));
-    iop->key = it->key;
-    iop->buf = it->buf;
-    iop->len = it->rank->shard_size;
-    iop->done = done;
-    iop->arg = it;
-}
-
-/* Owner of it->lease, holding a depth token: fill in its request. False
- * (and the item is finished) when there is no backend. */
-static bool prep_load(struct rank_item *it)
-{
-    struct sfs_rank *rk = it->rank;
-
-    if (!rk->be) {
-        token_put(rk);
-        sfs_cache_fail(rk->cache, &it->lease, -ENOENT);
-        sfs_item_done(it, -ENOENT);
-        return false;
-    }
-    it->buf = sfs_cache_data(rk->cache, &it->lease);
-    io_prep(it, load_done);
-    return true;
-}
-
-/* Submit prepared loads with one backend call (one io_uring submit in the
- * posix backend, which also opens each block file once for the batch). */
-static void submit_loads(struct sfs_rank *rk, struct sfs_io **ios, size_t n)
-{
-    int r;
-
-    if (n == 0)
-        return;
-    rank_ctr_add(rk, RC_OWNER_LOADS, n);
-    r = sfs_backend_load(rk->be, ios, n);
-    if (r >= (int)n)
-        return;
-    /* None taken (-errno), or a prefix (the contract allows it; our
-     * backends take all or none): fail the rest. */
-    int err = r < 0 ? r : -EIO;
-
-    for (size_t i = r < 0 ? 0 : (size_t)r; i < n; i++) {
-        struct rank_item *it = ios[i]->arg;
-
-        token_put(rk);
-        sfs_cache_fail(rk->cache, &it->lease, err);
-        sfs_item_done(it, err);
-    }
-}
-
-/* Owner of it->lease, holding a depth token: start loading it. */
-static int submit_load(struct rank_item *it)
-{
-    struct sfs_io *iop = &it->io;
-
-    if (!prep_load(it))
-        return -ENOENT;
-    submit_loads(it->rank, &iop, 1);
-    return 0;
-}
-
-/* A wait made this item owner (the owner died, or the slot was reset): load
- * it ourselves. Blocks for a depth token: a worker (or the blocking
- * dispatcher) runs it, never a watcher. */
-static void takeover_load(struct rank_item *it)
-{
-    struct sfs_rank *rk = it->rank;
-
-    rank_ctr_add(rk, RC_TAKEOVERS, 1);
-    token_get(rk);
-    submit_load(it);
-}
-
-static void dump_done(struct sfs_io *io)
-{
-    struct rank_item *it = io->arg;
-    struct sfs_rank *rk = it->rank;
-    int res = io->result;
-
-    token_put(rk);
-    if (!it->bounce)
-        res = sfs_cache_settle(rk->cache, &it->lease, res, io->len, SFS_PUBLISH_WRITTEN);
-    else if (res >= 0 && res != (int)io->len)
-        res = -EIO; /* short */
-    sfs_item_done(it, res < 0 ? res : 0);
-}
-
-/* A bounced dump (the key was leased elsewhere at dispatch): take the key's
- * slot for writing now and move the bytes in, so that the dump runs as the
- * key's writer. True when it did; false when the item was put back on the
- * work queue (still leased: tried again after the queue's other work) or
- * finished (-ETIMEDOUT at the key's deadline, or the Get's error), with
- * nothing stored. */
-static bool bounce_take_slot(struct rank_item *it)
-{
-    struct sfs_rank *rk = it->rank;
-    int role = sfs_cache_get(rk->cache, &it->key, SFS_GET_WRITE, it->deadline_ns, &it->lease);
-    void *data;
-
-    if (role == -EBUSY) {
-        if (sfs_now_ns() >= it->deadline_ns) {
-            sfs_item_done(it, -ETIMEDOUT);
-        } else {
-            struct timespec ts = {0, 1000 * 1000}; /* a reader's lease is short */
-
-            nanosleep(&ts, NULL);
-            rank_push_work(rk, it);
-        }
-        return false;
-    }
-    if (role < 0) {
-        sfs_item_done(it, role);
-        return false;
-    }
-    it->leased = true;
-    if (role != SFS_OWNER) { /* not expected with SFS_GET_WRITE */
-        sfs_item_done(it, -EBUSY);
-        return false;
-    }
-    data = sfs_cache_data(rk->cache, &it->lease);
-    if (!data) {
-        sfs_cache_fail(rk->cache, &it->lease, -EIO);
-        sfs_item_done(it, -EIO);
-        return false;
-    }
-    memcpy(data, it->buf, rk->shard_size);
-    free(it->buf);
-    it->buf = data;
-    it->bounce = false;
-    return true;
-}
-
-/* A worker thread: the bytes are in it->buf; write them through. */
-static void submit_dump(struct rank_item *it)
-{
-    struct sfs_rank *rk = it->rank;
-    struct sfs_io *iop = &it->io;
-    int r;
-
-    if (it->bounce && !bounce_take_slot(it))
-        return;
-    token_get(rk);
-    io_prep(it, dump_done);
-    rank_ctr_add(rk, RC_DUMPS, 1);
-    r = sfs_backend_dump(rk->be, &iop, 1);
-    if (r < 0) {
-        token_put(rk);
-        if (!it->bounce)
-            sfs_cache_fail(rk->cache, &it->lease, r);
-        sfs_item_done(it, r);
-    }
-}
-
-/* ---------------------------------------------------------------------------
- * Workers: dump submits and takeover loads, both of which may block. They
- * take items off rk->work until it is stopped and drained.
- */
-
-static void *worker_main(void *arg)
-{
-    struct sfs_rank *rk = arg;
-    struct rank_item *it;
-
-    while ((it = item_of(sfs_workq_pop(&rk->work, SFS_WQ_FOREVER)))) {
-        if (it->step == STEP_DUMP_SUBMIT)
-            submit_dump(it);
-        else
-            takeover_load(it);
-    }
-    return NULL;
-}
-
-/* ---------------------------------------------------------------------------
  * Blocking waits (the blocking_waits baseline) and a lost daemon.
  */
 
@@ -364,7 +100,7 @@ static void wait_one(struct sfs_rank *rk, struct rank_item *it)
     if (r == -ETIMEDOUT && rank_link_lost(rk))
         r = -ESHUTDOWN;
     if (sfs_watch_settled(rk, it, r))
-        takeover_load(it);
+        sfs_own_takeover(it);
 }
 
 void sfs_lq_link_lost(struct sfs_rank *rk)
@@ -409,7 +145,7 @@ static void hits_flush(struct sfs_rank *rk, struct load_batch *b)
 static void batch_flush(struct sfs_rank *rk, struct load_batch *b)
 {
     hits_flush(rk, b);
-    submit_loads(rk, b->ios, b->n);
+    sfs_own_submit_loads(rk, b->ios, b->n);
     b->n = 0;
 }
 
@@ -444,7 +180,7 @@ static void route(struct sfs_rank *rk, struct rank_item *it, struct load_batch *
     switch (role) {
     case SFS_HIT:
         if (token)
-            token_put(rk);
+            sfs_own_token_put(rk);
         rank_ctr_add(rk, RC_HITS, 1);
         it->step = STEP_COPY_OUT;
         sfs_fifo_push(&b->hits, &it->qn);
@@ -456,7 +192,7 @@ static void route(struct sfs_rank *rk, struct rank_item *it, struct load_batch *
         break;
     case SFS_WAITER:
         if (token)
-            token_put(rk);
+            sfs_own_token_put(rk);
         rank_ctr_add(rk, RC_WAITS, 1);
         it->step = STEP_WAIT;
         it->deadline_ns = deadline ? deadline : sfs_deadline_after(rk->key_timeout_ns);
@@ -471,13 +207,13 @@ static void route(struct sfs_rank *rk, struct rank_item *it, struct load_batch *
     default:
         if (!token) {
             batch_flush(rk, b);
-            token_get(rk); /* lost the race with a peek: rare */
+            sfs_own_token_get(rk); /* lost the race with a peek: rare */
         }
         if (!b->ios) {
-            submit_load(it); /* no batch array: one at a time */
+            sfs_own_submit_load(it); /* no batch array: one at a time */
             break;
         }
-        if (!prep_load(it))
+        if (!sfs_own_prep_load(it))
             break;
         b->ios[b->n++] = &it->io;
         if (b->n == b->cap)
@@ -499,7 +235,7 @@ static void get_and_route(struct sfs_rank *rk, struct rank_item *it, struct load
     if (rank_link_lost(rk)) {
         /* The daemon is gone: nobody repairs this cache any more. */
         if (token)
-            token_put(rk);
+            sfs_own_token_put(rk);
         sfs_item_done(it, -ESHUTDOWN);
         return;
     }
@@ -521,7 +257,7 @@ static void get_and_route(struct sfs_rank *rk, struct rank_item *it, struct load
     }
     if (role < 0) {
         if (token)
-            token_put(rk);
+            sfs_own_token_put(rk);
         sfs_item_done(it, role);
         return;
     }
@@ -530,7 +266,7 @@ static void get_and_route(struct sfs_rank *rk, struct rank_item *it, struct load
 
 /* An item the submitting thread already Got (its inline try stopped at it,
  * or at a key after it): route it by that Get, without another. An owner
- * comes with its depth token (rank.c takes one before it keeps an
+ * comes with its depth token (inline.c takes one before it keeps an
  * ownership). */
 static void route_pregot(struct sfs_rank *rk, struct rank_item *it, struct load_batch *b)
 {
@@ -564,7 +300,7 @@ static bool look_ahead(struct sfs_rank *rk, struct walk *w)
         if (w->taken[i])
             continue;
         /* A slot may have come back meanwhile: our own share goes first. */
-        if (peeks++ % 8 == 0 && token_try(rk))
+        if (peeks++ % 8 == 0 && sfs_own_token_try(rk))
             return true;
 
         struct rank_item *it = &w->t->items[w->order[i]];
@@ -580,7 +316,7 @@ static bool look_ahead(struct sfs_rank *rk, struct walk *w)
 /* The cursor's key: take a depth token first unless the key needs none. */
 static void dispatch_load(struct sfs_rank *rk, struct walk *w, struct rank_item *it)
 {
-    bool token = token_try(rk);
+    bool token = sfs_own_token_try(rk);
 
     /* Depth used up: a key that is Ready or loading needs no token, so do
      * not stall behind our own loads for it. */
@@ -589,7 +325,7 @@ static void dispatch_load(struct sfs_rank *rk, struct walk *w, struct rank_item 
         token = w->taken && look_ahead(rk, w);
         if (!token) {
             hits_flush(rk, &w->b); /* the look-ahead's */
-            token_get(rk);
+            sfs_own_token_get(rk);
         }
         token = true;
     }
@@ -629,9 +365,6 @@ static void dispatch_dump(struct sfs_rank *rk, struct rank_item *it)
     it->step = STEP_COPY_IN;
     rank_push_copy(rk, it);
 }
-
-/* After the copier has copied a dump's bytes in: write them through. Called
- * by the copier thread, or its releaser. */
 
 static void walk_task(struct sfs_rank *rk, struct sfs_task *t)
 {
@@ -720,58 +453,6 @@ static void *dispatcher_main(void *arg)
 }
 
 /* ---------------------------------------------------------------------------
- * Prefetch: owner loads with no destination and no task, started from the
- * caller's thread, each holding a depth token (so at most the free depth).
- */
-
-int sfs_lq_prefetch(struct sfs_rank *rk, const struct sfs_key *keys, size_t n)
-{
-    int accepted = 0;
-
-    for (size_t i = 0; i < n; i++) {
-        struct rank_item *it;
-        int role;
-
-        /* Advisory: no free load slot means no, not later. */
-        if (!token_try(rk))
-            break;
-        it = calloc(1, sizeof(*it));
-        if (!it) {
-            token_put(rk);
-            break;
-        }
-        it->rank = rk;
-        it->kind = ITEM_PREFETCH;
-        it->key = keys[i];
-        pthread_mutex_lock(&rk->mu);
-        if (rk->stopping) {
-            pthread_mutex_unlock(&rk->mu);
-            token_put(rk);
-            free(it);
-            break;
-        }
-        rk->active++;
-        pthread_mutex_unlock(&rk->mu);
-        role = sfs_cache_get(rk->cache, &it->key, SFS_GET_PREFETCH, 0, &it->lease);
-        if (role != SFS_OWNER) {
-            /* Present, loading, or no slot without evicting: rejected.
-             * -EEXIST (present) is the common answer. */
-            if (role >= 0)
-                sfs_cache_release(rk->cache, &it->lease);
-            token_put(rk);
-            free(it);
-            sfs_rank_active_put(rk);
-            continue;
-        }
-        it->leased = true;
-        rank_ctr_add(rk, RC_PREFETCHED, 1);
-        accepted++;
-        submit_load(it); /* done: publish, release, free */
-    }
-    return accepted;
-}
-
-/* ---------------------------------------------------------------------------
  * Start / stop.
  */
 
@@ -783,15 +464,9 @@ int sfs_lq_start(struct sfs_rank *rk)
     int r;
 
     rk->blocking_waits = getenv("SHARDFS_RANK_BLOCKING_WAITS") != NULL;
-    rk->worker_threads = calloc(rk->nworkers, sizeof(*rk->worker_threads));
-    if (!rk->worker_threads)
-        return -ENOMEM;
-    for (unsigned i = 0; i < rk->nworkers; i++) {
-        r = pthread_create(&rk->worker_threads[i], NULL, worker_main, rk);
-        if (r)
-            return -r;
-        rk->nworker_threads++;
-    }
+    r = sfs_own_workers_start(rk);
+    if (r)
+        return r;
     r = sfs_watch_start(rk);
     if (r)
         return r;
@@ -816,10 +491,5 @@ void sfs_lq_stop(struct sfs_rank *rk)
     }
     /* Watchers before workers: a watcher may hand a takeover to a worker. */
     sfs_watch_stop(rk);
-    sfs_workq_stop(&rk->work);
-    for (unsigned i = 0; i < rk->nworker_threads; i++)
-        pthread_join(rk->worker_threads[i], NULL);
-    rk->nworker_threads = 0;
-    free(rk->worker_threads);
-    rk->worker_threads = NULL;
+    sfs_own_workers_stop(rk);
 }

@@ -2,7 +2,7 @@
 /*
  * lookup.c - the questions and hints a rank passes on: which keys the cache
  * or the store holds (sfs_rank_lookup, sfs_rank_lookup_prefix), touch, pins
- * and prefetch (loadqueue.c starts the prefetch loads). Each enters the
+ * and prefetch (owner.c starts the prefetch loads). Each enters the
  * daemon link first (link.c), so it works across a daemon restart.
  */
 #include "rank_i.h"
@@ -151,7 +151,7 @@ static int prefetch_entered(struct sfs_rank *rk, const struct sfs_key *keys, siz
         return -EINVAL;
     if (rk->query_only || !rk->be)
         return 0;
-    return sfs_lq_prefetch(rk, keys, n);
+    return sfs_own_prefetch(rk, keys, n);
 }
 
 int sfs_rank_prefetch(struct sfs_rank *rk, const struct sfs_key *keys, size_t n)

@@ -3,11 +3,12 @@
  * rank.c - opening and closing a rank (configuration, backend, attach and
  * engine through link.c), and its counters and accessors. Tasks are
  * task.c's, lookups, touch, pins and prefetch lookup.c's, the daemon link
- * link.c's. The moving parts live in loadqueue.c (dispatcher, workers,
- * prefetch, backend callbacks), watch.c (watchers), copier.c (copier
- * thread) and inline.c (small resident tasks on the submitting thread); an
- * entry's end, and a task's references (caller, dispatcher, completion), in
- * complete.c. See rank_i.h for which way the calls go.
+ * link.c's. The moving parts live in loadqueue.c (the dispatcher),
+ * owner.c (depth tokens, backend loads and dumps, workers, prefetch),
+ * watch.c (watchers), copier.c (copier thread) and inline.c (small
+ * resident tasks on the submitting thread); an entry's end, and a task's
+ * references (caller, dispatcher, completion), in complete.c. See rank_i.h
+ * for which way the calls go.
  */
 #include "rank_i.h"
 
@@ -223,7 +224,7 @@ static void cancel_task(struct sfs_rank *rk, struct sfs_task *t)
 
         if (it->leased) {
             if (it->pregot == PREGOT_OWNER)
-                sfs_lq_token_put(rk);
+                sfs_own_token_put(rk);
             sfs_cache_release(rk->cache, &it->lease);
             it->leased = false;
         }

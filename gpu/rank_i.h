@@ -9,8 +9,10 @@
  *   lookup.c     the API: lookups, touch, pins, prefetch
  *     -> link.c        the daemon link: attach, start/stop, enter/leave
  *     -> inline.c      small resident tasks on the submitting thread
- *     -> loadqueue.c   dispatcher, workers, prefetch, backend callbacks
+ *     -> loadqueue.c   the dispatcher: walk, look-ahead, idle window
  *          -> watch.c  watchers: keys other ranks are loading
+ *          -> owner.c  depth tokens, backend loads/dumps and their
+ *                      completions, workers, prefetch
  *     -> copier.c      copier thread (and releaser), choice of copier
  *   all of them -> complete.c  an item's or a task's end (leases, status)
  *               -> workq.c     the queue type
@@ -260,13 +262,9 @@ void sfs_item_dump_copied(struct rank_item *it);
 void sfs_task_unref(struct sfs_task *t);
 void sfs_rank_active_put(struct sfs_rank *rk);
 
-/* loadqueue.c */
+/* loadqueue.c: the dispatcher (and, through owner.c, the workers). */
 int sfs_lq_start(struct sfs_rank *rk);
 void sfs_lq_stop(struct sfs_rank *rk);
-int sfs_lq_prefetch(struct sfs_rank *rk, const struct sfs_key *keys, size_t n);
-/* Depth tokens (loadqueue.c): take one without waiting, give one back. */
-bool sfs_lq_token_try(struct sfs_rank *rk);
-void sfs_lq_token_put(struct sfs_rank *rk);
 /* The daemon is gone: wake every watcher (its set fails with -ESHUTDOWN)
  * and a dispatcher waiting for a lease. */
 void sfs_lq_link_lost(struct sfs_rank *rk);
@@ -276,6 +274,27 @@ static inline bool rank_link_lost(struct sfs_rank *rk)
     /* Acquire: pairs with the link thread's release store. */
     return atomic_load_explicit(&rk->link_lost, memory_order_acquire);
 }
+
+/* owner.c (called by loadqueue.c, inline.c, rank.c, lookup.c): a key's
+ * owner. Depth tokens: take one without waiting, block for one, give one
+ * back (tokens come back from backend completions, so a blocking take
+ * always ends). */
+bool sfs_own_token_try(struct sfs_rank *rk);
+void sfs_own_token_get(struct sfs_rank *rk);
+void sfs_own_token_put(struct sfs_rank *rk);
+/* Owner of it->lease, holding a depth token: fill in its backend request.
+ * False (and the item is finished) when there is no backend. */
+bool sfs_own_prep_load(struct rank_item *it);
+/* Submit prepared loads with one backend call; what the backend does not
+ * take fails. */
+void sfs_own_submit_loads(struct sfs_rank *rk, struct sfs_io **ios, size_t n);
+/* Owner of it->lease, holding a depth token: start loading it. */
+int sfs_own_submit_load(struct rank_item *it);
+/* A wait made this item owner: take a token (blocking) and load it. */
+void sfs_own_takeover(struct rank_item *it);
+int sfs_own_workers_start(struct sfs_rank *rk);
+void sfs_own_workers_stop(struct sfs_rank *rk);
+int sfs_own_prefetch(struct sfs_rank *rk, const struct sfs_key *keys, size_t n);
 
 /* watch.c (called by loadqueue.c) */
 int sfs_watch_start(struct sfs_rank *rk);
