@@ -3,6 +3,8 @@
 #include "rankenv.h"
 #include "testutil.h"
 
+#include <shardfs/rank.h>
+
 #include <criterion/criterion.h>
 
 #include <errno.h>
@@ -84,4 +86,58 @@ void check_bufs(uint64_t first, uint32_t n, uint32_t shard, const void *bufs, co
         cr_assert_eq(tu_check(&k, (const uint8_t *)bufs + (size_t)i * SHARD, SHARD), -1,
                      "entry %u: wrong bytes", i);
     }
+}
+
+struct sfs_rank *rank_depth(struct env *e, const char *spec, int dev, unsigned key_ms,
+                            unsigned depth)
+{
+    struct sfs_rank_config cfg;
+    struct sfs_rank *rk;
+    int err = 0;
+
+    sfs_rank_config_init(&cfg);
+    cfg.socket_path = e->sock;
+    cfg.device_id = dev;
+    cfg.backend = spec;
+    cfg.copier = SFS_COPIER_HOST;
+    if (key_ms)
+        cfg.key_timeout_ms = key_ms;
+    if (depth)
+        cfg.load_depth = depth;
+    rk = sfs_rank_open(&cfg, &err);
+    cr_assert_not_null(rk, "sfs_rank_open: %s", strerror(-err));
+    return rk;
+}
+
+struct sfs_rank *rank_here(struct env *e, const char *spec, int dev, unsigned key_ms)
+{
+    return rank_depth(e, spec, dev, key_ms, 0);
+}
+
+int load_sync(struct sfs_rank *rk, uint64_t first, uint32_t n, uint32_t shard, void *bufs,
+              int *st)
+{
+    struct sfs_rank_entry e[256];
+    struct sfs_task *t;
+    int r;
+
+    cr_assert(n <= 256);
+    for (uint32_t i = 0; i < n; i++)
+        e[i] = (struct sfs_rank_entry){tu_block(first + i), shard,
+                                       (uint8_t *)bufs + (size_t)i * SHARD};
+    r = sfs_rank_load(rk, e, n, &t);
+    if (r < 0)
+        return r;
+    r = sfs_rank_wait(t, 20000, st);
+    sfs_rank_task_free(t);
+    return r;
+}
+
+void publish_owned(struct sfs_cache *c, uint64_t block, const struct sfs_lease *l)
+{
+    struct sfs_key k = tu_key(block, 0);
+
+    tu_fill(&k, sfs_cache_data(c, l), SHARD);
+    cr_assert_eq(sfs_cache_publish(c, l, SHARD, 0), 0);
+    cr_assert_eq(sfs_cache_release(c, l), 0);
 }
