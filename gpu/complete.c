@@ -64,13 +64,29 @@ static void item_release(struct rank_item *it)
     }
 }
 
+/* Record entry idx's status; the last entry completes the task. */
+static void entry_end(struct sfs_rank *rk, struct sfs_task *t, uint32_t idx, int status)
+{
+    bool finished;
+
+    pthread_mutex_lock(&t->mu);
+    t->status[idx] = status;
+    finished = --t->pending == 0;
+    if (finished)
+        pthread_cond_broadcast(&t->cv);
+    pthread_mutex_unlock(&t->mu);
+    if (finished) {
+        sfs_rank_active_put(rk);
+        sfs_task_unref(t); /* the completion reference */
+    }
+}
+
 /* The item is finished with `status`: its lease is gone, its bounce buffer
  * freed. Record the status; the last entry completes the task. */
 void sfs_item_done(struct rank_item *it, int status)
 {
     struct sfs_rank *rk = it->rank;
     struct sfs_task *t = it->task;
-    bool finished;
 
     item_release(it);
     if (it->bounce) {
@@ -85,16 +101,31 @@ void sfs_item_done(struct rank_item *it, int status)
         sfs_rank_active_put(rk);
         return;
     }
-    pthread_mutex_lock(&t->mu);
-    t->status[it->idx] = status;
-    finished = --t->pending == 0;
-    if (finished)
-        pthread_cond_broadcast(&t->cv);
-    pthread_mutex_unlock(&t->mu);
-    if (finished) {
-        sfs_rank_active_put(rk);
-        sfs_task_unref(t); /* the completion reference */
-    }
+    entry_end(rk, t, it->idx, status);
+}
+
+/* An owner load past its deadline (owner.c's expirer): the entry ends now,
+ * without its lease: the slot is still Loading under it and the backend may
+ * still write into it, so it goes back only in sfs_item_late_done(), when
+ * the backend answers. Nothing is copied to the entry's destination after
+ * this: the late completion never hands the item to the copier. */
+void sfs_item_expire(struct rank_item *it, int status)
+{
+    rank_ctr_add(it->rank, RC_FAILED, 1);
+    entry_end(it->rank, it->task, it->idx, status);
+}
+
+/* The backend answered an expired load (the slot is settled: its bytes are
+ * the key's, for whoever reads next): drop the lease, and the task
+ * reference and active count the expiry took for the load. */
+void sfs_item_late_done(struct rank_item *it)
+{
+    struct sfs_rank *rk = it->rank;
+    struct sfs_task *t = it->task;
+
+    item_release(it);
+    sfs_task_unref(t); /* it may free the item */
+    sfs_rank_active_put(rk);
 }
 
 /* A dump that failed before its bytes reached the store: fail the slot it

@@ -4,7 +4,8 @@
  * its backend requests in flight, submitting loads and dumps and their
  * backend completions (publish, fail, hand the item to the copier), the
  * bounced dump taking its slot, the worker threads (dump submits, loads
- * taken over from dead owners) and prefetch.
+ * taken over from dead owners), the deadline of a load the store does not
+ * answer (the expirer thread) and prefetch.
  *
  * Below the dispatcher (loadqueue.c), inline.c (a depth token), rank.c
  * (close gives back a cancelled task's tokens) and lookup.c (prefetch);
@@ -78,6 +79,127 @@ void sfs_own_token_put(struct sfs_rank *rk)
  * know nothing about other items of ours on the same key.
  */
 
+/* ---------------------------------------------------------------------------
+ * Deadlines of owner loads.
+ *
+ * A task's owner load is listed on rk->own_* from its submit until the
+ * backend answers (load_done) or its deadline, key_timeout_ms after the
+ * submit, passes (the expirer), whichever comes first under own_mu: the
+ * list is in submit order, hence in deadline order. On a store that stops
+ * answering (a hung network file system) the expirer ends the entry with
+ * -ETIMEDOUT, so the task completes; the load itself keeps its lease (the
+ * slot stays Loading: the backend may still write into it, so the slot must
+ * not go to another key), its depth token and a reference to its task, and
+ * when the backend does answer it settles the slot for whoever reads next
+ * and lets go, never handing the item to the copier: nothing is written to
+ * the entry's destination after its entry ended.
+ */
+
+/* Put the task items of ios[0..n) on the list, each with its deadline. */
+static void own_list(struct sfs_rank *rk, struct sfs_io **ios, size_t n)
+{
+    int64_t deadline = sfs_deadline_after(rk->key_timeout_ns);
+    bool was_empty;
+
+    pthread_mutex_lock(&rk->own_mu);
+    was_empty = rk->own_head == NULL;
+    for (size_t i = 0; i < n; i++) {
+        struct rank_item *it = ios[i]->arg;
+
+        if (!it->task)
+            continue; /* a prefetch: no entry to end */
+        it->deadline_ns = deadline;
+        it->expired = false;
+        it->own_next = NULL;
+        it->own_prev = rk->own_tail;
+        if (rk->own_tail)
+            rk->own_tail->own_next = it;
+        else
+            rk->own_head = it;
+        rk->own_tail = it;
+    }
+    /* A sleeping expirer waits for a head that is earlier than these. */
+    if (was_empty && rk->own_head)
+        pthread_cond_signal(&rk->own_cv);
+    pthread_mutex_unlock(&rk->own_mu);
+}
+
+/* own_mu held: take `it` off the list. */
+static void own_unlink(struct sfs_rank *rk, struct rank_item *it)
+{
+    if (it->own_prev)
+        it->own_prev->own_next = it->own_next;
+    else
+        rk->own_head = it->own_next;
+    if (it->own_next)
+        it->own_next->own_prev = it->own_prev;
+    else
+        rk->own_tail = it->own_prev;
+    it->own_prev = it->own_next = NULL;
+}
+
+/* The backend is done with `it`'s load: true when its entry is still ours
+ * to end (off the list now), false when the expirer ended it already. */
+static bool own_unlist(struct sfs_rank *rk, struct rank_item *it)
+{
+    bool expired;
+
+    if (!it->task)
+        return true;
+    pthread_mutex_lock(&rk->own_mu);
+    expired = it->expired;
+    if (!expired)
+        own_unlink(rk, it);
+    pthread_mutex_unlock(&rk->own_mu);
+    return !expired;
+}
+
+/* The late answer to an expired load: settle the slot with it (the bytes
+ * are the key's; a failure lets the next Get retry) and let go. */
+static void own_late(struct rank_item *it, int io_result, uint32_t len)
+{
+    sfs_cache_settle(it->rank->cache, &it->lease, io_result, len, 0);
+    sfs_item_late_done(it);
+}
+
+static void *expirer_main(void *arg)
+{
+    struct sfs_rank *rk = arg;
+
+    pthread_mutex_lock(&rk->own_mu);
+    while (!rk->own_stop) {
+        struct rank_item *it = rk->own_head;
+        struct sfs_task *t;
+
+        if (!it) {
+            pthread_cond_wait(&rk->own_cv, &rk->own_mu);
+            continue;
+        }
+        if (sfs_now_ns() < it->deadline_ns) {
+            struct timespec ts = {it->deadline_ns / 1000000000, it->deadline_ns % 1000000000};
+
+            pthread_cond_timedwait(&rk->own_cv, &rk->own_mu, &ts);
+            continue;
+        }
+        /* Late. The load's own references first, under own_mu: once it is
+         * marked, load_done() may run the late path and drop them. */
+        own_unlink(rk, it);
+        it->expired = true;
+        t = it->task;
+        pthread_mutex_lock(&t->mu);
+        t->refs++;
+        pthread_mutex_unlock(&t->mu);
+        pthread_mutex_lock(&rk->mu);
+        rk->active++; /* close and a re-attach wait for the backend's answer */
+        pthread_mutex_unlock(&rk->mu);
+        pthread_mutex_unlock(&rk->own_mu);
+        sfs_item_expire(it, -ETIMEDOUT);
+        pthread_mutex_lock(&rk->own_mu);
+    }
+    pthread_mutex_unlock(&rk->own_mu);
+    return NULL;
+}
+
 static void load_done(struct sfs_io *io)
 {
     struct rank_item *it = io->arg;
@@ -85,6 +207,10 @@ static void load_done(struct sfs_io *io)
     int res;
 
     sfs_own_token_put(rk);
+    if (!own_unlist(rk, it)) {
+        own_late(it, io->result, io->len);
+        return;
+    }
     /* -EPERM: we are no longer its owner (reaped as dead): let go. */
     res = sfs_cache_settle(rk->cache, &it->lease, io->result, io->len, 0);
     if (res == 0 && it->kind != ITEM_PREFETCH) {
@@ -134,6 +260,7 @@ void sfs_own_submit_loads(struct sfs_rank *rk, struct sfs_io **ios, size_t n)
     if (n == 0)
         return;
     rank_ctr_add(rk, RC_OWNER_LOADS, n);
+    own_list(rk, ios, n); /* before: the backend may answer inline */
     r = sfs_backend_load(rk->be, ios, n);
     if (r >= (int)n)
         return;
@@ -145,6 +272,10 @@ void sfs_own_submit_loads(struct sfs_rank *rk, struct sfs_io **ios, size_t n)
         struct rank_item *it = ios[i]->arg;
 
         sfs_own_token_put(rk);
+        if (!own_unlist(rk, it)) { /* a backend that blocked past the deadline */
+            own_late(it, err, 0);
+            continue;
+        }
         sfs_cache_fail(rk->cache, &it->lease, err);
         sfs_item_done(it, err);
     }
@@ -325,13 +456,21 @@ int sfs_own_prefetch(struct sfs_rank *rk, const struct sfs_key *keys, size_t n)
 }
 
 /* ---------------------------------------------------------------------------
- * Start / stop of the workers (the LoadQueue's start and stop call these).
+ * Start / stop of the workers and the expirer (the LoadQueue's start and
+ * stop call these).
  */
 
 int sfs_own_workers_start(struct sfs_rank *rk)
 {
     int r;
 
+    if (rk->be) {
+        rk->own_stop = false; /* a re-attach restarts it */
+        r = pthread_create(&rk->expirer, NULL, expirer_main, rk);
+        if (r)
+            return -r;
+        rk->expirer_started = true;
+    }
     rk->worker_threads = calloc(rk->nworkers, sizeof(*rk->worker_threads));
     if (!rk->worker_threads)
         return -ENOMEM;
@@ -348,6 +487,15 @@ int sfs_own_workers_start(struct sfs_rank *rk)
  * work queue and join the workers. */
 void sfs_own_workers_stop(struct sfs_rank *rk)
 {
+    /* Every task is complete (active is 0), so no load is listed. */
+    if (rk->expirer_started) {
+        pthread_mutex_lock(&rk->own_mu);
+        rk->own_stop = true;
+        pthread_cond_signal(&rk->own_cv);
+        pthread_mutex_unlock(&rk->own_mu);
+        pthread_join(rk->expirer, NULL);
+        rk->expirer_started = false;
+    }
     sfs_workq_stop(&rk->work);
     for (unsigned i = 0; i < rk->nworker_threads; i++)
         pthread_join(rk->worker_threads[i], NULL);

@@ -16,6 +16,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <syslog.h>
+#include <time.h>
 
 /*
  * struct sfs_rank_config as 0.1 had it: the fields up to key_timeout_ms.
@@ -81,6 +82,8 @@ static void rank_free(struct sfs_rank *rk)
     pthread_cond_destroy(&rk->depth_cv);
     pthread_mutex_destroy(&rk->lease_mu);
     pthread_cond_destroy(&rk->lease_cv);
+    pthread_mutex_destroy(&rk->own_mu);
+    pthread_cond_destroy(&rk->own_cv);
     free(rk);
 }
 
@@ -90,6 +93,7 @@ __asm__(".symver rank_open_0_2, sfs_rank_open@@SHARDFS_RANK_0.2");
 
 struct sfs_rank *rank_open_0_2(const struct sfs_rank_config *cfg, int *err)
 {
+    pthread_condattr_t ca;
     struct sfs_rank *rk;
     int r;
 
@@ -114,6 +118,11 @@ struct sfs_rank *rank_open_0_2(const struct sfs_rank_config *cfg, int *err)
     pthread_cond_init(&rk->depth_cv, NULL);
     pthread_mutex_init(&rk->lease_mu, NULL);
     pthread_cond_init(&rk->lease_cv, NULL);
+    pthread_mutex_init(&rk->own_mu, NULL);
+    pthread_condattr_init(&ca);
+    pthread_condattr_setclock(&ca, CLOCK_MONOTONIC); /* deadlines are sfs_now_ns() */
+    pthread_cond_init(&rk->own_cv, &ca);
+    pthread_condattr_destroy(&ca);
     pthread_rwlock_init(&rk->link_rw, NULL);
     rk->link_stop_fd = -1;
     r = sfs_workq_init(&rk->tq);

@@ -80,9 +80,13 @@ struct rank_item {
     struct sfs_lease lease;
     void *buf;           /* the slot's bytes, or the bounce buffer */
     void *addr;          /* the entry's destination (load) or source (dump) */
-    int64_t deadline_ns; /* STEP_WAIT, or a bounced dump taking its slot: when it gives up
-                            (-ETIMEDOUT) */
+    int64_t deadline_ns; /* STEP_WAIT, a bounced dump taking its slot, or a task's owner
+                            load in the backend: when it gives up (-ETIMEDOUT) */
     struct sfs_io io;
+    /* A task's owner load in the backend (owner.c): on rk->own_* from its
+     * submit to its completion or its deadline. */
+    struct rank_item *own_prev, *own_next; /* under rk->own_mu */
+    bool expired; /* under rk->own_mu: failed at its deadline; the load ends alone */
 };
 
 /* What the inline try of a small task (inline.c) left in an item it handed to
@@ -182,6 +186,17 @@ struct sfs_rank {
     _Atomic unsigned max_inflight;
     _Atomic unsigned token_waiters;
 
+    /* Owner loads of tasks in the backend, oldest (earliest deadline)
+     * first (owner.c). The expirer thread sleeps until the head's deadline
+     * and fails an entry whose load is late with -ETIMEDOUT; the load itself
+     * keeps its lease, token and task until the backend answers. */
+    pthread_mutex_t own_mu;
+    pthread_cond_t own_cv; /* CLOCK_MONOTONIC: the expirer's sleep */
+    struct rank_item *own_head, *own_tail; /* under own_mu */
+    bool own_stop;                         /* under own_mu */
+    bool expirer_started;
+    pthread_t expirer;
+
     /* The dispatcher waits here when this process holds every lease the
      * cache allows it (-ENOBUFS); items signal when they release one. */
     pthread_mutex_t lease_mu;
@@ -259,6 +274,12 @@ static inline void rank_push_work(struct sfs_rank *rk, struct rank_item *it)
 void sfs_item_done(struct rank_item *it, int status);
 void sfs_item_fail(struct rank_item *it, int err);
 void sfs_item_dump_copied(struct rank_item *it);
+/* An owner load past its deadline: its entry ends with `status` now, the
+ * lease stays (the backend may still write the slot). The caller holds a
+ * task reference and an active count for the load, which
+ * sfs_item_late_done() drops with the lease when the backend answers. */
+void sfs_item_expire(struct rank_item *it, int status);
+void sfs_item_late_done(struct rank_item *it);
 void sfs_task_unref(struct sfs_task *t);
 void sfs_rank_active_put(struct sfs_rank *rk);
 

@@ -10,19 +10,23 @@
  * hits, owners, waiters and hand-offs between the library's threads all
  * happen. Small tasks (4 keys) between the big ones take the inline path
  * on the application threads when their keys are Ready, and hand their
- * keys on to the dispatcher when not. Every byte copied is verified. Exit
- * status 0 means all held.
+ * keys on to the dispatcher when not. Then a rank whose loads outlast its
+ * key timeout: entries fail at their deadlines while the backend still
+ * holds the loads, whose late completions settle the slots. Every byte
+ * copied is verified. Exit status 0 means all held.
  */
 #include "testutil.h"
 
 #include <shardfs/backend.h>
 #include <shardfs/rank.h>
 
+#include <errno.h>
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #define SHARD   8192
 #define NBLOCKS 96
@@ -34,6 +38,7 @@
  * and TSan reports the slot's key words as a race (1 run in 4 did). Ranks
  * in separate processes are the crash and stress suites' business. */
 #define NRANKS  1
+#define LATE0   1000 /* late_loads()'s blocks */
 
 static const char *sock;
 static atomic_long wrong, failed;
@@ -188,6 +193,69 @@ static void *hot_dumper(void *arg)
     return NULL;
 }
 
+/* Late loads: a rank whose key timeout (100 ms) is shorter than its
+ * backend's latency (400 ms). Every entry fails -ETIMEDOUT while its load is
+ * still in the backend (the expirer thread), the loads' completions then
+ * settle the slots on the backend's thread, and nothing reaches the failed
+ * entries' buffers; a second task hits the late bytes. 0 when all held. */
+static int late_loads(struct sfs_cache *c, const char *dir)
+{
+    enum { N = 16 };
+    struct sfs_rank_config cfg;
+    struct sfs_rank_entry e[N];
+    struct sfs_task *t;
+    char spec[256];
+    uint8_t *buf = malloc((size_t)N * SHARD);
+    int st[N], err = 0, bad = 0;
+    struct sfs_rank *rk;
+
+    if (!buf)
+        return 1;
+    snprintf(spec, sizeof(spec), "fault:latency_us=400000:%s", dir);
+    sfs_rank_config_init(&cfg);
+    cfg.socket_path = sock;
+    cfg.backend = spec;
+    cfg.copier = SFS_COPIER_HOST;
+    cfg.key_timeout_ms = 100;
+    rk = sfs_rank_open(&cfg, &err);
+    if (!rk) {
+        fprintf(stderr, "rank_threads: open: %s\n", strerror(-err));
+        free(buf);
+        return 1;
+    }
+    memset(buf, 0x5a, (size_t)N * SHARD);
+    for (int i = 0; i < N; i++)
+        e[i] = (struct sfs_rank_entry){tu_block(LATE0 + i), 0, buf + (size_t)i * SHARD};
+    if (sfs_rank_load(rk, e, N, &t) < 0 || sfs_rank_wait(t, -1, st) < 0)
+        bad++;
+    else
+        for (int i = 0; i < N; i++)
+            bad += st[i] != -ETIMEDOUT;
+    sfs_rank_task_free(t);
+    for (int i = 0; i < N; i++) {
+        struct sfs_key k = tu_key(LATE0 + i, 0);
+
+        for (int w = 0; w < 500 && sfs_cache_state(c, &k) != SFS_STATE_READY; w++)
+            usleep(10 * 1000);
+    }
+    bad += !tu_all_bytes(buf, (size_t)N * SHARD, 0x5a);
+    if (sfs_rank_load(rk, e, N, &t) < 0 || sfs_rank_wait(t, -1, st) < 0) {
+        bad++;
+    } else {
+        for (int i = 0; i < N; i++) {
+            struct sfs_key k = tu_key(LATE0 + i, 0);
+
+            bad += st[i] != 0 || tu_check(&k, buf + (size_t)i * SHARD, SHARD) != -1;
+        }
+    }
+    sfs_rank_task_free(t);
+    sfs_rank_close(rk);
+    free(buf);
+    if (bad)
+        fprintf(stderr, "rank_threads: late loads: %d wrong\n", bad);
+    return bad ? 1 : 0;
+}
+
 int main(void)
 {
     static char dir[128], spec[256];
@@ -218,6 +286,12 @@ int main(void)
             if (sfs_backend_dump_sync(be, &k, buf, SHARD) != SHARD)
                 return 1;
         }
+    for (int b = LATE0; b < LATE0 + 16 && be; b++) { /* late_loads()'s */
+        struct sfs_key k = tu_key((uint64_t)b, 0);
+        tu_fill(&k, buf, SHARD);
+        if (sfs_backend_dump_sync(be, &k, buf, SHARD) != SHARD)
+            return 1;
+    }
     sfs_backend_close(be);
     free(buf);
     snprintf(spec, sizeof(spec), "fault:latency_us=300,jitter_us=300:%s", dir);
@@ -254,6 +328,8 @@ int main(void)
     sfs_cache_stats(c, &st);
     for (int r = 0; r < NRANKS; r++)
         sfs_rank_close(ranks[r]);
+    /* After the others are closed: one rank at a time (NRANKS). */
+    int late = late_loads(c, dir);
     sfs_cache_close(c);
     snprintf(cmd, sizeof(cmd), "rm -rf %s", dir);
     if (system(cmd) != 0)
@@ -264,7 +340,7 @@ int main(void)
            (unsigned long long)st.hits, atomic_load(&small_tasks), atomic_load(&small_inline),
            atomic_load(&wrong), atomic_load(&failed));
     bool ok = atomic_load(&wrong) == 0 && atomic_load(&failed) == 0 && st.owner_loads > 0 &&
-              atomic_load(&small_inline) > 0;
+              atomic_load(&small_inline) > 0 && late == 0;
     printf("%d passed, %d failed\n", ok ? 1 : 0, ok ? 0 : 1);
     return ok ? 0 : 1;
 }

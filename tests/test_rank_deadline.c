@@ -2,8 +2,9 @@
 /*
  * test_rank_deadline.c - libshardfs-rank's deadlines: a task's wait with a
  * timeout, an entry's key_timeout_ms (a key another owner never publishes,
- * a rank out of leases), and where that deadline starts. One rank in the
- * test process, on a cache it serves (rankenv.c).
+ * a rank out of leases, the rank's own load that the backend answers too
+ * late), and where that deadline starts. One rank in the test process, on
+ * a cache it serves (rankenv.c).
  */
 #include "rankenv.h"
 #include "testutil.h"
@@ -29,8 +30,10 @@ Test(rank_deadline, wait_timeout_holds, .timeout = 60)
 
     env_up(&e, 64, 0);
     write_store(e.dir, 0, 4, 1, SHARD);
+    /* Loads of 400 ms, within the 1 s key timeout (an owner load past it
+     * fails: owner_load_past_its_deadline_writes_nothing_late). */
     snprintf(spec, sizeof(spec), "fault:latency_us=400000:%s", e.dir);
-    struct sfs_rank *rk = rank_here(&e, spec, 0, 300);
+    struct sfs_rank *rk = rank_here(&e, spec, 0, 1000);
 
     for (int i = 0; i < 2; i++)
         ent[i] = (struct sfs_rank_entry){tu_block(i), 0, bufs + i * SHARD};
@@ -46,7 +49,7 @@ Test(rank_deadline, wait_timeout_holds, .timeout = 60)
     sfs_rank_task_free(t);
 
     /* A key whose owner (this process, through the core API) never
-     * publishes: the entry times out after key_timeout_ms (300). */
+     * publishes: the entry times out after key_timeout_ms (1000). */
     struct sfs_key k2 = tu_key(2, 0);
     struct sfs_lease l;
     cr_assert_eq(sfs_cache_get(e.c, &k2, 0, 0, &l), SFS_OWNER);
@@ -55,7 +58,7 @@ Test(rank_deadline, wait_timeout_holds, .timeout = 60)
     dt = sfs_now_ns() - t0;
     cr_assert_eq(st[0], -ETIMEDOUT);
     cr_assert_eq(st[1], 0);
-    cr_assert(dt >= 290 * 1000000ll && dt < 3000 * 1000000ll, "took %ld ms", (long)(dt / 1000000));
+    cr_assert(dt >= 990 * 1000000ll && dt < 4000 * 1000000ll, "took %ld ms", (long)(dt / 1000000));
     sfs_cache_fail(e.c, &l, -EIO);
     sfs_cache_release(e.c, &l);
 
@@ -114,11 +117,13 @@ Test(rank_deadline, wait_deadline_starts_at_the_get, .timeout = 60)
 {
     /* A key another process loads gets key_timeout_ms from the Get that made
      * the entry a waiter, not from before the dispatcher waited for a load
-     * slot. Depth 1: entry 0 is ours (400 ms load) and holds the only slot;
-     * entry 1 is absent when the dispatcher peeks at it, so it waits for the
-     * slot (~400 ms, longer than the 300 ms key timeout). Meanwhile this
-     * process becomes entry 1's owner and publishes it at ~550 ms: ~150 ms
-     * after the rank's Get, well within its 300 ms. */
+     * slot. Depth 1: entry 0 is ours (400 ms load) and holds the only slot
+     * until the backend answers (its entry fails at its own 300 ms
+     * deadline, the load goes on); entry 1 is absent when the dispatcher
+     * peeks at it, so it waits for the slot (~400 ms, longer than the 300 ms
+     * key timeout). Meanwhile this process becomes entry 1's owner and
+     * publishes it at ~550 ms: ~150 ms after the rank's Get, well within its
+     * 300 ms. */
     struct env e;
     char spec[256];
     uint8_t *bufs = malloc(2 * SHARD);
@@ -145,7 +150,52 @@ Test(rank_deadline, wait_deadline_starts_at_the_get, .timeout = 60)
     publish_owned(e.c, 1, &l); /* and releases */
     cr_assert_eq(sfs_rank_wait(t, 20000, st), 0);
     sfs_rank_task_free(t);
-    check_bufs(0, 2, 0, bufs, st);
+    cr_assert_eq(st[0], -ETIMEDOUT, "entry 0, a 400 ms load of ours: %d", st[0]);
+    check_bufs(1, 1, 0, bufs + SHARD, st + 1);
+    sfs_rank_close(rk);
+    free(bufs);
+    env_down(&e);
+}
+
+Test(rank_deadline, owner_load_past_its_deadline_writes_nothing_late, .timeout = 60)
+{
+    /* The rank's own load of key 0 takes 1.5 s, its key timeout is 300 ms:
+     * the entry fails with -ETIMEDOUT at its deadline and the task
+     * completes while the load is still in the backend. When the load does
+     * come back its bytes fill the slot (Ready, for whoever reads next) and
+     * nothing reaches the entry's destination; the rank goes on (a later
+     * task hits the slot), and close finds no lease left. */
+    struct env e;
+    char spec[256];
+    uint8_t *bufs = malloc(2 * SHARD);
+    struct sfs_rank_stats s0, s1;
+    struct sfs_key k0 = tu_key(0, 0);
+    int st[1];
+
+    env_up(&e, 64, 0);
+    write_store(e.dir, 0, 1, 1, SHARD);
+    snprintf(spec, sizeof(spec), "fault:latency_us=1500000:%s", e.dir);
+    struct sfs_rank *rk = rank_here(&e, spec, 0, 300);
+
+    memset(bufs, 0xa5, 2 * SHARD);
+    cr_assert_eq(load_sync(rk, 0, 1, 0, bufs, st), 0, "the task did not complete");
+    cr_assert_eq(st[0], -ETIMEDOUT, "entry 0: %d", st[0]);
+    cr_assert_eq(sfs_cache_state(e.c, &k0), SFS_STATE_LOADING, "the load must still be ours");
+    sfs_rank_stats(rk, &s0);
+    cr_assert_eq(s0.failed, 1);
+
+    /* The late load settles the slot; the destination stays untouched. */
+    for (int i = 0; i < 500 && sfs_cache_state(e.c, &k0) == SFS_STATE_LOADING; i++)
+        usleep(10 * 1000);
+    cr_assert_eq(sfs_cache_state(e.c, &k0), SFS_STATE_READY, "the late load was not published");
+    usleep(50 * 1000);
+    cr_assert(tu_all_bytes(bufs, SHARD, 0xa5), "late bytes reached a failed entry's destination");
+
+    cr_assert_eq(load_sync(rk, 0, 1, 0, bufs + SHARD, st), 0);
+    check_bufs(0, 1, 0, bufs + SHARD, st);
+    sfs_rank_stats(rk, &s1);
+    cr_assert_eq(s1.hits, s0.hits + 1, "the late bytes should be a hit");
+    cr_assert_eq(s1.owner_loads, s0.owner_loads);
     sfs_rank_close(rk);
     free(bufs);
     env_down(&e);

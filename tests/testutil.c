@@ -89,6 +89,16 @@ long tu_check(const struct sfs_key *k, const void *buf, size_t len)
     return -1;
 }
 
+bool tu_all_bytes(const void *buf, size_t len, uint8_t v)
+{
+    const uint8_t *p = buf;
+
+    for (size_t i = 0; i < len; i++)
+        if (p[i] != v)
+            return false;
+    return true;
+}
+
 struct sfs_cache *tu_cache(uint32_t nslots, uint32_t nreserved, uint64_t shard_size)
 {
     struct sfs_cache_config cfg = {

@@ -28,6 +28,8 @@ struct sfs_key tu_key(uint64_t block, uint32_t shard);
  * the index of the first wrong byte, or -1 when all are right. */
 void tu_fill(const struct sfs_key *k, void *buf, size_t len);
 long tu_check(const struct sfs_key *k, const void *buf, size_t len);
+/* Every one of the len bytes at buf is v (a buffer nothing may write). */
+bool tu_all_bytes(const void *buf, size_t len, uint8_t v);
 
 /* A small cache (ordinary memfds, no reserved pool unless given). */
 struct sfs_cache *tu_cache(uint32_t nslots, uint32_t nreserved, uint64_t shard_size);

@@ -81,7 +81,8 @@ struct sfs_rank_config {
      * waiting key is held behind another. (Named `waiters` in 0.1.0; same
      * place in the struct.) */
     unsigned workers;
-    /* Deadline for one key, ms: a key another rank is loading, or a cache
+    /* Deadline for one key, ms: a key another rank is loading, this rank's
+     * own backend load of a key (a store that stops answering), or a cache
      * full of leased slots, fails the entry with -ETIMEDOUT / -ENOSPC after
      * this long (default 30000). */
     unsigned key_timeout_ms;
@@ -130,9 +131,12 @@ SFS_API struct sfs_rank *sfs_rank_open(const struct sfs_rank_config *cfg, int *e
  * Stop the rank: tasks still queued (not yet started by the dispatcher) are
  * cancelled, their entries complete with -ECANCELED; entries already started
  * run to completion (each bounded by key_timeout_ms), so no copy writes a
- * destination after close returns. Then every lease is released, the backend
- * closed and the cache detached. Tasks not yet freed stay valid for
- * sfs_rank_wait() and sfs_rank_task_free(). Safe on NULL.
+ * destination after close returns. It also waits for this rank's backend
+ * loads whose entries already failed at their deadline (they write into the
+ * cache's mapping): on a store that never answers it does not return. Then
+ * every lease is released, the backend closed and the cache detached. Tasks
+ * not yet freed stay valid for sfs_rank_wait() and sfs_rank_task_free().
+ * Safe on NULL.
  */
 SFS_API void sfs_rank_close(struct sfs_rank *rank);
 
