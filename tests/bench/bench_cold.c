@@ -61,7 +61,7 @@
 #include <sys/wait.h>
 
 #define SHARD            (256u << 10)
-#define SHARDS_PER_BLOCK 4u
+#define SHARDS_PER_BLOCK BENCH_SHARDS_PER_BLOCK
 #define MAXN             4
 #define MAXREPS          16
 #define OD_THREADS       8
@@ -75,69 +75,14 @@ static struct {
 
 static char dev_sys[128];
 
-static void die(const char *what, int err)
-{
-    fprintf(stderr, "bench_cold: %s: %s\n", what, strerror(err < 0 ? -err : err));
-    exit(1);
-}
-
 /* --- the store --- */
 
-struct store {
-    char dir[512];
-    uint32_t nblocks, nkeys;
-    char (*paths)[600];
-};
-
-static void key_tag(uint8_t *p, uint32_t b, uint32_t s)
-{
-    uint64_t v[2] = {0x5346534200000000ull | b, 0x5346534300000000ull | s};
-
-    memcpy(p, v, sizeof(v));
-}
-
-static bool key_ok(const uint8_t *p, uint32_t b, uint32_t s)
-{
-    uint8_t want[16];
-
-    key_tag(want, b, s);
-    return memcmp(p, want, 16) == 0;
-}
-
-static void fill_tagged(uint64_t block, uint32_t shard, void *buf, size_t len, void *arg)
-{
-    (void)arg;
-    memset(buf, (int)(block & 0xff), len);
-    key_tag(buf, (uint32_t)block, shard);
-}
-
-static bool check_all(const struct store *st, const uint8_t *dst)
+static bool check_all(const struct bench_store *st, const uint8_t *dst)
 {
     for (uint32_t i = 0; i < st->nkeys; i++)
-        if (!key_ok(dst + (size_t)i * SHARD, i / SHARDS_PER_BLOCK, i % SHARDS_PER_BLOCK))
+        if (!bench_key_ok(dst + (size_t)i * SHARD, i / SHARDS_PER_BLOCK, i % SHARDS_PER_BLOCK))
             return false;
     return true;
-}
-
-static void cold(const struct store *st)
-{
-    int fd;
-
-    sync();
-    fd = open("/proc/sys/vm/drop_caches", O_WRONLY | O_CLOEXEC);
-    if (fd >= 0) {
-        if (write(fd, "3", 1) != 1) {
-            /* not allowed (a container): the fadvise below still drops the data */
-        }
-        close(fd);
-    }
-    for (uint32_t b = 0; b < st->nblocks; b++) {
-        fd = open(st->paths[b], O_RDONLY | O_CLOEXEC);
-        if (fd >= 0) {
-            posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED);
-            close(fd);
-        }
-    }
 }
 
 static uint64_t dev_read_bytes(void)
@@ -156,15 +101,6 @@ static uint64_t dev_read_bytes(void)
     return sectors * 512;
 }
 
-static int64_t cpu_self_ns(void)
-{
-    struct rusage ru;
-
-    getrusage(RUSAGE_SELF, &ru);
-    return ((int64_t)ru.ru_utime.tv_sec + ru.ru_stime.tv_sec) * 1000000000ll +
-           ((int64_t)ru.ru_utime.tv_usec + ru.ru_stime.tv_usec) * 1000ll;
-}
-
 /* --- processes: what each one reports, in shared memory --- */
 
 struct pres {
@@ -175,11 +111,6 @@ struct pres {
 
 struct shared {
     struct pres r[MAXN];
-};
-
-struct child {
-    pid_t pid;
-    int cmd_w, done_r;
 };
 
 static uint8_t *touch_buf(size_t bytes)
@@ -194,7 +125,7 @@ static uint8_t *touch_buf(size_t bytes)
 }
 
 /* A rank: waits for 'r', loads every key, reports, until 'q'. */
-static int rank_main(const struct store *st, const char *sock, int r, int N, bool sync_open,
+static int rank_main(const struct bench_store *st, const char *sock, int r, int N, bool sync_open,
                      bool buffered, struct pres *res, int cmd_r, int done_w)
 {
     struct sfs_rank_config cfg;
@@ -203,7 +134,6 @@ static int rank_main(const struct store *st, const char *sock, int r, int N, boo
     uint8_t *dst = touch_buf(bytes);
     struct sfs_rank_entry *e = calloc(st->nkeys, sizeof(*e));
     int *status = calloc(st->nkeys, sizeof(*status));
-    struct sfs_rank_stats s0, s1;
     struct sfs_rank *rk;
     int err = 0;
     char c;
@@ -213,44 +143,28 @@ static int rank_main(const struct store *st, const char *sock, int r, int N, boo
     if (sync_open)
         setenv("SHARDFS_POSIX_SYNC_OPEN", "1", 1);
     snprintf(spec, sizeof(spec), "posix:%s%s", st->dir, buffered ? "?direct=0" : "");
-    sfs_rank_config_init(&cfg);
-    cfg.socket_path = sock;
-    cfg.device_id = r;
-    cfg.local_rank_size = N;
-    cfg.backend = spec;
-    cfg.copier = SFS_COPIER_HOST;
+    bench_rank_config(&cfg, sock, r, N, spec);
     rk = sfs_rank_open(&cfg, &err);
     if (!rk) {
         fprintf(stderr, "bench_cold: rank %d: sfs_rank_open: %s\n", r, strerror(-err));
         return 3;
     }
-    for (uint32_t i = 0; i < st->nkeys; i++)
-        e[i] = (struct sfs_rank_entry){tu_block(i / SHARDS_PER_BLOCK), i % SHARDS_PER_BLOCK,
-                                       dst + (size_t)i * SHARD};
+    bench_store_entries(st, dst, e);
     if (write(done_w, "o", 1) != 1)
         return 4;
     while (read(cmd_r, &c, 1) == 1 && c == 'r') {
-        struct sfs_task *t;
-        int rc = 0;
+        struct bench_rank_run run;
+        int rc = bench_rank_load_all(rk, e, st->nkeys, dst, SHARD, status, &run);
 
-        for (uint32_t i = 0; i < st->nkeys; i++)
-            memset(dst + (size_t)i * SHARD, 0, 16);
-        sfs_rank_stats(rk, &s0);
-        int64_t c0 = cpu_self_ns();
-        res->t0 = bench_now_ns();
-        if (sfs_rank_load(rk, e, st->nkeys, &t) != 0 || sfs_rank_wait(t, 300000, status) != 0)
-            rc = 5;
-        res->t1 = bench_now_ns();
-        res->cpu_ns = cpu_self_ns() - c0;
-        if (rc == 0)
-            sfs_rank_task_free(t);
-        sfs_rank_stats(rk, &s1);
+        res->t0 = run.t0;
+        res->t1 = run.t1;
+        res->cpu_ns = run.cpu_ns;
         for (uint32_t i = 0; rc == 0 && i < st->nkeys; i++)
             if (status[i] != 0)
                 rc = 6;
         if (rc == 0 && !check_all(st, dst))
             rc = 7;
-        res->owner = s1.owner_loads - s0.owner_loads;
+        res->owner = run.s1.owner_loads - run.s0.owner_loads;
         res->rc = rc;
         if (write(done_w, "d", 1) != 1)
             break;
@@ -261,7 +175,7 @@ static int rank_main(const struct store *st, const char *sock, int r, int N, boo
 
 /* odirect8: threads take block files in turn. */
 struct od {
-    const struct store *st;
+    const struct bench_store *st;
     uint8_t *dst;
     atomic_uint next;
     atomic_int err;
@@ -292,7 +206,7 @@ static void *od_main(void *arg)
 }
 
 /* A baseline process: touches its buffer, says 'o', waits for 'r', reads. */
-static int base_main(const struct store *st, bool direct, struct pres *res, int cmd_r, int done_w)
+static int base_main(const struct bench_store *st, bool direct, struct pres *res, int cmd_r, int done_w)
 {
     size_t bytes = (size_t)st->nkeys * SHARD;
     uint8_t *dst = touch_buf(bytes);
@@ -302,7 +216,7 @@ static int base_main(const struct store *st, bool direct, struct pres *res, int 
         return 2;
     if (write(done_w, "o", 1) != 1 || read(cmd_r, &c, 1) != 1)
         return 4;
-    int64_t c0 = cpu_self_ns();
+    int64_t c0 = bench_rusage_cpu_ns(RUSAGE_SELF);
     res->t0 = bench_now_ns();
     if (direct) {
         struct od o = {.st = st, .dst = dst};
@@ -333,7 +247,7 @@ static int base_main(const struct store *st, bool direct, struct pres *res, int 
         }
     }
     res->t1 = bench_now_ns();
-    res->cpu_ns = cpu_self_ns() - c0;
+    res->cpu_ns = bench_rusage_cpu_ns(RUSAGE_SELF) - c0;
     if (res->rc == 0 && !check_all(st, dst))
         res->rc = 7;
     return write(done_w, "d", 1) == 1 ? 0 : 4;
@@ -345,50 +259,17 @@ static const char *kind_name[K_N] = {"shardfs (default spec)", "shardfs, sync op
                                      "shardfs `direct=0` (buffered)", "per-process pread",
                                      "per-process O_DIRECT, 8 threads"};
 
-static void spawn(const struct store *st, const char *sock, enum kind k, int N, struct shared *sh,
-                  struct child *ch)
+static void spawn(const struct bench_store *st, const char *sock, enum kind k, int N, struct shared *sh,
+                  struct bench_child *ch)
 {
     for (int r = 0; r < N; r++) {
-        int cmd[2], done[2];
-        char c;
+        int cmd_r, done_w;
 
-        if (pipe2(cmd, O_CLOEXEC) < 0 || pipe2(done, O_CLOEXEC) < 0)
-            die("pipe", errno);
-        ch[r].pid = fork();
-        if (ch[r].pid < 0)
-            die("fork", errno);
-        if (ch[r].pid == 0) {
-            close(cmd[1]);
-            close(done[0]);
-            if (k <= K_RANKS)
-                _exit(
-                    rank_main(st, sock, r, N, k == K_SYNC, k == K_BUF, &sh->r[r], cmd[0], done[1]));
-            _exit(base_main(st, k == K_OD8, &sh->r[r], cmd[0], done[1]));
-        }
-        close(cmd[0]);
-        close(done[1]);
-        ch[r].cmd_w = cmd[1];
-        ch[r].done_r = done[0];
-        if (read(ch[r].done_r, &c, 1) != 1 || c != 'o')
-            die("process start", EIO);
-    }
-}
-
-static void reap(int N, struct child *ch)
-{
-    for (int r = 0; r < N; r++) {
-        int stt;
-
-        if (write(ch[r].cmd_w, "q", 1) != 1) {
-            /* gone already: waitpid says how */
-        }
-        close(ch[r].cmd_w);
-        close(ch[r].done_r);
-        waitpid(ch[r].pid, &stt, 0);
-        if (!WIFEXITED(stt) || WEXITSTATUS(stt) != 0) {
-            fprintf(stderr, "bench_cold: process %d exited with status %d\n", r, stt);
-            exit(1);
-        }
+        if (!bench_child_fork(&ch[r], &cmd_r, &done_w))
+            continue;
+        if (k <= K_RANKS)
+            _exit(rank_main(st, sock, r, N, k == K_SYNC, k == K_BUF, &sh->r[r], cmd_r, done_w));
+        _exit(base_main(st, k == K_OD8, &sh->r[r], cmd_r, done_w));
     }
 }
 
@@ -398,7 +279,7 @@ struct pass {
 };
 
 /* One pass of N processes: release them together, collect. */
-static void run_pass(const struct store *st, int N, struct shared *sh, struct child *ch,
+static void run_pass(const struct bench_store *st, int N, struct shared *sh, struct bench_child *ch,
                      struct pass *out)
 {
     int64_t t0 = INT64_MAX, t1 = 0;
@@ -407,17 +288,11 @@ static void run_pass(const struct store *st, int N, struct shared *sh, struct ch
 
     memset(sh, 0, sizeof(*sh));
     memset(out, 0, sizeof(*out));
-    for (int r = 0; r < N; r++)
-        if (write(ch[r].cmd_w, "r", 1) != 1)
-            die("command", errno);
+    bench_children_send(N, ch, 'r');
     for (int r = 0; r < N; r++) {
-        char c;
         struct pres *p = &sh->r[r];
 
-        if (read(ch[r].done_r, &c, 1) != 1 || p->rc != 0) {
-            fprintf(stderr, "bench_cold: process %d failed (rc %d)\n", r, p->rc);
-            exit(1);
-        }
+        bench_child_done(&ch[r], r, &p->rc);
         t0 = p->t0 < t0 ? p->t0 : t0;
         t1 = p->t1 > t1 ? p->t1 : t1;
         cpu[r] = (double)p->cpu_ns / 1e6;
@@ -426,13 +301,6 @@ static void run_pass(const struct store *st, int N, struct shared *sh, struct ch
     out->dev = (double)(dev_read_bytes() - d0) / ((double)st->nkeys * SHARD);
     out->wall_ms = (double)(t1 - t0) / 1e6;
     out->cpu_ms = bench_median(cpu, (size_t)N);
-}
-
-static int drop_key(const struct sfs_key *k, int state, void *arg)
-{
-    (void)state;
-    sfs_cache_remove(arg, k);
-    return 0;
 }
 
 static double med(const double *v, int n)
@@ -461,35 +329,35 @@ static double minof(const double *v, int n)
     return m;
 }
 
-static void bench_n(struct bench *b, struct sfs_cache *c, const struct store *st, const char *sock,
+static void bench_n(struct bench *b, struct sfs_cache *c, const struct bench_store *st, const char *sock,
                     int N, FILE *open_tab)
 {
     struct shared *sh =
         mmap(NULL, sizeof(*sh), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
-    struct child rk[K_RANKS + 1][MAXN];
+    struct bench_child rk[K_RANKS + 1][MAXN];
     double wall[K_N][MAXREPS], cpu[K_N][MAXREPS], dev[K_N][MAXREPS];
     double rp[MAXREPS], rd[MAXREPS], rs[MAXREPS], warm[2][MAXREPS], wcpu[2][MAXREPS];
     struct pass p;
 
     if (sh == MAP_FAILED)
-        die("mmap", errno);
+        bench_die("mmap", errno);
     for (int k = K_SFS; k <= K_RANKS; k++) {
         spawn(st, sock, (enum kind)k, N, sh, rk[k]);
-        sfs_cache_foreach(c, ~0u, drop_key, c);
+        sfs_cache_foreach(c, ~0u, bench_drop_key, c);
         run_pass(st, N, sh, rk[k], &p); /* warm-up, untimed */
     }
     for (int rep = 0; rep < O.reps; rep++) {
         for (int i = 0; i < K_N; i++) {
             enum kind k = (enum kind)((i + rep) % K_N);
-            struct child bch[MAXN];
+            struct bench_child bch[MAXN];
 
             if (k == K_PREAD || k == K_OD8)
                 spawn(st, sock, k, N, sh, bch);
-            sfs_cache_foreach(c, ~0u, drop_key, c);
-            cold(st);
+            sfs_cache_foreach(c, ~0u, bench_drop_key, c);
+            bench_drop_page_cache(st->paths, st->nblocks);
             run_pass(st, N, sh, k <= K_RANKS ? rk[k] : bch, &p);
             if (k == K_PREAD || k == K_OD8)
-                reap(N, bch);
+                bench_children_stop(N, bch);
             wall[k][rep] = p.wall_ms;
             cpu[k][rep] = p.cpu_ms;
             dev[k][rep] = p.dev;
@@ -498,7 +366,7 @@ static void bench_n(struct bench *b, struct sfs_cache *c, const struct store *st
                         (unsigned long long)p.owner, st->nkeys);
         }
         for (int k = K_SFS; k <= K_SYNC; k++) {
-            sfs_cache_foreach(c, ~0u, drop_key, c);
+            sfs_cache_foreach(c, ~0u, bench_drop_key, c);
             run_pass(st, N, sh, rk[k], &p);
             warm[k][rep] = p.wall_ms;
             wcpu[k][rep] = p.cpu_ms;
@@ -514,7 +382,7 @@ static void bench_n(struct bench *b, struct sfs_cache *c, const struct store *st
                 wall[K_BUF][rep], rp[rep], rd[rep], warm[0][rep], warm[1][rep]);
     }
     for (int k = K_SFS; k <= K_RANKS; k++)
-        reap(N, rk[k]);
+        bench_children_stop(N, rk[k]);
     munmap(sh, sizeof(*sh));
 
     for (int k = 0; k < K_N; k++) {
@@ -541,56 +409,13 @@ static void bench_n(struct bench *b, struct sfs_cache *c, const struct store *st
     fflush(b->out);
 }
 
-/* --hugepages N: vm.nr_hugepages for this run, the old value back at exit. */
-static long hp_old = -1;
-
-static void hp_set(long n)
-{
-    FILE *f = fopen("/proc/sys/vm/nr_hugepages", "w");
-
-    if (f) {
-        fprintf(f, "%ld\n", n);
-        fclose(f);
-    }
-}
-
-static void hp_restore(void)
-{
-    if (hp_old >= 0)
-        hp_set(hp_old);
-}
-
-static void hp_reserve(long n)
-{
-    FILE *f = fopen("/proc/sys/vm/nr_hugepages", "r");
-
-    if (!f || fscanf(f, "%ld", &hp_old) != 1)
-        hp_old = -1;
-    if (f)
-        fclose(f);
-    if (hp_old < 0 || hp_old >= n) {
-        hp_old = -1;
-        return;
-    }
-    hp_set(n);
-    atexit(hp_restore);
-}
-
-static int rm_one(const char *p, const struct stat *sb, int flag, struct FTW *f)
-{
-    (void)sb;
-    (void)flag;
-    (void)f;
-    return remove(p);
-}
-
 int main(int argc, char **argv)
 {
     struct bench b;
     char *args[8] = {argv[0]};
-    int nargs = 1, err = 0;
-    char root[400], sock[128], fsdesc[256];
-    struct store st = {0};
+    int nargs = 1;
+    char root[400], sock[128], fsdesc[256], storedir[512];
+    struct bench_store st = {0};
     struct statfs sf;
     struct stat sb;
     char *obuf = NULL;
@@ -624,15 +449,15 @@ int main(int argc, char **argv)
         return 2;
     }
     if (O.hugepages > 0)
-        hp_reserve(O.hugepages);
+        bench_hp_reserve(O.hugepages);
     signal(SIGPIPE, SIG_IGN);
 
     snprintf(root, sizeof(root), "%s/shardfs-bench-cold-%d", O.dir ? O.dir : "/var/tmp",
              (int)getpid());
     if (mkdir(root, 0755) < 0)
-        die(root, errno);
+        bench_die(root, errno);
     if (statfs(root, &sf) < 0 || stat(root, &sb) < 0)
-        die(root, errno);
+        bench_die(root, errno);
     snprintf(dev_sys, sizeof(dev_sys), "/sys/dev/block/%u:%u", major(sb.st_dev), minor(sb.st_dev));
     {
         char link[600] = "";
@@ -650,32 +475,11 @@ int main(int argc, char **argv)
     }
     fprintf(stderr, "bench_cold: store under %s: %s\n", root, fsdesc);
 
-    st.nblocks = (uint32_t)(O.total / (SHARDS_PER_BLOCK * SHARD));
-    st.nkeys = st.nblocks * SHARDS_PER_BLOCK;
-    snprintf(st.dir, sizeof(st.dir), "%s/store", root);
-    st.paths = calloc(st.nblocks, sizeof(*st.paths));
-    if (!st.paths)
-        die("calloc", ENOMEM);
-    err = tu_store_write(st.dir, 0, st.nblocks, SHARDS_PER_BLOCK, SHARD, fill_tagged, NULL, true);
-    if (err < 0)
-        die("write store", err);
-    for (uint32_t i = 0; i < st.nblocks; i++)
-        tu_store_path(st.dir, i, st.paths[i], sizeof(st.paths[i]));
+    snprintf(storedir, sizeof(storedir), "%s/store", root);
+    bench_store_write(&st, storedir, SHARD, O.total);
 
     snprintf(sock, sizeof(sock), "/tmp/bench-cold-%d.sock", (int)getpid());
-    struct sfs_cache_config cc = {
-        .shard_size = SHARD,
-        .nslots = st.nkeys + st.nkeys / 8 + 64,
-        .hugepages = SFS_HUGEPAGES_AUTO,
-        .populate = true,
-        .segment_size = 64ull << 20,
-    };
-    struct sfs_cache *c = sfs_cache_create(&cc, &err);
-    if (!c)
-        die("sfs_cache_create", err);
-    err = sfs_cache_serve(c, sock);
-    if (err)
-        die("sfs_cache_serve", err);
+    struct sfs_cache *c = bench_served_cache(SHARD, st.nkeys, sock);
     struct sfs_cache_info info;
     sfs_cache_info(c, &info);
 
@@ -737,7 +541,7 @@ int main(int argc, char **argv)
                        "root: drop_caches)\n");
     sfs_cache_close(c);
     unlink(sock);
-    nftw(root, rm_one, 16, FTW_DEPTH | FTW_PHYS);
+    nftw(root, bench_rm_one, 16, FTW_DEPTH | FTW_PHYS);
     free(st.paths);
     return bench_finish(&b);
 }

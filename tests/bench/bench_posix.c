@@ -74,7 +74,7 @@
 #include <sys/sysmacros.h>
 #include <sys/wait.h>
 
-#define SHARDS_PER_BLOCK 4u
+#define SHARDS_PER_BLOCK BENCH_SHARDS_PER_BLOCK
 #define MAXN             8
 #define MAXREPS          32
 #define ALIGN            4096u
@@ -98,93 +98,7 @@ static struct mem_note notes[2];
 static int nnotes;
 
 static char dev_sys[128]; /* "/sys/dev/block/M:m" of the store */
-static bool trace_on;     /* SFS_BENCH_TRACE: disk diagnostics per run */
-
-static void die(const char *what, int err)
-{
-    fprintf(stderr, "bench_posix: %s: %s\n", what, strerror(err < 0 ? -err : err));
-    exit(1);
-}
-
-/* ---------------------------------------------------------------------------
- * The store.
- */
-
-struct store {
-    char dir[512];
-    uint64_t shard;
-    uint32_t nblocks, nkeys;
-    char (*paths)[600]; /* block file paths */
-};
-
-static void key_tag(uint8_t *p, uint32_t b, uint32_t s)
-{
-    uint64_t v[2] = {0x5346534200000000ull | b, 0x5346534300000000ull | s};
-
-    memcpy(p, v, sizeof(v));
-}
-
-static bool key_ok(const uint8_t *p, uint32_t b, uint32_t s)
-{
-    uint8_t want[16];
-
-    key_tag(want, b, s);
-    return memcmp(p, want, 16) == 0;
-}
-
-/* A shard's bytes: the block's byte, its key's tag in front. */
-static void fill_tagged(uint64_t block, uint32_t shard, void *buf, size_t len, void *arg)
-{
-    memset(buf, (int)(block & 0xff), len);
-    key_tag(buf, (uint32_t)block, shard);
-}
-
-static void store_write(struct store *st, const char *root, uint64_t shard, uint64_t total)
-{
-    size_t blen = SHARDS_PER_BLOCK * shard;
-    int r;
-
-    st->shard = shard;
-    st->nblocks = (uint32_t)(total / blen);
-    st->nkeys = st->nblocks * SHARDS_PER_BLOCK;
-    snprintf(st->dir, sizeof(st->dir), "%s/%luk", root, (unsigned long)(shard >> 10));
-    st->paths = calloc(st->nblocks, sizeof(*st->paths));
-    if (!st->paths)
-        die("calloc", ENOMEM);
-    r = tu_store_write(st->dir, 0, st->nblocks, SHARDS_PER_BLOCK, (uint32_t)shard, fill_tagged,
-                       NULL, true);
-    if (r < 0)
-        die("write store", -r);
-    for (uint32_t b = 0; b < st->nblocks; b++)
-        tu_store_path(st->dir, b, st->paths[b], sizeof(st->paths[b]));
-}
-
-/* Cold: nothing of the store in the page cache. */
-static void drop_page_cache(const struct store *st)
-{
-    for (uint32_t b = 0; b < st->nblocks; b++) {
-        int fd = open(st->paths[b], O_RDONLY | O_CLOEXEC);
-
-        if (fd >= 0) {
-            posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED);
-            close(fd);
-        }
-    }
-    int fd = open("/proc/sys/vm/drop_caches", O_WRONLY | O_CLOEXEC);
-    if (fd >= 0) {
-        if (write(fd, "3", 1) < 0) {
-            /* not allowed here (a container): fadvise is enough with O_DIRECT */
-        }
-        close(fd);
-    }
-}
-
-static int rm_one(const char *p, const struct stat *sb, int flag, struct FTW *f)
-{
-    return remove(p);
-}
-
-static const char *fs_name(long type)
+static bool trace_on;     static const char *fs_name(long type)
 {
     switch ((unsigned long)type) {
     case EXT4_SUPER_MAGIC:
@@ -215,7 +129,7 @@ static void describe_fs(const char *dir, char *out, size_t len, bool *is_tmpfs)
     const char *dev = "?";
 
     if (statfs(dir, &sf) < 0 || stat(dir, &sb) < 0)
-        die(dir, errno);
+        bench_die(dir, errno);
     *is_tmpfs = (unsigned long)sf.f_type == TMPFS_MAGIC || (unsigned long)sf.f_type == RAMFS_MAGIC;
     snprintf(link, sizeof(link), "/sys/dev/block/%u:%u", major(sb.st_dev), minor(sb.st_dev));
     ssize_t n = readlink(link, target, sizeof(target) - 1);
@@ -375,15 +289,6 @@ struct base_result {
     double cpu_s;
 };
 
-static int64_t self_cpu_ns(int who)
-{
-    struct rusage ru;
-
-    getrusage(who, &ru);
-    return ((int64_t)ru.ru_utime.tv_sec + ru.ru_stime.tv_sec) * 1000000000ll +
-           ((int64_t)ru.ru_utime.tv_usec + ru.ru_stime.tv_usec) * 1000ll;
-}
-
 /* CPU-seconds all CPUs spent busy (user, nice, system, irq, softirq), and
  * steal, from /proc/stat. */
 static void proc_stat_busy(double *busy, double *steal)
@@ -404,7 +309,7 @@ static void proc_stat_busy(double *busy, double *steal)
     fclose(f);
 }
 
-static void baseline_run(const struct store *st, unsigned qd, uint8_t *dst, struct base_result *r)
+static void baseline_run(const struct bench_store *st, unsigned qd, uint8_t *dst, struct base_result *r)
 {
     struct io_uring ring;
     int *fds = malloc(st->nblocks * sizeof(*fds));
@@ -414,17 +319,17 @@ static void baseline_run(const struct store *st, unsigned qd, uint8_t *dst, stru
     int ret;
 
     if (!fds || !left)
-        die("malloc", ENOMEM);
+        bench_die("malloc", ENOMEM);
     ret = io_uring_queue_init(qd, &ring, 0);
     if (ret < 0)
-        die("io_uring_queue_init", ret);
+        bench_die("io_uring_queue_init", ret);
     memset(left, SHARDS_PER_BLOCK, st->nblocks);
     for (uint32_t i = 0; i < st->nkeys; i++)
         memset(dst + (size_t)i * st->shard, 0, 16);
 
     struct trace tr;
     trace_begin(&tr);
-    int64_t c0 = self_cpu_ns(RUSAGE_THREAD), t0 = bench_now_ns();
+    int64_t c0 = bench_rusage_cpu_ns(RUSAGE_THREAD), t0 = bench_now_ns();
     while (done < st->nkeys) {
         while (next < st->nkeys && inflight < qd) {
             uint32_t b = next / SHARDS_PER_BLOCK, s = next % SHARDS_PER_BLOCK;
@@ -435,7 +340,7 @@ static void baseline_run(const struct store *st, unsigned qd, uint8_t *dst, stru
             if (s == 0) {
                 fds[b] = open(st->paths[b], O_RDONLY | O_DIRECT | O_CLOEXEC);
                 if (fds[b] < 0)
-                    die(st->paths[b], errno);
+                    bench_die(st->paths[b], errno);
             }
             io_uring_prep_read(sqe, fds[b], dst + (size_t)next * st->shard, (unsigned)st->shard,
                                (uint64_t)s * st->shard);
@@ -445,7 +350,7 @@ static void baseline_run(const struct store *st, unsigned qd, uint8_t *dst, stru
         }
         ret = io_uring_submit_and_wait(&ring, 1);
         if (ret < 0 && ret != -EINTR)
-            die("io_uring_submit_and_wait", ret);
+            bench_die("io_uring_submit_and_wait", ret);
         struct io_uring_cqe *cqe;
         unsigned head, count = 0;
         io_uring_for_each_cqe(&ring, head, cqe)
@@ -453,7 +358,7 @@ static void baseline_run(const struct store *st, unsigned qd, uint8_t *dst, stru
             uint32_t k = (uint32_t)io_uring_cqe_get_data64(cqe), b = k / SHARDS_PER_BLOCK;
 
             if (cqe->res != (int)st->shard)
-                die("baseline read", cqe->res < 0 ? cqe->res : EIO);
+                bench_die("baseline read", cqe->res < 0 ? cqe->res : EIO);
             if (--left[b] == 0)
                 close(fds[b]);
             count++;
@@ -462,12 +367,12 @@ static void baseline_run(const struct store *st, unsigned qd, uint8_t *dst, stru
         inflight -= count;
         done += count;
     }
-    int64_t t1 = bench_now_ns(), c1 = self_cpu_ns(RUSAGE_THREAD);
+    int64_t t1 = bench_now_ns(), c1 = bench_rusage_cpu_ns(RUSAGE_THREAD);
     trace_end(&tr, "raw");
     io_uring_queue_exit(&ring);
     for (uint32_t i = 0; i < st->nkeys; i++)
-        if (!key_ok(dst + (size_t)i * st->shard, i / SHARDS_PER_BLOCK, i % SHARDS_PER_BLOCK))
-            die("baseline: wrong bytes", EIO);
+        if (!bench_key_ok(dst + (size_t)i * st->shard, i / SHARDS_PER_BLOCK, i % SHARDS_PER_BLOCK))
+            bench_die("baseline: wrong bytes", EIO);
     r->gbps = (double)st->nkeys * (double)st->shard / (double)(t1 - t0);
     r->cpu_s = (double)(c1 - c0) / 1e9;
     free(fds);
@@ -491,13 +396,7 @@ struct shared {
     struct rank_res r[MAXN];
 };
 
-struct child {
-    pid_t pid;
-    int cmd_w;  /* parent -> child */
-    int done_r; /* child -> parent */
-};
-
-static int rank_main(const struct store *st, const char *sock, int r, int N, struct shared *sh,
+static int rank_main(const struct bench_store *st, const char *sock, int r, int N, struct shared *sh,
                      int cmd_r, int done_w)
 {
     struct sfs_rank_config cfg;
@@ -506,7 +405,6 @@ static int rank_main(const struct store *st, const char *sock, int r, int N, str
     uint8_t *dst = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
     struct sfs_rank_entry *e = calloc(st->nkeys, sizeof(*e));
     int *status = calloc(st->nkeys, sizeof(*status));
-    struct sfs_rank_stats s0, s1;
     struct sfs_rank *rk;
     int err = 0;
     char c;
@@ -515,46 +413,31 @@ static int rank_main(const struct store *st, const char *sock, int r, int N, str
         return 2;
     memset(dst, 0, bytes); /* first touch outside the timing */
     snprintf(spec, sizeof(spec), "posix:%s?direct=1&depth=%u", st->dir, O.depth);
-    sfs_rank_config_init(&cfg);
-    cfg.socket_path = sock;
-    cfg.device_id = r;
-    cfg.local_rank_size = N;
-    cfg.backend = spec;
+    bench_rank_config(&cfg, sock, r, N, spec);
     cfg.load_depth = O.depth;
-    cfg.copier = SFS_COPIER_HOST;
     cfg.prealloc = false;
     rk = sfs_rank_open(&cfg, &err);
     if (!rk) {
         fprintf(stderr, "bench_posix: rank %d: sfs_rank_open: %s\n", r, strerror(-err));
         return 3;
     }
-    for (uint32_t i = 0; i < st->nkeys; i++)
-        e[i] = (struct sfs_rank_entry){tu_block(i / SHARDS_PER_BLOCK), i % SHARDS_PER_BLOCK,
-                                       dst + (size_t)i * st->shard};
+    bench_store_entries(st, dst, e);
     if (write(done_w, "o", 1) != 1)
         return 4;
     while (read(cmd_r, &c, 1) == 1 && c == CMD_RUN) {
         struct rank_res *res = &sh->r[r];
-        struct sfs_task *t;
-        int rc = 0;
+        struct bench_rank_run run;
+        int rc = bench_rank_load_all(rk, e, st->nkeys, dst, st->shard, status, &run);
+        const struct sfs_rank_stats s0 = run.s0, s1 = run.s1;
 
-        for (uint32_t i = 0; i < st->nkeys; i++)
-            memset(dst + (size_t)i * st->shard, 0, 16);
-        sfs_rank_stats(rk, &s0);
-        int64_t c0 = self_cpu_ns(RUSAGE_SELF);
-        res->t0 = bench_now_ns();
-        if (sfs_rank_load(rk, e, st->nkeys, &t) != 0 || sfs_rank_wait(t, 300000, status) != 0)
-            rc = 5;
-        res->t1 = bench_now_ns();
-        res->cpu_ns = self_cpu_ns(RUSAGE_SELF) - c0;
-        if (rc == 0)
-            sfs_rank_task_free(t);
-        sfs_rank_stats(rk, &s1);
+        res->t0 = run.t0;
+        res->t1 = run.t1;
+        res->cpu_ns = run.cpu_ns;
         for (uint32_t i = 0; rc == 0 && i < st->nkeys; i++) {
             if (status[i] != 0) {
                 fprintf(stderr, "bench_posix: rank %d: entry %u: %s\n", r, i, strerror(-status[i]));
                 rc = 6;
-            } else if (!key_ok(dst + (size_t)i * st->shard, i / SHARDS_PER_BLOCK,
+            } else if (!bench_key_ok(dst + (size_t)i * st->shard, i / SHARDS_PER_BLOCK,
                                i % SHARDS_PER_BLOCK)) {
                 fprintf(stderr, "bench_posix: rank %d: entry %u: wrong bytes\n", r, i);
                 rc = 7;
@@ -573,54 +456,15 @@ static int rank_main(const struct store *st, const char *sock, int r, int N, str
     return 0;
 }
 
-static void spawn_ranks(const struct store *st, const char *sock, int N, struct shared *sh,
-                        struct child *ch)
+static void spawn_ranks(const struct bench_store *st, const char *sock, int N, struct shared *sh,
+                        struct bench_child *ch)
 {
     for (int r = 0; r < N; r++) {
-        int cmd[2], done[2];
-        char c;
+        int cmd_r, done_w;
 
-        if (pipe2(cmd, O_CLOEXEC) < 0 || pipe2(done, O_CLOEXEC) < 0)
-            die("pipe", errno);
-        ch[r].pid = fork();
-        if (ch[r].pid < 0)
-            die("fork", errno);
-        if (ch[r].pid == 0) {
-            close(cmd[1]);
-            close(done[0]);
-            _exit(rank_main(st, sock, r, N, sh, cmd[0], done[1]));
-        }
-        close(cmd[0]);
-        close(done[1]);
-        ch[r].cmd_w = cmd[1];
-        ch[r].done_r = done[0];
-        if (read(ch[r].done_r, &c, 1) != 1 || c != 'o')
-            die("rank start", EIO);
+        if (bench_child_fork(&ch[r], &cmd_r, &done_w))
+            _exit(rank_main(st, sock, r, N, sh, cmd_r, done_w));
     }
-}
-
-static void stop_ranks(int N, struct child *ch)
-{
-    for (int r = 0; r < N; r++) {
-        int stt;
-
-        if (write(ch[r].cmd_w, "q", 1) != 1) {
-            /* it is gone already: waitpid reports it */
-        }
-        close(ch[r].cmd_w);
-        close(ch[r].done_r);
-        waitpid(ch[r].pid, &stt, 0);
-        if (!WIFEXITED(stt) || WEXITSTATUS(stt) != 0) {
-            fprintf(stderr, "bench_posix: rank %d exited with status %d\n", r, stt);
-            exit(1);
-        }
-    }
-}
-
-static int drop_key(const struct sfs_key *k, int state, void *arg)
-{
-    sfs_cache_remove(arg, k);
-    return 0;
 }
 
 struct sfs_result {
@@ -629,8 +473,8 @@ struct sfs_result {
     double cpu_s;
 };
 
-static void sfs_run(struct sfs_cache *c, const struct store *st, int N, struct shared *sh,
-                    struct child *ch, struct sfs_result *out)
+static void sfs_run(struct sfs_cache *c, const struct bench_store *st, int N, struct shared *sh,
+                    struct bench_child *ch, struct sfs_result *out)
 {
     int64_t t0 = INT64_MAX, t1 = 0;
 
@@ -639,17 +483,11 @@ static void sfs_run(struct sfs_cache *c, const struct store *st, int N, struct s
     memset(sh, 0, sizeof(*sh));
     struct trace tr;
     trace_begin(&tr);
-    for (int r = 0; r < N; r++)
-        if (write(ch[r].cmd_w, "r", 1) != 1)
-            die("rank command", errno);
+    bench_children_send(N, ch, CMD_RUN);
     for (int r = 0; r < N; r++) {
-        char cc;
         struct rank_res *rr = &sh->r[r];
 
-        if (read(ch[r].done_r, &cc, 1) != 1 || rr->rc != 0) {
-            fprintf(stderr, "bench_posix: rank %d failed (rc %d)\n", r, rr->rc);
-            exit(1);
-        }
+        bench_child_done(&ch[r], r, &rr->rc);
         t0 = rr->t0 < t0 ? rr->t0 : t0;
         t1 = rr->t1 > t1 ? rr->t1 : t1;
         out->loads += rr->owner;
@@ -671,29 +509,14 @@ static void sfs_run(struct sfs_cache *c, const struct store *st, int N, struct s
 static void bench_shard(struct bench *b, const char *root, uint64_t shard, bool *hdr)
 {
     static const int Ns[] = {1, 2};
-    struct store st = {0};
-    char sock[128];
-    int err = 0;
+    struct bench_store st = {0};
+    char sock[128], storedir[512];
 
-    store_write(&st, root, shard, O.total);
+    snprintf(storedir, sizeof(storedir), "%s/%luk", root, (unsigned long)(shard >> 10));
+    bench_store_write(&st, storedir, shard, O.total);
     snprintf(sock, sizeof(sock), "/tmp/bench-posix-%d-%luk.sock", (int)getpid(),
              (unsigned long)(shard >> 10));
-    struct sfs_cache_config cc = {
-        .shard_size = shard,
-        .nslots = st.nkeys + st.nkeys / 8 + 64, /* the store, the reserved pool, slack */
-        .hugepages = SFS_HUGEPAGES_AUTO,
-        .populate = true,
-        /* Small segments: the data plane is the slots rounded up to 64 MiB,
-         * not to 1 GiB (a store of 1 GiB + the pool needs ~610 huge pages,
-         * not 1024). */
-        .segment_size = 64ull << 20,
-    };
-    struct sfs_cache *c = sfs_cache_create(&cc, &err);
-    if (!c)
-        die("sfs_cache_create", err);
-    err = sfs_cache_serve(c, sock);
-    if (err)
-        die("sfs_cache_serve", err);
+    struct sfs_cache *c = bench_served_cache(shard, st.nkeys, sock);
     struct sfs_cache_info info;
     sfs_cache_info(c, &info);
     /* How the data plane lies in physical memory: see the notes. */
@@ -721,7 +544,7 @@ static void bench_shard(struct bench *b, const char *root, uint64_t shard, bool 
     size_t bytes = (size_t)st.nkeys * shard;
     uint8_t *dst = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
     if (dst == MAP_FAILED)
-        die("mmap", errno);
+        bench_die("mmap", errno);
     madvise(dst, bytes, MADV_DONTFORK); /* no copy-on-write after the ranks fork */
     if (!getenv("SFS_BENCH_RAW_4K"))
         madvise(dst, bytes, MADV_HUGEPAGE); /* see the notes under the table */
@@ -736,7 +559,7 @@ static void bench_shard(struct bench *b, const char *root, uint64_t shard, bool 
     struct shared *sh =
         mmap(NULL, sizeof(*sh), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
     if (sh == MAP_FAILED)
-        die("mmap", errno);
+        bench_die("mmap", errno);
 
     if (!*hdr) {
         fprintf(b->out, "| shard | N ranks | depth per rank (total) | raw io_uring GB/s | "
@@ -748,7 +571,7 @@ static void bench_shard(struct bench *b, const char *root, uint64_t shard, bool 
     for (size_t k = 0; k < sizeof(Ns) / sizeof(Ns[0]); k++) {
         int N = Ns[k];
         unsigned qd = O.depth * (unsigned)N;
-        struct child ch[MAXN];
+        struct bench_child ch[MAXN];
         struct base_result br = {0};
         struct sfs_result sr = {0};
         double vb[MAXREPS], vs[MAXREPS], vr[MAXREPS], cb[MAXREPS], cs[MAXREPS];
@@ -764,8 +587,8 @@ static void bench_shard(struct bench *b, const char *root, uint64_t shard, bool 
             bool base_first = rep < 0 || rep % 2 == 0;
 
             for (int pass = 0; pass < 2; pass++) {
-                sfs_cache_foreach(c, ~0u, drop_key, c);
-                drop_page_cache(&st);
+                sfs_cache_foreach(c, ~0u, bench_drop_key, c);
+                bench_drop_page_cache(st.paths, st.nblocks);
                 if ((pass == 0) == base_first)
                     baseline_run(&st, qd, dst, &br);
                 else
@@ -789,7 +612,7 @@ static void bench_shard(struct bench *b, const char *root, uint64_t shard, bool 
                     (unsigned long)sr.loads, (unsigned long)sr.waits, (unsigned long)sr.hits,
                     (unsigned long)sr.peak_inflight);
         }
-        stop_ranks(N, ch);
+        bench_children_stop(N, ch);
         double mb = bench_median(vb, (size_t)O.reps), ms = bench_median(vs, (size_t)O.reps);
         double mr = bench_median(vr, (size_t)O.reps);
         double lo = vr[0], hi = vr[O.reps - 1]; /* sorted by bench_median */
@@ -810,82 +633,8 @@ static void bench_shard(struct bench *b, const char *root, uint64_t shard, bool 
     munmap(dst, bytes);
     sfs_cache_close(c);
     unlink(sock);
-    nftw(st.dir, rm_one, 16, FTW_DEPTH | FTW_PHYS);
+    nftw(st.dir, bench_rm_one, 16, FTW_DEPTH | FTW_PHYS);
     free(st.paths);
-}
-
-/* ---------------------------------------------------------------------------
- * --hugepages N: reserve huge pages for this run only (root), so the data
- * plane is on hugetlb segments as in production, and give the old
- * vm.nr_hugepages back at exit, on SIGINT/SIGTERM/SIGHUP too.
- */
-
-static pid_t hp_owner;  /* the process that reserved (not the forked ranks) */
-static char hp_old[24]; /* the value to write back, "N\n"; empty: nothing to undo */
-static size_t hp_old_len;
-
-static long hp_get(void)
-{
-    long v = -1;
-    FILE *f = fopen("/proc/sys/vm/nr_hugepages", "r");
-
-    if (f) {
-        if (fscanf(f, "%ld", &v) != 1)
-            v = -1;
-        fclose(f);
-    }
-    return v;
-}
-
-/* Async-signal-safe: open, write, close. */
-static bool hp_write(const char *buf, size_t len)
-{
-    int fd = open("/proc/sys/vm/nr_hugepages", O_WRONLY | O_CLOEXEC);
-    bool ok = fd >= 0 && write(fd, buf, len) == (ssize_t)len;
-
-    if (fd >= 0)
-        close(fd);
-    return ok;
-}
-
-static void hp_restore(void)
-{
-    if (hp_old_len && getpid() == hp_owner) {
-        hp_write(hp_old, hp_old_len);
-        hp_old_len = 0;
-    }
-}
-
-static void hp_signal(int sig)
-{
-    hp_restore();
-    signal(sig, SIG_DFL);
-    raise(sig);
-}
-
-static void hp_reserve(long n)
-{
-    char buf[24];
-    long old = hp_get();
-    int len;
-
-    if (old < 0 || old >= n)
-        return; /* unreadable, or enough already */
-    len = snprintf(buf, sizeof(buf), "%ld\n", n);
-    if (!hp_write(buf, (size_t)len)) {
-        fprintf(stderr,
-                "bench_posix: --hugepages: cannot write vm.nr_hugepages (%s); running without\n",
-                strerror(errno));
-        return;
-    }
-    hp_owner = getpid();
-    hp_old_len = (size_t)snprintf(hp_old, sizeof(hp_old), "%ld\n", old);
-    atexit(hp_restore);
-    signal(SIGINT, hp_signal);
-    signal(SIGTERM, hp_signal);
-    signal(SIGHUP, hp_signal);
-    fprintf(stderr, "bench_posix: vm.nr_hugepages %ld -> %ld for this run (%ld now)\n", old, n,
-            hp_get());
 }
 
 int main(int argc, char **argv)
@@ -927,13 +676,13 @@ int main(int argc, char **argv)
     O.total = b.quick ? (64ull << 20) : (1ull << 30);
     trace_on = getenv("SFS_BENCH_TRACE") != NULL;
     if (O.hugepages)
-        hp_reserve(O.hugepages);
+        bench_hp_reserve(O.hugepages);
     signal(SIGPIPE, SIG_IGN);
 
     snprintf(root, sizeof(root), "%s/shardfs-bench-posix-%d", O.dir ? O.dir : "/var/tmp",
              (int)getpid());
     if (mkdir(root, 0755) < 0)
-        die(root, errno);
+        bench_die(root, errno);
     describe_fs(root, fsdesc, sizeof(fsdesc), &tmpfs);
     fprintf(stderr, "bench_posix: store under %s: %s\n", root, fsdesc);
 
@@ -979,7 +728,7 @@ int main(int argc, char **argv)
                 : "");
     {
         double wall = (double)(bench_now_ns() - wall0) / 1e9;
-        double ours = (double)(self_cpu_ns(RUSAGE_SELF) + self_cpu_ns(RUSAGE_CHILDREN)) / 1e9;
+        double ours = (double)(bench_rusage_cpu_ns(RUSAGE_SELF) + bench_rusage_cpu_ns(RUSAGE_CHILDREN)) / 1e9;
         double others = busy1 - busy0 - ours;
         long ncpu = sysconf(_SC_NPROCESSORS_ONLN);
 
