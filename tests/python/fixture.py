@@ -11,8 +11,14 @@ at byte n * shard_size.
 
 Where things are: $SHARDFS_BIN (the daemon; default <repo>/build/fs/shardfs)
 and $SHARDFS_LIB (read by the package itself).
+
+What every test module does with it: `optional()` imports the packages it
+needs beyond the standard library, and `ModuleDaemon` is its one daemon,
+which its setUpModule skips the module for (saying why) or starts.
 """
+import errno
 import hashlib
+import importlib
 import os
 import re
 import shutil
@@ -20,6 +26,7 @@ import signal
 import subprocess
 import tempfile
 import time
+import unittest
 
 ROOT = os.path.normpath(os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", ".."))
 
@@ -40,6 +47,92 @@ def usable():
     if shutil.which("fusermount3") is None:
         return "fusermount3 is not on PATH"
     return None
+
+
+def optional(*names):
+    """Import the packages a test module needs beyond the standard library
+    (torch, numpy: Debian packages). Returns each module (None when it does
+    not import) and, last, None or the reason to skip the module."""
+    mods, missing = [], None
+    for n in names:
+        try:
+            mods.append(importlib.import_module(n))
+        except ImportError as e:
+            mods.append(None)
+            if missing is None:
+                verb = "are" if len(names) > 1 else "is"
+                missing = (f"{' and '.join(names)} {verb} needed ({e}): apt-get install "
+                           + " ".join(f"python3-{m}" for m in names))
+    return (*mods, missing)
+
+
+def module_daemon(missing=None, **kw):
+    """A test module's daemon, for its setUpModule: raises unittest.SkipTest
+    when a package is missing (optional()'s reason) or no FUSE daemon can be
+    mounted here, else returns Daemon(**kw), started."""
+    if missing:
+        raise unittest.SkipTest(missing)
+    why = usable()
+    if why:
+        raise unittest.SkipTest(f"no FUSE daemon here: {why}")
+    return Daemon(**kw).start()
+
+
+class ModuleDaemon:
+    """A test module's one daemon, started by its setUpModule and stopped by
+    its tearDownModule:
+
+        D = fixture.ModuleDaemon(MISSING, shard_size=SIZE)
+        setUpModule, tearDownModule = D.up, D.down
+
+    Between the two, D.sock, D.store, D.mnt, D.stats() ... are the started
+    Daemon's (module_daemon() says when the module is skipped instead)."""
+
+    def __init__(self, missing=None, **kw):
+        self._missing, self._kw, self._d = missing, kw, None
+
+    def up(self):
+        self._d = module_daemon(self._missing, **self._kw)
+
+    def down(self):
+        if self._d is not None:
+            self._d.stop()
+            self._d = None
+
+    def __getattr__(self, name):
+        d = self.__dict__.get("_d")
+        if d is None:
+            raise AttributeError(f"{name}: the module's daemon is not running")
+        return getattr(d, name)
+
+
+class Checks:
+    """Assertions the package's tests share (a unittest.TestCase mixin)."""
+
+    def einval(self, fn, *args, match=None):
+        """fn(*args) raises shardfs.InvalidArgument (EINVAL), saying match."""
+        import shardfs
+
+        with self.assertRaises(shardfs.InvalidArgument) as cm:
+            fn(*args)
+        self.assertEqual(cm.exception.errno, errno.EINVAL)
+        if match:
+            self.assertIn(match, str(cm.exception))
+
+
+class RankCase(Checks, unittest.TestCase):
+    """A test case with a fresh shardfs.Rank on `daemon` (a Daemon or a
+    ModuleDaemon, set by the subclass) over its store, closed after."""
+
+    daemon = None
+
+    def setUp(self):
+        import shardfs
+
+        self.rank = shardfs.Rank(socket=self.daemon.sock, backend=self.daemon.store)
+
+    def tearDown(self):
+        self.rank.close()
 
 
 def is_mounted(mnt):
@@ -102,6 +195,10 @@ class Daemon:
                 raise RuntimeError(f"shardfs did not mount in {timeout} s: {self.read_log()}")
             time.sleep(0.01)
         return self
+
+    def expected(self, blk, shard):
+        """What shard `shard` of blk holds (shard_bytes at this shard size)."""
+        return shard_bytes(blk, shard, self.shard_size)
 
     def read_log(self):
         try:

@@ -22,42 +22,17 @@ import unittest
 
 import fixture
 
-try:
-    import torch
-    MISSING = None
-except ImportError as e:
-    MISSING = f"torch is needed ({e}): apt-get install python3-torch"
+torch, MISSING = fixture.optional("torch")
 
 import shardfs
 from shardfs import sglang, ucm
 
 SHARD = 4096
-D = None
+D = fixture.ModuleDaemon(MISSING, shard_size=SHARD)
+setUpModule, tearDownModule = D.up, D.down
 
 
-def setUpModule():
-    global D
-    if MISSING:
-        raise unittest.SkipTest(MISSING)
-    why = fixture.usable()
-    if why:
-        raise unittest.SkipTest(f"no FUSE daemon here: {why}")
-    D = fixture.Daemon(shard_size=SHARD).start()
-
-
-def tearDownModule():
-    if D is not None:
-        D.stop()
-
-
-class Checks:
-    def einval(self, fn, *args, match=None):
-        with self.assertRaises(shardfs.InvalidArgument) as cm:
-            fn(*args)
-        self.assertEqual(cm.exception.errno, errno.EINVAL)
-        if match:
-            self.assertIn(match, str(cm.exception))
-
+class Checks(fixture.Checks):
     def closed(self, fn, *args):
         with self.assertRaises(shardfs.RankClosed) as cm:
             fn(*args)

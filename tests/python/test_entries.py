@@ -20,44 +20,17 @@ import unittest
 
 import fixture
 
-try:
-    import numpy as np
-    import torch
-    MISSING = None
-except ImportError as e:  # Debian: apt-get install python3-torch python3-numpy
-    MISSING = f"torch and numpy are needed ({e}): apt-get install python3-torch python3-numpy"
+torch, np, MISSING = fixture.optional("torch", "numpy")
 
 import shardfs
 
 SIZE = 64 << 10
-D = None
+D = fixture.ModuleDaemon(MISSING, shard_size=SIZE)
+setUpModule, tearDownModule = D.up, D.down
 
 
-def setUpModule():
-    global D
-    if MISSING:
-        raise unittest.SkipTest(MISSING)
-    why = fixture.usable()
-    if why:
-        raise unittest.SkipTest(f"no FUSE daemon here: {why}")
-    D = fixture.Daemon(shard_size=SIZE).start()
-
-
-def tearDownModule():
-    if D is not None:
-        D.stop()
-
-
-def expected(blk, shard):
-    return fixture.shard_bytes(blk, shard, SIZE)
-
-
-class Entries(unittest.TestCase):
-    def setUp(self):
-        self.rank = shardfs.Rank(socket=D.sock, backend=D.store)
-
-    def tearDown(self):
-        self.rank.close()
+class Entries(fixture.RankCase):
+    daemon = D
 
     def test_load_rows_of_one_tensor_again_and_again(self):
         b = fixture.block(1, b"entries")
@@ -69,16 +42,16 @@ class Entries(unittest.TestCase):
             dst.zero_()
             self.assertEqual(ents.load().wait(30), [0] * 8)
             for i in range(8):
-                self.assertEqual(dst[i].numpy().tobytes(), expected(b, i), f"row {i}")
+                self.assertEqual(dst[i].numpy().tobytes(), D.expected(b, i), f"row {i}")
         # The tensor's storage moves: the next load follows it.
         other = torch.zeros(8, SIZE, dtype=torch.uint8)
         dst.set_(other)
         self.assertEqual(self.rank.load(ents).wait(30), [0] * 8)
-        self.assertEqual(other[7].numpy().tobytes(), expected(b, 7))
+        self.assertEqual(other[7].numpy().tobytes(), D.expected(b, 7))
 
     def test_list_of_blocks_one_shard_numpy_and_dump(self):
         blocks = [fixture.block(i, b"entries-dump") for i in range(4)]
-        src = np.frombuffer(b"".join(expected(b, 2) for b in blocks), dtype=np.uint8).copy()
+        src = np.frombuffer(b"".join(D.expected(b, 2) for b in blocks), dtype=np.uint8).copy()
         self.assertEqual(self.rank.dump(self.rank.entries(blocks, 2, src)).wait(30), [0] * 4)
         back = np.zeros((4, SIZE), dtype=np.uint8)
         hexes = [b.hex() for b in blocks]  # any block spelling
@@ -95,14 +68,7 @@ class Entries(unittest.TestCase):
         st = self.rank.load([(b, i, ctypes.addressof(r)) for i, r in enumerate(raws)]).wait(30)
         self.assertEqual(st, [0] * 4)
         for i, r in enumerate(raws):
-            self.assertEqual(bytes(r), expected(b, i))
-
-    def einval(self, fn, *args, match=None):
-        with self.assertRaises(shardfs.InvalidArgument) as cm:
-            fn(*args)
-        self.assertEqual(cm.exception.errno, errno.EINVAL)
-        if match:
-            self.assertIn(match, str(cm.exception))
+            self.assertEqual(bytes(r), D.expected(b, i))
 
     def test_bad_raw_address_triples_name_the_entry(self):
         b = fixture.block(3, b"entries")

@@ -30,20 +30,8 @@ SIZE = 64 << 10
 NSH = 4       # shards per block
 NBLOCKS = 40  # 160 shards: five times the cache
 OPTS = "readahead=0,warm=0"
-D = None
-
-
-def setUpModule():
-    global D
-    why = fixture.usable()
-    if why:
-        raise unittest.SkipTest(f"no FUSE daemon here: {why}")
-    D = fixture.Daemon(shard_size=SIZE, capacity=2 << 20, opts=OPTS).start()
-
-
-def tearDownModule():
-    if D is not None:
-        D.stop()
+D = fixture.ModuleDaemon(shard_size=SIZE, capacity=2 << 20, opts=OPTS)
+setUpModule, tearDownModule = D.up, D.down
 
 
 def blocks_of(salt, n=NBLOCKS, store=None):

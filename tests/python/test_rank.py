@@ -27,36 +27,13 @@ import weakref
 
 import fixture
 
-try:
-    import numpy as np
-    import torch
-    MISSING = None
-except ImportError as e:  # Debian: apt-get install python3-torch python3-numpy
-    MISSING = f"torch and numpy are needed ({e}): apt-get install python3-torch python3-numpy"
+torch, np, MISSING = fixture.optional("torch", "numpy")
 
 import shardfs
 
 SIZE = 64 << 10
-D = None
-
-
-def setUpModule():
-    global D
-    if MISSING:
-        raise unittest.SkipTest(MISSING)
-    why = fixture.usable()
-    if why:
-        raise unittest.SkipTest(f"no FUSE daemon here: {why}")
-    D = fixture.Daemon(shard_size=SIZE).start()
-
-
-def tearDownModule():
-    if D is not None:
-        D.stop()
-
-
-def expected(blk, shard):
-    return fixture.shard_bytes(blk, shard, SIZE)
+D = fixture.ModuleDaemon(MISSING, shard_size=SIZE)
+setUpModule, tearDownModule = D.up, D.down
 
 
 def tensor_bytes(t):
@@ -74,7 +51,7 @@ def tp_rank(r, world, blocks, nshards, backend, barrier, out):
             dst = [torch.empty(SIZE, dtype=torch.uint8) for _ in keys]
             barrier.wait(30)
             st = rank.load([(b, s, t) for (b, s), t in zip(keys, dst)]).wait(60)
-            bad = sum(tensor_bytes(t) != expected(b, s) for (b, s), t in zip(keys, dst))
+            bad = sum(tensor_bytes(t) != D.expected(b, s) for (b, s), t in zip(keys, dst))
             out.put((r, st, bad, rank.stats()))
     except BaseException as e:  # reported, never hung on
         out.put((r, repr(e), -1, None))
@@ -161,12 +138,8 @@ class TPRanks(unittest.TestCase):
                                 "the survivors took the dead rank's loads over")
 
 
-class OneRank(unittest.TestCase):
-    def setUp(self):
-        self.rank = shardfs.Rank(socket=D.sock, backend=D.store)
-
-    def tearDown(self):
-        self.rank.close()
+class OneRank(fixture.RankCase):
+    daemon = D
 
     def test_missing_shard_fails_its_entry_only(self):
         have = fixture.block(1, b"partial")
@@ -175,8 +148,8 @@ class OneRank(unittest.TestCase):
         dst = [torch.empty(SIZE, dtype=torch.uint8) for _ in range(3)]
         st = self.rank.load([(have, 0, dst[0]), (missing, 0, dst[1]), (have, 1, dst[2])]).wait(30)
         self.assertEqual(st, [0, -errno.ENOENT, 0])
-        self.assertEqual(tensor_bytes(dst[0]), expected(have, 0))
-        self.assertEqual(tensor_bytes(dst[2]), expected(have, 1))
+        self.assertEqual(tensor_bytes(dst[0]), D.expected(have, 0))
+        self.assertEqual(tensor_bytes(dst[2]), D.expected(have, 1))
 
     def test_every_buffer_kind_and_block_spelling_loads(self):
         b = fixture.block(1, b"kinds")
@@ -189,26 +162,26 @@ class OneRank(unittest.TestCase):
         st = self.rank.load([(b, 0, t), (b.hex(), 1, a), (b.hex().upper(), 2, ba),
                              (bytearray(b), 3, ctypes.addressof(raw)), (memoryview(b), 4, mv)]).wait(30)
         self.assertEqual(st, [0] * 5)
-        self.assertEqual(t.numpy().tobytes(), expected(b, 0))
-        self.assertEqual(a.tobytes(), expected(b, 1))
-        self.assertEqual(bytes(ba), expected(b, 2))
-        self.assertEqual(bytes(raw), expected(b, 3))
-        self.assertEqual(bytes(mv), expected(b, 4))
+        self.assertEqual(t.numpy().tobytes(), D.expected(b, 0))
+        self.assertEqual(a.tobytes(), D.expected(b, 1))
+        self.assertEqual(bytes(ba), D.expected(b, 2))
+        self.assertEqual(bytes(raw), D.expected(b, 3))
+        self.assertEqual(bytes(mv), D.expected(b, 4))
 
     def test_dump_writes_the_posix_layout_and_loads_back_from_the_cache(self):
         b = fixture.block(1, b"dump")
-        src = [np.frombuffer(expected(b, 0), dtype=np.uint8), expected(b, 1),
-               torch.frombuffer(bytearray(expected(b, 2)), dtype=torch.uint8)]
+        src = [np.frombuffer(D.expected(b, 0), dtype=np.uint8), D.expected(b, 1),
+               torch.frombuffer(bytearray(D.expected(b, 2)), dtype=torch.uint8)]
         st = self.rank.dump([(b, i, s) for i, s in enumerate(src)]).wait(30)
         self.assertEqual(st, [0, 0, 0])
         with open(os.path.join(D.store, "data", b.hex()), "rb") as f:
             body = f.read()
-        self.assertEqual(body, expected(b, 0) + expected(b, 1) + expected(b, 2))
+        self.assertEqual(body, D.expected(b, 0) + D.expected(b, 1) + D.expected(b, 2))
         before = self.rank.stats()["cache"]["owner_loads"]
         with shardfs.Rank(socket=D.sock, backend=D.store) as other:
             dst = [np.empty(SIZE, np.uint8) for _ in range(3)]
             self.assertEqual(other.load([(b, i, d) for i, d in enumerate(dst)]).wait(30), [0] * 3)
-            self.assertEqual([d.tobytes() for d in dst], [expected(b, i) for i in range(3)])
+            self.assertEqual([d.tobytes() for d in dst], [D.expected(b, i) for i in range(3)])
             self.assertEqual(other.stats()["hits"], 3)
         self.assertEqual(self.rank.stats()["cache"]["owner_loads"], before, "no backend load")
 
@@ -254,7 +227,7 @@ class OneRank(unittest.TestCase):
             self.assertEqual(task.wait(), [0])
             self.assertEqual(task.wait(), [0])
             self.assertTrue(task.done())
-            self.assertEqual(dst.tobytes(), expected(b, 0))
+            self.assertEqual(dst.tobytes(), D.expected(b, 0))
 
     def test_threads_wait_for_one_task(self):
         b = fixture.block(1, b"threads")
@@ -271,7 +244,7 @@ class OneRank(unittest.TestCase):
             for t in threads:
                 t.join(10)
             self.assertEqual(got, [[0]] * 4)
-            self.assertEqual(dst.tobytes(), expected(b, 0))
+            self.assertEqual(dst.tobytes(), D.expected(b, 0))
 
     def test_a_task_holds_its_buffers_until_waited(self):
         b = fixture.block(1, b"hold")
@@ -288,7 +261,7 @@ class OneRank(unittest.TestCase):
             self.assertFalse(task.done())
             t = ref()
             self.assertEqual(task.wait(), [0])
-            self.assertEqual(tensor_bytes(t), expected(b, 0))
+            self.assertEqual(tensor_bytes(t), D.expected(b, 0))
             del t
             gc.collect()
             self.assertIsNone(ref(), "released once waited")
@@ -319,12 +292,12 @@ class Cuda(unittest.TestCase):
             self.assertEqual(r.copier, "cuda")
             dst = torch.empty(2, SIZE, dtype=torch.uint8, device="cuda:0")
             self.assertEqual(r.load([(b, 0, dst[0]), (b, 1, dst[1])]).wait(30), [0, 0])
-            self.assertEqual(dst[1].cpu().numpy().tobytes(), expected(b, 1))
+            self.assertEqual(dst[1].cpu().numpy().tobytes(), D.expected(b, 1))
             out = fixture.block(2, b"cuda")
             torch.cuda.synchronize()
             self.assertEqual(r.dump([(out, 0, dst[0])]).wait(30), [0])
             with open(os.path.join(D.store, "data", out.hex()), "rb") as f:
-                self.assertEqual(f.read(), expected(b, 0))
+                self.assertEqual(f.read(), D.expected(b, 0))
 
 
 class BadInput(unittest.TestCase):

@@ -16,32 +16,14 @@ import unittest
 
 import fixture
 
-try:
-    import torch
-    MISSING = None
-except ImportError as e:  # Debian: apt-get install python3-torch
-    MISSING = f"torch is needed ({e}): apt-get install python3-torch"
+torch, MISSING = fixture.optional("torch")
 
 import shardfs
 
 SIZE = 64 << 10
 KEYS = 8
-D = None
-
-
-def setUpModule():
-    global D
-    if MISSING:
-        raise unittest.SkipTest(MISSING)
-    why = fixture.usable()
-    if why:
-        raise unittest.SkipTest(f"no FUSE daemon here: {why}")
-    D = fixture.Daemon(shard_size=SIZE).start()
-
-
-def tearDownModule():
-    if D is not None:
-        D.stop()
+D = fixture.ModuleDaemon(MISSING, shard_size=SIZE)
+setUpModule, tearDownModule = D.up, D.down
 
 
 def in_cache(blk):

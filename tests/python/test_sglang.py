@@ -20,83 +20,24 @@ import hashlib
 import inspect
 import multiprocessing
 import os
-import types
 import unittest
 
 import fixture
+import fixture_sglang
+from fixture_sglang import PAGE, SHARD, HostPool
 
-try:
-    import torch
-    MISSING = None
-except ImportError as e:
-    MISSING = f"torch is needed ({e}): apt-get install python3-torch"
+torch, MISSING = fixture.optional("torch")
 
 import shardfs
 from shardfs import sglang
 
-# A host pool in SGLang's page_first layout: kv_buffer[2, tokens, layers, heads, dim].
-PAGE, LAYERS, HEADS, DIM, PAGES = 4, 2, 2, 16, 16
-ITEM = 2  # bf16
-HALF = PAGE * LAYERS * HEADS * DIM * ITEM  # K (or V) of one page
-SHARD = 2 * HALF
-D = None
-
-
-def setUpModule():
-    global D
-    if MISSING:
-        raise unittest.SkipTest(MISSING)
-    why = fixture.usable()
-    if why:
-        raise unittest.SkipTest(f"no FUSE daemon here: {why}")
-    D = fixture.Daemon(shard_size=SHARD).start()
-
-
-def tearDownModule():
-    if D is not None:
-        D.stop()
-
-
-class HostPool:
-    """What the backend uses of SGLang's HostKVCache (page_first layout)."""
-
-    def __init__(self, seed):
-        self.page_size = PAGE
-        self.dtype = torch.bfloat16
-        g = torch.Generator().manual_seed(seed)
-        self.kv_buffer = torch.randn(2, PAGE * PAGES, LAYERS, HEADS, DIM, generator=g).to(self.dtype)
-
-    def get_page_buffer_meta(self, indices):
-        ptrs = []
-        for i in range(0, len(indices), PAGE):
-            first = int(indices[i])
-            ptrs += [self.kv_buffer[0, first].data_ptr(), self.kv_buffer[1, first].data_ptr()]
-        return ptrs, [HALF] * len(ptrs)
-
-    def get_dummy_flat_data_page(self):
-        return torch.zeros(2, PAGE, LAYERS, HEADS, DIM, dtype=self.dtype).flatten()
-
-    def get_data_page(self, index, flat=True):
-        page = self.kv_buffer[:, index:index + PAGE]
-        return page.flatten() if flat else page
-
-    def set_from_flat_data_page(self, index, data_page):
-        self.kv_buffer[:, index:index + PAGE] = data_page.reshape(2, PAGE, LAYERS, HEADS, DIM)
-
-    def page_bytes(self, index):
-        return (self.kv_buffer[0, index:index + PAGE].contiguous().view(torch.uint8).numpy().tobytes()
-                + self.kv_buffer[1, index:index + PAGE].contiguous().view(torch.uint8).numpy().tobytes())
+D = fixture.ModuleDaemon(MISSING, shard_size=SHARD)
+setUpModule, tearDownModule = D.up, D.down
 
 
 def storage_config(tp_rank=0, tp_size=1, mla=False, **extra):
-    cfg = {"backend_name": "shardfs", "module_path": "shardfs.sglang",
-           "class_name": "ShardfsStorage", "interface_v1": 1,
-           "shardfs_socket": D.sock, "shardfs_store": D.store}
-    cfg.update(extra)
-    return types.SimpleNamespace(
-        tp_rank=tp_rank, tp_size=tp_size, pp_rank=0, pp_size=1, attn_cp_rank=0, attn_cp_size=1,
-        is_mla_model=mla, enable_storage_metrics=False, is_page_first_layout=True,
-        model_name="org/model", extra_config=cfg)
+    return fixture_sglang.storage_config(D, extra, tp_rank=tp_rank, tp_size=tp_size,
+                                         is_mla_model=mla)
 
 
 def make(seed=1, **kw):

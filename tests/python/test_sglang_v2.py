@@ -25,71 +25,20 @@ import types
 import unittest
 
 import fixture
+import fixture_sglang
+from fixture_sglang import PAGE, SHARD, HostPool
 
-try:
-    import torch
-    MISSING = None
-except ImportError as e:
-    MISSING = f"torch is needed ({e}): apt-get install python3-torch"
+torch, MISSING = fixture.optional("torch")
 
 import shardfs
 from shardfs import sglang
 
-PAGE, LAYERS, HEADS, DIM, PAGES = 4, 2, 2, 16, 16
-HALF = PAGE * LAYERS * HEADS * DIM * 2  # K (or V) of one bf16 page
-SHARD = 2 * HALF
-D = None
-
-
-def setUpModule():
-    global D
-    if MISSING:
-        raise unittest.SkipTest(MISSING)
-    why = fixture.usable()
-    if why:
-        raise unittest.SkipTest(f"no FUSE daemon here: {why}")
-    D = fixture.Daemon(shard_size=SHARD).start()
-
-
-def tearDownModule():
-    if D is not None:
-        D.stop()
-
-
-class HostPool:
-    """What the backend uses of SGLang's HostKVCache (page_first layout);
-    `heads` other than HEADS makes a pool of another page size."""
-
-    def __init__(self, seed, heads=HEADS):
-        self.page_size = PAGE
-        self.half = PAGE * LAYERS * heads * DIM * 2
-        g = torch.Generator().manual_seed(seed)
-        self.kv_buffer = torch.randn(2, PAGE * PAGES, LAYERS, heads, DIM, generator=g).to(torch.bfloat16)
-
-    def get_page_buffer_meta(self, indices):
-        ptrs = []
-        for i in range(0, len(indices), PAGE):
-            first = int(indices[i])
-            ptrs += [self.kv_buffer[0, first].data_ptr(), self.kv_buffer[1, first].data_ptr()]
-        return ptrs, [self.half] * len(ptrs)
-
-    def get_dummy_flat_data_page(self):
-        return torch.zeros(2 * self.half // 2, dtype=torch.bfloat16)
-
-    def page_bytes(self, index):
-        return (self.kv_buffer[0, index:index + PAGE].contiguous().view(torch.uint8).numpy().tobytes()
-                + self.kv_buffer[1, index:index + PAGE].contiguous().view(torch.uint8).numpy().tobytes())
+D = fixture.ModuleDaemon(MISSING, shard_size=SHARD)
+setUpModule, tearDownModule = D.up, D.down
 
 
 def storage_config(**kw):
-    extra = {"backend_name": "shardfs", "module_path": "shardfs.sglang",
-             "class_name": "ShardfsStorage", "interface_v1": 1,
-             "shardfs_socket": D.sock, "shardfs_store": D.store}
-    base = dict(tp_rank=0, tp_size=1, pp_rank=0, pp_size=1, attn_cp_rank=0, attn_cp_size=1,
-                is_mla_model=False, enable_storage_metrics=False, is_page_first_layout=True,
-                model_name="org/model", dp_rank=0, dp_size=1, extra_config=extra)
-    base.update(kw)
-    return types.SimpleNamespace(**base)
+    return fixture_sglang.storage_config(D, **kw)
 
 
 def transfer(name, pages=None, ks=None, policy="all_pages"):

@@ -23,12 +23,7 @@ import unittest
 
 import fixture
 
-try:
-    import numpy as np
-    import torch
-    MISSING = None
-except ImportError as e:
-    MISSING = f"torch and numpy are needed ({e}): apt-get install python3-torch python3-numpy"
+torch, np, MISSING = fixture.optional("torch", "numpy")
 
 import shardfs
 from shardfs import ucm
@@ -37,22 +32,8 @@ from shardfs import ucm
 LAYERS, BLOCKS, TOKENS, HEADS, HEAD_DIM = 2, 8, 16, 2, 32
 PIECE = TOKENS * HEADS * HEAD_DIM * 2
 SHARD = LAYERS * 2 * PIECE  # 16 KiB: one shard holds the whole block of this rank
-D = None
-
-
-def setUpModule():
-    global D
-    if MISSING:
-        raise unittest.SkipTest(MISSING)
-    why = fixture.usable()
-    if why:
-        raise unittest.SkipTest(f"no FUSE daemon here: {why}")
-    D = fixture.Daemon(shard_size=SHARD).start()
-
-
-def tearDownModule():
-    if D is not None:
-        D.stop()
+D = fixture.ModuleDaemon(MISSING, shard_size=SHARD)
+setUpModule, tearDownModule = D.up, D.down
 
 
 class KVCache:
