@@ -11,6 +11,7 @@
  * an index out of range), where attach or the operation must return an
  * error, never crash.
  */
+#include "attach_wire.h"
 #include "testutil.h"
 #include "cache_i.h" /* the header and the control memfd of a handle */
 
@@ -26,32 +27,6 @@
 #include <unistd.h>
 
 #define SHARD 4096u
-
-/* The wire format of core/attach_i.h, restated: a test that drifts from it fails. */
-#define HELLO_MAGIC   0x6f6c6c6548534653ull
-#define WELCOME_MAGIC 0x656d6f6c6557534full
-#define PROTO_VERSION 2u
-
-struct hello {
-    uint64_t magic;
-    uint32_t proto;
-    uint32_t flags;
-    uint64_t format;
-    int32_t device_id;
-    uint32_t pad;
-};
-
-struct welcome {
-    uint64_t magic;
-    uint32_t proto;
-    int32_t status;
-    uint64_t format;
-    uint64_t ctl_size;
-    uint32_t nsegments;
-    uint32_t nfds;
-    uint32_t proc;
-    uint32_t proc_gen;
-};
 
 static struct sfs_cache *served(const char **path)
 {

@@ -23,16 +23,17 @@
  *     was sent after the hello.
  *
  * A crash, a sanitizer report, a hang of the server or any other answer is a
- * finding. The wire structs are restated here on purpose: the test holds the
- * server to the documented format, not to its own definitions.
+ * finding. The wire structs are restated on purpose (tests/attach_wire.h):
+ * the test holds the server to the documented format, not to its own
+ * definitions.
  */
 #include "cache_i.h"
 #include "fuzz_close.h"
-#include "fuzz_seeds.h"
+#include "attach_wire.h"
+#include "fuzz_harness.h"
 
 #include <errno.h>
 #include <signal.h>
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -43,54 +44,11 @@
 #include <linux/sockios.h>
 #include <unistd.h>
 
-#define HELLO_MAGIC    0x6f6c6c6548534653ull /* "SFSHello" */
-#define WELCOME_MAGIC  0x656d6f6c6557534full
-#define PROTO_VERSION  2u
 #define ANSWER_LIMIT_S 5 /* the server answers and closes within this */
-
-struct hello {
-    uint64_t magic;
-    uint32_t proto;
-    uint32_t flags; /* 1: the data plane too */
-    uint64_t format;
-    int32_t device_id;
-    uint32_t pad;
-};
-
-struct welcome {
-    uint64_t magic;
-    uint32_t proto;
-    int32_t status;
-    uint64_t format;
-    uint64_t ctl_size;
-    uint32_t nsegments;
-    uint32_t nfds;
-    uint32_t proc;
-    uint32_t proc_gen;
-};
-
-_Static_assert(sizeof(struct hello) == 32, "hello is 32 bytes on the wire");
-_Static_assert(sizeof(struct welcome) == 48, "welcome is 48 bytes on the wire");
 
 static struct sfs_cache *cache;
 static char dir[64];
 static char sock_path[128];
-
-int LLVMFuzzerInitialize(int *argc, char ***argv);
-int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
-
-static void fail(const char *fmt, ...) __attribute__((noreturn, format(printf, 1, 2)));
-static void fail(const char *fmt, ...)
-{
-    va_list ap;
-
-    va_start(ap, fmt);
-    fprintf(stderr, "fuzz: property failed: ");
-    vfprintf(stderr, fmt, ap);
-    fprintf(stderr, "\n");
-    va_end(ap);
-    abort();
-}
 
 static void cleanup(void)
 {
@@ -120,16 +78,12 @@ int LLVMFuzzerInitialize(int *argc, char ***argv)
     int err = 0;
 
     signal(SIGPIPE, SIG_IGN);
-    snprintf(dir, sizeof(dir), "/tmp/shardfs-fuzz-XXXXXX");
-    if (!mkdtemp(dir))
-        fail("mkdtemp: %s", strerror(errno));
+    fz_tmpdir(dir, sizeof(dir));
     snprintf(sock_path, sizeof(sock_path), "%s/attach.sock", dir);
-    cache = sfs_cache_create(&cfg, &err);
-    if (!cache)
-        fail("sfs_cache_create: %d", err);
+    cache = fz_cache_create(&cfg);
     err = sfs_cache_serve(cache, sock_path);
     if (err < 0)
-        fail("sfs_cache_serve: %d", err);
+        fz_fail("sfs_cache_serve: %d", err);
     atexit(cleanup);
 
     struct hello h = {.magic = HELLO_MAGIC,
@@ -195,8 +149,8 @@ static ssize_t recv_msg(int sock, void *buf, size_t len, int *fds, int *nfds)
         return 0; /* the server closed with our extra bytes unread: its close */
     if (n < 0) {
         if (errno == EAGAIN || errno == EWOULDBLOCK)
-            fail("the server neither answered nor closed within %d s", ANSWER_LIMIT_S);
-        fail("recvmsg: %s", strerror(errno));
+            fz_fail("the server neither answered nor closed within %d s", ANSWER_LIMIT_S);
+        fz_fail("recvmsg: %s", strerror(errno));
     }
     for (struct cmsghdr *cm = CMSG_FIRSTHDR(&msg); cm; cm = CMSG_NXTHDR(&msg, cm)) {
         if (cm->cmsg_level != SOL_SOCKET || cm->cmsg_type != SCM_RIGHTS)
@@ -206,7 +160,7 @@ static ssize_t recv_msg(int sock, void *buf, size_t len, int *fds, int *nfds)
         *nfds += k;
     }
     if (msg.msg_flags & MSG_CTRUNC)
-        fail("more fds than any message may carry");
+        fz_fail("more fds than any message may carry");
     return n;
 }
 
@@ -233,7 +187,7 @@ static void check_records_reaped(void)
             return;
         usleep(1000);
     }
-    fail("%u process records still held 5 s after their connections closed", busy);
+    fz_fail("%u process records still held 5 s after their connections closed", busy);
 }
 
 /* What the server must answer to the bytes sent: 0 (welcome), or -errno. */
@@ -267,7 +221,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *input, size_t size)
         return 0; /* the server reads 32 bytes; more is only slower */
     sock = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
     if (sock < 0)
-        fail("socket: %s", strerror(errno));
+        fz_fail("socket: %s", strerror(errno));
     setsockopt(sock, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
     strcpy(addr.sun_path, sock_path);
     int r;
@@ -276,7 +230,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *input, size_t size)
         r = connect(sock, (struct sockaddr *)&addr, sizeof(addr));
     while (r < 0 && errno == EINTR); /* libFuzzer's SIGALRM */
     if (r < 0 && errno != EISCONN)
-        fail("connect: %s", strerror(errno));
+        fz_fail("connect: %s", strerror(errno));
 
     /* The bytes, in two sends; bit 6: the server reads the first part alone. */
     if (split > len)
@@ -294,28 +248,28 @@ int LLVMFuzzerTestOneInput(const uint8_t *input, size_t size)
     ssize_t n = recv_msg(sock, &w, sizeof(w), fds, &nfds);
 
     if (n != (ssize_t)sizeof(w))
-        fail("no whole welcome (%zd bytes) to %zu bytes sent", n, len);
+        fz_fail("no whole welcome (%zd bytes) to %zu bytes sent", n, len);
     if (w.magic != WELCOME_MAGIC || w.proto != PROTO_VERSION || w.format != sfs_layout_format())
-        fail("a welcome with magic %016llx proto %u format %016llx", (unsigned long long)w.magic,
+        fz_fail("a welcome with magic %016llx proto %u format %016llx", (unsigned long long)w.magic,
              w.proto, (unsigned long long)w.format);
     if (want == 0 && w.status == -EUSERS) {
         want = -EUSERS; /* records of earlier clients not reaped yet */
         check_records_reaped();
     }
     if (w.status != want)
-        fail("status %d to %zu bytes sent, want %d", w.status, len, want);
+        fz_fail("status %d to %zu bytes sent, want %d", w.status, len, want);
     if (want < 0) {
         if (nfds != 0)
-            fail("a refusal came with %d fds", nfds);
+            fz_fail("a refusal came with %d fds", nfds);
     } else {
         struct stat st;
 
         if (nfds != 1 || fstat(fds[0], &st) < 0 || (uint64_t)st.st_size != w.ctl_size ||
             w.ctl_size != cache->ctl_len)
-            fail("welcome: %d fds, ctl_size %llu (ours %zu)", nfds, (unsigned long long)w.ctl_size,
+            fz_fail("welcome: %d fds, ctl_size %llu (ours %zu)", nfds, (unsigned long long)w.ctl_size,
                  cache->ctl_len);
         if (w.nsegments != cache->nsegments || w.nfds != 1 + (data ? w.nsegments : 0))
-            fail("welcome: nsegments %u nfds %u (ours %u, data %d)", w.nsegments, w.nfds,
+            fz_fail("welcome: nsegments %u nfds %u (ours %u, data %d)", w.nsegments, w.nfds,
                  cache->nsegments, data);
         close_fds(fds, nfds);
         for (uint32_t got = 0; data && got < w.nsegments;) {
@@ -324,7 +278,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *input, size_t size)
             n = recv_msg(sock, &count, sizeof(count), fds, &nfds);
             if (n != (ssize_t)sizeof(count) || nfds < 1 || (uint32_t)nfds != count ||
                 got + count > w.nsegments)
-                fail("segment batch: %zd bytes, count %u, %d fds, %u of %u so far", n, count, nfds,
+                fz_fail("segment batch: %zd bytes, count %u, %d fds, %u of %u so far", n, count, nfds,
                      got, w.nsegments);
             close_fds(fds, nfds);
             got += count;
@@ -335,7 +289,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *input, size_t size)
     n = recv_msg(sock, junk, sizeof(junk), fds, &nfds);
     close_fds(fds, nfds);
     if (n != 0)
-        fail("%zd more bytes after the answer", n);
+        fz_fail("%zd more bytes after the answer", n);
     close(sock);
     return 0;
 }

@@ -30,14 +30,14 @@
  */
 #include "cache_i.h"
 #include "fuzz_close.h"
-#include "fuzz_seeds.h"
+#include "attach_wire.h"
+#include "fuzz_harness.h"
 
 #include <errno.h>
 #include <fcntl.h>
 #include <pthread.h>
 #include <semaphore.h>
 #include <signal.h>
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -46,22 +46,7 @@
 #include <sys/un.h>
 #include <unistd.h>
 
-#define WELCOME_MAGIC 0x656d6f6c6557534full
-#define PROTO_VERSION 2u
-#define CLAIMED       1u /* the record the fake server claims in its plane */
-
-struct welcome {
-    uint64_t magic;
-    uint32_t proto;
-    int32_t status;
-    uint64_t format;
-    uint64_t ctl_size;
-    uint32_t nsegments;
-    uint32_t nfds;
-    uint32_t proc;
-    uint32_t proc_gen;
-};
-_Static_assert(sizeof(struct welcome) == 48, "welcome is 48 bytes on the wire");
+#define CLAIMED 1u /* the record the fake server claims in its plane */
 
 enum { F_FDS = 3, F_REAL_SEGS = 4, F_QUERY = 8, F_CLOSE = 16, F_SHORT = 32 };
 
@@ -73,22 +58,6 @@ static pthread_t server;
 static sem_t script_ready, served;
 static const uint8_t *script; /* the current input: set before script_ready is posted */
 static size_t script_len;
-
-int LLVMFuzzerInitialize(int *argc, char ***argv);
-int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
-
-static void fail(const char *fmt, ...) __attribute__((noreturn, format(printf, 1, 2)));
-static void fail(const char *fmt, ...)
-{
-    va_list ap;
-
-    va_start(ap, fmt);
-    fprintf(stderr, "fuzz: property failed: ");
-    vfprintf(stderr, fmt, ap);
-    fprintf(stderr, "\n");
-    va_end(ap);
-    abort();
-}
 
 /* sem_wait that is not cut short by a signal (libFuzzer's SIGALRM for
  * -timeout lands on any thread). */
@@ -103,7 +72,7 @@ static int small_memfd(void)
     int fd = memfd_create("fuzz-small", MFD_CLOEXEC);
 
     if (fd < 0 || ftruncate(fd, 4096) < 0)
-        fail("memfd: %s", strerror(errno));
+        fz_fail("memfd: %s", strerror(errno));
     return fd;
 }
 
@@ -115,10 +84,10 @@ static int ctl_copy(void)
     const struct sfs_header *h = (const void *)pristine;
 
     if (fd < 0 || ftruncate(fd, (off_t)cache->ctl_len) < 0)
-        fail("memfd: %s", strerror(errno));
+        fz_fail("memfd: %s", strerror(errno));
     uint8_t *p = mmap(NULL, cache->ctl_len, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
     if (p == MAP_FAILED)
-        fail("mmap: %s", strerror(errno));
+        fz_fail("mmap: %s", strerror(errno));
     memcpy(p, pristine, cache->ctl_len);
     struct sfs_proc_rec *rec = (void *)(p + h->off_procs + CLAIMED * sizeof(struct sfs_proc_rec));
     /* Seq_cst stores into a memfd no other process maps yet: order is moot. */
@@ -239,7 +208,7 @@ static void *server_main(void *arg)
         while (sock < 0 && errno == EINTR);
 
         if (sock < 0)
-            fail("accept: %s", strerror(errno));
+            fz_fail("accept: %s", strerror(errno));
         serve_one(sock, script, script_len);
         close(sock);
         sem_post(&served);
@@ -269,30 +238,25 @@ int LLVMFuzzerInitialize(int *argc, char ***argv)
                                    .max_leases = 16,
                                    .hugepages = SFS_HUGEPAGES_OFF};
     struct sockaddr_un addr = {.sun_family = AF_UNIX};
-    int err = 0;
 
     signal(SIGPIPE, SIG_IGN);
-    cache = sfs_cache_create(&cfg, &err);
-    if (!cache)
-        fail("sfs_cache_create: %d", err);
+    cache = fz_cache_create(&cfg);
     pristine = malloc(cache->ctl_len);
     if (!pristine)
-        fail("malloc");
+        fz_fail("malloc");
     memcpy(pristine, cache->ctl, cache->ctl_len);
-    snprintf(dir, sizeof(dir), "/tmp/shardfs-fuzz-XXXXXX");
-    if (!mkdtemp(dir))
-        fail("mkdtemp: %s", strerror(errno));
+    fz_tmpdir(dir, sizeof(dir));
     snprintf(sock_path, sizeof(sock_path), "%s/hostile.sock", dir);
     strcpy(addr.sun_path, sock_path);
     listen_fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
     if (listen_fd < 0 || bind(listen_fd, (struct sockaddr *)&addr, sizeof(addr)) < 0 ||
         listen(listen_fd, 4) < 0)
-        fail("listen: %s", strerror(errno));
+        fz_fail("listen: %s", strerror(errno));
     atexit(cleanup);
     sem_init(&script_ready, 0, 0);
     sem_init(&served, 0, 0);
     if (pthread_create(&server, NULL, server_main, NULL) != 0)
-        fail("pthread_create");
+        fz_fail("pthread_create");
 
     /* Seeds: the correct exchange, with the data plane and query-only; the
      * batches then carry their real counts (one batch of both segments). */
@@ -302,21 +266,11 @@ int LLVMFuzzerInitialize(int *argc, char ***argv)
     return 0;
 }
 
-static int lowest_free_fd(void)
-{
-    int probe = open("/dev/null", O_RDONLY | O_CLOEXEC);
-
-    if (probe < 0)
-        fail("open /dev/null: %s", strerror(errno));
-    close(probe);
-    return probe;
-}
-
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
     if (size < 2)
         return 0;
-    int before = lowest_free_fd(), err = 0;
+    int before = fz_lowest_free_fd(), err = 0;
 
     script = data;
     script_len = size;
@@ -325,33 +279,19 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 
     if (!c) {
         if (err >= 0)
-            fail("attach failed with %d, not -errno", err);
+            fz_fail("attach failed with %d, not -errno", err);
     } else {
         unsigned __int128 end =
             (unsigned __int128)(c->slots_per_seg - 1) * c->stride + c->shard_size;
         if (end > c->seg_size)
-            fail("attach accepted a geometry whose slots leave their segment");
+            fz_fail("attach accepted a geometry whose slots leave their segment");
         if (c->me >= c->max_procs || c->self != &c->procs[c->me])
-            fail("attach adopted record %u of %u", c->me, c->max_procs);
+            fz_fail("attach adopted record %u of %u", c->me, c->max_procs);
         struct sfs_stats st;
         sfs_cache_stats(c, &st);
         sfs_cache_close(c);
     }
     wait_sem(&served); /* the server has closed its side */
-    int after = lowest_free_fd();
-    if (after != before) {
-        for (int fd = before; fd < before + 32; fd++) {
-            char link[64], what[256];
-            ssize_t n;
-
-            snprintf(link, sizeof(link), "/proc/self/fd/%d", fd);
-            n = readlink(link, what, sizeof(what) - 1);
-            if (n > 0) {
-                what[n] = '\0';
-                fprintf(stderr, "fuzz: descriptor %d is %s\n", fd, what);
-            }
-        }
-        fail("file descriptors leaked: the lowest free one is %d, was %d", after, before);
-    }
+    fz_check_no_fd_leak(before);
     return 0;
 }

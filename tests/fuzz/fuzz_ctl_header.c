@@ -34,11 +34,10 @@
  */
 #include "cache_i.h"
 #include "fuzz_close.h"
-#include "fuzz_seeds.h"
+#include "fuzz_harness.h"
 
 #include <errno.h>
 #include <fcntl.h>
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -64,22 +63,6 @@ static uint8_t *pristine;
 static size_t pristine_len;
 static uint32_t words[MAX_WORDS]; /* byte offsets of the patchable words */
 static uint32_t nwords;
-
-int LLVMFuzzerInitialize(int *argc, char ***argv);
-int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
-
-static void fail(const char *fmt, ...) __attribute__((noreturn, format(printf, 1, 2)));
-static void fail(const char *fmt, ...)
-{
-    va_list ap;
-
-    va_start(ap, fmt);
-    fprintf(stderr, "fuzz: property failed: ");
-    vfprintf(stderr, fmt, ap);
-    fprintf(stderr, "\n");
-    va_end(ap);
-    abort();
-}
 
 static struct sfs_key key_of(unsigned i)
 {
@@ -163,18 +146,15 @@ int LLVMFuzzerInitialize(int *argc, char ***argv)
                                    .max_procs = 4,
                                    .max_leases = 16,
                                    .hugepages = SFS_HUGEPAGES_OFF};
-    int err = 0;
 
-    cache = sfs_cache_create(&cfg, &err);
-    if (!cache)
-        fail("sfs_cache_create: %d", err);
+    cache = fz_cache_create(&cfg);
     /* Some keys on their chains: Ready ones, and two Idle. */
     for (unsigned i = 0; i < NKEYS - 2; i++) {
         struct sfs_key k = key_of(i);
         struct sfs_lease l;
 
         if (sfs_cache_get(cache, &k, 0, 0, &l) != SFS_OWNER)
-            fail("get key %u", i);
+            fz_fail("get key %u", i);
         memset(sfs_cache_data(cache, &l), (int)i, 4096);
         sfs_cache_publish(cache, &l, 4096, 0);
         sfs_cache_release(cache, &l);
@@ -187,7 +167,7 @@ int LLVMFuzzerInitialize(int *argc, char ***argv)
     pristine_len = cache->ctl_len;
     pristine = malloc(pristine_len);
     if (!pristine)
-        fail("malloc");
+        fz_fail("malloc");
     memcpy(pristine, cache->ctl, pristine_len);
     list_words();
 
@@ -209,19 +189,6 @@ int LLVMFuzzerInitialize(int *argc, char ***argv)
     seed_header("regress-stride-wraps", F_OPS, hdr);
 
     return 0;
-}
-
-/* The lowest free descriptor: compared before and after each input (not
- * across inputs: libFuzzer's symbolizer opens pipes of its own between
- * them). */
-static int lowest_free_fd(void)
-{
-    int probe = open("/dev/null", O_RDONLY | O_CLOEXEC);
-
-    if (probe < 0)
-        fail("open /dev/null: %s", strerror(errno));
-    close(probe);
-    return probe;
 }
 
 /* Write the input's header bytes and word patches into a plane of len bytes
@@ -251,17 +218,17 @@ static int build_ctl(const uint8_t *data, size_t size, uint8_t flags)
     int64_t len = (int64_t)pristine_len;
 
     if (fd < 0)
-        fail("memfd_create: %s", strerror(errno));
+        fz_fail("memfd_create: %s", strerror(errno));
     if (flags & F_RESIZE) {
         len += (int64_t)(int8_t)data[1] * 4096;
         if (len < 0)
             len = 0;
     }
     if (ftruncate(fd, len) < 0)
-        fail("ftruncate: %s", strerror(errno));
+        fz_fail("ftruncate: %s", strerror(errno));
     uint8_t *p = mmap(NULL, pristine_len, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
     if (p == MAP_FAILED)
-        fail("mmap: %s", strerror(errno));
+        fz_fail("mmap: %s", strerror(errno));
     size_t keep = (size_t)len < pristine_len ? (size_t)len : pristine_len;
     memcpy(p, pristine, keep);
     if (!(flags & F_LATE))
@@ -280,7 +247,7 @@ static void check_geometry(const struct sfs_cache *c)
 
     if (c->slots_per_seg == 0 || c->stride < c->shard_size || end > c->seg_size ||
         (uint64_t)c->nsegments * c->slots_per_seg < c->nslots)
-        fail("attach accepted a geometry that does not fit: shard_size %llu stride %#llx "
+        fz_fail("attach accepted a geometry that does not fit: shard_size %llu stride %#llx "
              "seg_size %llu slots_per_seg %u nsegments %u nslots %u (the last slot of a "
              "segment ends at byte %#llx%08llx)",
              (unsigned long long)c->shard_size, (unsigned long long)c->stride,
@@ -372,25 +339,25 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     if (size < 2)
         return 0;
     uint8_t flags = data[0];
-    int fd_baseline = lowest_free_fd();
+    int fd_baseline = fz_lowest_free_fd();
     int ctl = build_ctl(data, size, flags);
     uint32_t nseg = cache->nsegments;
     int segs[64];
 
     if (nseg > 64)
-        fail("too many segments for the harness");
+        fz_fail("too many segments for the harness");
     if (flags & F_FEWER_SEGS)
         nseg--;
     for (uint32_t i = 0; i < nseg; i++) {
         segs[i] = fcntl(cache->seg_fds[i], F_DUPFD_CLOEXEC, 0);
         if (segs[i] < 0)
-            fail("dup: %s", strerror(errno));
+            fz_fail("dup: %s", strerror(errno));
     }
     if ((flags & F_SMALL_SEG) && nseg) {
         close(segs[nseg - 1]);
         segs[nseg - 1] = memfd_create("fuzz-seg", MFD_CLOEXEC);
         if (segs[nseg - 1] < 0 || ftruncate(segs[nseg - 1], 4096) < 0)
-            fail("small segment: %s", strerror(errno));
+            fz_fail("small segment: %s", strerror(errno));
     }
 
     int err = 0;
@@ -401,7 +368,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
             close(segs[i]); /* not passed: still ours */
     if (!c) {
         if (err >= 0)
-            fail("attach failed with %d, not -errno", err);
+            fz_fail("attach failed with %d, not -errno", err);
     } else {
         check_geometry(c);
         if (flags & F_LATE)
@@ -412,8 +379,6 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     }
 
     /* Every fd given to the attach is closed, on success and on failure. */
-    int probe = lowest_free_fd();
-    if (probe != fd_baseline)
-        fail("file descriptors leaked: the lowest free one is %d, was %d", probe, fd_baseline);
+    fz_check_no_fd_leak(fd_baseline);
     return 0;
 }

@@ -15,6 +15,7 @@
 #define SHARDFS_FUZZ_FS_H
 
 #include "fs_i.h"
+#include "fuzz_harness.h"
 
 #include <stddef.h>
 #include <stdint.h>
@@ -56,9 +57,6 @@ struct fs *fz_fs_setup(const char *spec);
 
 /* Store one shard of `fill` bytes in the backend. */
 void fz_fs_store(struct fs *fs, const struct sfs_block_id *block, uint32_t shard, int fill);
-
-/* Abort with a message: a property of the handlers did not hold. */
-void fz_fail(const char *fmt, ...) __attribute__((noreturn, format(printf, 1, 2)));
 
 #define FZ_SHARD_SIZE 4096u
 

@@ -33,9 +33,6 @@ static const struct {
     uint32_t shard;
 } stored[] = {{&block_a, 0}, {&block_a, 1}, {&block_a, 7}, {&block_a, UINT32_MAX}, {&block_b, 12}};
 
-int LLVMFuzzerInitialize(int *argc, char ***argv);
-int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
-
 int LLVMFuzzerInitialize(int *argc, char ***argv)
 {
     fs = fz_fs_setup("mem");

@@ -20,16 +20,13 @@
  * - peer_slot_matches says hit only for an even, unchanged seq, the key's
  *   hash, the expected length and the payload's checksum.
  */
-#include "fuzz_seeds.h"
+#include "fuzz_harness.h"
 #include "peer_i.h"
 
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-
-int LLVMFuzzerInitialize(int *argc, char ***argv);
-int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 
 #define OFF_REQ  32
 #define OFF_HDR  96

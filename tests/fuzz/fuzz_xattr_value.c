@@ -32,9 +32,6 @@ static struct fs *fs;
 static fuse_ino_t inos[T_COUNT];
 static int kinds[T_COUNT];
 
-int LLVMFuzzerInitialize(int *argc, char ***argv);
-int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
-
 int LLVMFuzzerInitialize(int *argc, char ***argv)
 {
     static const struct sfs_block_id block = {{0xab, 0xcd}};
