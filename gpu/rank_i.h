@@ -31,9 +31,13 @@
  *               and loads taken over from dead owners (they may block on a
  *               depth token, which a watcher must never do);
  *   copier      copies Ready shards to destinations in batches, releases;
+ *   expirer     sleeps until the first deadline of this rank's owner loads
+ *               in the backend and ends a late one's entry (-ETIMEDOUT),
+ *               touching only its task's status (owner.c);
  *   backend     its own threads call load_done()/dump_done().
  * An item is owned by exactly one of them at a time: whoever took it off a
- * queue (or the backend, between submit and done).
+ * queue (or the backend, between submit and done, also after the expirer
+ * ended its entry).
  */
 #ifndef SHARDFS_RANK_I_H
 #define SHARDFS_RANK_I_H
