@@ -6,9 +6,10 @@
  * The rooms: bucket.c (robust bucket locks, chains, repair), lease.c (lease
  * tables, free entries, thread spares, handle registry), evict.c (fresh slots,
  * CLOCK, allocation and install), proc.c (process records, reaping, stats),
- * ctl.c (geometry), and cache.c (Get, Wait, Publish, Fail, Release, Touch,
- * Prealloc). Calls go from cache.c down to the others and from evict.c and
- * proc.c down to bucket.c and lease.c, never back up.
+ * ctl.c (geometry), cache.c (Get, Publish, Fail, Release), wait.c (Wait,
+ * WaitAny, takeover) and lookup.c (State, Remove, Prealloc, Touch, foreach).
+ * Calls go from cache.c, wait.c and lookup.c down to the others and from
+ * evict.c and proc.c down to bucket.c and lease.c, never back up.
  *
  * What is on every Get (index checks, the key's bucket and compare, taking
  * and dropping a bucket lock, finding a key on a chain, taking a lease) is
@@ -383,6 +384,32 @@ static inline void make_owner(struct sfs_cache *c, struct sfs_slot_rec *s)
     atomic_store_explicit(&s->owner_gen, c->my_gen, memory_order_relaxed);
     atomic_store_explicit(&s->error, 0, memory_order_relaxed);
     atomic_store_explicit(&s->length, 0, memory_order_relaxed);
+}
+
+/* The owner of a Loading slot is attached and alive (its record ALIVE, the
+ * generation it owned under): else a Get or a waiter takes the load over. */
+static inline bool owner_alive_rec(struct sfs_cache *c, const struct sfs_slot_rec *s)
+{
+    uint32_t o = atomic_load_explicit(&s->owner, memory_order_acquire);
+    uint32_t gen = atomic_load_explicit(&s->owner_gen, memory_order_acquire);
+
+    if (o >= c->max_procs)
+        return false;
+    return atomic_load_explicit(&c->procs[o].state, memory_order_acquire) == PROC_ALIVE &&
+           atomic_load_explicit(&c->procs[o].gen, memory_order_acquire) == gen;
+}
+
+/* The slot of a lease handed in by a caller: the lease must be ours,
+ * checked against our table, never trusted. NULL when it is not. */
+static inline struct sfs_slot_rec *lease_slot(struct sfs_cache *c, const struct sfs_lease *l)
+{
+    if (!c || !l || l->entry >= c->max_leases || !slot_ok(c, l->slot))
+        return NULL;
+    /* An entry marked ENTRY_DROP was released already: no longer a lease. */
+    if ((atomic_load_explicit(&c->leases[l->entry], memory_order_relaxed) & ~ENTRY_OWNER) !=
+        l->slot + 1)
+        return NULL;
+    return &c->slots[l->slot];
 }
 
 #endif /* SHARDFS_SLOT_I_H */
