@@ -22,6 +22,7 @@
 #include "testutil.h"
 
 #include <criterion/criterion.h>
+#include <criterion/parameterized.h>
 #include <errno.h>
 #include <signal.h>
 #include <stdatomic.h>
@@ -41,7 +42,7 @@ struct shm {
     _Atomic uint32_t step;
     _Atomic int stop;
     struct sfs_key key;
-    const char *point;  /* the step to die at (a string literal: same in the child) */
+    char point[32];     /* the step to die at */
     int mode;           /* enum kill_mode */
     _Atomic uint64_t hits, checked, bad;
 };
@@ -114,6 +115,23 @@ enum kill_mode {
     KILL_IN_LOCKED_RELEASE,
 };
 
+/* One death: the point, and where it is. */
+struct kill_case {
+    char point[32]; /* a copy, not a pointer: Criterion runs each case apart */
+    enum kill_mode mode;
+};
+
+static const struct kill_case kill_cases[] = {
+    {"hit:intent", KILL_IN_GET},
+    {"hit:counted", KILL_IN_GET},
+    {"hit:confirmed", KILL_IN_GET},
+    {"release:intent", KILL_IN_RELEASE},
+    {"release:dropped", KILL_IN_RELEASE},
+    {"take:transit", KILL_IN_LOCKED_GET},
+    {"take:counted", KILL_IN_LOCKED_GET},
+    {"release:transit_locked", KILL_IN_LOCKED_RELEASE},
+};
+
 static int die_at_point(struct sfs_cache *c, void *arg)
 {
     struct sfs_lease l;
@@ -131,15 +149,16 @@ static int die_at_point(struct sfs_cache *c, void *arg)
     return 2; /* the point was never reached */
 }
 
-static void kill_at(const char *point, enum kill_mode mode)
+static void kill_at(const struct kill_case *kc)
 {
     struct sfs_cache *c = served(8, "hp-kill.sock");
+    const char *point = kc->point;
     struct sfs_lease mine;
     unsigned held, transit;
 
     sh->key = tu_key(41, 0);
-    sh->point = point;
-    sh->mode = mode;
+    snprintf(sh->point, sizeof(sh->point), "%s", point);
+    sh->mode = kc->mode;
     cr_assert_eq(tu_load(c, &sh->key), SFS_OWNER);
     cr_assert_eq(sfs_cache_get(c, &sh->key, 0, 0, &mine), SFS_HIT);
     uint32_t s = mine.slot;
@@ -168,44 +187,16 @@ static void kill_at(const char *point, enum kill_mode mode)
     sfs_cache_close(c);
 }
 
-Test(hitpath, killed_after_intent, .timeout = 30)
+ParameterizedTestParameters(hitpath, killed_at_each_step)
 {
-    kill_at("hit:intent", KILL_IN_GET);
+    return cr_make_param_array(struct kill_case, (struct kill_case *)kill_cases,
+                               sizeof(kill_cases) / sizeof(kill_cases[0]));
 }
 
-Test(hitpath, killed_after_hit_cas, .timeout = 30)
+/* One case per step of the hit, the release and the locked take and drop. */
+ParameterizedTest(const struct kill_case *kc, hitpath, killed_at_each_step, .timeout = 30)
 {
-    kill_at("hit:counted", KILL_IN_GET);
-}
-
-Test(hitpath, killed_after_hit_confirmed, .timeout = 30)
-{
-    kill_at("hit:confirmed", KILL_IN_GET);
-}
-
-Test(hitpath, killed_after_release_intent, .timeout = 30)
-{
-    kill_at("release:intent", KILL_IN_RELEASE);
-}
-
-Test(hitpath, killed_after_release_cas, .timeout = 30)
-{
-    kill_at("release:dropped", KILL_IN_RELEASE);
-}
-
-Test(hitpath, killed_in_locked_take_before_count, .timeout = 30)
-{
-    kill_at("take:transit", KILL_IN_LOCKED_GET);
-}
-
-Test(hitpath, killed_in_locked_take_after_count, .timeout = 30)
-{
-    kill_at("take:counted", KILL_IN_LOCKED_GET);
-}
-
-Test(hitpath, killed_in_locked_release, .timeout = 30)
-{
-    kill_at("release:transit_locked", KILL_IN_LOCKED_RELEASE);
+    kill_at(kc);
 }
 
 /* ---------------------------------------------------------------------------
