@@ -50,8 +50,10 @@
  *   4. confirm the entry (slot + 1);
  *   5. check the key and the state again: the slot may have been evicted
  *      and reloaded with another key between the walk and the CAS (the CAS
- *      then pinned the wrong key): let go of it and take the locked path.
- * A death at any step leaves the entry in transit (2-3) or held (4-5), and
+ *      then pinned the wrong key): let go of it and take the locked path;
+ *   6. count the request on entry e's hit counter (a plain add: the entry
+ *      is this thread's until the lease is released).
+ * A death at any step leaves the entry in transit (2-3) or held (4-6), and
  * the reaper settles either exactly. 1: a hit, the lease in *out; 0: take
  * the locked path (entry e is free again); -1: take the locked path with
  * another entry (e went back with the lease let go in step 5).
@@ -117,6 +119,12 @@ static int hit_fast(struct sfs_cache *c, uint32_t b, const struct sfs_key *key, 
             SLOT_F_PREFETCHED)
             sfs_ctr_add(c, CTR_PREFETCH_HITS, 1);
     }
+    /* The request, on this entry's own counter: no locked instruction, no
+     * line another thread writes (stats sums the counters, the fold takes
+     * them). Relaxed: one writer, the entry's holder. */
+    atomic_store_explicit(&c->hits[e], atomic_load_explicit(&c->hits[e], memory_order_relaxed) + 1,
+                          memory_order_relaxed);
+    SFS_TEST_POINT("hit:tallied");
     return 1;
 }
 
@@ -144,18 +152,19 @@ static int get_impl(struct sfs_cache *c, const struct sfs_key *key, unsigned fla
     /* A prefetch is not a lookup: it counts as a load (owner_loads,
      * prefetched), never as a request, miss or unserved Get. */
     const bool lookup = !(flags & SFS_GET_PREFETCH);
-    if (lookup)
-        sfs_ctr_add(c, CTR_REQUESTS, 1);
     if (!(flags & (SFS_GET_PREFETCH | SFS_GET_WRITE)) && !SFS_TEST_FORCE_LOCKED()) {
         int h = hit_fast(c, b, key, e, lease);
 
         if (h > 0)
-            return SFS_HIT;
+            return SFS_HIT; /* counted as a request on entry e (hit_fast) */
         if (h < 0 && (r = entry_alloc(c, &e)) < 0) {
+            sfs_ctr_add(c, CTR_REQUESTS, 1);
             sfs_ctr_add(c, CTR_UNSERVED, 1);
             return r;
         }
     }
+    if (lookup)
+        sfs_ctr_add(c, CTR_REQUESTS, 1);
 retry:
     r = bucket_lock(c, b, deadline_ns);
     if (r < 0)

@@ -116,6 +116,29 @@ static inline _Atomic uint32_t *lease_table(const struct sfs_cache *c, uint32_t 
     return (_Atomic uint32_t *)((uint8_t *)c->ctl + c->off_leases) + (uint64_t)proc * c->max_leases;
 }
 
+/* Record proc's hit counters, one per lease entry (layout_i.h, off_hits). */
+static inline _Atomic uint64_t *hit_table(const struct sfs_cache *c, uint32_t proc)
+{
+    return (_Atomic uint64_t *)((uint8_t *)c->ctl + c->off_hits) + (uint64_t)proc * c->max_leases;
+}
+
+/* Record proc's lock-free hits, summed over the entries it ever used (a
+ * snapshot while it lives). take: zero each counter as it is read, for a
+ * fold (the record's threads no longer run). */
+static inline uint64_t hits_sum(const struct sfs_cache *c, uint32_t proc, bool take)
+{
+    _Atomic uint64_t *h = hit_table(c, proc);
+    uint32_t hwm = atomic_load_explicit(&c->procs[proc].lease_hwm, memory_order_acquire);
+    uint64_t n = 0;
+
+    if (hwm > c->max_leases)
+        hwm = c->max_leases; /* shared memory is input */
+    for (uint32_t e = 0; e < hwm; e++)
+        n += take ? atomic_exchange_explicit(&h[e], 0, memory_order_relaxed)
+                  : atomic_load_explicit(&h[e], memory_order_relaxed);
+    return n;
+}
+
 /* ---------------------------------------------------------------------------
  * bucket.c: robust bucket locks and the chains they protect.
  */

@@ -115,21 +115,26 @@ enum kill_mode {
     KILL_IN_LOCKED_RELEASE,
 };
 
-/* One death: the point, and where it is. */
+/* One death: the point, where it is, and the requests the dead child's Get
+ * must leave counted once its record is reaped (0: it died before its hit
+ * was counted; a hit counts on its entry's hit counter, which the reap
+ * folds into the retired totals). */
 struct kill_case {
     char point[32]; /* a copy, not a pointer: Criterion runs each case apart */
     enum kill_mode mode;
+    int requests;
 };
 
 static const struct kill_case kill_cases[] = {
-    {"hit:intent", KILL_IN_GET},
-    {"hit:counted", KILL_IN_GET},
-    {"hit:confirmed", KILL_IN_GET},
-    {"release:intent", KILL_IN_RELEASE},
-    {"release:dropped", KILL_IN_RELEASE},
-    {"take:transit", KILL_IN_LOCKED_GET},
-    {"take:counted", KILL_IN_LOCKED_GET},
-    {"release:transit_locked", KILL_IN_LOCKED_RELEASE},
+    {"hit:intent", KILL_IN_GET, 0},
+    {"hit:counted", KILL_IN_GET, 0},
+    {"hit:confirmed", KILL_IN_GET, 0},
+    {"hit:tallied", KILL_IN_GET, 1},
+    {"release:intent", KILL_IN_RELEASE, 1},
+    {"release:dropped", KILL_IN_RELEASE, 1},
+    {"take:transit", KILL_IN_LOCKED_GET, 1},
+    {"take:counted", KILL_IN_LOCKED_GET, 1},
+    {"release:transit_locked", KILL_IN_LOCKED_RELEASE, 1},
 };
 
 static int die_at_point(struct sfs_cache *c, void *arg)
@@ -154,6 +159,7 @@ static void kill_at(const struct kill_case *kc)
     struct sfs_cache *c = served(8, "hp-kill.sock");
     const char *point = kc->point;
     struct sfs_lease mine;
+    struct sfs_stats st0, st;
     unsigned held, transit;
 
     sh->key = tu_key(41, 0);
@@ -162,6 +168,8 @@ static void kill_at(const struct kill_case *kc)
     cr_assert_eq(tu_load(c, &sh->key), SFS_OWNER);
     cr_assert_eq(sfs_cache_get(c, &sh->key, 0, 0, &mine), SFS_HIT);
     uint32_t s = mine.slot;
+    sfs_cache_stats(c, &st0);
+    int64_t retired0 = c->hdr->retired[CTR_REQUESTS];
 
     pid_t p = tu_fork_attached(sh->path, 1, die_at_point, NULL);
     cr_assert_eq(tu_wait_for(p, 10 * SEC), 128 + SIGKILL, "the child did not die at %s", point);
@@ -173,6 +181,14 @@ static void kill_at(const struct kill_case *kc)
     cr_assert_eq(transit, 0, "%s: %u entries left in transit", point, transit);
     cr_assert_eq(sfs_slot_refs(&c->slots[s]), 1, "%s: count %u, 1 lease", point,
                  sfs_slot_refs(&c->slots[s]));
+    /* Its request counted once, and folded into the retired totals. */
+    sfs_cache_stats(c, &st);
+    cr_assert_eq(st.requests, st0.requests + (uint64_t)kc->requests, "%s: %llu requests, not %llu",
+                 point, (unsigned long long)st.requests,
+                 (unsigned long long)(st0.requests + (uint64_t)kc->requests));
+    cr_assert_eq(c->hdr->retired[CTR_REQUESTS], retired0 + kc->requests,
+                 "%s: the reap folded %lld requests, not %d", point,
+                 (long long)(c->hdr->retired[CTR_REQUESTS] - retired0), kc->requests);
     /* Served again, and open to lock-free hits again. */
     assert_hit(c, &sh->key);
     cr_assert(atomic_load(&c->slots[s].refcount) & SLOT_REF_OPEN, "%s: slot left closed", point);
