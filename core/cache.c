@@ -465,13 +465,15 @@ static int release_fast(struct sfs_cache *c, const struct sfs_lease *lease)
             atomic_store_explicit(&c->leases[lease->entry], v, memory_order_relaxed);
             return 1;
         }
-        /* Release: our reads of the bytes happen-before the acquire CAS of
-         * whoever closes the slot at count 0 to reuse it. */
+        /* Release (in seq_cst): our reads of the bytes happen-before the
+         * acquire CAS of whoever closes the slot at count 0 to reuse it.
+         * seq_cst: the last lease's wake check needs no fence after it
+         * (refcount_last_rmw); on x86 the same locked instruction. */
     } while (!atomic_compare_exchange_weak_explicit(&sl->refcount, &w, w - 1,
-                                                    memory_order_release, memory_order_relaxed));
+                                                    memory_order_seq_cst, memory_order_relaxed));
     SFS_TEST_POINT("release:dropped");
     if (SLOT_REF_COUNT(w) == 1)
-        refcount_last(c, sl);
+        refcount_last_rmw(c, sl);
     atomic_store_explicit(&c->leases[lease->entry], SFS_ENTRY_FREE, memory_order_relaxed);
     return 0;
 }

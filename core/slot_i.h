@@ -336,19 +336,35 @@ void release_locked(struct sfs_cache *c, uint32_t proc, uint32_t gen, _Atomic ui
  * one wakes a Get waiting for a free slot. Lock-free callers only while the
  * slot is open (release_fast). */
 void refcount_drop(struct sfs_cache *c, struct sfs_slot_rec *s);
-/* The last lease on s is gone: wake a Get waiting for a free slot. */
-static inline void refcount_last(struct sfs_cache *c, struct sfs_slot_rec *s)
+/*
+ * The last lease on s is gone, and the count was brought to 0 by a seq_cst
+ * read-modify-write: wake a Get waiting for a free slot. Dekker with
+ * release_wait_begin (evict.c), which registers (seq_cst RMW), then fences
+ * (seq_cst), then rescans the counts. Our RMW W and our seq_cst load R of
+ * release_waiters are in the single order S with the waiter's fence F: if
+ * W precedes F, the waiter's rescan (after F) sees our count; else F
+ * precedes R, and R sees the waiter's registration (before F). So no fence
+ * here: on x86 the RMW is the locked instruction the release makes anyway,
+ * and the load a plain one (a hit's release used to pay a fence too).
+ */
+static inline void refcount_last_rmw(struct sfs_cache *c, struct sfs_slot_rec *s)
 {
     /* Relaxed: nwaiters only decides whether set_state makes a wake call. */
     if (atomic_load_explicit(&s->nwaiters, memory_order_relaxed))
         atomic_store_explicit(&s->nwaiters, 0, memory_order_relaxed);
-    /* seq_cst fence: the count's store above is ordered before the read of
-     * release_waiters, against the waiter's registration and rescan. */
-    atomic_thread_fence(memory_order_seq_cst);
-    if (atomic_load_explicit(&c->hdr->release_waiters, memory_order_relaxed)) {
+    if (atomic_load_explicit(&c->hdr->release_waiters, memory_order_seq_cst)) {
         atomic_fetch_add_explicit(&c->hdr->release_seq, 1, memory_order_seq_cst);
         sfs_futex_wake(&c->hdr->release_seq, INT32_MAX);
     }
+}
+
+/* The same after a count brought to 0 any other way (a weaker RMW, a
+ * recount's store): the seq_cst fence orders that store before the read of
+ * release_waiters, against the waiter's registration and rescan. */
+static inline void refcount_last(struct sfs_cache *c, struct sfs_slot_rec *s)
+{
+    atomic_thread_fence(memory_order_seq_cst);
+    refcount_last_rmw(c, s);
 }
 /* Free every lease in proc p's table (p is dead, or is us detaching) whose
  * bucket lock is reachable by deadline_ns (bucket_lock's meaning); returns
