@@ -236,8 +236,17 @@ static inline void chain_link(struct sfs_cache *c, uint32_t b, uint32_t s)
 struct lease_spare {
     uint64_t id; /* handle id, 0: none */
     uint32_t e;
+    /* Entries freed to another handle since the spare was last used: at
+     * SPARE_SWITCH the spare moves to that handle (lease_spare_switch). */
+    uint32_t misses;
     bool keyed; /* the exit destructor is armed for this thread */
 };
+
+/* A thread whose spare sits on a handle it no longer uses (one it used
+ * before a re-attach, or its parent's across a fork) moves it to the handle
+ * it uses after this many frees there: the spare is what spares a Get and
+ * its Release two CAS on the process's entry stack. */
+#define SPARE_SWITCH 64u
 
 extern __thread struct lease_spare lease_spare
     __attribute__((tls_model("initial-exec"), visibility("hidden")));
@@ -245,6 +254,8 @@ extern __thread struct lease_spare lease_spare
 int entry_pop(struct sfs_cache *c, uint32_t *e); /* -ENOBUFS: table full */
 void entry_push(struct sfs_cache *c, uint32_t e);
 void lease_spare_arm(void);
+/* Give our spare back to its handle (if still open), keep e of c instead. */
+void lease_spare_switch(struct sfs_cache *c, uint32_t e);
 
 /* A free entry of our table for a new lease: the thread's spare if it has
  * one of this handle, else one from the handle's stack. */
@@ -252,6 +263,7 @@ static inline int entry_alloc(struct sfs_cache *c, uint32_t *e)
 {
     if (lease_spare.id == c->id) {
         lease_spare.id = 0;
+        lease_spare.misses = 0;
         *e = lease_spare.e;
         SFS_ASSERT(*e < c->max_leases);
         return 0;
@@ -267,6 +279,10 @@ static inline void entry_free(struct sfs_cache *c, uint32_t e)
         lease_spare.e = e;
         if (!lease_spare.keyed)
             lease_spare_arm();
+        return;
+    }
+    if (lease_spare.id != c->id && ++lease_spare.misses >= SPARE_SWITCH) {
+        lease_spare_switch(c, e);
         return;
     }
     entry_push(c, e);

@@ -365,6 +365,36 @@ Test(hitpath, slot_reused_between_walk_and_cas, .timeout = 30)
 }
 
 /* ---------------------------------------------------------------------------
+ * A thread's spare lease entry follows the handle it uses. Its spare was of
+ * a handle it no longer uses (one it used before a re-attach, or its
+ * parent's across a fork): every Get then popped an entry off the stack and
+ * every Release pushed it back, two CAS more on each hit, for good.
+ */
+
+Test(hitpath, spare_follows_the_handle_a_thread_uses, .timeout = 30)
+{
+    struct sfs_cache *a = tu_cache(8, 0, SHARD), *b = tu_cache(8, 0, SHARD);
+    const struct sfs_key k = tu_key(7, 0);
+
+    cr_assert(a && b);
+    cr_assert_eq(tu_load(a, &k), SFS_OWNER);
+    cr_assert_eq(tu_load(b, &k), SFS_OWNER);
+    assert_hit(a, &k); /* our spare is a's entry now */
+    cr_assert_eq(sfs_testpoint_arm("lease:pop", SFS_TP_CALL, tp_nothing, NULL), 0);
+    for (int i = 0; i < 1000; i++)
+        assert_hit(b, &k);
+    unsigned pops = sfs_testpoint_hits("lease:pop");
+    sfs_testpoint_disarm_all();
+    cr_assert_leq(pops, SPARE_SWITCH, "%u of 1000 Gets on b popped an entry", pops);
+    /* a got its entry back: nothing leaked, both close clean. */
+    assert_hit(a, &k);
+    cr_assert_eq(tu_leases_left(a, NULL), 0);
+    cr_assert_eq(tu_leases_left(b, NULL), 0);
+    sfs_cache_close(b);
+    sfs_cache_close(a);
+}
+
+/* ---------------------------------------------------------------------------
  * Stress: hitters against evictors (loads of other keys into a full cache),
  * removers and writers (SFS_GET_WRITE), in real processes; every lease's
  * bytes are checked, and so is the key of the slot a hit leases (no slot is
