@@ -1,8 +1,10 @@
 /* SPDX-License-Identifier: MIT */
 /*
- * cache.c - the CacheBuffer's entry points: Get, Wait, Publish, Fail,
- * Release, and the lookups without leases (State, Remove, Prealloc, Touch,
- * foreach), all on shared memory.
+ * cache.c - the CacheBuffer's leased entry points: Get (the lock-free hit,
+ * then the locked path), Publish, Fail, Release, and what a lease holder
+ * reads (error, length, data), all on shared memory. Waiting for a Loading
+ * key is in wait.c, the lookups without leases (State, Remove, Prealloc,
+ * Touch, foreach) in lookup.c.
  *
  * The slot lifecycle. A slot is FREE (on no chain) until a Get that misses
  * claims it: the claimer becomes the owner, the slot goes on its key's bucket
@@ -27,32 +29,12 @@
 
 #include <errno.h>
 #include <sched.h>
-#include <stdlib.h>
-#include <string.h>
 
 /* A release waits this long for its bucket lock, then defers (lease.c). */
 #define RELEASE_LOCK_NS (200 * 1000 * 1000ll)
-/* A waiter on more keys than one futex_waitv holds moves its sleep window
- * this often: a key outside the window is seen within this long. */
-#define WAITV_ROTATE_NS (2 * 1000 * 1000ll)
 
 /* ---------------------------------------------------------------------------
- * State changes and wakes (set_state, make_owner: slot_i.h).
- */
-
-static bool owner_alive_rec(struct sfs_cache *c, const struct sfs_slot_rec *s)
-{
-    uint32_t o = atomic_load_explicit(&s->owner, memory_order_acquire);
-    uint32_t gen = atomic_load_explicit(&s->owner_gen, memory_order_acquire);
-
-    if (o >= c->max_procs)
-        return false;
-    return atomic_load_explicit(&c->procs[o].state, memory_order_acquire) == PROC_ALIVE &&
-           atomic_load_explicit(&c->procs[o].gen, memory_order_acquire) == gen;
-}
-
-/* ---------------------------------------------------------------------------
- * Get / Wait / Publish / Release.
+ * Get / Publish / Release (owner_alive_rec, lease_slot: slot_i.h).
  */
 
 /*
@@ -68,8 +50,10 @@ static bool owner_alive_rec(struct sfs_cache *c, const struct sfs_slot_rec *s)
  *   4. confirm the entry (slot + 1);
  *   5. check the key and the state again: the slot may have been evicted
  *      and reloaded with another key between the walk and the CAS (the CAS
- *      then pinned the wrong key): let go of it and take the locked path.
- * A death at any step leaves the entry in transit (2-3) or held (4-5), and
+ *      then pinned the wrong key): let go of it and take the locked path;
+ *   6. count the request on entry e's hit counter (a plain add: the entry
+ *      is this thread's until the lease is released).
+ * A death at any step leaves the entry in transit (2-3) or held (4-6), and
  * the reaper settles either exactly. 1: a hit, the lease in *out; 0: take
  * the locked path (entry e is free again); -1: take the locked path with
  * another entry (e went back with the lease let go in step 5).
@@ -135,6 +119,12 @@ static int hit_fast(struct sfs_cache *c, uint32_t b, const struct sfs_key *key, 
             SLOT_F_PREFETCHED)
             sfs_ctr_add(c, CTR_PREFETCH_HITS, 1);
     }
+    /* The request, on this entry's own counter: no locked instruction, no
+     * line another thread writes (stats sums the counters, the fold takes
+     * them). Relaxed: one writer, the entry's holder. */
+    atomic_store_explicit(&c->hits[e], atomic_load_explicit(&c->hits[e], memory_order_relaxed) + 1,
+                          memory_order_relaxed);
+    SFS_TEST_POINT("hit:tallied");
     return 1;
 }
 
@@ -162,18 +152,19 @@ static int get_impl(struct sfs_cache *c, const struct sfs_key *key, unsigned fla
     /* A prefetch is not a lookup: it counts as a load (owner_loads,
      * prefetched), never as a request, miss or unserved Get. */
     const bool lookup = !(flags & SFS_GET_PREFETCH);
-    if (lookup)
-        sfs_ctr_add(c, CTR_REQUESTS, 1);
     if (!(flags & (SFS_GET_PREFETCH | SFS_GET_WRITE)) && !SFS_TEST_FORCE_LOCKED()) {
         int h = hit_fast(c, b, key, e, lease);
 
         if (h > 0)
-            return SFS_HIT;
+            return SFS_HIT; /* counted as a request on entry e (hit_fast) */
         if (h < 0 && (r = entry_alloc(c, &e)) < 0) {
+            sfs_ctr_add(c, CTR_REQUESTS, 1);
             sfs_ctr_add(c, CTR_UNSERVED, 1);
             return r;
         }
     }
+    if (lookup)
+        sfs_ctr_add(c, CTR_REQUESTS, 1);
 retry:
     r = bucket_lock(c, b, deadline_ns);
     if (r < 0)
@@ -331,17 +322,6 @@ int sfs_cache_get(struct sfs_cache *c, const struct sfs_key *key, unsigned flags
     return r;
 }
 
-/* The lease must be ours: checked against our table, never trusted. */
-static struct sfs_slot_rec *lease_slot(struct sfs_cache *c, const struct sfs_lease *l)
-{
-    if (!c || !l || l->entry >= c->max_leases || !slot_ok(c, l->slot))
-        return NULL;
-    /* An entry marked ENTRY_DROP was released already: no longer a lease. */
-    if ((atomic_load_explicit(&c->leases[l->entry], memory_order_relaxed) & ~ENTRY_OWNER) !=
-        l->slot + 1)
-        return NULL;
-    return &c->slots[l->slot];
-}
 
 static bool i_own(struct sfs_cache *c, const struct sfs_slot_rec *s)
 {
@@ -355,207 +335,6 @@ static bool lease_is_owner(struct sfs_cache *c, const struct sfs_lease *l)
     return atomic_load_explicit(&c->leases[l->entry], memory_order_relaxed) & ENTRY_OWNER;
 }
 
-/*
- * Under the lock: take a slot whose owner is gone (or that was reset).
- * 1: ours now; 0: someone else settled it first (look again); -ETIMEDOUT
- * when its bucket lock stayed out of reach until the deadline; -EBADMSG for
- * a state a leased slot cannot be in.
- */
-static int try_takeover(struct sfs_cache *c, uint32_t s, uint32_t e, int64_t deadline_ns)
-{
-    struct sfs_slot_rec *sl = &c->slots[s];
-    uint32_t b = atomic_load_explicit(&sl->bucket, memory_order_relaxed);
-    int r;
-
-    if (b >= c->nbuckets)
-        return -EBADMSG; /* a leased slot is on a chain */
-    r = bucket_lock(c, b, deadline_ns);
-    if (r < 0)
-        return r;
-    uint32_t st = atomic_load_explicit(&sl->state, memory_order_acquire);
-    if (st == SFS_STATE_IDLE || (st == SFS_STATE_LOADING && !owner_alive_rec(c, sl))) {
-        make_owner(c, sl);
-        lease_mark_owner(c, s, e);
-        set_state(sl, SFS_STATE_LOADING);
-        sfs_ctr_add(c, CTR_TAKEOVERS, 1);
-        sfs_ctr_add(c, CTR_OWNER_LOADS, 1);
-        r = 1;
-    } else {
-        r = st == SFS_STATE_FREE || st > SFS_STATE_FAILED ? -EBADMSG : 0;
-    }
-    bucket_unlock(c, b);
-    return r;
-}
-
-/*
- * Where a waiter stands with its slot: SFS_WAIT_READY or SFS_WAIT_FAILED
- * when it settled, SFS_WAIT_OWNER when it took the load over, -1 to keep waiting, or
- * -errno: -EBADMSG for a state no leased slot can be in (Free: only a bad
- * write puts a leased slot there; out of range), -ETIMEDOUT from a takeover
- * whose lock stayed busy to the deadline.
- */
-static int settled(struct sfs_cache *c, const struct sfs_lease *l, struct sfs_slot_rec *sl,
-                   int64_t deadline_ns)
-{
-    uint32_t st = atomic_load_explicit(&sl->state, memory_order_acquire);
-
-    if (st == SFS_STATE_READY)
-        return SFS_WAIT_READY;
-    if (st == SFS_STATE_FAILED)
-        return SFS_WAIT_FAILED;
-    if (st == SFS_STATE_FREE || st > SFS_STATE_FAILED)
-        return -EBADMSG;
-    if (st == SFS_STATE_IDLE || !owner_alive_rec(c, sl)) {
-        int r = try_takeover(c, l->slot, l->entry, deadline_ns);
-
-        if (r == 1)
-            return SFS_WAIT_OWNER;
-        if (r < 0)
-            return r;
-    }
-    return -1;
-}
-
-/* The futex errors a wait loop re-checks after; anything else is returned. */
-static bool wait_again(int r)
-{
-    return r == 0 || r == -EAGAIN || r == -ETIMEDOUT || r == -EINTR;
-}
-
-int sfs_cache_wait(struct sfs_cache *c, const struct sfs_lease *lease, int64_t deadline_ns)
-{
-    struct sfs_slot_rec *sl = lease_slot(c, lease);
-
-    if (!sl)
-        return -EINVAL;
-    for (;;) {
-        /* Acquire: version first, then state (the no-lost-wakeup order). */
-        uint32_t v = atomic_load_explicit(&sl->version, memory_order_acquire);
-        int st = settled(c, lease, sl, deadline_ns);
-
-        if (st >= 0 || st < -1)
-            return st;
-        /* Still Loading under a live owner, or a takeover lost to another
-         * waiter: the deadline first, so no state can keep us past it. */
-        int64_t now = sfs_now_ns();
-        if (deadline_ns > 0 && now >= deadline_ns)
-            return -ETIMEDOUT;
-        int64_t slice = now + OWNER_CHECK_NS;
-        if (deadline_ns > 0 && deadline_ns < slice)
-            slice = deadline_ns;
-        /* seq_cst pairs with set_state's bump-then-read of nwaiters. */
-        atomic_fetch_add_explicit(&sl->nwaiters, 1, memory_order_seq_cst);
-        int r = 0;
-        if (atomic_load_explicit(&sl->version, memory_order_seq_cst) == v)
-            r = sfs_futex_wait(&sl->version, v, slice);
-        atomic_fetch_sub_explicit(&sl->nwaiters, 1, memory_order_seq_cst);
-        if (!wait_again(r))
-            return r;
-        /* Woken, timed out or interrupted: the loop re-reads the state, and
-         * owner_alive_rec sees a record the daemon declared dead. */
-    }
-}
-
-int sfs_cache_wait_any_bell(struct sfs_cache *c, const struct sfs_lease *leases, size_t n,
-                            int64_t deadline_ns, int *outcome, uint32_t *bell_word,
-                            uint32_t bell_seen)
-{
-    /* The public type is plain uint32_t (C++ includes the header); every
-     * access here is atomic. */
-    _Atomic uint32_t *bell = (_Atomic uint32_t *)bell_word;
-    struct sfs_slot_rec *sls[SFS_WAIT_ANY_MAX];
-    _Atomic uint32_t *words[SFS_WAIT_ANY_MAX];
-    uint32_t v[SFS_WAIT_ANY_MAX];
-    size_t first = 0; /* start of the sleep window when it cannot hold all */
-
-    if (!c || (!leases && n) || !outcome || (n == 0 && !bell) || n > SFS_WAIT_ANY_MAX)
-        return -EINVAL;
-    for (size_t i = 0; i < n; i++) {
-        sls[i] = lease_slot(c, &leases[i]);
-        if (!sls[i])
-            return -EINVAL;
-        words[i] = &sls[i]->version;
-    }
-    for (;;) {
-        for (size_t i = 0; i < n; i++) {
-            /* Acquire: version first, then state (the no-lost-wakeup order). */
-            v[i] = atomic_load_explicit(&sls[i]->version, memory_order_acquire);
-            int st = settled(c, &leases[i], sls[i], deadline_ns);
-
-            if (st >= 0) {
-                *outcome = st;
-                return (int)i;
-            }
-            if (st < -1)
-                return st;
-        }
-        /* Acquire: pairs with the ringer's release bump. */
-        if (bell && atomic_load_explicit(bell, memory_order_acquire) != bell_seen)
-            return (int)n;
-        int64_t now = sfs_now_ns();
-        if (deadline_ns > 0 && now >= deadline_ns)
-            return -ETIMEDOUT;
-        /* One futex_waitv takes SFS_FUTEX_WAITV_MAX words, the bell
-         * included: with more keys, sleep on a window of them that rotates
-         * every WAITV_ROTATE_NS (each pass above looks at all n). */
-        size_t room = SFS_FUTEX_WAITV_MAX - (bell != NULL);
-        size_t k = n <= room ? n : room;
-        int64_t slice = now + (k < n ? WAITV_ROTATE_NS : OWNER_CHECK_NS);
-        if (deadline_ns > 0 && deadline_ns < slice)
-            slice = deadline_ns;
-        _Atomic uint32_t *ww[SFS_FUTEX_WAITV_MAX];
-        uint32_t wv[SFS_FUTEX_WAITV_MAX];
-
-        SFS_ASSERT(k + (bell != NULL) <= SFS_FUTEX_WAITV_MAX);
-        for (size_t j = 0; j < k; j++) {
-            size_t i = (first + j) % n;
-
-            ww[j] = words[i];
-            wv[j] = v[i];
-            /* seq_cst pairs with set_state's bump-then-read of nwaiters. */
-            atomic_fetch_add_explicit(&sls[i]->nwaiters, 1, memory_order_seq_cst);
-        }
-        int r = sfs_futex_waitv(ww, wv, k, bell, bell_seen, slice);
-        for (size_t j = 0; j < k; j++)
-            atomic_fetch_sub_explicit(&sls[(first + j) % n]->nwaiters, 1, memory_order_seq_cst);
-        if (k < n)
-            first = (first + k) % n;
-        if (!wait_again(r))
-            return r; /* -ENOSYS (before Linux 5.16), or an error: never spin on it */
-        /* A timeout re-reads every state: see sfs_cache_wait. */
-    }
-}
-
-int sfs_cache_wait_any(struct sfs_cache *c, const struct sfs_lease *leases, size_t n,
-                       int64_t deadline_ns, int *outcome)
-{
-    if (n == 0)
-        return -EINVAL;
-    return sfs_cache_wait_any_bell(c, leases, n, deadline_ns, outcome, NULL, 0);
-}
-
-int sfs_cache_wait_errno(struct sfs_cache *c, const struct sfs_lease *lease, int outcome)
-{
-    if (outcome < 0)
-        return outcome;
-    if (outcome == SFS_WAIT_READY)
-        return 0;
-    if (outcome != SFS_WAIT_FAILED)
-        return -EINVAL; /* SFS_WAIT_OWNER is no error, anything else no outcome */
-    /* Failed, then retried by another Get meanwhile: the error is gone. */
-    int e = sfs_cache_error(c, lease);
-    return e < 0 ? e : -EIO;
-}
-
-void sfs_bell_ring(uint32_t *bell_word)
-{
-    _Atomic uint32_t *bell = (_Atomic uint32_t *)bell_word;
-
-    /* Release: what the ringer queued is visible to whoever sees the bump.
-     * The bell is process-private memory: a private futex wake. */
-    atomic_fetch_add_explicit(bell, 1, memory_order_release);
-    sfs_futex_wake_private(bell, INT32_MAX);
-}
 
 int sfs_cache_publish(struct sfs_cache *c, const struct sfs_lease *lease, uint32_t length,
                       unsigned flags)
@@ -686,13 +465,15 @@ static int release_fast(struct sfs_cache *c, const struct sfs_lease *lease)
             atomic_store_explicit(&c->leases[lease->entry], v, memory_order_relaxed);
             return 1;
         }
-        /* Release: our reads of the bytes happen-before the acquire CAS of
-         * whoever closes the slot at count 0 to reuse it. */
+        /* Release (in seq_cst): our reads of the bytes happen-before the
+         * acquire CAS of whoever closes the slot at count 0 to reuse it.
+         * seq_cst: the last lease's wake check needs no fence after it
+         * (refcount_last_rmw); on x86 the same locked instruction. */
     } while (!atomic_compare_exchange_weak_explicit(&sl->refcount, &w, w - 1,
-                                                    memory_order_release, memory_order_relaxed));
+                                                    memory_order_seq_cst, memory_order_relaxed));
     SFS_TEST_POINT("release:dropped");
     if (SLOT_REF_COUNT(w) == 1)
-        refcount_last(c, sl);
+        refcount_last_rmw(c, sl);
     atomic_store_explicit(&c->leases[lease->entry], SFS_ENTRY_FREE, memory_order_relaxed);
     return 0;
 }
@@ -745,233 +526,4 @@ static int release_lease(struct sfs_cache *c, const struct sfs_lease *lease, boo
 int sfs_cache_release(struct sfs_cache *c, const struct sfs_lease *lease)
 {
     return release_lease(c, lease, true);
-}
-
-/* ---------------------------------------------------------------------------
- * Lookups without leases, Remove, Prealloc, Touch.
- */
-
-/*
- * Lock key's bucket and find the key on it. Returns 0 with the bucket locked
- * and *s the slot or SFS_NIL; -errno (bucket unlocked) on a bad argument, a
- * lock error or a corrupt chain.
- */
-static int lock_find(struct sfs_cache *c, const struct sfs_key *key, uint32_t *b, uint32_t *s)
-{
-    int r, err = 0;
-
-    if (!c || !key)
-        return -EINVAL;
-    *b = bucket_of(c, key);
-    r = bucket_lock(c, *b, 0);
-    if (r < 0)
-        return r;
-    *s = chain_find(c, *b, key, &err);
-    if (err) {
-        bucket_unlock(c, *b);
-        return err;
-    }
-    return 0;
-}
-
-int sfs_cache_state(struct sfs_cache *c, const struct sfs_key *key)
-{
-    uint32_t b, s;
-    int r = lock_find(c, key, &b, &s);
-
-    if (r < 0)
-        return r;
-    r = s == SFS_NIL ? -ENOENT
-                     : (int)atomic_load_explicit(&c->slots[s].state, memory_order_acquire);
-    bucket_unlock(c, b);
-    return r;
-}
-
-bool sfs_cache_exists(struct sfs_cache *c, const struct sfs_key *key)
-{
-    return sfs_cache_state(c, key) == SFS_STATE_READY;
-}
-
-int sfs_cache_remove(struct sfs_cache *c, const struct sfs_key *key)
-{
-    uint32_t b, s;
-    int r = lock_find(c, key, &b, &s);
-
-    if (r < 0)
-        return r;
-    if (s == SFS_NIL) {
-        r = -ENOENT;
-    } else if (!slot_close_unleased(&c->slots[s])) {
-        /* Leased (the CAS that closes it to lock-free hits failed). Relaxed:
-         * the same hint as a write Get's (get_impl). */
-        atomic_fetch_or_explicit(&c->slots[s].flags, (uint8_t)SLOT_F_WRITE_WANTED,
-                                 memory_order_relaxed);
-        r = -EBUSY;
-    } else {
-        struct sfs_slot_rec *sl = &c->slots[s];
-
-        chain_unlink(c, b, s);
-        pin_on_unlink(c, sl);
-        if (atomic_load_explicit(&sl->state, memory_order_relaxed) == SFS_STATE_READY)
-            sfs_ctr_add(c, CTR_RESIDENT_DELTA,
-                        -(int64_t)atomic_load_explicit(&sl->length, memory_order_relaxed));
-        atomic_store_explicit(&sl->accessed, 0, memory_order_relaxed);
-        set_state(sl, SFS_STATE_FREE);
-        /* Release: the slot is fully reset before an evictor's CAS claims it. */
-        atomic_store_explicit(&sl->bucket, SFS_NIL, memory_order_release);
-        r = 0;
-    }
-    bucket_unlock(c, b);
-    return r;
-}
-
-int sfs_cache_prealloc(struct sfs_cache *c, const struct sfs_key *key)
-{
-    uint32_t b, s;
-    int r = lock_find(c, key, &b, &s);
-
-    if (r < 0)
-        return r;
-    if (s != SFS_NIL) {
-        r = 0;
-    } else if (alloc_slot(c, b, sfs_domain_of(c, key->shard),
-                          POOL_REGULAR | POOL_FRESH_ONLY | POOL_RESERVED, &s) == 0) {
-        install(c, b, s, key, SFS_STATE_IDLE, false);
-        atomic_store_explicit(&c->slots[s].owner, SFS_NIL, memory_order_relaxed);
-        sfs_ctr_add(c, CTR_PREALLOC, 1);
-        r = 1;
-    } else {
-        r = 0;
-    }
-    bucket_unlock(c, b);
-    return r;
-}
-
-static int cmp_u32(const void *a, const void *b)
-{
-    uint32_t x = *(const uint32_t *)a, y = *(const uint32_t *)b;
-
-    return x < y ? -1 : x > y;
-}
-
-static bool block_in(const struct sfs_block_id *blocks, size_t n, const uint8_t *id)
-{
-    for (size_t i = 0; i < n; i++)
-        if (memcmp(blocks[i].b, id, SFS_BLOCK_ID_LEN) == 0)
-            return true;
-    return false;
-}
-
-int sfs_cache_touch(struct sfs_cache *c, const struct sfs_block_id *blocks, size_t n)
-{
-    uint32_t max_shard, span, *bk = NULL;
-    size_t nb = 0;
-    int marked = 0;
-
-    if (!c || (!blocks && n))
-        return -EINVAL;
-    if (n == 0)
-        return 0;
-    max_shard = atomic_load_explicit(&c->hdr->max_shard, memory_order_relaxed);
-    span = max_shard >= c->nbuckets - 1 ? c->nbuckets : max_shard + 1;
-    if ((uint64_t)span * n >= c->nbuckets) {
-        /* The walk would cover every bucket anyway: visit each once. */
-        nb = c->nbuckets;
-    } else {
-        bk = malloc(sizeof(*bk) * span * n);
-        if (!bk)
-            return -ENOMEM;
-        for (size_t i = 0; i < n; i++) {
-            uint64_t h = sfs_key_hash(&blocks[i]);
-
-            for (uint32_t k = 0; k < span; k++)
-                bk[nb++] = (uint32_t)(h + k) & c->bucket_mask;
-        }
-        /* Clustered by bucket: each lock taken once. */
-        qsort(bk, nb, sizeof(*bk), cmp_u32);
-    }
-    for (size_t i = 0; i < nb; i++) {
-        uint32_t b = bk ? bk[i] : (uint32_t)i;
-
-        if (bk && i && bk[i - 1] == b)
-            continue;
-        if (bucket_lock(c, b, 0) < 0)
-            continue;
-        uint32_t s = atomic_load_explicit(&c->buckets[b].head, memory_order_relaxed);
-        for (uint32_t steps = 0; s != SFS_NIL && slot_ok(c, s) && steps < c->nslots; steps++) {
-            struct sfs_slot_rec *sl = &c->slots[s];
-            uint32_t st = atomic_load_explicit(&sl->state, memory_order_relaxed);
-
-            if ((st == SFS_STATE_READY || st == SFS_STATE_LOADING) &&
-                block_in(blocks, n, sl->block)) {
-                atomic_store_explicit(&sl->accessed, 1, memory_order_relaxed);
-                sfs_admit_hit(sl, atomic_load_explicit(&sl->flags, memory_order_relaxed));
-                marked++;
-            }
-            s = atomic_load_explicit(&sl->next, memory_order_relaxed);
-        }
-        bucket_unlock(c, b);
-    }
-    free(bk);
-    sfs_ctr_add(c, CTR_TOUCHED, marked);
-    if (c->touch_fn)
-        c->touch_fn(blocks, n, c->touch_arg);
-    return marked;
-}
-
-void sfs_cache_set_touch_hook(struct sfs_cache *c, sfs_touch_hook_fn *fn, void *arg)
-{
-    c->touch_fn = fn;
-    c->touch_arg = arg;
-}
-
-int sfs_cache_foreach(struct sfs_cache *c, unsigned state_mask, sfs_key_visit_fn *fn, void *arg)
-{
-    struct sfs_key *keys = NULL;
-    int *states = NULL, r = 0;
-    uint32_t cap = 0;
-
-    if (!c || !fn)
-        return -EINVAL;
-    for (uint32_t b = 0; b < c->nbuckets && r == 0; b++) {
-        uint32_t n = 0;
-
-        if (atomic_load_explicit(&c->buckets[b].head, memory_order_relaxed) == SFS_NIL)
-            continue; /* racy peek is fine: a snapshot */
-        if (bucket_lock(c, b, 0) < 0)
-            continue;
-        uint32_t s = atomic_load_explicit(&c->buckets[b].head, memory_order_relaxed);
-        for (uint32_t steps = 0; s != SFS_NIL && slot_ok(c, s) && steps < c->nslots; steps++) {
-            struct sfs_slot_rec *sl = &c->slots[s];
-            uint32_t st = atomic_load_explicit(&sl->state, memory_order_relaxed);
-
-            if (st < 32 && (state_mask & (1u << st))) {
-                if (n == cap) {
-                    uint32_t ncap = cap ? cap * 2 : 16;
-                    struct sfs_key *nk = realloc(keys, sizeof(*keys) * ncap);
-                    int *ns = nk ? realloc(states, sizeof(*states) * ncap) : NULL;
-
-                    if (nk)
-                        keys = nk;
-                    if (!ns) {
-                        r = -ENOMEM;
-                        break;
-                    }
-                    states = ns;
-                    cap = ncap;
-                }
-                memcpy(keys[n].block.b, sl->block, SFS_BLOCK_ID_LEN);
-                keys[n].shard = sl->shard;
-                states[n++] = (int)st;
-            }
-            s = atomic_load_explicit(&sl->next, memory_order_relaxed);
-        }
-        bucket_unlock(c, b);
-        /* Callbacks run with no lock held: they may call back into the cache. */
-        for (uint32_t i = 0; i < n && r == 0; i++)
-            r = fn(&keys[i], states[i], arg);
-    }
-    free(keys);
-    free(states);
-    return r;
 }

@@ -31,7 +31,9 @@ struct sfs_cache {
     struct sfs_slot_rec *slots;
     struct sfs_proc_rec *procs;
     _Atomic uint32_t *leases; /* this process's lease table */
+    _Atomic uint64_t *hits;   /* this process's hit counters, one per lease entry */
     uint64_t off_leases;
+    uint64_t off_hits;
 
     /* Validated geometry (local copies). */
     uint64_t shard_size;

@@ -38,7 +38,7 @@ struct geometry {
     uint64_t shard_size, stride, seg_size;
     uint32_t nslots, nreserved, nbuckets, max_procs, max_leases, nsegments, slots_per_seg;
     uint32_t npartitions, npins, pin_budget;
-    uint64_t off_buckets, off_slots, off_procs, off_leases, off_pins, size;
+    uint64_t off_buckets, off_slots, off_procs, off_leases, off_hits, off_pins, size;
 };
 
 static void layout(struct geometry *g)
@@ -54,6 +54,8 @@ static void layout(struct geometry *g)
     g->off_leases = off;
     off += (uint64_t)g->max_procs * g->max_leases * sizeof(uint32_t);
     off = SFS_ALIGN_UP(off, SFS_CACHELINE);
+    g->off_hits = off;
+    off += (uint64_t)g->max_procs * g->max_leases * sizeof(uint64_t);
     g->off_pins = off;
     off += (uint64_t)g->npins * sizeof(struct sfs_pin_rec);
     g->size = SFS_ALIGN_UP(off, 4096);
@@ -81,6 +83,7 @@ uint64_t sfs_layout_format(void)
         sizeof(struct sfs_pin_rec),
         SFS_MAX_PARTITIONS,
         offsetof(struct sfs_header, retired),
+        offsetof(struct sfs_header, off_hits),
         sizeof(struct sfs_bucket_rec),
         offsetof(struct sfs_bucket_rec, head),
         sizeof(struct sfs_slot_rec),
@@ -195,6 +198,7 @@ static void adopt_geometry(struct sfs_cache *c, const struct geometry *g)
     c->slots = (struct sfs_slot_rec *)((uint8_t *)c->ctl + g->off_slots);
     c->procs = (struct sfs_proc_rec *)((uint8_t *)c->ctl + g->off_procs);
     c->off_leases = g->off_leases;
+    c->off_hits = g->off_hits;
     c->npartitions = g->npartitions;
     c->npins = g->npins;
     c->pin_budget = g->pin_budget;
@@ -243,6 +247,7 @@ int sfs_ctl_init(struct sfs_cache *c, const struct sfs_cache_config *cfg)
     h->off_slots = g.off_slots;
     h->off_procs = g.off_procs;
     h->off_leases = g.off_leases;
+    h->off_hits = g.off_hits;
     h->off_pins = g.off_pins;
     h->npartitions = g.npartitions;
     h->npins = g.npins;
@@ -328,7 +333,8 @@ int sfs_ctl_validate(struct sfs_cache *c)
     layout(&g);
     if (g.size != h->region_size || g.size != (uint64_t)st.st_size || g.size != c->ctl_len ||
         g.off_buckets != h->off_buckets || g.off_slots != h->off_slots ||
-        g.off_procs != h->off_procs || g.off_leases != h->off_leases || g.off_pins != h->off_pins)
+        g.off_procs != h->off_procs || g.off_leases != h->off_leases || g.off_hits != h->off_hits ||
+        g.off_pins != h->off_pins)
         return -EBADMSG;
     adopt_geometry(c, &g);
     return 0;

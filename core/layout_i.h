@@ -5,7 +5,8 @@
  * The control plane is one memfd mapped by every attached process, at any
  * address, so it holds offsets and indices, never pointers. It is laid out as
  *
- *   [header][bucket table][slot table][process table][lease tables][pin table]
+ *   [header][bucket table][slot table][process table][lease tables]
+ *   [hit counters][pin table]
  *
  * each part cache-line aligned. Every field says who writes it and what
  * protects it. Everything read from here is input: an index is checked
@@ -28,8 +29,9 @@
 #define SFS_MAGIC          0x3153465344524148ull /* "HARDSFS1" little-endian */
 /* 3: the refcount word carries SLOT_REF_OPEN (lock-free hits); 4: header.
  * admission (was pad0) and SLOT_F_PROBATION (scan-resistant admission); 5:
- * eviction domains and the pin table, SLOT_F_PINNED (docs/layout.md). */
-#define SFS_LAYOUT_VERSION 5u
+ * eviction domains and the pin table, SLOT_F_PINNED; 6: a hit counter per
+ * lease entry, off_hits (docs/layout.md). */
+#define SFS_LAYOUT_VERSION 6u
 #define SFS_NIL            UINT32_MAX            /* "no slot / no bucket" in links */
 #define SFS_CACHELINE      64
 /* Eviction domains: at most this many (-o partitions). */
@@ -218,6 +220,12 @@ struct sfs_header {
     uint64_t off_procs;
     uint64_t off_leases;
     uint64_t off_pins;
+    /* hits[max_procs][max_leases]: u64 each. hits[p][e] counts the lock-free
+     * hits made with record p's lease entry e, written (a relaxed load and
+     * store, no locked instruction) only by the thread that holds the entry
+     * for its Get; summed by stats, folded into retired[CTR_REQUESTS] and
+     * zeroed with the record's counters. */
+    uint64_t off_hits;
 
     /* CLOCK hands (regular and reserved pools) of domain 0, the only one
      * when npartitions is 1: fetch_add, relaxed. Domains 1.. have theirs in

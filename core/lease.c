@@ -47,6 +47,7 @@ int entry_pop(struct sfs_cache *c, uint32_t *e)
     /* Acquire: the next link of the top was written before it was pushed. */
     uint64_t h = atomic_load_explicit(&c->free_head, memory_order_acquire);
 
+    SFS_TEST_POINT("lease:pop"); /* counted by tests: a Get that found no spare */
     for (;;) {
         uint32_t top = FREE_TOP(h);
 
@@ -83,7 +84,10 @@ void entry_push(struct sfs_cache *c, uint32_t e)
  * pair of a thread touches no shared word for its entry. A spare goes back
  * to its handle's stack when the thread exits, if the handle is still open
  * (handles are looked up by id in a process-wide registry, so a closed
- * handle is never touched).
+ * handle is never touched), and when the thread has freed SPARE_SWITCH
+ * entries of another handle in a row: the spare follows the handle the
+ * thread uses (after a re-attach, or in a child forked by a process that
+ * had attached, whose spare names its parent's handle).
  */
 
 /* initial-exec: a plain %fs-relative access, not a __tls_get_addr call. */
@@ -107,6 +111,22 @@ static void spare_exit(void *arg)
     }
     pthread_mutex_unlock(&registry_mu);
     sp->id = 0;
+    sp->misses = 0;
+}
+
+void lease_spare_switch(struct sfs_cache *c, uint32_t e)
+{
+    pthread_mutex_lock(&registry_mu);
+    for (struct sfs_cache *o = registry; o; o = o->reg_next) {
+        if (o->id == lease_spare.id) {
+            entry_push(o, lease_spare.e);
+            break;
+        }
+    }
+    pthread_mutex_unlock(&registry_mu);
+    lease_spare.id = c->id;
+    lease_spare.e = e;
+    lease_spare.misses = 0;
 }
 
 static void spare_init(void)

@@ -60,6 +60,10 @@ static int fold_counters(struct sfs_cache *c, struct sfs_proc_rec *p, int64_t de
     if (r < 0)
         return r;
     SFS_TEST_POINT("proc:fold");
+    /* The lock-free hits, counted per lease entry (hits_sum), are requests. */
+    atomic_fetch_add_explicit(&p->ctr[CTR_REQUESTS],
+                              (int64_t)hits_sum(c, (uint32_t)(p - c->procs), true),
+                              memory_order_relaxed);
     for (int i = 0; i < CTR_COUNT; i++) {
         /* Relaxed: the record's writer is gone or is us. */
         c->hdr->retired[i] = ctr_sum(c->hdr->retired[i],
@@ -134,6 +138,7 @@ static void adopt(struct sfs_cache *c, uint32_t i, uint32_t gen)
     c->my_gen = gen;
     c->self = &c->procs[i];
     c->leases = lease_table(c, i);
+    c->hits = hit_table(c, i);
 }
 
 int sfs_proc_register(struct sfs_cache *c, int device_id)
@@ -252,10 +257,13 @@ int sfs_cache_reap(struct sfs_cache *c)
     return n;
 }
 
-static void sum_proc(const struct sfs_proc_rec *p, int64_t *acc)
+static void sum_proc(const struct sfs_cache *c, uint32_t i, int64_t *acc)
 {
-    for (int i = 0; i < CTR_COUNT; i++)
-        acc[i] = ctr_sum(acc[i], atomic_load_explicit(&p->ctr[i], memory_order_relaxed));
+    const struct sfs_proc_rec *p = &c->procs[i];
+
+    for (int k = 0; k < CTR_COUNT; k++)
+        acc[k] = ctr_sum(acc[k], atomic_load_explicit(&p->ctr[k], memory_order_relaxed));
+    acc[CTR_REQUESTS] = ctr_sum(acc[CTR_REQUESTS], (int64_t)hits_sum(c, i, false));
 }
 
 static void fill_stats(struct sfs_cache *c, const int64_t *acc, struct sfs_stats *o)
@@ -294,7 +302,7 @@ void sfs_cache_stats(struct sfs_cache *c, struct sfs_stats *out)
     for (int i = 0; i < CTR_COUNT; i++)
         acc[i] = c->hdr->retired[i];
     for (uint32_t i = 0; i < c->max_procs; i++)
-        sum_proc(&c->procs[i], acc);
+        sum_proc(c, i, acc);
     if (locked)
         pthread_mutex_unlock(&c->hdr->proc_lock);
     fill_stats(c, acc, out);
@@ -304,7 +312,7 @@ void sfs_cache_stats_local(struct sfs_cache *c, struct sfs_stats *out)
 {
     int64_t acc[CTR_COUNT] = {0};
 
-    sum_proc(c->self, acc);
+    sum_proc(c, c->me, acc);
     fill_stats(c, acc, out);
 }
 

@@ -6,9 +6,10 @@
  * The rooms: bucket.c (robust bucket locks, chains, repair), lease.c (lease
  * tables, free entries, thread spares, handle registry), evict.c (fresh slots,
  * CLOCK, allocation and install), proc.c (process records, reaping, stats),
- * ctl.c (geometry), and cache.c (Get, Wait, Publish, Fail, Release, Touch,
- * Prealloc). Calls go from cache.c down to the others and from evict.c and
- * proc.c down to bucket.c and lease.c, never back up.
+ * ctl.c (geometry), cache.c (Get, Publish, Fail, Release), wait.c (Wait,
+ * WaitAny, takeover) and lookup.c (State, Remove, Prealloc, Touch, foreach).
+ * Calls go from cache.c, wait.c and lookup.c down to the others and from
+ * evict.c and proc.c down to bucket.c and lease.c, never back up.
  *
  * What is on every Get (index checks, the key's bucket and compare, taking
  * and dropping a bucket lock, finding a key on a chain, taking a lease) is
@@ -115,6 +116,29 @@ static inline _Atomic uint32_t *lease_table(const struct sfs_cache *c, uint32_t 
     return (_Atomic uint32_t *)((uint8_t *)c->ctl + c->off_leases) + (uint64_t)proc * c->max_leases;
 }
 
+/* Record proc's hit counters, one per lease entry (layout_i.h, off_hits). */
+static inline _Atomic uint64_t *hit_table(const struct sfs_cache *c, uint32_t proc)
+{
+    return (_Atomic uint64_t *)((uint8_t *)c->ctl + c->off_hits) + (uint64_t)proc * c->max_leases;
+}
+
+/* Record proc's lock-free hits, summed over the entries it ever used (a
+ * snapshot while it lives). take: zero each counter as it is read, for a
+ * fold (the record's threads no longer run). */
+static inline uint64_t hits_sum(const struct sfs_cache *c, uint32_t proc, bool take)
+{
+    _Atomic uint64_t *h = hit_table(c, proc);
+    uint32_t hwm = atomic_load_explicit(&c->procs[proc].lease_hwm, memory_order_acquire);
+    uint64_t n = 0;
+
+    if (hwm > c->max_leases)
+        hwm = c->max_leases; /* shared memory is input */
+    for (uint32_t e = 0; e < hwm; e++)
+        n += take ? atomic_exchange_explicit(&h[e], 0, memory_order_relaxed)
+                  : atomic_load_explicit(&h[e], memory_order_relaxed);
+    return n;
+}
+
 /* ---------------------------------------------------------------------------
  * bucket.c: robust bucket locks and the chains they protect.
  */
@@ -212,8 +236,17 @@ static inline void chain_link(struct sfs_cache *c, uint32_t b, uint32_t s)
 struct lease_spare {
     uint64_t id; /* handle id, 0: none */
     uint32_t e;
+    /* Entries freed to another handle since the spare was last used: at
+     * SPARE_SWITCH the spare moves to that handle (lease_spare_switch). */
+    uint32_t misses;
     bool keyed; /* the exit destructor is armed for this thread */
 };
+
+/* A thread whose spare sits on a handle it no longer uses (one it used
+ * before a re-attach, or its parent's across a fork) moves it to the handle
+ * it uses after this many frees there: the spare is what spares a Get and
+ * its Release two CAS on the process's entry stack. */
+#define SPARE_SWITCH 64u
 
 extern __thread struct lease_spare lease_spare
     __attribute__((tls_model("initial-exec"), visibility("hidden")));
@@ -221,6 +254,8 @@ extern __thread struct lease_spare lease_spare
 int entry_pop(struct sfs_cache *c, uint32_t *e); /* -ENOBUFS: table full */
 void entry_push(struct sfs_cache *c, uint32_t e);
 void lease_spare_arm(void);
+/* Give our spare back to its handle (if still open), keep e of c instead. */
+void lease_spare_switch(struct sfs_cache *c, uint32_t e);
 
 /* A free entry of our table for a new lease: the thread's spare if it has
  * one of this handle, else one from the handle's stack. */
@@ -228,6 +263,7 @@ static inline int entry_alloc(struct sfs_cache *c, uint32_t *e)
 {
     if (lease_spare.id == c->id) {
         lease_spare.id = 0;
+        lease_spare.misses = 0;
         *e = lease_spare.e;
         SFS_ASSERT(*e < c->max_leases);
         return 0;
@@ -243,6 +279,10 @@ static inline void entry_free(struct sfs_cache *c, uint32_t e)
         lease_spare.e = e;
         if (!lease_spare.keyed)
             lease_spare_arm();
+        return;
+    }
+    if (lease_spare.id != c->id && ++lease_spare.misses >= SPARE_SWITCH) {
+        lease_spare_switch(c, e);
         return;
     }
     entry_push(c, e);
@@ -312,19 +352,35 @@ void release_locked(struct sfs_cache *c, uint32_t proc, uint32_t gen, _Atomic ui
  * one wakes a Get waiting for a free slot. Lock-free callers only while the
  * slot is open (release_fast). */
 void refcount_drop(struct sfs_cache *c, struct sfs_slot_rec *s);
-/* The last lease on s is gone: wake a Get waiting for a free slot. */
-static inline void refcount_last(struct sfs_cache *c, struct sfs_slot_rec *s)
+/*
+ * The last lease on s is gone, and the count was brought to 0 by a seq_cst
+ * read-modify-write: wake a Get waiting for a free slot. Dekker with
+ * release_wait_begin (evict.c), which registers (seq_cst RMW), then fences
+ * (seq_cst), then rescans the counts. Our RMW W and our seq_cst load R of
+ * release_waiters are in the single order S with the waiter's fence F: if
+ * W precedes F, the waiter's rescan (after F) sees our count; else F
+ * precedes R, and R sees the waiter's registration (before F). So no fence
+ * here: on x86 the RMW is the locked instruction the release makes anyway,
+ * and the load a plain one (a hit's release used to pay a fence too).
+ */
+static inline void refcount_last_rmw(struct sfs_cache *c, struct sfs_slot_rec *s)
 {
     /* Relaxed: nwaiters only decides whether set_state makes a wake call. */
     if (atomic_load_explicit(&s->nwaiters, memory_order_relaxed))
         atomic_store_explicit(&s->nwaiters, 0, memory_order_relaxed);
-    /* seq_cst fence: the count's store above is ordered before the read of
-     * release_waiters, against the waiter's registration and rescan. */
-    atomic_thread_fence(memory_order_seq_cst);
-    if (atomic_load_explicit(&c->hdr->release_waiters, memory_order_relaxed)) {
+    if (atomic_load_explicit(&c->hdr->release_waiters, memory_order_seq_cst)) {
         atomic_fetch_add_explicit(&c->hdr->release_seq, 1, memory_order_seq_cst);
         sfs_futex_wake(&c->hdr->release_seq, INT32_MAX);
     }
+}
+
+/* The same after a count brought to 0 any other way (a weaker RMW, a
+ * recount's store): the seq_cst fence orders that store before the read of
+ * release_waiters, against the waiter's registration and rescan. */
+static inline void refcount_last(struct sfs_cache *c, struct sfs_slot_rec *s)
+{
+    atomic_thread_fence(memory_order_seq_cst);
+    refcount_last_rmw(c, s);
 }
 /* Free every lease in proc p's table (p is dead, or is us detaching) whose
  * bucket lock is reachable by deadline_ns (bucket_lock's meaning); returns
@@ -383,6 +439,32 @@ static inline void make_owner(struct sfs_cache *c, struct sfs_slot_rec *s)
     atomic_store_explicit(&s->owner_gen, c->my_gen, memory_order_relaxed);
     atomic_store_explicit(&s->error, 0, memory_order_relaxed);
     atomic_store_explicit(&s->length, 0, memory_order_relaxed);
+}
+
+/* The owner of a Loading slot is attached and alive (its record ALIVE, the
+ * generation it owned under): else a Get or a waiter takes the load over. */
+static inline bool owner_alive_rec(struct sfs_cache *c, const struct sfs_slot_rec *s)
+{
+    uint32_t o = atomic_load_explicit(&s->owner, memory_order_acquire);
+    uint32_t gen = atomic_load_explicit(&s->owner_gen, memory_order_acquire);
+
+    if (o >= c->max_procs)
+        return false;
+    return atomic_load_explicit(&c->procs[o].state, memory_order_acquire) == PROC_ALIVE &&
+           atomic_load_explicit(&c->procs[o].gen, memory_order_acquire) == gen;
+}
+
+/* The slot of a lease handed in by a caller: the lease must be ours,
+ * checked against our table, never trusted. NULL when it is not. */
+static inline struct sfs_slot_rec *lease_slot(struct sfs_cache *c, const struct sfs_lease *l)
+{
+    if (!c || !l || l->entry >= c->max_leases || !slot_ok(c, l->slot))
+        return NULL;
+    /* An entry marked ENTRY_DROP was released already: no longer a lease. */
+    if ((atomic_load_explicit(&c->leases[l->entry], memory_order_relaxed) & ~ENTRY_OWNER) !=
+        l->slot + 1)
+        return NULL;
+    return &c->slots[l->slot];
 }
 
 #endif /* SHARDFS_SLOT_I_H */

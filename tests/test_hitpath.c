@@ -22,6 +22,7 @@
 #include "testutil.h"
 
 #include <criterion/criterion.h>
+#include <criterion/parameterized.h>
 #include <errno.h>
 #include <signal.h>
 #include <stdatomic.h>
@@ -41,7 +42,7 @@ struct shm {
     _Atomic uint32_t step;
     _Atomic int stop;
     struct sfs_key key;
-    const char *point;  /* the step to die at (a string literal: same in the child) */
+    char point[32];     /* the step to die at */
     int mode;           /* enum kill_mode */
     _Atomic uint64_t hits, checked, bad;
 };
@@ -114,6 +115,28 @@ enum kill_mode {
     KILL_IN_LOCKED_RELEASE,
 };
 
+/* One death: the point, where it is, and the requests the dead child's Get
+ * must leave counted once its record is reaped (0: it died before its hit
+ * was counted; a hit counts on its entry's hit counter, which the reap
+ * folds into the retired totals). */
+struct kill_case {
+    char point[32]; /* a copy, not a pointer: Criterion runs each case apart */
+    enum kill_mode mode;
+    int requests;
+};
+
+static const struct kill_case kill_cases[] = {
+    {"hit:intent", KILL_IN_GET, 0},
+    {"hit:counted", KILL_IN_GET, 0},
+    {"hit:confirmed", KILL_IN_GET, 0},
+    {"hit:tallied", KILL_IN_GET, 1},
+    {"release:intent", KILL_IN_RELEASE, 1},
+    {"release:dropped", KILL_IN_RELEASE, 1},
+    {"take:transit", KILL_IN_LOCKED_GET, 1},
+    {"take:counted", KILL_IN_LOCKED_GET, 1},
+    {"release:transit_locked", KILL_IN_LOCKED_RELEASE, 1},
+};
+
 static int die_at_point(struct sfs_cache *c, void *arg)
 {
     struct sfs_lease l;
@@ -131,18 +154,22 @@ static int die_at_point(struct sfs_cache *c, void *arg)
     return 2; /* the point was never reached */
 }
 
-static void kill_at(const char *point, enum kill_mode mode)
+static void kill_at(const struct kill_case *kc)
 {
     struct sfs_cache *c = served(8, "hp-kill.sock");
+    const char *point = kc->point;
     struct sfs_lease mine;
+    struct sfs_stats st0, st;
     unsigned held, transit;
 
     sh->key = tu_key(41, 0);
-    sh->point = point;
-    sh->mode = mode;
+    snprintf(sh->point, sizeof(sh->point), "%s", point);
+    sh->mode = kc->mode;
     cr_assert_eq(tu_load(c, &sh->key), SFS_OWNER);
     cr_assert_eq(sfs_cache_get(c, &sh->key, 0, 0, &mine), SFS_HIT);
     uint32_t s = mine.slot;
+    sfs_cache_stats(c, &st0);
+    int64_t retired0 = c->hdr->retired[CTR_REQUESTS];
 
     pid_t p = tu_fork_attached(sh->path, 1, die_at_point, NULL);
     cr_assert_eq(tu_wait_for(p, 10 * SEC), 128 + SIGKILL, "the child did not die at %s", point);
@@ -154,6 +181,14 @@ static void kill_at(const char *point, enum kill_mode mode)
     cr_assert_eq(transit, 0, "%s: %u entries left in transit", point, transit);
     cr_assert_eq(sfs_slot_refs(&c->slots[s]), 1, "%s: count %u, 1 lease", point,
                  sfs_slot_refs(&c->slots[s]));
+    /* Its request counted once, and folded into the retired totals. */
+    sfs_cache_stats(c, &st);
+    cr_assert_eq(st.requests, st0.requests + (uint64_t)kc->requests, "%s: %llu requests, not %llu",
+                 point, (unsigned long long)st.requests,
+                 (unsigned long long)(st0.requests + (uint64_t)kc->requests));
+    cr_assert_eq(c->hdr->retired[CTR_REQUESTS], retired0 + kc->requests,
+                 "%s: the reap folded %lld requests, not %d", point,
+                 (long long)(c->hdr->retired[CTR_REQUESTS] - retired0), kc->requests);
     /* Served again, and open to lock-free hits again. */
     assert_hit(c, &sh->key);
     cr_assert(atomic_load(&c->slots[s].refcount) & SLOT_REF_OPEN, "%s: slot left closed", point);
@@ -168,44 +203,16 @@ static void kill_at(const char *point, enum kill_mode mode)
     sfs_cache_close(c);
 }
 
-Test(hitpath, killed_after_intent, .timeout = 30)
+ParameterizedTestParameters(hitpath, killed_at_each_step)
 {
-    kill_at("hit:intent", KILL_IN_GET);
+    return cr_make_param_array(struct kill_case, (struct kill_case *)kill_cases,
+                               sizeof(kill_cases) / sizeof(kill_cases[0]));
 }
 
-Test(hitpath, killed_after_hit_cas, .timeout = 30)
+/* One case per step of the hit, the release and the locked take and drop. */
+ParameterizedTest(const struct kill_case *kc, hitpath, killed_at_each_step, .timeout = 30)
 {
-    kill_at("hit:counted", KILL_IN_GET);
-}
-
-Test(hitpath, killed_after_hit_confirmed, .timeout = 30)
-{
-    kill_at("hit:confirmed", KILL_IN_GET);
-}
-
-Test(hitpath, killed_after_release_intent, .timeout = 30)
-{
-    kill_at("release:intent", KILL_IN_RELEASE);
-}
-
-Test(hitpath, killed_after_release_cas, .timeout = 30)
-{
-    kill_at("release:dropped", KILL_IN_RELEASE);
-}
-
-Test(hitpath, killed_in_locked_take_before_count, .timeout = 30)
-{
-    kill_at("take:transit", KILL_IN_LOCKED_GET);
-}
-
-Test(hitpath, killed_in_locked_take_after_count, .timeout = 30)
-{
-    kill_at("take:counted", KILL_IN_LOCKED_GET);
-}
-
-Test(hitpath, killed_in_locked_release, .timeout = 30)
-{
-    kill_at("release:transit_locked", KILL_IN_LOCKED_RELEASE);
+    kill_at(kc);
 }
 
 /* ---------------------------------------------------------------------------
@@ -355,6 +362,36 @@ Test(hitpath, slot_reused_between_walk_and_cas, .timeout = 30)
     cr_assert_eq(sfs_cache_state(c, &aba_other), -ENOENT);
     cr_assert_eq(tu_leases_left(c, NULL), 0);
     sfs_cache_close(c);
+}
+
+/* ---------------------------------------------------------------------------
+ * A thread's spare lease entry follows the handle it uses. Its spare was of
+ * a handle it no longer uses (one it used before a re-attach, or its
+ * parent's across a fork): every Get then popped an entry off the stack and
+ * every Release pushed it back, two CAS more on each hit, for good.
+ */
+
+Test(hitpath, spare_follows_the_handle_a_thread_uses, .timeout = 30)
+{
+    struct sfs_cache *a = tu_cache(8, 0, SHARD), *b = tu_cache(8, 0, SHARD);
+    const struct sfs_key k = tu_key(7, 0);
+
+    cr_assert(a && b);
+    cr_assert_eq(tu_load(a, &k), SFS_OWNER);
+    cr_assert_eq(tu_load(b, &k), SFS_OWNER);
+    assert_hit(a, &k); /* our spare is a's entry now */
+    cr_assert_eq(sfs_testpoint_arm("lease:pop", SFS_TP_CALL, tp_nothing, NULL), 0);
+    for (int i = 0; i < 1000; i++)
+        assert_hit(b, &k);
+    unsigned pops = sfs_testpoint_hits("lease:pop");
+    sfs_testpoint_disarm_all();
+    cr_assert_leq(pops, SPARE_SWITCH, "%u of 1000 Gets on b popped an entry", pops);
+    /* a got its entry back: nothing leaked, both close clean. */
+    assert_hit(a, &k);
+    cr_assert_eq(tu_leases_left(a, NULL), 0);
+    cr_assert_eq(tu_leases_left(b, NULL), 0);
+    sfs_cache_close(b);
+    sfs_cache_close(a);
 }
 
 /* ---------------------------------------------------------------------------

@@ -16,12 +16,12 @@
  *               the header bytes and patches below into it once attached
  *               (a hostile process scribbling while we hold the plane)
  *   byte 1      the resize
- *   bytes 2..   the header's geometry (magic .. off_pins), overwritten from
+ *   bytes 2..   the header's geometry (magic .. off_hits), overwritten from
  *               the start for as many bytes as given
  *   then        8-byte patches {u32 which, u32 value}: which picks one 32-bit
  *               word among the shared mutable words (header hands and
  *               counters, bucket heads, every word of every slot record,
- *               process records, lease tables); robust mutexes are left
+ *               process records, lease tables, hit counters); robust mutexes are left
  *               alone (a forged lock word is a documented, not preventable,
  *               stall: docs/security.md)
  *
@@ -53,7 +53,7 @@ enum {
     F_LATE = 32,
 };
 
-#define GEOM_END  (offsetof(struct sfs_header, off_pins) + sizeof(uint64_t))
+#define GEOM_END  (offsetof(struct sfs_header, off_hits) + sizeof(uint64_t))
 #define MAX_WORDS (1u << 16)
 #define NKEYS     12
 #define MAX_PATCH 64
@@ -113,6 +113,8 @@ static void list_words(void)
     add_range(offsetof(struct sfs_header, part_evictions), sizeof(h->part_evictions));
     add_range(offsetof(struct sfs_header, dom), sizeof(h->dom));
     add_range(h->off_pins, (uint64_t)h->npins * sizeof(struct sfs_pin_rec));
+    /* Layout 6: the hit counters. */
+    add_range(h->off_hits, (uint64_t)h->max_procs * h->max_leases * sizeof(uint64_t));
 }
 
 static void seed_header(const char *name, uint8_t flags, const uint8_t *hdr)
