@@ -237,7 +237,7 @@ void install(struct sfs_cache *c, uint32_t b, uint32_t s, const struct sfs_key *
     /* A new load gets a second chance; a prewarmed guess does not. */
     atomic_store_explicit(&sl->accessed, state == SFS_STATE_LOADING, memory_order_relaxed);
     set_state(sl, state);
-    pin_on_install(c, sl);
+    pin_on_load(c, sl); /* a Prealloc'd (Idle) slot is no pin's */
     chain_link(c, b, s);
     uint32_t m = atomic_load_explicit(&c->hdr->max_shard, memory_order_relaxed);
     while (k->shard > m &&
