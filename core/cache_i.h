@@ -49,8 +49,11 @@ struct sfs_cache {
     uint32_t seg_shift; /* 0: use div/mod */
     uint32_t seg_mask;
     uint32_t npartitions; /* eviction domains (>= 1) */
-    uint32_t npins;       /* pin table entries (a power of two) */
-    uint32_t pin_budget;  /* slots pins may hold */
+    /* Each domain's ranges (layout_i.h, part_end and part_rend), as validated. */
+    uint32_t part_end[SFS_MAX_PARTITIONS];
+    uint32_t part_rend[SFS_MAX_PARTITIONS];
+    uint32_t npins;      /* pin table entries (a power of two) */
+    uint32_t pin_budget; /* slots pins may hold */
     struct sfs_pin_rec *pins;
 
     /* Data plane (NULL for the query-only role). */

@@ -120,7 +120,14 @@ struct sfs_cache_config {
     uint32_t partitions; /* eviction domains (0 or 1: one; at most 64); a key's
                           * domain is its shard index mod partitions */
     int pin_budget_pct;  /* percent of the slots pins may hold (0: 25; < 0: no pins) */
+    /* Each domain's budget (NULL: equal): `partitions` weights, each 1..
+     * SFS_PARTITION_WEIGHT_MAX; domain d owns weights[d] / sum of the regular
+     * slots and of the reserved pool (rounded down at each boundary), and
+     * every domain must get one regular slot at least (else -EINVAL). */
+    const uint32_t *partition_weights;
 };
+
+#define SFS_PARTITION_WEIGHT_MAX 1000000u
 
 /* How a new key enters the cache (docs/eviction.md, "Scan-resistant admission"). */
 enum sfs_admission {
