@@ -98,9 +98,10 @@ void fs_usage(const char *prog)
            "    -o numa_node=N         bind the data plane to NUMA node N (default: none)\n"
            "    -o warm=PCT            at mount, load the hottest blocks of the usage file up\n"
            "                           to PCT %% of capacity (default %d, 0: off)\n"
-           "    -o admission=clock|scan  how a new shard enters the cache: clock (default),\n"
-           "                           or scan: probationary until its second read, so a\n"
-           "                           scan larger than the cache does not flush hot shards\n"
+           "    -o admission=scan|clock  how a new shard enters the cache: scan (default):\n"
+           "                           probationary until its second read, so a scan\n"
+           "                           larger than the cache does not flush hot shards;\n"
+           "                           or clock: every new shard on equal terms\n"
            "    -o partitions=P        eviction domains: a key's domain is its shard index\n"
            "                           mod P; each has 1/P of the slots (default 1)\n"
            "    -o partition_budget=W0:W1:...  each domain's budget: domain i has Wi/sum\n"
@@ -461,6 +462,9 @@ static int validate(const struct fs_options *o, const char *mnt, struct fs_confi
             FAIL("warm=%s: out of range (0..100 percent of capacity)", o->warm);
         cfg->warm_pct = (unsigned)v;
     }
+    /* The daemon's default is scan (docs/eviction.md, "The default"); a
+     * cache made with the core API's zero config stays CLOCK. */
+    cfg->cache.admission = SFS_ADMIT_SCAN;
     if (o->admission) {
         if (strcmp(o->admission, "clock") == 0)
             cfg->cache.admission = SFS_ADMIT_CLOCK;
