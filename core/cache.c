@@ -243,6 +243,7 @@ retry:
             atomic_fetch_and_explicit(&sl->flags, (uint8_t)(SLOT_F_RESERVED | SLOT_F_PINNED),
                                       memory_order_relaxed);
             set_state(sl, SFS_STATE_LOADING);
+            pin_on_load(c, sl); /* a Prealloc'd or failed slot was no pin's */
             atomic_store_explicit(&sl->accessed, 1, memory_order_relaxed);
             lease_take(c, s, e, lease);
             sfs_ctr_add(c, CTR_MISSES, 1);
@@ -386,6 +387,7 @@ int sfs_cache_fail(struct sfs_cache *c, const struct sfs_lease *lease, int error
     sfs_ctr_add(c, CTR_FAILURES, 1);
     atomic_fetch_and_explicit(&c->leases[lease->entry], ~ENTRY_OWNER, memory_order_relaxed);
     set_state(sl, SFS_STATE_FAILED);
+    pin_on_fail(c, sl); /* a pin counts only what it holds */
     return 0;
 }
 

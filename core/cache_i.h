@@ -51,8 +51,11 @@ struct sfs_cache {
     uint32_t seg_shift; /* 0: use div/mod */
     uint32_t seg_mask;
     uint32_t npartitions; /* eviction domains (>= 1) */
-    uint32_t npins;       /* pin table entries (a power of two) */
-    uint32_t pin_budget;  /* slots pins may hold */
+    /* Each domain's ranges (layout_i.h, part_end and part_rend), as validated. */
+    uint32_t part_end[SFS_MAX_PARTITIONS];
+    uint32_t part_rend[SFS_MAX_PARTITIONS];
+    uint32_t npins;      /* pin table entries (a power of two) */
+    uint32_t pin_budget; /* slots pins may hold */
     struct sfs_pin_rec *pins;
 
     /* Data plane (NULL for the query-only role). */
@@ -96,14 +99,19 @@ struct sfs_cache {
     uint8_t adm_pad1[SFS_CACHELINE];
 };
 
-/* pin.c: the evictor's and install's side of pins (under the slot's bucket
- * lock). slot_pin_holds: false for an unpinned slot; for a flagged one, true
- * while its block's pin lasts, else clears the flag (and the charge) and
- * returns false. pin_on_install: flag a slot just given a key whose block is
- * pinned, if the budget has room. pin_on_unlink: a slot leaves its chain. */
+/* pin.c: the evictor's and the loads' side of pins (under the slot's bucket
+ * lock, but pin_on_fail). A pin counts only slots that hold data (Loading or
+ * Ready), never a Prealloc'd (Idle) or failed one. slot_pin_holds: false for
+ * an unpinned slot; for a flagged one, true while it holds data and its
+ * block's pin lasts, else clears the flag (and the charge) and returns
+ * false. pin_on_load: flag a slot that just became Loading (installed, or
+ * taken over from Idle or Failed) if its block is pinned and the budget has
+ * room. pin_on_fail: its load failed. pin_on_unlink: a slot leaves its
+ * chain. */
 bool slot_pin_holds(struct sfs_cache *c, struct sfs_slot_rec *sl);
 bool slot_pin_hint(struct sfs_cache *c, const struct sfs_slot_rec *sl); /* lock-free look */
-void pin_on_install(struct sfs_cache *c, struct sfs_slot_rec *sl);
+void pin_on_load(struct sfs_cache *c, struct sfs_slot_rec *sl);
+void pin_on_fail(struct sfs_cache *c, struct sfs_slot_rec *sl);
 void pin_on_unlink(struct sfs_cache *c, struct sfs_slot_rec *sl);
 
 /* The domain of a key: its shard index mod npartitions (DESIGN 13). */

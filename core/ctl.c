@@ -38,6 +38,7 @@ struct geometry {
     uint64_t shard_size, stride, seg_size;
     uint32_t nslots, nreserved, nbuckets, max_procs, max_leases, nsegments, slots_per_seg;
     uint32_t npartitions, npins, pin_budget;
+    uint32_t part_end[SFS_MAX_PARTITIONS], part_rend[SFS_MAX_PARTITIONS];
     uint64_t off_buckets, off_slots, off_procs, off_leases, off_hits, off_pins, size;
 };
 
@@ -80,6 +81,8 @@ uint64_t sfs_layout_format(void)
         offsetof(struct sfs_header, proc_lock),
         offsetof(struct sfs_header, pin_lock),
         offsetof(struct sfs_header, dom),
+        offsetof(struct sfs_header, part_end),
+        offsetof(struct sfs_header, part_rend),
         sizeof(struct sfs_pin_rec),
         SFS_MAX_PARTITIONS,
         offsetof(struct sfs_header, retired),
@@ -114,6 +117,45 @@ static uint32_t pow2_at_least(uint64_t v)
     return p;
 }
 
+/*
+ * Each domain's budget: the boundaries of its ranges in the regular and the
+ * reserved pool, from weights (NULL: all equal, which is d * n / P). Domain
+ * d ends at n * (w[0] + ... + w[d]) / sum, so the ranges tile each pool
+ * exactly. Every domain needs one regular slot at least: -EINVAL if not.
+ */
+static int domain_bounds(struct geometry *g, const uint32_t *w)
+{
+    uint32_t p = g->npartitions, nregular = g->nslots - g->nreserved;
+    uint64_t sum = 0, acc = 0;
+
+    for (uint32_t d = 0; d < p; d++) {
+        if (w && (w[d] == 0 || w[d] > SFS_PARTITION_WEIGHT_MAX))
+            return -EINVAL;
+        sum += w ? w[d] : 1;
+    }
+    for (uint32_t d = 0; d < p; d++) {
+        acc += w ? w[d] : 1;
+        g->part_end[d] = (uint32_t)((uint64_t)nregular * acc / sum);
+        g->part_rend[d] = (uint32_t)((uint64_t)g->nreserved * acc / sum);
+        if (g->part_end[d] <= (d ? g->part_end[d - 1] : 0))
+            return -EINVAL;
+    }
+    return 0;
+}
+
+/* Attach: the boundaries as domain_bounds() leaves them, whatever weights. */
+static bool domain_bounds_ok(const struct geometry *g)
+{
+    uint32_t nregular = g->nslots - g->nreserved;
+
+    for (uint32_t d = 0; d < g->npartitions; d++)
+        if (g->part_end[d] <= (d ? g->part_end[d - 1] : 0) ||
+            g->part_rend[d] < (d ? g->part_rend[d - 1] : 0))
+            return false;
+    return g->part_end[g->npartitions - 1] == nregular &&
+           g->part_rend[g->npartitions - 1] == g->nreserved;
+}
+
 static int geometry_from_config(const struct sfs_cache_config *cfg, struct geometry *g)
 {
     uint64_t cap = cfg->capacity ? cfg->capacity : SFS_DEFAULT_CAPACITY;
@@ -138,6 +180,8 @@ static int geometry_from_config(const struct sfs_cache_config *cfg, struct geome
     /* Domains: each needs a regular slot at least. */
     g->npartitions = cfg->partitions ? cfg->partitions : 1;
     if (g->npartitions > SFS_MAX_PARTITIONS || g->npartitions > g->nslots - g->nreserved)
+        return -EINVAL;
+    if (domain_bounds(g, cfg->partition_weights) < 0)
         return -EINVAL;
     if (cfg->pin_budget_pct > 100)
         return -EINVAL;
@@ -200,6 +244,8 @@ static void adopt_geometry(struct sfs_cache *c, const struct geometry *g)
     c->off_leases = g->off_leases;
     c->off_hits = g->off_hits;
     c->npartitions = g->npartitions;
+    memcpy(c->part_end, g->part_end, sizeof(c->part_end));
+    memcpy(c->part_rend, g->part_rend, sizeof(c->part_rend));
     c->npins = g->npins;
     c->pin_budget = g->pin_budget;
     c->pins = (struct sfs_pin_rec *)((uint8_t *)c->ctl + g->off_pins);
@@ -250,6 +296,8 @@ int sfs_ctl_init(struct sfs_cache *c, const struct sfs_cache_config *cfg)
     h->off_hits = g.off_hits;
     h->off_pins = g.off_pins;
     h->npartitions = g.npartitions;
+    memcpy(h->part_end, g.part_end, sizeof(h->part_end));
+    memcpy(h->part_rend, g.part_rend, sizeof(h->part_rend));
     h->npins = g.npins;
     h->pin_budget = g.pin_budget;
     r = sfs_robust_mutex_init(&h->proc_lock);
@@ -306,16 +354,18 @@ int sfs_ctl_validate(struct sfs_cache *c)
     g.nsegments = h->nsegments;
     g.slots_per_seg = h->slots_per_segment;
     g.npartitions = h->npartitions;
+    memcpy(g.part_end, h->part_end, sizeof(g.part_end));
+    memcpy(g.part_rend, h->part_rend, sizeof(g.part_rend));
     g.npins = h->npins;
     g.pin_budget = h->pin_budget;
     /* Each field within the bounds geometry_from_config() gives it. */
-    if (g.shard_size == 0 || g.shard_size > UINT32_MAX || g.nslots == 0 ||
-        g.nslots >= (1u << 29) || g.nreserved >= g.nslots || g.nbuckets == 0 ||
-        (g.nbuckets & (g.nbuckets - 1)) || g.max_procs == 0 || g.max_procs > 4096 ||
-        g.max_leases == 0 || g.max_leases > (1u << 24) || g.slots_per_seg == 0 ||
-        g.slots_per_seg > g.nslots || g.npartitions == 0 ||
+    if (g.shard_size == 0 || g.shard_size > UINT32_MAX || g.nslots == 0 || g.nslots >= (1u << 29) ||
+        g.nreserved >= g.nslots || g.nbuckets == 0 || (g.nbuckets & (g.nbuckets - 1)) ||
+        g.max_procs == 0 || g.max_procs > 4096 || g.max_leases == 0 || g.max_leases > (1u << 24) ||
+        g.slots_per_seg == 0 || g.slots_per_seg > g.nslots || g.npartitions == 0 ||
         g.npartitions > SFS_MAX_PARTITIONS || g.npartitions > g.nslots - g.nreserved ||
-        g.npins < 64 || g.npins > 65536 || (g.npins & (g.npins - 1)) || g.pin_budget > g.nslots)
+        g.npins < 64 || g.npins > 65536 || (g.npins & (g.npins - 1)) || g.pin_budget > g.nslots ||
+        !domain_bounds_ok(&g))
         return -EBADMSG;
     /* Every derived size recomputed as the creator computes it, each product
      * overflow-checked, and required equal: stride exactly the aligned shard

@@ -150,11 +150,12 @@ static int clock_scan(struct sfs_cache *c, uint32_t b, _Atomic uint64_t *hand, u
 }
 
 /*
- * An eviction domain: its share of each pool and its hands. Domain d of P
- * owns regular slots [d * R / P, (d + 1) * R / P) and reserved slots
- * likewise, so a domain's budget is a hard bound by construction: its keys
- * are only ever installed in its own ranges. With P = 1 this is the whole
- * pools and the header's hands, exactly as before domains.
+ * An eviction domain: its share of each pool and its hands. Domain d owns
+ * regular slots [part_end[d - 1], part_end[d]) and reserved slots likewise
+ * (equal shares by default, or as weighted at create: ctl.c), so a domain's
+ * budget is a hard bound by construction: its keys are only ever installed
+ * in its own ranges. With P = 1 this is the whole pools and the header's
+ * hands, exactly as before domains.
  */
 struct domain {
     _Atomic uint64_t *hand, *hand_reserved;
@@ -165,7 +166,6 @@ struct domain {
 static void domain_get(struct sfs_cache *c, uint32_t d, struct domain *o)
 {
     struct sfs_header *h = c->hdr;
-    uint32_t p = c->npartitions;
 
     if (d == 0) {
         o->hand = &h->hand;
@@ -178,10 +178,10 @@ static void domain_get(struct sfs_cache *c, uint32_t d, struct domain *o)
         o->fresh = &h->dom[d - 1].fresh;
         o->fresh_reserved = &h->dom[d - 1].fresh_reserved;
     }
-    o->base = (uint32_t)((uint64_t)c->nregular * d / p);
-    o->n = (uint32_t)((uint64_t)c->nregular * (d + 1) / p) - o->base;
-    o->rbase = c->nregular + (uint32_t)((uint64_t)c->nreserved * d / p);
-    o->rn = c->nregular + (uint32_t)((uint64_t)c->nreserved * (d + 1) / p) - o->rbase;
+    o->base = d ? c->part_end[d - 1] : 0;
+    o->n = c->part_end[d] - o->base;
+    o->rbase = c->nregular + (d ? c->part_rend[d - 1] : 0);
+    o->rn = c->nregular + c->part_rend[d] - o->rbase;
 }
 
 /* -ENOSPC when every candidate was leased (or pinned); -EAGAIN when some
@@ -200,8 +200,8 @@ int alloc_slot(struct sfs_cache *c, uint32_t b, uint32_t dom, unsigned pools, ui
         if (!(pools & POOL_FRESH_ONLY)) {
             bool passed = false;
 
-            if (clock_scan(c, b, d.hand, d.base, d.n, out, &busy,
-                           c->admit_scan ? &passed : NULL) == 0)
+            if (clock_scan(c, b, d.hand, d.base, d.n, out, &busy, c->admit_scan ? &passed : NULL) ==
+                0)
                 return 0;
             /* The admission passed over main slots and found no victim:
              * plain CLOCK, so it never turns a free slot into -ENOSPC. */
@@ -237,7 +237,7 @@ void install(struct sfs_cache *c, uint32_t b, uint32_t s, const struct sfs_key *
     /* A new load gets a second chance; a prewarmed guess does not. */
     atomic_store_explicit(&sl->accessed, state == SFS_STATE_LOADING, memory_order_relaxed);
     set_state(sl, state);
-    pin_on_install(c, sl);
+    pin_on_load(c, sl); /* a Prealloc'd (Idle) slot is no pin's */
     chain_link(c, b, s);
     uint32_t m = atomic_load_explicit(&c->hdr->max_shard, memory_order_relaxed);
     while (k->shard > m &&

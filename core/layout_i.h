@@ -30,9 +30,10 @@
 /* 3: the refcount word carries SLOT_REF_OPEN (lock-free hits); 4: header.
  * admission (was pad0) and SLOT_F_PROBATION (scan-resistant admission); 5:
  * eviction domains and the pin table, SLOT_F_PINNED; 6: a hit counter per
- * lease entry, off_hits (docs/layout.md). */
+ * lease entry (off_hits) and each domain's budget (part_end, part_rend) in
+ * the header (docs/layout.md). */
 #define SFS_LAYOUT_VERSION 6u
-#define SFS_NIL            UINT32_MAX            /* "no slot / no bucket" in links */
+#define SFS_NIL            UINT32_MAX /* "no slot / no bucket" in links */
 #define SFS_CACHELINE      64
 /* Eviction domains: at most this many (-o partitions). */
 #define SFS_MAX_PARTITIONS 64u /* = SFS_MAX_PARTITIONS_PUBLIC (ctl.c checks) */
@@ -226,6 +227,13 @@ struct sfs_header {
      * for its Get; summed by stats, folded into retired[CTR_REQUESTS] and
      * zeroed with the record's counters. */
     uint64_t off_hits;
+    /* Each domain's budget: domain d owns regular slots [part_end[d - 1],
+     * part_end[d]) (from 0 for d = 0) and reserved slots nregular +
+     * [part_rend[d - 1], part_rend[d]). Entries < npartitions are used:
+     * part_end strictly increasing up to nregular, part_rend nondecreasing
+     * up to nreserved (checked at attach). */
+    uint32_t part_end[SFS_MAX_PARTITIONS];
+    uint32_t part_rend[SFS_MAX_PARTITIONS];
 
     /* CLOCK hands (regular and reserved pools) of domain 0, the only one
      * when npartitions is 1: fetch_add, relaxed. Domains 1.. have theirs in

@@ -149,10 +149,24 @@ static void slot_block_words(const struct sfs_slot_rec *sl, uint64_t w[2])
     w[1] = __atomic_load_n((const key_word *)(sl->block + 8), __ATOMIC_RELAXED);
 }
 
+/* Whether a slot holds its shard or is being filled with it: the only slots
+ * a pin counts. A Prealloc'd slot (Idle: a guess that the shard will be
+ * read, perhaps of a shard the store does not have) and a failed load hold
+ * nothing, and a pin that kept them would spend its budget and the cache's
+ * slots on nothing until its expiry. */
+static bool slot_holds_data(const struct sfs_slot_rec *sl)
+{
+    uint32_t st = atomic_load_explicit(&sl->state, memory_order_relaxed);
+
+    return st == SFS_STATE_READY || st == SFS_STATE_LOADING;
+}
+
 bool slot_pin_hint(struct sfs_cache *c, const struct sfs_slot_rec *sl)
 {
     uint64_t w[2];
 
+    if (!slot_holds_data(sl))
+        return false;
     slot_block_words(sl, w);
     int64_t e = pin_expiry(c, w);
 
@@ -169,11 +183,13 @@ bool slot_pin_holds(struct sfs_cache *c, struct sfs_slot_rec *sl)
     return false;
 }
 
-void pin_on_install(struct sfs_cache *c, struct sfs_slot_rec *sl)
+void pin_on_load(struct sfs_cache *c, struct sfs_slot_rec *sl)
 {
     /* Relaxed: a hint; a pin made after this look flags the slot itself
      * (its walk runs after its entry is visible). */
-    if (atomic_load_explicit(&c->hdr->pins_used, memory_order_relaxed) == 0)
+    if (atomic_load_explicit(&c->hdr->pins_used, memory_order_relaxed) == 0 ||
+        !slot_holds_data(sl) ||
+        (atomic_load_explicit(&sl->flags, memory_order_relaxed) & SLOT_F_PINNED))
         return;
     uint64_t w[2];
 
@@ -182,6 +198,15 @@ void pin_on_install(struct sfs_cache *c, struct sfs_slot_rec *sl)
 
     if (e != 0 && e != PIN_UNKNOWN && e > sfs_now_ns() && pin_charge(c))
         atomic_fetch_or_explicit(&sl->flags, (uint8_t)SLOT_F_PINNED, memory_order_relaxed);
+}
+
+void pin_on_fail(struct sfs_cache *c, struct sfs_slot_rec *sl)
+{
+    /* A load that failed holds nothing (slot_holds_data). The flag is
+     * cleared by an atomic read-modify-write, so its charge is returned
+     * once, whoever clears it; a walk that flags the slot just before it
+     * failed leaves the evictor to clear it (slot_pin_holds). */
+    slot_unflag(c, sl);
 }
 
 void pin_on_unlink(struct sfs_cache *c, struct sfs_slot_rec *sl)
@@ -259,7 +284,8 @@ static void unflag_fn(struct sfs_cache *c, struct sfs_slot_rec *sl, void *arg)
 static void count_unflagged_fn(struct sfs_cache *c, struct sfs_slot_rec *sl, void *arg)
 {
     (void)c;
-    if (!(atomic_load_explicit(&sl->flags, memory_order_relaxed) & SLOT_F_PINNED))
+    if (slot_holds_data(sl) &&
+        !(atomic_load_explicit(&sl->flags, memory_order_relaxed) & SLOT_F_PINNED))
         ++*(uint32_t *)arg;
 }
 
@@ -272,6 +298,10 @@ static void flag_fn(struct sfs_cache *c, struct sfs_slot_rec *sl, void *arg)
 {
     struct flag_ctx *f = arg;
 
+    if (!slot_holds_data(sl)) {
+        slot_unflag(c, sl); /* flagged while it held data (a load since failed) */
+        return;
+    }
     if (!(atomic_load_explicit(&sl->flags, memory_order_relaxed) & SLOT_F_PINNED)) {
         if (f->reserved)
             f->reserved--;
@@ -393,7 +423,7 @@ int sfs_cache_pin(struct sfs_cache *c, const struct sfs_block_id *blocks, size_t
     } while (!atomic_compare_exchange_weak_explicit(&c->hdr->pinned_slots, &v, v + need,
                                                     memory_order_relaxed, memory_order_relaxed));
     /* Publish the entries, then flag: a shard loaded after its entry is
-     * visible flags itself (pin_on_install); one loaded before is met by
+     * visible flags itself (pin_on_load); one loaded before is met by
      * the walk. */
     int64_t expiry = now + (int64_t)seconds * 1000000000ll;
     for (size_t i = 0; i < n; i++) {

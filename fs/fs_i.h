@@ -461,10 +461,11 @@ struct fs_options {
     char *reserved;
     char *wait_timeout;
     char *readahead;
-    char *warm; /* -o warm=PCT */
-    char *partitions; /* -o partitions=P */
-    char *pin_budget; /* -o pin_budget=PCT */
-    char *warm_pin;   /* -o warm_pin=SECONDS */
+    char *warm;             /* -o warm=PCT */
+    char *partitions;       /* -o partitions=P */
+    char *partition_budget; /* -o partition_budget=W0:W1:...: each domain's share */
+    char *pin_budget;       /* -o pin_budget=PCT */
+    char *warm_pin;         /* -o warm_pin=SECONDS */
     char *numa_node;
     char *attach_uids; /* U1:U2:...: more uids that may attach */
     char *attach_gid;  /* a group whose members may attach */
@@ -499,6 +500,8 @@ struct fs_config {
     /* Who may attach besides root and our uid (-o attach_uids, attach_gid). */
     uint32_t attach_uids[SFS_ATTACH_UIDS_MAX];
     struct sfs_serve_opts serve;
+    /* -o partition_budget: cache.partition_weights points here. */
+    uint32_t partition_weights[SFS_MAX_PARTITIONS_PUBLIC];
     /* hugepages=auto turned into on: ordinary memory for the data plane
      * would be above this cgroup memory limit. */
     bool no_fallback;

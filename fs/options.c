@@ -51,6 +51,7 @@ static const struct fuse_opt opt_table[] = {
     OPT("numa_node=%s", numa_node),
     OPT("warm=%s", warm),
     OPT("partitions=%s", partitions),
+    OPT("partition_budget=%s", partition_budget),
     OPT("pin_budget=%s", pin_budget),
     OPT("warm_pin=%s", warm_pin),
     OPT("attach_uids=%s", attach_uids),
@@ -97,11 +98,14 @@ void fs_usage(const char *prog)
            "    -o numa_node=N         bind the data plane to NUMA node N (default: none)\n"
            "    -o warm=PCT            at mount, load the hottest blocks of the usage file up\n"
            "                           to PCT %% of capacity (default %d, 0: off)\n"
-           "    -o admission=clock|scan  how a new shard enters the cache: clock (default),\n"
-           "                           or scan: probationary until its second read, so a\n"
-           "                           scan larger than the cache does not flush hot shards\n"
+           "    -o admission=scan|clock  how a new shard enters the cache: scan (default):\n"
+           "                           probationary until its second read, so a scan\n"
+           "                           larger than the cache does not flush hot shards;\n"
+           "                           or clock: every new shard on equal terms\n"
            "    -o partitions=P        eviction domains: a key's domain is its shard index\n"
            "                           mod P; each has 1/P of the slots (default 1)\n"
+           "    -o partition_budget=W0:W1:...  each domain's budget: domain i has Wi/sum\n"
+           "                           of the slots (P weights; sets P if partitions is unset)\n"
            "    -o pin_budget=PCT      pins (user.shardfs.pin) may hold PCT %% of the slots\n"
            "                           (default 25, 0: no pins)\n"
            "    -o warm_pin=SECONDS    pin each block the warm-up loads for SECONDS (within\n"
@@ -236,6 +240,54 @@ static bool parse_uint(const char *s, uint64_t max, uint64_t *out)
         fputc('\n', stderr);                                                                       \
         return -1;                                                                                 \
     } while (0)
+
+/*
+ * -o partition_budget=W0:W1:...: one weight per domain, each 1..
+ * SFS_PARTITION_WEIGHT_MAX; domain i gets Wi / sum of the slots. The count
+ * sets partitions, or must equal it. As for equal shares (partitions at most
+ * half the slots), every domain must come to two slots at least, so that
+ * the core's rounding leaves each one regular slot whatever the reserved
+ * pool takes.
+ */
+static int check_partition_budget(const char *spec, struct fs_config *cfg)
+{
+    uint64_t nslots = cfg->cache.capacity / cfg->cache.shard_size, sum = 0, v;
+    uint32_t n = 0;
+    const char *p = spec;
+
+    for (;;) {
+        char num[16];
+        size_t len = strcspn(p, ":");
+
+        if (n == SFS_MAX_PARTITIONS_PUBLIC)
+            FAIL("partition_budget=%s: more than %u weights", spec, SFS_MAX_PARTITIONS_PUBLIC);
+        if (len == 0 || len >= sizeof(num))
+            FAIL("partition_budget=%s: not a list of weights (W0:W1:..., one a domain)", spec);
+        memcpy(num, p, len);
+        num[len] = '\0';
+        if (!parse_uint(num, SFS_PARTITION_WEIGHT_MAX, &v) || v == 0)
+            FAIL("partition_budget=%s: weight '%s' out of range (1..%u)", spec, num,
+                 SFS_PARTITION_WEIGHT_MAX);
+        cfg->partition_weights[n++] = (uint32_t)v;
+        sum += v;
+        if (!p[len])
+            break;
+        p += len + 1;
+    }
+    if (cfg->cache.partitions && cfg->cache.partitions != n)
+        FAIL("partition_budget=%s: %u weights for partitions=%u (one weight a domain)", spec, n,
+             cfg->cache.partitions);
+    if (n < 2)
+        FAIL("partition_budget=%s: one weight: a single domain has the whole cache", spec);
+    for (uint32_t d = 0; d < n; d++)
+        if (nslots * cfg->partition_weights[d] < 2 * sum)
+            FAIL("partition_budget=%s: domain %u's share (%u/%" PRIu64 " of %" PRIu64
+                 " slots) is under two slots",
+                 spec, d, cfg->partition_weights[d], sum, nslots);
+    cfg->cache.partitions = n;
+    cfg->cache.partition_weights = cfg->partition_weights;
+    return 0;
+}
 
 /* <SOCKET_DIR>/<mount point with '/' as '-', odd bytes as '_'>.sock, hashed
  * when too long for sun_path. */
@@ -410,6 +462,9 @@ static int validate(const struct fs_options *o, const char *mnt, struct fs_confi
             FAIL("warm=%s: out of range (0..100 percent of capacity)", o->warm);
         cfg->warm_pct = (unsigned)v;
     }
+    /* The daemon's default is scan (docs/eviction.md, "The default"); a
+     * cache made with the core API's zero config stays CLOCK. */
+    cfg->cache.admission = SFS_ADMIT_SCAN;
     if (o->admission) {
         if (strcmp(o->admission, "clock") == 0)
             cfg->cache.admission = SFS_ADMIT_CLOCK;
@@ -426,6 +481,8 @@ static int validate(const struct fs_options *o, const char *mnt, struct fs_confi
                  o->partitions, SFS_MAX_PARTITIONS_PUBLIC, nslots);
         cfg->cache.partitions = (uint32_t)v;
     }
+    if (o->partition_budget && check_partition_budget(o->partition_budget, cfg) < 0)
+        return -1;
     cfg->cache.pin_budget_pct = (int)SFS_DEFAULT_PIN_BUDGET_PCT;
     if (o->pin_budget) {
         if (!parse_uint(o->pin_budget, 100, &v))
@@ -724,6 +781,7 @@ void fs_options_free(struct fs_options *o)
     free(o->warm);
     free(o->admission);
     free(o->partitions);
+    free(o->partition_budget);
     free(o->pin_budget);
     free(o->warm_pin);
     free(o->numa_node);

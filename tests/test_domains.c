@@ -5,7 +5,8 @@
  * its own CLOCK hands, so a flood of one domain's keys never evicts
  * another's, a domain's budget holds, Prealloc and the reserved pool keep
  * to the key's domain, and the evictions are counted by domain. (P = 1 is
- * the seed 000 scenarios, test_scenarios.c, unchanged.)
+ * the seed 000 scenarios, test_scenarios.c, unchanged.) Budgets given per
+ * domain (sfs_cache_config.partition_weights) hold at their sizes.
  */
 #include "testutil.h"
 
@@ -16,7 +17,8 @@
 
 #define SHARD 4096u
 
-static struct sfs_cache *cache_p(uint32_t nslots, uint32_t nreserved, uint32_t p)
+static struct sfs_cache *cache_w(uint32_t nslots, uint32_t nreserved, uint32_t p,
+                                 const uint32_t *weights)
 {
     struct sfs_cache_config cfg = {
         .shard_size = SHARD,
@@ -25,12 +27,18 @@ static struct sfs_cache *cache_p(uint32_t nslots, uint32_t nreserved, uint32_t p
         .no_reserved = nreserved == 0,
         .hugepages = SFS_HUGEPAGES_OFF,
         .partitions = p,
+        .partition_weights = weights,
     };
     int err = 0;
     struct sfs_cache *c = sfs_cache_create(&cfg, &err);
 
     cr_assert_not_null(c, "create with %u partitions: %s", p, strerror(-err));
     return c;
+}
+
+static struct sfs_cache *cache_p(uint32_t nslots, uint32_t nreserved, uint32_t p)
+{
+    return cache_w(nslots, nreserved, p, NULL);
 }
 
 /* Load key (it must miss), publish, release; returns its slot. */
@@ -180,5 +188,81 @@ Test(domains, bad_partitions_refused, .timeout = 30)
     struct sfs_cache *c = sfs_cache_create(&cfg, &err);
     cr_assert_not_null(c);
     cr_assert_eq(sfs_cache_partition_evictions(c, NULL, 0), 8);
+    sfs_cache_close(c);
+}
+
+/* Given budgets: 3:1 of 16 regular slots is [0, 12) and [12, 16), and of 4
+ * reserved slots [16, 19) and [19, 20). Each domain's keys land only in its
+ * ranges and, flooded, fill exactly its budget. (With the weights ignored,
+ * equal halves: domain 0 would hold 8 and domain 1 8.) */
+Test(domains, given_budgets_hold_at_their_sizes, .timeout = 30)
+{
+    const uint32_t w[2] = {3, 1};
+    struct sfs_cache *c = cache_w(20, 4, 2, w);
+    struct sfs_lease x;
+    int resident[2] = {0, 0};
+
+    for (uint64_t b = 0; b < 80; b++)
+        for (uint32_t sh = 0; sh < 2; sh++) {
+            uint32_t s = load(c, &(struct sfs_key){tu_block(b), sh});
+
+            cr_assert(sh == 0 ? s < 12 : s >= 12 && s < 16, "shard %u's key in slot %u", sh, s);
+        }
+    for (uint64_t b = 0; b < 80; b++)
+        for (uint32_t sh = 0; sh < 2; sh++)
+            resident[sh] +=
+                sfs_cache_state(c, &(struct sfs_key){tu_block(b), sh}) == SFS_STATE_READY;
+    cr_assert_eq(resident[0], 12, "domain 0 (weight 3 of 4) holds %d", resident[0]);
+    cr_assert_eq(resident[1], 4, "domain 1 (weight 1 of 4) holds %d", resident[1]);
+    /* Its regular slots leased, domain 1 takes its one reserved slot, then
+     * is full while domain 0 has three reserved slots free. */
+    struct sfs_lease l[5];
+    for (int i = 0; i < 5; i++) {
+        struct sfs_key k = tu_key(500 + (uint64_t)i, 1);
+
+        cr_assert_eq(sfs_cache_get(c, &k, 0, 0, &l[i]), SFS_OWNER);
+        cr_assert(i < 4 ? l[i].slot >= 12 && l[i].slot < 16 : l[i].slot == 19, "slot %u",
+                  l[i].slot);
+        cr_assert_eq(tu_publish(c, &k, &l[i]), 0);
+    }
+    struct sfs_key full = tu_key(600, 1);
+    cr_assert_eq(sfs_cache_get(c, &full, 0, 0, &x), -ENOSPC);
+    for (int i = 0; i < 5; i++)
+        cr_assert_eq(sfs_cache_release(c, &l[i]), 0);
+    /* Prealloc keeps to the weighted ranges too: domain 0's fresh reserved. */
+    struct sfs_key k = tu_key(700, 0);
+    cr_assert_eq(sfs_cache_prealloc(c, &k), 1);
+    cr_assert_eq(sfs_cache_get(c, &k, SFS_GET_NOALLOC, 0, &x), SFS_OWNER);
+    cr_assert(x.slot >= 16 && x.slot < 19, "domain 0's prealloc in slot %u", x.slot);
+    cr_assert_eq(tu_publish(c, &k, &x), 0);
+    cr_assert_eq(sfs_cache_release(c, &x), 0);
+    sfs_cache_close(c);
+}
+
+Test(domains, bad_budgets_refused, .timeout = 30)
+{
+    struct sfs_cache_config cfg = {.shard_size = SHARD,
+                                   .nslots = 16,
+                                   .no_reserved = true,
+                                   .hugepages = SFS_HUGEPAGES_OFF,
+                                   .partitions = 2};
+    const uint32_t zero[2] = {0, 1}, tiny[2] = {1, 100}, big[2] = {SFS_PARTITION_WEIGHT_MAX + 1, 1},
+                   ok[2] = {15, 1};
+    int err = 0;
+
+    cfg.partition_weights = zero;
+    cr_assert_null(sfs_cache_create(&cfg, &err));
+    cr_assert_eq(err, -EINVAL);
+    cfg.partition_weights = tiny; /* domain 0: 16 / 101 of a slot */
+    cr_assert_null(sfs_cache_create(&cfg, &err));
+    cr_assert_eq(err, -EINVAL);
+    cfg.partition_weights = big;
+    cr_assert_null(sfs_cache_create(&cfg, &err));
+    cr_assert_eq(err, -EINVAL);
+    cfg.partition_weights = ok; /* 15 and 1 */
+    struct sfs_cache *c = sfs_cache_create(&cfg, &err);
+    cr_assert_not_null(c, "15:1 of 16 slots: %s", strerror(-err));
+    for (uint64_t b = 0; b < 8; b++)
+        cr_assert_eq(load(c, &(struct sfs_key){tu_block(b), 1}), 15);
     sfs_cache_close(c);
 }

@@ -5,8 +5,9 @@
  * A cache of 32 shards; a hot set of 8 shards read twice through the mount,
  * then a scan that reads 128 other shards once. With admission=scan every hot
  * shard is still Ready afterwards (user.shardfs.state), with admission=clock
- * none is: the same reads, the option the only difference. A bad value is
- * refused at mount.
+ * none is: the same reads, the option the only difference. Without the
+ * option the daemon's default, scan, keeps them. A bad value is refused at
+ * mount.
  */
 #include "fsfixture.h"
 #include "testutil.h"
@@ -74,7 +75,8 @@ static bool ready(uint64_t b)
     return strncmp(v, "ready", 5) == 0;
 }
 
-/* Mount with admission=mode, read the hot set twice, scan: hot shards left. */
+/* Mount with admission=mode (NULL: the default), read the hot set twice,
+ * scan: hot shards left. */
 static unsigned hot_left(const char *mode)
 {
     char opts[160];
@@ -82,9 +84,8 @@ static unsigned hot_left(const char *mode)
     unsigned left = 0;
 
     cr_assert_not_null(buf);
-    snprintf(opts, sizeof(opts),
-             "shard_size=%u,capacity=%u,reserved=0,readahead=0,warm=0,admission=%s", SHARD,
-             SHARD * NSLOT, mode);
+    snprintf(opts, sizeof(opts), "shard_size=%u,capacity=%u,reserved=0,readahead=0,warm=0%s%s",
+             SHARD, SHARD * NSLOT, mode ? ",admission=" : "", mode ? mode : "");
     cr_assert_eq(fsfx_start(&A.fx, A.store, opts, 20.0, NULL), 0, "mount with %s", opts);
     for (int pass = 0; pass < 2; pass++)
         for (uint64_t b = HOT0; b < HOT0 + HOT; b++)
@@ -112,6 +113,15 @@ Test(fs_admission, clock_loses_hot_shards_to_a_scan)
     unsigned left = hot_left("clock");
 
     cr_assert_eq(left, 0, "admission=clock: %u hot shards left after the scan", left);
+}
+
+Test(fs_admission, the_default_is_scan)
+{
+    unsetenv("SHARDFS_TEST_ADMISSION"); /* the fixture would name a mode */
+    unsigned left = hot_left(NULL);
+
+    cr_assert_eq(left, HOT, "default admission: %u of %u hot shards left after the scan", left,
+                 HOT);
 }
 
 Test(fs_admission, bad_value_refused)

@@ -214,6 +214,63 @@ Test(fs_pins, bad_partitions_refused)
     cr_assert_eq(fsfx_log_lines_with(&M, "partitions=65: out of range"), 1);
 }
 
+/* -o partition_budget=3:1: of the 32 slots, domain 0 (even shards) owns 24
+ * and domain 1 (odd) 8. Flooded, each holds exactly its budget, and the
+ * even flood evicts no odd shard. */
+static int count_ready(uint64_t first, uint64_t last, uint32_t shard_mod, uint32_t shard_rem)
+{
+    int n = 0;
+
+    for (uint64_t b = first; b < last; b++)
+        for (uint32_t s = 0; s < NSH; s++)
+            if (s % shard_mod == shard_rem)
+                n += strcmp(state(b, s), "ready") == 0;
+    return n;
+}
+
+Test(fs_pins, partition_budget_holds_at_the_given_sizes)
+{
+    start("partitions=2,partition_budget=3:1");
+    flood(0, 8, 2, 1);       /* 16 odd shards over domain 1's 8 slots */
+    flood(8, NBLOCKS, 2, 0); /* 64 even shards over domain 0's 24 */
+    cr_assert_eq(count_ready(0, 8, 2, 1), 8, "domain 1 (budget 1 of 4) is not at 8");
+    cr_assert_eq(count_ready(8, NBLOCKS, 2, 0), 24, "domain 0 (budget 3 of 4) is not at 24");
+    cr_assert_eq(fsfx_stat(&M, "shardfs_partition_evictions_total{partition=\"0\"}"), 64 - 24);
+    cr_assert_eq(fsfx_stat(&M, "shardfs_partition_evictions_total{partition=\"1\"}"), 16 - 8);
+}
+
+/* The weights alone set P (three domains of 16, 8 and 8 slots). */
+Test(fs_pins, partition_budget_sets_the_domains)
+{
+    start("partition_budget=2:1:1");
+    flood(0, 4, 4, 1);       /* domain 1: shard 1 of 4 blocks */
+    flood(4, NBLOCKS, 4, 0); /* domain 0: 36 shards 0 over its 16 slots */
+    cr_assert_eq(count_ready(0, 4, 4, 1), 4);
+    cr_assert_eq(count_ready(4, NBLOCKS, 4, 0), 16);
+    cr_assert_eq(fsfx_stat(&M, "shardfs_partition_evictions_total{partition=\"2\"}"), 0);
+}
+
+Test(fs_pins, bad_partition_budgets_refused)
+{
+    static const char *const bad[][2] = {
+        {"partition_budget=3:0", "partition_budget=3:0: weight '0' out of range"},
+        {"partition_budget=3:x", "partition_budget=3:x: weight 'x' out of range"},
+        {"partition_budget=3::1", "partition_budget=3::1: not a list of weights"},
+        {"partitions=3,partition_budget=1:1", "partition_budget=1:1: 2 weights for partitions=3"},
+        {"partition_budget=4", "partition_budget=4: one weight"},
+        {"partition_budget=31:1", "partition_budget=31:1: domain 1's share (1/32 of 32 slots)"},
+    };
+    char o[256];
+    int st = 0;
+
+    for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+        snprintf(o, sizeof(o), "hugepages=off,capacity=2M,shard_size=64K,%s", bad[i][0]);
+        cr_assert_eq(fsfx_start(&M, store, o, 10.0, &st), -ECHILD, "%s was accepted", bad[i][0]);
+        cr_assert_eq(fsfx_log_lines_with(&M, bad[i][1]), 1, "%s: no line '%s'", bad[i][0],
+                     bad[i][1]);
+    }
+}
+
 Test(fs_pins, warm_restart_pins_what_it_warms)
 {
     char usage[192];

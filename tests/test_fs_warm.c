@@ -13,6 +13,7 @@
  * with SIGTERM. Capacity 8M of 64K shards: 128 slots. Skips without FUSE.
  */
 #include "fsfixture.h"
+#include "fswarm.h"
 #include "testutil.h"
 
 #include <shardfs/cache.h>
@@ -22,14 +23,12 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <signal.h>
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <sys/xattr.h>
-#include <time.h>
 #include <unistd.h>
 
 #ifndef SHARDFS_BIN
@@ -53,44 +52,6 @@ struct mount {
 
 static struct mount M;
 
-static int sh(const char *fmt, ...)
-{
-    char cmd[1024];
-    va_list ap;
-    int st;
-
-    va_start(ap, fmt);
-    vsnprintf(cmd, sizeof(cmd), fmt, ap);
-    va_end(ap);
-    st = system(cmd);
-    return st == -1 ? -1 : WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
-}
-
-static void sleep_ms(long ms)
-{
-    struct timespec ts = {ms / 1000, (ms % 1000) * 1000000};
-
-    while (nanosleep(&ts, &ts) < 0 && errno == EINTR)
-        ;
-}
-
-static double now_s(void)
-{
-    return (double)sfs_now_ns() / 1e9;
-}
-
-static const char *shard_path(uint64_t b, uint32_t s)
-{
-    static __thread char buf[4][256];
-    static __thread int i;
-    char hex[SFS_BLOCK_HEX_LEN + 1];
-    char *p = buf[i++ & 3];
-
-    tu_block_hex(b, hex);
-    snprintf(p, 256, "%s/block/%s/shard/%u", M.fx.mnt, hex, s);
-    return p;
-}
-
 static void start(const char *opts)
 {
     char o[256];
@@ -104,24 +65,12 @@ static void start(const char *opts)
 /* SIGTERM, then reap: the daemon must exit 0 within 10 s. */
 static void stop_term(void)
 {
-    double t0 = now_s();
-    int st = 0;
+    int r;
 
     cr_assert_gt(M.fx.pid, 0);
-    kill(M.fx.pid, SIGTERM);
-    while (waitpid(M.fx.pid, &st, WNOHANG) != M.fx.pid) {
-        if (now_s() - t0 > 10.0) {
-            kill(M.fx.pid, SIGKILL);
-            waitpid(M.fx.pid, &st, 0);
-            M.fx.pid = 0;
-            cr_assert_fail("daemon did not stop on SIGTERM within 10 s");
-        }
-        sleep_ms(10);
-    }
-    M.fx.pid = 0;
-    cr_assert(WIFEXITED(st) && WEXITSTATUS(st) == 0, "daemon status %d, see %s", st, M.fx.log);
-    for (int i = 0; i < 500 && fsfx_is_mounted(M.fx.mnt); i++)
-        sleep_ms(10);
+    r = fswarm_stop_term(&M.fx, 10.0);
+    cr_assert_neq(r, -ETIMEDOUT, "daemon did not stop on SIGTERM within 10 s");
+    cr_assert_eq(r, 0, "daemon status %d, see %s", r, M.fx.log);
 }
 
 /* Read a whole shard through the mount; asserts its bytes. */
@@ -129,11 +78,11 @@ static void read_ok(uint64_t b, uint32_t s)
 {
     uint8_t *buf = malloc(SHARD);
     struct sfs_key k = tu_key(b, s);
-    int fd = open(shard_path(b, s), O_RDONLY | O_CLOEXEC);
+    int fd = open(fsfx_shard_path(&M.fx, b, s), O_RDONLY | O_CLOEXEC);
     ssize_t n;
 
     cr_assert_not_null(buf);
-    cr_assert_geq(fd, 0, "open %s: %s", shard_path(b, s), strerror(errno));
+    cr_assert_geq(fd, 0, "open %s: %s", fsfx_shard_path(&M.fx, b, s), strerror(errno));
     n = pread(fd, buf, SHARD, 0);
     close(fd);
     cr_assert_eq(n, (ssize_t)SHARD, "read (%llu,%u): %zd", (unsigned long long)b, s, n);
@@ -145,7 +94,7 @@ static void read_ok(uint64_t b, uint32_t s)
 static bool is_ready(uint64_t b, uint32_t s)
 {
     char v[64];
-    ssize_t n = getxattr(shard_path(b, s), "user.shardfs.state", v, sizeof(v) - 1);
+    ssize_t n = getxattr(fsfx_shard_path(&M.fx, b, s), "user.shardfs.state", v, sizeof(v) - 1);
 
     if (n < 0)
         return false;
@@ -153,43 +102,10 @@ static bool is_ready(uint64_t b, uint32_t s)
     return strncmp(v, "ready", 5) == 0;
 }
 
-static long long stat_of(const char *name)
-{
-    char path[256], line[512];
-    size_t nl = strlen(name);
-    long long v = -1;
-    FILE *f;
-
-    snprintf(path, sizeof(path), "%s/stats", M.fx.mnt);
-    f = fopen(path, "re");
-    if (!f)
-        return -1;
-    while (fgets(line, sizeof(line), f))
-        if (strncmp(line, name, nl) == 0 && line[nl] == ' ')
-            v = atoll(line + nl + 1);
-    fclose(f);
-    return v;
-}
-
-/* Lines of the daemon's log that contain s. */
-static int log_lines(const char *s)
-{
-    FILE *f = fopen(M.fx.log, "re");
-    char line[1024];
-    int n = 0;
-
-    if (!f)
-        return 0;
-    while (fgets(line, sizeof(line), f))
-        n += strstr(line, s) != NULL;
-    fclose(f);
-    return n;
-}
-
 /* Wait up to limit_s for every shard of the hot blocks to be Ready. */
 static bool hot_ready_within(double limit_s)
 {
-    double t0 = now_s();
+    double t0 = fsfx_now_s();
 
     for (;;) {
         bool all = true;
@@ -199,9 +115,9 @@ static bool hot_ready_within(double limit_s)
                 all = is_ready(b, s);
         if (all)
             return true;
-        if (now_s() - t0 > limit_s)
+        if (fsfx_now_s() - t0 > limit_s)
             return false;
-        sleep_ms(20);
+        fsfx_sleep_ms(20);
     }
 }
 
@@ -230,27 +146,15 @@ static uint64_t fnv1a(const uint8_t *p, size_t n)
 
 static uint8_t *slurp(const char *path, size_t *len)
 {
-    struct stat st;
-    uint8_t *buf;
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    uint8_t *buf = fswarm_slurp(path, len);
 
-    cr_assert_geq(fd, 0, "open %s: %s", path, strerror(errno));
-    cr_assert_eq(fstat(fd, &st), 0);
-    buf = malloc((size_t)st.st_size + 1);
-    cr_assert_not_null(buf);
-    cr_assert_eq(pread(fd, buf, (size_t)st.st_size, 0), st.st_size);
-    close(fd);
-    *len = (size_t)st.st_size;
+    cr_assert_not_null(buf, "read %s: %s", path, strerror(errno));
     return buf;
 }
 
 static void spit(const char *path, const uint8_t *buf, size_t len)
 {
-    int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-
-    cr_assert_geq(fd, 0);
-    cr_assert_eq(write(fd, buf, len), (ssize_t)len);
-    close(fd);
+    cr_assert_eq(fswarm_spit(path, buf, len), 0, "write %s", path);
 }
 
 /* Parse and check the file; the count of block b (0: not in it). */
@@ -356,11 +260,11 @@ static void teardown(void)
         fsfx_stop(&M.fx, true, 10.0);
     }
     if (M.fx.mnt[0] && fsfx_is_mounted(M.fx.mnt))
-        sh("fusermount3 -uz %s 2>/dev/null", M.fx.mnt);
+        fsfx_sh("fusermount3 -uz %s 2>/dev/null", M.fx.mnt);
     if (M.fx.mnt[0] && !fsfx_is_mounted(M.fx.mnt))
         rmdir(M.fx.mnt);
     if (M.store[0])
-        sh("rm -rf %s", M.store);
+        fsfx_sh("rm -rf %s", M.store);
     if (M.fx.log[0] && !getenv("SFS_TEST_KEEP_LOGS"))
         unlink(M.fx.log);
     if (M.fx.sock[0])
@@ -377,8 +281,9 @@ Test(fs_warm, hot_blocks_are_resident_after_restart_without_a_reader, .timeout =
               M.fx.log);
     /* The budget is exactly the hot blocks: no cold shard is loaded. */
     cr_assert_eq(cold_ready(), 0, "cold shards warmed beyond the budget");
-    cr_assert_eq(stat_of("shardfs_warmed_total"), NHOT * NSH);
-    cr_assert_eq(log_lines("usage file"), 0, "a valid file is read silently, see %s", M.fx.log);
+    cr_assert_eq(fsfx_stat(&M.fx, "shardfs_warmed_total"), NHOT * NSH);
+    cr_assert_eq(fsfx_log_lines_with(&M.fx, "usage file"), 0,
+                 "a valid file is read silently, see %s", M.fx.log);
     for (uint64_t b = 0; b < NHOT; b++)
         for (uint32_t s = 0; s < NSH; s++)
             read_ok(b, s);
@@ -389,8 +294,8 @@ Test(fs_warm, warm_zero_loads_nothing, .timeout = 90)
 {
     learn();
     start("warm=0");
-    sleep_ms(1500);
-    cr_assert_eq(stat_of("shardfs_warmed_total"), 0);
+    fsfx_sleep_ms(1500);
+    cr_assert_eq(fsfx_stat(&M.fx, "shardfs_warmed_total"), 0);
     for (uint64_t b = 0; b < NHOT; b++)
         for (uint32_t s = 0; s < NSH; s++)
             cr_assert(!is_ready(b, s), "(%llu,%u) loaded with warm=0", (unsigned long long)b, s);
@@ -404,10 +309,11 @@ static void bad_file_is_ignored(const uint8_t *buf, size_t len)
     spit(M.usage, buf, len);
     start(WARM_HOT);
     read_ok(COLD0, 0);
-    cr_assert_eq(log_lines("usage file"), 1, "want one log line, see %s", M.fx.log);
-    cr_assert_eq(log_lines("ignored"), 1, "see %s", M.fx.log);
-    sleep_ms(500);
-    cr_assert_eq(stat_of("shardfs_warmed_total"), 0);
+    cr_assert_eq(fsfx_log_lines_with(&M.fx, "usage file"), 1, "want one log line, see %s",
+                 M.fx.log);
+    cr_assert_eq(fsfx_log_lines_with(&M.fx, "ignored"), 1, "see %s", M.fx.log);
+    fsfx_sleep_ms(500);
+    cr_assert_eq(fsfx_stat(&M.fx, "shardfs_warmed_total"), 0);
     stop_term();
 }
 
@@ -469,7 +375,7 @@ Test(fs_warm, an_attached_process_finds_the_hot_keys_as_hits, .timeout = 90)
     c = sfs_cache_attach(M.fx.sock, 0, &err);
     cr_assert_not_null(c, "attach %s: %s", M.fx.sock, strerror(-err));
     /* Wait without a Get (state only) for the warm-up. */
-    for (double t0 = now_s();;) {
+    for (double t0 = fsfx_now_s();;) {
         bool all = true;
 
         for (uint64_t b = 0; b < NHOT && all; b++)
@@ -480,8 +386,8 @@ Test(fs_warm, an_attached_process_finds_the_hot_keys_as_hits, .timeout = 90)
             }
         if (all)
             break;
-        cr_assert_lt(now_s() - t0, 15.0, "hot keys not Ready 15 s after mount");
-        sleep_ms(20);
+        cr_assert_lt(fsfx_now_s() - t0, 15.0, "hot keys not Ready 15 s after mount");
+        fsfx_sleep_ms(20);
     }
     for (uint64_t b = 0; b < NHOT; b++)
         for (uint32_t s = 0; s < NSH; s++) {

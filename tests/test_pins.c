@@ -157,6 +157,49 @@ Test(pins, over_budget_refused_whole, .timeout = 30)
     sfs_cache_close(c);
 }
 
+/* A pin counts only the shards it holds: a Prealloc'd slot (Idle, of a
+ * shard the store may not have: the rank preallocates shard + 1 of each
+ * load) and a failed load are no pin's, neither charged to the budget nor
+ * kept from the evictor; a Prealloc'd shard loaded while the pin lasts is
+ * pinned by its load. (Before, the pin charged and kept every slot of the
+ * block in any state: 3 pinned here, and the Idle slots outlived floods.) */
+Test(pins, pins_count_only_shards_they_hold, .timeout = 30)
+{
+    struct sfs_cache *c = cache_pins(16, 25); /* 4 slots */
+    struct sfs_block_id x = tu_block(7);
+    struct sfs_lease l;
+
+    load(c, 7, 0);
+    cr_assert_eq(sfs_cache_prealloc(c, &(struct sfs_key){x, 1}), 1);
+    cr_assert_eq(sfs_cache_prealloc(c, &(struct sfs_key){x, 2}), 1);
+    cr_assert_eq(sfs_cache_pin(c, &x, 1, 600), 1, "the pin counted Prealloc'd slots");
+    cr_assert_eq(sfs_cache_pinned_bytes(c), 1ull * SHARD);
+    /* Prealloc while the pin lasts: still nothing held. */
+    cr_assert_eq(sfs_cache_prealloc(c, &(struct sfs_key){x, 3}), 1);
+    cr_assert_eq(sfs_cache_pinned_bytes(c), 1ull * SHARD);
+    cr_assert_eq(sfs_cache_pinned(c, &(struct sfs_key){x, 3}), 0);
+    /* A load of a missing shard: pinned while it loads, not once it failed. */
+    cr_assert_eq(sfs_cache_get(c, &(struct sfs_key){x, 4}, 0, 0, &l), SFS_OWNER);
+    cr_assert_eq(sfs_cache_pinned_bytes(c), 2ull * SHARD);
+    cr_assert_eq(sfs_cache_fail(c, &l, -ENOENT), 0);
+    cr_assert_eq(sfs_cache_release(c, &l), 0);
+    cr_assert_eq(sfs_cache_pinned_bytes(c), 1ull * SHARD);
+    /* A Prealloc'd shard that is loaded now is the pin's. */
+    cr_assert_eq(tu_load(c, &(struct sfs_key){x, 2}), SFS_OWNER);
+    cr_assert_eq(sfs_cache_pinned(c, &(struct sfs_key){x, 2}), 1);
+    cr_assert_eq(sfs_cache_pinned_bytes(c), 2ull * SHARD);
+    /* A flood takes the slots that hold nothing, never the held ones. */
+    flood(c, 1000, 200);
+    cr_assert_eq(state(c, 7, 0), SFS_STATE_READY);
+    cr_assert_eq(state(c, 7, 2), SFS_STATE_READY);
+    for (uint32_t s = 1; s < 5; s++)
+        if (s != 2)
+            cr_assert_eq(state(c, 7, s), -ENOENT, "shard %u, holding nothing, outlived a flood",
+                         s);
+    cr_assert_eq(sfs_cache_pinned_bytes(c), 2ull * SHARD);
+    sfs_cache_close(c);
+}
+
 Test(pins, pins_off_and_bad_arguments, .timeout = 30)
 {
     struct sfs_cache *c = cache_pins(16, -1);

@@ -9,7 +9,10 @@
  * resident (sfs_cache_state READY) and sfs_cache_partition_evictions counts
  * no eviction in its domain, all of them in the flooded one.
  *
- * With the domains ignored (P forced to 1, -DRD_FORCE_P1) both tests fail:
+ * Budgets given per domain (sfs_cache_config.partition_weights) hold at
+ * their sizes through the rank: the flooded domain holds exactly its share.
+ *
+ * With the domains ignored (P forced to 1, -DRD_FORCE_P1) the tests fail:
  * the flood evicts the resident domain's keys.
  */
 #include "rankenv.h"
@@ -30,10 +33,11 @@
 
 /* A cache of NSLOTS SHARD-byte slots in p domains, no reserved pool,
  * served at e->sock; e->dir names a store not yet written. */
-static void up(struct env *e, uint32_t p)
+static void up_w(struct env *e, uint32_t p, const uint32_t *weights)
 {
 #ifdef RD_FORCE_P1
     p = 1; /* the check that the tests see domains: they must fail */
+    weights = NULL;
 #endif
     struct sfs_cache_config cfg = {
         .shard_size = SHARD,
@@ -41,6 +45,7 @@ static void up(struct env *e, uint32_t p)
         .no_reserved = true,
         .hugepages = SFS_HUGEPAGES_OFF,
         .partitions = p,
+        .partition_weights = weights,
     };
     int err = 0;
 
@@ -49,6 +54,11 @@ static void up(struct env *e, uint32_t p)
     e->c = sfs_cache_create(&cfg, &err);
     cr_assert_not_null(e->c, "create with %u partitions: %s", p, strerror(-err));
     cr_assert_eq(sfs_cache_serve(e->c, e->sock), 0);
+}
+
+static void up(struct env *e, uint32_t p)
+{
+    up_w(e, p, NULL);
 }
 
 static struct sfs_rank *rank_open(struct env *e, bool prealloc)
@@ -142,6 +152,35 @@ Test(rank_domains, flood_with_prealloc_keeps_a_third_domain_resident, .timeout =
     cr_assert_eq(sfs_cache_partition_evictions(e.c, ev, 3), 3, "the cache has not 3 domains");
     cr_assert_eq(ev[2], 0, "domain 2: %llu evictions", (unsigned long long)ev[2]);
     cr_assert_geq(ev[0], 160 - 16, "domain 0: %llu evictions", (unsigned long long)ev[0]);
+    sfs_rank_close(rk);
+    env_down(&e);
+}
+
+/* Budgets 1:2 of 48 slots: domain 0 owns 16, domain 1 owns 32. The rank
+ * fills domain 1's 32, then floods domain 0: domain 1 keeps all 32, domain
+ * 0 holds exactly its 16 (equal shares would be 24 and 24). */
+Test(rank_domains, given_budgets_hold_through_the_rank, .timeout = 60)
+{
+    const uint32_t w[2] = {1, 2};
+    struct env e;
+    struct sfs_rank *rk;
+    uint64_t ev[2] = {0, 0};
+    int resident = 0;
+
+    up_w(&e, 2, w);
+    write_store(e.dir, 0, 32, 2, SHARD);    /* blocks 0..31, shards 0 and 1 */
+    write_store(e.dir, 100, 240, 1, SHARD); /* the flood: 240 shards 0 */
+    rk = rank_open(&e, false);
+    load_range(rk, 0, 32, 1);
+    assert_resident(e.c, 0, 32, 1);
+    load_range(rk, 100, 240, 0);
+    assert_resident(e.c, 0, 32, 1);
+    for (uint64_t b = 100; b < 340; b++)
+        resident += sfs_cache_state(e.c, &(struct sfs_key){tu_block(b), 0}) == SFS_STATE_READY;
+    cr_assert_eq(resident, 16, "domain 0 (budget 1 of 3: 16 slots) holds %d", resident);
+    cr_assert_eq(sfs_cache_partition_evictions(e.c, ev, 2), 2, "the cache has not 2 domains");
+    cr_assert_eq(ev[1], 0, "domain 1: %llu evictions", (unsigned long long)ev[1]);
+    cr_assert_eq(ev[0], 240 - 16, "domain 0: %llu evictions", (unsigned long long)ev[0]);
     sfs_rank_close(rk);
     env_down(&e);
 }

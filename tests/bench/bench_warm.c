@@ -23,6 +23,7 @@
  */
 #include "bench_util.h"
 #include "fsfixture.h"
+#include "fswarm.h"
 #include "testutil.h"
 
 #include <shardfs/cache.h>
@@ -48,24 +49,6 @@ struct setup {
 
 static struct setup S;
 
-static long long stat_of(const char *name)
-{
-    char path[256], line[512];
-    size_t nl = strlen(name);
-    long long v = -1;
-    FILE *f;
-
-    snprintf(path, sizeof(path), "%s/stats", S.fx.mnt);
-    f = fopen(path, "re");
-    if (!f)
-        return -1;
-    while (fgets(line, sizeof(line), f))
-        if (strncmp(line, name, nl) == 0 && line[nl] == ' ')
-            v = atoll(line + nl + 1);
-    fclose(f);
-    return v;
-}
-
 static int start(const char *warm)
 {
     char o[256];
@@ -76,18 +59,10 @@ static int start(const char *warm)
     return fsfx_start(&S.fx, S.store, o, 20.0, &st);
 }
 
+/* SIGTERM (the daemon writes the usage file): its exit status, or < 0. */
 static int stop_term(void)
 {
-    int st = 0;
-
-    if (S.fx.pid <= 0)
-        return -1;
-    kill(S.fx.pid, SIGTERM);
-    waitpid(S.fx.pid, &st, 0);
-    S.fx.pid = 0;
-    for (int i = 0; i < 500 && fsfx_is_mounted(S.fx.mnt); i++)
-        bench_sleep_ns(10000000);
-    return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+    return fswarm_stop_term(&S.fx, 60.0);
 }
 
 /* A Zipf(1) trace of n block numbers over a random order of the blocks. */
@@ -154,25 +129,12 @@ static void replay(const unsigned *t, size_t n)
 /* Hit rate over the replay of t[0, n), from /stats. */
 static double hit_rate(const unsigned *t, size_t n)
 {
-    long long h0 = stat_of("shardfs_hits_total"), r0 = stat_of("shardfs_requests_total");
+    long long h0 = fsfx_stat(&S.fx, "shardfs_hits_total"),
+              r0 = fsfx_stat(&S.fx, "shardfs_requests_total");
 
     replay(t, n);
-    return (double)(stat_of("shardfs_hits_total") - h0) /
-           (double)(stat_of("shardfs_requests_total") - r0);
-}
-
-static bool log_has(const char *s)
-{
-    FILE *f = fopen(S.fx.log, "re");
-    char line[1024];
-    bool found = false;
-
-    if (!f)
-        return false;
-    while (!found && fgets(line, sizeof(line), f))
-        found = strstr(line, s) != NULL;
-    fclose(f);
-    return found;
+    return (double)(fsfx_stat(&S.fx, "shardfs_hits_total") - h0) /
+           (double)(fsfx_stat(&S.fx, "shardfs_requests_total") - r0);
 }
 
 static int noop(const struct sfs_key *k, uint32_t slot, bool acc, bool leased, void *arg)
@@ -271,18 +233,9 @@ int main(int argc, char **argv)
     replay(ta, n);
     if (stop_term() != 0)
         goto fail;
-    {
-        int fd = open(S.usage, O_RDONLY | O_CLOEXEC);
-        struct stat st;
-
-        if (fd < 0 || fstat(fd, &st) < 0)
-            goto fail;
-        saved_len = (size_t)st.st_size;
-        saved = malloc(saved_len);
-        if (!saved || pread(fd, saved, saved_len, 0) != (ssize_t)saved_len)
-            goto fail;
-        close(fd);
-    }
+    saved = fswarm_slurp(S.usage, &saved_len);
+    if (!saved)
+        goto fail;
 
     /* Cold restart. */
     if (start("warm=0") != 0)
@@ -294,27 +247,23 @@ int main(int argc, char **argv)
     stop_term();
 
     /* Warm restart, from the same file as the cold one had. */
-    {
-        int fd = open(S.usage, O_WRONLY | O_TRUNC | O_CLOEXEC);
-
-        if (fd < 0 || write(fd, saved, saved_len) != (ssize_t)saved_len)
-            goto fail;
-        close(fd);
-    }
+    if (fswarm_spit(S.usage, saved, saved_len) != 0)
+        goto fail;
     {
         int64_t t0 = bench_now_ns();
 
         if (start("warm=100") != 0)
             goto fail;
-        while (!log_has("warm restart:") && bench_now_ns() - t0 < 60000000000ll)
+        while (fsfx_log_lines_with(&S.fx, "warm restart:") == 0 &&
+               bench_now_ns() - t0 < 60000000000ll)
             bench_sleep_ns(5000000);
         /* Its loads may still be in flight: wait until they settle. */
-        for (long long last = -1; last != stat_of("shardfs_resident_bytes");) {
-            last = stat_of("shardfs_resident_bytes");
+        for (long long last = -1; last != fsfx_stat(&S.fx, "shardfs_resident_bytes");) {
+            last = fsfx_stat(&S.fx, "shardfs_resident_bytes");
             bench_sleep_ns(50000000);
         }
         warm_s = (double)(bench_now_ns() - t0) / 1e9;
-        warmed = stat_of("shardfs_warmed_total");
+        warmed = fsfx_stat(&S.fx, "shardfs_warmed_total");
     }
     warm1 = hit_rate(tb, n1);
     warm10 = (warm1 * (double)n1 + hit_rate(tb + n1, n10 - n1) * (double)(n10 - n1)) / (double)n10;

@@ -49,7 +49,7 @@ fi
 cd "$root"
 failed=()
 ran=0
-for name in bench_cache bench_wake bench_clock bench_rank bench_posix bench_cold bench_fs bench_warm bench_peer; do
+for name in bench_cache bench_wake bench_clock bench_admit bench_rank bench_posix bench_cold bench_fs bench_warm bench_peer; do
     bin=$(find "$build" -name "$name" -type f -perm -u+x 2>/dev/null | head -n 1)
     [ -n "$bin" ] || continue
     echo "== $name" >&2

@@ -16,7 +16,7 @@
  *               the header bytes and patches below into it once attached
  *               (a hostile process scribbling while we hold the plane)
  *   byte 1      the resize
- *   bytes 2..   the header's geometry (magic .. off_hits), overwritten from
+ *   bytes 2..   the header's geometry (magic .. part_rend), overwritten from
  *               the start for as many bytes as given
  *   then        8-byte patches {u32 which, u32 value}: which picks one 32-bit
  *               word among the shared mutable words (header hands and
@@ -53,7 +53,8 @@ enum {
     F_LATE = 32,
 };
 
-#define GEOM_END  (offsetof(struct sfs_header, off_hits) + sizeof(uint64_t))
+#define GEOM_END                                                                                   \
+    (offsetof(struct sfs_header, part_rend) + sizeof(((struct sfs_header *)0)->part_rend))
 #define MAX_WORDS (1u << 16)
 #define NKEYS     12
 #define MAX_PATCH 64

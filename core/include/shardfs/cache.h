@@ -120,7 +120,14 @@ struct sfs_cache_config {
     uint32_t partitions; /* eviction domains (0 or 1: one; at most 64); a key's
                           * domain is its shard index mod partitions */
     int pin_budget_pct;  /* percent of the slots pins may hold (0: 25; < 0: no pins) */
+    /* Each domain's budget (NULL: equal): `partitions` weights, each 1..
+     * SFS_PARTITION_WEIGHT_MAX; domain d owns weights[d] / sum of the regular
+     * slots and of the reserved pool (rounded down at each boundary), and
+     * every domain must get one regular slot at least (else -EINVAL). */
+    const uint32_t *partition_weights;
 };
+
+#define SFS_PARTITION_WEIGHT_MAX 1000000u
 
 /* How a new key enters the cache (docs/eviction.md, "Scan-resistant admission"). */
 enum sfs_admission {
@@ -375,7 +382,9 @@ SFS_API void sfs_cache_set_touch_hook(struct sfs_cache *c, sfs_touch_hook_fn *fn
  * nothing; -ENOSPC: the pin table has no entry left near a block's hash;
  * -EPERM: this cache has no pins (pin_budget_pct < 0); -EINVAL: bad
  * arguments or seconds above SFS_PIN_MAX_SECONDS. Returns the shards pinned
- * now (unpin: 0).
+ * now (unpin: 0). "Resident" is Ready or being loaded: a Prealloc'd (Idle)
+ * or failed slot holds nothing and is neither pinned nor charged; it is
+ * pinned when a Get loads it while the pin lasts.
  */
 #define SFS_PIN_MAX_SECONDS (366u * 24 * 3600)
 SFS_API int sfs_cache_pin(struct sfs_cache *c, const struct sfs_block_id *blocks, size_t n,
