@@ -95,14 +95,29 @@ static void *publisher_main(void *arg)
             }
             continue;
         }
-        pb->phead = p->next;
+        /* What is queued, PEER_BATCH_MAX at most, as one batch. */
+        struct pub *batch[PEER_BATCH_MAX];
+        struct sfs_key keys[PEER_BATCH_MAX];
+        const void *bufs[PEER_BATCH_MAX];
+        uint32_t lens[PEER_BATCH_MAX];
+        int res[PEER_BATCH_MAX];
+        size_t k = 0;
+
+        for (; p && k < PEER_BATCH_MAX; p = p->next) {
+            batch[k] = p;
+            keys[k] = p->key;
+            bufs[k] = p->data;
+            lens[k++] = p->len;
+        }
+        pb->phead = p;
         if (!pb->phead)
             pb->ptail = NULL;
         pthread_mutex_unlock(&pb->qlock);
-        peer_tier_set(pb, &p->key, p->data, p->len);
-        free(p);
+        peer_tier_set_batch(pb, keys, k, bufs, lens, res);
+        for (size_t i = 0; i < k; i++)
+            free(batch[i]);
         pthread_mutex_lock(&pb->qlock);
-        pb->npub--;
+        pb->npub -= (unsigned)k;
         pthread_cond_broadcast(&pb->pcond);
     }
     pthread_mutex_unlock(&pb->qlock);
@@ -164,8 +179,12 @@ static void *worker_main(void *arg)
 
     pthread_mutex_lock(&pb->qlock);
     for (;;) {
-        struct sfs_io *io = pb->qhead;
-        enum peer_miss m;
+        struct sfs_io *io = pb->qhead, *batch[PEER_BATCH_MAX];
+        struct sfs_key keys[PEER_BATCH_MAX];
+        void *bufs[PEER_BATCH_MAX];
+        uint32_t lens[PEER_BATCH_MAX];
+        enum peer_miss res[PEER_BATCH_MAX];
+        size_t k = 0;
 
         if (!io) {
             if (pb->stop)
@@ -173,18 +192,28 @@ static void *worker_main(void *arg)
             pthread_cond_wait(&pb->qcond, &pb->qlock);
             continue;
         }
-        pb->qhead = io->priv[0];
+        /* What is queued, PEER_BATCH_MAX at most, as one batch: one round
+         * trip per owner host. */
+        for (; io && k < PEER_BATCH_MAX; io = io->priv[0]) {
+            batch[k] = io;
+            keys[k] = io->key;
+            bufs[k] = io->buf;
+            lens[k++] = io->len;
+        }
+        pb->qhead = io;
         if (!pb->qhead)
             pb->qtail = NULL;
         pthread_mutex_unlock(&pb->qlock);
-        m = peer_tier_get(pb, &io->key, io->buf, io->len);
-        if (m == PEER_HIT) {
-            CTR_ADD(pb, hits, 1);
-            io->result = (int)io->len;
-            io->done(io);
-        } else {
-            peer_count_miss(pb, m);
-            forward(pb, io, false);
+        peer_tier_get_batch(pb, keys, k, bufs, lens, res);
+        for (size_t i = 0; i < k; i++) {
+            if (res[i] == PEER_HIT) {
+                CTR_ADD(pb, hits, 1);
+                batch[i]->result = (int)batch[i]->len;
+                batch[i]->done(batch[i]);
+            } else {
+                peer_count_miss(pb, res[i]);
+                forward(pb, batch[i], false);
+            }
         }
         pthread_mutex_lock(&pb->qlock);
     }
@@ -226,7 +255,7 @@ static int peer_exists(struct sfs_backend *be, const struct sfs_key *keys, size_
 
     if (ret < 0)
         return ret;
-    peer_tier_has(pb, keys, n, present);
+    peer_tier_has(pb, keys, n, (uint32_t)pb->be.shard_size, present);
     return 0;
 }
 
@@ -249,7 +278,7 @@ static int peer_shard_count(struct sfs_backend *be, const struct sfs_block_id *b
             keys[i] = (struct sfs_key){.block = *block, .shard = k + i};
             present[i] = false;
         }
-        peer_tier_has(pb, keys, PEER_BATCH_MAX, present);
+        peer_tier_has(pb, keys, PEER_BATCH_MAX, (uint32_t)pb->be.shard_size, present);
         for (i = 0; i < PEER_BATCH_MAX && present[i]; i++)
             ;
         k += i;
@@ -401,4 +430,75 @@ int sfs_backend_peer_stats(struct sfs_backend *be, struct sfs_peer_stats *out)
     RD(round_trips);
 #undef RD
     return 0;
+}
+
+static uint32_t *lens_of(uint32_t len, size_t n)
+{
+    uint32_t *v = calloc(n ? n : 1, sizeof(*v));
+
+    for (size_t i = 0; v && i < n; i++)
+        v[i] = len;
+    return v;
+}
+
+int sfs_backend_peer_batch_get(struct sfs_backend *be, const struct sfs_key *keys, size_t n,
+                               void *const *bufs, uint32_t len, int *results)
+{
+    struct peer_backend *pb = (struct peer_backend *)be;
+    uint32_t *lens;
+    enum peer_miss *res;
+
+    if (!be || be->ops != &peer_ops)
+        return -EINVAL;
+    lens = lens_of(len, n);
+    res = malloc((n ? n : 1) * sizeof(*res));
+    if (!lens || !res) {
+        free(lens);
+        free(res);
+        return -ENOMEM;
+    }
+    peer_tier_get_batch(pb, keys, n, bufs, lens, res);
+    for (size_t i = 0; i < n; i++) {
+        results[i] = res[i] == PEER_HIT ? (int)len : -ENOENT;
+        if (res[i] == PEER_HIT)
+            CTR_ADD(pb, hits, 1);
+        else
+            peer_count_miss(pb, res[i]);
+    }
+    free(lens);
+    free(res);
+    return 0;
+}
+
+int sfs_backend_peer_batch_set(struct sfs_backend *be, const struct sfs_key *keys, size_t n,
+                               const void *const *bufs, uint32_t len, int *results)
+{
+    uint32_t *lens;
+
+    if (!be || be->ops != &peer_ops)
+        return -EINVAL;
+    lens = lens_of(len, n);
+    if (!lens)
+        return -ENOMEM;
+    peer_tier_set_batch((struct peer_backend *)be, keys, n, bufs, lens, results);
+    free(lens);
+    return 0;
+}
+
+int sfs_backend_peer_batch_exists(struct sfs_backend *be, const struct sfs_key *keys, size_t n,
+                                  uint32_t len)
+{
+    bool *present;
+    size_t k = 0;
+
+    if (!be || be->ops != &peer_ops)
+        return -EINVAL;
+    present = calloc(n ? n : 1, sizeof(*present));
+    if (!present)
+        return -ENOMEM;
+    peer_tier_has((struct peer_backend *)be, keys, n, len, present);
+    while (k < n && present[k])
+        k++;
+    free(present);
+    return (int)k;
 }

@@ -96,13 +96,23 @@ void peer_members_free(struct peer_member *m, size_t n);
 /* --- peer_tier.c --- */
 
 void peer_count_miss(struct peer_backend *pb, enum peer_miss m);
-/* Read key from its owner into buf (len bytes): PEER_HIT or why not. */
+/* Read each key from its owner into bufs[i] (lens[i] bytes): res[i] is
+ * PEER_HIT or why not (bufs[i] then holds no promised bytes). One round
+ * trip per owner host, all owners at once. Not counted as hits/misses. */
+void peer_tier_get_batch(struct peer_backend *pb, const struct sfs_key *keys, size_t n,
+                         void *const *bufs, const uint32_t *lens, enum peer_miss *res);
 enum peer_miss peer_tier_get(struct peer_backend *pb, const struct sfs_key *key, void *buf,
                              uint32_t len);
-/* Publish key to its owner (counted: writes, or lost_writes). */
+/* Publish each key to its owner: res[i] 0, -EAGAIN (lost twice to other
+ * writers), -EHOSTUNREACH, -EMSGSIZE or -ENOMEM. Counted: writes,
+ * bytes_written, lost_writes. */
+void peer_tier_set_batch(struct peer_backend *pb, const struct sfs_key *keys, size_t n,
+                         const void *const *bufs, const uint32_t *lens, int *res);
 void peer_tier_set(struct peer_backend *pb, const struct sfs_key *key, const void *buf,
                    uint32_t len);
-/* For each key with present[i] false, whether the peer tier has it. */
-void peer_tier_has(struct peer_backend *pb, const struct sfs_key *keys, size_t n, bool *present);
+/* For each key with present[i] false, whether the peer tier has it with
+ * length len (headers only). */
+void peer_tier_has(struct peer_backend *pb, const struct sfs_key *keys, size_t n, uint32_t len,
+                   bool *present);
 
 #endif /* SHARDFS_PEER_BACKEND_I_H */

@@ -77,6 +77,10 @@ int peer_req_check(const struct peer_req *q, const struct peer_geometry *g)
         if (q->nways == 0 || q->nways > PEER_BATCH_MAX || q->way || q->len != q->nways * 8u)
             return -EINVAL;
         return 0; /* each bucket that follows is checked when read */
+    case PEER_OP_READ_GET:
+        if (q->way || q->nways || q->len > g->max_payload)
+            return -EINVAL;
+        return 0;
     case PEER_OP_READ_SLOT:
     case PEER_OP_WRITE:
         if (q->way >= g->ways || q->nways != 1 || q->len > g->max_payload)

@@ -368,6 +368,19 @@ enum peer_miss peer_local_get(const struct peer_region *r, const struct peer_has
     return best;
 }
 
+int peer_find_way(const struct peer_slot_hdr *hdrs, const uint64_t *after, uint32_t ways,
+                  const struct peer_hash *h, uint32_t len)
+{
+    for (uint32_t w = 0; w < ways; w++) {
+        /* Relaxed: hdrs are private copies. */
+        uint64_t before = atomic_load_explicit(&hdrs[w].seq, memory_order_relaxed);
+
+        if (peer_slot_matches(&hdrs[w], before, after[w], h, len, NULL) == PEER_HIT)
+            return (int)w;
+    }
+    return -1;
+}
+
 int peer_pick_way(const struct peer_slot_hdr *hdrs, const uint64_t *seqs, uint32_t ways,
                   const struct peer_hash *h)
 {

@@ -113,6 +113,35 @@ static int serve_one(struct peer_server *s, int fd, uint8_t *buf)
         n = sizeof(rep) + sizeof(h) + 8 + q.len;
         break;
     }
+    case PEER_OP_READ_GET: {
+        /* The bucket's headers, then the payload of the way they name the
+         * key by: a filter over bytes the client asked for, not a lookup
+         * (the client judges both copies again). */
+        struct peer_hash kh = {q.hash_lo, q.hash_hi};
+        struct peer_slot_hdr hs[PEER_WAYS_MAX], h;
+        uint64_t af[PEER_WAYS_MAX], before, after;
+        int way;
+
+        for (uint32_t w = 0; w < g->ways; w++)
+            af[w] = peer_slot_copy(s->r, q.bucket, w, &hs[w], &before, NULL, 0);
+        way = peer_find_way(hs, af, g->ways, &kh, q.len);
+        rep.status = way >= 0 ? way : -ENOENT;
+        memcpy(buf, &rep, sizeof(rep));
+        n = sizeof(rep);
+        for (uint32_t w = 0; w < g->ways; w++) {
+            memcpy(buf + n, &hs[w], sizeof(hs[w]));
+            memcpy(buf + n + sizeof(hs[w]), &af[w], 8);
+            n += sizeof(hs[w]) + 8;
+        }
+        if (way >= 0) {
+            after = peer_slot_copy(s->r, q.bucket, (uint32_t)way, &h, &before,
+                                   buf + n + sizeof(h) + 8, q.len);
+            memcpy(buf + n, &h, sizeof(h));
+            memcpy(buf + n + sizeof(h), &after, 8);
+            n += sizeof(h) + 8 + q.len;
+        }
+        break;
+    }
     case PEER_OP_WRITE: {
         struct peer_hash h = {q.hash_lo, q.hash_hi};
 
@@ -139,7 +168,9 @@ static void *conn_main(void *arg)
     int fd = ca->fd;
     const struct peer_geometry *g = &s->r->g;
     size_t cap = sizeof(struct peer_rep) + (size_t)g->ways * (PEER_HDR_SIZE + 8);
-    size_t cap2 = sizeof(struct peer_rep) + PEER_HDR_SIZE + 8 + g->max_payload;
+    /* READ_SLOT, READ_GET: the headers, one more and a payload. */
+    size_t cap2 = sizeof(struct peer_rep) + ((size_t)g->ways + 1) * (PEER_HDR_SIZE + 8) +
+                  g->max_payload;
     /* READ_HDRS_MULTI: at most 64 x 64 x 72 bytes (288 KiB). */
     size_t cap3 = sizeof(struct peer_rep) + (size_t)PEER_BATCH_MAX * g->ways * (PEER_HDR_SIZE + 8);
     uint8_t *buf;
@@ -148,7 +179,9 @@ static void *conn_main(void *arg)
         cap = cap2;
     if (cap3 > cap)
         cap = cap3;
-    buf = malloc(cap);
+    /* Zeroed: a payload copy shorter than asked (the slot changed under
+     * it) sends bytes of an earlier answer of this connection, never heap. */
+    buf = calloc(1, cap);
     struct peer_hello hello = {.magic = PEER_MAGIC, .version = PEER_VERSION, .g = *g};
 
     free(ca);
