@@ -269,7 +269,7 @@ out:
 enum peer_miss peer_tier_get(struct peer_backend *pb, const struct sfs_key *key, void *buf,
                              uint32_t len)
 {
-    enum peer_miss r;
+    enum peer_miss r = PEER_MISS_UNREACHABLE;
 
     peer_tier_get_batch(pb, key, 1, &buf, &len, &r);
     return r;
@@ -476,7 +476,7 @@ out:
 void peer_tier_set(struct peer_backend *pb, const struct sfs_key *key, const void *buf,
                    uint32_t len)
 {
-    int r;
+    int r = 0;
 
     peer_tier_set_batch(pb, key, 1, &buf, &len, &r);
 }
