@@ -296,9 +296,9 @@ static bool tx_next(struct peer_batch *b, const uint8_t **p, size_t *n)
 
 /*
  * The answer stream of one call: stage 0 the peer_rep; stage 1 the
- * headers (READ_HDRS, READ_GET: ways x HDR_WIRE into scratch); stage 2 the
- * way's header (READ_GET with a way); stage 3 its payload (into the call's
- * buf). Where the next bytes go; *n 0 when the call is complete.
+ * headers (READ_HDRS: ways x HDR_WIRE; READ_GET: one more, the way's, into
+ * scratch); stage 2 nothing; stage 3 the payload (READ_GET with a way: into
+ * the call's buf). Where the next bytes go; *n 0 when the call is complete.
  */
 static void rx_next(struct peer_batch *b, uint8_t **p, size_t *n)
 {
@@ -312,15 +312,10 @@ static void rx_next(struct peer_batch *b, uint8_t **p, size_t *n)
         *n = sizeof(k->rep);
         break;
     case 1:
+        /* READ_GET: the way's header (zeros for none) too, in one read. */
         if (k->q.op != PEER_OP_WRITE) {
             *p = b->scratch;
-            *n = (size_t)ways * HDR_WIRE;
-        }
-        break;
-    case 2:
-        if (k->q.op == PEER_OP_READ_GET && k->rep.status >= 0) {
-            *p = b->scratch;
-            *n = HDR_WIRE;
+            *n = ((size_t)ways + (k->q.op == PEER_OP_READ_GET)) * HDR_WIRE;
         }
         break;
     case 3:
@@ -358,10 +353,10 @@ static int rx_stage_done(struct peer_batch *b)
             memcpy(&k->hdrs[w], b->scratch + (size_t)w * HDR_WIRE, PEER_HDR_SIZE);
             memcpy(&k->after[w], b->scratch + (size_t)w * HDR_WIRE + PEER_HDR_SIZE, 8);
         }
-        return 0;
-    case 2:
-        memcpy(&k->hdr, b->scratch, PEER_HDR_SIZE);
-        memcpy(&k->hdr_after, b->scratch + PEER_HDR_SIZE, 8);
+        if (k->q.op == PEER_OP_READ_GET) {
+            memcpy(&k->hdr, b->scratch + (size_t)ways * HDR_WIRE, PEER_HDR_SIZE);
+            memcpy(&k->hdr_after, b->scratch + (size_t)ways * HDR_WIRE + PEER_HDR_SIZE, 8);
+        }
         return 0;
     default:
         return 0;

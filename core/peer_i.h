@@ -211,8 +211,9 @@ _Static_assert(sizeof(struct peer_req) == 64, "request is 64 bytes");
 /* Answer: status 0 or -errno; then for READ_HDRS nways x (header, seq_after);
  * for READ_SLOT (header, seq_after) then len payload bytes; for WRITE
  * nothing (status -EAGAIN: the seq moved); for READ_GET status is the way
- * that names the key (then ways x (header, seq_after), then that way's
- * (header, seq_after) and len payload bytes) or -ENOENT (the headers only). */
+ * that names the key or -ENOENT, then ways x (header, seq_after), then the
+ * way's (header, seq_after) (zeros for none), then with a way len payload
+ * bytes. */
 struct peer_rep {
     uint32_t magic;
     int32_t status;
@@ -297,7 +298,7 @@ struct peer_batch {
     size_t tx_call, tx_off, rx_call, rx_off;
     int tx_stage, rx_stage;
     int64_t last_ns;
-    uint8_t scratch[PEER_WAYS_MAX * (PEER_HDR_SIZE + 8)];
+    uint8_t scratch[(PEER_WAYS_MAX + 1) * (PEER_HDR_SIZE + 8)];
 };
 
 /* Run nb batches to distinct members at once. Returns the number of calls

@@ -133,13 +133,16 @@ static int serve_one(struct peer_server *s, int fd, uint8_t *buf)
             memcpy(buf + n + sizeof(hs[w]), &af[w], 8);
             n += sizeof(hs[w]) + 8;
         }
-        if (way >= 0) {
+        /* The way's header always (zeros for none): the answer's fixed
+         * part has one size, read by the client in one call. */
+        memset(&h, 0, sizeof(h));
+        after = 0;
+        if (way >= 0)
             after = peer_slot_copy(s->r, q.bucket, (uint32_t)way, &h, &before,
                                    buf + n + sizeof(h) + 8, q.len);
-            memcpy(buf + n, &h, sizeof(h));
-            memcpy(buf + n + sizeof(h), &after, 8);
-            n += sizeof(h) + 8 + q.len;
-        }
+        memcpy(buf + n, &h, sizeof(h));
+        memcpy(buf + n + sizeof(h), &after, 8);
+        n += sizeof(h) + 8 + (way >= 0 ? q.len : 0);
         break;
     }
     case PEER_OP_WRITE: {
