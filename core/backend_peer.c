@@ -19,10 +19,11 @@
  * same way (write-through to both). exists, shard_count: the inner, then the
  * peer tier for what the inner has not. touch, remove, list: the inner.
  *
- * The members file is re-read when its mtime changes (checked at most once
- * a second, on use and by the idle publisher thread), so an edit takes
- * effect without a signal; the daemon need not forward SIGHUP. A member that does not answer within
- * deadline_ms is a clean miss ("unreachable") and is skipped for a second (peer_net.c).
+ * The members file is re-read on sfs_backend_peer_reload (the daemon's
+ * SIGHUP) and when its mtime changes (checked at most once a second, on use
+ * and by the idle publisher thread). A member that does not answer within
+ * deadline_ms is a clean miss ("unreachable") and is skipped for a second
+ * (peer_client.c).
  */
 
 #include "peer_backend_i.h"
@@ -501,4 +502,14 @@ int sfs_backend_peer_batch_exists(struct sfs_backend *be, const struct sfs_key *
         k++;
     free(present);
     return (int)k;
+}
+
+int sfs_backend_peer_reload(struct sfs_backend *be)
+{
+    if (!be || be->ops != &peer_ops)
+        return -EINVAL;
+    /* Release: a flag the next use or the publisher takes (at most a second
+     * later); nothing else here, so a signal handler may call it. */
+    atomic_store_explicit(&((struct peer_backend *)be)->reload_asked, true, memory_order_release);
+    return 0;
 }

@@ -49,6 +49,7 @@ struct peer_backend {
     struct timespec members_mtime;
     int64_t members_checked_ns;
     pthread_mutex_t reload_lock;
+    _Atomic bool reload_asked; /* sfs_backend_peer_reload: re-read, mtime or not */
 
     /* Load queue and publish queue, one lock. */
     pthread_mutex_t qlock;

@@ -3,7 +3,9 @@
  * peer_members.c - the peer tier's membership: the members file (one
  * host:port a line, '#' comments) read at start and re-read when its mtime
  * changes, the consistent-hash ring built from it, one connection per
- * member, and the server's list of hosts it serves. The ring, members and
+ * member, and the server's list of hosts it serves. A re-read is also asked
+ * for (sfs_backend_peer_reload: the daemon's SIGHUP) and happens at the
+ * next use or within a second. The ring, members and
  * self are replaced whole under ring_lock (write); readers hold it for reading.
  */
 #include "peer_backend_i.h"
@@ -115,7 +117,11 @@ void peer_members_maybe_reload(struct peer_backend *pb)
 
     if (!pb->o.members[0] || pthread_mutex_trylock(&pb->reload_lock) != 0)
         return;
-    if (now - pb->members_checked_ns >= 1000000000) {
+    /* Acquire: pairs with sfs_backend_peer_reload's release (a flag only). */
+    if (atomic_exchange_explicit(&pb->reload_asked, false, memory_order_acquire)) {
+        pb->members_checked_ns = now;
+        peer_members_load(pb);
+    } else if (now - pb->members_checked_ns >= 1000000000) {
         pb->members_checked_ns = now;
         if (stat(pb->o.members, &st) == 0 && (st.st_mtim.tv_sec != pb->members_mtime.tv_sec ||
                                               st.st_mtim.tv_nsec != pb->members_mtime.tv_nsec))

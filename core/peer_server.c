@@ -172,8 +172,8 @@ static void *conn_main(void *arg)
     const struct peer_geometry *g = &s->r->g;
     size_t cap = sizeof(struct peer_rep) + (size_t)g->ways * (PEER_HDR_SIZE + 8);
     /* READ_SLOT, READ_GET: the headers, one more and a payload. */
-    size_t cap2 = sizeof(struct peer_rep) + ((size_t)g->ways + 1) * (PEER_HDR_SIZE + 8) +
-                  g->max_payload;
+    size_t cap2 =
+        sizeof(struct peer_rep) + ((size_t)g->ways + 1) * (PEER_HDR_SIZE + 8) + g->max_payload;
     /* READ_HDRS_MULTI: at most 64 x 64 x 72 bytes (288 KiB). */
     size_t cap3 = sizeof(struct peer_rep) + (size_t)PEER_BATCH_MAX * g->ways * (PEER_HDR_SIZE + 8);
     uint8_t *buf;

@@ -94,8 +94,7 @@ static int plan_open(struct plan *pl, struct peer_backend *pb, const struct sfs_
     pl->calls = calloc(n ? n : 1, sizeof(*pl->calls));
     pl->hdrs = malloc((n ? n : 1) * PEER_WAYS_MAX * sizeof(*pl->hdrs));
     pl->after = malloc((n ? n : 1) * PEER_WAYS_MAX * sizeof(*pl->after));
-    if (!pl->h || !pl->owner || !pl->remote || !pl->bowner || !pl->calls || !pl->hdrs ||
-        !pl->after)
+    if (!pl->h || !pl->owner || !pl->remote || !pl->bowner || !pl->calls || !pl->hdrs || !pl->after)
         return -ENOMEM;
     for (size_t i = 0; i < n; i++) {
         int o;

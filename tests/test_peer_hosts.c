@@ -272,10 +272,25 @@ Test(peer_hosts, a_joining_host_moves_only_its_share, .timeout = 180)
         fsfx_sleep_ms(10);
     cr_assert_geq(fsfx_stat(&H.fx[0], "shardfs_peer_writes_total"), NB);
 
-    write_members(3);
-    /* Hosts A and B look at the file once a second (then they let C in);
-     * generous for a loaded machine. */
+    /* C joins: the file gains it with its old mtime kept, so that only
+     * SIGHUP (not the mtime check) makes A and B re-read it and let C in.
+     * The daemons take SIGHUP as "re-read", not as a stop. */
+    {
+        struct stat st0;
+        struct timespec t[2];
+
+        cr_assert_eq(stat(H.members, &st0), 0);
+        write_members(3);
+        t[0] = st0.st_atim;
+        t[1] = st0.st_mtim;
+        cr_assert_eq(utimensat(AT_FDCWD, H.members, t, 0), 0);
+        cr_assert_eq(kill(H.fx[0].pid, SIGHUP), 0);
+        cr_assert_eq(kill(H.fx[1].pid, SIGHUP), 0);
+    }
+    /* They take the request within a second; generous for a loaded machine. */
     fsfx_sleep_ms(3000);
+    for (int i = 0; i < 2; i++)
+        cr_assert_eq(kill(H.fx[i].pid, 0), 0, "host %d ended on SIGHUP", i);
     start_host(2);
     for (unsigned i = 0; i < NB; i++) {
         uint64_t b = B0 + i;

@@ -152,13 +152,17 @@ SFS_API int sfs_backend_peer_stats(struct sfs_backend *be, struct sfs_peer_stats
  * Each returns 0 (batch_exists: the count) or -EINVAL (not a peer backend),
  * -ENOMEM.
  */
-SFS_API int sfs_backend_peer_batch_get(struct sfs_backend *be, const struct sfs_key *keys,
-                                       size_t n, void *const *bufs, uint32_t len, int *results);
-SFS_API int sfs_backend_peer_batch_set(struct sfs_backend *be, const struct sfs_key *keys,
-                                       size_t n, const void *const *bufs, uint32_t len,
-                                       int *results);
+SFS_API int sfs_backend_peer_batch_get(struct sfs_backend *be, const struct sfs_key *keys, size_t n,
+                                       void *const *bufs, uint32_t len, int *results);
+SFS_API int sfs_backend_peer_batch_set(struct sfs_backend *be, const struct sfs_key *keys, size_t n,
+                                       const void *const *bufs, uint32_t len, int *results);
 SFS_API int sfs_backend_peer_batch_exists(struct sfs_backend *be, const struct sfs_key *keys,
                                           size_t n, uint32_t len);
+
+/* Ask the peer tier to re-read its members file (whether or not its mtime
+ * changed); done within a second. Async-signal-safe (the daemon calls it
+ * on SIGHUP). 0, or -EINVAL when be is not a peer backend. */
+SFS_API int sfs_backend_peer_reload(struct sfs_backend *be);
 
 /* Synchronous convenience: load or dump one shard and wait. Returns bytes or
  * -errno. */
