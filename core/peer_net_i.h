@@ -15,8 +15,9 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#define PEER_CONNS_MAX 64
-#define PEER_DOWN_MS   1000
+#define PEER_CONNS_MAX      64 /* live connections a server serves */
+#define PEER_CONNS_PER_HOST 8  /* ... from one address */
+#define PEER_DOWN_MS        1000
 
 int64_t peer_net_mono_ns(void);
 /* Resolve "host:port" ([v6]:port accepted): 0 or -EINVAL / -EHOSTUNREACH. */

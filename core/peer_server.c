@@ -39,7 +39,15 @@ struct peer_server {
     _Atomic bool stop;
     pthread_mutex_t lock;
     pthread_cond_t idle;
-    unsigned nconns; /* lock */
+    unsigned nconns; /* lock: threads running (table entries in use) */
+    /* lock: the connections, evictable ones included (PEER_CONNS_MAX live,
+     * as many again being closed). */
+    struct sconn {
+        int fd;
+        bool used, evicted, answering;
+        int64_t last_ns; /* accept, then each request answered */
+        struct sockaddr_storage from;
+    } conns[2 * PEER_CONNS_MAX];
     /* lock: when nallow > 0, only connections from these addresses are
      * served (the members' hosts; the port is the peer's own, not compared). */
     struct sockaddr_storage *allow;
@@ -49,10 +57,11 @@ struct peer_server {
 struct conn_arg {
     struct peer_server *s;
     int fd;
+    unsigned slot; /* in s->conns */
 };
 
 /* One request; 0 to go on, < 0 to close the connection. */
-static int serve_one(struct peer_server *s, int fd, uint8_t *buf)
+static int serve_one(struct peer_server *s, int fd, unsigned slot, uint8_t *buf)
 {
     const struct peer_geometry *g = &s->r->g;
     struct peer_req q;
@@ -161,7 +170,16 @@ static int serve_one(struct peer_server *s, int fd, uint8_t *buf)
         break;
     }
     }
-    return peer_send_all(fd, buf, n, 0, &s->stop);
+    /* Sending an answer it asked for: not evicted meanwhile (admit). */
+    pthread_mutex_lock(&s->lock);
+    s->conns[slot].answering = true;
+    pthread_mutex_unlock(&s->lock);
+    ret = peer_send_all(fd, buf, n, 0, &s->stop);
+    pthread_mutex_lock(&s->lock);
+    s->conns[slot].answering = false;
+    s->conns[slot].last_ns = peer_net_mono_ns();
+    pthread_mutex_unlock(&s->lock);
+    return ret;
 }
 
 static void *conn_main(void *arg)
@@ -187,13 +205,18 @@ static void *conn_main(void *arg)
     buf = calloc(1, cap);
     struct peer_hello hello = {.magic = PEER_MAGIC, .version = PEER_VERSION, .g = *g};
 
+    unsigned slot = ca->slot;
+
     free(ca);
     if (buf && peer_send_all(fd, &hello, sizeof(hello), 0, &s->stop) == 0)
-        while (serve_one(s, fd, buf) == 0)
+        while (serve_one(s, fd, slot, buf) == 0)
             ;
     free(buf);
-    close(fd);
+    /* Out of the table before the fd is closed: an eviction never shuts
+     * down a reused descriptor. */
     pthread_mutex_lock(&s->lock);
+    s->conns[slot].used = false;
+    close(fd);
     if (--s->nconns == 0)
         pthread_cond_broadcast(&s->idle);
     pthread_mutex_unlock(&s->lock);
@@ -263,6 +286,57 @@ int peer_server_allow(struct peer_server *s, char *const *members, size_t n)
     return 0;
 }
 
+/*
+ * Room for a connection from `from` (caller holds s->lock): a table index,
+ * or -1 to refuse it. A flood must not lock the members out, so a full
+ * house makes room by evicting the connection that has been waiting
+ * longest for a request of its own (idle, or stalled in the middle of
+ * sending one, since it was accepted or last answered), never one being
+ * sent an answer: from the same address when it has PEER_CONNS_PER_HOST
+ * already (a flooder churns its own), else from any address once
+ * PEER_CONNS_MAX are live. The evicted connection is shut down; its thread
+ * leaves at once. A member whose idle connection was evicted reconnects on
+ * its next call (peer_conn_open_fresh sees the EOF).
+ */
+static int admit(struct peer_server *s, const struct sockaddr_storage *from)
+{
+    unsigned live = 0, same = 0;
+    int free_slot = -1, old_same = -1, old_any = -1;
+
+    for (unsigned i = 0; i < 2 * PEER_CONNS_MAX; i++) {
+        struct sconn *c = &s->conns[i];
+
+        if (!c->used) {
+            if (free_slot < 0)
+                free_slot = (int)i;
+            continue;
+        }
+        if (c->evicted)
+            continue;
+        live++;
+        bool mine = same_host(&c->from, from);
+
+        same += mine;
+        if (c->answering)
+            continue;
+        if (old_any < 0 || c->last_ns < s->conns[old_any].last_ns)
+            old_any = (int)i;
+        if (mine && (old_same < 0 || c->last_ns < s->conns[old_same].last_ns))
+            old_same = (int)i;
+    }
+    if (free_slot < 0)
+        return -1; /* evicted ones still closing: refuse for now */
+    if (same >= PEER_CONNS_PER_HOST)
+        old_any = old_same;
+    else if (live < PEER_CONNS_MAX)
+        return free_slot;
+    if (old_any < 0)
+        return -1; /* every one is being answered */
+    s->conns[old_any].evicted = true;
+    shutdown(s->conns[old_any].fd, SHUT_RDWR);
+    return free_slot;
+}
+
 static void *accept_main(void *arg)
 {
     struct peer_server *s = arg;
@@ -276,7 +350,7 @@ static void *accept_main(void *arg)
         struct conn_arg *ca;
         pthread_attr_t at;
         pthread_t t;
-        int fd, one = 1;
+        int fd, one = 1, slot;
 
         if (poll(&p, 1, 200) <= 0)
             continue;
@@ -285,11 +359,14 @@ static void *accept_main(void *arg)
         if (fd < 0)
             continue;
         pthread_mutex_lock(&s->lock);
-        if (s->nconns >= PEER_CONNS_MAX || !allowed(s, &from)) {
+        slot = allowed(s, &from) ? admit(s, &from) : -1;
+        if (slot < 0) {
             pthread_mutex_unlock(&s->lock);
             close(fd);
             continue;
         }
+        s->conns[slot] =
+            (struct sconn){.fd = fd, .used = true, .last_ns = peer_net_mono_ns(), .from = from};
         s->nconns++;
         pthread_mutex_unlock(&s->lock);
         setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
@@ -299,10 +376,12 @@ static void *accept_main(void *arg)
         ca = malloc(sizeof(*ca));
         pthread_attr_init(&at);
         pthread_attr_setdetachstate(&at, PTHREAD_CREATE_DETACHED);
-        if (!ca || (ca->s = s, ca->fd = fd, pthread_create(&t, &at, conn_main, ca) != 0)) {
+        if (!ca || (ca->s = s, ca->fd = fd, ca->slot = (unsigned)slot,
+                    pthread_create(&t, &at, conn_main, ca) != 0)) {
             free(ca);
-            close(fd);
             pthread_mutex_lock(&s->lock);
+            s->conns[slot].used = false;
+            close(fd);
             if (--s->nconns == 0)
                 pthread_cond_broadcast(&s->idle);
             pthread_mutex_unlock(&s->lock);
