@@ -232,6 +232,11 @@ void peer_server_stop(struct peer_server *s);
  * resolved now; n == 0: from anyone). 0, or -errno (the old list stays). */
 int peer_server_allow(struct peer_server *s, char *const *members, size_t n);
 
+/* Serve one connected stream fd (the hello, then requests until it ends or
+ * one is refused) as a server's connection thread does, in the caller's
+ * thread; closes fd. 0 or -ENOMEM. (The fuzz target of the request loop.) */
+int peer_serve_stream(struct peer_region *r, int fd);
+
 /* One connection to a member, with a deadline per call. */
 struct peer_conn {
     int fd;

@@ -223,6 +223,30 @@ static void *conn_main(void *arg)
     return NULL;
 }
 
+int peer_serve_stream(struct peer_region *r, int fd)
+{
+    struct peer_server *s = calloc(1, sizeof(*s));
+    struct conn_arg *ca = malloc(sizeof(*ca));
+
+    if (!s || !ca) {
+        free(s);
+        free(ca);
+        return -ENOMEM;
+    }
+    s->r = r;
+    s->lfd = -1;
+    pthread_mutex_init(&s->lock, NULL);
+    pthread_cond_init(&s->idle, NULL);
+    s->conns[0] = (struct sconn){.fd = fd, .used = true};
+    s->nconns = 1;
+    *ca = (struct conn_arg){.s = s, .fd = fd, .slot = 0};
+    conn_main(ca); /* closes fd */
+    pthread_mutex_destroy(&s->lock);
+    pthread_cond_destroy(&s->idle);
+    free(s);
+    return 0;
+}
+
 static bool same_host(const struct sockaddr_storage *a, const struct sockaddr_storage *b)
 {
     if (a->ss_family != b->ss_family)
