@@ -39,7 +39,7 @@
 #define PEER_VNODES      64u
 #define PEER_MEMBERS_MAX 256u
 #define PEER_MAGIC       0x53465031u /* "SFP1" */
-#define PEER_VERSION     1u
+#define PEER_VERSION     2u /* 2: READ_GET, the four-lane checksum */
 /* Largest payload a slot can hold (one shard); bounds every length on the
  * wire together with the announced geometry. */
 #define PEER_PAYLOAD_MAX (64u << 20)
