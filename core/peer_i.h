@@ -39,7 +39,7 @@
 #define PEER_VNODES      64u
 #define PEER_MEMBERS_MAX 256u
 #define PEER_MAGIC       0x53465031u /* "SFP1" */
-#define PEER_VERSION     1u
+#define PEER_VERSION     2u /* 2: READ_GET, the four-lane checksum */
 /* Largest payload a slot can hold (one shard); bounds every length on the
  * wire together with the announced geometry. */
 #define PEER_PAYLOAD_MAX (64u << 20)
@@ -150,6 +150,13 @@ uint64_t peer_slot_copy(const struct peer_region *r, uint64_t bucket, uint32_t w
 enum peer_miss peer_local_get(const struct peer_region *r, const struct peer_hash *h, void *buf,
                               uint32_t len);
 
+/* The first way whose header copy (hdrs[w], seq after it after[w]) names h
+ * with length len under a stable even seq; -1 when none. The server's filter
+ * for READ_GET over the one bucket it was asked for (no index, no per-key
+ * state); the client still judges the payload with peer_slot_matches. */
+int peer_find_way(const struct peer_slot_hdr *hdrs, const uint64_t *after, uint32_t ways,
+                  const struct peer_hash *h, uint32_t len);
+
 /* Choose a way given the bucket's header copies (seqs[i] the seq read):
  * empty, then the same key, then the oldest stamp; slots with an odd seq
  * (write in progress) are skipped. -EBUSY when every way is busy. */
@@ -174,6 +181,9 @@ enum peer_op {
     PEER_OP_WRITE = 3,           /* conditional write of one slot; len payload bytes follow */
     PEER_OP_READ_HDRS_MULTI = 4, /* all headers of nways (1..PEER_BATCH_MAX) buckets, whose
                                   * numbers follow as len = 8 x nways bytes */
+    PEER_OP_READ_GET = 5,        /* a get in one trip: all headers of a bucket, then the
+                                  * header and len payload bytes of the way whose header
+                                  * names (hash_lo, hash_hi) with length len, if any */
 };
 
 /* Buckets one READ_HDRS_MULTI names: a batch's keys of one owner host go in
@@ -200,7 +210,10 @@ _Static_assert(sizeof(struct peer_req) == 64, "request is 64 bytes");
 
 /* Answer: status 0 or -errno; then for READ_HDRS nways x (header, seq_after);
  * for READ_SLOT (header, seq_after) then len payload bytes; for WRITE
- * nothing (status -EAGAIN: the seq moved). */
+ * nothing (status -EAGAIN: the seq moved); for READ_GET status is the way
+ * that names the key or -ENOENT, then ways x (header, seq_after), then the
+ * way's (header, seq_after) (zeros for none), then with a way len payload
+ * bytes. */
 struct peer_rep {
     uint32_t magic;
     int32_t status;
@@ -218,6 +231,11 @@ void peer_server_stop(struct peer_server *s);
 /* Serve only connections from the hosts of these members ("host:port",
  * resolved now; n == 0: from anyone). 0, or -errno (the old list stays). */
 int peer_server_allow(struct peer_server *s, char *const *members, size_t n);
+
+/* Serve one connected stream fd (the hello, then requests until it ends or
+ * one is refused) as a server's connection thread does, in the caller's
+ * thread; closes fd. 0 or -ENOMEM. (The fuzz target of the request loop.) */
+int peer_serve_stream(struct peer_region *r, int fd);
 
 /* One connection to a member, with a deadline per call. */
 struct peer_conn {
@@ -246,5 +264,54 @@ int peer_conn_read_hdrs_multi(struct peer_conn *c, const char *member, unsigned 
                               uint64_t *seq_after);
 /* Connect (if not connected) and fetch the geometry: 0 or -errno. */
 int peer_conn_open(struct peer_conn *c, const char *member, unsigned deadline_ms);
+/* As peer_conn_open, but first drops an open connection the member has
+ * closed meanwhile (it restarted): a batch does not lose its keys to it. */
+int peer_conn_open_fresh(struct peer_conn *c, const char *member, unsigned deadline_ms);
+/* A get in one round trip (READ_GET): PEER_HIT with len bytes in buf, or
+ * why not (PEER_MISS_UNREACHABLE when the member did not answer). */
+enum peer_miss peer_conn_get(struct peer_conn *c, const char *member, unsigned deadline_ms,
+                             const struct peer_hash *h, uint32_t len, void *buf);
+
+/*
+ * Pipelined batches: every request of every member's batch is sent without
+ * waiting for answers, and the answers of all members are read as they
+ * come (one poll over all connections), so a batch costs one round trip per
+ * member, all members at once. Each member's connection fails alone: after
+ * deadline_ms with no byte moved on it, or on a bad answer; its calls not
+ * yet answered get err < 0 (the connection is closed and marked down), the
+ * other members' calls are unaffected.
+ */
+struct peer_call {
+    struct peer_req q;          /* READ_HDRS (nways = g.ways), READ_GET or WRITE */
+    const void *payload;        /* WRITE: q.len bytes */
+    void *buf;                  /* READ_GET: where the q.len payload bytes go */
+    struct peer_slot_hdr *hdrs; /* READ_HDRS, READ_GET: g.ways header copies ... */
+    uint64_t *after;            /* ... and the seq read after each */
+    struct peer_slot_hdr hdr;   /* READ_GET with a way: its header copy ... */
+    uint64_t hdr_after;         /* ... and the seq after the payload */
+    struct peer_rep rep;        /* the answer's status (and seq) */
+    int err;                    /* 0: answered; -errno: not */
+    size_t key;                 /* the caller's */
+};
+
+struct peer_batch {
+    struct peer_conn *c; /* open (peer_conn_open), c->g known */
+    const char *member;
+    struct peer_call *calls;
+    size_t n;
+    /* progress (peer_conn_batch_run's) */
+    size_t tx_call, tx_off, rx_call, rx_off;
+    int tx_stage, rx_stage;
+    int64_t last_ns;
+    uint8_t scratch[(PEER_WAYS_MAX + 1) * (PEER_HDR_SIZE + 8)];
+};
+
+/* Run nb batches to distinct members at once. Returns the number of calls
+ * answered over all batches. */
+size_t peer_conn_batch_run(struct peer_batch *b, size_t nb, unsigned deadline_ms);
+/* A call's outcome for a key: a READ_GET call judged against h and len
+ * (buf: its payload), or a READ_HDRS call (buf NULL: headers only). */
+enum peer_miss peer_call_judge(const struct peer_call *call, uint32_t ways,
+                               const struct peer_hash *h, uint32_t len, const void *buf);
 
 #endif /* SHARDFS_PEER_I_H */

@@ -25,6 +25,7 @@
 #include <errno.h>
 #include <inttypes.h>
 #include <limits.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -45,6 +46,29 @@ static void touch_hook(const struct sfs_block_id *blocks, size_t n, void *arg)
 /* ---------------------------------------------------------------------------
  * main
  */
+
+/* With the peer tier, SIGHUP re-reads its members file (DESIGN section 12)
+ * instead of ending the session: the stop signals' thread takes it, and the
+ * handler only raises the backend's flag. */
+static struct sfs_backend *peer_hup_be;
+
+static void peer_hup(int sig)
+{
+    (void)sig;
+    sfs_backend_peer_reload(peer_hup_be);
+}
+
+static int peer_hup_start(struct sfs_backend *be)
+{
+    struct sigaction sa;
+
+    memset(&sa, 0, sizeof(sa));
+    sa.sa_handler = peer_hup;
+    sa.sa_flags = SA_RESTART;
+    sigemptyset(&sa.sa_mask);
+    peer_hup_be = be;
+    return sigaction(SIGHUP, &sa, NULL);
+}
 
 int main(int argc, char *argv[])
 {
@@ -187,6 +211,10 @@ int main(int argc, char *argv[])
         fprintf(stderr, "shardfs: cannot set signal handlers\n");
         goto out_session;
     }
+    if (o.peer_listen && peer_hup_start(fs.be) != 0) {
+        fprintf(stderr, "shardfs: cannot set the SIGHUP handler\n");
+        goto out_signals;
+    }
     if (fuse_session_mount(se, co.mountpoint) != 0) {
         fprintf(stderr, "shardfs: MOUNTPOINT %s: mount failed\n", co.mountpoint);
         goto out_signals;
@@ -292,6 +320,8 @@ out_unmount:
     fuse_session_unmount(se);
 out_signals:
     fuse_remove_signal_handlers(se);
+    if (o.peer_listen)
+        signal(SIGHUP, SIG_IGN); /* the backend closes below */
 out_session:
     fuse_session_destroy(se);
 out_cache:

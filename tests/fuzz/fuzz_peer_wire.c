@@ -15,8 +15,8 @@
  * - a geometry that passes the check has a region below 2^47 bytes and a
  *   stride that holds the header and max_payload;
  * - a request that passes the check against a valid geometry names bytes
- *   inside the region (bucket, way range, length), and a write's expected
- *   seq is even;
+ *   inside the region (bucket, way range, length; a READ_GET its bucket
+ *   and a length within a slot), and a write's expected seq is even;
  * - peer_slot_matches says hit only for an even, unchanged seq, the key's
  *   hash, the expected length and the payload's checksum.
  */
@@ -95,6 +95,11 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
                 /* The buckets follow; the server checks each as it reads. */
                 check(q.nways >= 1 && q.nways <= PEER_BATCH_MAX, "batch out of range");
                 check(q.len == q.nways * 8u && q.way == 0, "batch length");
+            } else if (q.op == PEER_OP_READ_GET) {
+                /* The whole bucket's headers, then at most one slot's
+                 * payload: the bucket and the length bound it. */
+                check(q.way == 0 && q.nways == 0, "get names ways");
+                check(q.len <= g.max_payload, "length past the slot");
             } else {
                 check(q.way < g.ways && q.nways >= 1 && q.way + q.nways <= g.ways,
                       "ways out of range");

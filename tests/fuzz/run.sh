@@ -17,7 +17,7 @@ set -uo pipefail
 cd "$(dirname "$0")/../.."
 secs=${1:-15}
 build=${2:-build-fuzz}
-targets=${FUZZ_TARGETS:-"attach_hello attach_welcome ctl_header fs_path xattr_value peer_wire"}
+targets=${FUZZ_TARGETS:-"attach_hello attach_welcome ctl_header fs_path xattr_value peer_wire peer_serve"}
 
 if [ "${FUZZ_NO_BUILD:-0}" != 1 ]; then
   if ! command -v clang >/dev/null; then

@@ -135,6 +135,35 @@ struct sfs_peer_stats {
 /* A snapshot of be's peer counters; -ENOENT when be is not a peer backend. */
 SFS_API int sfs_backend_peer_stats(struct sfs_backend *be, struct sfs_peer_stats *out);
 
+/*
+ * HiCache's batch API over the peer tier alone (not its inner backend),
+ * synchronous. Keys are grouped by owner host; each owner gets one round
+ * trip per batch for get and exists (two for set: the buckets' headers,
+ * then the conditional writes), all owners at once, each under the peer
+ * spec's deadline_ms (of no progress). An owner that does not answer makes
+ * its keys clean misses; the other owners' answers stand.
+ *
+ * batch_get: results[i] = len (bufs[i] holds the key's bytes, checked) or
+ * -ENOENT (a clean miss: bufs[i] holds nothing promised). Counted as peer
+ * hits and misses. batch_set: results[i] = 0, -EAGAIN (lost twice to other
+ * writers: lost_writes), -EHOSTUNREACH (the owner did not answer) or
+ * -EMSGSIZE (len over the owner's slot). batch_exists: how many keys in a
+ * row, from keys[0], the peer tier has with length len (headers only).
+ * Each returns 0 (batch_exists: the count) or -EINVAL (not a peer backend),
+ * -ENOMEM.
+ */
+SFS_API int sfs_backend_peer_batch_get(struct sfs_backend *be, const struct sfs_key *keys, size_t n,
+                                       void *const *bufs, uint32_t len, int *results);
+SFS_API int sfs_backend_peer_batch_set(struct sfs_backend *be, const struct sfs_key *keys, size_t n,
+                                       const void *const *bufs, uint32_t len, int *results);
+SFS_API int sfs_backend_peer_batch_exists(struct sfs_backend *be, const struct sfs_key *keys,
+                                          size_t n, uint32_t len);
+
+/* Ask the peer tier to re-read its members file (whether or not its mtime
+ * changed); done within a second. Async-signal-safe (the daemon calls it
+ * on SIGHUP). 0, or -EINVAL when be is not a peer backend. */
+SFS_API int sfs_backend_peer_reload(struct sfs_backend *be);
+
 /* Synchronous convenience: load or dump one shard and wait. Returns bytes or
  * -errno. */
 SFS_API int sfs_backend_load_sync(struct sfs_backend *be, const struct sfs_key *key, void *buf,
