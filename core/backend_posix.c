@@ -163,6 +163,7 @@ struct sfs_backend *sfs_posix_open(const char *root, const struct sfs_posix_opts
             sfs_errf(errbuf, errlen, "posix: cannot open directory '%s' (errno %d)", root, -ret);
         goto out_free;
     }
+    p->remote_fs = sfs_posix_remote_fs(p->root_fd);
     ret = io_uring_queue_init(o->depth, &p->ring, 0);
     if (ret < 0) {
         sfs_errf(errbuf, errlen, "posix: io_uring setup with depth=%u failed (errno %d)", o->depth,

@@ -48,6 +48,7 @@ struct posix_backend {
     bool closing;                /* sq_lock */
     bool ring_open;              /* immutable: opens are ring ops (OPENAT2 + STATX) */
     atomic_bool direct_off;      /* set once the fs refused O_DIRECT */
+    bool remote_fs;              /* immutable: the store is on a network or FUSE file system */
 
     /* posix_call.c: the helpers of the synchronous calls. */
     pthread_mutex_t call_lock;
@@ -128,6 +129,10 @@ int sfs_posix_errno_of_open(int e);
 /* Open rel beneath the root, never waiting on what is not a regular file.
  * Returns the fd or -errno (sfs_posix_errno_of_open's mapping). */
 int sfs_posix_open_beneath(struct posix_backend *p, const char *rel, int flags);
+/* Is the directory fd on a network or FUSE file system (NFS, FUSE:
+ * GlusterFS, CephFS's and Lustre's clients, SMB, 9P), whose clients cache
+ * lookups and forward locks (posix_commit.c)? */
+bool sfs_posix_remote_fs(int dirfd);
 /* sfs_posix_open_beneath() of a block file, which must be a regular file
  * (else -EIO), with O_NONBLOCK cleared again. Returns the fd or -errno. */
 int sfs_posix_open_block_file(struct posix_backend *p, const char *rel, int flags);
