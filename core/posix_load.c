@@ -284,7 +284,11 @@ static enum cqe_verdict handle_cqe(struct posix_backend *p, struct sfs_io *io, i
             return CQE_RESUBMIT;
         }
     }
-    if (res == -ESTALE)
+    /* GlusterFS answers -EIO, not -ESTALE, to a read of a file that
+     * another client renamed a new version over (issue 11): on a remote
+     * file system that is a stale file too, read again from a new open
+     * (a real, lasting I/O error ends as a miss after the retries). */
+    if (res == -ESTALE || (res == -EIO && p->remote_fs))
         return estale_reopen_locked(p, io);
     if (res < 0) {
         io->result = got ? -EIO : res;
