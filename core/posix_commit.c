@@ -9,16 +9,23 @@
  * several hosts on one store, on NFS and GlusterFS too):
  *   1. open <file>.lock O_CREAT and flock(LOCK_EX) it; if the path no longer
  *      names the locked inode (the writer before us finished), start again
- *      (where flock is refused, go on without the lock);
+ *      (where flock is refused, go on without the lock; on a remote file
+ *      system, NFS or FUSE, the lock is polled, never waited for in the
+ *      kernel, and given up after a quarter of the deadline);
  *   2. create this writer's own temporary file exclusively (O_EXCL):
  *      <file>.tmp.<host>.<pid>.<seq>; no other writer, on any host, ever
  *      opens it, so nobody truncates or writes it under us;
  *   3. copy the committed block file into it: sized to the committed size
  *      first, then only its data extents (SEEK_DATA / SEEK_HOLE, each with
- *      copy_file_range), so holes stay holes (below);
+ *      copy_file_range) that the new shards do not overwrite, so holes
+ *      stay holes (below) and a whole-block dump reads nothing of the old
+ *      file;
  *   4. pwrite the new shards; fsync if sync=1;
  *   5. rename tmp -> block file (and fsync the directory if sync=1);
- *      unlink the lock file; close.
+ *      unlink the lock file (a local file system only: on a remote one it
+ *      stays, since other clients cache its handle); close.
+ * A handle made stale by another host (-ESTALE) is retried for a time
+ * (STALE_BUDGET_NS) longer than the client's lookup caches keep it.
  * What a reader sees is always one whole file (the old or the new): a block
  * file is never written after its rename. Integrity rests on the unique
  * temporary name and the rename only; the lock adds that writers on one
@@ -63,8 +70,19 @@
 
 #define LOCK_TRIES 100000
 /* -ESTALE (a handle another host's rename or unlink made stale, NFS and
- * GlusterFS) is retried: a new lookup resolves the name afresh. */
-#define STALE_TRIES 16
+ * GlusterFS) is retried: a new lookup resolves the name afresh, once the
+ * client's own lookup caches let go of the old handle (GlusterFS: about
+ * 1 s, entry-timeout and md-cache-timeout; docs/shared-store.md). So the
+ * retries are bounded in time, STALE_BUDGET_NS, well past those caches,
+ * with sleeps between them (STALE_SLEEP_*), not in a count that a fast
+ * loop spends in a millisecond. */
+#define STALE_TRIES        16
+#define STALE_BUDGET_NS    (3ll * 1000000000)
+#define STALE_SLEEP_MIN_US 500
+#define STALE_SLEEP_MAX_US 50000
+/* How long a commit on a remote file system polls for a held lock before
+ * it goes on without it: a quarter of the deadline, at most this. */
+#define LOCK_POLL_MAX_NS (5ll * 1000000000)
 /* Temporary names: <file>.tmp.<host>.<pid>.<seq>. */
 #define TMP_INFIX ".tmp."
 /* A temporary or lock file is stale when older than this many deadlines,
@@ -102,16 +120,64 @@ static int sync_dir(struct posix_backend *p, const char *rel, size_t dlen)
     return ret;
 }
 
+/* Sleep before the next retry of a stale handle: *us doubles from
+ * STALE_SLEEP_MIN_US to STALE_SLEEP_MAX_US. False once the budget (from
+ * start_ns) is spent: give up. */
+static bool stale_backoff(int64_t start_ns, int64_t budget_ns, unsigned *us)
+{
+    if (sfs_now_ns() - start_ns >= budget_ns)
+        return false;
+    *us = *us ? (*us * 2 > STALE_SLEEP_MAX_US ? STALE_SLEEP_MAX_US : *us * 2) : STALE_SLEEP_MIN_US;
+    usleep(*us);
+    return true;
+}
+
+/* flock(LOCK_EX) of fd: blocking on a local file system; on a remote one
+ * (p->remote_fs), polled without blocking for at most a quarter of the
+ * deadline (LOCK_POLL_MAX_NS at most). A blocking flock on a FUSE client
+ * is a SETLKW request that, once the client daemon has read it, the kernel
+ * waits for uninterruptibly: a writer SIGKILLed there cannot exit until
+ * the lock is granted, and on GlusterFS it was not (the hang of issue 11:
+ * a zombie holding the mount). 0, or -1 with errno (EWOULDBLOCK: still
+ * held when the poll ended). */
+static int flock_ex(struct posix_backend *p, int fd)
+{
+    int64_t budget = (int64_t)p->o.timeout_ms * 1000000 / 4, start = sfs_now_ns();
+    unsigned us = 0;
+    int r;
+
+    if (!p->remote_fs) {
+        while ((r = flock(fd, LOCK_EX)) < 0 && errno == EINTR)
+            ;
+        return r;
+    }
+    if (budget > LOCK_POLL_MAX_NS)
+        budget = LOCK_POLL_MAX_NS;
+    while ((r = flock(fd, LOCK_EX | LOCK_NB)) < 0 && (errno == EWOULDBLOCK || errno == EINTR)) {
+        if (errno == EWOULDBLOCK && !stale_backoff(start, budget, &us)) {
+            errno = EWOULDBLOCK;
+            return -1;
+        }
+    }
+    return r;
+}
+
 /* Open and exclusively lock <file>.lock, making sure the locked inode is the
- * one the path names (a writer that held the lock before us unlinks it when
- * done). The lock only keeps writers of one block from losing each other's
- * shards; nothing written depends on it (see the header). Where the file
- * system refuses it (ENOLCK: NFS without a lock manager) the commit goes
- * on without it. -ESTALE (the lock file unlinked by its holder on another
- * host while we waited) is a lock that moved on: start again. Returns the
- * fd of the held lock, or -1: no lock. */
+ * one the path names (on a local file system a writer that held the lock
+ * before us unlinks it when done; on a remote one the lock file stays, see
+ * commit_block_once, and only the sweep removes it). The lock only keeps
+ * writers of one block from losing each other's shards; nothing written
+ * depends on it (see the header). Where the file system refuses it
+ * (ENOLCK: NFS without a lock manager), or a remote holder keeps it past
+ * the poll (flock_ex), the commit goes on without it. -ESTALE (the lock
+ * file unlinked meanwhile, while the client still caches its handle) is a
+ * lock that moved on: start again, within STALE_BUDGET_NS. Returns the fd of
+ * the held lock, or -1: no lock. */
 static int lock_block(struct posix_backend *p, const char *lock_rel)
 {
+    int64_t start = sfs_now_ns();
+    unsigned us = 0;
+
     for (int tries = 0; tries < LOCK_TRIES; tries++) {
         struct stat a, b;
         /* O_NOFOLLOW: a link planted at the lock's name never makes us
@@ -119,12 +185,14 @@ static int lock_block(struct posix_backend *p, const char *lock_rel)
         int fd = openat(p->root_fd, lock_rel, O_RDONLY | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0644);
         int r;
 
-        if (fd < 0 && errno == ESTALE)
+        if (fd < 0 && errno == ESTALE) {
+            if (!stale_backoff(start, STALE_BUDGET_NS, &us))
+                return -1;
             continue;
+        }
         if (fd < 0)
             return -1;
-        while ((r = flock(fd, LOCK_EX)) < 0 && errno == EINTR)
-            ;
+        r = flock_ex(p, fd);
         if (r < 0 && errno != ESTALE) {
             close(fd);
             return -1;
@@ -137,6 +205,8 @@ static int lock_block(struct posix_backend *p, const char *lock_rel)
             return fd;
         }
         close(fd);
+        if (p->remote_fs && !stale_backoff(start, STALE_BUDGET_NS, &us))
+            return -1;
     }
     return -1;
 }
@@ -329,16 +399,12 @@ static int copy_range(int src, int dst, uint64_t off, uint64_t len)
     return ret;
 }
 
-/* Copy the first len bytes of src into the empty dst, keeping holes: dst is
- * sized to len (reading as zeros), then each data extent of src below len is
- * copied. lseek's SEEK_DATA answers ENXIO past the last extent; a file
- * system without hole support answers as if the file were all data. */
-static int copy_prefix(int src, int dst, uint64_t len)
+/* Copy bytes [pos, len) of src into the same offsets of dst, keeping
+ * holes: only each data extent of src there is copied. lseek's SEEK_DATA
+ * answers ENXIO past the last extent; a file system without hole support
+ * answers as if the file were all data. */
+static int copy_extents(int src, int dst, uint64_t pos, uint64_t len)
 {
-    uint64_t pos = 0;
-
-    if (ftruncate(dst, (off_t)len) < 0)
-        return -errno;
     while (pos < len) {
         off_t data = lseek(src, (off_t)pos, SEEK_DATA), hole;
         int ret;
@@ -364,6 +430,48 @@ static int copy_prefix(int src, int dst, uint64_t len)
     return 0;
 }
 
+/* Does the dump write shard n itself (one of ios)? */
+static bool shard_written(struct sfs_io **ios, size_t k, uint64_t n)
+{
+    for (size_t i = 0; i < k; i++) {
+        if (ios[i]->key.shard == n)
+            return true;
+    }
+    return false;
+}
+
+/* Copy what the commit keeps of the first len bytes of src into the empty
+ * dst: dst is sized to len (reading as zeros), then the data extents of
+ * src that no shard of ios overwrites are copied. A dump of whole blocks
+ * (what the engines do) copies nothing, so it never reads the file another
+ * host may be replacing meanwhile (issue 11: its stale handle failed such
+ * copies). */
+static int copy_kept(int src, int dst, uint64_t len, struct sfs_io **ios, size_t k, uint64_t S)
+{
+    uint64_t pos = 0;
+
+    if (ftruncate(dst, (off_t)len) < 0)
+        return -errno;
+    while (pos < len) {
+        uint64_t end = pos;
+        int ret;
+
+        if (shard_written(ios, k, pos / S)) {
+            pos = (pos / S + 1) * S;
+            continue;
+        }
+        while (end < len && !shard_written(ios, k, end / S))
+            end = (end / S + 1) * S;
+        if (end > len)
+            end = len;
+        ret = copy_extents(src, dst, pos, end);
+        if (ret < 0)
+            return ret;
+        pos = end;
+    }
+    return 0;
+}
+
 /*
  * Commit one block: write the given shards (dump), or cut the block file to
  * cut_shard shards (remove; ios == NULL). Returns 0 or -errno.
@@ -376,6 +484,7 @@ static int commit_block_once(struct posix_backend *p, const struct sfs_block_id 
     uint64_t S = p->be.shard_size, keep = 0;
     size_t dlen = sfs_posix_block_rel(p, id, false, rel);
     bool removing = ios == NULL;
+    unsigned rename_us = 0;
     struct stat st;
     int lfd, fd, src, ret;
 
@@ -418,7 +527,7 @@ static int commit_block_once(struct posix_backend *p, const struct sfs_block_id 
             }
             keep = (uint64_t)cut_shard * S;
         }
-        ret = keep ? copy_prefix(src, fd, keep) : 0;
+        ret = keep ? copy_kept(src, fd, keep, ios, k, S) : 0;
         close(src);
         /* The file we opened was replaced and freed by another host
          * (NFS, GlusterFS: its handle went stale, or its gfid is gone):
@@ -466,8 +575,8 @@ static int commit_block_once(struct posix_backend *p, const struct sfs_block_id 
         goto out_unlink_tmp;
     }
     *gated = true;
-    for (int tries = 0; renameat(p->root_fd, tmp, p->root_fd, rel) < 0; tries++) {
-        if (errno != ESTALE || tries >= STALE_TRIES) {
+    for (int64_t start = sfs_now_ns(); renameat(p->root_fd, tmp, p->root_fd, rel) < 0;) {
+        if (errno != ESTALE || !stale_backoff(start, STALE_BUDGET_NS, &rename_us)) {
             ret = -errno;
             goto out_unlink_tmp;
         }
@@ -480,10 +589,15 @@ out_unlink_tmp:
     unlinkat(p->root_fd, tmp, 0);
     close(fd);
 out_unlock:
-    /* Unlinked while we hold it: waiters find the path moved on and start
-     * over on a new lock file. */
+    /* Local: unlinked while we hold it, waiters find the path moved on and
+     * start over on a new lock file. Remote: it stays (the sweep removes it
+     * once idle for tmp_age): a client that cached the unlinked lock file's
+     * handle would lock the dead inode, pass the inode test on its cached
+     * attributes, and commit beside the next holder, or spin on -ESTALE
+     * until its lookup cache expired (issue 11). */
     if (lfd >= 0) {
-        unlinkat(p->root_fd, lock, 0);
+        if (!p->remote_fs)
+            unlinkat(p->root_fd, lock, 0);
         close(lfd);
     }
     return ret;
@@ -491,18 +605,21 @@ out_unlock:
 
 /* commit_block_once, again from the start while it fails -ESTALE before
  * its commit point (the committed file or the lock file replaced by
- * another host while we read it): nothing was changed yet. */
+ * another host while we read it): nothing was changed yet. Bounded in time
+ * (STALE_BUDGET_NS), past the client's lookup caches. */
 static int commit_block(struct posix_backend *p, const struct sfs_block_id *id, struct sfs_io **ios,
                         size_t k, uint32_t cut_shard, struct posix_job *gate)
 {
+    int64_t start = sfs_now_ns();
     bool gated = false;
+    unsigned us = 0;
     int ret;
 
-    for (int tries = 0;; tries++) {
+    for (;;) {
         ret = commit_block_once(p, id, ios, k, cut_shard, gate, &gated);
         if (ret != -ESTALE || gated)
             return ret;
-        if (tries >= STALE_TRIES)
+        if (!stale_backoff(start, STALE_BUDGET_NS, &us))
             return -EIO; /* still changing under us: not stored */
     }
 }

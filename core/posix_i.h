@@ -3,10 +3,14 @@
  * posix_i.h - what the rooms of the posix backend share: the backend's
  * struct, a block file's path, and opening it beneath the root.
  *
- * The loads, the queries, the listing and the backend's life are
- * backend_posix.c; dumps and removes (the tmp + rename commit) are
- * posix_commit.c; naming and opening a block file is posix_path.c, which
- * both call. Calls go backend_posix.c -> posix_commit.c -> posix_path.c.
+ * The backend's life is backend_posix.c; the loads and their reaper
+ * posix_load.c, over the ring's queue and block-file opens posix_ring.c
+ * (their shared parts: posix_ring_i.h); exists, shard_count and list
+ * posix_query.c; dumps and removes (the tmp + rename commit) posix_commit.c;
+ * the synchronous calls' helpers posix_call.c; naming and opening a block
+ * file posix_path.c, which all of them call. Calls go downward:
+ * backend_posix.c -> posix_load.c -> posix_ring.c -> posix_path.c, and
+ * backend_posix.c -> posix_query.c / posix_commit.c -> posix_call.c.
  */
 #ifndef SHARDFS_POSIX_I_H
 #define SHARDFS_POSIX_I_H
@@ -34,26 +38,27 @@ struct posix_backend {
     pthread_t reaper;
 
     pthread_mutex_t sq_lock;
-    pthread_cond_t idle_cond; /* signalled when nothing is in flight or pending */
-    unsigned inflight;        /* sq_lock: loads that hold a ring entry */
-    struct sfs_io *pend_head; /* sq_lock: loads waiting for a ring entry */
-    struct sfs_io *pend_tail; /* sq_lock */
+    pthread_cond_t idle_cond;    /* signalled when nothing is in flight or pending */
+    unsigned inflight;           /* sq_lock: loads that hold a ring entry */
+    struct sfs_io *pend_head;    /* sq_lock: loads waiting for a ring entry */
+    struct sfs_io *pend_tail;    /* sq_lock */
     struct block_fd *bpend_head; /* sq_lock: block-file ops waiting for a ring entry */
     struct block_fd *bpend_tail; /* sq_lock */
-    unsigned loads_active;    /* sq_lock: loads submitted whose done() has not returned */
-    bool closing;             /* sq_lock */
-    bool ring_open;           /* immutable: opens are ring ops (OPENAT2 + STATX) */
-    atomic_bool direct_off;   /* set once the fs refused O_DIRECT */
+    unsigned loads_active;       /* sq_lock: loads submitted whose done() has not returned */
+    bool closing;                /* sq_lock */
+    bool ring_open;              /* immutable: opens are ring ops (OPENAT2 + STATX) */
+    atomic_bool direct_off;      /* set once the fs refused O_DIRECT */
+    bool remote_fs;              /* immutable: the store is on a network or FUSE file system */
 
     /* posix_call.c: the helpers of the synchronous calls. */
     pthread_mutex_t call_lock;
-    pthread_cond_t call_cond;       /* a job was queued, or stop (helpers wait) */
-    pthread_cond_t call_done;       /* a job finished, or a helper ended (callers wait) */
-    struct posix_job *call_head;    /* call_lock: jobs not yet taken */
-    struct posix_job *call_tail;    /* call_lock */
-    unsigned call_threads;          /* call_lock: helpers alive, <= POSIX_HELPERS_MAX */
-    unsigned call_idle;             /* call_lock: helpers waiting for a job */
-    bool call_stop;                 /* call_lock */
+    pthread_cond_t call_cond;    /* a job was queued, or stop (helpers wait) */
+    pthread_cond_t call_done;    /* a job finished, or a helper ended (callers wait) */
+    struct posix_job *call_head; /* call_lock: jobs not yet taken */
+    struct posix_job *call_tail; /* call_lock */
+    unsigned call_threads;       /* call_lock: helpers alive, <= POSIX_HELPERS_MAX */
+    unsigned call_idle;          /* call_lock: helpers waiting for a job */
+    bool call_stop;              /* call_lock */
 
     /* posix_commit.c: temporary names and their sweep. */
     char host[POSIX_HOST_MAX + 1]; /* immutable: this host's name, [A-Za-z0-9_-] only */
@@ -95,9 +100,23 @@ bool sfs_posix_call_commit(struct posix_backend *p, struct posix_job *j);
  * still stuck (the backend must then stay allocated). */
 bool sfs_posix_call_stop(struct posix_backend *p, int64_t grace_ns);
 
-/* backend_posix.c: the size of a block file, 0 when absent or not a regular
+/* posix_query.c: the size of a block file, 0 when absent or not a regular
  * file beneath the root. 0 or -errno. Blocks on a hung file system. */
 int sfs_posix_block_size(struct posix_backend *p, const struct sfs_block_id *id, uint64_t *size);
+/* posix_query.c: the backend's exists, shard_count and list. */
+int sfs_posix_exists(struct sfs_backend *be, const struct sfs_key *keys, size_t n, bool *present);
+int sfs_posix_shard_count(struct sfs_backend *be, const struct sfs_block_id *block);
+int sfs_posix_list(struct sfs_backend *be, int (*fn)(const struct sfs_block_id *, void *),
+                   void *arg);
+
+/* posix_load.c: the backend's load (its sfs_backend_ops). */
+int sfs_posix_load(struct sfs_backend *be, struct sfs_io **ios, size_t n);
+/* posix_load.c: start the reaper thread (signals blocked in it): 0 or
+ * -errno. Stop it: nothing may be in flight (it queues a NOP and joins). */
+int sfs_posix_reaper_start(struct posix_backend *p);
+void sfs_posix_reaper_stop(struct posix_backend *p);
+/* posix_ring.c: the backend's touch (a readahead hint). */
+int sfs_posix_touch(struct sfs_backend *be, const struct sfs_block_id *blocks, size_t n);
 
 /* posix_path.c. Relative path of the block file (tmp: of its lock file,
  * <file>.lock); returns the length of the directory part, so callers can cut
@@ -110,6 +129,10 @@ int sfs_posix_errno_of_open(int e);
 /* Open rel beneath the root, never waiting on what is not a regular file.
  * Returns the fd or -errno (sfs_posix_errno_of_open's mapping). */
 int sfs_posix_open_beneath(struct posix_backend *p, const char *rel, int flags);
+/* Is the directory fd on a network or FUSE file system (NFS, FUSE:
+ * GlusterFS, CephFS's and Lustre's clients, SMB, 9P), whose clients cache
+ * lookups and forward locks (posix_commit.c)? */
+bool sfs_posix_remote_fs(int dirfd);
 /* sfs_posix_open_beneath() of a block file, which must be a regular file
  * (else -EIO), with O_NONBLOCK cleared again. Returns the fd or -errno. */
 int sfs_posix_open_block_file(struct posix_backend *p, const char *rel, int flags);

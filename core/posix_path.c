@@ -17,6 +17,8 @@
 #include <linux/openat2.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <stdlib.h>
+#include <sys/statfs.h>
 #include <sys/syscall.h>
 #include <unistd.h>
 
@@ -111,4 +113,30 @@ int sfs_posix_open_block_file(struct posix_backend *p, const char *rel, int flag
 out_close:
     close(fd);
     return ret;
+}
+
+bool sfs_posix_remote_fs(int dirfd)
+{
+    static const unsigned long remote[] = {
+        0x65735546, /* FUSE: GlusterFS, ceph-fuse, 3FS, ... */
+        0x6969,     /* NFS */
+        0x00c36400, /* CephFS */
+        0x0bd00bd0, /* Lustre */
+        0xff534d42, /* CIFS */
+        0xfe534d42, /* SMB2 */
+        0x01021997, /* 9P */
+        0x47504653, /* GPFS */
+    };
+    const char *force = getenv("SHARDFS_POSIX_REMOTE");
+    struct statfs sf;
+
+    if (force && *force) /* tests only: a local directory treated as remote */
+        return *force == '1';
+    if (fstatfs(dirfd, &sf) < 0)
+        return false;
+    for (size_t i = 0; i < sizeof(remote) / sizeof(remote[0]); i++) {
+        if ((unsigned long)sf.f_type == remote[i])
+            return true;
+    }
+    return false;
 }

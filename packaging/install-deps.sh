@@ -2,12 +2,16 @@
 # SPDX-License-Identifier: MIT
 # Install what shardfs needs to build and test on Debian 12 (idempotent).
 # The CUDA toolkit is optional: CMake finds it at /usr/local/cuda when present.
+# GlusterFS (server and FUSE client) is for test_shared_store's two-host
+# suite; that test starts its own glusterd when none runs and stops it after
+# (installing the package does not need it running).
 set -euo pipefail
 
 pkgs=(build-essential cmake pkg-config git
       libfuse3-dev fuse3 liburing-dev libnuma-dev libcriterion-dev
       attr util-linux procps python3 python3-numpy python3-torch
-      clang libclang-rt-14-dev)
+      clang libclang-rt-14-dev
+      glusterfs-server glusterfs-client)
 
 missing=()
 for p in "${pkgs[@]}"; do

@@ -1,0 +1,261 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * posix_query.c - the posix backend's questions about the store: the size
+ * of a block file (exists, shard_count) and the listing of every block.
+ * Each is a synchronous call: in ring mode it runs on a helper of
+ * posix_call.c with the backend's deadline, so a hung file system holds a
+ * helper, never the caller past its deadline. Files that are not regular
+ * (a FIFO, a device) or not beneath the root are absent to them.
+ */
+#include "posix_i.h"
+
+#include <dirent.h>
+#include <fcntl.h>
+#include <limits.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+/* The size of a block file (0 when it is absent, not a regular file, or not
+ * beneath the root: no shards to serve). Returns 0 or -errno for other
+ * errors. Runs on a helper thread (posix_call.c) in ring mode. */
+int sfs_posix_block_size(struct posix_backend *p, const struct sfs_block_id *id, uint64_t *size)
+{
+    char rel[PATH_REL_MAX];
+    struct stat st;
+    int fd;
+
+    sfs_posix_block_rel(p, id, false, rel);
+    *size = 0;
+    fd = sfs_posix_open_beneath(p, rel, O_PATH);
+    if (fd < 0)
+        return fd == -ENOENT || fd == -EXDEV || fd == -ELOOP ? 0 : fd;
+    if (fstat(fd, &st) < 0) {
+        int e = -errno;
+
+        close(fd);
+        return e;
+    }
+    close(fd);
+    if (S_ISREG(st.st_mode))
+        *size = (uint64_t)st.st_size;
+    return 0;
+}
+
+/* A job of posix_call.c: the sizes of n block files. */
+struct sizes_job {
+    struct posix_job h;
+    size_t n;
+    struct sfs_block_id *ids; /* n, in this block */
+    uint64_t *sizes;          /* n, in this block */
+};
+
+static int sizes_fn(struct posix_backend *p, struct posix_job *j)
+{
+    struct sizes_job *s = (struct sizes_job *)j;
+
+    for (size_t i = 0; i < s->n; i++) {
+        int ret = sfs_posix_block_size(p, &s->ids[i], &s->sizes[i]);
+
+        if (ret < 0)
+            return ret;
+    }
+    return 0;
+}
+
+/* The sizes of n block files (keys[i].block, or *block when keys is NULL),
+ * on a helper with the backend's deadline (ring mode), or here. Returns 0
+ * or -errno (-ETIMEDOUT: the file system did not answer in time). */
+static int block_sizes(struct posix_backend *p, const struct sfs_key *keys,
+                       const struct sfs_block_id *block, size_t n, uint64_t *sizes)
+{
+    struct sizes_job *s;
+    int ret;
+
+    if (!p->ring_open) {
+        for (size_t i = 0; i < n; i++) {
+            ret = sfs_posix_block_size(p, keys ? &keys[i].block : block, &sizes[i]);
+            if (ret < 0)
+                return ret;
+        }
+        return 0;
+    }
+    if (n > (SIZE_MAX - sizeof(*s)) / (sizeof(*s->ids) + sizeof(*s->sizes)))
+        return -ENOMEM;
+    s = calloc(1, sizeof(*s) + n * (sizeof(*s->ids) + sizeof(*s->sizes)));
+    if (!s)
+        return -ENOMEM;
+    s->h.fn = sizes_fn;
+    s->n = n;
+    s->sizes = (uint64_t *)(s + 1);
+    s->ids = (struct sfs_block_id *)(s->sizes + n);
+    for (size_t i = 0; i < n; i++)
+        s->ids[i] = keys ? keys[i].block : *block;
+    ret = sfs_posix_call(p, &s->h);
+    if (ret < 0)
+        return ret; /* the job is no longer ours */
+    ret = s->h.result;
+    if (ret == 0)
+        memcpy(sizes, s->sizes, n * sizeof(*sizes));
+    sfs_posix_job_free(&s->h);
+    return ret;
+}
+
+int sfs_posix_exists(struct sfs_backend *be, const struct sfs_key *keys, size_t n, bool *present)
+{
+    struct posix_backend *p = (struct posix_backend *)be;
+    uint64_t one, *sizes = n == 1 ? &one : malloc(n * sizeof(*sizes));
+    int ret;
+
+    if (!sizes)
+        return -ENOMEM;
+    ret = block_sizes(p, keys, NULL, n, sizes);
+    for (size_t i = 0; ret == 0 && i < n; i++)
+        present[i] = sizes[i] >= ((uint64_t)keys[i].shard + 1) * be->shard_size;
+    if (sizes != &one)
+        free(sizes);
+    return ret;
+}
+
+int sfs_posix_shard_count(struct sfs_backend *be, const struct sfs_block_id *block)
+{
+    struct posix_backend *p = (struct posix_backend *)be;
+    uint64_t size, count;
+    int ret = block_sizes(p, NULL, block, 1, &size);
+
+    if (ret < 0)
+        return ret;
+    count = size / be->shard_size;
+    if (count == 0)
+        return -ENOENT;
+    return count > INT_MAX ? INT_MAX : (int)count;
+}
+
+/* Visit the block files of one directory. prefix: the hex the names must
+ * start with (dir_prefix layout), or NULL. */
+static int list_dir(struct posix_backend *p, const char *sub, const char *prefix,
+                    int (*fn)(const struct sfs_block_id *, void *), void *arg)
+{
+    int dfd = openat(p->root_fd, sub, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    struct dirent *de;
+    DIR *d;
+    int ret = 0;
+
+    if (dfd < 0)
+        return (errno == ENOENT || errno == ENOTDIR) ? 0 : -errno;
+    d = fdopendir(dfd);
+    if (!d) {
+        ret = -errno;
+        close(dfd);
+        return ret;
+    }
+    while ((de = readdir(d)) != NULL) {
+        struct sfs_block_id id;
+
+        if (sfs_hex_decode_name(de->d_name, &id) < 0)
+            continue; /* *.tmp, ".", "..", strangers */
+        if (prefix && strncmp(de->d_name, prefix, strlen(prefix)) != 0)
+            continue;
+        if (de->d_type != DT_REG && de->d_type != DT_UNKNOWN)
+            continue;
+        ret = fn(&id, arg);
+        if (ret)
+            break;
+    }
+    closedir(d);
+    return ret;
+}
+
+static int list_all(struct posix_backend *p, int (*fn)(const struct sfs_block_id *, void *),
+                    void *arg)
+{
+    struct dirent *de;
+    DIR *d;
+    int dfd, ret = 0;
+
+    if (p->o.dir_prefix == 0)
+        return list_dir(p, "data", NULL, fn, arg);
+    dfd = openat(p->root_fd, ".", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (dfd < 0)
+        return -errno;
+    d = fdopendir(dfd);
+    if (!d) {
+        ret = -errno;
+        close(dfd);
+        return ret;
+    }
+    while ((de = readdir(d)) != NULL) {
+        bool ok = strlen(de->d_name) == p->o.dir_prefix;
+
+        for (unsigned i = 0; ok && i < p->o.dir_prefix; i++)
+            ok = sfs_hex_lower_val(de->d_name[i]) >= 0;
+        if (!ok || (de->d_type != DT_DIR && de->d_type != DT_UNKNOWN))
+            continue;
+        ret = list_dir(p, de->d_name, de->d_name, fn, arg);
+        if (ret)
+            break;
+    }
+    closedir(d);
+    return ret;
+}
+
+/* A job of posix_call.c: the ids of every block of the store, gathered by
+ * the helper (16 bytes a block), handed to the caller's fn afterwards in its
+ * own thread. */
+struct list_job {
+    struct posix_job h;
+    struct sfs_block_id *ids; /* malloc'd, n of cap */
+    size_t n, cap;
+};
+
+static int list_collect(const struct sfs_block_id *id, void *arg)
+{
+    struct list_job *l = arg;
+
+    if (l->n == l->cap) {
+        size_t cap = l->cap ? 2 * l->cap : 256;
+        struct sfs_block_id *ids = realloc(l->ids, cap * sizeof(*ids));
+
+        if (!ids)
+            return -ENOMEM;
+        l->ids = ids;
+        l->cap = cap;
+    }
+    l->ids[l->n++] = *id;
+    return 0;
+}
+
+static int list_fn(struct posix_backend *p, struct posix_job *j)
+{
+    return list_all(p, list_collect, j);
+}
+
+static void list_drop(struct posix_job *j)
+{
+    free(((struct list_job *)j)->ids);
+}
+
+int sfs_posix_list(struct sfs_backend *be, int (*fn)(const struct sfs_block_id *, void *),
+                   void *arg)
+{
+    struct posix_backend *p = (struct posix_backend *)be;
+    struct list_job *l;
+    int ret;
+
+    if (!p->ring_open)
+        return list_all(p, fn, arg);
+    l = calloc(1, sizeof(*l));
+    if (!l)
+        return -ENOMEM;
+    l->h.fn = list_fn;
+    l->h.drop = list_drop;
+    ret = sfs_posix_call(p, &l->h);
+    if (ret < 0)
+        return ret; /* the job is no longer ours */
+    ret = l->h.result;
+    for (size_t i = 0; ret == 0 && i < l->n; i++)
+        ret = fn(&l->ids[i], arg);
+    sfs_posix_job_free(&l->h);
+    return ret;
+}
