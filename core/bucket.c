@@ -80,7 +80,8 @@ int slot_recount(struct sfs_cache *c, uint32_t s)
             uint32_t hwm = atomic_load_explicit(&c->procs[p].lease_hwm, memory_order_acquire);
             if (hwm > c->max_leases)
                 hwm = c->max_leases; /* input: bounded by the table */
-            for (uint32_t e = 0; e < hwm; e++) {
+            /* From c->nhit: a hit line's lease is in no count. */
+            for (uint32_t e = c->nhit; e < hwm; e++) {
                 uint32_t v = atomic_load_explicit(&t[e], memory_order_relaxed);
 
                 if (ENTRY_SLOT1(v) != s + 1)

@@ -42,31 +42,28 @@
  * Walk the chain without the lock to a slot that carries the key, then:
  *   1. read its refcount word; closed (not Ready, or being changed under
  *      the lock): take the locked path;
- *   2. write our entry as an intent (slot + 1 | ENTRY_TRANSIT);
- *   3. CAS the word to one more lease, only while it is still open: no
- *      evictor, remover or writer can have closed it in between, since each
- *      closes it by a CAS that needs the count at 0 (and a recount closes it
- *      too);
- *   4. confirm the entry (slot + 1);
- *   5. check the key and the state again: the slot may have been evicted
- *      and reloaded with another key between the walk and the CAS (the CAS
- *      then pinned the wrong key): let go of it and take the locked path;
- *   6. count the request on entry e's hit counter (a plain add: the entry
- *      is this thread's until the lease is released).
- * A death at any step leaves the entry in transit (2-3) or held (4-6), and
- * the reaper settles either exactly. 1: a hit, the lease in *out; 0: take
- * the locked path (entry e is free again); -1: take the locked path with
- * another entry (e went back with the lease let go in step 5).
+ *   2. claim a free entry of the slot's hit line in our table (a seq_cst
+ *      CAS to slot + 1): our lease, in no count; a full line: the locked
+ *      path;
+ *   3. read the word again (seq_cst, after the claim): still open, so any
+ *      closer after us reads our entry (slot_close_free) and keeps the slot
+ *      as it is;
+ *   4. check the key and the state: the slot may have been evicted and
+ *      reloaded with another key since the walk (then let go, the locked
+ *      path);
+ *   5. count the request on the entry's hit counter (a plain add: the
+ *      entry is this thread's until the lease is released).
+ * The slot's own line is only read: two processes hitting the same keys
+ * write nothing they share. A death at any step leaves our entry holding
+ * slot + 1 or free; the reaper frees it, and it was in no count. 1: a hit,
+ * the lease in *out; 0: take the locked path.
  */
-static int release_lease(struct sfs_cache *c, const struct sfs_lease *lease, bool free_entry);
-
-static int hit_fast(struct sfs_cache *c, uint32_t b, const struct sfs_key *key, uint32_t e,
+static int hit_fast(struct sfs_cache *c, uint32_t b, const struct sfs_key *key,
                     struct sfs_lease *out)
 {
     /* Acquire: the slot's key and state were written before it was linked. */
     uint32_t s = atomic_load_explicit(&c->buckets[b].head, memory_order_acquire);
 
-    SFS_ASSERT(e < c->max_leases);
     /* Bounded: at most nslots steps (the chain may change under us; a walk
      * that strays gives up, the locked path decides). */
     for (uint32_t n = 0; s != SFS_NIL; n++) {
@@ -76,37 +73,43 @@ static int hit_fast(struct sfs_cache *c, uint32_t b, const struct sfs_key *key, 
             break;
         s = atomic_load_explicit(&c->slots[s].next, memory_order_acquire);
     }
-    if (s == SFS_NIL)
+    if (s == SFS_NIL || c->nhit == 0)
         return 0;
     struct sfs_slot_rec *sl = &c->slots[s];
-    uint32_t w = atomic_load_explicit(&sl->refcount, memory_order_relaxed);
 
-    if (!(w & SLOT_REF_OPEN))
+    if (!(atomic_load_explicit(&sl->refcount, memory_order_relaxed) & SLOT_REF_OPEN))
         return 0;
-    /* The intent before the CAS; relaxed: the CAS below releases it. */
-    atomic_store_explicit(&c->leases[e], (s + 1) | ENTRY_TRANSIT, memory_order_relaxed);
-    SFS_TEST_POINT("hit:intent");
-    /* acq_rel: our intent is seen by whoever closes the slot after us, and
-     * the key, state and bytes published before the open are seen by us. */
-    while (!atomic_compare_exchange_weak_explicit(&sl->refcount, &w, w + 1, memory_order_acq_rel,
-                                                  memory_order_relaxed)) {
-        if (!(w & SLOT_REF_OPEN) || SLOT_REF_COUNT(w + 1) == 0) {
-            atomic_store_explicit(&c->leases[e], SFS_ENTRY_FREE, memory_order_relaxed);
-            return 0; /* closed meanwhile: the locked path */
-        }
+    SFS_TEST_POINT("hit:walked");
+    /* Bounded: one line of SFS_HIT_LINE entries. */
+    uint32_t e = hit_line_of(c, s), end = e + SFS_HIT_LINE;
+
+    for (;; e++) {
+        if (e == end)
+            return 0; /* our line is full: the locked path's counted lease */
+        uint32_t v = SFS_ENTRY_FREE;
+
+        /* seq_cst: the claim precedes our read of the word below in the
+         * single order that a closer's CAS and read of the line are in. */
+        if (atomic_load_explicit(&c->leases[e], memory_order_relaxed) == SFS_ENTRY_FREE &&
+            atomic_compare_exchange_strong_explicit(&c->leases[e], &v, s + 1,
+                                                    memory_order_seq_cst, memory_order_relaxed))
+            break;
     }
-    SFS_TEST_POINT("hit:counted");
-    atomic_store_explicit(&c->leases[e], s + 1, memory_order_relaxed);
-    SFS_TEST_POINT("hit:confirmed");
+    SFS_TEST_POINT("hit:claimed");
+    /* seq_cst: see above. Acquire, too: the key, state and bytes published
+     * before the open are seen by us. */
+    uint32_t w = atomic_load_explicit(&sl->refcount, memory_order_seq_cst);
+
+    if (!(w & SLOT_REF_OPEN) || !key_eq_atomic(sl, key) ||
+        atomic_load_explicit(&sl->state, memory_order_acquire) != SFS_STATE_READY) {
+        /* Closed since the walk, or reused for another key: let go. */
+        atomic_store_explicit(&c->leases[e], SFS_ENTRY_FREE, memory_order_seq_cst);
+        hit_released(c);
+        return 0;
+    }
+    SFS_TEST_POINT("hit:checked");
     out->slot = s;
     out->entry = e;
-    /* Pinned now (open with a lease on it: no one can close it to change
-     * its key or state): the check is stable. */
-    if (!key_eq_atomic(sl, key) ||
-        atomic_load_explicit(&sl->state, memory_order_acquire) != SFS_STATE_READY) {
-        release_lease(c, out, true);
-        return -1;
-    }
     if (!atomic_load_explicit(&sl->accessed, memory_order_relaxed))
         atomic_store_explicit(&sl->accessed, 1, memory_order_relaxed);
     uint8_t f = atomic_load_explicit(&sl->flags, memory_order_relaxed);
@@ -145,23 +148,20 @@ static int get_impl(struct sfs_cache *c, const struct sfs_key *key, unsigned fla
 
     if (!c || !key || !lease)
         return -EINVAL;
-    r = entry_alloc(c, &e);
-    if (r < 0)
-        return r;
     b = bucket_of(c, key);
     /* A prefetch is not a lookup: it counts as a load (owner_loads,
      * prefetched), never as a request, miss or unserved Get. */
     const bool lookup = !(flags & SFS_GET_PREFETCH);
-    if (!(flags & (SFS_GET_PREFETCH | SFS_GET_WRITE)) && !SFS_TEST_FORCE_LOCKED()) {
-        int h = hit_fast(c, b, key, e, lease);
-
-        if (h > 0)
-            return SFS_HIT; /* counted as a request on entry e (hit_fast) */
-        if (h < 0 && (r = entry_alloc(c, &e)) < 0) {
+    if (!(flags & (SFS_GET_PREFETCH | SFS_GET_WRITE)) && !SFS_TEST_FORCE_LOCKED() &&
+        hit_fast(c, b, key, lease) > 0)
+        return SFS_HIT; /* counted as a request on its hit entry (hit_fast) */
+    r = entry_alloc(c, &e);
+    if (r < 0) {
+        if (lookup) {
             sfs_ctr_add(c, CTR_REQUESTS, 1);
             sfs_ctr_add(c, CTR_UNSERVED, 1);
-            return r;
         }
+        return r;
     }
     if (lookup)
         sfs_ctr_add(c, CTR_REQUESTS, 1);
@@ -186,7 +186,7 @@ retry:
         if (flags & SFS_GET_WRITE) {
             /* Closing the slot is the check for no lease (a lock-free hit
              * that got in first makes the CAS fail). */
-            if (st == SFS_STATE_LOADING || !slot_close_unleased(sl)) {
+            if (st == SFS_STATE_LOADING || !slot_close_free(c, s)) {
                 /* Relaxed: a hint for a holder that polls (the mount's
                  * page-cache pins); the writer retries either way. */
                 atomic_fetch_or_explicit(&sl->flags, (uint8_t)SLOT_F_WRITE_WANTED,
@@ -480,8 +480,24 @@ static int release_fast(struct sfs_cache *c, const struct sfs_lease *lease)
     return 0;
 }
 
-/* Release a lease; free its entry when free_entry (else the caller reuses it). */
-static int release_lease(struct sfs_cache *c, const struct sfs_lease *lease, bool free_entry)
+/* The release of a lock-free hit's lease: free its hit entry by a CAS (of
+ * two threads releasing one lease, one wins). seq_cst: our reads of the
+ * bytes happen-before a closer's read of the line that sees it free, and
+ * the wake check after it needs no fence (hit_released). 0, or -EINVAL:
+ * not a lease we hold. */
+static int release_hit(struct sfs_cache *c, const struct sfs_lease *lease)
+{
+    uint32_t v = lease->slot + 1;
+
+    if (!atomic_compare_exchange_strong_explicit(&c->leases[lease->entry], &v, SFS_ENTRY_FREE,
+                                                 memory_order_seq_cst, memory_order_relaxed))
+        return -EINVAL;
+    SFS_TEST_POINT("release:hit_freed");
+    hit_released(c);
+    return 0;
+}
+
+int sfs_cache_release(struct sfs_cache *c, const struct sfs_lease *lease)
 {
     struct sfs_slot_rec *sl = lease_slot(c, lease);
     uint32_t b;
@@ -492,10 +508,12 @@ static int release_lease(struct sfs_cache *c, const struct sfs_lease *lease, boo
     /* Process-local: a release still finishes our deferred ones. */
     if (atomic_load_explicit(&c->deferred, memory_order_relaxed))
         lease_finish_deferred(c);
+    if (entry_is_hit(c, lease->entry))
+        return release_hit(c, lease);
     if (!SFS_TEST_FORCE_LOCKED()) {
         r = release_fast(c, lease);
         if (r <= 0) {
-            if (r == 0 && free_entry)
+            if (r == 0)
                 entry_free(c, lease->entry);
             return r;
         }
@@ -520,12 +538,6 @@ static int release_lease(struct sfs_cache *c, const struct sfs_lease *lease, boo
     }
     release_locked(c, c->me, c->my_gen, c->leases, lease->entry, lease->slot);
     bucket_unlock(c, b);
-    if (free_entry)
-        entry_free(c, lease->entry);
+    entry_free(c, lease->entry);
     return 0;
-}
-
-int sfs_cache_release(struct sfs_cache *c, const struct sfs_lease *lease)
-{
-    return release_lease(c, lease, true);
 }

@@ -46,6 +46,7 @@ struct sfs_cache {
     uint32_t bucket_mask;
     uint32_t max_procs;
     uint32_t max_leases;
+    uint32_t nhit; /* hit-line entries at the start of each lease table (sfs_hit_entries) */
     uint32_t nsegments;
     uint32_t slots_per_seg;
     uint32_t seg_shift; /* 0: use div/mod */

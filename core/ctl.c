@@ -87,6 +87,8 @@ uint64_t sfs_layout_format(void)
         SFS_MAX_PARTITIONS,
         offsetof(struct sfs_header, retired),
         offsetof(struct sfs_header, off_hits),
+        offsetof(struct sfs_header, procs_used),
+        SFS_HIT_LINE,
         sizeof(struct sfs_bucket_rec),
         offsetof(struct sfs_bucket_rec, head),
         sizeof(struct sfs_slot_rec),
@@ -229,6 +231,7 @@ static void adopt_geometry(struct sfs_cache *c, const struct geometry *g)
     c->bucket_mask = g->nbuckets - 1;
     c->max_procs = g->max_procs;
     c->max_leases = g->max_leases;
+    c->nhit = sfs_hit_entries(g->max_leases);
     c->nsegments = g->nsegments;
     c->slots_per_seg = g->slots_per_seg;
     c->seg_shift = 0;

@@ -64,7 +64,7 @@ static int take_slot(struct sfs_cache *c, uint32_t b, uint32_t s)
      * became a second owner. An orphan is reclaimed only at refcount 0. The
      * check is the CAS that closes the slot to lock-free hits: one that
      * took a lease first makes it fail, one that comes later fails its own. */
-    if (!slot_close_unleased(sl))
+    if (!slot_close_free(c, s))
         goto out_unlock;
     if (!chain_unlink(c, sb, s)) {
         /* On no chain though it names one: cut off by a dead mover. Ours. */

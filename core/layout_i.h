@@ -31,8 +31,10 @@
  * admission (was pad0) and SLOT_F_PROBATION (scan-resistant admission); 5:
  * eviction domains and the pin table, SLOT_F_PINNED; 6: a hit counter per
  * lease entry (off_hits) and each domain's budget (part_end, part_rend) in
- * the header (docs/layout.md). */
-#define SFS_LAYOUT_VERSION 6u
+ * the header; 7: a lease table's first entries are hit lines (uncounted
+ * leases of lock-free hits, placed by slot) and header.procs_used
+ * (docs/layout.md). */
+#define SFS_LAYOUT_VERSION 7u
 #define SFS_NIL            UINT32_MAX /* "no slot / no bucket" in links */
 #define SFS_CACHELINE      64
 /* Eviction domains: at most this many (-o partitions). */
@@ -40,6 +42,26 @@
 
 /* Lease-table entries: 0 is free, else slot index + 1. */
 #define SFS_ENTRY_FREE 0u
+/*
+ * A lease table's first entries (sfs_hit_entries() of them: 0, or a power
+ * of two of 16 or more) are hit lines: 16 entries, one cache line, each.
+ * A lock-free hit on slot s takes its lease in line s mod lines, holding
+ * s + 1 and counted in no refcount: whoever closes s to reuse it reads that
+ * one line of every record's table (docs/recovery.md, "Lock-free hits").
+ * The rest of the table holds the counted leases of the locked path.
+ */
+#define SFS_HIT_LINE 16u
+
+static inline uint32_t sfs_hit_entries(uint32_t max_leases)
+{
+    uint32_t n = SFS_HIT_LINE;
+
+    if (max_leases < 4 * SFS_HIT_LINE)
+        return 0; /* a small table keeps every entry for the locked path */
+    while (2 * n <= max_leases / 4)
+        n *= 2;
+    return n;
+}
 
 /* Per-process counters; indices into sfs_proc_rec.ctr. */
 enum sfs_ctr {
@@ -79,12 +101,15 @@ struct sfs_bucket_rec {
  * - key, shard, next, accessed(set on claim): under the lock of the bucket
  *   the slot is on (or is being moved to). key and shard are written with
  *   relaxed atomic stores (install), because a lock-free hit reads them.
- * - refcount: the lease count in bits 0-30 and SLOT_REF_OPEN in bit 31,
- *   changed only by atomic read-modify-writes: under the bucket lock by
- *   anyone, and lock-free (a hit, a release) only while SLOT_REF_OPEN is set
- *   (docs/recovery.md, "Lock-free hits"). Set only on a Ready slot: publish
- *   sets it, whoever takes the slot out of Ready clears it (by a CAS that
- *   requires the count to be 0) under the bucket lock.
+ * - refcount: the count of the locked path's leases in bits 0-30 and
+ *   SLOT_REF_OPEN in bit 31, changed only by atomic read-modify-writes:
+ *   under the bucket lock by anyone, and lock-free (a release) only while
+ *   SLOT_REF_OPEN is set. Lock-free hits take no count: their leases sit in
+ *   the hit lines of the lease tables (docs/recovery.md, "Lock-free hits").
+ *   OPEN is set only on a Ready slot: publish sets it; whoever takes the
+ *   slot out of Ready clears it under the bucket lock, by a CAS that
+ *   requires the count to be 0, then reads the hit lines for its leases
+ *   and opens it again if it finds one (slot_close_free).
  * - bucket: under the lock of the bucket it leaves or joins; read lock-free
  *   by the CLOCK hand as a hint, re-checked under that bucket's lock.
  * - state: claimed (FREE/IDLE/FAILED -> LOADING) under the bucket lock;
@@ -245,6 +270,10 @@ struct sfs_header {
     _Atomic uint32_t fresh_reserved; /* next never-used reserved slot (offset) */
     /* Highest shard index ever inserted: bounds Touch's bucket walk. */
     _Atomic uint32_t max_shard;
+    /* 1 + the highest process record ever claimed: the records a closer
+     * reads the hit lines of. Raised (seq_cst RMW) by a claim before the
+     * record is Alive; never lowered. Read (seq_cst) by slot_close_free. */
+    _Atomic uint32_t procs_used;
 
     /* Slot-free notification for Gets waiting on a full cache. */
     alignas(SFS_CACHELINE) _Atomic uint32_t release_seq; /* futex word */

@@ -4,11 +4,13 @@
  * memory, one spare per thread, and dropping leases.
  *
  * Key idea: a lease is one entry in its process's table in the control plane
- * (slot + 1, see slot_i.h). An entry is marked in transit (ENTRY_TRANSIT)
- * around every change of the slot's count made for it, under the bucket
- * lock or lock-free (a hit or release on an open Ready slot), so the count
- * of any slot can be settled from the tables after a death (slot_recount in
- * bucket.c; the argument is in docs/recovery.md). Which
+ * (slot + 1, see slot_i.h). A lock-free hit's lease sits in its slot's hit
+ * line at the table's start and is in no count (hit_leased finds it). A
+ * counted lease's entry is marked in transit (ENTRY_TRANSIT) around every
+ * change of the slot's count made for it, under the bucket lock or
+ * lock-free (a release on an open Ready slot), so the count of any slot can
+ * be settled from the tables after a death (slot_recount in bucket.c; the
+ * argument is in docs/recovery.md). Which
  * entries are free is private to the process: a lock-free stack, plus one
  * spare entry per thread so a thread's Get/Release pair touches no shared
  * word for its entry. A refcount that drops to 0 is what a Get waiting for a
@@ -189,7 +191,7 @@ void refcount_drop(struct sfs_cache *c, struct sfs_slot_rec *s)
         if (SLOT_REF_COUNT(w) == 0)
             return; /* saturate: a repaired count is never driven below zero */
         /* Release: our reads of the bytes happen-before a closer's acquire
-         * CAS (slot_close_unleased) that sees the count at 0. */
+         * CAS (slot_close_free) that sees the count at 0. */
     } while (!atomic_compare_exchange_weak_explicit(&s->refcount, &w, w - 1, memory_order_release,
                                                     memory_order_relaxed));
     if (SLOT_REF_COUNT(w) == 1)
@@ -219,6 +221,25 @@ void release_locked(struct sfs_cache *c, uint32_t proc, uint32_t gen,
     atomic_store_explicit(&table[e], SFS_ENTRY_FREE, memory_order_relaxed);
 }
 
+bool hit_leased(struct sfs_cache *c, uint32_t s)
+{
+    /* seq_cst: after the close in the single order, or the claim of the
+     * record that hits (raised before it is Alive) is seen. */
+    uint32_t n = atomic_load_explicit(&c->hdr->procs_used, memory_order_seq_cst);
+    uint32_t base = hit_line_of(c, s);
+
+    if (n > c->max_procs)
+        n = c->max_procs; /* shared memory is input */
+    for (uint32_t p = 0; p < n; p++) {
+        _Atomic uint32_t *t = lease_table(c, p) + base;
+
+        for (uint32_t k = 0; k < SFS_HIT_LINE; k++)
+            if (atomic_load_explicit(&t[k], memory_order_seq_cst) == s + 1)
+                return true;
+    }
+    return false;
+}
+
 /* Free every lease in proc p's table (p is dead, or is us detaching); a
  * lease whose bucket lock is out of reach by deadline_ns (LOCK_TRY: busy
  * now) stays for a later call. Returns the number left. Bounded by the
@@ -233,6 +254,14 @@ int drop_all_leases(struct sfs_cache *c, uint32_t p, uint32_t gen, int64_t deadl
 
         if (v == SFS_ENTRY_FREE)
             continue;
+        if (entry_is_hit(c, e)) {
+            /* A hit's lease is in no count: freeing it is the release
+             * (seq_cst, as a hit's own: a closer's read of the line sees
+             * it free, or a full cache's waiter is woken below). */
+            atomic_store_explicit(&t[e], SFS_ENTRY_FREE, memory_order_seq_cst);
+            hit_released(c);
+            continue;
+        }
         if (!slot_ok(c, ENTRY_SLOT1(v) - 1)) {
             atomic_store_explicit(&t[e], SFS_ENTRY_FREE, memory_order_relaxed);
             continue;
@@ -314,10 +343,11 @@ int sfs_lease_table_init(struct sfs_cache *c)
     c->free_next = malloc(sizeof(*c->free_next) * c->max_leases);
     if (!c->free_next)
         return -ENOMEM;
-    /* Entry i links to i + 1 (as "top" values: index + 1), 0 ends the stack. */
+    /* Entry i links to i + 1 (as "top" values: index + 1), 0 ends the
+     * stack; the hit lines before c->nhit are never on it. */
     for (uint32_t i = 0; i < c->max_leases; i++)
         atomic_init(&c->free_next[i], i + 1 < c->max_leases ? i + 2 : 0);
-    atomic_init(&c->free_head, 1);
+    atomic_init(&c->free_head, c->nhit < c->max_leases ? c->nhit + 1 : 0);
     registry_add(c);
     return 0;
 }

@@ -61,7 +61,7 @@ int sfs_cache_remove(struct sfs_cache *c, const struct sfs_key *key)
         return r;
     if (s == SFS_NIL) {
         r = -ENOENT;
-    } else if (!slot_close_unleased(&c->slots[s])) {
+    } else if (!slot_close_free(c, s)) {
         /* Leased (the CAS that closes it to lock-free hits failed). Relaxed:
          * the same hint as a write Get's (get_impl). */
         atomic_fetch_or_explicit(&c->slots[s].flags, (uint8_t)SLOT_F_WRITE_WANTED,

@@ -115,7 +115,15 @@ static int claim(struct sfs_cache *c, int pid, int device_id, uint32_t kind, uin
                                                      memory_order_acq_rel, memory_order_relaxed))
             continue;
         /* Relaxed, all of these: the release store of ALIVE publishes them. */
-        atomic_store_explicit(&p->lease_hwm, 0, memory_order_relaxed); /* the table is empty */
+        /* The table is empty; its hit lines are always read. */
+        atomic_store_explicit(&p->lease_hwm, c->nhit, memory_order_relaxed);
+        /* seq_cst: before any hit of the record's process, in the order a
+         * closer reads it in (hit_leased). Bounded: one raise. */
+        uint32_t used = atomic_load_explicit(&c->hdr->procs_used, memory_order_relaxed);
+        while (used < i + 1 &&
+               !atomic_compare_exchange_weak_explicit(&c->hdr->procs_used, &used, i + 1,
+                                                      memory_order_seq_cst, memory_order_relaxed))
+            ;
         atomic_store_explicit(&p->release_waiting, 0, memory_order_relaxed);
         atomic_store_explicit(&p->pid, pid, memory_order_relaxed);
         p->device_id = device_id;

@@ -42,7 +42,8 @@ int sfs_cache_sample(struct sfs_cache *c, uint32_t *cursor, uint32_t max_buckets
             if (st == SFS_STATE_READY) {
                 struct sfs_key k;
                 bool acc = atomic_load_explicit(&sl->accessed, memory_order_relaxed) != 0;
-                bool leased = sfs_slot_refs(sl) != 0;
+                /* Counted leases, then the hit lines (procs_used lines). */
+                bool leased = sfs_slot_refs(sl) != 0 || (c->nhit && hit_leased(c, s));
 
                 slot_key_load(sl, &k);
                 /* Under the lock: fn must not call into the cache. */

@@ -312,21 +312,73 @@ static inline void lease_take(struct sfs_cache *c, uint32_t s, uint32_t e, struc
     out->entry = e;
 }
 
-/* Bucket lock held: close slot s to lock-free changes if no lease is on it
- * (the CAS fails on any concurrent lock-free hit). True: closed with a
- * count of 0, so no Get can take it until it is Ready and open again; the
- * caller may unlink, reset or reload it. acq_rel: the releases that brought
- * the count to 0 (their reads of the bytes) happen-before what we do next. */
-static inline bool slot_close_unleased(struct sfs_slot_rec *sl)
+/* ---------------------------------------------------------------------------
+ * Hit lines (layout_i.h, SFS_HIT_LINE): the uncounted leases of lock-free
+ * hits, one line of each record's table per slot.
+ */
+
+/* Entry index of the first entry of slot s's hit line (c->nhit > 0). */
+static inline uint32_t hit_line_of(const struct sfs_cache *c, uint32_t s)
 {
+    /* Slot order: the consecutive slots of a task land on distinct lines. */
+    return (s & (c->nhit / SFS_HIT_LINE - 1)) * SFS_HIT_LINE;
+}
+
+static inline bool entry_is_hit(const struct sfs_cache *c, uint32_t e)
+{
+    return e < c->nhit;
+}
+
+/* A hit's lease was let go (its entry freed by a seq_cst RMW or store): a
+ * Get waiting for a free slot on a full cache rescans (the same Dekker as
+ * refcount_last_rmw, with the entry's write in place of the count's). */
+static inline void hit_released(struct sfs_cache *c)
+{
+    if (atomic_load_explicit(&c->hdr->release_waiters, memory_order_seq_cst)) {
+        atomic_fetch_add_explicit(&c->hdr->release_seq, 1, memory_order_seq_cst);
+        sfs_futex_wake(&c->hdr->release_seq, INT32_MAX);
+    }
+}
+
+/* Some record's hit line holds a lease on s (or a hit's claim, about to
+ * find s closed and let go). seq_cst loads: the closer's side of the
+ * Dekker with a hit (slot_close_free). Bound: procs_used lines of 16. */
+bool hit_leased(struct sfs_cache *c, uint32_t s);
+
+/* Bucket lock held: close slot s to lock-free changes if no lease is on it,
+ * counted or a hit's. True: closed with a count of 0 and no hit lease, so
+ * no Get can take it until it is Ready and open again; the caller may
+ * unlink, reset or reload it. False: leased, left as it was.
+ *
+ * The close is a seq_cst CAS that needs the count at 0 (a counted lease
+ * taken first makes it fail), then the hit lines are read: a hit claims
+ * its entry (seq_cst CAS) before it reads the word, so either it sees the
+ * close and lets go, or the read here sees its entry (Dekker; the argument
+ * is docs/recovery.md, "Lock-free hits"). Found: the word is put back (no
+ * one else changes a closed word but holders of this lock). acq_rel in the
+ * CAS: the releases that brought the count to 0 (their reads of the bytes)
+ * happen-before what we do next; a hit's release is its entry's seq_cst
+ * CAS, read here. */
+static inline bool slot_close_free(struct sfs_cache *c, uint32_t s)
+{
+    struct sfs_slot_rec *sl = &c->slots[s];
     uint32_t w = atomic_load_explicit(&sl->refcount, memory_order_relaxed);
 
-    while (SLOT_REF_COUNT(w) == 0) {
-        if (atomic_compare_exchange_weak_explicit(&sl->refcount, &w, 0, memory_order_acq_rel,
+    for (;;) {
+        if (SLOT_REF_COUNT(w) != 0)
+            return false;
+        if (atomic_compare_exchange_weak_explicit(&sl->refcount, &w, 0, memory_order_seq_cst,
                                                   memory_order_relaxed))
-            return true;
+            break;
     }
-    return false;
+    SFS_TEST_POINT("close:closed");
+    if (c->nhit && hit_leased(c, s)) {
+        /* Release: the state and key stand as they were for the next
+         * hitter's acquire of the word. */
+        atomic_store_explicit(&sl->refcount, w, memory_order_release);
+        return false;
+    }
+    return true;
 }
 
 /* Bucket lock held, the slot Ready: open it to lock-free hits (release: the

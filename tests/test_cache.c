@@ -634,7 +634,7 @@ Test(cache, get_prefetch, .timeout = 30)
     cr_assert_lt(l.slot, 2u);
     fill_publish(c, &P, &l);
     cr_assert_eq(sfs_cache_release(c, &l), 0);
-    cr_assert_eq(sfs_slot_refs(&c->slots[l.slot]), 0, "prefetch left a lease");
+    cr_assert_eq(tu_leases_on(c, l.slot), 0, "prefetch left a lease");
     sfs_cache_stats(c, &st);
     cr_assert_eq(st.prefetched, 1);
     cr_assert_eq(st.prefetch_hits, 0);

@@ -338,8 +338,8 @@ Test(crash, bucket_lock_holder_killed, .timeout = 30)
     cr_assert_eq(log_repairs, 1, "the EOWNERDEAD repair did not run");
 
     /* Refcounts recounted from the lease tables: ours and the dead entry. */
-    cr_assert_eq(sfs_slot_refs(&c->slots[sh->slot]), 2);
-    cr_assert_eq(sfs_slot_refs(&c->slots[sh->slot2]), 0);
+    cr_assert_eq(tu_leases_on(c, sh->slot), 2);
+    cr_assert_eq(tu_leases_on(c, sh->slot2), 0);
     cr_assert_eq(atomic_load(&c->slots[sh->slot3].bucket), b, "bucket hint not repaired");
     /* The unleased slot is evictable, the leased one is not. */
     cr_assert_eq(sfs_cache_remove(c, &same[1]), 0);
@@ -354,7 +354,7 @@ Test(crash, bucket_lock_holder_killed, .timeout = 30)
     tu_wait_marked_dead(c, 1);
     cr_assert_eq(sfs_cache_reap(c), 1);
     tu_hold_reaper(false);
-    cr_assert_eq(sfs_slot_refs(&c->slots[sh->slot]), 1);
+    cr_assert_eq(tu_leases_on(c, sh->slot), 1);
     cr_assert_eq(sfs_cache_remove(c, &same[0]), -EBUSY);
     cr_assert_eq(tu_check(&same[0], sfs_cache_data(c, &la), SHARD), -1);
     cr_assert_eq(sfs_cache_release(c, &la), 0);
@@ -420,7 +420,7 @@ Test(crash, lease_holder_killed, .timeout = 30)
         uint32_t sl = slot_of(c, &sh->keys[i]);
 
         cr_assert_neq(sl, SFS_NIL);
-        cr_assert_eq(sfs_slot_refs(&c->slots[sl]), 1);
+        cr_assert_eq(tu_leases_on(c, sl), 1);
         cr_assert_eq(sfs_cache_remove(c, &sh->keys[i]), -EBUSY);
     }
     /* Fill the other 8 slots and hold them: the cache is all leased. */

@@ -113,6 +113,7 @@ enum kill_mode {
     KILL_IN_RELEASE,      /* the point is on the Release of a hit's lease */
     KILL_IN_LOCKED_GET,   /* the same, with the locked path forced */
     KILL_IN_LOCKED_RELEASE,
+    KILL_IN_COUNTED_RELEASE, /* a locked Get's counted lease, released lock-free */
 };
 
 /* One death: the point, where it is, and the requests the dead child's Get
@@ -126,12 +127,13 @@ struct kill_case {
 };
 
 static const struct kill_case kill_cases[] = {
-    {"hit:intent", KILL_IN_GET, 0},
-    {"hit:counted", KILL_IN_GET, 0},
-    {"hit:confirmed", KILL_IN_GET, 0},
+    {"hit:walked", KILL_IN_GET, 0},
+    {"hit:claimed", KILL_IN_GET, 0},
+    {"hit:checked", KILL_IN_GET, 0},
     {"hit:tallied", KILL_IN_GET, 1},
-    {"release:intent", KILL_IN_RELEASE, 1},
-    {"release:dropped", KILL_IN_RELEASE, 1},
+    {"release:hit_freed", KILL_IN_RELEASE, 1},
+    {"release:intent", KILL_IN_COUNTED_RELEASE, 1},
+    {"release:dropped", KILL_IN_COUNTED_RELEASE, 1},
     {"take:transit", KILL_IN_LOCKED_GET, 1},
     {"take:counted", KILL_IN_LOCKED_GET, 1},
     {"release:transit_locked", KILL_IN_LOCKED_RELEASE, 1},
@@ -142,11 +144,14 @@ static int die_at_point(struct sfs_cache *c, void *arg)
     struct sfs_lease l;
 
     (void)arg;
-    if (sh->mode == KILL_IN_LOCKED_GET)
+    /* Every mode but the hit's own takes a counted lease (the locked Get). */
+    if (sh->mode != KILL_IN_GET && sh->mode != KILL_IN_RELEASE)
         sfs_testpoint_arm("get:locked", SFS_TP_CALL, tp_nothing, NULL);
     if (sh->mode == KILL_IN_GET || sh->mode == KILL_IN_LOCKED_GET)
         sfs_testpoint_arm(sh->point, SFS_TP_KILL, NULL, NULL);
     TU_CK(sfs_cache_get(c, &sh->key, 0, sfs_deadline_after(SEC), &l) == SFS_HIT);
+    if (sh->mode == KILL_IN_COUNTED_RELEASE)
+        sfs_testpoint_disarm_all(); /* the release goes lock-free */
     if (sh->mode == KILL_IN_LOCKED_RELEASE)
         sfs_testpoint_arm("release:locked", SFS_TP_CALL, tp_nothing, NULL);
     sfs_testpoint_arm(sh->point, SFS_TP_KILL, NULL, NULL);
@@ -175,12 +180,14 @@ static void kill_at(const struct kill_case *kc)
     cr_assert_eq(tu_wait_for(p, 10 * SEC), 128 + SIGKILL, "the child did not die at %s", point);
     tu_wait_reaped(c, 1);
 
-    /* Exact: our lease and nothing else, nothing left in transit. */
+    /* Exact: our lease (a hit's, in no count) and nothing else, nothing
+     * left in transit. */
     entries_on(c, s, &held, &transit);
     cr_assert_eq(held, 1, "%s: %u held entries", point, held);
     cr_assert_eq(transit, 0, "%s: %u entries left in transit", point, transit);
-    cr_assert_eq(sfs_slot_refs(&c->slots[s]), 1, "%s: count %u, 1 lease", point,
+    cr_assert_eq(sfs_slot_refs(&c->slots[s]), 0, "%s: count %u, no counted lease", point,
                  sfs_slot_refs(&c->slots[s]));
+    cr_assert_eq(tu_leases_on(c, s), 1, "%s: %u leases, not 1", point, tu_leases_on(c, s));
     /* Its request counted once, and folded into the retired totals. */
     sfs_cache_stats(c, &st);
     cr_assert_eq(st.requests, st0.requests + (uint64_t)kc->requests, "%s: %llu requests, not %llu",
@@ -195,7 +202,7 @@ static void kill_at(const struct kill_case *kc)
     /* Not lost: our lease pins it. Not leaked: without it, it goes. */
     cr_assert_eq(sfs_cache_remove(c, &sh->key), -EBUSY, "%s: removed under a lease", point);
     cr_assert_eq(sfs_cache_release(c, &mine), 0);
-    cr_assert_eq(sfs_slot_refs(&c->slots[s]), 0);
+    cr_assert_eq(tu_leases_on(c, s), 0);
     cr_assert_eq(sfs_cache_remove(c, &sh->key), 0, "%s: a leaked count pins the slot", point);
     unsigned ent;
     cr_assert_eq(tu_leases_left(c, &ent), 0);
@@ -217,35 +224,41 @@ ParameterizedTest(const struct kill_case *kc, hitpath, killed_at_each_step, .tim
 
 /* ---------------------------------------------------------------------------
  * A recount never runs while a live process is between two steps on the
- * slot: a dead process's intent is settled only once a live hitter stopped
- * right after its CAS (its entry still in transit, its count taken) has
- * moved on. Recounting at once would drop the live hitter's count, and its
- * release would then take ours.
+ * slot: a dead process's transit entry is settled only once a live
+ * releaser stopped right after its intent (its entry in transit, its count
+ * not yet dropped) has moved on. Recounting at once would count the live
+ * lease as gone, and its decrement would then take another's.
  */
 
-static int stop_after_cas_then_hold(struct sfs_cache *c, void *arg)
+static int stop_in_release_then_hold(struct sfs_cache *c, void *arg)
 {
     struct sfs_lease l;
 
     (void)arg;
-    sfs_testpoint_arm("hit:counted", SFS_TP_STOP, NULL, NULL);
+    /* A counted lease (the locked Get's), released lock-free. */
+    sfs_testpoint_arm("get:locked", SFS_TP_CALL, tp_nothing, NULL);
     TU_CK(sfs_cache_get(c, &sh->key, 0, sfs_deadline_after(SEC), &l) == SFS_HIT);
+    sfs_testpoint_disarm_all();
+    TU_CK(tu_check(&sh->key, sfs_cache_data(c, &l), SHARD) == -1);
+    sfs_testpoint_arm("release:intent", SFS_TP_STOP, NULL, NULL);
+    TU_CK(sfs_cache_release(c, &l) == 0);
     sfs_testpoint_disarm_all();
     atomic_store(&sh->step, 1);
     while (!atomic_load(&sh->stop))
         usleep(1000);
-    TU_CK(tu_check(&sh->key, sfs_cache_data(c, &l), SHARD) == -1);
-    TU_CK(sfs_cache_release(c, &l) == 0);
     return 0;
 }
 
-static int die_after_intent(struct sfs_cache *c, void *arg)
+static int die_in_counted_release(struct sfs_cache *c, void *arg)
 {
     struct sfs_lease l;
 
     (void)arg;
-    sfs_testpoint_arm("hit:intent", SFS_TP_KILL, NULL, NULL);
-    sfs_cache_get(c, &sh->key, 0, sfs_deadline_after(SEC), &l);
+    sfs_testpoint_arm("get:locked", SFS_TP_CALL, tp_nothing, NULL);
+    TU_CK(sfs_cache_get(c, &sh->key, 0, sfs_deadline_after(SEC), &l) == SFS_HIT);
+    sfs_testpoint_disarm_all();
+    sfs_testpoint_arm("release:intent", SFS_TP_KILL, NULL, NULL);
+    sfs_cache_release(c, &l);
     return 2;
 }
 
@@ -276,7 +289,7 @@ static void wait_dead_or_reaped(struct sfs_cache *c)
     cr_assert_fail("the dead child's record was never declared dead");
 }
 
-Test(hitpath, recount_waits_for_a_live_hitter_mid_step, .timeout = 30, .fini = kill_stopped)
+Test(hitpath, recount_waits_for_a_live_releaser_mid_step, .timeout = 30, .fini = kill_stopped)
 {
     struct sfs_cache *c = served(8, "hp-live.sock");
     struct sfs_lease mine;
@@ -285,21 +298,21 @@ Test(hitpath, recount_waits_for_a_live_hitter_mid_step, .timeout = 30, .fini = k
 
     sh->key = tu_key(43, 0);
     cr_assert_eq(tu_load(c, &sh->key), SFS_OWNER);
-    cr_assert_eq(sfs_cache_get(c, &sh->key, 0, 0, &mine), SFS_HIT);
+    cr_assert_eq(sfs_cache_get(c, &sh->key, 0, 0, &mine), SFS_HIT); /* a hit's lease */
     uint32_t s = mine.slot;
 
-    pid_t a = tu_fork_attached(sh->path, 1, stop_after_cas_then_hold, NULL);
+    pid_t a = tu_fork_attached(sh->path, 1, stop_in_release_then_hold, NULL);
     stopped_pid = a;
     cr_assert_eq(waitpid(a, &status, WUNTRACED), a);
-    cr_assert(WIFSTOPPED(status), "the hitter did not stop after its CAS");
-    cr_assert_eq(sfs_slot_refs(&c->slots[s]), 2);
+    cr_assert(WIFSTOPPED(status), "the releaser did not stop after its intent");
+    cr_assert_eq(sfs_slot_refs(&c->slots[s]), 1, "the stopped releaser's count");
 
-    pid_t b = tu_fork_attached(sh->path, 1, die_after_intent, NULL);
+    pid_t b = tu_fork_attached(sh->path, 1, die_in_counted_release, NULL);
     cr_assert_eq(tu_wait_for(b, 10 * SEC), 128 + SIGKILL);
     wait_dead_or_reaped(c);
     usleep(600 * 1000); /* the server's reaper tries, and retries within 200 ms */
     sfs_cache_stats(c, &st);
-    cr_assert_eq(st.reaped, 0, "the dead intent was settled while a live hitter was mid-step");
+    cr_assert_eq(st.reaped, 0, "the dead intent was settled while a live releaser was mid-step");
     cr_assert_eq(sfs_slot_refs(&c->slots[s]), 2, "count %u", sfs_slot_refs(&c->slots[s]));
 
     kill(a, SIGCONT);
@@ -307,11 +320,11 @@ Test(hitpath, recount_waits_for_a_live_hitter_mid_step, .timeout = 30, .fini = k
         usleep(1000);
     cr_assert_eq(atomic_load(&sh->step), 1);
     tu_wait_reaped(c, 1);
-    cr_assert_eq(sfs_slot_refs(&c->slots[s]), 2, "ours and the live hitter's");
+    cr_assert_eq(sfs_slot_refs(&c->slots[s]), 0, "both counted leases are gone");
+    cr_assert_eq(tu_leases_on(c, s), 1, "ours");
     atomic_store(&sh->stop, 1);
     cr_assert_eq(tu_wait_for(a, 10 * SEC), 0);
     stopped_pid = 0;
-    cr_assert_eq(sfs_slot_refs(&c->slots[s]), 1, "ours");
     cr_assert_eq(sfs_cache_remove(c, &sh->key), -EBUSY);
     cr_assert_eq(sfs_cache_release(c, &mine), 0);
     cr_assert_eq(sfs_cache_remove(c, &sh->key), 0);
@@ -320,9 +333,73 @@ Test(hitpath, recount_waits_for_a_live_hitter_mid_step, .timeout = 30, .fini = k
 }
 
 /* ---------------------------------------------------------------------------
- * The last check of a hit: between its walk and its CAS, the slot is
- * removed and reloaded with another key, and is open again with the count
- * the hit read (the CAS succeeds: ABA). The hit must let it go, not return
+ * A hit lease is in no count: every closer must find it in the hit lines.
+ * Another process holds one on A (its slot's count reads 0); an evict, a
+ * remove and a write must each leave A alone, and the holder's bytes stay
+ * A's. Without the closers' read of the hit lines each of them takes A.
+ */
+
+static int hold_a_hit(struct sfs_cache *c, void *arg)
+{
+    struct sfs_lease l;
+
+    (void)arg;
+    TU_CK(sfs_cache_get(c, &sh->key, 0, sfs_deadline_after(SEC), &l) == SFS_HIT);
+    TU_CK(entry_is_hit(c, l.entry));
+    atomic_store(&sh->step, 1);
+    while (!atomic_load(&sh->stop))
+        usleep(1000);
+    TU_CK(key_eq_atomic(&c->slots[l.slot], &sh->key));
+    TU_CK(tu_check(&sh->key, sfs_cache_data(c, &l), SHARD) == -1);
+    TU_CK(sfs_cache_release(c, &l) == 0);
+    return 0;
+}
+
+Test(hitpath, a_hit_lease_keeps_its_slot_from_every_closer, .timeout = 30, .fini = kill_stopped)
+{
+    struct sfs_cache *c = served(2, "hp-closers.sock");
+    const struct sfs_key b = tu_key(52, 0), x = tu_key(53, 0), y = tu_key(54, 0);
+    struct sfs_lease l;
+
+    sh->key = tu_key(51, 0);
+    cr_assert_eq(tu_load(c, &sh->key), SFS_OWNER);
+    cr_assert_eq(tu_load(c, &b), SFS_OWNER);
+    uint32_t s = SFS_NIL;
+    for (uint32_t i = 0; i < c->nslots; i++)
+        if (key_eq_atomic(&c->slots[i], &sh->key))
+            s = i;
+    cr_assert_neq(s, SFS_NIL);
+
+    pid_t p = tu_fork_attached(sh->path, 1, hold_a_hit, NULL);
+    stopped_pid = p; /* a failed assertion must not leave it waiting */
+    for (int i = 0; i < 5000 && atomic_load(&sh->step) < 1; i++)
+        usleep(1000);
+    cr_assert_eq(atomic_load(&sh->step), 1, "the holder did not take its hit");
+    cr_assert_eq(sfs_slot_refs(&c->slots[s]), 0, "a hit lease is in no count");
+    cr_assert_eq(tu_leases_on(c, s), 1);
+
+    cr_assert_eq(sfs_cache_remove(c, &sh->key), -EBUSY, "removed under a hit lease");
+    cr_assert_eq(sfs_cache_get(c, &sh->key, SFS_GET_WRITE, 0, &l), -EBUSY,
+                 "rewritten under a hit lease");
+    /* Two slots: each load must evict the other one, never A. */
+    cr_assert_eq(tu_load(c, &x), SFS_OWNER);
+    cr_assert_eq(tu_load(c, &y), SFS_OWNER);
+    cr_assert(key_eq_atomic(&c->slots[s], &sh->key), "A's slot was evicted under a hit lease");
+    cr_assert_eq(sfs_cache_state(c, &sh->key), SFS_STATE_READY);
+    cr_assert(atomic_load(&c->slots[s].refcount) & SLOT_REF_OPEN, "a failed close left A closed");
+
+    atomic_store(&sh->stop, 1);
+    cr_assert_eq(tu_wait_for(p, 10 * SEC), 0, "the holder saw its slot change");
+    stopped_pid = 0;
+    cr_assert_eq(sfs_cache_remove(c, &sh->key), 0, "released, A goes");
+    cr_assert_eq(tu_leases_left(c, NULL), 0);
+    sfs_cache_close(c);
+}
+
+/* ---------------------------------------------------------------------------
+ * The last check of a hit: between its walk and its claim, the slot is
+ * removed and reloaded with another key, and is open again (the claim
+ * succeeds, the word reads open: ABA). The hit must let it go, not return
  * the other key's bytes.
  */
 
@@ -352,9 +429,9 @@ Test(hitpath, slot_reused_between_walk_and_cas, .timeout = 30)
     uint32_t w0 = atomic_load(&c->slots[s].refcount);
     cr_assert_eq(w0, SLOT_REF_OPEN, "A is Ready, open, unleased");
 
-    cr_assert_eq(sfs_testpoint_arm("hit:intent", SFS_TP_CALL, reload_other, NULL), 0);
+    cr_assert_eq(sfs_testpoint_arm("hit:walked", SFS_TP_CALL, reload_other, NULL), 0);
     int role = sfs_cache_get(c, &sh->key, 0, sfs_deadline_after(SEC), &l);
-    cr_assert_eq(sfs_testpoint_hits("hit:intent"), 0); /* disarmed by the callback */
+    cr_assert_eq(sfs_testpoint_hits("hit:walked"), 0); /* disarmed by the callback */
     cr_assert_eq(role, SFS_OWNER, "a hit on A's slot, now holding B (role %d)", role);
     cr_assert_eq(tu_publish(c, &sh->key, &l), 0);
     cr_assert_eq(sfs_cache_release(c, &l), 0);
@@ -379,6 +456,8 @@ Test(hitpath, spare_follows_the_handle_a_thread_uses, .timeout = 30)
     cr_assert(a && b);
     cr_assert_eq(tu_load(a, &k), SFS_OWNER);
     cr_assert_eq(tu_load(b, &k), SFS_OWNER);
+    /* The locked path's Gets (a lock-free hit takes a hit line, no spare). */
+    cr_assert_eq(sfs_testpoint_arm("get:locked", SFS_TP_CALL, tp_nothing, NULL), 0);
     assert_hit(a, &k); /* our spare is a's entry now */
     cr_assert_eq(sfs_testpoint_arm("lease:pop", SFS_TP_CALL, tp_nothing, NULL), 0);
     for (int i = 0; i < 1000; i++)

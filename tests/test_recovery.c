@@ -129,21 +129,25 @@ static int stop_in_get(struct sfs_cache *c)
     return 0;
 }
 
+static void tp_nothing(const char *name, void *arg)
+{
+    (void)name;
+    (void)arg;
+}
+
 /* Holds a lease on A, then dies (its lease is for the reaper). */
 static int lease_and_die(struct sfs_cache *c)
 {
     struct sfs_lease l;
 
+    /* A counted lease (the locked path's): one a reap must take the bucket
+     * lock to drop (a lock-free hit's is freed without it). */
+    sfs_testpoint_arm("get:locked", SFS_TP_CALL, tp_nothing, NULL);
     TU_CK(sfs_cache_get(c, &sh->key, 0, 0, &l) == SFS_HIT);
+    sfs_testpoint_disarm_all();
     atomic_store(&sh->step, 1);
     for (;;)
         pause();
-}
-
-static void tp_nothing(const char *name, void *arg)
-{
-    (void)name;
-    (void)arg;
 }
 
 /* With A's lock held by a stopped process: a Get with a 0.5 s deadline,
@@ -316,7 +320,7 @@ static int release_behind_stopped(struct sfs_cache *c)
     TU_CK(wait_until(&sh->go, 2, 10 * SEC));
     TU_CK(sfs_cache_get(c, &sh->key2, 0, 0, &o) == SFS_HIT);
     TU_CK(sfs_cache_release(c, &o) == 0); /* finishes the deferred one */
-    TU_CK(sfs_slot_refs(&c->slots[sh->slot]) == 0);
+    TU_CK(tu_leases_on(c, sh->slot) == 0);
     TU_CK(atomic_load(&c->deferred) == 0);
     return 0;
 }
@@ -534,11 +538,11 @@ Test(recovery, partial_reap_is_finished_when_the_lock_holder_goes_on, .timeout =
     cr_assert_eq(tu_wait(d), 128 + SIGKILL);
     /* The server reaps at once: key's lease goes, key2's stays behind the
      * stopped holder's lock, and so does the record. */
-    for (int i = 0; i < 3000 && sfs_slot_refs(&c->slots[sa]) != 0; i++)
+    for (int i = 0; i < 3000 && tu_leases_on(c, sa) != 0; i++)
         usleep(1000);
-    cr_assert_eq(sfs_slot_refs(&c->slots[sa]), 0, "the reap did not start");
+    cr_assert_eq(tu_leases_on(c, sa), 0, "the reap did not start");
     usleep(500 * 1000); /* the reaper's retries meet the busy lock */
-    cr_assert_eq(sfs_slot_refs(&c->slots[sb]), 1);
+    cr_assert_eq(tu_leases_on(c, sb), 1);
     sfs_cache_stats(c, &stats);
     cr_assert_eq(stats.reaped, 0, "a record freed with a lease left");
     uint32_t st = dead_record_state(c);
@@ -549,7 +553,7 @@ Test(recovery, partial_reap_is_finished_when_the_lock_holder_goes_on, .timeout =
     kill(s, SIGCONT);
     cr_assert(wait_until(&sh->step, 2, 5 * SEC), "the holder did not go on");
     tu_wait_reaped(c, 1);
-    cr_assert_eq(sfs_slot_refs(&c->slots[sb]), 0, "the dead rank's lease leaked");
+    cr_assert_eq(tu_leases_on(c, sb), 0, "the dead rank's lease leaked");
     /* Its half-filled key2 is served again (taken over), key as before. */
     int role = sfs_cache_get(c, &sh->key2, 0, sfs_deadline_after(SEC), &l);
     cr_assert_eq(role, SFS_OWNER, "key2 after the reap: %d", role);
@@ -614,7 +618,7 @@ Test(recovery, lease_released_twice_counts_once, .timeout = 30)
     struct sfs_lease l;
     cr_assert_eq(sfs_cache_get(c, &a, 0, 0, &l), SFS_HIT);
     uint32_t s = l.slot;
-    cr_assert_eq(sfs_slot_refs(&c->slots[s]), 2);
+    cr_assert_eq(tu_leases_on(c, s), 2);
     d[0] = (struct double_release){.c = c, .l = l};
     d[1] = (struct double_release){.c = c, .l = l};
     sfs_testpoint_arm("release:locked", SFS_TP_CALL, hold_first_releaser, &d[0]);
@@ -625,7 +629,7 @@ Test(recovery, lease_released_twice_counts_once, .timeout = 30)
     sfs_testpoint_disarm_all();
     fprintf(stderr, "double release: %d and %d\n", d[0].r, d[1].r);
     cr_assert((d[0].r == 0 && d[1].r == -EINVAL) || (d[0].r == -EINVAL && d[1].r == 0));
-    cr_assert_eq(sfs_slot_refs(&c->slots[s]), 1, "one lease dropped twice");
+    cr_assert_eq(tu_leases_on(c, s), 1, "one lease dropped twice");
     cr_assert_eq(sfs_cache_remove(c, &a), -EBUSY);
     cr_assert_eq(sfs_cache_release(c, &keep), 0);
     cr_assert_eq(sfs_cache_remove(c, &a), 0);
@@ -787,7 +791,7 @@ Test(recovery, evictor_never_unlinks_a_leased_slot, .timeout = 30)
     cr_assert_eq(sfs_cache_state(c, &a), SFS_STATE_READY);
     cr_assert_eq(st, 0, "evictor exit %d (137: killed between unlink and relink)", st);
     cr_assert_eq(slot_of(c, &a), sa);
-    cr_assert_eq(sfs_slot_refs(&c->slots[sa]), 1);
+    cr_assert_eq(tu_leases_on(c, sa), 1);
     cr_assert_eq(sfs_cache_get(c, &a, 0, 0, &l2), SFS_HIT);
     cr_assert_eq(sfs_cache_release(c, &l2), 0);
     cr_assert_eq(sfs_cache_release(c, &la), 0);
@@ -978,16 +982,20 @@ Test(recovery, repair_reads_only_entries_ever_used, .timeout = 30)
 
     sh->key = tu_key(3, 0);
     cr_assert_eq(tu_load(c, &sh->key), SFS_OWNER);
+    /* Three counted leases (the locked path's: a hit's is in no count). */
+    sfs_testpoint_arm("get:locked", SFS_TP_CALL, tp_nothing, NULL);
     for (int i = 0; i < 3; i++)
         cr_assert_eq(sfs_cache_get(c, &sh->key, 0, 0, &l[i]), SFS_HIT);
-    cr_assert_eq(atomic_load(&c->self->lease_hwm), 3, "high-water mark of 3 leases");
+    sfs_testpoint_disarm_all();
+    cr_assert_eq(atomic_load(&c->self->lease_hwm), c->nhit + 3,
+                 "high-water mark: the hit lines and 3 leases");
     /* An entry beyond our mark (never written by a Get) and one in a free
      * record's table: repair must not read either. */
     uint32_t s = l[0].slot;
     atomic_store(&c->leases[c->max_leases - 1], s + 1);
     uint32_t free_rec = c->max_procs - 1;
     cr_assert_eq(atomic_load(&c->procs[free_rec].state), PROC_FREE);
-    atomic_store(&lease_table(c, free_rec)[0], s + 1);
+    atomic_store(&lease_table(c, free_rec)[c->nhit], s + 1);
 
     tu_hold_reaper(true); /* the Get below repairs, not the server's reaper */
     pid_t d = child(die_in_get);
@@ -995,9 +1003,9 @@ Test(recovery, repair_reads_only_entries_ever_used, .timeout = 30)
     /* A Ready hit takes no lock: State does, and repairs. */
     cr_assert_eq(sfs_cache_state(c, &sh->key), SFS_STATE_READY);
     cr_assert_eq(sfs_cache_get(c, &sh->key, 0, sfs_deadline_after(SEC), &m), SFS_HIT);
-    cr_assert_eq(sfs_slot_refs(&c->slots[s]), 4, "repair counted what no lease holds");
+    cr_assert_eq(tu_leases_on(c, s), 4, "repair counted what no lease holds");
     atomic_store(&c->leases[c->max_leases - 1], SFS_ENTRY_FREE);
-    atomic_store(&lease_table(c, free_rec)[0], SFS_ENTRY_FREE);
+    atomic_store(&lease_table(c, free_rec)[c->nhit], SFS_ENTRY_FREE);
     for (int i = 0; i < 3; i++)
         cr_assert_eq(sfs_cache_release(c, &l[i]), 0);
     cr_assert_eq(sfs_cache_release(c, &m), 0);

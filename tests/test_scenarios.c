@@ -234,7 +234,7 @@ Test(scenario, E_prealloc_reserved_takeover, .timeout = 30)
                 memcmp(c->slots[k].block, next[i].block.b, 16) == 0 && c->slots[k].shard == s + 1)
                 found = k;
         cr_assert(found >= 5 && found < 8, "B%u.s+1 in slot %u: not the reserved pool", i, found);
-        cr_assert_eq(sfs_slot_refs(&c->slots[found]), 0, "prewarmed slot is leased");
+        cr_assert_eq(tu_leases_on(c, found), 0, "prewarmed slot is leased");
         pslot[i] = found;
     }
     cr_assert_neq(pslot[0], pslot[1]);

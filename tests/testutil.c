@@ -1,7 +1,7 @@
 /* SPDX-License-Identifier: MIT */
 /* testutil.c - see testutil.h. */
 #include "testutil.h"
-#include "cache_i.h" /* the slots and lease tables, for tu_leases_left */
+#include "slot_i.h" /* the slots, lease tables and hit lines, for tu_leases_on */
 #include "testpoint_i.h"
 
 #include <criterion/criterion.h>
@@ -213,12 +213,26 @@ int tu_load(struct sfs_cache *c, const struct sfs_key *k)
     return role;
 }
 
+unsigned tu_leases_on(struct sfs_cache *c, uint32_t s)
+{
+    unsigned n = sfs_slot_refs(&c->slots[s]);
+
+    /* The lock-free hits' leases: in slot s's hit line, in no count. */
+    for (uint32_t p = 0; p < c->max_procs && c->nhit; p++) {
+        _Atomic uint32_t *t = lease_table(c, p) + hit_line_of(c, s);
+
+        for (uint32_t k = 0; k < SFS_HIT_LINE; k++)
+            n += atomic_load_explicit(&t[k], memory_order_relaxed) == s + 1;
+    }
+    return n;
+}
+
 unsigned tu_leases_left(struct sfs_cache *c, unsigned *entries)
 {
     unsigned rc = 0, ent = 0;
 
     for (uint32_t s = 0; s < c->nslots; s++)
-        if (sfs_slot_refs(&c->slots[s]))
+        if (tu_leases_on(c, s))
             rc++;
     _Atomic uint32_t *t = (_Atomic uint32_t *)((uint8_t *)c->ctl + c->off_leases);
     for (uint64_t i = 0; i < (uint64_t)c->max_procs * c->max_leases; i++)

@@ -71,6 +71,8 @@ int tu_load(struct sfs_cache *c, const struct sfs_key *k);
 /* Leases anywhere in the cache: the number of slots with a non-zero refcount;
  * *entries (when not NULL) gets the non-free lease-table entries of every
  * process record. Read with no lock: call when quiet. */
+/* Leases on slot s now: its count and the hit lines' (slot_i.h). */
+unsigned tu_leases_on(struct sfs_cache *c, uint32_t s);
 unsigned tu_leases_left(struct sfs_cache *c, unsigned *entries);
 
 /* xorshift64*: the next pseudo-random number of the sequence in *state
