@@ -7,7 +7,9 @@
  * A usage file that is corrupt, truncated or foreign is ignored with one
  * log line; warm=0 loads nothing; reads during the warm-up get the right
  * bytes; a process that attaches to the warm cache finds the hot keys as
- * hits, through the core's attach and through the rank library.
+ * hits, through the core's attach and through the rank library; a hot set
+ * that a rank alone reads (only the daemon's sampler sees it) is learned
+ * and warmed too.
  *
  * Real mounts (tests/fsfixture.h) on a posix store; the daemon is stopped
  * with SIGTERM. Capacity 8M of 64K shards: 128 slots. Skips without FUSE.
@@ -450,6 +452,116 @@ Test(fs_warm, a_rank_finds_the_hot_keys_as_hits, .timeout = 90)
     cr_assert_eq(rs.waits, 0);
     sfs_rank_close(rk);
     free(bufs);
+    stop_term();
+}
+
+/* ---------------------------------------------------------------------------
+ * Learning from a rank: ranks read the cache directly, not through the
+ * mount, so only the daemon's sampler sees their use.
+ */
+
+#define RCOLD0  100 /* blocks RCOLD0..RCOLD0+RNCOLD-1: a stream read once, 2x the cache */
+#define RNCOLD  64
+#define RROUNDS 8
+
+static struct sfs_rank *open_rank(void)
+{
+    struct sfs_rank_config cfg;
+    struct sfs_rank *rk;
+    static char spec[200];
+    int err = 0;
+
+    sfs_rank_config_init(&cfg);
+    snprintf(spec, sizeof(spec), "posix:%s", M.store);
+    cfg.mount_point = M.fx.mnt;
+    cfg.backend = spec;
+    cfg.copier = SFS_COPIER_HOST;
+    rk = sfs_rank_open(&cfg, &err);
+    cr_assert_not_null(rk, "sfs_rank_open: %s", strerror(-err));
+    return rk;
+}
+
+/* Load every shard of blocks [first, first + n) through the rank; asserts
+ * each entry's status and bytes. */
+static void rank_read(struct sfs_rank *rk, uint64_t first, uint32_t n)
+{
+    uint32_t ne = n * NSH;
+    struct sfs_rank_entry *e = calloc(ne, sizeof(*e));
+    uint8_t *bufs = malloc((size_t)ne * SHARD);
+    int *st = calloc(ne, sizeof(int));
+    struct sfs_task *t;
+    uint32_t i = 0;
+
+    cr_assert(e && bufs && st);
+    for (uint64_t b = first; b < first + n; b++)
+        for (uint32_t s = 0; s < NSH; s++, i++)
+            e[i] = (struct sfs_rank_entry){
+                .block = tu_block(b), .shard = s, .addr = bufs + (size_t)i * SHARD};
+    cr_assert_eq(sfs_rank_load(rk, e, ne, &t), 0);
+    cr_assert_eq(sfs_rank_wait(t, 20000, st), 0);
+    sfs_rank_task_free(t);
+    i = 0;
+    for (uint64_t b = first; b < first + n; b++)
+        for (uint32_t s = 0; s < NSH; s++, i++) {
+            struct sfs_key k = tu_key(b, s);
+
+            cr_assert_eq(st[i], 0, "(%llu,%u): %d", (unsigned long long)b, s, st[i]);
+            cr_assert_eq(tu_check(&k, bufs + (size_t)i * SHARD, SHARD), -1);
+        }
+    free(st);
+    free(bufs);
+    free(e);
+}
+
+/* A skewed workload read by a rank alone, under the daemon's default
+ * admission, with the cache under pressure: each of RROUNDS rounds reads
+ * the hot blocks, then the next part of a cold stream twice the cache's
+ * size, and lets the sampler tick. The usage file must rank every hot block
+ * above every cold one, and a warm restart must make the hot blocks
+ * resident with no reader.
+ *
+ * The margin is thin, and this test says so: the sampler sees a rank's
+ * reuse of a slot only after the hand cleared its bit, and with
+ * admission=scan the hand passes over main slots (bits untouched) while
+ * probationary ones hold more than half the pool, as the cold stream makes
+ * them do here after the rank's first lap (its census starts empty, so
+ * that lap is plain CLOCK). A hot block is counted at its load and once
+ * after that lap; a cold one once. docs/fs.md, "What it counts". */
+Test(fs_warm, a_rank_workload_is_learned_and_warmed, .timeout = 110)
+{
+    struct sfs_rank *rk;
+    size_t len;
+    uint8_t *buf;
+    uint32_t min_hot = UINT32_MAX, max_cold = 0;
+
+    cr_assert_eq(tu_store_write(M.store, RCOLD0, RNCOLD, NSH, SHARD, NULL, NULL, false), 0);
+    start("warm=0");
+    rk = open_rank();
+    for (int r = 0; r < RROUNDS; r++) {
+        rank_read(rk, 0, NHOT);
+        rank_read(rk, RCOLD0 + (uint64_t)r * (RNCOLD / RROUNDS), RNCOLD / RROUNDS);
+        fsfx_sleep_ms(2000); /* two sampler ticks (fs/usage.c): one sees cleared bits */
+    }
+    sfs_rank_close(rk);
+    stop_term();
+    buf = slurp(M.usage, &len);
+    for (uint64_t b = 0; b < NHOT; b++) {
+        uint32_t c = usage_count(buf, len, b);
+
+        min_hot = c < min_hot ? c : min_hot;
+    }
+    for (uint64_t b = RCOLD0; b < RCOLD0 + RNCOLD; b++) {
+        uint32_t c = usage_count(buf, len, b);
+
+        max_cold = c > max_cold ? c : max_cold;
+    }
+    free(buf);
+    cr_assert_gt(min_hot, max_cold,
+                 "a rank's hot blocks (min count %u) must outrank its cold ones (max %u)", min_hot,
+                 max_cold);
+
+    start(WARM_HOT);
+    cr_assert(hot_ready_within(15.0), "hot blocks not all Ready 15 s after mount");
     stop_term();
 }
 
