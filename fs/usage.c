@@ -49,6 +49,9 @@
 #define USE_TICK_MS        1000
 #define USE_SAMPLE_BUCKETS 16384 /* buckets one tick samples: bounds its cost */
 #define USE_SAVE_S         60    /* the file is rewritten this often when it changed */
+/* Tests only: SHARDFS_TEST_USAGE_SAVE_S=N (1..USE_SAVE_S) rewrites it every N s,
+ * so that a test can see the periodic write without waiting a minute. */
+#define USE_SAVE_ENV       "SHARDFS_TEST_USAGE_SAVE_S"
 #define USE_HALF_LIFE_S    600   /* counts halve this often */
 #define USE_MAX_INFLIGHT   64    /* warm loads in flight at once (also <= nslots / 8) */
 
@@ -77,6 +80,7 @@ struct fs_usage {
     struct use_stripe stripes[USE_STRIPES];
     char path[PATH_MAX]; /* BACKEND_DIR/.shardfs_usage */
     bool save;           /* write the file (not with -o ro) */
+    uint32_t save_ticks; /* sampler ticks between periodic writes */
 
     /* The sampler's own memory (only its thread touches it). */
     uint32_t nslots;
@@ -471,7 +475,7 @@ static void *sampler_main(void *arg)
             use_add(u, u->used[i].b, 1);
         if (tick % (USE_HALF_LIFE_S * 1000 / USE_TICK_MS) == 0)
             decay(u);
-        if (tick % (USE_SAVE_S * 1000 / USE_TICK_MS) == 0)
+        if (tick % u->save_ticks == 0)
             usage_save(u);
     }
     return NULL;
@@ -568,6 +572,17 @@ void fs_usage_start(struct fs *fs, const char *spec, unsigned warm_pct, bool sav
         goto fail;
     }
     u->save = save;
+    u->save_ticks = USE_SAVE_S * 1000 / USE_TICK_MS;
+    {
+        const char *e = getenv(USE_SAVE_ENV);
+        char *end;
+        unsigned long v = e ? strtoul(e, &end, 10) : 0;
+
+        if (e && *e && *end == '\0' && v >= 1 && v <= USE_SAVE_S)
+            u->save_ticks = (uint32_t)(v * 1000 / USE_TICK_MS);
+        if (u->save_ticks == 0)
+            u->save_ticks = 1;
+    }
     u->warm_pct = warm_pct;
     for (int i = 0; i < USE_STRIPES; i++)
         pthread_mutex_init(&u->stripes[i].lock, NULL);

@@ -6,7 +6,8 @@
  * warm=PCT loads the hottest blocks up to PCT of capacity with no reader.
  * A usage file that is corrupt, truncated or foreign is ignored with one
  * log line; warm=0 loads nothing; reads during the warm-up get the right
- * bytes; a process that attaches to the warm cache finds the hot keys as
+ * bytes; the periodic write keeps the hot set through a daemon killed
+ * with SIGKILL; a process that attaches to the warm cache finds the hot keys as
  * hits, through the core's attach and through the rank library; a hot set
  * that a rank alone reads (only the daemon's sampler sees it) is learned
  * and warmed too.
@@ -452,6 +453,69 @@ Test(fs_warm, a_rank_finds_the_hot_keys_as_hits, .timeout = 90)
     cr_assert_eq(rs.waits, 0);
     sfs_rank_close(rk);
     free(bufs);
+    stop_term();
+}
+
+/* Does the usage file at M.usage exist, parse, and rank every hot block
+ * above every cold one? No assertion: the caller polls. */
+static bool usage_ranks_hot(void)
+{
+    size_t len;
+    uint8_t *buf = fswarm_slurp(M.usage, &len);
+    uint32_t n, min_hot = UINT32_MAX, max_cold = 0, min_cold = UINT32_MAX;
+    bool ok;
+
+    if (!buf)
+        return false;
+    memcpy(&n, buf + (len >= 40 ? 32 : 0), 4);
+    ok = len >= 48 && memcmp(buf, "SFSUSAGE", 8) == 0 && len == 40 + (size_t)n * 24 + 8;
+    for (uint64_t b = 0; ok && b < NHOT; b++) {
+        uint32_t c = usage_count(buf, len, b);
+
+        min_hot = c < min_hot ? c : min_hot;
+    }
+    for (uint64_t b = COLD0; ok && b < COLD0 + NCOLD; b++) {
+        uint32_t c = usage_count(buf, len, b);
+
+        max_cold = c > max_cold ? c : max_cold;
+        min_cold = c < min_cold ? c : min_cold;
+    }
+    free(buf);
+    return ok && min_cold > 0 && min_hot > max_cold;
+}
+
+/* The periodic write: with the period cut to 1 s (SHARDFS_TEST_USAGE_SAVE_S,
+ * fs/usage.c), the file appears while the daemon serves. The daemon is then
+ * killed (SIGKILL: no write at stop), and the next mount warms from what the
+ * periodic write kept. */
+Test(fs_warm, the_periodic_write_keeps_the_hot_set_through_a_crash, .timeout = 90)
+{
+    double t0;
+    int st;
+
+    cr_assert_eq(setenv("SHARDFS_TEST_USAGE_SAVE_S", "1", 1), 0);
+    start("warm=0");
+    unsetenv("SHARDFS_TEST_USAGE_SAVE_S");
+    for (int r = 0; r < HOTREADS; r++)
+        for (uint64_t b = 0; b < NHOT; b++)
+            for (uint32_t s = 0; s < NSH; s++)
+                read_ok(b, s);
+    for (uint64_t b = COLD0; b < COLD0 + NCOLD; b++)
+        for (uint32_t s = 0; s < NSH; s++)
+            read_ok(b, s);
+    for (t0 = fsfx_now_s(); !usage_ranks_hot(); fsfx_sleep_ms(50))
+        cr_assert_lt(fsfx_now_s() - t0, 15.0,
+                     "no usage file ranking the hot blocks first 15 s after the reads, with the "
+                     "daemon running (see %s)",
+                     M.fx.log);
+    kill(M.fx.pid, SIGKILL);
+    cr_assert_eq(waitpid(M.fx.pid, &st, 0), M.fx.pid);
+    M.fx.pid = 0;
+    fsfx_sh("fusermount3 -uz %s 2>/dev/null", M.fx.mnt);
+    check_usage_file();
+
+    start(WARM_HOT);
+    cr_assert(hot_ready_within(15.0), "hot blocks not all Ready 15 s after the remount");
     stop_term();
 }
 
