@@ -7,7 +7,7 @@
  * A usage file that is corrupt, truncated or foreign is ignored with one
  * log line; warm=0 loads nothing; reads during the warm-up get the right
  * bytes; the periodic write keeps the hot set through a daemon killed
- * with SIGKILL; a process that attaches to the warm cache finds the hot keys as
+ * with SIGKILL; counts decay with their half-life; a process that attaches to the warm cache finds the hot keys as
  * hits, through the core's attach and through the rank library; a hot set
  * that a rank alone reads (only the daemon's sampler sees it) is learned
  * and warmed too.
@@ -517,6 +517,41 @@ Test(fs_warm, the_periodic_write_keeps_the_hot_set_through_a_crash, .timeout = 9
     start(WARM_HOT);
     cr_assert(hot_ready_within(15.0), "hot blocks not all Ready 15 s after the remount");
     stop_term();
+}
+
+/* Decay: with the half-life cut to 1 s (SHARDFS_TEST_USAGE_HALF_LIFE_S), the
+ * counts the workload left (40 reads of each hot block, 4 of each cold
+ * one) have halved several times by the stop 3 s later: a hot block keeps
+ * a count, below half of what it was read, and a cold one's is lower still
+ * (or gone). Without decay the hot counts are at least 40 (learn()). */
+Test(fs_warm, counts_decay_with_their_half_life, .timeout = 60)
+{
+    size_t len;
+    uint8_t *buf;
+
+    cr_assert_eq(setenv("SHARDFS_TEST_USAGE_HALF_LIFE_S", "1", 1), 0);
+    start("warm=0");
+    unsetenv("SHARDFS_TEST_USAGE_HALF_LIFE_S");
+    for (int r = 0; r < HOTREADS; r++)
+        for (uint64_t b = 0; b < NHOT; b++)
+            for (uint32_t s = 0; s < NSH; s++)
+                read_ok(b, s);
+    for (uint64_t b = COLD0; b < COLD0 + NCOLD; b++)
+        for (uint32_t s = 0; s < NSH; s++)
+            read_ok(b, s);
+    fsfx_sleep_ms(3000);
+    stop_term();
+    buf = slurp(M.usage, &len);
+    for (uint64_t b = 0; b < NHOT; b++) {
+        uint32_t c = usage_count(buf, len, b);
+
+        cr_assert(c > 0 && c < HOTREADS * NSH / 2, "hot block %llu: count %u after decay",
+                  (unsigned long long)b, c);
+    }
+    for (uint64_t b = COLD0; b < COLD0 + NCOLD; b++)
+        cr_assert_lt(usage_count(buf, len, b), NSH, "cold block %llu did not decay",
+                     (unsigned long long)b);
+    free(buf);
 }
 
 /* ---------------------------------------------------------------------------
