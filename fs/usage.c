@@ -49,6 +49,11 @@
 #define USE_TICK_MS        1000
 #define USE_SAMPLE_BUCKETS 16384 /* buckets one tick samples: bounds its cost */
 #define USE_SAVE_S         60    /* the file is rewritten this often when it changed */
+/* Tests only: SHARDFS_TEST_USAGE_SAVE_S=N (1..USE_SAVE_S) rewrites it every
+ * N s and SHARDFS_TEST_USAGE_HALF_LIFE_S=N (1..USE_HALF_LIFE_S) halves the
+ * counts every N s, so that a test sees either without waiting minutes. */
+#define USE_SAVE_ENV       "SHARDFS_TEST_USAGE_SAVE_S"
+#define USE_HALF_LIFE_ENV  "SHARDFS_TEST_USAGE_HALF_LIFE_S"
 #define USE_HALF_LIFE_S    600   /* counts halve this often */
 #define USE_MAX_INFLIGHT   64    /* warm loads in flight at once (also <= nslots / 8) */
 
@@ -77,6 +82,8 @@ struct fs_usage {
     struct use_stripe stripes[USE_STRIPES];
     char path[PATH_MAX]; /* BACKEND_DIR/.shardfs_usage */
     bool save;           /* write the file (not with -o ro) */
+    uint32_t save_ticks; /* sampler ticks between periodic writes */
+    uint32_t half_ticks; /* sampler ticks between two halvings of the counts */
 
     /* The sampler's own memory (only its thread touches it). */
     uint32_t nslots;
@@ -469,9 +476,9 @@ static void *sampler_main(void *arg)
         sfs_cache_sample(u->fs->cache, &u->cursor, USE_SAMPLE_BUCKETS, sample_one, u);
         for (uint32_t i = 0; i < u->nused; i++)
             use_add(u, u->used[i].b, 1);
-        if (tick % (USE_HALF_LIFE_S * 1000 / USE_TICK_MS) == 0)
+        if (tick % u->half_ticks == 0)
             decay(u);
-        if (tick % (USE_SAVE_S * 1000 / USE_TICK_MS) == 0)
+        if (tick % u->save_ticks == 0)
             usage_save(u);
     }
     return NULL;
@@ -537,6 +544,21 @@ out:
     return NULL;
 }
 
+/* Sampler ticks in a period of dflt_s seconds, or of the N seconds (1..dflt_s)
+ * a test's environment variable name gives; at least 1. */
+static uint32_t test_ticks(const char *name, uint32_t dflt_s)
+{
+    const char *e = getenv(name);
+    char *end;
+    unsigned long v = e ? strtoul(e, &end, 10) : 0;
+    uint32_t t;
+
+    if (!e || !*e || *end != '\0' || v < 1 || v > dflt_s)
+        v = dflt_s;
+    t = (uint32_t)(v * 1000 / USE_TICK_MS);
+    return t ? t : 1;
+}
+
 void fs_usage_start(struct fs *fs, const char *spec, unsigned warm_pct, bool save)
 {
     struct fs_usage *u;
@@ -568,6 +590,8 @@ void fs_usage_start(struct fs *fs, const char *spec, unsigned warm_pct, bool sav
         goto fail;
     }
     u->save = save;
+    u->save_ticks = test_ticks(USE_SAVE_ENV, USE_SAVE_S);
+    u->half_ticks = test_ticks(USE_HALF_LIFE_ENV, USE_HALF_LIFE_S);
     u->warm_pct = warm_pct;
     for (int i = 0; i < USE_STRIPES; i++)
         pthread_mutex_init(&u->stripes[i].lock, NULL);

@@ -6,8 +6,11 @@
  * warm=PCT loads the hottest blocks up to PCT of capacity with no reader.
  * A usage file that is corrupt, truncated or foreign is ignored with one
  * log line; warm=0 loads nothing; reads during the warm-up get the right
- * bytes; a process that attaches to the warm cache finds the hot keys as
- * hits, through the core's attach and through the rank library.
+ * bytes; the periodic write keeps the hot set through a daemon killed
+ * with SIGKILL; counts decay with their half-life; a process that attaches to the warm cache finds the hot keys as
+ * hits, through the core's attach and through the rank library; a hot set
+ * that a rank alone reads (only the daemon's sampler sees it) is learned
+ * and warmed too.
  *
  * Real mounts (tests/fsfixture.h) on a posix store; the daemon is stopped
  * with SIGTERM. Capacity 8M of 64K shards: 128 slots. Skips without FUSE.
@@ -450,6 +453,228 @@ Test(fs_warm, a_rank_finds_the_hot_keys_as_hits, .timeout = 90)
     cr_assert_eq(rs.waits, 0);
     sfs_rank_close(rk);
     free(bufs);
+    stop_term();
+}
+
+/* Does the usage file at M.usage exist, parse, and rank every hot block
+ * above every cold one? No assertion: the caller polls. */
+static bool usage_ranks_hot(void)
+{
+    size_t len;
+    uint8_t *buf = fswarm_slurp(M.usage, &len);
+    uint32_t n, min_hot = UINT32_MAX, max_cold = 0, min_cold = UINT32_MAX;
+    bool ok;
+
+    if (!buf)
+        return false;
+    memcpy(&n, buf + (len >= 40 ? 32 : 0), 4);
+    ok = len >= 48 && memcmp(buf, "SFSUSAGE", 8) == 0 && len == 40 + (size_t)n * 24 + 8;
+    for (uint64_t b = 0; ok && b < NHOT; b++) {
+        uint32_t c = usage_count(buf, len, b);
+
+        min_hot = c < min_hot ? c : min_hot;
+    }
+    for (uint64_t b = COLD0; ok && b < COLD0 + NCOLD; b++) {
+        uint32_t c = usage_count(buf, len, b);
+
+        max_cold = c > max_cold ? c : max_cold;
+        min_cold = c < min_cold ? c : min_cold;
+    }
+    free(buf);
+    return ok && min_cold > 0 && min_hot > max_cold;
+}
+
+/* The periodic write: with the period cut to 1 s (SHARDFS_TEST_USAGE_SAVE_S,
+ * fs/usage.c), the file appears while the daemon serves. The daemon is then
+ * killed (SIGKILL: no write at stop), and the next mount warms from what the
+ * periodic write kept. */
+Test(fs_warm, the_periodic_write_keeps_the_hot_set_through_a_crash, .timeout = 90)
+{
+    double t0;
+    int st;
+
+    cr_assert_eq(setenv("SHARDFS_TEST_USAGE_SAVE_S", "1", 1), 0);
+    start("warm=0");
+    unsetenv("SHARDFS_TEST_USAGE_SAVE_S");
+    for (int r = 0; r < HOTREADS; r++)
+        for (uint64_t b = 0; b < NHOT; b++)
+            for (uint32_t s = 0; s < NSH; s++)
+                read_ok(b, s);
+    for (uint64_t b = COLD0; b < COLD0 + NCOLD; b++)
+        for (uint32_t s = 0; s < NSH; s++)
+            read_ok(b, s);
+    for (t0 = fsfx_now_s(); !usage_ranks_hot(); fsfx_sleep_ms(50))
+        cr_assert_lt(fsfx_now_s() - t0, 15.0,
+                     "no usage file ranking the hot blocks first 15 s after the reads, with the "
+                     "daemon running (see %s)",
+                     M.fx.log);
+    kill(M.fx.pid, SIGKILL);
+    cr_assert_eq(waitpid(M.fx.pid, &st, 0), M.fx.pid);
+    M.fx.pid = 0;
+    fsfx_sh("fusermount3 -uz %s 2>/dev/null", M.fx.mnt);
+    check_usage_file();
+
+    start(WARM_HOT);
+    cr_assert(hot_ready_within(15.0), "hot blocks not all Ready 15 s after the remount");
+    stop_term();
+}
+
+/* Has the usage file at M.usage decayed: every hot block's count in
+ * [1, max_hot), every cold block's under NSH (what it was read)? */
+static bool usage_decayed(uint32_t max_hot)
+{
+    size_t len;
+    uint8_t *buf = fswarm_slurp(M.usage, &len);
+    uint32_t n;
+    bool ok;
+
+    if (!buf)
+        return false;
+    memcpy(&n, buf + (len >= 40 ? 32 : 0), 4);
+    ok = len >= 48 && len == 40 + (size_t)n * 24 + 8;
+    for (uint64_t b = 0; ok && b < NHOT; b++) {
+        uint32_t c = usage_count(buf, len, b);
+
+        ok = c > 0 && c < max_hot;
+    }
+    for (uint64_t b = COLD0; ok && b < COLD0 + NCOLD; b++)
+        ok = usage_count(buf, len, b) < NSH;
+    free(buf);
+    return ok;
+}
+
+/* Decay: with the half-life cut to 1 s (SHARDFS_TEST_USAGE_HALF_LIFE_S) and
+ * the file rewritten every second, the counts the workload left (40 reads of
+ * each hot block, 4 of each cold one; without decay at least that, as
+ * learn() sees) are seen halved while the daemon runs: every hot block
+ * still counted but under half its reads, every cold one under its 4. */
+Test(fs_warm, counts_decay_with_their_half_life, .timeout = 60)
+{
+    double t0;
+
+    cr_assert_eq(setenv("SHARDFS_TEST_USAGE_HALF_LIFE_S", "1", 1), 0);
+    cr_assert_eq(setenv("SHARDFS_TEST_USAGE_SAVE_S", "1", 1), 0);
+    start("warm=0");
+    unsetenv("SHARDFS_TEST_USAGE_HALF_LIFE_S");
+    unsetenv("SHARDFS_TEST_USAGE_SAVE_S");
+    for (int r = 0; r < HOTREADS; r++)
+        for (uint64_t b = 0; b < NHOT; b++)
+            for (uint32_t s = 0; s < NSH; s++)
+                read_ok(b, s);
+    for (uint64_t b = COLD0; b < COLD0 + NCOLD; b++)
+        for (uint32_t s = 0; s < NSH; s++)
+            read_ok(b, s);
+    for (t0 = fsfx_now_s(); !usage_decayed(HOTREADS * NSH / 2); fsfx_sleep_ms(50))
+        cr_assert_lt(fsfx_now_s() - t0, 20.0, "no decayed usage file 20 s after the reads");
+    stop_term();
+}
+
+/* ---------------------------------------------------------------------------
+ * Learning from a rank: ranks read the cache directly, not through the
+ * mount, so only the daemon's sampler sees their use.
+ */
+
+#define RCOLD0  100 /* blocks RCOLD0..RCOLD0+RNCOLD-1: a stream read once, 2x the cache */
+#define RNCOLD  64
+#define RROUNDS 8
+
+static struct sfs_rank *open_rank(void)
+{
+    struct sfs_rank_config cfg;
+    struct sfs_rank *rk;
+    static char spec[200];
+    int err = 0;
+
+    sfs_rank_config_init(&cfg);
+    snprintf(spec, sizeof(spec), "posix:%s", M.store);
+    cfg.mount_point = M.fx.mnt;
+    cfg.backend = spec;
+    cfg.copier = SFS_COPIER_HOST;
+    rk = sfs_rank_open(&cfg, &err);
+    cr_assert_not_null(rk, "sfs_rank_open: %s", strerror(-err));
+    return rk;
+}
+
+/* Load every shard of blocks [first, first + n) through the rank; asserts
+ * each entry's status and bytes. */
+static void rank_read(struct sfs_rank *rk, uint64_t first, uint32_t n)
+{
+    uint32_t ne = n * NSH;
+    struct sfs_rank_entry *e = calloc(ne, sizeof(*e));
+    uint8_t *bufs = malloc((size_t)ne * SHARD);
+    int *st = calloc(ne, sizeof(int));
+    struct sfs_task *t;
+    uint32_t i = 0;
+
+    cr_assert(e && bufs && st);
+    for (uint64_t b = first; b < first + n; b++)
+        for (uint32_t s = 0; s < NSH; s++, i++)
+            e[i] = (struct sfs_rank_entry){
+                .block = tu_block(b), .shard = s, .addr = bufs + (size_t)i * SHARD};
+    cr_assert_eq(sfs_rank_load(rk, e, ne, &t), 0);
+    cr_assert_eq(sfs_rank_wait(t, 20000, st), 0);
+    sfs_rank_task_free(t);
+    i = 0;
+    for (uint64_t b = first; b < first + n; b++)
+        for (uint32_t s = 0; s < NSH; s++, i++) {
+            struct sfs_key k = tu_key(b, s);
+
+            cr_assert_eq(st[i], 0, "(%llu,%u): %d", (unsigned long long)b, s, st[i]);
+            cr_assert_eq(tu_check(&k, bufs + (size_t)i * SHARD, SHARD), -1);
+        }
+    free(st);
+    free(bufs);
+    free(e);
+}
+
+/* A skewed workload read by a rank alone, under the daemon's default
+ * admission, with the cache under pressure: each of RROUNDS rounds reads
+ * the hot blocks, then the next part of a cold stream twice the cache's
+ * size, and lets the sampler tick. The usage file must rank every hot block
+ * above every cold one, and a warm restart must make the hot blocks
+ * resident with no reader.
+ *
+ * The margin is thinner than under admission=clock: the sampler sees a
+ * rank's reuse of a slot only after the hand cleared its bit, and with
+ * admission=scan the hand passes over main slots (bits untouched) while
+ * probationary ones hold more than half the pool, as the cold stream makes
+ * them do here. Measured: each hot block counted 8 uses, each cold one 4.
+ * docs/fs.md, "What it counts". */
+Test(fs_warm, a_rank_workload_is_learned_and_warmed, .timeout = 110)
+{
+    struct sfs_rank *rk;
+    size_t len;
+    uint8_t *buf;
+    uint32_t min_hot = UINT32_MAX, max_cold = 0;
+
+    cr_assert_eq(tu_store_write(M.store, RCOLD0, RNCOLD, NSH, SHARD, NULL, NULL, false), 0);
+    start("warm=0");
+    rk = open_rank();
+    for (int r = 0; r < RROUNDS; r++) {
+        rank_read(rk, 0, NHOT);
+        rank_read(rk, RCOLD0 + (uint64_t)r * (RNCOLD / RROUNDS), RNCOLD / RROUNDS);
+        fsfx_sleep_ms(2000); /* two sampler ticks (fs/usage.c): one sees cleared bits */
+    }
+    sfs_rank_close(rk);
+    stop_term();
+    buf = slurp(M.usage, &len);
+    for (uint64_t b = 0; b < NHOT; b++) {
+        uint32_t c = usage_count(buf, len, b);
+
+        min_hot = c < min_hot ? c : min_hot;
+    }
+    for (uint64_t b = RCOLD0; b < RCOLD0 + RNCOLD; b++) {
+        uint32_t c = usage_count(buf, len, b);
+
+        max_cold = c > max_cold ? c : max_cold;
+    }
+    free(buf);
+    cr_assert_gt(min_hot, max_cold,
+                 "a rank's hot blocks (min count %u) must outrank its cold ones (max %u)", min_hot,
+                 max_cold);
+
+    start(WARM_HOT);
+    cr_assert(hot_ready_within(15.0), "hot blocks not all Ready 15 s after mount");
     stop_term();
 }
 
