@@ -15,14 +15,15 @@
  * writer and version, and the rest of its bytes follow from that), and the
  * test SIGKILLs writers at random. At the end every block is whole on both
  * hosts and no temporary file older than the sweep age is left.
- * (The GlusterFS run is disabled for now: see the test.) The GlusterFS
- * test skips, saying why, where glusterd is not installed or
- * cannot start (install: packaging/install-deps.sh). It runs its volume in
- * a forked child and cleans up (unmount, volume stop and delete, its own
- * glusterd and state) in the parent whatever the child did; a run killed
- * outright is cleaned up by the next run (volumes named sfsgl*).
+ * The GlusterFS test skips, saying why, where glusterd is not installed or
+ * cannot start (install: packaging/install-deps.sh). Its volume comes from
+ * glusterfx.c; it runs the suite in a forked child and cleans up (unmount,
+ * volume stop and delete, its own glusterd and state) in the parent
+ * whatever the child did; a run killed outright is cleaned up by a later
+ * run (glusterfx.h).
  */
 #include "fsfixture.h"
+#include "glusterfx.h"
 #include "testutil.h"
 
 #include <shardfs/backend.h>
@@ -39,7 +40,6 @@
 #include <string.h>
 #include <sys/file.h>
 #include <sys/stat.h>
-#include <sys/utsname.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -691,117 +691,6 @@ Test(shared_store, local_concurrent, .timeout = 120)
 
 /* ---- two hosts: a GlusterFS volume mounted twice -------------------------- */
 
-#define GL_PREFIX "sfsgl"
-
-struct gluster {
-    char work[200]; /* brick, mount points, our glusterd's state */
-    char vol[64];
-    bool own_glusterd; /* we started it: we stop it */
-};
-
-static int sh_quiet(const char *fmt, const char *a, const char *b)
-{
-    char cmd[1200];
-
-    snprintf(cmd, sizeof(cmd), fmt, a, b);
-    return fsfx_sh("%s >/dev/null 2>&1", cmd);
-}
-
-/* Unmount and delete whatever an earlier run (killed before its cleanup)
- * left of its volumes. */
-static void gluster_sweep_old(void)
-{
-    fsfx_sh("for m in $(awk '$1 ~ /^localhost:\\/" GL_PREFIX "/ {print $2}' /proc/mounts); do "
-            "umount -l \"$m\"; done >/dev/null 2>&1");
-    fsfx_sh("for v in $(gluster volume list 2>/dev/null | grep '^" GL_PREFIX "'); do "
-            "gluster --mode=script volume stop \"$v\" force; "
-            "gluster --mode=script volume delete \"$v\"; done >/dev/null 2>&1");
-}
-
-static void gluster_down(struct gluster *g)
-{
-    /* A plain unmount first; lazily if something still holds the mount,
-     * and then the volume's client processes end by their volume name. */
-    sh_quiet("umount %s/a || umount -l %s/a", g->work, g->work);
-    sh_quiet("umount %s/b || umount -l %s/b", g->work, g->work);
-    sh_quiet("pkill -f -- '--volfile-id=/%s %s/'", g->vol, g->work);
-    sh_quiet("gluster --mode=script volume stop %s force%s", g->vol, "");
-    sh_quiet("gluster --mode=script volume delete %s%s", g->vol, "");
-    /* volume stop ended the brick's process; ours ends by its pid. */
-    if (g->own_glusterd)
-        sh_quiet("kill $(cat %s/glusterd.pid)%s", g->work, "");
-    sh_quiet("rm -rf %s%s", g->work, "");
-}
-
-/* Start (or reuse) glusterd, create and mount the volume twice. 0, or a
- * reason in why (-1: cannot run here, skip; -2: it failed). */
-static int gluster_up(struct gluster *g, char *why, size_t wl)
-{
-    struct utsname u;
-    char cmd[1200];
-
-    if (fsfx_sh("command -v glusterd >/dev/null && command -v gluster >/dev/null && "
-                "command -v mount.glusterfs >/dev/null") != 0) {
-        snprintf(why, wl,
-                 "glusterd or mount.glusterfs not installed "
-                 "(packaging/install-deps.sh installs glusterfs-server, glusterfs-client)");
-        return -1;
-    }
-    if (!fsfx_usable()) {
-        snprintf(why, wl, "no /dev/fuse here: GlusterFS's client cannot mount");
-        return -1;
-    }
-    uname(&u);
-    snprintf(g->work, sizeof(g->work), "/tmp/sfs_gluster_%d", (int)getpid());
-    snprintf(g->vol, sizeof(g->vol), GL_PREFIX "%d", (int)getpid());
-    fsfx_sh("mkdir -p %s/brick %s/a %s/b %s/wd %s/run", g->work, g->work, g->work, g->work,
-            g->work);
-    if (fsfx_sh("gluster volume list >/dev/null 2>&1") != 0) {
-        /* None answers: our own, with its state under work. */
-        snprintf(cmd, sizeof(cmd),
-                 "glusterd --xlator-option management.working-directory=%s/wd "
-                 "--xlator-option management.run-directory=%s/run -p %s/glusterd.pid "
-                 "-l %s/glusterd.log",
-                 g->work, g->work, g->work, g->work);
-        if (fsfx_sh("%s", cmd) != 0) {
-            snprintf(why, wl, "glusterd cannot start here (see %s/glusterd.log)", g->work);
-            return -1;
-        }
-        g->own_glusterd = true;
-        for (int i = 0; i < 100 && fsfx_sh("gluster volume list >/dev/null 2>&1") != 0; i++)
-            fsfx_sleep_ms(100);
-        if (fsfx_sh("gluster volume list >/dev/null 2>&1") != 0) {
-            snprintf(why, wl, "glusterd started but does not answer");
-            return -1;
-        }
-    }
-    gluster_sweep_old();
-    if (fsfx_sh("gluster --mode=script volume create %s %s:%s/brick force >/dev/null", g->vol,
-                u.nodename, g->work) != 0 ||
-        fsfx_sh("gluster --mode=script volume start %s >/dev/null", g->vol) != 0) {
-        snprintf(why, wl, "volume create/start failed");
-        return -2;
-    }
-    for (int m = 0; m < 2; m++) {
-        int ok = -1;
-
-        /* The brick may need a moment after start. */
-        for (int i = 0; i < 50 && ok != 0; i++) {
-            /* Its client daemon must not inherit our stdout and stderr
-             * (a pipe of the caller's stays open while it lives). */
-            ok = fsfx_sh("mount -t glusterfs localhost:/%s %s/%c </dev/null >/dev/null 2>&1",
-                         g->vol, g->work, "ab"[m]);
-            if (ok != 0)
-                fsfx_sleep_ms(200);
-        }
-        if (ok != 0) {
-            snprintf(why, wl, "mount %c failed", "ab"[m]);
-            return -2;
-        }
-    }
-    return 0;
-}
-
 /* The suite on a GlusterFS volume mounted twice. It failed before the
  * commit's fixes of issue 11: dumps of the shared blocks answered -EIO (a
  * stale handle of the committed file or of the lock file, retried 16 times
@@ -810,18 +699,18 @@ static int gluster_up(struct gluster *g, char *why, size_t wl)
  * waited for uninterruptibly) never exited, so the suite hung. */
 Test(shared_store, gluster_two_hosts, .timeout = 300)
 {
-    struct gluster g = {0};
+    struct glfx g;
     struct hosts H = {.seconds = 8};
     char why[300] = "", base[300];
-    int up = gluster_up(&g, why, sizeof(why)), rc = -1;
+    int up = glfx_up(&g, why, sizeof(why)), rc = -1;
 
     if (up == -1) {
-        gluster_down(&g);
+        glfx_down(&g);
         cr_skip_test("GlusterFS: %s", why);
     }
     if (up == 0) {
-        snprintf(H.store[0], sizeof(H.store[0]), "%s/a/store", g.work);
-        snprintf(H.store[1], sizeof(H.store[1]), "%s/b/store", g.work);
+        snprintf(H.store[0], sizeof(H.store[0]), "%s/store", glfx_mount(&g, 0));
+        snprintf(H.store[1], sizeof(H.store[1]), "%s/store", glfx_mount(&g, 1));
         mkdir(H.store[0], 0755);
         fsfx_sleep_ms(1500); /* host b's lookup cache: the bound */
         snprintf(base, sizeof(base), "%s/fs", g.work);
@@ -829,7 +718,7 @@ Test(shared_store, gluster_two_hosts, .timeout = 300)
             rc = run_hosts_child(&H);
     }
     hosts_daemons_down(&H);
-    gluster_down(&g);
+    glfx_down(&g);
     cr_assert_eq(up, 0, "GlusterFS: %s", why);
     cr_assert_eq(rc, 0);
 }
