@@ -181,8 +181,7 @@ enum cqe_verdict { CQE_FINISH, CQE_RESUBMIT, CQE_REOPEN };
  * for the reaper's OPENAT2. CQE_REOPEN, or CQE_FINISH with -ENOMEM. */
 static enum cqe_verdict bfd_start_waiting(struct posix_backend *p, struct sfs_io *io)
 {
-    struct block_fd *b =
-        sfs_posix_bfd_alloc(p, &io->key.block, (io_flags(io) & F_DIRECT) != 0);
+    struct block_fd *b = sfs_posix_bfd_alloc(p, &io->key.block, (io_flags(io) & F_DIRECT) != 0);
 
     if (!b) {
         io->priv[PRIV_FD] = NULL;

@@ -192,9 +192,9 @@ struct fs {
         _Atomic bool stop;   /* set under lock; the sweep reads it between blocks too */
         bool started;        /* set before and after the thread runs */
         pthread_t thread;
-        uint32_t period_ms;      /* 0: off */
-        int64_t since;           /* realtime start of the last sweep (the daemon's, at first) */
-        struct reval_rec *recs;  /* the last sweep's blocks, sorted by id */
+        uint32_t period_ms;     /* 0: off */
+        int64_t since;          /* realtime start of the last sweep (the daemon's, at first) */
+        struct reval_rec *recs; /* the last sweep's blocks, sorted by id */
         size_t n;
     } reval;
 };
@@ -214,11 +214,14 @@ struct fs {
 #define PC_POLL_NS               (1000 * 1000ll) /* the page-cache watcher's look at pins */
 #define PC_MAX_PINS              8192            /* leases the page-cache mode may hold */
 #define DEFAULT_WARM_PCT         25 /* -o warm: percent of capacity */
-#define DEFAULT_REVALIDATE_MS    1000 /* -o revalidate on a store hosts share */
-#define MAX_REVALIDATE_MS        3600000
 #define REAP_INTERVAL_NS         (200 * 1000 * 1000ll)
 #define STOP_GRACE_NS            (2 * 1000 * 1000 * 1000ll) /* loads in flight get this to finish */
 #define SFS_ATTACH_UIDS_MAX      64                         /* uids in -o attach_uids */
+
+/* -o revalidate: the period on a store hosts share, and its bound. */
+#define DEFAULT_REVALIDATE_MS 1000
+#define MAX_REVALIDATE_MS     3600000
+
 /* Hidden (not listed): drives a fault backend; the public names are SFS_XATTR_*. */
 #define FS_XATTR_FAULT "user.shardfs.fault"
 

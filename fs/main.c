@@ -245,8 +245,9 @@ int main(int argc, char *argv[])
     /* Another host's commits (a shared store): never fails the mount. */
     err = fs_reval_start(&fs, fs_reval_period(fs.be, cfg.revalidate_ms));
     if (err < 0)
-        fprintf(stderr, "shardfs: revalidation thread: %s (blocks other hosts replace are "
-                        "served until evicted)\n",
+        fprintf(stderr,
+                "shardfs: revalidation thread: %s (blocks other hosts replace are "
+                "served until evicted)\n",
                 strerror(-err));
     if (ready_fd >= 0) {
         fs_daemonize_done(ready_fd);

@@ -68,9 +68,9 @@
 #include <string.h>
 #include <time.h>
 
-#define REVAL_MARGIN_NS   (2000 * 1000 * 1000ll) /* 1 s of lookup cache + 1 s of clock skew */
-#define REVAL_SHARDS_MIN  64u                    /* shards an invalidation removes at least */
-#define REVAL_SHARDS_MAX  65536u                 /* and at most (a bound on one block's work) */
+#define REVAL_MARGIN_NS  (2000 * 1000 * 1000ll) /* 1 s of lookup cache + 1 s of clock skew */
+#define REVAL_SHARDS_MIN 64u                    /* shards an invalidation removes at least */
+#define REVAL_SHARDS_MAX 65536u                 /* and at most (a bound on one block's work) */
 
 /* What the last sweep knew of one block. */
 struct reval_rec {
@@ -232,8 +232,7 @@ static void sweep(struct fs *fs, struct fs_reval *rv, int64_t started)
     struct snap s = {0};
     size_t n;
 
-    sfs_cache_foreach(fs->cache, (1u << SFS_STATE_READY) | (1u << SFS_STATE_LOADING), snap_key,
-                      &s);
+    sfs_cache_foreach(fs->cache, (1u << SFS_STATE_READY) | (1u << SFS_STATE_LOADING), snap_key, &s);
     if (s.err) { /* no memory: keep the old table, try again next period */
         free(s.r);
         return;

@@ -66,8 +66,7 @@ void glfx_down(struct glfx *g)
 
 int glfx_set(const struct glfx *g, const char *key, const char *value)
 {
-    return fsfx_sh("gluster --mode=script volume set %s %s %s >/dev/null 2>&1", g->vol, key,
-                   value);
+    return fsfx_sh("gluster --mode=script volume set %s %s %s >/dev/null 2>&1", g->vol, key, value);
 }
 
 int glfx_up(struct glfx *g, char *why, size_t wl)
@@ -129,8 +128,8 @@ int glfx_up(struct glfx *g, char *why, size_t wl)
         for (int i = 0; i < 50 && ok != 0; i++) {
             /* Its client daemon must not inherit our stdout and stderr
              * (a pipe of the caller's stays open while it lives). */
-            ok = fsfx_sh("mount -t glusterfs localhost:/%s %s </dev/null >/dev/null 2>&1",
-                         g->vol, glfx_mount(g, m));
+            ok = fsfx_sh("mount -t glusterfs localhost:/%s %s </dev/null >/dev/null 2>&1", g->vol,
+                         glfx_mount(g, m));
             if (ok != 0)
                 fsfx_sleep_ms(200);
         }
