@@ -269,7 +269,7 @@ int main(int argc, char *argv[])
     err = fs_loop_start(&loop);
     if (err < 0) {
         fprintf(stderr, "shardfs: session thread: %s\n", strerror(-err));
-        reval_stuck = !fs_reval_stop(&fs, STOP_GRACE_NS);
+        reval_stuck = !fs_reval_stop(&fs, STOP_GRACE_NS / 4);
         fs_pagecache_stop(&fs);
         fs_usage_stop(&fs);
         fs_waitq_stop(&fs);
@@ -313,7 +313,7 @@ int main(int argc, char *argv[])
      * that will never come. */
     fs_usage_stop(&fs); /* no more warm loads; the usage file written */
     /* A sweep stuck in a hung store is left to the exit, the backend open. */
-    reval_stuck = !fs_reval_stop(&fs, STOP_GRACE_NS);
+    reval_stuck = !fs_reval_stop(&fs, STOP_GRACE_NS / 4);
     if (reval_stuck)
         fs_log_msg(LOG_WARNING,
                    "stopping: the revalidation sweep is still in the backend (a hung store); "

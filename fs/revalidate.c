@@ -39,7 +39,12 @@
  * reads, and nothing replaced it since). A file younger than that is
  * invalidated as above: a spurious reload at worst, once. The first
  * sweep's T is the daemon's start (the cache is new; nothing was loaded
- * before it).
+ * before it). A block with no Ready shard (only loads in flight, whose
+ * owners hold leases) is not stat'ed: it keeps what was known of it, or,
+ * first seen, stays unjudged with its T until a shard is Ready. The same
+ * when the store does not answer; a stamp that times out (a hung store)
+ * ends the sweep's stats, and the next sweep waits REVAL_BACKOFF_MS, since
+ * each such stamp holds one of the backend's helper threads.
  *
  * The bound. A commit or remove another host finished at t is seen by this
  * host's stat once the client's lookup and attribute caches let it (L:
@@ -71,14 +76,31 @@
 #define REVAL_MARGIN_NS  (2000 * 1000 * 1000ll) /* 1 s of lookup cache + 1 s of clock skew */
 #define REVAL_SHARDS_MIN 64u                    /* shards an invalidation removes at least */
 #define REVAL_SHARDS_MAX 65536u                 /* and at most (a bound on one block's work) */
+#define REVAL_BACKOFF_MS 30000u                 /* the wait after a sweep whose stamp timed out */
 
-/* What the last sweep knew of one block. */
+/* Set when a stop gave up waiting for the sweep (a stamp stuck in a hung
+ * store): the daemon is closing the cache and leaving, so the sweep must
+ * touch nothing of it, struct fs included, once its call returns. A
+ * static, not in struct fs, for that reason. Relaxed: the flag alone
+ * matters. */
+static _Atomic bool reval_abandoned;
+
+/* What a sweep knew of one block. */
+enum reval_state {
+    REC_UNJUDGED,  /* not looked at yet (only loading, or the store did not
+                    * answer): its shards were claimed after `since` */
+    REC_UNTRUSTED, /* to be invalidated (a shard was leased last time) */
+    REC_TRUSTED,   /* every resident shard was read from st's version */
+};
+
 struct reval_rec {
     struct sfs_block_id id;
     struct sfs_block_stamp st; /* valid when have_st */
+    int64_t since;             /* REC_UNJUDGED: realtime its shards were claimed after */
     uint32_t nshards;          /* 1 + the highest shard resident or in a known version */
+    enum reval_state state;
     bool have_st;
-    bool trusted; /* every resident shard was read from st's version */
+    bool ready; /* the snapshot had a Ready shard of it (else only Loading) */
 };
 
 static int cmp_id(const void *a, const void *b)
@@ -97,7 +119,6 @@ static int snap_key(const struct sfs_key *key, int state, void *arg)
 {
     struct snap *s = arg;
 
-    (void)state;
     if (s->n == s->cap) {
         size_t ncap = s->cap ? s->cap * 2 : 256;
         struct reval_rec *nr = realloc(s->r, ncap * sizeof(*nr));
@@ -109,7 +130,8 @@ static int snap_key(const struct sfs_key *key, int state, void *arg)
         s->r = nr;
         s->cap = ncap;
     }
-    s->r[s->n++] = (struct reval_rec){.id = key->block, .nshards = key->shard + 1};
+    s->r[s->n++] = (struct reval_rec){
+        .id = key->block, .nshards = key->shard + 1, .ready = state == SFS_STATE_READY};
     return 0;
 }
 
@@ -123,6 +145,7 @@ static size_t snap_blocks(struct snap *s)
         if (m && memcmp(&s->r[m - 1].id, &s->r[i].id, sizeof(s->r[i].id)) == 0) {
             if (s->r[i].nshards > s->r[m - 1].nshards)
                 s->r[m - 1].nshards = s->r[i].nshards;
+            s->r[m - 1].ready |= s->r[i].ready;
             continue;
         }
         s->r[m++] = s->r[i];
@@ -170,44 +193,70 @@ static bool invalidate(struct fs *fs, const struct reval_rec *r, uint32_t nshard
     return all;
 }
 
-/* One block of this sweep: cur (its snapshot record, filled in), prev (the
- * last sweep's record, or NULL: first seen), since (the last sweep's start,
- * realtime). */
+/* Keep what the last sweep knew of a block not judged now (prev NULL:
+ * first seen, claimed after since). */
+static void carry(struct reval_rec *cur, const struct reval_rec *prev, int64_t since)
+{
+    if (!prev) {
+        cur->state = REC_UNJUDGED;
+        cur->since = since;
+        return;
+    }
+    cur->st = prev->st;
+    cur->have_st = prev->have_st;
+    cur->state = prev->state;
+    cur->since = prev->since;
+    if (prev->nshards > cur->nshards)
+        cur->nshards = prev->nshards;
+}
+
+/*
+ * One block of this sweep: cur (its snapshot record, judged here), prev
+ * (the last sweep's record, or NULL: first seen), since (the last sweep's
+ * start, realtime). *timed_out: a stamp of this sweep timed out (a hung
+ * store): judge no more blocks this sweep, each stamp would hold one more
+ * of the backend's helpers.
+ */
 static void sweep_block(struct fs *fs, struct reval_rec *cur, const struct reval_rec *prev,
-                        int64_t since)
+                        int64_t since, bool *timed_out)
 {
     struct sfs_block_stamp st;
     uint32_t n = cur->nshards;
-    int ret = sfs_backend_stamp(fs->be, &cur->id, &st);
+    int64_t first;
+    int ret;
 
-    /* A stop that gave up waiting for us (a stamp stuck in a hung store)
-     * may be closing the cache: touch nothing after it. Relaxed: the flag
-     * alone matters, and fs_reval_stop joins a thread that saw it. */
+    /* Only loading: nothing served yet, and its owners hold leases, so
+     * nothing could be removed; judged once a shard is Ready. */
+    if (!cur->ready || *timed_out) {
+        carry(cur, prev, since);
+        return;
+    }
+    ret = sfs_backend_stamp(fs->be, &cur->id, &st);
+    if (atomic_load_explicit(&reval_abandoned, memory_order_relaxed))
+        pthread_exit(NULL); /* see reval_abandoned; the exit frees the rest */
+    /* Stopping (and waiting for us): touch the cache no more. Relaxed:
+     * fs_reval_stop joins a thread that saw it. */
     if (atomic_load_explicit(&fs->reval.stop, memory_order_relaxed))
         return;
     if (ret < 0) {
-        /* The store did not answer: what we knew stands, trust included
-         * (nothing was removed); a first-seen block stays untrusted. */
-        if (prev) {
-            cur->st = prev->st;
-            cur->have_st = prev->have_st;
-            cur->trusted = prev->trusted;
-            if (prev->nshards > cur->nshards)
-                cur->nshards = prev->nshards;
-        }
+        /* The store did not answer: what we knew stands (nothing removed). */
+        *timed_out = ret == -ETIMEDOUT;
+        carry(cur, prev, since);
         return;
     }
-    if (prev && prev->trusted && prev->have_st && sfs_block_stamp_same(&prev->st, &st)) {
-        cur->st = st;
-        cur->have_st = true;
-        cur->trusted = true;
+    cur->have_st = true;
+    cur->st = st;
+    if (prev && prev->state == REC_TRUSTED && prev->have_st &&
+        sfs_block_stamp_same(&prev->st, &st)) {
+        cur->state = REC_TRUSTED;
         return;
     }
-    if (!prev && !(st.flags & SFS_STAMP_ABSENT) && st.mtime_ns <= since - REVAL_MARGIN_NS &&
-        st.ctime_ns <= since - REVAL_MARGIN_NS) {
-        cur->st = st;
-        cur->have_st = true;
-        cur->trusted = true;
+    /* First seen (now, or unjudged since): every shard was claimed after
+     * `first`; a file older than that by the margin is what they read. */
+    first = !prev ? since : prev->state == REC_UNJUDGED ? prev->since : INT64_MIN;
+    if (first != INT64_MIN && !(st.flags & SFS_STAMP_ABSENT) &&
+        st.mtime_ns <= first - REVAL_MARGIN_NS && st.ctime_ns <= first - REVAL_MARGIN_NS) {
+        cur->state = REC_TRUSTED;
         return;
     }
     /* Changed, removed, untrusted, or first seen and young. */
@@ -217,25 +266,24 @@ static void sweep_block(struct fs *fs, struct reval_rec *cur, const struct reval
         n = prev->nshards;
     if (prev && prev->have_st && shards_of(fs, &prev->st) > n)
         n = shards_of(fs, &prev->st);
-    cur->st = st;
-    cur->have_st = true;
     cur->nshards = n;
-    cur->trusted = invalidate(fs, cur, n);
+    cur->state = invalidate(fs, cur, n) ? REC_TRUSTED : REC_UNTRUSTED;
     /* Relaxed: a statistic. */
     atomic_fetch_add_explicit(&fs->ctr.reval_invalidated, 1, memory_order_relaxed);
 }
 
 /* One sweep: the snapshot, each block against the last sweep's table. The
  * new table replaces the old: a block not resident now is forgotten. */
-static void sweep(struct fs *fs, struct fs_reval *rv, int64_t started)
+static bool sweep(struct fs *fs, struct fs_reval *rv, int64_t started)
 {
     struct snap s = {0};
+    bool timed_out = false;
     size_t n;
 
     sfs_cache_foreach(fs->cache, (1u << SFS_STATE_READY) | (1u << SFS_STATE_LOADING), snap_key, &s);
     if (s.err) { /* no memory: keep the old table, try again next period */
         free(s.r);
-        return;
+        return false;
     }
     n = snap_blocks(&s);
     /* Relaxed: see sweep_block. */
@@ -243,7 +291,7 @@ static void sweep(struct fs *fs, struct fs_reval *rv, int64_t started)
         const struct reval_rec *prev =
             rv->n ? bsearch(&s.r[i].id, rv->recs, rv->n, sizeof(*rv->recs), cmp_id) : NULL;
 
-        sweep_block(fs, &s.r[i], prev, rv->since);
+        sweep_block(fs, &s.r[i], prev, rv->since, &timed_out);
     }
     free(rv->recs);
     rv->recs = s.r;
@@ -251,6 +299,7 @@ static void sweep(struct fs *fs, struct fs_reval *rv, int64_t started)
     rv->since = started;
     /* Relaxed: a statistic. */
     atomic_fetch_add_explicit(&fs->ctr.reval_sweeps, 1, memory_order_relaxed);
+    return timed_out;
 }
 
 static void *reval_main(void *arg)
@@ -258,14 +307,16 @@ static void *reval_main(void *arg)
     struct fs *fs = arg;
     struct fs_reval *rv = &fs->reval;
 
+    uint32_t wait_ms = rv->period_ms;
+
     pthread_mutex_lock(&rv->lock);
     while (!atomic_load_explicit(&rv->stop, memory_order_relaxed)) {
         struct timespec ts;
         int64_t started;
 
         clock_gettime(CLOCK_MONOTONIC, &ts);
-        ts.tv_sec += rv->period_ms / 1000;
-        ts.tv_nsec += (long)(rv->period_ms % 1000) * 1000000;
+        ts.tv_sec += wait_ms / 1000;
+        ts.tv_nsec += (long)(wait_ms % 1000) * 1000000;
         if (ts.tv_nsec >= 1000000000) {
             ts.tv_sec++;
             ts.tv_nsec -= 1000000000;
@@ -278,7 +329,9 @@ static void *reval_main(void *arg)
             break;
         pthread_mutex_unlock(&rv->lock);
         started = realtime_ns();
-        sweep(fs, rv, started);
+        /* A hung store: the next sweep waits REVAL_BACKOFF_MS at least. */
+        wait_ms = sweep(fs, rv, started) && rv->period_ms < REVAL_BACKOFF_MS ? REVAL_BACKOFF_MS
+                                                                             : rv->period_ms;
         pthread_mutex_lock(&rv->lock);
     }
     pthread_mutex_unlock(&rv->lock);
@@ -344,6 +397,7 @@ bool fs_reval_stop(struct fs *fs, int64_t grace_ns)
         ts.tv_nsec -= 1000000000;
     }
     if (pthread_timedjoin_np(rv->thread, NULL, &ts) != 0) {
+        atomic_store_explicit(&reval_abandoned, true, memory_order_relaxed);
         pthread_detach(rv->thread); /* it touches only the backend from now on */
         rv->started = false;
         return false;
