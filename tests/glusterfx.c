@@ -8,8 +8,10 @@
 
 #include "fsfixture.h"
 
+#include <fcntl.h>
 #include <stdio.h>
 #include <string.h>
+#include <sys/file.h>
 #include <sys/utsname.h>
 #include <unistd.h>
 
@@ -45,14 +47,37 @@ static void sweep_dead_runs(void)
             "gluster --mode=script volume delete \"$v\"; done >/dev/null 2>&1");
 }
 
+/* Our turn: the flock on GLFX_LOCK (a local file: a blocking wait would do,
+ * but it is polled so that it has a deadline). The fd is close-on-exec, so
+ * glusterd and the mount helpers never hold it. 0, or -1 when the wait
+ * ran out. */
+static int take_turn(struct glfx *g)
+{
+    g->lock_fd = open(GLFX_LOCK, O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+    if (g->lock_fd < 0)
+        return -1;
+    for (int i = 0; i < GLFX_LOCK_WAIT * 10; i++) {
+        if (flock(g->lock_fd, LOCK_EX | LOCK_NB) == 0)
+            return 0;
+        fsfx_sleep_ms(100);
+    }
+    close(g->lock_fd);
+    g->lock_fd = -1;
+    return -1;
+}
+
 void glfx_down(struct glfx *g)
 {
-    if (!g->work[0])
+    if (!g->work[0]) {
+        if (g->lock_fd >= 0)
+            close(g->lock_fd);
+        g->lock_fd = -1;
         return;
+    }
     /* A plain unmount first; lazily if something still holds the mount,
      * and then the volume's client processes end by their volume name. */
-    sh_quiet("umount %s/a || umount -l %s/a", g->work, g->work);
-    sh_quiet("umount %s/b || umount -l %s/b", g->work, g->work);
+    sh_quiet("{ umount %s/a || umount -l %s/a; }", g->work, g->work);
+    sh_quiet("{ umount %s/b || umount -l %s/b; }", g->work, g->work);
     sh_quiet("pkill -f -- '--volfile-id=/%s %s/'", g->vol, g->work);
     sh_quiet("gluster --mode=script volume stop %s force%s", g->vol, "");
     sh_quiet("gluster --mode=script volume delete %s%s", g->vol, "");
@@ -62,6 +87,9 @@ void glfx_down(struct glfx *g)
     sh_quiet("rm -rf %s%s", g->work, "");
     g->work[0] = '\0';
     g->own_glusterd = false;
+    if (g->lock_fd >= 0)
+        close(g->lock_fd); /* the next run's turn */
+    g->lock_fd = -1;
 }
 
 int glfx_set(const struct glfx *g, const char *key, const char *value)
@@ -69,12 +97,13 @@ int glfx_set(const struct glfx *g, const char *key, const char *value)
     return fsfx_sh("gluster --mode=script volume set %s %s %s >/dev/null 2>&1", g->vol, key, value);
 }
 
-int glfx_up(struct glfx *g, char *why, size_t wl)
+int glfx_up(struct glfx *g, int replica, char *why, size_t wl)
 {
     struct utsname u;
-    char cmd[1200];
+    char cmd[1200], bricks[700];
 
     memset(g, 0, sizeof(*g));
+    g->lock_fd = -1;
     if (fsfx_sh("command -v glusterd >/dev/null && command -v gluster >/dev/null && "
                 "command -v mount.glusterfs >/dev/null") != 0) {
         snprintf(why, wl,
@@ -90,11 +119,15 @@ int glfx_up(struct glfx *g, char *why, size_t wl)
         snprintf(why, wl, "not root: glusterd and its mounts need root");
         return -1;
     }
+    if (take_turn(g) < 0) {
+        snprintf(why, wl, "another GlusterFS run kept %s for %d s", GLFX_LOCK, GLFX_LOCK_WAIT);
+        return -1;
+    }
     uname(&u);
     snprintf(g->work, sizeof(g->work), "/tmp/sfs_gluster_%d", (int)getpid());
     snprintf(g->vol, sizeof(g->vol), GL_PREFIX "%d", (int)getpid());
-    fsfx_sh("mkdir -p %s/brick %s/a %s/b %s/wd %s/run", g->work, g->work, g->work, g->work,
-            g->work);
+    fsfx_sh("mkdir -p %s/brick %s/brick1 %s/a %s/b %s/wd %s/run", g->work, g->work, g->work,
+            g->work, g->work, g->work);
     if (fsfx_sh("gluster volume list >/dev/null 2>&1") != 0) {
         /* None answers: our own, with its state under work. */
         snprintf(cmd, sizeof(cmd),
@@ -115,8 +148,15 @@ int glfx_up(struct glfx *g, char *why, size_t wl)
         }
     }
     sweep_dead_runs();
-    if (fsfx_sh("gluster --mode=script volume create %s %s:%s/brick force >/dev/null", g->vol,
-                u.nodename, g->work) != 0 ||
+    /* Replica 2: both bricks on this host (force: gluster warns that a
+     * replica on one server protects nothing, and of split brain). */
+    if (replica == 2)
+        snprintf(bricks, sizeof(bricks), "replica 2 %s:%s/brick %s:%s/brick1", u.nodename, g->work,
+                 u.nodename, g->work);
+    else
+        snprintf(bricks, sizeof(bricks), "%s:%s/brick", u.nodename, g->work);
+    if (fsfx_sh("gluster --mode=script volume create %s %s force >/dev/null", g->vol, bricks) !=
+            0 ||
         fsfx_sh("gluster --mode=script volume start %s >/dev/null", g->vol) != 0) {
         snprintf(why, wl, "volume create/start failed");
         return -2;

@@ -428,7 +428,7 @@ static void bench_n(struct bench *b, struct sfs_cache *c, const struct bench_sto
 #ifdef BENCH_GLUSTER
 /* --- --shared: two hosts on one GlusterFS volume (issue 11) --- */
 
-static struct glfx G;
+static struct glfx G = {.lock_fd = -1};
 static pid_t G_owner; /* the process that made the volume: it alone removes it */
 
 static void gl_cleanup(void)
@@ -563,7 +563,7 @@ static int shared_main(struct bench *b)
     signal(SIGINT, gl_signal);
     signal(SIGTERM, gl_signal);
     signal(SIGHUP, gl_signal);
-    r = glfx_up(&G, why, sizeof(why));
+    r = glfx_up(&G, 1, why, sizeof(why));
     if (r == -1) {
         fprintf(stderr, "bench_shared: skipped: GlusterFS: %s\n", why);
         return 77;
