@@ -347,6 +347,14 @@ int sfs_backend_shard_count(struct sfs_backend *be, const struct sfs_block_id *b
     return sfs_be_shard_count(be, block);
 }
 
+int sfs_backend_stamp(struct sfs_backend *be, const struct sfs_block_id *block,
+                      struct sfs_block_stamp *out)
+{
+    if (!be || !out)
+        return -EINVAL;
+    return sfs_be_stamp(be, block, out);
+}
+
 int sfs_backend_touch(struct sfs_backend *be, const struct sfs_block_id *blocks, size_t n)
 {
     if (!be || (n && !blocks))

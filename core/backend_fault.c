@@ -419,6 +419,12 @@ static int fault_shard_count(struct sfs_backend *be, const struct sfs_block_id *
     return sfs_be_shard_count(((struct fault_backend *)be)->inner, block);
 }
 
+static int fault_stamp(struct sfs_backend *be, const struct sfs_block_id *block,
+                       struct sfs_block_stamp *out)
+{
+    return sfs_be_stamp(((struct fault_backend *)be)->inner, block, out);
+}
+
 static int fault_touch(struct sfs_backend *be, const struct sfs_block_id *blocks, size_t n)
 {
     return sfs_be_touch(((struct fault_backend *)be)->inner, blocks, n);
@@ -461,6 +467,7 @@ static const struct sfs_backend_ops fault_ops = {
     .dump = fault_dump,
     .exists = fault_exists,
     .shard_count = fault_shard_count,
+    .stamp = fault_stamp,
     .touch = fault_touch,
     .remove = fault_remove,
     .list = fault_list,

@@ -106,6 +106,12 @@ static inline int sfs_be_shard_count(struct sfs_backend *be, const struct sfs_bl
     return be->ops->shard_count ? be->ops->shard_count(be, block) : -EOPNOTSUPP;
 }
 
+static inline int sfs_be_stamp(struct sfs_backend *be, const struct sfs_block_id *block,
+                               struct sfs_block_stamp *out)
+{
+    return be->ops->stamp ? be->ops->stamp(be, block, out) : -EOPNOTSUPP;
+}
+
 static inline int sfs_be_touch(struct sfs_backend *be, const struct sfs_block_id *blocks, size_t n)
 {
     return be->ops->touch ? be->ops->touch(be, blocks, n) : 0;

@@ -260,6 +260,13 @@ static int peer_exists(struct sfs_backend *be, const struct sfs_key *keys, size_
     return 0;
 }
 
+/* The inner's: the peer tier holds copies, the store the versions. */
+static int peer_stamp(struct sfs_backend *be, const struct sfs_block_id *block,
+                      struct sfs_block_stamp *out)
+{
+    return sfs_be_stamp(((struct peer_backend *)be)->inner, block, out);
+}
+
 /* The inner's count, else the shards 0, 1, ... the peer tier has in a row,
  * PEER_BATCH_MAX at a time (one round trip per owner host per batch). */
 static int peer_shard_count(struct sfs_backend *be, const struct sfs_block_id *block)
@@ -332,6 +339,7 @@ static const struct sfs_backend_ops peer_ops = {
     .dump = peer_dump,
     .exists = peer_exists,
     .shard_count = peer_shard_count,
+    .stamp = peer_stamp,
     .touch = peer_touch,
     .remove = peer_remove,
     .list = peer_list,

@@ -128,6 +128,7 @@ static const struct sfs_backend_ops posix_ops = {
     .remove = sfs_posix_remove,
     .list = sfs_posix_list,
     .close = posix_close,
+    .stamp = sfs_posix_stamp,
 };
 
 struct sfs_backend *sfs_posix_open(const char *root, const struct sfs_posix_opts *o,

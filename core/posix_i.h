@@ -100,12 +100,16 @@ bool sfs_posix_call_commit(struct posix_backend *p, struct posix_job *j);
  * still stuck (the backend must then stay allocated). */
 bool sfs_posix_call_stop(struct posix_backend *p, int64_t grace_ns);
 
-/* posix_query.c: the size of a block file, 0 when absent or not a regular
- * file beneath the root. 0 or -errno. Blocks on a hung file system. */
-int sfs_posix_block_size(struct posix_backend *p, const struct sfs_block_id *id, uint64_t *size);
-/* posix_query.c: the backend's exists, shard_count and list. */
+/* posix_query.c: the stamp of a block file (size 0 and SFS_STAMP_ABSENT
+ * when absent or not a regular file beneath the root). 0 or -errno. Blocks
+ * on a hung file system. */
+int sfs_posix_block_stat(struct posix_backend *p, const struct sfs_block_id *id,
+                         struct sfs_block_stamp *out);
+/* posix_query.c: the backend's exists, shard_count, stamp and list. */
 int sfs_posix_exists(struct sfs_backend *be, const struct sfs_key *keys, size_t n, bool *present);
 int sfs_posix_shard_count(struct sfs_backend *be, const struct sfs_block_id *block);
+int sfs_posix_stamp(struct sfs_backend *be, const struct sfs_block_id *block,
+                    struct sfs_block_stamp *out);
 int sfs_posix_list(struct sfs_backend *be, int (*fn)(const struct sfs_block_id *, void *),
                    void *arg);
 

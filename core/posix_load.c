@@ -176,6 +176,26 @@ int sfs_posix_load(struct sfs_backend *be, struct sfs_io **ios, size_t n)
 
 enum cqe_verdict { CQE_FINISH, CQE_RESUBMIT, CQE_REOPEN };
 
+/* Ring mode, sq_lock held: a block file handle of io's own (O_DIRECT as
+ * io's flags say; io let go of its old one), io its only waiter, queued
+ * for the reaper's OPENAT2. CQE_REOPEN, or CQE_FINISH with -ENOMEM. */
+static enum cqe_verdict bfd_start_waiting(struct posix_backend *p, struct sfs_io *io)
+{
+    struct block_fd *b = sfs_posix_bfd_alloc(p, &io->key.block, (io_flags(io) & F_DIRECT) != 0);
+
+    if (!b) {
+        io->priv[PRIV_FD] = NULL;
+        io->result = -ENOMEM;
+        return CQE_FINISH;
+    }
+    b->refs = 1;
+    io->priv[PRIV_FD] = b;
+    io_set_next(io, NULL);
+    b->wait_head = b->wait_tail = io;
+    sfs_posix_queue_bfd_locked(p, b);
+    return CQE_REOPEN;
+}
+
 /* Reaper, sq_lock held: a read answered -ESTALE (NFS: another host renamed
  * a new version over the file, or removed it, and the server dropped the
  * inode we hold). Not an error: the shard is read again, whole, from a new
@@ -195,20 +215,8 @@ static enum cqe_verdict estale_reopen_locked(struct posix_backend *p, struct sfs
     sfs_posix_io_put_fd_locked(p, io);
     io->priv[PRIV_DONE] = (void *)(uintptr_t)0;
     io->priv[PRIV_FLAGS] = (void *)(flags + (1u << F_RETRY_SHIFT));
-    if (p->ring_open) {
-        b = sfs_posix_bfd_alloc(p, &io->key.block, direct);
-        if (!b) {
-            io->priv[PRIV_FD] = NULL;
-            io->result = -ENOMEM;
-            return CQE_FINISH;
-        }
-        b->refs = 1;
-        io->priv[PRIV_FD] = b;
-        io_set_next(io, NULL);
-        b->wait_head = b->wait_tail = io;
-        sfs_posix_queue_bfd_locked(p, b);
-        return CQE_REOPEN;
-    }
+    if (p->ring_open)
+        return bfd_start_waiting(p, io);
     /* Sync mode: a blocking open under sq_lock, as the O_DIRECT fallback. */
     fd = sfs_posix_open_block_read(p, &io->key.block, &direct);
     b = fd >= 0 ? calloc(1, sizeof(*b)) : NULL;
@@ -252,18 +260,7 @@ static enum cqe_verdict handle_cqe(struct posix_backend *p, struct sfs_io *io, i
         io->priv[PRIV_FLAGS] = (void *)(flags & ~(uintptr_t)F_DIRECT);
         if (p->ring_open) {
             /* A buffered open of its own, as an op of the ring. */
-            struct block_fd *b = sfs_posix_bfd_alloc(p, &io->key.block, false);
-
-            if (!b) {
-                io->result = -ENOMEM;
-                return CQE_FINISH;
-            }
-            b->refs = 1;
-            io->priv[PRIV_FD] = b;
-            io_set_next(io, NULL);
-            b->wait_head = b->wait_tail = io;
-            sfs_posix_queue_bfd_locked(p, b);
-            return CQE_REOPEN;
+            return bfd_start_waiting(p, io);
         } else {
             /* Sync mode: a blocking open under sq_lock, at most once per
              * load in flight when the fallback is first discovered. */

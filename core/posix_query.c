@@ -1,7 +1,8 @@
 /* SPDX-License-Identifier: MIT */
 /*
- * posix_query.c - the posix backend's questions about the store: the size
- * of a block file (exists, shard_count) and the listing of every block.
+ * posix_query.c - the posix backend's questions about the store: the stat
+ * of a block file (exists, shard_count, stamp) and the listing of every
+ * block.
  * Each is a synchronous call: in ring mode it runs on a helper of
  * posix_call.c with the backend's deadline, so a hung file system holds a
  * helper, never the caller past its deadline. Files that are not regular
@@ -17,17 +18,20 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-/* The size of a block file (0 when it is absent, not a regular file, or not
- * beneath the root: no shards to serve). Returns 0 or -errno for other
- * errors. Runs on a helper thread (posix_call.c) in ring mode. */
-int sfs_posix_block_size(struct posix_backend *p, const struct sfs_block_id *id, uint64_t *size)
+/* The stamp of a block file (shardfs/backend.h): SFS_STAMP_ABSENT and size
+ * 0 when it is absent, not a regular file, or not beneath the root (no
+ * shards to serve). Returns 0 or -errno for other errors. Runs on a helper
+ * thread (posix_call.c) in ring mode. */
+int sfs_posix_block_stat(struct posix_backend *p, const struct sfs_block_id *id,
+                         struct sfs_block_stamp *out)
 {
     char rel[PATH_REL_MAX];
     struct stat st;
     int fd;
 
     sfs_posix_block_rel(p, id, false, rel);
-    *size = 0;
+    memset(out, 0, sizeof(*out));
+    out->flags = SFS_STAMP_ABSENT | (p->remote_fs ? SFS_STAMP_REMOTE : 0);
     fd = sfs_posix_open_beneath(p, rel, O_PATH);
     if (fd < 0)
         return fd == -ENOENT || fd == -EXDEV || fd == -ELOOP ? 0 : fd;
@@ -38,25 +42,31 @@ int sfs_posix_block_size(struct posix_backend *p, const struct sfs_block_id *id,
         return e;
     }
     close(fd);
-    if (S_ISREG(st.st_mode))
-        *size = (uint64_t)st.st_size;
+    if (S_ISREG(st.st_mode)) {
+        out->flags &= ~SFS_STAMP_ABSENT;
+        out->dev = (uint64_t)st.st_dev;
+        out->ino = (uint64_t)st.st_ino;
+        out->size = (uint64_t)st.st_size;
+        out->mtime_ns = (int64_t)st.st_mtim.tv_sec * 1000000000 + st.st_mtim.tv_nsec;
+        out->ctime_ns = (int64_t)st.st_ctim.tv_sec * 1000000000 + st.st_ctim.tv_nsec;
+    }
     return 0;
 }
 
-/* A job of posix_call.c: the sizes of n block files. */
-struct sizes_job {
+/* A job of posix_call.c: the stamps of n block files. */
+struct stats_job {
     struct posix_job h;
     size_t n;
-    struct sfs_block_id *ids; /* n, in this block */
-    uint64_t *sizes;          /* n, in this block */
+    struct sfs_block_id *ids;       /* n, in this block */
+    struct sfs_block_stamp *stamps; /* n, in this block */
 };
 
-static int sizes_fn(struct posix_backend *p, struct posix_job *j)
+static int stats_fn(struct posix_backend *p, struct posix_job *j)
 {
-    struct sizes_job *s = (struct sizes_job *)j;
+    struct stats_job *s = (struct stats_job *)j;
 
     for (size_t i = 0; i < s->n; i++) {
-        int ret = sfs_posix_block_size(p, &s->ids[i], &s->sizes[i]);
+        int ret = sfs_posix_block_stat(p, &s->ids[i], &s->stamps[i]);
 
         if (ret < 0)
             return ret;
@@ -64,32 +74,32 @@ static int sizes_fn(struct posix_backend *p, struct posix_job *j)
     return 0;
 }
 
-/* The sizes of n block files (keys[i].block, or *block when keys is NULL),
+/* The stamps of n block files (keys[i].block, or *block when keys is NULL),
  * on a helper with the backend's deadline (ring mode), or here. Returns 0
  * or -errno (-ETIMEDOUT: the file system did not answer in time). */
-static int block_sizes(struct posix_backend *p, const struct sfs_key *keys,
-                       const struct sfs_block_id *block, size_t n, uint64_t *sizes)
+static int block_stats(struct posix_backend *p, const struct sfs_key *keys,
+                       const struct sfs_block_id *block, size_t n, struct sfs_block_stamp *stamps)
 {
-    struct sizes_job *s;
+    struct stats_job *s;
     int ret;
 
     if (!p->ring_open) {
         for (size_t i = 0; i < n; i++) {
-            ret = sfs_posix_block_size(p, keys ? &keys[i].block : block, &sizes[i]);
+            ret = sfs_posix_block_stat(p, keys ? &keys[i].block : block, &stamps[i]);
             if (ret < 0)
                 return ret;
         }
         return 0;
     }
-    if (n > (SIZE_MAX - sizeof(*s)) / (sizeof(*s->ids) + sizeof(*s->sizes)))
+    if (n > (SIZE_MAX - sizeof(*s)) / (sizeof(*s->ids) + sizeof(*s->stamps)))
         return -ENOMEM;
-    s = calloc(1, sizeof(*s) + n * (sizeof(*s->ids) + sizeof(*s->sizes)));
+    s = calloc(1, sizeof(*s) + n * (sizeof(*s->ids) + sizeof(*s->stamps)));
     if (!s)
         return -ENOMEM;
-    s->h.fn = sizes_fn;
+    s->h.fn = stats_fn;
     s->n = n;
-    s->sizes = (uint64_t *)(s + 1);
-    s->ids = (struct sfs_block_id *)(s->sizes + n);
+    s->stamps = (struct sfs_block_stamp *)(s + 1);
+    s->ids = (struct sfs_block_id *)(s->stamps + n);
     for (size_t i = 0; i < n; i++)
         s->ids[i] = keys ? keys[i].block : *block;
     ret = sfs_posix_call(p, &s->h);
@@ -97,7 +107,7 @@ static int block_sizes(struct posix_backend *p, const struct sfs_key *keys,
         return ret; /* the job is no longer ours */
     ret = s->h.result;
     if (ret == 0)
-        memcpy(sizes, s->sizes, n * sizeof(*sizes));
+        memcpy(stamps, s->stamps, n * sizeof(*stamps));
     sfs_posix_job_free(&s->h);
     return ret;
 }
@@ -105,31 +115,45 @@ static int block_sizes(struct posix_backend *p, const struct sfs_key *keys,
 int sfs_posix_exists(struct sfs_backend *be, const struct sfs_key *keys, size_t n, bool *present)
 {
     struct posix_backend *p = (struct posix_backend *)be;
-    uint64_t one, *sizes = n == 1 ? &one : malloc(n * sizeof(*sizes));
+    struct sfs_block_stamp one, *st = n == 1 ? &one : malloc(n * sizeof(*st));
     int ret;
 
-    if (!sizes)
+    if (!st)
         return -ENOMEM;
-    ret = block_sizes(p, keys, NULL, n, sizes);
+    ret = block_stats(p, keys, NULL, n, st);
     for (size_t i = 0; ret == 0 && i < n; i++)
-        present[i] = sizes[i] >= ((uint64_t)keys[i].shard + 1) * be->shard_size;
-    if (sizes != &one)
-        free(sizes);
+        present[i] = st[i].size >= ((uint64_t)keys[i].shard + 1) * be->shard_size;
+    if (st != &one)
+        free(st);
     return ret;
 }
 
 int sfs_posix_shard_count(struct sfs_backend *be, const struct sfs_block_id *block)
 {
     struct posix_backend *p = (struct posix_backend *)be;
-    uint64_t size, count;
-    int ret = block_sizes(p, NULL, block, 1, &size);
+    struct sfs_block_stamp st;
+    uint64_t count;
+    int ret = block_stats(p, NULL, block, 1, &st);
 
     if (ret < 0)
         return ret;
-    count = size / be->shard_size;
+    count = st.size / be->shard_size;
     if (count == 0)
         return -ENOENT;
     return count > INT_MAX ? INT_MAX : (int)count;
+}
+
+int sfs_posix_stamp(struct sfs_backend *be, const struct sfs_block_id *block,
+                    struct sfs_block_stamp *out)
+{
+    struct posix_backend *p = (struct posix_backend *)be;
+
+    if (!block) {
+        memset(out, 0, sizeof(*out));
+        out->flags = p->remote_fs ? SFS_STAMP_REMOTE : 0;
+        return 0;
+    }
+    return block_stats(p, NULL, block, 1, out);
 }
 
 /* Visit the block files of one directory. prefix: the hex the names must

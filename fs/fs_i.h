@@ -13,6 +13,7 @@
  *              and listings; extended attributes
  *   wait.c     reads parked until another's load settles (the settler)
  *   usage.c    the learned hot set: usage counts, the usage file, warm restart
+ *   revalidate.c  -o revalidate: drops blocks another host replaced
  *   attr.c     attributes and entry replies; loads.c backend loads into
  *              leased slots, prefetch, the answer of a settled read
  *   pagecache.c  -o page_cache: pins on page-cached shards, their watcher
@@ -102,6 +103,9 @@ struct fs_counters {
     _Atomic uint64_t prefetch_accepted; /* shards user.shardfs.prefetch started loading */
     _Atomic uint64_t readahead_started; /* shards readahead started loading */
     _Atomic uint64_t warmed;            /* shards the warm restart started loading */
+    _Atomic uint64_t reval_sweeps;      /* revalidation sweeps done (revalidate.c) */
+    _Atomic uint64_t reval_invalidated; /* blocks a sweep invalidated */
+    _Atomic uint64_t reval_removed;     /* shards those invalidations removed */
 };
 
 /* Readahead markers: a direct-mapped set of hashes of shards that readahead
@@ -179,6 +183,20 @@ struct fs {
      * with no directory, or no memory for the table). */
     struct fs_usage *usage;
     uint32_t warm_pin_s; /* -o warm_pin: seconds the warm-up pins what it warms (0: no) */
+
+    /* -o revalidate (revalidate.c): the sweep thread. Its table and since
+     * are the thread's alone. */
+    struct fs_reval {
+        pthread_mutex_t lock;
+        pthread_cond_t cond; /* lock, CLOCK_MONOTONIC: stop was set */
+        _Atomic bool stop;   /* set under lock; the sweep reads it between blocks too */
+        bool started;        /* set before and after the thread runs */
+        pthread_t thread;
+        uint32_t period_ms;     /* 0: off */
+        int64_t since;          /* realtime start of the last sweep (the daemon's, at first) */
+        struct reval_rec *recs; /* the last sweep's blocks, sorted by id */
+        size_t n;
+    } reval;
 };
 
 /* The daemon's defaults and bounds (options.c, session.c, main.c). */
@@ -199,6 +217,11 @@ struct fs {
 #define REAP_INTERVAL_NS         (200 * 1000 * 1000ll)
 #define STOP_GRACE_NS            (2 * 1000 * 1000 * 1000ll) /* loads in flight get this to finish */
 #define SFS_ATTACH_UIDS_MAX      64                         /* uids in -o attach_uids */
+
+/* -o revalidate: the period on a store hosts share, and its bound. */
+#define DEFAULT_REVALIDATE_MS 1000
+#define MAX_REVALIDATE_MS     3600000
+
 /* Hidden (not listed): drives a fault backend; the public names are SFS_XATTR_*. */
 #define FS_XATTR_FAULT "user.shardfs.fault"
 
@@ -314,6 +337,15 @@ size_t fs_pins_collect_locked(struct fs *fs, struct fs_pinned *out, size_t max);
 /* Drop key's pin, if any: invalidate its inode's pages, release the lease.
  * Before anything that changes or removes the key. No-op when the mode is off. */
 void fs_pin_drop(struct fs *fs, const struct sfs_key *key);
+
+/* -o revalidate (revalidate.c). The period: opt_ms when >= 0, else
+ * DEFAULT_REVALIDATE_MS on a store hosts share (sfs_backend_stamp says
+ * remote), 0 (off) elsewhere. start: 0 or -errno (0 and nothing started
+ * for period 0). stop: false when the sweep was still in the backend after
+ * grace_ns (left detached: do not close the backend). */
+uint32_t fs_reval_period(struct sfs_backend *be, int64_t opt_ms);
+int fs_reval_start(struct fs *fs, uint32_t period_ms);
+bool fs_reval_stop(struct fs *fs, int64_t grace_ns);
 /* After replying to a read of key from lease l: keep it as a pin (page-cache
  * mode) or release it. */
 void fs_read_release(struct fs *fs, const struct sfs_key *key, const struct sfs_lease *l);
@@ -466,6 +498,7 @@ struct fs_options {
     char *partition_budget; /* -o partition_budget=W0:W1:...: each domain's share */
     char *pin_budget;       /* -o pin_budget=PCT */
     char *warm_pin;         /* -o warm_pin=SECONDS */
+    char *revalidate;       /* -o revalidate=MS */
     char *numa_node;
     char *attach_uids; /* U1:U2:...: more uids that may attach */
     char *attach_gid;  /* a group whose members may attach */
@@ -495,6 +528,7 @@ struct fs_config {
     uint64_t page_cache; /* bytes (0: off) */
     unsigned warm_pct; /* -o warm: percent of capacity warmed at mount (0: off) */
     uint32_t warm_pin_s; /* -o warm_pin: pin the warmed blocks this long (0: no) */
+    int64_t revalidate_ms; /* -o revalidate: sweep period (0: off; -1: the store's default) */
     char socket[sizeof(((struct sockaddr_un *)0)->sun_path)];
     bool default_socket;
     /* Who may attach besides root and our uid (-o attach_uids, attach_gid). */

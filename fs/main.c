@@ -87,6 +87,7 @@ int main(int argc, char *argv[])
     char errbuf[256] = "";
     int ret = 1, err = 0, ready_fd = -1;
     unsigned abandoned = 0;
+    bool reval_stuck = false; /* a revalidation sweep still in the backend */
 
     memset(&co, 0, sizeof(co));
     memset(&fs, 0, sizeof(fs));
@@ -241,6 +242,13 @@ int main(int argc, char *argv[])
      * while the mount serves; never fails the mount. */
     fs.warm_pin_s = cfg.warm_pin_s;
     fs_usage_start(&fs, o.backend, cfg.warm_pct, !o.ro);
+    /* Another host's commits (a shared store): never fails the mount. */
+    err = fs_reval_start(&fs, fs_reval_period(fs.be, cfg.revalidate_ms));
+    if (err < 0)
+        fprintf(stderr,
+                "shardfs: revalidation thread: %s (blocks other hosts replace are "
+                "served until evicted)\n",
+                strerror(-err));
     if (ready_fd >= 0) {
         fs_daemonize_done(ready_fd);
         ready_fd = -1;
@@ -261,6 +269,7 @@ int main(int argc, char *argv[])
     err = fs_loop_start(&loop);
     if (err < 0) {
         fprintf(stderr, "shardfs: session thread: %s\n", strerror(-err));
+        reval_stuck = !fs_reval_stop(&fs, STOP_GRACE_NS / 4);
         fs_pagecache_stop(&fs);
         fs_usage_stop(&fs);
         fs_waitq_stop(&fs);
@@ -302,7 +311,14 @@ int main(int argc, char *argv[])
      * backend that is stuck must not keep us (and the mount) alive: what is
      * left is abandoned, its slots failed so that no rank waits on a load
      * that will never come. */
-    fs_usage_stop(&fs);     /* no more warm loads; the usage file written */
+    fs_usage_stop(&fs); /* no more warm loads; the usage file written */
+    /* A sweep stuck in a hung store is left to the exit, the backend open. */
+    reval_stuck = !fs_reval_stop(&fs, STOP_GRACE_NS / 4);
+    if (reval_stuck)
+        fs_log_msg(LOG_WARNING,
+                   "stopping: the revalidation sweep is still in the backend (a hung store); "
+                   "exiting without it",
+                   NULL);
     fs_pagecache_stop(&fs); /* pins stay until the cache closes */
     fs_waitq_stop(&fs);     /* parked reads: EIO, the session ended */
     abandoned = fs_loads_stop(&fs, loop.grace_left_ns);
@@ -329,7 +345,7 @@ out_cache:
 out_backend:
     /* Closing waits for every request: not for those we abandoned. The
      * process exit takes the backend's threads and rings with it. */
-    if (!abandoned)
+    if (!abandoned && !reval_stuck)
         sfs_backend_close(fs.be);
 out_table:
     fs_handles_drop(&fs); /* files still open: before the table they name */

@@ -54,6 +54,7 @@ static const struct fuse_opt opt_table[] = {
     OPT("partition_budget=%s", partition_budget),
     OPT("pin_budget=%s", pin_budget),
     OPT("warm_pin=%s", warm_pin),
+    OPT("revalidate=%s", revalidate),
     OPT("attach_uids=%s", attach_uids),
     OPT("attach_gid=%s", attach_gid),
     OPT("page_cache=%s", page_cache),
@@ -110,6 +111,9 @@ void fs_usage(const char *prog)
            "                           (default 25, 0: no pins)\n"
            "    -o warm_pin=SECONDS    pin each block the warm-up loads for SECONDS (within\n"
            "                           pin_budget; default 0: no pin)\n"
+           "    -o revalidate=MS       every MS ms, drop resident blocks whose file another\n"
+           "                           host replaced or removed (default %d on a network or\n"
+           "                           FUSE store, 0: off elsewhere)\n"
            "    -o attach_uids=U1:U2   more uids that may attach to the socket (default: none;\n"
            "                           root and the daemon's uid always may)\n"
            "    -o attach_gid=GID      members of group GID may attach to the socket\n"
@@ -123,7 +127,7 @@ void fs_usage(const char *prog)
            "    -o no_default_permissions  the kernel does not check modes and owners\n"
            "                           (default: it does; see shardfs(8), PERMISSIONS)\n"
            "\n",
-           prog, DEFAULT_WAIT_S, DEFAULT_READAHEAD, DEFAULT_WARM_PCT);
+           prog, DEFAULT_WAIT_S, DEFAULT_READAHEAD, DEFAULT_WARM_PCT, DEFAULT_REVALIDATE_MS);
 }
 
 static int opt_proc(void *data, const char *arg, int key, struct fuse_args *outargs)
@@ -377,6 +381,7 @@ static int validate(const struct fs_options *o, const char *mnt, struct fs_confi
     cfg->wait_ns = DEFAULT_WAIT_S * 1000000000ll;
     cfg->readahead = DEFAULT_READAHEAD;
     cfg->warm_pct = DEFAULT_WARM_PCT;
+    cfg->revalidate_ms = -1; /* the store's default (revalidate.c) */
 
     if (o->shard_size) {
         if (!parse_size(o->shard_size, &v))
@@ -493,6 +498,12 @@ static int validate(const struct fs_options *o, const char *mnt, struct fs_confi
         if (!parse_uint(o->warm_pin, SFS_PIN_MAX_SECONDS, &v))
             FAIL("warm_pin=%s: out of range (0..%u seconds)", o->warm_pin, SFS_PIN_MAX_SECONDS);
         cfg->warm_pin_s = (uint32_t)v;
+    }
+    if (o->revalidate) {
+        if (!parse_uint(o->revalidate, MAX_REVALIDATE_MS, &v))
+            FAIL("revalidate=%s: out of range (0..%d ms; 0: off)", o->revalidate,
+                 MAX_REVALIDATE_MS);
+        cfg->revalidate_ms = (int64_t)v;
     }
     if (o->numa_node) {
         if (!parse_uint(o->numa_node, 1023, &v))
@@ -784,6 +795,7 @@ void fs_options_free(struct fs_options *o)
     free(o->partition_budget);
     free(o->pin_budget);
     free(o->warm_pin);
+    free(o->revalidate);
     free(o->numa_node);
     free(o->backend);
 }

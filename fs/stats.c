@@ -145,6 +145,12 @@ size_t fs_stats_text(struct fs *fs, char *buf, size_t len)
         }
     }
     C("warmed_total", "Shard loads started by the warm restart (-o warm).", L(warmed));
+    C("revalidate_sweeps_total", "Revalidation sweeps of the resident blocks (-o revalidate).",
+      L(reval_sweeps));
+    C("revalidate_invalidated_total",
+      "Blocks a sweep invalidated: their file changed, went, or was not yet trusted.",
+      L(reval_invalidated));
+    C("revalidate_removed_total", "Resident shards those invalidations removed.", L(reval_removed));
     G("pinned_bytes", "Bytes of the slots pins hold (user.shardfs.pin, the rank API).",
       sfs_cache_pinned_bytes(fs->cache));
     emit_partitions(&t, fs->cache);

@@ -1122,3 +1122,44 @@ Test(backend, fault_counts_loads_over_posix_with_faults, .timeout = 30)
     sfs_backend_close(be);
     free(bufs);
 }
+
+/* sfs_backend_stamp: absent, then a block file's identity; a commit (a new
+ * file renamed over it) changes it, asking again does not; the store's
+ * kind without a block; fault wraps posix and answers for it; mem has no
+ * block files. */
+Test(backend, posix_stamp_follows_commits, .timeout = 30)
+{
+    struct sfs_backend *be = open_spec("posix:%s", g_root);
+    struct sfs_backend *fb = open_spec("fault:seed=1:posix:%s", g_root);
+    struct sfs_backend *mb = open_spec("mem:");
+    struct sfs_key k = mkkey(7, 0);
+    struct sfs_block_stamp a, b, c;
+    char *buf = xalloc(S_SMALL);
+
+    cr_assert_eq(sfs_backend_stamp(be, &k.block, &a), 0);
+    cr_assert(a.flags & SFS_STAMP_ABSENT);
+    cr_assert_eq(a.size, 0);
+    cr_assert_eq(sfs_backend_stamp(be, NULL, &a), 0);
+    cr_assert_not(a.flags & SFS_STAMP_REMOTE, "a local directory is not shared");
+
+    fill(&k.block, 0, 0, buf, S_SMALL);
+    cr_assert_eq(sfs_backend_dump_sync(be, &k, buf, S_SMALL), (int)S_SMALL);
+    cr_assert_eq(sfs_backend_stamp(be, &k.block, &a), 0);
+    cr_assert_not(a.flags & SFS_STAMP_ABSENT);
+    cr_assert_eq(a.size, S_SMALL);
+    cr_assert_eq(sfs_backend_stamp(fb, &k.block, &b), 0);
+    cr_assert(sfs_block_stamp_same(&a, &b), "fault answers for its inner posix");
+
+    cr_assert_eq(sfs_backend_dump_sync(be, &k, buf, S_SMALL), (int)S_SMALL);
+    cr_assert_eq(sfs_backend_stamp(be, &k.block, &b), 0);
+    cr_assert_not(sfs_block_stamp_same(&a, &b), "a commit must change the stamp");
+    cr_assert_eq(sfs_backend_stamp(be, &k.block, &c), 0);
+    cr_assert(sfs_block_stamp_same(&b, &c));
+
+    cr_assert_eq(sfs_backend_stamp(mb, &k.block, &c), -EOPNOTSUPP);
+    cr_assert_eq(sfs_backend_stamp(be, &k.block, NULL), -EINVAL);
+    sfs_backend_close(mb);
+    sfs_backend_close(fb);
+    sfs_backend_close(be);
+    free(buf);
+}

@@ -272,7 +272,9 @@ static void setup(void)
     cr_assert(mounted_at(H.hung_dir), "hungfs did not mount");
 
     snprintf(spec, sizeof(spec), "posix:%s?dir_prefix=2", H.store);
-    snprintf(o, sizeof(o), "hugepages=off,capacity=8M,shard_size=64K,readahead=0,wait_timeout=%d",
+    /* revalidate: its sweep must hold neither a reader nor the stop. */
+    snprintf(o, sizeof(o),
+             "hugepages=off,capacity=8M,shard_size=64K,readahead=0,revalidate=100,wait_timeout=%d",
              WAIT_S);
     r = fsfx_start(&H.fx, spec, o, 10.0, &st);
     cr_assert_eq(r, 0, "daemon did not mount (%s, status %d), see %s", strerror(-r), st, H.fx.log);

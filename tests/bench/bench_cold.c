@@ -40,9 +40,24 @@
  * Every shard's first 16 bytes name its key and are checked in every
  * process after every pass. Ranks live for a whole N (one warm-up pass
  * each first, untimed: it faults the data plane into the ranks).
+ *
+ * --shared (issue 11, section bench_shared): the store on a GlusterFS
+ * volume (tests/glusterfx.c: a loopback brick under /tmp, mounted twice,
+ * two "hosts", each with its own cache and N ranks; 128 MiB, 8 with
+ * --quick). Each round: host A's N ranks load every key cold through mount
+ * a, and at once after them host B's N ranks load the same keys through
+ * mount b into B's own empty cache (what the first host loaded); against
+ * the pread and O_DIRECT x8 passes above through mount a, cold, in the same
+ * round (order rotating). Exit 77, saying why, where GlusterFS cannot run;
+ * the volume and its mounts are removed at exit, on every path (a signal
+ * too).
  */
 #include "bench_util.h"
 #include "testutil.h"
+#ifdef BENCH_GLUSTER
+#include "fsfixture.h"
+#include "glusterfx.h"
+#endif
 
 #include <shardfs/cache.h>
 #include <shardfs/rank.h>
@@ -71,6 +86,7 @@ static struct {
     int reps;
     uint64_t total;
     long hugepages;
+    bool shared;
 } O = {.reps = 5};
 
 static char dev_sys[128];
@@ -409,6 +425,238 @@ static void bench_n(struct bench *b, struct sfs_cache *c, const struct bench_sto
     fflush(b->out);
 }
 
+#ifdef BENCH_GLUSTER
+/* --- --shared: two hosts on one GlusterFS volume (issue 11) --- */
+
+static struct glfx G = {.lock_fd = -1};
+static pid_t G_owner; /* the process that made the volume: it alone removes it */
+
+static void gl_cleanup(void)
+{
+    if (G_owner && getpid() == G_owner)
+        glfx_down(&G);
+}
+
+/* Not async-signal-safe (glfx_down runs system(3)), but the run ends here
+ * and a volume left behind would outlive it. */
+static void gl_signal(int sig)
+{
+    gl_cleanup();
+    bench_hp_signal(sig);
+}
+
+/* The first line of a command's output, into out (empty when none). */
+static void sh_line(const char *cmd, char *out, size_t len)
+{
+    FILE *f = popen(cmd, "r");
+
+    out[0] = '\0';
+    if (!f)
+        return;
+    if (!fgets(out, (int)len, f))
+        out[0] = '\0';
+    out[strcspn(out, "\n")] = '\0';
+    pclose(f);
+}
+
+enum spass { S_A, S_B, S_PREAD, S_OD8, S_N };
+static const char *spass_name[S_N] = {
+    "host A: shardfs, N ranks (cold)", "host B: shardfs, N ranks, after host A (B's cache empty)",
+    "host A: per-process pread", "host A: per-process O_DIRECT, 8 threads"};
+
+/* One N: host A's and B's ranks live for all rounds; each round runs the
+ * two hosts' loads back to back and the two raw passes, order rotating. */
+static void shared_n(struct bench *b, struct sfs_cache *const c[2], const struct bench_store *st,
+                     const char *const sock[2], int N)
+{
+    struct shared *sh =
+        mmap(NULL, sizeof(*sh), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+    struct bench_child rk[2][MAXN];
+    double wall[S_N][MAXREPS], cpu[S_N][MAXREPS], dev[S_N][MAXREPS], own[2][MAXREPS];
+    double rp[MAXREPS], rd[MAXREPS], rab[MAXREPS];
+    double mb = (double)st[0].nkeys * SHARD / (1 << 20);
+    struct pass p;
+
+    if (sh == MAP_FAILED)
+        bench_die("mmap", errno);
+    for (int h = 0; h < 2; h++) {
+        spawn(&st[h], sock[h], K_SFS, N, sh, rk[h]);
+        sfs_cache_foreach(c[h], ~0u, bench_drop_key, c[h]);
+        run_pass(&st[h], N, sh, rk[h], &p); /* warm-up, untimed */
+    }
+    for (int rep = 0; rep < O.reps; rep++) {
+        for (int i = 0; i < 3; i++) {
+            int which = (i + rep) % 3;
+            struct bench_child bch[MAXN];
+
+            for (int h = 0; h < 2; h++) {
+                sfs_cache_foreach(c[h], ~0u, bench_drop_key, c[h]);
+                bench_drop_page_cache(st[h].paths, st[h].nblocks);
+            }
+            if (which == 0) {
+                for (int h = 0; h < 2; h++) {
+                    run_pass(&st[h], N, sh, rk[h], &p);
+                    wall[S_A + h][rep] = p.wall_ms;
+                    cpu[S_A + h][rep] = p.cpu_ms;
+                    dev[S_A + h][rep] = p.dev;
+                    own[h][rep] = (double)p.owner / st[h].nkeys;
+                }
+                continue;
+            }
+            spawn(&st[0], sock[0], which == 1 ? K_PREAD : K_OD8, N, sh, bch);
+            run_pass(&st[0], N, sh, bch, &p);
+            bench_children_stop(N, bch);
+            wall[which == 1 ? S_PREAD : S_OD8][rep] = p.wall_ms;
+            cpu[which == 1 ? S_PREAD : S_OD8][rep] = p.cpu_ms;
+            dev[which == 1 ? S_PREAD : S_OD8][rep] = p.dev;
+        }
+        /* Throughput ratios: the baseline's wall over shardfs's. */
+        rp[rep] = wall[S_PREAD][rep] / wall[S_A][rep];
+        rd[rep] = wall[S_OD8][rep] / wall[S_A][rep];
+        rab[rep] = wall[S_A][rep] / wall[S_B][rep];
+        fprintf(stderr,
+                "bench_shared: N=%d round %d: host A %.0f ms, host B %.0f ms, pread %.0f, "
+                "odirect8 %.0f (A vs pread %.2fx, vs odirect8 %.2fx, B vs A %.2fx)\n",
+                N, rep, wall[S_A][rep], wall[S_B][rep], wall[S_PREAD][rep], wall[S_OD8][rep],
+                rp[rep], rd[rep], rab[rep]);
+    }
+    for (int h = 0; h < 2; h++)
+        bench_children_stop(N, rk[h]);
+    munmap(sh, sizeof(*sh));
+
+    for (int k = 0; k < S_N; k++) {
+        double m = med(wall[k], O.reps);
+
+        fprintf(b->out, "| %d | %s | %.0f | %.0f | %.2f | ", N, spass_name[k], m,
+                maxof(wall[k], O.reps), mb / m * 1000 / 1024);
+        if (k == S_A)
+            fprintf(b->out, "**%.2fx** (worst %.2fx) | %.2fx (worst %.2fx) | ", med(rp, O.reps),
+                    minof(rp, O.reps), med(rd, O.reps), minof(rd, O.reps));
+        else
+            fprintf(b->out, "%.2fx | %.2fx | ", med(wall[S_PREAD], O.reps) / m,
+                    med(wall[S_OD8], O.reps) / m);
+        if (k <= S_B)
+            fprintf(b->out, "%.2f | ", med(own[k], O.reps));
+        else
+            fprintf(b->out, "%d (each process) | ", N);
+        fprintf(b->out, "%.2f (%.2f..%.2f) | %.0f |\n", med(dev[k], O.reps), minof(dev[k], O.reps),
+                maxof(dev[k], O.reps), med(cpu[k], O.reps));
+    }
+    fprintf(stderr, "bench_shared: N=%d: host B / host A throughput %.2fx (%.2f..%.2f)\n", N,
+            med(rab, O.reps), minof(rab, O.reps), maxof(rab, O.reps));
+    fflush(b->out);
+}
+
+static int shared_main(struct bench *b)
+{
+    char why[300], line[256], gver[128], sockp[2][128], storedir[300];
+    struct bench_store st[2];
+    struct sfs_cache *c[2];
+    const char *sock[2] = {sockp[0], sockp[1]};
+    struct sfs_cache_info info;
+    struct stat sb;
+    int r;
+
+    memset(st, 0, sizeof(st));
+    G_owner = getpid();
+    atexit(gl_cleanup);
+    signal(SIGINT, gl_signal);
+    signal(SIGTERM, gl_signal);
+    signal(SIGHUP, gl_signal);
+    r = glfx_up(&G, 1, why, sizeof(why));
+    if (r == -1) {
+        fprintf(stderr, "bench_shared: skipped: GlusterFS: %s\n", why);
+        return 77;
+    }
+    if (r < 0)
+        bench_die(why, EIO);
+    /* Device bytes: the brick's disk. */
+    snprintf(storedir, sizeof(storedir), "%s/brick", G.work);
+    if (stat(storedir, &sb) < 0)
+        bench_die(storedir, errno);
+    snprintf(dev_sys, sizeof(dev_sys), "/sys/dev/block/%u:%u", major(sb.st_dev), minor(sb.st_dev));
+
+    snprintf(storedir, sizeof(storedir), "%s/store", glfx_mount(&G, 0));
+    bench_store_write(&st[0], storedir, SHARD, O.total);
+    st[1] = st[0];
+    snprintf(st[1].dir, sizeof(st[1].dir), "%s/store", glfx_mount(&G, 1));
+    st[1].paths = calloc(st[1].nblocks, sizeof(*st[1].paths));
+    if (!st[1].paths)
+        bench_die("calloc", ENOMEM);
+    for (uint32_t i = 0; i < st[1].nblocks; i++)
+        tu_store_path(st[1].dir, i, st[1].paths[i], sizeof(st[1].paths[i]));
+    fsfx_sleep_ms(1500); /* host b's lookup caches: the visibility bound */
+    for (int h = 0; h < 2; h++) {
+        snprintf(sockp[h], sizeof(sockp[h]), "/tmp/bench-shared-%d-%c.sock", (int)getpid(),
+                 "ab"[h]);
+        c[h] = bench_served_cache(SHARD, st[h].nkeys, sock[h]);
+    }
+    sfs_cache_info(c[0], &info);
+    sh_line("glusterfs --version 2>/dev/null", gver, sizeof(gver));
+    snprintf(why, sizeof(why),
+             "gluster volume get %s all 2>/dev/null | awk '$1 ~ "
+             "/^performance\\.(io-cache|read-ahead|quick-read)$/ {printf \"%%s=%%s \", $1, $2}'",
+             G.vol);
+    sh_line(why, line, sizeof(line));
+
+    fprintf(b->out, "## Two hosts on one GlusterFS store (`bench_cold --shared`)\n\n");
+    bench_stamp(b);
+    fprintf(b->out,
+            "Store: %lu MiB of 256 KiB shards (blocks of %u shards, UCM layout) on a GlusterFS "
+            "volume (%s; one brick on this host's disk, under /tmp; volume options %s) mounted "
+            "twice by its FUSE client: two \"hosts\", A and B, each with its own cache (data "
+            "plane on %s) and N forked ranks (backend `posix:MOUNT/store`, the default spec: "
+            "O_DIRECT, which GlusterFS's client accepts; host copier), each rank loading every "
+            "key into its own buffer. Each round: caches emptied, `sync`, `drop_caches` = 3, "
+            "`POSIX_FADV_DONTNEED` on every block file through both mounts; then host A's "
+            "ranks load every key, and at once after them host B's ranks load the same keys "
+            "into B's empty cache (nothing dropped between the two; the brick served "
+            "both from its disk, see the device column); or N processes each `pread` every block file through mount A "
+            "(buffered); or N processes each reading every file O_DIRECT with %d threads. %d "
+            "rounds, the order rotating; ratios per round (median, worst). Throughput ratio = "
+            "the baseline's wall / this row's (>= 1: faster than the baseline). Store loads per "
+            "key: owner loads / keys of that host's pass. Device: the brick disk's bytes read "
+            "during the pass / store bytes (the disk is shared: others' reads count). CPU: per "
+            "process, median, ms (GlusterFS's client and brick processes not included).\n\n",
+            (unsigned long)(O.total >> 20), SHARDS_PER_BLOCK, gver[0] ? gver : "version unknown",
+            line[0] ? line : "(unknown)", info.hugepages ? "huge pages" : "4 KiB pages",
+            OD_THREADS, O.reps);
+    fprintf(b->out, "| N | pass | wall ms (median) | worst ms | GiB/s | throughput vs pread "
+                    "| vs O_DIRECT x8 | store loads per key | device bytes / store (min..max) "
+                    "| CPU ms per process |\n|---|---|---|---|---|---|---|---|---|---|\n");
+    int64_t w0 = bench_now_ns();
+    shared_n(b, c, st, sock, 2);
+    if (!b->quick)
+        shared_n(b, c, st, sock, 4);
+    {
+        double la[3] = {0};
+
+        if (getloadavg(la, 3) != 3)
+            la[0] = la[1] = la[2] = -1;
+        fprintf(b->out,
+                "\nDuring the run: %.0f s wall, %ld CPUs online, load average at the end "
+                "(1, 5, 15 min) %.2f %.2f %.2f (other agents share the machine).\n",
+                (double)(bench_now_ns() - w0) / 1e9, sysconf(_SC_NPROCESSORS_ONLN), la[0], la[1],
+                la[2]);
+    }
+    fprintf(b->out,
+            "\nHost B reads the store once more: each host's cache loads every key from the "
+            "store once (store loads per key 1.00 on each host), so H hosts read the store H "
+            "times, and B's load costs what A's did. The peer tier (seed 002, `-o peer_listen`, "
+            "[peer.md](peer.md)) changes that: B's miss asks the key's owner host first and "
+            "reads it from that host's memory over TCP (`bench_peer`: 0.8-0.9x of raw TCP per "
+            "256 KiB page), so the store is read about once per cluster, not per host.\n");
+    fprintf(b->out, "\nCommand: `build/tests/bench/bench_cold --shared --md docs/PERFORMANCE.md` "
+                    "(as root: glusterd, mounts, drop_caches)\n");
+    for (int h = 0; h < 2; h++) {
+        sfs_cache_close(c[h]);
+        unlink(sock[h]);
+        free(st[h].paths);
+    }
+    return bench_finish(b);
+}
+#endif
+
 int main(int argc, char **argv)
 {
     struct bench b;
@@ -432,18 +680,22 @@ int main(int argc, char **argv)
             O.total = (uint64_t)atol(v) << 20, i++;
         else if (!strcmp(argv[i], "--hugepages") && v)
             O.hugepages = atol(v), i++;
+        else if (!strcmp(argv[i], "--shared"))
+            O.shared = true;
         else if (nargs < 7)
             args[nargs++] = argv[i];
     }
-    if (bench_init(&b, "bench_cold", nargs, args) != 0) {
+    if (bench_init(&b, O.shared ? "bench_shared" : "bench_cold", nargs, args) != 0) {
         fprintf(stderr, "       bench_cold options: [--dir DIR] [--reps R] [--mib M] "
-                        "[--hugepages N]\n");
+                        "[--hugepages N] [--shared]\n");
         return 2;
     }
-    if (b.quick && O.reps == 5)
-        O.reps = 2;
+    if (O.reps == 5 && (b.quick || O.shared))
+        O.reps = b.quick ? (O.shared ? 1 : 2) : 3;
     if (!O.total)
-        O.total = b.quick ? (64ull << 20) : (512ull << 20);
+        O.total = O.shared ? (b.quick ? (8ull << 20) : (128ull << 20))
+                  : b.quick ? (64ull << 20)
+                            : (512ull << 20);
     if (O.reps < 1 || O.reps > MAXREPS || O.total < SHARDS_PER_BLOCK * SHARD) {
         fprintf(stderr, "bench_cold: bad --reps or --mib\n");
         return 2;
@@ -451,6 +703,14 @@ int main(int argc, char **argv)
     if (O.hugepages > 0)
         bench_hp_reserve(O.hugepages);
     signal(SIGPIPE, SIG_IGN);
+    if (O.shared) {
+#ifdef BENCH_GLUSTER
+        return shared_main(&b);
+#else
+        fprintf(stderr, "bench_shared: skipped: built without the FUSE fixture (no daemon)\n");
+        return 77;
+#endif
+    }
 
     snprintf(root, sizeof(root), "%s/shardfs-bench-cold-%d", O.dir ? O.dir : "/var/tmp",
              (int)getpid());

@@ -71,6 +71,30 @@ struct sfs_backend_params {
 
 #define SFS_BACKEND_TIMEOUT_MS_DEFAULT 30000u
 
+/*
+ * What identifies the version of a block in the store: posix, its block
+ * file's device, inode, size, mtime and ctime. A commit renames a new file
+ * over the block (a new inode), so two stamps are the same
+ * (sfs_block_stamp_same) only when nothing replaced or changed the file
+ * between them. For the daemon's revalidation of what it holds
+ * (docs/shared-store.md).
+ */
+struct sfs_block_stamp {
+    uint64_t dev, ino, size;
+    int64_t mtime_ns, ctime_ns; /* the file system's clock */
+    uint32_t flags;             /* SFS_STAMP_* */
+};
+#define SFS_STAMP_ABSENT 1u /* no block file (every other field 0) */
+#define SFS_STAMP_REMOTE 2u /* the store is on a file system hosts share (NFS, FUSE, ...) */
+
+static inline bool sfs_block_stamp_same(const struct sfs_block_stamp *a,
+                                        const struct sfs_block_stamp *b)
+{
+    return a->dev == b->dev && a->ino == b->ino && a->size == b->size &&
+           a->mtime_ns == b->mtime_ns && a->ctime_ns == b->ctime_ns &&
+           (a->flags & SFS_STAMP_ABSENT) == (b->flags & SFS_STAMP_ABSENT);
+}
+
 struct sfs_backend_ops {
     const char *name;
     int (*load)(struct sfs_backend *be, struct sfs_io **ios, size_t n);
@@ -82,6 +106,9 @@ struct sfs_backend_ops {
     int (*list)(struct sfs_backend *be, int (*fn)(const struct sfs_block_id *block, void *arg),
                 void *arg);
     void (*close)(struct sfs_backend *be);
+    /* Added last (older backends leave it NULL: -EOPNOTSUPP). */
+    int (*stamp)(struct sfs_backend *be, const struct sfs_block_id *block,
+                 struct sfs_block_stamp *out);
 };
 
 /* Every backend starts with this header. */
@@ -110,6 +137,17 @@ SFS_API int sfs_backend_exists(struct sfs_backend *be, const struct sfs_key *key
 
 /* How many shards the block has in the store, -ENOENT if none. */
 SFS_API int sfs_backend_shard_count(struct sfs_backend *be, const struct sfs_block_id *block);
+
+/*
+ * The stamp of a block in the store (struct sfs_block_stamp), with the
+ * backend's deadline: 0 (SFS_STAMP_ABSENT in out->flags when the block has
+ * no file), -EOPNOTSUPP for a backend without block files (mem), -ETIMEDOUT
+ * or another -errno. block NULL: only out->flags' SFS_STAMP_REMOTE is
+ * meaningful (the store's kind). Wrapping backends (fault, peer) answer for
+ * their inner one.
+ */
+SFS_API int sfs_backend_stamp(struct sfs_backend *be, const struct sfs_block_id *block,
+                              struct sfs_block_stamp *out);
 
 /* A hint: these blocks will be read soon (readahead / WILLNEED). 0 or -errno. */
 SFS_API int sfs_backend_touch(struct sfs_backend *be, const struct sfs_block_id *blocks, size_t n);
