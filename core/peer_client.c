@@ -139,8 +139,7 @@ static int call(struct peer_conn *c, const char *member, unsigned deadline_ms,
 int peer_conn_read_hdrs(struct peer_conn *c, const char *member, unsigned deadline_ms,
                         uint64_t bucket, struct peer_slot_hdr *hdrs, uint64_t *seq_after)
 {
-    struct peer_req q = {
-        .magic = PEER_MAGIC, .version = PEER_VERSION, .op = PEER_OP_READ_HDRS, .bucket = bucket};
+    struct peer_req q = peer_req_at(PEER_OP_READ_HDRS, bucket);
     struct peer_rep rep;
     int64_t deadline;
     int ret = peer_conn_open(c, member, deadline_ms);
@@ -167,15 +166,13 @@ int peer_conn_read_hdrs_multi(struct peer_conn *c, const char *member, unsigned 
                               const uint64_t *buckets, uint32_t count, struct peer_slot_hdr *hdrs,
                               uint64_t *seq_after)
 {
-    struct peer_req q = {.magic = PEER_MAGIC,
-                         .version = PEER_VERSION,
-                         .op = PEER_OP_READ_HDRS_MULTI,
-                         .nways = count,
-                         .len = count * 8u};
+    struct peer_req q = peer_req_at(PEER_OP_READ_HDRS_MULTI, 0);
     struct peer_rep rep;
     int64_t deadline;
     int ret;
 
+    q.nways = count;
+    q.len = count * 8u;
     if (count == 0 || count > PEER_BATCH_MAX || c->fd < 0)
         return -EINVAL;
     ret = call(c, member, deadline_ms, &q, buckets, &rep, &deadline);
@@ -197,17 +194,15 @@ int peer_conn_read_slot(struct peer_conn *c, const char *member, unsigned deadli
                         uint64_t bucket, uint32_t way, uint32_t len, struct peer_slot_hdr *hdr,
                         uint64_t *seq_after, void *buf)
 {
-    struct peer_req q = {.magic = PEER_MAGIC,
-                         .version = PEER_VERSION,
-                         .op = PEER_OP_READ_SLOT,
-                         .bucket = bucket,
-                         .way = way,
-                         .nways = 1,
-                         .len = len};
+    struct peer_req q = peer_req_at(PEER_OP_READ_SLOT, bucket);
     struct peer_rep rep;
     int64_t deadline;
-    int ret = call(c, member, deadline_ms, &q, NULL, &rep, &deadline);
+    int ret;
 
+    q.way = way;
+    q.nways = 1;
+    q.len = len;
+    ret = call(c, member, deadline_ms, &q, NULL, &rep, &deadline);
     if (ret < 0)
         return ret;
     if (rep.status)
@@ -224,21 +219,19 @@ int peer_conn_write(struct peer_conn *c, const char *member, unsigned deadline_m
                     uint32_t way, uint64_t expect, const struct peer_hash *h, const void *payload,
                     uint32_t len, uint64_t stamp, uint64_t *found)
 {
-    struct peer_req q = {.magic = PEER_MAGIC,
-                         .version = PEER_VERSION,
-                         .op = PEER_OP_WRITE,
-                         .bucket = bucket,
-                         .way = way,
-                         .nways = 1,
-                         .expect = expect,
-                         .hash_lo = h->lo,
-                         .hash_hi = h->hi,
-                         .len = len,
-                         .stamp = stamp};
+    struct peer_req q = peer_req_at(PEER_OP_WRITE, bucket);
     struct peer_rep rep;
     int64_t deadline;
-    int ret = call(c, member, deadline_ms, &q, payload, &rep, &deadline);
+    int ret;
 
+    q.way = way;
+    q.nways = 1;
+    q.expect = expect;
+    q.hash_lo = h->lo;
+    q.hash_hi = h->hi;
+    q.len = len;
+    q.stamp = stamp;
+    ret = call(c, member, deadline_ms, &q, payload, &rep, &deadline);
     if (ret < 0)
         return ret;
     if (rep.status == -EAGAIN) {
@@ -538,13 +531,8 @@ enum peer_miss peer_conn_get(struct peer_conn *c, const char *member, unsigned d
     b = malloc(sizeof(*b));
     if (!b)
         return PEER_MISS_UNREACHABLE;
-    k.q = (struct peer_req){.magic = PEER_MAGIC,
-                            .version = PEER_VERSION,
-                            .op = PEER_OP_READ_GET,
-                            .bucket = peer_bucket_of(h, c->g.num_buckets),
-                            .hash_lo = h->lo,
-                            .hash_hi = h->hi,
-                            .len = len};
+    k.q = peer_req_for(PEER_OP_READ_GET, h, &c->g);
+    k.q.len = len;
     *b = (struct peer_batch){.c = c, .member = member, .calls = &k, .n = 1};
     peer_conn_batch_run(b, 1, deadline_ms);
     free(b);

@@ -208,6 +208,25 @@ struct peer_req {
 };
 _Static_assert(sizeof(struct peer_req) == 64, "request is 64 bytes");
 
+/* The start every request shares: magic, version, op, bucket. */
+static inline struct peer_req peer_req_at(uint16_t op, uint64_t bucket)
+{
+    return (struct peer_req){
+        .magic = PEER_MAGIC, .version = PEER_VERSION, .op = op, .bucket = bucket};
+}
+
+/* A request about key h to an owner of geometry g: its bucket there and its
+ * hash (which READ_HDRS carries and the server ignores). */
+static inline struct peer_req peer_req_for(uint16_t op, const struct peer_hash *h,
+                                           const struct peer_geometry *g)
+{
+    struct peer_req q = peer_req_at(op, peer_bucket_of(h, g->num_buckets));
+
+    q.hash_lo = h->lo;
+    q.hash_hi = h->hi;
+    return q;
+}
+
 /* Answer: status 0 or -errno; then for READ_HDRS nways x (header, seq_after);
  * for READ_SLOT (header, seq_after) then len payload bytes; for WRITE
  * nothing (status -EAGAIN: the seq moved); for READ_GET status is the way
