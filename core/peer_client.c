@@ -136,6 +136,22 @@ static int call(struct peer_conn *c, const char *member, unsigned deadline_ms,
     }
 }
 
+/* n header copies, each followed by the seq read after it, off c's socket
+ * under deadline. 0, or -errno (c failed). */
+static int recv_hdrs(struct peer_conn *c, struct peer_slot_hdr *hdrs, uint64_t *after, size_t n,
+                     int64_t deadline)
+{
+    for (size_t i = 0; i < n; i++) {
+        int ret = peer_recv_all(c->fd, &hdrs[i], sizeof(hdrs[i]), deadline, NULL, false);
+
+        if (ret == 0)
+            ret = peer_recv_all(c->fd, &after[i], 8, deadline, NULL, false);
+        if (ret < 0)
+            return fail(c, ret);
+    }
+    return 0;
+}
+
 int peer_conn_read_hdrs(struct peer_conn *c, const char *member, unsigned deadline_ms,
                         uint64_t bucket, struct peer_slot_hdr *hdrs, uint64_t *seq_after)
 {
@@ -152,14 +168,7 @@ int peer_conn_read_hdrs(struct peer_conn *c, const char *member, unsigned deadli
         return ret;
     if (rep.status)
         return fail(c, -EPROTO);
-    for (uint32_t w = 0; w < c->g.ways; w++) {
-        ret = peer_recv_all(c->fd, &hdrs[w], sizeof(hdrs[w]), deadline, NULL, false);
-        if (ret == 0)
-            ret = peer_recv_all(c->fd, &seq_after[w], 8, deadline, NULL, false);
-        if (ret < 0)
-            return fail(c, ret);
-    }
-    return 0;
+    return recv_hdrs(c, hdrs, seq_after, c->g.ways, deadline);
 }
 
 int peer_conn_read_hdrs_multi(struct peer_conn *c, const char *member, unsigned deadline_ms,
@@ -180,14 +189,7 @@ int peer_conn_read_hdrs_multi(struct peer_conn *c, const char *member, unsigned 
         return ret;
     if (rep.status)
         return fail(c, -EPROTO);
-    for (uint32_t i = 0; i < count * c->g.ways; i++) {
-        ret = peer_recv_all(c->fd, &hdrs[i], sizeof(hdrs[i]), deadline, NULL, false);
-        if (ret == 0)
-            ret = peer_recv_all(c->fd, &seq_after[i], 8, deadline, NULL, false);
-        if (ret < 0)
-            return fail(c, ret);
-    }
-    return 0;
+    return recv_hdrs(c, hdrs, seq_after, (size_t)count * c->g.ways, deadline);
 }
 
 int peer_conn_read_slot(struct peer_conn *c, const char *member, unsigned deadline_ms,
@@ -207,12 +209,10 @@ int peer_conn_read_slot(struct peer_conn *c, const char *member, unsigned deadli
         return ret;
     if (rep.status)
         return fail(c, -EPROTO);
-    ret = peer_recv_all(c->fd, hdr, sizeof(*hdr), deadline, NULL, false);
-    if (ret == 0)
-        ret = peer_recv_all(c->fd, seq_after, 8, deadline, NULL, false);
-    if (ret == 0)
-        ret = peer_recv_all(c->fd, buf, len, deadline, NULL, false);
-    return ret < 0 ? fail(c, ret) : 0;
+    ret = recv_hdrs(c, hdr, seq_after, 1, deadline);
+    if (ret == 0 && (ret = peer_recv_all(c->fd, buf, len, deadline, NULL, false)) < 0)
+        return fail(c, ret);
+    return ret;
 }
 
 int peer_conn_write(struct peer_conn *c, const char *member, unsigned deadline_ms, uint64_t bucket,

@@ -130,52 +130,28 @@ static bool stalled(const _Atomic bool *stop, unsigned *stalls, bool started)
     return started && ++*stalls >= PEER_STALLS_MAX;
 }
 
-int peer_send_all(int fd, const void *buf, size_t n, int64_t deadline_ns, const _Atomic bool *stop)
+/* n bytes to (tx) or from fd: the one loop of both directions. A send
+ * never writes through p. */
+static int xfer_all(int fd, uint8_t *p, size_t n, bool tx, int64_t deadline_ns,
+                    const _Atomic bool *stop, bool started)
 {
-    const uint8_t *p = buf;
+    const uint8_t *first = p;
     unsigned stalls = 0;
 
     while (n) {
-        ssize_t w;
-        int r = peer_wait_fd(fd, POLLOUT, deadline_ns);
-
-        if (r < 0)
-            return r;
-        w = send(fd, p, n, MSG_NOSIGNAL | (deadline_ns ? MSG_DONTWAIT : 0));
-        if (w < 0) {
-            if (errno == EINTR)
-                continue;
-            if (errno == EAGAIN && (deadline_ns || !stalled(stop, &stalls, true)))
-                continue;
-            return errno == EAGAIN ? -ETIMEDOUT : -errno;
-        }
-        stalls = 0;
-        p += w;
-        n -= (size_t)w;
-    }
-    return 0;
-}
-
-int peer_recv_all(int fd, void *buf, size_t n, int64_t deadline_ns, const _Atomic bool *stop,
-                  bool started)
-{
-    uint8_t *p = buf;
-    unsigned stalls = 0;
-
-    while (n) {
+        int fl = deadline_ns ? MSG_DONTWAIT : 0;
+        int r = peer_wait_fd(fd, tx ? POLLOUT : POLLIN, deadline_ns);
         ssize_t got;
-        int r = peer_wait_fd(fd, POLLIN, deadline_ns);
 
         if (r < 0)
             return r;
-        got = recv(fd, p, n, deadline_ns ? MSG_DONTWAIT : 0);
-        if (got == 0)
+        got = tx ? send(fd, p, n, fl | MSG_NOSIGNAL) : recv(fd, p, n, fl);
+        if (got == 0 && !tx)
             return -ECONNRESET;
         if (got < 0) {
             if (errno == EINTR)
                 continue;
-            if (errno == EAGAIN &&
-                (deadline_ns || !stalled(stop, &stalls, started || p != (uint8_t *)buf)))
+            if (errno == EAGAIN && (deadline_ns || !stalled(stop, &stalls, started || p != first)))
                 continue;
             return errno == EAGAIN ? -ETIMEDOUT : -errno;
         }
@@ -184,4 +160,15 @@ int peer_recv_all(int fd, void *buf, size_t n, int64_t deadline_ns, const _Atomi
         n -= (size_t)got;
     }
     return 0;
+}
+
+int peer_send_all(int fd, const void *buf, size_t n, int64_t deadline_ns, const _Atomic bool *stop)
+{
+    return xfer_all(fd, (uint8_t *)buf, n, true, deadline_ns, stop, true);
+}
+
+int peer_recv_all(int fd, void *buf, size_t n, int64_t deadline_ns, const _Atomic bool *stop,
+                  bool started)
+{
+    return xfer_all(fd, buf, n, false, deadline_ns, stop, started);
 }
