@@ -60,6 +60,30 @@ struct conn_arg {
     unsigned slot; /* in s->conns */
 };
 
+/* One header copy and the seq read after it, at buf: 72 bytes. */
+static size_t put_hdr(uint8_t *buf, const struct peer_slot_hdr *h, uint64_t after)
+{
+    memcpy(buf, h, sizeof(*h));
+    memcpy(buf + sizeof(*h), &after, 8);
+    return sizeof(*h) + 8;
+}
+
+/* Header copies of ways [w0, w0 + nw) of bucket, each followed by the seq
+ * read after it, at buf; returns the bytes written (nw x 72). */
+static size_t put_hdrs(const struct peer_region *r, uint64_t bucket, uint32_t w0, uint32_t nw,
+                       uint8_t *buf)
+{
+    size_t n = 0;
+
+    for (uint32_t w = w0; w < w0 + nw; w++) {
+        struct peer_slot_hdr h;
+        uint64_t before, after = peer_slot_copy(r, bucket, w, &h, &before, NULL, 0);
+
+        n += put_hdr(buf + n, &h, after);
+    }
+    return n;
+}
+
 /* One request; 0 to go on, < 0 to close the connection. */
 static int serve_one(struct peer_server *s, int fd, unsigned slot, uint8_t *buf)
 {
@@ -77,15 +101,7 @@ static int serve_one(struct peer_server *s, int fd, unsigned slot, uint8_t *buf)
     case PEER_OP_READ_HDRS:
         /* buf holds enough for any answer: see conn_main. */
         memcpy(buf, &rep, sizeof(rep));
-        n = sizeof(rep);
-        for (uint32_t w = q.way; w < q.way + q.nways; w++) {
-            struct peer_slot_hdr h;
-            uint64_t before, after = peer_slot_copy(s->r, q.bucket, w, &h, &before, NULL, 0);
-
-            memcpy(buf + n, &h, sizeof(h));
-            memcpy(buf + n + sizeof(h), &after, 8);
-            n += sizeof(h) + 8;
-        }
+        n = sizeof(rep) + put_hdrs(s->r, q.bucket, q.way, q.nways, buf + sizeof(rep));
         break;
     case PEER_OP_READ_HDRS_MULTI: {
         uint64_t b[PEER_BATCH_MAX];
@@ -98,14 +114,7 @@ static int serve_one(struct peer_server *s, int fd, unsigned slot, uint8_t *buf)
         for (uint32_t i = 0; i < q.nways; i++) {
             if (b[i] >= g->num_buckets)
                 return -EINVAL; /* closes the connection, as any bad field */
-            for (uint32_t w = 0; w < g->ways; w++) {
-                struct peer_slot_hdr h;
-                uint64_t before, after = peer_slot_copy(s->r, b[i], w, &h, &before, NULL, 0);
-
-                memcpy(buf + n, &h, sizeof(h));
-                memcpy(buf + n + sizeof(h), &after, 8);
-                n += sizeof(h) + 8;
-            }
+            n += put_hdrs(s->r, b[i], 0, g->ways, buf + n);
         }
         break;
     }
@@ -117,9 +126,7 @@ static int serve_one(struct peer_server *s, int fd, unsigned slot, uint8_t *buf)
         after = peer_slot_copy(s->r, q.bucket, q.way, &h, &before,
                                buf + sizeof(rep) + sizeof(h) + 8, q.len);
         memcpy(buf, &rep, sizeof(rep));
-        memcpy(buf + sizeof(rep), &h, sizeof(h));
-        memcpy(buf + sizeof(rep) + sizeof(h), &after, 8);
-        n = sizeof(rep) + sizeof(h) + 8 + q.len;
+        n = sizeof(rep) + put_hdr(buf + sizeof(rep), &h, after) + q.len;
         break;
     }
     case PEER_OP_READ_GET: {
@@ -137,11 +144,8 @@ static int serve_one(struct peer_server *s, int fd, unsigned slot, uint8_t *buf)
         rep.status = way >= 0 ? way : -ENOENT;
         memcpy(buf, &rep, sizeof(rep));
         n = sizeof(rep);
-        for (uint32_t w = 0; w < g->ways; w++) {
-            memcpy(buf + n, &hs[w], sizeof(hs[w]));
-            memcpy(buf + n + sizeof(hs[w]), &af[w], 8);
-            n += sizeof(hs[w]) + 8;
-        }
+        for (uint32_t w = 0; w < g->ways; w++)
+            n += put_hdr(buf + n, &hs[w], af[w]);
         /* The way's header always (zeros for none): the answer's fixed
          * part has one size, read by the client in one call. */
         memset(&h, 0, sizeof(h));
@@ -149,9 +153,7 @@ static int serve_one(struct peer_server *s, int fd, unsigned slot, uint8_t *buf)
         if (way >= 0)
             after = peer_slot_copy(s->r, q.bucket, (uint32_t)way, &h, &before,
                                    buf + n + sizeof(h) + 8, q.len);
-        memcpy(buf + n, &h, sizeof(h));
-        memcpy(buf + n + sizeof(h), &after, 8);
-        n += sizeof(h) + 8 + (way >= 0 ? q.len : 0);
+        n += put_hdr(buf + n, &h, after) + (way >= 0 ? q.len : 0);
         break;
     }
     case PEER_OP_WRITE: {
@@ -180,6 +182,18 @@ static int serve_one(struct peer_server *s, int fd, unsigned slot, uint8_t *buf)
     s->conns[slot].last_ns = peer_net_mono_ns();
     pthread_mutex_unlock(&s->lock);
     return ret;
+}
+
+/* Give back table entry slot and close its fd, out of the table first: an
+ * eviction never shuts down a reused descriptor. */
+static void conn_release(struct peer_server *s, unsigned slot, int fd)
+{
+    pthread_mutex_lock(&s->lock);
+    s->conns[slot].used = false;
+    close(fd);
+    if (--s->nconns == 0)
+        pthread_cond_broadcast(&s->idle);
+    pthread_mutex_unlock(&s->lock);
 }
 
 static void *conn_main(void *arg)
@@ -212,14 +226,7 @@ static void *conn_main(void *arg)
         while (serve_one(s, fd, slot, buf) == 0)
             ;
     free(buf);
-    /* Out of the table before the fd is closed: an eviction never shuts
-     * down a reused descriptor. */
-    pthread_mutex_lock(&s->lock);
-    s->conns[slot].used = false;
-    close(fd);
-    if (--s->nconns == 0)
-        pthread_cond_broadcast(&s->idle);
-    pthread_mutex_unlock(&s->lock);
+    conn_release(s, slot, fd);
     return NULL;
 }
 
@@ -403,12 +410,7 @@ static void *accept_main(void *arg)
         if (!ca || (ca->s = s, ca->fd = fd, ca->slot = (unsigned)slot,
                     pthread_create(&t, &at, conn_main, ca) != 0)) {
             free(ca);
-            pthread_mutex_lock(&s->lock);
-            s->conns[slot].used = false;
-            close(fd);
-            if (--s->nconns == 0)
-                pthread_cond_broadcast(&s->idle);
-            pthread_mutex_unlock(&s->lock);
+            conn_release(s, (unsigned)slot, fd);
         }
         pthread_attr_destroy(&at);
     }
