@@ -29,16 +29,6 @@
 #include <time.h>
 #include <unistd.h>
 
-static void region(struct peer_region *r, uint64_t buckets, uint32_t ways)
-{
-    struct peer_geometry g;
-    uint64_t stride = (PEER_HDR_SIZE + PAY + 63) & ~63ull;
-
-    cr_assert_eq(peer_geometry_make(buckets * ways * stride, ways, PAY, &g), 0);
-    cr_assert_eq(g.num_buckets, buckets);
-    cr_assert_eq(peer_region_create(r, &g), 0);
-}
-
 /* --- the gate --- */
 
 Test(peer, hit_and_empty, .timeout = 10)
@@ -48,7 +38,7 @@ Test(peer, hit_and_empty, .timeout = 10)
     struct peer_hash h = peer_key_hash(&k), h2 = peer_key_hash(&k2);
     uint8_t in[PAY], out[PAY];
 
-    region(&r, 8, 4);
+    fx_region(&r, 8, 4);
     tu_fill(&k, in, PAY);
     cr_assert_eq(peer_local_get(&r, &h, out, PAY), PEER_MISS_EMPTY);
     cr_assert_eq(peer_local_set(&r, &h, in, PAY), 0);
@@ -65,7 +55,7 @@ Test(peer, other_key_is_a_miss, .timeout = 10)
     struct peer_hash h = peer_key_hash(&k), h2 = peer_key_hash(&k2);
     uint8_t in[PAY], out[PAY];
 
-    region(&r, 1, 1); /* one slot: every key lands on it */
+    fx_region(&r, 1, 1); /* one slot: every key lands on it */
     tu_fill(&k, in, PAY);
     cr_assert_eq(peer_local_set(&r, &h, in, PAY), 0);
     memset(out, 0xee, PAY);
@@ -80,7 +70,7 @@ Test(peer, wrong_length_is_a_miss, .timeout = 10)
     struct peer_hash h = peer_key_hash(&k);
     uint8_t in[PAY], out[PAY];
 
-    region(&r, 4, 2);
+    fx_region(&r, 4, 2);
     tu_fill(&k, in, PAY);
     cr_assert_eq(peer_local_set(&r, &h, in, 100), 0);
     cr_assert_eq(peer_local_get(&r, &h, out, 200), PEER_MISS_LENGTH);
@@ -113,7 +103,7 @@ Test(peer, torn_write_is_a_miss, .timeout = 10)
     struct peer_slot_hdr *s;
     uint64_t seq;
 
-    region(&r, 4, 2);
+    fx_region(&r, 4, 2);
     tu_fill(&k, in, PAY);
     cr_assert_eq(peer_local_set(&r, &h, in, PAY), 0);
     s = slot_of(&r, &h);
@@ -200,7 +190,7 @@ Test(peer, concurrent_writer_during_copy_never_gives_bytes, .timeout = 60)
     struct sfs_key k = tu_key(6, 0);
     pthread_t w[2], rd[2];
 
-    region(&r, 1, 1);
+    fx_region(&r, 1, 1);
     x.h = peer_key_hash(&k);
     for (int i = 0; i < 2; i++) {
         pthread_create(&w[i], NULL, race_writer, &x);
@@ -285,7 +275,7 @@ Test(peer, conditional_write_loses_to_first_writer, .timeout = 10)
     struct peer_hash h = peer_key_hash(&k), h2 = peer_key_hash(&k2);
     uint8_t a[PAY], out[PAY];
 
-    region(&r, 1, 1);
+    fx_region(&r, 1, 1);
     tu_fill(&k, a, PAY);
     /* Both read seq 0; the first write wins, the second learns it. */
     cr_assert_eq(peer_slot_write(&r, 0, 0, 0, &h, a, PAY, 1), 0);
@@ -296,31 +286,6 @@ Test(peer, conditional_write_loses_to_first_writer, .timeout = 10)
 }
 
 /* --- server and client --- */
-
-struct srv {
-    struct peer_region r;
-    struct peer_server *s;
-    char addr[64];
-};
-
-static void srv_start(struct srv *x, uint64_t buckets, uint32_t ways)
-{
-    char err[256] = "";
-
-    region(&x->r, buckets, ways);
-    for (int tries = 0;; tries++) {
-        snprintf(x->addr, sizeof(x->addr), "127.0.0.1:%u", free_port());
-        if (peer_server_start(&x->s, &x->r, x->addr, err, sizeof(err)) == 0)
-            break;
-        cr_assert(tries < 10, "%s", err);
-    }
-}
-
-static void srv_stop(struct srv *x)
-{
-    peer_server_stop(x->s);
-    peer_region_destroy(&x->r);
-}
 
 Test(peer, client_reads_and_writes_remote_slots, .timeout = 30)
 {
@@ -714,18 +679,6 @@ Test(peer, spec_errors, .timeout = 10)
  * version): whatever a load returns must be one whole version. */
 #define X_KEYS 12
 
-static void x_fill(const struct sfs_key *k, uint64_t v, uint8_t *buf)
-{
-    uint64_t st = v * 0x9e3779b97f4a7c15ull ^ k->block.b[0] ^ ((uint64_t)k->shard << 32);
-
-    memcpy(buf, &v, 8);
-    for (unsigned i = 8; i < PAY; i += 8) {
-        uint64_t w = tu_rng_next(&st);
-
-        memcpy(buf + i, &w, 8);
-    }
-}
-
 struct xhost {
     struct sfs_backend *be;
     _Atomic bool *stop;
@@ -743,7 +696,7 @@ static void *x_writer(void *arg)
         struct sfs_key k = tu_key(7000 + tu_rng_next(&st) % X_KEYS, 0);
         uint64_t v = atomic_fetch_add(x->version, 1) + 1;
 
-        x_fill(&k, v, buf);
+        fx_vfill(&k, v, buf, PAY);
         sfs_backend_dump_sync(x->be, &k, buf, PAY);
     }
     return NULL;
@@ -757,13 +710,10 @@ static void *x_reader(void *arg)
 
     while (!atomic_load(x->stop)) {
         struct sfs_key k = tu_key(7000 + tu_rng_next(&st) % X_KEYS, 0);
-        uint64_t v;
 
         if (sfs_backend_load_sync(x->be, &k, buf, PAY) != PAY)
             continue;
-        memcpy(&v, buf, 8);
-        x_fill(&k, v, want);
-        if (memcmp(buf, want, PAY) != 0)
+        if (!fx_vcheck(&k, buf, PAY, want))
             atomic_fetch_add(x->bad, 1);
         atomic_fetch_add(x->loads, 1);
     }

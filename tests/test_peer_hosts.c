@@ -14,6 +14,7 @@
  * (the test enters it with setns() around the fork of each daemon).
  */
 #include "fsfixture.h"
+#include "peer_fixture.h"
 #include "peer_i.h"
 #include "testutil.h"
 
@@ -49,7 +50,7 @@ static struct {
 static const char *const ADDR[NHOST] = {"10.77.0.1:7001", "10.77.0.2:7001", "10.77.0.3:7001"};
 
 /* The members file: the first n hosts. */
-static void write_members(int n)
+static void members_first(int n)
 {
     FILE *f = fopen(H.members, "w");
 
@@ -123,7 +124,7 @@ static void setup(void)
     }
     H.up = true;
     snprintf(H.members, sizeof(H.members), "%s", tu_path("members"));
-    write_members(2);
+    members_first(2);
     for (int i = 0; i < NHOST; i++) {
         char tag[16];
 
@@ -196,15 +197,9 @@ static void read_exact(int host, uint64_t b, uint32_t s)
 static int owner_of(uint64_t b, uint32_t s, int nmembers)
 {
     char *m[] = {(char *)ADDR[0], (char *)ADDR[1], (char *)ADDR[2]};
-    struct peer_ring r;
     struct sfs_key k = tu_key(b, s);
-    struct peer_hash h = peer_key_hash(&k);
-    int o;
 
-    cr_assert_eq(peer_ring_build(&r, m, (size_t)nmembers), 0);
-    o = peer_ring_owner(&r, &h);
-    peer_ring_free(&r);
-    return o;
+    return fx_owner(m, (size_t)nmembers, &k);
 }
 
 TestSuite(peer_hosts, .init = setup, .fini = teardown, .timeout = 180);
@@ -285,7 +280,7 @@ Test(peer_hosts, a_joining_host_moves_only_its_share, .timeout = 180)
         struct timespec t[2];
 
         cr_assert_eq(stat(H.members, &st0), 0);
-        write_members(3);
+        members_first(3);
         t[0] = st0.st_atim;
         t[1] = st0.st_mtim;
         cr_assert_eq(utimensat(AT_FDCWD, H.members, t, 0), 0);
@@ -367,20 +362,6 @@ struct xs {
     _Atomic uint64_t version, loads, hits, bad, wrote;
 };
 
-/* A payload names its version in its first 8 bytes; the rest is a function
- * of (key, version): a load must be one whole version. */
-static void xs_fill(const struct sfs_key *k, uint64_t v, uint8_t *buf)
-{
-    uint64_t st = v * 0x9e3779b97f4a7c15ull ^ k->block.b[0];
-
-    memcpy(buf, &v, 8);
-    for (unsigned i = 8; i < XS_PAY; i += 8) {
-        uint64_t w = tu_rng_next(&st);
-
-        memcpy(buf + i, &w, 8);
-    }
-}
-
 struct xs_thread {
     struct sfs_backend *be;
     struct xs *x;
@@ -398,7 +379,7 @@ static void *xs_writer(void *arg)
         const void *b = buf;
         int r;
 
-        xs_fill(&k, atomic_fetch_add(&t->x->version, 1) + 1, buf);
+        fx_vfill(&k, atomic_fetch_add(&t->x->version, 1) + 1, buf, XS_PAY);
         if (sfs_backend_peer_batch_set(t->be, &k, 1, &b, XS_PAY, &r) == 0 && r == 0)
             atomic_fetch_add(&t->x->wrote, 1);
     }
@@ -415,7 +396,6 @@ static void *xs_reader(void *arg)
     while (buf && want && !atomic_load(&t->x->stop)) {
         struct sfs_key k = tu_key(9000 + tu_rng_next(&st) % XS_KEYS, 0);
         void *b = buf;
-        uint64_t v;
         int r;
 
         if (sfs_backend_peer_batch_get(t->be, &k, 1, &b, XS_PAY, &r) != 0)
@@ -423,9 +403,7 @@ static void *xs_reader(void *arg)
         atomic_fetch_add(&t->x->loads, 1);
         if (r != (int)XS_PAY)
             continue; /* a clean miss */
-        memcpy(&v, buf, 8);
-        xs_fill(&k, v, want);
-        if (memcmp(buf, want, XS_PAY) != 0)
+        if (!fx_vcheck(&k, buf, XS_PAY, want))
             atomic_fetch_add(&t->x->bad, 1);
         atomic_fetch_add(&t->x->hits, 1);
     }
