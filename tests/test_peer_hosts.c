@@ -254,6 +254,29 @@ Test(peer_hosts, written_on_a_read_on_b_then_a_dies, .timeout = 180)
     cr_assert_eq(fsfx_stop(&H.fx[1], false, 20.0), 0);
 }
 
+/* The members file becomes the first n hosts with its mtime kept (only
+ * SIGHUP, not the mtime check, makes a daemon re-read it), and every
+ * running daemon is sent SIGHUP; they take it within a second. */
+static void members_change(int n)
+{
+    struct stat st0;
+    struct timespec t[2];
+
+    cr_assert_eq(stat(H.members, &st0), 0);
+    members_first(n);
+    t[0] = st0.st_atim;
+    t[1] = st0.st_mtim;
+    cr_assert_eq(utimensat(AT_FDCWD, H.members, t, 0), 0);
+    for (int i = 0; i < NHOST; i++)
+        if (H.fx[i].pid)
+            cr_assert_eq(kill(H.fx[i].pid, SIGHUP), 0);
+    /* Generous for a loaded machine. */
+    fsfx_sleep_ms(3000);
+    for (int i = 0; i < NHOST; i++)
+        if (H.fx[i].pid)
+            cr_assert_eq(kill(H.fx[i].pid, 0), 0, "host %d ended on SIGHUP", i);
+}
+
 /* A third host joins: it finds every key the two others published where the
  * ring of three still puts it (with the others), and only its own share is
  * a miss (its region is new and empty; its store has nothing). */
@@ -272,25 +295,9 @@ Test(peer_hosts, a_joining_host_moves_only_its_share, .timeout = 180)
         fsfx_sleep_ms(10);
     cr_assert_geq(fsfx_stat(&H.fx[0], "shardfs_peer_writes_total"), NB);
 
-    /* C joins: the file gains it with its old mtime kept, so that only
-     * SIGHUP (not the mtime check) makes A and B re-read it and let C in.
-     * The daemons take SIGHUP as "re-read", not as a stop. */
-    {
-        struct stat st0;
-        struct timespec t[2];
-
-        cr_assert_eq(stat(H.members, &st0), 0);
-        members_first(3);
-        t[0] = st0.st_atim;
-        t[1] = st0.st_mtim;
-        cr_assert_eq(utimensat(AT_FDCWD, H.members, t, 0), 0);
-        cr_assert_eq(kill(H.fx[0].pid, SIGHUP), 0);
-        cr_assert_eq(kill(H.fx[1].pid, SIGHUP), 0);
-    }
-    /* They take the request within a second; generous for a loaded machine. */
-    fsfx_sleep_ms(3000);
-    for (int i = 0; i < 2; i++)
-        cr_assert_eq(kill(H.fx[i].pid, 0), 0, "host %d ended on SIGHUP", i);
+    /* C joins: only SIGHUP makes A and B re-read the file and let C in. The
+     * daemons take SIGHUP as "re-read", not as a stop. */
+    members_change(3);
     start_host(2);
     for (unsigned i = 0; i < NB; i++) {
         uint64_t b = B0 + i;
@@ -313,6 +320,67 @@ Test(peer_hosts, a_joining_host_moves_only_its_share, .timeout = 180)
     cr_assert_gt(others, 0);
     cr_assert_eq(hits, (long long)others);
     cr_assert_eq(fsfx_stop(&H.fx[2], false, 20.0), 0);
+}
+
+/* Host C leaves the members (the file loses it, SIGHUP) and comes back. While
+ * it is out, only its share of the keys moves: every other key keeps its
+ * owner and is a peer hit on B, byte-exact; C's keys are clean misses (the
+ * owners the ring of two gives them never had them) and nobody asks C.
+ * Once C is back, its keys go to it again, and its region, kept all along,
+ * serves them to B byte-exact. */
+Test(peer_hosts, a_host_leaving_and_rejoining_moves_only_its_share_and_back, .timeout = 180)
+{
+    const uint64_t B0 = 300;
+    const unsigned NB = 24; /* blocks of one shard: one key each */
+    unsigned c_share = 0;
+    bool of_c[24];
+    long long hits, unreach;
+
+    members_first(3);
+    for (int i = 0; i < NHOST; i++)
+        start_host(i);
+    for (unsigned i = 0; i < NB; i++)
+        write_shard(0, B0 + i, 0);
+    for (int i = 0; i < 2000 && fsfx_stat(&H.fx[0], "shardfs_peer_writes_total") < NB; i++)
+        fsfx_sleep_ms(10);
+    cr_assert_geq(fsfx_stat(&H.fx[0], "shardfs_peer_writes_total"), NB);
+
+    members_change(2);
+    for (unsigned i = 0; i < NB; i++) {
+        uint64_t b = B0 + i;
+        int o3 = owner_of(b, 0, 3), o2 = owner_of(b, 0, 2);
+
+        of_c[i] = o3 == 2;
+        if (of_c[i]) {
+            char *path = (char *)fsfx_shard_path(&H.fx[1], b, 0);
+            static uint8_t buf[SHARD];
+
+            cr_assert_lt(fsfx_read_all(path, buf, SHARD), 0, "block %llu", (unsigned long long)b);
+            c_share++;
+        } else {
+            cr_assert_eq(o2, o3, "block %llu moved from host %d to %d", (unsigned long long)b, o3,
+                         o2);
+            read_exact(1, b, 0);
+        }
+    }
+    hits = fsfx_stat(&H.fx[1], "shardfs_peer_hits_total");
+    unreach = fsfx_stat(&H.fx[1], "shardfs_peer_clean_misses_total{reason=\"unreachable\"}");
+    cr_log_info("C out: %u of %u keys were C's (misses on B), %lld peer hits on B", c_share, NB,
+                hits);
+    cr_assert_gt(c_share, 0, "the ring gives C none of the %u keys: the test proves nothing", NB);
+    cr_assert_lt(c_share, NB);
+    cr_assert_eq(hits, (long long)(NB - c_share));
+    cr_assert_eq(unreach, 0, "B asked a host that left");
+
+    members_change(3);
+    for (unsigned i = 0; i < NB; i++)
+        if (of_c[i])
+            read_exact(1, B0 + i, 0);
+    hits = fsfx_stat(&H.fx[1], "shardfs_peer_hits_total") - hits;
+    cr_log_info("C back: %lld of its %u keys served to B by it", hits, c_share);
+    cr_assert_eq(hits, (long long)c_share);
+    for (int i = 0; i < NHOST; i++)
+        cr_assert_eq(fsfx_stop(&H.fx[i], false, 20.0), 0, "host %d", i);
 }
 
 /* The peer options are checked before anything starts: one line naming the
