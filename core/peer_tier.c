@@ -249,8 +249,8 @@ void peer_tier_get_batch(struct peer_backend *pb, const struct sfs_key *keys, si
         res[i] = peer_call_judge(k, ways, &pl.h[i], lens[i], bufs[i]);
         if (k->err == 0)
             CTR_ADD(pb, bytes_read,
-                    (uint64_t)ways * (PEER_HDR_SIZE + 8) +
-                        (k->rep.status >= 0 ? PEER_HDR_SIZE + 8 + (uint64_t)lens[i] : 0));
+                    (uint64_t)ways * PEER_HDR_WIRE +
+                        (k->rep.status >= 0 ? PEER_HDR_WIRE + (uint64_t)lens[i] : 0));
     }
 out:
     if (call_of && want)
@@ -311,7 +311,7 @@ void peer_tier_has(struct peer_backend *pb, const struct sfs_key *keys, size_t n
         ways = plan_conn(&pl, i)->g.ways;
         present[i] = peer_call_judge(&pl.calls[call_of[i]], ways, &pl.h[i], len, NULL) == PEER_HIT;
         if (pl.calls[call_of[i]].err == 0)
-            CTR_ADD(pb, bytes_read, (uint64_t)ways * (PEER_HDR_SIZE + 8));
+            CTR_ADD(pb, bytes_read, (uint64_t)ways * PEER_HDR_WIRE);
     }
 out:
     if (call_of && want)
@@ -414,7 +414,7 @@ void peer_tier_set_batch(struct peer_backend *pb, const struct sfs_key *keys, si
                 continue;
             }
             ways = plan_conn(&pl, i)->g.ways;
-            CTR_ADD(pb, bytes_read, (uint64_t)ways * (PEER_HDR_SIZE + 8));
+            CTR_ADD(pb, bytes_read, (uint64_t)ways * PEER_HDR_WIRE);
             w = choose_way(&pl, i, call_of, want, way, ways);
             if (w < 0)
                 continue; /* every way busy: -EAGAIN, maybe next attempt */
