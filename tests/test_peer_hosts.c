@@ -22,6 +22,7 @@
 
 #include <criterion/criterion.h>
 
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <sched.h>
@@ -153,19 +154,24 @@ static void teardown(void)
         netns_del_all();
 }
 
-static void start_host(int i)
+/* Host i's daemon with the cache and peer region `sizes` (capacity,
+ * peer_capacity, peer_ways). */
+static void start_host_with(int i, const char *sizes)
 {
     char o[512];
     int saved, st = 0, r;
 
-    snprintf(o, sizeof(o),
-             "shard_size=%u,capacity=16M,wait_timeout=20,peer_listen=%s,peers=%s,"
-             "peer_capacity=8M,peer_ways=4",
-             SHARD, ADDR[i], H.members);
+    snprintf(o, sizeof(o), "shard_size=%u,wait_timeout=20,peer_listen=%s,peers=%s,%s", SHARD,
+             ADDR[i], H.members, sizes);
     cr_assert_eq(in_netns(H.ns[i], &saved), 0, "setns %s", H.ns[i]);
     r = fsfx_start(&H.fx[i], H.store[i], o, 20.0, &st);
     back_to(saved);
     cr_assert_eq(r, 0, "daemon %d did not mount (%d, status %d)", i, r, st);
+}
+
+static void start_host(int i)
+{
+    start_host_with(i, "capacity=16M,peer_capacity=8M,peer_ways=4");
 }
 
 static void write_shard(int host, uint64_t b, uint32_t s)
@@ -576,4 +582,161 @@ Test(peer_hosts, writers_and_readers_across_hosts_with_a_writer_stopped_mid_payl
                  (unsigned long long)atomic_load(&x->bad));
     unlink(members);
     munmap(x, sizeof(*x));
+}
+
+/* --- a stress through the daemons and their mounts: writers through host
+ * A's mount, readers through B's and C's, every byte checked --- */
+
+#define DS_RECENT 96 /* readers pick among the last this many blocks written */
+
+struct ds {
+    _Atomic bool stop;
+    _Atomic uint64_t next, written, reads, full, missing, bad, other;
+    _Atomic int other_err;
+};
+
+struct ds_thread {
+    struct ds *d;
+    int host;
+    uint64_t seed;
+};
+
+static const uint64_t DS_B0 = 1000000;
+
+/* New blocks of one shard through A's mount (tu_fill: the key's bytes),
+ * each written once; `written` counts those closed. */
+static void *ds_writer(void *arg)
+{
+    struct ds_thread *t = arg;
+    uint8_t *buf = malloc(SHARD);
+
+    while (buf && !atomic_load(&t->d->stop)) {
+        uint64_t i = atomic_fetch_add(&t->d->next, 1), b = DS_B0 + i;
+        struct sfs_key k = tu_key(b, 0);
+        const char *dir = fsfx_shard_path(&H.fx[t->host], b, -1);
+        char blk[256];
+        int fd;
+
+        snprintf(blk, sizeof(blk), "%.*s", (int)(strlen(dir) - strlen("/shard")), dir);
+        if ((mkdir(blk, 0755) < 0 && errno != EEXIST) || (mkdir(dir, 0755) < 0 && errno != EEXIST))
+            break;
+        tu_fill(&k, buf, SHARD);
+        fd = open(fsfx_shard_path(&H.fx[t->host], b, 0), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+        if (fd < 0)
+            break;
+        if (write(fd, buf, SHARD) != (ssize_t)SHARD || close(fd) != 0)
+            break;
+        /* Two writers finish out of order, so a reader may pick a block
+         * still being written: an ENOENT like any other miss. */
+        atomic_fetch_add(&t->d->written, 1);
+    }
+    free(buf);
+    return NULL;
+}
+
+/* Reads of recent blocks through another host's mount: each read is the
+ * whole shard, byte-exact, or ENOENT (not in the peer tier any more, and
+ * not in that host's store). */
+static void *ds_reader(void *arg)
+{
+    struct ds_thread *t = arg;
+    uint8_t *buf = malloc(SHARD + 1);
+    uint64_t st = t->seed;
+
+    while (buf && !atomic_load(&t->d->stop)) {
+        uint64_t w = atomic_load(&t->d->written), b;
+        struct sfs_key k;
+        long n;
+
+        if (w == 0) {
+            fsfx_sleep_ms(1);
+            continue;
+        }
+        b = DS_B0 + (w > DS_RECENT ? w - DS_RECENT : 0) +
+            tu_rng_next(&st) % (w < DS_RECENT ? w : DS_RECENT);
+        k = tu_key(b, 0);
+        n = fsfx_read_all(fsfx_shard_path(&H.fx[t->host], b, 0), buf, SHARD + 1);
+        atomic_fetch_add(&t->d->reads, 1);
+        if (n == (long)SHARD) {
+            atomic_fetch_add(&t->d->full, 1);
+            if (tu_check(&k, buf, SHARD) != -1)
+                atomic_fetch_add(&t->d->bad, 1);
+        } else if (n == -ENOENT) {
+            atomic_fetch_add(&t->d->missing, 1);
+        } else if (n >= 0) {
+            atomic_fetch_add(&t->d->bad, 1); /* a short or long read: wrong bytes */
+        } else {
+            atomic_fetch_add(&t->d->other, 1);
+            atomic_store(&t->d->other_err, (int)-n);
+        }
+    }
+    free(buf);
+    return NULL;
+}
+
+/* Three daemons over small caches (4 MiB: 64 shards of 64 KiB) and small
+ * peer regions (2 MiB, 4 ways: 28 slots a host): constant evictions in
+ * both. Two writers put new blocks through A's mount, as fast as they go;
+ * two readers on B's mount and two on C's read recent ones, while A
+ * publishes them to their owners, evicting older ones, and B and C evict
+ * what they read. Every read through B or C is the block's bytes exactly or a clean
+ * ENOENT; B and C read from the peer tier only (their stores stay empty). */
+Test(peer_hosts, writers_on_a_mount_readers_on_the_others_see_every_byte_or_a_miss, .timeout = 180)
+{
+    struct ds d = {0};
+    struct ds_thread t[6];
+    pthread_t th[6];
+    long long hb, hc;
+    uint64_t w;
+    DIR *dir;
+
+    members_first(3);
+    for (int i = 0; i < NHOST; i++)
+        start_host_with(i, "capacity=4M,peer_capacity=2M,peer_ways=4");
+    for (int j = 0; j < 6; j++) {
+        t[j] =
+            (struct ds_thread){.d = &d, .host = j < 2 ? 0 : 1 + j % 2, .seed = 77u + (unsigned)j};
+        pthread_create(&th[j], NULL, j < 2 ? ds_writer : ds_reader, &t[j]);
+    }
+    /* A liveness bound, not a measurement: until enough reads were checked. */
+    for (int i = 0; i < 1000 && (atomic_load(&d.reads) < 4000 || atomic_load(&d.written) < 400);
+         i++)
+        fsfx_sleep_ms(10);
+    atomic_store(&d.stop, true);
+    for (int j = 0; j < 6; j++)
+        pthread_join(th[j], NULL);
+    w = atomic_load(&d.written);
+    hb = fsfx_stat(&H.fx[1], "shardfs_peer_hits_total");
+    hc = fsfx_stat(&H.fx[2], "shardfs_peer_hits_total");
+    cr_log_info(
+        "%llu blocks written through A; %llu reads through B and C: %llu whole, %llu "
+        "ENOENT, %llu wrong, %llu other; peer hits B %lld C %lld",
+        (unsigned long long)w, (unsigned long long)atomic_load(&d.reads),
+        (unsigned long long)atomic_load(&d.full), (unsigned long long)atomic_load(&d.missing),
+        (unsigned long long)atomic_load(&d.bad), (unsigned long long)atomic_load(&d.other), hb, hc);
+    cr_assert_eq(atomic_load(&d.bad), 0, "%llu reads returned wrong bytes",
+                 (unsigned long long)atomic_load(&d.bad));
+    cr_assert_eq(atomic_load(&d.other), 0, "%llu reads failed otherwise (last errno %d)",
+                 (unsigned long long)atomic_load(&d.other), atomic_load(&d.other_err));
+    cr_assert_gt(w, 0);
+    cr_assert_gt(atomic_load(&d.full), 0);
+    cr_assert_gt(hb, 0);
+    cr_assert_gt(hc, 0);
+    /* Whatever B and C read came from the peer tier: their stores hold no
+     * block. */
+    for (int i = 1; i < NHOST; i++) {
+        char data[256];
+        struct dirent *e;
+        unsigned blocks = 0;
+
+        snprintf(data, sizeof(data), "%s/data", H.store[i]);
+        dir = opendir(data);
+        while (dir && (e = readdir(dir)))
+            blocks += e->d_name[0] != '.';
+        if (dir)
+            closedir(dir);
+        cr_assert_eq(blocks, 0, "host %d's store has %u blocks", i, blocks);
+    }
+    for (int i = 0; i < NHOST; i++)
+        cr_assert_eq(fsfx_stop(&H.fx[i], false, 20.0), 0, "host %d", i);
 }
