@@ -199,6 +199,17 @@ static void read_exact(int host, uint64_t b, uint32_t s)
                  (unsigned long long)b, s);
 }
 
+/* Blocks b0 .. b0 + n - 1, one shard each, written through host A's mount;
+ * returns once A has published them all (the publish is asynchronous). */
+static void publish_blocks(uint64_t b0, unsigned n)
+{
+    for (unsigned i = 0; i < n; i++)
+        write_shard(0, b0 + i, 0);
+    for (int i = 0; i < 2000 && fsfx_stat(&H.fx[0], "shardfs_peer_writes_total") < n; i++)
+        fsfx_sleep_ms(10);
+    cr_assert_geq(fsfx_stat(&H.fx[0], "shardfs_peer_writes_total"), n);
+}
+
 /* The owner of a key, as every host computes it. */
 static int owner_of(uint64_t b, uint32_t s, int nmembers)
 {
@@ -295,11 +306,7 @@ Test(peer_hosts, a_joining_host_moves_only_its_share, .timeout = 180)
 
     start_host(0);
     start_host(1);
-    for (unsigned i = 0; i < NB; i++)
-        write_shard(0, B0 + i, 0);
-    for (int i = 0; i < 2000 && fsfx_stat(&H.fx[0], "shardfs_peer_writes_total") < NB; i++)
-        fsfx_sleep_ms(10);
-    cr_assert_geq(fsfx_stat(&H.fx[0], "shardfs_peer_writes_total"), NB);
+    publish_blocks(B0, NB);
 
     /* C joins: only SIGHUP makes A and B re-read the file and let C in. The
      * daemons take SIGHUP as "re-read", not as a stop. */
@@ -345,11 +352,7 @@ Test(peer_hosts, a_host_leaving_and_rejoining_moves_only_its_share_and_back, .ti
     members_first(3);
     for (int i = 0; i < NHOST; i++)
         start_host(i);
-    for (unsigned i = 0; i < NB; i++)
-        write_shard(0, B0 + i, 0);
-    for (int i = 0; i < 2000 && fsfx_stat(&H.fx[0], "shardfs_peer_writes_total") < NB; i++)
-        fsfx_sleep_ms(10);
-    cr_assert_geq(fsfx_stat(&H.fx[0], "shardfs_peer_writes_total"), NB);
+    publish_blocks(B0, NB);
 
     members_change(2);
     for (unsigned i = 0; i < NB; i++) {
