@@ -743,3 +743,45 @@ Test(peer_hosts, writers_on_a_mount_readers_on_the_others_see_every_byte_or_a_mi
     for (int i = 0; i < NHOST; i++)
         cr_assert_eq(fsfx_stop(&H.fx[i], false, 20.0), 0, "host %d", i);
 }
+
+/* Another key in the slot, through the mounts: one-slot peer regions, so
+ * block Y, published after block X by the same owner A, takes X's slot.
+ * Host B's store has X: its read of Y (not in its store) is a peer hit;
+ * its read of X asks A, finds Y's header, counts an `other_key` clean miss
+ * and is served from the store, byte-exact, never Y's bytes. */
+Test(peer_hosts, another_key_in_the_slot_is_a_clean_miss_served_from_the_store, .timeout = 180)
+{
+    uint64_t x = 0, y = 0;
+    long long other, hits;
+    char sizes[96];
+
+    for (uint64_t b = 700; !y; b++)
+        if (owner_of(b, 0, 2) == 0) {
+            if (!x)
+                x = b;
+            else
+                y = b;
+        }
+    cr_assert_eq(tu_store_write(H.store[1], x, 1, 1, SHARD, NULL, NULL, false), 0);
+    snprintf(sizes, sizeof(sizes), "capacity=16M,peer_capacity=%u,peer_ways=1",
+             PEER_HDR_SIZE + SHARD); /* one bucket of one way */
+    start_host_with(0, sizes);
+    start_host_with(1, sizes);
+    write_shard(0, x, 0);
+    write_shard(0, y, 0);
+    for (int i = 0; i < 2000 && fsfx_stat(&H.fx[0], "shardfs_peer_writes_total") < 2; i++)
+        fsfx_sleep_ms(10);
+    cr_assert_geq(fsfx_stat(&H.fx[0], "shardfs_peer_writes_total"), 2);
+
+    /* Y first: B's read of X publishes X (what B's store gave it) into
+     * that slot again. */
+    read_exact(1, y, 0);
+    cr_assert_eq(fsfx_stat(&H.fx[1], "shardfs_peer_hits_total"), 1);
+    read_exact(1, x, 0);
+    other = fsfx_stat(&H.fx[1], "shardfs_peer_clean_misses_total{reason=\"other_key\"}");
+    hits = fsfx_stat(&H.fx[1], "shardfs_peer_hits_total");
+    cr_assert_eq(other, 1, "other_key misses on B: %lld", other);
+    cr_assert_eq(hits, 1, "B's read of X was a peer hit (%lld hits)", hits);
+    for (int i = 0; i < 2; i++)
+        cr_assert_eq(fsfx_stop(&H.fx[i], false, 20.0), 0, "host %d", i);
+}
