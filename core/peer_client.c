@@ -83,6 +83,7 @@ static int connect_deadline(const char *member, int64_t deadline_ns)
 int peer_conn_open(struct peer_conn *c, const char *member, unsigned deadline_ms)
 {
     int64_t deadline = peer_net_mono_ns() + (int64_t)deadline_ms * 1000000;
+    uint8_t hw[PEER_HELLO_WIRE];
     struct peer_hello hello;
     int ret;
 
@@ -94,9 +95,12 @@ int peer_conn_open(struct peer_conn *c, const char *member, unsigned deadline_ms
     if (ret < 0)
         return fail(c, ret);
     c->fd = ret;
-    ret = peer_recv_all(c->fd, &hello, sizeof(hello), deadline, NULL, false);
+    ret = peer_recv_all(c->fd, hw, sizeof(hw), deadline, NULL, false);
     if (ret < 0)
         return fail(c, ret);
+    peer_hello_dec(&hello, hw);
+    /* Another version (or byte order, before version 3): refused here, a
+     * clean unreachable member, never a misjudged answer. */
     if (hello.magic != PEER_MAGIC || hello.version != PEER_VERSION ||
         peer_geometry_check(&hello.g) < 0)
         return fail(c, -EPROTO);
@@ -112,6 +116,9 @@ static int call(struct peer_conn *c, const char *member, unsigned deadline_ms,
                 const struct peer_req *q, const void *payload, struct peer_rep *rep,
                 int64_t *deadline)
 {
+    uint8_t qw[PEER_REQ_WIRE], rw[PEER_REP_WIRE];
+
+    peer_req_enc(qw, q);
     for (int attempt = 0;; attempt++) {
         bool reused = c->fd >= 0;
         int ret = peer_conn_open(c, member, deadline_ms);
@@ -119,11 +126,13 @@ static int call(struct peer_conn *c, const char *member, unsigned deadline_ms,
         if (ret < 0)
             return ret;
         *deadline = peer_net_mono_ns() + (int64_t)deadline_ms * 1000000;
-        ret = peer_send_all(c->fd, q, sizeof(*q), *deadline, NULL);
+        ret = peer_send_all(c->fd, qw, sizeof(qw), *deadline, NULL);
         if (ret == 0 && payload && q->len)
             ret = peer_send_all(c->fd, payload, q->len, *deadline, NULL);
         if (ret == 0)
-            ret = peer_recv_all(c->fd, rep, sizeof(*rep), *deadline, NULL, false);
+            ret = peer_recv_all(c->fd, rw, sizeof(rw), *deadline, NULL, false);
+        if (ret == 0)
+            peer_rep_dec(rep, rw);
         if (ret == 0 && rep->magic != PEER_MAGIC)
             ret = -EPROTO;
         if (ret == 0)
@@ -136,11 +145,26 @@ static int call(struct peer_conn *c, const char *member, unsigned deadline_ms,
     }
 }
 
+/* n header copies, each followed by the seq read after it, off c's socket
+ * under deadline. 0, or -errno (c failed). */
+static int recv_hdrs(struct peer_conn *c, struct peer_slot_hdr *hdrs, uint64_t *after, size_t n,
+                     int64_t deadline)
+{
+    for (size_t i = 0; i < n; i++) {
+        uint8_t w[PEER_HDR_WIRE];
+        int ret = peer_recv_all(c->fd, w, sizeof(w), deadline, NULL, false);
+
+        if (ret < 0)
+            return fail(c, ret);
+        peer_hdr_dec(&hdrs[i], &after[i], w);
+    }
+    return 0;
+}
+
 int peer_conn_read_hdrs(struct peer_conn *c, const char *member, unsigned deadline_ms,
                         uint64_t bucket, struct peer_slot_hdr *hdrs, uint64_t *seq_after)
 {
-    struct peer_req q = {
-        .magic = PEER_MAGIC, .version = PEER_VERSION, .op = PEER_OP_READ_HDRS, .bucket = bucket};
+    struct peer_req q = peer_req_at(PEER_OP_READ_HDRS, bucket);
     struct peer_rep rep;
     int64_t deadline;
     int ret = peer_conn_open(c, member, deadline_ms);
@@ -153,92 +177,73 @@ int peer_conn_read_hdrs(struct peer_conn *c, const char *member, unsigned deadli
         return ret;
     if (rep.status)
         return fail(c, -EPROTO);
-    for (uint32_t w = 0; w < c->g.ways; w++) {
-        ret = peer_recv_all(c->fd, &hdrs[w], sizeof(hdrs[w]), deadline, NULL, false);
-        if (ret == 0)
-            ret = peer_recv_all(c->fd, &seq_after[w], 8, deadline, NULL, false);
-        if (ret < 0)
-            return fail(c, ret);
-    }
-    return 0;
+    return recv_hdrs(c, hdrs, seq_after, c->g.ways, deadline);
 }
 
 int peer_conn_read_hdrs_multi(struct peer_conn *c, const char *member, unsigned deadline_ms,
                               const uint64_t *buckets, uint32_t count, struct peer_slot_hdr *hdrs,
                               uint64_t *seq_after)
 {
-    struct peer_req q = {.magic = PEER_MAGIC,
-                         .version = PEER_VERSION,
-                         .op = PEER_OP_READ_HDRS_MULTI,
-                         .nways = count,
-                         .len = count * 8u};
+    struct peer_req q = peer_req_at(PEER_OP_READ_HDRS_MULTI, 0);
+    uint8_t bw[PEER_BATCH_MAX * 8];
     struct peer_rep rep;
     int64_t deadline;
     int ret;
 
+    q.nways = count;
+    q.len = count * 8u;
     if (count == 0 || count > PEER_BATCH_MAX || c->fd < 0)
         return -EINVAL;
-    ret = call(c, member, deadline_ms, &q, buckets, &rep, &deadline);
+    for (uint32_t i = 0; i < count; i++)
+        peer_put64(bw + 8 * i, buckets[i]);
+    ret = call(c, member, deadline_ms, &q, bw, &rep, &deadline);
     if (ret < 0)
         return ret;
     if (rep.status)
         return fail(c, -EPROTO);
-    for (uint32_t i = 0; i < count * c->g.ways; i++) {
-        ret = peer_recv_all(c->fd, &hdrs[i], sizeof(hdrs[i]), deadline, NULL, false);
-        if (ret == 0)
-            ret = peer_recv_all(c->fd, &seq_after[i], 8, deadline, NULL, false);
-        if (ret < 0)
-            return fail(c, ret);
-    }
-    return 0;
+    return recv_hdrs(c, hdrs, seq_after, (size_t)count * c->g.ways, deadline);
 }
 
 int peer_conn_read_slot(struct peer_conn *c, const char *member, unsigned deadline_ms,
                         uint64_t bucket, uint32_t way, uint32_t len, struct peer_slot_hdr *hdr,
                         uint64_t *seq_after, void *buf)
 {
-    struct peer_req q = {.magic = PEER_MAGIC,
-                         .version = PEER_VERSION,
-                         .op = PEER_OP_READ_SLOT,
-                         .bucket = bucket,
-                         .way = way,
-                         .nways = 1,
-                         .len = len};
+    struct peer_req q = peer_req_at(PEER_OP_READ_SLOT, bucket);
     struct peer_rep rep;
     int64_t deadline;
-    int ret = call(c, member, deadline_ms, &q, NULL, &rep, &deadline);
+    int ret;
 
+    q.way = way;
+    q.nways = 1;
+    q.len = len;
+    ret = call(c, member, deadline_ms, &q, NULL, &rep, &deadline);
     if (ret < 0)
         return ret;
     if (rep.status)
         return fail(c, -EPROTO);
-    ret = peer_recv_all(c->fd, hdr, sizeof(*hdr), deadline, NULL, false);
-    if (ret == 0)
-        ret = peer_recv_all(c->fd, seq_after, 8, deadline, NULL, false);
-    if (ret == 0)
-        ret = peer_recv_all(c->fd, buf, len, deadline, NULL, false);
-    return ret < 0 ? fail(c, ret) : 0;
+    ret = recv_hdrs(c, hdr, seq_after, 1, deadline);
+    if (ret == 0 && (ret = peer_recv_all(c->fd, buf, len, deadline, NULL, false)) < 0)
+        return fail(c, ret);
+    return ret;
 }
 
 int peer_conn_write(struct peer_conn *c, const char *member, unsigned deadline_ms, uint64_t bucket,
                     uint32_t way, uint64_t expect, const struct peer_hash *h, const void *payload,
                     uint32_t len, uint64_t stamp, uint64_t *found)
 {
-    struct peer_req q = {.magic = PEER_MAGIC,
-                         .version = PEER_VERSION,
-                         .op = PEER_OP_WRITE,
-                         .bucket = bucket,
-                         .way = way,
-                         .nways = 1,
-                         .expect = expect,
-                         .hash_lo = h->lo,
-                         .hash_hi = h->hi,
-                         .len = len,
-                         .stamp = stamp};
+    struct peer_req q = peer_req_at(PEER_OP_WRITE, bucket);
     struct peer_rep rep;
     int64_t deadline;
-    int ret = call(c, member, deadline_ms, &q, payload, &rep, &deadline);
+    int ret;
 
+    q.way = way;
+    q.nways = 1;
+    q.expect = expect;
+    q.hash_lo = h->lo;
+    q.hash_hi = h->hi;
+    q.len = len;
+    q.stamp = stamp;
+    ret = call(c, member, deadline_ms, &q, payload, &rep, &deadline);
     if (ret < 0)
         return ret;
     if (rep.status == -EAGAIN) {
@@ -262,8 +267,6 @@ int peer_conn_open_fresh(struct peer_conn *c, const char *member, unsigned deadl
 
 /* --- pipelined batches --- */
 
-#define HDR_WIRE (PEER_HDR_SIZE + 8u) /* a header copy and the seq after it */
-
 /* The next bytes of b's request stream: the current call's request, then a
  * WRITE's payload. false when everything is sent. */
 static bool tx_next(struct peer_batch *b, const uint8_t **p, size_t *n)
@@ -272,8 +275,8 @@ static bool tx_next(struct peer_batch *b, const uint8_t **p, size_t *n)
         const struct peer_call *k = &b->calls[b->tx_call];
 
         if (b->tx_stage == 0) {
-            *p = (const uint8_t *)&k->q;
-            *n = sizeof(k->q);
+            *p = k->wire;
+            *n = sizeof(k->wire);
         } else if (b->tx_stage == 1 && k->q.op == PEER_OP_WRITE && k->q.len) {
             *p = k->payload;
             *n = k->q.len;
@@ -295,10 +298,11 @@ static bool tx_next(struct peer_batch *b, const uint8_t **p, size_t *n)
 }
 
 /*
- * The answer stream of one call: stage 0 the peer_rep; stage 1 the
- * headers (READ_HDRS: ways x HDR_WIRE; READ_GET: one more, the way's, into
- * scratch); stage 2 nothing; stage 3 the payload (READ_GET with a way: into
- * the call's buf). Where the next bytes go; *n 0 when the call is complete.
+ * The answer stream of one call: stage 0 the peer_rep's image, into
+ * scratch; stage 1 the header images (READ_HDRS: ways x PEER_HDR_WIRE;
+ * READ_GET: one more, the way's), into scratch; stage 2 nothing; stage 3 the
+ * payload (READ_GET with a way: into the call's buf). Where the next bytes
+ * go; *n 0 when the call is complete.
  */
 static void rx_next(struct peer_batch *b, uint8_t **p, size_t *n)
 {
@@ -308,14 +312,14 @@ static void rx_next(struct peer_batch *b, uint8_t **p, size_t *n)
     *n = 0;
     switch (b->rx_stage) {
     case 0:
-        *p = (uint8_t *)&k->rep;
-        *n = sizeof(k->rep);
+        *p = b->scratch;
+        *n = PEER_REP_WIRE;
         break;
     case 1:
         /* READ_GET: the way's header (zeros for none) too, in one read. */
         if (k->q.op != PEER_OP_WRITE) {
             *p = b->scratch;
-            *n = ((size_t)ways + (k->q.op == PEER_OP_READ_GET)) * HDR_WIRE;
+            *n = ((size_t)ways + (k->q.op == PEER_OP_READ_GET)) * PEER_HDR_WIRE;
         }
         break;
     case 3:
@@ -338,6 +342,7 @@ static int rx_stage_done(struct peer_batch *b)
 
     switch (b->rx_stage) {
     case 0:
+        peer_rep_dec(&k->rep, b->scratch);
         if (k->rep.magic != PEER_MAGIC)
             return -EPROTO;
         if (k->q.op == PEER_OP_WRITE)
@@ -349,14 +354,10 @@ static int rx_stage_done(struct peer_batch *b)
                        : -EPROTO;
         return k->rep.status == 0 ? 0 : -EPROTO;
     case 1:
-        for (uint32_t w = 0; w < ways; w++) {
-            memcpy(&k->hdrs[w], b->scratch + (size_t)w * HDR_WIRE, PEER_HDR_SIZE);
-            memcpy(&k->after[w], b->scratch + (size_t)w * HDR_WIRE + PEER_HDR_SIZE, 8);
-        }
-        if (k->q.op == PEER_OP_READ_GET) {
-            memcpy(&k->hdr, b->scratch + (size_t)ways * HDR_WIRE, PEER_HDR_SIZE);
-            memcpy(&k->hdr_after, b->scratch + (size_t)ways * HDR_WIRE + PEER_HDR_SIZE, 8);
-        }
+        for (uint32_t w = 0; w < ways; w++)
+            peer_hdr_dec(&k->hdrs[w], &k->after[w], b->scratch + (size_t)w * PEER_HDR_WIRE);
+        if (k->q.op == PEER_OP_READ_GET)
+            peer_hdr_dec(&k->hdr, &k->hdr_after, b->scratch + (size_t)ways * PEER_HDR_WIRE);
         return 0;
     default:
         return 0;
@@ -444,8 +445,10 @@ size_t peer_conn_batch_run(struct peer_batch *b, size_t nb, unsigned deadline_ms
         b[i].tx_call = b[i].tx_off = b[i].rx_call = b[i].rx_off = 0;
         b[i].tx_stage = b[i].rx_stage = 0;
         b[i].last_ns = now;
-        for (size_t j = 0; j < b[i].n; j++)
+        for (size_t j = 0; j < b[i].n; j++) {
             b[i].calls[j].err = -EHOSTUNREACH;
+            peer_req_enc(b[i].calls[j].wire, &b[i].calls[j].q);
+        }
     }
     for (;;) {
         int64_t wait = -1;
@@ -538,13 +541,8 @@ enum peer_miss peer_conn_get(struct peer_conn *c, const char *member, unsigned d
     b = malloc(sizeof(*b));
     if (!b)
         return PEER_MISS_UNREACHABLE;
-    k.q = (struct peer_req){.magic = PEER_MAGIC,
-                            .version = PEER_VERSION,
-                            .op = PEER_OP_READ_GET,
-                            .bucket = peer_bucket_of(h, c->g.num_buckets),
-                            .hash_lo = h->lo,
-                            .hash_hi = h->hi,
-                            .len = len};
+    k.q = peer_req_for(PEER_OP_READ_GET, h, &c->g);
+    k.q.len = len;
     *b = (struct peer_batch){.c = c, .member = member, .calls = &k, .n = 1};
     peer_conn_batch_run(b, 1, deadline_ms);
     free(b);

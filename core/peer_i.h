@@ -18,10 +18,11 @@
  * announced num_buckets, way = an empty slot, else the same key, else the
  * oldest stamp. Writes are compare-and-swap on the seq the writer read.
  *
- * Wire (TCP, host byte order: the hosts of one deployment share an ABI):
- * the server sends a peer_hello with its geometry on accept; then each
- * request is one 64-byte peer_req (plus `len` payload bytes for a write) and
- * each answer one peer_rep plus data. Every field is checked against the
+ * Wire (TCP, every integer little-endian whatever the host: peer_*_enc /
+ * peer_*_dec convert at the socket, nothing else sees wire bytes): the
+ * server sends a peer_hello with its geometry on accept; then each request
+ * is one 64-byte peer_req (plus `len` payload bytes for a write) and each
+ * answer one peer_rep plus data. Every field is checked against the
  * announced geometry; a request that fails a check closes its connection.
  */
 #ifndef SHARDFS_PEER_I_H
@@ -29,17 +30,23 @@
 
 #include <shardfs/backend.h>
 
+#include <endian.h>
 #include <stdatomic.h>
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <string.h>
 
 #define PEER_HDR_SIZE    64u
 #define PEER_WAYS_MAX    64u
 #define PEER_VNODES      64u
 #define PEER_MEMBERS_MAX 256u
 #define PEER_MAGIC       0x53465031u /* "SFP1" */
-#define PEER_VERSION     2u /* 2: READ_GET, the four-lane checksum */
+/* 2: READ_GET, the four-lane checksum; 3: little-endian on the wire, and
+ * the key hash and checksum read the bytes as little-endian words. A peer
+ * of another version is refused at the hello (client) or its first
+ * request (server). */
+#define PEER_VERSION 3u
 /* Largest payload a slot can hold (one shard); bounds every length on the
  * wire together with the announced geometry. */
 #define PEER_PAYLOAD_MAX (64u << 20)
@@ -208,6 +215,25 @@ struct peer_req {
 };
 _Static_assert(sizeof(struct peer_req) == 64, "request is 64 bytes");
 
+/* The start every request shares: magic, version, op, bucket. */
+static inline struct peer_req peer_req_at(uint16_t op, uint64_t bucket)
+{
+    return (struct peer_req){
+        .magic = PEER_MAGIC, .version = PEER_VERSION, .op = op, .bucket = bucket};
+}
+
+/* A request about key h to an owner of geometry g: its bucket there and its
+ * hash (which READ_HDRS carries and the server ignores). */
+static inline struct peer_req peer_req_for(uint16_t op, const struct peer_hash *h,
+                                           const struct peer_geometry *g)
+{
+    struct peer_req q = peer_req_at(op, peer_bucket_of(h, g->num_buckets));
+
+    q.hash_lo = h->lo;
+    q.hash_hi = h->hi;
+    return q;
+}
+
 /* Answer: status 0 or -errno; then for READ_HDRS nways x (header, seq_after);
  * for READ_SLOT (header, seq_after) then len payload bytes; for WRITE
  * nothing (status -EAGAIN: the seq moved); for READ_GET status is the way
@@ -219,6 +245,44 @@ struct peer_rep {
     int32_t status;
     uint64_t seq; /* WRITE -EAGAIN: the seq found */
 };
+
+/*
+ * Wire images: each message as bytes on the wire, every integer
+ * little-endian at the offset its field has in the struct on a
+ * little-endian host (the tables in peer_net.c; a header's pad is sent as
+ * zeros). An encoder writes every field, a decoder reads every field and
+ * judges nothing (peer_req_check and peer_geometry_check do).
+ */
+#define PEER_HELLO_WIRE 32u
+#define PEER_REQ_WIRE   64u
+#define PEER_REP_WIRE   16u
+#define PEER_HDR_WIRE   72u /* a slot header copy, then the seq read after it */
+
+/* A little-endian 64-bit word at p (any alignment). */
+static inline void peer_put64(uint8_t *p, uint64_t v)
+{
+    v = htole64(v);
+    memcpy(p, &v, 8);
+}
+
+static inline uint64_t peer_get64(const uint8_t *p)
+{
+    uint64_t v;
+
+    memcpy(&v, p, 8);
+    return le64toh(v);
+}
+
+_Static_assert(PEER_HDR_SIZE + 8 == PEER_HDR_WIRE, "header image: the header, then a seq");
+
+void peer_hello_enc(uint8_t *out, const struct peer_hello *m);
+void peer_hello_dec(struct peer_hello *m, const uint8_t *in);
+void peer_req_enc(uint8_t *out, const struct peer_req *q);
+void peer_req_dec(struct peer_req *q, const uint8_t *in);
+void peer_rep_enc(uint8_t *out, const struct peer_rep *r);
+void peer_rep_dec(struct peer_rep *r, const uint8_t *in);
+void peer_hdr_enc(uint8_t *out, const struct peer_slot_hdr *h, uint64_t after);
+void peer_hdr_dec(struct peer_slot_hdr *h, uint64_t *after, const uint8_t *in);
 
 /* Validate a request against the geometry; 0 or -EINVAL. (Fuzzable.) */
 int peer_req_check(const struct peer_req *q, const struct peer_geometry *g);
@@ -282,16 +346,17 @@ enum peer_miss peer_conn_get(struct peer_conn *c, const char *member, unsigned d
  * other members' calls are unaffected.
  */
 struct peer_call {
-    struct peer_req q;          /* READ_HDRS (nways = g.ways), READ_GET or WRITE */
-    const void *payload;        /* WRITE: q.len bytes */
-    void *buf;                  /* READ_GET: where the q.len payload bytes go */
-    struct peer_slot_hdr *hdrs; /* READ_HDRS, READ_GET: g.ways header copies ... */
-    uint64_t *after;            /* ... and the seq read after each */
-    struct peer_slot_hdr hdr;   /* READ_GET with a way: its header copy ... */
-    uint64_t hdr_after;         /* ... and the seq after the payload */
-    struct peer_rep rep;        /* the answer's status (and seq) */
-    int err;                    /* 0: answered; -errno: not */
-    size_t key;                 /* the caller's */
+    struct peer_req q;           /* READ_HDRS (nways = g.ways), READ_GET or WRITE */
+    uint8_t wire[PEER_REQ_WIRE]; /* q's image (peer_conn_batch_run's) */
+    const void *payload;         /* WRITE: q.len bytes */
+    void *buf;                   /* READ_GET: where the q.len payload bytes go */
+    struct peer_slot_hdr *hdrs;  /* READ_HDRS, READ_GET: g.ways header copies ... */
+    uint64_t *after;             /* ... and the seq read after each */
+    struct peer_slot_hdr hdr;    /* READ_GET with a way: its header copy ... */
+    uint64_t hdr_after;          /* ... and the seq after the payload */
+    struct peer_rep rep;         /* the answer's status (and seq) */
+    int err;                     /* 0: answered; -errno: not */
+    size_t key;                  /* the caller's */
 };
 
 struct peer_batch {
@@ -303,7 +368,7 @@ struct peer_batch {
     size_t tx_call, tx_off, rx_call, rx_off;
     int tx_stage, rx_stage;
     int64_t last_ns;
-    uint8_t scratch[(PEER_WAYS_MAX + 1) * (PEER_HDR_SIZE + 8)];
+    uint8_t scratch[(PEER_WAYS_MAX + 1) * PEER_HDR_WIRE]; /* answer images, decoded */
 };
 
 /* Run nb batches to distinct members at once. Returns the number of calls

@@ -1,9 +1,9 @@
 /* SPDX-License-Identifier: MIT */
 /*
- * peer_net.c - the peer tier's wire (protocol: peer_i.h): the request check
- * the server applies to every request, addresses, and the blocking socket
- * I/O under a deadline that the server (peer_server.c) and the client
- * (peer_client.c) share.
+ * peer_net.c - the peer tier's wire (protocol: peer_i.h): the messages'
+ * little-endian images, the request check the server applies to every
+ * request, addresses, and the blocking socket I/O under a deadline that the
+ * server (peer_server.c) and the client (peer_client.c) share.
  */
 #include "backend_i.h"
 #include "peer_net_i.h"
@@ -15,6 +15,7 @@
 #include <netinet/tcp.h>
 #include <poll.h>
 #include <pthread.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -62,6 +63,145 @@ int peer_resolve(const char *addr, bool passive, struct addrinfo **res)
     if (getaddrinfo(host, port, &hints, res) != 0)
         return -EHOSTUNREACH;
     return 0;
+}
+
+/* --- wire images --- */
+
+/*
+ * The format, one table a message: each field's offset in the image, its
+ * width (little-endian) and where it lives in the struct. The offsets are
+ * the structs' own on a little-endian host, stated here so that no ABI's
+ * padding can move them. Bytes no field names (a header's pad) are zeros.
+ */
+struct wire_field {
+    uint8_t off, width;
+    uint16_t at;
+};
+
+#define WF(off, type, field)                                                                       \
+    {                                                                                              \
+        off, sizeof(((type *)0)->field), offsetof(type, field)                                     \
+    }
+
+static const struct wire_field HELLO_F[] = {
+    WF(0, struct peer_hello, magic),          WF(4, struct peer_hello, version),
+    WF(8, struct peer_hello, g.num_buckets),  WF(16, struct peer_hello, g.ways),
+    WF(20, struct peer_hello, g.max_payload), WF(24, struct peer_hello, g.stride),
+};
+
+static const struct wire_field REQ_F[] = {
+    WF(0, struct peer_req, magic),    WF(4, struct peer_req, version),
+    WF(6, struct peer_req, op),       WF(8, struct peer_req, bucket),
+    WF(16, struct peer_req, way),     WF(20, struct peer_req, nways),
+    WF(24, struct peer_req, expect),  WF(32, struct peer_req, hash_lo),
+    WF(40, struct peer_req, hash_hi), WF(48, struct peer_req, len),
+    WF(52, struct peer_req, pad),     WF(56, struct peer_req, stamp),
+};
+
+static const struct wire_field REP_F[] = {
+    WF(0, struct peer_rep, magic),
+    WF(4, struct peer_rep, status),
+    WF(8, struct peer_rep, seq),
+};
+
+/* A header's seq goes as the plain word it is in a private copy. */
+static const struct wire_field HDR_F[] = {
+    WF(0, struct peer_slot_hdr, seq),      WF(8, struct peer_slot_hdr, hash_lo),
+    WF(16, struct peer_slot_hdr, hash_hi), WF(24, struct peer_slot_hdr, len),
+    WF(28, struct peer_slot_hdr, magic),   WF(32, struct peer_slot_hdr, csum),
+    WF(40, struct peer_slot_hdr, stamp),
+};
+
+#define NF(t) (sizeof(t) / sizeof((t)[0]))
+
+static void enc(uint8_t *out, size_t size, const void *m, const struct wire_field *f, size_t n)
+{
+    memset(out, 0, size);
+    for (size_t i = 0; i < n; i++) {
+        const uint8_t *p = (const uint8_t *)m + f[i].at;
+        uint64_t v;
+
+        if (f[i].width == 2) {
+            uint16_t x;
+
+            memcpy(&x, p, 2);
+            v = x;
+        } else if (f[i].width == 4) {
+            uint32_t x;
+
+            memcpy(&x, p, 4);
+            v = x;
+        } else {
+            memcpy(&v, p, 8);
+        }
+        for (unsigned b = 0; b < f[i].width; b++)
+            out[f[i].off + b] = (uint8_t)(v >> (8 * b));
+    }
+}
+
+static void dec(void *m, size_t size, const uint8_t *in, const struct wire_field *f, size_t n)
+{
+    memset(m, 0, size);
+    for (size_t i = 0; i < n; i++) {
+        uint8_t *p = (uint8_t *)m + f[i].at;
+        uint64_t v = 0;
+
+        for (unsigned b = 0; b < f[i].width; b++)
+            v |= (uint64_t)in[f[i].off + b] << (8 * b);
+        if (f[i].width == 2) {
+            uint16_t x = (uint16_t)v;
+
+            memcpy(p, &x, 2);
+        } else if (f[i].width == 4) {
+            uint32_t x = (uint32_t)v;
+
+            memcpy(p, &x, 4);
+        } else {
+            memcpy(p, &v, 8);
+        }
+    }
+}
+
+void peer_hello_enc(uint8_t *out, const struct peer_hello *m)
+{
+    enc(out, PEER_HELLO_WIRE, m, HELLO_F, NF(HELLO_F));
+}
+
+void peer_hello_dec(struct peer_hello *m, const uint8_t *in)
+{
+    dec(m, sizeof(*m), in, HELLO_F, NF(HELLO_F));
+}
+
+void peer_req_enc(uint8_t *out, const struct peer_req *q)
+{
+    enc(out, PEER_REQ_WIRE, q, REQ_F, NF(REQ_F));
+}
+
+void peer_req_dec(struct peer_req *q, const uint8_t *in)
+{
+    dec(q, sizeof(*q), in, REQ_F, NF(REQ_F));
+}
+
+void peer_rep_enc(uint8_t *out, const struct peer_rep *r)
+{
+    enc(out, PEER_REP_WIRE, r, REP_F, NF(REP_F));
+}
+
+void peer_rep_dec(struct peer_rep *r, const uint8_t *in)
+{
+    dec(r, sizeof(*r), in, REP_F, NF(REP_F));
+}
+
+void peer_hdr_enc(uint8_t *out, const struct peer_slot_hdr *h, uint64_t after)
+{
+    enc(out, PEER_HDR_SIZE, h, HDR_F, NF(HDR_F));
+    peer_put64(out + PEER_HDR_SIZE, after);
+}
+
+void peer_hdr_dec(struct peer_slot_hdr *h, uint64_t *after, const uint8_t *in)
+{
+    dec(h, sizeof(*h), in, HDR_F, NF(HDR_F));
+    *after = peer_get64(in + PEER_HDR_SIZE);
 }
 
 int peer_req_check(const struct peer_req *q, const struct peer_geometry *g)
@@ -130,52 +270,28 @@ static bool stalled(const _Atomic bool *stop, unsigned *stalls, bool started)
     return started && ++*stalls >= PEER_STALLS_MAX;
 }
 
-int peer_send_all(int fd, const void *buf, size_t n, int64_t deadline_ns, const _Atomic bool *stop)
+/* n bytes to (tx) or from fd: the one loop of both directions. A send
+ * never writes through p. */
+static int xfer_all(int fd, uint8_t *p, size_t n, bool tx, int64_t deadline_ns,
+                    const _Atomic bool *stop, bool started)
 {
-    const uint8_t *p = buf;
+    const uint8_t *first = p;
     unsigned stalls = 0;
 
     while (n) {
-        ssize_t w;
-        int r = peer_wait_fd(fd, POLLOUT, deadline_ns);
-
-        if (r < 0)
-            return r;
-        w = send(fd, p, n, MSG_NOSIGNAL | (deadline_ns ? MSG_DONTWAIT : 0));
-        if (w < 0) {
-            if (errno == EINTR)
-                continue;
-            if (errno == EAGAIN && (deadline_ns || !stalled(stop, &stalls, true)))
-                continue;
-            return errno == EAGAIN ? -ETIMEDOUT : -errno;
-        }
-        stalls = 0;
-        p += w;
-        n -= (size_t)w;
-    }
-    return 0;
-}
-
-int peer_recv_all(int fd, void *buf, size_t n, int64_t deadline_ns, const _Atomic bool *stop,
-                  bool started)
-{
-    uint8_t *p = buf;
-    unsigned stalls = 0;
-
-    while (n) {
+        int fl = deadline_ns ? MSG_DONTWAIT : 0;
+        int r = peer_wait_fd(fd, tx ? POLLOUT : POLLIN, deadline_ns);
         ssize_t got;
-        int r = peer_wait_fd(fd, POLLIN, deadline_ns);
 
         if (r < 0)
             return r;
-        got = recv(fd, p, n, deadline_ns ? MSG_DONTWAIT : 0);
-        if (got == 0)
+        got = tx ? send(fd, p, n, fl | MSG_NOSIGNAL) : recv(fd, p, n, fl);
+        if (got == 0 && !tx)
             return -ECONNRESET;
         if (got < 0) {
             if (errno == EINTR)
                 continue;
-            if (errno == EAGAIN &&
-                (deadline_ns || !stalled(stop, &stalls, started || p != (uint8_t *)buf)))
+            if (errno == EAGAIN && (deadline_ns || !stalled(stop, &stalls, started || p != first)))
                 continue;
             return errno == EAGAIN ? -ETIMEDOUT : -errno;
         }
@@ -184,4 +300,15 @@ int peer_recv_all(int fd, void *buf, size_t n, int64_t deadline_ns, const _Atomi
         n -= (size_t)got;
     }
     return 0;
+}
+
+int peer_send_all(int fd, const void *buf, size_t n, int64_t deadline_ns, const _Atomic bool *stop)
+{
+    return xfer_all(fd, (uint8_t *)buf, n, true, deadline_ns, stop, true);
+}
+
+int peer_recv_all(int fd, void *buf, size_t n, int64_t deadline_ns, const _Atomic bool *stop,
+                  bool started)
+{
+    return xfer_all(fd, buf, n, false, deadline_ns, stop, started);
 }

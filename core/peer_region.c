@@ -14,7 +14,8 @@
  * overwriting a different key.
  *
  * Hashes are fixed functions of the key's bytes (block id, then shard
- * little-endian), so every host computes the same owner, bucket and key hash.
+ * little-endian), read as little-endian words, so every host computes the
+ * same owner, bucket and key hash; so is the payload checksum.
  */
 
 #include "peer_i.h"
@@ -41,17 +42,13 @@ static uint64_t hash64(const void *p, size_t len, uint64_t seed)
     uint64_t h = fmix64(seed ^ (len * 0x9e3779b97f4a7c15ull));
     size_t i = 0;
 
-    for (; i + 8 <= len; i += 8) {
-        uint64_t w;
-
-        memcpy(&w, b + i, 8);
-        h = fmix64(h ^ w) + 0x9e3779b97f4a7c15ull;
-    }
+    for (; i + 8 <= len; i += 8)
+        h = fmix64(h ^ peer_get64(b + i)) + 0x9e3779b97f4a7c15ull;
     if (i < len) {
-        uint64_t w = 0;
+        uint8_t tail[8] = {0};
 
-        memcpy(&w, b + i, len - i);
-        h = fmix64(h ^ w ^ 0xff);
+        memcpy(tail, b + i, len - i);
+        h = fmix64(h ^ peer_get64(tail) ^ 0xff);
     }
     return fmix64(h);
 }
@@ -100,22 +97,15 @@ uint64_t peer_checksum(const void *p, size_t len)
 
     for (; i + 32 <= len; i += 32)
         for (int l = 0; l < 4; l++) {
-            uint64_t w;
-
-            memcpy(&w, b + i + 8 * l, 8);
-            h[l] = (h[l] ^ w) * K[l];
+            h[l] = (h[l] ^ peer_get64(b + i + 8 * l)) * K[l];
             h[l] ^= h[l] >> 29;
         }
     if (i < len) {
         uint8_t tail[32] = {0};
 
         memcpy(tail, b + i, len - i);
-        for (int l = 0; l < 4; l++) {
-            uint64_t w;
-
-            memcpy(&w, tail + 8 * l, 8);
-            h[l] = (h[l] ^ w ^ 0xff) * K[l];
-        }
+        for (int l = 0; l < 4; l++)
+            h[l] = (h[l] ^ peer_get64(tail + 8 * l) ^ 0xff) * K[l];
     }
     return fmix64(h[0] ^ fmix64(h[1] ^ fmix64(h[2] ^ fmix64(h[3] ^ len))));
 }

@@ -60,52 +60,64 @@ struct conn_arg {
     unsigned slot; /* in s->conns */
 };
 
+/* One header copy and the seq read after it, at buf (their image). */
+static size_t put_hdr(uint8_t *buf, const struct peer_slot_hdr *h, uint64_t after)
+{
+    peer_hdr_enc(buf, h, after);
+    return PEER_HDR_WIRE;
+}
+
+/* Header copies of ways [w0, w0 + nw) of bucket, each followed by the seq
+ * read after it, at buf; returns the bytes written (nw x 72). */
+static size_t put_hdrs(const struct peer_region *r, uint64_t bucket, uint32_t w0, uint32_t nw,
+                       uint8_t *buf)
+{
+    size_t n = 0;
+
+    for (uint32_t w = w0; w < w0 + nw; w++) {
+        struct peer_slot_hdr h;
+        uint64_t before, after = peer_slot_copy(r, bucket, w, &h, &before, NULL, 0);
+
+        n += put_hdr(buf + n, &h, after);
+    }
+    return n;
+}
+
 /* One request; 0 to go on, < 0 to close the connection. */
 static int serve_one(struct peer_server *s, int fd, unsigned slot, uint8_t *buf)
 {
     const struct peer_geometry *g = &s->r->g;
+    uint8_t qw[PEER_REQ_WIRE];
     struct peer_req q;
     struct peer_rep rep = {.magic = PEER_MAGIC};
     size_t n = 0;
-    int ret = peer_recv_all(fd, &q, sizeof(q), 0, &s->stop, false);
+    int ret = peer_recv_all(fd, qw, sizeof(qw), 0, &s->stop, false);
 
     if (ret < 0)
         return ret;
+    peer_req_dec(&q, qw);
     if (peer_req_check(&q, g) < 0)
         return -EINVAL;
     switch (q.op) {
     case PEER_OP_READ_HDRS:
         /* buf holds enough for any answer: see conn_main. */
-        memcpy(buf, &rep, sizeof(rep));
-        n = sizeof(rep);
-        for (uint32_t w = q.way; w < q.way + q.nways; w++) {
-            struct peer_slot_hdr h;
-            uint64_t before, after = peer_slot_copy(s->r, q.bucket, w, &h, &before, NULL, 0);
-
-            memcpy(buf + n, &h, sizeof(h));
-            memcpy(buf + n + sizeof(h), &after, 8);
-            n += sizeof(h) + 8;
-        }
+        peer_rep_enc(buf, &rep);
+        n = PEER_REP_WIRE + put_hdrs(s->r, q.bucket, q.way, q.nways, buf + PEER_REP_WIRE);
         break;
     case PEER_OP_READ_HDRS_MULTI: {
-        uint64_t b[PEER_BATCH_MAX];
+        uint8_t b[PEER_BATCH_MAX * 8];
 
         ret = peer_recv_all(fd, b, q.len, 0, &s->stop, true);
         if (ret < 0)
             return ret;
-        memcpy(buf, &rep, sizeof(rep));
-        n = sizeof(rep);
+        peer_rep_enc(buf, &rep);
+        n = PEER_REP_WIRE;
         for (uint32_t i = 0; i < q.nways; i++) {
-            if (b[i] >= g->num_buckets)
-                return -EINVAL; /* closes the connection, as any bad field */
-            for (uint32_t w = 0; w < g->ways; w++) {
-                struct peer_slot_hdr h;
-                uint64_t before, after = peer_slot_copy(s->r, b[i], w, &h, &before, NULL, 0);
+            uint64_t bucket = peer_get64(b + 8 * i);
 
-                memcpy(buf + n, &h, sizeof(h));
-                memcpy(buf + n + sizeof(h), &after, 8);
-                n += sizeof(h) + 8;
-            }
+            if (bucket >= g->num_buckets)
+                return -EINVAL; /* closes the connection, as any bad field */
+            n += put_hdrs(s->r, bucket, 0, g->ways, buf + n);
         }
         break;
     }
@@ -113,13 +125,11 @@ static int serve_one(struct peer_server *s, int fd, unsigned slot, uint8_t *buf)
         struct peer_slot_hdr h;
         uint64_t before, after;
 
-        memset(buf + sizeof(rep) + sizeof(h) + 8, 0, q.len);
+        memset(buf + PEER_REP_WIRE + PEER_HDR_WIRE, 0, q.len);
         after = peer_slot_copy(s->r, q.bucket, q.way, &h, &before,
-                               buf + sizeof(rep) + sizeof(h) + 8, q.len);
-        memcpy(buf, &rep, sizeof(rep));
-        memcpy(buf + sizeof(rep), &h, sizeof(h));
-        memcpy(buf + sizeof(rep) + sizeof(h), &after, 8);
-        n = sizeof(rep) + sizeof(h) + 8 + q.len;
+                               buf + PEER_REP_WIRE + PEER_HDR_WIRE, q.len);
+        peer_rep_enc(buf, &rep);
+        n = PEER_REP_WIRE + put_hdr(buf + PEER_REP_WIRE, &h, after) + q.len;
         break;
     }
     case PEER_OP_READ_GET: {
@@ -135,23 +145,18 @@ static int serve_one(struct peer_server *s, int fd, unsigned slot, uint8_t *buf)
             af[w] = peer_slot_copy(s->r, q.bucket, w, &hs[w], &before, NULL, 0);
         way = peer_find_way(hs, af, g->ways, &kh, q.len);
         rep.status = way >= 0 ? way : -ENOENT;
-        memcpy(buf, &rep, sizeof(rep));
-        n = sizeof(rep);
-        for (uint32_t w = 0; w < g->ways; w++) {
-            memcpy(buf + n, &hs[w], sizeof(hs[w]));
-            memcpy(buf + n + sizeof(hs[w]), &af[w], 8);
-            n += sizeof(hs[w]) + 8;
-        }
+        peer_rep_enc(buf, &rep);
+        n = PEER_REP_WIRE;
+        for (uint32_t w = 0; w < g->ways; w++)
+            n += put_hdr(buf + n, &hs[w], af[w]);
         /* The way's header always (zeros for none): the answer's fixed
          * part has one size, read by the client in one call. */
         memset(&h, 0, sizeof(h));
         after = 0;
         if (way >= 0)
             after = peer_slot_copy(s->r, q.bucket, (uint32_t)way, &h, &before,
-                                   buf + n + sizeof(h) + 8, q.len);
-        memcpy(buf + n, &h, sizeof(h));
-        memcpy(buf + n + sizeof(h), &after, 8);
-        n += sizeof(h) + 8 + (way >= 0 ? q.len : 0);
+                                   buf + n + PEER_HDR_WIRE, q.len);
+        n += put_hdr(buf + n, &h, after) + (way >= 0 ? q.len : 0);
         break;
     }
     case PEER_OP_WRITE: {
@@ -165,8 +170,8 @@ static int serve_one(struct peer_server *s, int fd, unsigned slot, uint8_t *buf)
         if (ret == -EAGAIN)
             rep.seq = atomic_load_explicit(&peer_slot(s->r, q.bucket, q.way)->seq,
                                            memory_order_relaxed); /* a report only */
-        memcpy(buf, &rep, sizeof(rep));
-        n = sizeof(rep);
+        peer_rep_enc(buf, &rep);
+        n = PEER_REP_WIRE;
         break;
     }
     }
@@ -182,18 +187,29 @@ static int serve_one(struct peer_server *s, int fd, unsigned slot, uint8_t *buf)
     return ret;
 }
 
+/* Give back table entry slot and close its fd, out of the table first: an
+ * eviction never shuts down a reused descriptor. */
+static void conn_release(struct peer_server *s, unsigned slot, int fd)
+{
+    pthread_mutex_lock(&s->lock);
+    s->conns[slot].used = false;
+    close(fd);
+    if (--s->nconns == 0)
+        pthread_cond_broadcast(&s->idle);
+    pthread_mutex_unlock(&s->lock);
+}
+
 static void *conn_main(void *arg)
 {
     struct conn_arg *ca = arg;
     struct peer_server *s = ca->s;
     int fd = ca->fd;
     const struct peer_geometry *g = &s->r->g;
-    size_t cap = sizeof(struct peer_rep) + (size_t)g->ways * (PEER_HDR_SIZE + 8);
+    size_t cap = PEER_REP_WIRE + (size_t)g->ways * PEER_HDR_WIRE;
     /* READ_SLOT, READ_GET: the headers, one more and a payload. */
-    size_t cap2 =
-        sizeof(struct peer_rep) + ((size_t)g->ways + 1) * (PEER_HDR_SIZE + 8) + g->max_payload;
+    size_t cap2 = PEER_REP_WIRE + ((size_t)g->ways + 1) * PEER_HDR_WIRE + g->max_payload;
     /* READ_HDRS_MULTI: at most 64 x 64 x 72 bytes (288 KiB). */
-    size_t cap3 = sizeof(struct peer_rep) + (size_t)PEER_BATCH_MAX * g->ways * (PEER_HDR_SIZE + 8);
+    size_t cap3 = PEER_REP_WIRE + (size_t)PEER_BATCH_MAX * g->ways * PEER_HDR_WIRE;
     uint8_t *buf;
 
     if (cap2 > cap)
@@ -204,22 +220,16 @@ static void *conn_main(void *arg)
      * it) sends bytes of an earlier answer of this connection, never heap. */
     buf = calloc(1, cap);
     struct peer_hello hello = {.magic = PEER_MAGIC, .version = PEER_VERSION, .g = *g};
-
+    uint8_t hw[PEER_HELLO_WIRE];
     unsigned slot = ca->slot;
 
     free(ca);
-    if (buf && peer_send_all(fd, &hello, sizeof(hello), 0, &s->stop) == 0)
+    peer_hello_enc(hw, &hello);
+    if (buf && peer_send_all(fd, hw, sizeof(hw), 0, &s->stop) == 0)
         while (serve_one(s, fd, slot, buf) == 0)
             ;
     free(buf);
-    /* Out of the table before the fd is closed: an eviction never shuts
-     * down a reused descriptor. */
-    pthread_mutex_lock(&s->lock);
-    s->conns[slot].used = false;
-    close(fd);
-    if (--s->nconns == 0)
-        pthread_cond_broadcast(&s->idle);
-    pthread_mutex_unlock(&s->lock);
+    conn_release(s, slot, fd);
     return NULL;
 }
 
@@ -403,12 +413,7 @@ static void *accept_main(void *arg)
         if (!ca || (ca->s = s, ca->fd = fd, ca->slot = (unsigned)slot,
                     pthread_create(&t, &at, conn_main, ca) != 0)) {
             free(ca);
-            pthread_mutex_lock(&s->lock);
-            s->conns[slot].used = false;
-            close(fd);
-            if (--s->nconns == 0)
-                pthread_cond_broadcast(&s->idle);
-            pthread_mutex_unlock(&s->lock);
+            conn_release(s, (unsigned)slot, fd);
         }
         pthread_attr_destroy(&at);
     }

@@ -201,13 +201,8 @@ static void fill_get(struct plan *pl, size_t i, struct peer_call *k, const struc
     struct get_arg *ga = arg;
 
     k->buf = ga->bufs[i];
-    k->q = (struct peer_req){.magic = PEER_MAGIC,
-                             .version = PEER_VERSION,
-                             .op = PEER_OP_READ_GET,
-                             .bucket = peer_bucket_of(&pl->h[i], c->g.num_buckets),
-                             .hash_lo = pl->h[i].lo,
-                             .hash_hi = pl->h[i].hi,
-                             .len = ga->lens[i]};
+    k->q = peer_req_for(PEER_OP_READ_GET, &pl->h[i], &c->g);
+    k->q.len = ga->lens[i];
 }
 
 void peer_tier_get_batch(struct peer_backend *pb, const struct sfs_key *keys, size_t n,
@@ -254,8 +249,8 @@ void peer_tier_get_batch(struct peer_backend *pb, const struct sfs_key *keys, si
         res[i] = peer_call_judge(k, ways, &pl.h[i], lens[i], bufs[i]);
         if (k->err == 0)
             CTR_ADD(pb, bytes_read,
-                    (uint64_t)ways * (PEER_HDR_SIZE + 8) +
-                        (k->rep.status >= 0 ? PEER_HDR_SIZE + 8 + (uint64_t)lens[i] : 0));
+                    (uint64_t)ways * PEER_HDR_WIRE +
+                        (k->rep.status >= 0 ? PEER_HDR_WIRE + (uint64_t)lens[i] : 0));
     }
 out:
     if (call_of && want)
@@ -280,11 +275,8 @@ static void fill_hdrs(struct plan *pl, size_t i, struct peer_call *k, const stru
                       void *arg)
 {
     (void)arg;
-    k->q = (struct peer_req){.magic = PEER_MAGIC,
-                             .version = PEER_VERSION,
-                             .op = PEER_OP_READ_HDRS,
-                             .bucket = peer_bucket_of(&pl->h[i], c->g.num_buckets),
-                             .nways = c->g.ways};
+    k->q = peer_req_for(PEER_OP_READ_HDRS, &pl->h[i], &c->g);
+    k->q.nways = c->g.ways;
 }
 
 void peer_tier_has(struct peer_backend *pb, const struct sfs_key *keys, size_t n, uint32_t len,
@@ -319,7 +311,7 @@ void peer_tier_has(struct peer_backend *pb, const struct sfs_key *keys, size_t n
         ways = plan_conn(&pl, i)->g.ways;
         present[i] = peer_call_judge(&pl.calls[call_of[i]], ways, &pl.h[i], len, NULL) == PEER_HIT;
         if (pl.calls[call_of[i]].err == 0)
-            CTR_ADD(pb, bytes_read, (uint64_t)ways * (PEER_HDR_SIZE + 8));
+            CTR_ADD(pb, bytes_read, (uint64_t)ways * PEER_HDR_WIRE);
     }
 out:
     if (call_of && want)
@@ -345,17 +337,12 @@ static void fill_write(struct plan *pl, size_t i, struct peer_call *k, const str
     struct set_arg *sa = arg;
 
     k->payload = sa->bufs[i];
-    k->q = (struct peer_req){.magic = PEER_MAGIC,
-                             .version = PEER_VERSION,
-                             .op = PEER_OP_WRITE,
-                             .bucket = peer_bucket_of(&pl->h[i], c->g.num_buckets),
-                             .way = sa->way[i],
-                             .nways = 1,
-                             .expect = sa->expect[i],
-                             .hash_lo = pl->h[i].lo,
-                             .hash_hi = pl->h[i].hi,
-                             .len = sa->lens[i],
-                             .stamp = sa->stamp};
+    k->q = peer_req_for(PEER_OP_WRITE, &pl->h[i], &c->g);
+    k->q.way = sa->way[i];
+    k->q.nways = 1;
+    k->q.expect = sa->expect[i];
+    k->q.len = sa->lens[i];
+    k->q.stamp = sa->stamp;
 }
 
 /* Choose key i's way from its headers; earlier keys of this batch that chose
@@ -427,7 +414,7 @@ void peer_tier_set_batch(struct peer_backend *pb, const struct sfs_key *keys, si
                 continue;
             }
             ways = plan_conn(&pl, i)->g.ways;
-            CTR_ADD(pb, bytes_read, (uint64_t)ways * (PEER_HDR_SIZE + 8));
+            CTR_ADD(pb, bytes_read, (uint64_t)ways * PEER_HDR_WIRE);
             w = choose_way(&pl, i, call_of, want, way, ways);
             if (w < 0)
                 continue; /* every way busy: -EAGAIN, maybe next attempt */

@@ -57,16 +57,9 @@ out:
 int sfs_rank_lookup(struct sfs_rank *rk, const struct sfs_block_id *blocks, size_t n,
                     uint32_t shard, bool *present)
 {
-    int r;
-
     if (!rk || (n && (!blocks || !present)))
         return -EINVAL;
-    r = sfs_link_enter(rk);
-    if (r < 0)
-        return r;
-    r = lookup_entered(rk, blocks, n, shard, present);
-    sfs_link_leave(rk);
-    return r;
+    return SFS_LINKED(rk, lookup_entered(rk, blocks, n, shard, present));
 }
 
 static long lookup_prefix_entered(struct sfs_rank *rk, const struct sfs_block_id *blocks, size_t n,
@@ -76,8 +69,6 @@ static long lookup_prefix_entered(struct sfs_rank *rk, const struct sfs_block_id
     bool *present;
     int r;
 
-    if (!rk || (n && !blocks))
-        return -EINVAL;
     /* The cache answers the common case (a resident prefix) without I/O. */
     for (; i < n; i++) {
         struct sfs_key k = {.block = blocks[i], .shard = shard};
@@ -105,67 +96,30 @@ static long lookup_prefix_entered(struct sfs_rank *rk, const struct sfs_block_id
 long sfs_rank_lookup_prefix(struct sfs_rank *rk, const struct sfs_block_id *blocks, size_t n,
                             uint32_t shard)
 {
-    long r;
-
     if (!rk || (n && !blocks))
         return -EINVAL;
-    r = sfs_link_enter(rk);
-    if (r < 0)
-        return r;
-    r = lookup_prefix_entered(rk, blocks, n, shard);
-    sfs_link_leave(rk);
-    return r;
+    return SFS_LINKED(rk, lookup_prefix_entered(rk, blocks, n, shard));
 }
 
 int sfs_rank_touch(struct sfs_rank *rk, const struct sfs_block_id *blocks, size_t n)
 {
-    int r;
-
     if (!rk || (n && !blocks))
         return -EINVAL;
-    r = sfs_link_enter(rk);
-    if (r < 0)
-        return r;
-    r = sfs_cache_touch(rk->cache, blocks, n);
-    sfs_link_leave(rk);
-    return r;
+    return SFS_LINKED(rk, sfs_cache_touch(rk->cache, blocks, n));
 }
 
 int sfs_rank_pin(struct sfs_rank *rk, const struct sfs_block_id *blocks, size_t n, uint32_t seconds)
 {
-    int r;
-
     if (!rk || (n && !blocks))
         return -EINVAL;
-    r = sfs_link_enter(rk);
-    if (r < 0)
-        return r;
-    r = sfs_cache_pin(rk->cache, blocks, n, seconds);
-    sfs_link_leave(rk);
-    return r;
-}
-
-static int prefetch_entered(struct sfs_rank *rk, const struct sfs_key *keys, size_t n)
-{
-    if (!rk || (n && !keys))
-        return -EINVAL;
-    if (rk->query_only || !rk->be)
-        return 0;
-    return sfs_own_prefetch(rk, keys, n);
+    return SFS_LINKED(rk, sfs_cache_pin(rk->cache, blocks, n, seconds));
 }
 
 int sfs_rank_prefetch(struct sfs_rank *rk, const struct sfs_key *keys, size_t n)
 {
-    int r;
-
     if (!rk || (n && !keys))
         return -EINVAL;
     if (rk->query_only || !rk->be)
         return 0;
-    r = sfs_link_enter(rk);
-    if (r < 0)
-        return r;
-    r = prefetch_entered(rk, keys, n);
-    sfs_link_leave(rk);
-    return r;
+    return SFS_LINKED(rk, sfs_own_prefetch(rk, keys, n));
 }

@@ -341,6 +341,18 @@ void sfs_link_stop(struct sfs_rank *rk);
  * after re-attaching a lost daemon link; sfs_link_leave() drops it. */
 int sfs_link_enter(struct sfs_rank *rk);
 void sfs_link_leave(struct sfs_rank *rk);
+/* The value of `call` evaluated between sfs_link_enter and sfs_link_leave,
+ * or enter's -errno (then call is not evaluated): the body of every public
+ * call that uses the cache. */
+#define SFS_LINKED(rk, call)                                                                       \
+    __extension__({                                                                                \
+        __typeof__(call) linked_r_ = sfs_link_enter(rk);                                           \
+        if (linked_r_ >= 0) {                                                                      \
+            linked_r_ = (call);                                                                    \
+            sfs_link_leave(rk);                                                                    \
+        }                                                                                          \
+        linked_r_;                                                                                 \
+    })
 
 /* inline.c (called by task.c): try load task t (counted active, not
  * queued) on the calling thread. True: it is complete, or its every key is

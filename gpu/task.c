@@ -92,17 +92,10 @@ static int submit_entered(struct sfs_rank *rk, const struct sfs_rank_entry *entr
 static int submit(struct sfs_rank *rk, const struct sfs_rank_entry *entries, size_t n, int kind,
                   struct sfs_task **out)
 {
-    int r;
-
     if (!rk || !entries || !out || n == 0 || n > UINT32_MAX)
         return -EINVAL;
     *out = NULL;
-    r = sfs_link_enter(rk);
-    if (r < 0)
-        return r;
-    r = submit_entered(rk, entries, n, kind, out);
-    sfs_link_leave(rk);
-    return r;
+    return SFS_LINKED(rk, submit_entered(rk, entries, n, kind, out));
 }
 
 int sfs_rank_load(struct sfs_rank *rk, const struct sfs_rank_entry *entries, size_t n,

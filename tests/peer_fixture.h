@@ -1,12 +1,14 @@
 /* SPDX-License-Identifier: MIT */
 /*
- * peer_fixture.h - what the peer tier's loopback tests share: free ports,
- * and "hosts" (peer backends over their own inner stores) on 127.0.0.1
- * with one members file.
+ * peer_fixture.h - what the peer tier's tests share: free ports, regions
+ * and a server on loopback, "hosts" (peer backends over their own inner
+ * stores) on 127.0.0.1 with one members file, the owner of a key as every
+ * host computes it, and versioned payloads a reader checks byte for byte.
  */
 #ifndef SHARDFS_PEER_FIXTURE_H
 #define SHARDFS_PEER_FIXTURE_H
 
+#include "peer_i.h"
 #include "testutil.h"
 
 #include <shardfs/backend.h>
@@ -17,6 +19,7 @@
 #include <netinet/in.h>
 #include <stdint.h>
 #include <stdio.h>
+#include <string.h>
 #include <sys/socket.h>
 #include <time.h>
 #include <unistd.h>
@@ -43,6 +46,85 @@ static inline unsigned free_port(void)
     cr_assert_eq(getsockname(fd, (struct sockaddr *)&a, &l), 0);
     close(fd);
     return ntohs(a.sin_port);
+}
+
+/* A region of exactly buckets x ways slots of PAY bytes. */
+static inline void fx_region(struct peer_region *r, uint64_t buckets, uint32_t ways)
+{
+    struct peer_geometry g;
+    uint64_t stride = (PEER_HDR_SIZE + PAY + 63) & ~63ull;
+
+    cr_assert_eq(peer_geometry_make(buckets * ways * stride, ways, PAY, &g), 0);
+    cr_assert_eq(g.num_buckets, buckets);
+    cr_assert_eq(peer_region_create(r, &g), 0);
+}
+
+/* A peer server on 127.0.0.1 over a region of its own. */
+struct srv {
+    struct peer_region r;
+    struct peer_server *s;
+    char addr[64];
+    unsigned port;
+};
+
+static inline void srv_start(struct srv *x, uint64_t buckets, uint32_t ways)
+{
+    char err[256] = "";
+
+    fx_region(&x->r, buckets, ways);
+    for (int tries = 0;; tries++) {
+        x->port = free_port();
+        snprintf(x->addr, sizeof(x->addr), "127.0.0.1:%u", x->port);
+        if (peer_server_start(&x->s, &x->r, x->addr, err, sizeof(err)) == 0)
+            break;
+        cr_assert(tries < 10, "%s", err);
+    }
+}
+
+static inline void srv_stop(struct srv *x)
+{
+    peer_server_stop(x->s);
+    peer_region_destroy(&x->r);
+}
+
+/* The member index owning k on the ring of members[0..n), as every host
+ * computes it. */
+static inline int fx_owner(char *const *members, size_t n, const struct sfs_key *k)
+{
+    struct peer_ring r;
+    struct peer_hash h = peer_key_hash(k);
+    int o;
+
+    cr_assert_eq(peer_ring_build(&r, members, n), 0);
+    o = peer_ring_owner(&r, &h);
+    peer_ring_free(&r);
+    return o;
+}
+
+/* A versioned payload: version v in its first 8 bytes, the rest a function
+ * of (key, v), so a load can be checked to be one whole version. */
+static inline void fx_vfill(const struct sfs_key *k, uint64_t v, uint8_t *buf, size_t len)
+{
+    uint64_t st = v * 0x9e3779b97f4a7c15ull ^ k->block.b[0] ^ ((uint64_t)k->shard << 32);
+
+    memcpy(buf, &v, 8);
+    for (size_t i = 8; i + 8 <= len; i += 8) {
+        uint64_t w = tu_rng_next(&st);
+
+        memcpy(buf + i, &w, 8);
+    }
+}
+
+/* Whether buf (len bytes) is one whole version of k's payload; scratch holds
+ * len bytes. */
+static inline bool fx_vcheck(const struct sfs_key *k, const uint8_t *buf, size_t len,
+                             uint8_t *scratch)
+{
+    uint64_t v;
+
+    memcpy(&v, buf, 8);
+    fx_vfill(k, v, scratch, len);
+    return memcmp(buf, scratch, len) == 0;
 }
 
 struct host {

@@ -29,16 +29,6 @@
 #include <time.h>
 #include <unistd.h>
 
-static void region(struct peer_region *r, uint64_t buckets, uint32_t ways)
-{
-    struct peer_geometry g;
-    uint64_t stride = (PEER_HDR_SIZE + PAY + 63) & ~63ull;
-
-    cr_assert_eq(peer_geometry_make(buckets * ways * stride, ways, PAY, &g), 0);
-    cr_assert_eq(g.num_buckets, buckets);
-    cr_assert_eq(peer_region_create(r, &g), 0);
-}
-
 /* --- the gate --- */
 
 Test(peer, hit_and_empty, .timeout = 10)
@@ -48,7 +38,7 @@ Test(peer, hit_and_empty, .timeout = 10)
     struct peer_hash h = peer_key_hash(&k), h2 = peer_key_hash(&k2);
     uint8_t in[PAY], out[PAY];
 
-    region(&r, 8, 4);
+    fx_region(&r, 8, 4);
     tu_fill(&k, in, PAY);
     cr_assert_eq(peer_local_get(&r, &h, out, PAY), PEER_MISS_EMPTY);
     cr_assert_eq(peer_local_set(&r, &h, in, PAY), 0);
@@ -65,7 +55,7 @@ Test(peer, other_key_is_a_miss, .timeout = 10)
     struct peer_hash h = peer_key_hash(&k), h2 = peer_key_hash(&k2);
     uint8_t in[PAY], out[PAY];
 
-    region(&r, 1, 1); /* one slot: every key lands on it */
+    fx_region(&r, 1, 1); /* one slot: every key lands on it */
     tu_fill(&k, in, PAY);
     cr_assert_eq(peer_local_set(&r, &h, in, PAY), 0);
     memset(out, 0xee, PAY);
@@ -80,7 +70,7 @@ Test(peer, wrong_length_is_a_miss, .timeout = 10)
     struct peer_hash h = peer_key_hash(&k);
     uint8_t in[PAY], out[PAY];
 
-    region(&r, 4, 2);
+    fx_region(&r, 4, 2);
     tu_fill(&k, in, PAY);
     cr_assert_eq(peer_local_set(&r, &h, in, 100), 0);
     cr_assert_eq(peer_local_get(&r, &h, out, 200), PEER_MISS_LENGTH);
@@ -113,7 +103,7 @@ Test(peer, torn_write_is_a_miss, .timeout = 10)
     struct peer_slot_hdr *s;
     uint64_t seq;
 
-    region(&r, 4, 2);
+    fx_region(&r, 4, 2);
     tu_fill(&k, in, PAY);
     cr_assert_eq(peer_local_set(&r, &h, in, PAY), 0);
     s = slot_of(&r, &h);
@@ -200,7 +190,7 @@ Test(peer, concurrent_writer_during_copy_never_gives_bytes, .timeout = 60)
     struct sfs_key k = tu_key(6, 0);
     pthread_t w[2], rd[2];
 
-    region(&r, 1, 1);
+    fx_region(&r, 1, 1);
     x.h = peer_key_hash(&k);
     for (int i = 0; i < 2; i++) {
         pthread_create(&w[i], NULL, race_writer, &x);
@@ -285,7 +275,7 @@ Test(peer, conditional_write_loses_to_first_writer, .timeout = 10)
     struct peer_hash h = peer_key_hash(&k), h2 = peer_key_hash(&k2);
     uint8_t a[PAY], out[PAY];
 
-    region(&r, 1, 1);
+    fx_region(&r, 1, 1);
     tu_fill(&k, a, PAY);
     /* Both read seq 0; the first write wins, the second learns it. */
     cr_assert_eq(peer_slot_write(&r, 0, 0, 0, &h, a, PAY, 1), 0);
@@ -296,31 +286,6 @@ Test(peer, conditional_write_loses_to_first_writer, .timeout = 10)
 }
 
 /* --- server and client --- */
-
-struct srv {
-    struct peer_region r;
-    struct peer_server *s;
-    char addr[64];
-};
-
-static void srv_start(struct srv *x, uint64_t buckets, uint32_t ways)
-{
-    char err[256] = "";
-
-    region(&x->r, buckets, ways);
-    for (int tries = 0;; tries++) {
-        snprintf(x->addr, sizeof(x->addr), "127.0.0.1:%u", free_port());
-        if (peer_server_start(&x->s, &x->r, x->addr, err, sizeof(err)) == 0)
-            break;
-        cr_assert(tries < 10, "%s", err);
-    }
-}
-
-static void srv_stop(struct srv *x)
-{
-    peer_server_stop(x->s);
-    peer_region_destroy(&x->r);
-}
 
 Test(peer, client_reads_and_writes_remote_slots, .timeout = 30)
 {
@@ -354,16 +319,23 @@ Test(peer, client_reads_and_writes_remote_slots, .timeout = 30)
     srv_stop(&x);
 }
 
-static int raw_connect(const char *addr)
+/* A plain connection to addr, its hello's bytes read into hw. */
+static int raw_connect_hello(const char *addr, uint8_t *hw)
 {
     struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
     int fd = socket(AF_INET, SOCK_STREAM, 0);
-    struct peer_hello hello;
 
     a.sin_port = htons((uint16_t)atoi(strchr(addr, ':') + 1));
     cr_assert_eq(connect(fd, (struct sockaddr *)&a, sizeof(a)), 0);
-    cr_assert_eq(recv(fd, &hello, sizeof(hello), MSG_WAITALL), (ssize_t)sizeof(hello));
+    cr_assert_eq(recv(fd, hw, PEER_HELLO_WIRE, MSG_WAITALL), (ssize_t)PEER_HELLO_WIRE);
     return fd;
+}
+
+static int raw_connect(const char *addr)
+{
+    uint8_t hw[PEER_HELLO_WIRE];
+
+    return raw_connect_hello(addr, hw);
 }
 
 Test(peer, malformed_request_closes_only_its_connection, .timeout = 30)
@@ -410,8 +382,11 @@ Test(peer, malformed_request_closes_only_its_connection, .timeout = 30)
         int fd = raw_connect(x.addr);
         char b;
 
+        uint8_t w[PEER_REQ_WIRE];
+
         cr_assert_neq(peer_req_check(&bad[i], &x.r.g), 0, "request %zu passes the check", i);
-        cr_assert_eq(send(fd, &bad[i], sizeof(bad[i]), 0), (ssize_t)sizeof(bad[i]));
+        peer_req_enc(w, &bad[i]);
+        cr_assert_eq(send(fd, w, sizeof(w), 0), (ssize_t)sizeof(w));
         /* The server closes it: EOF, no answer. */
         cr_assert_eq(recv(fd, &b, 1, 0), 0, "request %zu got an answer", i);
         close(fd);
@@ -426,6 +401,255 @@ Test(peer, malformed_request_closes_only_its_connection, .timeout = 30)
         close(fd);
     }
     cr_assert_eq(peer_conn_read_hdrs(&c, x.addr, 2000, 2, hdrs, after), 0);
+    peer_conn_close(&c);
+    srv_stop(&x);
+}
+
+/* --- the wire: little-endian images, and a peer of another version --- */
+
+/* v's `width` bytes at out + off, least significant first: the format
+ * written out by hand, independently of peer_net.c. */
+static void le(uint8_t *out, size_t off, uint64_t v, int width)
+{
+    for (int i = 0; i < width; i++)
+        out[off + (size_t)i] = (uint8_t)(v >> (8 * i));
+}
+
+Test(peer, wire_images_are_little_endian_at_fixed_offsets, .timeout = 10)
+{
+    struct peer_req q = {.magic = PEER_MAGIC,
+                         .version = PEER_VERSION,
+                         .op = PEER_OP_WRITE,
+                         .bucket = 0x0102030405060708ull,
+                         .way = 0x11121314u,
+                         .nways = 0x21222324u,
+                         .expect = 0x3132333435363738ull,
+                         .hash_lo = 0x4142434445464748ull,
+                         .hash_hi = 0x5152535455565758ull,
+                         .len = 0x61626364u,
+                         .pad = 0x65666768u,
+                         .stamp = 0x7172737475767778ull},
+                    q2;
+    struct peer_hello hl = {.magic = PEER_MAGIC,
+                            .version = PEER_VERSION,
+                            .g = {.num_buckets = 0x0a0b0c0d0e0f1011ull,
+                                  .ways = 4,
+                                  .max_payload = 0x00040000u,
+                                  .stride = 0x0000000000040040ull}},
+                      hl2;
+    struct peer_rep rp = {.magic = PEER_MAGIC, .status = -EAGAIN, .seq = 0x8182838485868788ull},
+                    rp2;
+    struct peer_slot_hdr hd = {.hash_lo = 0x9192939495969798ull,
+                               .hash_hi = 0xa1a2a3a4a5a6a7a8ull,
+                               .len = 0xb1b2b3b4u,
+                               .magic = PEER_MAGIC,
+                               .csum = 0xc1c2c3c4c5c6c7c8ull,
+                               .stamp = 0xd1d2d3d4d5d6d7d8ull,
+                               .pad = {7, 7}},
+                         hd2;
+    uint8_t want[PEER_HDR_WIRE], got[PEER_HDR_WIRE];
+    uint64_t after;
+
+    memset(want, 0, sizeof(want));
+    le(want, 0, PEER_MAGIC, 4);
+    le(want, 4, PEER_VERSION, 2);
+    le(want, 6, PEER_OP_WRITE, 2);
+    le(want, 8, q.bucket, 8);
+    le(want, 16, q.way, 4);
+    le(want, 20, q.nways, 4);
+    le(want, 24, q.expect, 8);
+    le(want, 32, q.hash_lo, 8);
+    le(want, 40, q.hash_hi, 8);
+    le(want, 48, q.len, 4);
+    le(want, 52, q.pad, 4);
+    le(want, 56, q.stamp, 8);
+    peer_req_enc(got, &q);
+    cr_assert_arr_eq(got, want, PEER_REQ_WIRE, "request image");
+    peer_req_dec(&q2, want);
+    cr_assert_arr_eq(&q2, &q, sizeof(q));
+
+    /* The hello: "SFP1" as 31 50 46 53, version 3 as 03 00 00 00. */
+    memset(want, 0, sizeof(want));
+    memcpy(want, "\x31\x50\x46\x53\x03\x00\x00\x00", 8);
+    cr_assert_eq(PEER_VERSION, 3);
+    le(want, 8, hl.g.num_buckets, 8);
+    le(want, 16, hl.g.ways, 4);
+    le(want, 20, hl.g.max_payload, 4);
+    le(want, 24, hl.g.stride, 8);
+    peer_hello_enc(got, &hl);
+    cr_assert_arr_eq(got, want, PEER_HELLO_WIRE, "hello image");
+    peer_hello_dec(&hl2, want);
+    cr_assert_arr_eq(&hl2, &hl, sizeof(hl));
+
+    memset(want, 0, sizeof(want));
+    le(want, 0, PEER_MAGIC, 4);
+    le(want, 4, (uint32_t)-EAGAIN, 4);
+    le(want, 8, rp.seq, 8);
+    peer_rep_enc(got, &rp);
+    cr_assert_arr_eq(got, want, PEER_REP_WIRE, "answer image");
+    peer_rep_dec(&rp2, want);
+    cr_assert_eq(rp2.status, -EAGAIN);
+    cr_assert_arr_eq(&rp2, &rp, sizeof(rp));
+
+    /* A header copy and the seq after it; the pad goes as zeros. */
+    atomic_store(&hd.seq, 0xe1e2e3e4e5e6e7e8ull);
+    memset(want, 0, sizeof(want));
+    le(want, 0, 0xe1e2e3e4e5e6e7e8ull, 8);
+    le(want, 8, hd.hash_lo, 8);
+    le(want, 16, hd.hash_hi, 8);
+    le(want, 24, hd.len, 4);
+    le(want, 28, PEER_MAGIC, 4);
+    le(want, 32, hd.csum, 8);
+    le(want, 40, hd.stamp, 8);
+    le(want, 64, 0xf1f2f3f4f5f6f7f8ull, 8);
+    peer_hdr_enc(got, &hd, 0xf1f2f3f4f5f6f7f8ull);
+    cr_assert_arr_eq(got, want, PEER_HDR_WIRE, "header image");
+    peer_hdr_dec(&hd2, &after, want);
+    cr_assert_eq(after, 0xf1f2f3f4f5f6f7f8ull);
+    cr_assert_eq(atomic_load(&hd2.seq), 0xe1e2e3e4e5e6e7e8ull);
+    cr_assert(hd2.hash_lo == hd.hash_lo && hd2.hash_hi == hd.hash_hi && hd2.len == hd.len &&
+              hd2.magic == hd.magic && hd2.csum == hd.csum && hd2.stamp == hd.stamp);
+
+    /* The hashes every host must agree on read the key's bytes as
+     * little-endian words: pinned values. */
+    {
+        struct sfs_key k = tu_key(42, 3);
+        struct peer_hash h = peer_key_hash(&k);
+        uint8_t p[40];
+
+        for (unsigned i = 0; i < sizeof(p); i++)
+            p[i] = (uint8_t)(i * 7 + 1);
+        cr_assert_eq(h.lo, 0x0d233b63275c2734ull);
+        cr_assert_eq(h.hi, 0x15ed5e0adba440cfull);
+        cr_assert_eq(peer_checksum(p, sizeof(p)), 0x6a36f96331984c0eull);
+    }
+}
+
+/* A fake member: accepts one connection, sends its hello bytes, then holds
+ * the connection until the client closes it. */
+struct fake_member {
+    int lfd;
+    uint8_t hello[PEER_HELLO_WIRE];
+    char addr[64];
+    pthread_t t;
+};
+
+static void *fake_member_main(void *arg)
+{
+    struct fake_member *m = arg;
+    int fd = accept(m->lfd, NULL, NULL);
+    char b;
+
+    if (fd >= 0) {
+        send(fd, m->hello, sizeof(m->hello), MSG_NOSIGNAL);
+        while (recv(fd, &b, 1, 0) > 0)
+            ;
+        close(fd);
+    }
+    return NULL;
+}
+
+static void fake_member_start(struct fake_member *m)
+{
+    struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+    socklen_t l = sizeof(a);
+
+    m->lfd = socket(AF_INET, SOCK_STREAM, 0);
+    cr_assert_eq(bind(m->lfd, (struct sockaddr *)&a, sizeof(a)), 0);
+    cr_assert_eq(listen(m->lfd, 4), 0);
+    cr_assert_eq(getsockname(m->lfd, (struct sockaddr *)&a, &l), 0);
+    snprintf(m->addr, sizeof(m->addr), "127.0.0.1:%u", ntohs(a.sin_port));
+    pthread_create(&m->t, NULL, fake_member_main, m);
+}
+
+static void fake_member_stop(struct fake_member *m)
+{
+    pthread_join(m->t, NULL);
+    close(m->lfd);
+}
+
+/* v's `width` bytes at out + off, most significant first: what a
+ * big-endian host sent before version 3. */
+static void be(uint8_t *out, size_t off, uint64_t v, int width)
+{
+    for (int i = 0; i < width; i++)
+        out[off + (size_t)i] = (uint8_t)(v >> (8 * (width - 1 - i)));
+}
+
+/* Version 3 (little-endian on the wire) refuses a peer of version 2, or of
+ * the old big-endian order, both ways: a client refuses its hello (a clean
+ * unreachable member, marked down), a server closes the connection of its
+ * first request without an answer and goes on serving the others. */
+Test(peer, a_peer_of_another_version_is_refused, .timeout = 30)
+{
+    struct peer_hello h = {.magic = PEER_MAGIC, .version = 2};
+    struct sfs_key k = tu_key(5, 0);
+    struct peer_hash kh = peer_key_hash(&k);
+    uint8_t out[PAY], w[PEER_REQ_WIRE], hw[PEER_HELLO_WIRE];
+    struct peer_conn c;
+    struct srv x;
+
+    cr_assert_eq(peer_geometry_make(16 * 4 * ((PEER_HDR_SIZE + PAY + 63) & ~63ull), 4, PAY, &h.g),
+                 0);
+    for (int variant = 0; variant < 3; variant++) {
+        struct fake_member m;
+
+        /* 0: version 2; 1: version 3, big-endian; 2: version 2, big-endian. */
+        h.version = variant == 1 ? PEER_VERSION : 2;
+        peer_hello_enc(m.hello, &h);
+        if (variant > 0) {
+            be(m.hello, 0, h.magic, 4);
+            be(m.hello, 4, h.version, 4);
+            be(m.hello, 8, h.g.num_buckets, 8);
+            be(m.hello, 16, h.g.ways, 4);
+            be(m.hello, 20, h.g.max_payload, 4);
+            be(m.hello, 24, h.g.stride, 8);
+        }
+        fake_member_start(&m);
+        peer_conn_init(&c);
+        cr_assert_eq(peer_conn_open(&c, m.addr, 2000), -EPROTO, "variant %d", variant);
+        cr_assert_eq(c.fd, -1);
+        /* Marked down: a get is a clean miss at once, nothing is read. */
+        cr_assert_eq(peer_conn_get(&c, m.addr, 2000, &kh, PAY, out), PEER_MISS_UNREACHABLE);
+        peer_conn_close(&c);
+        fake_member_stop(&m);
+    }
+
+    srv_start(&x, 16, 4);
+    memset(out, 0x3c, sizeof(out));
+    cr_assert_eq(peer_local_set(&x.r, &kh, out, PAY), 0);
+    /* The server's hello: version 3, little-endian. */
+    {
+        int fd = raw_connect_hello(x.addr, hw);
+
+        cr_assert_arr_eq(hw, "\x31\x50\x46\x53\x03\x00\x00\x00", 8);
+        close(fd);
+    }
+    for (int variant = 0; variant < 2; variant++) {
+        struct peer_req q = peer_req_at(PEER_OP_READ_HDRS, 1);
+        int fd = raw_connect(x.addr);
+        char b;
+
+        /* 0: a version-2 request; 1: this version's, big-endian. */
+        q.nways = 4;
+        if (variant == 0)
+            q.version = 2;
+        peer_req_enc(w, &q);
+        if (variant == 1) {
+            be(w, 0, q.magic, 4);
+            be(w, 4, q.version, 2);
+            be(w, 6, q.op, 2);
+            be(w, 8, q.bucket, 8);
+            be(w, 20, q.nways, 4);
+        }
+        cr_assert_eq(send(fd, w, sizeof(w), 0), (ssize_t)sizeof(w));
+        cr_assert_eq(recv(fd, &b, 1, 0), 0, "variant %d got an answer", variant);
+        close(fd);
+    }
+    /* This version is served throughout. */
+    peer_conn_init(&c);
+    cr_assert_eq(peer_conn_get(&c, x.addr, 2000, &kh, PAY, out), PEER_HIT);
+    cr_assert_eq(out[PAY - 1], 0x3c);
     peer_conn_close(&c);
     srv_stop(&x);
 }
@@ -558,16 +782,18 @@ Test(peer, stop_is_not_held_by_stalled_clients, .timeout = 30)
                          .op = PEER_OP_READ_SLOT,
                          .nways = 1,
                          .len = PAY};
+    uint8_t w[PEER_REQ_WIRE];
     int half, deaf;
     int64_t t0;
 
+    peer_req_enc(w, &q);
     srv_start(&x, 16, 4);
     half = raw_connect(x.addr);
-    cr_assert_eq(send(half, &q, sizeof(q) / 2, 0), (ssize_t)(sizeof(q) / 2));
+    cr_assert_eq(send(half, w, sizeof(w) / 2, 0), (ssize_t)(sizeof(w) / 2));
     deaf = raw_connect(x.addr);
     /* Requests until the send buffers on both sides are full. */
     for (int i = 0; i < 4096; i++)
-        if (send(deaf, &q, sizeof(q), MSG_DONTWAIT) < 0)
+        if (send(deaf, w, sizeof(w), MSG_DONTWAIT) < 0)
             break;
     usleep(100000);
     t0 = now_ns();
@@ -714,18 +940,6 @@ Test(peer, spec_errors, .timeout = 10)
  * version): whatever a load returns must be one whole version. */
 #define X_KEYS 12
 
-static void x_fill(const struct sfs_key *k, uint64_t v, uint8_t *buf)
-{
-    uint64_t st = v * 0x9e3779b97f4a7c15ull ^ k->block.b[0] ^ ((uint64_t)k->shard << 32);
-
-    memcpy(buf, &v, 8);
-    for (unsigned i = 8; i < PAY; i += 8) {
-        uint64_t w = tu_rng_next(&st);
-
-        memcpy(buf + i, &w, 8);
-    }
-}
-
 struct xhost {
     struct sfs_backend *be;
     _Atomic bool *stop;
@@ -743,7 +957,7 @@ static void *x_writer(void *arg)
         struct sfs_key k = tu_key(7000 + tu_rng_next(&st) % X_KEYS, 0);
         uint64_t v = atomic_fetch_add(x->version, 1) + 1;
 
-        x_fill(&k, v, buf);
+        fx_vfill(&k, v, buf, PAY);
         sfs_backend_dump_sync(x->be, &k, buf, PAY);
     }
     return NULL;
@@ -757,13 +971,10 @@ static void *x_reader(void *arg)
 
     while (!atomic_load(x->stop)) {
         struct sfs_key k = tu_key(7000 + tu_rng_next(&st) % X_KEYS, 0);
-        uint64_t v;
 
         if (sfs_backend_load_sync(x->be, &k, buf, PAY) != PAY)
             continue;
-        memcpy(&v, buf, 8);
-        x_fill(&k, v, want);
-        if (memcmp(buf, want, PAY) != 0)
+        if (!fx_vcheck(&k, buf, PAY, want))
             atomic_fetch_add(x->bad, 1);
         atomic_fetch_add(x->loads, 1);
     }

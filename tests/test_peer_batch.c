@@ -223,15 +223,17 @@ static void *mute_main(void *arg)
 {
     struct mute *m = arg;
     struct peer_hello hello = {.magic = PEER_MAGIC, .version = PEER_VERSION};
+    uint8_t hw[PEER_HELLO_WIRE];
 
     cr_assert_eq(
         peer_geometry_make(16 * 4 * ((PEER_HDR_SIZE + PAY + 63) & ~63ull), 4, PAY, &hello.g), 0);
+    peer_hello_enc(hw, &hello);
     while (!atomic_load(&m->stop)) {
         int fd = accept(m->lfd, NULL, NULL);
 
         if (fd < 0)
             continue;
-        send(fd, &hello, sizeof(hello), MSG_NOSIGNAL);
+        send(fd, hw, sizeof(hw), MSG_NOSIGNAL);
         if (m->fd >= 0)
             close(m->fd);
         m->fd = fd; /* held, never read */

@@ -23,29 +23,6 @@
 #define FLOOD_HOSTS 12
 #define FLOOD_EACH  12 /* more than a host may hold, more than the server holds in all */
 
-struct srv {
-    struct peer_region r;
-    struct peer_server *s;
-    char addr[64];
-    unsigned port;
-};
-
-static void srv_start(struct srv *x)
-{
-    struct peer_geometry g;
-    char err[256] = "";
-
-    cr_assert_eq(peer_geometry_make(16 * 4 * ((PEER_HDR_SIZE + PAY + 63) & ~63ull), 4, PAY, &g), 0);
-    cr_assert_eq(peer_region_create(&x->r, &g), 0);
-    for (int tries = 0;; tries++) {
-        x->port = free_port();
-        snprintf(x->addr, sizeof(x->addr), "127.0.0.1:%u", x->port);
-        if (peer_server_start(&x->s, &x->r, x->addr, err, sizeof(err)) == 0)
-            break;
-        cr_assert(tries < 10, "%s", err);
-    }
-}
-
 /* A connection to the server from source address 127.0.0.<src>. */
 static int connect_from(unsigned src, unsigned port)
 {
@@ -88,8 +65,10 @@ Test(peer_hostile, a_connection_flood_does_not_lock_a_member_out, .timeout = 60)
                             .hash_hi = h.hi,
                             .len = PAY};
     int fds[FLOOD_HOSTS * FLOOD_EACH];
+    uint8_t hw[PEER_REQ_WIRE];
 
-    srv_start(&x);
+    peer_req_enc(hw, &half);
+    srv_start(&x, 16, 4);
     tu_fill(&k, in, PAY);
     cr_assert_eq(peer_local_set(&x.r, &h, in, PAY), 0);
     /* FLOOD_HOSTS addresses, FLOOD_EACH connections each, held open: half
@@ -97,7 +76,7 @@ Test(peer_hostile, a_connection_flood_does_not_lock_a_member_out, .timeout = 60)
     for (unsigned i = 0; i < FLOOD_HOSTS * FLOOD_EACH; i++) {
         fds[i] = connect_from(2 + i % FLOOD_HOSTS, x.port);
         if (i % 2)
-            cr_assert_eq(send(fds[i], &half, sizeof(half) / 2, 0), (ssize_t)sizeof(half) / 2);
+            cr_assert_eq(send(fds[i], hw, sizeof(hw) / 2, 0), (ssize_t)sizeof(hw) / 2);
     }
     usleep(300000); /* let the server accept them all */
     /* The member (127.0.0.1) is served, more than once, each within its
@@ -120,7 +99,7 @@ Test(peer_hostile, garbage_closes_only_its_connection, .timeout = 60)
     uint8_t in[PAY], junk[512];
     uint64_t st = 12345;
 
-    srv_start(&x);
+    srv_start(&x, 16, 4);
     tu_fill(&k, in, PAY);
     cr_assert_eq(peer_local_set(&x.r, &h, in, PAY), 0);
     for (int i = 0; i < 200; i++) {
@@ -133,14 +112,14 @@ Test(peer_hostile, garbage_closes_only_its_connection, .timeout = 60)
 
             memcpy(junk + j, &w, 8);
         }
-        memcpy(&q, junk, sizeof(q));
+        peer_req_dec(&q, junk);
         if (i % 3) { /* a real header, the rest random: past the magic check */
             q.magic = PEER_MAGIC;
             q.version = PEER_VERSION;
             q.op = (uint16_t)(1 + i % 5);
             if (i % 3 == 2)
                 q.len = 0xffffffffu - (uint32_t)i; /* oversized */
-            memcpy(junk, &q, sizeof(q));
+            peer_req_enc(junk, &q);
         }
         n = 1 + tu_rng_next(&st) % sizeof(junk);
         send(fd, junk, n, MSG_NOSIGNAL);

@@ -14,6 +14,7 @@
  * (the test enters it with setns() around the fork of each daemon).
  */
 #include "fsfixture.h"
+#include "peer_fixture.h"
 #include "peer_i.h"
 #include "testutil.h"
 
@@ -21,6 +22,7 @@
 
 #include <criterion/criterion.h>
 
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <sched.h>
@@ -49,7 +51,7 @@ static struct {
 static const char *const ADDR[NHOST] = {"10.77.0.1:7001", "10.77.0.2:7001", "10.77.0.3:7001"};
 
 /* The members file: the first n hosts. */
-static void write_members(int n)
+static void members_first(int n)
 {
     FILE *f = fopen(H.members, "w");
 
@@ -123,7 +125,7 @@ static void setup(void)
     }
     H.up = true;
     snprintf(H.members, sizeof(H.members), "%s", tu_path("members"));
-    write_members(2);
+    members_first(2);
     for (int i = 0; i < NHOST; i++) {
         char tag[16];
 
@@ -152,19 +154,24 @@ static void teardown(void)
         netns_del_all();
 }
 
-static void start_host(int i)
+/* Host i's daemon with the cache and peer region `sizes` (capacity,
+ * peer_capacity, peer_ways). */
+static void start_host_with(int i, const char *sizes)
 {
     char o[512];
     int saved, st = 0, r;
 
-    snprintf(o, sizeof(o),
-             "shard_size=%u,capacity=16M,wait_timeout=20,peer_listen=%s,peers=%s,"
-             "peer_capacity=8M,peer_ways=4",
-             SHARD, ADDR[i], H.members);
+    snprintf(o, sizeof(o), "shard_size=%u,wait_timeout=20,peer_listen=%s,peers=%s,%s", SHARD,
+             ADDR[i], H.members, sizes);
     cr_assert_eq(in_netns(H.ns[i], &saved), 0, "setns %s", H.ns[i]);
     r = fsfx_start(&H.fx[i], H.store[i], o, 20.0, &st);
     back_to(saved);
     cr_assert_eq(r, 0, "daemon %d did not mount (%d, status %d)", i, r, st);
+}
+
+static void start_host(int i)
+{
+    start_host_with(i, "capacity=16M,peer_capacity=8M,peer_ways=4");
 }
 
 static void write_shard(int host, uint64_t b, uint32_t s)
@@ -192,19 +199,24 @@ static void read_exact(int host, uint64_t b, uint32_t s)
                  (unsigned long long)b, s);
 }
 
+/* Blocks b0 .. b0 + n - 1, one shard each, written through host A's mount;
+ * returns once A has published them all (the publish is asynchronous). */
+static void publish_blocks(uint64_t b0, unsigned n)
+{
+    for (unsigned i = 0; i < n; i++)
+        write_shard(0, b0 + i, 0);
+    for (int i = 0; i < 2000 && fsfx_stat(&H.fx[0], "shardfs_peer_writes_total") < n; i++)
+        fsfx_sleep_ms(10);
+    cr_assert_geq(fsfx_stat(&H.fx[0], "shardfs_peer_writes_total"), n);
+}
+
 /* The owner of a key, as every host computes it. */
 static int owner_of(uint64_t b, uint32_t s, int nmembers)
 {
     char *m[] = {(char *)ADDR[0], (char *)ADDR[1], (char *)ADDR[2]};
-    struct peer_ring r;
     struct sfs_key k = tu_key(b, s);
-    struct peer_hash h = peer_key_hash(&k);
-    int o;
 
-    cr_assert_eq(peer_ring_build(&r, m, (size_t)nmembers), 0);
-    o = peer_ring_owner(&r, &h);
-    peer_ring_free(&r);
-    return o;
+    return fx_owner(m, (size_t)nmembers, &k);
 }
 
 TestSuite(peer_hosts, .init = setup, .fini = teardown, .timeout = 180);
@@ -259,6 +271,29 @@ Test(peer_hosts, written_on_a_read_on_b_then_a_dies, .timeout = 180)
     cr_assert_eq(fsfx_stop(&H.fx[1], false, 20.0), 0);
 }
 
+/* The members file becomes the first n hosts with its mtime kept (only
+ * SIGHUP, not the mtime check, makes a daemon re-read it), and every
+ * running daemon is sent SIGHUP; they take it within a second. */
+static void members_change(int n)
+{
+    struct stat st0;
+    struct timespec t[2];
+
+    cr_assert_eq(stat(H.members, &st0), 0);
+    members_first(n);
+    t[0] = st0.st_atim;
+    t[1] = st0.st_mtim;
+    cr_assert_eq(utimensat(AT_FDCWD, H.members, t, 0), 0);
+    for (int i = 0; i < NHOST; i++)
+        if (H.fx[i].pid)
+            cr_assert_eq(kill(H.fx[i].pid, SIGHUP), 0);
+    /* Generous for a loaded machine. */
+    fsfx_sleep_ms(3000);
+    for (int i = 0; i < NHOST; i++)
+        if (H.fx[i].pid)
+            cr_assert_eq(kill(H.fx[i].pid, 0), 0, "host %d ended on SIGHUP", i);
+}
+
 /* A third host joins: it finds every key the two others published where the
  * ring of three still puts it (with the others), and only its own share is
  * a miss (its region is new and empty; its store has nothing). */
@@ -271,31 +306,11 @@ Test(peer_hosts, a_joining_host_moves_only_its_share, .timeout = 180)
 
     start_host(0);
     start_host(1);
-    for (unsigned i = 0; i < NB; i++)
-        write_shard(0, B0 + i, 0);
-    for (int i = 0; i < 2000 && fsfx_stat(&H.fx[0], "shardfs_peer_writes_total") < NB; i++)
-        fsfx_sleep_ms(10);
-    cr_assert_geq(fsfx_stat(&H.fx[0], "shardfs_peer_writes_total"), NB);
+    publish_blocks(B0, NB);
 
-    /* C joins: the file gains it with its old mtime kept, so that only
-     * SIGHUP (not the mtime check) makes A and B re-read it and let C in.
-     * The daemons take SIGHUP as "re-read", not as a stop. */
-    {
-        struct stat st0;
-        struct timespec t[2];
-
-        cr_assert_eq(stat(H.members, &st0), 0);
-        write_members(3);
-        t[0] = st0.st_atim;
-        t[1] = st0.st_mtim;
-        cr_assert_eq(utimensat(AT_FDCWD, H.members, t, 0), 0);
-        cr_assert_eq(kill(H.fx[0].pid, SIGHUP), 0);
-        cr_assert_eq(kill(H.fx[1].pid, SIGHUP), 0);
-    }
-    /* They take the request within a second; generous for a loaded machine. */
-    fsfx_sleep_ms(3000);
-    for (int i = 0; i < 2; i++)
-        cr_assert_eq(kill(H.fx[i].pid, 0), 0, "host %d ended on SIGHUP", i);
+    /* C joins: only SIGHUP makes A and B re-read the file and let C in. The
+     * daemons take SIGHUP as "re-read", not as a stop. */
+    members_change(3);
     start_host(2);
     for (unsigned i = 0; i < NB; i++) {
         uint64_t b = B0 + i;
@@ -318,6 +333,63 @@ Test(peer_hosts, a_joining_host_moves_only_its_share, .timeout = 180)
     cr_assert_gt(others, 0);
     cr_assert_eq(hits, (long long)others);
     cr_assert_eq(fsfx_stop(&H.fx[2], false, 20.0), 0);
+}
+
+/* Host C leaves the members (the file loses it, SIGHUP) and comes back. While
+ * it is out, only its share of the keys moves: every other key keeps its
+ * owner and is a peer hit on B, byte-exact; C's keys are clean misses (the
+ * owners the ring of two gives them never had them) and nobody asks C.
+ * Once C is back, its keys go to it again, and its region, kept all along,
+ * serves them to B byte-exact. */
+Test(peer_hosts, a_host_leaving_and_rejoining_moves_only_its_share_and_back, .timeout = 180)
+{
+    const uint64_t B0 = 300;
+    const unsigned NB = 24; /* blocks of one shard: one key each */
+    unsigned c_share = 0;
+    bool of_c[24];
+    long long hits, unreach;
+
+    members_first(3);
+    for (int i = 0; i < NHOST; i++)
+        start_host(i);
+    publish_blocks(B0, NB);
+
+    members_change(2);
+    for (unsigned i = 0; i < NB; i++) {
+        uint64_t b = B0 + i;
+        int o3 = owner_of(b, 0, 3), o2 = owner_of(b, 0, 2);
+
+        of_c[i] = o3 == 2;
+        if (of_c[i]) {
+            char *path = (char *)fsfx_shard_path(&H.fx[1], b, 0);
+            static uint8_t buf[SHARD];
+
+            cr_assert_lt(fsfx_read_all(path, buf, SHARD), 0, "block %llu", (unsigned long long)b);
+            c_share++;
+        } else {
+            cr_assert_eq(o2, o3, "block %llu moved from host %d to %d", (unsigned long long)b, o3,
+                         o2);
+            read_exact(1, b, 0);
+        }
+    }
+    hits = fsfx_stat(&H.fx[1], "shardfs_peer_hits_total");
+    unreach = fsfx_stat(&H.fx[1], "shardfs_peer_clean_misses_total{reason=\"unreachable\"}");
+    cr_log_info("C out: %u of %u keys were C's (misses on B), %lld peer hits on B", c_share, NB,
+                hits);
+    cr_assert_gt(c_share, 0, "the ring gives C none of the %u keys: the test proves nothing", NB);
+    cr_assert_lt(c_share, NB);
+    cr_assert_eq(hits, (long long)(NB - c_share));
+    cr_assert_eq(unreach, 0, "B asked a host that left");
+
+    members_change(3);
+    for (unsigned i = 0; i < NB; i++)
+        if (of_c[i])
+            read_exact(1, B0 + i, 0);
+    hits = fsfx_stat(&H.fx[1], "shardfs_peer_hits_total") - hits;
+    cr_log_info("C back: %lld of its %u keys served to B by it", hits, c_share);
+    cr_assert_eq(hits, (long long)c_share);
+    for (int i = 0; i < NHOST; i++)
+        cr_assert_eq(fsfx_stop(&H.fx[i], false, 20.0), 0, "host %d", i);
 }
 
 /* The peer options are checked before anything starts: one line naming the
@@ -367,20 +439,6 @@ struct xs {
     _Atomic uint64_t version, loads, hits, bad, wrote;
 };
 
-/* A payload names its version in its first 8 bytes; the rest is a function
- * of (key, version): a load must be one whole version. */
-static void xs_fill(const struct sfs_key *k, uint64_t v, uint8_t *buf)
-{
-    uint64_t st = v * 0x9e3779b97f4a7c15ull ^ k->block.b[0];
-
-    memcpy(buf, &v, 8);
-    for (unsigned i = 8; i < XS_PAY; i += 8) {
-        uint64_t w = tu_rng_next(&st);
-
-        memcpy(buf + i, &w, 8);
-    }
-}
-
 struct xs_thread {
     struct sfs_backend *be;
     struct xs *x;
@@ -398,7 +456,7 @@ static void *xs_writer(void *arg)
         const void *b = buf;
         int r;
 
-        xs_fill(&k, atomic_fetch_add(&t->x->version, 1) + 1, buf);
+        fx_vfill(&k, atomic_fetch_add(&t->x->version, 1) + 1, buf, XS_PAY);
         if (sfs_backend_peer_batch_set(t->be, &k, 1, &b, XS_PAY, &r) == 0 && r == 0)
             atomic_fetch_add(&t->x->wrote, 1);
     }
@@ -415,7 +473,6 @@ static void *xs_reader(void *arg)
     while (buf && want && !atomic_load(&t->x->stop)) {
         struct sfs_key k = tu_key(9000 + tu_rng_next(&st) % XS_KEYS, 0);
         void *b = buf;
-        uint64_t v;
         int r;
 
         if (sfs_backend_peer_batch_get(t->be, &k, 1, &b, XS_PAY, &r) != 0)
@@ -423,9 +480,7 @@ static void *xs_reader(void *arg)
         atomic_fetch_add(&t->x->loads, 1);
         if (r != (int)XS_PAY)
             continue; /* a clean miss */
-        memcpy(&v, buf, 8);
-        xs_fill(&k, v, want);
-        if (memcmp(buf, want, XS_PAY) != 0)
+        if (!fx_vcheck(&k, buf, XS_PAY, want))
             atomic_fetch_add(&t->x->bad, 1);
         atomic_fetch_add(&t->x->hits, 1);
     }
@@ -530,4 +585,203 @@ Test(peer_hosts, writers_and_readers_across_hosts_with_a_writer_stopped_mid_payl
                  (unsigned long long)atomic_load(&x->bad));
     unlink(members);
     munmap(x, sizeof(*x));
+}
+
+/* --- a stress through the daemons and their mounts: writers through host
+ * A's mount, readers through B's and C's, every byte checked --- */
+
+#define DS_RECENT 96 /* readers pick among the last this many blocks written */
+
+struct ds {
+    _Atomic bool stop;
+    _Atomic uint64_t next, written, reads, full, missing, bad, other;
+    _Atomic int other_err;
+};
+
+struct ds_thread {
+    struct ds *d;
+    int host;
+    uint64_t seed;
+};
+
+static const uint64_t DS_B0 = 1000000;
+
+/* New blocks of one shard through A's mount (tu_fill: the key's bytes),
+ * each written once; `written` counts those closed. */
+static void *ds_writer(void *arg)
+{
+    struct ds_thread *t = arg;
+    uint8_t *buf = malloc(SHARD);
+
+    while (buf && !atomic_load(&t->d->stop)) {
+        uint64_t i = atomic_fetch_add(&t->d->next, 1), b = DS_B0 + i;
+        struct sfs_key k = tu_key(b, 0);
+        const char *dir = fsfx_shard_path(&H.fx[t->host], b, -1);
+        char blk[256];
+        int fd;
+
+        snprintf(blk, sizeof(blk), "%.*s", (int)(strlen(dir) - strlen("/shard")), dir);
+        if ((mkdir(blk, 0755) < 0 && errno != EEXIST) || (mkdir(dir, 0755) < 0 && errno != EEXIST))
+            break;
+        tu_fill(&k, buf, SHARD);
+        fd = open(fsfx_shard_path(&H.fx[t->host], b, 0), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+        if (fd < 0)
+            break;
+        if (write(fd, buf, SHARD) != (ssize_t)SHARD || close(fd) != 0)
+            break;
+        /* Two writers finish out of order, so a reader may pick a block
+         * still being written: an ENOENT like any other miss. */
+        atomic_fetch_add(&t->d->written, 1);
+    }
+    free(buf);
+    return NULL;
+}
+
+/* Reads of recent blocks through another host's mount: each read is the
+ * whole shard, byte-exact, or ENOENT (not in the peer tier any more, and
+ * not in that host's store). */
+static void *ds_reader(void *arg)
+{
+    struct ds_thread *t = arg;
+    uint8_t *buf = malloc(SHARD + 1);
+    uint64_t st = t->seed;
+
+    while (buf && !atomic_load(&t->d->stop)) {
+        uint64_t w = atomic_load(&t->d->written), b;
+        struct sfs_key k;
+        long n;
+
+        if (w == 0) {
+            fsfx_sleep_ms(1);
+            continue;
+        }
+        b = DS_B0 + (w > DS_RECENT ? w - DS_RECENT : 0) +
+            tu_rng_next(&st) % (w < DS_RECENT ? w : DS_RECENT);
+        k = tu_key(b, 0);
+        n = fsfx_read_all(fsfx_shard_path(&H.fx[t->host], b, 0), buf, SHARD + 1);
+        atomic_fetch_add(&t->d->reads, 1);
+        if (n == (long)SHARD) {
+            atomic_fetch_add(&t->d->full, 1);
+            if (tu_check(&k, buf, SHARD) != -1)
+                atomic_fetch_add(&t->d->bad, 1);
+        } else if (n == -ENOENT) {
+            atomic_fetch_add(&t->d->missing, 1);
+        } else if (n >= 0) {
+            atomic_fetch_add(&t->d->bad, 1); /* a short or long read: wrong bytes */
+        } else {
+            atomic_fetch_add(&t->d->other, 1);
+            atomic_store(&t->d->other_err, (int)-n);
+        }
+    }
+    free(buf);
+    return NULL;
+}
+
+/* Three daemons over small caches (4 MiB: 64 shards of 64 KiB) and small
+ * peer regions (2 MiB, 4 ways: 28 slots a host): constant evictions in
+ * both. Two writers put new blocks through A's mount, as fast as they go;
+ * two readers on B's mount and two on C's read recent ones, while A
+ * publishes them to their owners, evicting older ones, and B and C evict
+ * what they read. Every read through B or C is the block's bytes exactly or a clean
+ * ENOENT; B and C read from the peer tier only (their stores stay empty). */
+Test(peer_hosts, writers_on_a_mount_readers_on_the_others_see_every_byte_or_a_miss, .timeout = 180)
+{
+    struct ds d = {0};
+    struct ds_thread t[6];
+    pthread_t th[6];
+    long long hb, hc;
+    uint64_t w;
+    DIR *dir;
+
+    members_first(3);
+    for (int i = 0; i < NHOST; i++)
+        start_host_with(i, "capacity=4M,peer_capacity=2M,peer_ways=4");
+    for (int j = 0; j < 6; j++) {
+        t[j] =
+            (struct ds_thread){.d = &d, .host = j < 2 ? 0 : 1 + j % 2, .seed = 77u + (unsigned)j};
+        pthread_create(&th[j], NULL, j < 2 ? ds_writer : ds_reader, &t[j]);
+    }
+    /* A liveness bound, not a measurement: until enough reads were checked. */
+    for (int i = 0; i < 1000 && (atomic_load(&d.reads) < 4000 || atomic_load(&d.written) < 400);
+         i++)
+        fsfx_sleep_ms(10);
+    atomic_store(&d.stop, true);
+    for (int j = 0; j < 6; j++)
+        pthread_join(th[j], NULL);
+    w = atomic_load(&d.written);
+    hb = fsfx_stat(&H.fx[1], "shardfs_peer_hits_total");
+    hc = fsfx_stat(&H.fx[2], "shardfs_peer_hits_total");
+    cr_log_info(
+        "%llu blocks written through A; %llu reads through B and C: %llu whole, %llu "
+        "ENOENT, %llu wrong, %llu other; peer hits B %lld C %lld",
+        (unsigned long long)w, (unsigned long long)atomic_load(&d.reads),
+        (unsigned long long)atomic_load(&d.full), (unsigned long long)atomic_load(&d.missing),
+        (unsigned long long)atomic_load(&d.bad), (unsigned long long)atomic_load(&d.other), hb, hc);
+    cr_assert_eq(atomic_load(&d.bad), 0, "%llu reads returned wrong bytes",
+                 (unsigned long long)atomic_load(&d.bad));
+    cr_assert_eq(atomic_load(&d.other), 0, "%llu reads failed otherwise (last errno %d)",
+                 (unsigned long long)atomic_load(&d.other), atomic_load(&d.other_err));
+    cr_assert_gt(w, 0);
+    cr_assert_gt(atomic_load(&d.full), 0);
+    cr_assert_gt(hb, 0);
+    cr_assert_gt(hc, 0);
+    /* Whatever B and C read came from the peer tier: their stores hold no
+     * block. */
+    for (int i = 1; i < NHOST; i++) {
+        char data[256];
+        struct dirent *e;
+        unsigned blocks = 0;
+
+        snprintf(data, sizeof(data), "%s/data", H.store[i]);
+        dir = opendir(data);
+        while (dir && (e = readdir(dir)))
+            blocks += e->d_name[0] != '.';
+        if (dir)
+            closedir(dir);
+        cr_assert_eq(blocks, 0, "host %d's store has %u blocks", i, blocks);
+    }
+    for (int i = 0; i < NHOST; i++)
+        cr_assert_eq(fsfx_stop(&H.fx[i], false, 20.0), 0, "host %d", i);
+}
+
+/* Another key in the slot, through the mounts: one-slot peer regions, so
+ * block Y, published after block X by the same owner A, takes X's slot.
+ * Host B's store has X: its read of Y (not in its store) is a peer hit;
+ * its read of X asks A, finds Y's header, counts an `other_key` clean miss
+ * and is served from the store, byte-exact, never Y's bytes. */
+Test(peer_hosts, another_key_in_the_slot_is_a_clean_miss_served_from_the_store, .timeout = 180)
+{
+    uint64_t x = 0, y = 0;
+    long long other, hits;
+    char sizes[96];
+
+    for (uint64_t b = 700; !y; b++)
+        if (owner_of(b, 0, 2) == 0) {
+            if (!x)
+                x = b;
+            else
+                y = b;
+        }
+    cr_assert_eq(tu_store_write(H.store[1], x, 1, 1, SHARD, NULL, NULL, false), 0);
+    snprintf(sizes, sizeof(sizes), "capacity=16M,peer_capacity=%u,peer_ways=1",
+             PEER_HDR_SIZE + SHARD); /* one bucket of one way */
+    start_host_with(0, sizes);
+    start_host_with(1, sizes);
+    write_shard(0, x, 0);
+    write_shard(0, y, 0);
+    for (int i = 0; i < 2000 && fsfx_stat(&H.fx[0], "shardfs_peer_writes_total") < 2; i++)
+        fsfx_sleep_ms(10);
+    cr_assert_geq(fsfx_stat(&H.fx[0], "shardfs_peer_writes_total"), 2);
+
+    /* Y first: B's read of X publishes X (what B's store gave it) into
+     * that slot again. */
+    read_exact(1, y, 0);
+    cr_assert_eq(fsfx_stat(&H.fx[1], "shardfs_peer_hits_total"), 1);
+    read_exact(1, x, 0);
+    other = fsfx_stat(&H.fx[1], "shardfs_peer_clean_misses_total{reason=\"other_key\"}");
+    hits = fsfx_stat(&H.fx[1], "shardfs_peer_hits_total");
+    cr_assert_eq(other, 1, "other_key misses on B: %lld", other);
+    cr_assert_eq(hits, 1, "B's read of X was a peer hit (%lld hits)", hits);
+    for (int i = 0; i < 2; i++)
+        cr_assert_eq(fsfx_stop(&H.fx[i], false, 20.0), 0, "host %d", i);
 }

@@ -103,10 +103,11 @@ int LLVMFuzzerInitialize(int *argc, char ***argv)
     q[2].nways = 1;
     q[2].len = 8;
     {
-        uint8_t seed[sizeof(q) + 8];
+        uint8_t seed[3 * PEER_REQ_WIRE + 8];
 
-        memcpy(seed, q, sizeof(q));
-        memset(seed + sizeof(q), 0x5a, 8);
+        for (int i = 0; i < 3; i++)
+            peer_req_enc(seed + i * PEER_REQ_WIRE, &q[i]);
+        memset(seed + 3 * PEER_REQ_WIRE, 0x5a, 8);
         fz_seed("peer-serve", seed, sizeof(seed));
     }
     return 0;
@@ -132,9 +133,9 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     /* At most one request per 64 bytes of input, each answered with at
      * most a rep, (ways + 1) headers with their seqs and a payload (a
      * READ_HDRS_MULTI of 64 buckets needs 64 + 512 bytes of input). */
-    most = sizeof(struct peer_hello) +
-           (size / sizeof(struct peer_req) + 1) *
-               (sizeof(struct peer_rep) + (size_t)PEER_BATCH_MAX * 3 * (PEER_HDR_SIZE + 8) + SLOT);
+    most =
+        PEER_HELLO_WIRE + (size / PEER_REQ_WIRE + 1) *
+                              (PEER_REP_WIRE + (size_t)PEER_BATCH_MAX * 3 * PEER_HDR_WIRE + SLOT);
     if (r.got > most) {
         fprintf(stderr, "property broken: %zu bytes answered to %zu bytes of requests\n", r.got,
                 size);

@@ -4,12 +4,12 @@
  * (core/peer_net.c's peer_req_check, core/peer_region.c's
  * peer_geometry_check and peer_slot_matches) over arbitrary bytes.
  *
- *   bytes 0..31    a geometry as a hello announces it (peer_geometry, 24
- *                  bytes, then unused)
- *   bytes 32..95   a request (peer_req)
- *   bytes 96..159  a slot header (peer_slot_hdr), then 8+8 bytes: the seqs
+ *   bytes 0..31    a hello's wire image (its geometry is what is checked)
+ *   bytes 32..95   a request's wire image
+ *   bytes 96..159  a slot header's wire image, then 8+8 bytes: the seqs
  *                  read before and after the copy, 4 bytes: the expected
- *                  length, 16 bytes: the key hash; the rest: the payload
+ *                  length, 16 bytes: the key hash (all little-endian, as
+ *                  on the wire); the rest: the payload
  *
  * Short inputs are zero-padded. Properties (abort on a breach):
  * - a geometry that passes the check has a region below 2^47 bytes and a
@@ -55,13 +55,14 @@ int LLVMFuzzerInitialize(int *argc, char ***argv)
     (void)argv;
     memset(seed, 0, sizeof(seed));
     peer_geometry_make(1 << 20, 4, 4096, &g);
-    memcpy(seed, &g, sizeof(g));
-    memcpy(seed + OFF_REQ, &q, sizeof(q));
+    peer_hello_enc(seed,
+                   &(struct peer_hello){.magic = PEER_MAGIC, .version = PEER_VERSION, .g = g});
+    peer_req_enc(seed + OFF_REQ, &q);
     fz_seed("read_hdrs", seed, sizeof(seed));
     q.op = PEER_OP_WRITE;
     q.nways = 1;
     q.len = 64;
-    memcpy(seed + OFF_REQ, &q, sizeof(q));
+    peer_req_enc(seed + OFF_REQ, &q);
     fz_seed("write", seed, sizeof(seed));
     return 0;
 }
@@ -77,12 +78,16 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     uint32_t len;
     const uint8_t *payload = size > sizeof(in) ? data + sizeof(in) : NULL;
     size_t plen = size > sizeof(in) ? size - sizeof(in) : 0;
-    _Static_assert(sizeof(struct peer_geometry) <= OFF_REQ, "geometry fits before the request");
+    struct peer_hello hello;
+    uint8_t hw[PEER_HDR_WIRE];
+    _Static_assert(PEER_HELLO_WIRE <= OFF_REQ, "the hello fits before the request");
+    _Static_assert(OFF_REQ + PEER_REQ_WIRE <= OFF_HDR, "the request fits before the header");
 
     memset(in, 0, sizeof(in));
     memcpy(in, data, size < sizeof(in) ? size : sizeof(in));
-    memcpy(&g, in, sizeof(g));
-    memcpy(&q, in + OFF_REQ, sizeof(q));
+    peer_hello_dec(&hello, in);
+    g = hello.g;
+    peer_req_dec(&q, in + OFF_REQ);
 
     if (peer_geometry_check(&g) == 0) {
         check(g.stride >= PEER_HDR_SIZE + (uint64_t)g.max_payload, "stride too small");
@@ -110,11 +115,15 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         }
     }
 
-    memcpy(&hdr, in + OFF_HDR, sizeof(hdr));
-    memcpy(&before, in + OFF_TAIL, 8);
-    memcpy(&after, in + OFF_TAIL + 8, 8);
-    memcpy(&len, in + OFF_TAIL + 16, 4);
-    memcpy(&h, in + OFF_TAIL + 20, 16);
+    /* The header's image with the seq after it, as a client receives it. */
+    memcpy(hw, in + OFF_HDR, PEER_HDR_SIZE);
+    memcpy(hw + PEER_HDR_SIZE, in + OFF_TAIL + 8, 8);
+    peer_hdr_dec(&hdr, &after, hw);
+    before = peer_get64(in + OFF_TAIL);
+    len = (uint32_t)in[OFF_TAIL + 16] | (uint32_t)in[OFF_TAIL + 17] << 8 |
+          (uint32_t)in[OFF_TAIL + 18] << 16 | (uint32_t)in[OFF_TAIL + 19] << 24;
+    h.lo = peer_get64(in + OFF_TAIL + 20);
+    h.hi = peer_get64(in + OFF_TAIL + 28);
     if (plen < len)
         len = (uint32_t)plen; /* the copy holds at most what was read */
     if (peer_slot_matches(&hdr, before, after, &h, len, payload) == PEER_HIT) {
