@@ -94,6 +94,19 @@ static void read_ok(uint64_t b, uint32_t s)
     free(buf);
 }
 
+/* The skewed workload through the mount: every hot block HOTREADS times,
+ * every cold one once. */
+static void read_skewed(void)
+{
+    for (int r = 0; r < HOTREADS; r++)
+        for (uint64_t b = 0; b < NHOT; b++)
+            for (uint32_t s = 0; s < NSH; s++)
+                read_ok(b, s);
+    for (uint64_t b = COLD0; b < COLD0 + NCOLD; b++)
+        for (uint32_t s = 0; s < NSH; s++)
+            read_ok(b, s);
+}
+
 static bool is_ready(uint64_t b, uint32_t s)
 {
     char v[64];
@@ -223,13 +236,7 @@ static void check_usage_file(void)
 static void learn(void)
 {
     start("warm=0");
-    for (int r = 0; r < HOTREADS; r++)
-        for (uint64_t b = 0; b < NHOT; b++)
-            for (uint32_t s = 0; s < NSH; s++)
-                read_ok(b, s);
-    for (uint64_t b = COLD0; b < COLD0 + NCOLD; b++)
-        for (uint32_t s = 0; s < NSH; s++)
-            read_ok(b, s);
+    read_skewed();
     stop_term();
     cr_assert_eq(access(M.usage, F_OK), 0, "no usage file at %s after SIGTERM", M.usage);
     check_usage_file();
@@ -496,13 +503,7 @@ Test(fs_warm, the_periodic_write_keeps_the_hot_set_through_a_crash, .timeout = 9
     cr_assert_eq(setenv("SHARDFS_TEST_USAGE_SAVE_S", "1", 1), 0);
     start("warm=0");
     unsetenv("SHARDFS_TEST_USAGE_SAVE_S");
-    for (int r = 0; r < HOTREADS; r++)
-        for (uint64_t b = 0; b < NHOT; b++)
-            for (uint32_t s = 0; s < NSH; s++)
-                read_ok(b, s);
-    for (uint64_t b = COLD0; b < COLD0 + NCOLD; b++)
-        for (uint32_t s = 0; s < NSH; s++)
-            read_ok(b, s);
+    read_skewed();
     for (t0 = fsfx_now_s(); !usage_ranks_hot(); fsfx_sleep_ms(50))
         cr_assert_lt(fsfx_now_s() - t0, 15.0,
                      "no usage file ranking the hot blocks first 15 s after the reads, with the "
@@ -557,13 +558,7 @@ Test(fs_warm, counts_decay_with_their_half_life, .timeout = 60)
     start("warm=0");
     unsetenv("SHARDFS_TEST_USAGE_HALF_LIFE_S");
     unsetenv("SHARDFS_TEST_USAGE_SAVE_S");
-    for (int r = 0; r < HOTREADS; r++)
-        for (uint64_t b = 0; b < NHOT; b++)
-            for (uint32_t s = 0; s < NSH; s++)
-                read_ok(b, s);
-    for (uint64_t b = COLD0; b < COLD0 + NCOLD; b++)
-        for (uint32_t s = 0; s < NSH; s++)
-            read_ok(b, s);
+    read_skewed();
     for (t0 = fsfx_now_s(); !usage_decayed(HOTREADS * NSH / 2); fsfx_sleep_ms(50))
         cr_assert_lt(fsfx_now_s() - t0, 20.0, "no decayed usage file 20 s after the reads");
     stop_term();
