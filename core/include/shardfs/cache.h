@@ -207,7 +207,10 @@ SFS_API void sfs_cache_close(struct sfs_cache *c);
  * SFS_OWNER on success. Otherwise *lease is untouched, no lease is taken,
  * and it returns -errno:
  *   -EINVAL     c, key or lease is NULL;
- *   -ENOBUFS    this process holds max_leases leases;
+ *   -ENOBUFS    this process holds as many leases as its table allows:
+ *               max_leases, of which a quarter (rounded to a power of
+ *               two; none under 64) are kept for lock-free hits, 16 per
+ *               line of slots, so a Get past the rest fails here;
  *   -ENOENT     SFS_GET_NOALLOC and the key is absent;
  *   -EEXIST     SFS_GET_PREFETCH and the key is present, in any state
  *               (nothing to prefetch: callers skip it, it is no error);
