@@ -140,6 +140,8 @@ static size_t snap_blocks(struct snap *s)
 {
     size_t m = 0;
 
+    if (s->n == 0)
+        return 0; /* nothing resident: s->r may be NULL, which qsort must not get */
     qsort(s->r, s->n, sizeof(*s->r), cmp_id);
     for (size_t i = 0; i < s->n; i++) {
         if (m && memcmp(&s->r[m - 1].id, &s->r[i].id, sizeof(s->r[i].id)) == 0) {
