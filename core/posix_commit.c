@@ -19,11 +19,28 @@
  *      first, then only its data extents (SEEK_DATA / SEEK_HOLE, each with
  *      copy_file_range) that the new shards do not overwrite, so holes
  *      stay holes (below) and a whole-block dump reads nothing of the old
- *      file;
+ *      file; on a remote file system a commit that keeps old bytes starts
+ *      only from the file the lock file's record names (below);
  *   4. pwrite the new shards; fsync if sync=1;
  *   5. rename tmp -> block file (and fsync the directory if sync=1);
  *      unlink the lock file (a local file system only: on a remote one it
- *      stays, since other clients cache its handle); close.
+ *      stays, since other clients cache its handle, and records the file
+ *      just committed); close.
+ * The record (remote file systems): a lock file that stays holds, written
+ * by each holder after its commit, the size and inode of the block file it
+ * left. A client's open of a name just renamed over can answer ENOENT for
+ * a file that exists (GlusterFS's FUSE client did, to a rank's commit of
+ * one shard, under the lock: the block was rewritten with that shard and
+ * zeros before it), or find an older inode. So a commit that keeps bytes
+ * of the old file starts only from the recorded file: absent, another
+ * inode or shorter is looked up again for STALE_BUDGET_NS, and then the
+ * commit is refused (-EIO, nothing written) rather than commit zeros or
+ * an old version over recorded shards, and the record is cleared (a commit
+ * made without the lock, or a holder killed before it recorded, leaves it
+ * out of date: one refusal, not one per commit). Without a record (a new
+ * or cleared lock file, the lock not held) an absent answer on a remote
+ * file system is checked by a stat of the name. Whole-block dumps keep
+ * nothing, so they are never held or refused by this.
  * A handle made stale by another host (-ESTALE) is retried for a time
  * (STALE_BUDGET_NS) longer than the client's lookup caches keep it.
  * What a reader sees is always one whole file (the old or the new): a block
@@ -56,6 +73,7 @@
  * block file is unlinked. -ENOENT if shard n is not there.
  */
 #include "posix_i.h"
+#include "testpoint_i.h"
 
 #include <dirent.h>
 #include <errno.h>
@@ -89,6 +107,14 @@
  * and never younger than TMP_AGE_MIN_NS. */
 #define TMP_AGE_DEADLINES 20
 #define TMP_AGE_MIN_NS    (10ll * 60 * 1000000000)
+/* The record a kept lock file holds: the block file its last holder
+ * committed. Read and written by the lock's holder only. */
+#define LOCK_RECORD_MAGIC 0x5346534c4f434b31ull /* "SFSLOCK1" */
+struct lock_record {
+    uint64_t magic; /* LOCK_RECORD_MAGIC; anything else: no record */
+    uint64_t size;  /* bytes of the block file the holder left; 0: none */
+    uint64_t ino;   /* its inode number (a rename keeps it) */
+};
 
 static int ensure_dir(struct posix_backend *p, const char *rel, size_t dlen)
 {
@@ -182,8 +208,12 @@ static int lock_block(struct posix_backend *p, const char *lock_rel)
         struct stat a, b;
         /* O_NOFOLLOW: a link planted at the lock's name never makes us
          * create a file outside the store. */
-        int fd = openat(p->root_fd, lock_rel, O_RDONLY | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0644);
+        int fd = openat(p->root_fd, lock_rel, O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0644);
         int r;
+
+        /* Another user's lock file: lock it all the same, without a record. */
+        if (fd < 0 && errno == EACCES)
+            fd = openat(p->root_fd, lock_rel, O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
 
         if (fd < 0 && errno == ESTALE) {
             if (!stale_backoff(start, STALE_BUDGET_NS, &us))
@@ -430,6 +460,26 @@ static int copy_extents(int src, int dst, uint64_t pos, uint64_t len)
     return 0;
 }
 
+/* The record of the lock file lfd (held) into *r: true, or false when
+ * there is none (a new lock file, one an older version left, one cleared,
+ * a short read). */
+static bool lock_record_read(int lfd, struct lock_record *r)
+{
+    return pread(lfd, r, sizeof(*r), 0) == (ssize_t)sizeof(*r) && r->magic == LOCK_RECORD_MAGIC;
+}
+
+/* Record, in the held lock file lfd, that the block file is now size bytes
+ * long (0: gone), inode ino; magic 0 clears the record. Best effort: a
+ * record not written leaves the one before, which the next partial commit
+ * finds out of date (a refusal, then no record: commit_block_once). */
+static void lock_record_write(int lfd, uint64_t magic, uint64_t size, uint64_t ino)
+{
+    struct lock_record r = {magic, size, ino};
+
+    if (pwrite(lfd, &r, sizeof(r), 0) != (ssize_t)sizeof(r))
+        return;
+}
+
 /* Does the dump write shard n itself (one of ios)? */
 static bool shard_written(struct sfs_io **ios, size_t k, uint64_t n)
 {
@@ -438,6 +488,46 @@ static bool shard_written(struct sfs_io **ios, size_t k, uint64_t n)
             return true;
     }
     return false;
+}
+
+/* Would a commit of ios (k shards; a remove when ios is NULL) keep any of
+ * the first len bytes of the block file, that is, lose data if it took the
+ * file for absent? */
+static bool keeps_old(struct sfs_io **ios, size_t k, uint64_t len, uint64_t S)
+{
+    if (!ios)
+        return len > 0;
+    /* At most k + 1 rounds: k shards are written, so one of 0..k is not. */
+    for (uint64_t n = 0; n * S < len; n++) {
+        if (!shard_written(ios, k, n))
+            return true;
+    }
+    return false;
+}
+
+/* On a remote file system, is what the open of the committed block file
+ * found (src: its fd or -errno; st: its fstat when src >= 0) a false view,
+ * one a commit of ios (k shards; NULL: a remove) must not start from? With
+ * a record (rec) of the last commit under the lock: when the commit keeps
+ * some of the recorded bytes and the file is absent, another inode, or
+ * shorter. Without one: when the file is absent but a stat of its name
+ * finds it, with bytes the commit keeps. */
+static bool false_view(struct posix_backend *p, const char *rel, const struct lock_record *rec,
+                       int src, const struct stat *st, struct sfs_io **ios, size_t k, uint64_t S)
+{
+    struct stat byname;
+
+    if (!p->remote_fs)
+        return false;
+    if (rec) {
+        if (rec->size == 0 || !keeps_old(ios, k, rec->size, S))
+            return false;
+        if (src == -ENOENT)
+            return true;
+        return src >= 0 && ((uint64_t)st->st_ino != rec->ino || (uint64_t)st->st_size < rec->size);
+    }
+    return src == -ENOENT && ios && fstatat(p->root_fd, rel, &byname, 0) == 0 &&
+           keeps_old(ios, k, (uint64_t)byname.st_size, S);
 }
 
 /* Copy what the commit keeps of the first len bytes of src into the empty
@@ -478,10 +568,12 @@ static int copy_kept(int src, int dst, uint64_t len, struct sfs_io **ios, size_t
  */
 static int commit_block_once(struct posix_backend *p, const struct sfs_block_id *id,
                              struct sfs_io **ios, size_t k, uint32_t cut_shard,
-                             struct posix_job *gate, bool *gated)
+                             struct posix_job *gate, bool last, bool *gated)
 {
     char rel[PATH_REL_MAX], lock[PATH_REL_MAX], tmp[PATH_REL_MAX];
-    uint64_t S = p->be.shard_size, keep = 0;
+    uint64_t S = p->be.shard_size, keep = 0, size;
+    struct lock_record rec;
+    bool have_rec = false;
     size_t dlen = sfs_posix_block_rel(p, id, false, rel);
     bool removing = ios == NULL;
     unsigned rename_us = 0;
@@ -502,6 +594,8 @@ static int commit_block_once(struct posix_backend *p, const struct sfs_block_id 
     }
 
     lfd = lock_block(p, lock);
+    if (lfd >= 0 && p->remote_fs)
+        have_rec = lock_record_read(lfd, &rec);
     fd = create_tmp(p, rel, tmp);
     if (fd < 0) {
         ret = fd;
@@ -511,13 +605,30 @@ static int commit_block_once(struct posix_backend *p, const struct sfs_block_id 
         sweep_dir(p, rel, dlen, &st.st_mtim);
     /* The committed block is read as the loads read it: beneath the root,
      * regular files only, never waiting on a FIFO. */
+    SFS_TEST_POINT("commit:open_committed");
     src = sfs_posix_open_block_file(p, rel, O_RDONLY);
-    if (src >= 0) {
-        if (fstat(src, &st) < 0) {
-            ret = -errno;
+    if (src >= 0 && fstat(src, &st) < 0) {
+        ret = -errno;
+        close(src);
+        goto out_unlink_tmp;
+    }
+    if (false_view(p, rel, have_rec ? &rec : NULL, src, &st, ios, k, S)) {
+        /* Not the file the last commit under the lock left (see the
+         * header): look it up again (commit_block), and once the retries
+         * are spent refuse this commit and clear the record, which no
+         * longer says what the store holds (a commit made without the
+         * lock, a holder killed before it recorded). */
+        if (src >= 0)
             close(src);
-            goto out_unlink_tmp;
+        ret = -ESTALE;
+        if (last) {
+            if (have_rec)
+                lock_record_write(lfd, 0, 0, 0);
+            ret = -EIO;
         }
+        goto out_unlink_tmp;
+    }
+    if (src >= 0) {
         keep = (uint64_t)st.st_size;
         if (removing) {
             if (keep < ((uint64_t)cut_shard + 1) * S) {
@@ -556,13 +667,20 @@ static int commit_block_once(struct posix_backend *p, const struct sfs_block_id 
             ret = -errno;
             goto out_unlink_tmp;
         }
+        if (lfd >= 0 && p->remote_fs)
+            lock_record_write(lfd, LOCK_RECORD_MAGIC, 0, 0);
         ret = 0;
         goto out_unlink_tmp;
     }
+    size = keep;
     for (size_t i = 0; i < k; i++) {
-        ret = pwrite_all(fd, ios[i]->buf, ios[i]->len, (uint64_t)ios[i]->key.shard * S);
+        uint64_t off = (uint64_t)ios[i]->key.shard * S;
+
+        ret = pwrite_all(fd, ios[i]->buf, ios[i]->len, off);
         if (ret < 0)
             goto out_unlink_tmp;
+        if (off + ios[i]->len > size)
+            size = off + ios[i]->len;
     }
     if (p->o.sync && fsync(fd) < 0) {
         ret = -errno;
@@ -581,6 +699,8 @@ static int commit_block_once(struct posix_backend *p, const struct sfs_block_id 
             goto out_unlink_tmp;
         }
     }
+    if (lfd >= 0 && p->remote_fs && fstat(fd, &st) == 0)
+        lock_record_write(lfd, LOCK_RECORD_MAGIC, size, (uint64_t)st.st_ino);
     ret = p->o.sync ? sync_dir(p, rel, dlen) : 0;
     close(fd);
     goto out_unlock;
@@ -605,8 +725,9 @@ out_unlock:
 
 /* commit_block_once, again from the start while it fails -ESTALE before
  * its commit point (the committed file or the lock file replaced by
- * another host while we read it): nothing was changed yet. Bounded in time
- * (STALE_BUDGET_NS), past the client's lookup caches. */
+ * another host while we read it, or not the file the lock's record names):
+ * nothing was changed yet. Bounded in time (STALE_BUDGET_NS), past the
+ * client's lookup caches; the last try knows it is the last (last). */
 static int commit_block(struct posix_backend *p, const struct sfs_block_id *id, struct sfs_io **ios,
                         size_t k, uint32_t cut_shard, struct posix_job *gate)
 {
@@ -616,11 +737,14 @@ static int commit_block(struct posix_backend *p, const struct sfs_block_id *id, 
     int ret;
 
     for (;;) {
-        ret = commit_block_once(p, id, ios, k, cut_shard, gate, &gated);
+        bool last = sfs_now_ns() - start >= STALE_BUDGET_NS;
+
+        ret = commit_block_once(p, id, ios, k, cut_shard, gate, last, &gated);
         if (ret != -ESTALE || gated)
             return ret;
-        if (!stale_backoff(start, STALE_BUDGET_NS, &us))
+        if (last)
             return -EIO; /* still changing under us: not stored */
+        stale_backoff(start, STALE_BUDGET_NS, &us);
     }
 }
 

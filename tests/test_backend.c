@@ -11,6 +11,8 @@
 #include <shardfs/backend.h>
 #include <shardfs/fault.h>
 
+#include "testpoint_i.h"
+
 #include <criterion/criterion.h>
 
 #include <dirent.h>
@@ -1160,6 +1162,108 @@ Test(backend, posix_stamp_follows_commits, .timeout = 30)
     cr_assert_eq(sfs_backend_stamp(be, &k.block, NULL), -EINVAL);
     sfs_backend_close(mb);
     sfs_backend_close(fb);
+    sfs_backend_close(be);
+    free(buf);
+}
+
+/* What GlusterFS's FUSE client did to a rank's commit of one shard
+ * (docs/shared-store.md): the open of the committed block file, under the
+ * block's lock, answered ENOENT while the file was there (a stat of the
+ * name just after found it whole). Here, on a local directory treated as
+ * remote, the commit's open sees the block absent, then shorter than it is
+ * (one shard of two), then as it is. The commit must keep shards 0 and 1;
+ * without the lock file's record it took "absent" at its word and
+ * committed shard 2 after two shards of zeros. */
+struct false_views {
+    char block[400], aside[420], shorter[420];
+    int hits;
+};
+
+static void tp_false_view(const char *name, void *arg)
+{
+    struct false_views *v = arg;
+
+    (void)name;
+    switch (v->hits++) {
+    case 0: /* absent */
+        rename(v->block, v->aside);
+        break;
+    case 1: /* shorter: shard 0 only */
+        rename(v->shorter, v->block);
+        break;
+    case 2: /* itself */
+        rename(v->aside, v->block);
+        break;
+    }
+}
+
+Test(backend, posix_remote_false_miss_keeps_shards)
+{
+    struct sfs_backend_params bp = {.shard_size = S_SMALL, .timeout_ms = 10000};
+    struct sfs_block_id id = mkid(6);
+    char err[256] = "", *buf = malloc(S_SMALL);
+    static struct false_views v;
+    struct sfs_backend *be;
+    int e = 0, fd;
+
+    setenv("SHARDFS_POSIX_REMOTE", "1", 1);
+    be = sfs_backend_open(g_root, &bp, err, sizeof(err), &e);
+    unsetenv("SHARDFS_POSIX_REMOTE");
+    cr_assert_not_null(be, "%s", err);
+    /* Shard by shard, as a rank commits. */
+    for (uint32_t s = 0; s < 2; s++) {
+        struct sfs_key k = mkkey(6, s);
+
+        fill(&id, s, 1, buf, S_SMALL);
+        cr_assert_eq(sfs_backend_dump_sync(be, &k, buf, S_SMALL), (int)S_SMALL);
+    }
+    block_path(0, &id, v.block, sizeof(v.block), false);
+    snprintf(v.aside, sizeof(v.aside), "%s.aside", v.block);
+    snprintf(v.shorter, sizeof(v.shorter), "%s.short", v.block);
+    fd = open(v.shorter, O_WRONLY | O_CREAT | O_EXCL, 0644);
+    cr_assert_geq(fd, 0);
+    fill(&id, 0, 1, buf, S_SMALL);
+    cr_assert_eq(pwrite(fd, buf, S_SMALL, 0), (ssize_t)S_SMALL);
+    close(fd);
+
+    cr_assert_eq(sfs_testpoint_arm("commit:open_committed", SFS_TP_CALL, tp_false_view, &v), 0);
+    {
+        struct sfs_key k = mkkey(6, 2);
+
+        fill(&id, 2, 1, buf, S_SMALL);
+        cr_assert_eq(sfs_backend_dump_sync(be, &k, buf, S_SMALL), (int)S_SMALL);
+    }
+    sfs_testpoint_disarm_all();
+    for (uint32_t s = 0; s < 3; s++) {
+        struct sfs_key k = mkkey(6, s);
+
+        memset(buf, 0, S_SMALL);
+        cr_assert_eq(sfs_backend_load_sync(be, &k, buf, S_SMALL), (int)S_SMALL, "shard %u", s);
+        cr_assert(matches(&id, s, 1, buf, S_SMALL), "shard %u lost to a false miss", s);
+    }
+    cr_assert_eq(v.hits, 3, "the commit looked at the block %d times", v.hits);
+
+    /* Replaced outside the protocol (a commit without the lock, a holder
+     * killed before it recorded): the record no longer names the file.
+     * The next partial commit is refused once its retries are spent
+     * (nothing written); the one after starts from the file as it is. */
+    cr_assert_eq(rename(v.block, v.aside), 0); /* kept: its inode stays taken */
+    write_block(0, 6, 3, S_SMALL);
+    {
+        struct sfs_key k = mkkey(6, 3);
+
+        fill(&id, 3, 1, buf, S_SMALL);
+        cr_assert_eq(sfs_backend_dump_sync(be, &k, buf, S_SMALL), -EIO);
+        cr_assert_eq(file_size(0, 6), (off_t)3 * S_SMALL, "a refused commit wrote");
+        cr_assert_eq(sfs_backend_dump_sync(be, &k, buf, S_SMALL), (int)S_SMALL);
+    }
+    for (uint32_t s = 0; s < 4; s++) {
+        struct sfs_key k = mkkey(6, s);
+
+        memset(buf, 0, S_SMALL);
+        cr_assert_eq(sfs_backend_load_sync(be, &k, buf, S_SMALL), (int)S_SMALL, "shard %u", s);
+        cr_assert(matches(&id, s, s < 3 ? 0 : 1, buf, S_SMALL), "shard %u", s);
+    }
     sfs_backend_close(be);
     free(buf);
 }

@@ -466,14 +466,8 @@ static int run_hosts(const struct hosts *H)
         kills++;
         writers[w] = spawn_writer(H, w, next_writer++);
     }
-    for (int w = 0; w < 2 * WRITERS + (H->rank_writers ? 2 : 0); w++) {
-        int st = 0;
-
-        if (waitpid(writers[w], &st, WNOHANG) != 0)
-            fails++;
-        kill(writers[w], SIGKILL);
-        waitpid(writers[w], NULL, 0);
-    }
+    /* The readers first: a writer SIGKILLed here, a rank writer mid-dump,
+     * would hold a daemon read of its key in flight (see above). */
     for (int r = 0; r < 4; r++) {
         int st = 0;
 
@@ -483,6 +477,14 @@ static int run_hosts(const struct hosts *H)
                     r < 2 ? "backend" : "daemon", r % 2, st);
             return 1;
         }
+    }
+    for (int w = 0; w < 2 * WRITERS + (H->rank_writers ? 2 : 0); w++) {
+        int st = 0;
+
+        if (waitpid(writers[w], &st, WNOHANG) != 0)
+            fails++;
+        kill(writers[w], SIGKILL);
+        waitpid(writers[w], NULL, 0);
     }
     if (fails) {
         fprintf(stderr, "%d writers failed a dump\n", fails);
@@ -948,10 +950,11 @@ Test(shared_store, local_replaced_visible, .timeout = 120)
 static void gluster_suite(int replica)
 {
     struct glfx g;
-    /* Rank writers on GlusterFS: SFS_TEST_GLUSTER_RANK_WRITERS=1. They
-     * fail there: a block a rank commits shard by shard was found with
-     * shards missing (zeros: a commit that copied nothing of the block
-     * file it replaced; docs/shared-store.md, Not done). */
+    /* Rank writers on GlusterFS: SFS_TEST_GLUSTER_RANK_WRITERS=1. Their
+     * shard-by-shard commits no longer lose shards there (the lock file's
+     * record, posix_commit.c), but runs with them still fail now and then
+     * for reasons not analysed (an -EIO read, a brick that stopped
+     * answering; docs/shared-store.md, Not done). */
     struct hosts H = {.seconds = 8,
                       .rank_writers = getenv("SFS_TEST_GLUSTER_RANK_WRITERS") != NULL};
     char why[300] = "", base[300];
