@@ -72,7 +72,7 @@
  * later shard, by the same tmp + rename commit; when that leaves 0 bytes the
  * block file is unlinked. -ENOENT if shard n is not there.
  */
-#include "posix_i.h"
+#include "posix_lock_i.h"
 #include "testpoint_i.h"
 
 #include <dirent.h>
@@ -85,281 +85,6 @@
 #include <sys/file.h>
 #include <sys/stat.h>
 #include <unistd.h>
-
-#define LOCK_TRIES 100000
-/* -ESTALE (a handle another host's rename or unlink made stale, NFS and
- * GlusterFS) is retried: a new lookup resolves the name afresh, once the
- * client's own lookup caches let go of the old handle (GlusterFS: about
- * 1 s, entry-timeout and md-cache-timeout; docs/shared-store.md). So the
- * retries are bounded in time, STALE_BUDGET_NS, well past those caches,
- * with sleeps between them (STALE_SLEEP_*), not in a count that a fast
- * loop spends in a millisecond. */
-#define STALE_TRIES        16
-#define STALE_BUDGET_NS    (3ll * 1000000000)
-#define STALE_SLEEP_MIN_US 500
-#define STALE_SLEEP_MAX_US 50000
-/* How long a commit on a remote file system polls for a held lock before
- * it goes on without it: a quarter of the deadline, at most this. */
-#define LOCK_POLL_MAX_NS (5ll * 1000000000)
-/* Temporary names: <file>.tmp.<host>.<pid>.<seq>. */
-#define TMP_INFIX ".tmp."
-/* A temporary or lock file is stale when older than this many deadlines,
- * and never younger than TMP_AGE_MIN_NS. */
-#define TMP_AGE_DEADLINES 20
-#define TMP_AGE_MIN_NS    (10ll * 60 * 1000000000)
-/* The record a kept lock file holds: the block file its last holder
- * committed. Read and written by the lock's holder only. */
-#define LOCK_RECORD_MAGIC 0x5346534c4f434b31ull /* "SFSLOCK1" */
-struct lock_record {
-    uint64_t magic; /* LOCK_RECORD_MAGIC; anything else: no record */
-    uint64_t size;  /* bytes of the block file the holder left; 0: none */
-    uint64_t ino;   /* its inode number (a rename keeps it) */
-};
-
-static int ensure_dir(struct posix_backend *p, const char *rel, size_t dlen)
-{
-    char dir[PATH_REL_MAX];
-    int tries = 0;
-
-    memcpy(dir, rel, dlen);
-    dir[dlen] = '\0';
-    while (mkdirat(p->root_fd, dir, 0755) < 0 && errno != EEXIST) {
-        if (errno != ESTALE || ++tries > STALE_TRIES)
-            return -errno;
-    }
-    return 0;
-}
-
-static int sync_dir(struct posix_backend *p, const char *rel, size_t dlen)
-{
-    char dir[PATH_REL_MAX];
-    int fd, ret = 0;
-
-    memcpy(dir, rel, dlen);
-    dir[dlen] = '\0';
-    fd = openat(p->root_fd, dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-    if (fd < 0)
-        return -errno;
-    if (fsync(fd) < 0)
-        ret = -errno;
-    close(fd);
-    return ret;
-}
-
-/* Sleep before the next retry of a stale handle: *us doubles from
- * STALE_SLEEP_MIN_US to STALE_SLEEP_MAX_US. False once the budget (from
- * start_ns) is spent: give up. */
-static bool stale_backoff(int64_t start_ns, int64_t budget_ns, unsigned *us)
-{
-    if (sfs_now_ns() - start_ns >= budget_ns)
-        return false;
-    *us = *us ? (*us * 2 > STALE_SLEEP_MAX_US ? STALE_SLEEP_MAX_US : *us * 2) : STALE_SLEEP_MIN_US;
-    usleep(*us);
-    return true;
-}
-
-/* flock(LOCK_EX) of fd: blocking on a local file system; on a remote one
- * (p->remote_fs), polled without blocking for at most a quarter of the
- * deadline (LOCK_POLL_MAX_NS at most). A blocking flock on a FUSE client
- * is a SETLKW request that, once the client daemon has read it, the kernel
- * waits for uninterruptibly: a writer SIGKILLed there cannot exit until
- * the lock is granted, and on GlusterFS it was not (the hang of issue 11:
- * a zombie holding the mount). 0, or -1 with errno (EWOULDBLOCK: still
- * held when the poll ended). */
-static int flock_ex(struct posix_backend *p, int fd)
-{
-    int64_t budget = (int64_t)p->o.timeout_ms * 1000000 / 4, start = sfs_now_ns();
-    unsigned us = 0;
-    int r;
-
-    if (!p->remote_fs) {
-        while ((r = flock(fd, LOCK_EX)) < 0 && errno == EINTR)
-            ;
-        return r;
-    }
-    if (budget > LOCK_POLL_MAX_NS)
-        budget = LOCK_POLL_MAX_NS;
-    while ((r = flock(fd, LOCK_EX | LOCK_NB)) < 0 && (errno == EWOULDBLOCK || errno == EINTR)) {
-        if (errno == EWOULDBLOCK && !stale_backoff(start, budget, &us)) {
-            errno = EWOULDBLOCK;
-            return -1;
-        }
-    }
-    return r;
-}
-
-/* Open and exclusively lock <file>.lock, making sure the locked inode is the
- * one the path names (on a local file system a writer that held the lock
- * before us unlinks it when done; on a remote one the lock file stays, see
- * commit_block_once, and only the sweep removes it). The lock only keeps
- * writers of one block from losing each other's shards; nothing written
- * depends on it (see the header). Where the file system refuses it
- * (ENOLCK: NFS without a lock manager), or a remote holder keeps it past
- * the poll (flock_ex), the commit goes on without it. -ESTALE (the lock
- * file unlinked meanwhile, while the client still caches its handle) is a
- * lock that moved on: start again, within STALE_BUDGET_NS. Returns the fd of
- * the held lock, or -1: no lock. */
-static int lock_block(struct posix_backend *p, const char *lock_rel)
-{
-    int64_t start = sfs_now_ns();
-    unsigned us = 0;
-
-    for (int tries = 0; tries < LOCK_TRIES; tries++) {
-        struct stat a, b;
-        /* O_NOFOLLOW: a link planted at the lock's name never makes us
-         * create a file outside the store. */
-        int fd = openat(p->root_fd, lock_rel, O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0644);
-        int r;
-
-        /* Another user's lock file: lock it all the same, without a record. */
-        if (fd < 0 && errno == EACCES)
-            fd = openat(p->root_fd, lock_rel, O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
-
-        if (fd < 0 && errno == ESTALE) {
-            if (!stale_backoff(start, STALE_BUDGET_NS, &us))
-                return -1;
-            continue;
-        }
-        if (fd < 0)
-            return -1;
-        r = flock_ex(p, fd);
-        if (r < 0 && errno != ESTALE) {
-            close(fd);
-            return -1;
-        }
-        if (r == 0 && fstat(fd, &a) == 0 && fstatat(p->root_fd, lock_rel, &b, 0) == 0 &&
-            a.st_ino == b.st_ino && a.st_dev == b.st_dev) {
-            /* A lock left by a killed writer is taken over: fresh again
-             * for the sweep's age test. */
-            futimens(fd, NULL);
-            return fd;
-        }
-        close(fd);
-        if (p->remote_fs && !stale_backoff(start, STALE_BUDGET_NS, &us))
-            return -1;
-    }
-    return -1;
-}
-
-/* This writer's own temporary file for the block whose path is rel:
- * <file>.tmp.<host>.<pid>.<seq>, created exclusively, so no two writers (on
- * this host or any other) ever write the same file. Returns the fd (name in
- * tmp) or -errno. */
-static int create_tmp(struct posix_backend *p, const char *rel, char tmp[PATH_REL_MAX])
-{
-    for (int tries = 0; tries < 64; tries++) {
-        /* Relaxed: the counter only has to differ per call. */
-        uint64_t seq = atomic_fetch_add_explicit(&p->tmp_seq, 1, memory_order_relaxed);
-        int n = snprintf(tmp, PATH_REL_MAX, "%s" TMP_INFIX "%s.%ld.%llu", rel, p->host,
-                         (long)getpid(), (unsigned long long)seq);
-        int fd;
-
-        if (n < 0 || n >= PATH_REL_MAX)
-            return -ENAMETOOLONG;
-        fd = openat(p->root_fd, tmp, O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC | O_NOFOLLOW, 0644);
-        if (fd >= 0)
-            return fd;
-        if (errno != EEXIST && errno != ESTALE)
-            return -errno;
-        /* A name left by an earlier process with our pid: next counter. */
-    }
-    return -EEXIST;
-}
-
-/* Is name (an entry of a block directory) a temporary or lock file of a
- * block: <32 hex>.tmp.* or <32 hex>.lock? */
-static bool is_commit_leftover(const char *name)
-{
-    for (int i = 0; i < SFS_BLOCK_HEX_LEN; i++) {
-        char c = name[i];
-
-        if (!((c >= '0' && c <= '9') || (c >= 'a' && c <= 'f')))
-            return false;
-    }
-    return strncmp(name + SFS_BLOCK_HEX_LEN, TMP_INFIX, sizeof(TMP_INFIX) - 1) == 0 ||
-           strcmp(name + SFS_BLOCK_HEX_LEN, ".lock") == 0;
-}
-
-/*
- * Remove the temporary and lock files of the block directory dir whose
- * mtime is more than tmp_age before now_ref. now_ref is the mtime of the
- * temporary file the caller just created: the file system's own clock, so
- * hosts whose clocks differ agree on ages. At most once per tmp_age / 4 per
- * backend (sweep_ns), so a commit rarely pays for a readdir. Errors are
- * ignored: a leftover not removed now is removed by a later sweep.
- */
-static void sweep_dir(struct posix_backend *p, const char *rel, size_t dlen,
-                      const struct timespec *now_ref)
-{
-    int64_t now = sfs_now_ns();
-    /* Relaxed: sweep_ns only spaces sweeps out; two sweeps at once are
-     * harmless (both unlink the same names; ENOENT is ignored). */
-    int64_t last = atomic_load_explicit(&p->sweep_ns, memory_order_relaxed);
-    int64_t ref = (int64_t)now_ref->tv_sec * 1000000000 + now_ref->tv_nsec;
-    char dir[PATH_REL_MAX];
-    struct dirent *de;
-    DIR *d;
-    int fd;
-
-    if (last && now - last < p->tmp_age_ns / 4)
-        return;
-    if (!atomic_compare_exchange_strong_explicit(&p->sweep_ns, &last, now, memory_order_relaxed,
-                                                 memory_order_relaxed))
-        return;
-    memcpy(dir, rel, dlen);
-    dir[dlen] = '\0';
-    fd = openat(p->root_fd, dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC | O_NOFOLLOW);
-    if (fd < 0)
-        return;
-    d = fdopendir(fd);
-    if (!d) {
-        close(fd);
-        return;
-    }
-    while ((de = readdir(d))) {
-        struct stat st;
-
-        if (!is_commit_leftover(de->d_name))
-            continue;
-        if (fstatat(fd, de->d_name, &st, AT_SYMLINK_NOFOLLOW) < 0 || !S_ISREG(st.st_mode))
-            continue;
-        if (ref - ((int64_t)st.st_mtim.tv_sec * 1000000000 + st.st_mtim.tv_nsec) > p->tmp_age_ns)
-            unlinkat(fd, de->d_name, 0);
-    }
-    closedir(d);
-}
-
-void sfs_posix_commit_init(struct posix_backend *p)
-{
-    const char *age = getenv("SHARDFS_POSIX_TMP_AGE_MS");
-    char host[256];
-    size_t n = 0;
-
-    if (gethostname(host, sizeof(host)) < 0)
-        host[0] = '\0';
-    host[sizeof(host) - 1] = '\0';
-    /* Only characters that need no quoting anywhere, and no '.' (the
-     * name's separator). */
-    for (size_t i = 0; host[i] && n < POSIX_HOST_MAX; i++) {
-        char c = host[i];
-
-        if ((c >= '0' && c <= '9') || (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') ||
-            c == '-' || c == '_')
-            p->host[n++] = c;
-    }
-    if (n == 0)
-        p->host[n++] = '_';
-    p->host[n] = '\0';
-    atomic_init(&p->tmp_seq, 0);
-    atomic_init(&p->sweep_ns, 0);
-    /* Stale: far older than any live commit can be (one deadline for the
-     * copy and the writes, one more for the rename: posix_call.c). */
-    p->tmp_age_ns = (int64_t)p->o.timeout_ms * 1000000 * TMP_AGE_DEADLINES;
-    if (p->tmp_age_ns < TMP_AGE_MIN_NS)
-        p->tmp_age_ns = TMP_AGE_MIN_NS;
-    if (age && *age) /* tests only: a stale age they can wait for */
-        p->tmp_age_ns = strtoll(age, NULL, 10) * 1000000;
-}
 
 static int pwrite_all(int fd, const void *buf, size_t len, uint64_t off)
 {
@@ -458,26 +183,6 @@ static int copy_extents(int src, int dst, uint64_t pos, uint64_t len)
         pos = (uint64_t)hole;
     }
     return 0;
-}
-
-/* The record of the lock file lfd (held) into *r: true, or false when
- * there is none (a new lock file, one an older version left, one cleared,
- * a short read). */
-static bool lock_record_read(int lfd, struct lock_record *r)
-{
-    return pread(lfd, r, sizeof(*r), 0) == (ssize_t)sizeof(*r) && r->magic == LOCK_RECORD_MAGIC;
-}
-
-/* Record, in the held lock file lfd, that the block file is now size bytes
- * long (0: gone), inode ino; magic 0 clears the record. Best effort: a
- * record not written leaves the one before, which the next partial commit
- * finds out of date (a refusal, then no record: commit_block_once). */
-static void lock_record_write(int lfd, uint64_t magic, uint64_t size, uint64_t ino)
-{
-    struct lock_record r = {magic, size, ino};
-
-    if (pwrite(lfd, &r, sizeof(r), 0) != (ssize_t)sizeof(r))
-        return;
 }
 
 /* Does the dump write shard n itself (one of ios)? */
@@ -588,21 +293,21 @@ static int commit_block_once(struct posix_backend *p, const struct sfs_block_id 
         if ((uint64_t)st.st_size < ((uint64_t)cut_shard + 1) * S)
             return -ENOENT;
     } else {
-        ret = ensure_dir(p, rel, dlen);
+        ret = sfs_posix_ensure_dir(p, rel, dlen);
         if (ret < 0)
             return ret;
     }
 
-    lfd = lock_block(p, lock);
+    lfd = sfs_posix_lock_block(p, lock);
     if (lfd >= 0 && p->remote_fs)
-        have_rec = lock_record_read(lfd, &rec);
-    fd = create_tmp(p, rel, tmp);
+        have_rec = sfs_posix_lock_record_read(lfd, &rec);
+    fd = sfs_posix_create_tmp(p, rel, tmp);
     if (fd < 0) {
         ret = fd;
         goto out_unlock;
     }
     if (fstat(fd, &st) == 0)
-        sweep_dir(p, rel, dlen, &st.st_mtim);
+        sfs_posix_sweep_dir(p, rel, dlen, &st.st_mtim);
     /* The committed block is read as the loads read it: beneath the root,
      * regular files only, never waiting on a FIFO. */
     SFS_TEST_POINT("commit:open_committed");
@@ -623,7 +328,7 @@ static int commit_block_once(struct posix_backend *p, const struct sfs_block_id 
         ret = -ESTALE;
         if (last) {
             if (have_rec)
-                lock_record_write(lfd, 0, 0, 0);
+                sfs_posix_lock_record_write(lfd, 0, 0, 0);
             ret = -EIO;
         }
         goto out_unlink_tmp;
@@ -668,7 +373,7 @@ static int commit_block_once(struct posix_backend *p, const struct sfs_block_id 
             goto out_unlink_tmp;
         }
         if (lfd >= 0 && p->remote_fs)
-            lock_record_write(lfd, LOCK_RECORD_MAGIC, 0, 0);
+            sfs_posix_lock_record_write(lfd, LOCK_RECORD_MAGIC, 0, 0);
         ret = 0;
         goto out_unlink_tmp;
     }
@@ -694,14 +399,14 @@ static int commit_block_once(struct posix_backend *p, const struct sfs_block_id 
     }
     *gated = true;
     for (int64_t start = sfs_now_ns(); renameat(p->root_fd, tmp, p->root_fd, rel) < 0;) {
-        if (errno != ESTALE || !stale_backoff(start, STALE_BUDGET_NS, &rename_us)) {
+        if (errno != ESTALE || !sfs_posix_stale_backoff(start, STALE_BUDGET_NS, &rename_us)) {
             ret = -errno;
             goto out_unlink_tmp;
         }
     }
     if (lfd >= 0 && p->remote_fs && fstat(fd, &st) == 0)
-        lock_record_write(lfd, LOCK_RECORD_MAGIC, size, (uint64_t)st.st_ino);
-    ret = p->o.sync ? sync_dir(p, rel, dlen) : 0;
+        sfs_posix_lock_record_write(lfd, LOCK_RECORD_MAGIC, size, (uint64_t)st.st_ino);
+    ret = p->o.sync ? sfs_posix_sync_dir(p, rel, dlen) : 0;
     close(fd);
     goto out_unlock;
 
@@ -744,7 +449,7 @@ static int commit_block(struct posix_backend *p, const struct sfs_block_id *id, 
             return ret;
         if (last)
             return -EIO; /* still changing under us: not stored */
-        stale_backoff(start, STALE_BUDGET_NS, &us);
+        sfs_posix_stale_backoff(start, STALE_BUDGET_NS, &us);
     }
 }
 

@@ -141,7 +141,7 @@ bool sfs_posix_remote_fs(int dirfd);
  * (else -EIO), with O_NONBLOCK cleared again. Returns the fd or -errno. */
 int sfs_posix_open_block_file(struct posix_backend *p, const char *rel, int flags);
 
-/* posix_commit.c: set up the temporary names (host, counter) and the age
+/* posix_lock.c: set up the temporary names (host, counter) and the age
  * past which a temporary file is stale. Never fails. */
 void sfs_posix_commit_init(struct posix_backend *p);
 /* posix_commit.c: the backend's dump and remove (its sfs_backend_ops). */

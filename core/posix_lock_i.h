@@ -1,0 +1,70 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * posix_lock_i.h - what the posix backend's commit (posix_commit.c) takes
+ * from its file-system side (posix_lock.c): block directories, the block
+ * lock and the record a kept lock file holds, temporary names, and the
+ * sweep of a dead writer's leftovers. The protocol: posix_commit.c's header.
+ */
+#ifndef SHARDFS_POSIX_LOCK_I_H
+#define SHARDFS_POSIX_LOCK_I_H
+
+#include "posix_i.h"
+
+#include <stdbool.h>
+#include <stdint.h>
+#include <time.h>
+
+#define LOCK_TRIES 100000
+/* -ESTALE (a handle another host's rename or unlink made stale, NFS and
+ * GlusterFS) is retried: a new lookup resolves the name afresh, once the
+ * client's own lookup caches let go of the old handle (GlusterFS: about
+ * 1 s, entry-timeout and md-cache-timeout; docs/shared-store.md). So the
+ * retries are bounded in time, STALE_BUDGET_NS, well past those caches,
+ * with sleeps between them (STALE_SLEEP_*), not in a count that a fast
+ * loop spends in a millisecond. */
+#define STALE_TRIES        16
+#define STALE_BUDGET_NS    (3ll * 1000000000)
+#define STALE_SLEEP_MIN_US 500
+#define STALE_SLEEP_MAX_US 50000
+/* How long a commit on a remote file system polls for a held lock before
+ * it goes on without it: a quarter of the deadline, at most this. */
+#define LOCK_POLL_MAX_NS (5ll * 1000000000)
+/* Temporary names: <file>.tmp.<host>.<pid>.<seq>. */
+#define TMP_INFIX ".tmp."
+/* A temporary or lock file is stale when older than this many deadlines,
+ * and never younger than TMP_AGE_MIN_NS. */
+#define TMP_AGE_DEADLINES 20
+#define TMP_AGE_MIN_NS    (10ll * 60 * 1000000000)
+/* The record a kept lock file holds: the block file its last holder
+ * committed. Read and written by the lock's holder only. */
+#define LOCK_RECORD_MAGIC 0x5346534c4f434b31ull /* "SFSLOCK1" */
+struct lock_record {
+    uint64_t magic; /* LOCK_RECORD_MAGIC; anything else: no record */
+    uint64_t size;  /* bytes of the block file the holder left; 0: none */
+    uint64_t ino;   /* its inode number (a rename keeps it) */
+};
+
+/* Make the directory of block path rel (its first dlen bytes). 0 or -errno. */
+int sfs_posix_ensure_dir(struct posix_backend *p, const char *rel, size_t dlen);
+/* fsync the directory of rel (sync=1 commits). 0 or -errno. */
+int sfs_posix_sync_dir(struct posix_backend *p, const char *rel, size_t dlen);
+/* Sleep before the next retry of a stale handle (*us doubles); false once
+ * budget_ns from start_ns is spent. */
+bool sfs_posix_stale_backoff(int64_t start_ns, int64_t budget_ns, unsigned *us);
+/* Take the lock file lock_rel (posix_lock.c says how on each kind of file
+ * system). The fd of the held lock, or -1: no lock, go on without it. */
+int sfs_posix_lock_block(struct posix_backend *p, const char *lock_rel);
+/* This writer's own temporary file for block path rel, created exclusively
+ * (name in tmp). The fd or -errno. */
+int sfs_posix_create_tmp(struct posix_backend *p, const char *rel, char tmp[PATH_REL_MAX]);
+/* Remove the commit leftovers of rel's directory older than tmp_age
+ * (against now_ref, the file system's clock); rate-limited, errors ignored. */
+void sfs_posix_sweep_dir(struct posix_backend *p, const char *rel, size_t dlen,
+                         const struct timespec *now_ref);
+/* The held lock file's record: true with *r, or false when it has none. */
+bool sfs_posix_lock_record_read(int lfd, struct lock_record *r);
+/* Write (magic LOCK_RECORD_MAGIC) or clear (magic 0) the held lock file's
+ * record; best effort. */
+void sfs_posix_lock_record_write(int lfd, uint64_t magic, uint64_t size, uint64_t ino);
+
+#endif /* SHARDFS_POSIX_LOCK_I_H */
