@@ -61,6 +61,8 @@
 static int hit_fast(struct sfs_cache *c, uint32_t b, const struct sfs_key *key,
                     struct sfs_lease *out)
 {
+    if (c->nhit == 0)
+        return 0; /* a table too small for hit lines: every lease is counted */
     /* Acquire: the slot's key and state were written before it was linked. */
     uint32_t s = atomic_load_explicit(&c->buckets[b].head, memory_order_acquire);
 
@@ -73,7 +75,7 @@ static int hit_fast(struct sfs_cache *c, uint32_t b, const struct sfs_key *key,
             break;
         s = atomic_load_explicit(&c->slots[s].next, memory_order_acquire);
     }
-    if (s == SFS_NIL || c->nhit == 0)
+    if (s == SFS_NIL)
         return 0;
     struct sfs_slot_rec *sl = &c->slots[s];
 

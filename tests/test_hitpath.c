@@ -1,20 +1,22 @@
 /* SPDX-License-Identifier: MIT */
 /*
  * test_hitpath.c - the lock-free hit (issue 14, docs/recovery.md "Lock-free
- * hits"): a Ready hit and its release take no bucket lock, and crash
- * recovery stays exact.
+ * hits"): a Ready hit and its release take no bucket lock and write no line
+ * another process writes (the lease is an entry of the slot's hit line in
+ * the hitter's own table), and crash recovery stays exact.
  *
- * Key idea: a death at each new step of the lock-free hit and release (and
- * of the locked path's lease take and drop, which now mark their entry in
- * transit too) is made exact with a test point that SIGKILLs a real
- * attached child there. After the server reaps it, the slot's count must
- * equal the live leases the tables hold (ours: one), the key must be served
- * again, the slot must be open to lock-free hits again, and it must be
- * evictable exactly when our lease goes (no leaked count, no lost one).
- * Then the race the hit's last check exists for (the slot evicted and
- * reloaded with another key between the walk and the CAS), and a stress of
- * hitters against evictors, removers, writers and random kills, checking
- * every byte a lease shows.
+ * Key idea: a death at each step of the lock-free hit and release, and of
+ * the counted leases' take and drop (marked in transit around their count
+ * changes), is made exact with a test point that SIGKILLs a real attached
+ * child there. After the server reaps it, the leases on the slot must be
+ * exactly the live ones (ours: one hit lease, no count), the key must be
+ * served again, the slot must be open to lock-free hits again, and it must
+ * be evictable exactly when our lease goes (no leaked lease, no lost one).
+ * Then every closer against a hit lease held in another process, the race
+ * the hit's check exists for (the slot evicted and reloaded with another
+ * key between the walk and the claim), and a stress of hitters against
+ * evictors, removers, writers and random kills, checking every byte a
+ * lease shows.
  */
 #include "cache_i.h"
 #include "slot_i.h"
