@@ -61,11 +61,31 @@ static int look(struct fs *fs, struct fs_waiter *w, bool stop, int64_t now)
     return 0;
 }
 
+/* Take w off the parked list and answer it with the outcome r. Settler
+ * only. */
+static void settle_now(struct fs *fs, struct fs_waiter *w, int r)
+{
+    struct fs_waitq *q = &fs->waitq;
+
+    pthread_mutex_lock(&q->lock);
+    for (struct fs_waiter **pp = &q->head; *pp; pp = &(*pp)->next) {
+        if (*pp == w) {
+            *pp = w->next;
+            q->n--;
+            break;
+        }
+    }
+    pthread_mutex_unlock(&q->lock);
+    fs_read_settled(fs, w->req, &w->key, &w->lease, w->off, w->size, r);
+    free(w);
+}
+
 static void *settler_main(void *arg)
 {
     struct fs *fs = arg;
     struct fs_waitq *q = &fs->waitq;
     struct sfs_lease set[SFS_WAIT_ANY_MAX];
+    struct fs_waiter *who[SFS_WAIT_ANY_MAX]; /* whose lease set[i] is */
 
     for (;;) {
         /* Read the bell before the sweep: a park after this point rings a
@@ -100,9 +120,10 @@ static void *settler_main(void *arg)
                 dup = set[i].slot == w->lease.slot;
             if (dup)
                 continue;
-            if (n < SFS_WAIT_ANY_MAX)
+            if (n < SFS_WAIT_ANY_MAX) {
+                who[n] = w;
                 set[n++] = w->lease;
-            else
+            } else
                 overflow = true;
         }
         exit_now = q->stop && !q->head;
@@ -120,7 +141,14 @@ static void *settler_main(void *arg)
         fs_loads_expire(fs, sfs_now_ns()); /* an owner's read has the same deadline */
         if (overflow && until > now + OVERFLOW_POLL_NS)
             until = now + OVERFLOW_POLL_NS;
-        sfs_cache_wait_any_bell(fs->cache, set, n, until, &state, &q->bell, seen);
+        int i = sfs_cache_wait_any_bell(fs->cache, set, n, until, &state, &q->bell, seen);
+
+        /* The wait may have taken a dead owner's slot over for who[i]: that
+         * is no look the next sweep can repeat (the slot is Loading under
+         * us, alive), so who[i] is answered now, whatever the outcome.
+         * Only this thread takes waiters off the list: who[i] is on it. */
+        if (i >= 0 && (size_t)i < n)
+            settle_now(fs, who[i], state);
     }
     return NULL;
 }

@@ -1,0 +1,168 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * test_fs_takeover.c - a read parked behind another process's load is never
+ * held by that load's owner once the owner is gone (invariant 7).
+ *
+ * A process attached to the mount's cache (a rank, in life) takes a key as
+ * owner and holds it Loading. A reader of that shard through the mount
+ * parks (fs/wait.c): it holds no FUSE worker and waits on the slot. Then
+ * the owner either dies (SIGKILL: the daemon reaps it and the slot goes
+ * back to Idle) or gives the slot back without publishing (release: Idle).
+ * The parked read must take the load over and answer the shard's bytes
+ * from the store, not wait out wait_timeout and answer ETIMEDOUT.
+ *
+ * Both failed before the settler's fix: the settler's sleep
+ * (sfs_cache_wait_any_bell) is what sees the Idle slot first and takes it
+ * over for the parked read, and the settler dropped that outcome; the next
+ * look found the slot Loading under a live owner (the daemon itself), so
+ * the read waited out its deadline. Found by test_shared_store with its
+ * rank writers in the kill rotation (docs/shared-store.md).
+ */
+#include "fsfixture.h"
+#include "testutil.h"
+
+#include <criterion/criterion.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#ifndef SHARDFS_BIN
+#error "SHARDFS_BIN must name the daemon binary (tests/CMakeLists.txt)"
+#endif
+
+#define SHARD   (64u << 10)
+#define BLOCK   3u
+#define WAIT_S  20 /* the mount's wait_timeout: what a held read would wait */
+
+static struct {
+    char store[128];
+    struct fsfx fx;
+    int go[2];   /* parent -> owner: one byte, release the slot */
+    pid_t owner; /* the owner while it may live: killed by the teardown */
+} T;
+
+static void setup(void)
+{
+    if (!fsfx_usable())
+        cr_skip_test("no usable /dev/fuse or fusermount3");
+    snprintf(T.store, sizeof(T.store), "%s", tu_path("store"));
+    snprintf(T.fx.mnt, sizeof(T.fx.mnt), "%s", tu_path("mnt"));
+    snprintf(T.fx.log, sizeof(T.fx.log), "%s", tu_path("log"));
+    snprintf(T.fx.sock, sizeof(T.fx.sock), "%s", tu_path("sock"));
+    T.fx.bin = fsfx_daemon_bin(SHARDFS_BIN);
+    cr_assert_eq(tu_store_write(T.store, BLOCK, 1, 1, SHARD, NULL, NULL, false), 0);
+    cr_assert_eq(pipe2(T.go, O_CLOEXEC), 0);
+    char opts[64];
+    snprintf(opts, sizeof(opts), "capacity=4M,shard_size=64K,readahead=0,wait_timeout=%d",
+             WAIT_S);
+    cr_assert_eq(fsfx_start(&T.fx, T.store, opts, 20.0, NULL), 0, "mount (log: %s)", T.fx.log);
+}
+
+static void teardown(void)
+{
+    if (T.owner > 0) { /* a failed check left it holding the key */
+        kill(T.owner, SIGKILL);
+        tu_wait(T.owner);
+    }
+    if (T.fx.pid)
+        fsfx_stop(&T.fx, true, 10.0);
+    fsfx_cleanup(&T.fx, T.store);
+    unlink(T.fx.sock);
+}
+
+/* The owner: takes the key (the daemon counts it) and holds it Loading
+ * until told to give it back unpublished, or until killed; then waits to be
+ * killed. */
+static int own_key(struct sfs_cache *c, void *arg)
+{
+    struct sfs_key k = tu_key(BLOCK, 0);
+    struct sfs_lease l;
+    char b;
+
+    (void)arg;
+    if (sfs_cache_get(c, &k, 0, 0, &l) != SFS_OWNER)
+        return 2;
+    if (read(T.go[0], &b, 1) != 1)
+        return 3;
+    sfs_cache_release(c, &l); /* no publish: the slot goes back to Idle */
+    pause();                  /* alive: only the release may free the read */
+    return 0;
+}
+
+/* A read of the shard through the mount: 0 for the whole, right shard; 1
+ * for wrong bytes; otherwise 2 (the errno on stderr). */
+static int read_shard(void *arg)
+{
+    struct sfs_key k = tu_key(BLOCK, 0);
+    static char buf[SHARD + 1];
+    long n = fsfx_read_all(fsfx_shard_path(&T.fx, BLOCK, 0), buf, sizeof(buf));
+
+    (void)arg;
+    if (n != (long)SHARD) {
+        fprintf(stderr, "read through the mount: %ld (%s)\n", n, n < 0 ? strerror((int)-n) : "");
+        return 2;
+    }
+    return tu_check(&k, buf, SHARD) == -1 ? 0 : 1;
+}
+
+/* Until the daemon counts n lookups that made their caller a waiter (the
+ * reader parked), up to 10 s. */
+static void await_waits(long long n)
+{
+    for (int i = 0; i < 1000 && fsfx_stat(&T.fx, "shardfs_waits_total") < n; i++)
+        fsfx_sleep_ms(10);
+    cr_assert_geq(fsfx_stat(&T.fx, "shardfs_waits_total"), n, "the read did not park");
+}
+
+/* The owner attached and holding the key Loading, a reader parked behind
+ * it: *owner and *reader. */
+static void owner_and_parked_reader(pid_t *owner, pid_t *reader)
+{
+    *owner = T.owner = tu_fork_attached(T.fx.sock, 0, own_key, NULL);
+    for (int i = 0; i < 1000 && fsfx_stat(&T.fx, "shardfs_owner_loads_total") < 1; i++)
+        fsfx_sleep_ms(10);
+    cr_assert_eq(fsfx_stat(&T.fx, "shardfs_owner_loads_total"), 1, "the owner took no load");
+    *reader = tu_fork(read_shard, NULL);
+    await_waits(1);
+    fsfx_sleep_ms(200); /* the settler asleep on the slot */
+}
+
+/* The reader's outcome within half the deadline: a held read waits it out. */
+static void reader_gets_the_bytes(pid_t reader)
+{
+    int r = tu_wait_for(reader, (int64_t)WAIT_S / 2 * 1000000000ll);
+
+    cr_assert_neq(r, -1, "the parked read was still waiting %d s later", WAIT_S / 2);
+    cr_assert_eq(r, 0, "the parked read failed (%d)", r);
+    cr_assert_geq(fsfx_stat(&T.fx, "shardfs_takeovers_total"), 1);
+    cr_assert_eq(fsfx_stat(&T.fx, "shardfs_fs_wait_timeouts_total"), 0);
+    cr_assert_eq(fsfx_stat(&T.fx, "shardfs_backend_loads_total"), 1, "the read loaded it");
+}
+
+TestSuite(fs_takeover, .init = setup, .fini = teardown, .timeout = 90);
+
+Test(fs_takeover, a_parked_read_takes_over_from_an_owner_killed_mid_load)
+{
+    pid_t owner, reader;
+
+    owner_and_parked_reader(&owner, &reader);
+    kill(owner, SIGKILL);
+    cr_assert_eq(tu_wait(owner), 128 + SIGKILL);
+    T.owner = 0;
+    reader_gets_the_bytes(reader);
+    cr_assert_geq(fsfx_stat(&T.fx, "shardfs_reaped_total"), 1);
+}
+
+Test(fs_takeover, a_parked_read_takes_over_a_load_given_back_unpublished)
+{
+    pid_t owner, reader;
+
+    owner_and_parked_reader(&owner, &reader);
+    cr_assert_eq(write(T.go[1], "g", 1), 1);
+    reader_gets_the_bytes(reader);
+}
