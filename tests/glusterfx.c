@@ -92,6 +92,18 @@ void glfx_down(struct glfx *g)
     g->lock_fd = -1;
 }
 
+void glfx_report(const struct glfx *g)
+{
+    if (!g->work[0])
+        return;
+    /* A client's log is named by its mount point, slashes as dashes; a
+     * brick's by its path. */
+    fsfx_sh("w=$(echo %s | tr / -); cd /var/log/glusterfs 2>/dev/null &&"
+            " for f in $w*.log bricks/$w*.log; do [ -f $f ] || continue; echo \"== $f\";"
+            " grep -E '\\] (E|W|C) \\[' $f | tail -n 15; done >&2",
+            g->work + 1);
+}
+
 int glfx_set(const struct glfx *g, const char *key, const char *value)
 {
     return fsfx_sh("gluster --mode=script volume set %s %s %s >/dev/null 2>&1", g->vol, key, value);

@@ -46,6 +46,9 @@ int glfx_up(struct glfx *g, int replica, char *why, size_t wl);
 int glfx_set(const struct glfx *g, const char *key, const char *value);
 /* Mount point m (0 or 1) of the volume. */
 const char *glfx_mount(const struct glfx *g, int m);
+/* After a failure: the warnings and errors of the volume's client and
+ * brick logs (their last lines, /var/log/glusterfs) on stderr. */
+void glfx_report(const struct glfx *g);
 /* Unmount both mounts (lazily when busy), end their client processes, stop
  * and delete the volume, stop our glusterd, remove g->work. Idempotent; a g
  * glfx_up() never touched is a no-op. */
