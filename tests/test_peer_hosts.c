@@ -6,14 +6,11 @@
  * binary, through fsfixture) with its own posix store and -o peer_listen on
  * its own address.
  *
- * The namespaces, veth pairs and bridge are created by the test and removed
- * by its teardown (ip netns del takes the veth ends with it). Traffic stays
- * inside them. The test needs root and the `ip` tool; without them it is
- * skipped with a message saying which is missing. The daemons' mounts live
- * in the test's mount namespace; only their network is the namespace's
- * (the test enters it with setns() around the fork of each daemon).
+ * The hosts (namespaces, veth pairs, bridge, daemons) are tests/peerfx.h's,
+ * created by the suite's init and removed by its fini; without root or the
+ * `ip` tool every test is skipped with a message saying which is missing.
  */
-#include "fsfixture.h"
+#include "peerfx.h"
 #include "peer_fixture.h"
 #include "peer_i.h"
 #include "testutil.h"
@@ -25,7 +22,6 @@
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
-#include <sched.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -37,189 +33,9 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-#define SHARD  (64u * 1024)
 #define NSHARD 4
 
-#define NHOST 3
-
-static struct {
-    bool up;
-    char ns[NHOST][32], sw[32], members[128], store[NHOST][128];
-    struct fsfx fx[NHOST];
-} H;
-
-static const char *const ADDR[NHOST] = {"10.77.0.1:7001", "10.77.0.2:7001", "10.77.0.3:7001"};
-
-/* The members file: the first n hosts. */
-static void members_first(int n)
-{
-    FILE *f = fopen(H.members, "w");
-
-    cr_assert(f);
-    for (int i = 0; i < n; i++)
-        fprintf(f, "%s\n", ADDR[i]);
-    fclose(f);
-}
-
-static int in_netns(const char *ns, int *saved)
-{
-    char p[64];
-    int fd;
-
-    *saved = open("/proc/self/ns/net", O_RDONLY | O_CLOEXEC);
-    snprintf(p, sizeof(p), "/var/run/netns/%s", ns);
-    fd = open(p, O_RDONLY | O_CLOEXEC);
-    if (fd < 0 || *saved < 0 || setns(fd, CLONE_NEWNET) < 0) {
-        if (fd >= 0)
-            close(fd);
-        return -errno;
-    }
-    close(fd);
-    return 0;
-}
-
-static void back_to(int saved)
-{
-    cr_assert_eq(setns(saved, CLONE_NEWNET), 0, "setns back: %s", strerror(errno));
-    close(saved);
-}
-
-static void netns_del_all(void)
-{
-    for (int i = 0; i < NHOST; i++)
-        fsfx_sh("ip netns del %s 2>/dev/null", H.ns[i]);
-    fsfx_sh("ip netns del %s 2>/dev/null", H.sw);
-}
-
-/* NHOST host namespaces, each with a veth pair to a bridge in a "switch"
- * namespace: 10.77.0.(i+1)/24 on host i. */
-static void setup(void)
-{
-    int pid = getpid();
-    bool ok;
-
-    memset(&H, 0, sizeof(H));
-    if (geteuid() != 0)
-        cr_skip_test("needs root (network namespaces and veth pairs)");
-    if (!fsfx_usable())
-        cr_skip_test("FUSE is not usable here");
-    if (fsfx_sh("command -v ip >/dev/null 2>&1") != 0)
-        cr_skip_test("the `ip` tool (iproute2) is missing");
-    snprintf(H.sw, sizeof(H.sw), "sfpsw%d", pid);
-    ok = fsfx_sh("ip netns add %s && ip -n %s link add br0 type bridge && "
-                 "ip -n %s link set br0 up",
-                 H.sw, H.sw, H.sw) == 0;
-    for (int i = 0; ok && i < NHOST; i++) {
-        snprintf(H.ns[i], sizeof(H.ns[i]), "sfp%c%d", 'a' + i, pid);
-        ok = fsfx_sh("ip netns add %s && ip link add sfh%d%d type veth peer name sfs%d%d && "
-                     "ip link set sfh%d%d netns %s && ip link set sfs%d%d netns %s && "
-                     "ip -n %s link set sfs%d%d master br0 && ip -n %s link set sfs%d%d up && "
-                     "ip -n %s addr add 10.77.0.%d/24 dev sfh%d%d && "
-                     "ip -n %s link set sfh%d%d up && ip -n %s link set lo up",
-                     H.ns[i], i, pid, i, pid, i, pid, H.ns[i], i, pid, H.sw, H.sw, i, pid, H.sw, i,
-                     pid, H.ns[i], i + 1, i, pid, H.ns[i], i, pid, H.ns[i]) == 0;
-    }
-    if (!ok) {
-        netns_del_all();
-        cr_skip_test("cannot create network namespaces, veth pairs and a bridge here");
-    }
-    H.up = true;
-    snprintf(H.members, sizeof(H.members), "%s", tu_path("members"));
-    members_first(2);
-    for (int i = 0; i < NHOST; i++) {
-        char tag[16];
-
-        snprintf(tag, sizeof(tag), "store%c", 'A' + i);
-        snprintf(H.store[i], sizeof(H.store[i]), "%s", tu_path(tag));
-        cr_assert_eq(mkdir(H.store[i], 0755), 0);
-        snprintf(tag, sizeof(tag), "mnt%c", 'A' + i);
-        snprintf(H.fx[i].mnt, sizeof(H.fx[i].mnt), "%s", tu_path(tag));
-        snprintf(tag, sizeof(tag), "log%c", 'A' + i);
-        snprintf(H.fx[i].log, sizeof(H.fx[i].log), "%s", tu_path(tag));
-        H.fx[i].bin = fsfx_daemon_bin(SHARDFS_BIN);
-    }
-}
-
-static void teardown(void)
-{
-    for (int i = 0; i < NHOST; i++) {
-        if (H.fx[i].pid)
-            fsfx_stop(&H.fx[i], true, 10.0);
-        if (H.fx[i].mnt[0])
-            fsfx_cleanup(&H.fx[i], H.store[i][0] ? H.store[i] : NULL);
-    }
-    if (H.members[0])
-        unlink(H.members);
-    if (H.up)
-        netns_del_all();
-}
-
-/* Host i's daemon with the cache and peer region `sizes` (capacity,
- * peer_capacity, peer_ways). */
-static void start_host_with(int i, const char *sizes)
-{
-    char o[512];
-    int saved, st = 0, r;
-
-    snprintf(o, sizeof(o), "shard_size=%u,wait_timeout=20,peer_listen=%s,peers=%s,%s", SHARD,
-             ADDR[i], H.members, sizes);
-    cr_assert_eq(in_netns(H.ns[i], &saved), 0, "setns %s", H.ns[i]);
-    r = fsfx_start(&H.fx[i], H.store[i], o, 20.0, &st);
-    back_to(saved);
-    cr_assert_eq(r, 0, "daemon %d did not mount (%d, status %d)", i, r, st);
-}
-
-static void start_host(int i)
-{
-    start_host_with(i, "capacity=16M,peer_capacity=8M,peer_ways=4");
-}
-
-static void write_shard(int host, uint64_t b, uint32_t s)
-{
-    static uint8_t buf[SHARD];
-    struct sfs_key k = tu_key(b, s);
-    int fd;
-
-    tu_fill(&k, buf, SHARD);
-    cr_assert_eq(fsfx_sh("mkdir -p %s", fsfx_shard_path(&H.fx[host], b, -1)), 0);
-    fd = open(fsfx_shard_path(&H.fx[host], b, s), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-    cr_assert_geq(fd, 0, "open: %s", strerror(errno));
-    cr_assert_eq(write(fd, buf, SHARD), (ssize_t)SHARD);
-    cr_assert_eq(close(fd), 0);
-}
-
-static void read_exact(int host, uint64_t b, uint32_t s)
-{
-    static uint8_t buf[SHARD + 1];
-    struct sfs_key k = tu_key(b, s);
-    long n = fsfx_read_all(fsfx_shard_path(&H.fx[host], b, s), buf, sizeof(buf));
-
-    cr_assert_eq(n, (long)SHARD, "block %llu shard %u: %ld", (unsigned long long)b, s, n);
-    cr_assert_eq(tu_check(&k, buf, SHARD), -1, "block %llu shard %u: wrong bytes",
-                 (unsigned long long)b, s);
-}
-
-/* Blocks b0 .. b0 + n - 1, one shard each, written through host A's mount;
- * returns once A has published them all (the publish is asynchronous). */
-static void publish_blocks(uint64_t b0, unsigned n)
-{
-    for (unsigned i = 0; i < n; i++)
-        write_shard(0, b0 + i, 0);
-    for (int i = 0; i < 2000 && fsfx_stat(&H.fx[0], "shardfs_peer_writes_total") < n; i++)
-        fsfx_sleep_ms(10);
-    cr_assert_geq(fsfx_stat(&H.fx[0], "shardfs_peer_writes_total"), n);
-}
-
-/* The owner of a key, as every host computes it. */
-static int owner_of(uint64_t b, uint32_t s, int nmembers)
-{
-    char *m[] = {(char *)ADDR[0], (char *)ADDR[1], (char *)ADDR[2]};
-    struct sfs_key k = tu_key(b, s);
-
-    return fx_owner(m, (size_t)nmembers, &k);
-}
-
-TestSuite(peer_hosts, .init = setup, .fini = teardown, .timeout = 180);
+TestSuite(peer_hosts, .init = peerfx_setup, .fini = peerfx_teardown, .timeout = 180);
 
 Test(peer_hosts, written_on_a_read_on_b_then_a_dies, .timeout = 180)
 {
@@ -231,11 +47,11 @@ Test(peer_hosts, written_on_a_read_on_b_then_a_dies, .timeout = 180)
     /* Host B's store has block LATE (and nothing of B0): it is read only
      * after host A is gone. */
     cr_assert_eq(tu_store_write(H.store[1], LATE, 1, NSHARD, SHARD, NULL, NULL, false), 0);
-    start_host(0);
-    start_host(1);
+    peerfx_start_host(0);
+    peerfx_start_host(1);
 
     for (uint32_t s = 0; s < NSHARD; s++)
-        write_shard(0, B0, s);
+        peerfx_write_shard(0, B0, s);
     /* The publish is asynchronous: wait for host A to have written all. */
     for (int i = 0; i < 2000 && fsfx_stat(&H.fx[0], "shardfs_peer_writes_total") < NSHARD; i++)
         fsfx_sleep_ms(10);
@@ -243,7 +59,7 @@ Test(peer_hosts, written_on_a_read_on_b_then_a_dies, .timeout = 180)
 
     /* Host B reads every byte; its store never had the block. */
     for (uint32_t s = 0; s < NSHARD; s++)
-        read_exact(1, B0, s);
+        peerfx_read_exact(1, B0, s);
     cr_assert_neq(stat(fsfx_block_file(H.store[1], B0), &st), 0,
                   "host B's store has the block: the test proves nothing");
     hits = fsfx_stat(&H.fx[1], "shardfs_peer_hits_total");
@@ -252,13 +68,13 @@ Test(peer_hosts, written_on_a_read_on_b_then_a_dies, .timeout = 180)
     /* Host A dies and its link goes down: its keys are clean misses on B,
      * served from B's store, each read well within a liveness bound. */
     for (uint32_t s = 0; s < NSHARD; s++)
-        owned_by_a += owner_of(LATE, s, 2) == 0;
+        owned_by_a += peerfx_owner_of(LATE, s, 2) == 0;
     cr_assert_eq(kill(H.fx[0].pid, SIGKILL), 0);
     fsfx_sh("ip -n %s link set sfh0%d down", H.ns[0], getpid());
     for (uint32_t s = 0; s < NSHARD; s++) {
         double t0 = fsfx_now_s();
 
-        read_exact(1, LATE, s);
+        peerfx_read_exact(1, LATE, s);
         /* Generous: the per-member deadline is 200 ms. */
         cr_assert_lt(fsfx_now_s() - t0, 5.0, "shard %u took %.1f s", s, fsfx_now_s() - t0);
     }
@@ -271,29 +87,6 @@ Test(peer_hosts, written_on_a_read_on_b_then_a_dies, .timeout = 180)
     cr_assert_eq(fsfx_stop(&H.fx[1], false, 20.0), 0);
 }
 
-/* The members file becomes the first n hosts with its mtime kept (only
- * SIGHUP, not the mtime check, makes a daemon re-read it), and every
- * running daemon is sent SIGHUP; they take it within a second. */
-static void members_change(int n)
-{
-    struct stat st0;
-    struct timespec t[2];
-
-    cr_assert_eq(stat(H.members, &st0), 0);
-    members_first(n);
-    t[0] = st0.st_atim;
-    t[1] = st0.st_mtim;
-    cr_assert_eq(utimensat(AT_FDCWD, H.members, t, 0), 0);
-    for (int i = 0; i < NHOST; i++)
-        if (H.fx[i].pid)
-            cr_assert_eq(kill(H.fx[i].pid, SIGHUP), 0);
-    /* Generous for a loaded machine. */
-    fsfx_sleep_ms(3000);
-    for (int i = 0; i < NHOST; i++)
-        if (H.fx[i].pid)
-            cr_assert_eq(kill(H.fx[i].pid, 0), 0, "host %d ended on SIGHUP", i);
-}
-
 /* A third host joins: it finds every key the two others published where the
  * ring of three still puts it (with the others), and only its own share is
  * a miss (its region is new and empty; its store has nothing). */
@@ -304,18 +97,18 @@ Test(peer_hosts, a_joining_host_moves_only_its_share, .timeout = 180)
     unsigned mine = 0, others = 0;
     long long hits;
 
-    start_host(0);
-    start_host(1);
-    publish_blocks(B0, NB);
+    peerfx_start_host(0);
+    peerfx_start_host(1);
+    peerfx_publish_blocks(B0, NB);
 
     /* C joins: only SIGHUP makes A and B re-read the file and let C in. The
      * daemons take SIGHUP as "re-read", not as a stop. */
-    members_change(3);
-    start_host(2);
+    peerfx_members_change(3);
+    peerfx_start_host(2);
     for (unsigned i = 0; i < NB; i++) {
         uint64_t b = B0 + i;
 
-        if (owner_of(b, 0, 3) == 2) {
+        if (peerfx_owner_of(b, 0, 3) == 2) {
             char *path = (char *)fsfx_shard_path(&H.fx[2], b, 0);
             static uint8_t buf[SHARD];
 
@@ -323,7 +116,7 @@ Test(peer_hosts, a_joining_host_moves_only_its_share, .timeout = 180)
             cr_assert_lt(fsfx_read_all(path, buf, SHARD), 0, "block %llu", (unsigned long long)b);
             mine++;
         } else {
-            read_exact(2, b, 0);
+            peerfx_read_exact(2, b, 0);
             others++;
         }
     }
@@ -349,15 +142,15 @@ Test(peer_hosts, a_host_leaving_and_rejoining_moves_only_its_share_and_back, .ti
     bool of_c[24];
     long long hits, unreach;
 
-    members_first(3);
+    peerfx_members_first(3);
     for (int i = 0; i < NHOST; i++)
-        start_host(i);
-    publish_blocks(B0, NB);
+        peerfx_start_host(i);
+    peerfx_publish_blocks(B0, NB);
 
-    members_change(2);
+    peerfx_members_change(2);
     for (unsigned i = 0; i < NB; i++) {
         uint64_t b = B0 + i;
-        int o3 = owner_of(b, 0, 3), o2 = owner_of(b, 0, 2);
+        int o3 = peerfx_owner_of(b, 0, 3), o2 = peerfx_owner_of(b, 0, 2);
 
         of_c[i] = o3 == 2;
         if (of_c[i]) {
@@ -369,7 +162,7 @@ Test(peer_hosts, a_host_leaving_and_rejoining_moves_only_its_share_and_back, .ti
         } else {
             cr_assert_eq(o2, o3, "block %llu moved from host %d to %d", (unsigned long long)b, o3,
                          o2);
-            read_exact(1, b, 0);
+            peerfx_read_exact(1, b, 0);
         }
     }
     hits = fsfx_stat(&H.fx[1], "shardfs_peer_hits_total");
@@ -381,10 +174,10 @@ Test(peer_hosts, a_host_leaving_and_rejoining_moves_only_its_share_and_back, .ti
     cr_assert_eq(hits, (long long)(NB - c_share));
     cr_assert_eq(unreach, 0, "B asked a host that left");
 
-    members_change(3);
+    peerfx_members_change(3);
     for (unsigned i = 0; i < NB; i++)
         if (of_c[i])
-            read_exact(1, B0 + i, 0);
+            peerfx_read_exact(1, B0 + i, 0);
     hits = fsfx_stat(&H.fx[1], "shardfs_peer_hits_total") - hits;
     cr_log_info("C back: %lld of its %u keys served to B by it", hits, c_share);
     cr_assert_eq(hits, (long long)c_share);
@@ -496,7 +289,7 @@ static pid_t xs_child(int i, const char *addr, const char *members, bool write_o
     int saved;
     pid_t pid;
 
-    cr_assert_eq(in_netns(H.ns[i], &saved), 0);
+    cr_assert_eq(peerfx_in_netns(H.ns[i], &saved), 0);
     pid = fork();
     if (pid == 0) {
         struct sfs_backend_params p = {.shard_size = XS_PAY};
@@ -524,7 +317,7 @@ static pid_t xs_child(int i, const char *addr, const char *members, bool write_o
         sfs_backend_close(be);
         _exit(0);
     }
-    back_to(saved);
+    peerfx_back_to(saved);
     cr_assert_gt(pid, 0);
     return pid;
 }
@@ -693,9 +486,9 @@ Test(peer_hosts, writers_on_a_mount_readers_on_the_others_see_every_byte_or_a_mi
     uint64_t w;
     DIR *dir;
 
-    members_first(3);
+    peerfx_members_first(3);
     for (int i = 0; i < NHOST; i++)
-        start_host_with(i, "capacity=4M,peer_capacity=2M,peer_ways=4");
+        peerfx_start_host_with(i, "capacity=4M,peer_capacity=2M,peer_ways=4");
     for (int j = 0; j < 6; j++) {
         t[j] =
             (struct ds_thread){.d = &d, .host = j < 2 ? 0 : 1 + j % 2, .seed = 77u + (unsigned)j};
@@ -756,7 +549,7 @@ Test(peer_hosts, another_key_in_the_slot_is_a_clean_miss_served_from_the_store, 
     char sizes[96];
 
     for (uint64_t b = 700; !y; b++)
-        if (owner_of(b, 0, 2) == 0) {
+        if (peerfx_owner_of(b, 0, 2) == 0) {
             if (!x)
                 x = b;
             else
@@ -765,19 +558,19 @@ Test(peer_hosts, another_key_in_the_slot_is_a_clean_miss_served_from_the_store, 
     cr_assert_eq(tu_store_write(H.store[1], x, 1, 1, SHARD, NULL, NULL, false), 0);
     snprintf(sizes, sizeof(sizes), "capacity=16M,peer_capacity=%u,peer_ways=1",
              PEER_HDR_SIZE + SHARD); /* one bucket of one way */
-    start_host_with(0, sizes);
-    start_host_with(1, sizes);
-    write_shard(0, x, 0);
-    write_shard(0, y, 0);
+    peerfx_start_host_with(0, sizes);
+    peerfx_start_host_with(1, sizes);
+    peerfx_write_shard(0, x, 0);
+    peerfx_write_shard(0, y, 0);
     for (int i = 0; i < 2000 && fsfx_stat(&H.fx[0], "shardfs_peer_writes_total") < 2; i++)
         fsfx_sleep_ms(10);
     cr_assert_geq(fsfx_stat(&H.fx[0], "shardfs_peer_writes_total"), 2);
 
     /* Y first: B's read of X publishes X (what B's store gave it) into
      * that slot again. */
-    read_exact(1, y, 0);
+    peerfx_read_exact(1, y, 0);
     cr_assert_eq(fsfx_stat(&H.fx[1], "shardfs_peer_hits_total"), 1);
-    read_exact(1, x, 0);
+    peerfx_read_exact(1, x, 0);
     other = fsfx_stat(&H.fx[1], "shardfs_peer_clean_misses_total{reason=\"other_key\"}");
     hits = fsfx_stat(&H.fx[1], "shardfs_peer_hits_total");
     cr_assert_eq(other, 1, "other_key misses on B: %lld", other);
