@@ -12,6 +12,7 @@
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -61,14 +62,61 @@ bool sfs_posix_stale_backoff(int64_t start_ns, int64_t budget_ns, unsigned *us)
     return true;
 }
 
+/*
+ * One lock request of this process at a time on a remote file system. A
+ * process killed (any signal) while a lock request of it is with a FUSE
+ * client makes the kernel send that client an INTERRUPT. GlusterFS's
+ * client before 11 answers an interrupted SETLK only once its interrupt
+ * handler's own request is answered, and waits for that in the event
+ * thread that got the SETLK's answer: as many interrupted SETLKs answered
+ * at once as it has event threads (client.event-threads, 2 by default)
+ * block them all, and the mount answers nothing again, every process in
+ * it stuck in D state (gluster/glusterfs#4371; seen here with a rank's
+ * four commit threads polling one lock when the rank was SIGKILLed).
+ * Serialised, a process killed at any point has at most one request in
+ * flight. Held only across one non-blocking request, never a sleep; taken
+ * around fork() so a child never inherits it held.
+ */
+static pthread_mutex_t remote_lock_mu = PTHREAD_MUTEX_INITIALIZER;
+static pthread_once_t remote_lock_once = PTHREAD_ONCE_INIT;
+
+static void remote_lock_prepare(void)
+{
+    pthread_mutex_lock(&remote_lock_mu);
+}
+
+static void remote_lock_after(void)
+{
+    pthread_mutex_unlock(&remote_lock_mu);
+}
+
+static void remote_lock_init(void)
+{
+    pthread_atfork(remote_lock_prepare, remote_lock_after, remote_lock_after);
+}
+
+/* flock(fd, LOCK_EX | LOCK_NB), one request of the process at a time. */
+static int flock_try_serialised(int fd)
+{
+    int r, e;
+
+    pthread_once(&remote_lock_once, remote_lock_init);
+    pthread_mutex_lock(&remote_lock_mu);
+    r = flock(fd, LOCK_EX | LOCK_NB);
+    e = errno;
+    pthread_mutex_unlock(&remote_lock_mu);
+    errno = e;
+    return r;
+}
+
 /* flock(LOCK_EX) of fd: blocking on a local file system; on a remote one
  * (p->remote_fs), polled without blocking for at most a quarter of the
- * deadline (LOCK_POLL_MAX_NS at most). A blocking flock on a FUSE client
- * is a SETLKW request that, once the client daemon has read it, the kernel
- * waits for uninterruptibly: a writer SIGKILLed there cannot exit until
- * the lock is granted, and on GlusterFS it was not (the hang of issue 11:
- * a zombie holding the mount). 0, or -1 with errno (EWOULDBLOCK: still
- * held when the poll ended). */
+ * deadline (LOCK_POLL_MAX_NS at most), one request at a time (above). A
+ * blocking flock on a FUSE client is a SETLKW request that, once the
+ * client daemon has read it, the kernel waits for uninterruptibly: a
+ * writer SIGKILLed there cannot exit until the lock is granted, and on
+ * GlusterFS it was not (the hang of issue 11: a zombie holding the mount).
+ * 0, or -1 with errno (EWOULDBLOCK: still held when the poll ended). */
 static int flock_ex(struct posix_backend *p, int fd)
 {
     int64_t budget = (int64_t)p->o.timeout_ms * 1000000 / 4, start = sfs_now_ns();
@@ -82,7 +130,7 @@ static int flock_ex(struct posix_backend *p, int fd)
     }
     if (budget > LOCK_POLL_MAX_NS)
         budget = LOCK_POLL_MAX_NS;
-    while ((r = flock(fd, LOCK_EX | LOCK_NB)) < 0 && (errno == EWOULDBLOCK || errno == EINTR)) {
+    while ((r = flock_try_serialised(fd)) < 0 && (errno == EWOULDBLOCK || errno == EINTR)) {
         if (errno == EWOULDBLOCK && !sfs_posix_stale_backoff(start, budget, &us)) {
             errno = EWOULDBLOCK;
             return -1;

@@ -104,6 +104,12 @@ void glfx_report(const struct glfx *g)
             g->work + 1);
 }
 
+void glfx_kill_clients(const struct glfx *g)
+{
+    if (g->vol[0])
+        fsfx_sh("pkill -9 -f -- '--volfile-id=/%s ' 2>/dev/null", g->vol);
+}
+
 int glfx_set(const struct glfx *g, const char *key, const char *value)
 {
     return fsfx_sh("gluster --mode=script volume set %s %s %s >/dev/null 2>&1", g->vol, key, value);

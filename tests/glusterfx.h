@@ -49,6 +49,10 @@ const char *glfx_mount(const struct glfx *g, int m);
 /* After a failure: the warnings and errors of the volume's client and
  * brick logs (their last lines, /var/log/glusterfs) on stderr. */
 void glfx_report(const struct glfx *g);
+/* Kill the volume's client processes: their mounts answer ENOTCONN from
+ * then on, and whatever was stuck in one (a wedged client's requests, in
+ * D state) wakes, so the cleanup after a failure never hangs. */
+void glfx_kill_clients(const struct glfx *g);
 /* Unmount both mounts (lazily when busy), end their client processes, stop
  * and delete the volume, stop our glusterd, remove g->work. Idempotent; a g
  * glfx_up() never touched is a no-op. */

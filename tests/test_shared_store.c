@@ -999,8 +999,10 @@ static void gluster_suite(int replica)
             }
         }
     }
-    if (rc != 0)
+    if (rc != 0) {
         glfx_report(&g);
+        glfx_kill_clients(&g); /* a wedged client would hold the daemons */
+    }
     hosts_daemons_down(&H);
     glfx_down(&g);
     cr_assert_eq(up, 0, "GlusterFS: %s", why);
