@@ -216,14 +216,28 @@ static bool keeps_old(struct sfs_io **ios, size_t k, uint64_t len, uint64_t S)
  * a record (rec) of the last commit under the lock: when the commit keeps
  * some of the recorded bytes and the file is absent, another inode, or
  * shorter. Without one: when the file is absent but a stat of its name
- * finds it, with bytes the commit keeps. */
+ * finds it, with bytes the commit keeps. A record that names a rename
+ * under way (a holder killed before it recorded the end of its commit):
+ * the renamed file is the true view; the file from before the rename is
+ * trusted only on the last try (last), since the rename may have happened
+ * while the client still shows the older file. */
 static bool false_view(struct posix_backend *p, const char *rel, const struct lock_record *rec,
-                       int src, const struct stat *st, struct sfs_io **ios, size_t k, uint64_t S)
+                       int src, const struct stat *st, struct sfs_io **ios, size_t k, uint64_t S,
+                       bool last)
 {
     struct stat byname;
 
     if (!p->remote_fs)
         return false;
+    if (rec && rec->pend_ino) {
+        if (src >= 0 && (uint64_t)st->st_ino == rec->pend_ino &&
+            (uint64_t)st->st_size >= rec->pend_size)
+            return false;
+        if (!last && (keeps_old(ios, k, rec->pend_size, S) || keeps_old(ios, k, rec->size, S)))
+            return true;
+        if (rec->size == 0)
+            rec = NULL; /* nothing before the rename: as without a record */
+    }
     if (rec) {
         if (rec->size == 0 || !keeps_old(ios, k, rec->size, S))
             return false;
@@ -317,7 +331,7 @@ static int commit_block_once(struct posix_backend *p, const struct sfs_block_id 
         close(src);
         goto out_unlink_tmp;
     }
-    if (false_view(p, rel, have_rec ? &rec : NULL, src, &st, ios, k, S)) {
+    if (false_view(p, rel, have_rec ? &rec : NULL, src, &st, ios, k, S, last)) {
         /* Not the file the last commit under the lock left (see the
          * header): look it up again (commit_block), and once the retries
          * are spent refuse this commit and clear the record, which no
@@ -328,7 +342,7 @@ static int commit_block_once(struct posix_backend *p, const struct sfs_block_id 
         ret = -ESTALE;
         if (last) {
             if (have_rec)
-                sfs_posix_lock_record_write(lfd, 0, 0, 0);
+                sfs_posix_lock_record_write(lfd, &(struct lock_record){0});
             ret = -EIO;
         }
         goto out_unlink_tmp;
@@ -373,7 +387,7 @@ static int commit_block_once(struct posix_backend *p, const struct sfs_block_id 
             goto out_unlink_tmp;
         }
         if (lfd >= 0 && p->remote_fs)
-            sfs_posix_lock_record_write(lfd, LOCK_RECORD_MAGIC, 0, 0);
+            sfs_posix_lock_record_write(lfd, &(struct lock_record){.magic = LOCK_RECORD_MAGIC});
         ret = 0;
         goto out_unlink_tmp;
     }
@@ -398,14 +412,27 @@ static int commit_block_once(struct posix_backend *p, const struct sfs_block_id 
         goto out_unlink_tmp;
     }
     *gated = true;
+    /* The rename under way, recorded before it: a holder killed between the
+     * rename and the record below leaves the next one the file it renamed
+     * (false_view), not an out-of-date record that refuses the commit. */
+    if (lfd >= 0 && p->remote_fs && fstat(fd, &st) == 0) {
+        struct lock_record r = have_rec ? rec : (struct lock_record){.magic = LOCK_RECORD_MAGIC};
+
+        r.pend_size = size;
+        r.pend_ino = (uint64_t)st.st_ino;
+        sfs_posix_lock_record_write(lfd, &r);
+    }
+    SFS_TEST_POINT("commit:pending");
     for (int64_t start = sfs_now_ns(); renameat(p->root_fd, tmp, p->root_fd, rel) < 0;) {
         if (errno != ESTALE || !sfs_posix_stale_backoff(start, STALE_BUDGET_NS, &rename_us)) {
             ret = -errno;
             goto out_unlink_tmp;
         }
     }
+    SFS_TEST_POINT("commit:renamed");
     if (lfd >= 0 && p->remote_fs && fstat(fd, &st) == 0)
-        sfs_posix_lock_record_write(lfd, LOCK_RECORD_MAGIC, size, (uint64_t)st.st_ino);
+        sfs_posix_lock_record_write(
+            lfd, &(struct lock_record){LOCK_RECORD_MAGIC, size, (uint64_t)st.st_ino, 0, 0});
     ret = p->o.sync ? sfs_posix_sync_dir(p, rel, dlen) : 0;
     close(fd);
     goto out_unlock;

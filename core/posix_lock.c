@@ -320,14 +320,12 @@ bool sfs_posix_lock_record_read(int lfd, struct lock_record *r)
     return pread(lfd, r, sizeof(*r), 0) == (ssize_t)sizeof(*r) && r->magic == LOCK_RECORD_MAGIC;
 }
 
-/* Record, in the held lock file lfd, that the block file is now size bytes
- * long (0: gone), inode ino; magic 0 clears the record. Best effort: a
- * record not written leaves the one before, which the next partial commit
- * finds out of date (a refusal, then no record: commit_block_once). */
-void sfs_posix_lock_record_write(int lfd, uint64_t magic, uint64_t size, uint64_t ino)
+/* Record *r in the held lock file lfd (magic 0 clears the record). Best
+ * effort: a record not written leaves the one before, which the next
+ * partial commit finds out of date (a refusal, then no record:
+ * commit_block_once). */
+void sfs_posix_lock_record_write(int lfd, const struct lock_record *r)
 {
-    struct lock_record r = {magic, size, ino};
-
-    if (pwrite(lfd, &r, sizeof(r), 0) != (ssize_t)sizeof(r))
+    if (pwrite(lfd, r, sizeof(*r), 0) != (ssize_t)sizeof(*r))
         return;
 }

@@ -36,12 +36,18 @@
 #define TMP_AGE_DEADLINES 20
 #define TMP_AGE_MIN_NS    (10ll * 60 * 1000000000)
 /* The record a kept lock file holds: the block file its last holder
- * committed. Read and written by the lock's holder only. */
-#define LOCK_RECORD_MAGIC 0x5346534c4f434b31ull /* "SFSLOCK1" */
+ * committed, and the one a holder is about to rename over it (written
+ * before the rename: a holder killed between its rename and its record
+ * leaves a record that names what it renamed). Read and written by the
+ * lock's holder only. A record of the older layout ("SFSLOCK1", 24 bytes)
+ * reads as none. */
+#define LOCK_RECORD_MAGIC 0x5346534c4f434b32ull /* "SFSLOCK2" */
 struct lock_record {
-    uint64_t magic; /* LOCK_RECORD_MAGIC; anything else: no record */
-    uint64_t size;  /* bytes of the block file the holder left; 0: none */
-    uint64_t ino;   /* its inode number (a rename keeps it) */
+    uint64_t magic;     /* LOCK_RECORD_MAGIC; anything else: no record */
+    uint64_t size;      /* bytes of the block file the holder left; 0: none */
+    uint64_t ino;       /* its inode number (a rename keeps it) */
+    uint64_t pend_size; /* bytes of the file being renamed over it ... */
+    uint64_t pend_ino;  /* ... and its inode; 0: no rename under way */
 };
 
 /* Make the directory of block path rel (its first dlen bytes). 0 or -errno. */
@@ -63,8 +69,7 @@ void sfs_posix_sweep_dir(struct posix_backend *p, const char *rel, size_t dlen,
                          const struct timespec *now_ref);
 /* The held lock file's record: true with *r, or false when it has none. */
 bool sfs_posix_lock_record_read(int lfd, struct lock_record *r);
-/* Write (magic LOCK_RECORD_MAGIC) or clear (magic 0) the held lock file's
- * record; best effort. */
-void sfs_posix_lock_record_write(int lfd, uint64_t magic, uint64_t size, uint64_t ino);
+/* Write *r into the held lock file (magic 0: clears it); best effort. */
+void sfs_posix_lock_record_write(int lfd, const struct lock_record *r);
 
 #endif /* SHARDFS_POSIX_LOCK_I_H */

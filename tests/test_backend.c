@@ -1267,3 +1267,86 @@ Test(backend, posix_remote_false_miss_keeps_shards)
     sfs_backend_close(be);
     free(buf);
 }
+
+/* A holder SIGKILLed in the middle of a shard commit on a remote file
+ * system, at point (forked, its own backend, the point armed to kill): it
+ * dumps shard 1 of block b as version 2. Returns its wait status. */
+static int killed_holder(const struct sfs_backend_params *bp, uint64_t b, const char *point,
+                         char *buf)
+{
+    pid_t pid = fork();
+    int st = 0;
+
+    if (pid == 0) {
+        struct sfs_block_id id = mkid(b);
+        struct sfs_key k = mkkey(b, 1);
+        struct sfs_backend *be;
+        int e = 0;
+
+        setenv("SHARDFS_POSIX_REMOTE", "1", 1);
+        be = sfs_backend_open(g_root, bp, NULL, 0, &e);
+        if (!be)
+            _exit(2);
+        sfs_testpoint_arm(point, SFS_TP_KILL, NULL, NULL);
+        fill(&id, 1, 2, buf, S_SMALL);
+        sfs_backend_dump_sync(be, &k, buf, S_SMALL);
+        _exit(0); /* the point was not reached */
+    }
+    waitpid(pid, &st, 0);
+    return st;
+}
+
+/*
+ * The lock file's record names the rename under way before it happens, so
+ * a holder killed between its rename and its record leaves the next
+ * partial commit the file it renamed: that commit goes through and keeps
+ * the dead holder's shard. Before, the record still named the file from
+ * before the rename, and the next commit, finding another inode, was
+ * refused (-EIO) once its retries were spent (seen as a rank's failed dump
+ * on GlusterFS, its rank writers SIGKILLed in the shared-store suite).
+ * Killed before its rename: the file from before it is the true one, and
+ * the next commit keeps that, on its last try.
+ */
+Test(backend, posix_remote_holder_killed_mid_commit_is_no_refusal, .timeout = 60)
+{
+    struct sfs_backend_params bp = {.shard_size = S_SMALL, .timeout_ms = 10000};
+    static const char *points[2] = {"commit:renamed", "commit:pending"};
+    char err[256] = "", *buf = malloc(S_SMALL);
+    struct sfs_backend *be;
+    int e = 0;
+
+    setenv("SHARDFS_POSIX_REMOTE", "1", 1);
+    be = sfs_backend_open(g_root, &bp, err, sizeof(err), &e);
+    unsetenv("SHARDFS_POSIX_REMOTE");
+    cr_assert_not_null(be, "%s", err);
+    for (int i = 0; i < 2; i++) {
+        uint64_t b = 20 + (uint64_t)i;
+        struct sfs_block_id id = mkid(b);
+
+        for (uint32_t s = 0; s < 3; s++) { /* shard by shard, as a rank commits */
+            struct sfs_key k = mkkey(b, s);
+
+            fill(&id, s, 1, buf, S_SMALL);
+            cr_assert_eq(sfs_backend_dump_sync(be, &k, buf, S_SMALL), (int)S_SMALL);
+        }
+        int st = killed_holder(&bp, b, points[i], buf);
+        cr_assert(WIFSIGNALED(st) && WTERMSIG(st) == SIGKILL, "%s: not killed there (0x%x)",
+                  points[i], st);
+        struct sfs_key k2 = mkkey(b, 2);
+        fill(&id, 2, 2, buf, S_SMALL);
+        cr_assert_eq(sfs_backend_dump_sync(be, &k2, buf, S_SMALL), (int)S_SMALL,
+                     "killed at %s: the next commit was refused", points[i]);
+        for (uint32_t s = 0; s < 3; s++) {
+            struct sfs_key k = mkkey(b, s);
+            /* Renamed: the dead holder's shard 1 is the store's. */
+            uint32_t want = s == 0 ? 1 : s == 2 ? 2 : i == 0 ? 2 : 1;
+
+            memset(buf, 0, S_SMALL);
+            cr_assert_eq(sfs_backend_load_sync(be, &k, buf, S_SMALL), (int)S_SMALL);
+            cr_assert(matches(&id, s, want, buf, S_SMALL), "killed at %s: shard %u not v%u",
+                      points[i], s, want);
+        }
+    }
+    sfs_backend_close(be);
+    free(buf);
+}
