@@ -342,10 +342,11 @@ Test(peer_batch, a_mute_owner_is_a_clean_miss_within_the_deadline, .timeout = 60
     free(out);
 }
 
-/* One key of one owner (a single get, no poll): an owner that answers
- * nothing after its hello, or half a payload, is a clean miss within the
- * deadline, never a hang. */
-Test(peer_batch, a_single_get_from_a_mute_owner_is_a_clean_miss_within_the_deadline, .timeout = 60)
+/* One key of one owner (a single get, no poll), then a batch of three: an
+ * owner that answers nothing after its hello, or half a payload, is a
+ * clean miss within the deadline, never a hang. */
+Test(peer_batch, one_mute_owner_of_a_get_or_a_batch_is_a_clean_miss_within_the_deadline,
+     .timeout = 60)
 {
     for (int half = 0; half < 2; half++) {
         struct mute mu = {.fd = -1, .half = half};
@@ -376,6 +377,32 @@ Test(peer_batch, a_single_get_from_a_mute_owner_is_a_clean_miss_within_the_deadl
         cr_assert_lt(now_ns() - t0, 3000000000ll);
         cr_assert_eq(c.fd, -1, "the connection is closed and marked down");
         cr_assert_eq(peer_conn_get(&c, addr, 200, &h, PAY, out), PEER_MISS_UNREACHABLE);
+        /* Three keys of the one owner: the batch blocks in recv once its
+         * requests are out, under the same deadline. */
+        c.down_until_ns = 0;
+        cr_assert_eq(peer_conn_open(&c, addr, 200), 0);
+        {
+            static struct peer_slot_hdr hd[3][PEER_WAYS_MAX];
+            static uint64_t af[3][PEER_WAYS_MAX];
+            struct peer_call calls[3];
+            struct peer_batch *b = calloc(1, sizeof(*b));
+
+            cr_assert(b);
+            for (int i = 0; i < 3; i++) {
+                calls[i] = (struct peer_call){.buf = out, .hdrs = hd[i], .after = af[i]};
+                calls[i].q = peer_req_for(PEER_OP_READ_GET, &h, &c.g);
+                calls[i].q.len = PAY;
+            }
+            *b = (struct peer_batch){.c = &c, .member = addr, .calls = calls, .n = 3};
+            t0 = now_ns();
+            cr_assert_eq(peer_conn_batch_run(b, 1, 200), 0);
+            cr_assert_lt(now_ns() - t0, 3000000000ll);
+            for (int i = 0; i < 3; i++)
+                cr_assert_eq(peer_call_judge(&calls[i], c.g.ways, &h, PAY, out),
+                             PEER_MISS_UNREACHABLE);
+            cr_assert_eq(c.fd, -1);
+            free(b);
+        }
         atomic_store(&mu.stop, true);
         pthread_join(mu.t, NULL);
         close(mu.lfd);
