@@ -2,10 +2,12 @@
 /*
  * peer_client.c - the peer tier's TCP client (protocol: peer_i.h).
  *
- * One blocking socket per member, every call under a deadline
- * (poll before each send/recv). A member that fails a call is closed and
- * marked down for PEER_DOWN_MS: calls in that window fail at once with
- * -EHOSTUNREACH, so a dead host costs one deadline, not one per key.
+ * One socket per member, every call under a deadline: poll before each
+ * send/recv, except a single get alone on its connection (one_get), which
+ * blocks in recv under SO_RCVTIMEO instead (two syscalls fewer a piece).
+ * A member that fails a call is closed and marked down for PEER_DOWN_MS:
+ * calls in that window fail at once with -EHOSTUNREACH, so a dead host
+ * costs one deadline, not one per key.
  */
 #include "backend_i.h"
 #include "peer_net_i.h"
@@ -21,6 +23,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
+#include <sys/uio.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -37,6 +40,7 @@ void peer_conn_close(struct peer_conn *c)
     if (c->fd >= 0)
         close(c->fd);
     c->fd = -1;
+    c->rcvtimeo_ms = 0;
 }
 
 static int fail(struct peer_conn *c, int err)
@@ -70,6 +74,9 @@ static int connect_deadline(const char *member, int64_t deadline_ns)
         if (getsockopt(fd, SOL_SOCKET, SO_ERROR, &soerr, &sl) < 0 || soerr)
             goto next;
         setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+        /* Blocking from now on: every call but one_get's passes
+         * MSG_DONTWAIT and polls; one_get blocks under SO_RCVTIMEO. */
+        fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) & ~O_NONBLOCK);
         freeaddrinfo(res);
         return fd;
     next:
@@ -333,6 +340,31 @@ static void rx_next(struct peer_batch *b, uint8_t **p, size_t *n)
     }
 }
 
+/* The answer's peer_rep image at w, into k->rep: 0, or -EPROTO when the
+ * request does not allow it. */
+static int rep_store(struct peer_call *k, uint32_t ways, const uint8_t *w)
+{
+    peer_rep_dec(&k->rep, w);
+    if (k->rep.magic != PEER_MAGIC)
+        return -EPROTO;
+    if (k->q.op == PEER_OP_WRITE)
+        return k->rep.status == 0 || k->rep.status == -EAGAIN ? 0 : -EPROTO;
+    if (k->q.op == PEER_OP_READ_GET)
+        return k->rep.status == -ENOENT || (k->rep.status >= 0 && (uint32_t)k->rep.status < ways)
+                   ? 0
+                   : -EPROTO;
+    return k->rep.status == 0 ? 0 : -EPROTO;
+}
+
+/* The header images at w (READ_GET: the way's one more), into k. */
+static void hdrs_store(struct peer_call *k, uint32_t ways, const uint8_t *w)
+{
+    for (uint32_t i = 0; i < ways; i++)
+        peer_hdr_dec(&k->hdrs[i], &k->after[i], w + (size_t)i * PEER_HDR_WIRE);
+    if (k->q.op == PEER_OP_READ_GET)
+        peer_hdr_dec(&k->hdr, &k->hdr_after, w + (size_t)ways * PEER_HDR_WIRE);
+}
+
 /* Stage rx_stage of the current call arrived whole: check and store it.
  * 0, or -EPROTO (the member answered something the request does not allow). */
 static int rx_stage_done(struct peer_batch *b)
@@ -342,22 +374,9 @@ static int rx_stage_done(struct peer_batch *b)
 
     switch (b->rx_stage) {
     case 0:
-        peer_rep_dec(&k->rep, b->scratch);
-        if (k->rep.magic != PEER_MAGIC)
-            return -EPROTO;
-        if (k->q.op == PEER_OP_WRITE)
-            return k->rep.status == 0 || k->rep.status == -EAGAIN ? 0 : -EPROTO;
-        if (k->q.op == PEER_OP_READ_GET)
-            return k->rep.status == -ENOENT ||
-                           (k->rep.status >= 0 && (uint32_t)k->rep.status < ways)
-                       ? 0
-                       : -EPROTO;
-        return k->rep.status == 0 ? 0 : -EPROTO;
+        return rep_store(k, ways, b->scratch);
     case 1:
-        for (uint32_t w = 0; w < ways; w++)
-            peer_hdr_dec(&k->hdrs[w], &k->after[w], b->scratch + (size_t)w * PEER_HDR_WIRE);
-        if (k->q.op == PEER_OP_READ_GET)
-            peer_hdr_dec(&k->hdr, &k->hdr_after, b->scratch + (size_t)ways * PEER_HDR_WIRE);
+        hdrs_store(k, ways, b->scratch);
         return 0;
     default:
         return 0;
@@ -433,6 +452,77 @@ static int batch_step(struct peer_batch *b, short revents)
     return 1;
 }
 
+/*
+ * One READ_GET alone on its connection (one owner, one key: a single get),
+ * without poll: the request in one send, then blocking recvs under
+ * SO_RCVTIMEO = deadline_ms, so a recv fails after deadline_ms with no byte
+ * moved, as the batch's poll does. The first recv takes the answer's fixed
+ * part and whatever payload has arrived with it (two iovecs: scratch, then
+ * the call's buf); the rest of the payload follows with MSG_WAITALL. With
+ * one request in flight nothing but its answer can arrive, so a recv never
+ * takes bytes of another. 0, or -errno (the connection failed).
+ */
+static int one_get(struct peer_batch *b, unsigned deadline_ms)
+{
+    struct peer_call *k = &b->calls[0];
+    struct peer_conn *c = b->c;
+    uint32_t ways = c->g.ways;
+    size_t fixed = PEER_REP_WIRE + ((size_t)ways + 1) * PEER_HDR_WIRE, want = 0, got = 0;
+    ssize_t r;
+
+    if (c->rcvtimeo_ms != deadline_ms) {
+        struct timeval tv = {.tv_sec = deadline_ms / 1000,
+                             .tv_usec = (suseconds_t)(deadline_ms % 1000) * 1000};
+
+        if (setsockopt(c->fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv)) < 0)
+            return -errno;
+        c->rcvtimeo_ms = deadline_ms;
+    }
+    r = send(c->fd, k->wire, sizeof(k->wire), MSG_NOSIGNAL | MSG_DONTWAIT);
+    if (r < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR)
+        return -errno;
+    if (r < (ssize_t)sizeof(k->wire)) {
+        size_t off = r > 0 ? (size_t)r : 0;
+        int ret = peer_send_all(c->fd, k->wire + off, sizeof(k->wire) - off,
+                                peer_net_mono_ns() + (int64_t)deadline_ms * 1000000, NULL);
+
+        if (ret < 0)
+            return ret;
+    }
+    /* want 0: the fixed part is not in yet; then fixed (+ len with a way). */
+    while (want == 0 || got < want) {
+        struct iovec iov[2] = {{b->scratch + got, fixed - got}, {k->buf, k->q.len}};
+        struct msghdr m = {.msg_iov = iov, .msg_iovlen = 2};
+
+        if (want) {
+            iov[0] = (struct iovec){(uint8_t *)k->buf + (got - fixed), want - got};
+            m.msg_iovlen = 1;
+        }
+        r = recvmsg(c->fd, &m, want ? MSG_WAITALL : 0);
+        if (r == 0)
+            return -ECONNRESET;
+        if (r < 0) {
+            if (errno == EINTR)
+                continue;
+            return errno == EAGAIN || errno == EWOULDBLOCK ? -ETIMEDOUT : -errno;
+        }
+        got += (size_t)r;
+        if (want == 0 && got >= fixed) {
+            int ret = rep_store(k, ways, b->scratch);
+
+            if (ret < 0)
+                return ret;
+            hdrs_store(k, ways, b->scratch + PEER_REP_WIRE);
+            want = fixed + (k->rep.status >= 0 ? k->q.len : 0);
+            if (got > want)
+                return -EPROTO; /* payload bytes after a miss */
+        }
+    }
+    k->err = 0;
+    b->rx_call = 1;
+    return 0;
+}
+
 size_t peer_conn_batch_run(struct peer_batch *b, size_t nb, unsigned deadline_ms)
 {
     struct pollfd pf[PEER_MEMBERS_MAX];
@@ -449,6 +539,14 @@ size_t peer_conn_batch_run(struct peer_batch *b, size_t nb, unsigned deadline_ms
             b[i].calls[j].err = -EHOSTUNREACH;
             peer_req_enc(b[i].calls[j].wire, &b[i].calls[j].q);
         }
+    }
+    if (nb == 1 && b->n == 1 && b->c->fd >= 0 && b->calls[0].q.op == PEER_OP_READ_GET &&
+        b->calls[0].buf) {
+        int ret = one_get(b, deadline_ms);
+
+        if (ret < 0)
+            fail(b->c, ret);
+        return ret < 0 ? 0 : 1;
     }
     for (;;) {
         int64_t wait = -1;

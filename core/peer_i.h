@@ -306,6 +306,7 @@ struct peer_conn {
     int fd;
     struct peer_geometry g; /* what the member announced */
     int64_t down_until_ns;  /* after a failure: a clean miss until then */
+    unsigned rcvtimeo_ms;   /* the SO_RCVTIMEO set on fd (0: none yet) */
 };
 
 void peer_conn_init(struct peer_conn *c);

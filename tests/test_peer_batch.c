@@ -217,6 +217,7 @@ struct mute {
     int lfd, fd;
     pthread_t t;
     _Atomic bool stop;
+    bool half; /* reads one request, answers it up to half its payload */
 };
 
 static void *mute_main(void *arg)
@@ -234,6 +235,16 @@ static void *mute_main(void *arg)
         if (fd < 0)
             continue;
         send(fd, hw, sizeof(hw), MSG_NOSIGNAL);
+        if (m->half) {
+            uint8_t q[PEER_REQ_WIRE], *a = calloc(1, PEER_REP_WIRE + 5 * PEER_HDR_WIRE + PAY / 2);
+            struct peer_rep rep = {.magic = PEER_MAGIC, .status = 0};
+
+            cr_assert(a);
+            peer_rep_enc(a, &rep);
+            if (recv(fd, q, sizeof(q), MSG_WAITALL) == (ssize_t)sizeof(q))
+                send(fd, a, PEER_REP_WIRE + 5 * PEER_HDR_WIRE + PAY / 2, MSG_NOSIGNAL);
+            free(a);
+        }
         if (m->fd >= 0)
             close(m->fd);
         m->fd = fd; /* held, never read */
@@ -329,4 +340,74 @@ Test(peer_batch, a_mute_owner_is_a_clean_miss_within_the_deadline, .timeout = 60
     unlink(members);
     free(in);
     free(out);
+}
+
+/* One key of one owner (a single get, no poll), then a batch of three: an
+ * owner that answers nothing after its hello, or half a payload, is a
+ * clean miss within the deadline, never a hang. */
+Test(peer_batch, one_mute_owner_of_a_get_or_a_batch_is_a_clean_miss_within_the_deadline,
+     .timeout = 60)
+{
+    for (int half = 0; half < 2; half++) {
+        struct mute mu = {.fd = -1, .half = half};
+        struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+        struct timeval tv = {.tv_sec = 0, .tv_usec = 100000};
+        socklen_t l = sizeof(a);
+        struct sfs_key k = tu_key(700, 0);
+        struct peer_hash h = peer_key_hash(&k);
+        struct peer_conn c;
+        char addr[64];
+        void *out = malloc(PAY);
+        int64_t t0;
+
+        cr_assert(out);
+        mu.lfd = socket(AF_INET, SOCK_STREAM, 0);
+        cr_assert_eq(bind(mu.lfd, (struct sockaddr *)&a, sizeof(a)), 0);
+        cr_assert_eq(listen(mu.lfd, 4), 0);
+        cr_assert_eq(getsockname(mu.lfd, (struct sockaddr *)&a, &l), 0);
+        setsockopt(mu.lfd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+        snprintf(addr, sizeof(addr), "127.0.0.1:%u", ntohs(a.sin_port));
+        pthread_create(&mu.t, NULL, mute_main, &mu);
+        peer_conn_init(&c);
+        cr_assert_eq(peer_conn_open(&c, addr, 200), 0);
+        t0 = now_ns();
+        cr_assert_eq(peer_conn_get(&c, addr, 200, &h, PAY, out), PEER_MISS_UNREACHABLE, "half %d",
+                     half);
+        /* A liveness bound, not a timing: the deadline is 200 ms. */
+        cr_assert_lt(now_ns() - t0, 3000000000ll);
+        cr_assert_eq(c.fd, -1, "the connection is closed and marked down");
+        cr_assert_eq(peer_conn_get(&c, addr, 200, &h, PAY, out), PEER_MISS_UNREACHABLE);
+        /* Three keys of the one owner: the batch blocks in recv once its
+         * requests are out, under the same deadline. */
+        c.down_until_ns = 0;
+        cr_assert_eq(peer_conn_open(&c, addr, 200), 0);
+        {
+            static struct peer_slot_hdr hd[3][PEER_WAYS_MAX];
+            static uint64_t af[3][PEER_WAYS_MAX];
+            struct peer_call calls[3];
+            struct peer_batch *b = calloc(1, sizeof(*b));
+
+            cr_assert(b);
+            for (int i = 0; i < 3; i++) {
+                calls[i] = (struct peer_call){.buf = out, .hdrs = hd[i], .after = af[i]};
+                calls[i].q = peer_req_for(PEER_OP_READ_GET, &h, &c.g);
+                calls[i].q.len = PAY;
+            }
+            *b = (struct peer_batch){.c = &c, .member = addr, .calls = calls, .n = 3};
+            t0 = now_ns();
+            cr_assert_eq(peer_conn_batch_run(b, 1, 200), 0);
+            cr_assert_lt(now_ns() - t0, 3000000000ll);
+            for (int i = 0; i < 3; i++)
+                cr_assert_eq(peer_call_judge(&calls[i], c.g.ways, &h, PAY, out),
+                             PEER_MISS_UNREACHABLE);
+            cr_assert_eq(c.fd, -1);
+            free(b);
+        }
+        atomic_store(&mu.stop, true);
+        pthread_join(mu.t, NULL);
+        close(mu.lfd);
+        if (mu.fd >= 0)
+            close(mu.fd);
+        free(out);
+    }
 }

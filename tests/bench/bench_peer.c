@@ -102,6 +102,12 @@ ssize_t recv(int fd, void *buf, size_t n, int flags)
     return syscall(SYS_recvfrom, fd, buf, n, flags, NULL, NULL);
 }
 
+ssize_t recvmsg(int fd, struct msghdr *m, int flags)
+{
+    COUNT(recv);
+    return syscall(SYS_recvmsg, fd, m, flags);
+}
+
 int poll(struct pollfd *fds, nfds_t n, int timeout)
 {
     struct timespec ts = {.tv_sec = timeout / 1000, .tv_nsec = (timeout % 1000) * 1000000l};
