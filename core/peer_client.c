@@ -452,6 +452,29 @@ static int batch_step(struct peer_batch *b, short revents)
     return 1;
 }
 
+/* A batch's exchange with one member ends by this many deadlines. */
+#define PEER_BATCH_DEADLINES 4
+
+/* More to receive before end: the next recv's SO_RCVTIMEO shrunk to what
+ * is left of the call's deadline, so the call as a whole ends by then (one
+ * recv's timeout alone would let a member that sends a byte now and then
+ * hold it forever). False when nothing is left. */
+static bool rcv_within(struct peer_conn *c, int64_t end)
+{
+    int64_t left_ms = (end - peer_net_mono_ns()) / 1000000;
+
+    if (left_ms <= 0)
+        return false;
+    if ((unsigned)left_ms < c->rcvtimeo_ms) {
+        struct timeval tv = {.tv_sec = left_ms / 1000, .tv_usec = (left_ms % 1000) * 1000};
+
+        if (setsockopt(c->fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv)) < 0)
+            return false;
+        c->rcvtimeo_ms = (unsigned)left_ms;
+    }
+    return true;
+}
+
 /*
  * One READ_GET alone on its connection (one owner, one key: a single get),
  * without poll: the request in one send, then blocking recvs under
@@ -468,6 +491,7 @@ static int one_get(struct peer_batch *b, unsigned deadline_ms)
     struct peer_conn *c = b->c;
     uint32_t ways = c->g.ways;
     size_t fixed = PEER_REP_WIRE + ((size_t)ways + 1) * PEER_HDR_WIRE, want = 0, got = 0;
+    int64_t end = peer_net_mono_ns() + (int64_t)deadline_ms * 1000000;
     ssize_t r;
 
     if (c->rcvtimeo_ms != deadline_ms) {
@@ -490,10 +514,12 @@ static int one_get(struct peer_batch *b, unsigned deadline_ms)
             return ret;
     }
     /* want 0: the fixed part is not in yet; then fixed (+ len with a way). */
-    while (want == 0 || got < want) {
+    for (bool first = true; want == 0 || got < want; first = false) {
         struct iovec iov[2] = {{b->scratch + got, fixed - got}, {k->buf, k->q.len}};
         struct msghdr m = {.msg_iov = iov, .msg_iovlen = 2};
 
+        if (!first && !rcv_within(c, end))
+            return -ETIMEDOUT; /* a member that trickles is one that does not answer */
         if (want) {
             iov[0] = (struct iovec){(uint8_t *)k->buf + (got - fixed), want - got};
             m.msg_iovlen = 1;
@@ -528,6 +554,10 @@ size_t peer_conn_batch_run(struct peer_batch *b, size_t nb, unsigned deadline_ms
     struct pollfd pf[PEER_MEMBERS_MAX];
     size_t idx[PEER_MEMBERS_MAX], answered = 0;
     int64_t dl = (int64_t)deadline_ms * 1000000, now = peer_net_mono_ns();
+    /* Besides no byte moved for a deadline, every member's exchange ends by
+     * PEER_BATCH_DEADLINES deadlines in all: one that trickles a byte now
+     * and then is one that does not answer. */
+    int64_t end = now + PEER_BATCH_DEADLINES * dl;
 
     if (nb > PEER_MEMBERS_MAX)
         nb = PEER_MEMBERS_MAX;
@@ -559,12 +589,14 @@ size_t peer_conn_batch_run(struct peer_batch *b, size_t nb, unsigned deadline_ms
 
             if (b[i].c->fd < 0 || b[i].rx_call == b[i].n)
                 continue;
-            if (now - b[i].last_ns >= dl) {
+            if (now - b[i].last_ns >= dl || now >= end) {
                 fail(b[i].c, -ETIMEDOUT); /* its unanswered calls keep err < 0 */
                 continue;
             }
             if (wait < 0 || b[i].last_ns + dl - now < wait)
                 wait = b[i].last_ns + dl - now;
+            if (end - now < wait)
+                wait = end - now;
             pf[np] = (struct pollfd){.fd = b[i].c->fd, .events = POLLIN};
             if (tx_next(&b[i], &tp, &n))
                 pf[np].events |= POLLOUT;
