@@ -73,6 +73,7 @@
  * block file is unlinked. -ENOENT if shard n is not there.
  */
 #include "posix_lock_i.h"
+#include "cache_i.h" /* sfs_log */
 #include "testpoint_i.h"
 
 #include <dirent.h>
@@ -341,6 +342,17 @@ static int commit_block_once(struct posix_backend *p, const struct sfs_block_id 
             close(src);
         ret = -ESTALE;
         if (last) {
+            /* Said once per refusal: what the record named, what was found. */
+            sfs_log(LOG_WARNING,
+                    "posix: %s: commit refused after %lld ms: the block file is not the one "
+                    "its lock records (recorded inode %llu, %llu bytes; pending %llu; found %s "
+                    "inode %llu, %lld bytes)",
+                    rel, (long long)(STALE_BUDGET_NS / 1000000),
+                    (unsigned long long)(have_rec ? rec.ino : 0),
+                    (unsigned long long)(have_rec ? rec.size : 0),
+                    (unsigned long long)(have_rec ? rec.pend_ino : 0),
+                    src >= 0 ? "" : "no file,", src >= 0 ? (unsigned long long)st.st_ino : 0,
+                    src >= 0 ? (long long)st.st_size : -1);
             if (have_rec)
                 sfs_posix_lock_record_write(lfd, &(struct lock_record){0});
             ret = -EIO;
@@ -474,8 +486,14 @@ static int commit_block(struct posix_backend *p, const struct sfs_block_id *id, 
         ret = commit_block_once(p, id, ios, k, cut_shard, gate, last, &gated);
         if (ret != -ESTALE || gated)
             return ret;
-        if (last)
+        if (last) {
+            char rel[PATH_REL_MAX];
+
+            sfs_posix_block_rel(p, id, false, rel);
+            sfs_log(LOG_WARNING, "posix: %s: commit given up after %lld ms of stale handles",
+                    rel, (long long)(STALE_BUDGET_NS / 1000000));
             return -EIO; /* still changing under us: not stored */
+        }
         sfs_posix_stale_backoff(start, STALE_BUDGET_NS, &us);
     }
 }
