@@ -98,6 +98,8 @@ static void posix_close(struct sfs_backend *be)
     sfs_posix_reaper_stop(p);
     io_uring_queue_exit(&p->ring);
     close(p->root_fd);
+    if (p->host_lock_fd >= 0)
+        close(p->host_lock_fd);
     pthread_cond_destroy(&p->idle_cond);
     pthread_mutex_destroy(&p->sq_lock);
     free(p);
@@ -165,6 +167,8 @@ struct sfs_backend *sfs_posix_open(const char *root, const struct sfs_posix_opts
         goto out_free;
     }
     p->remote_fs = sfs_posix_remote_fs(p->root_fd);
+    p->host_lock_fd = p->remote_fs && sfs_posix_fuse_fs(p->root_fd) ? sfs_posix_host_locks_open(p)
+                                                                   : -1;
     ret = io_uring_queue_init(o->depth, &p->ring, 0);
     if (ret < 0) {
         sfs_errf(errbuf, errlen, "posix: io_uring setup with depth=%u failed (errno %d)", o->depth,
@@ -197,6 +201,8 @@ out_exit_ring_only:
     io_uring_queue_exit(&p->ring);
 out_close_root:
     close(p->root_fd);
+    if (p->host_lock_fd >= 0)
+        close(p->host_lock_fd);
 out_free:
     free(p);
     *err = ret;

@@ -297,8 +297,9 @@ static int commit_block_once(struct posix_backend *p, const struct sfs_block_id 
     size_t dlen = sfs_posix_block_rel(p, id, false, rel);
     bool removing = ios == NULL;
     unsigned rename_us = 0;
+    char hname[HOST_LOCK_NAME_MAX];
     struct stat st;
-    int lfd, fd, src, ret;
+    int hfd = -1, lfd, fd, src, ret;
 
     sfs_posix_block_rel(p, id, true, lock);
     if (removing) {
@@ -313,7 +314,14 @@ static int commit_block_once(struct posix_backend *p, const struct sfs_block_id 
             return ret;
     }
 
-    lfd = sfs_posix_lock_block(p, lock);
+    if (p->host_lock_fd >= 0) {
+        /* A FUSE store: the lock is the host's (posix_lock.c), the store's
+         * lock file holds only the record. */
+        hfd = sfs_posix_host_lock(p, lock, hname);
+        lfd = hfd >= 0 ? sfs_posix_open_record(p, lock) : -1;
+    } else {
+        lfd = sfs_posix_lock_block(p, lock);
+    }
     if (lfd >= 0 && p->remote_fs)
         have_rec = sfs_posix_lock_record_read(lfd, &rec);
     fd = sfs_posix_create_tmp(p, rel, tmp);
@@ -464,6 +472,8 @@ out_unlock:
             unlinkat(p->root_fd, lock, 0);
         close(lfd);
     }
+    if (hfd >= 0)
+        sfs_posix_host_unlock(p, hfd, hname);
     return ret;
 }
 

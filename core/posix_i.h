@@ -49,6 +49,8 @@ struct posix_backend {
     bool ring_open;              /* immutable: opens are ring ops (OPENAT2 + STATX) */
     atomic_bool direct_off;      /* set once the fs refused O_DIRECT */
     bool remote_fs;              /* immutable: the store is on a network or FUSE file system */
+    int host_lock_fd;            /* immutable: FUSE stores, the host's lock directory; else -1 */
+    uint64_t store_id;           /* immutable: the root's device and inode, mixed */
 
     /* posix_call.c: the helpers of the synchronous calls. */
     pthread_mutex_t call_lock;
@@ -137,6 +139,11 @@ int sfs_posix_open_beneath(struct posix_backend *p, const char *rel, int flags);
  * GlusterFS, CephFS's and Lustre's clients, SMB, 9P), whose clients cache
  * lookups and forward locks (posix_commit.c)? */
 bool sfs_posix_remote_fs(int dirfd);
+/* The store is on a FUSE file system (tests: SHARDFS_POSIX_HOST_LOCKS=1). */
+bool sfs_posix_fuse_fs(int dirfd);
+/* The host's lock directory for p's store (posix_lock.c): its fd, or -1
+ * (then the block locks are taken on the store, logged). Sets store_id. */
+int sfs_posix_host_locks_open(struct posix_backend *p);
 /* sfs_posix_open_beneath() of a block file, which must be a regular file
  * (else -EIO), with O_NONBLOCK cleared again. Returns the fd or -errno. */
 int sfs_posix_open_block_file(struct posix_backend *p, const char *rel, int flags);

@@ -8,6 +8,7 @@
  */
 #include "posix_lock_i.h"
 #include "testpoint_i.h"
+#include "cache_i.h" /* sfs_log */
 
 #include <dirent.h>
 #include <errno.h>
@@ -66,7 +67,7 @@ bool sfs_posix_stale_backoff(int64_t start_ns, int64_t budget_ns, unsigned *us)
  * One lock request of this process at a time on a remote file system. A
  * process killed (any signal) while a lock request of it is with a FUSE
  * client makes the kernel send that client an INTERRUPT. GlusterFS's
- * client before 11 answers an interrupted SETLK only once its interrupt
+ * client up to 10 answers an interrupted SETLK only once its interrupt
  * handler's own request is answered, and waits for that in the event
  * thread that got the SETLK's answer: as many interrupted SETLKs answered
  * at once as it has event threads (client.event-threads, 2 by default)
@@ -117,13 +118,13 @@ static int flock_try_serialised(int fd)
  * writer SIGKILLed there cannot exit until the lock is granted, and on
  * GlusterFS it was not (the hang of issue 11: a zombie holding the mount).
  * 0, or -1 with errno (EWOULDBLOCK: still held when the poll ended). */
-static int flock_ex(struct posix_backend *p, int fd)
+static int flock_ex(struct posix_backend *p, int fd, bool remote)
 {
     int64_t budget = (int64_t)p->o.timeout_ms * 1000000 / 4, start = sfs_now_ns();
     unsigned us = 0;
     int r;
 
-    if (!p->remote_fs) {
+    if (!remote) {
         while ((r = flock(fd, LOCK_EX)) < 0 && errno == EINTR)
             ;
         return r;
@@ -150,7 +151,7 @@ static int flock_ex(struct posix_backend *p, int fd)
  * file unlinked meanwhile, while the client still caches its handle) is a
  * lock that moved on: start again, within STALE_BUDGET_NS. Returns the fd of
  * the held lock, or -1: no lock. */
-int sfs_posix_lock_block(struct posix_backend *p, const char *lock_rel)
+static int lock_in(struct posix_backend *p, int dirfd, const char *lock_rel, bool remote)
 {
     int64_t start = sfs_now_ns();
     unsigned us = 0;
@@ -159,12 +160,12 @@ int sfs_posix_lock_block(struct posix_backend *p, const char *lock_rel)
         struct stat a, b;
         /* O_NOFOLLOW: a link planted at the lock's name never makes us
          * create a file outside the store. */
-        int fd = openat(p->root_fd, lock_rel, O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0644);
+        int fd = openat(dirfd, lock_rel, O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0644);
         int r;
 
         /* Another user's lock file: lock it all the same, without a record. */
         if (fd < 0 && errno == EACCES)
-            fd = openat(p->root_fd, lock_rel, O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
+            fd = openat(dirfd, lock_rel, O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
 
         if (fd < 0 && errno == ESTALE) {
             if (!sfs_posix_stale_backoff(start, STALE_BUDGET_NS, &us))
@@ -173,12 +174,12 @@ int sfs_posix_lock_block(struct posix_backend *p, const char *lock_rel)
         }
         if (fd < 0)
             return -1;
-        r = flock_ex(p, fd);
+        r = flock_ex(p, fd, remote);
         if (r < 0 && errno != ESTALE) {
             close(fd);
             return -1;
         }
-        if (r == 0 && fstat(fd, &a) == 0 && fstatat(p->root_fd, lock_rel, &b, 0) == 0 &&
+        if (r == 0 && fstat(fd, &a) == 0 && fstatat(dirfd, lock_rel, &b, 0) == 0 &&
             a.st_ino == b.st_ino && a.st_dev == b.st_dev) {
             /* A lock left by a killed writer is taken over: fresh again
              * for the sweep's age test. */
@@ -186,10 +187,84 @@ int sfs_posix_lock_block(struct posix_backend *p, const char *lock_rel)
             return fd;
         }
         close(fd);
-        if (p->remote_fs && !sfs_posix_stale_backoff(start, STALE_BUDGET_NS, &us))
+        if (remote && !sfs_posix_stale_backoff(start, STALE_BUDGET_NS, &us))
             return -1;
     }
     return -1;
+}
+
+int sfs_posix_lock_block(struct posix_backend *p, const char *lock_rel)
+{
+    return lock_in(p, p->root_fd, lock_rel, p->remote_fs);
+}
+
+/*
+ * Host locks (FUSE stores). A lock request to a FUSE client is the request
+ * a killed process can wedge the mount with (GlusterFS up to 10, above;
+ * the per-process serialisation does not cover one interrupted request
+ * whose answer and whose interrupt's answer meet on one connection). So
+ * on a FUSE store the block lock is an flock of a file in a local
+ * directory, SHARDFS_LOCK_DIR or /run/lock/shardfs (/tmp/shardfs-locks
+ * without /run/lock), named by a hash of the store's root and the block:
+ * no lock request ever goes to the FUSE client. It excludes every writer
+ * of the store on this host (the processes that share the directory: a
+ * rank in a container needs it mounted in); writers on other hosts are not
+ * excluded, as where flock does not cross clients (docs/shared-store.md).
+ * The lock file is local, so the local protocol holds: unlinked by its
+ * holder, a waiter finds the path moved on and starts again.
+ */
+int sfs_posix_host_locks_open(struct posix_backend *p)
+{
+    const char *env = getenv("SHARDFS_LOCK_DIR"), *dir = env && *env ? env : HOST_LOCK_DIR;
+    struct stat st;
+    int fd;
+
+    if (fstat(p->root_fd, &st) == 0)
+        p->store_id = ((uint64_t)st.st_dev * 0x9e3779b97f4a7c15ull) ^ (uint64_t)st.st_ino;
+    if (!env && access("/run/lock", F_OK) != 0)
+        dir = HOST_LOCK_DIR_TMP;
+    /* Shared by every user's writers: sticky and open to all, as /tmp. */
+    if (mkdir(dir, 0755) == 0)
+        chmod(dir, 01777);
+    fd = open(dir, O_PATH | O_DIRECTORY | O_CLOEXEC);
+    if (fd < 0)
+        sfs_log(LOG_WARNING,
+                "posix: FUSE store, and no lock directory %s (errno %d): the block locks are "
+                "taken on the store",
+                dir, errno);
+    return fd;
+}
+
+int sfs_posix_host_lock(struct posix_backend *p, const char *lock_rel,
+                        char name[HOST_LOCK_NAME_MAX])
+{
+    uint64_t h = 0xcbf29ce484222325ull ^ p->store_id;
+
+    for (const char *c = lock_rel; *c; c++)
+        h = (h ^ (uint8_t)*c) * 0x100000001b3ull;
+    snprintf(name, HOST_LOCK_NAME_MAX, "%016llx.lock", (unsigned long long)h);
+    return lock_in(p, p->host_lock_fd, name, false);
+}
+
+void sfs_posix_host_unlock(struct posix_backend *p, int fd, const char *name)
+{
+    unlinkat(p->host_lock_fd, name, 0);
+    close(fd);
+}
+
+int sfs_posix_open_record(struct posix_backend *p, const char *lock_rel)
+{
+    int64_t start = sfs_now_ns();
+    unsigned us = 0;
+
+    for (;;) {
+        int fd = openat(p->root_fd, lock_rel, O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0644);
+
+        if (fd < 0 && errno == EACCES)
+            fd = openat(p->root_fd, lock_rel, O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
+        if (fd >= 0 || errno != ESTALE || !sfs_posix_stale_backoff(start, STALE_BUDGET_NS, &us))
+            return fd;
+    }
 }
 
 /* This writer's own temporary file for the block whose path is rel:

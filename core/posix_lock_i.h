@@ -60,6 +60,18 @@ bool sfs_posix_stale_backoff(int64_t start_ns, int64_t budget_ns, unsigned *us);
 /* Take the lock file lock_rel (posix_lock.c says how on each kind of file
  * system). The fd of the held lock, or -1: no lock, go on without it. */
 int sfs_posix_lock_block(struct posix_backend *p, const char *lock_rel);
+/* FUSE stores (host_lock_fd >= 0): take the host lock of lock_rel's block
+ * (its file's name in name); the fd of the held lock, or -1: no lock. */
+#define HOST_LOCK_DIR      "/run/lock/shardfs"
+#define HOST_LOCK_DIR_TMP  "/tmp/shardfs-locks"
+#define HOST_LOCK_NAME_MAX 32
+int sfs_posix_host_lock(struct posix_backend *p, const char *lock_rel,
+                        char name[HOST_LOCK_NAME_MAX]);
+/* Unlink and close a held host lock. */
+void sfs_posix_host_unlock(struct posix_backend *p, int fd, const char *name);
+/* Open (O_CREAT) the store's lock file lock_rel for its record only, under
+ * a host lock; the fd or -1. */
+int sfs_posix_open_record(struct posix_backend *p, const char *lock_rel);
 /* This writer's own temporary file for block path rel, created exclusively
  * (name in tmp). The fd or -errno. */
 int sfs_posix_create_tmp(struct posix_backend *p, const char *rel, char tmp[PATH_REL_MAX]);

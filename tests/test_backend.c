@@ -26,6 +26,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/file.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <time.h>
@@ -1348,5 +1349,93 @@ Test(backend, posix_remote_holder_killed_mid_commit_is_no_refusal, .timeout = 60
         }
     }
     sfs_backend_close(be);
+    free(buf);
+}
+
+/* At the commit's open of the committed file (the block lock held): is the
+ * one file in the host's lock directory locked (a second flock of it would
+ * block), and the store's lock file not? */
+struct host_lock_seen {
+    char dir[300], store_lock[400];
+    int host_files, host_held, store_held;
+};
+
+static void tp_host_lock(const char *name, void *arg)
+{
+    struct host_lock_seen *v = arg;
+    DIR *d = opendir(v->dir);
+    struct dirent *de;
+    int fd;
+
+    (void)name;
+    while (d && (de = readdir(d))) {
+        char path[600];
+
+        if (de->d_name[0] == '.')
+            continue;
+        v->host_files++;
+        snprintf(path, sizeof(path), "%s/%s", v->dir, de->d_name);
+        fd = open(path, O_RDONLY);
+        if (fd >= 0 && flock(fd, LOCK_EX | LOCK_NB) < 0 && errno == EWOULDBLOCK)
+            v->host_held++;
+        if (fd >= 0)
+            close(fd);
+    }
+    if (d)
+        closedir(d);
+    fd = open(v->store_lock, O_RDONLY);
+    if (fd >= 0 && flock(fd, LOCK_EX | LOCK_NB) < 0 && errno == EWOULDBLOCK)
+        v->store_held = 1;
+    if (fd >= 0)
+        close(fd);
+}
+
+/*
+ * On a FUSE store (forced here on a local directory) the block lock is a
+ * file in the host's lock directory (SHARDFS_LOCK_DIR), never a lock
+ * request to the store: a process killed in one can wedge GlusterFS's
+ * client for good (docs/shared-store.md). During the commit the host lock
+ * is held and the store's lock file is not; after it the host lock file
+ * is gone, and the store's lock file (the record) stays.
+ */
+Test(backend, posix_fuse_store_locks_on_the_host)
+{
+    struct sfs_backend_params bp = {.shard_size = S_SMALL, .timeout_ms = 10000};
+    struct sfs_block_id id = mkid(30);
+    struct sfs_key k = mkkey(30, 0);
+    char err[256] = "", *buf = malloc(S_SMALL);
+    static struct host_lock_seen v;
+    struct sfs_backend *be;
+    struct stat st;
+    int e = 0;
+
+    memset(&v, 0, sizeof(v));
+    snprintf(v.dir, sizeof(v.dir), "%s.locks", g_root);
+    setenv("SHARDFS_POSIX_REMOTE", "1", 1);
+    setenv("SHARDFS_POSIX_HOST_LOCKS", "1", 1);
+    setenv("SHARDFS_LOCK_DIR", v.dir, 1);
+    be = sfs_backend_open(g_root, &bp, err, sizeof(err), &e);
+    unsetenv("SHARDFS_POSIX_REMOTE");
+    unsetenv("SHARDFS_POSIX_HOST_LOCKS");
+    unsetenv("SHARDFS_LOCK_DIR");
+    cr_assert_not_null(be, "%s", err);
+    block_path(0, &id, v.store_lock, sizeof(v.store_lock), false);
+    strcat(v.store_lock, ".lock");
+    cr_assert_eq(sfs_testpoint_arm("commit:open_committed", SFS_TP_CALL, tp_host_lock, &v), 0);
+    fill(&id, 0, 1, buf, S_SMALL);
+    cr_assert_eq(sfs_backend_dump_sync(be, &k, buf, S_SMALL), (int)S_SMALL);
+    sfs_testpoint_disarm_all();
+    cr_assert_eq(v.host_files, 1, "files in the host's lock directory: %d", v.host_files);
+    cr_assert_eq(v.host_held, 1, "the host lock was not held during the commit");
+    cr_assert_eq(v.store_held, 0, "the store's lock file was locked");
+    cr_assert_eq(stat(v.store_lock, &st), 0, "the record's lock file is kept");
+    v.host_files = 0;
+    tp_host_lock(NULL, &v);
+    cr_assert_eq(v.host_files, 0, "the host lock file is left");
+    memset(buf, 0, S_SMALL);
+    cr_assert_eq(sfs_backend_load_sync(be, &k, buf, S_SMALL), (int)S_SMALL);
+    cr_assert(matches(&id, 0, 1, buf, S_SMALL));
+    sfs_backend_close(be);
+    rmdir(v.dir);
     free(buf);
 }
