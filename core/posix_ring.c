@@ -293,16 +293,19 @@ void sfs_posix_bfd_cqe_locked(struct posix_backend *p, struct block_fd *b, unsig
             sfs_posix_queue_bfd_locked(p, b);
             return;
         }
-        if (res == -ESTALE && b->stale < IO_RETRY_MAX) {
-            /* A handle another host's rename or unlink made stale (NFS):
-             * look the name up again. */
+        /* A handle another host's rename or unlink made stale (NFS; on a
+         * remote store also -EIO, which GlusterFS answers for a file
+         * renamed over, as to its reads: posix_load.c): look the name up
+         * again; still so after the retries, a miss, never an error. */
+        bool stale = res == -ESTALE || (res == -EIO && p->remote_fs);
+
+        if (stale && b->stale < IO_RETRY_MAX) {
             b->stale++;
             sfs_posix_queue_bfd_locked(p, b);
             return;
         }
         if (res < 0) {
-            bfd_fail_locked(p, b, res == -ESTALE ? -ENOENT : sfs_posix_errno_of_open(-res),
-                            finished);
+            bfd_fail_locked(p, b, stale ? -ENOENT : sfs_posix_errno_of_open(-res), finished);
             return;
         }
         b->fd = res;
@@ -313,7 +316,10 @@ void sfs_posix_bfd_cqe_locked(struct posix_backend *p, struct block_fd *b, unsig
     /* TAG_STAT: anything but a regular file (a FIFO, a device, a
      * directory) is no block we can read. */
     if (res < 0 || !S_ISREG(b->stx.stx_mode)) {
-        bfd_fail_locked(p, b, res < 0 ? res : -EIO, finished);
+        /* A stale handle (above) at the stat: a miss too. */
+        bool stale = res == -ESTALE || (res == -EIO && p->remote_fs);
+
+        bfd_fail_locked(p, b, stale ? -ENOENT : res < 0 ? res : -EIO, finished);
         return;
     }
     /* fcntl(F_SETFL) does not reach the file system: it never waits. */
