@@ -22,6 +22,7 @@
 
 #include <fcntl.h>
 #include <sched.h>
+#include <string.h>
 #include <stdlib.h>
 #include <syslog.h>
 #include <unistd.h>
@@ -240,6 +241,9 @@ static void bfd_fail_locked(struct posix_backend *p, struct block_fd *b, int err
     bool touch = b->touch;
 
     b->wait_head = b->wait_tail = NULL;
+    if (err != -ENOENT)
+        sfs_log(LOG_WARNING, "posix: the open of a block file failed at step %d: %d (%s)",
+                (int)b->step, err, strerror(-err));
     while (io) {
         struct sfs_io *next = io_next(io);
 
