@@ -39,6 +39,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <syslog.h>
 #include <sys/file.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
@@ -48,7 +49,7 @@
 #define S       (64u * 1024) /* shard size */
 #define NSH     4u           /* shards per dump: a whole block */
 #define NBLK    24u          /* 0..7 host A only, 8..15 host B only, 16..23 both */
-#define RBLK0   (NBLK + 10)  /* host h's rank writer: blocks RBLK0 + 2h, + 2h + 1 */
+#define RBLK0   (NBLK + 10)  /* host h's rank writer: RBLK0 + 2h, + 2h + 1 (shared: + h) */
 #define NALL    (NBLK + 4)   /* the suite's blocks, by index: blk() */
 #define MAGIC   0x5346535348415244ull
 #define AGE_MS  1500 /* SHARDFS_POSIX_TMP_AGE_MS of every backend here */
@@ -87,7 +88,8 @@ static bool shard_ok(const void *buf, uint64_t block, uint32_t shard, struct sha
 }
 
 /* Block of suite index i (< NALL): the backend writers' 0..NBLK-1, then
- * the rank writers' four. */
+ * the rank writers' four (three when they share one, and one no writer
+ * rewrites). */
 static uint64_t blk(uint64_t i)
 {
     return i < NBLK ? i : RBLK0 + (i - NBLK);
@@ -166,6 +168,7 @@ static int leftovers(const char *store, long age_ms, int *old)
 struct hosts {
     char store[2][300]; /* each host's path to the one store */
     bool rank_writers;  /* a rank writer per host too (see rank_writer_main) */
+    bool shared_block;  /* the two ranks commit shards of one block of theirs */
     double seconds;     /* how long writers and readers run */
     struct fsfx fx[2];  /* each host's shardfs daemon, on its store path */
 };
@@ -213,10 +216,13 @@ static int writer_main(const struct hosts *H, int h, uint64_t writer)
 
 /* A rank writer of host h (libshardfs-rank, attached to the host's daemon,
  * its own posix backend on the host's path): dumps its two blocks whole,
- * one task of NSH entries each, in turn, until killed. A rank's dump is
- * write-through, one commit per shard: a kill mid-task can leave a block
- * whose shards are of two dumps (each shard whole), so the end checks
- * allow that for these blocks. */
+ * one task of NSH entries each, in turn, until killed; with shared_block
+ * one of the two is the other host's rank's too, so two hosts commit
+ * shards of one block at once (the local directory only: on GlusterFS
+ * such commits are refused now and then, docs/shared-store.md, Not done). A rank's dump is write-through, one commit per shard: a kill
+ * mid-task, or the other host's commits in between, leave a block whose
+ * shards are of several dumps (each shard whole), so the end checks allow
+ * that for these blocks. */
 static int rank_writer_main(const struct hosts *H, int h, uint64_t writer)
 {
     struct sfs_rank_config cfg;
@@ -239,7 +245,9 @@ static int rank_writer_main(const struct hosts *H, int h, uint64_t writer)
         return 2;
     }
     for (unsigned i = 0;; i++) {
-        uint64_t block = RBLK0 + 2 * (uint64_t)h + i % 2;
+        /* Shared: RBLK0 + 1 is both ranks' (both hosts commit shards of it
+         * at once); else each rank has two of its own. */
+        uint64_t block = RBLK0 + (H->shared_block ? 1 : 2) * (uint64_t)h + i % 2;
         struct sfs_task *t;
 
         for (uint32_t s = 0; s < NSH; s++) {
@@ -370,12 +378,22 @@ static int check_fs_blocks(const struct hosts *H, int h, uint64_t (*who)[NSH])
     return ret;
 }
 
+/* What the library says (a refused commit, say), on stderr with the pid. */
+static void log_stderr(int level, const char *msg, void *arg)
+{
+    (void)level;
+    (void)arg;
+    fprintf(stderr, "[pid %d] %s\n", (int)getpid(), msg);
+}
+
 /* Writer w of the suite: 0 .. 2 * WRITERS - 1 backend writers (host w %
  * 2), then a rank writer per host. */
 static pid_t spawn_writer(const struct hosts *H, int w, uint64_t writer)
 {
     pid_t pid = fork();
 
+    if (pid == 0)
+        sfs_set_log(log_stderr, NULL, LOG_WARNING);
     if (pid == 0)
         _exit(w < 2 * WRITERS ? writer_main(H, w % 2, writer)
                               : rank_writer_main(H, w - 2 * WRITERS, writer));
@@ -443,8 +461,10 @@ static int run_hosts(const struct hosts *H)
         writers[w] = spawn_writer(H, w, next_writer++);
     for (int h = 0; h < 2; h++) {
         readers[h] = fork();
-        if (readers[h] == 0)
+        if (readers[h] == 0) {
+            sfs_set_log(log_stderr, NULL, LOG_WARNING);
             _exit(reader_main(H, h));
+        }
         readers[2 + h] = fork();
         if (readers[2 + h] == 0)
             _exit(fs_reader_main(H, h));
@@ -716,7 +736,10 @@ static int run_hosts_child(const struct hosts *H)
              * the file system does not answer, say). */
             fsfx_sh("for p in $(pgrep -g %d); do s=$(cut -d' ' -f3 /proc/$p/stat); "
                     "echo \"pid $p ($s): $(tr '\\0' ' ' </proc/$p/cmdline | cut -c1-60)\"; "
-                    "[ \"$s\" = D ] && sed 's/^/    /' /proc/$p/stack; done >&2",
+                    "for t in /proc/$p/task/*; do [ \"$(cut -d' ' -f3 $t/stat)\" = D ] && "
+                    "{ echo \"  thread ${t##*/} in D:\"; sed 's/^/    /' $t/stack; }; done; "
+                    "[ \"$s\" = S ] && command -v gdb >/dev/null && timeout 20 gdb -p $p -batch "
+                    "-ex 'thread apply all bt 12' 2>/dev/null | grep '^#\\|^Thread'; done >&2",
                     (int)pid);
             kill(-pid, SIGKILL);
             waitpid(pid, &st, 0);
@@ -909,7 +932,7 @@ Test(shared_store, remote_lock_held_elsewhere, .timeout = 30)
 /* The suite, one host: both "hosts" are the same local directory. */
 Test(shared_store, local_concurrent, .timeout = 120)
 {
-    struct hosts H = {.seconds = 5, .rank_writers = true};
+    struct hosts H = {.seconds = 5, .rank_writers = true, .shared_block = true};
 
     char base[300];
     int rc = -1;
@@ -957,11 +980,11 @@ Test(shared_store, local_replaced_visible, .timeout = 120)
 static void gluster_suite(int replica)
 {
     struct glfx g;
-    /* Rank writers on GlusterFS: SFS_TEST_GLUSTER_RANK_WRITERS=1. Their
-     * shard-by-shard commits no longer lose shards there (the lock file's
-     * record, posix_commit.c), but runs with them still fail now and then
-     * for reasons not analysed (an -EIO read, a brick that stopped
-     * answering; docs/shared-store.md, Not done). */
+    /* Rank writers on GlusterFS: SFS_TEST_GLUSTER_RANK_WRITERS=1. What
+     * kept them out is fixed (the settler's takeover, the lock record's
+     * pending rename, the host lock, stale opens and reads), but a rank's
+     * shard commit still gives up now and then after 3 s of stale handles
+     * (1 of 19 one-brick runs; docs/shared-store.md, Not done). */
     struct hosts H = {.seconds = 8,
                       .rank_writers = getenv("SFS_TEST_GLUSTER_RANK_WRITERS") != NULL};
     char why[300] = "", base[300];
