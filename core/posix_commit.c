@@ -211,6 +211,10 @@ static bool keeps_old(struct sfs_io **ios, size_t k, uint64_t len, uint64_t S)
     return false;
 }
 
+/* Where this thread's last try of a commit met a stale handle, for the
+ * log line of a commit given up (NULL: the lock file or the temporary). */
+static _Thread_local const char *stale_step;
+
 /* On a remote file system, is what the open of the committed block file
  * found (src: its fd or -errno; st: its fstat when src >= 0) a false view,
  * one a commit of ios (k shards; NULL: a remove) must not start from? With
@@ -337,6 +341,7 @@ static int commit_block_once(struct posix_backend *p, const struct sfs_block_id 
     src = sfs_posix_open_block_file(p, rel, O_RDONLY);
     if (src >= 0 && fstat(src, &st) < 0) {
         ret = -errno;
+        stale_step = "the stat of the committed file";
         close(src);
         goto out_unlink_tmp;
     }
@@ -349,6 +354,7 @@ static int commit_block_once(struct posix_backend *p, const struct sfs_block_id 
         if (src >= 0)
             close(src);
         ret = -ESTALE;
+        stale_step = "a false view of the committed file";
         if (last) {
             /* Said once per refusal: what the record named, what was found. */
             sfs_log(LOG_WARNING,
@@ -384,6 +390,8 @@ static int commit_block_once(struct posix_backend *p, const struct sfs_block_id 
          * start the commit again from the new one (commit_block). */
         if (ret == -ENOENT || ret == -EIO)
             ret = -ESTALE;
+        if (ret == -ESTALE)
+            stale_step = "the copy of the committed file";
         if (ret < 0)
             goto out_unlink_tmp;
     } else if (src != -ENOENT) {
@@ -493,6 +501,7 @@ static int commit_block(struct posix_backend *p, const struct sfs_block_id *id, 
     for (;;) {
         bool last = sfs_now_ns() - start >= STALE_BUDGET_NS;
 
+        stale_step = NULL;
         ret = commit_block_once(p, id, ios, k, cut_shard, gate, last, &gated);
         if (ret != -ESTALE || gated)
             return ret;
@@ -500,8 +509,10 @@ static int commit_block(struct posix_backend *p, const struct sfs_block_id *id, 
             char rel[PATH_REL_MAX];
 
             sfs_posix_block_rel(p, id, false, rel);
-            sfs_log(LOG_WARNING, "posix: %s: commit given up after %lld ms of stale handles",
-                    rel, (long long)(STALE_BUDGET_NS / 1000000));
+            sfs_log(LOG_WARNING,
+                    "posix: %s: commit given up after %lld ms of stale handles (the last at %s)",
+                    rel, (long long)(STALE_BUDGET_NS / 1000000),
+                    stale_step ? stale_step : "the lock file");
             return -EIO; /* still changing under us: not stored */
         }
         sfs_posix_stale_backoff(start, STALE_BUDGET_NS, &us);
