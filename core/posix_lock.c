@@ -13,7 +13,6 @@
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
-#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -63,61 +62,15 @@ bool sfs_posix_stale_backoff(int64_t start_ns, int64_t budget_ns, unsigned *us)
     return true;
 }
 
-/*
- * One lock request of this process at a time on a remote file system. A
- * process killed (any signal) while a lock request of it is with a FUSE
- * client makes the kernel send that client an INTERRUPT. GlusterFS's
- * client up to 10 answers an interrupted SETLK only once its interrupt
- * handler's own request is answered, and waits for that in the event
- * thread that got the SETLK's answer: as many interrupted SETLKs answered
- * at once as it has event threads (client.event-threads, 2 by default)
- * block them all, and the mount answers nothing again, every process in
- * it stuck in D state (gluster/glusterfs#4371; seen here with a rank's
- * four commit threads polling one lock when the rank was SIGKILLed).
- * Serialised, a process killed at any point has at most one request in
- * flight. Held only across one non-blocking request, never a sleep; taken
- * around fork() so a child never inherits it held.
- */
-static pthread_mutex_t remote_lock_mu = PTHREAD_MUTEX_INITIALIZER;
-static pthread_once_t remote_lock_once = PTHREAD_ONCE_INIT;
-
-static void remote_lock_prepare(void)
-{
-    pthread_mutex_lock(&remote_lock_mu);
-}
-
-static void remote_lock_after(void)
-{
-    pthread_mutex_unlock(&remote_lock_mu);
-}
-
-static void remote_lock_init(void)
-{
-    pthread_atfork(remote_lock_prepare, remote_lock_after, remote_lock_after);
-}
-
-/* flock(fd, LOCK_EX | LOCK_NB), one request of the process at a time. */
-static int flock_try_serialised(int fd)
-{
-    int r, e;
-
-    pthread_once(&remote_lock_once, remote_lock_init);
-    pthread_mutex_lock(&remote_lock_mu);
-    r = flock(fd, LOCK_EX | LOCK_NB);
-    e = errno;
-    pthread_mutex_unlock(&remote_lock_mu);
-    errno = e;
-    return r;
-}
-
 /* flock(LOCK_EX) of fd: blocking on a local file system; on a remote one
  * (p->remote_fs), polled without blocking for at most a quarter of the
- * deadline (LOCK_POLL_MAX_NS at most), one request at a time (above). A
- * blocking flock on a FUSE client is a SETLKW request that, once the
- * client daemon has read it, the kernel waits for uninterruptibly: a
- * writer SIGKILLed there cannot exit until the lock is granted, and on
- * GlusterFS it was not (the hang of issue 11: a zombie holding the mount).
- * 0, or -1 with errno (EWOULDBLOCK: still held when the poll ended). */
+ * deadline (LOCK_POLL_MAX_NS at most). A blocking flock on a FUSE client
+ * is a SETLKW request that, once the client daemon has read it, the kernel
+ * waits for uninterruptibly: a writer SIGKILLed there cannot exit until
+ * the lock is granted, and on GlusterFS it was not (the hang of issue 11:
+ * a zombie holding the mount). A FUSE store normally takes no lock here
+ * at all (the host locks, below). 0, or -1 with errno (EWOULDBLOCK: still
+ * held when the poll ended). */
 static int flock_ex(struct posix_backend *p, int fd, bool remote)
 {
     int64_t budget = (int64_t)p->o.timeout_ms * 1000000 / 4, start = sfs_now_ns();
@@ -131,7 +84,7 @@ static int flock_ex(struct posix_backend *p, int fd, bool remote)
     }
     if (budget > LOCK_POLL_MAX_NS)
         budget = LOCK_POLL_MAX_NS;
-    while ((r = flock_try_serialised(fd)) < 0 && (errno == EWOULDBLOCK || errno == EINTR)) {
+    while ((r = flock(fd, LOCK_EX | LOCK_NB)) < 0 && (errno == EWOULDBLOCK || errno == EINTR)) {
         if (errno == EWOULDBLOCK && !sfs_posix_stale_backoff(start, budget, &us)) {
             errno = EWOULDBLOCK;
             return -1;
@@ -151,6 +104,19 @@ static int flock_ex(struct posix_backend *p, int fd, bool remote)
  * file unlinked meanwhile, while the client still caches its handle) is a
  * lock that moved on: start again, within STALE_BUDGET_NS. Returns the fd of
  * the held lock, or -1: no lock. */
+/* Open (O_CREAT) the lock file rel of dirfd: the fd, or -1 with errno. */
+static int open_lock_file(int dirfd, const char *rel)
+{
+    /* O_NOFOLLOW: a link planted at the lock's name never makes us create
+     * a file outside the store. */
+    int fd = openat(dirfd, rel, O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0644);
+
+    /* Another user's lock file: lock it all the same, without a record. */
+    if (fd < 0 && errno == EACCES)
+        fd = openat(dirfd, rel, O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
+    return fd;
+}
+
 static int lock_in(struct posix_backend *p, int dirfd, const char *lock_rel, bool remote)
 {
     int64_t start = sfs_now_ns();
@@ -158,14 +124,7 @@ static int lock_in(struct posix_backend *p, int dirfd, const char *lock_rel, boo
 
     for (int tries = 0; tries < LOCK_TRIES; tries++) {
         struct stat a, b;
-        /* O_NOFOLLOW: a link planted at the lock's name never makes us
-         * create a file outside the store. */
-        int fd = openat(dirfd, lock_rel, O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0644);
-        int r;
-
-        /* Another user's lock file: lock it all the same, without a record. */
-        if (fd < 0 && errno == EACCES)
-            fd = openat(dirfd, lock_rel, O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
+        int fd = open_lock_file(dirfd, lock_rel), r;
 
         if (fd < 0 && errno == ESTALE) {
             if (!sfs_posix_stale_backoff(start, STALE_BUDGET_NS, &us))
@@ -200,9 +159,11 @@ int sfs_posix_lock_block(struct posix_backend *p, const char *lock_rel)
 
 /*
  * Host locks (FUSE stores). A lock request to a FUSE client is the request
- * a killed process can wedge the mount with (GlusterFS up to 10, above;
- * the per-process serialisation does not cover one interrupted request
- * whose answer and whose interrupt's answer meet on one connection). So
+ * a killed process can wedge the mount with: GlusterFS's client up to 10
+ * answers an interrupted SETLK only once its interrupt handler's request
+ * is answered, waiting in an event thread, and the mount never answers
+ * again (gluster/glusterfs#4371; one lock request at a time per process
+ * was tried and still wedged it, docs/shared-store.md). So
  * on a FUSE store the block lock is an flock of a file in a local
  * directory, SHARDFS_LOCK_DIR or /run/lock/shardfs (/tmp/shardfs-locks
  * without /run/lock), named by a hash of the store's root and the block:
@@ -258,10 +219,8 @@ int sfs_posix_open_record(struct posix_backend *p, const char *lock_rel)
     unsigned us = 0;
 
     for (;;) {
-        int fd = openat(p->root_fd, lock_rel, O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0644);
+        int fd = open_lock_file(p->root_fd, lock_rel);
 
-        if (fd < 0 && errno == EACCES)
-            fd = openat(p->root_fd, lock_rel, O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
         if (fd >= 0 || errno != ESTALE || !sfs_posix_stale_backoff(start, STALE_BUDGET_NS, &us))
             return fd;
     }
