@@ -288,8 +288,8 @@ static enum cqe_verdict handle_cqe(struct posix_backend *p, struct sfs_io *io, i
      * read, by then renamed over: on a remote file system both are a stale
      * file too, read again from a new open (a real, lasting I/O error ends
      * as a miss after the retries). An -ENOENT after a partial read was
-     * -EIO to the reader before (the shared-store suite's backend readers
-     * on GlusterFS, 2 of 18 runs). */
+     * -EIO to the reader before: most likely the -EIO of the shared-store
+     * suite's backend readers on GlusterFS (1 of 12 one-brick runs). */
     if (res == -ESTALE || (p->remote_fs && (res == -EIO || res == -ENOENT)))
         return estale_reopen_locked(p, io);
     if (res < 0) {

@@ -123,8 +123,9 @@ static void *settler_main(void *arg)
             if (n < SFS_WAIT_ANY_MAX) {
                 who[n] = w;
                 set[n++] = w->lease;
-            } else
+            } else {
                 overflow = true;
+            }
         }
         exit_now = q->stop && !q->head;
         pthread_mutex_unlock(&q->lock);
