@@ -167,8 +167,8 @@ struct sfs_backend *sfs_posix_open(const char *root, const struct sfs_posix_opts
         goto out_free;
     }
     p->remote_fs = sfs_posix_remote_fs(p->root_fd);
-    p->host_lock_fd = p->remote_fs && sfs_posix_fuse_fs(p->root_fd) ? sfs_posix_host_locks_open(p)
-                                                                   : -1;
+    p->host_lock_fd =
+        p->remote_fs && sfs_posix_fuse_fs(p->root_fd) ? sfs_posix_host_locks_open(p) : -1;
     ret = io_uring_queue_init(o->depth, &p->ring, 0);
     if (ret < 0) {
         sfs_errf(errbuf, errlen, "posix: io_uring setup with depth=%u failed (errno %d)", o->depth,

@@ -364,8 +364,8 @@ static int commit_block_once(struct posix_backend *p, const struct sfs_block_id 
                     rel, (long long)(STALE_BUDGET_NS / 1000000),
                     (unsigned long long)(have_rec ? rec.ino : 0),
                     (unsigned long long)(have_rec ? rec.size : 0),
-                    (unsigned long long)(have_rec ? rec.pend_ino : 0),
-                    src >= 0 ? "" : "no file,", src >= 0 ? (unsigned long long)st.st_ino : 0,
+                    (unsigned long long)(have_rec ? rec.pend_ino : 0), src >= 0 ? "" : "no file,",
+                    src >= 0 ? (unsigned long long)st.st_ino : 0,
                     src >= 0 ? (long long)st.st_size : -1);
             if (have_rec)
                 sfs_posix_lock_record_write(lfd, &(struct lock_record){0});

@@ -35,9 +35,9 @@
 #error "SHARDFS_BIN must name the daemon binary (tests/CMakeLists.txt)"
 #endif
 
-#define SHARD   (64u << 10)
-#define BLOCK   3u
-#define WAIT_S  20 /* the mount's wait_timeout: what a held read would wait */
+#define SHARD  (64u << 10)
+#define BLOCK  3u
+#define WAIT_S 20 /* the mount's wait_timeout: what a held read would wait */
 
 static struct {
     char store[128];
@@ -58,8 +58,7 @@ static void setup(void)
     cr_assert_eq(tu_store_write(T.store, BLOCK, 1, 1, SHARD, NULL, NULL, false), 0);
     cr_assert_eq(pipe2(T.go, O_CLOEXEC), 0);
     char opts[64];
-    snprintf(opts, sizeof(opts), "capacity=4M,shard_size=64K,readahead=0,wait_timeout=%d",
-             WAIT_S);
+    snprintf(opts, sizeof(opts), "capacity=4M,shard_size=64K,readahead=0,wait_timeout=%d", WAIT_S);
     cr_assert_eq(fsfx_start(&T.fx, T.store, opts, 20.0, NULL), 0, "mount (log: %s)", T.fx.log);
 }
 

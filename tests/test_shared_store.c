@@ -219,7 +219,8 @@ static int writer_main(const struct hosts *H, int h, uint64_t writer)
  * one task of NSH entries each, in turn, until killed; with shared_block
  * one of the two is the other host's rank's too, so two hosts commit
  * shards of one block at once (the local directory only: on GlusterFS
- * such commits are refused now and then, docs/shared-store.md, Not done). A rank's dump is write-through, one commit per shard: a kill
+ * such commits are refused now and then, docs/shared-store.md, Not
+ * done). A rank's dump is write-through, one commit per shard: a kill
  * mid-task, or the other host's commits in between, leave a block whose
  * shards are of several dumps (each shard whole), so the end checks allow
  * that for these blocks. */
