@@ -58,7 +58,7 @@
  * slot + 1 or free; the reaper frees it, and it was in no count. 1: a hit,
  * the lease in *out; 0: take the locked path.
  */
-static int hit_fast(struct sfs_cache *c, uint32_t b, const struct sfs_key *key,
+static int hit_fast(struct sfs_cache *c, uint32_t b, const struct sfs_key *key, bool peek,
                     struct sfs_lease *out)
 {
     if (c->nhit == 0)
@@ -112,11 +112,13 @@ static int hit_fast(struct sfs_cache *c, uint32_t b, const struct sfs_key *key,
     SFS_TEST_POINT("hit:checked");
     out->slot = s;
     out->entry = e;
-    if (!atomic_load_explicit(&sl->accessed, memory_order_relaxed))
-        atomic_store_explicit(&sl->accessed, 1, memory_order_relaxed);
     uint8_t f = atomic_load_explicit(&sl->flags, memory_order_relaxed);
 
-    sfs_admit_hit(sl, f); /* a second access: out of probation */
+    if (!peek) {
+        if (!atomic_load_explicit(&sl->accessed, memory_order_relaxed))
+            atomic_store_explicit(&sl->accessed, 1, memory_order_relaxed);
+        sfs_admit_hit(sl, f); /* a second access: out of probation */
+    }
     if (f & SLOT_F_PREFETCHED) {
         /* Once per prefetched load: the fetch_and says who cleared it. */
         if (atomic_fetch_and_explicit(&sl->flags, (uint8_t)~SLOT_F_PREFETCHED,
@@ -155,7 +157,7 @@ static int get_impl(struct sfs_cache *c, const struct sfs_key *key, unsigned fla
      * prefetched), never as a request, miss or unserved Get. */
     const bool lookup = !(flags & SFS_GET_PREFETCH);
     if (!(flags & (SFS_GET_PREFETCH | SFS_GET_WRITE)) && !SFS_TEST_FORCE_LOCKED() &&
-        hit_fast(c, b, key, lease) > 0)
+        hit_fast(c, b, key, flags & SFS_GET_PEEK, lease) > 0)
         return SFS_HIT; /* counted as a request on its hit entry (hit_fast) */
     r = entry_alloc(c, &e);
     if (r < 0) {
@@ -214,8 +216,10 @@ retry:
             lease_take(c, s, e, lease);
             /* Closed by a recount cut short (a death): open it again. */
             slot_open(sl);
-            atomic_store_explicit(&sl->accessed, 1, memory_order_relaxed);
-            sfs_admit_hit(sl, atomic_load_explicit(&sl->flags, memory_order_relaxed));
+            if (!(flags & SFS_GET_PEEK)) {
+                atomic_store_explicit(&sl->accessed, 1, memory_order_relaxed);
+                sfs_admit_hit(sl, atomic_load_explicit(&sl->flags, memory_order_relaxed));
+            }
             if (atomic_load_explicit(&sl->flags, memory_order_relaxed) & SLOT_F_PREFETCHED) {
                 atomic_fetch_and_explicit(&sl->flags, (uint8_t)~SLOT_F_PREFETCHED,
                                           memory_order_relaxed);
@@ -226,8 +230,10 @@ retry:
         case SFS_STATE_LOADING:
             if (owner_alive_rec(c, sl)) {
                 lease_take(c, s, e, lease);
-                atomic_store_explicit(&sl->accessed, 1, memory_order_relaxed);
-                sfs_admit_hit(sl, atomic_load_explicit(&sl->flags, memory_order_relaxed));
+                if (!(flags & SFS_GET_PEEK)) {
+                    atomic_store_explicit(&sl->accessed, 1, memory_order_relaxed);
+                    sfs_admit_hit(sl, atomic_load_explicit(&sl->flags, memory_order_relaxed));
+                }
                 sfs_ctr_add(c, CTR_MISSES, 1);
                 sfs_ctr_add(c, CTR_WAITS, 1);
                 bucket_unlock(c, b);

@@ -14,7 +14,8 @@
  * scan ones (the suite's admission=scan run).
  */
 #include "testutil.h"
-#include "cache_i.h" /* SLOT_F_PROBATION: the attached child's view */
+#include "cache_i.h"     /* SLOT_F_PROBATION: the attached child's view */
+#include "testpoint_i.h" /* a point on get:locked forces the locked hit */
 
 #include <criterion/criterion.h>
 
@@ -215,6 +216,93 @@ Test(admission, released_loads_survive_until_copy_half_cache_in_flight, .timeout
         free(loaded);
         sfs_cache_close(c);
     }
+}
+
+static void noop_point(const char *name, void *arg)
+{
+    (void)name;
+    (void)arg;
+}
+
+/* Get key with flags (a hit or a wait expected), release; returns the role. */
+static int get_release(struct sfs_cache *c, const struct sfs_key *k, unsigned flags)
+{
+    struct sfs_lease l;
+    int r = sfs_cache_get(c, k, flags, 0, &l);
+
+    cr_assert(r == SFS_HIT || r == SFS_WAITER, "get %#x: %d", flags, r);
+    cr_assert_eq(sfs_cache_release(c, &l), 0);
+    return r;
+}
+
+Test(admission, peek_is_not_a_use, .timeout = 30)
+{
+    /* SFS_GET_PEEK (a copy of a key the caller loaded and released) sets no
+     * CLOCK bit and keeps a probationary key on probation, on the lock-free
+     * hit, on the locked one (a point armed on it forces that path) and on
+     * a wait; a plain Get does both. */
+    for (int locked = 0; locked < 2; locked++) {
+        struct sfs_cache *c = mk(8, SFS_ADMIT_SCAN);
+        struct sfs_key k = tu_key(5, 0), w = tu_key(6, 0);
+        struct sfs_lease l;
+
+        if (locked)
+            cr_assert_eq(sfs_testpoint_arm("get:locked", SFS_TP_CALL, noop_point, NULL), 0);
+        cr_assert_eq(read_key(c, &k), SFS_OWNER);
+        cr_assert_eq(sfs_cache_get(c, &k, SFS_GET_NOALLOC, 0, &l), SFS_HIT);
+        uint32_t s = l.slot;
+        cr_assert_eq(sfs_cache_release(c, &l), 0);
+        /* That hit promoted it; make it a fresh load again, as the hand
+         * left it: bit clear, on probation. */
+        atomic_store(&c->slots[s].accessed, 0);
+        atomic_fetch_or(&c->slots[s].flags, (uint8_t)SLOT_F_PROBATION);
+        cr_assert_eq(get_release(c, &k, SFS_GET_PEEK | SFS_GET_NOALLOC), SFS_HIT);
+        cr_assert_eq(atomic_load(&c->slots[s].accessed), 0, "locked %d: a peek set the bit",
+                     locked);
+        cr_assert(atomic_load(&c->slots[s].flags) & SLOT_F_PROBATION,
+                  "locked %d: a peek promoted the key", locked);
+        cr_assert_eq(get_release(c, &k, 0), SFS_HIT);
+        cr_assert_eq(atomic_load(&c->slots[s].accessed), 1);
+        cr_assert_eq(atomic_load(&c->slots[s].flags) & SLOT_F_PROBATION, 0);
+
+        /* A wait on a load (this process owns it, so the Get waits). */
+        struct sfs_lease o;
+        cr_assert_eq(sfs_cache_get(c, &w, 0, 0, &o), SFS_OWNER);
+        atomic_store(&c->slots[o.slot].accessed, 0);
+        cr_assert_eq(get_release(c, &w, SFS_GET_PEEK), SFS_WAITER);
+        cr_assert_eq(atomic_load(&c->slots[o.slot].accessed), 0);
+        cr_assert(atomic_load(&c->slots[o.slot].flags) & SLOT_F_PROBATION);
+        cr_assert_eq(get_release(c, &w, 0), SFS_WAITER);
+        cr_assert_eq(atomic_load(&c->slots[o.slot].accessed), 1);
+        cr_assert_eq(atomic_load(&c->slots[o.slot].flags) & SLOT_F_PROBATION, 0);
+        cr_assert_eq(tu_publish(c, &w, &o), 0);
+        cr_assert_eq(sfs_cache_release(c, &o), 0);
+        sfs_testpoint_disarm_all();
+        sfs_cache_close(c);
+    }
+}
+
+Test(admission, a_peeked_hot_set_is_scanned_out, .timeout = 30)
+{
+    /* What the flag is for: keys read once, then peeked (their copies), are
+     * one-shot keys to the admission, and a scan takes them as it would
+     * any; read twice (scan_keeps_hot_set_through_full_scan) they survive. */
+    struct sfs_cache *c = mk(CAP, SFS_ADMIT_SCAN);
+    const uint32_t hot = CAP / 4;
+    unsigned left = 0;
+
+    for (uint32_t i = 0; i < hot; i++) {
+        struct sfs_key k = tu_key(1000 + i, 0);
+
+        cr_assert_eq(read_key(c, &k), SFS_OWNER);
+        cr_assert_eq(get_release(c, &k, SFS_GET_PEEK | SFS_GET_NOALLOC), SFS_HIT);
+    }
+    for (uint32_t i = 0; i < 4 * CAP; i++)
+        cr_assert_eq(read_key(c, &(struct sfs_key){tu_block(5000 + i), 0}), SFS_OWNER);
+    for (uint32_t i = 0; i < hot; i++)
+        left += sfs_cache_state(c, &(struct sfs_key){tu_block(1000 + i), 0}) == SFS_STATE_READY;
+    cr_assert_eq(left, 0, "%u of %u peeked keys outlived a 4x cap scan", left, hot);
+    sfs_cache_close(c);
 }
 
 Test(admission, stale_census_still_finds_a_victim, .timeout = 30)

@@ -79,6 +79,10 @@ enum {
     SFS_GET_PREFETCH = 1u << 1, /* advisory fill: no reserved slots, marks prefetched */
     SFS_GET_WRITE = 1u << 2,    /* become owner to rewrite: a present key that is not
                                  * leased is taken over (-EBUSY if it is leased) */
+    SFS_GET_PEEK = 1u << 3,     /* not a use: a hit or a wait sets no CLOCK bit and
+                                 * keeps a probationary key on probation (a copy
+                                 * of what the caller itself loaded and released);
+                                 * a load is a load either way */
 };
 
 /* Flags for sfs_cache_publish(). */
@@ -204,7 +208,9 @@ SFS_API void sfs_cache_close(struct sfs_cache *c);
  * owner's Loading one; the slot is Loading, and the caller must settle it
  * (sfs_cache_settle(), or publish / fail) or release it unsettled (Idle:
  * the next Get or a waiter takes it over). A prefetch Get returns only
- * SFS_OWNER on success. Otherwise *lease is untouched, no lease is taken,
+ * SFS_OWNER on success. SFS_GET_PEEK changes no role, only what eviction
+ * learns: the hit or wait is not counted as a use. Otherwise *lease is
+ * untouched, no lease is taken,
  * and it returns -errno:
  *   -EINVAL     c, key or lease is NULL;
  *   -ENOBUFS    this process holds as many leases as its table allows:
