@@ -268,7 +268,8 @@ static int visit(const struct sfs_key *key, int state, void *arg)
 /* What an attached process does; every call must return, in bounded time. */
 static void exercise(struct sfs_cache *c)
 {
-    static const unsigned flags[] = {0, SFS_GET_NOALLOC, SFS_GET_PREFETCH, SFS_GET_WRITE};
+    static const unsigned flags[] = {0, SFS_GET_NOALLOC, SFS_GET_PREFETCH, SFS_GET_WRITE,
+                                     SFS_GET_PEEK | SFS_GET_NOALLOC};
     struct sfs_cache_info info;
     struct sfs_stats st;
     struct sfs_block_id blocks[3];
@@ -284,7 +285,7 @@ static void exercise(struct sfs_cache *c)
 
         (void)sfs_cache_state(c, &k);
         (void)sfs_cache_exists(c, &k);
-        r = sfs_cache_get(c, &k, flags[i % 4], 0, &l);
+        r = sfs_cache_get(c, &k, flags[i % (sizeof(flags) / sizeof(flags[0]))], 0, &l);
         if (r < 0)
             continue;
         uint8_t *d = sfs_cache_data(c, &l);
