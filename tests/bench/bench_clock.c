@@ -12,7 +12,9 @@
  * what that bit buys. Traces are deterministic, so every policy sees the same
  * accesses. Batch traces load B keys and copy them later: with leases held
  * until the copy (the real contract) eviction is impossible by construction;
- * with the copy after the release only the accessed bit protects them.
+ * with the copy after the release only the accessed bit protects them. Those
+ * rows run twice: the copy a plain Get (a use to every policy) and the copy a
+ * peek (SFS_GET_PEEK: no policy counts it).
  */
 #include "bench_util.h"
 
@@ -22,14 +24,8 @@
 
 enum kind { REAL, CLOCK_SIM, REAL_SCAN, SCAN_SIM, CLOCK_NOBIT, LRU, LRU_FAIR, FIFO, NPOL };
 static const char *const pol_name[NPOL] = {
-    "CLOCK (the cache)",
-    "CLOCK model",
-    "admission=scan (the cache)",
-    "admission=scan model",
-    "CLOCK, no new-load bit",
-    "LRU (exact)",
-    "LRU, leases honoured",
-    "FIFO",
+    "CLOCK (the cache)",      "CLOCK model", "admission=scan (the cache)", "admission=scan model",
+    "CLOCK, no new-load bit", "LRU (exact)", "LRU, leases honoured",       "FIFO",
 };
 #define IS_CLOCK(k) ((k) == CLOCK_SIM || (k) == CLOCK_NOBIT || (k) == SCAN_SIM)
 #define IS_REAL(k)  ((k) == REAL || (k) == REAL_SCAN)
@@ -216,8 +212,9 @@ static uint32_t clock_victim(struct pol *p)
 }
 
 /* ACC_INFLIGHT: a lease that lasts until pol_unlease (the copy); only
- * LRU_FAIR takes it (the copy-after-release rows: see replay). */
-enum { ACC_NOALLOC = 1, ACC_HOLD = 2, ACC_INFLIGHT = 4 };
+ * LRU_FAIR takes it (the copy-after-release rows: see replay). ACC_PEEK: not
+ * a use (SFS_GET_PEEK): no bit, no promotion, no move in LRU's order. */
+enum { ACC_NOALLOC = 1, ACC_HOLD = 2, ACC_INFLIGHT = 4, ACC_PEEK = 8 };
 
 /* Access key k: 1 hit, 0 loaded (a miss), -1 absent (NOALLOC), -2 error. */
 static int pol_access(struct pol *p, uint32_t k, unsigned fl)
@@ -226,7 +223,9 @@ static int pol_access(struct pol *p, uint32_t k, unsigned fl)
     case REAL:
     case REAL_SCAN: {
         struct sfs_lease l;
-        int r = sfs_cache_get(p->c, &p->keys[k], (fl & ACC_NOALLOC) ? SFS_GET_NOALLOC : 0, 0, &l);
+        unsigned gf =
+            ((fl & ACC_NOALLOC) ? SFS_GET_NOALLOC : 0) | ((fl & ACC_PEEK) ? SFS_GET_PEEK : 0);
+        int r = sfs_cache_get(p->c, &p->keys[k], gf, 0, &l);
 
         if (r == -ENOENT)
             return -1;
@@ -249,8 +248,10 @@ static int pol_access(struct pol *p, uint32_t k, unsigned fl)
         uint32_t s = p->where[k];
 
         if (s != NONE) {
-            p->bit[s] = 1;
-            p->prob[s] = 0;
+            if (!(fl & ACC_PEEK)) {
+                p->bit[s] = 1;
+                p->prob[s] = 0;
+            }
             if (fl & ACC_HOLD)
                 p->ref[s]++, p->held[p->nheld++].slot = s;
             return 1;
@@ -277,6 +278,8 @@ static int pol_access(struct pol *p, uint32_t k, unsigned fl)
         int r = 1;
 
         if (p->where[k] != NONE) {
+            if (fl & ACC_PEEK)
+                return 1; /* in place: a peek never leases (no HOLD, no INFLIGHT) */
             lru_unlink(p, k);
         } else {
             if (fl & ACC_NOALLOC)
@@ -420,6 +423,7 @@ struct trace {
     uint32_t *k;
     uint32_t len, nkeys, warm, batch, lag;
     bool held; /* batch: leases held until the copy */
+    bool peek; /* batch, released: the copy is SFS_GET_PEEK, not a use */
     bool scan; /* a scan trace: admission=scan's target is >= LRU */
 };
 
@@ -491,7 +495,7 @@ static void gen_scan_bursts(struct trace *t, uint32_t cap, uint32_t len)
 
 /* Batches of `batch` distinct Zipf keys. */
 static void gen_batches(struct trace *t, uint32_t cap, uint32_t batch, uint32_t nbatches, bool held,
-                        uint32_t lag)
+                        bool peek, uint32_t lag)
 {
     struct zipf z;
     uint32_t mult = 8;
@@ -500,6 +504,7 @@ static void gen_batches(struct trace *t, uint32_t cap, uint32_t batch, uint32_t 
     zipf_init(&z, t->nkeys, 1.0);
     t->batch = batch;
     t->held = held;
+    t->peek = peek;
     t->lag = lag;
     t->len = batch * nbatches;
     t->k = malloc(t->len * sizeof(uint32_t));
@@ -524,8 +529,8 @@ static void gen_batches(struct trace *t, uint32_t cap, uint32_t batch, uint32_t 
                  "batch load + copy, leases held until copied (B=%u, Zipf 1.0, 8x cap)", batch);
     else
         snprintf(t->name, sizeof(t->name),
-                 "batch load, release, copy %u batches later (B=%u; %u%% of cap in flight)", lag,
-                 batch, (unsigned)(100ull * batch * (lag + 1) / cap));
+                 "batch load, release, copy %u batches later (B=%u; %u%% of cap in flight)%s", lag,
+                 batch, (unsigned)(100ull * batch * (lag + 1) / cap), peek ? ", copy a peek" : "");
 }
 
 struct outcome {
@@ -590,7 +595,7 @@ static struct outcome replay(struct pol *p, const struct trace *t)
             uint32_t cb = b - t->lag;
             for (uint32_t i = 0; i < t->batch; i++) {
                 uint32_t pos = cb * t->batch + i;
-                int r = pol_access(p, t->k[pos], ACC_NOALLOC);
+                int r = pol_access(p, t->k[pos], ACC_NOALLOC | (t->peek ? ACC_PEEK : 0));
                 if (r < -1) {
                     o.err = p->err;
                     goto out;
@@ -737,11 +742,13 @@ int main(int argc, char **argv)
     gen_scan_hot(&tr[nt++], cap, len);
     gen_scan_bursts(&tr[nt++], cap, len);
     gen_scan_repeat(&tr[nt++], cap, len);
-    gen_batches(&tr[nt++], cap, batch, nbatches, true, 0);
-    gen_batches(&tr[nt++], cap, batch, nbatches, false, 3);
-    gen_batches(&tr[nt++], cap, batch, nbatches, false, 5);
-    gen_batches(&tr[nt++], cap, batch, nbatches, false, 7);
-    gen_batches(&tr[nt++], cap, batch, nbatches, false, 11);
+    gen_batches(&tr[nt++], cap, batch, nbatches, true, false, 0);
+    for (int peek = 0; peek < 2; peek++) {
+        gen_batches(&tr[nt++], cap, batch, nbatches, false, peek, 3);
+        gen_batches(&tr[nt++], cap, batch, nbatches, false, peek, 5);
+        gen_batches(&tr[nt++], cap, batch, nbatches, false, peek, 7);
+        gen_batches(&tr[nt++], cap, batch, nbatches, false, peek, 11);
+    }
 
     uint32_t maxkeys = 0;
     for (int i = 0; i < nt; i++) {
@@ -811,8 +818,9 @@ int main(int argc, char **argv)
     double bitcost = 0;
     int nbitcost = 0;
     int nscan_rows = 0, nscan_met = 0, model_diff = 0;
-    int nfair_met = 0, fair_diff = 0, nfair_free = 0;
-    double fair_worst = 1e9;
+    int nfair = 0, nfair_met = 0, fair_diff = 0, nfair_free = 0;
+    int ngetcopy = 0, ngetcopy_met = 0;
+    double fair_worst = 1e9, getcopy_worst = 1e9;
     char *fair_below = NULL;
     size_t fair_below_len = 0;
     FILE *ff = open_memstream(&fair_below, &fair_below_len);
@@ -866,14 +874,23 @@ int main(int argc, char **argv)
             nscan_rows++;
             nscan_met += smet;
         }
-        /* Against the leased LRU, every row. */
+        /* Against the leased LRU, every row; apart, the rows whose copy
+         * after the release is a plain Get (a reuse to every policy). */
         double df = hr[REAL_SCAN] - hr[LRU_FAIR];
         bool fmet = tr[i].scan ? df >= 0 : df >= -1.0;
-        nfair_met += fmet;
-        if (!fmet)
-            fprintf(ff, "%s\"%s\" (%+.2f)", nfair_below++ ? ", " : "", tr[i].name, df);
-        if (df < fair_worst)
-            fair_worst = df;
+        if (sweep && !tr[i].peek) {
+            ngetcopy++;
+            ngetcopy_met += fmet;
+            if (df < getcopy_worst)
+                getcopy_worst = df;
+        } else {
+            nfair++;
+            nfair_met += fmet;
+            if (!fmet)
+                fprintf(ff, "%s\"%s\" (%+.2f)", nfair_below++ ? ", " : "", tr[i].name, df);
+            if (df < fair_worst)
+                fair_worst = df;
+        }
         /* Where no lease is taken the two LRUs must agree hit for hit. */
         if (!tr[i].batch) {
             nfair_free++;
@@ -902,9 +919,10 @@ int main(int argc, char **argv)
                 lost_held += res[REAL].lost;
                 lost_held_scan += res[REAL_SCAN].lost;
             } else
-                fprintf(lf, "%s%llu of %llu at %u%% of capacity in flight", nafter++ ? ", " : "",
+                fprintf(lf, "%s%llu of %llu at %u%% of capacity in flight%s", nafter++ ? ", " : "",
                         (unsigned long long)res[REAL].lost, (unsigned long long)res[REAL].loaded,
-                        (unsigned)(100ull * tr[i].batch * (tr[i].lag + 1) / cap));
+                        (unsigned)(100ull * tr[i].batch * (tr[i].lag + 1) / cap),
+                        tr[i].peek ? " (copy a peek)" : "");
             fprintf(o,
                     " %llu / %llu / %llu / %llu / %llu / %llu / %llu (%llu) / %llu of %llu / %llu "
                     "loaded |",
@@ -935,9 +953,15 @@ int main(int argc, char **argv)
             lost_held || lost_held_scan ? "**no**" : "yes");
     fprintf(o,
             "| admission=scan: >= LRU on scan traces, within 1 point elsewhere; against the "
-            "leased LRU, every trace | %d of %d traces (worst %+.2f)%s%s | %s |\n",
-            nfair_met, nt, fair_worst, nfair_below ? "; below: " : "", fair_below,
-            nfair_met == nt ? "yes" : "**no**");
+            "leased LRU, every trace (a copy after the release is a peek) | %d of %d traces "
+            "(worst %+.2f)%s%s | %s |\n",
+            nfair_met, nfair, fair_worst, nfair_below ? "; below: " : "", fair_below,
+            nfair_met == nfair ? "yes" : "**no**");
+    fprintf(o,
+            "| (the copy-after-release rows with the copy a plain Get, a reuse to every "
+            "policy: scan is CLOCK there, docs/eviction.md) | %d of %d within 1 point (worst "
+            "%+.2f) | - |\n",
+            ngetcopy_met, ngetcopy, getcopy_worst);
     fprintf(o,
             "| (the same against raw LRU, the copy-after-release sweep rows not counted) | %d of "
             "%d traces | %s |\n",
