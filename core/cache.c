@@ -407,6 +407,8 @@ int sfs_cache_settle(struct sfs_cache *c, const struct sfs_lease *lease, int io_
     if (io_result >= 0 && (uint32_t)io_result == expected_len)
         return sfs_cache_publish(c, lease, expected_len, flags);
     err = io_result < 0 ? io_result : -EIO; /* a short read or write */
+    if (flags & SFS_PUBLISH_WRITTEN)
+        return err; /* a write's error is the writer's: its release leaves the slot Idle */
     r = sfs_cache_fail(c, lease, err);
     return r < 0 ? r : err;
 }

@@ -128,15 +128,6 @@ void sfs_item_late_done(struct rank_item *it)
     sfs_rank_active_put(rk);
 }
 
-/* A dump that failed before its bytes reached the store: fail the slot it
- * owns (a bounced one owns none), then finish with err. */
-void sfs_item_fail(struct rank_item *it, int err)
-{
-    if (it->leased && !it->bounce)
-        sfs_cache_fail(it->rank->cache, &it->lease, err);
-    sfs_item_done(it, err);
-}
-
 /* After the copier has copied a dump's bytes in: write them through (a
  * worker submits the dump). Called by the copier thread, or its releaser. */
 void sfs_item_dump_copied(struct rank_item *it)

@@ -144,10 +144,11 @@ static void items_done(struct sfs_rank *rk, struct rank_item **items, const stru
         struct rank_item *it = items[i];
         int r = copies[i].result;
 
-        if (!dump)
-            sfs_item_done(it, r); /* the copy is complete: only now may the slot go */
-        else if (r < 0)
-            sfs_item_fail(it, r);
+        if (!dump || r < 0)
+            /* The copy is complete: only now may the slot go. A dump's that
+             * failed goes unpublished: Idle, and a reader parked on it loads
+             * what the store still has (sfs_cache_settle() for a write). */
+            sfs_item_done(it, r);
         else
             sfs_item_dump_copied(it);
     }
@@ -347,10 +348,9 @@ static void batch_add(struct sfs_rank *rk, struct copier_state *st, struct rank_
 /* No memory for the batches: fail what arrives (never leave a waiter). */
 static void item_fail(struct rank_item *it)
 {
-    if (it->step == STEP_COPY_IN)
-        sfs_item_fail(it, -ENOMEM); /* the dump's slot, if it owns one */
-    else
-        sfs_item_done(it, -ENOMEM); /* a reader's lease: the slot is Ready */
+    /* A reader's lease (the slot is Ready), or a dump's slot, released
+     * unwritten: Idle. */
+    sfs_item_done(it, -ENOMEM);
 }
 
 static void *copier_main(void *arg)

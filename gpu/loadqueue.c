@@ -31,7 +31,9 @@
  * Dumps take the same road the other way: Get with SFS_GET_WRITE, the copier
  * copies the source into the slot, a worker thread submits the backend dump
  * (a posix dump is synchronous in its submitter), and the done callback
- * publishes the slot (SFS_PUBLISH_WRITTEN) or fails it.
+ * publishes the slot (SFS_PUBLISH_WRITTEN), or, when the dump failed,
+ * releases it unpublished: the error is the dump's, and a reader parked on
+ * the key loads what the store still has.
  *
  * The slot a dump owns under SFS_GET_WRITE is the key's writer lock, across
  * processes (the mount's writes take it too): the store is written only by

@@ -352,8 +352,7 @@ static bool bounce_take_slot(struct rank_item *it)
     }
     data = sfs_cache_data(rk->cache, &it->lease);
     if (!data) {
-        sfs_cache_fail(rk->cache, &it->lease, -EIO);
-        sfs_item_done(it, -EIO);
+        sfs_item_done(it, -EIO); /* released unwritten: Idle, as any failed dump */
         return false;
     }
     memcpy(data, it->buf, rk->shard_size);
@@ -378,9 +377,7 @@ static void submit_dump(struct rank_item *it)
     r = sfs_backend_dump(rk->be, &iop, 1);
     if (r < 0) {
         sfs_own_token_put(rk);
-        if (!it->bounce)
-            sfs_cache_fail(rk->cache, &it->lease, r);
-        sfs_item_done(it, r);
+        sfs_item_done(it, r); /* released unpublished: Idle (sfs_cache_settle()) */
     }
 }
 

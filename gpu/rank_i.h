@@ -276,7 +276,6 @@ static inline void rank_push_work(struct sfs_rank *rk, struct rank_item *it)
 
 /* complete.c: the end of an item or a task; calls nothing above it. */
 void sfs_item_done(struct rank_item *it, int status);
-void sfs_item_fail(struct rank_item *it, int err);
 void sfs_item_dump_copied(struct rank_item *it);
 /* An owner load past its deadline: its entry ends with `status` now, the
  * lease stays (the backend may still write the slot). The caller holds a

@@ -28,6 +28,7 @@
 #include <criterion/criterion.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <pthread.h>
 #include <signal.h>
 #include <stdatomic.h>
 #include <stdio.h>
@@ -410,6 +411,57 @@ Test(fs_write, a_failed_close_is_final, .timeout = 60)
     write_at(fd, buf, 0, SHARD);
     cr_assert_eq(close(fd), 0);
     assert_version(BLOCK, 0, V_NEW, "after a new open wrote it whole");
+    cr_assert_eq(fsfx_stop(&W.fx, false, 10.0), 0);
+}
+
+/* A read that came while a store was in flight and parked on the key. */
+struct parked_read {
+    enum version got;
+    long long waits_before;
+};
+
+static void *read_behind_the_store(void *arg)
+{
+    struct parked_read *p = arg;
+
+    fsfx_sleep_ms(200); /* the close's store is in the backend now */
+    /* The store keeps the verdict it was submitted with (eio, after 1 s);
+     * this read's own load must not fail. */
+    cr_assert_eq(setxattr(W.fx.mnt, "user.shardfs.fault", "off", 3, 0), 0);
+    p->waits_before = fsfx_stat(&W.fx, "shardfs_waits_total");
+    p->got = read_version(fsfx_shard_path(&W.fx, BLOCK, 0), 0, BLOCK, 0);
+    return NULL;
+}
+
+/* A store that fails is the writer's error, not its readers': a read parked
+ * on the key while the store was in flight gets the bytes the store still
+ * has (the old version), and the writer's close gets EIO. */
+Test(fs_write, a_failed_store_hands_a_parked_read_the_old_bytes, .timeout = 60)
+{
+    static uint8_t buf[SHARD];
+    char spec[512];
+    struct parked_read p = {.got = V_ERR};
+    pthread_t t;
+    int fd;
+
+    store_write(BLOCK, 1);
+    snprintf(spec, sizeof(spec), "fault:seed=1:%s", W.store);
+    start_spec(spec, "readahead=0");
+    assert_version(BLOCK, 0, V_OLD, "before"); /* resident */
+    fill_new(BLOCK, 0, buf);
+    fd = open_shard(BLOCK, 0, O_WRONLY | O_TRUNC);
+    write_at(fd, buf, 0, SHARD);
+    static const char fault[] = "eio=1,latency_us=1000000";
+    cr_assert_eq(setxattr(W.fx.mnt, "user.shardfs.fault", fault, sizeof(fault) - 1, 0), 0);
+    cr_assert_eq(pthread_create(&t, NULL, read_behind_the_store, &p), 0);
+    cr_assert_eq(close(fd), -1, "the failed store was not reported");
+    cr_assert_eq(errno, EIO);
+    pthread_join(t, NULL);
+    cr_assert_geq(fsfx_stat(&W.fx, "shardfs_waits_total"), p.waits_before + 1,
+                  "the read did not wait on the store");
+    cr_assert_eq(p.got, V_OLD, "the parked read got %s, not the old bytes",
+                 p.got == V_ERR ? "an error" : "other bytes");
+    assert_stays(BLOCK, 0, V_OLD, "after the failed store");
     cr_assert_eq(fsfx_stop(&W.fx, false, 10.0), 0);
 }
 

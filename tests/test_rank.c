@@ -744,6 +744,41 @@ Test(rank, dump_then_load_round_trip, .timeout = 60)
     env_down(&e);
 }
 
+Test(rank, a_failed_dump_hands_a_waiter_the_load, .timeout = 60)
+{
+    /* A dump whose store fails is the dumping rank's error: a Get of the
+     * key that waited on the dump becomes the key's owner (it loads what
+     * the store still has), not a waiter handed the dump's -EIO. */
+    struct env e;
+    char spec[256];
+    uint8_t *src = malloc(SHARD);
+    struct sfs_key k = tu_key(7, 0);
+    struct sfs_rank_entry ent = {k.block, 0, src};
+    struct sfs_task *t;
+    struct sfs_lease l;
+    int st = 0, r = -1;
+
+    env_up(&e, 64, 0);
+    write_store(e.dir, 7, 1, 1, SHARD);
+    snprintf(spec, sizeof(spec), "fault:latency_us=500000,eio=1:%s", e.dir);
+    struct sfs_rank *rk = rank_here(&e, spec, 0, 0);
+    memset(src, 0xa5, SHARD);
+    cr_assert_eq(sfs_rank_dump(rk, &ent, 1, &t), 0);
+    for (int i = 0; i < 2000 && sfs_cache_state(e.c, &k) != SFS_STATE_LOADING; i++)
+        usleep(1000);
+    cr_assert_eq(sfs_cache_get(e.c, &k, 0, 0, &l), SFS_WAITER, "the dump does not own the key");
+    r = sfs_cache_wait(e.c, &l, sfs_deadline_after(10ll * 1000 * 1000 * 1000));
+    cr_assert_eq(sfs_rank_wait(t, 0, &st), 0);
+    cr_assert_eq(st, -EIO, "the dump's own status: %d", st);
+    sfs_rank_task_free(t);
+    cr_assert_eq(r, SFS_WAIT_OWNER, "the waiter got %d (error %d), not the load", r,
+                 r == SFS_WAIT_FAILED ? sfs_cache_error(e.c, &l) : 0);
+    publish_owned(e.c, 7, &l);
+    sfs_rank_close(rk);
+    free(src);
+    env_down(&e);
+}
+
 Test(rank, scheduler_role_lookups, .timeout = 60)
 {
     struct env e;

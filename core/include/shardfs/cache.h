@@ -318,10 +318,15 @@ SFS_API int sfs_cache_fail(struct sfs_cache *c, const struct sfs_lease *lease, i
  * whole shard arrived (io_result == expected_len): publish Ready with
  * expected_len bytes and `flags` (SFS_PUBLISH_*). Otherwise fail it: a
  * negative io_result with that errno, a short one (0 <= io_result !=
- * expected_len) with -EIO. Returns the outcome:
+ * expected_len) with -EIO. A write that failed (SFS_PUBLISH_WRITTEN: the
+ * I/O was a dump of the caller's bytes) is not published as Failed: the
+ * error is the writer's, the slot stays its own until the release, which
+ * leaves it Idle, and a reader parked on it, or the next Get, loads what
+ * the store still has. Returns the outcome:
  *   0        published Ready;
  *   -errno   the slot is Failed with it (what its waiters see; the caller's
- *            own readers should get the same);
+ *            own readers should get the same), or, for a write, the
+ *            write's error with the slot still Loading;
  *   -EINVAL  not a lease of this process, or expected_len > shard_size:
  *            nothing changed;
  *   -EPERM   the lease is no longer the owner's (reaped as dead, or the
