@@ -14,7 +14,9 @@
  *      kernel, and given up after a quarter of the deadline);
  *   2. create this writer's own temporary file exclusively (O_EXCL):
  *      <file>.tmp.<host>.<pid>.<seq>; no other writer, on any host, ever
- *      opens it, so nobody truncates or writes it under us;
+ *      opens it, so nobody truncates or writes it under us; on a FUSE
+ *      store (whose lock is the host's) create <file>.own exclusively too,
+ *      which keeps other hosts' writers out (posix_lock.c);
  *   3. copy the committed block file into it: sized to the committed size
  *      first, then only its data extents (SEEK_DATA / SEEK_HOLE, each with
  *      copy_file_range) that the new shards do not overwrite, so holes
@@ -301,7 +303,8 @@ static int commit_block_once(struct posix_backend *p, const struct sfs_block_id 
     size_t dlen = sfs_posix_block_rel(p, id, false, rel);
     bool removing = ios == NULL;
     unsigned rename_us = 0;
-    char hname[HOST_LOCK_NAME_MAX];
+    char hname[HOST_LOCK_NAME_MAX], token[OWN_TOKEN_MAX];
+    bool owned = false;
     struct stat st;
     int hfd = -1, lfd, fd, src, ret;
 
@@ -333,8 +336,13 @@ static int commit_block_once(struct posix_backend *p, const struct sfs_block_id 
         ret = fd;
         goto out_unlock;
     }
-    if (fstat(fd, &st) == 0)
+    if (fstat(fd, &st) == 0) {
         sfs_posix_sweep_dir(p, rel, dlen, &st.st_mtim);
+        /* The host lock keeps this host's writers out; the owner file
+         * those of other hosts (posix_lock.c). */
+        if (hfd >= 0)
+            owned = sfs_posix_own_block(p, lock, &st.st_mtim, token);
+    }
     /* The committed block is read as the loads read it: beneath the root,
      * regular files only, never waiting on a FIFO. */
     SFS_TEST_POINT("commit:open_committed");
@@ -433,6 +441,7 @@ static int commit_block_once(struct posix_backend *p, const struct sfs_block_id 
         ret = -errno;
         goto out_unlink_tmp;
     }
+    SFS_TEST_POINT("commit:written");
     /* The commit point: a caller that already gave up (-ETIMEDOUT, a hung
      * store) was told nothing is stored, so nothing is. */
     if (gate && !sfs_posix_call_commit(p, gate)) {
@@ -480,6 +489,8 @@ out_unlock:
             unlinkat(p->root_fd, lock, 0);
         close(lfd);
     }
+    if (owned)
+        sfs_posix_disown_block(p, lock, token);
     if (hfd >= 0)
         sfs_posix_host_unlock(p, hfd, hname);
     return ret;

@@ -51,6 +51,7 @@ struct posix_backend {
     bool remote_fs;              /* immutable: the store is on a network or FUSE file system */
     int host_lock_fd;            /* immutable: FUSE stores, the host's lock directory; else -1 */
     uint64_t store_id;           /* immutable: the root's device and inode, mixed */
+    uint64_t lock_domain;        /* immutable: store_id and the lock directory, mixed */
 
     /* posix_call.c: the helpers of the synchronous calls. */
     pthread_mutex_t call_lock;

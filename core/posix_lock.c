@@ -188,6 +188,11 @@ int sfs_posix_host_locks_open(struct posix_backend *p)
     if (mkdir(dir, 0755) == 0)
         chmod(dir, 01777);
     fd = open(dir, O_PATH | O_DIRECTORY | O_CLOEXEC);
+    /* The lock domain: the writers one host lock excludes, those that
+     * share this lock directory and this mount of the store. */
+    p->lock_domain = p->store_id;
+    if (fd >= 0 && fstat(fd, &st) == 0)
+        p->lock_domain ^= ((uint64_t)st.st_dev << 32 ^ (uint64_t)st.st_ino) * 0xff51afd7ed558ccdull;
     if (fd < 0)
         sfs_log(LOG_WARNING,
                 "posix: FUSE store, and no lock directory %s (errno %d): the block locks are "
@@ -226,6 +231,128 @@ int sfs_posix_open_record(struct posix_backend *p, const char *lock_rel)
     }
 }
 
+/*
+ * Owner files (FUSE stores). The host lock excludes this host's writers
+ * only; writers on other hosts are kept out by <file>.own, created with
+ * O_CREAT | O_EXCL under the host lock and removed before it is let go:
+ * an exclusive create is decided by the file system's servers (on
+ * GlusterFS, by the brick), so it crosses clients without a lock request,
+ * and a writer killed while it waits for one has nothing in the client to
+ * wedge. What it holds: "<host> <lock domain> <pid> <seq>". An owner file
+ * of this host's lock domain is stale (its writer is gone: the host lock
+ * we hold was its); one of another host is waited for, and broken once it
+ * is older than half that wait, so a dead writer's is always broken before
+ * the wait ends (a live commit holds it for milliseconds: its writer is
+ * dead, or stopped, or very slow, and then the commit is as without it).
+ * Ages are the file system's clock, as the sweep's. A client that still
+ * caches the name of an owner file already removed answers EEXIST until
+ * its entry times out (about 1 s on GlusterFS): the wait covers it.
+ */
+static void own_name(const char *lock_rel, char out[PATH_REL_MAX])
+{
+    size_t n = strlen(lock_rel) - (sizeof(".lock") - 1);
+
+    memcpy(out, lock_rel, n);
+    memcpy(out + n, OWN_SUFFIX, sizeof(OWN_SUFFIX));
+}
+
+/* What the owner file own holds (NUL-terminated in buf) and its mtime; false
+ * when it cannot be read (gone meanwhile, or a stale handle). */
+static bool own_read(struct posix_backend *p, const char *own, char buf[OWN_TOKEN_MAX],
+                     struct timespec *mtime)
+{
+    int fd = openat(p->root_fd, own, O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
+    struct stat st;
+    ssize_t n = -1;
+
+    if (fd < 0)
+        return false;
+    if (fstat(fd, &st) == 0 && S_ISREG(st.st_mode)) {
+        n = pread(fd, buf, OWN_TOKEN_MAX - 1, 0);
+        *mtime = st.st_mtim;
+    }
+    close(fd);
+    if (n < 0)
+        return false;
+    buf[n] = '\0';
+    return true;
+}
+
+/* Is the owner file own (its text and mtime) left by a writer of this
+ * host's lock domain, or older than max_age_ns? Its age: on the file
+ * system's clock at now_ref, plus the waited_ns since. */
+static bool own_stale(struct posix_backend *p, const char *text, const struct timespec *mtime,
+                      const struct timespec *now_ref, int64_t waited_ns, int64_t max_age_ns)
+{
+    char ours[POSIX_HOST_MAX + 24];
+    int64_t age = (now_ref->tv_sec - mtime->tv_sec) * 1000000000ll +
+                  (now_ref->tv_nsec - mtime->tv_nsec) + waited_ns;
+    int n =
+        snprintf(ours, sizeof(ours), "%s %016llx ", p->host, (unsigned long long)p->lock_domain);
+
+    return strncmp(text, ours, (size_t)n) == 0 || age > max_age_ns;
+}
+
+bool sfs_posix_own_block(struct posix_backend *p, const char *lock_rel,
+                         const struct timespec *now_ref, char token[OWN_TOKEN_MAX])
+{
+    int64_t budget = (int64_t)p->o.timeout_ms * 1000000 / 4, start = sfs_now_ns();
+    char own[PATH_REL_MAX], seen[OWN_TOKEN_MAX];
+    struct timespec mtime;
+    uint64_t seq;
+    unsigned us = 0;
+    int n;
+
+    if (budget > LOCK_POLL_MAX_NS)
+        budget = LOCK_POLL_MAX_NS;
+    own_name(lock_rel, own);
+    /* Relaxed: the counter only has to differ per call. */
+    seq = atomic_fetch_add_explicit(&p->tmp_seq, 1, memory_order_relaxed);
+    n = snprintf(token, OWN_TOKEN_MAX, "%s %016llx %ld %llu\n", p->host,
+                 (unsigned long long)p->lock_domain, (long)getpid(), (unsigned long long)seq);
+    for (;;) {
+        int fd =
+            openat(p->root_fd, own, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC | O_NOFOLLOW, 0644);
+
+        if (fd >= 0) {
+            bool ok = write(fd, token, (size_t)n) == n;
+
+            close(fd);
+            if (ok)
+                return true;
+            unlinkat(p->root_fd, own, 0); /* unreadable to others: not an owner file */
+            return false;
+        }
+        if (errno != EEXIST && errno != ESTALE)
+            return false; /* not allowed here, say: as without */
+        SFS_TEST_POINT("own:taken");
+        if (errno == EEXIST && own_read(p, own, seen, &mtime) &&
+            own_stale(p, seen, &mtime, now_ref, sfs_now_ns() - start, budget / 2)) {
+            char again[OWN_TOKEN_MAX];
+
+            /* Broken only if it is still the one judged stale. */
+            if (own_read(p, own, again, &mtime) && strcmp(again, seen) == 0) {
+                sfs_log(LOG_INFO, "posix: %s: broke a stale owner file (%.*s)", own,
+                        (int)strcspn(seen, "\n"), seen);
+                unlinkat(p->root_fd, own, 0);
+            }
+            continue;
+        }
+        if (!sfs_posix_stale_backoff(start, budget, &us))
+            return false;
+    }
+}
+
+void sfs_posix_disown_block(struct posix_backend *p, const char *lock_rel, const char *token)
+{
+    char own[PATH_REL_MAX], seen[OWN_TOKEN_MAX];
+    struct timespec mtime;
+
+    own_name(lock_rel, own);
+    if (own_read(p, own, seen, &mtime) && strcmp(seen, token) == 0)
+        unlinkat(p->root_fd, own, 0);
+}
+
 /* This writer's own temporary file for the block whose path is rel:
  * <file>.tmp.<host>.<pid>.<seq>, created exclusively, so no two writers (on
  * this host or any other) ever write the same file. Returns the fd (name in
@@ -251,8 +378,8 @@ int sfs_posix_create_tmp(struct posix_backend *p, const char *rel, char tmp[PATH
     return -EEXIST;
 }
 
-/* Is name (an entry of a block directory) a temporary or lock file of a
- * block: <32 hex>.tmp.* or <32 hex>.lock? */
+/* Is name (an entry of a block directory) a temporary, lock or owner file
+ * of a block: <32 hex>.tmp.*, <32 hex>.lock or <32 hex>.own? */
 static bool is_commit_leftover(const char *name)
 {
     for (int i = 0; i < SFS_BLOCK_HEX_LEN; i++) {
@@ -262,7 +389,8 @@ static bool is_commit_leftover(const char *name)
             return false;
     }
     return strncmp(name + SFS_BLOCK_HEX_LEN, TMP_INFIX, sizeof(TMP_INFIX) - 1) == 0 ||
-           strcmp(name + SFS_BLOCK_HEX_LEN, ".lock") == 0;
+           strcmp(name + SFS_BLOCK_HEX_LEN, ".lock") == 0 ||
+           strcmp(name + SFS_BLOCK_HEX_LEN, OWN_SUFFIX) == 0;
 }
 
 /*

@@ -1439,3 +1439,195 @@ Test(backend, posix_fuse_store_locks_on_the_host)
     rmdir(v.dir);
     free(buf);
 }
+
+/* A backend on g_root as a FUSE store of a "host" whose lock directory is
+ * g_root<suffix> (its own lock domain). */
+static struct sfs_backend *fuse_host_be(const struct sfs_backend_params *bp, const char *suffix,
+                                        char lockdir[300])
+{
+    char err[256] = "";
+    struct sfs_backend *be;
+    int e = 0;
+
+    snprintf(lockdir, 300, "%s%s", g_root, suffix);
+    setenv("SHARDFS_POSIX_REMOTE", "1", 1);
+    setenv("SHARDFS_POSIX_HOST_LOCKS", "1", 1);
+    setenv("SHARDFS_LOCK_DIR", lockdir, 1);
+    be = sfs_backend_open(g_root, bp, err, sizeof(err), &e);
+    unsetenv("SHARDFS_POSIX_REMOTE");
+    unsetenv("SHARDFS_POSIX_HOST_LOCKS");
+    unsetenv("SHARDFS_LOCK_DIR");
+    if (!be)
+        fprintf(stderr, "open: %s\n", err);
+    return be;
+}
+
+/* Another host (lock directory g_root.hostA), forked, dumps shard 1 of block
+ * b as version 2 and stops or dies at commit:written: its copy of the block
+ * made and its shard written, its record and rename to come. Returns its
+ * pid, stopped or dead (status in *st). */
+static pid_t other_host_mid_commit(const struct sfs_backend_params *bp, uint64_t b,
+                                   enum sfs_tp_action act, char *buf, int *st)
+{
+    pid_t pid = fork();
+
+    if (pid == 0) {
+        struct sfs_block_id id = mkid(b);
+        struct sfs_key k = mkkey(b, 1);
+        char dir[300];
+        struct sfs_backend *be = fuse_host_be(bp, ".hostA", dir);
+
+        if (!be)
+            _exit(2);
+        sfs_testpoint_arm("commit:written", act, NULL, NULL);
+        fill(&id, 1, 2, buf, S_SMALL);
+        _exit(sfs_backend_dump_sync(be, &k, buf, S_SMALL) == (int)S_SMALL ? 0 : 3);
+    }
+    waitpid(pid, st, WUNTRACED);
+    return pid;
+}
+
+struct dump_thread {
+    struct sfs_backend *be;
+    struct sfs_key k;
+    char *buf;
+    int r;
+    atomic_bool done;
+};
+
+static void *dump_in_thread(void *arg)
+{
+    struct dump_thread *d = arg;
+
+    d->r = sfs_backend_dump_sync(d->be, &d->k, d->buf, S_SMALL);
+    atomic_store(&d->done, true);
+    return NULL;
+}
+
+static void count_point(const char *name, void *arg)
+{
+    (void)name;
+    (void)arg;
+}
+
+/*
+ * Two hosts on one FUSE store (forced on a local directory; each its own
+ * lock directory, so their host locks do not see each other) dump
+ * different shards of one block at once: the owner file (<file>.own,
+ * created exclusively) keeps the second out until the first has renamed,
+ * so neither loses the other's shard. Before it, the second committed
+ * while the first was stopped between its copy and its rename, and the
+ * first's rename then dropped the second's shard. A host killed there
+ * leaves its owner file: the next host breaks it after its wait (a quarter
+ * of the deadline) and commits; an owner file of this host's own lock
+ * domain is broken at once.
+ */
+Test(backend, posix_fuse_store_hosts_exclude_each_other, .timeout = 60)
+{
+    struct sfs_backend_params bp = {.shard_size = S_SMALL, .timeout_ms = 4000};
+    struct sfs_block_id id = mkid(40);
+    char *buf = malloc(S_SMALL), dirb[300], own[400];
+    struct dump_thread d = {.buf = malloc(S_SMALL)};
+    struct stat sb;
+    pthread_t t;
+    int st = 0;
+
+    struct sfs_backend *be = fuse_host_be(&bp, ".hostB", dirb);
+    cr_assert_not_null(be);
+    for (uint32_t s = 0; s < 3; s++) {
+        struct sfs_key k = mkkey(40, s);
+
+        fill(&id, s, 1, buf, S_SMALL);
+        cr_assert_eq(sfs_backend_dump_sync(be, &k, buf, S_SMALL), (int)S_SMALL);
+    }
+    block_path(0, &id, own, sizeof(own), false);
+    strcat(own, ".own");
+
+    /* 1. Host A stopped mid-commit: B's commit of shard 2 waits for it. */
+    pid_t a = other_host_mid_commit(&bp, 40, SFS_TP_STOP, buf, &st);
+    cr_assert(WIFSTOPPED(st), "host A did not stop at commit:written (0x%x)", st);
+    bool owned = stat(own, &sb) == 0; /* asserted once A goes on: never left stopped */
+    d.be = be;
+    d.k = mkkey(40, 2);
+    fill(&id, 2, 2, d.buf, S_SMALL);
+    cr_assert_eq(pthread_create(&t, NULL, dump_in_thread, &d), 0);
+    usleep(300 * 1000);
+    bool early = atomic_load(&d.done);
+    kill(a, SIGCONT);
+    cr_assert_eq(waitpid(a, &st, 0), a);
+    pthread_join(t, NULL);
+    cr_assert(WIFEXITED(st) && WEXITSTATUS(st) == 0, "host A's dump: 0x%x", st);
+    cr_assert_eq(d.r, (int)S_SMALL);
+    for (uint32_t s = 0; s < 3; s++) {
+        struct sfs_key k = mkkey(40, s);
+        uint32_t want = s == 0 ? 1 : 2;
+
+        memset(buf, 0, S_SMALL);
+        cr_assert_eq(sfs_backend_load_sync(be, &k, buf, S_SMALL), (int)S_SMALL);
+        cr_assert(matches(&id, s, want, buf, S_SMALL),
+                  "shard %u is not v%u: lost to the other "
+                  "host's commit",
+                  s, want);
+    }
+    cr_assert_not(early, "host B committed while host A held the block");
+    cr_assert(owned, "no owner file while host A commits");
+    cr_assert_neq(stat(own, &sb), 0, "the owner file is left after both commits");
+
+    /* 2. Host A killed there: its owner file stays, B breaks it after its
+     * wait and commits. */
+    a = other_host_mid_commit(&bp, 40, SFS_TP_KILL, buf, &st);
+    cr_assert(WIFSIGNALED(st) && WTERMSIG(st) == SIGKILL, "host A not killed (0x%x)", st);
+    cr_assert_eq(stat(own, &sb), 0, "a killed host left no owner file");
+    cr_assert_eq(sfs_testpoint_arm("own:taken", SFS_TP_CALL, count_point, NULL), 0);
+    {
+        struct sfs_key k = mkkey(40, 0);
+
+        fill(&id, 0, 3, buf, S_SMALL);
+        cr_assert_eq(sfs_backend_dump_sync(be, &k, buf, S_SMALL), (int)S_SMALL);
+    }
+    cr_assert_gt(sfs_testpoint_hits("own:taken"), 1,
+                 "a live-looking owner file was not waited for");
+    cr_assert_neq(stat(own, &sb), 0, "the dead host's owner file is left");
+
+    /* 3. One of B's own lock domain (B killed there): broken at once. */
+    sfs_testpoint_disarm_all();
+    pid_t b = fork();
+    if (b == 0) {
+        struct sfs_key k = mkkey(40, 1);
+        char dir[300];
+        struct sfs_backend *be2 = fuse_host_be(&bp, ".hostB", dir);
+
+        if (!be2)
+            _exit(2);
+        sfs_testpoint_arm("commit:written", SFS_TP_KILL, NULL, NULL);
+        fill(&id, 1, 4, buf, S_SMALL);
+        sfs_backend_dump_sync(be2, &k, buf, S_SMALL);
+        _exit(0);
+    }
+    waitpid(b, &st, 0);
+    cr_assert(WIFSIGNALED(st), "host B's writer not killed (0x%x)", st);
+    cr_assert_eq(stat(own, &sb), 0);
+    cr_assert_eq(sfs_testpoint_arm("own:taken", SFS_TP_CALL, count_point, NULL), 0);
+    {
+        struct sfs_key k = mkkey(40, 2);
+
+        fill(&id, 2, 3, buf, S_SMALL);
+        cr_assert_eq(sfs_backend_dump_sync(be, &k, buf, S_SMALL), (int)S_SMALL);
+    }
+    cr_assert_eq(sfs_testpoint_hits("own:taken"), 1, "this host's stale owner file was waited for");
+    sfs_testpoint_disarm_all();
+    for (uint32_t s = 0; s < 3; s++) {
+        struct sfs_key k = mkkey(40, s);
+        uint32_t want = s == 1 ? 2 : 3;
+
+        memset(buf, 0, S_SMALL);
+        cr_assert_eq(sfs_backend_load_sync(be, &k, buf, S_SMALL), (int)S_SMALL);
+        cr_assert(matches(&id, s, want, buf, S_SMALL), "shard %u is not v%u", s, want);
+    }
+    sfs_backend_close(be);
+    rmdir(dirb);
+    snprintf(dirb, sizeof(dirb), "%s.hostA", g_root);
+    rmdir(dirb);
+    free(buf);
+    free(d.buf);
+}
