@@ -43,10 +43,11 @@
 #define PEER_MEMBERS_MAX 256u
 #define PEER_MAGIC       0x53465031u /* "SFP1" */
 /* 2: READ_GET, the four-lane checksum; 3: little-endian on the wire, and
- * the key hash and checksum read the bytes as little-endian words. A peer
- * of another version is refused at the hello (client) or its first
- * request (server). */
-#define PEER_VERSION 3u
+ * the key hash and checksum read the bytes as little-endian words; 4: the
+ * eight-lane checksum (two words a multiply: another value for the same
+ * payload). A peer of another version is refused at the hello (client) or
+ * its first request (server). */
+#define PEER_VERSION 4u
 /* Largest payload a slot can hold (one shard); bounds every length on the
  * wire together with the announced geometry. */
 #define PEER_PAYLOAD_MAX (64u << 20)

@@ -468,10 +468,10 @@ Test(peer, wire_images_are_little_endian_at_fixed_offsets, .timeout = 10)
     peer_req_dec(&q2, want);
     cr_assert_arr_eq(&q2, &q, sizeof(q));
 
-    /* The hello: "SFP1" as 31 50 46 53, version 3 as 03 00 00 00. */
+    /* The hello: "SFP1" as 31 50 46 53, version 4 as 04 00 00 00. */
     memset(want, 0, sizeof(want));
-    memcpy(want, "\x31\x50\x46\x53\x03\x00\x00\x00", 8);
-    cr_assert_eq(PEER_VERSION, 3);
+    memcpy(want, "\x31\x50\x46\x53\x04\x00\x00\x00", 8);
+    cr_assert_eq(PEER_VERSION, 4);
     le(want, 8, hl.g.num_buckets, 8);
     le(want, 16, hl.g.ways, 4);
     le(want, 20, hl.g.max_payload, 4);
@@ -521,7 +521,7 @@ Test(peer, wire_images_are_little_endian_at_fixed_offsets, .timeout = 10)
             p[i] = (uint8_t)(i * 7 + 1);
         cr_assert_eq(h.lo, 0x0d233b63275c2734ull);
         cr_assert_eq(h.hi, 0x15ed5e0adba440cfull);
-        cr_assert_eq(peer_checksum(p, sizeof(p)), 0x6a36f96331984c0eull);
+        cr_assert_eq(peer_checksum(p, sizeof(p)), 0xf42396f7eac9d93dull);
     }
 }
 
@@ -576,13 +576,14 @@ static void be(uint8_t *out, size_t off, uint64_t v, int width)
         out[off + (size_t)i] = (uint8_t)(v >> (8 * (width - 1 - i)));
 }
 
-/* Version 3 (little-endian on the wire) refuses a peer of version 2, or of
- * the old big-endian order, both ways: a client refuses its hello (a clean
- * unreachable member, marked down), a server closes the connection of its
- * first request without an answer and goes on serving the others. */
+/* Version 4 (the eight-lane checksum) refuses a peer of version 3 (the
+ * same images, another checksum), or of the old big-endian order, both
+ * ways: a client refuses its hello (a clean unreachable member, marked
+ * down), a server closes the connection of its first request without an
+ * answer and goes on serving the others. */
 Test(peer, a_peer_of_another_version_is_refused, .timeout = 30)
 {
-    struct peer_hello h = {.magic = PEER_MAGIC, .version = 2};
+    struct peer_hello h = {.magic = PEER_MAGIC, .version = PEER_VERSION - 1};
     struct sfs_key k = tu_key(5, 0);
     struct peer_hash kh = peer_key_hash(&k);
     uint8_t out[PAY], w[PEER_REQ_WIRE], hw[PEER_HELLO_WIRE];
@@ -594,8 +595,8 @@ Test(peer, a_peer_of_another_version_is_refused, .timeout = 30)
     for (int variant = 0; variant < 3; variant++) {
         struct fake_member m;
 
-        /* 0: version 2; 1: version 3, big-endian; 2: version 2, big-endian. */
-        h.version = variant == 1 ? PEER_VERSION : 2;
+        /* 0: version 3; 1: version 4, big-endian; 2: version 3, big-endian. */
+        h.version = variant == 1 ? PEER_VERSION : PEER_VERSION - 1;
         peer_hello_enc(m.hello, &h);
         if (variant > 0) {
             be(m.hello, 0, h.magic, 4);
@@ -618,11 +619,11 @@ Test(peer, a_peer_of_another_version_is_refused, .timeout = 30)
     srv_start(&x, 16, 4);
     memset(out, 0x3c, sizeof(out));
     cr_assert_eq(peer_local_set(&x.r, &kh, out, PAY), 0);
-    /* The server's hello: version 3, little-endian. */
+    /* The server's hello: version 4, little-endian. */
     {
         int fd = raw_connect_hello(x.addr, hw);
 
-        cr_assert_arr_eq(hw, "\x31\x50\x46\x53\x03\x00\x00\x00", 8);
+        cr_assert_arr_eq(hw, "\x31\x50\x46\x53\x04\x00\x00\x00", 8);
         close(fd);
     }
     for (int variant = 0; variant < 2; variant++) {
@@ -630,10 +631,10 @@ Test(peer, a_peer_of_another_version_is_refused, .timeout = 30)
         int fd = raw_connect(x.addr);
         char b;
 
-        /* 0: a version-2 request; 1: this version's, big-endian. */
+        /* 0: a version-3 request; 1: this version's, big-endian. */
         q.nways = 4;
         if (variant == 0)
-            q.version = 2;
+            q.version = PEER_VERSION - 1;
         peer_req_enc(w, &q);
         if (variant == 1) {
             be(w, 0, q.magic, 4);
