@@ -143,7 +143,8 @@ static int leftovers(const char *store, long age_ms, int *old)
             return 0;
         while ((de = readdir(d))) {
             struct stat st;
-            bool left = strstr(de->d_name, ".tmp") || strstr(de->d_name, ".lock");
+            bool left = strstr(de->d_name, ".tmp") || strstr(de->d_name, ".lock") ||
+                        strstr(de->d_name, ".ref.");
 
             if (fstatat(dirfd(d), de->d_name, &st, AT_SYMLINK_NOFOLLOW) < 0)
                 continue;
