@@ -268,8 +268,8 @@ static bool ts_after(const struct timespec *a, const struct timespec *b)
 }
 
 /* The file a commit of ios starts from, on a remote file system whose
- * name of the block file shows another file than the one the record (rec:
- * no rename pending) names: the recorded file through its second name
+ * name of the block file shows another file than the one the record
+ * (rec) names: the recorded file through its second name
  * (REF_INFIX), when that finds the recorded inode, at least the recorded
  * size, and the name's file (src, stat st) is not newer. GlusterFS's
  * client showed, for seconds, the file that the last commit had replaced,
@@ -283,13 +283,18 @@ static bool ts_after(const struct timespec *a, const struct timespec *b)
  * lock, a hand): left to false_view. Returns the fd to start from (src,
  * or the recorded file's, src closed; *st its stat). */
 static int recorded_file(struct posix_backend *p, const char *rel, const struct lock_record *rec,
-                         int src, struct stat *st, struct sfs_io **ios, size_t k, uint64_t S)
+                         int src, struct stat *st, struct sfs_io **ios, size_t k, uint64_t S,
+                         bool last)
 {
     char ref[PATH_REL_MAX];
     struct stat rs;
     int fd;
 
-    if (!p->remote_fs || rec->pend_ino || rec->size == 0 || (uint64_t)st->st_ino == rec->ino ||
+    /* A rename pending: the file from before it is trusted on the last
+     * try only (false_view), then also through its second name. */
+    if (rec->pend_ino && (!last || (uint64_t)st->st_ino == rec->pend_ino))
+        return src;
+    if (!p->remote_fs || rec->size == 0 || (uint64_t)st->st_ino == rec->ino ||
         !keeps_old(ios, k, rec->size, S) || sfs_posix_ref_rel(rel, rec->ino, ref) < 0)
         return src;
     fd = sfs_posix_open_block_file(p, ref, O_RDONLY);
@@ -412,7 +417,7 @@ static int commit_block_once(struct posix_backend *p, const struct sfs_block_id 
         goto out_unlink_tmp;
     }
     if (src >= 0 && have_rec)
-        src = recorded_file(p, rel, &rec, src, &st, ios, k, S);
+        src = recorded_file(p, rel, &rec, src, &st, ios, k, S, last);
     if (false_view(p, rel, have_rec ? &rec : NULL, src, &st, ios, k, S, last)) {
         /* Not the file the last commit under the lock left (see the
          * header): look it up again (commit_block), and once the retries
