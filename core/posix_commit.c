@@ -25,9 +25,10 @@
  *      only from the file the lock file's record names (below);
  *   4. pwrite the new shards; fsync if sync=1;
  *   5. rename tmp -> block file (and fsync the directory if sync=1);
- *      unlink the lock file (a local file system only: on a remote one it
- *      stays, since other clients cache its handle, and records the file
- *      just committed); close.
+ *      on a remote file system unlink the second name of the file it
+ *      replaced (below); unlink the lock file (a local file system only:
+ *      on a remote one it stays, since other clients cache its handle,
+ *      and records the file just committed); close.
  * The record (remote file systems): a lock file that stays holds, written
  * by each holder after its commit, the size and inode of the block file it
  * left. A client's open of a name just renamed over can answer ENOENT for
@@ -42,7 +43,13 @@
  * out of date: one refusal, not one per commit). Without a record (a new
  * or cleared lock file, the lock not held) an absent answer on a remote
  * file system is checked by a stat of the name. Whole-block dumps keep
- * nothing, so they are never held or refused by this.
+ * nothing, so they are never held or refused by this. The name can also
+ * show, for seconds, the file the last commit replaced (GlusterFS, to the
+ * host that made the recorded file): so each commit that records also
+ * links its file under a second name, <file>.ref.<inode>, before its
+ * rename (never renamed over, so never seen older), and the commit that
+ * replaces it unlinks that; a commit whose name shows a file no newer
+ * than the recorded one starts from the second name (recorded_file).
  * A handle made stale by another host (-ESTALE) is retried for a time
  * (STALE_BUDGET_NS) longer than the client's lookup caches keep it.
  * What a reader sees is always one whole file (the old or the new): a block
@@ -256,6 +263,69 @@ static bool false_view(struct posix_backend *p, const char *rel, const struct lo
            keeps_old(ios, k, (uint64_t)byname.st_size, S);
 }
 
+/* Is a later than b? */
+static bool ts_after(const struct timespec *a, const struct timespec *b)
+{
+    return a->tv_sec != b->tv_sec ? a->tv_sec > b->tv_sec : a->tv_nsec > b->tv_nsec;
+}
+
+/* The file a commit of ios starts from, on a remote file system whose
+ * name of the block file shows another file than the one the record
+ * (rec) names: the recorded file through its second name
+ * (REF_INFIX), when that finds the recorded inode, at least the recorded
+ * size, and the name's file (src, stat st) is not newer. GlusterFS's
+ * client showed, for seconds, the file that the last commit had replaced,
+ * to the very process (and host) that had renamed the recorded file over
+ * it, and a fresh lookup, a forced stat and a readdir all showed the same
+ * (its lookups answered from the replaced file's cached attributes), so
+ * a rank's next shard commit of its own block was refused after 3 s. The
+ * second name was linked by the commit that made the file and is never
+ * renamed over, so no client has an older file under it. A newer file
+ * under the name was put there outside the protocol (a commit without the
+ * lock, a hand): left to false_view. Returns the fd to start from (src,
+ * or the recorded file's, src closed; *st its stat). */
+static int recorded_file(struct posix_backend *p, const char *rel, const struct lock_record *rec,
+                         int src, struct stat *st, struct sfs_io **ios, size_t k, uint64_t S,
+                         bool last)
+{
+    char ref[PATH_REL_MAX];
+    struct stat rs;
+    int fd;
+
+    /* A rename pending: the file from before it is trusted on the last
+     * try only (false_view), then also through its second name. */
+    if (rec->pend_ino && (!last || (uint64_t)st->st_ino == rec->pend_ino))
+        return src;
+    if (!p->remote_fs || rec->size == 0 || (uint64_t)st->st_ino == rec->ino ||
+        !keeps_old(ios, k, rec->size, S) || sfs_posix_ref_rel(rel, rec->ino, ref) < 0)
+        return src;
+    fd = sfs_posix_open_block_file(p, ref, O_RDONLY);
+    if (fd < 0)
+        return src;
+    if (fstat(fd, &rs) < 0 || (uint64_t)rs.st_ino != rec->ino || (uint64_t)rs.st_size < rec->size ||
+        ts_after(&st->st_mtim, &rs.st_mtim)) {
+        close(fd);
+        return src;
+    }
+    close(src);
+    *st = rs;
+    return fd;
+}
+
+/* Unlink the second names of the files rec names, but the one of inode
+ * keep (the file just committed): the commit replaced them. */
+static void drop_refs(struct posix_backend *p, const char *rel, const struct lock_record *rec,
+                      uint64_t keep)
+{
+    uint64_t inos[2] = {rec->size ? rec->ino : 0, rec->pend_ino};
+    char ref[PATH_REL_MAX];
+
+    for (int i = 0; i < 2; i++) {
+        if (inos[i] && inos[i] != keep && sfs_posix_ref_rel(rel, inos[i], ref) == 0)
+            unlinkat(p->root_fd, ref, 0);
+    }
+}
+
 /* Copy what the commit keeps of the first len bytes of src into the empty
  * dst: dst is sized to len (reading as zeros), then the data extents of
  * src that no shard of ios overwrites are copied. A dump of whole blocks
@@ -296,8 +366,9 @@ static int commit_block_once(struct posix_backend *p, const struct sfs_block_id 
                              struct sfs_io **ios, size_t k, uint32_t cut_shard,
                              struct posix_job *gate, bool last, bool *gated)
 {
-    char rel[PATH_REL_MAX], lock[PATH_REL_MAX], tmp[PATH_REL_MAX];
+    char rel[PATH_REL_MAX], lock[PATH_REL_MAX], tmp[PATH_REL_MAX], ref[PATH_REL_MAX];
     uint64_t S = p->be.shard_size, keep = 0, size;
+    bool linked = false;
     struct lock_record rec;
     bool have_rec = false;
     size_t dlen = sfs_posix_block_rel(p, id, false, rel);
@@ -353,6 +424,8 @@ static int commit_block_once(struct posix_backend *p, const struct sfs_block_id 
         close(src);
         goto out_unlink_tmp;
     }
+    if (src >= 0 && have_rec)
+        src = recorded_file(p, rel, &rec, src, &st, ios, k, S, last);
     if (false_view(p, rel, have_rec ? &rec : NULL, src, &st, ios, k, S, last)) {
         /* Not the file the last commit under the lock left (see the
          * header): look it up again (commit_block), and once the retries
@@ -422,8 +495,11 @@ static int commit_block_once(struct posix_backend *p, const struct sfs_block_id 
             ret = -errno;
             goto out_unlink_tmp;
         }
-        if (lfd >= 0 && p->remote_fs)
+        if (lfd >= 0 && p->remote_fs) {
             sfs_posix_lock_record_write(lfd, &(struct lock_record){.magic = LOCK_RECORD_MAGIC});
+            if (have_rec)
+                drop_refs(p, rel, &rec, 0);
+        }
         ret = 0;
         goto out_unlink_tmp;
     }
@@ -455,6 +531,10 @@ static int commit_block_once(struct posix_backend *p, const struct sfs_block_id 
     if (lfd >= 0 && p->remote_fs && fstat(fd, &st) == 0) {
         struct lock_record r = have_rec ? rec : (struct lock_record){.magic = LOCK_RECORD_MAGIC};
 
+        /* Its second name, for the next commit (recorded_file); best
+         * effort: without it, that commit goes by the name alone. */
+        linked = sfs_posix_ref_rel(rel, (uint64_t)st.st_ino, ref) == 0 &&
+                 linkat(p->root_fd, tmp, p->root_fd, ref, 0) == 0;
         r.pend_size = size;
         r.pend_ino = (uint64_t)st.st_ino;
         sfs_posix_lock_record_write(lfd, &r);
@@ -467,14 +547,19 @@ static int commit_block_once(struct posix_backend *p, const struct sfs_block_id 
         }
     }
     SFS_TEST_POINT("commit:renamed");
-    if (lfd >= 0 && p->remote_fs && fstat(fd, &st) == 0)
+    if (lfd >= 0 && p->remote_fs && fstat(fd, &st) == 0) {
         sfs_posix_lock_record_write(
             lfd, &(struct lock_record){LOCK_RECORD_MAGIC, size, (uint64_t)st.st_ino, 0, 0});
+        if (have_rec)
+            drop_refs(p, rel, &rec, (uint64_t)st.st_ino);
+    }
     ret = p->o.sync ? sfs_posix_sync_dir(p, rel, dlen) : 0;
     close(fd);
     goto out_unlock;
 
 out_unlink_tmp:
+    if (linked)
+        unlinkat(p->root_fd, ref, 0);
     unlinkat(p->root_fd, tmp, 0);
     close(fd);
 out_unlock:

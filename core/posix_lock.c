@@ -378,8 +378,16 @@ int sfs_posix_create_tmp(struct posix_backend *p, const char *rel, char tmp[PATH
     return -EEXIST;
 }
 
-/* Is name (an entry of a block directory) a temporary, lock or owner file
- * of a block: <32 hex>.tmp.*, <32 hex>.lock or <32 hex>.own? */
+int sfs_posix_ref_rel(const char *rel, uint64_t ino, char out[PATH_REL_MAX])
+{
+    int n = snprintf(out, PATH_REL_MAX, "%s" REF_INFIX "%016llx", rel, (unsigned long long)ino);
+
+    return n < 0 || n >= PATH_REL_MAX ? -ENAMETOOLONG : 0;
+}
+
+/* Is name (an entry of a block directory) a temporary, second, lock or
+ * owner file of a block: <32 hex>.tmp.*, <32 hex>.ref.*, <32 hex>.lock or
+ * <32 hex>.own? */
 static bool is_commit_leftover(const char *name)
 {
     for (int i = 0; i < SFS_BLOCK_HEX_LEN; i++) {
@@ -389,12 +397,13 @@ static bool is_commit_leftover(const char *name)
             return false;
     }
     return strncmp(name + SFS_BLOCK_HEX_LEN, TMP_INFIX, sizeof(TMP_INFIX) - 1) == 0 ||
+           strncmp(name + SFS_BLOCK_HEX_LEN, REF_INFIX, sizeof(REF_INFIX) - 1) == 0 ||
            strcmp(name + SFS_BLOCK_HEX_LEN, ".lock") == 0 ||
            strcmp(name + SFS_BLOCK_HEX_LEN, OWN_SUFFIX) == 0;
 }
 
 /*
- * Remove the temporary and lock files of the block directory dir whose
+ * Remove the temporary, second and lock files of the block directory dir whose
  * mtime is more than tmp_age before now_ref. now_ref is the mtime of the
  * temporary file the caller just created: the file system's own clock, so
  * hosts whose clocks differ agree on ages. At most once per tmp_age / 4 per

@@ -31,6 +31,10 @@
 #define LOCK_POLL_MAX_NS (5ll * 1000000000)
 /* Temporary names: <file>.tmp.<host>.<pid>.<seq>. */
 #define TMP_INFIX ".tmp."
+/* On a remote file system, a second name of each committed block file:
+ * <file>.ref.<its inode, 16 hex>, linked before its rename, unlinked by
+ * the commit that replaces it (posix_commit.c: a stale view of the name). */
+#define REF_INFIX ".ref."
 /* A temporary or lock file is stale when older than this many deadlines,
  * and never younger than TMP_AGE_MIN_NS. */
 #define TMP_AGE_DEADLINES 20
@@ -88,6 +92,9 @@ bool sfs_posix_own_block(struct posix_backend *p, const char *lock_rel,
                          const struct timespec *now_ref, char token[OWN_TOKEN_MAX]);
 /* Remove the owner file if it still holds token. */
 void sfs_posix_disown_block(struct posix_backend *p, const char *lock_rel, const char *token);
+/* The second name of block path rel's file of inode ino (REF_INFIX): 0,
+ * or -ENAMETOOLONG. */
+int sfs_posix_ref_rel(const char *rel, uint64_t ino, char out[PATH_REL_MAX]);
 /* This writer's own temporary file for block path rel, created exclusively
  * (name in tmp). The fd or -errno. */
 int sfs_posix_create_tmp(struct posix_backend *p, const char *rel, char tmp[PATH_REL_MAX]);

@@ -1352,6 +1352,95 @@ Test(backend, posix_remote_holder_killed_mid_commit_is_no_refusal, .timeout = 60
     free(buf);
 }
 
+/* The name of the block file shows, to every open of the committing
+ * host, the file the last commit replaced (GlusterFS's client did, for
+ * seconds, to the process that had renamed the new file over it). Here:
+ * at the commit's open, the block file is moved aside and a link to the
+ * version before it (kept for this) put in its place, for every try. */
+struct older_view {
+    char block[400], aside[420], older[420];
+    int hits;
+};
+
+static void tp_older_view(const char *name, void *arg)
+{
+    struct older_view *v = arg;
+
+    (void)name;
+    if (v->hits++ == 0) {
+        rename(v->block, v->aside);
+        link(v->older, v->block);
+    }
+}
+
+/*
+ * A shard commit of a block whose name shows an older file than the one
+ * the lock's record names, for longer than the retries last: the commit
+ * starts from the recorded file (through its second name, which the
+ * commit that made it linked) and keeps its shards, at once. Without the
+ * second name it retried for 3 s and was refused (-EIO): a rank's commit
+ * of its own block, given up after 3 s of stale handles, on GlusterFS.
+ */
+Test(backend, posix_remote_older_view_keeps_recorded_shards, .timeout = 60)
+{
+    struct sfs_backend_params bp = {.shard_size = S_SMALL, .timeout_ms = 10000};
+    struct sfs_block_id id = mkid(24);
+    char err[256] = "", locks[300], *buf = malloc(S_SMALL);
+    static struct older_view v;
+    struct sfs_backend *be;
+    int e = 0;
+
+    /* As on GlusterFS: remote, locked on the host. */
+    snprintf(locks, sizeof(locks), "%s.locks", g_root);
+    setenv("SHARDFS_POSIX_REMOTE", "1", 1);
+    setenv("SHARDFS_POSIX_HOST_LOCKS", "1", 1);
+    setenv("SHARDFS_LOCK_DIR", locks, 1);
+    be = sfs_backend_open(g_root, &bp, err, sizeof(err), &e);
+    unsetenv("SHARDFS_POSIX_REMOTE");
+    unsetenv("SHARDFS_POSIX_HOST_LOCKS");
+    unsetenv("SHARDFS_LOCK_DIR");
+    cr_assert_not_null(be, "%s", err);
+    block_path(0, &id, v.block, sizeof(v.block), false);
+    snprintf(v.aside, sizeof(v.aside), "%s.aside", v.block);
+    snprintf(v.older, sizeof(v.older), "%s.older", v.block);
+    /* Shard by shard, as a rank commits; the version of shards 0-1 kept. */
+    for (uint32_t s = 0; s < 3; s++) {
+        struct sfs_key k = mkkey(24, s);
+
+        fill(&id, s, 1, buf, S_SMALL);
+        cr_assert_eq(sfs_backend_dump_sync(be, &k, buf, S_SMALL), (int)S_SMALL);
+        if (s == 1)
+            cr_assert_eq(link(v.block, v.older), 0);
+    }
+
+    cr_assert_eq(sfs_testpoint_arm("commit:open_committed", SFS_TP_CALL, tp_older_view, &v), 0);
+    {
+        struct sfs_key k = mkkey(24, 3);
+        struct timespec t0, t1;
+
+        fill(&id, 3, 1, buf, S_SMALL);
+        clock_gettime(CLOCK_MONOTONIC, &t0);
+        cr_assert_eq(sfs_backend_dump_sync(be, &k, buf, S_SMALL), (int)S_SMALL,
+                     "the commit was refused: it went by the older file");
+        clock_gettime(CLOCK_MONOTONIC, &t1);
+        cr_assert_lt(t1.tv_sec - t0.tv_sec, 2, "the commit waited for the name");
+    }
+    sfs_testpoint_disarm_all();
+    cr_assert_eq(v.hits, 1, "the commit looked at the block %d times", v.hits);
+    for (uint32_t s = 0; s < 4; s++) {
+        struct sfs_key k = mkkey(24, s);
+
+        memset(buf, 0, S_SMALL);
+        cr_assert_eq(sfs_backend_load_sync(be, &k, buf, S_SMALL), (int)S_SMALL, "shard %u", s);
+        cr_assert(matches(&id, s, 1, buf, S_SMALL), "shard %u lost", s);
+    }
+    sfs_backend_close(be);
+    unlink(v.aside);
+    unlink(v.older);
+    rmdir(locks);
+    free(buf);
+}
+
 /* At the commit's open of the committed file (the block lock held): is the
  * one file in the host's lock directory locked (a second flock of it would
  * block), and the store's lock file not? */
