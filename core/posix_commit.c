@@ -14,9 +14,10 @@
  *      kernel, and given up after a quarter of the deadline);
  *   2. create this writer's own temporary file exclusively (O_EXCL):
  *      <file>.tmp.<host>.<pid>.<seq>; no other writer, on any host, ever
- *      opens it, so nobody truncates or writes it under us; on a FUSE
- *      store (whose lock is the host's) create <file>.own exclusively too,
- *      which keeps other hosts' writers out (posix_lock.c);
+ *      opens it, so nobody truncates or writes it under us (on a FUSE
+ *      store, whose lock is the host's, <file>.own is created exclusively
+ *      first, under the host lock, which keeps other hosts' writers out:
+ *      posix_lock.c);
  *   3. copy the committed block file into it: sized to the committed size
  *      first, then only its data extents (SEEK_DATA / SEEK_HOLE, each with
  *      copy_file_range) that the new shards do not overwrite, so holes
@@ -393,9 +394,11 @@ static int commit_block_once(struct posix_backend *p, const struct sfs_block_id 
     }
 
     if (p->host_lock_fd >= 0) {
-        /* A FUSE store: the lock is the host's (posix_lock.c), the store's
-         * lock file holds only the record. */
+        /* A FUSE store: the lock is the host's (posix_lock.c), the owner
+         * file keeps other hosts' writers out, and the store's lock file
+         * holds only the record, read once both are held. */
         hfd = sfs_posix_host_lock(p, lock, hname);
+        owned = hfd >= 0 && sfs_posix_own_block(p, lock, token);
         lfd = hfd >= 0 ? sfs_posix_open_record(p, lock) : -1;
     } else {
         lfd = sfs_posix_lock_block(p, lock);
@@ -407,13 +410,8 @@ static int commit_block_once(struct posix_backend *p, const struct sfs_block_id 
         ret = fd;
         goto out_unlock;
     }
-    if (fstat(fd, &st) == 0) {
+    if (fstat(fd, &st) == 0)
         sfs_posix_sweep_dir(p, rel, dlen, &st.st_mtim);
-        /* The host lock keeps this host's writers out; the owner file
-         * those of other hosts (posix_lock.c). */
-        if (hfd >= 0)
-            owned = sfs_posix_own_block(p, lock, &st.st_mtim, token);
-    }
     /* The committed block is read as the loads read it: beneath the root,
      * regular files only, never waiting on a FIFO. */
     SFS_TEST_POINT("commit:open_committed");

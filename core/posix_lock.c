@@ -238,15 +238,17 @@ int sfs_posix_open_record(struct posix_backend *p, const char *lock_rel)
  * an exclusive create is decided by the file system's servers (on
  * GlusterFS, by the brick), so it crosses clients without a lock request,
  * and a writer killed while it waits for one has nothing in the client to
- * wedge. What it holds: "<host> <lock domain> <pid> <seq>". An owner file
- * of this host's lock domain is stale (its writer is gone: the host lock
- * we hold was its); one of another host is waited for, and broken once it
- * is older than half that wait, so a dead writer's is always broken before
- * the wait ends (a live commit holds it for milliseconds: its writer is
- * dead, or stopped, or very slow, and then the commit is as without it).
- * Ages are the file system's clock, as the sweep's. A client that still
- * caches the name of an owner file already removed answers EEXIST until
- * its entry times out (about 1 s on GlusterFS): the wait covers it.
+ * wedge. What it holds: "<host> <lock domain> <pid> <seq>", new for every
+ * commit. An owner file of this host's lock domain is stale (its writer
+ * is gone: the host lock we hold was its); one of another host is waited
+ * for, and broken once the waiter has seen the same one for half its
+ * wait, so a dead writer's is always broken before the wait ends (a live
+ * commit holds it for milliseconds: its writer is dead, or stopped, or
+ * very slow, and then the commit is as without it). No clock is compared
+ * across hosts: only what the waiter itself saw, and for how long. A
+ * client that still caches the name of an owner file already removed
+ * answers EEXIST until its entry times out (about 1 s on GlusterFS): the
+ * wait covers it.
  */
 static void own_name(const char *lock_rel, char out[PATH_REL_MAX])
 {
@@ -256,21 +258,16 @@ static void own_name(const char *lock_rel, char out[PATH_REL_MAX])
     memcpy(out + n, OWN_SUFFIX, sizeof(OWN_SUFFIX));
 }
 
-/* What the owner file own holds (NUL-terminated in buf) and its mtime; false
- * when it cannot be read (gone meanwhile, or a stale handle). */
-static bool own_read(struct posix_backend *p, const char *own, char buf[OWN_TOKEN_MAX],
-                     struct timespec *mtime)
+/* What the owner file own holds, NUL-terminated in buf; false when it
+ * cannot be read (gone meanwhile, or a stale handle). */
+static bool own_read(struct posix_backend *p, const char *own, char buf[OWN_TOKEN_MAX])
 {
     int fd = openat(p->root_fd, own, O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
-    struct stat st;
-    ssize_t n = -1;
+    ssize_t n;
 
     if (fd < 0)
         return false;
-    if (fstat(fd, &st) == 0 && S_ISREG(st.st_mode)) {
-        n = pread(fd, buf, OWN_TOKEN_MAX - 1, 0);
-        *mtime = st.st_mtim;
-    }
+    n = pread(fd, buf, OWN_TOKEN_MAX - 1, 0);
     close(fd);
     if (n < 0)
         return false;
@@ -278,27 +275,21 @@ static bool own_read(struct posix_backend *p, const char *own, char buf[OWN_TOKE
     return true;
 }
 
-/* Is the owner file own (its text and mtime) left by a writer of this
- * host's lock domain, or older than max_age_ns? Its age: on the file
- * system's clock at now_ref, plus the waited_ns since. */
-static bool own_stale(struct posix_backend *p, const char *text, const struct timespec *mtime,
-                      const struct timespec *now_ref, int64_t waited_ns, int64_t max_age_ns)
+/* Was the owner file whose text is text made by a writer of this host's
+ * lock domain? */
+static bool own_ours(struct posix_backend *p, const char *text)
 {
     char ours[POSIX_HOST_MAX + 24];
-    int64_t age = (now_ref->tv_sec - mtime->tv_sec) * 1000000000ll +
-                  (now_ref->tv_nsec - mtime->tv_nsec) + waited_ns;
     int n =
         snprintf(ours, sizeof(ours), "%s %016llx ", p->host, (unsigned long long)p->lock_domain);
 
-    return strncmp(text, ours, (size_t)n) == 0 || age > max_age_ns;
+    return strncmp(text, ours, (size_t)n) == 0;
 }
 
-bool sfs_posix_own_block(struct posix_backend *p, const char *lock_rel,
-                         const struct timespec *now_ref, char token[OWN_TOKEN_MAX])
+bool sfs_posix_own_block(struct posix_backend *p, const char *lock_rel, char token[OWN_TOKEN_MAX])
 {
-    int64_t budget = (int64_t)p->o.timeout_ms * 1000000 / 4, start = sfs_now_ns();
-    char own[PATH_REL_MAX], seen[OWN_TOKEN_MAX];
-    struct timespec mtime;
+    int64_t budget = (int64_t)p->o.timeout_ms * 1000000 / 4, start = sfs_now_ns(), since = 0;
+    char own[PATH_REL_MAX], seen[OWN_TOKEN_MAX], last[OWN_TOKEN_MAX] = "";
     uint64_t seq;
     unsigned us = 0;
     int n;
@@ -311,8 +302,8 @@ bool sfs_posix_own_block(struct posix_backend *p, const char *lock_rel,
     n = snprintf(token, OWN_TOKEN_MAX, "%s %016llx %ld %llu\n", p->host,
                  (unsigned long long)p->lock_domain, (long)getpid(), (unsigned long long)seq);
     for (;;) {
-        int fd =
-            openat(p->root_fd, own, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC | O_NOFOLLOW, 0644);
+        int fd = openat(p->root_fd, own, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC | O_NOFOLLOW,
+                        0644);
 
         if (fd >= 0) {
             bool ok = write(fd, token, (size_t)n) == n;
@@ -326,17 +317,25 @@ bool sfs_posix_own_block(struct posix_backend *p, const char *lock_rel,
         if (errno != EEXIST && errno != ESTALE)
             return false; /* not allowed here, say: as without */
         SFS_TEST_POINT("own:taken");
-        if (errno == EEXIST && own_read(p, own, seen, &mtime) &&
-            own_stale(p, seen, &mtime, now_ref, sfs_now_ns() - start, budget / 2)) {
-            char again[OWN_TOKEN_MAX];
+        if (errno == EEXIST && own_read(p, own, seen)) {
+            int64_t now = sfs_now_ns();
 
-            /* Broken only if it is still the one judged stale. */
-            if (own_read(p, own, again, &mtime) && strcmp(again, seen) == 0) {
-                sfs_log(LOG_INFO, "posix: %s: broke a stale owner file (%.*s)", own,
-                        (int)strcspn(seen, "\n"), seen);
-                unlinkat(p->root_fd, own, 0);
+            if (strcmp(seen, last) != 0) {
+                /* Another owner since we last looked: its time starts now. */
+                memcpy(last, seen, sizeof(last));
+                since = now;
             }
-            continue;
+            if (own_ours(p, seen) || (seen[0] && now - since >= budget / 2)) {
+                char again[OWN_TOKEN_MAX];
+
+                /* Broken only if it is still the one judged stale. */
+                if (own_read(p, own, again) && strcmp(again, seen) == 0) {
+                    sfs_log(LOG_INFO, "posix: %s: broke a stale owner file (%.*s)", own,
+                            (int)strcspn(seen, "\n"), seen);
+                    unlinkat(p->root_fd, own, 0);
+                }
+                continue;
+            }
         }
         if (!sfs_posix_stale_backoff(start, budget, &us))
             return false;
@@ -346,10 +345,9 @@ bool sfs_posix_own_block(struct posix_backend *p, const char *lock_rel,
 void sfs_posix_disown_block(struct posix_backend *p, const char *lock_rel, const char *token)
 {
     char own[PATH_REL_MAX], seen[OWN_TOKEN_MAX];
-    struct timespec mtime;
 
     own_name(lock_rel, own);
-    if (own_read(p, own, seen, &mtime) && strcmp(seen, token) == 0)
+    if (own_read(p, own, seen) && strcmp(seen, token) == 0)
         unlinkat(p->root_fd, own, 0);
 }
 

@@ -81,15 +81,14 @@ int sfs_posix_open_record(struct posix_backend *p, const char *lock_rel);
  * what keeps writers on other hosts out without a lock request (below). */
 #define OWN_SUFFIX    ".own"
 #define OWN_TOKEN_MAX 128
-/* Under the host lock (lock_rel's block), with now_ref the file system's
- * clock (the mtime of the caller's new temporary file): create the owner
- * file exclusively, waiting while another host's is there, for at most a
+/* Under the host lock (lock_rel's block): create the owner file
+ * exclusively, waiting while another host's is there, for at most a
  * quarter of the deadline (LOCK_POLL_MAX_NS at most); one of this host's
- * lock domain (its holder is gone: we hold the host lock) or one older
- * than half that wait is broken. True when owned (token: what it holds); false:
- * the commit goes on without it, as where no lock crosses hosts. */
-bool sfs_posix_own_block(struct posix_backend *p, const char *lock_rel,
-                         const struct timespec *now_ref, char token[OWN_TOKEN_MAX]);
+ * lock domain (its holder is gone: we hold the host lock), or one seen
+ * unchanged for half that wait, is broken. True when owned (token: what
+ * it holds); false: the commit goes on without it, as where no lock
+ * crosses hosts. */
+bool sfs_posix_own_block(struct posix_backend *p, const char *lock_rel, char token[OWN_TOKEN_MAX]);
 /* Remove the owner file if it still holds token. */
 void sfs_posix_disown_block(struct posix_backend *p, const char *lock_rel, const char *token);
 /* The second name of block path rel's file of inode ino (REF_INFIX): 0,

@@ -219,9 +219,8 @@ static int writer_main(const struct hosts *H, int h, uint64_t writer)
  * its own posix backend on the host's path): dumps its two blocks whole,
  * one task of NSH entries each, in turn, until killed; with shared_block
  * one of the two is the other host's rank's too, so two hosts commit
- * shards of one block at once (the local directory only: on GlusterFS
- * such commits are refused now and then, docs/shared-store.md, Not
- * done). A rank's dump is write-through, one commit per shard: a kill
+ * shards of one block at once (their host locks differ; on a FUSE store
+ * the owner file keeps them apart). A rank's dump is write-through, one commit per shard: a kill
  * mid-task, or the other host's commits in between, leave a block whose
  * shards are of several dumps (each shard whole), so the end checks allow
  * that for these blocks. */
@@ -989,7 +988,10 @@ static void gluster_suite(int replica)
      * name, docs/shared-store.md); SFS_TEST_GLUSTER_RANK_WRITERS=0 leaves
      * them out. */
     const char *rw = getenv("SFS_TEST_GLUSTER_RANK_WRITERS");
-    struct hosts H = {.seconds = 8, .rank_writers = !rw || strcmp(rw, "0") != 0};
+    bool ranks = !rw || strcmp(rw, "0") != 0;
+    /* And the two hosts' ranks share a block, since the owner file keeps
+     * one host's shard commits of it out while the other's runs. */
+    struct hosts H = {.seconds = 8, .rank_writers = ranks, .shared_block = ranks};
     char why[300] = "", base[300];
     int up = glfx_up(&g, replica, why, sizeof(why)), rc = -1;
 
