@@ -302,8 +302,8 @@ bool sfs_posix_own_block(struct posix_backend *p, const char *lock_rel, char tok
     n = snprintf(token, OWN_TOKEN_MAX, "%s %016llx %ld %llu\n", p->host,
                  (unsigned long long)p->lock_domain, (long)getpid(), (unsigned long long)seq);
     for (;;) {
-        int fd = openat(p->root_fd, own, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC | O_NOFOLLOW,
-                        0644);
+        int fd =
+            openat(p->root_fd, own, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC | O_NOFOLLOW, 0644);
 
         if (fd >= 0) {
             bool ok = write(fd, token, (size_t)n) == n;

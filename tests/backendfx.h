@@ -56,7 +56,7 @@ static inline struct sfs_key mkkey(uint64_t block, uint32_t shard)
 
 /* The bytes of (block, shard) at `version`. */
 static inline void fill(const struct sfs_block_id *id, uint32_t shard, uint32_t version, void *buf,
-                 size_t len)
+                        size_t len)
 {
     uint64_t st, w;
     uint8_t *p = buf;
@@ -70,7 +70,7 @@ static inline void fill(const struct sfs_block_id *id, uint32_t shard, uint32_t 
 }
 
 static inline bool matches(const struct sfs_block_id *id, uint32_t shard, uint32_t version,
-                    const void *buf, size_t len)
+                           const void *buf, size_t len)
 {
     void *want = malloc(len);
     bool ok;
@@ -112,8 +112,8 @@ static inline void rmroot(void)
     g_root[0] = '\0';
 }
 
-static inline void block_path(unsigned dir_prefix, const struct sfs_block_id *id, char *out, size_t len,
-                       bool mkdirs)
+static inline void block_path(unsigned dir_prefix, const struct sfs_block_id *id, char *out,
+                              size_t len, bool mkdirs)
 {
     char h[33], dir[300];
 
@@ -178,7 +178,8 @@ static inline struct sfs_backend *open_be(const char *spec, uint64_t S, bool ro)
 }
 
 /* open_be (S_SMALL shards, writable) on the spec fmt formats. */
-__attribute__((format(printf, 1, 2))) static inline struct sfs_backend *open_spec(const char *fmt, ...)
+__attribute__((format(printf, 1, 2))) static inline struct sfs_backend *open_spec(const char *fmt,
+                                                                                  ...)
 {
     char spec[400];
     va_list ap;

@@ -120,7 +120,6 @@ static int64_t mono_ns(void)
     return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
 }
 
-
 /* Load nblocks x nshards keys in one batch and check every byte. */
 static void load_all_and_check(struct sfs_backend *be, uint64_t nblocks, uint32_t nshards,
                                uint32_t S)
