@@ -34,6 +34,15 @@
  * a uniform and a Zipf(0.99) trace, per ways and load factor (distinct keys
  * / slots).
  *
+ * Placement: with two CPUs or more the server's child runs on the last CPU
+ * and this client on CPU 0, as two hosts each have their own: sharing one,
+ * the client's copy and checksum, the server's send and the veth's softirqs
+ * take turns, and which passes share one moved from run to run (a get's
+ * second half 37-47 us in some runs, 107-119 in others, the raw baseline's
+ * likewise). Both servers are in the child, so the peer get and the raw
+ * baseline are placed alike. SFS_BENCH_PEER_NOPIN=1 leaves placement to
+ * the scheduler.
+ *
  * Needs root and the `ip` tool: exit 77 with a message without them.
  */
 #include "bench_util.h"
@@ -287,6 +296,18 @@ static void *raw_accept(void *arg)
  * The server (child, namespace A): the region, the peer server, the raw
  * server. Writes one byte to `ready` when serving; exits when `quit` closes.
  */
+/* Run this process on cpu alone (the placement above): true when it does. */
+static bool pin_to(long cpu)
+{
+    cpu_set_t set;
+
+    if (cpu < 0 || getenv("SFS_BENCH_PEER_NOPIN") || sysconf(_SC_NPROCESSORS_ONLN) < 2)
+        return false;
+    CPU_ZERO(&set);
+    CPU_SET((int)cpu, &set);
+    return sched_setaffinity(0, sizeof(set), &set) == 0;
+}
+
 static int server_main(int ready, int quit)
 {
     struct peer_geometry g;
@@ -718,6 +739,7 @@ int main(int argc, char **argv)
 {
     struct bench b;
     int rc = bench_init(&b, "bench_peer", argc, argv), ready[2], quit[2], st = 0;
+    bool pinned = false;
     const unsigned rounds = b.quick ? 2 : 11, reps = b.quick ? 1 : 4;
     const uint32_t npages = b.quick ? 16 : 64;
     struct result res[NPASS][16];
@@ -754,8 +776,10 @@ int main(int argc, char **argv)
     if (pid == 0) {
         close(ready[0]);
         close(quit[1]);
+        pin_to(sysconf(_SC_NPROCESSORS_ONLN) - 1);
         _exit(server_main(ready[1], quit[0]));
     }
+    pinned = pin_to(0);
     close(ready[1]);
     close(quit[0]);
     {
@@ -852,8 +876,10 @@ int main(int argc, char **argv)
                 "pair), against a plain socket server in the same namespace sending the same "
                 "bytes, same run; %u pages x %u per pass, %u rounds interleaved; medians. Wire "
                 "= the veth's rx+tx bytes (Ethernet, IP and TCP headers included) / payload "
-                "bytes. Syscalls = send + recv + poll per page.\n\n",
-                nids, reps, rounds);
+                "bytes. Syscalls = send + recv + poll per page. %s\n\n",
+                nids, reps, rounds,
+                pinned ? "The client on CPU 0, both servers on the last CPU, as two hosts."
+                       : "Placement left to the scheduler (SFS_BENCH_PEER_NOPIN, or one CPU).");
         fprintf(b.out, "| pass | GB/s | us/page | wire amplification | client syscalls/page | "
                        "server syscalls/page |\n|---|---|---|---|---|---|\n");
         for (int p = 0; p < NPASS; p++)
