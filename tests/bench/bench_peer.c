@@ -215,36 +215,12 @@ static uint64_t wire_bytes(void)
  */
 static int full_send(int fd, const void *b, size_t n)
 {
-    const uint8_t *p = b;
-
-    while (n) {
-        ssize_t w = send(fd, p, n, MSG_NOSIGNAL);
-
-        if (w < 0 && errno == EINTR)
-            continue;
-        if (w <= 0)
-            return -1;
-        p += w;
-        n -= (size_t)w;
-    }
-    return 0;
+    return bench_full_io(fd, (void *)b, n, true);
 }
 
 static int full_recv(int fd, void *b, size_t n)
 {
-    uint8_t *p = b;
-
-    while (n) {
-        ssize_t r = recv(fd, p, n, 0);
-
-        if (r < 0 && errno == EINTR)
-            continue;
-        if (r <= 0)
-            return -1;
-        p += r;
-        n -= (size_t)r;
-    }
-    return 0;
+    return bench_full_io(fd, b, n, false);
 }
 
 struct raw_req {

@@ -33,23 +33,6 @@
 
 static uint8_t *pages; /* the raw server's copy, NPAGES x PAGE */
 
-static int full_io(int fd, void *b, size_t n, bool tx)
-{
-    uint8_t *p = b;
-
-    while (n) {
-        ssize_t r = tx ? send(fd, p, n, MSG_NOSIGNAL) : recv(fd, p, n, 0);
-
-        if (r < 0 && errno == EINTR)
-            continue;
-        if (r <= 0)
-            return -1;
-        p += r;
-        n -= (size_t)r;
-    }
-    return 0;
-}
-
 /* One connection: a 64-byte request naming a page, the page back. */
 static void *raw_main(void *arg)
 {
@@ -59,8 +42,8 @@ static void *raw_main(void *arg)
     if (fd < 0)
         return NULL;
     setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
-    while (full_io(fd, q, sizeof(q), false) == 0 && q[0] < NPAGES)
-        if (full_io(fd, pages + (size_t)q[0] * PAGE, PAGE, true) < 0)
+    while (bench_full_io(fd, q, sizeof(q), false) == 0 && q[0] < NPAGES)
+        if (bench_full_io(fd, pages + (size_t)q[0] * PAGE, PAGE, true) < 0)
             break;
     close(fd);
     return NULL;
@@ -148,8 +131,8 @@ int main(int argc, char **argv)
                 uint32_t q[16] = {i};
 
                 if (peer ? peer_conn_get(&c, addr, 5000, &h[i], PAGE, buf) != PEER_HIT
-                         : full_io(rfd, q, sizeof(q), true) < 0 ||
-                               full_io(rfd, buf, PAGE, false) < 0) {
+                         : bench_full_io(rfd, q, sizeof(q), true) < 0 ||
+                               bench_full_io(rfd, buf, PAGE, false) < 0) {
                     fprintf(stderr, "bench_peer_lo: %s: page %u missed\n", peer ? "peer" : "raw",
                             i);
                     return 1;

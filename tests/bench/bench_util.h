@@ -31,6 +31,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/resource.h>
+#include <sys/socket.h>
 #include <sys/utsname.h>
 #include <sys/wait.h>
 #include <time.h>
@@ -107,6 +108,25 @@ static inline double bench_median(double *v, size_t n)
         return 0;
     qsort(v, n, sizeof(*v), bench_cmp_double);
     return n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
+}
+
+/* All n bytes to (tx) or from fd, blocking (the raw TCP baselines): 0, or
+ * -1 on an error or end of stream. */
+static inline int bench_full_io(int fd, void *b, size_t n, bool tx)
+{
+    uint8_t *p = b;
+
+    while (n) {
+        ssize_t r = tx ? send(fd, p, n, MSG_NOSIGNAL) : recv(fd, p, n, 0);
+
+        if (r < 0 && errno == EINTR)
+            continue;
+        if (r <= 0)
+            return -1;
+        p += r;
+        n -= (size_t)r;
+    }
+    return 0;
 }
 
 static inline void bench_usage(const char *prog)
