@@ -446,12 +446,13 @@ static struct sfs_backend *fuse_host_be(const struct sfs_backend_params *bp, con
     return be;
 }
 
-/* Another host (lock directory g_root.hostA), forked, dumps shard 1 of block
- * b as version 2 and stops or dies at commit:written: its copy of the block
- * made and its shard written, its record and rename to come. Returns its
- * pid, stopped or dead (status in *st). */
-static pid_t other_host_mid_commit(const struct sfs_backend_params *bp, uint64_t b,
-                                   enum sfs_tp_action act, char *buf, int *st)
+/* A writer of the "host" whose lock directory is g_root<host>, forked,
+ * dumps shard 1 of block b as `version` and stops or dies at
+ * commit:written: its copy of the block made and its shard written, its
+ * record and rename to come. Returns its pid, stopped or dead (status in
+ * *st). */
+static pid_t host_mid_commit(const struct sfs_backend_params *bp, const char *host, uint64_t b,
+                             uint32_t version, enum sfs_tp_action act, char *buf, int *st)
 {
     pid_t pid = fork();
 
@@ -459,12 +460,12 @@ static pid_t other_host_mid_commit(const struct sfs_backend_params *bp, uint64_t
         struct sfs_block_id id = mkid(b);
         struct sfs_key k = mkkey(b, 1);
         char dir[300];
-        struct sfs_backend *be = fuse_host_be(bp, ".hostA", dir);
+        struct sfs_backend *be = fuse_host_be(bp, host, dir);
 
         if (!be)
             _exit(2);
         sfs_testpoint_arm("commit:written", act, NULL, NULL);
-        fill(&id, 1, 2, buf, S_SMALL);
+        fill(&id, 1, version, buf, S_SMALL);
         _exit(sfs_backend_dump_sync(be, &k, buf, S_SMALL) == (int)S_SMALL ? 0 : 3);
     }
     waitpid(pid, st, WUNTRACED);
@@ -528,7 +529,7 @@ Test(backend, posix_fuse_store_hosts_exclude_each_other, .timeout = 60)
     strcat(own, ".own");
 
     /* 1. Host A stopped mid-commit: B's commit of shard 2 waits for it. */
-    pid_t a = other_host_mid_commit(&bp, 40, SFS_TP_STOP, buf, &st);
+    pid_t a = host_mid_commit(&bp, ".hostA", 40, 2, SFS_TP_STOP, buf, &st);
     cr_assert(WIFSTOPPED(st), "host A did not stop at commit:written (0x%x)", st);
     bool owned = stat(own, &sb) == 0; /* asserted once A goes on: never left stopped */
     d.be = be;
@@ -559,7 +560,7 @@ Test(backend, posix_fuse_store_hosts_exclude_each_other, .timeout = 60)
 
     /* 2. Host A killed there: its owner file stays, B breaks it after its
      * wait and commits. */
-    a = other_host_mid_commit(&bp, 40, SFS_TP_KILL, buf, &st);
+    a = host_mid_commit(&bp, ".hostA", 40, 2, SFS_TP_KILL, buf, &st);
     cr_assert(WIFSIGNALED(st) && WTERMSIG(st) == SIGKILL, "host A not killed (0x%x)", st);
     cr_assert_eq(stat(own, &sb), 0, "a killed host left no owner file");
     cr_assert_eq(sfs_testpoint_arm("own:taken", SFS_TP_CALL, count_point, NULL), 0);
@@ -575,20 +576,7 @@ Test(backend, posix_fuse_store_hosts_exclude_each_other, .timeout = 60)
 
     /* 3. One of B's own lock domain (B killed there): broken at once. */
     sfs_testpoint_disarm_all();
-    pid_t b = fork();
-    if (b == 0) {
-        struct sfs_key k = mkkey(40, 1);
-        char dir[300];
-        struct sfs_backend *be2 = fuse_host_be(&bp, ".hostB", dir);
-
-        if (!be2)
-            _exit(2);
-        sfs_testpoint_arm("commit:written", SFS_TP_KILL, NULL, NULL);
-        fill(&id, 1, 4, buf, S_SMALL);
-        sfs_backend_dump_sync(be2, &k, buf, S_SMALL);
-        _exit(0);
-    }
-    waitpid(b, &st, 0);
+    host_mid_commit(&bp, ".hostB", 40, 4, SFS_TP_KILL, buf, &st);
     cr_assert(WIFSIGNALED(st), "host B's writer not killed (0x%x)", st);
     cr_assert_eq(stat(own, &sb), 0);
     cr_assert_eq(sfs_testpoint_arm("own:taken", SFS_TP_CALL, count_point, NULL), 0);
