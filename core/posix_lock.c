@@ -288,7 +288,7 @@ static bool own_ours(struct posix_backend *p, const char *text)
 
 bool sfs_posix_own_block(struct posix_backend *p, const char *lock_rel, char token[OWN_TOKEN_MAX])
 {
-    int64_t budget = (int64_t)p->o.timeout_ms * 1000000 / 4, start = sfs_now_ns(), since = 0;
+    int64_t budget = (int64_t)p->o.timeout_ms * 1000000 / 4, start = sfs_now_ns(), since = -1;
     char own[PATH_REL_MAX], seen[OWN_TOKEN_MAX], last[OWN_TOKEN_MAX] = "";
     uint64_t seq;
     unsigned us = 0;
@@ -320,12 +320,14 @@ bool sfs_posix_own_block(struct posix_backend *p, const char *lock_rel, char tok
         if (errno == EEXIST && own_read(p, own, seen)) {
             int64_t now = sfs_now_ns();
 
-            if (strcmp(seen, last) != 0) {
-                /* Another owner since we last looked: its time starts now. */
+            if (since < 0 || strcmp(seen, last) != 0) {
+                /* Another owner since we last looked: its time starts now.
+                 * An empty file too: its writer made it and died before it
+                 * wrote (or is writing now: it is judged as any other). */
                 memcpy(last, seen, sizeof(last));
                 since = now;
             }
-            if (own_ours(p, seen) || (seen[0] && now - since >= budget / 2)) {
+            if (own_ours(p, seen) || now - since >= budget / 2) {
                 char again[OWN_TOKEN_MAX];
 
                 /* Broken only if it is still the one judged stale. */

@@ -505,7 +505,8 @@ static void count_point(const char *name, void *arg)
  * first's rename then dropped the second's shard. A host killed there
  * leaves its owner file: the next host breaks it after its wait (a quarter
  * of the deadline) and commits; an owner file of this host's own lock
- * domain is broken at once.
+ * domain is broken at once, and an empty one (its writer killed between
+ * the create and the write) after the wait, as another host's.
  */
 Test(backend, posix_fuse_store_hosts_exclude_each_other, .timeout = 60)
 {
@@ -588,9 +589,22 @@ Test(backend, posix_fuse_store_hosts_exclude_each_other, .timeout = 60)
     }
     cr_assert_eq(sfs_testpoint_hits("own:taken"), 1, "this host's stale owner file was waited for");
     sfs_testpoint_disarm_all();
+
+    /* 4. An empty one (its writer died between the create and the write):
+     * waited for and broken as another host's. */
+    {
+        struct sfs_key k = mkkey(40, 1);
+        int fd = open(own, O_WRONLY | O_CREAT | O_EXCL, 0644);
+
+        cr_assert_geq(fd, 0);
+        close(fd);
+        fill(&id, 1, 3, buf, S_SMALL);
+        cr_assert_eq(sfs_backend_dump_sync(be, &k, buf, S_SMALL), (int)S_SMALL);
+        cr_assert_neq(stat(own, &sb), 0, "an empty owner file is left (never broken)");
+    }
     for (uint32_t s = 0; s < 3; s++) {
         struct sfs_key k = mkkey(40, s);
-        uint32_t want = s == 1 ? 2 : 3;
+        uint32_t want = 3;
 
         memset(buf, 0, S_SMALL);
         cr_assert_eq(sfs_backend_load_sync(be, &k, buf, S_SMALL), (int)S_SMALL);
