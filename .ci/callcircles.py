@@ -5,7 +5,7 @@
 # each non-static function, which other files call it, and every circle in
 # that graph (a -> b -> ... -> a). The house rule: a room calls downward.
 #
-#   .ci/callcircles.py [-v] DIR...      (e.g. core gpu fs)
+#   .ci/callcircles.py [-v] DIR...      (e.g. core gpu fs; each searched below)
 #
 # Exits 1 when there is a circle. A lexical check, not a compiler: comments
 # are stripped, a definition is a line that starts in column 0 with a
@@ -18,8 +18,8 @@ import sys
 
 verbose = len(sys.argv) > 1 and sys.argv[1] == "-v"
 dirs = [d for d in sys.argv[1:] if d != "-v"]
-files = [os.path.join(d, f) for d in dirs for f in sorted(os.listdir(d))
-         if f.endswith((".c", ".cu"))]
+files = sorted(os.path.join(r, f) for d in dirs for r, _, fs in os.walk(d) for f in fs
+               if f.endswith((".c", ".cu")))
 defs, src = {}, {}
 for f in files:
     s = open(f, encoding="utf-8", errors="replace").read()
