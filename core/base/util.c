@@ -4,12 +4,12 @@
  * clocks, hex ids and robust mutexes. (No pid liveness test: liveness is the
  * daemon's, by connection; see proc.c.) The futex calls are futex.c's.
  */
-#include "cache_i.h"
+#include "util_i.h"
 
 #include <errno.h>
 #include <fcntl.h>
 #include <limits.h>
-#include "layout_i.h"
+#include <stdarg.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -88,24 +88,6 @@ int sfs_block_from_hex(const char *hex, size_t len, struct sfs_block_id *id)
         id->b[i] = (uint8_t)(hi << 4 | lo);
     }
     return 0;
-}
-
-const char *sfs_state_name(int state)
-{
-    switch (state) {
-    case SFS_STATE_FREE:
-        return "absent";
-    case SFS_STATE_IDLE:
-        return "idle";
-    case SFS_STATE_LOADING:
-        return "loading";
-    case SFS_STATE_READY:
-        return "ready";
-    case SFS_STATE_FAILED:
-        return "failed";
-    default:
-        return "absent";
-    }
 }
 
 int sfs_robust_mutex_init(pthread_mutex_t *m)

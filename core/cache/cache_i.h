@@ -14,6 +14,7 @@
 
 #include "assert_i.h"
 #include "layout_i.h"
+#include "util_i.h"
 
 #include <pthread.h>
 #include <stdarg.h>
@@ -120,10 +121,6 @@ static inline uint32_t sfs_domain_of(const struct sfs_cache *c, uint32_t shard)
 {
     return c->npartitions > 1 ? shard % c->npartitions : 0;
 }
-
-/* util.c */
-void sfs_log(int level, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-int sfs_robust_mutex_init(pthread_mutex_t *m);
 
 /* Hash of a block id. Ids are already md5-style hashes, so one multiply and
  * a fold suffice to spread ids that are not (sequential test ids, say) over

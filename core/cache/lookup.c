@@ -1,6 +1,6 @@
 /* SPDX-License-Identifier: MIT */
 /*
- * lookup.c - the entry points that take no lease: State, Exists, Remove,
+ * lookup.c - the entry points that take no lease: State (and its name), Exists, Remove,
  * Prealloc, Touch and foreach, each under the key's bucket lock (or each
  * bucket's in turn).
  */
@@ -234,4 +234,22 @@ int sfs_cache_foreach(struct sfs_cache *c, unsigned state_mask, sfs_key_visit_fn
     free(keys);
     free(states);
     return r;
+}
+
+const char *sfs_state_name(int state)
+{
+    switch (state) {
+    case SFS_STATE_FREE:
+        return "absent";
+    case SFS_STATE_IDLE:
+        return "idle";
+    case SFS_STATE_LOADING:
+        return "loading";
+    case SFS_STATE_READY:
+        return "ready";
+    case SFS_STATE_FAILED:
+        return "failed";
+    default:
+        return "absent";
+    }
 }

@@ -83,7 +83,7 @@
  * block file is unlinked. -ENOENT if shard n is not there.
  */
 #include "posix_lock_i.h"
-#include "cache_i.h" /* sfs_log */
+#include "util_i.h"
 #include "testpoint_i.h"
 
 #include <dirent.h>

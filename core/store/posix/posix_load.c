@@ -15,7 +15,7 @@
  * -EIO when it is not a regular file; else -errno.
  */
 #include "posix_ring_i.h"
-#include "cache_i.h" /* sfs_log */
+#include "util_i.h"
 
 #include <sched.h>
 #include <signal.h>

@@ -8,7 +8,7 @@
  */
 #include "posix_lock_i.h"
 #include "testpoint_i.h"
-#include "cache_i.h" /* sfs_log */
+#include "util_i.h"
 
 #include <dirent.h>
 #include <errno.h>

@@ -18,7 +18,7 @@
  * in the caller's thread (sfs_posix_open_block_read).
  */
 #include "posix_ring_i.h"
-#include "cache_i.h" /* sfs_log */
+#include "util_i.h"
 
 #include <fcntl.h>
 #include <sched.h>
