@@ -288,7 +288,7 @@ static int die_holding_bucket_lock(struct sfs_cache *c)
 {
     if (pthread_mutex_lock(&c->buckets[sh->bucket].lock) != 0)
         return 11;
-    atomic_store(&c->self->lease_hwm, 1); /* as entry_pop() does before use */
+    atomic_store(&c->self->lease_hwm, 1); /* as sfs_entry_pop() does before use */
     atomic_store(&c->leases[0], sh->slot + 1);
     atomic_store(&c->slots[sh->slot2].refcount, 7);
     atomic_store(&c->slots[sh->slot3].bucket, (sh->bucket + 1) & c->bucket_mask);

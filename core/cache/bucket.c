@@ -5,7 +5,7 @@
  * Every bucket lock is a robust process-shared mutex. When a process dies
  * holding one, the next locker gets EOWNERDEAD and repairs the chain: walks
  * it (bounded, indices checked), and recounts each slot's refcount from the
- * lease tables (slot_recount: the slot is closed to lock-free hits first,
+ * lease tables (sfs_slot_recount: the slot is closed to lock-free hits first,
  * and a slot a live process is mid-step on keeps its count, which is exact
  * but for the dead one's entries in transit, settled by its reap). The order of writes
  * when a slot is claimed (unlink, bucket, key, link, lease entry, refcount)
@@ -58,7 +58,7 @@ static int chain_check(struct sfs_cache *c, uint32_t b, bool fix)
  * Bound: the tables of records that are not Free, each to its lease_hwm
  * (see repair_bucket), read twice at most.
  */
-int slot_recount(struct sfs_cache *c, uint32_t s)
+int sfs_slot_recount(struct sfs_cache *c, uint32_t s)
 {
     struct sfs_slot_rec *sl = &c->slots[s];
     uint32_t held = 0;
@@ -122,7 +122,7 @@ int slot_recount(struct sfs_cache *c, uint32_t s)
 
 /*
  * A process died holding bucket b's lock. Cut the chain at any bad link and
- * recount each chain slot's refcount from the lease tables (slot_recount):
+ * recount each chain slot's refcount from the lease tables (sfs_slot_recount):
  * a slot whose count a live process is changing right now keeps it.
  *
  * Bound: this runs under the lock, so it reads only what can hold a lease:
@@ -140,9 +140,9 @@ static void repair_bucket(struct sfs_cache *c, uint32_t b)
     chain_check(c, b, true);
     s = atomic_load_explicit(&c->buckets[b].head, memory_order_relaxed);
     for (uint32_t k = 0; s != SFS_NIL && slot_ok(c, s) && k < c->nslots; k++) {
-        slot_recount(c, s);
+        sfs_slot_recount(c, s);
         /* A slot nobody leases has no live waiter: a waiter killed in its
-         * sleep leaves no count behind (see refcount_drop in lease.c). */
+         * sleep leaves no count behind (see sfs_refcount_drop in lease.c). */
         if (sfs_slot_refs(&c->slots[s]) == 0)
             atomic_store_explicit(&c->slots[s].nwaiters, 0, memory_order_relaxed);
         s = atomic_load_explicit(&c->slots[s].next, memory_order_relaxed);
@@ -151,7 +151,7 @@ static void repair_bucket(struct sfs_cache *c, uint32_t b)
 }
 
 /* What a lock call returned: a dead holder's bucket is repaired, then ours. */
-int bucket_locked(struct sfs_cache *c, uint32_t b, int r)
+int sfs_bucket_locked(struct sfs_cache *c, uint32_t b, int r)
 {
     if (r == EOWNERDEAD) {
         repair_bucket(c, b);
@@ -161,7 +161,7 @@ int bucket_locked(struct sfs_cache *c, uint32_t b, int r)
     return -r;
 }
 
-int robust_lock_until(pthread_mutex_t *m, int64_t deadline_ns)
+int sfs_robust_lock_until(pthread_mutex_t *m, int64_t deadline_ns)
 {
     struct timespec ts;
 
@@ -182,19 +182,19 @@ int robust_lock_until(pthread_mutex_t *m, int64_t deadline_ns)
 #endif
 }
 
-int bucket_lock_wait(struct sfs_cache *c, uint32_t b, int64_t deadline_ns)
+int sfs_bucket_lock_wait(struct sfs_cache *c, uint32_t b, int64_t deadline_ns)
 {
     if (deadline_ns < 0)
         return -EBUSY;
     /* A robust mutex: EOWNERDEAD when the holder died, ETIMEDOUT when it
      * lives but keeps the lock past our deadline. */
-    int r = robust_lock_until(&c->buckets[b].lock, deadline_ns);
+    int r = sfs_robust_lock_until(&c->buckets[b].lock, deadline_ns);
 
-    return r ? bucket_locked(c, b, r) : 0;
+    return r ? sfs_bucket_locked(c, b, r) : 0;
 }
 
 /* Unlink s from chain b (lock held). Returns false if s is not on it. */
-bool chain_unlink(struct sfs_cache *c, uint32_t b, uint32_t s)
+bool sfs_chain_unlink(struct sfs_cache *c, uint32_t b, uint32_t s)
 {
     _Atomic uint32_t *link = &c->buckets[b].head;
     uint32_t n = 0;

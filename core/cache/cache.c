@@ -251,7 +251,7 @@ retry:
             atomic_fetch_and_explicit(&sl->flags, (uint8_t)(SLOT_F_RESERVED | SLOT_F_PINNED),
                                       memory_order_relaxed);
             set_state(sl, SFS_STATE_LOADING);
-            pin_on_load(c, sl); /* a Prealloc'd or failed slot was no pin's */
+            sfs_pin_on_load(c, sl); /* a Prealloc'd or failed slot was no pin's */
             atomic_store_explicit(&sl->accessed, 1, memory_order_relaxed);
             lease_take(c, s, e, lease);
             sfs_ctr_add(c, CTR_MISSES, 1);
@@ -263,7 +263,7 @@ retry:
         r = -ENOENT;
         goto out_unlock;
     }
-    r = alloc_slot(c, b, sfs_domain_of(c, key->shard),
+    r = sfs_alloc_slot(c, b, sfs_domain_of(c, key->shard),
                    (flags & SFS_GET_PREFETCH) ? POOL_REGULAR : POOL_REGULAR | POOL_RESERVED, &s);
     if (r == -EAGAIN && busy_retries++ < 64) {
         /* A victim's bucket was busy: let its holder finish, then rescan. */
@@ -286,21 +286,21 @@ retry:
         SFS_TEST_POINT("get:full");
         if (!rw->registered) {
             /* Register, then rescan before any sleep (Dekker with
-             * refcount_drop): a release before our registration is seen by
+             * sfs_refcount_drop): a release before our registration is seen by
              * the rescan, one after it sees us and bumps release_seq. So a
              * release never writes a shared line unless someone waits. */
-            rw->seq = release_wait_begin(c);
+            rw->seq = sfs_release_wait_begin(c);
             rw->registered = true;
             goto retry;
         }
-        r = wait_for_release(c, rw->seq, deadline_ns);
+        r = sfs_wait_for_release(c, rw->seq, deadline_ns);
         if (r < 0)
             goto out_free;
         rw->seq = atomic_load_explicit(&c->hdr->release_seq, memory_order_seq_cst);
         reaped = false;
         goto retry;
     }
-    install(c, b, s, key, SFS_STATE_LOADING, !lookup);
+    sfs_install(c, b, s, key, SFS_STATE_LOADING, !lookup);
     lease_take(c, s, e, lease);
     if (lookup)
         sfs_ctr_add(c, CTR_MISSES, 1);
@@ -327,7 +327,7 @@ int sfs_cache_get(struct sfs_cache *c, const struct sfs_key *key, unsigned flags
     int r = get_impl(c, key, flags, deadline_ns, lease, &rw);
 
     if (rw.registered)
-        release_wait_end(c);
+        sfs_release_wait_end(c);
     return r;
 }
 
@@ -367,7 +367,7 @@ int sfs_cache_publish(struct sfs_cache *c, const struct sfs_lease *lease, uint32
     set_state(sl, SFS_STATE_READY);
     /* Open to lock-free hits, after the state (release in slot_open: a
      * hitter's acquire CAS sees Ready, the length and the bytes). Only
-     * under the bucket lock: a recount (slot_recount) relies on a slot it
+     * under the bucket lock: a recount (sfs_slot_recount) relies on a slot it
      * closed staying closed while it holds the lock. Tried, never waited
      * for: a slot left closed is opened by the next Get that takes the
      * lock, and meanwhile hits take the locked path. */
@@ -395,7 +395,7 @@ int sfs_cache_fail(struct sfs_cache *c, const struct sfs_lease *lease, int error
     sfs_ctr_add(c, CTR_FAILURES, 1);
     atomic_fetch_and_explicit(&c->leases[lease->entry], ~ENTRY_OWNER, memory_order_relaxed);
     set_state(sl, SFS_STATE_FAILED);
-    pin_on_fail(c, sl); /* a pin counts only what it holds */
+    sfs_pin_on_fail(c, sl); /* a pin counts only what it holds */
     return 0;
 }
 
@@ -517,7 +517,7 @@ int sfs_cache_release(struct sfs_cache *c, const struct sfs_lease *lease)
         return -EINVAL;
     /* Process-local: a release still finishes our deferred ones. */
     if (atomic_load_explicit(&c->deferred, memory_order_relaxed))
-        lease_finish_deferred(c);
+        sfs_lease_finish_deferred(c);
     if (entry_is_hit(c, lease->entry))
         return release_hit(c, lease);
     if (!SFS_TEST_FORCE_LOCKED()) {
@@ -537,7 +537,7 @@ int sfs_cache_release(struct sfs_cache *c, const struct sfs_lease *lease)
     if (r < 0) {
         /* A stopped holder: the release is recorded, its count dropped
          * later (never leaked, never waited for past RELEASE_LOCK_NS). */
-        return lease_defer(c, lease->entry, v) ? 0 : -EINVAL;
+        return sfs_lease_defer(c, lease->entry, v) ? 0 : -EINVAL;
     }
     SFS_TEST_POINT("release:locked");
     /* Two threads releasing one lease: only the first finds it here. */
@@ -546,7 +546,7 @@ int sfs_cache_release(struct sfs_cache *c, const struct sfs_lease *lease)
         bucket_unlock(c, b);
         return -EINVAL;
     }
-    release_locked(c, c->me, c->my_gen, c->leases, lease->entry, lease->slot);
+    sfs_release_locked(c, c->me, c->my_gen, c->leases, lease->entry, lease->slot);
     bucket_unlock(c, b);
     entry_free(c, lease->entry);
     return 0;

@@ -102,19 +102,19 @@ struct sfs_cache {
 };
 
 /* pin.c: the evictor's and the loads' side of pins (under the slot's bucket
- * lock, but pin_on_fail). A pin counts only slots that hold data (Loading or
- * Ready), never a Prealloc'd (Idle) or failed one. slot_pin_holds: false for
+ * lock, but sfs_pin_on_fail). A pin counts only slots that hold data (Loading or
+ * Ready), never a Prealloc'd (Idle) or failed one. sfs_slot_pin_holds: false for
  * an unpinned slot; for a flagged one, true while it holds data and its
  * block's pin lasts, else clears the flag (and the charge) and returns
- * false. pin_on_load: flag a slot that just became Loading (installed, or
+ * false. sfs_pin_on_load: flag a slot that just became Loading (installed, or
  * taken over from Idle or Failed) if its block is pinned and the budget has
- * room. pin_on_fail: its load failed. pin_on_unlink: a slot leaves its
+ * room. sfs_pin_on_fail: its load failed. sfs_pin_on_unlink: a slot leaves its
  * chain. */
-bool slot_pin_holds(struct sfs_cache *c, struct sfs_slot_rec *sl);
-bool slot_pin_hint(struct sfs_cache *c, const struct sfs_slot_rec *sl); /* lock-free look */
-void pin_on_load(struct sfs_cache *c, struct sfs_slot_rec *sl);
-void pin_on_fail(struct sfs_cache *c, struct sfs_slot_rec *sl);
-void pin_on_unlink(struct sfs_cache *c, struct sfs_slot_rec *sl);
+bool sfs_slot_pin_holds(struct sfs_cache *c, struct sfs_slot_rec *sl);
+bool sfs_slot_pin_hint(struct sfs_cache *c, const struct sfs_slot_rec *sl); /* lock-free look */
+void sfs_pin_on_load(struct sfs_cache *c, struct sfs_slot_rec *sl);
+void sfs_pin_on_fail(struct sfs_cache *c, struct sfs_slot_rec *sl);
+void sfs_pin_on_unlink(struct sfs_cache *c, struct sfs_slot_rec *sl);
 
 /* The domain of a key: its shard index mod npartitions (DESIGN 13). */
 static inline uint32_t sfs_domain_of(const struct sfs_cache *c, uint32_t shard)

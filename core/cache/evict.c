@@ -56,7 +56,7 @@ static int take_slot(struct sfs_cache *c, uint32_t b, uint32_t s)
         goto out_unlock;
     /* Pinned, and the pin lasts: not a victim (an expired pin's flag is
      * cleared here, and the slot is one like any other). */
-    if (slot_pin_holds(c, sl))
+    if (sfs_slot_pin_holds(c, sl))
         goto out_unlock;
     /* Leased after all (the scan's look was a hint): never unlinked. The
      * count is checked before the unlink, so at no instant is a leased slot
@@ -66,7 +66,7 @@ static int take_slot(struct sfs_cache *c, uint32_t b, uint32_t s)
      * took a lease first makes it fail, one that comes later fails its own. */
     if (!slot_close_free(c, s))
         goto out_unlock;
-    if (!chain_unlink(c, sb, s)) {
+    if (!sfs_chain_unlink(c, sb, s)) {
         /* On no chain though it names one: cut off by a dead mover. Ours. */
         sfs_log(LOG_NOTICE, "slot %u: orphan reclaimed", s);
     } else {
@@ -135,7 +135,7 @@ static int clock_scan(struct sfs_cache *c, uint32_t b, _Atomic uint64_t *hand, u
         if (sfs_slot_refs(sl) != 0)
             continue; /* hint; re-checked under the lock */
         if ((atomic_load_explicit(&sl->flags, memory_order_relaxed) & SLOT_F_PINNED) &&
-            slot_pin_hint(c, sl))
+            sfs_slot_pin_hint(c, sl))
             continue; /* hint; re-checked under the lock (take_slot) */
         int r = take_slot(c, b, s);
 
@@ -187,7 +187,7 @@ static void domain_get(struct sfs_cache *c, uint32_t d, struct domain *o)
 /* -ENOSPC when every candidate was leased (or pinned); -EAGAIN when some
  * unleased one sat in a bucket that was busy at that instant (worth another
  * try). Only the slots of domain `dom` are candidates. */
-int alloc_slot(struct sfs_cache *c, uint32_t b, uint32_t dom, unsigned pools, uint32_t *out)
+int sfs_alloc_slot(struct sfs_cache *c, uint32_t b, uint32_t dom, unsigned pools, uint32_t *out)
 {
     struct domain d;
     bool busy = false;
@@ -219,7 +219,7 @@ int alloc_slot(struct sfs_cache *c, uint32_t b, uint32_t dom, unsigned pools, ui
 }
 
 /* Put key on slot s (detached, s->bucket == b, b locked) in `state`. */
-void install(struct sfs_cache *c, uint32_t b, uint32_t s, const struct sfs_key *k, uint32_t state,
+void sfs_install(struct sfs_cache *c, uint32_t b, uint32_t s, const struct sfs_key *k, uint32_t state,
              bool prefetch)
 {
     struct sfs_slot_rec *sl = &c->slots[s];
@@ -237,7 +237,7 @@ void install(struct sfs_cache *c, uint32_t b, uint32_t s, const struct sfs_key *
     /* A new load gets a second chance; a prewarmed guess does not. */
     atomic_store_explicit(&sl->accessed, state == SFS_STATE_LOADING, memory_order_relaxed);
     set_state(sl, state);
-    pin_on_load(c, sl); /* a Prealloc'd (Idle) slot is no pin's */
+    sfs_pin_on_load(c, sl); /* a Prealloc'd (Idle) slot is no pin's */
     chain_link(c, b, s);
     uint32_t m = atomic_load_explicit(&c->hdr->max_shard, memory_order_relaxed);
     while (k->shard > m &&
@@ -246,12 +246,12 @@ void install(struct sfs_cache *c, uint32_t b, uint32_t s, const struct sfs_key *
         ;
 }
 
-uint32_t release_wait_begin(struct sfs_cache *c)
+uint32_t sfs_release_wait_begin(struct sfs_cache *c)
 {
     struct sfs_header *h = c->hdr;
 
     /* seq_cst, and a full fence before the caller's rescan reads any
-     * refcount: pairs with refcount_drop's fence (Dekker). */
+     * refcount: pairs with sfs_refcount_drop's fence (Dekker). */
     atomic_fetch_add_explicit(&h->release_waiters, 1, memory_order_seq_cst);
     /* Relaxed: our share of the count above, read only by the reaper after
      * our death. Raised after the header's count and lowered before it, so
@@ -262,13 +262,13 @@ uint32_t release_wait_begin(struct sfs_cache *c)
     return atomic_load_explicit(&h->release_seq, memory_order_seq_cst);
 }
 
-void release_wait_end(struct sfs_cache *c)
+void sfs_release_wait_end(struct sfs_cache *c)
 {
     atomic_fetch_sub_explicit(&c->self->release_waiting, 1, memory_order_relaxed);
     atomic_fetch_sub_explicit(&c->hdr->release_waiters, 1, memory_order_seq_cst);
 }
 
-int wait_for_release(struct sfs_cache *c, uint32_t seq, int64_t deadline_ns)
+int sfs_wait_for_release(struct sfs_cache *c, uint32_t seq, int64_t deadline_ns)
 {
     struct sfs_header *h = c->hdr;
     int r = 0;

@@ -100,7 +100,7 @@ struct sfs_bucket_rec {
  * Who writes what:
  * - key, shard, next, accessed(set on claim): under the lock of the bucket
  *   the slot is on (or is being moved to). key and shard are written with
- *   relaxed atomic stores (install), because a lock-free hit reads them.
+ *   relaxed atomic stores (sfs_install), because a lock-free hit reads them.
  * - refcount: the count of the locked path's leases in bits 0-30 and
  *   SLOT_REF_OPEN in bit 31, changed only by atomic read-modify-writes:
  *   under the bucket lock by anyone, and lock-free (a release) only while
@@ -208,7 +208,7 @@ struct sfs_proc_rec {
      * raised by the owner before it writes an entry beyond (release), reset
      * at claim; bounds what repair reads of this table. */
     _Atomic uint32_t lease_hwm;
-    /* The record's threads asleep for a free slot (wait_for_release): a
+    /* The record's threads asleep for a free slot (sfs_wait_for_release): a
      * share of the header's release_waiters, which the reaper takes back
      * from a process killed in that sleep. Written by the owner only. */
     _Atomic uint32_t release_waiting;

@@ -5,11 +5,11 @@
  *
  * Key idea: a lease is one entry in its process's table in the control plane
  * (slot + 1, see slot_i.h). A lock-free hit's lease sits in its slot's hit
- * line at the table's start and is in no count (hit_leased finds it). A
+ * line at the table's start and is in no count (sfs_hit_leased finds it). A
  * counted lease's entry is marked in transit (ENTRY_TRANSIT) around every
  * change of the slot's count made for it, under the bucket lock or
  * lock-free (a release on an open Ready slot), so the count of any slot can
- * be settled from the tables after a death (slot_recount in bucket.c; the
+ * be settled from the tables after a death (sfs_slot_recount in bucket.c; the
  * argument is in docs/recovery.md). Which
  * entries are free is private to the process: a lock-free stack, plus one
  * spare entry per thread so a thread's Get/Release pair touches no shared
@@ -44,7 +44,7 @@ static void hwm_raise(struct sfs_cache *c, uint32_t top)
         ;
 }
 
-int entry_pop(struct sfs_cache *c, uint32_t *e)
+int sfs_entry_pop(struct sfs_cache *c, uint32_t *e)
 {
     /* Acquire: the next link of the top was written before it was pushed. */
     uint64_t h = atomic_load_explicit(&c->free_head, memory_order_acquire);
@@ -68,7 +68,7 @@ int entry_pop(struct sfs_cache *c, uint32_t *e)
     }
 }
 
-void entry_push(struct sfs_cache *c, uint32_t e)
+void sfs_entry_push(struct sfs_cache *c, uint32_t e)
 {
     uint64_t h = atomic_load_explicit(&c->free_head, memory_order_relaxed);
 
@@ -107,7 +107,7 @@ static void spare_exit(void *arg)
     pthread_mutex_lock(&registry_mu);
     for (struct sfs_cache *c = registry; c; c = c->reg_next) {
         if (c->id == sp->id) {
-            entry_push(c, sp->e);
+            sfs_entry_push(c, sp->e);
             break;
         }
     }
@@ -116,12 +116,12 @@ static void spare_exit(void *arg)
     sp->misses = 0;
 }
 
-void lease_spare_switch(struct sfs_cache *c, uint32_t e)
+void sfs_lease_spare_switch(struct sfs_cache *c, uint32_t e)
 {
     pthread_mutex_lock(&registry_mu);
     for (struct sfs_cache *o = registry; o; o = o->reg_next) {
         if (o->id == lease_spare.id) {
-            entry_push(o, lease_spare.e);
+            sfs_entry_push(o, lease_spare.e);
             break;
         }
     }
@@ -138,7 +138,7 @@ static void spare_init(void)
 
 /* The first spare a thread keeps: the key makes the destructor run at
  * thread exit (only this thread reads its spare). */
-void lease_spare_arm(void)
+void sfs_lease_spare_arm(void)
 {
     lease_spare.keyed = true;
     pthread_setspecific(spare_key, &lease_spare);
@@ -183,7 +183,7 @@ static void registry_remove(struct sfs_cache *c)
  * waiter holds its lease through its sleep): nwaiters is reset, and a waiter
  * killed in its sleep leaves it raised only until then.
  */
-void refcount_drop(struct sfs_cache *c, struct sfs_slot_rec *s)
+void sfs_refcount_drop(struct sfs_cache *c, struct sfs_slot_rec *s)
 {
     uint32_t w = atomic_load_explicit(&s->refcount, memory_order_relaxed);
 
@@ -200,14 +200,14 @@ void refcount_drop(struct sfs_cache *c, struct sfs_slot_rec *s)
 
 /* Drop the lease in entry e on slot s: bucket lock held. An owner that lets
  * go of a slot it never published leaves it Idle, and waiters take over. */
-void release_locked(struct sfs_cache *c, uint32_t proc, uint32_t gen,
+void sfs_release_locked(struct sfs_cache *c, uint32_t proc, uint32_t gen,
                            _Atomic uint32_t *table, uint32_t e, uint32_t s)
 {
     struct sfs_slot_rec *sl = &c->slots[s];
     uint32_t v = atomic_load_explicit(&table[e], memory_order_relaxed);
 
     /* In transit until the count is down: a death in between is settled by
-     * a recount (slot_recount), never by a second decrement. */
+     * a recount (sfs_slot_recount), never by a second decrement. */
     atomic_store_explicit(&table[e], v | ENTRY_TRANSIT, memory_order_relaxed);
     if ((v & ENTRY_OWNER) &&
         atomic_load_explicit(&sl->state, memory_order_relaxed) == SFS_STATE_LOADING &&
@@ -217,11 +217,11 @@ void release_locked(struct sfs_cache *c, uint32_t proc, uint32_t gen,
         set_state(sl, SFS_STATE_IDLE);
     }
     SFS_TEST_POINT("release:transit_locked");
-    refcount_drop(c, sl);
+    sfs_refcount_drop(c, sl);
     atomic_store_explicit(&table[e], SFS_ENTRY_FREE, memory_order_relaxed);
 }
 
-bool hit_leased(struct sfs_cache *c, uint32_t s)
+bool sfs_hit_leased(struct sfs_cache *c, uint32_t s)
 {
     /* seq_cst: after the close in the single order, or the claim of the
      * record that hits (raised before it is Alive) is seen. */
@@ -244,7 +244,7 @@ bool hit_leased(struct sfs_cache *c, uint32_t s)
  * lease whose bucket lock is out of reach by deadline_ns (LOCK_TRY: busy
  * now) stays for a later call. Returns the number left. Bounded by the
  * table's max_leases entries. */
-int drop_all_leases(struct sfs_cache *c, uint32_t p, uint32_t gen, int64_t deadline_ns)
+int sfs_drop_all_leases(struct sfs_cache *c, uint32_t p, uint32_t gen, int64_t deadline_ns)
 {
     _Atomic uint32_t *t = lease_table(c, p);
     int left = 0;
@@ -282,11 +282,11 @@ int drop_all_leases(struct sfs_cache *c, uint32_t p, uint32_t gen, int64_t deadl
         }
         if (atomic_load_explicit(&t[e], memory_order_relaxed) == v) {
             if (!(v & ENTRY_TRANSIT))
-                release_locked(c, p, gen, t, e, s);
-            else if (slot_recount(c, s) < 0)
+                sfs_release_locked(c, p, gen, t, e, s);
+            else if (sfs_slot_recount(c, s) < 0)
                 left++; /* a live process is mid-step on s: the next pass */
             /* A transit entry of ours (we detach with a Get in flight on
-             * another thread) stays too: slot_recount sees us alive. */
+             * another thread) stays too: sfs_slot_recount sees us alive. */
             else if (atomic_load_explicit(&t[e], memory_order_relaxed) != SFS_ENTRY_FREE)
                 left++;
         }
@@ -296,11 +296,11 @@ int drop_all_leases(struct sfs_cache *c, uint32_t p, uint32_t gen, int64_t deadl
 }
 
 /* Our lease in entry e (holding v) could not be released under its lock:
- * mark it, to be finished by lease_finish_deferred(). The CAS fails when
+ * mark it, to be finished by sfs_lease_finish_deferred(). The CAS fails when
  * another thread released it meanwhile (false: a second release). Relaxed:
  * the mark changes no count (repair still counts the entry); it only keeps
  * the holder from using it. */
-bool lease_defer(struct sfs_cache *c, uint32_t e, uint32_t v)
+bool sfs_lease_defer(struct sfs_cache *c, uint32_t e, uint32_t v)
 {
     if (v & ENTRY_DROP ||
         !atomic_compare_exchange_strong_explicit(&c->leases[e], &v, v | ENTRY_DROP,
@@ -312,7 +312,7 @@ bool lease_defer(struct sfs_cache *c, uint32_t e, uint32_t v)
 
 /* Finish our deferred releases whose bucket lock is free now. Bounded by
  * the table's max_leases entries; called only while some are deferred. */
-void lease_finish_deferred(struct sfs_cache *c)
+void sfs_lease_finish_deferred(struct sfs_cache *c)
 {
     for (uint32_t e = 0; e < c->max_leases; e++) {
         uint32_t v = atomic_load_explicit(&c->leases[e], memory_order_relaxed);
@@ -328,7 +328,7 @@ void lease_finish_deferred(struct sfs_cache *c)
         /* Under the lock: another thread of ours may have finished it. */
         bool mine = atomic_load_explicit(&c->leases[e], memory_order_relaxed) == v;
         if (mine)
-            release_locked(c, c->me, c->my_gen, c->leases, e, s);
+            sfs_release_locked(c, c->me, c->my_gen, c->leases, e, s);
         bucket_unlock(c, b);
         if (mine) {
             entry_free(c, e);
@@ -376,7 +376,7 @@ static bool stack_sane(struct sfs_cache *c)
 #endif
 
 /* At close: forget the handle (its thread spares die with it), free the stack. */
-void lease_table_fini(struct sfs_cache *c)
+void sfs_lease_table_fini(struct sfs_cache *c)
 {
     if (c->free_next)
         SFS_ASSERT_EXPENSIVE(stack_sane(c));

@@ -70,8 +70,8 @@ int sfs_cache_remove(struct sfs_cache *c, const struct sfs_key *key)
     } else {
         struct sfs_slot_rec *sl = &c->slots[s];
 
-        chain_unlink(c, b, s);
-        pin_on_unlink(c, sl);
+        sfs_chain_unlink(c, b, s);
+        sfs_pin_on_unlink(c, sl);
         if (atomic_load_explicit(&sl->state, memory_order_relaxed) == SFS_STATE_READY)
             sfs_ctr_add(c, CTR_RESIDENT_DELTA,
                         -(int64_t)atomic_load_explicit(&sl->length, memory_order_relaxed));
@@ -94,9 +94,9 @@ int sfs_cache_prealloc(struct sfs_cache *c, const struct sfs_key *key)
         return r;
     if (s != SFS_NIL) {
         r = 0;
-    } else if (alloc_slot(c, b, sfs_domain_of(c, key->shard),
+    } else if (sfs_alloc_slot(c, b, sfs_domain_of(c, key->shard),
                           POOL_REGULAR | POOL_FRESH_ONLY | POOL_RESERVED, &s) == 0) {
-        install(c, b, s, key, SFS_STATE_IDLE, false);
+        sfs_install(c, b, s, key, SFS_STATE_IDLE, false);
         atomic_store_explicit(&c->slots[s].owner, SFS_NIL, memory_order_relaxed);
         sfs_ctr_add(c, CTR_PREALLOC, 1);
         r = 1;

@@ -5,7 +5,7 @@
  *
  * A pin is one entry of a table in shared memory: a block id and the
  * CLOCK_MONOTONIC instant its pin ends. No process owns it and no thread
- * times it: the evictor (and install) compare the expiry with the clock, so
+ * times it: the evictor (and sfs_install) compare the expiry with the clock, so
  * a pin ends at its expiry whether its maker lives or not. That is the whole
  * crash story: a process killed while holding pins leaves entries that stop
  * counting at their expiry, and the next sweep frees them.
@@ -19,8 +19,8 @@
  * entries and unflag their slots, so the budget and the gauge come back.
  *
  * Table entries are written only under hdr->pin_lock, as a seqlock; readers
- * (the evictor, install) are lock-free. Lock order: pin_lock, then bucket
- * locks; the evictor and install never take pin_lock. An entry lives in the
+ * (the evictor, sfs_install) are lock-free. Lock order: pin_lock, then bucket
+ * locks; the evictor and sfs_install never take pin_lock. An entry lives in the
  * PIN_PROBE entries from its block's hash. The hit path never looks at pins.
  */
 #include "slot_i.h"
@@ -141,7 +141,7 @@ static void slot_unflag(struct sfs_cache *c, struct sfs_slot_rec *sl)
         pin_uncharge(c, 1);
 }
 
-/* A slot's block id, as a lock-free reader may read it while install
+/* A slot's block id, as a lock-free reader may read it while sfs_install
  * writes it (relaxed atomic words, as the lock-free hit reads them). */
 static void slot_block_words(const struct sfs_slot_rec *sl, uint64_t w[2])
 {
@@ -161,7 +161,7 @@ static bool slot_holds_data(const struct sfs_slot_rec *sl)
     return st == SFS_STATE_READY || st == SFS_STATE_LOADING;
 }
 
-bool slot_pin_hint(struct sfs_cache *c, const struct sfs_slot_rec *sl)
+bool sfs_slot_pin_hint(struct sfs_cache *c, const struct sfs_slot_rec *sl)
 {
     uint64_t w[2];
 
@@ -173,17 +173,17 @@ bool slot_pin_hint(struct sfs_cache *c, const struct sfs_slot_rec *sl)
     return e != 0 && (e == PIN_UNKNOWN || e > sfs_now_ns());
 }
 
-bool slot_pin_holds(struct sfs_cache *c, struct sfs_slot_rec *sl)
+bool sfs_slot_pin_holds(struct sfs_cache *c, struct sfs_slot_rec *sl)
 {
     if (!(atomic_load_explicit(&sl->flags, memory_order_relaxed) & SLOT_F_PINNED))
         return false;
-    if (slot_pin_hint(c, sl))
+    if (sfs_slot_pin_hint(c, sl))
         return true;
     slot_unflag(c, sl);
     return false;
 }
 
-void pin_on_load(struct sfs_cache *c, struct sfs_slot_rec *sl)
+void sfs_pin_on_load(struct sfs_cache *c, struct sfs_slot_rec *sl)
 {
     /* Relaxed: a hint; a pin made after this look flags the slot itself
      * (its walk runs after its entry is visible). */
@@ -200,16 +200,16 @@ void pin_on_load(struct sfs_cache *c, struct sfs_slot_rec *sl)
         atomic_fetch_or_explicit(&sl->flags, (uint8_t)SLOT_F_PINNED, memory_order_relaxed);
 }
 
-void pin_on_fail(struct sfs_cache *c, struct sfs_slot_rec *sl)
+void sfs_pin_on_fail(struct sfs_cache *c, struct sfs_slot_rec *sl)
 {
     /* A load that failed holds nothing (slot_holds_data). The flag is
      * cleared by an atomic read-modify-write, so its charge is returned
      * once, whoever clears it; a walk that flags the slot just before it
-     * failed leaves the evictor to clear it (slot_pin_holds). */
+     * failed leaves the evictor to clear it (sfs_slot_pin_holds). */
     slot_unflag(c, sl);
 }
 
-void pin_on_unlink(struct sfs_cache *c, struct sfs_slot_rec *sl)
+void sfs_pin_on_unlink(struct sfs_cache *c, struct sfs_slot_rec *sl)
 {
     slot_unflag(c, sl);
 }
@@ -221,7 +221,7 @@ void pin_on_unlink(struct sfs_cache *c, struct sfs_slot_rec *sl)
 static int pin_lock(struct sfs_cache *c)
 {
     pthread_mutex_t *m = &c->hdr->pin_lock;
-    int r = robust_lock_until(m, sfs_now_ns() + LOCK_WAIT_NS);
+    int r = sfs_robust_lock_until(m, sfs_now_ns() + LOCK_WAIT_NS);
 
     if (r == EOWNERDEAD) {
         /* A writer died mid-update: an entry with an odd seq is half
@@ -423,7 +423,7 @@ int sfs_cache_pin(struct sfs_cache *c, const struct sfs_block_id *blocks, size_t
     } while (!atomic_compare_exchange_weak_explicit(&c->hdr->pinned_slots, &v, v + need,
                                                     memory_order_relaxed, memory_order_relaxed));
     /* Publish the entries, then flag: a shard loaded after its entry is
-     * visible flags itself (pin_on_load); one loaded before is met by
+     * visible flags itself (sfs_pin_on_load); one loaded before is met by
      * the walk. */
     int64_t expiry = now + (int64_t)seconds * 1000000000ll;
     for (size_t i = 0; i < n; i++) {
@@ -456,7 +456,7 @@ int sfs_cache_pinned(struct sfs_cache *c, const struct sfs_key *key)
     if (r < 0)
         return r;
     s = chain_find(c, b, key, &err);
-    r = err ? err : s != SFS_NIL && slot_pin_holds(c, &c->slots[s]);
+    r = err ? err : s != SFS_NIL && sfs_slot_pin_holds(c, &c->slots[s]);
     bucket_unlock(c, b);
     return r;
 }

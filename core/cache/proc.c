@@ -42,7 +42,7 @@ static int proc_lock(struct sfs_cache *c, int64_t deadline_ns)
     if (r == EBUSY) {
         if (deadline_ns < 0)
             return -EBUSY;
-        r = robust_lock_until(m, deadline_ns);
+        r = sfs_robust_lock_until(m, deadline_ns);
     }
     if (r == EOWNERDEAD) {
         pthread_mutex_consistent(m);
@@ -118,7 +118,7 @@ static int claim(struct sfs_cache *c, int pid, int device_id, uint32_t kind, uin
         /* The table is empty; its hit lines are always read. */
         atomic_store_explicit(&p->lease_hwm, c->nhit, memory_order_relaxed);
         /* seq_cst: before any hit of the record's process, in the order a
-         * closer reads it in (hit_leased). Bounded: one raise. */
+         * closer reads it in (sfs_hit_leased). Bounded: one raise. */
         uint32_t used = atomic_load_explicit(&c->hdr->procs_used, memory_order_relaxed);
         while (used < i + 1 &&
                !atomic_compare_exchange_weak_explicit(&c->hdr->procs_used, &used, i + 1,
@@ -219,7 +219,7 @@ static bool reap_record(struct sfs_cache *c, uint32_t i)
     SFS_TEST_POINT("reap:record");
     /* Its Loading slots go back to Idle with a version bump and a wake:
      * that is what wakes their waiters. */
-    if (drop_all_leases(c, i, gen, LOCK_TRY) > 0 || fold_counters(c, p, LOCK_TRY) < 0) {
+    if (sfs_drop_all_leases(c, i, gen, LOCK_TRY) > 0 || fold_counters(c, p, LOCK_TRY) < 0) {
         /* Part-way: what was dropped stays dropped (each under its lock).
          * Back to DEAD, never left REAPING: only a DEAD record is picked up
          * again, so this is what makes the next pass retry it. Release: our
@@ -333,7 +333,7 @@ void sfs_cache_free_handle(struct sfs_cache *c)
         uint32_t expect = PROC_ALIVE;
         /* Each bucket lock waited for at most LOCK_WAIT_NS: leases behind a
          * lock still out of reach are left for the server's reaper. */
-        bool clean = drop_all_leases(c, c->me, c->my_gen, 0) == 0;
+        bool clean = sfs_drop_all_leases(c, c->me, c->my_gen, 0) == 0;
 
         if (fold_counters(c, c->self, 0) < 0)
             clean = false; /* the reaper folds them */
@@ -356,6 +356,6 @@ void sfs_cache_free_handle(struct sfs_cache *c)
         munmap(c->ctl, c->ctl_len);
     if (c->ctl_fd >= 0)
         close(c->ctl_fd);
-    lease_table_fini(c);
+    sfs_lease_table_fini(c);
     free(c);
 }

@@ -43,7 +43,7 @@ int sfs_cache_sample(struct sfs_cache *c, uint32_t *cursor, uint32_t max_buckets
                 struct sfs_key k;
                 bool acc = atomic_load_explicit(&sl->accessed, memory_order_relaxed) != 0;
                 /* Counted leases, then the hit lines (procs_used lines). */
-                bool leased = sfs_slot_refs(sl) != 0 || (c->nhit && hit_leased(c, s));
+                bool leased = sfs_slot_refs(sl) != 0 || (c->nhit && sfs_hit_leased(c, s));
 
                 slot_key_load(sl, &k);
                 /* Under the lock: fn must not call into the cache. */

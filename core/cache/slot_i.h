@@ -5,7 +5,7 @@
  *
  * The rooms: bucket.c (robust bucket locks, chains, repair), lease.c (lease
  * tables, free entries, thread spares, handle registry), evict.c (fresh slots,
- * CLOCK, allocation and install), proc.c (process records, reaping, stats),
+ * CLOCK, allocation and sfs_install), proc.c (process records, reaping, stats),
  * ctl.c (geometry), cache.c (Get, Publish, Fail, Release), wait.c (Wait,
  * WaitAny, takeover) and lookup.c (State, Remove, Prealloc, Touch, foreach).
  * Calls go from cache.c, wait.c and lookup.c down to the others and from
@@ -41,7 +41,7 @@ static inline uint32_t bucket_of(const struct sfs_cache *c, const struct sfs_key
     return (uint32_t)(sfs_key_hash(&k->block) + k->shard) & c->bucket_mask;
 }
 
-/* The key's words, as a lock-free hit reads them and install writes them
+/* The key's words, as a lock-free hit reads them and sfs_install writes them
  * (relaxed atomics: the slot may change under the reader, who validates). */
 typedef uint64_t __attribute__((may_alias)) key_word;
 
@@ -58,7 +58,7 @@ static inline bool key_eq_atomic(const struct sfs_slot_rec *s, const struct sfs_
 /* The same compare under the bucket lock (every chain step). Relaxed
  * atomic loads too, free on the machines we run on: the lock orders us with
  * this process's writers, but a slot can reach this chain from another
- * bucket, moved there by another process (another mapping), and install
+ * bucket, moved there by another process (another mapping), and sfs_install
  * wrote its key under that bucket's lock; plain loads would be a race to
  * ThreadSanitizer, which sees no order made in another process. */
 static inline bool key_eq(const struct sfs_slot_rec *s, const struct sfs_key *k)
@@ -68,7 +68,7 @@ static inline bool key_eq(const struct sfs_slot_rec *s, const struct sfs_key *k)
 
 /* The key a slot holds now, read as a lock-free hit reads it (relaxed
  * atomics): for readers that take a snapshot, such as the hot-set sampler,
- * even under the bucket lock, since install writes the words under another
+ * even under the bucket lock, since sfs_install writes the words under another
  * bucket's lock once the slot moved there, possibly from another process. */
 static inline void slot_key_load(const struct sfs_slot_rec *s, struct sfs_key *k)
 {
@@ -100,13 +100,13 @@ static inline void slot_key_store(struct sfs_slot_rec *s, const struct sfs_key *
 #define ENTRY_OWNER    (1u << 31)
 /* Set on an entry its holder released while the bucket lock was out of
  * reach (a stopped holder): still counted in the slot's refcount until
- * lease_finish_deferred() (or close, or the reaper) drops it under the lock,
+ * sfs_lease_finish_deferred() (or close, or the reaper) drops it under the lock,
  * but no longer a lease its holder may use. */
 #define ENTRY_DROP     (1u << 30)
 /* Set while the slot's count is being changed for this entry (a Get's
  * intent before its increment, a release's before its decrement, until the
  * entry is confirmed or freed): the count may or may not include the entry.
- * Only a recount of the quiesced slot (slot_recount) settles a dead
+ * Only a recount of the quiesced slot (sfs_slot_recount) settles a dead
  * process's transit entry; see docs/recovery.md, "Lock-free hits". */
 #define ENTRY_TRANSIT  (1u << 29)
 #define ENTRY_SLOT1(v) ((v) & ~(ENTRY_OWNER | ENTRY_DROP | ENTRY_TRANSIT)) /* slot + 1, or 0 */
@@ -153,12 +153,12 @@ static inline uint64_t hits_sum(const struct sfs_cache *c, uint32_t proc, bool t
 
 /* A lock call returned r != 0: repair after a dead holder (EOWNERDEAD: then
  * 0, locked), else -r. */
-int bucket_locked(struct sfs_cache *c, uint32_t b, int r);
+int sfs_bucket_locked(struct sfs_cache *c, uint32_t b, int r);
 /* pthread_mutex_clocklock(CLOCK_MONOTONIC) until deadline_ns (0:
  * LOCK_WAIT_NS from now): 0 or a positive error number, as pthreads. */
-int robust_lock_until(pthread_mutex_t *m, int64_t deadline_ns);
+int sfs_robust_lock_until(pthread_mutex_t *m, int64_t deadline_ns);
 /* The lock was busy: wait for it until deadline_ns (see bucket_lock). */
-int bucket_lock_wait(struct sfs_cache *c, uint32_t b, int64_t deadline_ns);
+int sfs_bucket_lock_wait(struct sfs_cache *c, uint32_t b, int64_t deadline_ns);
 
 /*
  * Lock bucket b. deadline_ns: absolute CLOCK_MONOTONIC; 0: LOCK_WAIT_NS from
@@ -172,8 +172,8 @@ static inline int bucket_lock(struct sfs_cache *c, uint32_t b, int64_t deadline_
     int r = pthread_mutex_trylock(&c->buckets[b].lock);
 
     if (r == EBUSY)
-        return bucket_lock_wait(c, b, deadline_ns);
-    return r ? bucket_locked(c, b, r) : 0;
+        return sfs_bucket_lock_wait(c, b, deadline_ns);
+    return r ? sfs_bucket_locked(c, b, r) : 0;
 }
 
 /* bucket_lock() with a deadline rel_ns from now, read from the clock only
@@ -184,8 +184,8 @@ static inline int bucket_lock_within(struct sfs_cache *c, uint32_t b, int64_t re
     int r = pthread_mutex_trylock(&c->buckets[b].lock);
 
     if (r == EBUSY)
-        return bucket_lock_wait(c, b, sfs_now_ns() + rel_ns);
-    return r ? bucket_locked(c, b, r) : 0;
+        return sfs_bucket_lock_wait(c, b, sfs_now_ns() + rel_ns);
+    return r ? sfs_bucket_locked(c, b, r) : 0;
 }
 
 static inline void bucket_unlock(struct sfs_cache *c, uint32_t b)
@@ -215,7 +215,7 @@ static inline uint32_t chain_find(struct sfs_cache *c, uint32_t b, const struct 
 }
 
 /* Unlink s from chain b (lock held). Returns false if s is not on it. */
-bool chain_unlink(struct sfs_cache *c, uint32_t b, uint32_t s);
+bool sfs_chain_unlink(struct sfs_cache *c, uint32_t b, uint32_t s);
 
 /* Push s on chain b (lock held). */
 static inline void chain_link(struct sfs_cache *c, uint32_t b, uint32_t s)
@@ -237,7 +237,7 @@ struct lease_spare {
     uint64_t id; /* handle id, 0: none */
     uint32_t e;
     /* Entries freed to another handle since the spare was last used: at
-     * SPARE_SWITCH the spare moves to that handle (lease_spare_switch). */
+     * SPARE_SWITCH the spare moves to that handle (sfs_lease_spare_switch). */
     uint32_t misses;
     bool keyed; /* the exit destructor is armed for this thread */
 };
@@ -251,11 +251,11 @@ struct lease_spare {
 extern __thread struct lease_spare lease_spare
     __attribute__((tls_model("initial-exec"), visibility("hidden")));
 
-int entry_pop(struct sfs_cache *c, uint32_t *e); /* -ENOBUFS: table full */
-void entry_push(struct sfs_cache *c, uint32_t e);
-void lease_spare_arm(void);
+int sfs_entry_pop(struct sfs_cache *c, uint32_t *e); /* -ENOBUFS: table full */
+void sfs_entry_push(struct sfs_cache *c, uint32_t e);
+void sfs_lease_spare_arm(void);
 /* Give our spare back to its handle (if still open), keep e of c instead. */
-void lease_spare_switch(struct sfs_cache *c, uint32_t e);
+void sfs_lease_spare_switch(struct sfs_cache *c, uint32_t e);
 
 /* A free entry of our table for a new lease: the thread's spare if it has
  * one of this handle, else one from the handle's stack. */
@@ -268,7 +268,7 @@ static inline int entry_alloc(struct sfs_cache *c, uint32_t *e)
         SFS_ASSERT(*e < c->max_leases);
         return 0;
     }
-    return entry_pop(c, e);
+    return sfs_entry_pop(c, e);
 }
 
 static inline void entry_free(struct sfs_cache *c, uint32_t e)
@@ -278,14 +278,14 @@ static inline void entry_free(struct sfs_cache *c, uint32_t e)
         lease_spare.id = c->id;
         lease_spare.e = e;
         if (!lease_spare.keyed)
-            lease_spare_arm();
+            sfs_lease_spare_arm();
         return;
     }
     if (lease_spare.id != c->id && ++lease_spare.misses >= SPARE_SWITCH) {
-        lease_spare_switch(c, e);
+        sfs_lease_spare_switch(c, e);
         return;
     }
-    entry_push(c, e);
+    sfs_entry_push(c, e);
 }
 
 /* Bucket lock held: mark our lease e on slot s as the owner's. */
@@ -343,7 +343,7 @@ static inline void hit_released(struct sfs_cache *c)
 /* Some record's hit line holds a lease on s (or a hit's claim, about to
  * find s closed and let go). seq_cst loads: the closer's side of the
  * Dekker with a hit (slot_close_free). Bound: procs_used lines of 16. */
-bool hit_leased(struct sfs_cache *c, uint32_t s);
+bool sfs_hit_leased(struct sfs_cache *c, uint32_t s);
 
 /* Bucket lock held: close slot s to lock-free changes if no lease is on it,
  * counted or a hit's. True: closed with a count of 0 and no hit lease, so
@@ -372,7 +372,7 @@ static inline bool slot_close_free(struct sfs_cache *c, uint32_t s)
             break;
     }
     SFS_TEST_POINT("close:closed");
-    if (c->nhit && hit_leased(c, s)) {
+    if (c->nhit && sfs_hit_leased(c, s)) {
         /* Release: the state and key stand as they were for the next
          * hitter's acquire of the word. */
         atomic_store_explicit(&sl->refcount, w, memory_order_release);
@@ -394,20 +394,20 @@ static inline void slot_open(struct sfs_slot_rec *sl)
  * entries of dead records (freed). -EBUSY, count untouched, when a record
  * still alive has an entry in transit on s (it is between two of its steps:
  * try again later). Reopens a Ready slot. Bounded like repair_bucket. */
-int slot_recount(struct sfs_cache *c, uint32_t s);
+int sfs_slot_recount(struct sfs_cache *c, uint32_t s);
 
 /* Drop the lease in entry e of `table` (proc, gen) on slot s: bucket lock
  * held. An owner that lets go of a slot it never published leaves it Idle. */
-void release_locked(struct sfs_cache *c, uint32_t proc, uint32_t gen, _Atomic uint32_t *table,
+void sfs_release_locked(struct sfs_cache *c, uint32_t proc, uint32_t gen, _Atomic uint32_t *table,
                     uint32_t e, uint32_t s);
 /* One lease fewer on s, by an atomic decrement (saturating at 0); the last
  * one wakes a Get waiting for a free slot. Lock-free callers only while the
  * slot is open (release_fast). */
-void refcount_drop(struct sfs_cache *c, struct sfs_slot_rec *s);
+void sfs_refcount_drop(struct sfs_cache *c, struct sfs_slot_rec *s);
 /*
  * The last lease on s is gone, and the count was brought to 0 by a seq_cst
  * read-modify-write: wake a Get waiting for a free slot. Dekker with
- * release_wait_begin (evict.c), which registers (seq_cst RMW), then fences
+ * sfs_release_wait_begin (evict.c), which registers (seq_cst RMW), then fences
  * (seq_cst), then rescans the counts. Our RMW W and our seq_cst load R of
  * release_waiters are in the single order S with the waiter's fence F: if
  * W precedes F, the waiter's rescan (after F) sees our count; else F
@@ -437,13 +437,13 @@ static inline void refcount_last(struct sfs_cache *c, struct sfs_slot_rec *s)
 /* Free every lease in proc p's table (p is dead, or is us detaching) whose
  * bucket lock is reachable by deadline_ns (bucket_lock's meaning); returns
  * how many are left for a later call. */
-int drop_all_leases(struct sfs_cache *c, uint32_t p, uint32_t gen, int64_t deadline_ns);
+int sfs_drop_all_leases(struct sfs_cache *c, uint32_t p, uint32_t gen, int64_t deadline_ns);
 /* A release whose lock was out of reach: marked now (ENTRY_DROP), dropped
- * under the lock by lease_finish_deferred() on a later release, at close,
+ * under the lock by sfs_lease_finish_deferred() on a later release, at close,
  * or by the reaper. */
-bool lease_defer(struct sfs_cache *c, uint32_t e, uint32_t v);
-void lease_finish_deferred(struct sfs_cache *c);
-void lease_table_fini(struct sfs_cache *c);
+bool sfs_lease_defer(struct sfs_cache *c, uint32_t e, uint32_t v);
+void sfs_lease_finish_deferred(struct sfs_cache *c);
+void sfs_lease_table_fini(struct sfs_cache *c);
 
 /* ---------------------------------------------------------------------------
  * evict.c: taking a slot for a new key.
@@ -458,18 +458,18 @@ enum pool { POOL_REGULAR = 1, POOL_RESERVED = 2, POOL_FRESH_ONLY = 4 };
 /* Take a slot for bucket b (b locked) from `pools`: 0 with *out detached
  * and its bucket set to b; -ENOSPC when every candidate was leased; -EAGAIN
  * when some unleased one sat in a bucket that was busy at that instant. */
-int alloc_slot(struct sfs_cache *c, uint32_t b, uint32_t dom, unsigned pools, uint32_t *out);
+int sfs_alloc_slot(struct sfs_cache *c, uint32_t b, uint32_t dom, unsigned pools, uint32_t *out);
 /* Put key on slot s (detached, s->bucket == b, b locked) in `state`. */
-void install(struct sfs_cache *c, uint32_t b, uint32_t s, const struct sfs_key *k, uint32_t state,
+void sfs_install(struct sfs_cache *c, uint32_t b, uint32_t s, const struct sfs_key *k, uint32_t state,
              bool prefetch);
-/* A Get that found no free slot waits for a release: release_wait_begin()
+/* A Get that found no free slot waits for a release: sfs_release_wait_begin()
  * counts it in release_waiters and returns release_seq, then the caller
- * rescans before it sleeps; wait_for_release() sleeps while release_seq
+ * rescans before it sleeps; sfs_wait_for_release() sleeps while release_seq
  * still reads `seq`, for at most one OWNER_CHECK_NS slice or to the deadline
- * (0 to rescan, or -errno); release_wait_end() when the Get returns. */
-uint32_t release_wait_begin(struct sfs_cache *c);
-int wait_for_release(struct sfs_cache *c, uint32_t seq, int64_t deadline_ns);
-void release_wait_end(struct sfs_cache *c);
+ * (0 to rescan, or -errno); sfs_release_wait_end() when the Get returns. */
+uint32_t sfs_release_wait_begin(struct sfs_cache *c);
+int sfs_wait_for_release(struct sfs_cache *c, uint32_t seq, int64_t deadline_ns);
+void sfs_release_wait_end(struct sfs_cache *c);
 
 /* ---------------------------------------------------------------------------
  * State changes and wakes.

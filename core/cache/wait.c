@@ -38,7 +38,7 @@ static int try_takeover(struct sfs_cache *c, uint32_t s, uint32_t e, int64_t dea
         make_owner(c, sl);
         lease_mark_owner(c, s, e);
         set_state(sl, SFS_STATE_LOADING);
-        pin_on_load(c, sl);
+        sfs_pin_on_load(c, sl);
         sfs_ctr_add(c, CTR_TAKEOVERS, 1);
         sfs_ctr_add(c, CTR_OWNER_LOADS, 1);
         r = 1;
