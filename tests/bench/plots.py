@@ -94,8 +94,9 @@ def plot_tp(doc, out):
                 if "KiB" in h:
                     series.append(("16 CPUs (H200 host), %s" % h.replace(" rotated vs old", ""),
                                    [num(r[n]) for r in rows], [num(r[c]) for r in rows], "-"))
-    series = [(lb, [x for x, y in zip(xs, ys) if x and y], [y for x, y in zip(xs, ys) if x and y], ls)
-              for lb, xs, ys, ls in series]
+    # A "-" cell (no figure) drops its point.
+    series = [(lb, [x for x, y in zip(xs, ys) if x and y], [y for x, y in zip(xs, ys) if x and y],
+               ls) for lb, xs, ys, ls in series]
     if not series:
         print("plots.py: no TP scaling tables found", file=sys.stderr)
         return False
@@ -132,7 +133,6 @@ def plot_hit_rate(doc, out):
                 ("no new-load bit", "CLOCK, no new-load bit"), ("LRU", "exact LRU"),
                 ("FIFO", "FIFO")]
         rows = [r for r in rows if "copy a peek" not in r[0] and "release, copy" not in r[0]]
-        names = [r[0].split(" (")[0].replace("hot set", "hot set") for r in rows]
         short = []
         for r in rows:
             t = r[0]
@@ -150,7 +150,7 @@ def plot_hit_rate(doc, out):
         a1.set_title("The cache's policies (1024 slots), per trace")
         a1.legend(fontsize=7, ncol=2)
         a1.grid(True, axis="y", alpha=0.3)
-        drawn = names is not None
+        drawn = True
         break
     if not drawn:
         print("plots.py: bench_clock's table not found", file=sys.stderr)
@@ -201,11 +201,12 @@ def plot_fuse(doc, out):
             continue
         by = {r[0]: r for r in rows}
         random = [("4 KiB random reads, 1 job", 4096), ("1 MiB reads, random, 1 job", 1 << 20)]
-        seq = [("`cat` of every shard file", 128 << 10), ("1 MiB reads, sequential, 1 job", 1 << 20)]
+        seq = [("`cat` of every shard file", 128 << 10),
+               ("1 MiB reads, sequential, 1 job", 1 << 20)]
         fig, ax = plt.subplots(figsize=(6.4, 4.4))
-        for k, (mode, color) in enumerate((("tmpfs", "C0"), ("passthrough_ll", "C1"),
-                                           ("shardfs default", "C2"),
-                                           ("shardfs page_cache", "C3"))):
+        modes = (("tmpfs", "C0"), ("passthrough_ll", "C1"), ("shardfs default", "C2"),
+                 ("shardfs page_cache", "C3"))
+        for mode, color in modes:
             c = head.index(mode)
             for rowset, ls, what in ((random, "-", "random"), (seq, "--", "sequential")):
                 pts = [(size, gbs(by[w][c], size)) for w, size in rowset if w in by]
