@@ -504,7 +504,7 @@ struct fs_options {
     char *attach_gid;  /* a group whose members may attach */
     char *page_cache;  /* SIZE: bytes of shards the kernel page cache may hold */
     char *admission;   /* clock|scan: -o admission (enum sfs_admission) */
-    char *peer_listen;   /* ADDR:PORT: enables the peer tier (DESIGN section 12) */
+    char *peer_listen;   /* ADDR:PORT: enables the peer tier (design.md, section 11) */
     char *peers;         /* the members file */
     char *peer_capacity; /* SIZE: slot region bytes */
     char *peer_ways;     /* N */

@@ -47,7 +47,7 @@ static void touch_hook(const struct sfs_block_id *blocks, size_t n, void *arg)
  * main
  */
 
-/* With the peer tier, SIGHUP re-reads its members file (DESIGN section 12)
+/* With the peer tier, SIGHUP re-reads its members file (design.md, section 11)
  * instead of ending the session: the stop signals' thread takes it, and the
  * handler only raises the backend's flag. */
 static struct sfs_backend *peer_hup_be;

@@ -1,6 +1,6 @@
 /* SPDX-License-Identifier: MIT */
 /*
- * usage.c - the learned hot set and warm restart (issue 12; docs/fs.md,
+ * usage.c - the learned hot set and warm restart (design.md, section 10; docs/fs.md,
  * "Warm restart").
  *
  * The daemon keeps decayed per-block usage counts in a fixed table of

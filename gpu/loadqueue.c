@@ -26,7 +26,7 @@
  * In the idle window (the queue is empty after a task), the dispatcher runs
  * Prealloc (block, shard + 1) for every block of the last load task: streams
  * read a block's shards in order, so the next task's Gets find their slot on
- * the chain and take it over on the fast path (seed scenario E).
+ * the chain and take it over on the fast path (design.md, scenario E).
  *
  * Dumps take the same road the other way: Get with SFS_GET_WRITE, the copier
  * copies the source into the slot, a worker thread submits the backend dump
@@ -382,7 +382,7 @@ static void walk_task(struct sfs_rank *rk, struct sfs_task *t)
     if (t->kind == ITEM_LOAD) {
         w.b.cap = rk->depth ? rk->depth : 1;
         w.b.ios = malloc(w.b.cap * sizeof(*w.b.ios)); /* NULL: loads go one by one */
-        /* The seed's blocking LoadQueue (a baseline) had no look-ahead. */
+        /* The old blocking LoadQueue (a baseline) had no look-ahead. */
         if (order && !rk->blocking_waits)
             w.taken = calloc(t->n, sizeof(*w.taken)); /* NULL: none */
     }
@@ -460,7 +460,7 @@ static void *dispatcher_main(void *arg)
 
 /* Start the workers, a watcher and the dispatcher. Reads the test hook
  * SHARDFS_RANK_BLOCKING_WAITS: the dispatcher blocks on each key another
- * rank is loading, as the seed's LoadQueue did (bench_rank's baseline). */
+ * rank is loading, as the old natural-order LoadQueue did (bench_rank's baseline). */
 int sfs_lq_start(struct sfs_rank *rk)
 {
     int r;

@@ -2,7 +2,7 @@
 /*
  * rearrange.c - RearrangeIndex, the order in which a rank walks a task.
  *
- * Key idea (seed 000, 3.1): if every rank walks a task 0, 1, 2, ... they all
+ * Key idea (design.md, scenario A): if every rank walks a task 0, 1, 2, ... they all
  * contend for the same key at the same step: one bucket lock, one owner, one
  * backend load at a time. Rank r of N instead walks its own residue class
  * first (r, r+N, r+2N, ...), then the next one (r+1, r+1+N, ...), wrapping

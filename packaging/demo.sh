@@ -80,7 +80,7 @@ step "Touch block 0 with setfattr: its resident shards get CLOCK's second chance
 grep '^shardfs_touched_total' "$mnt/stats"
 show setfattr -n user.shardfs.touch -v 1 "$mnt/block/$b0"
 grep '^shardfs_touched_total' "$mnt/stats"
-echo "(tests/test_fs.c runs seed scenario D through the mount: Touch keeps a block under eviction)"
+echo "(tests/test_fs.c runs scenario D of docs/design.md through the mount: Touch keeps a block under eviction)"
 
 step "read every shard of the other blocks: 28 shards through a 16-shard cache"
 for id in "${blocks[@]:1}"; do cat "$mnt"/block/"$id"/shard/* >/dev/null; done

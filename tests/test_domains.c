@@ -1,11 +1,11 @@
 /* SPDX-License-Identifier: MIT */
 /*
- * test_domains.c - eviction domains (issue 12, -o partitions=P): a key's
+ * test_domains.c - eviction domains (design.md, section 10; -o partitions=P): a key's
  * domain is its shard index mod P, each domain owns 1/P of each pool with
  * its own CLOCK hands, so a flood of one domain's keys never evicts
  * another's, a domain's budget holds, Prealloc and the reserved pool keep
  * to the key's domain, and the evictions are counted by domain. (P = 1 is
- * the seed 000 scenarios, test_scenarios.c, unchanged.) Budgets given per
+ * design.md's scenarios, test_scenarios.c, unchanged.) Budgets given per
  * domain (sfs_cache_config.partition_weights) hold at their sizes.
  */
 #include "testutil.h"

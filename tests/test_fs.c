@@ -527,7 +527,7 @@ Test(fs, eight_readers_of_a_missing_shard_one_load, .timeout = 60)
 }
 
 /* ---------------------------------------------------------------------------
- * Seed 000 scenario D through the mount: Touch keeps a block resident.
+ * Scenario D (design.md) through the mount: Touch keeps a block resident.
  */
 
 static void scenario_d_fs(bool touch)

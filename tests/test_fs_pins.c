@@ -1,7 +1,7 @@
 /* SPDX-License-Identifier: MIT */
 /*
- * test_fs_pins.c - pins and eviction domains through the FUSE view (issue
- * 12): `setfattr -n user.shardfs.pin -v SECONDS MOUNT/block/<id>` pins a
+ * test_fs_pins.c - pins and eviction domains through the FUSE view
+ * (design.md, section 10): `setfattr -n user.shardfs.pin -v SECONDS MOUNT/block/<id>` pins a
  * block (0 unpins), `getfattr -n user.shardfs.state` of its shards reads
  * `ready,pinned`, /stats counts shardfs_pinned_bytes; a pinned block
  * survives a flood of reads, its pin expires by itself, a pin over

@@ -1,6 +1,6 @@
 /* SPDX-License-Identifier: MIT */
 /*
- * test_fs_warm.c - the learned hot set and warm restart (issue 12): the
+ * test_fs_warm.c - the learned hot set and warm restart (design.md, section 10): the
  * daemon learns which blocks a skewed workload uses, writes
  * STORE/.shardfs_usage when it stops, and at the next mount with -o
  * warm=PCT loads the hottest blocks up to PCT of capacity with no reader.

@@ -795,8 +795,8 @@ Test(fs_write, cp_of_a_sparse_file_is_a_whole_shard, .timeout = 60)
 }
 
 /* ---------------------------------------------------------------------------
- * Concurrent writers and readers of the same shards (issue 15, "What must
- * show": every byte read is one whole version).
+ * Concurrent writers and readers of the same shards: every byte read is
+ * one whole version.
  *
  * WS_WRITERS forked writers replace the same WS_BLOCKS x WS_SHARDS shards,
  * over and over, each time with a whole new version (one open, one write of

@@ -1,6 +1,6 @@
 /* SPDX-License-Identifier: MIT */
 /*
- * test_hitpath.c - the lock-free hit (issue 14, docs/recovery.md "Lock-free
+ * test_hitpath.c - the lock-free hit (docs/recovery.md, "Lock-free
  * hits"): a Ready hit and its release take no bucket lock and write no line
  * another process writes (the lease is an entry of the slot's hit line in
  * the hitter's own table), and crash recovery stays exact.

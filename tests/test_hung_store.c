@@ -1,7 +1,7 @@
 /* SPDX-License-Identifier: MIT */
 /*
  * test_hung_store.c - a store on a file system that stops answering: every
- * backend call has a deadline (issue 15, finding 6).
+ * backend call has a deadline (design.md, invariant 6).
  *
  * One prefix directory of a dir_prefix=2 posix store is the mount point of
  * a tiny FUSE file system this test runs in a forked child ("hungfs"): it

@@ -72,7 +72,7 @@ static int truncating_child(struct sfs_cache *c, void *arg)
     return 0;
 }
 
-/* Issue 8 finding 5: an unsealed segment let a client truncate it, and the
+/* An unsealed segment let a client truncate it, and the
  * next reader died of SIGBUS. */
 Test(liveness, data_plane_cannot_be_truncated, .timeout = 30)
 {
@@ -112,7 +112,7 @@ static int plain_child(struct sfs_cache *c, void *arg)
     return 0;
 }
 
-/* Issue 8 finding 6: a client adding F_SEAL_FUTURE_WRITE to the control
+/* A client adding F_SEAL_FUTURE_WRITE to the control
  * plane made every later attach fail (no writable mapping). */
 Test(liveness, control_plane_cannot_be_resealed, .timeout = 30)
 {
@@ -157,7 +157,7 @@ static int attach_and_close(void *arg)
     return 0;
 }
 
-/* Issue 8 finding 10: with 8 connections that said nothing, an attach failed
+/* With 8 connections that said nothing, an attach failed
  * -EAGAIN after 5 s (one thread gave each silent client 1 s). */
 Test(liveness, silent_clients_do_not_delay_attach, .timeout = 30)
 {
@@ -399,7 +399,7 @@ Test(liveness, socket_directory_writable_by_others_is_refused, .timeout = 30)
 }
 
 /* ---------------------------------------------------------------------------
- * Liveness by connection (issue 8 finding 1): nobody judges a process by its
+ * Liveness by connection (design.md, section 9): nobody judges a process by its
  * pid. A rank in its own pid namespace is not reaped while alive and is
  * reaped when it dies; a rank that execs, or that drops its connection while
  * it lives on, is reaped at once.
@@ -604,7 +604,7 @@ Test(liveness, rank_that_execs_while_owning_a_load_does_not_wedge_it, .timeout =
     sfs_cache_close(c);
 }
 
-/* Issue 8 finding 12: a pid that comes back means nothing. In a new pid
+/* A pid that comes back means nothing. In a new pid
  * namespace (so the pid can be forced), owner A (pid 2 there) dies holding a
  * load; then B is forked with A's pid (ns_last_pid), attaches, and asks for
  * the same key. B must take the load over, and nobody may treat B as A. */
@@ -821,7 +821,7 @@ Test(liveness, record_is_reaped_when_its_connection_closes, .timeout = 30)
 
 /* ---------------------------------------------------------------------------
  * Process records are bounded per process and come back with the connection
- * (issue 8 finding 11: one process took all 63 free records).
+ * (once one process took all 63 free records).
  */
 
 static int attach_until_refused(void *arg)

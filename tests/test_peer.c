@@ -134,7 +134,7 @@ Test(peer, seq_moved_during_copy_is_a_miss, .timeout = 10)
     hdr.magic = PEER_MAGIC;
     hdr.csum = peer_checksum(p, sizeof(p));
     cr_assert_eq(peer_slot_matches(&hdr, 2, 2, &h, sizeof(p), p), PEER_HIT);
-    /* The seed's hole: seq even before, a write during the copy. */
+    /* The one-read seqlock's hole: seq even before, a write during the copy. */
     cr_assert_eq(peer_slot_matches(&hdr, 2, 3, &h, sizeof(p), p), PEER_MISS_TORN);
     cr_assert_eq(peer_slot_matches(&hdr, 2, 4, &h, sizeof(p), p), PEER_MISS_TORN);
     cr_assert_eq(peer_slot_matches(&hdr, 3, 3, &h, sizeof(p), p), PEER_MISS_TORN);
@@ -196,7 +196,7 @@ Test(peer, concurrent_writer_during_copy_never_gives_bytes, .timeout = 60)
         pthread_create(&w[i], NULL, race_writer, &x);
         pthread_create(&rd[i], NULL, race_reader, &x);
     }
-    /* 200000 hits: with the seed's check (seq read before the copy only,
+    /* 200000 hits: with a one-read check (seq read before the copy only,
      * no checksum) a mixed payload shows within a second here. At most 20 s
      * (a liveness bound for slow sanitizer builds, not a pass condition). */
     for (int64_t end = now_ns() + 20000000000ll;

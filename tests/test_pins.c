@@ -1,6 +1,6 @@
 /* SPDX-License-Identifier: MIT */
 /*
- * test_pins.c - pins with a time to live and a budget (issue 12), through
+ * test_pins.c - pins with a time to live and a budget (design.md, section 10), through
  * the core (sfs_cache_pin) and the rank API (sfs_rank_pin): a pinned block
  * survives a flood, its shards loaded while the pin lasts too; expiry frees
  * it with no thread to time it; unpin frees it at once; a batch over the

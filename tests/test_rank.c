@@ -1,6 +1,6 @@
 /* SPDX-License-Identifier: MIT */
 /*
- * test_rank.c - libshardfs-rank: RearrangeIndex (seed scenario A, exactly),
+ * test_rank.c - libshardfs-rank: RearrangeIndex (design.md's scenario A, exactly),
  * the LoadQueue across real rank processes, the copier, dumps, lookups,
  * prefetch, Prealloc in the idle window (scenario E), failures, timeouts and
  * a rank killed mid-load.
@@ -382,7 +382,7 @@ Test(rank, counts_keys_helper, .timeout = 10)
 
 Test(rank, rearrange_scenario_a, .timeout = 10)
 {
-    /* Seed 000, scenario A: 4 ranks x 12 shards. */
+    /* Scenario A (design.md): 4 ranks x 12 shards. */
     static const uint32_t want[4][12] = {
         {0, 4, 8, 1, 5, 9, 2, 6, 10, 3, 7, 11},
         {1, 5, 9, 2, 6, 10, 3, 7, 11, 0, 4, 8},

@@ -1,6 +1,6 @@
 /* SPDX-License-Identifier: MIT */
 /*
- * test_rank_domains.c - eviction domains through the rank API (issue 12):
+ * test_rank_domains.c - eviction domains through the rank API (design.md, section 10):
  * a cache of P domains (sfs_cache_config.partitions; a key's domain is its
  * shard index mod P) served on a socket in this process, and a rank of the
  * rank library attached to it loading from a posix store. The rank fills

@@ -1,7 +1,7 @@
 /* SPDX-License-Identifier: MIT */
 /*
- * test_rank_inline.c - small tasks on the submitting thread (issue 14,
- * section 2): a load of at most 64 entries and 1 MiB whose keys are all
+ * test_rank_inline.c - small tasks on the submitting thread (docs/rank.md,
+ * "Small tasks inline"): a load of at most 64 entries and 1 MiB whose keys are all
  * Ready is copied and completed before sfs_rank_load returns; any other
  * task keeps the pipeline, with the keys the inline try already Got handed
  * on (hits, a waiter, an owner) and never Got twice; a load after a dump of

@@ -1,6 +1,6 @@
 /* SPDX-License-Identifier: MIT */
 /*
- * test_recovery.c - issue 8's findings in the core: waits that sleep, locks
+ * test_recovery.c - recovery in the core (docs/recovery.md): waits that sleep, locks
  * with deadlines, an evictor's window, a lost wakeup, hostile headers and
  * impossible states, and leases counted exactly once.
  *

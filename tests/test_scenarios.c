@@ -1,6 +1,6 @@
 /* SPDX-License-Identifier: MIT */
 /*
- * test_scenarios.c - seed 000's scenarios B, C, D and E, reproduced exactly,
+ * test_scenarios.c - design.md's scenarios B, C, D and E, reproduced exactly,
  * slot numbers included.
  *
  * The slot a key landed in is observed through lease.slot from

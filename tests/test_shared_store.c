@@ -1,7 +1,7 @@
 /* SPDX-License-Identifier: MIT */
 /*
- * test_shared_store.c - several hosts on one posix store (issue 11,
- * docs/shared-store.md): writers never share a temporary file, a commit is
+ * test_shared_store.c - several hosts on one posix store
+ * (docs/shared-store.md): writers never share a temporary file, a commit is
  * one rename, a crashed writer's leftovers are swept by age, a block file
  * cut inside a shard is a miss for that shard.
  *
@@ -901,7 +901,7 @@ Test(shared_store, stale_tmp_swept, .timeout = 30)
  * goes on without it (integrity rests on the rename alone), well within
  * its deadline. A blocking flock here waited out the deadline, and over
  * GlusterFS's FUSE client a writer SIGKILLed in that wait could not exit
- * (issue 11's hang). The lock file stays on a remote file system. */
+ * (the hang shared-store.md tells). The lock file stays on a remote file system. */
 Test(shared_store, remote_lock_held_elsewhere, .timeout = 30)
 {
     struct sfs_backend_params bp = {.shard_size = S, .timeout_ms = 2000};
@@ -1038,7 +1038,7 @@ static void gluster_suite(int replica)
 }
 
 /* The suite on a GlusterFS volume mounted twice. It failed before the
- * commit's fixes of issue 11: dumps of the shared blocks answered -EIO (a
+ * commit fixes of shared-store.md: dumps of the shared blocks answered -EIO (a
  * stale handle of the committed file or of the lock file, retried 16 times
  * within a millisecond while the client's lookup caches hold it for about
  * a second), and a writer SIGKILLed in a blocking flock (a FUSE SETLKW,

@@ -116,7 +116,7 @@ void sfs_pin_on_load(struct sfs_cache *c, struct sfs_slot_rec *sl);
 void sfs_pin_on_fail(struct sfs_cache *c, struct sfs_slot_rec *sl);
 void sfs_pin_on_unlink(struct sfs_cache *c, struct sfs_slot_rec *sl);
 
-/* The domain of a key: its shard index mod npartitions (DESIGN 13). */
+/* The domain of a key: its shard index mod npartitions (design.md, section 10). */
 static inline uint32_t sfs_domain_of(const struct sfs_cache *c, uint32_t shard)
 {
     return c->npartitions > 1 ? shard % c->npartitions : 0;

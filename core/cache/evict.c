@@ -8,7 +8,7 @@
  * most two laps: a set accessed bit is cleared and skipped, a clear bit on an
  * unleased slot is the victim. After one lap of set bits the second lap meets
  * the first position again with its bit now clear: that is the "raw hand"
- * fallback of seed 000, with no special case. A victim in another bucket is
+ * fallback (design.md, section 4), with no special case. A victim in another bucket is
  * taken only with trylock, so two evictors never wait on each other's locks.
  *
  * A slot moves between chains by unlink, bucket, key, link (bucket.c says why

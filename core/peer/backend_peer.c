@@ -1,7 +1,7 @@
 /* SPDX-License-Identifier: MIT */
 /*
  * backend_peer.c - the peer tier as a backend wrapping another:
- * cache -> peer -> posix (DESIGN section 12, docs/peer.md).
+ * cache -> peer -> posix (design.md, section 11; docs/peer.md).
  *
  *   peer:listen=ADDR:PORT,members=FILE,ways=N,capacity=SIZE[,slot=SIZE]
  *        [,deadline_ms=N]:<inner spec>

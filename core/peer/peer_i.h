@@ -1,6 +1,6 @@
 /* SPDX-License-Identifier: MIT */
 /*
- * peer_i.h - the peer tier (seed 002, DESIGN section 12): the slot region one
+ * peer_i.h - the peer tier (design.md, section 11): the slot region one
  * daemon serves to the other hosts, the placement every host computes alike,
  * the wire protocol, and the server and client that speak it.
  *

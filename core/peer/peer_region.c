@@ -6,8 +6,8 @@
  * the daemon serves its bytes to the other hosts (peer_net.c) and reads and
  * writes its own keys here directly. Every read of a slot is a seqlock copy:
  * seq (acquire), header and payload copied, an acquire fence, seq again; the
- * copy counts only when both reads are the same even value (the seed read
- * seq once, before the copy, so a write that landed during the copy went
+ * copy counts only when both reads are the same even value (a seqlock that
+ * reads seq once, before the copy, so a write that landed during the copy went
  * unseen). A write claims the slot by a compare-and-swap of seq from the
  * even value the writer read to odd, so of two writers that read the same
  * seq exactly one wins and the other learns it (-EAGAIN) instead of silently

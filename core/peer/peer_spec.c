@@ -1,6 +1,6 @@
 /* SPDX-License-Identifier: MIT */
 /*
- * peer_spec.c - the peer backend's spec options (DESIGN section 12):
+ * peer_spec.c - the peer backend's spec options (design.md, section 11):
  *
  *   peer:listen=ADDR:PORT,members=FILE,ways=N,capacity=SIZE[,slot=SIZE]
  *        [,deadline_ms=N]:<inner spec>

@@ -484,7 +484,7 @@ int main(int argc, char **argv)
            ratio_hi = bench_percentile(ratio, runs, 100);
     double ratio_med = bench_median(ratio, runs);
 
-    /* 1b. The same hit with the policies on (issue 12): a second cache of
+    /* 1b. The same hit with the policies on (design.md, section 10): a second cache of
      * the same geometry with 8 eviction domains, the hit key's block pinned
      * and other blocks pinned too, against the plain cache, interleaved
      * chunk by chunk. The hit never looks at domains or pins (a miss does),

@@ -139,7 +139,7 @@ static void lru_push(struct pol *p, uint32_t k)
 
 /*
  * The LRU victim. Raw LRU takes the least recent entry, leased or not.
- * LRU_FAIR honours what the cache honours (DESIGN invariant 2: a leased slot
+ * LRU_FAIR honours what the cache honours (design.md, invariant 2: a leased slot
  * is never evicted): the least recent entry that no lease holds, walking from
  * the tail (at most cap steps). Only when every entry is leased, which a
  * leasing cache answers with -ENOSPC, does it take the least recent leased

@@ -2,7 +2,7 @@
 /*
  * bench_cold.c - cold loads with the DEFAULT posix spec: N rank processes
  * loading the same keys through the cache, against N processes each reading
- * those keys themselves, in the same run (issue 14, section 4).
+ * those keys themselves, in the same run (docs/PERFORMANCE.md's cold-load target).
  *
  *   bench_cold [--quick] [--md FILE] [--dir DIR] [--reps R] [--mib M]
  *              [--hugepages N]
@@ -41,7 +41,7 @@
  * process after every pass. Ranks live for a whole N (one warm-up pass
  * each first, untimed: it faults the data plane into the ranks).
  *
- * --shared (issue 11, section bench_shared): the store on a GlusterFS
+ * --shared (section bench_shared; docs/shared-store.md): the store on a GlusterFS
  * volume (tests/glusterfx.c: a loopback brick under /tmp, mounted twice,
  * two "hosts", each with its own cache and N ranks; 128 MiB, 8 with
  * --quick). Each round: host A's N ranks load every key cold through mount
@@ -426,7 +426,7 @@ static void bench_n(struct bench *b, struct sfs_cache *c, const struct bench_sto
 }
 
 #ifdef BENCH_GLUSTER
-/* --- --shared: two hosts on one GlusterFS volume (issue 11) --- */
+/* --- --shared: two hosts on one GlusterFS volume --- */
 
 static struct glfx G = {.lock_fd = -1};
 static pid_t G_owner; /* the process that made the volume: it alone removes it */

@@ -1,6 +1,6 @@
 /* SPDX-License-Identifier: MIT */
 /*
- * bench_peer.c - the peer tier (issue 10, docs/peer.md): a cross-namespace
+ * bench_peer.c - the peer tier (docs/peer.md): a cross-namespace
  * get of resident 256 KiB pages against a raw TCP transfer of the same bytes
  * over the same veth pair in the same run, the bytes on the wire per payload
  * byte, and the hit rate of the set-associative region against an ideal LRU.

@@ -1,7 +1,7 @@
 /* SPDX-License-Identifier: MIT */
 /*
  * bench_peer_lo.c - the peer tier's single get of a resident 256 KiB page
- * (issue 10, docs/peer.md) against raw TCP moving the same bytes, over
+ * (docs/peer.md) against raw TCP moving the same bytes, over
  * 127.0.0.1 in one process, with the CPU time each spends beside the wall
  * time.
  *

@@ -81,7 +81,7 @@ static struct {
     .lat_us = 2000,
     .depth = 4,
     .shard = 64 * 1024,
-    /* 16 KiB, the GPU brief's smallest shard, keeps the host copier's
+    /* 16 KiB, the smallest shard the GPU targets name, keeps the host copier's
      * memcpy (every rank copies the whole task) from taking the CPUs the
      * ranks' loads need on a small host; 64 KiB shows that cost. */
     .tp_shard = {16 * 1024, 64 * 1024},
@@ -266,7 +266,7 @@ static int tp_child(struct bjob *j)
     cfg.backend = j->spec;
     cfg.load_depth = O.depth;
     cfg.rotate = j->rotate;
-    /* The seed's blocking LoadQueue: a test hook, read at open (each rank
+    /* The old blocking LoadQueue: a test hook, read at open (each rank
      * is a process of its own). */
     if (j->blocking)
         setenv("SHARDFS_RANK_BLOCKING_WAITS", "1", 1);

@@ -10,7 +10,7 @@
  * count is up and the child's /proc state is S), then stamps the clock and
  * publishes; the waiter stamps the clock when the wait returns. "Hot"
  * publishes at once; "idle" first leaves the waiter's CPU idle for 1 ms. The
- * baseline, in the same run, is the seed's old way: lock-read-unlock
+ * baseline, in the same run, is the old polling way: lock-read-unlock
  * (sfs_cache_state) then sleep 10 ms, with the publish at a random point of
  * the poll period. Modes are interleaved in blocks so noise hits all alike.
  */

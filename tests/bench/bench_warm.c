@@ -1,6 +1,6 @@
 /* SPDX-License-Identifier: MIT */
 /*
- * bench_warm.c - warm restart (issue 12): the hit rate of the first 10 % of
+ * bench_warm.c - warm restart (design.md, section 10): the hit rate of the first 10 % of
  * a skewed workload replayed after a restart, with -o warm against a cold
  * restart, in the same run; and what the hot-set sampler costs per second.
  *

@@ -183,7 +183,7 @@ int LLVMFuzzerInitialize(int *argc, char ***argv)
                                nwords / 2, 63,     nwords - 1, 100000};
     seed("words", F_OPS, patch, sizeof(patch));
     /* Regression: a stride whose product with slots_per_segment wraps to
-     * less than the segment size (issue 8, finding 8). */
+     * less than the segment size (docs/fuzzing.md, finding 1). */
     const struct sfs_header *h = (const void *)pristine;
     uint8_t hdr[GEOM_END];
     uint64_t stride = 0xc000000000000000ull | h->stride;

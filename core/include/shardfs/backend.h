@@ -162,7 +162,7 @@ SFS_API int sfs_backend_list(struct sfs_backend *be,
 
 SFS_API void sfs_backend_close(struct sfs_backend *be);
 
-/* The peer tier's counters (DESIGN section 12: shardfs_peer_*). */
+/* The peer tier's counters (docs/design.md, section 11: shardfs_peer_*). */
 struct sfs_peer_stats {
     uint64_t hits, misses;
     uint64_t clean_torn, clean_other_key, clean_length, clean_unreachable;

@@ -118,7 +118,7 @@ struct sfs_cache_config {
     bool populate;         /* prefault the data plane at create (default false) */
     bool no_reserved;      /* nreserved is exactly 0 (0 in nreserved means default) */
     int admission;         /* enum sfs_admission (default SFS_ADMIT_CLOCK) */
-    /* Policies (seed 003). Appended: a caller built against the older header
+    /* Policies (docs/design.md, section 10). Appended: a caller built against the older header
      * passes a shorter struct; sfs_cache_create is the creator's call (the
      * daemon, tests), not a rank's, so only they need a rebuild. */
     uint32_t partitions; /* eviction domains (0 or 1: one; at most 64); a key's

@@ -331,8 +331,8 @@ static void drop_refs(struct posix_backend *p, const char *rel, const struct loc
  * dst: dst is sized to len (reading as zeros), then the data extents of
  * src that no shard of ios overwrites are copied. A dump of whole blocks
  * (what the engines do) copies nothing, so it never reads the file another
- * host may be replacing meanwhile (issue 11: its stale handle failed such
- * copies). */
+ * host may be replacing meanwhile (on GlusterFS its stale handle failed such
+ * copies: docs/shared-store.md). */
 static int copy_kept(int src, int dst, uint64_t len, struct sfs_io **ios, size_t k, uint64_t S)
 {
     uint64_t pos = 0;
@@ -566,7 +566,7 @@ out_unlock:
      * once idle for tmp_age): a client that cached the unlinked lock file's
      * handle would lock the dead inode, pass the inode test on its cached
      * attributes, and commit beside the next holder, or spin on -ESTALE
-     * until its lookup cache expired (issue 11). */
+     * until its lookup cache expired (docs/shared-store.md). */
     if (lfd >= 0) {
         if (!p->remote_fs)
             unlinkat(p->root_fd, lock, 0);

@@ -283,7 +283,7 @@ static enum cqe_verdict handle_cqe(struct posix_backend *p, struct sfs_io *io, i
         }
     }
     /* GlusterFS answers -EIO, not -ESTALE, to a read of a file that
-     * another client renamed a new version over (issue 11), and -ENOENT
+     * another client renamed a new version over (shared-store.md), and -ENOENT
      * when its open-behind translator opens the file only at the first
      * read, by then renamed over: on a remote file system both are a stale
      * file too, read again from a new open (a real, lasting I/O error ends

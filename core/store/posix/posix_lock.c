@@ -67,8 +67,8 @@ bool sfs_posix_stale_backoff(int64_t start_ns, int64_t budget_ns, unsigned *us)
  * deadline (LOCK_POLL_MAX_NS at most). A blocking flock on a FUSE client
  * is a SETLKW request that, once the client daemon has read it, the kernel
  * waits for uninterruptibly: a writer SIGKILLed there cannot exit until
- * the lock is granted, and on GlusterFS it was not (the hang of issue 11:
- * a zombie holding the mount). A FUSE store normally takes no lock here
+ * the lock is granted, and on GlusterFS it was not (a hang seen there:
+ * a zombie holding the mount; docs/shared-store.md). A FUSE store normally takes no lock here
  * at all (the host locks, below). 0, or -1 with errno (EWOULDBLOCK: still
  * held when the poll ended). */
 static int flock_ex(struct posix_backend *p, int fd, bool remote)
