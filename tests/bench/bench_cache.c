@@ -629,7 +629,7 @@ int main(int argc, char **argv)
             "| `sfs_cache_get` + `sfs_cache_release`, hit | %.1f (%.1f) | %.2f (runs: %.2f-%.2f) | "
             "<= 1.50 | %s |\n\n",
             gr_med, gr_lo, ratio_med, ratio_lo, ratio_hi, ratio_med <= 1.5 ? "yes" : "**no**");
-    fprintf(o, "Policies on vs off (issue 12), interleaved in the same run: the same hit on a "
+    fprintf(o, "Policies on vs off, interleaved in the same run: the same hit on a "
                "cache with 8 eviction domains (`-o partitions=8`) and the key's block and 15 "
                "others pinned, against the plain cache above; each chunk on a fresh thread "
                "(a thread keeps a spare lease entry of one handle only).\n\n");

@@ -782,7 +782,7 @@ int main(int argc, char **argv)
             "loaded and that were gone when their copy came (hit rates count the loads "
             "only).\n\n"
             "Two LRUs. \"LRU\" (raw) evicts the least recent key whatever holds it. \"LRU, "
-            "leased\" honours the cache's lease contract (DESIGN invariant 2): it evicts the "
+            "leased\" honours the cache's lease contract (design.md, invariant 2): it evicts the "
             "least recent key that no lease holds. Where the cache holds leases (the batch row "
             "with leases held) both LRUs see the same leases; in the copy-after-release rows, "
             "where the cache holds none and only its accessed bit protects a load, the leased "

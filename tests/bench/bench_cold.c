@@ -642,7 +642,7 @@ static int shared_main(struct bench *b)
     fprintf(b->out,
             "\nHost B reads the store once more: each host's cache loads every key from the "
             "store once (store loads per key 1.00 on each host), so H hosts read the store H "
-            "times, and B's load costs what A's did. The peer tier (seed 002, `-o peer_listen`, "
+            "times, and B's load costs what A's did. The peer tier (`-o peer_listen`, "
             "[peer.md](peer.md)) changes that: B's miss asks the key's owner host first and "
             "reads it from that host's memory over TCP (`bench_peer`: 0.8-0.9x of raw TCP per "
             "256 KiB page), so the store is read about once per cluster, not per host.\n");

@@ -579,7 +579,7 @@ int main(int argc, char **argv)
         fprintf(b.out, " %.2fx |\n", medlat[w][M_TMPFS] / medlat[w][M_PC]);
     }
     fprintf(b.out, "\n");
-    fprintf(b.out, "| target (issue 14, section 5) | figure (median of runs) | met |\n");
+    fprintf(b.out, "| target | figure (median of runs) | met |\n");
     fprintf(b.out, "|---|---|---|\n");
     {
         double c_def = med[W_CAT][M_DEF] / med[W_CAT][M_TMPFS];

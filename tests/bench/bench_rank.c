@@ -370,12 +370,12 @@ static void bench_tp_one(void)
     emit("\n### TP scaling: N ranks load one task of %u x %u KiB shards\n\n", O.M, O.shard / 1024);
     emit("fault backend latency %u us, load depth %u per rank; median of %d runs; "
          "ideal wall = M / (N x depth) x latency = %.1f ms at N=1; %ld CPUs online. "
-         "Target: rotated >= 0.9 x N faster than the seed's natural-order LoadQueue. "
+         "Target: rotated >= 0.9 x N faster than the old natural-order LoadQueue. "
          "\"CPUs busy\" is the ranks' CPU time (every thread) over the wall time of "
          "the rotated run: near the CPU count, the run is CPU-bound, not load-bound.\n\n",
          O.lat_us, O.depth, O.reps, (double)O.M / O.depth * O.lat_us / 1e3,
          sysconf(_SC_NPROCESSORS_ONLN));
-    emit("| N | seed's old LoadQueue: natural, blocking waits (ms) | natural, waiters handed "
+    emit("| N | old LoadQueue: natural, blocking waits (ms) | natural, waiters handed "
          "off (ms) | rotated (ms) | rotated speedup vs old / vs natural | met (>= 0.9 x N) | "
          "wall N=%d / wall N (rotated) | backend concurrency mean (peak) | CPUs busy "
          "(rotated) | owner share min..max (M/N), rotated; natural |\n",
