@@ -3,7 +3,7 @@
  * attach_wire.h - the attach protocol's messages as docs/attach.md
  * documents them, for the tests that speak it (test_attach.c, and the
  * fuzz targets fuzz_attach_hello.c and fuzz_attach_welcome.c). Restated
- * here on purpose, not taken from core/attach_i.h: the tests hold the
+ * here on purpose, not taken from core/attach/attach_i.h: the tests hold the
  * server and the client to the documented format, and a core that drifts
  * from it fails them.
  */

@@ -1,7 +1,7 @@
 /* SPDX-License-Identifier: MIT */
 /*
  * test_admission.c - the scan-resistant admission (-o admission=scan,
- * core/admit.c) against plain CLOCK, on real caches.
+ * core/cache/admit.c) against plain CLOCK, on real caches.
  *
  * A hot set that was read twice survives a scan of cold keys four times the
  * cache with admission=scan and is flushed by it with CLOCK (the same steps

@@ -674,7 +674,7 @@ Test(fs_warm, a_rank_workload_is_learned_and_warmed, .timeout = 110)
 }
 
 /* ---------------------------------------------------------------------------
- * sfs_cache_sample(), the sampler's read-only query (core/sample.c), in
+ * sfs_cache_sample(), the sampler's read-only query (core/cache/sample.c), in
  * this process: no mount needed.
  */
 

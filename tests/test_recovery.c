@@ -5,7 +5,7 @@
  * impossible states, and leases counted exactly once.
  *
  * The races are made deterministic with the crash/fault points of
- * core/testpoint_i.h (this program links the hooks build of the core): a
+ * core/base/testpoint_i.h (this program links the hooks build of the core): a
  * forked child dies (SIGKILL) or stops (SIGSTOP) at one named instruction, or
  * a callback opens a race window on purpose. The server (a thread of this
  * test process) reaps a child's record when its connection closes; tests

@@ -1,7 +1,7 @@
 /* SPDX-License-Identifier: MIT */
 /*
  * fuzz_attach_hello.c - libFuzzer target: the attach server's reading and
- * checking of a client's hello (core/server.c).
+ * checking of a client's hello (core/attach/server.c).
  *
  * The real server runs in this process (sfs_cache_serve on a small cache, a
  * socket in a private directory). Each input is one client: its first byte

@@ -1,7 +1,7 @@
 /* SPDX-License-Identifier: MIT */
 /*
  * fuzz_attach_welcome.c - libFuzzer target: a rank attaching to a hostile
- * server (the client side of core/attach.c: sfs_cache_attach).
+ * server (the client side of core/attach/attach.c: sfs_cache_attach).
  *
  * docs/security.md: while no daemon serves the socket's path, another user
  * may bind a socket there, and ranks would attach to it. So the welcome and

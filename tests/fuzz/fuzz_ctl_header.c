@@ -1,7 +1,7 @@
 /* SPDX-License-Identifier: MIT */
 /*
  * fuzz_ctl_header.c - libFuzzer target: attaching to a hostile control plane
- * (core/ctl.c's validation, and the attach path around it in attach.c,
+ * (core/cache/ctl.c's validation, and the attach path around it in attach.c,
  * dataplane.c, lease.c, proc.c).
  *
  * A real cache is created once (a few keys Ready, two Idle), and its control

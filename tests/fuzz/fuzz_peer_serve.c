@@ -1,7 +1,7 @@
 /* SPDX-License-Identifier: MIT */
 /*
  * fuzz_peer_serve.c - libFuzzer target: the peer server's request loop
- * (core/peer_server.c's conn_main and serve_one, through peer_serve_stream)
+ * (core/peer/peer_server.c's conn_main and serve_one, through peer_serve_stream)
  * fed arbitrary bytes as one client's stream over a socketpair: any number
  * of requests, payloads and garbage, cut anywhere.
  *

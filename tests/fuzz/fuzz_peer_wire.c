@@ -1,7 +1,7 @@
 /* SPDX-License-Identifier: MIT */
 /*
  * fuzz_peer_wire.c - libFuzzer target: the peer tier's validation
- * (core/peer_net.c's peer_req_check, core/peer_region.c's
+ * (core/peer/peer_net.c's peer_req_check, core/peer/peer_region.c's
  * peer_geometry_check and peer_slot_matches) over arbitrary bytes.
  *
  *   bytes 0..31    a hello's wire image (its geometry is what is checked)
