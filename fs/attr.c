@@ -92,6 +92,11 @@ void fs_reply_entry(fuse_req_t req, struct fs *fs, const struct fs_obj *o)
     fs_fill_attr(fs, o, e.ino, &e.attr);
     e.attr_timeout = o->kind == FS_STATS ? 0.0 : ATTR_TIMEOUT;
     e.entry_timeout = ENTRY_TIMEOUT;
+    /* A shard a writer of the mount holds may exist only by that writer (a
+     * new name not yet stored): an entry the kernel kept for a second would
+     * show it after the writer's close reported it unstored. */
+    if (o->kind == FS_SHARD && fs_has_writers(fs, o))
+        e.attr_timeout = e.entry_timeout = 0.0;
     if (fuse_reply_entry(req, &e) != 0)
         fs_forget_one(fs, e.ino, 1); /* the kernel did not take the reference */
 }

@@ -256,6 +256,9 @@ struct fs_handle {
     bool creating;        /* created a new name: with nothing written it stores zeros */
     bool from_zeros;      /* buf started as zeros (O_TRUNC, a new name), not the stored bytes */
     bool dirty;           /* lock: holds bytes not yet stored (counted in fs_node.ndirty) */
+    bool kept;            /* lock: a FLUSH reported the shard incomplete (-ENODATA); its
+                           * bytes stay for a completing close, else the release
+                           * discards them */
     int error;            /* lock: -errno reported to the writer: nothing is stored any more */
     char *text;           /* /stats: the snapshot taken at open */
     size_t text_len;

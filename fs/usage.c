@@ -198,7 +198,9 @@ static int cmp_hot(const void *a, const void *b)
  * 0). Returns 0, -ENOENT (no file: silent), or -EINVAL with *why set. */
 static int usage_read(struct fs_usage *u, struct use_ent **out, size_t *n, const char **why)
 {
-    int fd = open(u->path, O_RDONLY | O_NOFOLLOW | O_CLOEXEC);
+    /* O_NONBLOCK | O_NOFOLLOW, then a regular-file check: a FIFO, a device
+     * or a symlink at the name never holds or redirects the daemon. */
+    int fd = open(u->path, O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_NOCTTY | O_CLOEXEC);
     uint8_t *buf = NULL;
     struct stat st;
     uint64_t size, shard_size, sum;
@@ -207,8 +209,11 @@ static int usage_read(struct fs_usage *u, struct use_ent **out, size_t *n, const
     int r = -EINVAL;
 
     *why = "unreadable";
-    if (fd < 0)
+    if (fd < 0) {
+        if (errno == ELOOP)
+            *why = "not a regular file";
         return errno == ENOENT ? -ENOENT : -EINVAL;
+    }
     if (fstat(fd, &st) < 0 || !S_ISREG(st.st_mode)) {
         *why = "not a regular file";
         goto out;
@@ -314,6 +319,24 @@ static int write_all(int fd, const void *p, size_t n)
     return 0;
 }
 
+/* Create the temporary file tmp exclusively (O_CREAT | O_EXCL follows no
+ * link and opens nothing that exists): whatever a crash, or anyone, left at
+ * the name (a FIFO that would hold the open until a reader came, a symlink
+ * that would redirect the write, an old file) is unlinked first, never
+ * opened. Returns the fd or -errno. */
+static int create_tmp(const char *tmp)
+{
+    for (int tries = 0; tries < 2; tries++) {
+        int fd = open(tmp, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC, 0644);
+
+        if (fd >= 0)
+            return fd;
+        if (errno != EEXIST || unlink(tmp) < 0)
+            return -errno;
+    }
+    return -EEXIST;
+}
+
 /* Write the table: tmp + fsync + rename + fsync of the directory. Does
  * nothing when no count changed since the last save (force: unless the
  * table is empty). Errors: one log line. */
@@ -377,8 +400,8 @@ static void usage_save(struct fs_usage *u)
     memcpy(buf + USE_HDR + n * USE_ENT, &v64, 8);
 
     snprintf(tmp, sizeof(tmp), "%s.tmp", u->path);
-    fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_NOFOLLOW | O_CLOEXEC, 0644);
-    r = fd < 0 ? -errno : write_all(fd, buf, USE_HDR + n * USE_ENT + 8);
+    fd = create_tmp(tmp);
+    r = fd < 0 ? fd : write_all(fd, buf, USE_HDR + n * USE_ENT + 8);
     if (r == 0 && fsync(fd) < 0)
         r = -errno;
     if (fd >= 0)

@@ -8,9 +8,11 @@
  * whole new shard: a FLUSH (any close(2) of the open file: a dup's, a child's
  * inherited copy at exec or exit) or an fsync stores the buffer only once
  * every byte [0, shard_size) was written through that open file; before
- * that it stores nothing and keeps the bytes, and the last RELEASE discards
- * an incomplete buffer with one log line. A store that fails is reported to
- * that close/fsync and is final: the handle stores nothing after it.
+ * that it stores nothing, fails with ENODATA (the writer learns it from
+ * close(2)) and keeps the bytes for a completing close of another
+ * descriptor, and the last RELEASE discards an incomplete buffer with one
+ * log line. A store that fails is reported to that close/fsync and is
+ * final: the handle stores nothing after it.
  *
  * A store: a Get with SFS_GET_WRITE takes the slot (the cache's per-key
  * writer lock, shared with the ranks' dumps), the bytes go in, the backend
@@ -238,25 +240,40 @@ static int handle_store(struct fs *fs, struct fs_handle *h)
 
     if (r < 0)
         h->error = r;
+    h->kept = false;
     handle_set_dirty(fs, h, false);
     return r;
 }
 
-/* FLUSH and fsync: store the buffer once it is a whole shard. An incomplete
- * one is kept, with no error: the kernel sends a FLUSH for every close of
- * any copy of the file and does not say which is the last, so more bytes may
- * still come through another descriptor. */
-static int flush_handle(struct fs *fs, struct fs_handle *h)
+/* FLUSH (closing) and fsync: store the buffer once it is a whole shard. An
+ * incomplete one is not stored, and that is the writer's error, -ENODATA: a
+ * close(2) (or fsync(2)) that returns 0 stored the shard. The bytes are
+ * kept all the same, since the kernel sends a FLUSH for every close of any
+ * copy of the file and does not say which is the last: more may still come
+ * through another descriptor and complete the shard, and a later close then
+ * stores it. A FLUSH that reports an incomplete shard stops counting the
+ * handle as a holder of unstored bytes (until it is written again): the
+ * writer was told, so a name never stored is absent again at once (its
+ * entries carry no timeout while a writer holds it: attr.c), and an unlink
+ * is not refused for it. */
+static int flush_handle(struct fs *fs, struct fs_handle *h, bool closing)
 {
     int r = 0;
 
     if (!h || !h->writable)
         return 0;
     pthread_mutex_lock(&h->lock);
-    if (h->error)
+    if (h->error) {
         r = h->error;
-    else if (h->dirty && handle_whole(fs, h))
+    } else if (h->dirty && handle_whole(fs, h)) {
         r = handle_store(fs, h);
+    } else if (h->dirty || h->kept) {
+        r = -ENODATA;
+        if (closing && h->dirty) {
+            h->kept = true;
+            handle_set_dirty(fs, h, false);
+        }
+    }
     pthread_mutex_unlock(&h->lock);
     return r;
 }
@@ -380,8 +397,10 @@ void fs_op_create(fuse_req_t req, fuse_ino_t parent, const char *name, mode_t mo
         goto out_err;
     }
     fs_fill_attr(fs, &o, e.ino, &e.attr);
-    e.attr_timeout = ATTR_TIMEOUT;
-    e.entry_timeout = ENTRY_TIMEOUT;
+    /* No timeout: the name exists only while this writer holds it, until
+     * a store (attr.c, fs_reply_entry). */
+    e.attr_timeout = 0.0;
+    e.entry_timeout = 0.0;
     fi->fh = (uintptr_t)h;
     fi->direct_io = 1;
     handle_track(fs, h);
@@ -462,14 +481,14 @@ void fs_op_write(fuse_req_t req, fuse_ino_t ino, const char *buf, size_t size, o
 
 void fs_op_flush(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi)
 {
-    int r = flush_handle(fs_of(req), fs_fh_of(fi));
+    int r = flush_handle(fs_of(req), fs_fh_of(fi), true);
 
     fuse_reply_err(req, -r);
 }
 
 void fs_op_fsync(fuse_req_t req, fuse_ino_t ino, int datasync, struct fuse_file_info *fi)
 {
-    int r = flush_handle(fs_of(req), fs_fh_of(fi));
+    int r = flush_handle(fs_of(req), fs_fh_of(fi), false);
 
     fuse_reply_err(req, -r);
 }
@@ -481,8 +500,8 @@ void fs_op_release(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi)
 
     if (h && h->writable) {
         pthread_mutex_lock(&h->lock);
-        if (h->dirty && !h->error) {
-            if (handle_whole(fs, h)) {
+        if ((h->dirty || h->kept) && !h->error) {
+            if (h->dirty && handle_whole(fs, h)) {
                 /* Whole, and no FLUSH stored it (none came): store it now;
                  * a RELEASE cannot report an error, so log it. */
                 int r = handle_store(fs, h);
@@ -504,6 +523,7 @@ void fs_op_release(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi)
                        "shard, discarded (the shard keeps its stored bytes)",
                        hex, h->obj.key.shard, (unsigned long long)h->nwritten,
                        (unsigned long long)fs->shard_size);
+                h->kept = false;
                 handle_set_dirty(fs, h, false);
             }
         }

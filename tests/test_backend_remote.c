@@ -617,3 +617,32 @@ Test(backend, posix_fuse_store_hosts_exclude_each_other, .timeout = 60)
     free(buf);
     free(d.buf);
 }
+
+/* A FIFO at a block's owner-file name (<file>.own) is no owner file: it is
+ * never opened so as to wait for a writer (which held the commit's helper
+ * until its deadline: the dump answered -ETIMEDOUT), and the commit goes
+ * on as without one. */
+Test(backend, posix_fuse_store_fifo_at_the_owner_name_holds_no_commit, .timeout = 60)
+{
+    struct sfs_backend_params bp = {.shard_size = S_SMALL, .timeout_ms = 4000};
+    struct sfs_block_id id = mkid(41);
+    struct sfs_key k = mkkey(41, 0);
+    char *buf = malloc(S_SMALL), dir[300], own[400];
+    struct sfs_backend *be = fuse_host_be(&bp, ".hostF", dir);
+
+    cr_assert_not_null(be);
+    fill(&id, 0, 1, buf, S_SMALL);
+    cr_assert_eq(sfs_backend_dump_sync(be, &k, buf, S_SMALL), (int)S_SMALL);
+    block_path(0, &id, own, sizeof(own), false);
+    strcat(own, ".own");
+    cr_assert_eq(mkfifo(own, 0644), 0, "mkfifo %s: %s", own, strerror(errno));
+    fill(&id, 0, 2, buf, S_SMALL);
+    cr_assert_eq(sfs_backend_dump_sync(be, &k, buf, S_SMALL), (int)S_SMALL,
+                 "a dump with a FIFO at the owner-file name failed");
+    memset(buf, 0, S_SMALL);
+    cr_assert_eq(sfs_backend_load_sync(be, &k, buf, S_SMALL), (int)S_SMALL);
+    cr_assert(matches(&id, 0, 2, buf, S_SMALL), "the dump did not store its bytes");
+    unlink(own);
+    sfs_backend_close(be);
+    free(buf);
+}

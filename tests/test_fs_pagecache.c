@@ -29,6 +29,8 @@
 #include <criterion/criterion.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <pthread.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -336,6 +338,142 @@ Test(fs_pagecache, default_dump_by_a_rank_then_read_gives_the_new_bytes, .timeou
 Test(fs_pagecache, default_unlink_then_lookup_is_enoent_and_no_stale_bytes, .timeout = 60)
 {
     unlink_then_lookup(false);
+}
+
+/* ---------------------------------------------------------------------------
+ * One read(2), one version: readers of a shard held open read its first
+ * TORN_READ bytes in a loop while a writer rewrites the whole shard through
+ * the mount; every read must be of one version (each version is one byte
+ * value throughout). The default mode keeps it: a read of at most max_read
+ * bytes is one FUSE request, answered from one slot under one lease.
+ *
+ * The page-cache mode cannot (docs/fs.md, "The page-cache mode"): the kernel
+ * serves one read(2) from several page-cache lookups, fetching a missing page
+ * with a FUSE read of its own, and a change between two of them gives the
+ * read pages of both versions (page 0 old, the rest new: 13 to 48 of about
+ * 150,000 reads here). Its case is the reproducer of that limit and runs only
+ * with SHARDFS_TEST_PAGECACHE_TORN=1 in the environment.
+ */
+#define TORN_SHARD   (256u << 10)
+#define TORN_READ    (64u << 10)
+#define TORN_READERS 6
+#define TORN_WRITES  400
+
+static struct {
+    atomic_bool done;
+    atomic_long reads, torn, errors;
+    char path[256];
+} T;
+
+static void *torn_reader(void *arg)
+{
+    static __thread uint8_t buf[TORN_READ];
+    int fd = open(T.path, O_RDONLY | O_CLOEXEC);
+
+    (void)arg;
+    if (fd < 0) {
+        atomic_fetch_add(&T.errors, 1);
+        return NULL;
+    }
+    while (!atomic_load(&T.done)) {
+        ssize_t r = pread(fd, buf, TORN_READ, 0);
+
+        if (r <= 0) {
+            atomic_fetch_add(&T.errors, 1);
+            continue;
+        }
+        for (ssize_t i = 1; i < r; i++) {
+            if (buf[i] != buf[0]) {
+                if (atomic_fetch_add(&T.torn, 1) == 0)
+                    fprintf(stderr, "a read of %zd bytes: version %d up to byte %zd, then %d\n",
+                            r, buf[0], i, buf[i]);
+                break;
+            }
+        }
+        atomic_fetch_add(&T.reads, 1);
+    }
+    close(fd);
+    return NULL;
+}
+
+/* Store version v (every byte v) as the whole shard, through the mount. */
+static int write_version(uint8_t v)
+{
+    static uint8_t buf[TORN_SHARD];
+    int fd = open(T.path, O_WRONLY | O_TRUNC | O_CLOEXEC), r = 0;
+
+    if (fd < 0)
+        return -errno;
+    memset(buf, v, sizeof(buf));
+    if (write(fd, buf, sizeof(buf)) != (ssize_t)sizeof(buf))
+        r = -EIO;
+    if (close(fd) < 0 && r == 0)
+        r = -errno;
+    return r;
+}
+
+static void version_1(uint64_t b, uint32_t s, void *buf, size_t len, void *arg)
+{
+    (void)b, (void)s, (void)arg;
+    memset(buf, 1, len);
+}
+
+static void one_version_per_read(bool page_cache)
+{
+    const char *opts = page_cache ? "hugepages=off,shard_size=256K,capacity=8M,readahead=0,"
+                                    "page_cache=2M"
+                                  : "hugepages=off,shard_size=256K,capacity=8M,readahead=0";
+    pthread_t th[TORN_READERS];
+    int st = 0, r;
+
+    /* Version 1 in the store: the readers open the shard before any
+     * write through the mount (one opened while a write handle is open is
+     * read direct, the page cache out of the case). */
+    cr_assert_eq(tu_store_write(P.store, BLOCK, 1, 1, TORN_SHARD, version_1, NULL, false), 0);
+    snprintf(P.fx.mnt, sizeof(P.fx.mnt), "%s", tu_path("mnt"));
+    snprintf(P.fx.sock, sizeof(P.fx.sock), "%s", tu_path("sock"));
+    snprintf(P.fx.log, sizeof(P.fx.log), "%s", tu_path("log"));
+    P.fx.bin = daemon_bin();
+    r = fsfx_start(&P.fx, P.store, opts, 10.0, &st);
+    cr_assert_eq(r, 0, "mount: %s (status %d)", strerror(-r), st);
+    snprintf(T.path, sizeof(T.path), "%s", shard_path(BLOCK, 0));
+    atomic_store(&T.done, false);
+    atomic_store(&T.reads, 0);
+    atomic_store(&T.torn, 0);
+    atomic_store(&T.errors, 0);
+    for (int i = 0; i < TORN_READERS; i++)
+        cr_assert_eq(pthread_create(&th[i], NULL, torn_reader, NULL), 0);
+    while (atomic_load(&T.reads) < TORN_READERS) /* every reader open and reading */
+        fsfx_sleep_ms(1);
+    for (int w = 0; w < TORN_WRITES; w++) {
+        r = write_version((uint8_t)(2 + w % 250));
+        if (r < 0)
+            break;
+    }
+    atomic_store(&T.done, true);
+    for (int i = 0; i < TORN_READERS; i++)
+        pthread_join(th[i], NULL);
+    cr_assert_eq(r, 0, "a rewrite failed: %s", strerror(-r));
+    cr_assert_eq(atomic_load(&T.errors), 0, "reads failed");
+    cr_assert_eq(atomic_load(&T.torn), 0, "%ld of %ld reads returned bytes of two versions",
+                 atomic_load(&T.torn), atomic_load(&T.reads));
+    cr_assert_gt(atomic_load(&T.reads), TORN_WRITES, "too few reads to tell");
+    cr_assert_eq(fsfx_stop(&P.fx, false, 10.0), 0);
+}
+
+Test(fs_pagecache, page_cache_one_read_returns_one_version_under_rewrites, .timeout = 120)
+{
+    const char *e = getenv("SHARDFS_TEST_PAGECACHE_TORN");
+
+    if (!e || strcmp(e, "1") != 0)
+        cr_skip_test("the page-cache mode's known limit (docs/fs.md): "
+                     "SHARDFS_TEST_PAGECACHE_TORN=1 runs the reproducer");
+    one_version_per_read(true);
+}
+
+Test(fs_pagecache, default_one_read_returns_one_version_under_rewrites, .timeout = 120)
+{
+    one_version_per_read(false);
 }
 
 /* More pins than the budget: the oldest are dropped (their pages with

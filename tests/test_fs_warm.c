@@ -741,3 +741,72 @@ Test(fs_warm_sample, reports_ready_slots_with_their_bits_and_sweeps_by_cursor, .
     cr_assert_eq(sfs_cache_release(c, &l10), 0);
     sfs_cache_close(c);
 }
+
+/* ---------------------------------------------------------------------------
+ * What sits at the usage file's names is the store's, not the daemon's: a
+ * FIFO, or a symlink, at BACKEND_DIR/.shardfs_usage or at its temporary
+ * name must neither block the daemon (at start: the mount served nothing and
+ * SIGTERM was ignored; at stop: it never exited) nor redirect its write.
+ */
+
+static int read_one_main(void *arg)
+{
+    uint8_t *buf = malloc(SHARD);
+    int fd = open((const char *)arg, O_RDONLY | O_CLOEXEC);
+
+    return buf && fd >= 0 && pread(fd, buf, SHARD, 0) == (ssize_t)SHARD ? 0 : 1;
+}
+
+/* A shard of the mount reads within 10 s (in a child: a hung daemon would
+ * hold the reader for ever). */
+static void reads_within_10s(const char *when)
+{
+    pid_t kid = tu_fork(read_one_main, (void *)fsfx_shard_path(&M.fx, 0, 0));
+
+    cr_assert_eq(tu_wait_for(kid, 10ll * 1000000000), 0, "%s: a read of the mount hung or failed",
+                 when);
+}
+
+Test(fs_warm, a_fifo_or_link_at_the_usage_names_blocks_nothing, .timeout = 110)
+{
+    char tmp[200], outside[200];
+    struct stat st;
+    int fd;
+
+    /* A FIFO as the usage file: ignored at start with one line; the mount
+     * serves, and stops on SIGTERM. */
+    cr_assert_eq(mkfifo(M.usage, 0644), 0);
+    start("warm=25");
+    reads_within_10s("a FIFO as the usage file");
+    stop_term();
+    cr_assert_eq(fsfx_log_lines_with(&M.fx, "not a regular file"), 1,
+                 "the FIFO usage file was not ignored with one line, see %s", M.fx.log);
+    cr_assert_eq(unlink(M.usage), 0);
+
+    /* A FIFO at the temporary name: the stop writes the file all the same. */
+    snprintf(tmp, sizeof(tmp), "%s.tmp", M.usage);
+    cr_assert_eq(mkfifo(tmp, 0644), 0);
+    start("warm=0");
+    read_skewed();
+    stop_term();
+    cr_assert_eq(access(M.usage, F_OK), 0, "no usage file with a FIFO at its temporary name");
+    check_usage_file();
+
+    /* A symlink at the temporary name: it is not followed (the file it
+     * names stays as it was) and the file is written. */
+    cr_assert_eq(unlink(M.usage), 0);
+    if (lstat(tmp, &st) == 0)
+        cr_assert_eq(unlink(tmp), 0);
+    snprintf(outside, sizeof(outside), "%s", tu_path("outside"));
+    fd = open(outside, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    cr_assert_eq(write(fd, "keep", 4), 4);
+    close(fd);
+    cr_assert_eq(symlink(outside, tmp), 0);
+    start("warm=0");
+    read_skewed();
+    stop_term();
+    cr_assert_eq(stat(outside, &st), 0);
+    cr_assert_eq(st.st_size, 4, "the symlink at the temporary name was followed");
+    check_usage_file();
+    unlink(outside);
+}

@@ -216,8 +216,9 @@ Test(fs_write, child_closing_an_inherited_fd_stores_nothing, .timeout = 60)
     cr_assert_eq(fsfx_stop(&W.fx, false, 10.0), 0);
 }
 
-/* close(dup(fd)) after half a shard stores nothing; finishing the write and
- * closing commits the new whole shard. */
+/* close(dup(fd)) after half a shard stores nothing and says so (ENODATA);
+ * the bytes stay: finishing the write and closing commits the new whole
+ * shard. */
 Test(fs_write, close_of_a_dup_stores_nothing_until_whole, .timeout = 60)
 {
     static uint8_t buf[SHARD];
@@ -228,7 +229,10 @@ Test(fs_write, close_of_a_dup_stores_nothing_until_whole, .timeout = 60)
     fill_new(BLOCK, 0, buf);
     fd = open_shard(BLOCK, 0, O_WRONLY | O_TRUNC);
     write_at(fd, buf, 0, HALF);
-    cr_assert_eq(close(dup(fd)), 0, "close(dup(fd)) of an unfinished shard is not an error");
+    errno = 0;
+    cr_assert_eq(close(dup(fd)), -1, "close(dup(fd)) of an unfinished shard returned 0");
+    cr_assert_eq(errno, ENODATA, "close(dup(fd)) of an unfinished shard: %s, not ENODATA",
+                 strerror(errno));
     assert_stays(BLOCK, 0, V_OLD, "after close(dup(fd)) at half");
     /* Out of order, with an overlap: every byte counts once. */
     write_at(fd, buf, SHARD - 100, SHARD);
@@ -350,7 +354,12 @@ Test(fs_write, readers_see_the_old_or_the_new_whole_shard, .timeout = 120)
         cr_assert_geq(fd, 0);
         for (size_t off = 0; off < SHARD; off += CHUNK) {
             write_at(fd, buf, off, off + CHUNK);
-            cr_assert_eq(close(dup(fd)), 0);
+            errno = 0;
+            if (off + CHUNK < SHARD)
+                cr_assert(close(dup(fd)) == -1 && errno == ENODATA, "an unfinished close: %s",
+                          strerror(errno));
+            else
+                cr_assert_eq(close(dup(fd)), 0, "the completing close: %s", strerror(errno));
             if ((off / CHUNK) % 4 == 0) {
                 pid_t kid = fork();
 
@@ -763,6 +772,95 @@ Test(fs_write, truncate_and_dd_seek_are_whole_shards, .timeout = 60)
     }
     unlink(src);
     cr_assert_eq(fsfx_log_lines_with(&W.fx, "discarded"), 0);
+    cr_assert_eq(fsfx_stop(&W.fx, false, 10.0), 0);
+}
+
+/* Tools that write less than a shard learn it from close(2): cp of a small
+ * file onto a stored shard and onto a new name, dd conv=notrunc of one
+ * block, dd seek= of one block past the start, each exits non-zero with
+ * ENODATA's message, and the store is unchanged. The new name does not
+ * show in stat right after cp failed (no entry the kernel kept for a
+ * second), and each release still logs its discard. */
+Test(fs_write, an_incomplete_shard_fails_close_with_enodata, .timeout = 60)
+{
+    const char *msg = strerror(ENODATA);
+    char small[256], out[256], cmd[1024];
+    struct stat st;
+    int fd;
+
+    store_write(BLOCK, 2);
+    start_spec(NULL, NULL);
+    snprintf(small, sizeof(small), "%s", tu_path("small"));
+    snprintf(out, sizeof(out), "%s", tu_path("out"));
+    fd = open(small, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    cr_assert_eq(write(fd, "abc", 3), 3);
+    close(fd);
+
+    snprintf(cmd, sizeof(cmd), "cp %s %s 2>%s", small, fsfx_shard_path(&W.fx, BLOCK, 1), out);
+    cr_assert_neq(fsfx_sh("%s", cmd), 0, "cp of 3 bytes onto a stored shard exited 0");
+    cr_assert_eq(fsfx_sh("grep -q '%s' %s", msg, out), 0, "cp did not say '%s'", msg);
+    assert_stays(BLOCK, 1, V_OLD, "after cp of 3 bytes");
+
+    snprintf(cmd, sizeof(cmd), "cp %s %s 2>%s", small, fsfx_shard_path(&W.fx, BLOCK, 5), out);
+    cr_assert_neq(fsfx_sh("%s", cmd), 0, "cp of 3 bytes to a new name exited 0");
+    cr_assert_eq(stat(fsfx_shard_path(&W.fx, BLOCK, 5), &st), -1,
+                 "a name never stored shows in stat after cp failed");
+    cr_assert_eq(errno, ENOENT);
+    cr_assert_eq(fsfx_sh("ls %s | grep -qx 5", fsfx_shard_path(&W.fx, BLOCK, -1)), 1,
+                 "a name never stored is listed");
+
+    snprintf(cmd, sizeof(cmd), "dd if=%s of=%s bs=4096 count=1 conv=notrunc status=none 2>%s",
+             fsfx_block_file(W.store, BLOCK), fsfx_shard_path(&W.fx, BLOCK, 0), out);
+    cr_assert_neq(fsfx_sh("%s", cmd), 0, "dd conv=notrunc of one block exited 0");
+    cr_assert_eq(fsfx_sh("grep -q '%s' %s", msg, out), 0, "dd did not say '%s'", msg);
+    snprintf(cmd, sizeof(cmd),
+             "dd if=%s of=%s bs=4096 count=1 seek=3 conv=notrunc status=none 2>%s",
+             fsfx_block_file(W.store, BLOCK), fsfx_shard_path(&W.fx, BLOCK, 0), out);
+    cr_assert_neq(fsfx_sh("%s", cmd), 0, "dd seek=3 conv=notrunc of one block exited 0");
+    assert_stays(BLOCK, 0, V_OLD, "after dd of one block");
+
+    /* Each of the four releases logged its discard. */
+    for (double t0 = fsfx_now_s(); fsfx_log_lines_with(&W.fx, "not a whole shard, discarded") < 4;) {
+        cr_assert_lt(fsfx_now_s() - t0, 3.0, "%d discard lines, not 4",
+                     fsfx_log_lines_with(&W.fx, "not a whole shard, discarded"));
+        fsfx_sleep_ms(10);
+    }
+    unlink(small);
+    unlink(out);
+    cr_assert_eq(fsfx_stop(&W.fx, false, 10.0), 0);
+}
+
+/* A block file whose name leads out of the store (an absolute symlink): the
+ * store refuses it, and the writer learns it from close(2) as EXDEV; the
+ * file the link names is never written. */
+Test(fs_write, a_block_file_leading_out_of_the_store_fails_close_with_exdev, .timeout = 60)
+{
+    static uint8_t buf[SHARD], outside[SHARD];
+    char target[256];
+    int fd, r, e;
+
+    snprintf(target, sizeof(target), "%s", tu_path("outside"));
+    memset(outside, 0x5a, sizeof(outside));
+    fd = open(target, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    cr_assert_eq(write(fd, outside, SHARD), (ssize_t)SHARD);
+    close(fd);
+    store_write(BLOCK, 1);
+    cr_assert_eq(unlink(fsfx_block_file(W.store, BLOCK)), 0);
+    cr_assert_eq(symlink(target, fsfx_block_file(W.store, BLOCK)), 0);
+    start_spec(NULL, NULL);
+    fill_new(BLOCK, 0, buf);
+    fd = open_shard(BLOCK, 0, O_WRONLY | O_CREAT | O_TRUNC);
+    write_at(fd, buf, 0, SHARD);
+    errno = 0;
+    r = close(fd);
+    e = errno;
+    cr_assert_eq(r, -1, "close() of a store through a link out of the store returned 0");
+    cr_assert_eq(e, EXDEV, "close(): %s, not EXDEV", strerror(e));
+    fd = open(target, O_RDONLY);
+    cr_assert_eq(read(fd, buf, SHARD), (ssize_t)SHARD);
+    close(fd);
+    cr_assert_eq(memcmp(buf, outside, SHARD), 0, "the file outside the store was written");
+    unlink(target);
     cr_assert_eq(fsfx_stop(&W.fx, false, 10.0), 0);
 }
 

@@ -104,17 +104,36 @@ static int flock_ex(struct posix_backend *p, int fd, bool remote)
  * file unlinked meanwhile, while the client still caches its handle) is a
  * lock that moved on: start again, within STALE_BUDGET_NS. Returns the fd of
  * the held lock, or -1: no lock. */
+/* fd, opened O_NONBLOCK, if it is a regular file: O_NONBLOCK cleared, fd
+ * returned; else closed, -1 with errno EIO. What is not a regular file (a
+ * FIFO, a device) is never waited on nor used. */
+static int regular_or_close(int fd)
+{
+    struct stat st;
+    int fl;
+
+    if (fd < 0)
+        return fd;
+    if (fstat(fd, &st) == 0 && S_ISREG(st.st_mode) && (fl = fcntl(fd, F_GETFL)) >= 0 &&
+        fcntl(fd, F_SETFL, fl & ~O_NONBLOCK) == 0)
+        return fd;
+    close(fd);
+    errno = EIO;
+    return -1;
+}
+
 /* Open (O_CREAT) the lock file rel of dirfd: the fd, or -1 with errno. */
 static int open_lock_file(int dirfd, const char *rel)
 {
     /* O_NOFOLLOW: a link planted at the lock's name never makes us create
-     * a file outside the store. */
-    int fd = openat(dirfd, rel, O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0644);
+     * a file outside the store. O_NONBLOCK: a FIFO there (in a host lock
+     * directory anyone may write to) never holds the open. */
+    int fd = openat(dirfd, rel, O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK, 0644);
 
     /* Another user's lock file: lock it all the same, without a record. */
     if (fd < 0 && errno == EACCES)
-        fd = openat(dirfd, rel, O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
-    return fd;
+        fd = openat(dirfd, rel, O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK | O_NOCTTY);
+    return regular_or_close(fd);
 }
 
 static int lock_in(struct posix_backend *p, int dirfd, const char *lock_rel, bool remote)
@@ -262,7 +281,10 @@ static void own_name(const char *lock_rel, char out[PATH_REL_MAX])
  * cannot be read (gone meanwhile, or a stale handle). */
 static bool own_read(struct posix_backend *p, const char *own, char buf[OWN_TOKEN_MAX])
 {
-    int fd = openat(p->root_fd, own, O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
+    /* O_NONBLOCK, regular files only: a FIFO at the name would hold the
+     * open (and the commit's helper) until a writer came. */
+    int fd = regular_or_close(
+        openat(p->root_fd, own, O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK | O_NOCTTY));
     ssize_t n;
 
     if (fd < 0)
