@@ -33,6 +33,7 @@ void sfs_task_unref(struct sfs_task *t)
     pthread_cond_destroy(&t->cv);
     free(t->items);
     free(t->entries);
+    free(t->pieces);
     free(t->status);
     free(t);
 }

@@ -26,6 +26,7 @@
 #include <syslog.h>
 
 #define COPY_BATCH_MAX SFS_COPY_BATCH_MAX
+_Static_assert(SFS_RANK_PIECES_MAX < COPY_BATCH_MAX, "an item's copies fit one batch");
 
 /* ---------------------------------------------------------------------------
  * Choosing a copier.
@@ -88,11 +89,15 @@ int sfs_copier_open(int mode, int device_id, struct sfs_cache *c, struct sfs_cop
  * The copier thread.
  */
 
+/* A batch: items, and their copies (one per piece of an item; one for a
+ * plain entry). Item i's copies are copies[first[i] .. first[i + 1]). */
 struct batch {
     struct rank_item *items[COPY_BATCH_MAX];
+    uint32_t first[COPY_BATCH_MAX + 1];
     struct sfs_copy copies[COPY_BATCH_MAX];
-    size_t n;
-    bool dump; /* every item STEP_COPY_IN; else every item STEP_COPY_OUT */
+    size_t n;       /* items */
+    size_t ncopies; /* copies */
+    bool dump;      /* every item STEP_COPY_IN; else every item STEP_COPY_OUT */
 };
 
 /* The copier thread's batches: one being filled, and with a pipelining
@@ -103,38 +108,77 @@ struct copier_state {
     int inflight; /* started and not finished; -1: none */
 };
 
-static void batch_prepare(struct sfs_rank *rk, struct batch *b)
+/* The copies one item takes. */
+static uint32_t item_copies(const struct rank_item *it)
 {
-    for (size_t i = 0; i < b->n; i++) {
-        struct rank_item *it = b->items[i];
-
-        if (b->dump) {
-            b->copies[i] =
-                (struct sfs_copy){.dst = it->buf, .src = it->addr, .len = rk->shard_size};
-        } else {
-            uint32_t len = sfs_cache_length(rk->cache, &it->lease);
-
-            b->copies[i] = (struct sfs_copy){
-                .dst = it->addr,
-                .src = sfs_cache_data(rk->cache, &it->lease),
-                .len = len ? len : rk->shard_size,
-            };
-        }
-    }
+    return it->npieces ? it->npieces : 1;
 }
 
-/* Every copy is complete (each result set): hand each item on. */
-static void items_done(struct sfs_rank *rk, struct rank_item **items, const struct sfs_copy *copies,
-                       size_t n, bool dump)
+/* Fill v[0 .. item_copies(it)) with the item's copies. A load copies what
+ * the slot holds (its stored length; a shard stored shorter fills the
+ * pieces as far as it goes); a dump copies the source into the slot, and
+ * zeros the slot after the last piece (it is ours to write). */
+static void item_prepare(struct sfs_rank *rk, struct rank_item *it, bool dump, struct sfs_copy *v)
+{
+    uint8_t *slot = dump ? it->buf : sfs_cache_data(rk->cache, &it->lease);
+    uint64_t have = rk->shard_size, off = 0;
+
+    if (!dump) {
+        uint32_t len = sfs_cache_length(rk->cache, &it->lease);
+
+        have = len ? len : rk->shard_size;
+    }
+    if (it->npieces == 0) {
+        v[0] = dump ? (struct sfs_copy){.dst = slot, .src = it->addr, .len = rk->shard_size}
+                    : (struct sfs_copy){.dst = it->addr, .src = slot, .len = have};
+        return;
+    }
+    for (uint32_t j = 0; j < it->npieces; j++) {
+        uint64_t len = it->pieces[j].len;
+
+        if (dump) {
+            v[j] = (struct sfs_copy){.dst = slot + off, .src = it->pieces[j].addr, .len = len};
+        } else {
+            uint64_t n = off < have ? (len < have - off ? len : have - off) : 0;
+
+            /* A copy of 0 bytes: a piece past a short shard's end. */
+            v[j] = (struct sfs_copy){.dst = it->pieces[j].addr, .src = slot + off, .len = n};
+        }
+        off += len;
+    }
+    if (dump && off < rk->shard_size)
+        memset(slot + off, 0, rk->shard_size - off);
+}
+
+static void batch_prepare(struct sfs_rank *rk, struct batch *b)
+{
+    for (size_t i = 0; i < b->n; i++)
+        item_prepare(rk, b->items[i], b->dump, &b->copies[b->first[i]]);
+}
+
+/* Every copy is complete (each result set): an item's result is its first
+ * failed copy's, or 0; then hand each item on. */
+static void items_done(struct sfs_rank *rk, struct rank_item **items, const uint32_t *first,
+                       const struct sfs_copy *copies, size_t n, bool dump)
 {
     uint64_t ncopies = 0, bytes = 0;
+    int res[COPY_BATCH_MAX];
 
     /* Counted before any item is handed on: a task that completes must find
-     * its copies in the counters. */
+     * its copies in the counters. A shard is one copy however many pieces
+     * it has. */
     for (size_t i = 0; i < n; i++) {
-        if (copies[i].result == 0) {
+        uint64_t b = 0;
+
+        res[i] = 0;
+        for (uint32_t k = first[i]; k < first[i + 1]; k++) {
+            if (copies[k].result < 0 && res[i] == 0)
+                res[i] = copies[k].result;
+            b += copies[k].len;
+        }
+        if (res[i] == 0) {
             ncopies++;
-            bytes += copies[i].len;
+            bytes += b;
         }
     }
     rank_ctr_add(rk, RC_COPY_BATCHES, 1);
@@ -142,7 +186,7 @@ static void items_done(struct sfs_rank *rk, struct rank_item **items, const stru
     rank_ctr_add(rk, RC_BYTES_COPIED, bytes);
     for (size_t i = 0; i < n; i++) {
         struct rank_item *it = items[i];
-        int r = copies[i].result;
+        int r = res[i];
 
         if (!dump || r < 0)
             /* The copy is complete: only now may the slot go. A dump's that
@@ -156,8 +200,9 @@ static void items_done(struct sfs_rank *rk, struct rank_item **items, const stru
 
 static void batch_done(struct sfs_rank *rk, struct batch *b)
 {
-    items_done(rk, b->items, b->copies, b->n, b->dump);
+    items_done(rk, b->items, b->first, b->copies, b->n, b->dump);
     b->n = 0;
+    b->ncopies = 0;
 }
 
 /* The inline path of a small task (inline.c): the submitting thread copies
@@ -168,24 +213,26 @@ static void batch_done(struct sfs_rank *rk, struct batch *b)
  * was copied, the items are untouched. */
 int sfs_copier_inline(struct sfs_rank *rk, struct rank_item **items, size_t n)
 {
-    struct sfs_copy copies[RANK_INLINE_KEYS_MAX];
+    struct sfs_copy copies[SFS_COPY_INLINE_MAX];
+    uint32_t first[RANK_INLINE_KEYS_MAX + 1];
+    size_t k = 0;
     int r;
 
     if (n == 0 || n > RANK_INLINE_KEYS_MAX || !rk->copier->ops->load_inline)
         return -EAGAIN;
     for (size_t i = 0; i < n; i++) {
-        uint32_t len = sfs_cache_length(rk->cache, &items[i]->lease);
-
-        copies[i] = (struct sfs_copy){
-            .dst = items[i]->addr,
-            .src = sfs_cache_data(rk->cache, &items[i]->lease),
-            .len = len ? len : rk->shard_size,
-        };
+        first[i] = (uint32_t)k;
+        k += item_copies(items[i]);
+        if (k > SFS_COPY_INLINE_MAX)
+            return -EAGAIN; /* too many pieces for one inline call */
     }
-    r = rk->copier->ops->load_inline(rk->copier, copies, n);
+    first[n] = (uint32_t)k;
+    for (size_t i = 0; i < n; i++)
+        item_prepare(rk, items[i], false, &copies[first[i]]);
+    r = rk->copier->ops->load_inline(rk->copier, copies, k);
     if (r == -EAGAIN)
         return r;
-    items_done(rk, items, copies, n, false);
+    items_done(rk, items, first, copies, n, false);
     return 0;
 }
 
@@ -203,6 +250,7 @@ struct done_batch {
     size_t n;
     bool dump;
     struct rank_item **items;
+    uint32_t *first;
     struct sfs_copy *copies;
 };
 
@@ -220,7 +268,7 @@ static void *releaser_main(void *arg)
     while ((n = sfs_workq_pop(&rl->q, SFS_WQ_FOREVER))) {
         struct done_batch *d = sfs_wq_entry(n, struct done_batch, qn);
 
-        items_done(rk, d->items, d->copies, d->n, d->dump);
+        items_done(rk, d->items, d->first, d->copies, d->n, d->dump);
         free(d);
     }
     return NULL;
@@ -234,7 +282,8 @@ static void batch_release(struct sfs_rank *rk, struct batch *b)
     struct done_batch *d = NULL;
 
     if (rl)
-        d = malloc(sizeof(*d) + b->n * (sizeof(*d->items) + sizeof(*d->copies)));
+        d = malloc(sizeof(*d) + b->ncopies * sizeof(*d->copies) + b->n * sizeof(*d->items) +
+                   (b->n + 1) * sizeof(*d->first));
     if (!d) {
         batch_done(rk, b);
         return;
@@ -242,10 +291,13 @@ static void batch_release(struct sfs_rank *rk, struct batch *b)
     d->n = b->n;
     d->dump = b->dump;
     d->copies = (struct sfs_copy *)(d + 1);
-    d->items = (struct rank_item **)(d->copies + b->n);
-    memcpy(d->copies, b->copies, b->n * sizeof(*d->copies));
+    d->items = (struct rank_item **)(d->copies + b->ncopies);
+    d->first = (uint32_t *)(d->items + b->n);
+    memcpy(d->copies, b->copies, b->ncopies * sizeof(*d->copies));
     memcpy(d->items, b->items, b->n * sizeof(*d->items));
+    memcpy(d->first, b->first, (b->n + 1) * sizeof(*d->first));
     b->n = 0;
+    b->ncopies = 0;
     sfs_workq_push(&rl->q, &d->qn);
 }
 
@@ -314,13 +366,13 @@ static void batch_run(struct sfs_rank *rk, struct copier_state *st)
         return;
     batch_prepare(rk, b);
     if (!ops->start) {
-        (b->dump ? ops->dump : ops->load)(rk->copier, b->copies, b->n);
+        (b->dump ? ops->dump : ops->load)(rk->copier, b->copies, b->ncopies);
         batch_release(rk, b);
         return;
     }
-    r = ops->start(rk->copier, b->copies, b->n, b->dump, st->fill);
+    r = ops->start(rk->copier, b->copies, b->ncopies, b->dump, st->fill);
     if (r < 0) {
-        for (size_t i = 0; i < b->n; i++)
+        for (size_t i = 0; i < b->ncopies; i++)
             b->copies[i].result = r;
         batch_done(rk, b);
         return;
@@ -333,15 +385,19 @@ static void batch_run(struct sfs_rank *rk, struct copier_state *st)
 static void batch_add(struct sfs_rank *rk, struct copier_state *st, struct rank_item *it)
 {
     bool dump = it->step == STEP_COPY_IN;
+    uint32_t k = item_copies(it); /* <= SFS_RANK_PIECES_MAX < COPY_BATCH_MAX */
     struct batch *b = &st->b[st->fill];
 
-    if (b->n && b->dump != dump) {
+    if (b->n && (b->dump != dump || b->ncopies + k > COPY_BATCH_MAX)) {
         batch_run(rk, st);
         b = &st->b[st->fill];
     }
     b->dump = dump;
+    b->first[b->n] = (uint32_t)b->ncopies;
     b->items[b->n++] = it;
-    if (b->n == COPY_BATCH_MAX)
+    b->ncopies += k;
+    b->first[b->n] = (uint32_t)b->ncopies;
+    if (b->ncopies == COPY_BATCH_MAX)
         batch_run(rk, st);
 }
 
@@ -360,6 +416,7 @@ static void *copier_main(void *arg)
 
     if (st) {
         st->b[0].n = st->b[1].n = 0;
+        st->b[0].ncopies = st->b[1].ncopies = 0;
         st->fill = 0;
         st->inflight = -1;
     }

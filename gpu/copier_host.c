@@ -30,6 +30,7 @@ static void host_close(struct sfs_copier *cp)
 
 static const struct sfs_copier_ops host_ops = {
     .name = "host",
+    .host_memory = true,
     .load = host_copy,
     .dump = host_copy,
     .close = host_close,

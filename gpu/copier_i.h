@@ -63,6 +63,9 @@ struct sfs_copier_ops {
      * on return, as load. -EAGAIN: not on this thread now (nothing copied,
      * no result set): the caller hands the batch to the copier thread. */
     int (*load_inline)(struct sfs_copier *cp, struct sfs_copy *v, size_t n);
+    /* Every address is host memory the CPU copies (submit checks that each
+     * one is, task.c); false: the copier places each end itself. */
+    bool host_memory;
 };
 
 /* The most copies one load_inline call gets (rank_i.h's RANK_INLINE_KEYS_MAX). */

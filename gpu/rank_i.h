@@ -84,6 +84,10 @@ struct rank_item {
     struct sfs_lease lease;
     void *buf;           /* the slot's bytes, or the bounce buffer */
     void *addr;          /* the entry's destination (load) or source (dump) */
+    /* An entry of a vectored call: its pieces, in the task's array (npieces
+     * 0: the one range at addr, a shard long). */
+    const struct sfs_rank_piece *pieces;
+    uint32_t npieces;
     int64_t deadline_ns; /* STEP_WAIT, a bounced dump taking its slot, or a task's owner
                             load in the backend: when it gives up (-ETIMEDOUT) */
     struct sfs_io io;
@@ -115,6 +119,7 @@ struct sfs_task {
     int kind;              /* ITEM_LOAD or ITEM_DUMP */
     size_t n;
     struct sfs_rank_entry *entries;
+    struct sfs_rank_piece *pieces; /* the vectored entries' pieces; NULL: none */
     struct rank_item *items;
     int *status; /* under mu */
     pthread_mutex_t mu;
@@ -359,6 +364,10 @@ void sfs_link_leave(struct sfs_rank *rk);
  * this thread). False: the caller queues it for the dispatcher, which
  * routes the keys the try Got (item->pregot) and walks the rest. */
 bool sfs_inline_load(struct sfs_rank *rk, struct sfs_task *t);
+
+/* memmap.c (called by task.c): 0 when [addr, addr + len) is memory this
+ * process may read (and, `write`, write), else -EFAULT. */
+int sfs_mem_usable(const void *addr, uint64_t len, bool write);
 
 /* copier.c (called by link.c and inline.c) */
 int sfs_copier_start(struct sfs_rank *rk);

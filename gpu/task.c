@@ -13,31 +13,95 @@
 #include <string.h>
 #include <time.h>
 
-static int submit_entered(struct sfs_rank *rk, const struct sfs_rank_entry *entries, size_t n,
-                          int kind, struct sfs_task **out)
+/* The entries of a call, plain or made of pieces (exactly one is set). */
+struct entries_in {
+    const struct sfs_rank_entry *plain;
+    const struct sfs_rank_entryv *vec;
+};
+
+/* Check the pieces of a vectored call and count them: 0 and *total, or
+ * -EINVAL. */
+static int pieces_check(const struct sfs_rank *rk, const struct sfs_rank_entryv *v, size_t n,
+                        size_t *total)
+{
+    *total = 0;
+    for (size_t i = 0; i < n; i++) {
+        uint64_t sum = 0;
+
+        if (v[i].npieces == 0 || v[i].npieces > SFS_RANK_PIECES_MAX || !v[i].pieces)
+            return -EINVAL;
+        for (uint32_t j = 0; j < v[i].npieces; j++) {
+            uint64_t len = v[i].pieces[j].len;
+
+            if (!v[i].pieces[j].addr || len == 0 || len > rk->shard_size - sum)
+                return -EINVAL;
+            sum += len;
+        }
+        *total += v[i].npieces;
+    }
+    return 0;
+}
+
+/* Every range the host copier would touch lies in this process's memory,
+ * writable for a load, readable for a dump: a device address handed to a
+ * rank that copies with memcpy (a library built without CUDA, or a host
+ * copier chosen for a GPU worker) is refused here, -EFAULT, not met by a
+ * SIGSEGV in the copier thread. */
+static int host_ranges_check(struct sfs_rank *rk, const struct sfs_task *t)
+{
+    bool write = t->kind == ITEM_LOAD;
+
+    if (!rk->copier || !rk->copier->ops->host_memory)
+        return 0; /* the CUDA copier places every end itself */
+    for (size_t i = 0; i < t->n; i++) {
+        const struct rank_item *it = &t->items[i];
+        int r;
+
+        if (it->npieces == 0) {
+            r = sfs_mem_usable(it->addr, rk->shard_size, write);
+            if (r < 0)
+                return r;
+        }
+        for (uint32_t j = 0; j < it->npieces; j++) {
+            r = sfs_mem_usable(it->pieces[j].addr, it->pieces[j].len, write);
+            if (r < 0)
+                return r;
+        }
+    }
+    return 0;
+}
+
+static int submit_entered(struct sfs_rank *rk, struct entries_in in, size_t n, int kind,
+                          struct sfs_task **out)
 {
     struct sfs_task *t;
     pthread_condattr_t ca;
+    size_t npieces = 0;
+    int r;
 
-    if (!rk || !entries || !out || n == 0 || n > UINT32_MAX)
-        return -EINVAL;
     *out = NULL;
     if (rk->query_only)
         return -EPERM;
+    if (in.vec && (r = pieces_check(rk, in.vec, n, &npieces)) < 0)
+        return r;
     t = calloc(1, sizeof(*t));
     if (!t)
         return -ENOMEM;
     t->entries = malloc(n * sizeof(*t->entries));
     t->items = calloc(n, sizeof(*t->items));
     t->status = calloc(n, sizeof(*t->status));
-    if (!t->entries || !t->items || !t->status) {
+    if (npieces)
+        t->pieces = malloc(npieces * sizeof(*t->pieces));
+    if (!t->entries || !t->items || !t->status || (npieces && !t->pieces)) {
         free(t->entries);
         free(t->items);
         free(t->status);
+        free(t->pieces);
         free(t);
         return -ENOMEM;
     }
-    memcpy(t->entries, entries, n * sizeof(*entries));
+    if (in.plain)
+        memcpy(t->entries, in.plain, n * sizeof(*in.plain));
     t->rank = rk;
     t->kind = kind;
     t->n = n;
@@ -48,17 +112,33 @@ static int submit_entered(struct sfs_rank *rk, const struct sfs_rank_entry *entr
     pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
     pthread_cond_init(&t->cv, &ca);
     pthread_condattr_destroy(&ca);
-    for (size_t i = 0; i < n; i++) {
+    for (size_t i = 0, p = 0; i < n; i++) {
         struct rank_item *it = &t->items[i];
 
+        if (in.vec) {
+            const struct sfs_rank_entryv *v = &in.vec[i];
+
+            memcpy(&t->pieces[p], v->pieces, v->npieces * sizeof(*v->pieces));
+            t->entries[i] = (struct sfs_rank_entry){
+                .block = v->block, .shard = v->shard, .addr = v->pieces[0].addr};
+            it->pieces = &t->pieces[p];
+            it->npieces = v->npieces;
+            p += v->npieces;
+        }
         it->rank = rk;
         it->task = t;
         it->idx = (uint32_t)i;
         it->kind = (uint8_t)kind;
-        it->key.block = entries[i].block;
-        it->key.shard = entries[i].shard;
-        it->addr = entries[i].addr;
+        it->key.block = t->entries[i].block;
+        it->key.shard = t->entries[i].shard;
+        it->addr = t->entries[i].addr;
         t->status[i] = -EINPROGRESS;
+    }
+    r = host_ranges_check(rk, t);
+    if (r < 0) {
+        t->refs = 1;
+        sfs_task_unref(t);
+        return r;
     }
 
     pthread_mutex_lock(&rk->mu);
@@ -89,25 +169,37 @@ static int submit_entered(struct sfs_rank *rk, const struct sfs_rank_entry *entr
     return 0;
 }
 
-static int submit(struct sfs_rank *rk, const struct sfs_rank_entry *entries, size_t n, int kind,
+static int submit(struct sfs_rank *rk, struct entries_in in, size_t n, int kind,
                   struct sfs_task **out)
 {
-    if (!rk || !entries || !out || n == 0 || n > UINT32_MAX)
+    if (!rk || !(in.plain || in.vec) || !out || n == 0 || n > UINT32_MAX)
         return -EINVAL;
     *out = NULL;
-    return SFS_LINKED(rk, submit_entered(rk, entries, n, kind, out));
+    return SFS_LINKED(rk, submit_entered(rk, in, n, kind, out));
 }
 
 int sfs_rank_load(struct sfs_rank *rk, const struct sfs_rank_entry *entries, size_t n,
                   struct sfs_task **task)
 {
-    return submit(rk, entries, n, ITEM_LOAD, task);
+    return submit(rk, (struct entries_in){.plain = entries}, n, ITEM_LOAD, task);
 }
 
 int sfs_rank_dump(struct sfs_rank *rk, const struct sfs_rank_entry *entries, size_t n,
                   struct sfs_task **task)
 {
-    return submit(rk, entries, n, ITEM_DUMP, task);
+    return submit(rk, (struct entries_in){.plain = entries}, n, ITEM_DUMP, task);
+}
+
+int sfs_rank_loadv(struct sfs_rank *rk, const struct sfs_rank_entryv *entries, size_t n,
+                   struct sfs_task **task)
+{
+    return submit(rk, (struct entries_in){.vec = entries}, n, ITEM_LOAD, task);
+}
+
+int sfs_rank_dumpv(struct sfs_rank *rk, const struct sfs_rank_entryv *entries, size_t n,
+                   struct sfs_task **task)
+{
+    return submit(rk, (struct entries_in){.vec = entries}, n, ITEM_DUMP, task);
 }
 
 int sfs_rank_wait(struct sfs_task *t, int timeout_ms, int *status)

@@ -165,6 +165,44 @@ SFS_API int sfs_rank_load(struct sfs_rank *rank, const struct sfs_rank_entry *en
 SFS_API int sfs_rank_dump(struct sfs_rank *rank, const struct sfs_rank_entry *entries, size_t n,
                           struct sfs_task **task);
 
+/* One piece of a shard, for the vectored calls: len bytes at addr (device or
+ * host memory, as for an entry's addr). */
+struct sfs_rank_piece {
+    void *addr;
+    uint64_t len;
+};
+
+/* The most pieces one entry of a vectored call may have. */
+#define SFS_RANK_PIECES_MAX 128
+
+/* An entry whose shard is several pieces, in order: piece 0 holds the
+ * shard's bytes [0, len0), piece 1 the next len1 bytes, and so on. The
+ * lengths (each > 0) add up to at most the shard size. An engine that keeps
+ * one page as K here and V there (or one row per layer) moves it as it is,
+ * with no staging copy: each piece is one copy of the batch (one descriptor
+ * of the CUDA gather/scatter kernel). */
+struct sfs_rank_entryv {
+    struct sfs_block_id block;
+    uint32_t shard;
+    uint32_t npieces; /* 1..SFS_RANK_PIECES_MAX */
+    const struct sfs_rank_piece *pieces;
+};
+
+/*
+ * sfs_rank_load() and sfs_rank_dump() for entries made of pieces. A load
+ * copies the shard's bytes to the pieces (a shard stored shorter than the
+ * pieces fills them as far as it goes, as sfs_rank_load does); a dump stores
+ * the pieces' bytes one after the other and zeros after them, up to the
+ * shard size. The entries and their piece arrays are copied: both may be
+ * reused at once. Returns as sfs_rank_load(), and -EINVAL for a piece count
+ * out of range, a NULL or empty piece, or pieces longer than a shard.
+ * (ABI: new in SHARDFS_RANK_0.3.)
+ */
+SFS_API int sfs_rank_loadv(struct sfs_rank *rank, const struct sfs_rank_entryv *entries, size_t n,
+                           struct sfs_task **task);
+SFS_API int sfs_rank_dumpv(struct sfs_rank *rank, const struct sfs_rank_entryv *entries, size_t n,
+                           struct sfs_task **task);
+
 /*
  * Wait for a task. timeout_ms < 0 waits without a limit; 0 polls. Returns 0
  * when every entry is done, then fills status[0..n) (if not NULL) with each
