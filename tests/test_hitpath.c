@@ -444,6 +444,58 @@ Test(hitpath, slot_reused_between_walk_and_cas, .timeout = 30)
 }
 
 /* ---------------------------------------------------------------------------
+ * A prefetched load's first use counts one prefetch hit, even when a
+ * lock-free hit and a locked Get race on the slot: the locked Get has read
+ * the flag and, before it clears it, a lock-free hit clears and counts it.
+ * The locked Get then must not count it again (it did, before both paths
+ * marked a use through one helper).
+ */
+
+static struct sfs_cache *pf_cache;
+static struct sfs_lease pf_inner;
+static int pf_inner_role;
+
+static void hit_lock_free(const char *name, void *arg)
+{
+    (void)name;
+    (void)arg;
+    /* This thread holds the key's bucket lock: a locked Get would wait on
+     * it; the lock-free hit never takes it. */
+    atomic_store(&sfs_testpoints_force_locked, 0);
+    pf_inner_role = sfs_cache_get(pf_cache, &sh->key, 0, sfs_deadline_after(SEC), &pf_inner);
+    atomic_store(&sfs_testpoints_force_locked, 1);
+}
+
+Test(hitpath, a_prefetch_hit_counts_once_when_both_paths_race, .timeout = 30)
+{
+    struct sfs_cache *c = tu_cache(4, 0, SHARD);
+    struct sfs_lease l;
+    struct sfs_stats st;
+
+    cr_assert(c);
+    shm_new("hp-pf");
+    pf_cache = c;
+    sh->key = tu_key(7, 0);
+    cr_assert_eq(sfs_cache_get(c, &sh->key, SFS_GET_PREFETCH, 0, &l), SFS_OWNER);
+    cr_assert_eq(tu_publish(c, &sh->key, &l), 0);
+    cr_assert_eq(sfs_cache_release(c, &l), 0);
+
+    cr_assert_eq(sfs_testpoint_arm("get:locked", SFS_TP_CALL, tp_nothing, NULL), 0);
+    cr_assert_eq(sfs_testpoint_arm("get:prefetch_seen", SFS_TP_CALL, hit_lock_free, NULL), 0);
+    cr_assert_eq(sfs_cache_get(c, &sh->key, 0, sfs_deadline_after(SEC), &l), SFS_HIT);
+    sfs_testpoint_disarm_all();
+    cr_assert_eq(pf_inner_role, SFS_HIT, "the lock-free hit inside the window: %d", pf_inner_role);
+    cr_assert_eq(sfs_cache_release(c, &pf_inner), 0);
+    cr_assert_eq(sfs_cache_release(c, &l), 0);
+    sfs_cache_stats(c, &st);
+    cr_assert_eq(st.prefetch_hits, 1, "one prefetched load, %lu prefetch hits",
+                 (unsigned long)st.prefetch_hits);
+    cr_assert_eq(st.hits, 2);
+    cr_assert_eq(tu_leases_left(c, NULL), 0);
+    sfs_cache_close(c);
+}
+
+/* ---------------------------------------------------------------------------
  * A thread's spare lease entry follows the handle it uses. Its spare was of
  * a handle it no longer uses (one it used before a re-attach, or its
  * parent's across a fork): every Get then popped an entry off the stack and

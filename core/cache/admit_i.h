@@ -38,4 +38,27 @@ static inline void sfs_admit_hit(struct sfs_slot_rec *sl, uint8_t flags)
         atomic_fetch_and_explicit(&sl->flags, (uint8_t)~SLOT_F_PROBATION, memory_order_relaxed);
 }
 
+/* A use of a slot (a hit, a wait on its load, Touch): its CLOCK bit, and
+ * the admission's second access. The one place every path marks a use, so
+ * the hit paths cannot drift apart. Relaxed: the bit is a hint the hand
+ * reads; it is stored only when clear, so a hot slot's line is not written
+ * on every hit. */
+static inline void sfs_slot_use(struct sfs_slot_rec *sl, uint8_t flags)
+{
+    if (!atomic_load_explicit(&sl->accessed, memory_order_relaxed))
+        atomic_store_explicit(&sl->accessed, 1, memory_order_relaxed);
+    sfs_admit_hit(sl, flags);
+}
+
+/* The first hit on a prefetched load counts one prefetch hit. The lock-free
+ * hit and a locked Get may race on the flag: whoever's fetch_and cleared it
+ * counts, the other does not. Relaxed: a counter and a flag of its own. */
+static inline void sfs_slot_prefetch_hit(struct sfs_cache *c, struct sfs_slot_rec *sl, uint8_t flags)
+{
+    if ((flags & SLOT_F_PREFETCHED) &&
+        (atomic_fetch_and_explicit(&sl->flags, (uint8_t)~SLOT_F_PREFETCHED, memory_order_relaxed) &
+         SLOT_F_PREFETCHED))
+        sfs_ctr_add(c, CTR_PREFETCH_HITS, 1);
+}
+
 #endif /* SHARDFS_ADMIT_I_H */

@@ -114,18 +114,9 @@ static int hit_fast(struct sfs_cache *c, uint32_t b, const struct sfs_key *key, 
     out->entry = e;
     uint8_t f = atomic_load_explicit(&sl->flags, memory_order_relaxed);
 
-    if (!peek) {
-        if (!atomic_load_explicit(&sl->accessed, memory_order_relaxed))
-            atomic_store_explicit(&sl->accessed, 1, memory_order_relaxed);
-        sfs_admit_hit(sl, f); /* a second access: out of probation */
-    }
-    if (f & SLOT_F_PREFETCHED) {
-        /* Once per prefetched load: the fetch_and says who cleared it. */
-        if (atomic_fetch_and_explicit(&sl->flags, (uint8_t)~SLOT_F_PREFETCHED,
-                                      memory_order_relaxed) &
-            SLOT_F_PREFETCHED)
-            sfs_ctr_add(c, CTR_PREFETCH_HITS, 1);
-    }
+    if (!peek)
+        sfs_slot_use(sl, f); /* a second access: out of probation */
+    sfs_slot_prefetch_hit(c, sl, f);
     /* The request, on this entry's own counter: no locked instruction, no
      * line another thread writes (stats sums the counters, the fold takes
      * them). Relaxed: one writer, the entry's holder. */
@@ -216,24 +207,19 @@ retry:
             lease_take(c, s, e, lease);
             /* Closed by a recount cut short (a death): open it again. */
             slot_open(sl);
-            if (!(flags & SFS_GET_PEEK)) {
-                atomic_store_explicit(&sl->accessed, 1, memory_order_relaxed);
-                sfs_admit_hit(sl, atomic_load_explicit(&sl->flags, memory_order_relaxed));
-            }
-            if (atomic_load_explicit(&sl->flags, memory_order_relaxed) & SLOT_F_PREFETCHED) {
-                atomic_fetch_and_explicit(&sl->flags, (uint8_t)~SLOT_F_PREFETCHED,
-                                          memory_order_relaxed);
-                sfs_ctr_add(c, CTR_PREFETCH_HITS, 1);
-            }
+            uint8_t f = atomic_load_explicit(&sl->flags, memory_order_relaxed);
+
+            if (!(flags & SFS_GET_PEEK))
+                sfs_slot_use(sl, f);
+            SFS_TEST_POINT("get:prefetch_seen");
+            sfs_slot_prefetch_hit(c, sl, f);
             bucket_unlock(c, b);
             return SFS_HIT;
         case SFS_STATE_LOADING:
             if (owner_alive_rec(c, sl)) {
                 lease_take(c, s, e, lease);
-                if (!(flags & SFS_GET_PEEK)) {
-                    atomic_store_explicit(&sl->accessed, 1, memory_order_relaxed);
-                    sfs_admit_hit(sl, atomic_load_explicit(&sl->flags, memory_order_relaxed));
-                }
+                if (!(flags & SFS_GET_PEEK))
+                    sfs_slot_use(sl, atomic_load_explicit(&sl->flags, memory_order_relaxed));
                 sfs_ctr_add(c, CTR_MISSES, 1);
                 sfs_ctr_add(c, CTR_WAITS, 1);
                 bucket_unlock(c, b);

@@ -164,8 +164,7 @@ int sfs_cache_touch(struct sfs_cache *c, const struct sfs_block_id *blocks, size
 
             if ((st == SFS_STATE_READY || st == SFS_STATE_LOADING) &&
                 block_in(blocks, n, sl->block)) {
-                atomic_store_explicit(&sl->accessed, 1, memory_order_relaxed);
-                sfs_admit_hit(sl, atomic_load_explicit(&sl->flags, memory_order_relaxed));
+                sfs_slot_use(sl, atomic_load_explicit(&sl->flags, memory_order_relaxed));
                 marked++;
             }
             s = atomic_load_explicit(&sl->next, memory_order_relaxed);
