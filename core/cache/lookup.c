@@ -157,8 +157,7 @@ int sfs_cache_touch(struct sfs_cache *c, const struct sfs_block_id *blocks, size
             continue;
         if (bucket_lock(c, b, 0) < 0)
             continue;
-        uint32_t s = atomic_load_explicit(&c->buckets[b].head, memory_order_relaxed);
-        for (uint32_t steps = 0; s != SFS_NIL && slot_ok(c, s) && steps < c->nslots; steps++) {
+        SFS_CHAIN_EACH(c, b, s) {
             struct sfs_slot_rec *sl = &c->slots[s];
             uint32_t st = atomic_load_explicit(&sl->state, memory_order_relaxed);
 
@@ -167,7 +166,6 @@ int sfs_cache_touch(struct sfs_cache *c, const struct sfs_block_id *blocks, size
                 sfs_slot_use(sl, atomic_load_explicit(&sl->flags, memory_order_relaxed));
                 marked++;
             }
-            s = atomic_load_explicit(&sl->next, memory_order_relaxed);
         }
         bucket_unlock(c, b);
     }
@@ -199,8 +197,7 @@ int sfs_cache_foreach(struct sfs_cache *c, unsigned state_mask, sfs_key_visit_fn
             continue; /* racy peek is fine: a snapshot */
         if (bucket_lock(c, b, 0) < 0)
             continue;
-        uint32_t s = atomic_load_explicit(&c->buckets[b].head, memory_order_relaxed);
-        for (uint32_t steps = 0; s != SFS_NIL && slot_ok(c, s) && steps < c->nslots; steps++) {
+        SFS_CHAIN_EACH(c, b, s) {
             struct sfs_slot_rec *sl = &c->slots[s];
             uint32_t st = atomic_load_explicit(&sl->state, memory_order_relaxed);
 
@@ -223,7 +220,6 @@ int sfs_cache_foreach(struct sfs_cache *c, unsigned state_mask, sfs_key_visit_fn
                 keys[n].shard = sl->shard;
                 states[n++] = (int)st;
             }
-            s = atomic_load_explicit(&sl->next, memory_order_relaxed);
         }
         bucket_unlock(c, b);
         /* Callbacks run with no lock held: they may call back into the cache. */

@@ -260,8 +260,7 @@ static void walk_block(struct sfs_cache *c, const uint8_t *block, slot_fn *fn, v
 
         if (bucket_lock(c, b, 0) < 0)
             continue;
-        uint32_t s = atomic_load_explicit(&c->buckets[b].head, memory_order_relaxed);
-        for (uint32_t steps = 0; s != SFS_NIL && slot_ok(c, s) && steps < c->nslots; steps++) {
+        SFS_CHAIN_EACH(c, b, s) {
             struct sfs_slot_rec *sl = &c->slots[s];
             uint64_t v[2];
 
@@ -269,7 +268,6 @@ static void walk_block(struct sfs_cache *c, const uint8_t *block, slot_fn *fn, v
             if (v[0] == w[0] && v[1] == w[1] &&
                 atomic_load_explicit(&sl->state, memory_order_relaxed) != SFS_STATE_FREE)
                 fn(c, sl, arg);
-            s = atomic_load_explicit(&sl->next, memory_order_relaxed);
         }
         bucket_unlock(c, b);
     }

@@ -32,9 +32,7 @@ int sfs_cache_sample(struct sfs_cache *c, uint32_t *cursor, uint32_t max_buckets
             continue;
         if (bucket_lock(c, b, LOCK_TRY) < 0)
             continue; /* busy (a Get is on it) or unrecoverable: skipped */
-        uint32_t s = atomic_load_explicit(&c->buckets[b].head, memory_order_relaxed);
-        for (uint32_t steps = 0; s != SFS_NIL && slot_ok(c, s) && steps < c->nslots && r == 0;
-             steps++) {
+        SFS_CHAIN_EACH(c, b, s) {
             struct sfs_slot_rec *sl = &c->slots[s];
             /* Relaxed: a snapshot; the key fields are stable under the lock. */
             uint32_t st = atomic_load_explicit(&sl->state, memory_order_relaxed);
@@ -48,8 +46,9 @@ int sfs_cache_sample(struct sfs_cache *c, uint32_t *cursor, uint32_t max_buckets
                 slot_key_load(sl, &k);
                 /* Under the lock: fn must not call into the cache. */
                 r = fn(&k, s, acc, leased, arg);
+                if (r)
+                    break;
             }
-            s = atomic_load_explicit(&sl->next, memory_order_relaxed);
         }
         bucket_unlock(c, b);
     }

@@ -194,6 +194,17 @@ static inline void bucket_unlock(struct sfs_cache *c, uint32_t b)
     pthread_mutex_unlock(&c->buckets[b].lock);
 }
 
+/* Walk chain b, its lock held: `s` takes each slot index in turn. Bounded:
+ * at most nslots steps, and it ends at an index out of range -- a chain a
+ * death left torn is walked no further than it can be trusted (bucket.c
+ * repairs it). The body may break, not continue past a change to the
+ * chain: the next index is read after the body. */
+#define SFS_CHAIN_EACH(c, b, s)                                                             \
+    for (uint32_t s = atomic_load_explicit(&(c)->buckets[(b)].head, memory_order_relaxed),    \
+                  s##_steps_ = 0;                                                             \
+         s != SFS_NIL && slot_ok((c), s) && s##_steps_ < (c)->nslots;                         \
+         s = atomic_load_explicit(&(c)->slots[s].next, memory_order_relaxed), s##_steps_++)
+
 /* Find key on chain b (lock held). Returns the slot, SFS_NIL, or sets *err
  * (-EBADMSG: an index out of range or a chain longer than nslots). */
 static inline uint32_t chain_find(struct sfs_cache *c, uint32_t b, const struct sfs_key *k,
