@@ -42,6 +42,62 @@ struct geometry {
     uint64_t off_buckets, off_slots, off_procs, off_leases, off_hits, off_pins, size;
 };
 
+/* Where the geometry lives in the header: what the creator chose, and what
+ * it laid out. One list each, so the header the creator writes and the one
+ * an attacher reads (and checks) cannot disagree on a field: the geometry's
+ * name, then the header's. */
+#define GEOMETRY_CHOSEN(X)                                                                         \
+    X(shard_size, shard_size)                                                                      \
+    X(stride, stride)                                                                              \
+    X(seg_size, segment_size)                                                                      \
+    X(nslots, nslots)                                                                              \
+    X(nreserved, nreserved)                                                                        \
+    X(nbuckets, nbuckets)                                                                          \
+    X(max_procs, max_procs)                                                                        \
+    X(max_leases, max_leases)                                                                      \
+    X(nsegments, nsegments)                                                                        \
+    X(slots_per_seg, slots_per_segment)                                                            \
+    X(npartitions, npartitions)                                                                    \
+    X(npins, npins)                                                                                \
+    X(pin_budget, pin_budget)
+#define GEOMETRY_LAID_OUT(X)                                                                       \
+    X(size, region_size)                                                                           \
+    X(off_buckets, off_buckets)                                                                    \
+    X(off_slots, off_slots)                                                                        \
+    X(off_procs, off_procs)                                                                        \
+    X(off_leases, off_leases)                                                                      \
+    X(off_hits, off_hits)                                                                          \
+    X(off_pins, off_pins)
+
+static void geometry_to_header(const struct geometry *g, struct sfs_header *h)
+{
+#define STORE(gf, hf) h->hf = g->gf;
+    GEOMETRY_CHOSEN(STORE)
+    GEOMETRY_LAID_OUT(STORE)
+#undef STORE
+    memcpy(h->part_end, g->part_end, sizeof(h->part_end));
+    memcpy(h->part_rend, g->part_rend, sizeof(h->part_rend));
+}
+
+/* What the creator chose, as the header says (to be checked). */
+static void geometry_from_header(const struct sfs_header *h, struct geometry *g)
+{
+    memset(g, 0, sizeof(*g));
+#define LOAD(gf, hf) g->gf = h->hf;
+    GEOMETRY_CHOSEN(LOAD)
+#undef LOAD
+    memcpy(g->part_end, h->part_end, sizeof(g->part_end));
+    memcpy(g->part_rend, h->part_rend, sizeof(g->part_rend));
+}
+
+/* The layout g computes is the one the header records. */
+static bool geometry_laid_out_as(const struct geometry *g, const struct sfs_header *h)
+{
+#define SAME(gf, hf) &&g->gf == h->hf
+    return true GEOMETRY_LAID_OUT(SAME);
+#undef SAME
+}
+
 static void layout(struct geometry *g)
 {
     uint64_t off = SFS_ALIGN_UP(sizeof(struct sfs_header), SFS_CACHELINE);
@@ -280,29 +336,8 @@ int sfs_ctl_init(struct sfs_cache *c, const struct sfs_cache_config *cfg)
     adopt_geometry(c, &g);
 
     h = c->hdr;
-    h->region_size = g.size;
-    h->shard_size = g.shard_size;
-    h->stride = g.stride;
-    h->segment_size = g.seg_size;
-    h->nslots = g.nslots;
-    h->nreserved = g.nreserved;
-    h->nbuckets = g.nbuckets;
-    h->max_procs = g.max_procs;
-    h->max_leases = g.max_leases;
-    h->nsegments = g.nsegments;
-    h->slots_per_segment = g.slots_per_seg;
+    geometry_to_header(&g, h);
     h->seg_shift = c->seg_shift;
-    h->off_buckets = g.off_buckets;
-    h->off_slots = g.off_slots;
-    h->off_procs = g.off_procs;
-    h->off_leases = g.off_leases;
-    h->off_hits = g.off_hits;
-    h->off_pins = g.off_pins;
-    h->npartitions = g.npartitions;
-    memcpy(h->part_end, g.part_end, sizeof(h->part_end));
-    memcpy(h->part_rend, g.part_rend, sizeof(h->part_rend));
-    h->npins = g.npins;
-    h->pin_budget = g.pin_budget;
     r = sfs_robust_mutex_init(&h->proc_lock);
     if (r < 0)
         return r;
@@ -345,22 +380,7 @@ int sfs_ctl_validate(struct sfs_cache *c)
         return -EBADMSG;
     if (h->format != sfs_layout_format())
         return -EPROTO;
-    memset(&g, 0, sizeof(g));
-    g.shard_size = h->shard_size;
-    g.stride = h->stride;
-    g.seg_size = h->segment_size;
-    g.nslots = h->nslots;
-    g.nreserved = h->nreserved;
-    g.nbuckets = h->nbuckets;
-    g.max_procs = h->max_procs;
-    g.max_leases = h->max_leases;
-    g.nsegments = h->nsegments;
-    g.slots_per_seg = h->slots_per_segment;
-    g.npartitions = h->npartitions;
-    memcpy(g.part_end, h->part_end, sizeof(g.part_end));
-    memcpy(g.part_rend, h->part_rend, sizeof(g.part_rend));
-    g.npins = h->npins;
-    g.pin_budget = h->pin_budget;
+    geometry_from_header(h, &g);
     /* Each field within the bounds geometry_from_config() gives it. */
     if (g.shard_size == 0 || g.shard_size > UINT32_MAX || g.nslots == 0 || g.nslots >= (1u << 29) ||
         g.nreserved >= g.nslots || g.nbuckets == 0 || (g.nbuckets & (g.nbuckets - 1)) ||
@@ -384,10 +404,7 @@ int sfs_ctl_validate(struct sfs_cache *c)
         __builtin_mul_overflow((uint64_t)g.nsegments, g.seg_size, &total))
         return -EBADMSG;
     layout(&g);
-    if (g.size != h->region_size || g.size != (uint64_t)st.st_size || g.size != c->ctl_len ||
-        g.off_buckets != h->off_buckets || g.off_slots != h->off_slots ||
-        g.off_procs != h->off_procs || g.off_leases != h->off_leases || g.off_hits != h->off_hits ||
-        g.off_pins != h->off_pins)
+    if (!geometry_laid_out_as(&g, h) || g.size != (uint64_t)st.st_size || g.size != c->ctl_len)
         return -EBADMSG;
     adopt_geometry(c, &g);
     return 0;
