@@ -120,59 +120,42 @@ static int block_listing(struct fs *fs, const struct sfs_block_id *block, uint32
  */
 #define REMOVE_GRACE_NS (200 * 1000 * 1000ll)
 
+static int take_try(struct fs *fs, const struct sfs_key *key, void *arg)
+{
+    struct fs_take *t = arg;
+    int r = sfs_cache_get(fs->cache, key, SFS_GET_WRITE, t->deadline, t->lease);
+
+    if (r == SFS_OWNER)
+        return 0;
+    if (r >= 0) {
+        sfs_cache_release(fs->cache, t->lease); /* not ours to write: try again */
+        r = -EBUSY;
+    }
+    return r == -ENOSPC || r == -ENOBUFS ? -EAGAIN : r;
+}
+
 static int take_for_remove(struct fs *fs, const struct sfs_key *key, struct sfs_lease *l)
 {
-    int64_t deadline = sfs_deadline_after(fs->wait_ns);
-    int64_t grace = sfs_deadline_after(REMOVE_GRACE_NS);
+    struct fs_take t = {l, sfs_deadline_after(fs->wait_ns)};
 
-    for (;;) {
-        int r = sfs_cache_get(fs->cache, key, SFS_GET_WRITE, deadline, l);
-        int64_t now;
-
-        if (r == SFS_OWNER)
-            return 0;
-        if (r >= 0) {
-            sfs_cache_release(fs->cache, l); /* not ours to write: try again */
-            r = -EBUSY;
-        }
-        if (r == -ENOSPC || r == -ENOBUFS)
-            return -EAGAIN;
-        if (r != -EBUSY || fs_stopping(fs))
-            return r;
-        now = sfs_now_ns();
-        if (now >= deadline ||
-            (sfs_cache_state(fs->cache, key) != SFS_STATE_LOADING && now >= grace))
-            return r;
-        struct timespec ts = {0, 1000 * 1000};
-        nanosleep(&ts, NULL);
-    }
+    return fs_retry_busy(fs, key, t.deadline, sfs_deadline_after(REMOVE_GRACE_NS), take_try, &t);
 }
 
 /* sfs_cache_remove of a later shard the backend dropped, waiting out a load
  * in flight and a reader's lease as take_for_remove does. */
+static int remove_try(struct fs *fs, const struct sfs_key *key, void *arg)
+{
+    (void)arg;
+    /* Our page-cache pin (its pages invalidated first), each try: a reader
+     * may have pinned it anew. */
+    fs_pin_drop(fs, key);
+    return sfs_cache_remove(fs->cache, key);
+}
+
 static int cache_remove_settled(struct fs *fs, const struct sfs_key *key)
 {
-    int64_t deadline = sfs_deadline_after(fs->wait_ns);
-    int64_t grace = sfs_deadline_after(REMOVE_GRACE_NS);
-
-    for (;;) {
-        int r;
-
-        /* Our page-cache pin (its pages invalidated first), each round:
-         * a reader may have pinned it anew. */
-        fs_pin_drop(fs, key);
-        r = sfs_cache_remove(fs->cache, key);
-        int64_t now;
-
-        if (r != -EBUSY || fs_stopping(fs))
-            return r;
-        now = sfs_now_ns();
-        if (now >= deadline ||
-            (sfs_cache_state(fs->cache, key) != SFS_STATE_LOADING && now >= grace))
-            return r;
-        struct timespec ts = {0, 1000 * 1000};
-        nanosleep(&ts, NULL);
-    }
+    return fs_retry_busy(fs, key, sfs_deadline_after(fs->wait_ns),
+                         sfs_deadline_after(REMOVE_GRACE_NS), remove_try, NULL);
 }
 
 /* Drop shard n from the cache and the backend. The posix layout keeps a

@@ -411,6 +411,22 @@ void fs_read_settled(struct fs *fs, fuse_req_t req, const struct sfs_key *key,
 /* Synchronous: copy the shard's current bytes into buf (via the cache, so
  * the load is shared with concurrent readers). Returns 0 or -errno. */
 int fs_load_copy(struct fs *fs, const struct sfs_key *key, void *buf);
+/* The wait every writer of the tree shares (a store, a remove): call
+ * try(fs, key, arg) while it answers -EBUSY -- a lease on the key, most
+ * often a reader finishing one read -- 1 ms apart, until `deadline`; with
+ * a `grace` (0: none), also once the grace has passed and the key is not
+ * being loaded (a lease that outlives a read is an open reader's or a
+ * rank's: not worth the whole wait). Stops early when the session ends.
+ * Returns try's last answer. */
+typedef int fs_busy_try_fn(struct fs *fs, const struct sfs_key *key, void *arg);
+/* A writer's take of a key's slot, as a try's arg: where the lease goes, and
+ * the deadline of the whole wait (each try's Get waits for a slot until it). */
+struct fs_take {
+    struct sfs_lease *lease;
+    int64_t deadline;
+};
+int fs_retry_busy(struct fs *fs, const struct sfs_key *key, int64_t deadline, int64_t grace,
+                  fs_busy_try_fn *try, void *arg);
 
 /* wait.c: reads waiting for another's load, answered without a worker. */
 /* Start the settler thread (main, before the session loop). 0 or -errno. */

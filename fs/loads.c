@@ -442,3 +442,21 @@ int fs_load_copy(struct fs *fs, const struct sfs_key *key, void *buf)
     sfs_cache_release(fs->cache, &l);
     return r < 0 ? r : 0;
 }
+
+int fs_retry_busy(struct fs *fs, const struct sfs_key *key, int64_t deadline, int64_t grace,
+                  fs_busy_try_fn *try, void *arg)
+{
+    for (;;) {
+        int r = try(fs, key, arg);
+        int64_t now;
+
+        if (r != -EBUSY || fs_stopping(fs))
+            return r;
+        now = sfs_now_ns();
+        if (now >= deadline ||
+            (grace && now >= grace && sfs_cache_state(fs->cache, key) != SFS_STATE_LOADING))
+            return r;
+        struct timespec ts = {0, 1000 * 1000};
+        nanosleep(&ts, NULL);
+    }
+}

@@ -38,36 +38,40 @@
  * The write path: whole shards, written through.
  */
 
+/* One try at the key's slot for writing: its lease, or -EBUSY while a
+ * reader holds the old bytes. */
+static int take_for_store(struct fs *fs, const struct sfs_key *key, void *arg)
+{
+    struct fs_take *t = arg;
+    int r;
+
+    /* Our own page-cache pin would make the slot busy: drop it (the
+     * kernel's pages of the old bytes go with it). Again each try: a reader
+     * may have pinned it anew. */
+    fs_pin_drop(fs, key);
+    r = sfs_cache_get(fs->cache, key, SFS_GET_WRITE, t->deadline, t->lease);
+    if (r >= 0 && r != SFS_OWNER) {
+        sfs_cache_release(fs->cache, t->lease); /* not ours to write: try again */
+        r = -EBUSY;
+    }
+    return r;
+}
+
 /* Store one whole shard: take the slot for writing, fill it, dump it to the
  * backend (tmp + rename there), publish it as written. Returns 0 or -errno:
  * -EBUSY when the key stayed leased, -EAGAIN when no slot could be had,
  * until wait_timeout; either way nothing was stored. */
 static int store_shard(struct fs *fs, const struct sfs_key *key, const void *buf)
 {
-    int64_t deadline = sfs_deadline_after(fs->wait_ns);
     uint32_t len = (uint32_t)fs->shard_size;
     struct sfs_lease l;
+    struct fs_take t = {&l, sfs_deadline_after(fs->wait_ns)};
     void *data;
     int r;
 
-    for (;;) {
-        /* Our own page-cache pin would make the slot busy: drop it (the
-         * kernel's pages of the old bytes go with it). Again each round:
-         * a reader may have pinned it anew. */
-        fs_pin_drop(fs, key);
-        r = sfs_cache_get(fs->cache, key, SFS_GET_WRITE, deadline, &l);
-        if (r >= 0 && r != SFS_OWNER) {
-            sfs_cache_release(fs->cache, &l); /* not ours to write: try again */
-            r = -EBUSY;
-        }
-        if (r != -EBUSY)
-            break;
-        /* A reader holds the old bytes: let it finish. */
-        if (sfs_now_ns() >= deadline)
-            return -EBUSY;
-        struct timespec ts = {0, 1000 * 1000};
-        nanosleep(&ts, NULL);
-    }
+    r = fs_retry_busy(fs, key, t.deadline, 0, take_for_store, &t);
+    if (r == -EBUSY)
+        return r; /* leased until the deadline: nothing stored */
     if (r == -ENOSPC || r == -ENOBUFS) {
         /* Every slot leased until the deadline: store nothing, the writer's
          * error, as a read's (EAGAIN) and a rank's dump (-ENOSPC) are. Never
