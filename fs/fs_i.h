@@ -5,8 +5,9 @@
  * .ci/callcircles.py):
  *
  *   main.c     setup and lifetime; unwinds through named labels
- *   options.c  the command line, validated once; session.c the reaper, the
- *              session loop's thread, the stop signals, daemonizing
+ *   options.c  the command line, validated once (checks.c: against the
+ *              system); session.c the reaper, the session loop's thread,
+ *              the stop signals, daemonizing
  *   ops.c      the operations table (lookup, forget, getattr, statfs, init)
  *   read.c, write.c, dir.c, xattr.c   the handlers: the read path and
  *              readahead; open files and storing shards; changing the tree
@@ -564,6 +565,14 @@ struct fs_config {
 /* Parse argv's options into *o (zeroed first; free with fs_options_free even
  * on failure). 0, or -1 with the reason on stderr. */
 int fs_options_parse(struct fuse_args *args, struct fs_options *o);
+/* checks.c: the start's checks against the system (0, or -1 with one line
+ * on stderr). The default socket path for a mount point; the store
+ * directory of a backend spec exists; the mount point is a free directory;
+ * the socket path is ours to take (default_dir: create SOCKET_DIR). */
+int fs_default_socket(const char *mnt, char *out, size_t outlen);
+int fs_check_backend(const char *spec);
+int fs_check_mountpoint(const char *mnt);
+int fs_check_socket(const char *path, bool default_dir);
 /* Validate *o into *cfg and check BACKEND_DIR, MOUNTPOINT and the socket
  * path. 0, or -1 with a one-line reason on stderr. */
 int fs_options_check(const struct fs_options *o, const char *mnt, struct fs_config *cfg);
