@@ -63,13 +63,13 @@ from .rank import Rank
 try:  # the real base class, so that SGLang's factory accepts the class
     from sglang.srt.mem_cache.hicache_storage import HiCacheStorage as _Base
     HAVE_SGLANG = True
-except ImportError:
+except Exception:  # noqa: BLE001 - not installed, or installed but not importable here
     _Base = object
     HAVE_SGLANG = False
 
 try:  # batch_exists_v2's result type (newer SGLang)
     from sglang.srt.mem_cache.hicache_storage import PoolTransferResult
-except ImportError:
+except Exception:  # noqa: BLE001
     class PoolTransferResult:
         """SGLang's PoolTransferResult where SGLang is not installed: the
         usable KV prefix, and the pages found per pool."""
@@ -215,6 +215,10 @@ class ShardfsStorage(_Base):
         A pool whose page is not the cache's shard size is kept, and its
         transfers fail page by page (shardfs stores one page size)."""
         self.registered_pools[str(host_pool_name)] = host_pool
+
+    def on_host_pools_registered(self):
+        """SGLang's hook after every pool is registered: nothing to do (each
+        pool is checked when its pages move)."""
 
     def _page_rows(self, keys, host_indices, what, pool=None):
         pool = self.mem_pool_host if pool is None else pool
