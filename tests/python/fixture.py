@@ -119,6 +119,21 @@ class Checks:
         if match:
             self.assertIn(match, str(cm.exception))
 
+    def logged_miss(self, fn, *args, match=None):
+        """fn(*args) does not raise (a storage call from one of SGLang's
+        threads): it answers a miss (False, None, 0, all of them in a list
+        or a dict of lists) and logs an error, saying match."""
+        with self.assertLogs("shardfs.sglang", "ERROR") as cm:
+            out = fn(*args)
+        if isinstance(out, dict):
+            out = [x for v in out.values() for x in v]
+        elif hasattr(out, "kv_hit_pages"):
+            out = out.kv_hit_pages
+        self.assertFalse(any(out) if isinstance(out, list) else out, f"not a miss: {out!r}")
+        if match:
+            self.assertIn(match, "\n".join(cm.output))
+        return out
+
 
 class RankCase(Checks, unittest.TestCase):
     """A test case with a fresh shardfs.Rank on `daemon` (a Daemon or a
@@ -216,6 +231,16 @@ class Daemon:
                 if m:
                     out[m.group(1)] = int(m.group(2))
         return out
+
+    def kill(self):
+        """SIGKILL the daemon and detach its mount, keeping the store and
+        the socket's path: start() brings the same daemon back."""
+        if self.proc is None:
+            return
+        self.proc.kill()
+        self.proc.wait()
+        self.proc = None
+        subprocess.run(["fusermount3", "-uz", self.mnt], stderr=subprocess.DEVNULL)
 
     def stop(self, timeout=10.0):
         if self.proc is None:

@@ -5,6 +5,11 @@ one plain line, `N passed, N failed`, that ctest and people can read.
 
     /usr/bin/python3 tests/python/run.py [-k PATTERN] [test_module ...]
 
+It runs itself again in the engines' environment (tests/python/engines-venv.sh
+makes it once and caches it; SHARDFS_ENGINES=0 does not), so the engine tests
+import SGLang's and UCM's real packages; tests/python/engines.py says which
+parts of them import here.
+
 Skipped tests are listed with their reason before that line (they count in
 neither number). Exit status 0 when none failed. The package is imported
 from this tree's gpu/python, even when one is installed; with
@@ -12,6 +17,7 @@ SHARDFS_TEST_INSTALLED=1, from wherever the interpreter finds it (the
 install test).
 """
 import os
+import subprocess
 import sys
 import unittest
 
@@ -29,12 +35,33 @@ class Result(unittest.TextTestResult):
         self.passed += 1
 
 
+def engines_python():
+    """The interpreter of the engines' environment (engines-venv.sh makes
+    it, cached), or None, saying why, when it cannot be made."""
+    try:
+        out = subprocess.run(["bash", os.path.join(HERE, "engines-venv.sh")], check=True,
+                             stdout=subprocess.PIPE, timeout=900)
+        return out.stdout.decode().strip().splitlines()[-1]
+    except (OSError, subprocess.SubprocessError) as e:
+        print(f"engines-venv.sh failed ({e}): the engine tests skip", flush=True)
+        return None
+
+
 def main(argv):
     sys.dont_write_bytecode = True  # no __pycache__ in the source tree
+    if os.environ.get("SHARDFS_ENGINES", "1") != "0" and not os.environ.get("SHARDFS_IN_ENGINES"):
+        py = engines_python()
+        if py:  # again, in the environment with SGLang and UCM installed
+            os.environ["SHARDFS_IN_ENGINES"] = "1"
+            os.execv(py, [py, os.path.abspath(__file__)] + argv)
     sys.path.insert(0, HERE)
     if os.environ.get("SHARDFS_TEST_INSTALLED") != "1":
         # The package of this tree, not one installed on the machine.
         sys.path.insert(0, os.path.join(ROOT, "gpu", "python"))
+    import engines  # before any test imports shardfs: the adapters subclass the engines' bases
+
+    for engine, why in engines.setup().items():
+        print(f"{engine}: " + (why or "the real package's interface imported"), flush=True)
     pattern = None
     names = []
     it = iter(argv)

@@ -40,6 +40,25 @@ class Checks(fixture.Checks):
 
 
 class Ucm(Checks, unittest.TestCase):
+    """Every error crossing into UCM is a RuntimeError (its connector
+    catches nothing else): bad input a ShardfsUcmBadInput (also a
+    ValueError), a closed store a ShardfsUcmError, each with its errno."""
+
+    def einval(self, fn, *args, match=None):
+        with self.assertRaises(ucm.ShardfsUcmBadInput) as cm:
+            fn(*args)
+        self.assertIsInstance(cm.exception, RuntimeError)
+        self.assertIsInstance(cm.exception.cause, shardfs.InvalidArgument)
+        self.assertEqual(cm.exception.errno, errno.EINVAL)
+        if match:
+            self.assertIn(match, str(cm.exception))
+
+    def closed(self, fn, *args):
+        with self.assertRaises(ucm.ShardfsUcmError) as cm:
+            fn(*args)
+        self.assertIsInstance(cm.exception.cause, shardfs.RankClosed)
+        self.assertEqual(cm.exception.errno, errno.EBADF)
+
     def setUp(self):
         self.store = ucm.ShardfsStore({
             "storage_backends": [D.store], "shardfs_socket": D.sock, "data_dir_shard_bytes": 0,
@@ -103,6 +122,17 @@ class HostPool:
 
 
 class SGLang(Checks, unittest.TestCase):
+    """SGLang's HiCache threads catch nothing: a storage call with bad
+    input, or on a closed store, is a logged miss, not an exception."""
+
+    def einval(self, fn, *args, match=None):
+        if getattr(fn, "__name__", "") == "register_mem_pool_host":
+            return super().einval(fn, *args, match=match)
+        self.logged_miss(fn, *args, match=match)
+
+    def closed(self, fn, *args):
+        self.logged_miss(fn, *args, match="closed")
+
     def setUp(self):
         cfg = types.SimpleNamespace(
             tp_rank=0, tp_size=1, pp_rank=0, pp_size=1, attn_cp_rank=0, attn_cp_size=1,

@@ -192,17 +192,17 @@ class Worker(unittest.TestCase):
         self.assertEqual(self.kv.block_bytes(0), fixture.shard_bytes(have, 0, SHARD))
 
     def test_bad_rows_raise(self):
-        with self.assertRaises(shardfs.InvalidArgument):
+        with self.assertRaises(ucm.ShardfsUcmBadInput):
             self.store.load_data(ids(1, b"x"), [0], [[1, 2, 3]])  # 3 pointers, layout has 4
-        with self.assertRaises(shardfs.InvalidArgument):
+        with self.assertRaises(ucm.ShardfsUcmBadInput):
             self.store.load(ids(1, b"x"), [0], [[torch.empty(SHARD - 2, dtype=torch.uint8)]])
-        with self.assertRaises(shardfs.InvalidArgument):
+        with self.assertRaises(ucm.ShardfsUcmBadInput):
             self.store.load(ids(2, b"x"), [0], [[torch.empty(SHARD, dtype=torch.uint8)]])
-        with self.assertRaises(shardfs.InvalidArgument):
+        with self.assertRaises(ucm.ShardfsUcmBadInput):
             self.store.load_data([b"short"], [0], self.kv.addrs([0]))
-        with self.assertRaises(shardfs.InvalidArgument):
+        with self.assertRaises(ucm.ShardfsUcmBadInput):
             ucm.ShardfsStore(worker_config(self.kv, shard_size=SHARD * 2))
-        with self.assertRaises(shardfs.InvalidArgument):
+        with self.assertRaises(ucm.ShardfsUcmBadInput):
             ucm.ShardfsStore(worker_config(self.kv, storage_backends=["/a", "/b"]))
 
     def test_scheduler_store_answers_lookups(self):

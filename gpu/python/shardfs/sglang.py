@@ -37,24 +37,39 @@ Extra config (the same JSON object):
 The host pool is host memory, so the rank copies to host memory (device
 None). MLA models: the TP ranks load the same blocks, rank tp_rank of
 tp_size (one backend load per page for all of them).
+
+Errors. HiCache's backup and prefetch threads call the storage methods and
+catch nothing (a raise ends the thread for the life of the process), so the
+storage methods never raise once the backend is built: a store that cannot
+be reached (the daemon gone), or bad input, makes every page of that call a
+miss (False, None, 0), logged once per kind of error until a call succeeds
+again; the rank re-attaches by itself when the daemon is back.
+
+get_stats() answers SGLang's StorageMetrics (pages and bandwidth of the
+prefetches and backups since the last call) where SGLang's metrics module
+imports, else None (which SGLang's metrics collector skips). stats() is the
+rank's counters. clear() does not remove anything: see its docstring.
 """
+import functools
 import hashlib
 import logging
+import threading
+import time
 
 from . import _pieces
-from .errors import InvalidArgument
+from .errors import InvalidArgument, RankClosed
 from .rank import Rank
 
 try:  # the real base class, so that SGLang's factory accepts the class
     from sglang.srt.mem_cache.hicache_storage import HiCacheStorage as _Base
     HAVE_SGLANG = True
-except ImportError:
+except Exception:  # noqa: BLE001 - not installed, or installed but not importable here
     _Base = object
     HAVE_SGLANG = False
 
 try:  # batch_exists_v2's result type (newer SGLang)
     from sglang.srt.mem_cache.hicache_storage import PoolTransferResult
-except ImportError:
+except Exception:  # noqa: BLE001
     class PoolTransferResult:
         """SGLang's PoolTransferResult where SGLang is not installed: the
         usable KV prefix, and the pages found per pool."""
@@ -71,6 +86,59 @@ except ImportError:
             return f"PoolTransferResult({self.kv_hit_pages}, {self.extra_pool_hit_pages})"
 
 log = logging.getLogger(__name__)
+
+
+def _storage_metrics_class():
+    for mod in ("sglang.srt.observability.metrics_collector", "sglang.srt.metrics.collector"):
+        try:
+            return getattr(__import__(mod, fromlist=["StorageMetrics"]), "StorageMetrics")
+        except Exception:  # noqa: BLE001 - a module that does not import has no metrics
+            continue
+    return None
+
+
+def _never_raises(miss):
+    """A storage method HiCache's threads call: any error is logged (once
+    per kind until a call succeeds) and answered with miss(args)."""
+
+    def wrap(fn):
+        @functools.wraps(fn)
+        def call(self, *args, **kw):
+            try:
+                out = fn(self, *args, **kw)
+            except Exception as e:  # noqa: BLE001 - a raise kills HiCache's thread
+                if isinstance(e, (InvalidArgument, RankClosed)) or not isinstance(e, OSError):
+                    log.error("ShardfsStorage.%s: %s (its pages are misses)", fn.__name__, e)
+                    return miss(*args, **kw)
+                kind = (type(e).__name__, e.errno)  # the store out of reach: logged once
+                if self._failing != kind:
+                    log.error("ShardfsStorage.%s: %s (every page is a miss until the store answers "
+                              "again)", fn.__name__, e)
+                    self._failing = kind
+                return miss(*args, **kw)
+            if self._failing is not None:
+                log.warning("ShardfsStorage.%s: the store answers again", fn.__name__)
+                self._failing = None
+            return out
+
+        return call
+
+    return wrap
+
+
+def _falses(keys, *a, **k):
+    return [False] * len(keys or [])
+
+
+def _nones(keys, *a, **k):
+    return [None] * len(keys or [])
+
+
+def _v2_misses(transfers, *a, **k):
+    try:
+        return {str(t.name): [False] * len(t.keys or []) for t in transfers}
+    except Exception:  # noqa: BLE001
+        return {}
 
 # SGLang's PoolName.KV and PoolHitPolicy values (str enums: they compare
 # equal to these strings).
@@ -114,6 +182,9 @@ class ShardfsStorage(_Base):
         self.shard_size = self.rank.shard_size
         self.mem_pool_host = None
         self.registered_pools = {}
+        self._failing = None
+        self._metrics_mu = threading.Lock()
+        self._metrics = ([], [], [], [])  # prefetch pages, backup pages, their GB/s
 
     # -- keys -------------------------------------------------------------
 
@@ -145,6 +216,10 @@ class ShardfsStorage(_Base):
         transfers fail page by page (shardfs stores one page size)."""
         self.registered_pools[str(host_pool_name)] = host_pool
 
+    def on_host_pools_registered(self):
+        """SGLang's hook after every pool is registered: nothing to do (each
+        pool is checked when its pages move)."""
+
     def _page_rows(self, keys, host_indices, what, pool=None):
         pool = self.mem_pool_host if pool is None else pool
         if pool is None:
@@ -164,17 +239,31 @@ class ShardfsStorage(_Base):
 
     # -- zero copy (v1) -----------------------------------------------------
 
+    @_never_raises(_falses)
     def batch_get_v1(self, keys, host_indices, extra_info=None):
         """Load each page into the host pool; one bool per key."""
         if not keys:
             return []
-        return self._run(keys, self._page_rows(keys, host_indices, "batch_get_v1"), True)
+        t0 = time.monotonic()
+        ok = self._run(keys, self._page_rows(keys, host_indices, "batch_get_v1"), True)
+        self._account(0, ok, time.monotonic() - t0)
+        return ok
 
+    @_never_raises(_falses)
     def batch_set_v1(self, keys, host_indices, extra_info=None):
         """Store each page from the host pool; one bool per key."""
         if not keys:
             return []
-        return self._run(keys, self._page_rows(keys, host_indices, "batch_set_v1"), False)
+        t0 = time.monotonic()
+        ok = self._run(keys, self._page_rows(keys, host_indices, "batch_set_v1"), False)
+        self._account(1, ok, time.monotonic() - t0)
+        return ok
+
+    def _account(self, which, ok, seconds):
+        pages = sum(1 for x in ok if x)
+        with self._metrics_mu:
+            self._metrics[which].append(pages)
+            self._metrics[which + 2].append(pages * self.shard_size / max(seconds, 1e-9) / 1e9)
 
     # -- pools (v2) ---------------------------------------------------------
 
@@ -223,16 +312,19 @@ class ShardfsStorage(_Base):
             results[name] = [s == 0 for s in pt.finish()]
         return results
 
+    @_never_raises(_v2_misses)
     def batch_get_v2(self, transfers, extra_info=None):
         """Load each PoolTransfer's pages into its pool; {pool name: [bool
         per key]}."""
         return self._batch_v2(transfers, True, "batch_get_v2")
 
+    @_never_raises(_v2_misses)
     def batch_set_v2(self, transfers, extra_info=None):
         """Store each PoolTransfer's pages from its pool; {pool name: [bool
         per key]}."""
         return self._batch_v2(transfers, False, "batch_set_v2")
 
+    @_never_raises(lambda *a, **k: PoolTransferResult(0, {}))
     def batch_exists_v2(self, keys, pool_transfers=None, extra_info=None):
         """The usable KV prefix, respecting every extra pool's hit policy:
         "all_pages" needs the pool's page for every page of the prefix,
@@ -278,6 +370,7 @@ class ShardfsStorage(_Base):
         import torch
         return torch.empty(self.shard_size, dtype=torch.uint8)
 
+    @_never_raises(_nones)
     def batch_get(self, keys, target_locations=None, target_sizes=None):
         """Load pages into target_locations (flat tensors; new ones if None).
         Returns the tensors, None for each page that failed."""
@@ -298,9 +391,11 @@ class ShardfsStorage(_Base):
         ok = self._run(keys, rows, True)
         return [t if good else None for t, good in zip(targets, ok)]
 
+    @_never_raises(lambda *a, **k: None)
     def get(self, key, target_location=None, target_sizes=None):
         return self.batch_get([key], [target_location] if target_location is not None else None)[0]
 
+    @_never_raises(lambda *a, **k: False)
     def batch_set(self, keys, values=None, target_locations=None, target_sizes=None):
         """Store flat page tensors; True when every one was stored."""
         if not keys:
@@ -315,14 +410,17 @@ class ShardfsStorage(_Base):
         rows = [self._tensor_row(v, f"batch_set: value {i}") for i, v in enumerate(values)]
         return all(self._run(keys, rows, False))
 
+    @_never_raises(lambda *a, **k: False)
     def set(self, key, value=None, target_location=None, target_sizes=None):
         return self.batch_set([key], [value if value is not None else target_location])
 
     # -- existence ----------------------------------------------------------
 
+    @_never_raises(lambda *a, **k: False)
     def exists(self, key):
         return self.rank.lookup([self.block_of(key)])[0]
 
+    @_never_raises(lambda *a, **k: 0)
     def batch_exists(self, keys, extra_info=None):
         """How many keys from the start exist (in the cache or the store)."""
         if not keys:
@@ -330,9 +428,29 @@ class ShardfsStorage(_Base):
         return self.rank.lookup_prefix(self._blocks(keys)) + 1
 
     def clear(self):
-        """Nothing: the store outlives an engine; remove files to clear it."""
+        """Removes nothing, and says so (False): the store directory is
+        shared by every engine instance and deployment on the node (and by
+        UCM), and a page's file is named by a hash of its key, so which
+        files are this deployment's cannot be told. Remove the store's
+        files, with the daemon stopped, to empty it."""
+        log.warning("ShardfsStorage.clear(): nothing removed: the shardfs store is shared by every "
+                    "deployment on the node and its files are named by key hashes; remove the "
+                    "store directory's files with the daemon stopped to empty it")
+        return False
 
     def get_stats(self):
+        """SGLang's StorageMetrics since the last call (None where SGLang's
+        metrics module does not import)."""
+        cls = _storage_metrics_class()
+        with self._metrics_mu:
+            got, self._metrics = self._metrics, ([], [], [], [])
+        if cls is None:
+            return None
+        return cls(prefetch_pgs=got[0], backup_pgs=got[1], prefetch_bandwidth=got[2],
+                   backup_bandwidth=got[3])
+
+    def stats(self):
+        """The rank's counters (Rank.stats())."""
         return self.rank.stats()
 
     def close(self):

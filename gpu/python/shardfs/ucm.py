@@ -34,27 +34,65 @@ those and opens the query-only role):
     shardfs_device     "auto" (CUDA when the library has a device, else
                        host), "cuda" or "cpu" (buffers are host memory)
     shardfs_load_depth, shardfs_key_timeout_ms  rank options
+    timeout_ms         UCM's per-call deadline: the rank's key_timeout_ms
+                       unless shardfs_key_timeout_ms is given
+    posix_capacity_gb, posix_gc_enable  accepted; the store is not bounded
+                       by the adapter (the daemon owns the store's bound),
+                       which is logged once
 
-wait() raises RuntimeError (the connector catches it) naming the entries that
-failed; task.statuses then holds the per-entry errnos.
+Errors. UCM's connector catches RuntimeError only, so every error that
+leaves this store is a ShardfsUcmError (a RuntimeError; .errno and .cause
+say what the library answered). wait() raises ShardfsTaskError (one of
+them) naming the entries that failed; task.statuses then holds the
+per-entry errnos. lookup() and lookup_on_prefix() never raise for a store
+that cannot be reached (the daemon gone): they answer a miss, log once, and
+answer again once the rank has re-attached.
+
+Presence. A block counts only when every one of its shards is stored (UCM's
+PosixStore shows a block only once complete): with block_size known (the
+worker's config, the scheduler's when it owns the store's GC), lookups check
+shard 0 to shards_per_block - 1; without it, shard 0 only (logged once).
 """
+import functools
+import logging
 import os
 
 from . import _pieces
-from .errors import InvalidArgument
+from .errors import InvalidArgument, RankClosed, ShardfsError
 from .rank import Rank, cuda_devices
+
+try:
+    import numpy as _np
+except ImportError:  # lookup() then answers a list
+    _np = None
 
 try:  # the real base class, so that UCM's factory accepts the class
     from ucm.store.ucmstore_v1 import Task as _UcmTask
     from ucm.store.ucmstore_v1 import UcmKVStoreBaseV1 as _UcmBase
     HAVE_UCM = True
-except ImportError:
+except Exception:  # noqa: BLE001 - not installed, or installed but not importable here
     _UcmTask = object
     _UcmBase = object
     HAVE_UCM = False
 
+log = logging.getLogger(__name__)
 
-class ShardfsTaskError(RuntimeError):
+
+class ShardfsUcmError(RuntimeError):
+    """An error of the store as UCM sees it (a RuntimeError, which the
+    connector catches); .errno is the errno, .cause the original error."""
+
+    def __init__(self, message, err=None, cause=None):
+        super().__init__(message)
+        self.errno = err
+        self.cause = cause
+
+
+class ShardfsUcmBadInput(ShardfsUcmError, ValueError):
+    """Bad input from the caller (EINVAL), as a RuntimeError."""
+
+
+class ShardfsTaskError(ShardfsUcmError):
     """Some entries of a task failed; .statuses holds 0 or -errno per entry."""
 
     def __init__(self, kind, statuses):
@@ -62,7 +100,25 @@ class ShardfsTaskError(RuntimeError):
         bad = [(i, s) for i, s in enumerate(statuses) if s]
         shown = ", ".join(f"entry {i}: {os.strerror(-s)}" for i, s in bad[:8])
         more = f" and {len(bad) - 8} more" if len(bad) > 8 else ""
-        super().__init__(f"shardfs {kind}: {len(bad)} of {len(statuses)} entries failed ({shown}{more})")
+        super().__init__(f"shardfs {kind}: {len(bad)} of {len(statuses)} entries failed ({shown}{more})",
+                         -bad[0][1] if bad else None)
+
+
+def _ucm_errors(fn):
+    """Every exception out of fn becomes a ShardfsUcmError."""
+
+    @functools.wraps(fn)
+    def call(self, *args, **kw):
+        try:
+            return fn(self, *args, **kw)
+        except ShardfsUcmError:
+            raise
+        except InvalidArgument as e:
+            raise ShardfsUcmBadInput(f"shardfs {fn.__name__}: {e}", e.errno, e) from e
+        except Exception as e:  # noqa: BLE001 - UCM catches RuntimeError only
+            raise ShardfsUcmError(f"shardfs {fn.__name__}: {e}", getattr(e, "errno", None), e) from e
+
+    return call
 
 
 class ShardfsUcmTask(_UcmTask):
@@ -85,6 +141,7 @@ def _list(value):
 class ShardfsStore(_UcmBase):
     """UCM StoreV1 over shardfs.Rank (see the module's docstring)."""
 
+    @_ucm_errors
     def __init__(self, config):
         if HAVE_UCM:
             super().__init__(config)
@@ -96,9 +153,10 @@ class ShardfsStore(_UcmBase):
         spec = config.get("shardfs_backend")
         if spec is None:
             dirs = _list(config.get("storage_backends"))
-            if len(dirs) > 1:
+            if len(set(dirs)) > 1:
                 raise InvalidArgument(f"ShardfsStore: storage_backends {dirs}: shardfs reads one "
-                                      "store directory (the daemon's BACKEND_DIR)")
+                                      "store directory (the daemon's BACKEND_DIR); give one, "
+                                      "or mount one shardfs daemon per directory")
             if dirs:
                 prefix = int(config.get("data_dir_shard_bytes", 3))
                 spec = f"posix:{dirs[0]}?dir_prefix={prefix}"
@@ -114,12 +172,19 @@ class ShardfsStore(_UcmBase):
             options["load_depth"] = int(config["shardfs_load_depth"])
         if "shardfs_key_timeout_ms" in config:
             options["key_timeout_ms"] = int(config["shardfs_key_timeout_ms"])
+        elif config.get("timeout_ms"):
+            options["key_timeout_ms"] = int(config["timeout_ms"])
+        if config.get("posix_capacity_gb") or config.get("posix_gc_enable"):
+            log.warning("ShardfsStore: posix_capacity_gb=%s, posix_gc_enable=%s: the store is not "
+                        "bounded by this adapter; the shardfs daemon owns the store's bound",
+                        config.get("posix_capacity_gb"), config.get("posix_gc_enable"))
         if device_id < 0:
             device, rank = -1, 0  # the scheduler: lookups only
         elif mode == "cuda" or (mode == "auto" and cuda_devices() > 0):
             device, rank = device_id, device_id % world
         else:
             device, rank = None, device_id % world
+        self.rank_options = options
         self.rank = Rank(mount=mount, socket=socket, backend=spec, device=device, rank=rank,
                          world=world, **options)
         self.shard_size = self.rank.shard_size
@@ -134,10 +199,13 @@ class ShardfsStore(_UcmBase):
             sizes = [int(config["tensor_size"])] * max(1, self.shard_size // int(config["tensor_size"]))
         self.tensor_sizes = [int(s) for s in sizes] if sizes else [self.shard_size]
         block_size = int(config.get("block_size") or 0)
-        self.shards_per_block = max(1, block_size // self.shard_size) if block_size else 1
+        self.shards_per_block = max(1, -(-block_size // self.shard_size)) if block_size else 1
+        self.block_size_known = bool(block_size)
+        self._unreachable = None  # the error last logged by a lookup, until one succeeds
 
     # -- StoreV1 ----------------------------------------------------------
 
+    @_ucm_errors
     def cc_store(self):
         """The native handle: the struct sfs_rank * (not a UCM C++ Store;
         UCM's C++ stores cannot be stacked on it)."""
@@ -147,13 +215,62 @@ class ShardfsStore(_UcmBase):
         finally:
             self.rank._leave()
 
+    def _present(self, block_ids, what):
+        """Per block: is every shard stored? All False (logged once) when the
+        store cannot be reached."""
+        blocks = list(block_ids)
+        if not blocks:
+            return []
+        if not self.block_size_known and self._unreachable is None:
+            log.info("ShardfsStore: no block_size in the config: %s checks shard 0 only", what)
+        try:
+            have = self.rank.lookup(blocks)
+            for s in range(1, self.shards_per_block):
+                more = self.rank.lookup(blocks, s)
+                have = [a and b for a, b in zip(have, more)]
+        except (InvalidArgument, RankClosed):
+            raise
+        except ShardfsError as e:
+            if self._unreachable != e.errno:
+                log.error("ShardfsStore %s: %s: every block is a miss until the store is back", what, e)
+            self._unreachable = e.errno
+            return [False] * len(blocks)
+        if self._unreachable is not None:
+            log.warning("ShardfsStore %s: the store answers again", what)
+            self._unreachable = None
+        return have
+
+    @_ucm_errors
     def lookup(self, block_ids):
-        return self.rank.lookup(list(block_ids))
+        """Per block: stored whole? (a numpy bool array, as UCM's stores answer)"""
+        have = self._present(block_ids, "lookup")
+        return _np.array(have, dtype=bool) if _np is not None else have
 
+    @_ucm_errors
     def lookup_on_prefix(self, block_ids):
-        """Last index of the leading run of blocks present; -1 on a first miss."""
-        return self.rank.lookup_prefix(list(block_ids))
+        """Last index of the leading run of blocks stored whole; -1 on a first miss."""
+        blocks = list(block_ids)
+        if self.shards_per_block == 1:
+            try:
+                run = self.rank.lookup_prefix(blocks)
+            except (InvalidArgument, RankClosed):
+                raise
+            except ShardfsError:
+                run = None
+            if run is not None:
+                self._unreachable = None
+                return run
+        have = self._present(blocks, "lookup_on_prefix")
+        return have.index(False) - 1 if False in have else len(have) - 1
 
+    @_ucm_errors
+    def lookup_on_reverse(self, block_ids):
+        """Index of the rightmost block stored whole; -1 when none is
+        (UCM 0.8's reverse scan, for hybrid models' Mamba blocks)."""
+        have = self._present(block_ids, "lookup_on_reverse")
+        return len(have) - 1 - have[::-1].index(True) if True in have else -1
+
+    @_ucm_errors
     def prefetch(self, block_ids):
         keys = [(b, s) for b in block_ids for s in range(self.shards_per_block)]
         if keys:
@@ -195,15 +312,19 @@ class ShardfsStore(_UcmBase):
         pt.keep = keep
         return ShardfsUcmTask(kind, pt)
 
+    @_ucm_errors
     def load(self, block_ids, shard_index, dst_tensor):
         return self._go("load", block_ids, shard_index, self._tensor_rows(dst_tensor, "load"), dst_tensor)
 
+    @_ucm_errors
     def dump(self, block_ids, shard_index, src_tensor):
         return self._go("dump", block_ids, shard_index, self._tensor_rows(src_tensor, "dump"), src_tensor)
 
+    @_ucm_errors
     def load_data(self, block_ids, shard_index, dst_addr):
         return self._go("load", block_ids, shard_index, self._addr_rows(dst_addr, "load_data"))
 
+    @_ucm_errors
     def dump_data(self, block_ids, shard_index, src_addr, prerequisite_handle=0):
         if prerequisite_handle:
             # The sources are complete once the engine's event is.
@@ -212,6 +333,7 @@ class ShardfsStore(_UcmBase):
 
     fetch_data = load_data  # the name in earlier StoreV1 revisions
 
+    @_ucm_errors
     def wait(self, task):
         """Block until the task is done; RuntimeError when any entry failed."""
         if not isinstance(task, ShardfsUcmTask):
@@ -220,6 +342,7 @@ class ShardfsStore(_UcmBase):
         if any(task.statuses):
             raise ShardfsTaskError(task.kind, task.statuses)
 
+    @_ucm_errors
     def check(self, task):
         """True once the task is done (then its loads are in place)."""
         if not isinstance(task, ShardfsUcmTask):
@@ -231,11 +354,14 @@ class ShardfsStore(_UcmBase):
 
     # -- beyond StoreV1 ---------------------------------------------------
 
+    @_ucm_errors
     def stats(self):
         return self.rank.stats()
 
+    @_ucm_errors
     def close(self):
         self.rank.close()
 
 
-__all__ = ["ShardfsStore", "ShardfsUcmTask", "ShardfsTaskError", "HAVE_UCM"]
+__all__ = ["ShardfsStore", "ShardfsUcmTask", "ShardfsTaskError", "ShardfsUcmError",
+           "ShardfsUcmBadInput", "HAVE_UCM"]
