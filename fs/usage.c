@@ -507,32 +507,117 @@ static void *sampler_main(void *arg)
     return NULL;
 }
 
+/*
+ * The warm budget, per eviction domain (-o partitions: shard s of a block is
+ * domain s mod P's). Prefetch takes no reserved slot and evicts within its
+ * key's domain only, so a budget over the whole cache let the hot blocks'
+ * domain take more warm loads than it has slots: the colder ones evicted
+ * the hotter ones warmed just before (a prewarmed slot gets no second
+ * chance). Each domain gets warm_pct of its own regular slots; a block
+ * warms its shards of domain d only while they fit d's budget, and the
+ * first that does not closes d to every colder block: within each domain
+ * the warmed set is a prefix of the ranking, and never more than the
+ * domain holds, so the warm-up evicts nothing it warmed. One domain: the
+ * whole regular pool, as before.
+ */
+struct warm_budget {
+    uint32_t ndom;
+    uint64_t left[SFS_MAX_PARTITIONS_PUBLIC];
+    uint64_t total; /* budgeted over every domain, for the log line */
+};
+
+static void warm_budget_init(struct warm_budget *wb, struct fs *fs, uint32_t nregular, unsigned pct)
+{
+    uint32_t slots[SFS_MAX_PARTITIONS_PUBLIC];
+    uint32_t p = sfs_cache_partition_slots(fs->cache, slots, SFS_MAX_PARTITIONS_PUBLIC);
+
+    if (p <= 1 || p > SFS_MAX_PARTITIONS_PUBLIC) {
+        uint64_t b = (uint64_t)fs->nslots * pct / 100;
+
+        p = 1;
+        slots[0] = nregular;
+        wb->left[0] = b < nregular ? b : nregular;
+    } else {
+        for (uint32_t d = 0; d < p; d++)
+            wb->left[d] = (uint64_t)slots[d] * pct / 100;
+    }
+    wb->ndom = p;
+    wb->total = 0;
+    for (uint32_t d = 0; d < p; d++)
+        wb->total += wb->left[d];
+}
+
+/* Take block shards [0, n) from the budget: marks in `take` (n bits, by
+ * shard) those to warm; a domain they do not fit is closed (left = 0).
+ * Returns how many. */
+static uint32_t warm_budget_take(struct warm_budget *wb, uint32_t n, uint8_t *take)
+{
+    uint64_t need[SFS_MAX_PARTITIONS_PUBLIC] = {0};
+    uint32_t k = 0;
+
+    for (uint32_t s = 0; s < n; s++)
+        need[s % wb->ndom]++;
+    for (uint32_t d = 0; d < wb->ndom; d++) {
+        if (need[d] > wb->left[d]) {
+            wb->left[d] = 0; /* no colder block jumps this one here */
+            need[d] = 0;
+        } else {
+            wb->left[d] -= need[d];
+        }
+    }
+    for (uint32_t s = 0; s < n; s++) {
+        bool t = need[s % wb->ndom] != 0;
+
+        take[s / 8] = (uint8_t)(t ? take[s / 8] | (1u << (s % 8)) : take[s / 8] & ~(1u << (s % 8)));
+        k += t;
+    }
+    return k;
+}
+
+static bool warm_budget_spent(const struct warm_budget *wb)
+{
+    for (uint32_t d = 0; d < wb->ndom; d++)
+        if (wb->left[d])
+            return false;
+    return true;
+}
+
 static void *warm_main(void *arg)
 {
     struct fs_usage *u = arg;
     struct fs *fs = u->fs;
-    uint64_t budget = (uint64_t)fs->nslots * u->warm_pct / 100, used = 0, started = 0;
+    uint64_t used = 0, started = 0;
     uint32_t inflight = fs->nslots / 8 ? fs->nslots / 8 : 1;
     size_t blocks = 0;
     unsigned pin_failed = 0;
+    struct warm_budget wb;
+    uint8_t *take = NULL;
+    uint32_t take_n = 0;
 
-    /* Prefetch takes no reserved slot: past the regular pool a warm load
-     * could only evict a hotter block warmed before it. */
-    if (budget > u->nregular)
-        budget = u->nregular;
+    warm_budget_init(&wb, fs, u->nregular, u->warm_pct);
     if (inflight > USE_MAX_INFLIGHT)
         inflight = USE_MAX_INFLIGHT;
-    for (size_t i = 0; i < u->nwarm; i++) {
+    for (size_t i = 0; i < u->nwarm && !warm_budget_spent(&wb); i++) {
         struct sfs_block_id b;
+        uint32_t nt;
         int n;
 
         memcpy(b.b, u->warm[i].id, SFS_BLOCK_ID_LEN);
         n = sfs_backend_shard_count(fs->be, &b);
         if (n <= 0)
             continue; /* gone from the store */
-        if (used + (uint64_t)n > budget)
-            break; /* the warmed set is a prefix of the ranking: no colder block jumps it */
-        used += (uint64_t)n;
+        if ((uint32_t)n > take_n) {
+            uint8_t *t = realloc(take, ((size_t)n + 7) / 8);
+
+            if (!t)
+                break;
+            take = t;
+            take_n = (uint32_t)n;
+        }
+        nt = warm_budget_take(&wb, (uint32_t)n, take);
+        if (nt == 0)
+            continue;
+        used += nt;
         blocks++;
         /* -o warm_pin: pin before loading, so each shard is pinned as it
          * lands (within pin_budget: past it, shards load unpinned). */
@@ -545,6 +630,8 @@ static void *warm_main(void *arg)
         for (uint32_t s = 0; s < (uint32_t)n; s++) {
             int k;
 
+            if (!(take[s / 8] & (1u << (s % 8))))
+                continue; /* its domain's budget is spent */
             /* Relaxed: an approximate bound on the prefetch loads in flight
              * (all of them, readahead's and prefetch's too). */
             while (atomic_load_explicit(&fs->prefetch_pinned, memory_order_relaxed) >= inflight)
@@ -560,10 +647,11 @@ static void *warm_main(void *arg)
         }
     }
 out:
+    free(take);
     fs_log(LOG_INFO,
            "warm restart: %" PRIu64 " loads started for %zu blocks (%" PRIu64 " of %" PRIu64
-           " shards budgeted)",
-           started, blocks, used, budget);
+           " shards budgeted, %u domain%s)",
+           started, blocks, used, wb.total, wb.ndom, wb.ndom == 1 ? "" : "s");
     return NULL;
 }
 

@@ -16,17 +16,21 @@
  * two-core machine a waiter can be woken at once and still not run.
  */
 #include "cache_i.h"
+#include "slot_i.h"
+#include "testpoint_i.h"
 #include "testutil.h"
 
 #include <criterion/criterion.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <pthread.h>
 #include <sched.h>
 #include <signal.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/syscall.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -345,6 +349,130 @@ Test(stress, lost_wakeup_publish_vs_wait, .timeout = 120)
     cr_assert_eq(tu_leases_left(c, NULL), 0);
     sfs_cache_close(c);
     munmap(lw, sizeof(*lw));
+}
+
+/* ---------------------------------------------------------------------------
+ * The last release against a new waiter, made to happen.
+ *
+ * A lock-free release that drops a slot's last lease is done with the slot
+ * at its decrement: from then on another Get may evict the slot for a new
+ * key, and a waiter of that key counts itself in nwaiters and sleeps. No
+ * step of the release after the decrement may touch what the slot's next
+ * key relies on: a late clear of nwaiters erased the sleeping waiter, the
+ * publish saw no one to wake, and the waiter slept out its 100 ms slice.
+ * The test point "release:dropped" holds the releaser in that window while
+ * the slot is reused and the waiter goes to sleep (seen in
+ * /proc/self/task/TID/syscall: futex on the slot's version word); then the
+ * publish must make its wake call ("state:wake") and the count must end at 0.
+ */
+
+static struct lr_state {
+    struct sfs_cache *c;
+    struct sfs_lease la;
+    struct sfs_key kb;
+    _Atomic int stalled, go, waiter_tid, wait_result;
+} lr;
+
+static void lr_hold(const char *name, void *arg)
+{
+    (void)name;
+    (void)arg;
+    if (atomic_exchange(&lr.stalled, 1))
+        return; /* only the first release is held */
+    while (!atomic_load(&lr.go))
+        sched_yield();
+}
+
+static void *lr_releaser(void *arg)
+{
+    (void)arg;
+    sfs_cache_release(lr.c, &lr.la);
+    return NULL;
+}
+
+static void *lr_waiter(void *arg)
+{
+    struct sfs_lease l;
+    int r;
+
+    (void)arg;
+    atomic_store(&lr.waiter_tid, (int)syscall(SYS_gettid));
+    r = sfs_cache_get(lr.c, &lr.kb, 0, sfs_deadline_after(10 * SEC), &l);
+    if (r == SFS_WAITER) {
+        r = sfs_cache_wait(lr.c, &l, sfs_deadline_after(10 * SEC));
+        sfs_cache_release(lr.c, &l);
+    } else {
+        r = r >= 0 ? -EPROTO : r; /* not a waiter: the setup went wrong */
+    }
+    atomic_store(&lr.wait_result, r);
+    return NULL;
+}
+
+/* The waiter thread sleeps in futex(2) on `word`. */
+static bool asleep_on(int tid, const void *word)
+{
+    char path[64], buf[256];
+    long nr = -1;
+    unsigned long a0 = 0;
+    int fd;
+    ssize_t n;
+
+    snprintf(path, sizeof(path), "/proc/self/task/%d/syscall", tid);
+    fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0)
+        return false;
+    n = read(fd, buf, sizeof(buf) - 1);
+    close(fd);
+    if (n <= 0)
+        return false;
+    buf[n] = '\0';
+    return sscanf(buf, "%ld %lx", &nr, &a0) == 2 && nr == SYS_futex && a0 == (uintptr_t)word;
+}
+
+Test(stress, last_release_never_erases_a_new_keys_waiter, .timeout = 60)
+{
+    struct sfs_cache *c = tu_cache(1, 0, SHARD);
+    struct sfs_key ka = tu_key(71, 0);
+    struct sfs_lease lb;
+    pthread_t rel, wai;
+
+    cr_assert(c);
+    lr.c = c;
+    lr.kb = tu_key(72, 0);
+    cr_assert_eq(sfs_cache_get(c, &ka, 0, sfs_deadline_after(SEC), &lr.la), SFS_OWNER);
+    cr_assert_eq(sfs_cache_publish(c, &lr.la, SHARD, 0), 0);
+    struct sfs_slot_rec *sl = &c->slots[lr.la.slot];
+
+    cr_assert_eq(sfs_testpoint_arm("release:dropped", SFS_TP_CALL, lr_hold, NULL), 0);
+    cr_assert_eq(sfs_testpoint_arm("state:wake", SFS_TP_CALL, NULL, NULL), 0);
+    cr_assert_eq(pthread_create(&rel, NULL, lr_releaser, NULL), 0);
+    while (!atomic_load(&lr.stalled))
+        sched_yield();
+    /* The slot's last lease is gone (the releaser is held after its
+     * decrement): the one slot takes the new key, we own its load. */
+    cr_assert_eq(sfs_cache_get(c, &lr.kb, 0, sfs_deadline_after(SEC), &lb), SFS_OWNER);
+    cr_assert_eq(lb.slot, lr.la.slot);
+    cr_assert_eq(pthread_create(&wai, NULL, lr_waiter, NULL), 0);
+    int64_t until = sfs_now_ns() + 20 * SEC;
+    while (!(atomic_load(&lr.waiter_tid) && asleep_on(atomic_load(&lr.waiter_tid), &sl->version)))
+    {
+        cr_assert(sfs_now_ns() < until, "the waiter never slept on the slot's version word");
+        sched_yield();
+    }
+    atomic_store(&lr.go, 1);
+    pthread_join(rel, NULL);
+    cr_expect_eq(atomic_load(&sl->nwaiters), 1, "the releaser erased the sleeping waiter");
+    unsigned wakes = sfs_testpoint_hits("state:wake");
+
+    cr_assert_eq(sfs_cache_publish(c, &lb, SHARD, 0), 0);
+    cr_expect_eq(sfs_testpoint_hits("state:wake"), wakes + 1, "the publish woke no one");
+    pthread_join(wai, NULL);
+    cr_expect_eq(atomic_load(&lr.wait_result), SFS_WAIT_READY);
+    cr_expect_eq(atomic_load(&sl->nwaiters), 0, "the waiter count ends where it began");
+    sfs_testpoint_disarm_all();
+    sfs_cache_release(c, &lb);
+    cr_assert_eq(tu_leases_left(c, NULL), 0);
+    sfs_cache_close(c);
 }
 
 /* ---------------------------------------------------------------------------

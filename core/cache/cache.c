@@ -459,7 +459,13 @@ static int release_fast(struct sfs_cache *c, const struct sfs_lease *lease)
         return (v & ~ENTRY_OWNER) == lease->slot + 1 ? 1 : -EINVAL; /* an owner's: locked */
     SFS_TEST_POINT("release:intent");
     do {
-        if (!(w & SLOT_REF_OPEN) || SLOT_REF_COUNT(w) == 0) {
+        /* The last lease, with a waiter's count left (one killed in its
+         * sleep): cleared under the lock (refcount_last). Lock-free it could
+         * only be cleared after the decrement, when the slot may hold a new
+         * key already and the count be its sleeping waiter's. Relaxed: a
+         * live waiter holds a lease, so a count of 1 here means none. */
+        if (!(w & SLOT_REF_OPEN) || SLOT_REF_COUNT(w) == 0 ||
+            (SLOT_REF_COUNT(w) == 1 && atomic_load_explicit(&sl->nwaiters, memory_order_relaxed))) {
             atomic_store_explicit(&c->leases[lease->entry], v, memory_order_relaxed);
             return 1;
         }

@@ -479,3 +479,13 @@ uint32_t sfs_cache_partition_evictions(struct sfs_cache *c, uint64_t *out, uint3
         out[d] = atomic_load_explicit(&c->hdr->part_evictions[d], memory_order_relaxed);
     return c->npartitions;
 }
+
+uint32_t sfs_cache_partition_slots(struct sfs_cache *c, uint32_t *out, uint32_t max)
+{
+    if (!c)
+        return 0;
+    /* Immutable after attach: validated by ctl.c (strictly increasing). */
+    for (uint32_t d = 0; d < c->npartitions && d < max && out; d++)
+        out[d] = c->part_end[d] - (d ? c->part_end[d - 1] : 0);
+    return c->npartitions;
+}

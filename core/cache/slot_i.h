@@ -428,9 +428,11 @@ void sfs_refcount_drop(struct sfs_cache *c, struct sfs_slot_rec *s);
  */
 static inline void refcount_last_rmw(struct sfs_cache *c, struct sfs_slot_rec *s)
 {
-    /* Relaxed: nwaiters only decides whether set_state makes a wake call. */
-    if (atomic_load_explicit(&s->nwaiters, memory_order_relaxed))
-        atomic_store_explicit(&s->nwaiters, 0, memory_order_relaxed);
+    /* Nothing of the slot's own after the decrement: from it on the slot
+     * may be evicted and hold another key, whose waiters count themselves
+     * in nwaiters. A dead waiter's count is cleared under the lock
+     * (refcount_last; release_fast takes the lock for it). */
+    (void)s;
     if (atomic_load_explicit(&c->hdr->release_waiters, memory_order_seq_cst)) {
         atomic_fetch_add_explicit(&c->hdr->release_seq, 1, memory_order_seq_cst);
         sfs_futex_wake(&c->hdr->release_seq, INT32_MAX);
@@ -442,6 +444,14 @@ static inline void refcount_last_rmw(struct sfs_cache *c, struct sfs_slot_rec *s
  * release_waiters, against the waiter's registration and rescan. */
 static inline void refcount_last(struct sfs_cache *c, struct sfs_slot_rec *s)
 {
+    /* Bucket lock held, so the slot stays ours: no Get can evict it for a
+     * new key, whose waiters would count themselves in nwaiters, before
+     * we unlock. No live waiter is left (a waiter holds its lease through
+     * its sleep): a count is a waiter's killed in its sleep. Relaxed:
+     * nwaiters only decides whether set_state makes a wake call, and the
+     * lock orders this store before any later waiter's increment. */
+    if (atomic_load_explicit(&s->nwaiters, memory_order_relaxed))
+        atomic_store_explicit(&s->nwaiters, 0, memory_order_relaxed);
     atomic_thread_fence(memory_order_seq_cst);
     refcount_last_rmw(c, s);
 }
@@ -492,8 +502,10 @@ static inline void set_state(struct sfs_slot_rec *s, uint32_t state)
     atomic_store_explicit(&s->state, state, memory_order_release);
     /* seq_cst: ordered against the waiter's nwaiters increment (Dekker). */
     atomic_fetch_add_explicit(&s->version, 1, memory_order_seq_cst);
-    if (atomic_load_explicit(&s->nwaiters, memory_order_seq_cst))
+    if (atomic_load_explicit(&s->nwaiters, memory_order_seq_cst)) {
+        SFS_TEST_POINT("state:wake"); /* counted by tests: a wake call made */
         sfs_futex_wake(&s->version, INT32_MAX);
+    }
 }
 
 static inline void make_owner(struct sfs_cache *c, struct sfs_slot_rec *s)

@@ -414,6 +414,11 @@ SFS_API uint64_t sfs_cache_pinned_bytes(struct sfs_cache *c);
  * with each domain's evictions so far. */
 SFS_API uint32_t sfs_cache_partition_evictions(struct sfs_cache *c, uint64_t *out, uint32_t max);
 
+/* The eviction domains: returns their number P and fills out[0..min(P, max))
+ * with each domain's regular slots (its budget: the slots its keys may
+ * take, the reserved pool aside). A key's domain is its shard index mod P. */
+SFS_API uint32_t sfs_cache_partition_slots(struct sfs_cache *c, uint32_t *out, uint32_t max);
+
 /*
  * Idle-window prewarm: put an Idle slot for `key` on its chain with refcount
  * 0, taking a never-used regular slot if one is left, else a reserved one; it

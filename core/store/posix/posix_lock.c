@@ -13,6 +13,8 @@
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <signal.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -424,6 +426,49 @@ static bool is_commit_leftover(const char *name)
            strcmp(name + SFS_BLOCK_HEX_LEN, OWN_SUFFIX) == 0;
 }
 
+/* Is name (a commit leftover) the temporary file of a writer of this host
+ * that is still alive? Its name carries the host and the pid
+ * (sfs_posix_create_tmp): kill(pid, 0) answers for a process of our pid
+ * namespace, EPERM included (alive, another user's). */
+static bool tmp_of_live_writer(const struct posix_backend *p, const char *name)
+{
+    const char *h = name + SFS_BLOCK_HEX_LEN + sizeof(TMP_INFIX) - 1;
+    size_t hl = strlen(p->host);
+    char *end;
+
+    if (strncmp(name + SFS_BLOCK_HEX_LEN, TMP_INFIX, sizeof(TMP_INFIX) - 1) != 0 ||
+        strncmp(h, p->host, hl) != 0 || h[hl] != '.')
+        return false;
+    errno = 0;
+    long pid = strtol(h + hl + 1, &end, 10);
+
+    if (errno || end == h + hl + 1 || *end != '.' || pid <= 0 || pid > INT32_MAX)
+        return false;
+    return kill((pid_t)pid, 0) == 0 || errno == EPERM;
+}
+
+/* On a local file system, is the lock file name of directory dirfd held by
+ * a writer? A flock(LOCK_EX | LOCK_NB) of our own says (flock is coherent
+ * there; a lock held by this very process conflicts too, through another
+ * open file). Not held: unlinked while we hold it, as a holder unlinks its
+ * own (a writer waiting on it finds the path moved on). True when held or
+ * when it cannot be told: the file stays. */
+static bool lock_held_else_unlink(int dirfd, const char *name)
+{
+    int fd = openat(dirfd, name, O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC);
+    struct stat st;
+    bool held = true;
+
+    if (fd < 0)
+        return true;
+    if (fstat(fd, &st) == 0 && S_ISREG(st.st_mode) && flock(fd, LOCK_EX | LOCK_NB) == 0) {
+        held = false;
+        unlinkat(dirfd, name, 0);
+    }
+    close(fd);
+    return held;
+}
+
 /*
  * Remove the temporary, second and lock files of the block directory dir whose
  * mtime is more than tmp_age before now_ref. now_ref is the mtime of the
@@ -431,6 +476,12 @@ static bool is_commit_leftover(const char *name)
  * hosts whose clocks differ agree on ages. At most once per tmp_age / 4 per
  * backend (sweep_ns), so a commit rarely pays for a readdir. Errors are
  * ignored: a leftover not removed now is removed by a later sweep.
+ *
+ * The age alone would also take a live commit's files once it ran past
+ * tmp_age (a writer stalled that long, or a test's short age): its rename
+ * would answer ENOENT, or its held lock file go and a second writer commit
+ * beside it. So a temporary file of a live writer of this host and, on a
+ * local file system, a held lock file are never removed, whatever their age.
  */
 void sfs_posix_sweep_dir(struct posix_backend *p, const char *rel, size_t dlen,
                          const struct timespec *now_ref)
@@ -467,7 +518,12 @@ void sfs_posix_sweep_dir(struct posix_backend *p, const char *rel, size_t dlen,
             continue;
         if (fstatat(fd, de->d_name, &st, AT_SYMLINK_NOFOLLOW) < 0 || !S_ISREG(st.st_mode))
             continue;
-        if (ref - ((int64_t)st.st_mtim.tv_sec * 1000000000 + st.st_mtim.tv_nsec) > p->tmp_age_ns)
+        if (ref - ((int64_t)st.st_mtim.tv_sec * 1000000000 + st.st_mtim.tv_nsec) <= p->tmp_age_ns ||
+            tmp_of_live_writer(p, de->d_name))
+            continue;
+        if (!p->remote_fs && strcmp(de->d_name + SFS_BLOCK_HEX_LEN, ".lock") == 0)
+            lock_held_else_unlink(fd, de->d_name);
+        else
             unlinkat(fd, de->d_name, 0);
     }
     closedir(d);
