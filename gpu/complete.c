@@ -34,6 +34,8 @@ void sfs_task_unref(struct sfs_task *t)
     free(t->items);
     free(t->entries);
     free(t->pieces);
+    if (t->gate)
+        t->gate_close(t->gate);
     free(t->status);
     free(t);
 }

@@ -128,8 +128,10 @@ static void item_prepare(struct sfs_rank *rk, struct rank_item *it, bool dump, s
 
         have = len ? len : rk->shard_size;
     }
+    void *gate = dump && it->task ? it->task->gate : NULL;
+
     if (it->npieces == 0) {
-        v[0] = dump ? (struct sfs_copy){.dst = slot, .src = it->addr, .len = rk->shard_size}
+        v[0] = dump ? (struct sfs_copy){.dst = slot, .src = it->addr, .len = rk->shard_size, .gate = gate}
                     : (struct sfs_copy){.dst = it->addr, .src = slot, .len = have};
         return;
     }
@@ -137,7 +139,8 @@ static void item_prepare(struct sfs_rank *rk, struct rank_item *it, bool dump, s
         uint64_t len = it->pieces[j].len;
 
         if (dump) {
-            v[j] = (struct sfs_copy){.dst = slot + off, .src = it->pieces[j].addr, .len = len};
+            v[j] = (struct sfs_copy){
+                .dst = slot + off, .src = it->pieces[j].addr, .len = len, .gate = gate};
         } else {
             uint64_t n = off < have ? (len < have - off ? len : have - off) : 0;
 

@@ -149,6 +149,8 @@ static void cuda_start(struct cuda_copier *cc, struct sfs_copy *v, size_t n, boo
     cudaError_t e;
     uint64_t maxlen = 0;
     size_t nd = 0, nasync = 0;
+    void *gate = NULL;
+    cudaError_t gate_err = cudaSuccess;
 
     sl->v = v;
     sl->n = n;
@@ -180,6 +182,20 @@ static void cuda_start(struct cuda_copier *cc, struct sfs_copy *v, size_t n, boo
         }
         if (v[i].len == 0)
             continue;
+        if (v[i].gate && v[i].gate != gate) {
+            /* A dump whose source a program's stream is still writing
+             * (sfs_rank_dumpv_after): everything of this batch queued from
+             * here on waits for the gate. A task's copies are consecutive,
+             * so one wait serves them. */
+            gate = v[i].gate;
+            gate_err = cudaStreamWaitEvent(sl->stream, (cudaEvent_t)gate, 0);
+            if (gate_err != cudaSuccess)
+                (void)cudaGetLastError();
+        }
+        if (v[i].gate && gate_err != cudaSuccess) {
+            v[i].result = cuda_errno(gate_err);
+            continue;
+        }
         cuda_place_of(cc, sl, v[i].src, v[i].len, &s);
         cuda_place_of(cc, sl, v[i].dst, v[i].len, &d);
         if (s.bad || d.bad) {
@@ -197,7 +213,14 @@ static void cuda_start(struct cuda_copier *cc, struct sfs_copy *v, size_t n, boo
             continue;
         }
         if (s.host && d.host) {
-            memcpy(v[i].dst, v[i].src, v[i].len); /* both in host memory */
+            /* Both in host memory: the CPU copies now, after the gate. */
+            e = v[i].gate ? cudaEventSynchronize((cudaEvent_t)v[i].gate) : cudaSuccess;
+            if (e != cudaSuccess) {
+                v[i].result = cuda_errno(e);
+                (void)cudaGetLastError();
+                continue;
+            }
+            memcpy(v[i].dst, v[i].src, v[i].len);
             continue;
         }
         /* Device memory the kernel may not touch, or pageable memory on one
@@ -412,6 +435,8 @@ static int open_here(struct cuda_copier *cc, struct sfs_cache *c)
         if (e == cudaSuccess)
             e = cudaMalloc((void **)&sl->ddesc, BATCH_MAX * sizeof(struct desc));
     }
+    if (e == cudaSuccess)
+        e = cudaStreamCreateWithFlags(&cc->gate_stream, cudaStreamNonBlocking);
     if (e != cudaSuccess) {
         (void)cudaGetLastError();
         return cuda_errno(e);
@@ -476,6 +501,8 @@ static void close_here(struct cuda_copier *cc)
         if (sl->stream)
             cudaStreamDestroy(sl->stream);
     }
+    if (cc->gate_stream)
+        cudaStreamDestroy(cc->gate_stream); /* its gates may outlive it */
     (void)cudaGetLastError();
 }
 
@@ -506,14 +533,58 @@ static void cuda_close(struct sfs_copier *cp)
     if (cc->mutexes) {
         pthread_mutex_destroy(&cc->peer_mu);
         pthread_mutex_destroy(&cc->inline_mu);
+        pthread_mutex_destroy(&cc->gate_mu);
     }
     free(cc->segs);
     free(cc->peer);
     free(cc);
 }
 
+/* A gate: our own event, recorded on gate_stream after a wait for the
+ * program's event, so it fires after the record the event had at submit
+ * (whatever the program does with its event later). On the submitting
+ * thread, whose current device is put back. */
+static int cuda_gate_open(struct sfs_copier *cp, void *event, void **gate)
+{
+    struct cuda_copier *cc = (struct cuda_copier *)cp;
+    cudaEvent_t g = NULL;
+    int prev = -1;
+    cudaError_t e;
+
+    *gate = NULL;
+    if (cudaGetDevice(&prev) != cudaSuccess)
+        (void)cudaGetLastError();
+    e = cudaSetDevice(cc->device);
+    if (e == cudaSuccess)
+        e = cudaEventCreateWithFlags(&g, cudaEventDisableTiming);
+    if (e == cudaSuccess) {
+        pthread_mutex_lock(&cc->gate_mu);
+        e = cudaStreamWaitEvent(cc->gate_stream, (cudaEvent_t)event, 0);
+        if (e == cudaSuccess)
+            e = cudaEventRecord(g, cc->gate_stream);
+        pthread_mutex_unlock(&cc->gate_mu);
+    }
+    if (e != cudaSuccess) {
+        (void)cudaGetLastError();
+        if (g)
+            cudaEventDestroy(g);
+    } else {
+        *gate = (void *)g;
+    }
+    if (prev >= 0 && prev != cc->device && cudaSetDevice(prev) != cudaSuccess)
+        (void)cudaGetLastError();
+    return cuda_errno(e);
+}
+
+static void cuda_gate_close(void *gate)
+{
+    if (cudaEventDestroy((cudaEvent_t)gate) != cudaSuccess)
+        (void)cudaGetLastError();
+}
+
 static const struct sfs_copier_ops cuda_ops = {
-    "cuda", cuda_load, cuda_dump, cuda_close, cuda_start_op, cuda_finish_op, cuda_load_inline,
+    "cuda",        cuda_load,     cuda_dump,      cuda_close,      cuda_start_op, cuda_finish_op,
+    cuda_load_inline, false /* host_memory */, cuda_gate_open, cuda_gate_close,
 };
 
 extern "C" int sfs_cuda_device_count(void)
@@ -542,6 +613,7 @@ extern "C" struct sfs_copier *sfs_copier_cuda_open(int device, struct sfs_cache 
     cc->device = device;
     pthread_mutex_init(&cc->peer_mu, NULL);
     pthread_mutex_init(&cc->inline_mu, NULL);
+    pthread_mutex_init(&cc->gate_mu, NULL);
     cc->mutexes = true;
     cc->memcpy_min = env ? (size_t)strtoull(env, NULL, 0) : MEMCPY_MIN_DEFAULT;
     r = run_apart(open_main, &job);

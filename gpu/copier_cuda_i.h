@@ -105,6 +105,8 @@ struct cuda_copier {
     ptr_attrs_fn ptr_attrs;    /* cuPointerGetAttributes; NULL: not available */
     pthread_mutex_t peer_mu;   /* peer[]: the copier thread and inline callers */
     pthread_mutex_t inline_mu; /* slot SLOT_INLINE: one load_inline at a time */
+    pthread_mutex_t gate_mu;   /* gate_stream: one wait-and-record at a time */
+    cudaStream_t gate_stream;  /* where a gate captures a program's event */
     bool mutexes;              /* the two above are initialised */
     bool failed_once;          /* a failed batch was logged (__atomic: any thread) */
 };

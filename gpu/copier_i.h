@@ -41,6 +41,9 @@ struct sfs_copy {
     void *dst;
     const void *src;
     size_t len;
+    /* A gate (gate_open's) the copy must wait for before it reads src;
+     * NULL: none. Only a copier with gate_open is given one. */
+    void *gate;
     int result; /* out: 0 or -errno */
 };
 
@@ -66,6 +69,12 @@ struct sfs_copier_ops {
     /* Every address is host memory the CPU copies (submit checks that each
      * one is, task.c); false: the copier places each end itself. */
     bool host_memory;
+    /* Optional (NULL: no gates, -EOPNOTSUPP). On the submitting thread:
+     * capture `event`'s current record as a gate of the copier's own, which
+     * copies given it wait for. 0 or -errno. gate_close frees a gate once
+     * no batch can still be given it (any thread, the copier open or not). */
+    int (*gate_open)(struct sfs_copier *cp, void *event, void **gate);
+    void (*gate_close)(void *gate);
 };
 
 /* The most copies one load_inline call gets (rank_i.h's RANK_INLINE_KEYS_MAX). */

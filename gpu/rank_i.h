@@ -120,6 +120,8 @@ struct sfs_task {
     size_t n;
     struct sfs_rank_entry *entries;
     struct sfs_rank_piece *pieces; /* the vectored entries' pieces; NULL: none */
+    void *gate;                    /* dumps after an event: the copier's gate; NULL: none */
+    void (*gate_close)(void *gate);
     struct rank_item *items;
     int *status; /* under mu */
     pthread_mutex_t mu;

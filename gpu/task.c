@@ -17,6 +17,7 @@
 struct entries_in {
     const struct sfs_rank_entry *plain;
     const struct sfs_rank_entryv *vec;
+    void *event; /* dumps: a CUDA event their sources wait for; NULL: none */
 };
 
 /* Check the pieces of a vectored call and count them: 0 and *total, or
@@ -84,6 +85,8 @@ static int submit_entered(struct sfs_rank *rk, struct entries_in in, size_t n, i
         return -EPERM;
     if (in.vec && (r = pieces_check(rk, in.vec, n, &npieces)) < 0)
         return r;
+    if (in.event && (!rk->copier || !rk->copier->ops->gate_open))
+        return -EOPNOTSUPP;
     t = calloc(1, sizeof(*t));
     if (!t)
         return -ENOMEM;
@@ -135,6 +138,10 @@ static int submit_entered(struct sfs_rank *rk, struct entries_in in, size_t n, i
         t->status[i] = -EINPROGRESS;
     }
     r = host_ranges_check(rk, t);
+    if (r == 0 && in.event) {
+        r = rk->copier->ops->gate_open(rk->copier, in.event, &t->gate);
+        t->gate_close = rk->copier->ops->gate_close;
+    }
     if (r < 0) {
         t->refs = 1;
         sfs_task_unref(t);
@@ -200,6 +207,15 @@ int sfs_rank_dumpv(struct sfs_rank *rk, const struct sfs_rank_entryv *entries, s
                    struct sfs_task **task)
 {
     return submit(rk, (struct entries_in){.vec = entries}, n, ITEM_DUMP, task);
+}
+
+int sfs_rank_dumpv_after(struct sfs_rank *rk, const struct sfs_rank_entryv *entries, size_t n,
+                         void *cuda_event, struct sfs_task **task)
+{
+    if (!cuda_event)
+        return -EINVAL;
+    return submit(rk, (struct entries_in){.vec = entries, .event = cuda_event}, n, ITEM_DUMP,
+                  task);
 }
 
 int sfs_rank_wait(struct sfs_task *t, int timeout_ms, int *status)

@@ -101,7 +101,16 @@ struct region {
     uintptr_t alias; /* R_PINNED, R_REGISTERED: its device address */
 };
 
-enum op_kind { OP_COPY, OP_MEMSET, OP_KERNEL };
+enum op_kind { OP_COPY, OP_MEMSET, OP_KERNEL, OP_RECORD, OP_WAIT, OP_NONE };
+
+struct stream;
+
+/* An event: recorded on one stream at a time; `gen` counts its records, and
+ * `done` is the last record whose op has run. */
+struct event {
+    struct stream *st;
+    uint64_t gen, done;
+};
 
 /* Work queued on a stream. */
 struct op {
@@ -111,6 +120,8 @@ struct op {
     size_t len;     /* OP_COPY, OP_MEMSET: bytes; OP_KERNEL: grid.x */
     int value;      /* OP_MEMSET */
     unsigned ndesc; /* OP_KERNEL: grid.y */
+    event *ev;      /* OP_RECORD, OP_WAIT */
+    uint64_t gen;   /* OP_RECORD: the record it is; OP_WAIT: the record waited for */
 };
 
 struct stream {
@@ -123,6 +134,7 @@ struct stream {
 struct fake {
     std::vector<region> regions;
     std::vector<stream *> streams; /* made by cudaStreamCreateWithFlags */
+    std::vector<event *> events;   /* made by cudaEventCreate* */
     stream legacy[MAX_DEV];        /* each device's legacy default stream */
     uintptr_t dev_va, dev_next;
     uintptr_t alias_va, alias_next;
@@ -365,6 +377,19 @@ static void run_ops(stream *st)
         case OP_KERNEL:
             run_kernel(st->dev, o.src, o.ndesc, o.len);
             break;
+        case OP_RECORD:
+            if (o.ev->done < o.gen)
+                o.ev->done = o.gen;
+            break;
+        case OP_WAIT:
+            /* Everything queued on the recording stream before that record
+             * runs first (and whatever follows it there too: that order is
+             * also the stream's own). */
+            if (o.ev->done < o.gen && o.ev->st)
+                run_ops(o.ev->st);
+            break;
+        case OP_NONE:
+            break;
         }
     }
 }
@@ -487,8 +512,130 @@ FAKE_API cudaError_t cudaStreamDestroy(cudaStream_t s)
     for (size_t i = 0; i < F->streams.size(); i++)
         if (F->streams[i] == st)
             F->streams.erase(F->streams.begin() + i);
+    for (event *ev : F->events)
+        if (ev->st == st)
+            ev->st = NULL; /* its records have all run */
     delete st;
     return ret(cudaSuccess);
+}
+
+/* ---------------------------------------------------------------------------
+ * Events: a record is an op of its stream; a wait, an op of the waiting
+ * stream that first runs the recording stream up to (at least) that record.
+ * So work a stream does after a wait on another's event sees what that one
+ * queued before the record, and nothing orders them without the wait.
+ */
+
+static event *event_of(cudaEvent_t e)
+{
+    for (event *ev : F->events)
+        if ((cudaEvent_t)ev == e)
+            return ev;
+    fprintf(stderr, "fakecudart: event %p does not exist\n", (void *)e);
+    return NULL;
+}
+
+FAKE_API cudaError_t cudaEventCreateWithFlags(cudaEvent_t *e, unsigned flags)
+{
+    guard g;
+    event *ev = new event();
+
+    (void)flags;
+    F->events.push_back(ev);
+    *e = (cudaEvent_t)ev;
+    return ret(cudaSuccess);
+}
+
+FAKE_API cudaError_t cudaEventCreate(cudaEvent_t *e)
+{
+    return cudaEventCreateWithFlags(e, 0);
+}
+
+FAKE_API cudaError_t cudaEventDestroy(cudaEvent_t e)
+{
+    guard g;
+    event *ev = event_of(e);
+
+    if (!ev)
+        return ret(cudaErrorInvalidResourceHandle);
+    /* A wait already queued on it stays valid, as in the real runtime: its
+     * recording stream runs it now. */
+    if (ev->st && ev->done < ev->gen)
+        run_ops(ev->st);
+    for (size_t i = 0; i < F->events.size(); i++)
+        if (F->events[i] == ev)
+            F->events.erase(F->events.begin() + i);
+    for (stream *st : F->streams)
+        for (op &o : st->ops)
+            if (o.ev == ev)
+                o.kind = OP_NONE, o.ev = NULL; /* done: a no-op */
+    for (int d = 0; d < MAX_DEV; d++)
+        for (op &o : F->legacy[d].ops)
+            if (o.ev == ev)
+                o.kind = OP_NONE, o.ev = NULL;
+    delete ev;
+    return ret(cudaSuccess);
+}
+
+FAKE_API cudaError_t cudaEventRecord(cudaEvent_t e, cudaStream_t s)
+{
+    guard g;
+    event *ev = event_of(e);
+    stream *st = stream_of(s);
+
+    if (!ev || !st)
+        return ret(cudaErrorInvalidResourceHandle);
+    if (ev->st && ev->st != st && ev->done < ev->gen)
+        run_ops(ev->st); /* its earlier record completes first (a simplification) */
+    ev->st = st;
+    ev->gen++;
+    op o = {};
+    o.kind = OP_RECORD;
+    o.ev = ev;
+    o.gen = ev->gen;
+    st->ops.push_back(o);
+    return ret(cudaSuccess);
+}
+
+FAKE_API cudaError_t cudaStreamWaitEvent(cudaStream_t s, cudaEvent_t e, unsigned flags)
+{
+    guard g;
+    event *ev = event_of(e);
+    stream *st = stream_of(s);
+
+    (void)flags;
+    if (!ev || !st)
+        return ret(cudaErrorInvalidResourceHandle);
+    if (ev->gen == 0 || ev->done >= ev->gen)
+        return ret(cudaSuccess); /* never recorded, or already complete */
+    op o = {};
+    o.kind = OP_WAIT;
+    o.ev = ev;
+    o.gen = ev->gen;
+    st->ops.push_back(o);
+    return ret(cudaSuccess);
+}
+
+FAKE_API cudaError_t cudaEventSynchronize(cudaEvent_t e)
+{
+    guard g;
+    event *ev = event_of(e);
+
+    if (!ev)
+        return ret(cudaErrorInvalidResourceHandle);
+    if (ev->st && ev->done < ev->gen)
+        run_ops(ev->st);
+    return ret(cudaSuccess);
+}
+
+FAKE_API cudaError_t cudaEventQuery(cudaEvent_t e)
+{
+    guard g;
+    event *ev = event_of(e);
+
+    if (!ev)
+        return ret(cudaErrorInvalidResourceHandle);
+    return ret(ev->done >= ev->gen ? cudaSuccess : cudaErrorNotReady);
 }
 
 FAKE_API cudaError_t cudaDeviceSynchronize(void)
@@ -721,7 +868,7 @@ static cudaError_t copy(void *dst, const void *src, size_t n, stream *st)
     if (!copy_reach((uintptr_t)dst, n, &t) || !copy_reach((uintptr_t)src, n, &s))
         return ret(cudaErrorInvalidValue);
     if (st)
-        st->ops.push_back(op{OP_COPY, t, s, n, 0, 0});
+        st->ops.push_back(op{OP_COPY, t, s, n, 0, 0, NULL, 0});
     else
         memmove((void *)t, (const void *)s, n);
     return ret(cudaSuccess);
@@ -762,7 +909,7 @@ FAKE_API cudaError_t cudaMemset(void *p, int v, size_t n)
 
     if (!copy_reach((uintptr_t)p, n, &t))
         return ret(cudaErrorInvalidValue);
-    F->legacy[cur_dev].ops.push_back(op{OP_MEMSET, t, 0, n, v, 0});
+    F->legacy[cur_dev].ops.push_back(op{OP_MEMSET, t, 0, n, v, 0, NULL, 0});
     return ret(cudaSuccess);
 }
 
@@ -848,7 +995,7 @@ static cudaError_t launch(const void *fun, dim3 grid, dim3 block, void **args, c
     if (grid.x == 0 || grid.y == 0 || grid.z != 1 || grid.y > 65535 || block.x == 0 ||
         block.x * block.y * block.z > 1024)
         return ret(cudaErrorInvalidConfiguration);
-    st->ops.push_back(op{OP_KERNEL, 0, *(const uintptr_t *)args[0], grid.x, 0, grid.y});
+    st->ops.push_back(op{OP_KERNEL, 0, *(const uintptr_t *)args[0], grid.x, 0, grid.y, NULL, 0});
     return ret(cudaSuccess);
 }
 

@@ -204,6 +204,22 @@ SFS_API int sfs_rank_dumpv(struct sfs_rank *rank, const struct sfs_rank_entryv *
                            struct sfs_task **task);
 
 /*
+ * sfs_rank_dumpv() whose sources a stream of the program is still writing:
+ * `cuda_event` (a cudaEvent_t) was recorded on that stream after the
+ * writes. No thread blocks on it: at submit the rank captures the event's
+ * current record (a later record or cudaEventDestroy of it changes
+ * nothing), and the copier's stream waits for it before it reads a source
+ * (a copy the copier makes on the CPU synchronizes with it first, on the
+ * copier's thread). The calling thread's current device is unchanged.
+ * -EOPNOTSUPP with a copier that is not CUDA's (a host copier cannot wait
+ * for a device's stream: synchronize, then call sfs_rank_dumpv()); else
+ * as sfs_rank_dumpv(), and a CUDA error at submit as -errno.
+ * (ABI: new in SHARDFS_RANK_0.3.)
+ */
+SFS_API int sfs_rank_dumpv_after(struct sfs_rank *rank, const struct sfs_rank_entryv *entries,
+                                 size_t n, void *cuda_event, struct sfs_task **task);
+
+/*
  * Wait for a task. timeout_ms < 0 waits without a limit; 0 polls. Returns 0
  * when every entry is done, then fills status[0..n) (if not NULL) with each
  * entry's result: 0, or -errno (-EIO backend error or short read, -ENOENT
