@@ -69,6 +69,9 @@ int fs_check_backend(const char *spec)
 
     if (strncmp(spec, "mem", 3) == 0 && (spec[3] == '\0' || spec[3] == ':'))
         return 0;
+    /* The daemon serves its peer port to members only (shardfs(8)). */
+    if (strncmp(spec, "peer:", 5) == 0 && !strstr(spec, "key="))
+        FAIL("backend %.40s: a peer: spec needs key=FILE (the members' key)", spec);
     if (strncmp(spec, "fault:", 6) == 0 || strncmp(spec, "posix:", 6) == 0 ||
         strncmp(spec, "peer:", 5) == 0)
         return 0; /* sfs_backend_open reports what is wrong */

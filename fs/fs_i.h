@@ -529,6 +529,7 @@ struct fs_options {
     char *peer_capacity; /* SIZE: slot region bytes */
     char *peer_ways;     /* N */
     char *peer_slot;     /* SIZE: max payload (default the shard size) */
+    char *peer_key;      /* the members' key file (required with peer_listen) */
     char *backend;     /* the first non-option argument */
     unsigned max_read;
     bool max_read_set;

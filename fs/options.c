@@ -63,6 +63,7 @@ static const struct fuse_opt opt_table[] = {
     OPT("peer_capacity=%s", peer_capacity),
     OPT("peer_ways=%s", peer_ways),
     OPT("peer_slot=%s", peer_slot),
+    OPT("peer_key=%s", peer_key),
     FUSE_OPT_KEY("ro", KEY_RO),
     FUSE_OPT_KEY("max_read=", KEY_MAX_READ),
     FUSE_OPT_KEY("default_permissions", KEY_PERMS_ON),
@@ -122,6 +123,8 @@ void fs_usage(const char *prog)
            "    -o peer_capacity=SIZE  slot region bytes (default 1G)\n"
            "    -o peer_ways=N         ways per bucket (default 4)\n"
            "    -o peer_slot=SIZE      max payload of a slot (default the shard size)\n"
+           "    -o peer_key=FILE       the members' shared key (mode 0600, root's; required\n"
+           "                           with peer_listen)\n"
            "    -o ro                  read-only: every change is EROFS\n"
            "    -o no_default_permissions  the kernel does not check modes and owners\n"
            "                           (default: it does; see shardfs(8), PERMISSIONS)\n"
@@ -537,12 +540,15 @@ static int check_peer(const struct fs_options *o)
     uint64_t v;
 
     if (!o->peer_listen) {
-        if (o->peers || o->peer_capacity || o->peer_ways || o->peer_slot)
-            FAIL("peers, peer_capacity, peer_ways, peer_slot: need -o peer_listen=ADDR:PORT");
+        if (o->peers || o->peer_capacity || o->peer_ways || o->peer_slot || o->peer_key)
+            FAIL("peers, peer_capacity, peer_ways, peer_slot, peer_key: need -o "
+                 "peer_listen=ADDR:PORT");
         return 0;
     }
-    if (strpbrk(o->peer_listen, ",") || (o->peers && strpbrk(o->peers, ",:")))
-        FAIL("peer_listen, peers: ',' and (in peers) ':' cannot be named in a backend spec");
+    if (strpbrk(o->peer_listen, ",") || (o->peers && strpbrk(o->peers, ",:")) ||
+        (o->peer_key && strpbrk(o->peer_key, ",:")))
+        FAIL("peer_listen, peers, peer_key: ',' and (in peers, peer_key) ':' cannot be named in "
+             "a backend spec");
     if (o->peer_capacity && !parse_size(o->peer_capacity, &v))
         FAIL("peer_capacity=%s: not a size", o->peer_capacity);
     if (o->peer_slot && !parse_size(o->peer_slot, &v))
@@ -551,6 +557,11 @@ static int check_peer(const struct fs_options *o)
         FAIL("peer_ways=%s: not a number 1..64", o->peer_ways);
     if (o->peers && access(o->peers, R_OK) < 0)
         FAIL("peers=%s: %s", o->peers, strerror(errno));
+    /* Its mode and owner are checked when the tier reads it. */
+    if (!o->peer_key)
+        FAIL("peer_listen=%s needs -o peer_key=FILE: members authenticate each other "
+             "(shardfs(8))",
+             o->peer_listen);
     return 0;
 }
 
@@ -565,9 +576,9 @@ char *fs_backend_spec(const struct fs_options *o)
         parse_size(o->peer_capacity, &cap);
     if (o->peer_slot)
         parse_size(o->peer_slot, &slot);
-    if (asprintf(&s, "peer:listen=%s%s%s,ways=%s,capacity=%" PRIu64 "%s%.0" PRIu64 ":%s",
+    if (asprintf(&s, "peer:listen=%s%s%s,ways=%s,capacity=%" PRIu64 "%s%.0" PRIu64 ",key=%s:%s",
                  o->peer_listen, o->peers ? ",members=" : "", o->peers ? o->peers : "",
-                 o->peer_ways ? o->peer_ways : "4", cap, slot ? ",slot=" : "", slot,
+                 o->peer_ways ? o->peer_ways : "4", cap, slot ? ",slot=" : "", slot, o->peer_key,
                  o->backend) < 0)
         return NULL;
     return s;
@@ -617,6 +628,7 @@ void fs_options_free(struct fs_options *o)
     free(o->peer_capacity);
     free(o->peer_ways);
     free(o->peer_slot);
+    free(o->peer_key);
     free(o->warm);
     free(o->admission);
     free(o->partitions);

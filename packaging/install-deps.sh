@@ -5,11 +5,12 @@
 # GlusterFS (server and FUSE client) is for test_shared_store's two-host
 # suite; that test starts its own glusterd when none runs and stops it after
 # (installing the package does not need it running). python3-matplotlib
-# draws docs/PERFORMANCE.md's plots (tests/bench/plots.py).
+# draws docs/PERFORMANCE.md's plots (tests/bench/plots.py). libssl-dev: the
+# peer tier's MACs (SHA-256 of libcrypto).
 set -euo pipefail
 
 pkgs=(build-essential cmake pkg-config git
-      libfuse3-dev fuse3 liburing-dev libnuma-dev libcriterion-dev
+      libfuse3-dev fuse3 liburing-dev libnuma-dev libcriterion-dev libssl-dev
       attr util-linux procps python3 python3-numpy python3-torch python3-matplotlib
       clang libclang-rt-14-dev
       glusterfs-server glusterfs-client)

@@ -2,8 +2,9 @@
 /*
  * peer_fixture.h - what the peer tier's tests share: free ports, regions
  * and a server on loopback, "hosts" (peer backends over their own inner
- * stores) on 127.0.0.1 with one members file, the owner of a key as every
- * host computes it, and versioned payloads a reader checks byte for byte.
+ * stores) on 127.0.0.1 with one members file and one members' key, the
+ * owner of a key as every host computes it, and versioned payloads a
+ * reader checks byte for byte.
  */
 #ifndef SHARDFS_PEER_FIXTURE_H
 #define SHARDFS_PEER_FIXTURE_H
@@ -16,7 +17,10 @@
 #include <criterion/criterion.h>
 
 #include <arpa/inet.h>
+#include <fcntl.h>
 #include <netinet/in.h>
+#include <stdlib.h>
+#include <sys/random.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <string.h>
@@ -59,6 +63,46 @@ static inline void fx_region(struct peer_region *r, uint64_t buckets, uint32_t w
     cr_assert_eq(peer_region_create(r, &g), 0);
 }
 
+static inline void fx_key_unlink(void);
+
+/* The members' key file of this test process: 32 random bytes, mode 0600,
+ * written on first use and removed at exit. */
+static inline const char *fx_key_file(void)
+{
+    static char path[128];
+
+    if (!path[0]) {
+        uint8_t k[32];
+        int fd;
+
+        /* Not tu_path: its buffer may hold the caller's path (members). */
+        snprintf(path, sizeof(path), "/tmp/sfs-test-%d-%llx-peerkey", getpid(),
+                 (unsigned long long)now_ns());
+        cr_assert_eq(getrandom(k, sizeof(k), 0), (ssize_t)sizeof(k));
+        fd = open(path, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
+        cr_assert_geq(fd, 0, "%s", path);
+        cr_assert_eq(write(fd, k, sizeof(k)), (ssize_t)sizeof(k));
+        close(fd);
+        atexit(fx_key_unlink);
+    }
+    return path;
+}
+
+static inline void fx_key_unlink(void)
+{
+    unlink(fx_key_file());
+}
+
+/* The key of fx_key_file(), loaded (the caller frees it). */
+static inline struct peer_key *fx_key(void)
+{
+    struct peer_key *k = NULL;
+    char err[256] = "";
+
+    cr_assert_eq(peer_key_load(fx_key_file(), &k, err, sizeof(err)), 0, "%s", err);
+    return k;
+}
+
 /* A peer server on 127.0.0.1 over a region of its own. */
 struct srv {
     struct peer_region r;
@@ -67,7 +111,9 @@ struct srv {
     unsigned port;
 };
 
-static inline void srv_start(struct srv *x, uint64_t buckets, uint32_t ways)
+/* With key (the caller's, kept until srv_stop) or none. */
+static inline void srv_start_key(struct srv *x, uint64_t buckets, uint32_t ways,
+                                 const struct peer_key *key)
 {
     char err[256] = "";
 
@@ -75,10 +121,15 @@ static inline void srv_start(struct srv *x, uint64_t buckets, uint32_t ways)
     for (int tries = 0;; tries++) {
         x->port = free_port();
         snprintf(x->addr, sizeof(x->addr), "127.0.0.1:%u", x->port);
-        if (peer_server_start(&x->s, &x->r, x->addr, err, sizeof(err)) == 0)
+        if (peer_server_start(&x->s, &x->r, x->addr, key, err, sizeof(err)) == 0)
             break;
         cr_assert(tries < 10, "%s", err);
     }
+}
+
+static inline void srv_start(struct srv *x, uint64_t buckets, uint32_t ways)
+{
+    srv_start_key(x, buckets, ways, NULL);
 }
 
 static inline void srv_stop(struct srv *x)
@@ -154,8 +205,8 @@ static inline void open_hosts_geom(struct host *h, int n, const char *members, c
         snprintf(h[i].addr, sizeof(h[i].addr), "127.0.0.1:%u", free_port());
     write_members(members, h, n);
     for (int i = 0; i < n; i++) {
-        snprintf(spec, sizeof(spec), "peer:listen=%s,members=%s,%s:%s", h[i].addr, members, geom,
-                 inner);
+        snprintf(spec, sizeof(spec), "peer:listen=%s,members=%s,key=%s,%s:%s", h[i].addr, members,
+                 fx_key_file(), geom, inner);
         h[i].be = sfs_backend_open(spec, &p, err, sizeof(err), &e);
         cr_assert(h[i].be, "%s: %s", spec, err);
     }

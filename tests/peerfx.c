@@ -33,6 +33,11 @@ void peerfx_members_first(int n)
     fclose(f);
 }
 
+const char *peerfx_key_path(void)
+{
+    return H.key[0] ? H.key : NULL;
+}
+
 int peerfx_in_netns(const char *ns, int *saved)
 {
     char p[64];
@@ -96,6 +101,9 @@ void peerfx_setup(void)
         cr_skip_test("cannot create network namespaces, veth pairs and a bridge here");
     }
     H.up = true;
+    /* The members' key: root's, 0600 (the daemons refuse a key others may
+     * read). */
+    snprintf(H.key, sizeof(H.key), "%s", fx_key_file());
     snprintf(H.members, sizeof(H.members), "%s", tu_path("members"));
     peerfx_members_first(2);
     for (int i = 0; i < NHOST; i++) {
@@ -133,8 +141,8 @@ void peerfx_start_host_with(int i, const char *sizes)
     char o[512];
     int saved, st = 0, r;
 
-    snprintf(o, sizeof(o), "shard_size=%u,wait_timeout=20,peer_listen=%s,peers=%s,%s", SHARD,
-             ADDR[i], H.members, sizes);
+    snprintf(o, sizeof(o), "shard_size=%u,wait_timeout=20,peer_listen=%s,peers=%s,peer_key=%s,%s",
+             SHARD, ADDR[i], H.members, H.key, sizes);
     cr_assert_eq(peerfx_in_netns(H.ns[i], &saved), 0, "setns %s", H.ns[i]);
     r = fsfx_start(&H.fx[i], H.store[i], o, 20.0, &st);
     peerfx_back_to(saved);

@@ -29,7 +29,7 @@
 /* The hosts of the running test (one test at a time: Criterion's --jobs=1). */
 struct peerfx {
     bool up;
-    char ns[NHOST][32], sw[32], members[128], store[NHOST][128];
+    char ns[NHOST][32], sw[32], members[128], store[NHOST][128], key[128];
     struct fsfx fx[NHOST];
 };
 extern struct peerfx H;
@@ -43,6 +43,9 @@ void peerfx_teardown(void);
  * 0 or -errno. */
 int peerfx_in_netns(const char *ns, int *saved);
 void peerfx_back_to(int saved);
+
+/* The members' peer key file (root's, mode 0600), or NULL for none. */
+const char *peerfx_key_path(void);
 
 /* The members file: the first n hosts. */
 void peerfx_members_first(int n);

@@ -435,7 +435,8 @@ Test(peer, wire_images_are_little_endian_at_fixed_offsets, .timeout = 10)
                             .g = {.num_buckets = 0x0a0b0c0d0e0f1011ull,
                                   .ways = 4,
                                   .max_payload = 0x00040000u,
-                                  .stride = 0x0000000000040040ull}},
+                                  .stride = 0x0000000000040040ull},
+                            .flags = PEER_HELLO_AUTH},
                       hl2;
     struct peer_rep rp = {.magic = PEER_MAGIC, .status = -EAGAIN, .seq = 0x8182838485868788ull},
                     rp2;
@@ -468,14 +469,20 @@ Test(peer, wire_images_are_little_endian_at_fixed_offsets, .timeout = 10)
     peer_req_dec(&q2, want);
     cr_assert_arr_eq(&q2, &q, sizeof(q));
 
-    /* The hello: "SFP1" as 31 50 46 53, version 4 as 04 00 00 00. */
+    /* The hello: "SFP1" as 31 50 46 53, version 5 as 05 00 00 00; the
+     * flags, 4 zeros, and the nonce's 32 bytes as they are. */
+    for (unsigned i = 0; i < PEER_NONCE; i++)
+        hl.nonce[i] = (uint8_t)(0xa0 + i);
     memset(want, 0, sizeof(want));
-    memcpy(want, "\x31\x50\x46\x53\x04\x00\x00\x00", 8);
-    cr_assert_eq(PEER_VERSION, 4);
+    memcpy(want, "\x31\x50\x46\x53\x05\x00\x00\x00", 8);
+    cr_assert_eq(PEER_VERSION, 5);
+    cr_assert_eq(PEER_HELLO_WIRE, 72);
     le(want, 8, hl.g.num_buckets, 8);
     le(want, 16, hl.g.ways, 4);
     le(want, 20, hl.g.max_payload, 4);
     le(want, 24, hl.g.stride, 8);
+    le(want, 32, PEER_HELLO_AUTH, 4);
+    memcpy(want + 40, hl.nonce, PEER_NONCE);
     peer_hello_enc(got, &hl);
     cr_assert_arr_eq(got, want, PEER_HELLO_WIRE, "hello image");
     peer_hello_dec(&hl2, want);
@@ -576,8 +583,9 @@ static void be(uint8_t *out, size_t off, uint64_t v, int width)
         out[off + (size_t)i] = (uint8_t)(v >> (8 * (width - 1 - i)));
 }
 
-/* Version 4 (the eight-lane checksum) refuses a peer of version 3 (the
- * same images, another checksum), or of the old big-endian order, both
+/* Version 5 (members authenticate each other) refuses a peer of version 4
+ * (the hello's first 32 bytes alike, no handshake), or of the old
+ * big-endian order, both
  * ways: a client refuses its hello (a clean unreachable member, marked
  * down), a server closes the connection of its first request without an
  * answer and goes on serving the others. */
@@ -595,7 +603,7 @@ Test(peer, a_peer_of_another_version_is_refused, .timeout = 30)
     for (int variant = 0; variant < 3; variant++) {
         struct fake_member m;
 
-        /* 0: version 3; 1: version 4, big-endian; 2: version 3, big-endian. */
+        /* 0: version 4; 1: version 5, big-endian; 2: version 4, big-endian. */
         h.version = variant == 1 ? PEER_VERSION : PEER_VERSION - 1;
         peer_hello_enc(m.hello, &h);
         if (variant > 0) {
@@ -619,11 +627,11 @@ Test(peer, a_peer_of_another_version_is_refused, .timeout = 30)
     srv_start(&x, 16, 4);
     memset(out, 0x3c, sizeof(out));
     cr_assert_eq(peer_local_set(&x.r, &kh, out, PAY), 0);
-    /* The server's hello: version 4, little-endian. */
+    /* The server's hello: version 5, little-endian. */
     {
         int fd = raw_connect_hello(x.addr, hw);
 
-        cr_assert_arr_eq(hw, "\x31\x50\x46\x53\x04\x00\x00\x00", 8);
+        cr_assert_arr_eq(hw, "\x31\x50\x46\x53\x05\x00\x00\x00", 8);
         close(fd);
     }
     for (int variant = 0; variant < 2; variant++) {
@@ -631,7 +639,7 @@ Test(peer, a_peer_of_another_version_is_refused, .timeout = 30)
         int fd = raw_connect(x.addr);
         char b;
 
-        /* 0: a version-3 request; 1: this version's, big-endian. */
+        /* 0: a version-4 request; 1: this version's, big-endian. */
         q.nways = 4;
         if (variant == 0)
             q.version = PEER_VERSION - 1;
@@ -749,7 +757,7 @@ Test(peer, client_reconnects_once_after_a_restart, .timeout = 30)
     peer_conn_init(&c);
     cr_assert_eq(peer_conn_read_hdrs(&c, x.addr, 2000, 1, hdrs, after), 0);
     peer_server_stop(x.s);
-    cr_assert_eq(peer_server_start(&x.s, &x.r, x.addr, err, sizeof(err)), 0, "%s", err);
+    cr_assert_eq(peer_server_start(&x.s, &x.r, x.addr, NULL, err, sizeof(err)), 0, "%s", err);
     cr_assert_eq(peer_conn_read_hdrs(&c, x.addr, 2000, 1, hdrs, after), 0);
     peer_conn_close(&c);
     srv_stop(&x);
@@ -922,6 +930,8 @@ Test(peer, spec_errors, .timeout = 10)
         "peer:listen=127.0.0.1:1,capacity=1M,ways=0:mem:", /* ways */
         "peer:listen=127.0.0.1:1,capacity=1M,bogus=1:mem:",
         "peer:listen=127.0.0.1:1,capacity=1k:mem:", /* no bucket fits */
+        "peer:listen=0.0.0.0:1,capacity=1M:mem:",   /* beyond loopback, no key */
+        "peer:listen=127.0.0.1:1,capacity=1M,key=/nonexistent/key:mem:",
     };
 
     for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
@@ -929,7 +939,7 @@ Test(peer, spec_errors, .timeout = 10)
         int e = 0;
 
         cr_assert_null(sfs_backend_open(bad[i], &p, err, sizeof(err), &e), "%s", bad[i]);
-        cr_assert_eq(e, -EINVAL, "%s: %d", bad[i], e);
+        cr_assert(e == -EINVAL || (strstr(bad[i], "key=") && e == -ENOENT), "%s: %d", bad[i], e);
         cr_assert(err[0], "%s: no reason", bad[i]);
     }
 }

@@ -189,21 +189,36 @@ Test(peer_hosts, a_host_leaving_and_rejoining_moves_only_its_share_and_back, .ti
  * option, exit status 1, no mount (no namespaces needed). */
 Test(peer_opts, bad_peer_options_are_refused_with_one_line, .timeout = 60)
 {
+    char store[128], key[160], loose[256];
+
+    snprintf(store, sizeof(store), "%s", tu_path("store"));
+    snprintf(key, sizeof(key), "%s/key", store);
+    snprintf(loose, sizeof(loose), "peer_listen=127.0.0.1:7001,peer_key=%s", key);
     const char *bad[][2] = {
         {"peers=/nonexistent", "need -o peer_listen"},
         {"peer_listen=127.0.0.1:7001,peer_ways=0x", "peer_ways=0x"},
         {"peer_listen=127.0.0.1:7001,peer_capacity=lots", "peer_capacity=lots"},
         {"peer_listen=127.0.0.1:7001,peers=/nonexistent/members", "peers=/nonexistent"},
-        {"peer_listen=127.0.0.1,peer_capacity=1M",
+        {"peer_listen=127.0.0.1,peer_capacity=1M,peer_key=/dev/null",
          "-o peer_listen=127.0.0.1: peer spec: listen= wants"},
+        /* Members authenticate each other: no key, no peer port. */
+        {"peer_listen=127.0.0.1:7001", "needs -o peer_key=FILE"},
+        {"peer_key=/dev/null", "need -o peer_listen"},
+        {"peer_listen=127.0.0.1:7001,peer_key=/dev/null", "peer key /dev/null: not a regular"},
+        {loose, "lets group or others at it"},
     };
     struct fsfx fx;
-    char store[128];
+    int kfd;
 
     if (!fsfx_usable())
         cr_skip_test("FUSE is not usable here");
-    snprintf(store, sizeof(store), "%s", tu_path("store"));
     cr_assert_eq(mkdir(store, 0755), 0);
+    /* A key others may read is refused. */
+    kfd = open(key, O_WRONLY | O_CREAT | O_EXCL, 0644);
+    cr_assert_geq(kfd, 0);
+    cr_assert_eq(write(kfd, "0123456789abcdef0123456789abcdef", 32), 32);
+    cr_assert_eq(fchmod(kfd, 0644), 0);
+    close(kfd);
     for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
         int st = 0, r;
 
@@ -218,6 +233,7 @@ Test(peer_opts, bad_peer_options_are_refused_with_one_line, .timeout = 60)
                      bad[i][1]);
         fsfx_cleanup(&fx, NULL);
     }
+    unlink(key);
     fsfx_cleanup(&fx, store);
 }
 
@@ -302,8 +318,8 @@ static pid_t xs_child(int i, const char *addr, const char *members, bool write_o
 
         /* 4 buckets x 2 ways for 6 keys: constant evictions and write races. */
         snprintf(spec, sizeof(spec),
-                 "peer:listen=%s,members=%s,ways=2,capacity=%u,deadline_ms=300:mem:", addr, members,
-                 8u * (PEER_HDR_SIZE + XS_PAY));
+                 "peer:listen=%s,members=%s,key=%s,ways=2,capacity=%u,deadline_ms=300:mem:", addr,
+                 members, peerfx_key_path(), 8u * (PEER_HDR_SIZE + XS_PAY));
         be = sfs_backend_open(spec, &p, NULL, 0, &e);
         if (!be)
             _exit(2);

@@ -4,7 +4,12 @@
  * cache -> peer -> posix (design.md, section 11; docs/peer.md).
  *
  *   peer:listen=ADDR:PORT,members=FILE,ways=N,capacity=SIZE[,slot=SIZE]
- *        [,deadline_ms=N]:<inner spec>
+ *        [,deadline_ms=N][,key=FILE]:<inner spec>
+ *
+ * key: the members' key file (peer_auth_i.h): the server serves and the
+ * client talks only to holders of the key. Without one the tier listens
+ * only on a loopback address (one host, whose every local user is then
+ * trusted; docs/security.md).
  *
  * Load: a pool of PEER_WORKERS threads takes each request from a queue (a
  * submitter never waits on the network). The key's owner comes from the
@@ -27,8 +32,11 @@
  */
 
 #include "peer_backend_i.h"
+#include "peer_net_i.h"
 
 #include <errno.h>
+#include <netdb.h>
+#include <netinet/in.h>
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdlib.h>
@@ -329,8 +337,29 @@ static void peer_close(struct sfs_backend *be)
     peer_members_free(pb->mem, pb->ring.nmembers);
     peer_ring_free(&pb->ring);
     peer_region_destroy(&pb->region);
+    peer_key_free(pb->key);
     pthread_rwlock_destroy(&pb->ring_lock);
     free(pb);
+}
+
+/* Whether every address addr ("host:port") names is a loopback one. */
+static bool loopback_only(const char *addr)
+{
+    struct addrinfo *res = NULL;
+    bool lo = true;
+
+    if (peer_resolve(addr, true, &res) < 0)
+        return false;
+    for (struct addrinfo *ai = res; ai; ai = ai->ai_next) {
+        if (ai->ai_family == AF_INET)
+            lo &= (ntohl(((struct sockaddr_in *)ai->ai_addr)->sin_addr.s_addr) >> 24) == 127;
+        else if (ai->ai_family == AF_INET6)
+            lo &= IN6_IS_ADDR_LOOPBACK(&((struct sockaddr_in6 *)ai->ai_addr)->sin6_addr);
+        else
+            lo = false;
+    }
+    freeaddrinfo(res);
+    return lo;
 }
 
 static const struct sfs_backend_ops peer_ops = {
@@ -371,6 +400,17 @@ struct sfs_backend *sfs_peer_wrap(struct sfs_backend *inner, const struct sfs_pe
     pthread_mutex_init(&pb->qlock, NULL);
     pthread_cond_init(&pb->qcond, NULL);
     pthread_cond_init(&pb->pcond, NULL);
+    if (pb->o.key[0]) {
+        ret = peer_key_load(pb->o.key, &pb->key, errbuf, errlen);
+        if (ret < 0)
+            goto fail;
+    } else if (!loopback_only(pb->o.listen)) {
+        sfs_errf(errbuf, errlen,
+                 "peer: listen=%s is not a loopback address: members must share a key= file",
+                 pb->o.listen);
+        ret = -EINVAL;
+        goto fail;
+    }
     ret = peer_geometry_make(o->capacity, pb->o.ways, pb->o.slot, &g);
     if (ret < 0) {
         sfs_errf(errbuf, errlen, "peer spec: capacity=%llu holds no bucket of %u ways x %u bytes",
@@ -390,7 +430,7 @@ struct sfs_backend *sfs_peer_wrap(struct sfs_backend *inner, const struct sfs_pe
             goto fail;
         }
     }
-    ret = peer_server_start(&pb->srv, &pb->region, pb->o.listen, errbuf, errlen);
+    ret = peer_server_start(&pb->srv, &pb->region, pb->o.listen, pb->key, errbuf, errlen);
     if (ret < 0)
         goto fail;
     if (pb->ring.nmembers)
@@ -413,6 +453,7 @@ fail:
     peer_members_free(pb->mem, pb->ring.nmembers);
     peer_ring_free(&pb->ring);
     peer_region_destroy(&pb->region);
+    peer_key_free(pb->key);
     free(pb);
     *err = ret;
     return NULL;

@@ -39,6 +39,7 @@ struct peer_backend {
     struct sfs_peer_opts o;
     struct peer_region region;
     struct peer_server *srv;
+    struct peer_key *key; /* the members' (NULL: none, loopback only); read at open */
 
     /* Membership: ring, self and members are replaced whole under ring_lock
      * (write) and read under it (read). */

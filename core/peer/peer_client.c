@@ -7,7 +7,10 @@
  * blocks in recv under SO_RCVTIMEO instead (two syscalls fewer a piece).
  * A member that fails a call is closed and marked down for PEER_DOWN_MS:
  * calls in that window fail at once with -EHOSTUNREACH, so a dead host
- * costs one deadline, not one per key.
+ * costs one deadline, not one per key. With the members' key, a connection
+ * is used only once the member has proved it holds the key too (a server
+ * that cannot is not a member: -EACCES), and every request goes with its
+ * tag (peer_req_tag), in the order it is sent.
  */
 #include "backend_i.h"
 #include "peer_net_i.h"
@@ -41,6 +44,7 @@ void peer_conn_close(struct peer_conn *c)
         close(c->fd);
     c->fd = -1;
     c->rcvtimeo_ms = 0;
+    peer_sess_end(&c->sess);
 }
 
 static int fail(struct peer_conn *c, int err)
@@ -102,15 +106,42 @@ int peer_conn_open(struct peer_conn *c, const char *member, unsigned deadline_ms
     if (ret < 0)
         return fail(c, ret);
     c->fd = ret;
-    ret = peer_recv_all(c->fd, hw, sizeof(hw), deadline, NULL, false);
+    /* The first 32 bytes are every version's hello (magic, version,
+     * geometry): a peer of another version, whose hello may end there, is
+     * judged on them before more is awaited. */
+    ret = peer_recv_all(c->fd, hw, PEER_HELLO_V4_WIRE, deadline, NULL, false);
     if (ret < 0)
         return fail(c, ret);
     peer_hello_dec(&hello, hw);
     /* Another version (or byte order, before version 3): refused here, a
      * clean unreachable member, never a misjudged answer. */
-    if (hello.magic != PEER_MAGIC || hello.version != PEER_VERSION ||
-        peer_geometry_check(&hello.g) < 0)
+    if (hello.magic != PEER_MAGIC || hello.version != PEER_VERSION)
         return fail(c, -EPROTO);
+    ret = peer_recv_all(c->fd, hw + PEER_HELLO_V4_WIRE, sizeof(hw) - PEER_HELLO_V4_WIRE, deadline,
+                        NULL, false);
+    if (ret < 0)
+        return fail(c, ret);
+    peer_hello_dec(&hello, hw);
+    if (peer_geometry_check(&hello.g) < 0)
+        return fail(c, -EPROTO);
+    /* A member with a key talks only to one that proves it has it; one
+     * without a key cannot answer a server that asks for it. */
+    if (!!(hello.flags & PEER_HELLO_AUTH) != !!c->key)
+        return fail(c, -EACCES);
+    if (c->key) {
+        uint8_t msg[PEER_AUTH_WIRE], want[PEER_PROOF], got[PEER_PROOF];
+
+        ret = peer_auth_client(c->key, hw, sizeof(hw), msg, want, &c->sess);
+        if (ret == 0)
+            ret = peer_send_all(c->fd, msg, sizeof(msg), deadline, NULL);
+        if (ret == 0)
+            ret = peer_recv_all(c->fd, got, sizeof(got), deadline, NULL, false);
+        /* A server of another key closes without a proof. */
+        if (ret == -ECONNRESET || (ret == 0 && !peer_proof_equal(want, got)))
+            ret = -EACCES;
+        if (ret < 0)
+            return fail(c, ret);
+    }
     c->g = hello.g;
     return 0;
 }
@@ -123,7 +154,7 @@ static int call(struct peer_conn *c, const char *member, unsigned deadline_ms,
                 const struct peer_req *q, const void *payload, struct peer_rep *rep,
                 int64_t *deadline)
 {
-    uint8_t qw[PEER_REQ_WIRE], rw[PEER_REP_WIRE];
+    uint8_t qw[PEER_REQ_WIRE + PEER_TAG], rw[PEER_REP_WIRE];
 
     peer_req_enc(qw, q);
     for (int attempt = 0;; attempt++) {
@@ -132,8 +163,13 @@ static int call(struct peer_conn *c, const char *member, unsigned deadline_ms,
 
         if (ret < 0)
             return ret;
+        /* The tag of this connection's next request (a fresh connection
+         * is a fresh session). */
+        if (c->sess.on &&
+            peer_req_tag(&c->sess, qw, payload, payload ? q->len : 0, qw + PEER_REQ_WIRE) < 0)
+            return fail(c, -ENOMEM);
         *deadline = peer_net_mono_ns() + (int64_t)deadline_ms * 1000000;
-        ret = peer_send_all(c->fd, qw, sizeof(qw), *deadline, NULL);
+        ret = peer_send_all(c->fd, qw, peer_conn_req_wire(c), *deadline, NULL);
         if (ret == 0 && payload && q->len)
             ret = peer_send_all(c->fd, payload, q->len, *deadline, NULL);
         if (ret == 0)
@@ -283,7 +319,7 @@ static bool tx_next(struct peer_batch *b, const uint8_t **p, size_t *n)
 
         if (b->tx_stage == 0) {
             *p = k->wire;
-            *n = sizeof(k->wire);
+            *n = peer_conn_req_wire(b->c);
         } else if (b->tx_stage == 1 && k->q.op == PEER_OP_WRITE && k->q.len) {
             *p = k->payload;
             *n = k->q.len;
@@ -502,12 +538,12 @@ static int one_get(struct peer_batch *b, unsigned deadline_ms)
             return -errno;
         c->rcvtimeo_ms = deadline_ms;
     }
-    r = send(c->fd, k->wire, sizeof(k->wire), MSG_NOSIGNAL | MSG_DONTWAIT);
+    r = send(c->fd, k->wire, peer_conn_req_wire(c), MSG_NOSIGNAL | MSG_DONTWAIT);
     if (r < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR)
         return -errno;
-    if (r < (ssize_t)sizeof(k->wire)) {
+    if (r < (ssize_t)peer_conn_req_wire(c)) {
         size_t off = r > 0 ? (size_t)r : 0;
-        int ret = peer_send_all(c->fd, k->wire + off, sizeof(k->wire) - off,
+        int ret = peer_send_all(c->fd, k->wire + off, peer_conn_req_wire(c) - off,
                                 peer_net_mono_ns() + (int64_t)deadline_ms * 1000000, NULL);
 
         if (ret < 0)
@@ -566,8 +602,16 @@ size_t peer_conn_batch_run(struct peer_batch *b, size_t nb, unsigned deadline_ms
         b[i].tx_stage = b[i].rx_stage = 0;
         b[i].last_ns = now;
         for (size_t j = 0; j < b[i].n; j++) {
-            b[i].calls[j].err = -EHOSTUNREACH;
-            peer_req_enc(b[i].calls[j].wire, &b[i].calls[j].q);
+            struct peer_call *k = &b[i].calls[j];
+            bool w = k->q.op == PEER_OP_WRITE;
+
+            k->err = -EHOSTUNREACH;
+            peer_req_enc(k->wire, &k->q);
+            /* Tagged in the order they go (a connection that fails on the
+             * way is closed, its session with it). */
+            if (b[i].c->sess.on && peer_req_tag(&b[i].c->sess, k->wire, w ? k->payload : NULL,
+                                                w ? k->q.len : 0, k->wire + PEER_REQ_WIRE) < 0)
+                fail(b[i].c, -ENOMEM);
         }
     }
     if (nb == 1 && b->n == 1 && b->c->fd >= 0 && b->calls[0].q.op == PEER_OP_READ_GET &&

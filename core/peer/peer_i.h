@@ -20,13 +20,18 @@
  *
  * Wire (TCP, every integer little-endian whatever the host: peer_*_enc /
  * peer_*_dec convert at the socket, nothing else sees wire bytes): the
- * server sends a peer_hello with its geometry on accept; then each request
- * is one 64-byte peer_req (plus `len` payload bytes for a write) and each
- * answer one peer_rep plus data. Every field is checked against the
- * announced geometry; a request that fails a check closes its connection.
+ * server sends a peer_hello with its geometry and a fresh nonce on accept;
+ * with a members' key (peer_auth_i.h) the client answers with its nonce and
+ * proof and the server with its proof, and each request then carries a tag;
+ * then each request is one 64-byte peer_req (its tag after it, then `len`
+ * payload bytes for a write) and each answer one peer_rep plus data. Every
+ * field is checked against the announced geometry; a request that fails a
+ * check, or whose tag is wrong, closes its connection.
  */
 #ifndef SHARDFS_PEER_I_H
 #define SHARDFS_PEER_I_H
+
+#include "peer_auth_i.h"
 
 #include <shardfs/backend.h>
 
@@ -45,9 +50,12 @@
 /* 2: READ_GET, the four-lane checksum; 3: little-endian on the wire, and
  * the key hash and checksum read the bytes as little-endian words; 4: the
  * eight-lane checksum (two words a multiply: another value for the same
- * payload). A peer of another version is refused at the hello (client) or
- * its first request (server). */
-#define PEER_VERSION 4u
+ * payload); 5: members authenticate each other (the hello's flags and
+ * nonce, the handshake, a tag per request). A peer of another version is
+ * refused at the hello (client) or its first request (server). */
+#define PEER_VERSION 5u
+/* peer_hello.flags: the server wants the handshake and tagged requests. */
+#define PEER_HELLO_AUTH 1u
 /* Largest payload a slot can hold (one shard); bounds every length on the
  * wire together with the announced geometry. */
 #define PEER_PAYLOAD_MAX (64u << 20)
@@ -201,6 +209,9 @@ enum peer_op {
 struct peer_hello {
     uint32_t magic, version;
     struct peer_geometry g;
+    uint32_t flags; /* PEER_HELLO_AUTH */
+    uint32_t pad;
+    uint8_t nonce[PEER_NONCE]; /* fresh per connection (zeros without a key) */
 };
 
 struct peer_req {
@@ -254,7 +265,8 @@ struct peer_rep {
  * zeros). An encoder writes every field, a decoder reads every field and
  * judges nothing (peer_req_check and peer_geometry_check do).
  */
-#define PEER_HELLO_WIRE 32u
+#define PEER_HELLO_WIRE    72u
+#define PEER_HELLO_V4_WIRE 32u /* the start every version shares */
 #define PEER_REQ_WIRE   64u
 #define PEER_REP_WIRE   16u
 #define PEER_HDR_WIRE   72u /* a slot header copy, then the seq read after it */
@@ -289,28 +301,40 @@ void peer_hdr_dec(struct peer_slot_hdr *h, uint64_t *after, const uint8_t *in);
 int peer_req_check(const struct peer_req *q, const struct peer_geometry *g);
 
 struct peer_server;
-/* Serve region r on addr ("host:port"), to anyone until peer_server_allow. */
+/* Serve region r on addr ("host:port"), from any address until
+ * peer_server_allow. With key (the caller keeps it until the stop), only to
+ * a client that proves it holds the key, and only requests with its tag;
+ * NULL: to anyone (a client with a key refuses such a server). */
 int peer_server_start(struct peer_server **out, struct peer_region *r, const char *addr,
-                      char *errbuf, size_t errlen);
+                      const struct peer_key *key, char *errbuf, size_t errlen);
 void peer_server_stop(struct peer_server *s);
 /* Serve only connections from the hosts of these members ("host:port",
  * resolved now; n == 0: from anyone). 0, or -errno (the old list stays). */
 int peer_server_allow(struct peer_server *s, char *const *members, size_t n);
 
-/* Serve one connected stream fd (the hello, then requests until it ends or
- * one is refused) as a server's connection thread does, in the caller's
- * thread; closes fd. 0 or -ENOMEM. (The fuzz target of the request loop.) */
-int peer_serve_stream(struct peer_region *r, int fd);
+/* Serve one connected stream fd (the hello, the handshake with a key, then
+ * requests until it ends or one is refused) as a server's connection
+ * thread does, in the caller's thread; closes fd. 0 or -ENOMEM. (The fuzz
+ * target of the request loop.) */
+int peer_serve_stream(struct peer_region *r, const struct peer_key *key, int fd);
 
 /* One connection to a member, with a deadline per call. */
 struct peer_conn {
     int fd;
-    struct peer_geometry g; /* what the member announced */
-    int64_t down_until_ns;  /* after a failure: a clean miss until then */
-    unsigned rcvtimeo_ms;   /* the SO_RCVTIMEO set on fd (0: none yet) */
+    struct peer_geometry g;     /* what the member announced */
+    int64_t down_until_ns;      /* after a failure: a clean miss until then */
+    unsigned rcvtimeo_ms;       /* the SO_RCVTIMEO set on fd (0: none yet) */
+    const struct peer_key *key; /* the members' key (NULL: none), the caller's */
+    struct peer_sess sess;      /* with a key, once fd is through the handshake */
 };
 
+/* A connection with no key (a member with a key sets c->key after it). */
 void peer_conn_init(struct peer_conn *c);
+/* Bytes of a request's image and its tag on c. */
+static inline size_t peer_conn_req_wire(const struct peer_conn *c)
+{
+    return PEER_REQ_WIRE + (c->sess.on ? PEER_TAG : 0);
+}
 void peer_conn_close(struct peer_conn *c);
 /* Read headers of a whole bucket; hdrs/seq_after have g.ways entries. */
 int peer_conn_read_hdrs(struct peer_conn *c, const char *member, unsigned deadline_ms,
@@ -328,7 +352,9 @@ int peer_conn_write(struct peer_conn *c, const char *member, unsigned deadline_m
 int peer_conn_read_hdrs_multi(struct peer_conn *c, const char *member, unsigned deadline_ms,
                               const uint64_t *buckets, uint32_t count, struct peer_slot_hdr *hdrs,
                               uint64_t *seq_after);
-/* Connect (if not connected) and fetch the geometry: 0 or -errno. */
+/* Connect (if not connected), fetch the geometry and, when either end has
+ * a key, go through the handshake: 0 or -errno (-EACCES: the member and
+ * this end do not hold the same key, or one of them holds none). */
 int peer_conn_open(struct peer_conn *c, const char *member, unsigned deadline_ms);
 /* As peer_conn_open, but first drops an open connection the member has
  * closed meanwhile (it restarted): a batch does not lose its keys to it. */
@@ -348,8 +374,8 @@ enum peer_miss peer_conn_get(struct peer_conn *c, const char *member, unsigned d
  * other members' calls are unaffected.
  */
 struct peer_call {
-    struct peer_req q;           /* READ_HDRS (nways = g.ways), READ_GET or WRITE */
-    uint8_t wire[PEER_REQ_WIRE]; /* q's image (peer_conn_batch_run's) */
+    struct peer_req q;                      /* READ_HDRS (nways = g.ways), READ_GET or WRITE */
+    uint8_t wire[PEER_REQ_WIRE + PEER_TAG]; /* q's image and tag (peer_conn_batch_run's) */
     const void *payload;         /* WRITE: q.len bytes */
     void *buf;                   /* READ_GET: where the q.len payload bytes go */
     struct peer_slot_hdr *hdrs;  /* READ_HDRS, READ_GET: g.ways header copies ... */

@@ -93,6 +93,7 @@ int peer_members_load(struct peer_backend *pb)
     for (size_t i = 0; i < ring.nmembers; i++) {
         pthread_mutex_init(&mem[i].lock, NULL);
         peer_conn_init(&mem[i].conn);
+        mem[i].conn.key = pb->key;
         if (strcmp(ring.members[i], pb->o.listen) == 0)
             self = (int)i;
     }

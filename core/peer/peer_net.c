@@ -87,7 +87,12 @@ static const struct wire_field HELLO_F[] = {
     WF(0, struct peer_hello, magic),          WF(4, struct peer_hello, version),
     WF(8, struct peer_hello, g.num_buckets),  WF(16, struct peer_hello, g.ways),
     WF(20, struct peer_hello, g.max_payload), WF(24, struct peer_hello, g.stride),
+    WF(32, struct peer_hello, flags),
 };
+
+/* The hello's nonce: bytes, at this offset (after the flags and 4 zeros). */
+#define HELLO_NONCE_OFF 40u
+_Static_assert(HELLO_NONCE_OFF + PEER_NONCE == PEER_HELLO_WIRE, "the nonce ends the hello");
 
 static const struct wire_field REQ_F[] = {
     WF(0, struct peer_req, magic),    WF(4, struct peer_req, version),
@@ -165,11 +170,13 @@ static void dec(void *m, size_t size, const uint8_t *in, const struct wire_field
 void peer_hello_enc(uint8_t *out, const struct peer_hello *m)
 {
     enc(out, PEER_HELLO_WIRE, m, HELLO_F, NF(HELLO_F));
+    memcpy(out + HELLO_NONCE_OFF, m->nonce, PEER_NONCE);
 }
 
 void peer_hello_dec(struct peer_hello *m, const uint8_t *in)
 {
     dec(m, sizeof(*m), in, HELLO_F, NF(HELLO_F));
+    memcpy(m->nonce, in + HELLO_NONCE_OFF, PEER_NONCE);
 }
 
 void peer_req_enc(uint8_t *out, const struct peer_req *q)

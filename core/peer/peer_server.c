@@ -4,7 +4,12 @@
  *
  * One accept thread and one thread per connection, at most
  * PEER_CONNS_MAX connections (more are closed at accept), and, once the
- * backend gave a members list, only from the members' addresses. The server does no
+ * backend gave a members list, only from the members' addresses. With the
+ * members' key, a connection is served only once its client has proved it
+ * holds the key (peer_auth_server), and each request only when its tag is
+ * the next one of that connection (peer_req_tag_ok), checked before the
+ * request touches the region: a client that fails either is closed without
+ * an answer. The server does no
  * lookup and keeps no per-key state: it copies bytes of the region under the
  * seqlock (peer_slot_copy) and sends them with the seq it read after the
  * copy, or applies a conditional write (peer_slot_write). Every request is
@@ -26,6 +31,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/random.h>
 #include <sys/socket.h>
 #include <time.h>
 #include <unistd.h>
@@ -34,6 +40,7 @@
 
 struct peer_server {
     struct peer_region *r;
+    const struct peer_key *key; /* the members' (NULL: none); the caller's */
     int lfd;
     pthread_t acceptor;
     _Atomic bool stop;
@@ -83,21 +90,35 @@ static size_t put_hdrs(const struct peer_region *r, uint64_t bucket, uint32_t w0
     return n;
 }
 
-/* One request; 0 to go on, < 0 to close the connection. */
-static int serve_one(struct peer_server *s, int fd, unsigned slot, uint8_t *buf)
+/* One request; 0 to go on, < 0 to close the connection. With a session,
+ * its tag follows its image and is checked, over the image and the body
+ * (a write's payload, READ_HDRS_MULTI's buckets), before anything is done. */
+static int serve_one(struct peer_server *s, int fd, unsigned slot, uint8_t *buf,
+                     struct peer_sess *ss)
 {
     const struct peer_geometry *g = &s->r->g;
-    uint8_t qw[PEER_REQ_WIRE];
+    uint8_t qw[PEER_REQ_WIRE + PEER_TAG], b[PEER_BATCH_MAX * 8];
     struct peer_req q;
     struct peer_rep rep = {.magic = PEER_MAGIC};
+    const uint8_t *body = NULL;
     size_t n = 0;
-    int ret = peer_recv_all(fd, qw, sizeof(qw), 0, &s->stop, false);
+    int ret = peer_recv_all(fd, qw, PEER_REQ_WIRE + (ss->on ? PEER_TAG : 0), 0, &s->stop, false);
 
     if (ret < 0)
         return ret;
     peer_req_dec(&q, qw);
     if (peer_req_check(&q, g) < 0)
         return -EINVAL;
+    if (q.op == PEER_OP_READ_HDRS_MULTI || q.op == PEER_OP_WRITE) {
+        /* q.len is bounded by peer_req_check: 8 x PEER_BATCH_MAX, or the slot
+         * (buf holds a slot's payload and more: see conn_main). */
+        body = q.op == PEER_OP_WRITE ? buf : b;
+        ret = peer_recv_all(fd, (uint8_t *)body, q.len, 0, &s->stop, true);
+        if (ret < 0)
+            return ret;
+    }
+    if (ss->on && !peer_req_tag_ok(ss, qw, body, body ? q.len : 0, qw + PEER_REQ_WIRE))
+        return -EACCES;
     switch (q.op) {
     case PEER_OP_READ_HDRS:
         /* buf holds enough for any answer: see conn_main. */
@@ -105,11 +126,6 @@ static int serve_one(struct peer_server *s, int fd, unsigned slot, uint8_t *buf)
         n = PEER_REP_WIRE + put_hdrs(s->r, q.bucket, q.way, q.nways, buf + PEER_REP_WIRE);
         break;
     case PEER_OP_READ_HDRS_MULTI: {
-        uint8_t b[PEER_BATCH_MAX * 8];
-
-        ret = peer_recv_all(fd, b, q.len, 0, &s->stop, true);
-        if (ret < 0)
-            return ret;
         peer_rep_enc(buf, &rep);
         n = PEER_REP_WIRE;
         for (uint32_t i = 0; i < q.nways; i++) {
@@ -162,9 +178,6 @@ static int serve_one(struct peer_server *s, int fd, unsigned slot, uint8_t *buf)
     case PEER_OP_WRITE: {
         struct peer_hash h = {q.hash_lo, q.hash_hi};
 
-        ret = peer_recv_all(fd, buf, q.len, 0, &s->stop, true);
-        if (ret < 0)
-            return ret;
         ret = peer_slot_write(s->r, q.bucket, q.way, q.expect, &h, buf, q.len, q.stamp);
         rep.status = ret;
         if (ret == -EAGAIN)
@@ -199,6 +212,22 @@ static void conn_release(struct peer_server *s, unsigned slot, int fd)
     pthread_mutex_unlock(&s->lock);
 }
 
+/* The client's nonce and proof, checked under the members' key, then this
+ * end's proof: 0 with the session on, or < 0 (not a member: closed without
+ * a word). A client that stalls in it is dropped as one stalled in a
+ * request. */
+static int handshake(struct peer_server *s, int fd, const uint8_t *hw, struct peer_sess *ss)
+{
+    uint8_t msg[PEER_AUTH_WIRE], proof[PEER_PROOF];
+    int ret = peer_recv_all(fd, msg, sizeof(msg), 0, &s->stop, true);
+
+    if (ret == 0)
+        ret = peer_auth_server(s->key, hw, PEER_HELLO_WIRE, msg, proof, ss);
+    if (ret == 0)
+        ret = peer_send_all(fd, proof, sizeof(proof), 0, &s->stop);
+    return ret;
+}
+
 static void *conn_main(void *arg)
 {
     struct conn_arg *ca = arg;
@@ -221,19 +250,28 @@ static void *conn_main(void *arg)
     buf = calloc(1, cap);
     struct peer_hello hello = {.magic = PEER_MAGIC, .version = PEER_VERSION, .g = *g};
     uint8_t hw[PEER_HELLO_WIRE];
+    struct peer_sess ss = {0};
     unsigned slot = ca->slot;
 
     free(ca);
+    if (s->key) {
+        hello.flags = PEER_HELLO_AUTH;
+        if (getrandom(hello.nonce, PEER_NONCE, 0) != (ssize_t)PEER_NONCE)
+            goto out;
+    }
     peer_hello_enc(hw, &hello);
-    if (buf && peer_send_all(fd, hw, sizeof(hw), 0, &s->stop) == 0)
-        while (serve_one(s, fd, slot, buf) == 0)
+    if (buf && peer_send_all(fd, hw, sizeof(hw), 0, &s->stop) == 0 &&
+        (!s->key || handshake(s, fd, hw, &ss) == 0))
+        while (serve_one(s, fd, slot, buf, &ss) == 0)
             ;
+out:
+    peer_sess_end(&ss);
     free(buf);
     conn_release(s, slot, fd);
     return NULL;
 }
 
-int peer_serve_stream(struct peer_region *r, int fd)
+int peer_serve_stream(struct peer_region *r, const struct peer_key *key, int fd)
 {
     struct peer_server *s = calloc(1, sizeof(*s));
     struct conn_arg *ca = malloc(sizeof(*ca));
@@ -244,6 +282,7 @@ int peer_serve_stream(struct peer_region *r, int fd)
         return -ENOMEM;
     }
     s->r = r;
+    s->key = key;
     s->lfd = -1;
     pthread_mutex_init(&s->lock, NULL);
     pthread_cond_init(&s->idle, NULL);
@@ -421,7 +460,7 @@ static void *accept_main(void *arg)
 }
 
 int peer_server_start(struct peer_server **out, struct peer_region *r, const char *addr,
-                      char *errbuf, size_t errlen)
+                      const struct peer_key *key, char *errbuf, size_t errlen)
 {
     struct addrinfo *res = NULL, *ai;
     struct peer_server *s;
@@ -439,6 +478,7 @@ int peer_server_start(struct peer_server **out, struct peer_region *r, const cha
         return -ENOMEM;
     }
     s->r = r;
+    s->key = key;
     s->lfd = -1;
     for (ai = res; ai; ai = ai->ai_next) {
         s->lfd = socket(ai->ai_family, ai->ai_socktype | SOCK_CLOEXEC, 0);

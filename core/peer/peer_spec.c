@@ -3,7 +3,7 @@
  * peer_spec.c - the peer backend's spec options (design.md, section 11):
  *
  *   peer:listen=ADDR:PORT,members=FILE,ways=N,capacity=SIZE[,slot=SIZE]
- *        [,deadline_ms=N]:<inner spec>
+ *        [,deadline_ms=N][,key=FILE]:<inner spec>
  *
  * Every value is checked here, with a one-line reason for a bad one.
  */
@@ -94,6 +94,8 @@ int sfs_peer_parse(const char *s, struct sfs_peer_opts *o, const char **inner, c
             memcpy(o->listen, v, vlen);
         } else if (klen == 7 && strncmp(p, "members", 7) == 0) {
             memcpy(o->members, v, vlen);
+        } else if (klen == 3 && strncmp(p, "key", 3) == 0) {
+            memcpy(o->key, v, vlen);
         } else if (klen == 4 && strncmp(p, "ways", 4) == 0) {
             if (parse_size(v, vlen, &x) < 0 || x == 0 || x > PEER_WAYS_MAX)
                 goto bad;
@@ -113,7 +115,7 @@ int sfs_peer_parse(const char *s, struct sfs_peer_opts *o, const char **inner, c
         } else {
             sfs_errf(errbuf, errlen,
                      "peer spec: unknown option '%.*s' (listen, members, ways, capacity, slot, "
-                     "deadline_ms)",
+                     "deadline_ms, key)",
                      (int)klen, p);
             return -EINVAL;
         }

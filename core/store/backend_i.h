@@ -51,6 +51,7 @@ struct sfs_peer_opts {
     uint64_t capacity;    /* slot region bytes */
     uint32_t slot;        /* max payload; 0: the shard size */
     unsigned deadline_ms; /* per call to a member, default 200 */
+    char key[256];        /* the members' key file; empty: none (loopback only) */
 };
 
 /* Parse the peer options of s (after "peer:"); *inner points at the inner

@@ -58,6 +58,7 @@
 #include <poll.h>
 #include <pthread.h>
 #include <sched.h>
+#include <sys/random.h>
 #include <signal.h>
 #include <stdarg.h>
 #include <stdatomic.h>
@@ -71,6 +72,12 @@
 #define MAXPAGES  256u
 #define PEER_ADDR "10.78.0.1:7101"
 #define RAW_PORT  7102
+/* The same region served without the members' key (the cost of the key). */
+#define PEER_ADDR_NOKEY "10.78.0.1:7103"
+
+/* The members' key: drawn before the fork, so both ends hold it. */
+static uint8_t key_bytes[32];
+static struct peer_key *mkey;
 #define DEADLINE  5000u /* ms: generous, a loaded machine */
 
 /* ---------------------------------------------------------------------------
@@ -288,7 +295,7 @@ static int server_main(int ready, int quit)
 {
     struct peer_geometry g;
     struct peer_region r;
-    struct peer_server *s = NULL;
+    struct peer_server *s = NULL, *s2 = NULL;
     struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons(RAW_PORT)};
     char err[256], c;
     int lfd, one = 1;
@@ -320,7 +327,8 @@ static int server_main(int ready, int quit)
 
         sh->resident[i] = peer_local_get(&r, &h, buf, PAGE) == PEER_HIT;
     }
-    if (peer_server_start(&s, &r, PEER_ADDR, err, sizeof(err)) < 0) {
+    if (peer_server_start(&s, &r, PEER_ADDR, mkey, err, sizeof(err)) < 0 ||
+        peer_server_start(&s2, &r, PEER_ADDR_NOKEY, NULL, err, sizeof(err)) < 0) {
         fprintf(stderr, "bench_peer: peer server: %s\n", err);
         return 1;
     }
@@ -337,6 +345,7 @@ static int server_main(int ready, int quit)
     while (read(quit, &c, 1) > 0)
         ;
     peer_server_stop(s);
+    peer_server_stop(s2);
     return 0;
 }
 
@@ -344,9 +353,10 @@ static int server_main(int ready, int quit)
  * The client passes (parent, namespace B).
  */
 #define BATCH 16u
-enum pass { P_PEER, P_RAW, P_STREAM, P_BATCH, P_PEER2, P_HDRS, P_SLOT, NPASS };
+enum pass { P_PEER, P_NOKEY, P_RAW, P_STREAM, P_BATCH, P_PEER2, P_HDRS, P_SLOT, NPASS };
 static const char *const pass_name[NPASS] = {
     "peer get, one trip (READ_GET)",
+    "peer get, one trip, without the members' key",
     "raw TCP, one page per request (baseline)",
     "raw TCP, streaming (baseline)",
     "peer batch_get, 16 pages pipelined",
@@ -361,7 +371,7 @@ struct result {
     uint64_t misses;
 };
 
-static struct peer_conn pc;
+static struct peer_conn pc, pcn; /* with the members' key; without */
 static int raw_fd = -1;
 static uint32_t ids[MAXPAGES], nids;
 static uint64_t way_of[MAXPAGES], bucket_of[MAXPAGES];
@@ -404,13 +414,13 @@ static int peer_get(uint32_t id, bool hdrs, bool slot, bool verify)
     return verify && tu_check(&k, cbuf, PAGE) != -1 ? -1 : 0;
 }
 
-/* One READ_GET of page id; 0 on a hit. */
-static int peer_get1(uint32_t id, bool verify)
+/* One READ_GET of page id (on c, served at addr); 0 on a hit. */
+static int peer_get1(struct peer_conn *c, const char *addr, uint32_t id, bool verify)
 {
     struct sfs_key k = tu_key(1000 + id, 0);
     struct peer_hash h = peer_key_hash(&k);
 
-    if (peer_conn_get(&pc, PEER_ADDR, DEADLINE, &h, PAGE, cbuf) != PEER_HIT)
+    if (peer_conn_get(c, addr, DEADLINE, &h, PAGE, cbuf) != PEER_HIT)
         return -1;
     return verify && tu_check(&k, cbuf, PAGE) != -1 ? -1 : 0;
 }
@@ -501,7 +511,10 @@ static void run_pass(enum pass p, unsigned reps, bool verify, struct result *res
 
             switch (p) {
             case P_PEER:
-                e = peer_get1(id, verify);
+                e = peer_get1(&pc, PEER_ADDR, id, verify);
+                break;
+            case P_NOKEY:
+                e = peer_get1(&pcn, PEER_ADDR_NOKEY, id, verify);
                 break;
             case P_PEER2:
                 e = peer_get(id, true, true, verify);
@@ -747,6 +760,9 @@ int main(int argc, char **argv)
     }
     if (pipe2(ready, O_CLOEXEC) < 0 || pipe2(quit, O_CLOEXEC) < 0)
         return 1;
+    if (getrandom(key_bytes, sizeof(key_bytes), 0) != (ssize_t)sizeof(key_bytes) ||
+        peer_key_from(key_bytes, sizeof(key_bytes), &mkey) < 0)
+        return 1;
     fflush(NULL);
     pid = fork();
     if (pid == 0) {
@@ -776,9 +792,12 @@ int main(int argc, char **argv)
         if (sh->resident[i])
             ids[nids++] = i;
     peer_conn_init(&pc);
+    pc.key = mkey;
+    peer_conn_init(&pcn);
     inet_pton(AF_INET, "10.78.0.1", &a.sin_addr);
     raw_fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-    if (peer_conn_open(&pc, PEER_ADDR, DEADLINE) < 0 || raw_fd < 0 ||
+    if (peer_conn_open(&pc, PEER_ADDR, DEADLINE) < 0 ||
+        peer_conn_open(&pcn, PEER_ADDR_NOKEY, DEADLINE) < 0 || raw_fd < 0 ||
         connect(raw_fd, (struct sockaddr *)&a, sizeof(a)) < 0) {
         fprintf(stderr, "bench_peer: cannot connect to the servers\n");
         rc = 1;
@@ -816,7 +835,7 @@ int main(int argc, char **argv)
         }
 
     {
-        double v[16], med[NPASS][5], rr[16], rs[16], r2[16], rb[16];
+        double v[16], med[NPASS][5], rr[16], rs[16], r2[16], rb[16], rk[16], dk[16];
 
         for (int p = 0; p < NPASS; p++) {
             for (unsigned r = 0; r < rounds; r++)
@@ -840,7 +859,11 @@ int main(int argc, char **argv)
             rs[r] = res[P_PEER][r].gbps / res[P_STREAM][r].gbps;
             r2[r] = res[P_PEER2][r].gbps / res[P_RAW][r].gbps;
             rb[r] = res[P_BATCH][r].gbps / res[P_STREAM][r].gbps;
+            rk[r] = res[P_PEER][r].us_per_page / res[P_NOKEY][r].us_per_page;
+            dk[r] = res[P_PEER][r].us_per_page - res[P_NOKEY][r].us_per_page;
         }
+        qsort(rk, rounds, sizeof(double), cmp_dbl);
+        qsort(dk, rounds, sizeof(double), cmp_dbl);
         qsort(rr, rounds, sizeof(double), cmp_dbl);
         qsort(rs, rounds, sizeof(double), cmp_dbl);
         qsort(r2, rounds, sizeof(double), cmp_dbl);
@@ -871,6 +894,13 @@ int main(int argc, char **argv)
                 r2[rounds - 1], bench_median(rs, rounds), rs[0], rs[rounds - 1],
                 bench_median(rb, rounds), rb[0], rb[rounds - 1]);
         fprintf(b.out,
+                "**The members' key** (a tag on every request, checked by the server before it "
+                "serves it): a get with it / the same get without it, same rounds: **%.3fx** "
+                "(median of per-round ratios; min %.3f, max %.3f; target <= 1.10x), %+.1f us a "
+                "page (min %+.1f, max %+.1f).\n\n",
+                bench_median(rk, rounds), rk[0], rk[rounds - 1], bench_median(dk, rounds), dk[0],
+                dk[rounds - 1]);
+        fprintf(b.out,
                 "**Read amplification, 4 ways**: %.4f on the wire for a peer get (target <= "
                 "1.1), against %.4f for the raw per-page transfer of the same bytes (the "
                 "transport's own floor); the protocol's own bytes: (64 request + 16 "
@@ -884,7 +914,7 @@ int main(int argc, char **argv)
             const int n = b.quick ? 20 : 200;
             volatile uint64_t sink = 0;
             int64_t t0;
-            double cp, ck;
+            double cp, ck, tq, tw;
 
             if (x) {
                 memset(x, 1, PAGE);
@@ -899,6 +929,30 @@ int main(int argc, char **argv)
                 for (int i = 0; i < n; i++)
                     sink += peer_checksum(cbuf, PAGE);
                 ck = (double)(bench_now_ns() - t0) / 1e3 / n;
+                /* The tag of a request (64 bytes), and of a write (its
+                 * 256 KiB payload too), each made once and checked once. */
+                {
+                    struct peer_sess sc = {0}, ss = {0};
+                    uint8_t hw[PEER_HELLO_WIRE] = {0}, msg[PEER_AUTH_WIRE], pe[PEER_PROOF],
+                            pr[PEER_PROOF], img[PEER_REQ_WIRE] = {0}, tag[PEER_TAG];
+
+                    peer_auth_client(mkey, hw, sizeof(hw), msg, pe, &sc);
+                    peer_auth_server(mkey, hw, sizeof(hw), msg, pr, &ss);
+                    t0 = bench_now_ns();
+                    for (int i = 0; i < n * 10; i++) {
+                        peer_req_tag(&sc, img, NULL, 0, tag);
+                        sink += peer_req_tag_ok(&ss, img, NULL, 0, tag);
+                    }
+                    tq = (double)(bench_now_ns() - t0) / 1e3 / (n * 10);
+                    t0 = bench_now_ns();
+                    for (int i = 0; i < n; i++) {
+                        peer_req_tag(&sc, img, x, PAGE, tag);
+                        sink += peer_req_tag_ok(&ss, img, x, PAGE, tag);
+                    }
+                    tw = (double)(bench_now_ns() - t0) / 1e3 / n;
+                    peer_sess_end(&sc);
+                    peer_sess_end(&ss);
+                }
                 fprintf(b.out,
                         "\n**Where a get's time goes** (per page): the READ_HDRS round trip "
                         "%.1f us (%.1f client syscalls: a poll + recv per header and per seq); "
@@ -907,9 +961,12 @@ int main(int argc, char **argv)
                         "memset + seqlock copy of the payload into its send buffer, %.1f us, "
                         "and the client's payload checksum, %.1f us (both timed in this "
                         "process on a 256 KiB page). The two-trip get is both in series; "
-                        "READ_GET is one.\n",
+                        "READ_GET is one. The members' key adds to a get its request's tag, "
+                        "made by the client and checked by the server: %.2f us both together; "
+                        "to a 256 KiB write, %.1f us (HMAC-SHA256 over the payload, once each "
+                        "end).\n",
                         med[P_HDRS][1], med[P_HDRS][3], med[P_SLOT][1], med[P_SLOT][3],
-                        med[P_RAW][1], med[P_RAW][3], cp, ck);
+                        med[P_RAW][1], med[P_RAW][3], cp, ck, tq, tw);
                 free(x);
             }
             (void)sink;

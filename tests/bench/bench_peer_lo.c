@@ -103,7 +103,7 @@ int main(int argc, char **argv)
         return 1;
     close(lfd);
     snprintf(addr, sizeof(addr), "127.0.0.1:%u", port);
-    if (peer_server_start(&s, &r, addr, err, sizeof(err)) < 0) {
+    if (peer_server_start(&s, &r, addr, NULL, err, sizeof(err)) < 0) {
         fprintf(stderr, "bench_peer_lo: %s\n", err);
         return 1;
     }

@@ -2,14 +2,16 @@
 /*
  * fuzz_peer_wire.c - libFuzzer target: the peer tier's validation
  * (core/peer/peer_net.c's peer_req_check, core/peer/peer_region.c's
- * peer_geometry_check and peer_slot_matches) over arbitrary bytes.
+ * peer_geometry_check and peer_slot_matches; core/peer/peer_auth.c's
+ * request tags) over arbitrary bytes.
  *
- *   bytes 0..31    a hello's wire image (its geometry is what is checked)
- *   bytes 32..95   a request's wire image
- *   bytes 96..159  a slot header's wire image, then 8+8 bytes: the seqs
+ *   bytes 0..71    a hello's wire image (its geometry is what is checked)
+ *   bytes 72..135  a request's wire image
+ *   bytes 136..199 a slot header's wire image, then 8+8 bytes: the seqs
  *                  read before and after the copy, 4 bytes: the expected
  *                  length, 16 bytes: the key hash (all little-endian, as
- *                  on the wire); the rest: the payload
+ *                  on the wire), 16 bytes: a request tag; the rest: the
+ *                  payload
  *
  * Short inputs are zero-padded. Properties (abort on a breach):
  * - a geometry that passes the check has a region below 2^47 bytes and a
@@ -18,7 +20,10 @@
  *   inside the region (bucket, way range, length; a READ_GET its bucket
  *   and a length within a slot), and a write's expected seq is even;
  * - peer_slot_matches says hit only for an even, unchanged seq, the key's
- *   hash, the expected length and the payload's checksum.
+ *   hash, the expected length and the payload's checksum;
+ * - a server's session takes the request (image, payload) with the given
+ *   tag only when it is the tag the client's session of the same handshake
+ *   made for it.
  */
 #include "fuzz_harness.h"
 #include "peer_i.h"
@@ -28,10 +33,12 @@
 #include <stdlib.h>
 #include <string.h>
 
-#define OFF_REQ  32
-#define OFF_HDR  96
-#define OFF_TAIL 160
-#define TAIL     (8 + 8 + 4 + 16)
+#define OFF_REQ  72
+#define OFF_HDR  136
+#define OFF_TAIL 200
+#define TAIL     (8 + 8 + 4 + 16 + PEER_TAG)
+
+static struct peer_key *key;
 
 static void check(int ok, const char *what)
 {
@@ -53,6 +60,9 @@ int LLVMFuzzerInitialize(int *argc, char ***argv)
 
     (void)argc;
     (void)argv;
+    memset(seed, 0x42, 32);
+    if (peer_key_from(seed, 32, &key) < 0)
+        abort();
     memset(seed, 0, sizeof(seed));
     peer_geometry_make(1 << 20, 4, 4096, &g);
     peer_hello_enc(seed,
@@ -132,6 +142,27 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         check(hdr.hash_lo == h.lo && hdr.hash_hi == h.hi, "hit on another key");
         check(hdr.len == len, "hit with another length");
         check(!payload || peer_checksum(payload, len) == hdr.csum, "hit with a bad checksum");
+    }
+
+    /* A tag is taken only when it is the one the client's session made. */
+    {
+        struct peer_sess cs = {0}, ss = {0};
+        uint8_t msg[PEER_AUTH_WIRE], want[PEER_PROOF], proof[PEER_PROOF], tag[PEER_TAG];
+        const uint8_t *given = in + OFF_TAIL + TAIL - PEER_TAG;
+        bool ok;
+
+        check(peer_auth_client(key, in, PEER_HELLO_WIRE, msg, want, &cs) == 0, "handshake");
+        check(peer_auth_server(key, in, PEER_HELLO_WIRE, msg, proof, &ss) == 0, "handshake");
+        check(peer_proof_equal(want, proof), "the proofs differ");
+        check(peer_req_tag(&cs, in + OFF_REQ, payload, plen, tag) == 0, "tag");
+        ok = peer_req_tag_ok(&ss, in + OFF_REQ, payload, plen, given);
+        check(ok == (memcmp(tag, given, PEER_TAG) == 0), "a tag taken that was not made");
+        /* The one made is taken as the next request's, not again. */
+        check(peer_req_tag(&cs, in + OFF_REQ, payload, plen, tag) == 0, "tag");
+        check(peer_req_tag_ok(&ss, in + OFF_REQ, payload, plen, tag), "the made tag refused");
+        check(!peer_req_tag_ok(&ss, in + OFF_REQ, payload, plen, tag), "a tag taken twice");
+        peer_sess_end(&cs);
+        peer_sess_end(&ss);
     }
     return 0;
 }
