@@ -82,7 +82,7 @@
  * later shard, by the same tmp + rename commit; when that leaves 0 bytes the
  * block file is unlinked. -ENOENT if shard n is not there.
  */
-#include "posix_lock_i.h"
+#include "posix_remote_i.h"
 #include "util_i.h"
 #include "testpoint_i.h"
 
@@ -196,146 +196,15 @@ static int copy_extents(int src, int dst, uint64_t pos, uint64_t len)
     return 0;
 }
 
-/* Does the dump write shard n itself (one of ios)? */
-static bool shard_written(struct sfs_io **ios, size_t k, uint64_t n)
-{
-    for (size_t i = 0; i < k; i++) {
-        if (ios[i]->key.shard == n)
-            return true;
-    }
-    return false;
-}
-
-/* Would a commit of ios (k shards; a remove when ios is NULL) keep any of
- * the first len bytes of the block file, that is, lose data if it took the
- * file for absent? */
-static bool keeps_old(struct sfs_io **ios, size_t k, uint64_t len, uint64_t S)
-{
-    if (!ios)
-        return len > 0;
-    /* At most k + 1 rounds: k shards are written, so one of 0..k is not. */
-    for (uint64_t n = 0; n * S < len; n++) {
-        if (!shard_written(ios, k, n))
-            return true;
-    }
-    return false;
-}
-
-/* Where this thread's last try of a commit met a stale handle, for the
- * log line of a commit given up (NULL: the lock file or the temporary). */
-static _Thread_local const char *stale_step;
-
-/* On a remote file system, is what the open of the committed block file
- * found (src: its fd or -errno; st: its fstat when src >= 0) a false view,
- * one a commit of ios (k shards; NULL: a remove) must not start from? With
- * a record (rec) of the last commit under the lock: when the commit keeps
- * some of the recorded bytes and the file is absent, another inode, or
- * shorter. Without one: when the file is absent but a stat of its name
- * finds it, with bytes the commit keeps. A record that names a rename
- * under way (a holder killed before it recorded the end of its commit):
- * the renamed file is the true view; the file from before the rename is
- * trusted only on the last try (last), since the rename may have happened
- * while the client still shows the older file. */
-static bool false_view(struct posix_backend *p, const char *rel, const struct lock_record *rec,
-                       int src, const struct stat *st, struct sfs_io **ios, size_t k, uint64_t S,
-                       bool last)
-{
-    struct stat byname;
-
-    if (!p->remote_fs)
-        return false;
-    if (rec && rec->pend_ino) {
-        if (src >= 0 && (uint64_t)st->st_ino == rec->pend_ino &&
-            (uint64_t)st->st_size >= rec->pend_size)
-            return false;
-        if (!last && (keeps_old(ios, k, rec->pend_size, S) || keeps_old(ios, k, rec->size, S)))
-            return true;
-        if (rec->size == 0)
-            rec = NULL; /* nothing before the rename: as without a record */
-    }
-    if (rec) {
-        if (rec->size == 0 || !keeps_old(ios, k, rec->size, S))
-            return false;
-        if (src == -ENOENT)
-            return true;
-        return src >= 0 && ((uint64_t)st->st_ino != rec->ino || (uint64_t)st->st_size < rec->size);
-    }
-    return src == -ENOENT && ios && fstatat(p->root_fd, rel, &byname, 0) == 0 &&
-           keeps_old(ios, k, (uint64_t)byname.st_size, S);
-}
-
-/* Is a later than b? */
-static bool ts_after(const struct timespec *a, const struct timespec *b)
-{
-    return a->tv_sec != b->tv_sec ? a->tv_sec > b->tv_sec : a->tv_nsec > b->tv_nsec;
-}
-
-/* The file a commit of ios starts from, on a remote file system whose
- * name of the block file shows another file than the one the record
- * (rec) names: the recorded file through its second name
- * (REF_INFIX), when that finds the recorded inode, at least the recorded
- * size, and the name's file (src, stat st) is not newer. GlusterFS's
- * client showed, for seconds, the file that the last commit had replaced,
- * to the very process (and host) that had renamed the recorded file over
- * it, and a fresh lookup, a forced stat and a readdir all showed the same
- * (its lookups answered from the replaced file's cached attributes), so
- * a rank's next shard commit of its own block was refused after 3 s. The
- * second name was linked by the commit that made the file and is never
- * renamed over, so no client has an older file under it. A newer file
- * under the name was put there outside the protocol (a commit without the
- * lock, a hand): left to false_view. Returns the fd to start from (src,
- * or the recorded file's, src closed; *st its stat). */
-static int recorded_file(struct posix_backend *p, const char *rel, const struct lock_record *rec,
-                         int src, struct stat *st, struct sfs_io **ios, size_t k, uint64_t S,
-                         bool last)
-{
-    char ref[PATH_REL_MAX];
-    struct stat rs;
-    int fd;
-
-    /* A rename pending: the file from before it is trusted on the last
-     * try only (false_view), then also through its second name. */
-    if (rec->pend_ino && (!last || (uint64_t)st->st_ino == rec->pend_ino))
-        return src;
-    if (!p->remote_fs || rec->size == 0 || (uint64_t)st->st_ino == rec->ino ||
-        !keeps_old(ios, k, rec->size, S) || sfs_posix_ref_rel(rel, rec->ino, ref) < 0)
-        return src;
-    fd = sfs_posix_open_block_file(p, ref, O_RDONLY);
-    if (fd < 0)
-        return src;
-    if (fstat(fd, &rs) < 0 || (uint64_t)rs.st_ino != rec->ino || (uint64_t)rs.st_size < rec->size ||
-        ts_after(&st->st_mtim, &rs.st_mtim)) {
-        close(fd);
-        return src;
-    }
-    close(src);
-    *st = rs;
-    return fd;
-}
-
-/* Unlink the second names of the files rec names, but the one of inode
- * keep (the file just committed): the commit replaced them. */
-static void drop_refs(struct posix_backend *p, const char *rel, const struct lock_record *rec,
-                      uint64_t keep)
-{
-    uint64_t inos[2] = {rec->size ? rec->ino : 0, rec->pend_ino};
-    char ref[PATH_REL_MAX];
-
-    for (int i = 0; i < 2; i++) {
-        if (inos[i] && inos[i] != keep && sfs_posix_ref_rel(rel, inos[i], ref) == 0)
-            unlinkat(p->root_fd, ref, 0);
-    }
-}
-
 /* Copy what the commit keeps of the first len bytes of src into the empty
  * dst: dst is sized to len (reading as zeros), then the data extents of
  * src that no shard of ios overwrites are copied. A dump of whole blocks
  * (what the engines do) copies nothing, so it never reads the file another
  * host may be replacing meanwhile (on GlusterFS its stale handle failed such
  * copies: docs/shared-store.md). */
-static int copy_kept(int src, int dst, uint64_t len, struct sfs_io **ios, size_t k, uint64_t S)
+static int copy_kept(int src, int dst, uint64_t len, const struct commit_shards *cs)
 {
-    uint64_t pos = 0;
+    uint64_t pos = 0, S = cs->S;
 
     if (ftruncate(dst, (off_t)len) < 0)
         return -errno;
@@ -343,11 +212,11 @@ static int copy_kept(int src, int dst, uint64_t len, struct sfs_io **ios, size_t
         uint64_t end = pos;
         int ret;
 
-        if (shard_written(ios, k, pos / S)) {
+        if (commit_writes(cs, pos / S)) {
             pos = (pos / S + 1) * S;
             continue;
         }
-        while (end < len && !shard_written(ios, k, end / S))
+        while (end < len && !commit_writes(cs, end / S))
             end = (end / S + 1) * S;
         if (end > len)
             end = len;
@@ -361,24 +230,25 @@ static int copy_kept(int src, int dst, uint64_t len, struct sfs_io **ios, size_t
 
 /*
  * Commit one block: write the given shards (dump), or cut the block file to
- * cut_shard shards (remove; ios == NULL). Returns 0 or -errno.
+ * cut_shard shards (remove; ios == NULL). The steps are the header's; the
+ * lock scheme is posix_lock.c's (sfs_posix_hold_block), and what a remote
+ * store adds is posix_remote.c's. Returns 0 or -errno; -ESTALE before the
+ * commit point (nothing changed: commit_block tries again) with *why the
+ * step that met the stale handle.
  */
 static int commit_block_once(struct posix_backend *p, const struct sfs_block_id *id,
-                             struct sfs_io **ios, size_t k, uint32_t cut_shard,
-                             struct posix_job *gate, bool last, bool *gated)
+                             const struct commit_shards *cs, uint32_t cut_shard,
+                             struct posix_job *gate, bool last, bool *gated, const char **why)
 {
-    char rel[PATH_REL_MAX], lock[PATH_REL_MAX], tmp[PATH_REL_MAX], ref[PATH_REL_MAX];
-    uint64_t S = p->be.shard_size, keep = 0, size;
-    bool linked = false;
-    struct lock_record rec;
-    bool have_rec = false;
+    char rel[PATH_REL_MAX], lock[PATH_REL_MAX], tmp[PATH_REL_MAX];
+    uint64_t S = cs->S, keep = 0, size;
     size_t dlen = sfs_posix_block_rel(p, id, false, rel);
-    bool removing = ios == NULL;
+    bool removing = cs->ios == NULL;
     unsigned rename_us = 0;
-    char hname[HOST_LOCK_NAME_MAX], token[OWN_TOKEN_MAX];
-    bool owned = false;
+    struct block_hold hold;
+    struct remote_commit rc;
     struct stat st;
-    int hfd = -1, lfd, fd, src, ret;
+    int fd, src, ret;
 
     sfs_posix_block_rel(p, id, true, lock);
     if (removing) {
@@ -393,22 +263,12 @@ static int commit_block_once(struct posix_backend *p, const struct sfs_block_id 
             return ret;
     }
 
-    if (p->host_lock_fd >= 0) {
-        /* A FUSE store: the lock is the host's (posix_lock.c), the owner
-         * file keeps other hosts' writers out, and the store's lock file
-         * holds only the record, read once both are held. */
-        hfd = sfs_posix_host_lock(p, lock, hname);
-        owned = hfd >= 0 && sfs_posix_own_block(p, lock, token);
-        lfd = hfd >= 0 ? sfs_posix_open_record(p, lock) : -1;
-    } else {
-        lfd = sfs_posix_lock_block(p, lock);
-    }
-    if (lfd >= 0 && p->remote_fs)
-        have_rec = sfs_posix_lock_record_read(lfd, &rec);
+    sfs_posix_hold_block(p, lock, &hold);
+    sfs_posix_remote_begin(p, hold.lfd, &rc);
     fd = sfs_posix_create_tmp(p, rel, tmp);
     if (fd < 0) {
         ret = fd;
-        goto out_unlock;
+        goto out_release;
     }
     if (fstat(fd, &st) == 0)
         sfs_posix_sweep_dir(p, rel, dlen, &st.st_mtim);
@@ -418,38 +278,13 @@ static int commit_block_once(struct posix_backend *p, const struct sfs_block_id 
     src = sfs_posix_open_block_file(p, rel, O_RDONLY);
     if (src >= 0 && fstat(src, &st) < 0) {
         ret = -errno;
-        stale_step = "the stat of the committed file";
+        *why = "the stat of the committed file";
         close(src);
         goto out_unlink_tmp;
     }
-    if (src >= 0 && have_rec)
-        src = recorded_file(p, rel, &rec, src, &st, ios, k, S, last);
-    if (false_view(p, rel, have_rec ? &rec : NULL, src, &st, ios, k, S, last)) {
-        /* Not the file the last commit under the lock left (see the
-         * header): look it up again (commit_block), and once the retries
-         * are spent refuse this commit and clear the record, which no
-         * longer says what the store holds (a commit made without the
-         * lock, a holder killed before it recorded). */
-        if (src >= 0)
-            close(src);
-        ret = -ESTALE;
-        stale_step = "a false view of the committed file";
-        if (last) {
-            /* Said once per refusal: what the record named, what was found. */
-            sfs_log(LOG_WARNING,
-                    "posix: %s: commit refused after %lld ms: the block file is not the one "
-                    "its lock records (recorded inode %llu, %llu bytes; pending %llu; found %s "
-                    "inode %llu, %lld bytes)",
-                    rel, (long long)(STALE_BUDGET_NS / 1000000),
-                    (unsigned long long)(have_rec ? rec.ino : 0),
-                    (unsigned long long)(have_rec ? rec.size : 0),
-                    (unsigned long long)(have_rec ? rec.pend_ino : 0), src >= 0 ? "" : "no file,",
-                    src >= 0 ? (unsigned long long)st.st_ino : 0,
-                    src >= 0 ? (long long)st.st_size : -1);
-            if (have_rec)
-                sfs_posix_lock_record_write(lfd, &(struct lock_record){0});
-            ret = -EIO;
-        }
+    src = sfs_posix_remote_source(p, &rc, rel, src, &st, cs, last, why);
+    if (src == -ESTALE || src == -EIO) {
+        ret = src;
         goto out_unlink_tmp;
     }
     if (src >= 0) {
@@ -462,7 +297,7 @@ static int commit_block_once(struct posix_backend *p, const struct sfs_block_id 
             }
             keep = (uint64_t)cut_shard * S;
         }
-        ret = keep ? copy_kept(src, fd, keep, ios, k, S) : 0;
+        ret = keep ? copy_kept(src, fd, keep, cs) : 0;
         close(src);
         /* The file we opened was replaced and freed by another host
          * (NFS, GlusterFS: its handle went stale, or its gfid is gone):
@@ -470,7 +305,7 @@ static int commit_block_once(struct posix_backend *p, const struct sfs_block_id 
         if (ret == -ENOENT || ret == -EIO)
             ret = -ESTALE;
         if (ret == -ESTALE)
-            stale_step = "the copy of the committed file";
+            *why = "the copy of the committed file";
         if (ret < 0)
             goto out_unlink_tmp;
     } else if (src != -ENOENT) {
@@ -493,23 +328,19 @@ static int commit_block_once(struct posix_backend *p, const struct sfs_block_id 
             ret = -errno;
             goto out_unlink_tmp;
         }
-        if (lfd >= 0 && p->remote_fs) {
-            sfs_posix_lock_record_write(lfd, &(struct lock_record){.magic = LOCK_RECORD_MAGIC});
-            if (have_rec)
-                drop_refs(p, rel, &rec, 0);
-        }
+        sfs_posix_remote_removed(p, &rc, rel);
         ret = 0;
         goto out_unlink_tmp;
     }
     size = keep;
-    for (size_t i = 0; i < k; i++) {
-        uint64_t off = (uint64_t)ios[i]->key.shard * S;
+    for (size_t i = 0; i < cs->k; i++) {
+        uint64_t off = (uint64_t)cs->ios[i]->key.shard * S;
 
-        ret = pwrite_all(fd, ios[i]->buf, ios[i]->len, off);
+        ret = pwrite_all(fd, cs->ios[i]->buf, cs->ios[i]->len, off);
         if (ret < 0)
             goto out_unlink_tmp;
-        if (off + ios[i]->len > size)
-            size = off + ios[i]->len;
+        if (off + cs->ios[i]->len > size)
+            size = off + cs->ios[i]->len;
     }
     if (p->o.sync && fsync(fd) < 0) {
         ret = -errno;
@@ -523,20 +354,7 @@ static int commit_block_once(struct posix_backend *p, const struct sfs_block_id 
         goto out_unlink_tmp;
     }
     *gated = true;
-    /* The rename under way, recorded before it: a holder killed between the
-     * rename and the record below leaves the next one the file it renamed
-     * (false_view), not an out-of-date record that refuses the commit. */
-    if (lfd >= 0 && p->remote_fs && fstat(fd, &st) == 0) {
-        struct lock_record r = have_rec ? rec : (struct lock_record){.magic = LOCK_RECORD_MAGIC};
-
-        /* Its second name, for the next commit (recorded_file); best
-         * effort: without it, that commit goes by the name alone. */
-        linked = sfs_posix_ref_rel(rel, (uint64_t)st.st_ino, ref) == 0 &&
-                 linkat(p->root_fd, tmp, p->root_fd, ref, 0) == 0;
-        r.pend_size = size;
-        r.pend_ino = (uint64_t)st.st_ino;
-        sfs_posix_lock_record_write(lfd, &r);
-    }
+    sfs_posix_remote_pending(p, &rc, rel, tmp, fd, size);
     SFS_TEST_POINT("commit:pending");
     for (int64_t start = sfs_now_ns(); renameat(p->root_fd, tmp, p->root_fd, rel) < 0;) {
         if (errno != ESTALE || !sfs_posix_stale_backoff(start, STALE_BUDGET_NS, &rename_us)) {
@@ -545,37 +363,17 @@ static int commit_block_once(struct posix_backend *p, const struct sfs_block_id 
         }
     }
     SFS_TEST_POINT("commit:renamed");
-    if (lfd >= 0 && p->remote_fs && fstat(fd, &st) == 0) {
-        sfs_posix_lock_record_write(
-            lfd, &(struct lock_record){LOCK_RECORD_MAGIC, size, (uint64_t)st.st_ino, 0, 0});
-        if (have_rec)
-            drop_refs(p, rel, &rec, (uint64_t)st.st_ino);
-    }
+    sfs_posix_remote_committed(p, &rc, rel, fd, size);
     ret = p->o.sync ? sfs_posix_sync_dir(p, rel, dlen) : 0;
     close(fd);
-    goto out_unlock;
+    goto out_release;
 
 out_unlink_tmp:
-    if (linked)
-        unlinkat(p->root_fd, ref, 0);
+    sfs_posix_remote_abort(p, &rc);
     unlinkat(p->root_fd, tmp, 0);
     close(fd);
-out_unlock:
-    /* Local: unlinked while we hold it, waiters find the path moved on and
-     * start over on a new lock file. Remote: it stays (the sweep removes it
-     * once idle for tmp_age): a client that cached the unlinked lock file's
-     * handle would lock the dead inode, pass the inode test on its cached
-     * attributes, and commit beside the next holder, or spin on -ESTALE
-     * until its lookup cache expired (docs/shared-store.md). */
-    if (lfd >= 0) {
-        if (!p->remote_fs)
-            unlinkat(p->root_fd, lock, 0);
-        close(lfd);
-    }
-    if (owned)
-        sfs_posix_disown_block(p, lock, token);
-    if (hfd >= 0)
-        sfs_posix_host_unlock(p, hfd, hname);
+out_release:
+    sfs_posix_release_block(p, lock, &hold);
     return ret;
 }
 
@@ -587,6 +385,7 @@ out_unlock:
 static int commit_block(struct posix_backend *p, const struct sfs_block_id *id, struct sfs_io **ios,
                         size_t k, uint32_t cut_shard, struct posix_job *gate)
 {
+    const struct commit_shards cs = {ios, k, p->be.shard_size};
     int64_t start = sfs_now_ns();
     bool gated = false;
     unsigned us = 0;
@@ -594,9 +393,11 @@ static int commit_block(struct posix_backend *p, const struct sfs_block_id *id, 
 
     for (;;) {
         bool last = sfs_now_ns() - start >= STALE_BUDGET_NS;
+        /* Where the try met a stale handle, for the log line of a commit
+         * given up (NULL: the lock file or the temporary). */
+        const char *why = NULL;
 
-        stale_step = NULL;
-        ret = commit_block_once(p, id, ios, k, cut_shard, gate, last, &gated);
+        ret = commit_block_once(p, id, &cs, cut_shard, gate, last, &gated, &why);
         if (ret != -ESTALE || gated)
             return ret;
         if (last) {
@@ -605,8 +406,7 @@ static int commit_block(struct posix_backend *p, const struct sfs_block_id *id, 
             sfs_posix_block_rel(p, id, false, rel);
             sfs_log(LOG_WARNING,
                     "posix: %s: commit given up after %lld ms of stale handles (the last at %s)",
-                    rel, (long long)(STALE_BUDGET_NS / 1000000),
-                    stale_step ? stale_step : "the lock file");
+                    rel, (long long)(STALE_BUDGET_NS / 1000000), why ? why : "the lock file");
             return -EIO; /* still changing under us: not stored */
         }
         sfs_posix_stale_backoff(start, STALE_BUDGET_NS, &us);

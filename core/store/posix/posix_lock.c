@@ -1,8 +1,10 @@
 /* SPDX-License-Identifier: MIT */
 /*
  * posix_lock.c - the file-system side of the posix backend's commit: block
- * directories, the block file's lock (flock, polled on remote file systems)
- * and the record a kept lock file holds, each writer's own temporary names,
+ * directories, the block held for a commit behind one interface whatever
+ * the store needs (sfs_posix_hold_block: the lock file's flock, polled on
+ * remote file systems; on a FUSE store the host lock and the owner file),
+ * the record a kept lock file holds, each writer's own temporary names,
  * and the age sweep of what dead writers left. Why each step is as it is:
  * the commit protocol in posix_commit.c's header and docs/shared-store.md.
  */
@@ -577,4 +579,41 @@ void sfs_posix_lock_record_write(int lfd, const struct lock_record *r)
 {
     if (pwrite(lfd, r, sizeof(*r), 0) != (ssize_t)sizeof(*r))
         return;
+}
+
+void sfs_posix_hold_block(struct posix_backend *p, const char *lock_rel, struct block_hold *h)
+{
+    h->hfd = -1;
+    h->owned = false;
+    if (p->host_lock_fd < 0) {
+        h->lfd = sfs_posix_lock_block(p, lock_rel);
+        return;
+    }
+    /* A FUSE store: no lock request reaches it (the host lock), the owner
+     * file keeps other hosts' writers out, and the store's lock file holds
+     * only the record, read once both are held. */
+    h->hfd = sfs_posix_host_lock(p, lock_rel, h->hname);
+    h->owned = h->hfd >= 0 && sfs_posix_own_block(p, lock_rel, h->token);
+    h->lfd = h->hfd >= 0 ? sfs_posix_open_record(p, lock_rel) : -1;
+}
+
+void sfs_posix_release_block(struct posix_backend *p, const char *lock_rel, struct block_hold *h)
+{
+    /* Local: unlinked while we hold it, waiters find the path moved on and
+     * start over on a new lock file. Remote: it stays (the sweep removes it
+     * once idle for tmp_age): a client that cached the unlinked lock file's
+     * handle would lock the dead inode, pass the inode test on its cached
+     * attributes, and commit beside the next holder, or spin on -ESTALE
+     * until its lookup cache expired (docs/shared-store.md). */
+    if (h->lfd >= 0) {
+        if (!p->remote_fs)
+            unlinkat(p->root_fd, lock_rel, 0);
+        close(h->lfd);
+    }
+    if (h->owned)
+        sfs_posix_disown_block(p, lock_rel, h->token);
+    if (h->hfd >= 0)
+        sfs_posix_host_unlock(p, h->hfd, h->hname);
+    h->lfd = h->hfd = -1;
+    h->owned = false;
 }

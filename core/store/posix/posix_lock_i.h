@@ -101,6 +101,23 @@ int sfs_posix_create_tmp(struct posix_backend *p, const char *rel, char tmp[PATH
  * (against now_ref, the file system's clock); rate-limited, errors ignored. */
 void sfs_posix_sweep_dir(struct posix_backend *p, const char *rel, size_t dlen,
                          const struct timespec *now_ref);
+/* A block held for a commit, whichever scheme the store needs: on a FUSE
+ * store (host_lock_fd >= 0) the host lock, the owner file that keeps other
+ * hosts' writers out, and the store's lock file opened for its record
+ * only; on any other store the lock file's flock. lfd: the store's lock
+ * file, held, or -1: the commit goes on without a lock. */
+struct block_hold {
+    int lfd;
+    int hfd; /* the host lock; -1: none */
+    bool owned;
+    char hname[HOST_LOCK_NAME_MAX];
+    char token[OWN_TOKEN_MAX];
+};
+void sfs_posix_hold_block(struct posix_backend *p, const char *lock_rel, struct block_hold *h);
+/* Let it go: on a local file system the lock file is unlinked first (a
+ * waiter then finds the path moved on); on a remote one it stays. */
+void sfs_posix_release_block(struct posix_backend *p, const char *lock_rel, struct block_hold *h);
+
 /* The held lock file's record: true with *r, or false when it has none. */
 bool sfs_posix_lock_record_read(int lfd, struct lock_record *r);
 /* Write *r into the held lock file (magic 0: clears it); best effort. */
