@@ -42,6 +42,21 @@ class Entry(ctypes.Structure):
     _fields_ = [("block", BlockId), ("shard", ctypes.c_uint32), ("addr", ctypes.c_void_p)]
 
 
+class Piece(ctypes.Structure):
+    """struct sfs_rank_piece: len bytes at addr, one piece of a shard."""
+    _fields_ = [("addr", ctypes.c_void_p), ("len", ctypes.c_uint64)]
+
+
+class EntryV(ctypes.Structure):
+    """struct sfs_rank_entryv: a shard made of npieces pieces, in order."""
+    _fields_ = [("block", BlockId), ("shard", ctypes.c_uint32), ("npieces", ctypes.c_uint32),
+                ("pieces", ctypes.c_void_p)]
+
+
+# SFS_RANK_PIECES_MAX (shardfs/rank.h): the most pieces of one vectored entry.
+PIECES_MAX = 128
+
+
 class RankConfig(ctypes.Structure):
     _fields_ = [
         ("socket_path", ctypes.c_char_p),
@@ -92,6 +107,10 @@ def _prototypes(lib):
                                          ctypes.POINTER(P)]),
         "sfs_rank_dump": (ctypes.c_int, [P, ctypes.POINTER(Entry), ctypes.c_size_t,
                                          ctypes.POINTER(P)]),
+        "sfs_rank_loadv": (ctypes.c_int, [P, ctypes.POINTER(EntryV), ctypes.c_size_t,
+                                          ctypes.POINTER(P)]),
+        "sfs_rank_dumpv": (ctypes.c_int, [P, ctypes.POINTER(EntryV), ctypes.c_size_t,
+                                          ctypes.POINTER(P)]),
         "sfs_rank_wait": (ctypes.c_int, [P, ctypes.c_int, ctypes.POINTER(ctypes.c_int)]),
         "sfs_rank_task_done": (ctypes.c_bool, [P]),
         "sfs_rank_task_size": (ctypes.c_size_t, [P]),
@@ -109,7 +128,9 @@ def _prototypes(lib):
         "sfs_rank_copier_name": (ctypes.c_char_p, [P]),
         "sfs_rank_cuda_devices": (ctypes.c_int, []),
     }
-    optional = {"sfs_rank_pin"}  # new in SHARDFS_RANK_0.2: Rank.pin says when it is missing
+    # New in SHARDFS_RANK_0.2 (pin) and 0.3 (the vectored calls): Rank.pin
+    # and Rank.loadv/dumpv say when they are missing.
+    optional = {"sfs_rank_pin", "sfs_rank_loadv", "sfs_rank_dumpv"}
     for name, (res, args) in sig.items():
         if name in optional and not hasattr(lib, name):
             continue
@@ -143,6 +164,7 @@ def _check_layout(handle, where):
         raise OSError(f"shardfs: {where}: struct sfs_rank_config is larger than this "
                       "package's mirror of it: package and library are of different versions")
     assert ctypes.sizeof(Entry) == 32 and ctypes.sizeof(Key) == 20
+    assert ctypes.sizeof(EntryV) == 32 and ctypes.sizeof(Piece) == 16
 
 
 def _has_version(handle, name, version):

@@ -28,7 +28,8 @@ import threading
 from . import _lib
 from .errors import (InvalidArgument, PinBudgetExceeded, PinsDisabled, RankClosed, ShardfsError,
                      check)
-from .task import _ENTRY, _MAX_SHARD, Task, _pack, _shard_index, block_hex, block_id
+from .task import (_ENTRY, _MAX_SHARD, Task, _pack, _shard_index, block_hex, block_id,
+                   pack_vectored)
 
 __all__ = ["Rank", "Task", "Entries", "block_id", "block_hex", "cuda_devices", "PIN_MAX_SECONDS"]
 
@@ -474,6 +475,10 @@ class Rank:
             arr, n, keep = entries._packed(self, writable, kind)
         else:
             arr, n, keep = self._entries(entries, writable, kind)
+        return self._queue(fn_name, arr, n, keep, kind)
+
+    def _queue(self, fn_name, arr, n, keep, kind):
+        """Queue the packed entries with fn_name; the Task keeps `keep`."""
         if n == 0:
             return Task(self, None, 0, None, kind)
         if self._parked:
@@ -508,6 +513,28 @@ class Rank:
         """Queue a dump (write-through: cache and backend) of each entry's
         buffer as its (block, shard). Returns a Task."""
         return self._submit("sfs_rank_dump", entries, False, "dump")
+
+    def _submitv(self, fn_name, entries, keep, kind):
+        if getattr(_lib.lib(), fn_name, None) is None:
+            raise ShardfsError(errno.ENOTSUP, f"{kind}: the library at {_lib.path()} is older "
+                               f"than 0.3 (no {fn_name})")
+        arr, n, pieces = pack_vectored(entries, kind)
+        return self._queue(fn_name, arr, n, (pieces, keep), kind)
+
+    def loadv(self, entries, keep=None):
+        """Queue a load of shards made of pieces: each entry is (block,
+        shard, [(address, bytes), ...]), 1 to 128 pieces whose bytes add up
+        to at most shard_size; piece k receives the shard's bytes that follow
+        piece k-1's (sfs_rank_loadv). Addresses are raw: the caller vouches
+        for them and keeps them valid until the task is done; `keep` (any
+        object) is held by the Task until then. Returns a Task."""
+        return self._submitv("sfs_rank_loadv", entries, keep, "loadv")
+
+    def dumpv(self, entries, keep=None):
+        """Queue a dump of shards made of pieces (entries as for loadv): the
+        shard is the pieces one after the other, zeros after the last
+        (sfs_rank_dumpv). Returns a Task."""
+        return self._submitv("sfs_rank_dumpv", entries, keep, "dumpv")
 
     # -- queries ----------------------------------------------------------
 

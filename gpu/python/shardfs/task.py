@@ -208,3 +208,58 @@ class Task:
                 self._keep = None
         except Exception:  # interpreter shutdown: nothing sane left to do
             pass
+
+
+_ENTRYV = struct.Struct("=16sIIQ")  # struct sfs_rank_entryv: block, shard, npieces, pieces
+_PIECE = struct.Struct("=QQ")  # struct sfs_rank_piece: addr, len
+assert _ENTRYV.size == ctypes.sizeof(_lib.EntryV) and _PIECE.size == ctypes.sizeof(_lib.Piece)
+
+
+def pack_vectored(entries, what):
+    """struct sfs_rank_entryv[n] and the one array of every entry's pieces
+    they point into, from (block, shard, [(address, bytes), ...]) triples.
+    Returns (entries array, n, pieces array): the caller keeps the pieces
+    array alive as long as the entries array (the library copies both at
+    submit; a Task keeps them anyway)."""
+    if isinstance(entries, (str, bytes)) or not hasattr(entries, "__iter__"):
+        raise InvalidArgument(f"{what}: entries must be a list of (block, shard, pieces)")
+    entries = list(entries)
+    n = len(entries)
+    total = 0
+    rows = []
+    for i, ent in enumerate(entries):
+        try:
+            block, shard, pieces = ent
+            pieces = list(pieces)
+        except (TypeError, ValueError):
+            raise InvalidArgument(f"{what}: entry {i} is not a (block, shard, pieces) triple") from None
+        if type(block) is not bytes or len(block) != _lib.BLOCK_ID_LEN:
+            block = block_id(block)
+        if type(shard) is not int or not 0 <= shard <= _MAX_SHARD:
+            shard = _shard_index(shard)
+        if not 1 <= len(pieces) <= _lib.PIECES_MAX:
+            raise InvalidArgument(f"{what}: entry {i} has {len(pieces)} pieces: 1 to "
+                                  f"{_lib.PIECES_MAX} per entry")
+        for j, p in enumerate(pieces):
+            try:
+                addr, size = p
+            except (TypeError, ValueError):
+                raise InvalidArgument(f"{what}: entry {i} piece {j} is not an (address, bytes) "
+                                      "pair") from None
+            if type(addr) is not int or type(size) is not int or not 0 < addr < 1 << 64 or \
+                    not 0 < size < 1 << 63:
+                raise InvalidArgument(f"{what}: entry {i} piece {j} ({addr!r}, {size!r}) is not a "
+                                      "valid address and size")
+        rows.append((block, shard, pieces))
+        total += len(pieces)
+    raw = bytearray(_PIECE.size * max(total, 1))
+    flat = (_lib.Piece * max(total, 1)).from_buffer(raw)  # pins raw: its address stays
+    arr = bytearray(_ENTRYV.size * n)
+    base = ctypes.addressof(flat)
+    k = 0
+    for i, (block, shard, pieces) in enumerate(rows):
+        _ENTRYV.pack_into(arr, i * _ENTRYV.size, block, shard, len(pieces), base + k * _PIECE.size)
+        for addr, size in pieces:
+            _PIECE.pack_into(raw, k * _PIECE.size, addr, size)
+            k += 1
+    return (_lib.EntryV * n).from_buffer(arr), n, flat
