@@ -10,14 +10,12 @@ the layouts match as long as the field lists do; at load, `_check_layout()`
 lets the library fill a config into a larger poisoned buffer and refuses to
 go on if it wrote past the end of ours (a library of another layout).
 
-Where the library comes from, first match wins:
-  1. $SHARDFS_LIB: a path to the shared object;
-  2. the build tree this source sits in: <repo>/build*/gpu/libshardfs-rank.so.0
-     (build/ first, then the most recently built one);
-  3. the installed soname, libshardfs-rank.so.0, through the dynamic loader.
+Where the library comes from: $SHARDFS_LIB (a path to the shared object)
+when set, else the installed soname, libshardfs-rank.so.0, through the
+dynamic loader (ldconfig's cache, LD_LIBRARY_PATH). Nothing else is
+searched: a build tree's library is used by naming it in SHARDFS_LIB.
 """
 import ctypes
-import glob
 import os
 import threading
 
@@ -143,17 +141,7 @@ def _candidates():
     env = os.environ.get("SHARDFS_LIB")
     if env:
         return [env], True
-    here = os.path.dirname(os.path.abspath(__file__))
-    root = os.path.normpath(os.path.join(here, "..", "..", ".."))
-    found = []
-    first = os.path.join(root, "build", "gpu", SONAME)
-    if os.path.exists(first):
-        found.append(first)
-    others = [p for p in glob.glob(os.path.join(root, "build*", "gpu", SONAME)) if p != first]
-    others.sort(key=lambda p: os.path.getmtime(p), reverse=True)
-    found.extend(others)
-    found.append(SONAME)
-    return found, False
+    return [SONAME], False
 
 
 def _check_layout(handle, where):
@@ -206,7 +194,7 @@ def lib():
             handle.has_rank_index = _has_version(handle, b"sfs_rank_open", b"SHARDFS_RANK_0.2")
             _lib = handle
             return handle
-        where = "SHARDFS_LIB" if from_env else "the build tree and the installed soname"
+        where = "SHARDFS_LIB" if from_env else "the installed soname"
         raise OSError(
             f"shardfs: cannot load libshardfs-rank from {where} ({'; '.join(errors)}); "
             "set SHARDFS_LIB to the library's path")

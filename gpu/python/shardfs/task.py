@@ -9,6 +9,8 @@ struct.Struct, a chunk of entries per call (no Python code per entry).
 Rank (rank.py) makes the entries and queues them; this module holds what a
 queued task is.
 """
+from __future__ import annotations
+
 import ctypes
 import errno
 import functools
@@ -37,7 +39,7 @@ def _after_fork():
 os.register_at_fork(after_in_child=_after_fork)
 
 
-def block_id(block):
+def block_id(block: str | bytes | bytearray | memoryview) -> bytes:
     """A block id as 16 raw bytes: from 16 bytes (bytes, bytearray,
     memoryview) or 32 hex characters (str). Anything else raises
     InvalidArgument."""
@@ -55,7 +57,7 @@ def block_id(block):
                           "expected 16 bytes or a str of 32 hex characters")
 
 
-def block_hex(block):
+def block_hex(block: str | bytes | bytearray | memoryview) -> str:
     """The 32-hex-character name of a block id (the posix layout's file name)."""
     return block_id(block).hex()
 
@@ -121,14 +123,14 @@ class Task:
         self._status = (ctypes.c_int * n)() if n else None
         self._kind = kind
 
-    def __len__(self):
+    def __len__(self) -> int:
         return self._n
 
-    def __repr__(self):
+    def __repr__(self) -> str:
         state = "waited" if self._statuses is not None else ("done" if self.done() else "running")
         return f"<shardfs.Task {self._kind} of {self._n} entries, {state}>"
 
-    def done(self):
+    def done(self) -> bool:
         """True once every entry has completed (never blocks)."""
         if self._statuses is not None:
             return True
@@ -139,7 +141,7 @@ class Task:
         finally:
             self._mu.release()
 
-    def wait(self, timeout=None):
+    def wait(self, timeout: float | None = None) -> list[int]:
         """Wait for every entry; returns the list of statuses (0 or -errno).
 
         timeout: seconds (None: no limit, 0: poll). Raises WaitTimeout when it
