@@ -23,9 +23,19 @@ then "_<pp_size>_<pp_rank>" with pipeline parallelism, then
 "_cp<attn_cp_rank>_<attn_cp_size>" with attention context parallelism (each
 CP rank holds its own slice). A page of another pool than KV (the v2
 interface: Mamba states, SWA, indexer pages...) is key "<K>.<pool name>"
-under the same rule. The same key in the
-same deployment always names the same block file, so engine instances on a
-node share what they store. `block_of(key)` gives the mapping.
+under the same rule (a Mamba state's with "_<tp_rank>_<tp_size>" even for
+MLA). With should_split_heads (page_head, tp_lcm_size), a KV page is one
+block per head group, each keyed as the page of the TP-tp_lcm_size rank
+holding those heads. The same key in the same deployment always names the
+same block files, so engine instances on a node share what they store.
+`block_of(key)` / `blocks_of(key)` give the mapping.
+
+Pages and values. A page is stored in the zero-copy path's order (its
+get_page_buffer_meta pieces one after the other), whichever path moves it
+(shardfs._pages); its pieces go to the library as one vectored entry. The
+copying interface also stores values of any size up to the shard, and
+SGLang's address form (int addresses with target_sizes); a value shorter
+than the shard is framed by a 16-byte length header (shardfs._pieces).
 
 Extra config (the same JSON object):
     shardfs_mount / shardfs_socket   where the cache is (one of them)
