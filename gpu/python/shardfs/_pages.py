@@ -42,12 +42,18 @@ class PageMap:
         if self.page_bytes % split:
             raise InvalidArgument(f"{what}: a page of {self.page_bytes} bytes does not split in {split}")
         self.entry_bytes = self.page_bytes // split
-        ptrs, sizes = self.meta(_first_page_indices(pool))
-        ptrs, sizes = [int(p) for p in ptrs], [int(s) for s in sizes]
+        self.per = None  # pieces per entry: unknown until a transfer when the meta fails here
+        self.flat = None
+        try:
+            ptrs, sizes = self.meta(_first_page_indices(pool))
+            ptrs, sizes = [int(p) for p in ptrs], [int(s) for s in sizes]
+        except Exception:  # noqa: BLE001 - a layout without zero-copy meta: flat pages go whole
+            if split > 1:
+                raise InvalidArgument(f"{what}: the pool gives no split page meta") from None
+            return
         if not ptrs or len(ptrs) % split:
             raise InvalidArgument(f"{what}: {len(ptrs)} pieces per page do not split in {split}")
         self.per = len(ptrs) // split
-        self.flat = None
         order = sorted(range(len(ptrs)), key=ptrs.__getitem__)
         offs = [0] * len(ptrs)
         off = 0
@@ -72,7 +78,7 @@ class PageMap:
         """The rows (nkeys * split) of pages at host indices in the pool."""
         ptrs, sizes = self.meta(indices)
         ptrs, sizes = list(ptrs), list(sizes)
-        per = self.per
+        per = self.per or max(1, len(ptrs) // max(1, nkeys * self.split))
         if len(ptrs) != len(sizes) or len(ptrs) != nkeys * self.split * per:
             raise InvalidArgument(f"{what}: {nkeys} keys, {len(ptrs)} page pointers and "
                                   f"{len(sizes)} sizes do not divide into pages of "
