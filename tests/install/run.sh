@@ -171,7 +171,8 @@ for f in /usr/sbin/shardfs /usr/sbin/mount.fuse.shardfs /usr/bin/shardfs-load \
          /lib/systemd/system/shardfs@.service /usr/share/man/man8/shardfs.8.gz \
          /usr/share/man/man3/rank.3.gz /usr/include/shardfs/rank.h /usr/include/shardfs/cache.h \
          /usr/include/shardfs/backend.h /usr/include/shardfs/fault.h \
-         /usr/lib/python3/dist-packages/shardfs/__init__.py; do
+         /usr/lib/python3/dist-packages/shardfs/__init__.py \
+         /usr/lib/python3/dist-packages/shardfs/py.typed /usr/lib/python3/dist-packages/shardfs/rank.pyi; do
   check "installed: $f" test -e "$f"
 done
 check "the systemd unit names the installed daemon" grep -q '^ExecStart=/usr/sbin/shardfs ' \

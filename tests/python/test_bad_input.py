@@ -146,12 +146,15 @@ class SGLang(Checks, unittest.TestCase):
         self.st.close()
 
     def test_wrong_size_and_dtype(self):
+        # Values up to SHARD - 16 bytes (with their header) or of SHARD bytes are stored.
         self.einval(self.st.set, self.k[0], torch.empty(SHARD - 1, dtype=torch.uint8),
-                    match=f"pieces hold {SHARD - 1} bytes, the shard is {SHARD}")
+                    match=f"a value of {SHARD - 1} bytes: a shard of {SHARD} holds values of up to "
+                    f"{SHARD - 16} bytes")
         self.einval(self.st.batch_set, self.k, [torch.empty(SHARD, dtype=torch.float32)],
-                    match=f"pieces hold {4 * SHARD} bytes")
-        self.einval(self.st.batch_get, self.k, [torch.empty(SHARD // 2, dtype=torch.uint8)],
-                    match="pieces hold")
+                    match=f"a value of {4 * SHARD} bytes")
+        self.einval(self.st.batch_get, self.k, [torch.empty(SHARD - 8, dtype=torch.uint8)],
+                    match="holds values of up to")
+        self.einval(self.st.set, self.k[0], 4096, None, 0, match="the address form")
 
     def test_non_contiguous(self):
         t = torch.arange(2 * SHARD, dtype=torch.int64).to(torch.uint8)[::2]
@@ -173,7 +176,7 @@ class SGLang(Checks, unittest.TestCase):
             self.einval(self.st.exists, key, match="str")
             self.einval(self.st.batch_exists, [key], match="str")
             self.einval(self.st.batch_get_v1, [key], torch.tensor([0]), match="str")
-        self.einval(self.st.batch_set_v1, self.k, torch.tensor([0, 1]), match=f"pieces hold {2 * SHARD} bytes")
+        self.einval(self.st.batch_set_v1, self.k, torch.tensor([0, 1]), match="do not divide into pages")
         self.einval(self.st.batch_set, self.k, [], match="1 keys, 0 values")
 
     def test_closed_store(self):

@@ -13,7 +13,8 @@ Claims:
     one call and return {pool name: [bool per key]}; a pool's page of key K
     is the block file of "K.<pool>" (KV: of K);
   * a transfer that cannot be served (no such pool, indices that do not
-    match the keys, a pool of another page size) fails its own pages only;
+    match the keys, a pool whose page is larger than a shard) fails its own
+    pages only;
   * batch_exists_v2 returns the usable KV prefix under each pool's hit
     policy (all_pages / trailing_pages) and the pages found per pool;
   * bad input raises InvalidArgument; nothing crashes.
@@ -132,7 +133,7 @@ class Pools(fixture.Checks, unittest.TestCase):
 
     def test_a_transfer_that_cannot_be_served_fails_alone(self):
         ks = keys(2, "v2-bad")
-        self.st.register_mem_host_pool_v2(HostPool(23, heads=1), "swa")  # another page size
+        self.st.register_mem_host_pool_v2(HostPool(23, heads=4), "swa")  # pages over a shard
         got = self.st.batch_set_v2([transfer("kv", [0, 1], ks), transfer("swa", [0, 1], ks),
                                     transfer("indexer", [0, 1], ks),      # never registered
                                     transfer("mamba", [0], ks)])          # 2 keys, 1 page

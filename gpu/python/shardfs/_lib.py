@@ -10,14 +10,12 @@ the layouts match as long as the field lists do; at load, `_check_layout()`
 lets the library fill a config into a larger poisoned buffer and refuses to
 go on if it wrote past the end of ours (a library of another layout).
 
-Where the library comes from, first match wins:
-  1. $SHARDFS_LIB: a path to the shared object;
-  2. the build tree this source sits in: <repo>/build*/gpu/libshardfs-rank.so.0
-     (build/ first, then the most recently built one);
-  3. the installed soname, libshardfs-rank.so.0, through the dynamic loader.
+Where the library comes from: $SHARDFS_LIB (a path to the shared object)
+when set, else the installed soname, libshardfs-rank.so.0, through the
+dynamic loader (ldconfig's cache, LD_LIBRARY_PATH). Nothing else is
+searched: a build tree's library is used by naming it in SHARDFS_LIB.
 """
 import ctypes
-import glob
 import os
 import threading
 
@@ -40,6 +38,21 @@ class Key(ctypes.Structure):
 
 class Entry(ctypes.Structure):
     _fields_ = [("block", BlockId), ("shard", ctypes.c_uint32), ("addr", ctypes.c_void_p)]
+
+
+class Piece(ctypes.Structure):
+    """struct sfs_rank_piece: len bytes at addr, one piece of a shard."""
+    _fields_ = [("addr", ctypes.c_void_p), ("len", ctypes.c_uint64)]
+
+
+class EntryV(ctypes.Structure):
+    """struct sfs_rank_entryv: a shard made of npieces pieces, in order."""
+    _fields_ = [("block", BlockId), ("shard", ctypes.c_uint32), ("npieces", ctypes.c_uint32),
+                ("pieces", ctypes.c_void_p)]
+
+
+# SFS_RANK_PIECES_MAX (shardfs/rank.h): the most pieces of one vectored entry.
+PIECES_MAX = 128
 
 
 class RankConfig(ctypes.Structure):
@@ -92,6 +105,10 @@ def _prototypes(lib):
                                          ctypes.POINTER(P)]),
         "sfs_rank_dump": (ctypes.c_int, [P, ctypes.POINTER(Entry), ctypes.c_size_t,
                                          ctypes.POINTER(P)]),
+        "sfs_rank_loadv": (ctypes.c_int, [P, ctypes.POINTER(EntryV), ctypes.c_size_t,
+                                          ctypes.POINTER(P)]),
+        "sfs_rank_dumpv": (ctypes.c_int, [P, ctypes.POINTER(EntryV), ctypes.c_size_t,
+                                          ctypes.POINTER(P)]),
         "sfs_rank_wait": (ctypes.c_int, [P, ctypes.c_int, ctypes.POINTER(ctypes.c_int)]),
         "sfs_rank_task_done": (ctypes.c_bool, [P]),
         "sfs_rank_task_size": (ctypes.c_size_t, [P]),
@@ -109,7 +126,9 @@ def _prototypes(lib):
         "sfs_rank_copier_name": (ctypes.c_char_p, [P]),
         "sfs_rank_cuda_devices": (ctypes.c_int, []),
     }
-    optional = {"sfs_rank_pin"}  # new in SHARDFS_RANK_0.2: Rank.pin says when it is missing
+    # New in SHARDFS_RANK_0.2 (pin) and 0.3 (the vectored calls): Rank.pin
+    # and Rank.loadv/dumpv say when they are missing.
+    optional = {"sfs_rank_pin", "sfs_rank_loadv", "sfs_rank_dumpv"}
     for name, (res, args) in sig.items():
         if name in optional and not hasattr(lib, name):
             continue
@@ -122,17 +141,7 @@ def _candidates():
     env = os.environ.get("SHARDFS_LIB")
     if env:
         return [env], True
-    here = os.path.dirname(os.path.abspath(__file__))
-    root = os.path.normpath(os.path.join(here, "..", "..", ".."))
-    found = []
-    first = os.path.join(root, "build", "gpu", SONAME)
-    if os.path.exists(first):
-        found.append(first)
-    others = [p for p in glob.glob(os.path.join(root, "build*", "gpu", SONAME)) if p != first]
-    others.sort(key=lambda p: os.path.getmtime(p), reverse=True)
-    found.extend(others)
-    found.append(SONAME)
-    return found, False
+    return [SONAME], False
 
 
 def _check_layout(handle, where):
@@ -143,6 +152,7 @@ def _check_layout(handle, where):
         raise OSError(f"shardfs: {where}: struct sfs_rank_config is larger than this "
                       "package's mirror of it: package and library are of different versions")
     assert ctypes.sizeof(Entry) == 32 and ctypes.sizeof(Key) == 20
+    assert ctypes.sizeof(EntryV) == 32 and ctypes.sizeof(Piece) == 16
 
 
 def _has_version(handle, name, version):
@@ -184,7 +194,7 @@ def lib():
             handle.has_rank_index = _has_version(handle, b"sfs_rank_open", b"SHARDFS_RANK_0.2")
             _lib = handle
             return handle
-        where = "SHARDFS_LIB" if from_env else "the build tree and the installed soname"
+        where = "SHARDFS_LIB" if from_env else "the installed soname"
         raise OSError(
             f"shardfs: cannot load libshardfs-rank from {where} ({'; '.join(errors)}); "
             "set SHARDFS_LIB to the library's path")

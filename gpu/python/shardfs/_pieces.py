@@ -3,27 +3,44 @@
 
 An engine often keeps one shard of a block in several places: vLLM through
 UCM hands a row of pointers per block (K and V of every layer), SGLang's
-host pool a K page and a V page. The bytes of the shard are those pieces
-one after the other (UCM's PosixStore lays a shard out that way, so a store
-either of them wrote reads the same). shardfs moves one contiguous range
-per entry, so:
+host pool a K page and a V page (or K and V of every layer). The bytes of
+the shard are those pieces one after the other (UCM's PosixStore lays a
+shard out that way, so a store either of them wrote reads the same).
 
-  * a row whose pieces are adjacent in memory (one piece, or pieces that
-    happen to follow each other) goes to the library as one address: zero
-    copy;
-  * any other row goes through a bounce buffer of one shard: a load lands
-    in it and is scattered to the pieces once the entry is done; a dump is
-    gathered into it before the task is queued.
+Each row goes to the library as one vectored entry (sfs_rank_loadv /
+sfs_rank_dumpv): the copier moves every piece straight between the cache
+and the engine's memory, no staging copy. Adjacent pieces are merged
+first. Only a row of more pieces than an entry takes (SFS_RANK_PIECES_MAX,
+128: an 80-layer model's K and V rows of 160 pieces) goes through a bounce
+buffer of one shard, gathered before a dump and scattered after a load
+(memmove, or cudaMemcpy with the CUDA copier); the adapters count those
+(`bounced`) beside the rows that went as pieces (`vectored`).
 
-Pieces are copied with memmove when the rank copies to host memory, and with
-cudaMemcpy (cudaMemcpyDefault: host or device ends, through unified
-addressing) when the rank uses the CUDA copier.
+Values shorter than a shard (SGLang's extra pools: a Mamba state of 4,864 B
+in a 32 KiB shard; the generic set/get of any tensor) are framed: the shard
+holds a 16-byte header, then the value's bytes, then zeros:
+
+    bytes 0..7   b"sfsval\\x00\\x01" (the magic)
+    bytes 8..15  the value's length, little-endian uint64
+    bytes 16..   the value
+
+A load of a framed row checks the header against the length it expects
+(another length, or a full shard, fails the entry with -ENODATA). A value
+of exactly shard_size bytes is stored as it is, with no header: the posix
+layout of full shards (UCM's PosixStore) is unchanged. So values of 1 to
+shard_size - 16 bytes, or of shard_size bytes, can be stored.
 """
 import ctypes
 import errno
+import struct
 import threading
 
+from . import _lib
 from .errors import InvalidArgument, ShardfsError
+
+HEADER = struct.Struct("<8sQ")
+MAGIC = b"sfsval\x00\x01"
+HEADER_SIZE = HEADER.size  # 16
 
 _cudart = None
 
@@ -85,53 +102,101 @@ def tensor_piece(t, what, host_only=True):
     return int(t.data_ptr()), int(t.numel() * t.element_size())
 
 
+def header_of(raw):
+    """The value length a shard's first 16 bytes declare, or None when they
+    are not a header (a full shard)."""
+    magic, n = HEADER.unpack_from(raw)
+    return n if magic == MAGIC else None
+
+
+class Counters:
+    """Rows moved as pieces (`vectored`) and through a bounce buffer
+    (`bounced`), for an adapter's stats()."""
+
+    def __init__(self):
+        self._mu = threading.Lock()
+        self.vectored = 0
+        self.bounced = 0
+
+    def add(self, vectored, bounced):
+        with self._mu:
+            self.vectored += vectored
+            self.bounced += bounced
+
+    def as_dict(self):
+        with self._mu:
+            return {"vectored": self.vectored, "bounced": self.bounced}
+
+
 class Row:
-    """One shard's pieces: [(address, bytes), ...] totalling shard_size."""
+    """One shard's pieces, [(address, bytes), ...] in the shard's order.
 
-    __slots__ = ("pieces", "bounce")
+    exact: the pieces must hold shard_size bytes (UCM's blocks, SGLang's KV
+    pages). Otherwise a row may hold less: a value of size bytes, framed
+    (see the module's docstring). probe: a full-size load also reads back
+    the length a framed value stored under the key declares (`stored`)."""
 
-    def __init__(self, pieces, shard_size, what):
-        total = sum(n for _, n in pieces)
-        if total != shard_size:
-            raise InvalidArgument(f"{what}: pieces hold {total} bytes, the shard is {shard_size}")
+    __slots__ = ("pieces", "size", "framed", "probe", "stored", "bounce", "hdr")
+
+    def __init__(self, pieces, shard_size, what, exact=True, probe=False):
+        total = 0
         for addr, n in pieces:
             if addr <= 0 or n <= 0:
                 raise InvalidArgument(f"{what}: piece ({addr:#x}, {n}) is not a valid address and size")
+            total += n
+        if not pieces:
+            raise InvalidArgument(f"{what}: no pieces")
+        if total != shard_size:
+            if exact:
+                raise InvalidArgument(f"{what}: pieces hold {total} bytes, the shard is {shard_size}")
+            if total > shard_size - HEADER_SIZE:
+                raise InvalidArgument(f"{what}: a value of {total} bytes: a shard of {shard_size} "
+                                      f"holds values of up to {shard_size - HEADER_SIZE} bytes (with "
+                                      f"their {HEADER_SIZE}-byte header) or of exactly {shard_size}")
         self.pieces = pieces
+        self.size = total
+        self.framed = total != shard_size
+        self.probe = probe and not self.framed
+        self.stored = None
         self.bounce = None
+        self.hdr = 0  # address of the header (framed rows)
 
-    def address(self):
-        """The one address of the shard when the pieces are adjacent, else a
-        fresh bounce buffer's (kept on the row)."""
-        addr, n = self.pieces[0]
-        contiguous = True
-        for a, m in self.pieces[1:]:
-            if a != addr + n:
-                contiguous = False
-                break
-            n += m
-        if contiguous:
-            return self.pieces[0][0]
-        self.bounce = (ctypes.c_char * sum(m for _, m in self.pieces))()
-        return ctypes.addressof(self.bounce)
+    def merged(self):
+        """The pieces with adjacent ones merged."""
+        out = []
+        for a, n in self.pieces:
+            if out and out[-1][0] + out[-1][1] == a:
+                out[-1] = (out[-1][0], out[-1][1] + n)
+            else:
+                out.append((a, n))
+        return out
+
+    def _bounce_pieces(self):
+        """The one piece of a fresh bounce buffer (header, then the value)."""
+        extra = HEADER_SIZE if self.framed else 0
+        self.bounce = (ctypes.c_char * (extra + self.size))()
+        base = ctypes.addressof(self.bounce)
+        self.hdr = base if self.framed else 0
+        return [(base, extra + self.size)]
 
     def gather(self, cuda):
-        off = ctypes.addressof(self.bounce)
+        off = ctypes.addressof(self.bounce) + (HEADER_SIZE if self.framed else 0)
         for a, n in self.pieces:
             copy(off, a, n, cuda)
             off += n
 
     def scatter(self, cuda):
-        off = ctypes.addressof(self.bounce)
+        off = ctypes.addressof(self.bounce) + (HEADER_SIZE if self.framed else 0)
         for a, n in self.pieces:
             copy(a, off, n, cuda)
             off += n
 
 
 class PieceTask:
-    """A shardfs.Task plus the scatters its bounced rows need once done.
-    finish() is idempotent: it waits, scatters the rows that loaded, and
-    returns the per-entry statuses."""
+    """A shardfs.Task plus what its rows need once done: the scatters of
+    bounced rows, the header checks of framed rows. finish() is idempotent:
+    it waits, completes the rows that loaded, and returns the per-entry
+    statuses (a framed row whose header does not match fails -ENODATA)."""
 
     def __init__(self, task, rows, load, cuda, keep=None):
         self._mu = threading.Lock()  # one finisher scatters, once
@@ -150,17 +215,31 @@ class PieceTask:
             if self.statuses is None:
                 st = self.task.wait()
                 if self.load:
-                    for row, s in zip(self.rows, st):
-                        if s == 0 and row.bounce is not None:
-                            row.scatter(self.cuda)
+                    for i, (row, s) in enumerate(zip(self.rows, st)):
+                        if s == 0:
+                            st[i] = _complete(row, self.cuda)
                 self.rows = None
                 self.keep = None
                 self.statuses = st
             return self.statuses
 
 
-def submit(rank, blocks, shards, rows, load):
-    """Queue a load or dump of rows (one Row per (block, shard)) on rank."""
+def _complete(row, cuda):
+    """A loaded row's status once its header is checked and its bounce
+    buffer scattered."""
+    if row.framed:
+        if header_of(ctypes.string_at(row.hdr, HEADER_SIZE)) != row.size:
+            return -errno.ENODATA  # another length, or a full shard, under this key
+    if row.bounce is not None:
+        row.scatter(cuda)
+    if row.probe and not cuda and row.pieces[0][1] >= HEADER_SIZE:
+        row.stored = header_of(ctypes.string_at(row.pieces[0][0], HEADER_SIZE))
+    return 0
+
+
+def submit(rank, blocks, shards, rows, load, counters=None):
+    """Queue a load or dump of rows (one Row per (block, shard)) on rank, each
+    row one vectored entry (a bounce buffer only past PIECES_MAX pieces)."""
     if not (len(blocks) == len(shards) == len(rows)):
         raise InvalidArgument(f"{len(blocks)} block ids, {len(shards)} shard indices and "
                               f"{len(rows)} rows of buffers: they must be as many")
@@ -169,12 +248,27 @@ def submit(rank, blocks, shards, rows, load):
         shards = [s if type(s) is int else int(s.__index__()) for s in shards]
     except (AttributeError, TypeError):
         raise InvalidArgument(f"shard indices {list(shards)[:8]!r}: expected ints") from None
+    framed = sum(1 for r in rows if r.framed)
+    headers = (ctypes.c_char * (HEADER_SIZE * framed))() if framed else None
+    hbase = ctypes.addressof(headers) if framed else 0
     entries = []
+    bounced = 0
     for b, s, row in zip(blocks, shards, rows):
-        entries.append((b, s, row.address()))
-    if not load:
-        for row in rows:
-            if row.bounce is not None:
+        vec = row.merged()
+        if row.framed:
+            vec.insert(0, (hbase, HEADER_SIZE))
+            row.hdr = hbase
+            hbase += HEADER_SIZE
+        if len(vec) > _lib.PIECES_MAX:
+            vec = row._bounce_pieces()
+            bounced += 1
+            if not load:
                 row.gather(cuda)
-    task = rank.load(entries) if load else rank.dump(entries)
-    return PieceTask(task, rows, load, cuda)
+        if row.framed and not load:
+            HEADER.pack_into((ctypes.c_char * HEADER_SIZE).from_address(row.hdr), 0, MAGIC, row.size)
+        entries.append((b, s, vec))
+    if counters is not None:
+        counters.add(len(rows) - bounced, bounced)
+    keep = (headers, rows)  # the bounce buffers too, should the task outlive its PieceTask
+    task = rank.loadv(entries, keep=keep) if load else rank.dumpv(entries, keep=keep)
+    return PieceTask(task, rows, load, cuda, keep=headers)

@@ -1,5 +1,5 @@
 # SPDX-License-Identifier: MIT
-"""shardfs.Rank and shardfs.Task: libshardfs-rank from Python.
+"""shardfs.Rank: libshardfs-rank from Python (shardfs.Task: task.py).
 
 A Rank is one attachment of this process to the node's CacheBuffer (through
 the daemon's socket or a mount point), with its own LoadQueue. load() and
@@ -21,24 +21,20 @@ on the parent's Rank raises RankClosed instead of hanging.
 """
 import ctypes
 import errno
-import functools
-import itertools
 import os
-import struct
 import sys
 import threading
-import time
 
 from . import _lib
 from .errors import (InvalidArgument, PinBudgetExceeded, PinsDisabled, RankClosed, ShardfsError,
-                     WaitTimeout, check)
+                     check)
+from .task import (_ENTRY, _MAX_SHARD, Task, _pack, _shard_index, block_hex, block_id,
+                   pack_vectored)
 
-_HEX = frozenset("0123456789abcdefABCDEF")
-_MAX_SHARD = 0xFFFFFFFF
+__all__ = ["Rank", "Task", "Entries", "block_id", "block_hex", "cuda_devices", "PIN_MAX_SECONDS"]
+
 # SFS_PIN_MAX_SECONDS (shardfs/cache.h): the longest pin, 366 days.
 PIN_MAX_SECONDS = 366 * 24 * 3600
-# Longest single sleep of an unbounded wait, so that Ctrl-C is seen.
-_WAIT_SLICE_MS = 200
 # This process's pid, kept current across fork() without a getpid() per call.
 _pid = os.getpid()
 
@@ -51,67 +47,6 @@ def _after_fork():
 os.register_at_fork(after_in_child=_after_fork)
 
 
-def block_id(block):
-    """A block id as 16 raw bytes: from 16 bytes (bytes, bytearray,
-    memoryview) or 32 hex characters (str). Anything else raises
-    InvalidArgument."""
-    if isinstance(block, str):
-        if len(block) != 32 or not _HEX.issuperset(block):
-            raise InvalidArgument(f"block id {block!r}: a str block id is 32 hex characters")
-        return bytes.fromhex(block)
-    if isinstance(block, (bytes, bytearray, memoryview)):
-        raw = bytes(block)
-        if len(raw) != _lib.BLOCK_ID_LEN:
-            raise InvalidArgument(f"block id {raw[:40]!r}: a bytes block id is 16 bytes, "
-                                  f"not {len(raw)} (32 hex characters go as a str)")
-        return raw
-    raise InvalidArgument(f"block id of type {type(block).__name__}: "
-                          "expected 16 bytes or a str of 32 hex characters")
-
-
-def block_hex(block):
-    """The 32-hex-character name of a block id (the posix layout's file name)."""
-    return block_id(block).hex()
-
-
-def _shard_index(shard):
-    if isinstance(shard, bool) or not isinstance(shard, int):
-        try:
-            shard = int(shard.__index__())
-        except (AttributeError, TypeError):
-            raise InvalidArgument(f"shard {shard!r}: expected an int") from None
-    if not 0 <= shard <= _MAX_SHARD:
-        raise InvalidArgument(f"shard {shard}: out of range 0..{_MAX_SHARD}")
-    return shard
-
-
-_ENTRY = struct.Struct("=16sI4xQ")  # struct sfs_rank_entry on LP64: block, shard, pad, addr
-assert _ENTRY.size == ctypes.sizeof(_lib.Entry)
-# The fast path packs up to _CHUNK entries with one pack_into of a Struct
-# made once per entry count (a cached struct of _CHUNK entries and one for
-# the remainder: at most _CHUNK + 1 distinct Structs ever).
-_CHUNK = 256
-
-
-@functools.lru_cache(maxsize=_CHUNK + 1)
-def _entries_struct(n):
-    return struct.Struct("=" + "16sI4xQ" * n)
-
-
-def _pack(blocks, shards, addrs):
-    """struct sfs_rank_entry[n] from three checked columns (sequences or
-    iterables of n each), packed by a cached Struct _CHUNK entries at a
-    time: no Python bytecode per entry."""
-    flat = list(itertools.chain.from_iterable(zip(blocks, shards, addrs)))
-    n = len(flat) // 3
-    raw = bytearray(_ENTRY.size * n)
-    off = 0
-    while off + _CHUNK <= n:
-        _entries_struct(_CHUNK).pack_into(raw, off * _ENTRY.size, *flat[3 * off:3 * (off + _CHUNK)])
-        off += _CHUNK
-    if off < n:
-        _entries_struct(n - off).pack_into(raw, off * _ENTRY.size, *flat[3 * off:])
-    return (_lib.Entry * n).from_buffer(raw)
 _tensor_type = None
 
 
@@ -207,117 +142,6 @@ def _buffer_address(buf, size, writable, host_only, what):
     cview = view.cast("B") if view.format != "B" or view.ndim != 1 else view
     addr = ctypes.addressof((ctypes.c_char * size).from_buffer(cview))
     return addr, (buf, view, cview)
-
-
-class Task:
-    """A queued load or dump. wait() returns one status per entry: 0, or a
-    negative errno (-ENOENT not in the backend, -EIO, -ETIMEDOUT, -ENOSPC,
-    -ECANCELED). The Task holds its buffers until it is waited for."""
-
-    __slots__ = ("_ptr", "_n", "_keep", "_rank", "_statuses", "_status", "_kind", "_mu",
-                 "__weakref__")
-
-    def __init__(self, rank, ptr, n, keep, kind):
-        # Held by a waiter for its whole wait: the task is freed by whoever
-        # completes the wait, never under another thread's wait or done().
-        # ptr None with n > 0: Rank._submit sets it once the library has the
-        # task; n == 0: an empty task, done at once.
-        self._mu = threading.Lock()
-        self._ptr = ptr
-        self._n = n
-        self._keep = keep
-        self._rank = rank
-        self._statuses = None if n else []
-        self._status = (ctypes.c_int * n)() if n else None
-        self._kind = kind
-
-    def __len__(self):
-        return self._n
-
-    def __repr__(self):
-        state = "waited" if self._statuses is not None else ("done" if self.done() else "running")
-        return f"<shardfs.Task {self._kind} of {self._n} entries, {state}>"
-
-    def done(self):
-        """True once every entry has completed (never blocks)."""
-        if self._statuses is not None:
-            return True
-        if not self._mu.acquire(blocking=False):
-            return False  # another thread is waiting for it: done once its wait returns
-        try:
-            return self._statuses is not None or bool(_lib.lib().sfs_rank_task_done(self._ptr))
-        finally:
-            self._mu.release()
-
-    def wait(self, timeout=None):
-        """Wait for every entry; returns the list of statuses (0 or -errno).
-
-        timeout: seconds (None: no limit, 0: poll). Raises WaitTimeout when it
-        passes first; the task goes on and may be waited for again. A task
-        waited for once returns the same list again."""
-        if timeout is not None and not timeout >= 0:
-            raise InvalidArgument(f"timeout {timeout}: expected seconds >= 0 or None")
-        if self._statuses is not None:
-            return list(self._statuses)
-        if timeout is None:
-            self._mu.acquire()
-        else:
-            t0 = time.monotonic()
-            if not self._mu.acquire(timeout=timeout):
-                raise WaitTimeout(f"{self._kind} of {self._n} entries not done after {timeout} s")
-            timeout = max(0.0, timeout - (time.monotonic() - t0))
-        try:
-            if self._statuses is None:
-                self._wait_locked(timeout)
-            return list(self._statuses)
-        finally:
-            self._mu.release()
-
-    def _wait_locked(self, timeout):
-        lib = _lib.lib()
-        status = self._status
-        if timeout is None:
-            while True:
-                rc = lib.sfs_rank_wait(self._ptr, _WAIT_SLICE_MS, status)
-                if rc != -errno.ETIMEDOUT:
-                    break
-        else:
-            deadline = time.monotonic() + timeout
-            while True:
-                left_ms = max(0, int((deadline - time.monotonic()) * 1000 + 0.999))
-                rc = lib.sfs_rank_wait(self._ptr, min(left_ms, _WAIT_SLICE_MS), status)
-                if rc != -errno.ETIMEDOUT or left_ms <= _WAIT_SLICE_MS:
-                    break
-        if rc == -errno.ETIMEDOUT:
-            raise WaitTimeout(f"{self._kind} of {self._n} entries not done after {timeout} s")
-        check(rc, "sfs_rank_wait")
-        self._release()
-        self._statuses = status[:]
-
-    def _release(self):
-        ptr, self._ptr = self._ptr, None
-        if ptr:
-            _lib.lib().sfs_rank_task_free(ptr)
-        self._keep = None
-
-    def __del__(self):
-        ptr = getattr(self, "_ptr", None)
-        if not ptr:
-            return
-        rank = self._rank
-        if rank is not None and rank._pid != _pid:
-            return  # the parent's task, inherited through fork: not ours to free
-        try:
-            lib = _lib.lib()
-            if lib.sfs_rank_task_done(ptr):
-                self._release()
-            elif rank is not None:
-                # Still running: the library would keep writing the buffers.
-                rank._park(ptr, self._keep)
-                self._ptr = None
-                self._keep = None
-        except Exception:  # interpreter shutdown: nothing sane left to do
-            pass
 
 
 class Entries:
@@ -651,6 +475,10 @@ class Rank:
             arr, n, keep = entries._packed(self, writable, kind)
         else:
             arr, n, keep = self._entries(entries, writable, kind)
+        return self._queue(fn_name, arr, n, keep, kind)
+
+    def _queue(self, fn_name, arr, n, keep, kind):
+        """Queue the packed entries with fn_name; the Task keeps `keep`."""
         if n == 0:
             return Task(self, None, 0, None, kind)
         if self._parked:
@@ -685,6 +513,28 @@ class Rank:
         """Queue a dump (write-through: cache and backend) of each entry's
         buffer as its (block, shard). Returns a Task."""
         return self._submit("sfs_rank_dump", entries, False, "dump")
+
+    def _submitv(self, fn_name, entries, keep, kind):
+        if getattr(_lib.lib(), fn_name, None) is None:
+            raise ShardfsError(errno.ENOTSUP, f"{kind}: the library at {_lib.path()} is older "
+                               f"than 0.3 (no {fn_name})")
+        arr, n, pieces = pack_vectored(entries, kind)
+        return self._queue(fn_name, arr, n, (pieces, keep), kind)
+
+    def loadv(self, entries, keep=None):
+        """Queue a load of shards made of pieces: each entry is (block,
+        shard, [(address, bytes), ...]), 1 to 128 pieces whose bytes add up
+        to at most shard_size; piece k receives the shard's bytes that follow
+        piece k-1's (sfs_rank_loadv). Addresses are raw: the caller vouches
+        for them and keeps them valid until the task is done; `keep` (any
+        object) is held by the Task until then. Returns a Task."""
+        return self._submitv("sfs_rank_loadv", entries, keep, "loadv")
+
+    def dumpv(self, entries, keep=None):
+        """Queue a dump of shards made of pieces (entries as for loadv): the
+        shard is the pieces one after the other, zeros after the last
+        (sfs_rank_dumpv). Returns a Task."""
+        return self._submitv("sfs_rank_dumpv", entries, keep, "dumpv")
 
     # -- queries ----------------------------------------------------------
 

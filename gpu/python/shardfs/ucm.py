@@ -202,6 +202,7 @@ class ShardfsStore(_UcmBase):
         self.shards_per_block = max(1, -(-block_size // self.shard_size)) if block_size else 1
         self.block_size_known = bool(block_size)
         self._unreachable = None  # the error last logged by a lookup, until one succeeds
+        self.pieces = _pieces.Counters()  # rows moved as pieces / through a bounce buffer
 
     # -- StoreV1 ----------------------------------------------------------
 
@@ -308,7 +309,7 @@ class ShardfsStore(_UcmBase):
     def _go(self, kind, block_ids, shard_index, rows, keep=None):
         block_ids = list(block_ids)
         shard_index = list(shard_index)
-        pt = _pieces.submit(self.rank, block_ids, shard_index, rows, kind == "load")
+        pt = _pieces.submit(self.rank, block_ids, shard_index, rows, kind == "load", self.pieces)
         pt.keep = keep
         return ShardfsUcmTask(kind, pt)
 
@@ -356,7 +357,12 @@ class ShardfsStore(_UcmBase):
 
     @_ucm_errors
     def stats(self):
-        return self.rank.stats()
+        """The rank's counters (Rank.stats()), and under "pieces" the rows
+        this store moved as pieces ("vectored") and through a bounce buffer
+        ("bounced": rows of more than 128 pieces)."""
+        out = self.rank.stats()
+        out["pieces"] = self.pieces.as_dict()
+        return out
 
     @_ucm_errors
     def close(self):
