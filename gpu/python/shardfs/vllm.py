@@ -31,7 +31,8 @@ into (or scattered from) a host staging row: one more memcpy per piece. The
 library's vectored entries (`sfs_rank_loadv`/`sfs_rank_dumpv`, a shard as a
 list of pieces) remove that copy and are the path for GPU pages; this module
 submits contiguous shards only, and takes pieces through the staging row on
-the host.
+the host; a GPU KV cache of several pieces per block is refused at worker
+start until the Python binding has the vectored entries.
 
 Failures never raise into vLLM: a load's statuses are per block (logged,
 counted in `ShardfsOffloadingWorker.failed_blocks`); a job with any failed
@@ -261,7 +262,15 @@ class ShardfsOffloadingWorker(OffloadingWorker):
         self.kv_caches = kv_caches
         par = spec.config.parallel
         self.shard = 0 if spec.replicated_layout else par.rank
-        self.link = _Link(spec.extra_config, device=None, rank=par.rank, world=par.world_size)
+        gpu = sorted({t.tensor.device.index or 0 for t in kv_caches.tensors
+                      if t.tensor.device.type == "cuda"})
+        if gpu and (spec.blocks_per_chunk != 1 or any(len(refs) != 1 for refs in kv_caches.group_data_refs)):
+            # The staging row is host memory: GPU pieces need sfs_rank_loadv/dumpv.
+            raise ValueError("shardfs.vllm: a block of several pieces in GPU memory needs the rank "
+                             "library's vectored entries, not bound in this package: one KV tensor "
+                             "holding every layer of a page, or host KV caches")
+        self.link = _Link(spec.extra_config, device=gpu[0] if gpu else None, rank=par.rank,
+                          world=par.world_size)
         self.jobs = {}
         self.done_now = []
         self.failed_blocks = 0
