@@ -14,6 +14,11 @@
 #   uc-manager-cuda-cu129 0.8.1   ucm.store.ucmstore_v1, factory_v1 (its cp312 wheel,
 #                                 unpacked for its Python files)
 #   wrapt 2.5.2                   imported by ucm/__init__.py
+#   vllm 0.34.0                   vllm.v1.kv_offload.{base,config,factory,pointer_utils}
+#                                 (its abi3 wheel, 239 MB: about 6 s to fetch, 16 s to install)
+#   msgspec 0.23.0, regex 2026.12.2, cbor2 6.3.0
+#                                 imported by those vLLM modules (kv_hints, the logger,
+#                                 vllm.utils.hashing)
 #
 # The directory's name carries a hash of this list, so changing a pin makes
 # a new one; a finished one holds a stamp file and is reused as it is.
@@ -23,9 +28,10 @@ set -euo pipefail
 SGLANG=sglang==0.5.23
 UCM=uc-manager-cuda-cu129==0.8.1
 WRAPT=wrapt==2.5.2
+VLLM=(vllm==0.34.0 msgspec==0.23.0 regex==2026.12.2 cbor2==6.3.0)
 PY=/usr/bin/python3
 
-pins="$SGLANG $UCM $WRAPT $($PY -c 'import sys; print(sys.version_info[:2])')"
+pins="$SGLANG $UCM $WRAPT ${VLLM[*]} $($PY -c 'import sys; print(sys.version_info[:2])')"
 hash=$(printf '%s' "$pins" | sha256sum | cut -c1-12)
 cache=${SHARDFS_ENGINES_CACHE:-$HOME/.cache/shardfs}
 venv=$cache/engines-venv-$hash
@@ -41,7 +47,7 @@ trap 'rm -rf "$tmp"' EXIT
   $PY -m venv --system-site-packages "$tmp"
   site=$("$tmp/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
   pip=("$tmp/bin/python" -m pip --disable-pip-version-check -q)
-  "${pip[@]}" install --no-deps "$SGLANG" "$WRAPT"
+  "${pip[@]}" install --no-deps "$SGLANG" "$WRAPT" "${VLLM[@]}"
   # UCM publishes its code only in CPython 3.12 wheels; their Python files
   # are what the tests import (its compiled modules do not load in 3.11).
   "${pip[@]}" install --no-deps --only-binary :all: --python-version 3.12 \

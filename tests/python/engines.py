@@ -99,11 +99,60 @@ def _ucm():
     return None
 
 
+VLLM_API = ("vllm.v1.kv_offload.base", "vllm.v1.kv_offload.config", "vllm.v1.kv_offload.factory",
+            "vllm.v1.kv_offload.pointer_utils", "vllm.utils.hashing")
+VLLM_PARTS = {
+    "OffloadingConnector": "vllm.distributed.kv_transfer.kv_connector.v1.offloading_connector",
+    "CPUOffloadingSpec": "vllm.v1.kv_offload.cpu.spec",
+    "kv_cache_utils": "vllm.v1.core.kv_cache_utils",
+}
+WHY_VLLM_PARTS = {}
+
+
+def _import_why(name):
+    try:
+        importlib.import_module(name)
+    except Exception as e:  # noqa: BLE001 - the reason is the skip message
+        where = ""
+        tb = e.__traceback__
+        while tb is not None and tb.tb_next is not None:
+            tb = tb.tb_next
+        if tb is not None:
+            where = f" (in {tb.tb_frame.f_code.co_filename.rpartition('site-packages/')[2]})"
+        return f"{name} does not import here: {type(e).__name__}: {e}{where}"
+    return None
+
+
+def _vllm():
+    if importlib.util.find_spec("vllm") is None:
+        return "vLLM is not installed (tests/python/engines-venv.sh installs it)"
+    for name in VLLM_API:
+        why = _import_why(name)
+        if why:
+            return f"vLLM's offloading API: {why}"
+    for part, name in VLLM_PARTS.items():
+        WHY_VLLM_PARTS[part] = _import_why(name)
+    if _import_why("vllm.distributed.parallel_state"):
+        root = list(importlib.util.find_spec("vllm").submodule_search_locations)[0]
+        _bare_package("vllm.distributed", os.path.join(root, "distributed"))
+        ps = types.ModuleType("vllm.distributed.parallel_state")
+        ps.__doc__ = "Stand-in (torch >= 2 module): vLLM's logger asks only which rank is first."
+        ps.is_local_first_rank = ps.is_global_first_rank = lambda: True
+        sys.modules[ps.__name__] = ps
+    return None
+
+
+def vllm_part(part):
+    """None when that part of vLLM (a key of VLLM_PARTS) imports here, else why not."""
+    setup()
+    return WHY_VLLM_PARTS.get(part, why_not("vllm"))
+
+
 def setup():
     """Import what of the engines this interpreter can; {engine: None or why not}."""
     global _done
     if _done is None:
-        _done = {"sglang": _sglang(), "ucm": _ucm()}
+        _done = {"sglang": _sglang(), "ucm": _ucm(), "vllm": _vllm()}
     return _done
 
 

@@ -1,0 +1,274 @@
+# SPDX-License-Identifier: MIT
+"""shardfs.vllm.ShardfsOffloadingSpec driven through vLLM's real offloading
+classes (vLLM 0.34.0; tests/python/engines.py says which parts import with
+this machine's torch 1.13, and each test needing another part skips naming
+it), against a real daemon. The spec is built by vLLM's own
+OffloadingSpecFactory from the connector's extra config; the manager and
+worker are called as vLLM's connector calls them (its scheduler and worker
+halves, which do not import here: fixture_vllm.py holds the sequence).
+
+Claims:
+  * vLLM's factory finds the spec from spec_name/spec_module_path;
+  * store, lookup, load: every byte back, with one page per block (straight
+    to the page) and with K/V pieces of several layers (staged);
+  * a block nobody stored is a miss; a block stored is not stored again;
+  * a failed load is reported per block (the other blocks of its job load)
+    and as success=False for the job, never as an exception;
+  * the daemon killed: lookups miss, stores are dropped, loads fail as
+    results; restarted: the same blocks hit and load, stores go again;
+  * two engine instances (processes): what A stored B finds and loads with
+    no backend load (the mount's /stats), and the reverse;
+  * keys are vLLM's block hashes: xxhash without PYTHONHASHSEED is refused
+    with a log line (the tier is off: no lookups answer, nothing stored);
+  * TP: each worker stores its slice as its own shard, and a block is a hit
+    only when every slice is there; MLA (replicated): one shard per block,
+    stored once, every rank loads the same bytes;
+  * the wrong shard size fails at the worker, naming the size to mount with.
+"""
+import errno
+import json
+import os
+import subprocess
+import sys
+import time
+import unittest
+
+import engines
+import fixture
+
+torch, MISSING = fixture.optional("torch")
+WHY_VLLM = engines.why_not("vllm")
+HERE = os.path.dirname(os.path.abspath(__file__))
+PAGE = 4096      # bytes of one layer's page (K and V of TOKENS tokens)
+LAYERS = 4
+
+if not WHY_VLLM and not MISSING:
+    import fixture_vllm as fv
+
+    from shardfs import vllm as svllm
+
+
+def until(pred, what, deadline=60.0):
+    """Wait for pred() (the rank re-attaches by itself); a deadline, not a timing."""
+    t0 = time.monotonic()
+    while not pred():
+        if time.monotonic() - t0 > deadline:
+            raise AssertionError(f"{what}: not within {deadline} s")
+        time.sleep(0.05)
+
+
+@unittest.skipIf(WHY_VLLM, f"vLLM: {WHY_VLLM}")
+class VllmCase(unittest.TestCase):
+    shard_size = PAGE * LAYERS
+
+    def setUp(self):
+        if MISSING:
+            self.skipTest(MISSING)
+        why = fixture.usable()
+        if why:
+            self.skipTest(why)
+        self.d = fixture.Daemon(shard_size=self.shard_size).start()
+        self.addCleanup(self.d.stop)
+
+    def engine(self, page=PAGE, layers=LAYERS, seed=1, **kw):
+        extra = fv.extra_config(self.d.sock, self.d.store, **kw.pop("extra", {}))
+        spec = fv.make_spec(fv.offloading_config(extra, page, layers, **kw))
+        manager = spec.get_manager()
+        cache = fv.KVCache(page, layers, seed)
+        worker = spec.get_worker(cache.caches)
+        self.addCleanup(manager.shutdown)
+        self.addCleanup(worker.shutdown)
+        return spec, manager, worker, cache
+
+
+class Spec(VllmCase):
+    def test_vllms_factory_builds_the_spec_from_the_extra_config(self):
+        from vllm.v1.kv_offload.base import OffloadingSpec
+        from vllm.v1.kv_offload.factory import OffloadingSpecFactory
+
+        cls = OffloadingSpecFactory.get_spec_cls(fv.extra_config(self.d.sock, self.d.store))
+        self.assertIs(cls, svllm.ShardfsOffloadingSpec)
+        self.assertTrue(issubclass(cls, OffloadingSpec))
+        spec, manager, worker, _ = self.engine()
+        self.assertTrue(spec.shared)
+
+    def test_vllms_offloading_connector(self):
+        why = engines.vllm_part("OffloadingConnector")
+        if why:
+            self.skipTest(f"vLLM's OffloadingConnector (the scheduler and worker halves that call "
+                          f"this spec): {why}; the tests drive the spec as it does")
+
+
+class RoundTrip(VllmCase):
+    def round_trip(self, page, layers):
+        spec, manager, worker, cache = self.engine(page=page, layers=layers, seed=1)
+        hashes = fv.block_hashes(seed=1, n=8)
+        self.assertEqual(fv.lookup(manager, hashes), [False] * 8)
+        src = [3, 5, 7, 9, 11, 13, 15, 17]
+        self.assertEqual(len(fv.store(spec, manager, worker, cache, hashes, src, job_id=1)), 8)
+        self.assertEqual(fv.lookup(manager, hashes), [True] * 8)
+        dst = [20, 21, 22, 23, 24, 25, 26, 27]
+        res = fv.load(manager, worker, cache, hashes, dst, job_id=2)
+        self.assertTrue(res.success)
+        self.assertEqual(res.transfer_size, 8 * page * layers)
+        for s, t in zip(src, dst):
+            self.assertEqual(cache.block(t), cache.block(s))
+        # Stored again: nothing to do, another engine's copy counts too.
+        out = manager.prepare_store(fv.keys_of(hashes), None)
+        self.assertEqual(out.keys_to_store, [])
+        self.assertEqual(worker.failed_blocks, 0)
+
+    def test_one_page_per_block_loads_every_byte(self):
+        self.round_trip(PAGE * LAYERS, 1)
+
+    def test_pieces_of_several_layers_load_every_byte(self):
+        self.round_trip(PAGE, LAYERS)
+
+    def test_a_block_nobody_stored_is_a_miss(self):
+        spec, manager, worker, cache = self.engine()
+        self.assertEqual(fv.lookup(manager, fv.block_hashes(seed=7, n=3)), [False] * 3)
+
+    def test_a_failed_load_is_reported_per_block(self):
+        spec, manager, worker, cache = self.engine()
+        hashes = fv.block_hashes(seed=2, n=4)
+        fv.store(spec, manager, worker, cache, hashes[:1] + hashes[2:], [0, 2, 3], job_id=1)
+        before = cache.block(9)
+        res = fv.load(manager, worker, cache, hashes, [8, 9, 10, 11], job_id=2)
+        self.assertFalse(res.success)
+        self.assertEqual(worker.failed_blocks, 1)
+        self.assertEqual(worker.last_failures[2], [(spec.block_of(fv.keys_of(hashes)[1]).hex(),
+                                                   -errno.ENOENT)])
+        self.assertEqual(cache.block(8), cache.block(0))
+        self.assertEqual(cache.block(9), before)  # untouched
+        self.assertEqual(cache.block(10), cache.block(2))
+        self.assertEqual(cache.block(11), cache.block(3))
+
+    def test_the_wrong_shard_size_names_the_size_to_mount_with(self):
+        with self.assertRaisesRegex(ValueError, rf"-o shard_size={PAGE * 2}\b"):
+            self.engine(page=PAGE, layers=2)
+
+
+class DaemonGone(VllmCase):
+    def test_killed_and_restarted_under_a_running_engine(self):
+        spec, manager, worker, cache = self.engine()
+        hashes = fv.block_hashes(seed=3, n=4)
+        fv.store(spec, manager, worker, cache, hashes, [0, 1, 2, 3], job_id=1)
+        self.d.kill()
+        with self.assertLogs("shardfs.vllm", "ERROR"):
+            self.assertEqual(fv.lookup(manager, hashes), [False] * 4)
+        self.assertIsNone(fv.store(spec, manager, worker, cache, fv.block_hashes(seed=4, n=2),
+                                   [4, 5], job_id=2))
+        res = fv.load(manager, worker, cache, hashes, [8, 9, 10, 11], job_id=3)
+        self.assertFalse(res.success)
+        self.d.start()
+        until(lambda: fv.lookup(manager, hashes) == [True] * 4, "hits after the restart")
+        until(lambda: fv.load(manager, worker, cache, hashes, [8, 9, 10, 11], job_id=4).success,
+              "a load after the restart")
+        for s, t in zip([0, 1, 2, 3], [8, 9, 10, 11]):
+            self.assertEqual(cache.block(t), cache.block(s))
+        more = fv.block_hashes(seed=4, n=2)
+        self.assertEqual(len(fv.store(spec, manager, worker, cache, more, [4, 5], job_id=5)), 2)
+        self.assertEqual(fv.lookup(manager, more), [True, True])
+
+
+class TwoEngines(VllmCase):
+    def other(self, what, seed, first, n):
+        env = dict(os.environ)
+        env.pop("PYTHONHASHSEED", None)
+        pkg = os.path.dirname(os.path.dirname(os.path.abspath(svllm.__file__)))
+        env["PYTHONPATH"] = os.pathsep.join([pkg, HERE])
+        out = subprocess.run([sys.executable, os.path.join(HERE, "fixture_vllm.py"), self.d.sock,
+                              self.d.store, what, str(seed), str(first), str(n), str(PAGE),
+                              str(LAYERS)], env=env, stdout=subprocess.PIPE, check=True, timeout=120)
+        return json.loads(out.stdout.decode().strip().splitlines()[-1])
+
+    def test_what_one_engine_stored_the_other_loads_from_memory(self):
+        a = self.other("store", seed=5, first=0, n=6)
+        self.assertEqual(a["stored"], 6)
+        loads = self.backend_loads()
+        b = self.other("load", seed=5, first=0, n=6)
+        self.assertEqual(b["hits"], [True] * 6)
+        self.assertTrue(b["success"])
+        self.assertEqual(b["blocks"], a["blocks"])
+        self.assertEqual(self.backend_loads(), loads)
+        # The reverse: this process stores, another engine loads.
+        spec, manager, worker, cache = self.engine(seed=6)
+        hashes = fv.block_hashes(seed=6, n=3)
+        fv.store(spec, manager, worker, cache, hashes, [0, 1, 2], job_id=1)
+        loads = self.backend_loads()
+        c = self.other("load", seed=6, first=0, n=3)
+        self.assertEqual(c["hits"], [True] * 3)
+        self.assertEqual(c["blocks"], [cache.block(i).hex() for i in range(3)])
+        self.assertEqual(self.backend_loads(), loads)
+
+    def backend_loads(self):
+        """The mount's /stats: loads from the store, and their bytes."""
+        st = self.d.stats()
+        return st.get("shardfs_owner_loads_total", 0), st.get("shardfs_bytes_read_total", 0)
+
+
+class Keys(VllmCase):
+    def test_process_local_hashes_are_refused_with_a_log_line(self):
+        old = os.environ.pop("PYTHONHASHSEED", None)
+        self.addCleanup(lambda: old is None or os.environ.__setitem__("PYTHONHASHSEED", old))
+        with self.assertLogs("shardfs.vllm", "ERROR") as cm:
+            spec, manager, worker, cache = self.engine(extra={"prefix_caching_hash_algo": "xxhash"})
+        self.assertIn("process-local", "\n".join(cm.output))
+        self.assertFalse(spec.shared)
+        hashes = fv.block_hashes(seed=8, n=2)
+        self.assertIsNone(fv.store(spec, manager, worker, cache, hashes, [0, 1], job_id=1))
+        s2, m2, w2, c2 = self.engine()
+        fv.store(s2, m2, w2, c2, hashes, [0, 1], job_id=1)
+        self.assertEqual(fv.lookup(m2, hashes), [True, True])
+        self.assertEqual(fv.lookup(manager, hashes), [False, False])
+
+    def test_the_hash_choices_that_share(self):
+        self.assertTrue(svllm.hash_sharing("sha256", None)[0])
+        self.assertTrue(svllm.hash_sharing("sha256_cbor", "0")[0])
+        self.assertTrue(svllm.hash_sharing("xxhash", "42")[0])
+        self.assertFalse(svllm.hash_sharing("xxhash_cbor", None)[0])
+        self.assertFalse(svllm.hash_sharing("md5", None)[0])
+
+
+class Parallel(VllmCase):
+    shard_size = PAGE * LAYERS
+
+    def test_tp_workers_store_their_slices_and_a_block_hits_when_all_are_there(self):
+        s0, m0, w0, c0 = self.engine(seed=10, world=2, rank=0)
+        s1, m1, w1, c1 = self.engine(seed=11, world=2, rank=1)
+        hashes = fv.block_hashes(seed=9, n=2)
+        out = m0.prepare_store(fv.keys_of(hashes), None)
+        w0.submit_store(1, c0.ptrs([0, 1]), out.store_spec)
+        self.assertTrue(fv.finish(w0, [1])[1].success)
+        self.assertEqual(fv.lookup(m0, hashes), [False, False])  # slice 1 is missing
+        w1.submit_store(1, c1.ptrs([0, 1]), out.store_spec)
+        self.assertTrue(fv.finish(w1, [1])[1].success)
+        self.assertEqual(fv.lookup(m0, hashes), [True, True])
+        spec = m0.prepare_load(fv.keys_of(hashes), None)
+        for w, c, seed in ((w0, c0, 10), (w1, c1, 11)):
+            w.submit_load(2, spec, c.ptrs([5, 6]))
+            self.assertTrue(fv.finish(w, [2])[2].success)
+            self.assertEqual([c.block(5), c.block(6)], [c.block(0), c.block(1)])
+        self.assertNotEqual(c0.block(5), c1.block(5))
+        blk = out.store_spec.blocks[0].hex()
+        self.assertEqual(os.path.getsize(os.path.join(self.d.store, "data", blk)),
+                         2 * self.shard_size)
+
+    def test_mla_stores_one_shard_and_every_rank_loads_it(self):
+        s0, m0, w0, c0 = self.engine(seed=12, world=2, rank=0, replicated=True)
+        s1, m1, w1, c1 = self.engine(seed=13, world=2, rank=1, replicated=True)
+        self.assertTrue(s0.replicated_layout)
+        hashes = fv.block_hashes(seed=10, n=2)
+        self.assertEqual(len(fv.store(s0, m0, w0, c0, hashes, [0, 1], job_id=1)), 2)
+        self.assertEqual(fv.lookup(m1, hashes), [True, True])
+        loads = self.d.stats().get("shardfs_bytes_read_total", 0)
+        for m, w, c in ((m0, w0, c0), (m1, w1, c1)):
+            self.assertTrue(fv.load(m, w, c, hashes, [7, 8], job_id=2).success)
+            self.assertEqual([c.block(7), c.block(8)], [c0.block(0), c0.block(1)])
+        self.assertEqual(self.d.stats().get("shardfs_bytes_read_total", 0), loads)
+        blk = s0.block_of(fv.keys_of(hashes)[0]).hex()
+        self.assertEqual(os.path.getsize(os.path.join(self.d.store, "data", blk)), self.shard_size)
+
+
+if __name__ == "__main__":
+    unittest.main()
