@@ -517,6 +517,8 @@ struct fs_options {
     char *partitions;       /* -o partitions=P */
     char *partition_budget; /* -o partition_budget=W0:W1:...: each domain's share */
     char *pin_budget;       /* -o pin_budget=PCT */
+    char *pin_max;          /* -o pin_max=SECONDS */
+    char *pin_user_share;   /* -o pin_user_share=PCT */
     char *warm_pin;         /* -o warm_pin=SECONDS */
     char *revalidate;       /* -o revalidate=MS */
     char *numa_node;

@@ -52,6 +52,8 @@ static const struct fuse_opt opt_table[] = {
     OPT("partitions=%s", partitions),
     OPT("partition_budget=%s", partition_budget),
     OPT("pin_budget=%s", pin_budget),
+    OPT("pin_max=%s", pin_max),
+    OPT("pin_user_share=%s", pin_user_share),
     OPT("warm_pin=%s", warm_pin),
     OPT("revalidate=%s", revalidate),
     OPT("attach_uids=%s", attach_uids),
@@ -109,6 +111,9 @@ void fs_usage(const char *prog)
            "                           of the slots (P weights; sets P if partitions is unset)\n"
            "    -o pin_budget=PCT      pins (user.shardfs.pin) may hold PCT %% of the slots\n"
            "                           (default 25, 0: no pins)\n"
+           "    -o pin_max=SECONDS     the longest pin (default a year, 366 days)\n"
+           "    -o pin_user_share=PCT  one user's pins may hold PCT %% of pin_budget\n"
+           "                           (default 100; root's are not bounded by it)\n"
            "    -o warm_pin=SECONDS    pin each block the warm-up loads for SECONDS (within\n"
            "                           pin_budget; default 0: no pin)\n"
            "    -o revalidate=MS       every MS ms, drop resident blocks whose file another\n"
@@ -462,10 +467,23 @@ static int validate(const struct fs_options *o, const char *mnt, struct fs_confi
             FAIL("pin_budget=%s: out of range (0..100 percent of capacity)", o->pin_budget);
         cfg->cache.pin_budget_pct = v ? (int)v : -1;
     }
+    if (o->pin_max) {
+        if (!parse_uint(o->pin_max, SFS_PIN_MAX_SECONDS, &v) || v == 0)
+            FAIL("pin_max=%s: out of range (1..%u seconds)", o->pin_max, SFS_PIN_MAX_SECONDS);
+        cfg->cache.pin_max_seconds = (uint32_t)v;
+    }
+    if (o->pin_user_share) {
+        if (!parse_uint(o->pin_user_share, 100, &v) || v == 0)
+            FAIL("pin_user_share=%s: out of range (1..100 percent of pin_budget)",
+                 o->pin_user_share);
+        cfg->cache.pin_user_pct = (uint32_t)v;
+    }
     if (o->warm_pin) {
         if (!parse_uint(o->warm_pin, SFS_PIN_MAX_SECONDS, &v))
             FAIL("warm_pin=%s: out of range (0..%u seconds)", o->warm_pin, SFS_PIN_MAX_SECONDS);
         cfg->warm_pin_s = (uint32_t)v;
+        if (cfg->cache.pin_max_seconds && v > cfg->cache.pin_max_seconds)
+            FAIL("warm_pin=%s: longer than pin_max=%u", o->warm_pin, cfg->cache.pin_max_seconds);
     }
     if (o->revalidate) {
         if (!parse_uint(o->revalidate, MAX_REVALIDATE_MS, &v))
@@ -634,6 +652,8 @@ void fs_options_free(struct fs_options *o)
     free(o->partitions);
     free(o->partition_budget);
     free(o->pin_budget);
+    free(o->pin_max);
+    free(o->pin_user_share);
     free(o->warm_pin);
     free(o->revalidate);
     free(o->numa_node);

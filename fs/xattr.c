@@ -75,8 +75,10 @@ void fs_op_setxattr(fuse_req_t req, fuse_ino_t ino, const char *name, const char
             prefetch_block(fs, &o.key.block);
     } else if (o.kind == FS_BLOCK && strcmp(name, SFS_XATTR_PIN) == 0) {
         r = parse_pin_seconds(value, size);
+        /* The pin is the asking user's: only they (or root) change it. */
         if (r >= 0)
-            r = sfs_cache_pin(fs->cache, &o.key.block, 1, (uint32_t)r);
+            r = sfs_cache_pin_as(fs->cache, &o.key.block, 1, (uint32_t)r,
+                                 (uint32_t)fuse_req_ctx(req)->uid);
         r = r < 0 ? r : 0;
     } else if (o.kind == FS_ROOT && strcmp(name, FS_XATTR_FAULT) == 0) {
         char opts[256];

@@ -20,6 +20,7 @@
 
 #include <criterion/criterion.h>
 #include <errno.h>
+#include <grp.h>
 #include <fcntl.h>
 #include <signal.h>
 #include <stdio.h>
@@ -304,4 +305,74 @@ Test(fs_pins, warm_restart_pins_what_it_warms)
     flood(20, NBLOCKS, 1, 0);
     cr_assert_str_eq(state(0, 0), "ready,pinned");
     cr_assert_str_eq(state(1, 3), "ready,pinned");
+}
+
+/* A pin as another, unprivileged user: the child becomes uid (and gid) and
+ * sets user.shardfs.pin on block b; its exit status is the errno (0: set). */
+struct as_user {
+    uid_t uid;
+    uint64_t b;
+    const char *secs;
+};
+
+static int pin_as_body(void *arg)
+{
+    const struct as_user *a = arg;
+
+    if (setgroups(0, NULL) < 0 || setgid(a->uid) < 0 || setuid(a->uid) < 0)
+        return 100;
+    if (setxattr(fsfx_block_dir(&M, a->b), SFS_XATTR_PIN, a->secs, strlen(a->secs), 0) == 0)
+        return 0;
+    return errno;
+}
+
+static int pin_as(uid_t uid, uint64_t b, const char *secs)
+{
+    struct as_user a = {uid, b, secs};
+
+    return tu_wait_for(tu_fork(pin_as_body, &a), 30ll * 1000000000);
+}
+
+/* Pins belong to the user who made them: another user can neither remove
+ * nor change one (root can); one user holds at most pin_user_share of the
+ * budget, so root's pin still has room; no pin is longer than pin_max.
+ * Real users through the mount (allow_other, a store others may write). */
+Test(fs_pins, pins_have_owners_shares_and_a_maximum)
+{
+    cr_assert_eq(chmod(store, 0777), 0);
+    /* 32 slots, pin budget 16, a user's share 25 %: 4 slots, one block. */
+    start("allow_other,pin_budget=50,pin_user_share=25,pin_max=3600");
+    for (uint64_t b = 0; b < 4; b++)
+        read_block(b);
+    cr_assert_eq(pin_as(65534, 0, "600"), 0, "nobody's pin");
+    cr_assert_str_eq(state(0, 0), "ready,pinned");
+    cr_assert_eq(pin_as(65534, 1, "600"), EDQUOT, "nobody past their share");
+    cr_assert_eq(pin_as(65534, 1, "7200"), EINVAL, "a pin past pin_max");
+    /* Another user: not nobody's pin to remove or change. */
+    cr_assert_eq(pin_as(65533, 0, "0"), EPERM);
+    cr_assert_eq(pin_as(65533, 0, "1"), EPERM);
+    cr_assert_str_eq(state(0, 0), "ready,pinned");
+    cr_assert_eq(pin_as(65533, 1, "600"), 0, "a share of their own");
+    /* Root has no share, and may remove anyone's pin. */
+    cr_assert_eq(pin(2, "600"), 0);
+    cr_assert_eq(pin(3, "600"), 0);
+    cr_assert_eq(pin(0, "0"), 0);
+    cr_assert_str_eq(state(0, 0), "ready");
+    cr_assert_eq(fsfx_stat(&M, "shardfs_pinned_bytes"), 12ll * SHARD);
+}
+
+Test(fs_pins, bad_pin_max_and_share_refused)
+{
+    const char *bad[] = {"pin_max=0", "pin_max=99999999999", "pin_user_share=0",
+                         "pin_user_share=101", "pin_user_share=x"};
+
+    for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+        char o[256];
+        int st = 0;
+
+        snprintf(o, sizeof(o), "hugepages=off,capacity=2M,shard_size=64K,%s", bad[i]);
+        cr_assert_eq(fsfx_start(&M, store, o, 10.0, &st), -ECHILD, "%s was accepted", bad[i]);
+        snprintf(o, sizeof(o), "%s: out of range", bad[i]);
+        cr_assert_eq(fsfx_log_lines_with(&M, o), 1, "no line '%s'", o);
+    }
 }

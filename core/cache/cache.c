@@ -193,8 +193,8 @@ retry:
                 sfs_ctr_add(c, CTR_RESIDENT_DELTA,
                             -(int64_t)atomic_load_explicit(&sl->length, memory_order_relaxed));
             make_owner(c, sl);
-            /* The pin flag stays: the key stays (and its charge with it). */
-            atomic_fetch_and_explicit(&sl->flags, (uint8_t)(SLOT_F_RESERVED | SLOT_F_PINNED),
+            /* Its pin stays (a byte of its own): the key stays, and its charge. */
+            atomic_fetch_and_explicit(&sl->flags, (uint8_t)SLOT_F_RESERVED,
                                       memory_order_relaxed);
             set_state(sl, SFS_STATE_LOADING);
             atomic_store_explicit(&sl->accessed, 1, memory_order_relaxed);
@@ -234,7 +234,7 @@ retry:
             if (st == SFS_STATE_IDLE)
                 sfs_ctr_add(c, CTR_TAKEOVERS, 1);
             make_owner(c, sl);
-            atomic_fetch_and_explicit(&sl->flags, (uint8_t)(SLOT_F_RESERVED | SLOT_F_PINNED),
+            atomic_fetch_and_explicit(&sl->flags, (uint8_t)SLOT_F_RESERVED,
                                       memory_order_relaxed);
             set_state(sl, SFS_STATE_LOADING);
             sfs_pin_on_load(c, sl); /* a Prealloc'd or failed slot was no pin's */

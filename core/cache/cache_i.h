@@ -58,6 +58,8 @@ struct sfs_cache {
     uint32_t part_rend[SFS_MAX_PARTITIONS];
     uint32_t npins;      /* pin table entries (a power of two) */
     uint32_t pin_budget; /* slots pins may hold */
+    uint32_t pin_user_budget; /* of them, one user's (root's: any); 0: no bound */
+    uint32_t pin_max_s;       /* the longest pin; 0: SFS_PIN_MAX_SECONDS */
     struct sfs_pin_rec *pins;
 
     /* Data plane (NULL for the query-only role). */

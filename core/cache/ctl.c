@@ -37,7 +37,7 @@ _Static_assert(SFS_MAX_PARTITIONS == SFS_MAX_PARTITIONS_PUBLIC, "one bound on do
 struct geometry {
     uint64_t shard_size, stride, seg_size;
     uint32_t nslots, nreserved, nbuckets, max_procs, max_leases, nsegments, slots_per_seg;
-    uint32_t npartitions, npins, pin_budget;
+    uint32_t npartitions, npins, pin_budget, pin_user_budget, pin_max_s;
     uint32_t part_end[SFS_MAX_PARTITIONS], part_rend[SFS_MAX_PARTITIONS];
     uint64_t off_buckets, off_slots, off_procs, off_leases, off_hits, off_pins, size;
 };
@@ -59,7 +59,9 @@ struct geometry {
     X(slots_per_seg, slots_per_segment)                                                            \
     X(npartitions, npartitions)                                                                    \
     X(npins, npins)                                                                                \
-    X(pin_budget, pin_budget)
+    X(pin_budget, pin_budget)                                                                      \
+    X(pin_user_budget, pin_user_budget)                                                            \
+    X(pin_max_s, pin_max_s)
 #define GEOMETRY_LAID_OUT(X)                                                                       \
     X(size, region_size)                                                                           \
     X(off_buckets, off_buckets)                                                                    \
@@ -245,6 +247,13 @@ static int geometry_from_config(const struct sfs_cache_config *cfg, struct geome
         return -EINVAL;
     uint32_t pct = cfg->pin_budget_pct ? (uint32_t)cfg->pin_budget_pct : SFS_DEFAULT_PIN_BUDGET_PCT;
     g->pin_budget = cfg->pin_budget_pct < 0 ? 0 : (uint32_t)((uint64_t)g->nslots * pct / 100);
+    if (cfg->pin_user_pct > 100 || cfg->pin_max_seconds > SFS_PIN_MAX_SECONDS)
+        return -EINVAL;
+    /* A user's share: 0 (no bound) when it is the whole budget. */
+    g->pin_user_budget = cfg->pin_user_pct && cfg->pin_user_pct < 100
+                             ? (uint32_t)((uint64_t)g->pin_budget * cfg->pin_user_pct / 100)
+                             : 0;
+    g->pin_max_s = cfg->pin_max_seconds;
     /* One entry per pinned block; half the slots is room for a budget of
      * 100 % in blocks of two shards (a table of 32 bytes an entry). */
     g->npins = pow2_at_least(g->nslots / 2 > 65536 ? 65536 : g->nslots / 2);
@@ -307,6 +316,8 @@ static void adopt_geometry(struct sfs_cache *c, const struct geometry *g)
     memcpy(c->part_rend, g->part_rend, sizeof(c->part_rend));
     c->npins = g->npins;
     c->pin_budget = g->pin_budget;
+    c->pin_user_budget = g->pin_user_budget;
+    c->pin_max_s = g->pin_max_s;
     c->pins = (struct sfs_pin_rec *)((uint8_t *)c->ctl + g->off_pins);
 }
 
@@ -388,6 +399,7 @@ int sfs_ctl_validate(struct sfs_cache *c)
         g.slots_per_seg == 0 || g.slots_per_seg > g.nslots || g.npartitions == 0 ||
         g.npartitions > SFS_MAX_PARTITIONS || g.npartitions > g.nslots - g.nreserved ||
         g.npins < 64 || g.npins > 65536 || (g.npins & (g.npins - 1)) || g.pin_budget > g.nslots ||
+        g.pin_user_budget > g.pin_budget || g.pin_max_s > SFS_PIN_MAX_SECONDS ||
         !domain_bounds_ok(&g))
         return -EBADMSG;
     /* Every derived size recomputed as the creator computes it, each product

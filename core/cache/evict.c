@@ -134,7 +134,7 @@ static int clock_scan(struct sfs_cache *c, uint32_t b, _Atomic uint64_t *hand, u
         }
         if (sfs_slot_refs(sl) != 0)
             continue; /* hint; re-checked under the lock */
-        if ((atomic_load_explicit(&sl->flags, memory_order_relaxed) & SLOT_F_PINNED) &&
+        if (atomic_load_explicit(&sl->pin, memory_order_relaxed) &&
             sfs_slot_pin_hint(c, sl))
             continue; /* hint; re-checked under the lock (take_slot) */
         int r = take_slot(c, b, s);

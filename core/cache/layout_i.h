@@ -32,9 +32,11 @@
  * eviction domains and the pin table, SLOT_F_PINNED; 6: a hit counter per
  * lease entry (off_hits) and each domain's budget (part_end, part_rend) in
  * the header; 7: a lease table's first entries are hit lines (uncounted
- * leases of lock-free hits, placed by slot) and header.procs_used
+ * leases of lock-free hits, placed by slot) and header.procs_used; 8: pins
+ * have owners (a pin entry's user, the header's pin_users, pin_user_budget
+ * and pin_max_s, a slot's pin byte instead of SLOT_F_PINNED)
  * (docs/layout.md). */
-#define SFS_LAYOUT_VERSION 7u
+#define SFS_LAYOUT_VERSION 8u
 #define SFS_NIL            UINT32_MAX /* "no slot / no bucket" in links */
 #define SFS_CACHELINE      64
 /* Eviction domains: at most this many (-o partitions). */
@@ -134,7 +136,12 @@ struct sfs_slot_rec {
     _Atomic uint32_t owner_gen; /* that proc record's generation */
     _Atomic uint8_t accessed;   /* CLOCK bit */
     _Atomic uint8_t flags;      /* SLOT_F_* */
-    uint8_t pad[2];
+    /* Pinned: 1 + the index in hdr->pin_users of the user its pin slot is
+     * charged to; 0: not pinned. Set under the bucket lock (with both
+     * charges taken first); cleared by an exchange, whoever clears it
+     * returns the charges, once (pin.c). */
+    _Atomic uint8_t pin;
+    uint8_t pad[1];
 };
 
 /* The refcount word: bit 31 says lock-free hits and releases may change the
@@ -157,9 +164,6 @@ enum {
     SLOT_F_PROBATION = 1u << 3,    /* admission=scan: a new key not hit since its load
                                     * (admit.c); a hint: a lost race only moves a key
                                     * between probation and main */
-    SLOT_F_PINNED = 1u << 4,       /* its block had a live pin when this was set (under
-                                    * the bucket lock, with hdr->pinned_slots charged);
-                                    * the pin table says whether it still holds (pin.c) */
 };
 
 /*
@@ -171,9 +175,21 @@ enum {
  */
 struct sfs_pin_rec {
     _Atomic uint32_t seq;
-    uint32_t pad0;
+    _Atomic uint32_t user;        /* 1 + its owner's index in hdr->pin_users (0: none) */
     alignas(8) uint8_t block[16]; /* read as two relaxed atomic words */
     _Atomic int64_t expiry_ns;
+};
+
+/* A user who pins (pin.c): uid written under pin_lock while pins or slots
+ * count anything; pins (entries that name it) under pin_lock; slots (the
+ * slots charged to it) by relaxed CAS where hdr->pinned_slots is. An entry
+ * with both counts 0 is free for another uid. */
+#define SFS_PIN_USERS 64
+struct sfs_pin_user {
+    _Atomic uint32_t uid;
+    _Atomic uint32_t pins;
+    _Atomic uint32_t slots;
+    uint32_t pad;
 };
 
 enum sfs_proc_state {
@@ -279,12 +295,17 @@ struct sfs_header {
     alignas(SFS_CACHELINE) _Atomic uint32_t release_seq; /* futex word */
     _Atomic uint32_t release_waiters;
 
-    /* Pins (pin.c): the table's writers' lock, and the slots flagged
-     * SLOT_F_PINNED (charged before the flag is set, uncharged after it is
-     * cleared, both under the slot's bucket lock; never above pin_budget). */
+    /* Pins (pin.c): the table's writers' lock, and the slots pinned (their
+     * `pin` byte set: charged before it is set, returned by whoever clears
+     * it; never above pin_budget), in all and by user (each user's never
+     * above pin_user_budget, but root's; 0: no such bound). pin_max_s:
+     * the longest pin (creator, constant; checked at attach). */
     alignas(SFS_CACHELINE) pthread_mutex_t pin_lock; /* robust, pshared */
     _Atomic uint32_t pinned_slots;
     _Atomic uint32_t pins_used; /* entries with expiry_ns != 0 (a hint: 0 skips lookups) */
+    uint32_t pin_user_budget;
+    uint32_t pin_max_s;
+    struct sfs_pin_user pin_users[SFS_PIN_USERS];
 
     /* Evictions by domain (a miss path's fetch_add, relaxed). */
     alignas(SFS_CACHELINE) _Atomic uint64_t part_evictions[SFS_MAX_PARTITIONS];
@@ -310,6 +331,8 @@ _Static_assert(offsetof(struct sfs_proc_rec, ctr) == SFS_CACHELINE, "counters on
 _Static_assert(sizeof(struct sfs_proc_rec) % SFS_CACHELINE == 0, "proc rec is whole lines");
 _Static_assert(offsetof(struct sfs_header, hand) % SFS_CACHELINE == 0, "hand on own line");
 _Static_assert(sizeof(_Atomic uint32_t) == 4, "futex words are 32-bit");
+_Static_assert(sizeof(struct sfs_pin_rec) == 32, "pin entry: seq, user, block, expiry");
+_Static_assert(SFS_PIN_USERS < 255, "a slot's pin byte names 1 + a user's index");
 
 /* Derived from the layout: differs whenever a size or offset above does. */
 uint64_t sfs_layout_format(void);

@@ -3,20 +3,26 @@
  * pin.c - pins: a block kept resident until an absolute expiry, within a
  * budget of slots.
  *
- * A pin is one entry of a table in shared memory: a block id and the
- * CLOCK_MONOTONIC instant its pin ends. No process owns it and no thread
- * times it: the evictor (and sfs_install) compare the expiry with the clock, so
- * a pin ends at its expiry whether its maker lives or not. That is the whole
- * crash story: a process killed while holding pins leaves entries that stop
- * counting at their expiry, and the next sweep frees them.
+ * A pin is one entry of a table in shared memory: a block id, the
+ * CLOCK_MONOTONIC instant its pin ends, and the user who owns it. No
+ * process holds it and no thread times it: the evictor (and sfs_install)
+ * compare the expiry with the clock, so a pin ends at its expiry whether its
+ * maker lives or not. That is the whole crash story: a process killed while
+ * holding pins leaves entries that stop counting at their expiry, and the
+ * next sweep frees them. Only the pin's owner, or root, changes or removes
+ * it (sfs_cache_pin_as: the daemon passes the uid of the process that asked
+ * through the mount).
  *
- * A slot of a pinned block carries SLOT_F_PINNED, set and cleared under its
- * bucket lock, and each flagged slot is charged to hdr->pinned_slots, which
- * never exceeds the budget (every charge is a bounded CAS). The flag alone
- * proves nothing: the evictor keeps a flagged slot only while the table says
- * the block's pin lasts, and clears the flag (and the charge) of one whose
- * pin ended. Sweeps (every pin call, every pinned-bytes read) free expired
- * entries and unflag their slots, so the budget and the gauge come back.
+ * A slot of a pinned block carries a `pin` byte, 1 + the index of the user
+ * it is charged to (hdr->pin_users), set under its bucket lock once both
+ * charges are taken: to hdr->pinned_slots, never above the cache's budget,
+ * and to the user's own count, never above pin_user_budget (root has no
+ * such bound), each a bounded CAS. Whoever clears the byte (an exchange:
+ * the fail path holds no lock) returns both charges, once. The byte alone
+ * proves nothing: the evictor keeps a pinned slot only while the table says
+ * the block's pin lasts, and unpins (and uncharges) one whose pin ended.
+ * Sweeps (every pin call, every pinned-bytes read) free expired entries and
+ * unpin their slots, so the budgets and the gauge come back.
  *
  * Table entries are written only under hdr->pin_lock, as a seqlock; readers
  * (the evictor, sfs_install) are lock-free. Lock order: pin_lock, then bucket
@@ -27,6 +33,7 @@
 
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #define PIN_PROBE      16 /* entries a block's pin may sit in, from its hash */
 #define PIN_READ_TRIES 64
@@ -50,8 +57,9 @@ static void block_words(const uint8_t *block, uint64_t w[2])
 /*
  * The expiry of block's pin: 0 if it has none, PIN_UNKNOWN if an entry kept
  * changing (a writer died in it: the next writer repairs it). Lock-free.
+ * *user: 1 + its owner's index in hdr->pin_users (with an expiry).
  */
-static int64_t pin_expiry(const struct sfs_cache *c, const uint64_t w[2])
+static int64_t pin_lookup(const struct sfs_cache *c, const uint64_t w[2], uint32_t *user)
 {
     uint32_t home = pin_home(c, (const uint8_t *)w);
 
@@ -67,6 +75,7 @@ static int64_t pin_expiry(const struct sfs_cache *c, const uint64_t w[2])
             if (s1 & 1)
                 continue;
             int64_t e = atomic_load_explicit(&p->expiry_ns, memory_order_relaxed);
+            uint32_t u = atomic_load_explicit(&p->user, memory_order_relaxed);
             uint64_t a = __atomic_load_n((const key_word *)p->block, __ATOMIC_RELAXED);
             uint64_t b = __atomic_load_n((const key_word *)(p->block + 8), __ATOMIC_RELAXED);
 
@@ -75,8 +84,10 @@ static int64_t pin_expiry(const struct sfs_cache *c, const uint64_t w[2])
             atomic_thread_fence(memory_order_acquire);
             if (atomic_load_explicit(&p->seq, memory_order_relaxed) != s1)
                 continue;
-            if (e != 0 && a == w[0] && b == w[1])
+            if (e != 0 && a == w[0] && b == w[1]) {
+                *user = u;
                 return e;
+            }
             break;
         }
         if (t == PIN_READ_TRIES)
@@ -85,8 +96,8 @@ static int64_t pin_expiry(const struct sfs_cache *c, const uint64_t w[2])
     return 0;
 }
 
-/* Writers (pin_lock held): rewrite entry p. */
-static void pin_write(struct sfs_pin_rec *p, const uint8_t *block, int64_t expiry)
+/* Writers (pin_lock held): rewrite entry p (user: 1 + its owner's index). */
+static void pin_write(struct sfs_pin_rec *p, const uint8_t *block, int64_t expiry, uint32_t user)
 {
     uint64_t w[2] = {0, 0};
 
@@ -99,6 +110,7 @@ static void pin_write(struct sfs_pin_rec *p, const uint8_t *block, int64_t expir
     __atomic_store_n((key_word *)p->block, w[0], __ATOMIC_RELAXED);
     __atomic_store_n((key_word *)(p->block + 8), w[1], __ATOMIC_RELAXED);
     atomic_store_explicit(&p->expiry_ns, expiry, memory_order_relaxed);
+    atomic_store_explicit(&p->user, user, memory_order_relaxed);
     /* Release: the fields are visible before the even seq. */
     atomic_fetch_add_explicit(&p->seq, 1, memory_order_release);
 }
@@ -107,38 +119,75 @@ static void pin_write(struct sfs_pin_rec *p, const uint8_t *block, int64_t expir
  * The slot side (bucket lock held), for evict.c, cache.c and the walks.
  */
 
-/* Charge one pinned slot if the budget has room. Relaxed CAS: a counter
- * whose bound is all that matters; the flag it pays for is under a lock. */
-static bool pin_charge(struct sfs_cache *c)
+/* Counters bounded by a budget (the pinned slots, in all and by user).
+ * Relaxed CAS: a count whose bound is all that matters; the pin it pays
+ * for is set under a lock. take: n more if that stays within max (0: no
+ * bound); give: n back, never below 0 (a corrupt count stays 0). */
+static bool count_take(_Atomic uint32_t *ctr, uint32_t n, uint32_t max)
 {
-    uint32_t v = atomic_load_explicit(&c->hdr->pinned_slots, memory_order_relaxed);
+    uint32_t v = atomic_load_explicit(ctr, memory_order_relaxed);
 
     do {
-        if (v >= c->pin_budget)
+        if (max && (uint64_t)v + n > max)
             return false;
-    } while (!atomic_compare_exchange_weak_explicit(&c->hdr->pinned_slots, &v, v + 1,
-                                                    memory_order_relaxed, memory_order_relaxed));
+    } while (!atomic_compare_exchange_weak_explicit(ctr, &v, v + n, memory_order_relaxed,
+                                                    memory_order_relaxed));
     return true;
 }
 
-static void pin_uncharge(struct sfs_cache *c, uint32_t n)
+static void count_give(_Atomic uint32_t *ctr, uint32_t n)
 {
-    /* Relaxed: see pin_charge. Never below 0 (a corrupt count stays 0). */
-    uint32_t v = atomic_load_explicit(&c->hdr->pinned_slots, memory_order_relaxed);
+    uint32_t v = atomic_load_explicit(ctr, memory_order_relaxed);
 
     do {
         if (v == 0)
             return;
-    } while (!atomic_compare_exchange_weak_explicit(&c->hdr->pinned_slots, &v, v > n ? v - n : 0,
+    } while (!atomic_compare_exchange_weak_explicit(ctr, &v, v > n ? v - n : 0,
                                                     memory_order_relaxed, memory_order_relaxed));
+}
+
+/* The user 1 + index u names (NULL for 0 or out of range: a corrupt byte). */
+static struct sfs_pin_user *pin_user(struct sfs_cache *c, uint32_t u)
+{
+    return u >= 1 && u <= SFS_PIN_USERS ? &c->hdr->pin_users[u - 1] : NULL;
+}
+
+/* Charge n pinned slots to user u if both budgets have room: the cache's,
+ * and the user's own (root, uid 0, has none). */
+static bool pin_charge(struct sfs_cache *c, uint32_t u, uint32_t n)
+{
+    struct sfs_pin_user *pu = pin_user(c, u);
+    uint32_t ubudget = 0;
+
+    if (!pu)
+        return false;
+    if (atomic_load_explicit(&pu->uid, memory_order_relaxed) != 0)
+        ubudget = c->pin_user_budget;
+    if (!count_take(&c->hdr->pinned_slots, n, c->pin_budget))
+        return false;
+    if (!count_take(&pu->slots, n, ubudget)) {
+        count_give(&c->hdr->pinned_slots, n);
+        return false;
+    }
+    return true;
+}
+
+static void pin_uncharge(struct sfs_cache *c, uint32_t u, uint32_t n)
+{
+    struct sfs_pin_user *pu = pin_user(c, u);
+
+    count_give(&c->hdr->pinned_slots, n);
+    if (pu)
+        count_give(&pu->slots, n);
 }
 
 static void slot_unflag(struct sfs_cache *c, struct sfs_slot_rec *sl)
 {
-    /* Relaxed: flags are written under the bucket lock we hold. */
-    if (atomic_fetch_and_explicit(&sl->flags, (uint8_t)~SLOT_F_PINNED, memory_order_relaxed) &
-        SLOT_F_PINNED)
-        pin_uncharge(c, 1);
+    /* Relaxed exchange: whoever takes the byte returns its charges, once. */
+    uint32_t u = atomic_exchange_explicit(&sl->pin, 0, memory_order_relaxed);
+
+    if (u)
+        pin_uncharge(c, u, 1);
 }
 
 /* A slot's block id, as a lock-free reader may read it while sfs_install
@@ -168,14 +217,15 @@ bool sfs_slot_pin_hint(struct sfs_cache *c, const struct sfs_slot_rec *sl)
     if (!slot_holds_data(sl))
         return false;
     slot_block_words(sl, w);
-    int64_t e = pin_expiry(c, w);
+    uint32_t u;
+    int64_t e = pin_lookup(c, w, &u);
 
     return e != 0 && (e == PIN_UNKNOWN || e > sfs_now_ns());
 }
 
 bool sfs_slot_pin_holds(struct sfs_cache *c, struct sfs_slot_rec *sl)
 {
-    if (!(atomic_load_explicit(&sl->flags, memory_order_relaxed) & SLOT_F_PINNED))
+    if (!atomic_load_explicit(&sl->pin, memory_order_relaxed))
         return false;
     if (sfs_slot_pin_hint(c, sl))
         return true;
@@ -188,16 +238,16 @@ void sfs_pin_on_load(struct sfs_cache *c, struct sfs_slot_rec *sl)
     /* Relaxed: a hint; a pin made after this look flags the slot itself
      * (its walk runs after its entry is visible). */
     if (atomic_load_explicit(&c->hdr->pins_used, memory_order_relaxed) == 0 ||
-        !slot_holds_data(sl) ||
-        (atomic_load_explicit(&sl->flags, memory_order_relaxed) & SLOT_F_PINNED))
+        !slot_holds_data(sl) || atomic_load_explicit(&sl->pin, memory_order_relaxed))
         return;
     uint64_t w[2];
+    uint32_t u = 0;
 
     slot_block_words(sl, w);
-    int64_t e = pin_expiry(c, w);
+    int64_t e = pin_lookup(c, w, &u);
 
-    if (e != 0 && e != PIN_UNKNOWN && e > sfs_now_ns() && pin_charge(c))
-        atomic_fetch_or_explicit(&sl->flags, (uint8_t)SLOT_F_PINNED, memory_order_relaxed);
+    if (e != 0 && e != PIN_UNKNOWN && e > sfs_now_ns() && pin_charge(c, u, 1))
+        atomic_store_explicit(&sl->pin, (uint8_t)u, memory_order_relaxed);
 }
 
 void sfs_pin_on_fail(struct sfs_cache *c, struct sfs_slot_rec *sl)
@@ -232,7 +282,7 @@ static int pin_lock(struct sfs_cache *c)
 
             if (atomic_load_explicit(&p->seq, memory_order_relaxed) & 1) {
                 atomic_fetch_add_explicit(&p->seq, 1, memory_order_relaxed);
-                pin_write(p, NULL, 0);
+                pin_write(p, NULL, 0, 0);
             }
         }
         pthread_mutex_consistent(m);
@@ -282,12 +332,12 @@ static void unflag_fn(struct sfs_cache *c, struct sfs_slot_rec *sl, void *arg)
 static void count_unflagged_fn(struct sfs_cache *c, struct sfs_slot_rec *sl, void *arg)
 {
     (void)c;
-    if (slot_holds_data(sl) &&
-        !(atomic_load_explicit(&sl->flags, memory_order_relaxed) & SLOT_F_PINNED))
+    if (slot_holds_data(sl) && !atomic_load_explicit(&sl->pin, memory_order_relaxed))
         ++*(uint32_t *)arg;
 }
 
 struct flag_ctx {
+    uint32_t user;     /* 1 + the index of the user the slots are charged to */
     uint32_t reserved; /* charges taken ahead for this walk */
     uint32_t pinned;   /* slots of the block flagged after it */
 };
@@ -300,12 +350,12 @@ static void flag_fn(struct sfs_cache *c, struct sfs_slot_rec *sl, void *arg)
         slot_unflag(c, sl); /* flagged while it held data (a load since failed) */
         return;
     }
-    if (!(atomic_load_explicit(&sl->flags, memory_order_relaxed) & SLOT_F_PINNED)) {
+    if (!atomic_load_explicit(&sl->pin, memory_order_relaxed)) {
         if (f->reserved)
             f->reserved--;
-        else if (!pin_charge(c))
+        else if (!pin_charge(c, f->user, 1))
             return; /* loaded since the count, and no room: stays unpinned */
-        atomic_fetch_or_explicit(&sl->flags, (uint8_t)SLOT_F_PINNED, memory_order_relaxed);
+        atomic_store_explicit(&sl->pin, (uint8_t)f->user, memory_order_relaxed);
     }
     f->pinned++;
 }
@@ -313,13 +363,16 @@ static void flag_fn(struct sfs_cache *c, struct sfs_slot_rec *sl, void *arg)
 /* Free entry p and unflag its block's slots (pin_lock held). */
 static void pin_free(struct sfs_cache *c, struct sfs_pin_rec *p)
 {
+    struct sfs_pin_user *pu = pin_user(c, atomic_load_explicit(&p->user, memory_order_relaxed));
     uint8_t block[16];
 
     memcpy(block, p->block, sizeof(block)); /* ours to read: pin_lock */
-    pin_write(p, NULL, 0);
-    /* Relaxed: a hint counter, changed under pin_lock only. */
+    pin_write(p, NULL, 0, 0);
+    /* Relaxed: hint counters, changed under pin_lock only. */
     if (atomic_load_explicit(&c->hdr->pins_used, memory_order_relaxed))
         atomic_fetch_sub_explicit(&c->hdr->pins_used, 1, memory_order_relaxed);
+    if (pu && atomic_load_explicit(&pu->pins, memory_order_relaxed))
+        atomic_fetch_sub_explicit(&pu->pins, 1, memory_order_relaxed);
     walk_block(c, block, unflag_fn, NULL);
 }
 
@@ -352,18 +405,47 @@ static struct sfs_pin_rec *pin_find(struct sfs_cache *c, const uint8_t *block)
     return NULL;
 }
 
+/* The entry of the user uid (pin_lock held): 1 + its index, its own or a
+ * free one now its; 0 when every entry is another user's. */
+static uint32_t user_get(struct sfs_cache *c, uint32_t uid)
+{
+    uint32_t free_u = 0;
+
+    for (uint32_t i = 0; i < SFS_PIN_USERS; i++) {
+        struct sfs_pin_user *pu = &c->hdr->pin_users[i];
+        bool used = atomic_load_explicit(&pu->pins, memory_order_relaxed) ||
+                    atomic_load_explicit(&pu->slots, memory_order_relaxed);
+
+        if (used && atomic_load_explicit(&pu->uid, memory_order_relaxed) == uid)
+            return i + 1;
+        if (!used && !free_u)
+            free_u = i + 1;
+    }
+    if (free_u)
+        atomic_store_explicit(&c->hdr->pin_users[free_u - 1].uid, uid, memory_order_relaxed);
+    return free_u;
+}
+
 int sfs_cache_pin(struct sfs_cache *c, const struct sfs_block_id *blocks, size_t n,
                   uint32_t seconds)
 {
+    return sfs_cache_pin_as(c, blocks, n, seconds, (uint32_t)geteuid());
+}
+
+int sfs_cache_pin_as(struct sfs_cache *c, const struct sfs_block_id *blocks, size_t n,
+                     uint32_t seconds, uint32_t uid)
+{
     struct sfs_pin_rec **ent = NULL;
     uint8_t *taken = NULL;
-    uint32_t need = 0;
+    uint32_t need = 0, user = 0;
     int r;
 
     if (!c || (n && !blocks) || seconds > SFS_PIN_MAX_SECONDS || n > c->npins)
         return -EINVAL;
     if (c->pin_budget == 0 && seconds)
         return -EPERM;
+    if (c->pin_max_s && seconds > c->pin_max_s)
+        return -EINVAL;
     if (n == 0)
         return 0;
     r = pin_lock(c);
@@ -372,6 +454,17 @@ int sfs_cache_pin(struct sfs_cache *c, const struct sfs_block_id *blocks, size_t
     int64_t now = sfs_now_ns();
 
     pin_sweep(c, now);
+    /* Only a pin's owner, or root, changes it: the whole batch, or none. */
+    for (size_t i = 0; i < n && uid != 0; i++) {
+        struct sfs_pin_rec *p = pin_find(c, blocks[i].b);
+        struct sfs_pin_user *pu =
+            p ? pin_user(c, atomic_load_explicit(&p->user, memory_order_relaxed)) : NULL;
+
+        if (pu && atomic_load_explicit(&pu->uid, memory_order_relaxed) != uid) {
+            r = -EPERM;
+            goto out;
+        }
+    }
     if (seconds == 0) {
         for (size_t i = 0; i < n; i++) {
             struct sfs_pin_rec *p = pin_find(c, blocks[i].b);
@@ -380,6 +473,11 @@ int sfs_cache_pin(struct sfs_cache *c, const struct sfs_block_id *blocks, size_t
                 pin_free(c, p);
         }
         r = 0;
+        goto out;
+    }
+    user = user_get(c, uid);
+    if (!user) {
+        r = -ENOSPC; /* SFS_PIN_USERS others hold pins */
         goto out;
     }
     /* Entries first (nothing written yet): an existing one, or a free one
@@ -409,31 +507,39 @@ int sfs_cache_pin(struct sfs_cache *c, const struct sfs_block_id *blocks, size_t
         }
         taken[ent[i] - c->pins] = 1;
     }
-    /* The budget, all or nothing: charge the unflagged resident shards now. */
+    /* The budgets, all or nothing: charge the unpinned resident shards now,
+     * to the cache's budget and to the user's. */
     for (size_t i = 0; i < n; i++)
         walk_block(c, blocks[i].b, count_unflagged_fn, &need);
-    uint32_t v = atomic_load_explicit(&c->hdr->pinned_slots, memory_order_relaxed);
-    do {
-        if ((uint64_t)v + need > c->pin_budget) {
-            r = -EDQUOT;
-            goto out;
-        }
-    } while (!atomic_compare_exchange_weak_explicit(&c->hdr->pinned_slots, &v, v + need,
-                                                    memory_order_relaxed, memory_order_relaxed));
-    /* Publish the entries, then flag: a shard loaded after its entry is
-     * visible flags itself (sfs_pin_on_load); one loaded before is met by
-     * the walk. */
+    if (need && !pin_charge(c, user, need)) {
+        r = -EDQUOT;
+        goto out;
+    }
+    /* Publish the entries, then pin: a shard loaded after its entry is
+     * visible pins itself (sfs_pin_on_load); one loaded before is met by
+     * the walk. An entry root takes over from another user is root's now
+     * (the slots already pinned stay charged to whom they were). */
     int64_t expiry = now + (int64_t)seconds * 1000000000ll;
     for (size_t i = 0; i < n; i++) {
-        if (atomic_load_explicit(&ent[i]->expiry_ns, memory_order_relaxed) == 0)
-            atomic_fetch_add_explicit(&c->hdr->pins_used, 1, memory_order_relaxed);
-        pin_write(ent[i], blocks[i].b, expiry);
+        uint32_t was = atomic_load_explicit(&ent[i]->user, memory_order_relaxed);
+        bool fresh = atomic_load_explicit(&ent[i]->expiry_ns, memory_order_relaxed) == 0;
+
+        if (fresh || was != user) {
+            struct sfs_pin_user *old = fresh ? NULL : pin_user(c, was);
+
+            if (fresh)
+                atomic_fetch_add_explicit(&c->hdr->pins_used, 1, memory_order_relaxed);
+            if (old && atomic_load_explicit(&old->pins, memory_order_relaxed))
+                atomic_fetch_sub_explicit(&old->pins, 1, memory_order_relaxed);
+            atomic_fetch_add_explicit(&c->hdr->pin_users[user - 1].pins, 1, memory_order_relaxed);
+        }
+        pin_write(ent[i], blocks[i].b, expiry, user);
     }
-    struct flag_ctx f = {.reserved = need, .pinned = 0};
+    struct flag_ctx f = {.user = user, .reserved = need, .pinned = 0};
     for (size_t i = 0; i < n; i++)
         walk_block(c, blocks[i].b, flag_fn, &f);
     if (f.reserved)
-        pin_uncharge(c, f.reserved); /* evicted or duplicated since the count */
+        pin_uncharge(c, user, f.reserved); /* evicted or duplicated since the count */
     r = (int)f.pinned;
 out:
     pthread_mutex_unlock(&c->hdr->pin_lock);

@@ -129,6 +129,11 @@ struct sfs_cache_config {
      * slots and of the reserved pool (rounded down at each boundary), and
      * every domain must get one regular slot at least (else -EINVAL). */
     const uint32_t *partition_weights;
+    /* Appended with pin owners: the longest pin in seconds (0:
+     * SFS_PIN_MAX_SECONDS), and the percent of the pin budget one user's
+     * pins may hold (0: 100; root, uid 0, is not bounded by it). */
+    uint32_t pin_max_seconds;
+    uint32_t pin_user_pct;
 };
 
 #define SFS_PARTITION_WEIGHT_MAX 1000000u
@@ -403,6 +408,18 @@ SFS_API void sfs_cache_set_touch_hook(struct sfs_cache *c, sfs_touch_hook_fn *fn
 #define SFS_PIN_MAX_SECONDS (366u * 24 * 3600)
 SFS_API int sfs_cache_pin(struct sfs_cache *c, const struct sfs_block_id *blocks, size_t n,
                           uint32_t seconds);
+
+/*
+ * sfs_cache_pin() on behalf of user uid (sfs_cache_pin() is this with the
+ * calling process's euid): a pin belongs to the user who made it, and only
+ * that user or root (uid 0) changes or removes it (-EPERM for the whole
+ * batch otherwise; a pin root renews becomes root's). A user's pinned
+ * shards stay within pin_user_pct of the pin budget (-EDQUOT), but root's;
+ * seconds above the cache's pin_max_seconds is -EINVAL; -ENOSPC also when
+ * SFS_PIN_USERS other users hold pins.
+ */
+SFS_API int sfs_cache_pin_as(struct sfs_cache *c, const struct sfs_block_id *blocks, size_t n,
+                             uint32_t seconds, uint32_t uid);
 
 /* 1 if key is resident and its block's pin lasts, 0 if not, or -errno. */
 SFS_API int sfs_cache_pinned(struct sfs_cache *c, const struct sfs_key *key);

@@ -1,0 +1,137 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * test_pin_owners.c - pins have owners (sfs_cache_pin_as): only a pin's
+ * owner, or root, changes or removes it; one user's pins stay within its
+ * share of the budget (pin_user_pct) at pin time and as its blocks' shards
+ * load later, so root's pin still finds room; no pin outlives pin_max.
+ * The uids here are the core's arguments; docs/security.md and
+ * test_fs_pins.c show the mount passing a real unprivileged requester's.
+ */
+#include "testutil.h"
+
+#include <criterion/criterion.h>
+
+#include <errno.h>
+#include <string.h>
+
+#define SHARD 4096u
+#define ALICE 1000u
+#define BOB   1001u
+#define ROOT  0u
+
+static struct sfs_cache *cache_owners(uint32_t nslots, uint32_t user_pct, uint32_t max_s)
+{
+    struct sfs_cache_config cfg = {
+        .shard_size = SHARD,
+        .nslots = nslots,
+        .no_reserved = true,
+        .hugepages = SFS_HUGEPAGES_OFF,
+        .pin_budget_pct = 50,
+        .pin_user_pct = user_pct,
+        .pin_max_seconds = max_s,
+    };
+    int err = 0;
+    struct sfs_cache *c = sfs_cache_create(&cfg, &err);
+
+    cr_assert_not_null(c, "create: %s", strerror(-err));
+    return c;
+}
+
+static int pin(struct sfs_cache *c, uint64_t b, uint32_t s, uint32_t uid)
+{
+    struct sfs_block_id id = tu_block(b);
+
+    return sfs_cache_pin_as(c, &id, 1, s, uid);
+}
+
+static int pinned(struct sfs_cache *c, uint64_t b)
+{
+    return sfs_cache_pinned(c, &(struct sfs_key){tu_block(b), 0});
+}
+
+Test(pin_owners, only_the_owner_or_root_changes_a_pin, .timeout = 30)
+{
+    struct sfs_cache *c = cache_owners(64, 0, 0);
+
+    cr_assert_eq(tu_load(c, &(struct sfs_key){tu_block(1), 0}), SFS_OWNER);
+    cr_assert_eq(pin(c, 1, 600, ALICE), 1);
+    /* Bob can neither shorten, renew nor remove Alice's pin. */
+    cr_assert_eq(pin(c, 1, 1, BOB), -EPERM);
+    cr_assert_eq(pin(c, 1, 0, BOB), -EPERM);
+    cr_assert_eq(pinned(c, 1), 1);
+    /* A batch with one of Alice's blocks changes none of Bob's either. */
+    struct sfs_block_id two[2] = {tu_block(2), tu_block(1)};
+    cr_assert_eq(sfs_cache_pin_as(c, two, 2, 60, BOB), -EPERM);
+    cr_assert_eq(pin(c, 2, 0, ROOT), 0); /* nothing was pinned */
+    /* Alice renews her own; root takes it over; then it is root's. */
+    cr_assert_eq(pin(c, 1, 300, ALICE), 1);
+    cr_assert_eq(pin(c, 1, 300, ROOT), 1);
+    cr_assert_eq(pin(c, 1, 0, ALICE), -EPERM);
+    cr_assert_eq(pin(c, 1, 0, ROOT), 0);
+    cr_assert_eq(pinned(c, 1), 0);
+    /* Free again: anyone may pin it. */
+    cr_assert_eq(pin(c, 1, 60, BOB), 1);
+    sfs_cache_close(c);
+}
+
+/* 64 slots, a pin budget of 32, a user's share 25 %: 8 slots each. */
+Test(pin_owners, a_users_share_holds_at_pin_time_and_as_shards_load, .timeout = 30)
+{
+    struct sfs_cache *c = cache_owners(64, 25, 0);
+    struct sfs_block_id ids[16];
+
+    for (int i = 0; i < 16; i++) {
+        ids[i] = tu_block(100 + (uint64_t)i);
+        if (i < 10)
+            cr_assert_eq(tu_load(c, &(struct sfs_key){ids[i], 0}), SFS_OWNER);
+    }
+    /* Ten resident blocks are over Alice's 8: refused whole. */
+    cr_assert_eq(sfs_cache_pin_as(c, ids, 10, 600, ALICE), -EDQUOT);
+    cr_assert_eq(sfs_cache_pin_as(c, ids, 8, 600, ALICE), 8);
+    cr_assert_eq(sfs_cache_pin_as(c, ids + 8, 1, 600, ALICE), -EDQUOT);
+    /* Pinned while absent, her blocks 10..15 charge her as they load:
+     * none of them gets past her share. */
+    cr_assert_eq(sfs_cache_pin_as(c, ids + 10, 6, 600, ALICE), 0);
+    for (int i = 10; i < 16; i++)
+        cr_assert_eq(tu_load(c, &(struct sfs_key){ids[i], 0}), SFS_OWNER);
+    int held = 0;
+    for (int i = 0; i < 16; i++)
+        held += pinned(c, 100 + (uint64_t)i) == 1;
+    cr_assert_eq(held, 8, "Alice's pins hold %d slots, her share is 8", held);
+    /* Bob has a share of his own, and root is not bounded by one. */
+    struct sfs_block_id bob[4], root[12];
+    for (int i = 0; i < 4; i++) {
+        bob[i] = tu_block(200 + (uint64_t)i);
+        cr_assert_eq(tu_load(c, &(struct sfs_key){bob[i], 0}), SFS_OWNER);
+    }
+    cr_assert_eq(sfs_cache_pin_as(c, bob, 4, 600, BOB), 4);
+    for (int i = 0; i < 12; i++) {
+        root[i] = tu_block(300 + (uint64_t)i);
+        cr_assert_eq(tu_load(c, &(struct sfs_key){root[i], 0}), SFS_OWNER);
+    }
+    cr_assert_eq(sfs_cache_pin_as(c, root, 12, 600, ROOT), 12);
+    /* Alice unpins: her share comes back to her. */
+    cr_assert_eq(sfs_cache_pin_as(c, ids, 16, 0, ALICE), 0);
+    cr_assert_eq(sfs_cache_pin_as(c, ids, 8, 600, ALICE), 8);
+    sfs_cache_close(c);
+}
+
+Test(pin_owners, no_pin_outlives_pin_max, .timeout = 30)
+{
+    struct sfs_cache *c = cache_owners(64, 0, 60);
+
+    cr_assert_eq(tu_load(c, &(struct sfs_key){tu_block(1), 0}), SFS_OWNER);
+    cr_assert_eq(pin(c, 1, 61, ALICE), -EINVAL);
+    cr_assert_eq(pin(c, 1, 61, ROOT), -EINVAL);
+    cr_assert_eq(pin(c, 1, 60, ALICE), 1);
+    /* Bad shares and maxima are refused at create. */
+    struct sfs_cache_config bad = {.shard_size = SHARD, .nslots = 64, .pin_user_pct = 101};
+    int err = 0;
+    cr_assert_null(sfs_cache_create(&bad, &err));
+    cr_assert_eq(err, -EINVAL);
+    bad.pin_user_pct = 0;
+    bad.pin_max_seconds = SFS_PIN_MAX_SECONDS + 1;
+    cr_assert_null(sfs_cache_create(&bad, &err));
+    cr_assert_eq(err, -EINVAL);
+    sfs_cache_close(c);
+}
