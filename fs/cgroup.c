@@ -23,7 +23,8 @@
  * cgroup2 mount has memory_hugetlb_accounting (Linux 6.6+). Files that do
  * not exist (a controller not enabled, the root cgroup) are skipped.
  *
- * For tests: SHARDFS_TEST_CGROUP_ROOT=DIR reads DIR/proc/self/cgroup,
+ * For tests (a hook of the test build, shardfs-hooks, only):
+ * SHARDFS_TEST_CGROUP_ROOT=DIR reads DIR/proc/self/cgroup,
  * DIR/proc/self/mountinfo and the limit files under DIR, so the walk can be
  * checked against a fake tree without privileges or a cgroup v2 host.
  */
@@ -40,9 +41,13 @@
 
 static const char *test_root(void)
 {
+#ifdef SFS_TEST_HOOKS
     const char *r = getenv("SHARDFS_TEST_CGROUP_ROOT");
 
     return r ? r : "";
+#else
+    return "";
+#endif
 }
 
 /* Does the comma-separated list have the item? */

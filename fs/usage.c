@@ -49,9 +49,10 @@
 #define USE_TICK_MS        1000
 #define USE_SAMPLE_BUCKETS 16384 /* buckets one tick samples: bounds its cost */
 #define USE_SAVE_S         60    /* the file is rewritten this often when it changed */
-/* Tests only: SHARDFS_TEST_USAGE_SAVE_S=N (1..USE_SAVE_S) rewrites it every
- * N s and SHARDFS_TEST_USAGE_HALF_LIFE_S=N (1..USE_HALF_LIFE_S) halves the
- * counts every N s, so that a test sees either without waiting minutes. */
+/* Test hooks (the test build, shardfs-hooks, only): SHARDFS_TEST_USAGE_SAVE_S=N
+ * (1..USE_SAVE_S) rewrites it every N s and SHARDFS_TEST_USAGE_HALF_LIFE_S=N
+ * (1..USE_HALF_LIFE_S) halves the counts every N s, so that a test sees
+ * either without waiting minutes. */
 #define USE_SAVE_ENV       "SHARDFS_TEST_USAGE_SAVE_S"
 #define USE_HALF_LIFE_ENV  "SHARDFS_TEST_USAGE_HALF_LIFE_S"
 #define USE_HALF_LIFE_S    600   /* counts halve this often */
@@ -655,8 +656,11 @@ out:
     return NULL;
 }
 
-/* Sampler ticks in a period of dflt_s seconds, or of the N seconds (1..dflt_s)
- * a test's environment variable name gives; at least 1. */
+/* Sampler ticks in a period of dflt_s seconds, or (test build) of the N
+ * seconds (1..dflt_s) a test's environment variable name gives; at least 1. */
+#ifndef SFS_TEST_HOOKS
+#define test_ticks(name, dflt_s) ((uint32_t)(1000 * (dflt_s) / USE_TICK_MS))
+#else
 static uint32_t test_ticks(const char *name, uint32_t dflt_s)
 {
     const char *e = getenv(name);
@@ -669,6 +673,7 @@ static uint32_t test_ticks(const char *name, uint32_t dflt_s)
     t = (uint32_t)(v * 1000 / USE_TICK_MS);
     return t ? t : 1;
 }
+#endif
 
 void fs_usage_start(struct fs *fs, const char *spec, unsigned warm_pct, bool save)
 {

@@ -57,8 +57,16 @@ int sfs_copier_open(int mode, int device_id, struct sfs_cache *c, struct sfs_cop
         return -EINVAL;
     }
 #if SHARDFS_HAVE_CUDA
+    size_t memcpy_min = SFS_CUDA_MEMCPY_MIN;
+#ifdef SFS_BENCH_BASELINES
+    /* Measurement switch: where the kernel hands over to cudaMemcpyAsync. */
+    const char *env = getenv("SHARDFS_CUDA_MEMCPY_MIN");
+
+    if (env && *env)
+        memcpy_min = (size_t)strtoull(env, NULL, 0);
+#endif
     if (device_id >= 0 && device_id < sfs_cuda_device_count()) {
-        *out = sfs_copier_cuda_open(device_id, c, &err);
+        *out = sfs_copier_cuda_open(device_id, c, memcpy_min, &err);
         if (*out)
             return 0;
         if (mode == SFS_COPIER_CUDA)
@@ -458,12 +466,17 @@ static void *copier_main(void *arg)
 
 int sfs_copier_start(struct sfs_rank *rk)
 {
+    bool releaser = rk->copier->ops->start != NULL;
     int r;
 
     /* Only a pipelining copier gains from it; without one (no thread to
      * spare), batches are handed on by the copier thread itself. Tests (the
-     * TSan run, which has no GPU) ask for it with SHARDFS_RANK_RELEASER. */
-    if ((rk->copier->ops->start || getenv("SHARDFS_RANK_RELEASER")) && releaser_start(rk) < 0)
+     * TSan run, which has no GPU) ask for it with the test build's hook
+     * SHARDFS_RANK_RELEASER. */
+#ifdef SFS_TEST_HOOKS
+    releaser = releaser || getenv("SHARDFS_RANK_RELEASER");
+#endif
+    if (releaser && releaser_start(rk) < 0)
         sfs_log(LOG_WARNING, "rank: no releaser thread: the copier hands batches on itself");
     r = pthread_create(&rk->copier_thread, NULL, copier_main, rk);
     if (r) {

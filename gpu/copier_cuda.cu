@@ -12,8 +12,8 @@
  * descriptors, grid.x the 64 KiB chunks of a shard, each thread moving
  * 16-byte vectors on whichever side the addresses allow it. Dumps launch the
  * same kernel the other way (a scatter into mapped host memory). Shards of at
- * least memcpy_min bytes (default 4 MiB, env SHARDFS_CUDA_MEMCPY_MIN; 0 =
- * never) go through cudaMemcpyAsync, which is as fast there.
+ * least memcpy_min bytes (4 MiB; 0 = never; copier.c chooses it) go through
+ * cudaMemcpyAsync, which is as fast there.
  *
  * The kernel may only touch memory our device can reach, or the context
  * dies for the whole process. So every end of every copy is placed first:
@@ -598,10 +598,10 @@ extern "C" int sfs_cuda_device_count(void)
     return n;
 }
 
-extern "C" struct sfs_copier *sfs_copier_cuda_open(int device, struct sfs_cache *c, int *err)
+extern "C" struct sfs_copier *sfs_copier_cuda_open(int device, struct sfs_cache *c,
+                                                   size_t memcpy_min, int *err)
 {
     struct cuda_copier *cc = (struct cuda_copier *)calloc(1, sizeof(*cc));
-    const char *env = getenv("SHARDFS_CUDA_MEMCPY_MIN");
     struct open_job job = {cc, c, 0};
     int r;
 
@@ -615,7 +615,7 @@ extern "C" struct sfs_copier *sfs_copier_cuda_open(int device, struct sfs_cache 
     pthread_mutex_init(&cc->inline_mu, NULL);
     pthread_mutex_init(&cc->gate_mu, NULL);
     cc->mutexes = true;
-    cc->memcpy_min = env ? (size_t)strtoull(env, NULL, 0) : MEMCPY_MIN_DEFAULT;
+    cc->memcpy_min = memcpy_min;
     r = run_apart(open_main, &job);
     if (r == 0)
         r = job.err;

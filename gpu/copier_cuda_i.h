@@ -17,10 +17,9 @@
 #include <pthread.h>
 #include <stdint.h>
 
-#define CHUNK              (64u * 1024)
-#define THREADS            256u
-#define BATCH_MAX          ((size_t)SFS_COPY_BATCH_MAX)
-#define MEMCPY_MIN_DEFAULT (4ull << 20)
+#define CHUNK     (64u * 1024)
+#define THREADS   256u
+#define BATCH_MAX ((size_t)SFS_COPY_BATCH_MAX)
 /* One cudaHostRegister call at most: drivers fail single registrations of
  * hundreds of GiB (page-table metadata beyond their allocation limit). */
 #define REG_PIECE_MAX (64ull << 30)

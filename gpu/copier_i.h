@@ -92,9 +92,13 @@ int sfs_copier_cuda_device_count(void);
 
 struct sfs_copier *sfs_copier_host_open(int *err);
 
-/* copier_cuda.cu (only when SHARDFS_HAVE_CUDA). */
+/* copier_cuda.cu (only when SHARDFS_HAVE_CUDA). Shards of at least
+ * memcpy_min bytes (0: none) are copied by cudaMemcpyAsync, not the gather
+ * kernel: SFS_CUDA_MEMCPY_MIN, as fast there (docs/rank.md). */
+#define SFS_CUDA_MEMCPY_MIN ((size_t)4 << 20)
 int sfs_cuda_device_count(void);
-struct sfs_copier *sfs_copier_cuda_open(int device, struct sfs_cache *c, int *err);
+struct sfs_copier *sfs_copier_cuda_open(int device, struct sfs_cache *c, size_t memcpy_min,
+                                        int *err);
 
 #ifdef __cplusplus
 }

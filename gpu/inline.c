@@ -38,7 +38,7 @@
 
 static bool inline_eligible(struct sfs_rank *rk, size_t n)
 {
-    return !rk->inline_off && !rk->blocking_waits && n <= RANK_INLINE_KEYS_MAX &&
+    return !rank_inline_off(rk) && !rank_blocking_waits(rk) && n <= RANK_INLINE_KEYS_MAX &&
            (uint64_t)n * rk->shard_size <= RANK_INLINE_BYTES_MAX && rk->copier &&
            rk->copier->ops->load_inline &&
            /* Acquire: pairs with the dispatcher's release after a dump's

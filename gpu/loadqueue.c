@@ -82,9 +82,11 @@ static void lease_wait(struct sfs_rank *rk, int64_t deadline)
 }
 
 /* ---------------------------------------------------------------------------
- * Blocking waits (the blocking_waits baseline) and a lost daemon.
+ * Blocking waits (the blocking_waits baseline, benchmark builds only) and a
+ * lost daemon.
  */
 
+#ifdef SFS_BENCH_BASELINES
 #define LINK_CHECK_NS (100 * 1000 * 1000ll) /* a blocking wait looks for a lost daemon */
 
 /* The blocking_waits baseline: the dispatcher itself waits, in slices, to
@@ -104,6 +106,7 @@ static void wait_one(struct sfs_rank *rk, struct rank_item *it)
     if (sfs_watch_settled(rk, it, r))
         sfs_own_takeover(it);
 }
+#endif
 
 void sfs_lq_link_lost(struct sfs_rank *rk)
 {
@@ -198,12 +201,14 @@ static void route(struct sfs_rank *rk, struct rank_item *it, struct load_batch *
         rank_ctr_add(rk, RC_WAITS, 1);
         it->step = STEP_WAIT;
         it->deadline_ns = deadline ? deadline : sfs_deadline_after(rk->key_timeout_ns);
+#ifdef SFS_BENCH_BASELINES
         if (rk->blocking_waits) {
             batch_flush(rk, b);
             wait_one(rk, it); /* the old way: the walk stalls here */
-        } else {
-            sfs_watch_push(rk, it);
+            break;
         }
+#endif
+        sfs_watch_push(rk, it);
         break;
     case SFS_OWNER:
     default:
@@ -383,7 +388,7 @@ static void walk_task(struct sfs_rank *rk, struct sfs_task *t)
         w.b.cap = rk->depth ? rk->depth : 1;
         w.b.ios = malloc(w.b.cap * sizeof(*w.b.ios)); /* NULL: loads go one by one */
         /* The old blocking LoadQueue (a baseline) had no look-ahead. */
-        if (order && !rk->blocking_waits)
+        if (order && !rank_blocking_waits(rk))
             w.taken = calloc(t->n, sizeof(*w.taken)); /* NULL: none */
     }
     /* No memory for the order: natural order, still correct. */
@@ -458,14 +463,17 @@ static void *dispatcher_main(void *arg)
  * Start / stop.
  */
 
-/* Start the workers, a watcher and the dispatcher. Reads the test hook
- * SHARDFS_RANK_BLOCKING_WAITS: the dispatcher blocks on each key another
- * rank is loading, as the old natural-order LoadQueue did (bench_rank's baseline). */
+/* Start the workers, a watcher and the dispatcher. The benchmark builds
+ * read the baseline switch SHARDFS_RANK_BLOCKING_WAITS: the dispatcher
+ * blocks on each key another rank is loading, as the old natural-order
+ * LoadQueue did (bench_rank's baseline; rank_i.h). */
 int sfs_lq_start(struct sfs_rank *rk)
 {
     int r;
 
+#ifdef SFS_BENCH_BASELINES
     rk->blocking_waits = getenv("SHARDFS_RANK_BLOCKING_WAITS") != NULL;
+#endif
     r = sfs_own_workers_start(rk);
     if (r)
         return r;

@@ -154,8 +154,10 @@ struct sfs_rank *rank_open_0_2(const struct sfs_rank_config *cfg, int *err)
     rk->nworkers = cfg->workers ? cfg->workers : 4;
     rk->rotate = cfg->rotate;
     rk->prealloc = cfg->prealloc;
-    /* Test hook (bench_rank's pipeline figure, A/B tests): never inline. */
+#ifdef SFS_BENCH_BASELINES
+    /* Baseline switch (bench_rank's pipeline figure): never inline. */
     rk->inline_off = getenv("SHARDFS_RANK_NO_INLINE") != NULL;
+#endif
     rk->key_timeout_ns = (int64_t)(cfg->key_timeout_ms ? cfg->key_timeout_ms : 30000) * 1000000;
     if ((cfg->socket_path && !(rk->socket_path = strdup(cfg->socket_path))) ||
         (cfg->mount_point && !(rk->mount_point = strdup(cfg->mount_point)))) {

@@ -157,10 +157,13 @@ struct sfs_rank {
     unsigned depth;
     unsigned nworkers;
     bool rotate;
-    bool blocking_waits; /* test hook SHARDFS_RANK_BLOCKING_WAITS (loadqueue.c) */
     bool prealloc;
     bool query_only;
-    bool inline_off; /* test hook SHARDFS_RANK_NO_INLINE (rank.c): every task to the pipeline */
+#ifdef SFS_BENCH_BASELINES
+    /* The benchmarks' baselines (rank_blocking_waits(), rank_inline_off()). */
+    bool blocking_waits; /* SHARDFS_RANK_BLOCKING_WAITS (loadqueue.c) */
+    bool inline_off;     /* SHARDFS_RANK_NO_INLINE (rank.c): every task to the pipeline */
+#endif
     int64_t key_timeout_ns;
 
     /* Lifetime. Lock order: mu before tq's lock (submit pushes under mu,
@@ -186,7 +189,7 @@ struct sfs_rank {
     unsigned nwatchers;           /* under wait_mu: started */
     struct sfs_fifo overflow;     /* under wait_mu: STEP_WAIT items no set had room for */
     bool watchers_stop;           /* under wait_mu */
-    bool wait_compat;             /* test hook SHARDFS_RANK_WAIT_COMPAT (watch.c) */
+    bool wait_compat;             /* test build: SHARDFS_RANK_WAIT_COMPAT (watch.c) */
 
     /* Backend requests in flight: at most `depth`. Taken and returned
      * without a lock (a resident key takes one and gives it back at once);
@@ -261,6 +264,20 @@ void sfs_log(int level, const char *fmt, ...) __attribute__((format(printf, 2, 3
  * sfs_rank_load spends copying before it returns (tens of microseconds). */
 #define RANK_INLINE_KEYS_MAX  ((unsigned)SFS_COPY_INLINE_MAX) /* 64 */
 #define RANK_INLINE_BYTES_MAX (1u << 20)
+
+/* The benchmarks' baseline modes, switched by environment variables read at
+ * open: only in the builds with SFS_BENCH_BASELINES (shardfs-rank-bench,
+ * which bench_rank links, and the tests' shardfs-rank-hooks); the product
+ * has neither mode. Blocking waits: the dispatcher itself waits on each key
+ * another rank is loading, as the old natural-order LoadQueue did. No
+ * inline: every task goes through the pipeline. */
+#ifdef SFS_BENCH_BASELINES
+#define rank_blocking_waits(rk) ((rk)->blocking_waits)
+#define rank_inline_off(rk)     ((rk)->inline_off)
+#else
+#define rank_blocking_waits(rk) false
+#define rank_inline_off(rk)     false
+#endif
 
 /* Hand items to the copier thread: a chain head..tail (linked through qn)
  * with one lock and at most one wake. Any thread. */

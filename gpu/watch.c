@@ -283,8 +283,9 @@ static void *watcher_main(void *arg)
 }
 
 
-/* Start the first watcher (more start when keys need them). Reads the test
- * hook SHARDFS_RANK_WAIT_COMPAT: watch as on a kernel without futex_waitv. */
+/* Start the first watcher (more start when keys need them). The test build
+ * reads the hook SHARDFS_RANK_WAIT_COMPAT: watch as on a kernel without
+ * futex_waitv. */
 int sfs_watch_start(struct sfs_rank *rk)
 {
     int r;
@@ -292,7 +293,9 @@ int sfs_watch_start(struct sfs_rank *rk)
     rk->watchers = calloc(WATCHERS_MAX, sizeof(*rk->watchers));
     if (!rk->watchers)
         return -ENOMEM;
+#ifdef SFS_TEST_HOOKS
     rk->wait_compat = getenv("SHARDFS_RANK_WAIT_COMPAT") != NULL;
+#endif
     pthread_mutex_lock(&rk->wait_mu);
     r = start_watcher(rk) ? 0 : -EAGAIN;
     pthread_mutex_unlock(&rk->wait_mu);

@@ -19,7 +19,10 @@
  *             each key is loaded from the store once, by its owner.
  *   sync-open the same with SHARDFS_POSIX_SYNC_OPEN=1 in the ranks: block
  *             files opened in the submitter (the old path), not as OPENAT2
- *             ops of the ring.
+ *             ops of the ring. A baseline switch: the ranks run
+ *             libshardfs-rank-bench, the product library's sources and
+ *             compiler flags plus the baseline switches, no test hooks and
+ *             no debug checks (tests/bench/CMakeLists.txt).
  *   direct=0  the same ranks with `posix:DIR?direct=0`: buffered reads (what
  *             a file system without O_DIRECT gets).
  *   pread     N forked processes, each: for every block file open, pread(2)
@@ -756,7 +759,10 @@ int main(int argc, char **argv)
             "O_DIRECT: N processes each with %d threads doing the same O_DIRECT. Wall: first "
             "start to last end of the N processes; %d rounds, the order rotating each round; "
             "ratios are per round (median, worst). Device: bytes read from the disk during "
-            "the pass / store bytes. CPU: per process, median, ms.\n\n",
+            "the pass / store bytes. CPU: per process, median, ms. Ranks: "
+            "libshardfs-rank-bench, the installed library's sources and compiler flags (no "
+            "test hooks, no debug checks) plus the benchmarks' baseline switches, which only "
+            "the sync-open rows set.\n\n",
             (unsigned long)(O.total >> 20), SHARDS_PER_BLOCK, fsdesc,
             info.hugepages ? "huge pages" : "4 KiB pages", OD_THREADS, O.reps);
     fprintf(b.out, "| N | reader | wall ms (median) | worst ms | GiB/s | vs pread (per round) | "
@@ -771,10 +777,10 @@ int main(int argc, char **argv)
 
     fprintf(b.out,
             "\nThe open path: block files opened as OPENAT2 ops of the ring (io-wq), then "
-            "STATX (the default) vs opened in the submitter (`SHARDFS_POSIX_SYNC_OPEN=1`, the "
-            "old path), same spec, same rounds. Cold as above; warm: keys removed from the "
-            "cache only (dentries, inodes and the page cache kept; the data is still read "
-            "O_DIRECT).\n\n");
+            "STATX (the default) vs opened in the submitter (`SHARDFS_POSIX_SYNC_OPEN=1`, a "
+            "baseline switch of libshardfs-rank-bench: the old path), same spec, same rounds. "
+            "Cold as above; warm: keys removed from the cache only (dentries, inodes and the "
+            "page cache kept; the data is still read O_DIRECT).\n\n");
     fprintf(b.out, "| N | cold ring ms | cold sync ms | ring / sync (min..max) | CPU ms ring / "
                    "sync | warm ring ms | warm sync ms | ring / sync | warm CPU ms ring / sync "
                    "|\n|---|---|---|---|---|---|---|---|---|\n");

@@ -24,8 +24,8 @@
  *     and of 64 x 16 KiB into host buffers -- the inline path, where the
  *     submitting thread copies -- against the core API doing the same
  *     (Get + memcpy + Release per key) and against the pipeline (a rank
- *     opened with the test hook SHARDFS_RANK_NO_INLINE), interleaved in one
- *     run; every byte of each path's last task checked.
+ *     opened with the baseline switch SHARDFS_RANK_NO_INLINE), interleaved
+ *     in one run; every byte of each path's last task checked.
  * --gpu mode (needs a CUDA device to mean anything; with --copier host it
  * runs the same code on the host copier):
  *  3. Load GB/s of resident tasks of 16 KiB .. 4 MiB shards into device
@@ -33,6 +33,12 @@
  *     resident task of 64 x 16 KiB, p50/p99; every byte of a load checked.
  *  4. Rank attach: sfs_rank_open on a populated 4 GiB data plane (map,
  *     fault in, register) against cudaHostRegister alone, ms per GiB.
+ *
+ * It links libshardfs-rank-bench (tests/bench/CMakeLists.txt): the product
+ * library's sources and compiler flags (no test hooks, no debug checks)
+ * plus the baseline switches, environment variables read at
+ * sfs_rank_open that only the baseline columns set (BUILD_NOTE, printed
+ * with every run).
  *
  * Each figure is the median of --reps runs after a warm-up. Tables go to
  * stdout and, with --out FILE (or --md FILE), replace this program's section
@@ -91,6 +97,13 @@ static struct {
 };
 
 static FILE *outf;
+
+/* What every figure runs on, said in the output. */
+#define BUILD_NOTE                                                                                 \
+    "Every figure is of libshardfs-rank-bench: the installed library's sources and compiler "      \
+    "flags (no test hooks, no debug checks) plus the benchmarks' baseline switches, environment "  \
+    "variables that only the baseline columns set (SHARDFS_RANK_BLOCKING_WAITS, "                  \
+    "SHARDFS_RANK_NO_INLINE).\n"
 
 static void __attribute__((format(printf, 1, 2))) emit(const char *fmt, ...)
 {
@@ -266,8 +279,9 @@ static int tp_child(struct bjob *j)
     cfg.backend = j->spec;
     cfg.load_depth = O.depth;
     cfg.rotate = j->rotate;
-    /* The old blocking LoadQueue: a test hook, read at open (each rank
-     * is a process of its own). */
+    /* The old blocking LoadQueue: a baseline switch of
+     * libshardfs-rank-bench, read at open (each rank is a process of its
+     * own). */
     if (j->blocking)
         setenv("SHARDFS_RANK_BLOCKING_WAITS", "1", 1);
     else
@@ -578,7 +592,7 @@ static void bench_small(void)
     for (int p = 0; p < 3; p++)
         fill_resident(c, 64, shard, bufs[p], e[p], NULL);
     struct sfs_rank *rk = bench_rank_open(sock, SFS_COPIER_HOST);
-    setenv("SHARDFS_RANK_NO_INLINE", "1", 1); /* read by sfs_rank_open */
+    setenv("SHARDFS_RANK_NO_INLINE", "1", 1); /* a baseline switch, read by sfs_rank_open */
     struct sfs_rank *pipe = bench_rank_open(sock, SFS_COPIER_HOST);
     unsetenv("SHARDFS_RANK_NO_INLINE");
 
@@ -587,7 +601,8 @@ static void bench_small(void)
     emit("sfs_rank_load + sfs_rank_wait of a task whose keys are all Ready (the inline path: "
          "the submitting thread copies), against the core API doing the same (sfs_cache_get + "
          "memcpy + sfs_cache_release per key) and against the pipeline (dispatcher, copier "
-         "threads; a rank opened with SHARDFS_RANK_NO_INLINE); %d tasks each, interleaved; "
+         "threads; a rank of libshardfs-rank-bench opened with its baseline switch "
+         "SHARDFS_RANK_NO_INLINE); %d tasks each, interleaved; "
          "every byte of each path's last task checked. CPU: %s, %ld online.\n\n",
          iters, cpu, sysconf(_SC_NPROCESSORS_ONLN));
     emit(
@@ -1001,6 +1016,7 @@ int main(int argc, char **argv)
     }
     if (O.small_only && O.out)
         usage(); /* the section is the whole default run's */
+    emit("%s", BUILD_NOTE);
     if (O.gpu) {
         bench_gpu();
     } else if (O.small_only) {

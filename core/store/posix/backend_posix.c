@@ -45,8 +45,9 @@
  * ring's depth entries; the load's caller gives up at its own deadline
  * (the daemon's wait_timeout). Ring mode needs those ops (Linux 5.6+;
  * probed at open, liburing 2.3 has them all); without them opens run in the
- * submitter as before (sync mode; SHARDFS_POSIX_SYNC_OPEN=1 in the
- * environment forces it, for tests). The synchronous calls (exists,
+ * submitter as before (sync mode; in the test and benchmark builds,
+ * SFS_BENCH_BASELINES, SHARDFS_POSIX_SYNC_OPEN=1 in the environment forces
+ * it: bench_cold's baseline, test_posix_direct). The synchronous calls (exists,
  * shard_count, list, dump, remove) get a deadline from posix_call.c.
  *
  * The rooms: this file is the backend's life (open, close, its ops); the
@@ -117,7 +118,12 @@ static bool ring_can_open(struct posix_backend *p)
 
     if (pr)
         io_uring_free_probe(pr);
-    return ok && !getenv("SHARDFS_POSIX_SYNC_OPEN");
+#ifdef SFS_BENCH_BASELINES
+    /* The baseline switch: opens in the submitter, as before ring mode. */
+    if (getenv("SHARDFS_POSIX_SYNC_OPEN"))
+        return false;
+#endif
+    return ok;
 }
 
 static const struct sfs_backend_ops posix_ops = {

@@ -140,7 +140,7 @@ int sfs_posix_open_beneath(struct posix_backend *p, const char *rel, int flags);
  * GlusterFS, CephFS's and Lustre's clients, SMB, 9P), whose clients cache
  * lookups and forward locks (posix_commit.c)? */
 bool sfs_posix_remote_fs(int dirfd);
-/* The store is on a FUSE file system (tests: SHARDFS_POSIX_HOST_LOCKS=1). */
+/* The store is on a FUSE file system (the test build: SHARDFS_POSIX_HOST_LOCKS=1). */
 bool sfs_posix_fuse_fs(int dirfd);
 /* The host's lock directory for p's store (posix_lock.c): its fd, or -1
  * (then the block locks are taken on the store, logged). Sets store_id. */

@@ -188,8 +188,9 @@ int sfs_posix_lock_block(struct posix_backend *p, const char *lock_rel)
  * again (gluster/glusterfs#4371; one lock request at a time per process
  * was tried and still wedged it, docs/shared-store.md). So
  * on a FUSE store the block lock is an flock of a file in a local
- * directory, SHARDFS_LOCK_DIR or /run/lock/shardfs (/tmp/shardfs-locks
- * without /run/lock), named by a hash of the store's root and the block:
+ * directory, /run/lock/shardfs (/tmp/shardfs-locks without /run/lock; in
+ * the test build, SHARDFS_LOCK_DIR when set), named by a hash of the
+ * store's root and the block:
  * no lock request ever goes to the FUSE client. It excludes every writer
  * of the store on this host (the processes that share the directory: a
  * rank in a container needs it mounted in); writers on other hosts are not
@@ -199,10 +200,16 @@ int sfs_posix_lock_block(struct posix_backend *p, const char *lock_rel)
  */
 int sfs_posix_host_locks_open(struct posix_backend *p)
 {
-    const char *env = getenv("SHARDFS_LOCK_DIR"), *dir = env && *env ? env : HOST_LOCK_DIR;
+    const char *env = NULL, *dir = HOST_LOCK_DIR;
     struct stat st;
     int fd;
 
+#ifdef SFS_TEST_HOOKS
+    /* Test hook: a lock directory of the test's own. */
+    env = getenv("SHARDFS_LOCK_DIR");
+    if (env && *env)
+        dir = env;
+#endif
     if (fstat(p->root_fd, &st) == 0)
         p->store_id = ((uint64_t)st.st_dev * 0x9e3779b97f4a7c15ull) ^ (uint64_t)st.st_ino;
     if (!env && access("/run/lock", F_OK) != 0)
@@ -533,7 +540,6 @@ void sfs_posix_sweep_dir(struct posix_backend *p, const char *rel, size_t dlen,
 
 void sfs_posix_commit_init(struct posix_backend *p)
 {
-    const char *age = getenv("SHARDFS_POSIX_TMP_AGE_MS");
     char host[256];
     size_t n = 0;
 
@@ -559,8 +565,13 @@ void sfs_posix_commit_init(struct posix_backend *p)
     p->tmp_age_ns = (int64_t)p->o.timeout_ms * 1000000 * TMP_AGE_DEADLINES;
     if (p->tmp_age_ns < TMP_AGE_MIN_NS)
         p->tmp_age_ns = TMP_AGE_MIN_NS;
-    if (age && *age) /* tests only: a stale age they can wait for */
+#ifdef SFS_TEST_HOOKS
+    /* Test hook: a stale age the tests can wait for. */
+    const char *age = getenv("SHARDFS_POSIX_TMP_AGE_MS");
+
+    if (age && *age)
         p->tmp_age_ns = strtoll(age, NULL, 10) * 1000000;
+#endif
 }
 
 /* The record of the lock file lfd (held) into *r: true, or false when

@@ -117,11 +117,15 @@ out_close:
 
 bool sfs_posix_fuse_fs(int dirfd)
 {
-    const char *force = getenv("SHARDFS_POSIX_HOST_LOCKS");
     struct statfs sf;
 
-    if (force && *force) /* tests only: a local directory locked as a FUSE store */
+#ifdef SFS_TEST_HOOKS
+    /* Test hook: a local directory locked as a FUSE store (1), or not (0). */
+    const char *force = getenv("SHARDFS_POSIX_HOST_LOCKS");
+
+    if (force && *force)
         return *force == '1';
+#endif
     return fstatfs(dirfd, &sf) == 0 && (unsigned long)sf.f_type == 0x65735546;
 }
 
@@ -137,11 +141,15 @@ bool sfs_posix_remote_fs(int dirfd)
         0x01021997, /* 9P */
         0x47504653, /* GPFS */
     };
-    const char *force = getenv("SHARDFS_POSIX_REMOTE");
     struct statfs sf;
 
-    if (force && *force) /* tests only: a local directory treated as remote */
+#ifdef SFS_TEST_HOOKS
+    /* Test hook: a local directory treated as remote (1), or not (0). */
+    const char *force = getenv("SHARDFS_POSIX_REMOTE");
+
+    if (force && *force)
         return *force == '1';
+#endif
     if (fstatfs(dirfd, &sf) < 0)
         return false;
     for (size_t i = 0; i < sizeof(remote) / sizeof(remote[0]); i++) {

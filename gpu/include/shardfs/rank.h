@@ -65,9 +65,9 @@ struct sfs_rank_config {
      * order 0, 1, 2... (the benchmark baseline). */
     bool rotate;
     /* Must be false (sfs_rank_open returns -EINVAL otherwise). In 0.1.0
-     * this was `blocking_waits`, a benchmark baseline that is now a test
-     * hook (SHARDFS_RANK_BLOCKING_WAITS, docs/rank.md); the field stays so
-     * the struct keeps its layout. */
+     * this was `blocking_waits`, a benchmark baseline that now lives only in
+     * the benchmarks' build of the library (docs/rank.md); the field stays
+     * so the struct keeps its layout. */
     bool reserved0;
     /* Prealloc (block, shard + 1) of the last task's blocks when the queue
      * runs empty (default true). */
