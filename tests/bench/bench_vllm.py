@@ -214,8 +214,8 @@ def report(args, rows, why_cpu):
         f"({os.cpu_count()} online), Python {platform.python_version()}, torch {torch.__version__}, vLLM 0.34.0. "
         f"The worker side: {n} blocks of one shard of {args.layers * args.page // 1024} KiB, "
         f"CPU tensors in vLLM's canonical layout, two layouts: {args.layers} layer tensors of "
-        f"{args.page // 1024} KiB pages (a block is {args.layers} pieces: staged through a host row) "
-        f"and one tensor whose page is the block (one range: no staging); medians of {args.reps} runs. "
+        f"{args.page // 1024} KiB pages (a block is {args.layers} pieces: one vectored entry, `Rank.loadv`/`dumpv`) "
+        f"and one tensor whose page is the block (one range: `Rank.load`/`dump`); medians of {args.reps} runs. "
         f"Baseline: {base}" + (f" (vLLM's own does not construct here: {why_cpu})." if why_cpu else "."),
         "",
         "| layout | step | shardfs (`ShardfsOffloadingSpec`) | baseline | shardfs / baseline (throughput) |",
@@ -244,10 +244,9 @@ def report(args, rows, why_cpu):
         "Targets: >= 1.0x for a single engine, and the second engine's load >= 1.0x of the CPU "
         "tier loading its own. Not met on this host. The store is write-through (the posix "
         "store's file writes are in the timed region; the CPU tier keeps RAM only). With pieces, "
-        "each block pays a staging copy and a Python step per piece (gather before the dump, "
-        "scatter after the load): the rank library's vectored entries (`sfs_rank_loadv`/"
-        "`sfs_rank_dumpv`) take the piece list instead, once the Python binding has them. The "
-        "one-range loads are the library's copier against one `copy_` per layer of N pages in a "
+        "each block is one vectored entry (`sfs_rank_loadv`/`sfs_rank_dumpv`): the copier moves "
+        "every piece straight between the page and the cache, one copy of the batch per piece, "
+        "no staging row. The one-range loads are the library's copier against one `copy_` per layer of N pages in a "
         "row, the baseline's best case.",
         "",
         f"Load average at the end of the run: {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs.",

@@ -37,7 +37,8 @@ def block_hashes(seed, n, first=0):
     return out[first:]
 
 
-def offloading_config(extra, page_bytes, layers, world=1, rank=0, replicated=False, name="org/model"):
+def offloading_config(extra, page_bytes, layers, world=1, rank=0, replicated=False, name="org/model",
+                      blocks_per_chunk=1):
     from vllm.v1.kv_offload.config import (OffloadingCacheConfig, OffloadingConfig,
                                            OffloadingGroupConfig, OffloadingModelConfig,
                                            OffloadingParallelConfig)
@@ -51,7 +52,8 @@ def offloading_config(extra, page_bytes, layers, world=1, rank=0, replicated=Fal
         extra_config=dict(extra),
         engine_id="engine-test",
         model=OffloadingModelConfig(name=name, dtype="bfloat16", max_model_len=4096),
-        cache=OffloadingCacheConfig(tokens_per_hash=TOKENS, blocks_per_chunk=1),
+        cache=OffloadingCacheConfig(tokens_per_hash=TOKENS * blocks_per_chunk,
+                                    blocks_per_chunk=blocks_per_chunk),
         parallel=OffloadingParallelConfig(rank=rank, world_size=world, tp_size=world, pp_size=1,
                                           pcp_size=1, dcp_size=1, data_parallel_index=0,
                                           data_parallel_size=1, data_parallel_rank_local=None,
@@ -88,12 +90,14 @@ class KVCache:
             group_data_refs=[[CanonicalKVCacheRef(tensor_idx=i, page_size_bytes=page)
                               for i in range(layers)]])
 
-    def ptrs(self, block_ids):
-        """vLLM's DevicePointers of these pages (GPULoadStoreSpec, resolve_device_pointers)."""
+    def ptrs(self, block_ids, first=0):
+        """vLLM's DevicePointers of these pages (GPULoadStoreSpec, resolve_device_pointers);
+        `first`: the request's block index of the first (where a chunk of
+        several blocks per offloaded block starts)."""
         from vllm.v1.kv_offload.base import GPULoadStoreSpec
         from vllm.v1.kv_offload.pointer_utils import resolve_device_pointers
 
-        return resolve_device_pointers(GPULoadStoreSpec(list(block_ids), [len(block_ids)], [0]),
+        return resolve_device_pointers(GPULoadStoreSpec(list(block_ids), [len(block_ids)], [first]),
                                        self.caches)
 
     def block(self, i):

@@ -13,10 +13,14 @@ Claims:
     whole shard) read each other's shards byte-exact;
   * a row of more pieces than an entry takes (128) goes through a bounce
     buffer, counted, and round-trips;
+  * Rank.dumpv(after=EVENT) is sfs_rank_dumpv_after: with the host copier
+    it fails as the library documents it, EOPNOTSUPP, nothing queued;
   * with layer_first, an instance on the zero-copy path (interface_v1) and
     one on the copying path (get/set of flat pages), sharing a store, read
     each other's pages byte-exact (one page format per key).
 """
+import ctypes
+import errno
 import hashlib
 import unittest
 from unittest import mock
@@ -158,6 +162,26 @@ class UcmPieces(unittest.TestCase):
             self.assertEqual(store.stats()["pieces"], {"vectored": 6, "bounced": 0})
         finally:
             store.close()
+
+
+class DumpAfter(unittest.TestCase):
+    def test_after_an_event_is_refused_by_the_host_copier(self):
+        r = shardfs.Rank(socket=D.sock)
+        self.addCleanup(r.close)
+        self.assertEqual(r.copier, "host")
+        buf = bytearray(SHARD)
+        addr = ctypes.addressof((ctypes.c_char * SHARD).from_buffer(buf))
+        blk = hashlib.md5(b"dump-after").digest()
+        with self.assertRaises(shardfs.ShardfsError) as cm:
+            r.dumpv([(blk, 0, [(addr, SHARD)])], after=0xE7E47)
+        self.assertEqual(cm.exception.errno, errno.EOPNOTSUPP)
+        self.assertIn("synchronize", str(cm.exception))
+        self.assertEqual(r.lookup([blk]), [False], "nothing queued")
+        for bad in (True, -1, "0x10", 1 << 64):
+            with self.assertRaises(shardfs.InvalidArgument):
+                r.dumpv([(blk, 0, [(addr, SHARD)])], after=bad)
+        r.dumpv([(blk, 0, [(addr, SHARD)])], after=0).wait()  # 0: no event, as UCM passes it
+        self.assertEqual(r.lookup([blk]), [True])
 
 
 class OnePageFormat(unittest.TestCase):

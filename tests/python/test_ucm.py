@@ -11,6 +11,10 @@ Claims:
     data_dir_shard_bytes directories, shard n at n * shard_size, the pieces
     of a shard in row order), and files laid out that way by hand load;
   * a failed entry makes wait() raise RuntimeError, with per-entry statuses;
+  * dump_data's prerequisite_handle: with the host copier the store
+    synchronizes the event, then dumps; with the CUDA copier it hands the
+    event to the library (Rank.dumpv after=) and blocks on nothing;
+  * cc_store() raises (ENOTSUP): there is no UCM C++ Store to hand out;
   * two engine instances (processes) share one CacheBuffer: what one dumps
     the other loads without a backend load;
   * against UCM's own base class when UCM is importable (skipped here).
@@ -20,13 +24,14 @@ import inspect
 import multiprocessing
 import os
 import unittest
+from unittest import mock
 
 import fixture
 
 torch, np, MISSING = fixture.optional("torch", "numpy")
 
 import shardfs
-from shardfs import ucm
+from shardfs import _pieces, ucm
 
 # A small model: 2 layers, K and V each [num_blocks, block_tokens, heads, head_dim] fp16.
 LAYERS, BLOCKS, TOKENS, HEADS, HEAD_DIM = 2, 8, 16, 2, 32
@@ -158,6 +163,51 @@ class Worker(unittest.TestCase):
         self.assertTrue(self.store.check(task))
         self.assertEqual([self.kv.block_bytes(v) for v in into], want)
 
+    def spy_dumpv(self, drop_after):
+        """Record each Rank.dumpv call's after=; with drop_after, dump
+        without it (this host copier cannot wait for an event)."""
+        calls = []
+        real = self.store.rank.dumpv
+
+        def dumpv(entries, keep=None, after=None):
+            calls.append(after)
+            return real(entries, keep=keep, after=None if drop_after else after)
+
+        self.store.rank.dumpv = dumpv
+        self.addCleanup(vars(self.store.rank).pop, "dumpv")
+        return calls
+
+    def test_a_prerequisite_with_the_host_copier_is_synchronized_before_the_dump(self):
+        blocks = ids(2, b"ucm-prereq-host")
+        want = [self.kv.block_bytes(v) for v in (2, 3)]
+        order = []
+        calls = self.spy_dumpv(drop_after=False)
+        with mock.patch.object(_pieces, "event_sync", side_effect=lambda h: order.append(h)):
+            self.store.wait(self.store.dump_data(blocks, [0, 0], self.kv.addrs([2, 3]), 0xE7E47))
+        self.assertEqual(order, [0xE7E47])
+        self.assertEqual(calls, [None], "the host copier's dump goes without the event")
+        for b, w in zip(blocks, want):
+            with open(os.path.join(D.store, "data", b.hex()), "rb") as f:
+                self.assertEqual(f.read(), w)
+
+    def test_a_prerequisite_with_the_cuda_copier_goes_to_the_library(self):
+        """The routing: a store whose copier is CUDA's hands the event to
+        Rank.dumpv(after=) and never synchronizes it in Python (the event
+        itself is the GPU check's: no device here, so the spy dumps
+        without it)."""
+        blocks = ids(2, b"ucm-prereq-cuda")
+        want = [self.kv.block_bytes(v) for v in (4, 5)]
+        calls = self.spy_dumpv(drop_after=True)
+        self.store.rank.copier = "cuda"
+        self.addCleanup(setattr, self.store.rank, "copier", "host")
+        with mock.patch.object(_pieces, "event_sync",
+                               side_effect=AssertionError("the thread blocked on the event")):
+            self.store.wait(self.store.dump_data(blocks, [0, 0], self.kv.addrs([4, 5]), 0xE7E47))
+        self.assertEqual(calls, [0xE7E47])
+        for b, w in zip(blocks, want):
+            with open(os.path.join(D.store, "data", b.hex()), "rb") as f:
+                self.assertEqual(f.read(), w)
+
     def test_files_laid_out_by_hand_load(self):
         blocks = ids(2, b"ucm-hand")
         for b in blocks:
@@ -215,7 +265,9 @@ class Worker(unittest.TestCase):
             self.assertEqual(sched.lookup_on_prefix(blocks), 1)
             self.assertEqual(sched.lookup_on_prefix(blocks[2:]), -1)
             self.assertEqual(sched.lookup_on_prefix(blocks[:2]) + 1, 2, "the connector's hit count")
-            self.assertIsInstance(sched.cc_store(), int)
+            with self.assertRaises(ucm.ShardfsUcmError) as cm:
+                sched.cc_store()  # no UCM C++ Store* for native code to call
+            self.assertEqual(cm.exception.errno, errno.ENOTSUP)
         finally:
             sched.close()
         self.store.prefetch(blocks)  # advisory: never fails

@@ -10,7 +10,12 @@ halves, which do not import here: fixture_vllm.py holds the sequence).
 Claims:
   * vLLM's factory finds the spec from spec_name/spec_module_path;
   * store, lookup, load: every byte back, with one page per block (straight
-    to the page) and with K/V pieces of several layers (staged);
+    to the page) and with K/V pieces of several layers (one vectored entry
+    per block: Rank.loadv/dumpv, no staging copy in Python);
+  * a chunk of several blocks per offloaded block moved in part: the holes
+    are zeros in the store, and a load writes only the pages it moves;
+  * a block of more pieces than the library's entry takes is refused at
+    worker start, naming the counts;
   * a block nobody stored is a miss; a block stored is not stored again;
   * a failed load is reported per block (the other blocks of its job load)
     and as success=False for the job, never as an exception;
@@ -25,6 +30,7 @@ Claims:
     stored once, every rank loads the same bytes;
   * the wrong shard size fails at the worker, naming the size to mount with.
 """
+import ctypes
 import errno
 import json
 import os
@@ -74,9 +80,9 @@ class VllmCase(unittest.TestCase):
         extra = fv.extra_config(self.d.sock, self.d.store, **kw.pop("extra", {}))
         spec = fv.make_spec(fv.offloading_config(extra, page, layers, **kw))
         manager = spec.get_manager()
+        self.addCleanup(manager.shutdown)
         cache = fv.KVCache(page, layers, seed)
         worker = spec.get_worker(cache.caches)
-        self.addCleanup(manager.shutdown)
         self.addCleanup(worker.shutdown)
         return spec, manager, worker, cache
 
@@ -123,6 +129,65 @@ class RoundTrip(VllmCase):
 
     def test_pieces_of_several_layers_load_every_byte(self):
         self.round_trip(PAGE, LAYERS)
+
+    def test_pieces_go_as_vectored_entries_with_no_python_copy(self):
+        """Every piece is moved by the library (loadv/dumpv): a memmove, the
+        staging row's copy, raises here."""
+        spec, manager, worker, cache = self.engine(page=PAGE, layers=LAYERS, seed=14)
+        r = worker.link.get()
+        calls = []
+        for name in ("load", "dump", "loadv", "dumpv"):
+            def spy(entries, *a, _name=name, _fn=getattr(r, name), **kw):
+                calls.append(_name)
+                return _fn(entries, *a, **kw)
+            setattr(r, name, spy)
+
+        class NoCopy:
+            def __getattr__(self, name):
+                if name in ("memmove", "memset", "string_at"):
+                    raise AssertionError(f"ctypes.{name} in shardfs.vllm: a piece staged in Python")
+                return getattr(ctypes, name)
+
+        old = svllm.ctypes
+        svllm.ctypes = NoCopy()
+        self.addCleanup(setattr, svllm, "ctypes", old)
+        hashes = fv.block_hashes(seed=14, n=4)
+        self.assertEqual(len(fv.store(spec, manager, worker, cache, hashes, [1, 2, 3, 4], job_id=1)), 4)
+        self.assertTrue(fv.load(manager, worker, cache, hashes, [9, 10, 11, 12], job_id=2).success)
+        self.assertEqual(calls, ["dumpv", "loadv"])
+        for s, t in zip([1, 2, 3, 4], [9, 10, 11, 12]):
+            self.assertEqual(cache.block(t), cache.block(s))
+
+    def test_a_chunk_moved_in_part_has_holes(self):
+        """Two GPU blocks per offloaded block (2 layers of PAGE: the shard is
+        layer 0's two pages, then layer 1's): a job that starts in the middle
+        of a chunk moves its pages only; a store's holes are zeros."""
+        spec, manager, worker, cache = self.engine(page=PAGE, layers=2, seed=15, blocks_per_chunk=2)
+        hashes = fv.block_hashes(seed=15, n=3)
+        keys = fv.keys_of(hashes)
+        out = manager.prepare_store(keys[:2], None)
+        worker.submit_store(1, cache.ptrs([3, 4, 5, 6]), out.store_spec)
+        self.assertTrue(fv.finish(worker, [1])[1].success)
+        # The second half of chunk 0, then chunk 1 whole.
+        before = cache.block(9)
+        worker.submit_load(2, manager.prepare_load(keys[:2], None), cache.ptrs([10, 11, 12], first=1))
+        self.assertTrue(fv.finish(worker, [2])[2].success)
+        self.assertEqual([cache.block(10), cache.block(11), cache.block(12)],
+                         [cache.block(4), cache.block(5), cache.block(6)])
+        self.assertEqual(cache.block(9), before)
+        # A store of the second half of a chunk: the first half is zeros.
+        out = manager.prepare_store(keys[2:], None)
+        worker.submit_store(3, cache.ptrs([7], first=1), out.store_spec)
+        self.assertTrue(fv.finish(worker, [3])[3].success)
+        with open(os.path.join(self.d.store, "data", out.store_spec.blocks[0].hex()), "rb") as f:
+            raw = f.read()
+        zeros = bytes(PAGE)
+        page7 = [bytes(t[7].numpy().tobytes()) for t in cache.tensors]
+        self.assertEqual(raw, zeros + page7[0] + zeros + page7[1])
+
+    def test_more_pieces_than_an_entry_takes_are_refused_at_worker_start(self):
+        with self.assertRaisesRegex(ValueError, r"up to 130 pieces.*at most 128"):
+            self.engine(page=128, layers=65, blocks_per_chunk=2)
 
     def test_a_block_nobody_stored_is_a_miss(self):
         spec, manager, worker, cache = self.engine()

@@ -109,6 +109,8 @@ def _prototypes(lib):
                                           ctypes.POINTER(P)]),
         "sfs_rank_dumpv": (ctypes.c_int, [P, ctypes.POINTER(EntryV), ctypes.c_size_t,
                                           ctypes.POINTER(P)]),
+        "sfs_rank_dumpv_after": (ctypes.c_int, [P, ctypes.POINTER(EntryV), ctypes.c_size_t, P,
+                                                ctypes.POINTER(P)]),
         "sfs_rank_wait": (ctypes.c_int, [P, ctypes.c_int, ctypes.POINTER(ctypes.c_int)]),
         "sfs_rank_task_done": (ctypes.c_bool, [P]),
         "sfs_rank_task_size": (ctypes.c_size_t, [P]),
@@ -127,8 +129,8 @@ def _prototypes(lib):
         "sfs_rank_cuda_devices": (ctypes.c_int, []),
     }
     # New in SHARDFS_RANK_0.2 (pin) and 0.3 (the vectored calls): Rank.pin
-    # and Rank.loadv/dumpv say when they are missing.
-    optional = {"sfs_rank_pin", "sfs_rank_loadv", "sfs_rank_dumpv"}
+    # and Rank.loadv/dumpv (and dumpv's after=) say when they are missing.
+    optional = {"sfs_rank_pin", "sfs_rank_loadv", "sfs_rank_dumpv", "sfs_rank_dumpv_after"}
     for name, (res, args) in sig.items():
         if name in optional and not hasattr(lib, name):
             continue

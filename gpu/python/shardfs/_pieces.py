@@ -237,9 +237,12 @@ def _complete(row, cuda):
     return 0
 
 
-def submit(rank, blocks, shards, rows, load, counters=None):
+def submit(rank, blocks, shards, rows, load, counters=None, after=None):
     """Queue a load or dump of rows (one Row per (block, shard)) on rank, each
-    row one vectored entry (a bounce buffer only past PIECES_MAX pieces)."""
+    row one vectored entry (a bounce buffer only past PIECES_MAX pieces).
+    after: a dump's CUDA event (Rank.dumpv's after=): the copier's stream
+    waits for it; a bounced row is gathered here, so with one the event is
+    synchronized first and the dump goes without it."""
     if not (len(blocks) == len(shards) == len(rows)):
         raise InvalidArgument(f"{len(blocks)} block ids, {len(shards)} shard indices and "
                               f"{len(rows)} rows of buffers: they must be as many")
@@ -252,7 +255,7 @@ def submit(rank, blocks, shards, rows, load, counters=None):
     headers = (ctypes.c_char * (HEADER_SIZE * framed))() if framed else None
     hbase = ctypes.addressof(headers) if framed else 0
     entries = []
-    bounced = 0
+    bounced = []
     for b, s, row in zip(blocks, shards, rows):
         vec = row.merged()
         if row.framed:
@@ -261,14 +264,23 @@ def submit(rank, blocks, shards, rows, load, counters=None):
             hbase += HEADER_SIZE
         if len(vec) > _lib.PIECES_MAX:
             vec = row._bounce_pieces()
-            bounced += 1
-            if not load:
-                row.gather(cuda)
+            bounced.append(row)
         if row.framed and not load:
             HEADER.pack_into((ctypes.c_char * HEADER_SIZE).from_address(row.hdr), 0, MAGIC, row.size)
         entries.append((b, s, vec))
+    if bounced and not load:
+        if after:
+            event_sync(after)  # the gathers below read the sources now
+            after = None
+        for row in bounced:
+            row.gather(cuda)
     if counters is not None:
-        counters.add(len(rows) - bounced, bounced)
+        counters.add(len(rows) - len(bounced), len(bounced))
     keep = (headers, rows)  # the bounce buffers too, should the task outlive its PieceTask
-    task = rank.loadv(entries, keep=keep) if load else rank.dumpv(entries, keep=keep)
+    if load:
+        task = rank.loadv(entries, keep=keep)
+    elif after:
+        task = rank.dumpv(entries, keep=keep, after=after)
+    else:
+        task = rank.dumpv(entries, keep=keep)
     return PieceTask(task, rows, load, cuda, keep=headers)

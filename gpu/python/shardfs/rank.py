@@ -477,8 +477,9 @@ class Rank:
             arr, n, keep = self._entries(entries, writable, kind)
         return self._queue(fn_name, arr, n, keep, kind)
 
-    def _queue(self, fn_name, arr, n, keep, kind):
-        """Queue the packed entries with fn_name; the Task keeps `keep`."""
+    def _queue(self, fn_name, arr, n, keep, kind, extra=()):
+        """Queue the packed entries with fn_name (its arguments after the
+        entry count: `extra`, then the task's address); the Task keeps `keep`."""
         if n == 0:
             return Task(self, None, 0, None, kind)
         if self._parked:
@@ -492,7 +493,7 @@ class Rank:
         out = ctypes.c_void_p()
         ptr = self._enter(kind)
         try:
-            rc = fn(ptr, arr, n, ctypes.byref(out))
+            rc = fn(ptr, arr, n, *extra, ctypes.byref(out))
         finally:
             self._leave()
         if rc < 0:
@@ -500,6 +501,10 @@ class Rank:
             if rc == -errno.EPERM:
                 raise ShardfsError(errno.EPERM, f"{kind}: this Rank is the query-only scheduler "
                                    "role (device < 0)")
+            if rc == -errno.EOPNOTSUPP and extra:
+                raise ShardfsError(errno.EOPNOTSUPP, f"{kind} after a CUDA event: the {self.copier} "
+                                   "copier cannot wait for a device's stream (synchronize the "
+                                   "event, then dumpv() without after=)")
             check(rc, f"{kind} of {n} entries")
         task._ptr = out.value
         return task
@@ -514,12 +519,12 @@ class Rank:
         buffer as its (block, shard). Returns a Task."""
         return self._submit("sfs_rank_dump", entries, False, "dump")
 
-    def _submitv(self, fn_name, entries, keep, kind):
+    def _submitv(self, fn_name, entries, keep, kind, extra=()):
         if getattr(_lib.lib(), fn_name, None) is None:
             raise ShardfsError(errno.ENOTSUP, f"{kind}: the library at {_lib.path()} is older "
                                f"than 0.3 (no {fn_name})")
         arr, n, pieces = pack_vectored(entries, kind)
-        return self._queue(fn_name, arr, n, (pieces, keep), kind)
+        return self._queue(fn_name, arr, n, (pieces, keep), kind, extra)
 
     def loadv(self, entries, keep=None):
         """Queue a load of shards made of pieces: each entry is (block,
@@ -530,11 +535,23 @@ class Rank:
         object) is held by the Task until then. Returns a Task."""
         return self._submitv("sfs_rank_loadv", entries, keep, "loadv")
 
-    def dumpv(self, entries, keep=None):
+    def dumpv(self, entries, keep=None, after=None):
         """Queue a dump of shards made of pieces (entries as for loadv): the
         shard is the pieces one after the other, zeros after the last
-        (sfs_rank_dumpv). Returns a Task."""
-        return self._submitv("sfs_rank_dumpv", entries, keep, "dumpv")
+        (sfs_rank_dumpv). Returns a Task.
+
+        after: a CUDA event (a cudaEvent_t as an int, e.g. torch's
+        `event.cuda_event`) recorded on the stream that writes the sources:
+        the copier's stream waits for it, no thread blocks
+        (sfs_rank_dumpv_after; the event's record at this call counts).
+        CUDA copier only: with the host copier it raises ShardfsError
+        EOPNOTSUPP (synchronize, then dumpv without it). None or 0: none."""
+        if after is None or after == 0:
+            return self._submitv("sfs_rank_dumpv", entries, keep, "dumpv")
+        if isinstance(after, bool) or not isinstance(after, int) or not 0 < after < 1 << 64:
+            raise InvalidArgument(f"dumpv: after={after!r}: expected a cudaEvent_t as an int")
+        return self._submitv("sfs_rank_dumpv_after", entries, keep, "dumpv",
+                             (ctypes.c_void_p(after),))
 
     # -- queries ----------------------------------------------------------
 

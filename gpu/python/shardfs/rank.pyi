@@ -1,6 +1,6 @@
 # SPDX-License-Identifier: MIT
 # Types of shardfs.rank's public API (rank.py; the package is typed: py.typed).
-from typing import Any, Iterable, Sequence, Tuple, Union
+from typing import Any, Iterable, Optional, Sequence, Tuple, Union
 
 from .task import Task as Task, block_hex as block_hex, block_id as block_id
 
@@ -37,7 +37,7 @@ class Rank:
     def loadv(self, entries: Iterable[Tuple[BlockId, int, Sequence[Piece]]],
               keep: object = ...) -> Task: ...
     def dumpv(self, entries: Iterable[Tuple[BlockId, int, Sequence[Piece]]],
-              keep: object = ...) -> Task: ...
+              keep: object = ..., after: Optional[int] = ...) -> Task: ...
     def entries(self, blocks: Union[BlockId, Iterable[BlockId]], shards: Union[int, Iterable[int]],
                 buffer: Buffer) -> Entries: ...
     def lookup(self, blocks: Iterable[BlockId], shard: int = ...) -> list[bool]: ...

@@ -53,6 +53,7 @@ PosixStore shows a block only once complete): with block_size known (the
 worker's config, the scheduler's when it owns the store's GC), lookups check
 shard 0 to shards_per_block - 1; without it, shard 0 only (logged once).
 """
+import errno
 import functools
 import logging
 import os
@@ -208,13 +209,17 @@ class ShardfsStore(_UcmBase):
 
     @_ucm_errors
     def cc_store(self):
-        """The native handle: the struct sfs_rank * (not a UCM C++ Store;
-        UCM's C++ stores cannot be stacked on it)."""
-        self.rank._enter("cc_store")
-        try:
-            return int(self.rank._ptr)
-        finally:
-            self.rank._leave()
+        """UCM's native handle of a store is a C++ `Store*` (its pipeline
+        store's Self()), whose methods UCM's native code calls (GSA's
+        prefetch engine). shardfs has no such object: this raises
+        (ShardfsUcmError, ENOTSUP) rather than hand out a pointer that would
+        be called as one. Native code written for libshardfs-rank takes
+        `self.rank` (a shardfs.Rank) instead."""
+        self.rank._enter("cc_store")  # a closed store says so first
+        self.rank._leave()
+        raise ShardfsUcmError("shardfs cc_store: ShardfsStore has no UCM C++ Store for native "
+                              "code to call (UCM's GSA prefetch engine needs one); use UCM's "
+                              "Python load path, or a UCM C++ store", errno.ENOTSUP)
 
     def _present(self, block_ids, what):
         """Per block: is every shard stored? All False (logged once) when the
@@ -306,10 +311,11 @@ class ShardfsStore(_UcmBase):
             rows.append(_pieces.Row(pieces, self.shard_size, f"{what}: block {i}"))
         return rows
 
-    def _go(self, kind, block_ids, shard_index, rows, keep=None):
+    def _go(self, kind, block_ids, shard_index, rows, keep=None, after=None):
         block_ids = list(block_ids)
         shard_index = list(shard_index)
-        pt = _pieces.submit(self.rank, block_ids, shard_index, rows, kind == "load", self.pieces)
+        pt = _pieces.submit(self.rank, block_ids, shard_index, rows, kind == "load", self.pieces,
+                            after=after)
         pt.keep = keep
         return ShardfsUcmTask(kind, pt)
 
@@ -327,10 +333,18 @@ class ShardfsStore(_UcmBase):
 
     @_ucm_errors
     def dump_data(self, block_ids, shard_index, src_addr, prerequisite_handle=0):
+        """The sources are complete once the engine's event
+        (`prerequisite_handle`, a cudaEvent_t) is: with the CUDA copier its
+        stream waits for the event (no thread blocks); with the host copier
+        (host sources) this thread synchronizes it, then queues the dump."""
+        rows = self._addr_rows(src_addr, "dump_data")
+        after = None
         if prerequisite_handle:
-            # The sources are complete once the engine's event is.
-            _pieces.event_sync(prerequisite_handle)
-        return self._go("dump", block_ids, shard_index, self._addr_rows(src_addr, "dump_data"))
+            if self.rank.copier == "cuda":
+                after = int(prerequisite_handle)
+            else:
+                _pieces.event_sync(prerequisite_handle)
+        return self._go("dump", block_ids, shard_index, rows, after=after)
 
     fetch_data = load_data  # the name in earlier StoreV1 revisions
 

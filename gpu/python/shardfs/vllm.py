@@ -26,13 +26,17 @@ refuses to share, logging why once, and stays off (misses, no stores).
 A block's bytes: for each layer tensor (data ref) of its KV group, its
 pages in order, as vLLM's own file tier lays out a file. When that is one
 range of memory (one data ref whose page is the shard) the library copies
-straight between the page and the cache. Otherwise the pieces are gathered
-into (or scattered from) a host staging row: one more memcpy per piece. The
-library's vectored entries (`sfs_rank_loadv`/`sfs_rank_dumpv`, a shard as a
-list of pieces) remove that copy and are the path for GPU pages; this module
-submits contiguous shards only, and takes pieces through the staging row on
-the host; a GPU KV cache of several pieces per block is refused at worker
-start until the Python binding has the vectored entries.
+straight between the page and the cache (`Rank.load`/`Rank.dump`).
+Otherwise the block is one vectored entry (`Rank.loadv`/`Rank.dumpv`,
+`sfs_rank_loadv`/`sfs_rank_dumpv`): its pages are the pieces of the shard,
+in order, adjacent ones merged, and the copier moves each piece straight
+between the page and the cache, host or GPU memory alike (no staging row,
+no Python step per piece). A hole before a page (a chunk of several GPU
+blocks that a job moves only in part) is a piece of zeros in a dump and a
+scratch row, read by nobody, in a load; the shard's tail after the last page
+is the library's zeros. The library takes up to 128 pieces per entry: a KV
+group whose data refs times blocks per chunk exceed that (an 80-layer model
+with K and V apart: 160) is refused at worker start, naming the counts.
 
 Failures never raise into vLLM: a load's statuses are per block (logged,
 counted in `ShardfsOffloadingWorker.failed_blocks`); a job with any failed
@@ -60,6 +64,7 @@ from vllm.v1.kv_offload.base import (  # vLLM's experimental API: pinned in docs
     TransferResult,
 )
 
+from . import _lib
 from .errors import ShardfsError
 from .rank import Rank
 
@@ -238,13 +243,11 @@ class ShardfsOffloadingManager(OffloadingManager):
 
 
 class _Job:
-    __slots__ = ("task", "load", "stage", "scatter", "nbytes", "t0", "blocks", "statuses")
+    __slots__ = ("task", "load", "nbytes", "t0", "blocks", "statuses")
 
     def __init__(self, load, blocks, nbytes):
         self.task = None
         self.load = load
-        self.stage = None
-        self.scatter = ()
         self.nbytes = nbytes
         self.t0 = time.perf_counter()
         self.blocks = blocks
@@ -264,11 +267,25 @@ class ShardfsOffloadingWorker(OffloadingWorker):
         self.shard = 0 if spec.replicated_layout else par.rank
         gpu = sorted({t.tensor.device.index or 0 for t in kv_caches.tensors
                       if t.tensor.device.type == "cuda"})
-        if gpu and (spec.blocks_per_chunk != 1 or any(len(refs) != 1 for refs in kv_caches.group_data_refs)):
-            # The staging row is host memory: GPU pieces need sfs_rank_loadv/dumpv.
-            raise ValueError("shardfs.vllm: a block of several pieces in GPU memory needs the rank "
-                             "library's vectored entries, not bound in this package: one KV tensor "
-                             "holding every layer of a page, or host KV caches")
+        # A block of one worker is one entry: at most its group's data refs
+        # times blocks per chunk pieces (holes of a partial chunk included).
+        most = max((len(refs) for refs in kv_caches.group_data_refs), default=1) \
+            * spec.blocks_per_chunk
+        if most > _lib.PIECES_MAX:
+            raise ValueError(f"shardfs.vllm: a block of this KV cache is up to {most} pieces "
+                             f"({spec.blocks_per_chunk} blocks per chunk of up to "
+                             f"{most // spec.blocks_per_chunk} data refs); the rank library "
+                             f"takes at most {_lib.PIECES_MAX} pieces per shard")
+        if most > 1:
+            try:
+                handle = _lib.lib()
+            except OSError:
+                handle = None  # no library at all: the link says so when it opens
+            if handle is not None and getattr(handle, "sfs_rank_loadv", None) is None:
+                raise ValueError(f"shardfs.vllm: a block of several pieces needs the rank "
+                                 f"library's vectored entries (0.3); {_lib.path()} is older")
+        self._zeros = None  # the holes of a dump, read (shard_size zeros)
+        self._sink = None  # the holes of a load, written and never read
         self.link = _Link(spec.extra_config, device=gpu[0] if gpu else None, rank=par.rank,
                           world=par.world_size)
         self.jobs = {}
@@ -336,29 +353,41 @@ class ShardfsOffloadingWorker(OffloadingWorker):
         try:
             size = r.shard_size
             layout = self._layout(device_ptrs, blocks)
-            entries, stage_rows, scatter = [], [], []
-            for blk, pieces in layout:
-                if len(pieces) == 1 and pieces[0][1] == size and pieces[0][2] == 0:
-                    entries.append((blk, self.shard, pieces[0][0]))  # straight to the page
-                else:
-                    stage_rows.append((len(entries), pieces))
-                    entries.append(None)
-            if stage_rows:
-                job.stage = (ctypes.c_char * (size * len(stage_rows)))()
-                base = ctypes.addressof(job.stage)
-                for row, (i, pieces) in enumerate(stage_rows):
-                    addr = base + row * size
-                    entries[i] = (layout[i][0], self.shard, addr)
-                    for ptr, n, at in pieces:
-                        if not load:
-                            ctypes.memmove(addr + at, ptr, n)
-                        scatter.append((i, ptr, addr + at, n))
-                job.scatter = scatter if load else ()
-            job.task = r.load(entries) if load else r.dump(entries)
+            if all(len(p) == 1 and p[0][1] == size and p[0][2] == 0 for _, p in layout):
+                entries = [(blk, self.shard, p[0][0]) for blk, p in layout]  # straight to the page
+                job.task = r.load(entries) if load else r.dump(entries)
+            else:
+                entries = [(blk, self.shard, self._vector(p, size, load)) for blk, p in layout]
+                job.task = r.loadv(entries) if load else r.dumpv(entries)
         except OSError as e:
             self.link.gone(e)
             job.statuses = [-(e.errno or errno.EIO)] * len(blocks)
         return True  # the connector asserts on False: failures are results
+
+    def _vector(self, pieces, size, load):
+        """One block's [(ptr, bytes, offset in shard), ...] (offsets rising)
+        as the pieces of a vectored entry: adjacent pages merged, a hole
+        before a page filled from the zero row (a dump) or into the sink
+        row (a load), both shard_size bytes of this worker."""
+        vec = []
+        at = 0
+        for ptr, n, off in pieces:
+            if off > at:
+                if load:
+                    if self._sink is None:
+                        self._sink = (ctypes.c_char * size)()
+                    pad = ctypes.addressof(self._sink)
+                else:
+                    if self._zeros is None:
+                        self._zeros = (ctypes.c_char * size)()
+                    pad = ctypes.addressof(self._zeros)
+                vec.append((pad + at, off - at))
+            if vec and vec[-1][0] + vec[-1][1] == ptr and off == at:
+                vec[-1] = (vec[-1][0], vec[-1][1] + n)
+            else:
+                vec.append((ptr, n))
+            at = off + n
+        return vec
 
     def submit_store(self, job_id, device_ptrs, dst_spec):
         return self._submit(job_id, device_ptrs, dst_spec, load=False)
@@ -375,9 +404,6 @@ class ShardfsOffloadingWorker(OffloadingWorker):
                 st = job.task.wait()
             except OSError as e:
                 st = [-(e.errno or errno.EIO)] * len(job.blocks)
-        for i, dst, src, n in job.scatter:
-            if st[i] == 0:
-                ctypes.memmove(dst, src, n)
         bad = [(b.hex(), s) for b, s in zip(job.blocks, st) if s != 0]
         if bad:
             self.failed_blocks += len(bad)
