@@ -11,7 +11,7 @@ Claims:
     same way;
   * the vectored path and the contiguous path (Rank.load/Rank.dump of the
     whole shard) read each other's shards byte-exact;
-  * a row of more pieces than an entry takes (128) goes through a bounce
+  * a row of more pieces than an entry takes (512) goes through a bounce
     buffer, counted, and round-trips;
   * Rank.dumpv(after=EVENT) is sfs_rank_dumpv_after: with the host copier
     it fails as the library documents it, EOPNOTSUPP, nothing queued;
@@ -118,15 +118,15 @@ class SGLangPieces(unittest.TestCase):
     def test_more_pieces_than_an_entry_takes_bounce(self):
         r = shardfs.Rank(socket=D.sock, backend=D.store)
         try:
-            n = 250  # 130 pieces of 250 bytes: a value shorter than the shard
-            src = torch.randint(0, 256, (130, 2 * n), dtype=torch.int64).to(torch.uint8)
-            pieces = [(src[i].data_ptr(), n) for i in range(130)]  # every other half-row: not adjacent
+            n = 60  # 514 pieces of 60 bytes: a value shorter than the shard
+            src = torch.randint(0, 256, (514, 2 * n), dtype=torch.int64).to(torch.uint8)
+            pieces = [(src[i].data_ptr(), n) for i in range(514)]  # every other half-row: not adjacent
             counters = _pieces.Counters()
             block = hashlib.md5(b"bounce").digest()
             rows = [_pieces.Row(pieces, SHARD, "row", exact=False)]
             self.assertEqual(_pieces.submit(r, [block], [0], rows, False, counters).finish(), [0])
             dst = torch.zeros_like(src)
-            back = [(dst[i].data_ptr(), n) for i in range(130)]
+            back = [(dst[i].data_ptr(), n) for i in range(514)]
             rows = [_pieces.Row(back, SHARD, "row", exact=False)]
             self.assertEqual(_pieces.submit(r, [block], [0], rows, True, counters).finish(), [0])
             self.assertTrue(torch.equal(dst[:, :n], src[:, :n]))

@@ -186,8 +186,8 @@ class RoundTrip(VllmCase):
         self.assertEqual(raw, zeros + page7[0] + zeros + page7[1])
 
     def test_more_pieces_than_an_entry_takes_are_refused_at_worker_start(self):
-        with self.assertRaisesRegex(ValueError, r"up to 130 pieces.*at most 128"):
-            self.engine(page=128, layers=65, blocks_per_chunk=2)
+        with self.assertRaisesRegex(ValueError, r"up to 514 pieces.*at most 512"):
+            self.engine(page=128, layers=257, blocks_per_chunk=2)
 
     def test_a_block_nobody_stored_is_a_miss(self):
         spec, manager, worker, cache = self.engine()

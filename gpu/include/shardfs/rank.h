@@ -173,7 +173,7 @@ struct sfs_rank_piece {
 };
 
 /* The most pieces one entry of a vectored call may have. */
-#define SFS_RANK_PIECES_MAX 128
+#define SFS_RANK_PIECES_MAX 512
 
 /* An entry whose shard is several pieces, in order: piece 0 holds the
  * shard's bytes [0, len0), piece 1 the next len1 bytes, and so on. The

@@ -52,7 +52,7 @@ class EntryV(ctypes.Structure):
 
 
 # SFS_RANK_PIECES_MAX (shardfs/rank.h): the most pieces of one vectored entry.
-PIECES_MAX = 128
+PIECES_MAX = 512
 
 
 class RankConfig(ctypes.Structure):

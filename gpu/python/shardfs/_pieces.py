@@ -11,7 +11,7 @@ Each row goes to the library as one vectored entry (sfs_rank_loadv /
 sfs_rank_dumpv): the copier moves every piece straight between the cache
 and the engine's memory, no staging copy. Adjacent pieces are merged
 first. Only a row of more pieces than an entry takes (SFS_RANK_PIECES_MAX,
-128: an 80-layer model's K and V rows of 160 pieces) goes through a bounce
+512; an 80-layer model's K and V rows are 160 pieces) goes through a bounce
 buffer of one shard, gathered before a dump and scattered after a load
 (memmove, or cudaMemcpy with the CUDA copier); the adapters count those
 (`bounced`) beside the rows that went as pieces (`vectored`).

@@ -528,7 +528,7 @@ class Rank:
 
     def loadv(self, entries, keep=None):
         """Queue a load of shards made of pieces: each entry is (block,
-        shard, [(address, bytes), ...]), 1 to 128 pieces whose bytes add up
+        shard, [(address, bytes), ...]), 1 to 512 pieces whose bytes add up
         to at most shard_size; piece k receives the shard's bytes that follow
         piece k-1's (sfs_rank_loadv). Addresses are raw: the caller vouches
         for them and keeps them valid until the task is done; `keep` (any

@@ -601,7 +601,7 @@ class ShardfsStorage(_Base):
     def stats(self):
         """The rank's counters (Rank.stats()), and under "pieces" the pages
         this storage moved as pieces ("vectored") and through a bounce buffer
-        ("bounced": pages of more than 128 pieces)."""
+        ("bounced": pages of more than 512 pieces)."""
         out = self.rank.stats()
         out["pieces"] = self.pieces.as_dict()
         return out

@@ -373,7 +373,7 @@ class ShardfsStore(_UcmBase):
     def stats(self):
         """The rank's counters (Rank.stats()), and under "pieces" the rows
         this store moved as pieces ("vectored") and through a bounce buffer
-        ("bounced": rows of more than 128 pieces)."""
+        ("bounced": rows of more than 512 pieces)."""
         out = self.rank.stats()
         out["pieces"] = self.pieces.as_dict()
         return out

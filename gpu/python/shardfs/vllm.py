@@ -34,9 +34,9 @@ between the page and the cache, host or GPU memory alike (no staging row,
 no Python step per piece). A hole before a page (a chunk of several GPU
 blocks that a job moves only in part) is a piece of zeros in a dump and a
 scratch row, read by nobody, in a load; the shard's tail after the last page
-is the library's zeros. The library takes up to 128 pieces per entry: a KV
-group whose data refs times blocks per chunk exceed that (an 80-layer model
-with K and V apart: 160) is refused at worker start, naming the counts.
+is the library's zeros. The library takes up to 512 pieces per entry (an
+80-layer model with K and V apart is 160): a KV group whose data refs times
+blocks per chunk exceed that is refused at worker start, naming the counts.
 
 Failures never raise into vLLM: a load's statuses are per block (logged,
 counted in `ShardfsOffloadingWorker.failed_blocks`); a job with any failed
