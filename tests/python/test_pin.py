@@ -1,6 +1,6 @@
 # SPDX-License-Identifier: MIT
 """Rank.pin() against a real daemon on a real mount over a posix store
-(issue 12's pins, from Python).
+(the pins of design.md, section 10, from Python).
 
 Claims:
   * a block pinned through the rank (any block-id spelling Rank.load takes)
