@@ -184,6 +184,37 @@ def plot_hit_rate(doc, out):
     return ok
 
 
+def plot_hit_rate_size(doc, out):
+    """Hit rate against cache size per policy (bench_clock's sweep table)."""
+    clock = section(doc, "bench_clock")
+    for _, head, rows in tables(clock or ""):
+        if "slots" not in head or "FIFO" not in head:
+            continue
+        traces = []
+        for r in rows:
+            if r[0] not in traces:
+                traces.append(r[0])
+        fig, axes = plt.subplots(1, len(traces), figsize=(6 * len(traces), 4.4), squeeze=False)
+        for ax, trace in zip(axes[0], traces):
+            sub = [r for r in rows if r[0] == trace]
+            size = [num(r[1]) for r in sub]
+            for k, h in enumerate(head[2:]):
+                c = head.index(h)
+                ax.plot(size, [num(r[c]) for r in sub], marker="o", color="C%d" % k, label=h)
+            ax.set_xscale("log", base=2)
+            ax.set_xticks(size)
+            ax.set_xticklabels([str(int(s)) for s in size])
+            ax.set_xlabel("cache size, slots")
+            ax.set_ylabel("hit rate, %")
+            ax.set_title(trace)
+            ax.legend(fontsize=8)
+            ax.grid(True, alpha=0.3)
+        save(fig, os.path.join(out, "hit_rate_size.png"))
+        return True
+    print("plots.py: bench_clock's hit rate against cache size table not found", file=sys.stderr)
+    return False
+
+
 def gbs(cell, size):
     """A bench_fs throughput cell in GB/s ('2.84 GB/s', or '301 k/s' of size-byte reads)."""
     v = num(cell)
@@ -238,7 +269,8 @@ def main():
     with open(a.doc, encoding="utf-8") as f:
         doc = f.read()
     os.makedirs(a.out, exist_ok=True)
-    ok = [plot_tp(doc, a.out), plot_hit_rate(doc, a.out), plot_fuse(doc, a.out)]
+    ok = [plot_tp(doc, a.out), plot_hit_rate(doc, a.out), plot_hit_rate_size(doc, a.out),
+          plot_fuse(doc, a.out)]
     return 0 if all(ok) else 1
 
 
