@@ -9,9 +9,11 @@ queue it as one task; the copier threads of the library move the shards
 straight between the data plane and the buffers. Task.wait() sleeps in the
 library with the GIL released.
 
-Buffers: a task keeps a reference to every buffer (and to the memoryview
-exports that pin bytearrays and the like) until the task is waited for or
-freed, because the library writes (or reads) them until then. A Task dropped
+Buffers: the bytes behind a buffer are checked, not its shape (a tensor's
+storage size and offset, the buffer protocol's length), and buffers of
+Python objects are refused. A task keeps a reference to every buffer (a
+tensor and its storage, the memoryview exports that pin bytearrays and the
+like) until the task is waited for or freed, because the library writes (or reads) them until then. A Task dropped
 before it is done is not freed under the copier's feet: it is parked on its
 Rank and freed once done (at the latest when the Rank closes).
 
@@ -47,6 +49,26 @@ def _after_fork():
 os.register_at_fork(after_in_child=_after_fork)
 
 
+_INT_MAX = (1 << 31) - 1
+_INT_MIN = -(1 << 31)
+
+
+def _c_path(name, val):
+    """A path (or backend spec) as the C string the library reads, or None:
+    a str, bytes or os.PathLike without a NUL (C would read up to it)."""
+    if val is None:
+        return None
+    try:
+        raw = os.fsencode(val)
+    except TypeError:
+        raise InvalidArgument(f"Rank: {name}={val!r}: expected a path (str, bytes or "
+                              "os.PathLike)") from None
+    if b"\0" in raw:
+        raise InvalidArgument(f"Rank: {name}={val!r}: a path with a NUL byte (C would cut it "
+                              "there)")
+    return raw
+
+
 _tensor_type = None
 
 
@@ -65,20 +87,55 @@ def _is_torch_tensor(obj):
     return t.__module__.startswith("torch") and hasattr(obj, "data_ptr") and hasattr(obj, "is_contiguous")
 
 
+def _tensor_room(buf):
+    """(bytes of storage from the tensor's first byte on, its storage), or
+    (-1, None) when it has no storage to ask (sparse, a tensor subclass
+    without one). The shape says how many bytes a tensor claims; only its
+    storage says how many there are (a storage can be resized under it)."""
+    try:
+        get = getattr(buf, "untyped_storage", None) or buf._storage  # torch >= 2.0 / 1.13
+        st = get()
+        return st.nbytes() - buf.storage_offset() * buf.element_size(), st
+    except (AttributeError, RuntimeError, NotImplementedError, TypeError):
+        return -1, None
+
+
+def _tensor_fast(buf, size, host_only):
+    """(address, keepalive) of a plain contiguous strided tensor of `size`
+    bytes with storage behind all of them; None when anything is in doubt
+    (_buffer_address then says what)."""
+    try:
+        if not (buf.is_contiguous() and buf.numel() * buf.element_size() == size and
+                (buf.is_cpu or (buf.is_cuda and not host_only))):
+            return None
+        addr = buf.data_ptr()
+    except (RuntimeError, NotImplementedError):
+        return None  # sparse and other layouts without one buffer
+    if not addr:
+        return None
+    room, st = _tensor_room(buf)
+    if room < size:
+        return None
+    # The storage too: a tensor set_() to another one lets go of the bytes
+    # a queued task still writes.
+    return addr, (buf, st)
+
+
 def _buffer_address(buf, size, writable, host_only, what):
     """(address, keepalive) of a buffer of exactly `size` bytes.
 
-    Accepted: a torch tensor (contiguous), anything with __array_interface__
-    (numpy), an object exporting the buffer protocol (C-contiguous; writable
-    when `writable`), or an int address (taken as is: the caller vouches for
-    its size). `host_only`: device memory is refused (a host copier would
-    fault on it)."""
+    Accepted: a torch tensor (strided, contiguous, with storage behind each
+    of its bytes), anything with __array_interface__ (numpy; no object
+    dtype), an object exporting the buffer protocol (C-contiguous; writable
+    when `writable`; no object format), or an int address (taken as is: the
+    caller vouches for its size). `host_only`: device memory is refused (a
+    host copier would fault on it). Whatever is refused raises
+    InvalidArgument."""
     t = type(buf)
-    if t is (_tensor_type or _torch_tensor_type()) and buf.is_contiguous() and buf.numel() * buf.element_size() == size and \
-            (buf.is_cpu or (buf.is_cuda and not host_only)):
-        addr = buf.data_ptr()  # the common case; what it skips is checked below
-        if addr:
-            return addr, buf
+    if t is (_tensor_type or _torch_tensor_type()):
+        fast = _tensor_fast(buf, size, host_only)
+        if fast is not None:
+            return fast  # the common case; what it doubts is said below
     if t is bool:
         raise InvalidArgument(f"{what}: a bool is not a buffer")
     if isinstance(buf, int):
@@ -86,6 +143,10 @@ def _buffer_address(buf, size, writable, host_only, what):
             raise InvalidArgument(f"{what}: address {buf:#x} is not a valid pointer")
         return buf, None
     if _is_torch_tensor(buf):
+        layout = getattr(buf, "layout", None)
+        if layout is not None and str(layout) != "torch.strided":
+            raise InvalidArgument(f"{what}: tensor is {layout}: only a strided (dense) tensor "
+                                  "is one buffer (call .to_dense())")
         if not buf.is_contiguous():
             raise InvalidArgument(f"{what}: tensor is not contiguous (call .contiguous() on a "
                                   "copy, or pass a contiguous view)")
@@ -100,10 +161,19 @@ def _buffer_address(buf, size, writable, host_only, what):
                                   "host memory (device=None): open the Rank with device=N")
         if not buf.data_ptr():
             raise InvalidArgument(f"{what}: tensor has no storage (data_ptr() is 0)")
-        return buf.data_ptr(), buf
+        room, st = _tensor_room(buf)
+        if room < size:
+            raise InvalidArgument(f"{what}: tensor's storage holds {max(room, 0)} bytes from its "
+                                  f"offset, its shape says {size} (a storage resized under it?)")
+        return buf.data_ptr(), (buf, st)
     ai = getattr(buf, "__array_interface__", None)
     if ai is not None and not isinstance(buf, (bytes, bytearray, memoryview)):
         addr, readonly = ai["data"]
+        dtype = getattr(buf, "dtype", None)
+        if getattr(dtype, "hasobject", False) or "O" in str(ai.get("typestr", "")) or \
+                any("O" in str(d[1]) for d in ai.get("descr", ()) if len(d) > 1):
+            raise InvalidArgument(f"{what}: array of Python objects ({dtype}): its bytes are "
+                                  "object pointers, not data")
         flags = getattr(buf, "flags", None)
         if flags is not None and not flags["C_CONTIGUOUS"]:
             raise InvalidArgument(f"{what}: array is not C-contiguous")
@@ -120,6 +190,13 @@ def _buffer_address(buf, size, writable, host_only, what):
     except TypeError:
         raise InvalidArgument(f"{what}: {type(buf).__name__} is not a buffer: expected a torch "
                               "tensor, a numpy array, a writable buffer or an int address") from None
+    except (ValueError, BufferError) as e:  # a released memoryview, a closed mmap
+        raise InvalidArgument(f"{what}: {type(buf).__name__} gives no buffer ({e})") from None
+    if "O" in view.format:
+        fmt = view.format
+        view.release()
+        raise InvalidArgument(f"{what}: buffer of Python objects (format {fmt!r}): its bytes "
+                              "are object pointers, not data")
     if not view.c_contiguous:
         view.release()
         raise InvalidArgument(f"{what}: buffer is not C-contiguous")
@@ -260,6 +337,11 @@ class Rank:
             raise InvalidArgument(f"Rank: rank={rank}, world={world}: need 0 <= rank < world")
         if device is not None and (isinstance(device, bool) or not isinstance(device, int)):
             raise InvalidArgument(f"Rank: device={device!r}: expected None or an int")
+        # struct sfs_rank_config holds them in C ints: refuse what would be cut.
+        for name, val in (("device", device), ("rank", rank), ("world", world)):
+            if val is not None and not _INT_MIN <= val <= _INT_MAX:
+                raise InvalidArgument(f"Rank: {name}={val}: out of range of a C int "
+                                      f"({_INT_MIN}..{_INT_MAX})")
         lib = _lib.lib()
         if device is not None and device >= 0 and rank is not None and rank != device % world \
                 and not getattr(lib, "has_rank_index", True):
@@ -269,7 +351,8 @@ class Rank:
         cfg = _lib.RankConfig()
         lib.sfs_rank_config_init(ctypes.byref(cfg))
         # Keep the encoded strings alive for the call.
-        self._strings = [os.fsencode(s) if s is not None else None for s in (socket, mount, backend)]
+        self._strings = [_c_path(name, s) for name, s in
+                         (("socket", socket), ("mount", mount), ("backend", backend))]
         cfg.socket_path, cfg.mount_point, cfg.backend = self._strings
         cfg.local_rank_size = world
         if device is None:
@@ -447,11 +530,10 @@ class Rank:
                 block = block_id(block)
             if type(shard) is not int or not 0 <= shard <= _MAX_SHARD:
                 shard = _shard_index(shard)
-            if type(buf) is tensor_type and buf.is_contiguous() and \
-                    buf.numel() * buf.element_size() == size and \
-                    (buf.is_cpu or (buf.is_cuda and not host_only)) and buf.data_ptr():
-                addr = buf.data_ptr()  # the common case, checked as _buffer_address does
-                keep.append(buf)
+            fast = _tensor_fast(buf, size, host_only) if type(buf) is tensor_type else None
+            if fast is not None:
+                addr, hold = fast  # the common case, checked as _buffer_address does
+                keep.append(hold)
             elif type(buf) is int and 0 < buf < 1 << 64:
                 addr = buf  # a raw address: the caller vouches for it
             else:

@@ -21,7 +21,7 @@ import threading
 import time
 
 from . import _lib
-from .errors import InvalidArgument, WaitTimeout, check
+from .errors import InvalidArgument, RankClosed, WaitTimeout, check
 
 _HEX = frozenset("0123456789abcdefABCDEF")
 _MAX_SHARD = 0xFFFFFFFF
@@ -127,13 +127,19 @@ class Task:
         return self._n
 
     def __repr__(self) -> str:
-        state = "waited" if self._statuses is not None else ("done" if self.done() else "running")
+        if self._statuses is not None:
+            state = "waited"
+        elif self._rank is not None and self._rank._pid != _pid:
+            state = "of the parent process"
+        else:
+            state = "done" if self.done() else "running"
         return f"<shardfs.Task {self._kind} of {self._n} entries, {state}>"
 
     def done(self) -> bool:
         """True once every entry has completed (never blocks)."""
         if self._statuses is not None:
             return True
+        self._check_process("done")
         if not self._mu.acquire(blocking=False):
             return False  # another thread is waiting for it: done once its wait returns
         try:
@@ -147,10 +153,15 @@ class Task:
         timeout: seconds (None: no limit, 0: poll). Raises WaitTimeout when it
         passes first; the task goes on and may be waited for again. A task
         waited for once returns the same list again."""
-        if timeout is not None and not timeout >= 0:
-            raise InvalidArgument(f"timeout {timeout}: expected seconds >= 0 or None")
+        if timeout is not None:
+            if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or \
+                    not timeout >= 0:
+                raise InvalidArgument(f"timeout {timeout!r}: expected seconds >= 0 or None")
+            if timeout == float("inf"):
+                timeout = None
         if self._statuses is not None:
             return list(self._statuses)
+        self._check_process("wait")
         if timeout is None:
             self._mu.acquire()
         else:
@@ -164,6 +175,14 @@ class Task:
             return list(self._statuses)
         finally:
             self._mu.release()
+
+    def _check_process(self, what):
+        """A task of the parent's Rank, in a forked child, is never done
+        there: the copier threads that would finish it were not forked."""
+        rank = self._rank
+        if rank is not None and rank._pid != _pid:
+            raise RankClosed(f"Task.{what}: this task is of a Rank opened by process {rank._pid}; "
+                             "after fork, open a new Rank in the child")
 
     def _wait_locked(self, timeout):
         lib = _lib.lib()
