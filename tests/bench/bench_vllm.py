@@ -37,6 +37,8 @@ import subprocess
 import sys
 import time
 
+import benchmd  # this directory's: the section writer the Python benchmarks share
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.normpath(os.path.join(HERE, "..", ".."))
 SECTION = "bench_vllm"
@@ -50,25 +52,7 @@ def setup_paths(build):
 
 
 def write_md(path, text):
-    """Replace this program's section of PATH (as bench_util.h does)."""
-    begin, end = f"<!-- {SECTION}:begin -->", f"<!-- {SECTION}:end -->"
-    try:
-        with open(path) as f:
-            old = f.read()
-    except FileNotFoundError:
-        old = ""
-    s = old.find(begin)
-    e = old.find(end, s) if s >= 0 else -1
-    block = f"{begin}\n{text}{end}\n"
-    if s >= 0 and e >= 0:
-        rest = old[e + len(end):]
-        new = old[:s] + block + (rest[1:] if rest.startswith("\n") else rest)
-    else:
-        new = old.rstrip("\n") + ("\n\n" if old else "") + block
-    tmp = f"{path}.tmp.{os.getpid()}"
-    with open(tmp, "w") as f:
-        f.write(new)
-    os.replace(tmp, path)
+    benchmd.write_md(path, SECTION, text)
 
 
 def engine(fv, d, page, layers, nblocks, seed):

@@ -28,6 +28,10 @@
  *   without peer access, past the end of an allocation, a grid too small for
  *   a descriptor) sets a sticky cudaErrorIllegalAddress on that device, as a
  *   real fault kills the context: every later call there returns it.
+ * - Events: a record is an op of its stream; a wait, an op of the waiting
+ *   stream that first runs the recording stream up to that record, so work
+ *   after a wait sees what was queued before the record, and nothing else
+ *   orders two streams (a dump that skips the wait reads stale bytes).
  * - Registrations: a range registered twice is refused; munmap of registered
  *   memory aborts (a registration that outlives its mapping), when preloaded.
  *
@@ -526,6 +530,26 @@ FAKE_API cudaError_t cudaStreamDestroy(cudaStream_t s)
  * queued before the record, and nothing orders them without the wait.
  */
 
+/* Run the recording stream up to (at least) ev's last record. */
+static void event_complete(event *ev)
+{
+    if (ev->st && ev->done < ev->gen)
+        run_ops(ev->st);
+}
+
+/* Ops that name ev, in every stream, become no-ops (it is gone). */
+static void event_forget(event *ev)
+{
+    for (stream *st : F->streams)
+        for (op &o : st->ops)
+            if (o.ev == ev)
+                o.kind = OP_NONE, o.ev = NULL;
+    for (int d = 0; d < MAX_DEV; d++)
+        for (op &o : F->legacy[d].ops)
+            if (o.ev == ev)
+                o.kind = OP_NONE, o.ev = NULL;
+}
+
 static event *event_of(cudaEvent_t e)
 {
     for (event *ev : F->events)
@@ -560,19 +584,11 @@ FAKE_API cudaError_t cudaEventDestroy(cudaEvent_t e)
         return ret(cudaErrorInvalidResourceHandle);
     /* A wait already queued on it stays valid, as in the real runtime: its
      * recording stream runs it now. */
-    if (ev->st && ev->done < ev->gen)
-        run_ops(ev->st);
+    event_complete(ev);
     for (size_t i = 0; i < F->events.size(); i++)
         if (F->events[i] == ev)
             F->events.erase(F->events.begin() + i);
-    for (stream *st : F->streams)
-        for (op &o : st->ops)
-            if (o.ev == ev)
-                o.kind = OP_NONE, o.ev = NULL; /* done: a no-op */
-    for (int d = 0; d < MAX_DEV; d++)
-        for (op &o : F->legacy[d].ops)
-            if (o.ev == ev)
-                o.kind = OP_NONE, o.ev = NULL;
+    event_forget(ev);
     delete ev;
     return ret(cudaSuccess);
 }
@@ -585,8 +601,8 @@ FAKE_API cudaError_t cudaEventRecord(cudaEvent_t e, cudaStream_t s)
 
     if (!ev || !st)
         return ret(cudaErrorInvalidResourceHandle);
-    if (ev->st && ev->st != st && ev->done < ev->gen)
-        run_ops(ev->st); /* its earlier record completes first (a simplification) */
+    if (ev->st != st)
+        event_complete(ev); /* its earlier record completes first (a simplification) */
     ev->st = st;
     ev->gen++;
     op o = {};
@@ -623,8 +639,7 @@ FAKE_API cudaError_t cudaEventSynchronize(cudaEvent_t e)
 
     if (!ev)
         return ret(cudaErrorInvalidResourceHandle);
-    if (ev->st && ev->done < ev->gen)
-        run_ops(ev->st);
+    event_complete(ev);
     return ret(cudaSuccess);
 }
 
