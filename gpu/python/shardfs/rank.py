@@ -87,6 +87,11 @@ def _is_torch_tensor(obj):
     return t.__module__.startswith("torch") and hasattr(obj, "data_ptr") and hasattr(obj, "is_contiguous")
 
 
+def _strided():
+    """torch.strided (torch is imported: a tensor was seen)."""
+    return sys.modules["torch"].strided
+
+
 def _tensor_room(buf):
     """(bytes of storage from the tensor's first byte on, its storage), or
     (-1, None) when it has no storage to ask (sparse, a tensor subclass
@@ -104,6 +109,11 @@ def _tensor_fast(buf, size, host_only):
     """(address, keepalive) of a plain contiguous strided tensor of `size`
     bytes with storage behind all of them; None when anything is in doubt
     (_buffer_address then says what)."""
+    # The layout first, an attribute: asking a sparse tensor for contiguity
+    # or an address raises in torch's C++, which an ASan-preloaded
+    # interpreter (the suite's sanitizer pass) cannot unwind.
+    if buf.layout is not _strided():
+        return None
     try:
         if not (buf.is_contiguous() and buf.numel() * buf.element_size() == size and
                 (buf.is_cpu or (buf.is_cuda and not host_only))):
