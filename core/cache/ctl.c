@@ -286,19 +286,13 @@ static int geometry_from_config(const struct sfs_cache_config *cfg, struct geome
 
 static void adopt_geometry(struct sfs_cache *c, const struct geometry *g)
 {
-    c->shard_size = g->shard_size;
-    c->stride = g->stride;
-    c->seg_size = g->seg_size;
-    c->nslots = g->nslots;
-    c->nreserved = g->nreserved;
+    /* The handle keeps what the creator chose under the geometry's names. */
+#define ADOPT(gf, hf) c->gf = g->gf;
+    GEOMETRY_CHOSEN(ADOPT)
+#undef ADOPT
     c->nregular = g->nslots - g->nreserved;
-    c->nbuckets = g->nbuckets;
     c->bucket_mask = g->nbuckets - 1;
-    c->max_procs = g->max_procs;
-    c->max_leases = g->max_leases;
     c->nhit = sfs_hit_entries(g->max_leases);
-    c->nsegments = g->nsegments;
-    c->slots_per_seg = g->slots_per_seg;
     c->seg_shift = 0;
     c->seg_mask = 0;
     if ((g->slots_per_seg & (g->slots_per_seg - 1)) == 0 && g->slots_per_seg > 1) {
@@ -311,13 +305,8 @@ static void adopt_geometry(struct sfs_cache *c, const struct geometry *g)
     c->procs = (struct sfs_proc_rec *)((uint8_t *)c->ctl + g->off_procs);
     c->off_leases = g->off_leases;
     c->off_hits = g->off_hits;
-    c->npartitions = g->npartitions;
     memcpy(c->part_end, g->part_end, sizeof(c->part_end));
     memcpy(c->part_rend, g->part_rend, sizeof(c->part_rend));
-    c->npins = g->npins;
-    c->pin_budget = g->pin_budget;
-    c->pin_user_budget = g->pin_user_budget;
-    c->pin_max_s = g->pin_max_s;
     c->pins = (struct sfs_pin_rec *)((uint8_t *)c->ctl + g->off_pins);
 }
 
