@@ -2,8 +2,8 @@
 /*
  * fswarm.h - what the warm-restart test (test_fs_warm.c) and its benchmark
  * (bench/bench_warm.c) share: the stop that writes STORE/.shardfs_usage
- * (SIGTERM, then the daemon reaped and its mount gone), and saving and
- * restoring that file between mounts.
+ * (SIGTERM, then the daemon reaped and its mount gone), saving and
+ * restoring that file between mounts, and the suites' teardown.
  *
  * Header-only, over tests/fsfixture.h: each caller asserts (the test) or
  * reports (the benchmark) on the results in its own way.
@@ -84,6 +84,28 @@ static inline int fswarm_spit(const char *path, const uint8_t *buf, size_t len)
         r = -EIO;
     close(fd);
     return r;
+}
+
+/* A warm-restart suite's teardown: stop the daemon of m (SIGTERM, as a
+ * stop that writes the usage file), unmount what is left, remove the store
+ * (its path in store), the mount point, the socket and (unless
+ * SFS_TEST_KEEP_LOGS) the log. */
+static inline void fswarm_teardown(struct fsfx *m, const char *store)
+{
+    if (m->pid > 0) {
+        kill(m->pid, SIGTERM);
+        fsfx_stop(m, true, 10.0);
+    }
+    if (m->mnt[0] && fsfx_is_mounted(m->mnt))
+        fsfx_sh("fusermount3 -uz %s 2>/dev/null", m->mnt);
+    if (m->mnt[0] && !fsfx_is_mounted(m->mnt))
+        rmdir(m->mnt);
+    if (store[0])
+        fsfx_sh("rm -rf %s", store);
+    if (m->log[0] && !getenv("SFS_TEST_KEEP_LOGS"))
+        unlink(m->log);
+    if (m->sock[0])
+        unlink(m->sock);
 }
 
 #endif /* SHARDFS_TESTS_FSWARM_H */

@@ -109,20 +109,7 @@ static void setup(void)
 
 static void teardown(void)
 {
-    if (M.fx.pid > 0) {
-        kill(M.fx.pid, SIGTERM);
-        fsfx_stop(&M.fx, true, 10.0);
-    }
-    if (M.fx.mnt[0] && fsfx_is_mounted(M.fx.mnt))
-        fsfx_sh("fusermount3 -uz %s 2>/dev/null", M.fx.mnt);
-    if (M.fx.mnt[0] && !fsfx_is_mounted(M.fx.mnt))
-        rmdir(M.fx.mnt);
-    if (M.store[0])
-        fsfx_sh("rm -rf %s", M.store);
-    if (M.fx.log[0] && !getenv("SFS_TEST_KEEP_LOGS"))
-        unlink(M.fx.log);
-    if (M.fx.sock[0])
-        unlink(M.fx.sock);
+    fswarm_teardown(&M.fx, M.store);
 }
 
 TestSuite(fs_warm_domains, .init = setup, .fini = teardown, .timeout = 120);
