@@ -256,3 +256,21 @@ class Daemon:
             subprocess.run(["fusermount3", "-uz", self.mnt], stderr=subprocess.DEVNULL)
         self.proc = None
         shutil.rmtree(self.dir, ignore_errors=True)
+
+
+class OwnDaemonCase(unittest.TestCase):
+    """A test case with a daemon of its own for each test (of shard_size
+    bytes a shard), stopped after; skipped with `missing` (what an optional
+    import lacked) or when FUSE is not usable here."""
+
+    shard_size = None
+    missing = None
+
+    def setUp(self):
+        if self.missing:
+            self.skipTest(self.missing)
+        why = usable()
+        if why:
+            self.skipTest(why)
+        self.d = Daemon(shard_size=self.shard_size).start()
+        self.addCleanup(self.d.stop)

@@ -44,17 +44,9 @@ def until(pred, what, deadline=60.0):
         time.sleep(0.05)
 
 
-class DaemonCase(unittest.TestCase):
+class DaemonCase(fixture.OwnDaemonCase):
     shard_size = SHARD
-
-    def setUp(self):
-        if MISSING:
-            self.skipTest(MISSING)
-        why = fixture.usable()
-        if why:
-            self.skipTest(why)
-        self.d = fixture.Daemon(shard_size=self.shard_size).start()
-        self.addCleanup(self.d.stop)
+    missing = MISSING
 
 
 @unittest.skipIf(WHY_SGLANG, f"SGLang: {WHY_SGLANG}")

@@ -64,17 +64,9 @@ def until(pred, what, deadline=60.0):
 
 
 @unittest.skipIf(WHY_VLLM, f"vLLM: {WHY_VLLM}")
-class VllmCase(unittest.TestCase):
+class VllmCase(fixture.OwnDaemonCase):
     shard_size = PAGE * LAYERS
-
-    def setUp(self):
-        if MISSING:
-            self.skipTest(MISSING)
-        why = fixture.usable()
-        if why:
-            self.skipTest(why)
-        self.d = fixture.Daemon(shard_size=self.shard_size).start()
-        self.addCleanup(self.d.stop)
+    missing = MISSING
 
     def engine(self, page=PAGE, layers=LAYERS, seed=1, **kw):
         extra = fv.extra_config(self.d.sock, self.d.store, **kw.pop("extra", {}))
