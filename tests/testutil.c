@@ -125,6 +125,20 @@ pid_t tu_fork(int (*fn)(void *arg), void *arg)
     return pid;
 }
 
+void tu_dump_stacks(pid_t pid)
+{
+    char cmd[256];
+
+    snprintf(cmd, sizeof(cmd),
+             "command -v gdb >/dev/null && flock /tmp/shardfs-tu-stacks.lock sh -c "
+             "'echo \"process %d hung, the stacks of its threads:\"; timeout 60 gdb -p %d "
+             "-batch -nx -q -ex \"set print thread-events off\" -ex \"thread apply all bt\"' "
+             "</dev/null >&2 2>&1",
+             (int)pid, (int)pid);
+    if (system(cmd) != 0)
+        fprintf(stderr, "process %d: no stacks (gdb missing or failed)\n", (int)pid);
+}
+
 int tu_wait(pid_t pid)
 {
     int st;

@@ -47,6 +47,10 @@ struct sfs_cache *tu_cache(uint32_t nslots, uint32_t nreserved, uint64_t shard_s
 
 /* Fork a child that runs fn(arg) and _exits with its return value. */
 pid_t tu_fork(int (*fn)(void *arg), void *arg);
+/* Print every thread's stack of process pid on stderr (gdb, when it is
+ * installed; nothing otherwise), for a test that found it hung: the log then
+ * shows where each thread waits. Bounded to 60 s. */
+void tu_dump_stacks(pid_t pid);
 /* Wait for a child; returns its exit status, or 128+signal. */
 int tu_wait(pid_t pid);
 /* The same with a time limit: a child that overruns is killed and the result
