@@ -7,7 +7,8 @@
  * shards of their own, a store that cannot take the key's slot (a rank holds
  * it: EBUSY; every slot leased: EAGAIN), a load that fails an open for
  * update, and a stop with a shard half written (its bytes are lost, and the
- * log says so).
+ * log says so); and what it answers at its edges (reads at a shard's end,
+ * the attributes' names).
  *
  * Each test mounts a small posix store (UCM layout, shard n of block b holds
  * tu_fill's bytes of (b, n)) with the daemon binary and checks every answer
@@ -473,7 +474,8 @@ Test(fs_refusals, a_store_of_a_shard_a_rank_holds_is_ebusy)
 
 /* Every slot leased (two slots, both held by a rank) past wait_timeout: a
  * store has no slot to take and is EAGAIN, as a read is; nothing is stored
- * around the cache. */
+ * around the cache. An open for update reads its starting bytes around
+ * it. */
 Test(fs_refusals, a_store_with_every_slot_leased_is_eagain)
 {
     struct holder h;
@@ -486,6 +488,20 @@ Test(fs_refusals, a_store_with_every_slot_leased_is_eagain)
     e = write_whole();
     cr_assert_eq(e, EAGAIN, "close with every slot leased: %s", strerror(e));
     REFUSED(mknod(fsfx_shard_path(&R.fx, BLOCK, 1), S_IFREG | 0644, 0), EAGAIN);
+    /* An open for update still starts from the stored bytes, read around
+     * the cache (only into its own buffer); closed unwritten, it stores
+     * nothing. */
+    {
+        static uint8_t got[SHARD], want[SHARD];
+        struct sfs_key k = tu_key(BLOCK, 0);
+        int fd = open(fsfx_shard_path(&R.fx, BLOCK, 0), O_RDWR | O_CLOEXEC);
+
+        cr_assert_geq(fd, 0, "an open for update with every slot leased: %s", strerror(errno));
+        tu_fill(&k, want, SHARD);
+        cr_assert_eq(pread(fd, got, SHARD, 0), (ssize_t)SHARD);
+        cr_assert_eq(memcmp(got, want, SHARD), 0, "the open did not start from the stored bytes");
+        cr_assert_eq(close(fd), 0, "close of an unwritten file: %s", strerror(errno));
+    }
     let_go(&h, kid);
     assert_kept_then_zeros(BLOCK, 0, SHARD, "after the refused store");
     cr_assert_eq(fsfx_stop(&R.fx, false, 10.0), 0);
@@ -524,4 +540,66 @@ Test(fs_refusals, a_stop_with_a_shard_half_written_says_its_bytes_are_lost)
         read_shard(BLOCK, 0, true, buf);
         cr_assert_eq(memcmp(buf, want, SHARD), 0, "the half-written shard reached the store");
     }
+}
+
+/* ---------------------------------------------------------------------------
+ * The edges: reads at a shard's end, the attributes' names.
+ */
+
+/* A read past a shard's end answers nothing, one across it the bytes up to
+ * the end. */
+Test(fs_refusals, reads_at_the_end_of_a_shard)
+{
+    static uint8_t buf[256], want[SHARD];
+    struct sfs_key k = tu_key(BLOCK, 0);
+    int fd;
+
+    store_write(BLOCK, 1);
+    start("capacity=2M", NULL);
+    tu_fill(&k, want, SHARD);
+    fd = open(fsfx_shard_path(&R.fx, BLOCK, 0), O_RDONLY | O_CLOEXEC);
+    cr_assert_geq(fd, 0);
+    cr_assert_eq(pread(fd, buf, sizeof(buf), SHARD + 10), 0, "a read past the end");
+    cr_assert_eq(pread(fd, buf, sizeof(buf), SHARD - 10), 10, "a read across the end");
+    cr_assert_eq(memcmp(buf, want + SHARD - 10, 10), 0, "the last 10 bytes");
+    close(fd);
+    cr_assert_eq(fsfx_stop(&R.fx, false, 10.0), 0);
+}
+
+/* listxattr names what getxattr answers (the root's socket, a shard's
+ * state; nothing for a block), and is ERANGE for a buffer too small; the
+ * mount's own attributes cannot be removed (ENOTSUP), others are absent
+ * (ENODATA); a bad pin value, a fault spec too long, are EINVAL. */
+Test(fs_refusals, the_attributes_names_and_their_refusals)
+{
+    char names[256], blk[256], hex[SFS_BLOCK_HEX_LEN + 1], big[300];
+    const char *shard;
+
+    store_write(BLOCK, 1);
+    start("capacity=2M", NULL);
+    tu_block_hex(BLOCK, hex);
+    snprintf(blk, sizeof(blk), "block/%s", hex);
+    shard = fsfx_shard_path(&R.fx, BLOCK, 0);
+
+    cr_assert_eq(listxattr(R.fx.mnt, NULL, 0), (ssize_t)sizeof(SFS_XATTR_SOCKET));
+    cr_assert_eq(listxattr(R.fx.mnt, names, sizeof(names)), (ssize_t)sizeof(SFS_XATTR_SOCKET));
+    cr_assert_str_eq(names, SFS_XATTR_SOCKET);
+    REFUSED((int)listxattr(R.fx.mnt, names, 4), ERANGE);
+    cr_assert_eq(listxattr(shard, names, sizeof(names)), (ssize_t)sizeof(SFS_XATTR_STATE));
+    cr_assert_str_eq(names, SFS_XATTR_STATE);
+    cr_assert_eq(listxattr(at(blk), names, sizeof(names)), 0, "a block lists attributes");
+
+    REFUSED(removexattr(at(blk), SFS_XATTR_PIN), ENOTSUP);
+    REFUSED(removexattr(shard, SFS_XATTR_STATE), ENOTSUP);
+    REFUSED(removexattr(shard, "user.other"), ENODATA);
+
+    REFUSED(setxattr(at(blk), SFS_XATTR_PIN, "", 0, 0), EINVAL);
+    REFUSED(setxattr(at(blk), SFS_XATTR_PIN, "1x", 2, 0), EINVAL);
+    REFUSED(setxattr(at(blk), SFS_XATTR_PIN, "\n", 1, 0), EINVAL);
+    REFUSED(setxattr(at(blk), SFS_XATTR_PIN, "12345678901", 11, 0), EINVAL);
+    cr_assert_eq(setxattr(at(blk), SFS_XATTR_PIN, "0\n", 2, 0), 0, "unpin with a newline: %s",
+                 strerror(errno));
+    memset(big, 'x', sizeof(big));
+    REFUSED(setxattr(R.fx.mnt, "user.shardfs.fault", big, sizeof(big), 0), EINVAL);
+    cr_assert_eq(fsfx_stop(&R.fx, false, 10.0), 0);
 }

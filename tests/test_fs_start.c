@@ -22,6 +22,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/random.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/un.h>
@@ -214,20 +217,46 @@ Test(fs_start, the_store_mount_point_and_socket_are_checked)
     unlink(file);
 }
 
+/* A free TCP port on 127.0.0.1. */
+static unsigned free_port(void)
+{
+    struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+    socklen_t l = sizeof(a);
+    int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+
+    cr_assert_geq(fd, 0);
+    cr_assert_eq(bind(fd, (struct sockaddr *)&a, sizeof(a)), 0);
+    cr_assert_eq(getsockname(fd, (struct sockaddr *)&a, &l), 0);
+    close(fd);
+    return ntohs(a.sin_port);
+}
+
 /* The tree takes its owner and modes from the store directory, whichever
- * way the spec names it (posix:DIR?OPTIONS, fault:OPTIONS:posix:DIR). */
+ * way the spec names it (posix:DIR?OPTIONS, fault:OPTIONS:posix:DIR, the
+ * inner store of a peer: spec, after its listen address's port). */
 Test(fs_start, the_tree_takes_the_store_directorys_modes)
 {
-    static const char *fmt[] = {"posix:%s", "posix:%s?direct=0", "fault:seed=1:posix:%s"};
-    char spec[512];
+    static const char *fmt[] = {"posix:%s", "posix:%s?direct=0", "fault:seed=1:posix:%s",
+                                "peer:listen=127.0.0.1:%u,capacity=1M,key=%s:%s"};
+    char spec[512], key[256];
+    uint8_t k[32];
     struct stat st;
-    int r, status = 0;
+    int r, fd, status = 0;
 
     if (!fsfx_usable())
         cr_skip_test("no usable /dev/fuse or fusermount3: FUSE tests skipped");
     cr_assert_eq(chmod(S.store, 0750), 0);
+    snprintf(key, sizeof(key), "%s", tu_path("key"));
+    cr_assert_eq(getrandom(k, sizeof(k), 0), (ssize_t)sizeof(k));
+    fd = open(key, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
+    cr_assert_geq(fd, 0);
+    cr_assert_eq(write(fd, k, sizeof(k)), (ssize_t)sizeof(k));
+    close(fd);
     for (size_t i = 0; i < sizeof(fmt) / sizeof(fmt[0]); i++) {
-        snprintf(spec, sizeof(spec), fmt[i], S.store);
+        if (strncmp(fmt[i], "peer:", 5) == 0)
+            snprintf(spec, sizeof(spec), fmt[i], free_port(), key, S.store);
+        else
+            snprintf(spec, sizeof(spec), fmt[i], S.store);
         snprintf(S.fx.mnt, sizeof(S.fx.mnt), "%s", S.mnt);
         snprintf(S.fx.sock, sizeof(S.fx.sock), "%s", S.sock);
         S.fx.bin = fsfx_daemon_bin(SHARDFS_BIN);
@@ -239,6 +268,7 @@ Test(fs_start, the_tree_takes_the_store_directorys_modes)
                      spec, st.st_mode & 0777);
         cr_assert_eq(fsfx_stop(&S.fx, false, 10.0), 0);
     }
+    unlink(key);
 }
 
 /* Without -o socket=, the socket is /run/shardfs/<the mount point, '/' as
@@ -248,7 +278,7 @@ Test(fs_start, the_tree_takes_the_store_directorys_modes)
  * stop removes it. */
 Test(fs_start, the_default_socket_is_named_after_the_mount_point)
 {
-    char mnt[128], got[256] = "", want[256];
+    char mnt[400], got[256] = "", want[256];
     struct sfs_cache *c;
     struct stat st;
     ssize_t n;
@@ -267,8 +297,9 @@ Test(fs_start, the_default_socket_is_named_after_the_mount_point)
         } else {
             snprintf(mnt, sizeof(mnt), "%s/a@b", S.mnt);
         }
+        cr_assert_lt(strlen(mnt), sizeof(S.fx.mnt), "%s: too long for the fixture", mnt);
         cr_assert_eq(mkdir(mnt, 0755), 0);
-        snprintf(S.fx.mnt, sizeof(S.fx.mnt), "%s", mnt);
+        memcpy(S.fx.mnt, mnt, strlen(mnt) + 1);
         S.fx.sock[0] = '\0';
         S.fx.bin = fsfx_daemon_bin(SHARDFS_BIN);
         r = fsfx_start(&S.fx, S.store, "hugepages=off,shard_size=64K,capacity=1M", 10.0, &status);
