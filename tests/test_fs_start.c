@@ -332,3 +332,92 @@ Test(fs_start, the_default_socket_is_named_after_the_mount_point)
         rmdir(mnt);
     }
 }
+
+/* Write the usage file STORE/.shardfs_usage: a header (magic, version 1,
+ * id_len, the shard size, count, entry size), count entries of 24 bytes
+ * (a 16-byte id and a count of n each), and its FNV-1a checksum. */
+static void usage_file(const char *magic, uint32_t id_len, uint32_t count, uint32_t n)
+{
+    uint8_t buf[40 + 4 * 24 + 8] = {0};
+    uint32_t v = 1, ent = 24;
+    uint64_t shard = 64 << 10, h = 0xcbf29ce484222325ull;
+    size_t len = 40 + (size_t)count * 24 + 8;
+    char path[256];
+    FILE *f;
+
+    cr_assert_leq(count, 4u);
+    memcpy(buf, magic, 8);
+    memcpy(buf + 8, &v, 4);
+    memcpy(buf + 12, &id_len, 4);
+    memcpy(buf + 16, &shard, 8);
+    memcpy(buf + 32, &count, 4);
+    memcpy(buf + 36, &ent, 4);
+    for (uint32_t i = 0; i < count; i++) {
+        memset(buf + 40 + i * 24, 0x10 + (int)i, 16);
+        memcpy(buf + 40 + i * 24 + 16, &n, 4);
+    }
+    for (size_t i = 0; i < len - 8; i++)
+        h = (h ^ buf[i]) * 0x100000001b3ull;
+    memcpy(buf + len - 8, &h, 8);
+    snprintf(path, sizeof(path), "%s/.shardfs_usage", S.store);
+    f = fopen(path, "we");
+    cr_assert_not_null(f);
+    cr_assert_eq(fwrite(buf, 1, len, f), len);
+    fclose(f);
+}
+
+/* Mount read-only (the usage file is then never rewritten), stop; the log
+ * has n lines naming why. */
+static void start_and_stop(const char *why, int n)
+{
+    char want[128];
+    int r, status = 0;
+
+    unlink(S.fx.log);
+    snprintf(S.fx.mnt, sizeof(S.fx.mnt), "%s", S.mnt);
+    snprintf(S.fx.sock, sizeof(S.fx.sock), "%s", S.sock);
+    S.fx.bin = fsfx_daemon_bin(SHARDFS_BIN);
+    r = fsfx_start(&S.fx, S.store, "ro,hugepages=off,shard_size=64K,capacity=1M", 10.0, &status);
+    cr_assert_eq(r, 0, "the mount did not appear (%s, status %d)", strerror(-r), status);
+    cr_assert_eq(fsfx_stop(&S.fx, false, 10.0), 0);
+    snprintf(want, sizeof(want), "ignored: %s", why);
+    cr_assert_eq(fsfx_log_lines_with(&S.fx, want), n, "the log does not say '%s' %d time(s)", want,
+                 n);
+}
+
+/* A usage file the start cannot use (not a regular file, truncated, too
+ * large, another magic, a foreign block-id format) is ignored with one log
+ * line saying why, and the mount starts all the same; one whose entries
+ * count nothing is taken silently. */
+Test(fs_start, a_usage_file_it_cannot_use_is_ignored_with_its_reason)
+{
+    char path[256], target[256];
+    int fd;
+
+    if (!fsfx_usable())
+        cr_skip_test("no usable /dev/fuse or fusermount3: FUSE tests skipped");
+    snprintf(path, sizeof(path), "%s/.shardfs_usage", S.store);
+    snprintf(target, sizeof(target), "%s/elsewhere", S.store);
+    cr_assert_eq(symlink(target, path), 0);
+    start_and_stop("not a regular file", 1);
+    cr_assert_eq(unlink(path), 0);
+    cr_assert_eq(mkdir(path, 0755), 0);
+    start_and_stop("not a regular file", 1);
+    cr_assert_eq(rmdir(path), 0);
+
+    fd = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    cr_assert_geq(fd, 0);
+    cr_assert_eq(write(fd, "SFSUSAGE\1\0", 10), 10);
+    cr_assert_eq(ftruncate(fd, 2 << 20), 0); /* past 65536 entries of 24 bytes */
+    close(fd);
+    start_and_stop("larger than any usage file", 1);
+    cr_assert_eq(truncate(path, 10), 0);
+    start_and_stop("truncated", 1);
+
+    usage_file("NOTUSAGE", 16, 0, 0);
+    start_and_stop("not a shardfs usage file (bad magic)", 1);
+    usage_file("SFSUSAGE", 20, 0, 0);
+    start_and_stop("foreign block-id format", 1);
+    usage_file("SFSUSAGE", 16, 2, 0);
+    start_and_stop("", 0);
+}
