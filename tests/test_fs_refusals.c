@@ -603,3 +603,40 @@ Test(fs_refusals, the_attributes_names_and_their_refusals)
     REFUSED(setxattr(R.fx.mnt, "user.shardfs.fault", big, sizeof(big), 0), EINVAL);
     cr_assert_eq(fsfx_stop(&R.fx, false, 10.0), 0);
 }
+
+static int cmp_ino(const void *a, const void *b)
+{
+    ino_t x = *(const ino_t *)a, y = *(const ino_t *)b;
+
+    return x < y ? -1 : x > y;
+}
+
+/* More names than the inode table's first size (2048 nodes): every shard
+ * of a block of 2600 gets an inode number of its own, and keeps it while
+ * the table grows under it. */
+Test(fs_refusals, thousands_of_names_keep_distinct_inode_numbers)
+{
+    enum { N = 2600 };
+    static ino_t ino[N], sorted[N];
+    struct stat st;
+    int r;
+
+    r = tu_store_write(R.store, BLOCK, 1, N, 512, NULL, NULL, false);
+    cr_assert_eq(r, 0, "store: %s", strerror(-r));
+    start("shard_size=512,capacity=2M", NULL);
+    for (uint32_t s = 0; s < N; s++) {
+        cr_assert_eq(stat(fsfx_shard_path(&R.fx, BLOCK, s), &st), 0, "stat shard %u: %s", s,
+                     strerror(errno));
+        ino[s] = st.st_ino;
+    }
+    memcpy(sorted, ino, sizeof(ino));
+    qsort(sorted, N, sizeof(sorted[0]), cmp_ino);
+    for (int i = 1; i < N; i++)
+        cr_assert_neq(sorted[i], sorted[i - 1], "two shards share inode %llu",
+                      (unsigned long long)sorted[i]);
+    for (uint32_t s = 0; s < N; s++) {
+        cr_assert_eq(stat(fsfx_shard_path(&R.fx, BLOCK, s), &st), 0);
+        cr_assert_eq(st.st_ino, ino[s], "shard %u changed inode number", s);
+    }
+    cr_assert_eq(fsfx_stop(&R.fx, false, 10.0), 0);
+}
