@@ -4,9 +4,9 @@
  * refuses a missing backend or array with -EINVAL and takes an empty batch
  * as done; a spec is refused with -EINVAL and a line naming what is wrong
  * (no spec, a shard size results cannot carry, fault wrappers nested too
- * deep, each posix and fault option's bad values); a read-only open stays
- * read-only whatever its spec says; and a fault wrapper passes touch and
- * listing through to the store it wraps.
+ * deep, each posix, fault and peer option's bad values); a read-only open
+ * stays read-only whatever its spec says; and a fault wrapper passes touch
+ * and listing through to the store it wraps.
  */
 #include "testutil.h"
 
@@ -130,6 +130,18 @@ Test(backend_api, a_bad_spec_is_refused_naming_what_is_wrong)
     refused("fault:seed=1x:mem:", SHARD, "seed");
     refused("fault:stall_ms=999999999999:mem:", SHARD, "stall_ms");
     refused("fault:short=nan:mem:", SHARD, "short");
+
+    /* The peer tier's options (sizes with a suffix; each value checked). */
+    refused("peer:listen", SHARD, "expected key=value");
+    refused("peer:listen=127.0.0.1:1,members=,capacity=1M:mem:", SHARD, "empty or too long");
+    refused("peer:listen=127.0.0.1:1,capacity=1M,slot=0:mem:", SHARD, "'slot'");
+    refused("peer:listen=127.0.0.1:1,capacity=1M,slot=x:mem:", SHARD, "'slot'");
+    refused("peer:listen=127.0.0.1:1,capacity=1q:mem:", SHARD, "'capacity'");
+    refused("peer:listen=127.0.0.1:1,capacity=1Kx:mem:", SHARD, "'capacity'");
+    refused("peer:listen=127.0.0.1:1,capacity=99999999999999999999:mem:", SHARD, "'capacity'");
+    refused("peer:listen=127.0.0.1:1,capacity=99999999999T:mem:", SHARD, "'capacity'");
+    refused("peer:listen=127.0.0.1:1,capacity=1g,ways=0:mem:", SHARD, "'ways'");
+    refused("peer:listen=127.0.0.1:1,capacity=1t,deadline_ms=0:mem:", SHARD, "'deadline_ms'");
 }
 
 /* A read-only open (the daemon's -o ro) stays read-only whatever its spec
