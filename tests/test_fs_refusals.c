@@ -90,11 +90,11 @@ static void store_write(uint64_t b, unsigned nshards)
 /* MNT/<rel>. */
 static const char *at(const char *rel)
 {
-    static __thread char p[4][512];
+    static __thread char p[4][1024];
     static __thread unsigned i;
     char *s = p[i++ % 4];
 
-    snprintf(s, 512, "%s/%s", R.fx.mnt, rel);
+    snprintf(s, sizeof(p[0]), "%s/%s", R.fx.mnt, rel);
     return s;
 }
 
