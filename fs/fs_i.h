@@ -200,6 +200,17 @@ struct fs {
     } reval;
 };
 
+/* The coverage build (tests/coverage/run.sh): libgcov writes a process's
+ * counters at exit(), so a process that leaves by _exit or exit_group (the
+ * daemonizing parent, a stop with handlers stuck in the backend) writes
+ * them first, or its last lines read as never run. Nothing otherwise. */
+#ifdef SFS_COVERAGE
+void __gcov_dump(void);
+#define FS_COVERAGE_DUMP() __gcov_dump()
+#else
+#define FS_COVERAGE_DUMP() ((void)0)
+#endif
+
 /* The daemon's defaults and bounds (options.c, session.c, main.c). */
 #define SOCKET_DIR "/run/shardfs"
 /* SFS_DEFAULT_SHARD_SIZE and SFS_DEFAULT_CAPACITY (shardfs/cache.h) as the

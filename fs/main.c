@@ -297,6 +297,7 @@ int main(int argc, char *argv[])
         /* The stuck threads end with the process, unjoined on purpose:
          * exit_group directly, not _exit (a sanitizer's _exit would report
          * them as leaked threads and change the status). */
+        FS_COVERAGE_DUMP();
         syscall(SYS_exit_group, 0);
         _exit(0);
     }

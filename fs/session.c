@@ -198,6 +198,7 @@ int fs_daemonize_start(void)
         close(p[1]);
         if (read(p[0], &status, 1) != 1)
             status = 1; /* the child died before it was ready */
+        FS_COVERAGE_DUMP();
         _exit(status);
     }
     close(p[0]);

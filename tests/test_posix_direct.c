@@ -14,8 +14,8 @@
  * system without O_DIRECT: ramfs (tmpfs has O_DIRECT since Linux 6.6),
  * mounted here (root); skipped where mount is not allowed. A touch (the
  * readahead hint) reads nothing while loads are O_DIRECT: they would read
- * the device a second time. Both ring mode
- * and sync mode (SHARDFS_POSIX_SYNC_OPEN=1) are covered.
+ * the device a second time; for buffered loads (direct=0) it reads ahead.
+ * Both ring mode and sync mode (SHARDFS_POSIX_SYNC_OPEN=1) are covered.
  */
 #include "testutil.h"
 
@@ -294,4 +294,34 @@ Test(posix_direct, touch_reads_nothing_for_o_direct_ring, .timeout = 60)
 Test(posix_direct, touch_reads_nothing_for_o_direct_sync, .timeout = 60)
 {
     touch_direct(true);
+}
+
+/* Buffered loads (direct=0) are what a touch is for: it reads the blocks
+ * ahead into the page cache (the ring's open, check, FADVISE and close).
+ * A block that is absent, or a FIFO in a block file's place, is skipped:
+ * the touch still answers 0 at once, and the backend's close does not wait
+ * on the FIFO (opened non-blocking, refused at the check). */
+Test(posix_direct, touch_reads_ahead_for_buffered_loads, .timeout = 60)
+{
+    struct sfs_backend_params prm = {.shard_size = SHARD};
+    struct sfs_block_id ids[2] = {tu_block(NBLOCKS), tu_block(NBLOCKS + 1)};
+    char dir[256], spec[300], fifo[512], err[256] = "";
+    struct sfs_backend *be;
+    struct stat st;
+    int e = 0;
+
+    if (!disk_store(dir, sizeof(dir)))
+        cr_skip_test("/var/tmp cannot show a read's page-cache footprint (tmpfs?)");
+    snprintf(spec, sizeof(spec), "posix:%s?direct=0", dir);
+    cr_expect_gt(touch_footprint(dir, spec), 0, "a touch read nothing ahead for buffered loads");
+
+    tu_store_path(dir, NBLOCKS, fifo, sizeof(fifo));
+    cr_assert_eq(mkfifo(fifo, 0644), 0, "mkfifo %s: %s", fifo, strerror(errno));
+    be = sfs_backend_open(spec, &prm, err, sizeof(err), &e);
+    cr_assert(be, "open %s: %s (%d)", spec, err, e);
+    cr_assert_eq(sfs_backend_touch(be, ids, 2), 0, "a touch of a FIFO and an absent block");
+    sfs_backend_close(be);
+    cr_assert_eq(lstat(fifo, &st), 0);
+    cr_assert(S_ISFIFO(st.st_mode), "the FIFO was replaced");
+    rm_tree(dir);
 }

@@ -1,0 +1,172 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * test_attach_bounds.c - where the attach server may put its socket, and
+ * the bounds it keeps on who attaches: a socket path too long for an
+ * address, in a directory that does not exist, is a file, belongs to
+ * another user or is writable by others without the sticky bit is refused
+ * before anything is created; a relative path serves from the current
+ * directory; a group makes the socket 0660 and that group's. Attached
+ * processes are bounded per uid (max_per_uid) and by the cache's process
+ * records (max_procs): a peer over a bound is refused -EUSERS, and one
+ * that leaves frees its place.
+ */
+#include "testutil.h"
+
+#include <shardfs/cache.h>
+
+#include <criterion/criterion.h>
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#define SHARD 4096u
+
+static struct sfs_cache *cache_of(uint32_t max_procs)
+{
+    struct sfs_cache_config cfg = {
+        .shard_size = SHARD,
+        .nslots = 8,
+        .no_reserved = true,
+        .hugepages = SFS_HUGEPAGES_OFF,
+        .max_procs = max_procs,
+    };
+    int err = 0;
+    struct sfs_cache *c = sfs_cache_create(&cfg, &err);
+
+    cr_assert_not_null(c, "create: %s", strerror(-err));
+    return c;
+}
+
+/* sfs_cache_serve(c, path) is refused with want and creates nothing. */
+static void refused(struct sfs_cache *c, const char *path, int want, const char *what)
+{
+    struct stat st;
+    int r = sfs_cache_serve(c, path);
+
+    cr_assert_eq(r, want, "%s: %s, not %s", what, strerror(-r), strerror(-want));
+    cr_assert(lstat(path, &st) < 0 || !S_ISSOCK(st.st_mode), "%s: a socket was created", what);
+}
+
+Test(attach_bounds, a_socket_path_the_server_cannot_own_is_refused, .timeout = 30)
+{
+    struct sfs_cache *c = cache_of(0);
+    char dir[256], path[512], file[256], longp[200];
+
+    snprintf(dir, sizeof(dir), "%s", tu_path("dir"));
+    snprintf(file, sizeof(file), "%s", tu_path("file"));
+    cr_assert_eq(mkdir(dir, 0755), 0);
+    fclose(fopen(file, "we"));
+
+    memset(longp, 'a', sizeof(longp) - 1);
+    longp[0] = '/';
+    longp[sizeof(longp) - 1] = '\0';
+    refused(c, longp, -ENAMETOOLONG, "a path longer than an address");
+    snprintf(path, sizeof(path), "%s/missing/sock", dir);
+    refused(c, path, -ENOENT, "a directory that does not exist");
+    snprintf(path, sizeof(path), "%s/sock", file);
+    refused(c, path, -ENOTDIR, "a file as the directory");
+    cr_assert_eq(chmod(dir, 0777), 0);
+    snprintf(path, sizeof(path), "%s/sock", dir);
+    refused(c, path, -EPERM, "a directory writable by others, not sticky");
+    cr_assert_eq(chmod(dir, 0755), 0);
+    if (geteuid() == 0) {
+        cr_assert_eq(chown(dir, 12345, 12345), 0);
+        refused(c, path, -EPERM, "a directory of another user");
+        cr_assert_eq(chown(dir, 0, 0), 0);
+    }
+    /* The directory is fine again: served. */
+    cr_assert_eq(sfs_cache_serve(c, path), 0);
+    sfs_cache_close(c);
+    unlink(path);
+    rmdir(dir);
+    unlink(file);
+}
+
+/* A name without a directory is served in the current one; a group makes
+ * the socket 0660 and that group's; a peer attaches by the same name. */
+Test(attach_bounds, a_relative_socket_serves_from_the_current_directory, .timeout = 30)
+{
+    struct sfs_cache *c = cache_of(0), *a;
+    struct sfs_serve_opts o = {.gid = (int64_t)getegid()};
+    char dir[256];
+    struct stat st;
+    int err = 0;
+
+    snprintf(dir, sizeof(dir), "%s", tu_path("cwd"));
+    cr_assert_eq(mkdir(dir, 0755), 0);
+    cr_assert_eq(chdir(dir), 0);
+    cr_assert_eq(sfs_cache_serve_opts(c, "rel.sock", &o), 0);
+    cr_assert_eq(stat("rel.sock", &st), 0);
+    cr_assert(S_ISSOCK(st.st_mode));
+    cr_assert_eq(st.st_mode & 0777, 0660, "mode %o, not 660 for a group", st.st_mode & 0777);
+    cr_assert_eq(st.st_gid, getegid());
+    a = sfs_cache_attach("rel.sock", 0, &err);
+    cr_assert_not_null(a, "attach by the relative name: %s", strerror(-err));
+    sfs_cache_close(a);
+    sfs_cache_close(c);
+    cr_assert_eq(stat("rel.sock", &st), -1, "the close left the socket");
+    cr_assert_eq(chdir("/"), 0);
+    rmdir(dir);
+}
+
+/* max_per_uid = 2: a third attach of the same uid is -EUSERS until one of
+ * the two closes. */
+Test(attach_bounds, attaches_of_one_uid_are_bounded_by_max_per_uid, .timeout = 30)
+{
+    struct sfs_cache *c = cache_of(0), *a[3];
+    struct sfs_serve_opts o = {.gid = -1, .max_per_uid = 2};
+    const char *path = tu_path("sock");
+    int err = 0;
+
+    cr_assert_eq(sfs_cache_serve_opts(c, path, &o), 0);
+    for (int i = 0; i < 2; i++) {
+        a[i] = sfs_cache_attach(path, 0, &err);
+        cr_assert_not_null(a[i], "attach %d: %s", i, strerror(-err));
+    }
+    a[2] = sfs_cache_attach(path, -1, &err);
+    cr_assert_null(a[2], "a third attach of the uid was let in");
+    cr_assert_eq(err, -EUSERS, "%s, not EUSERS", strerror(-err));
+    sfs_cache_close(a[0]);
+    /* The server sees the close when its connection ends: retry until then
+     * (bounded by the test's timeout; no pass/fail timing). */
+    do {
+        a[2] = sfs_cache_attach(path, -1, &err);
+        if (!a[2]) {
+            cr_assert_eq(err, -EUSERS, "%s, not EUSERS", strerror(-err));
+            usleep(10000);
+        }
+    } while (!a[2]);
+    sfs_cache_close(a[2]);
+    sfs_cache_close(a[1]);
+    sfs_cache_close(c);
+}
+
+/* A cache of two process records: the creator's and one attach; the next
+ * attach finds no free record and is -EUSERS, until the first leaves and
+ * the server reaps its record. */
+Test(attach_bounds, attaches_are_bounded_by_the_process_records, .timeout = 30)
+{
+    struct sfs_cache *c = cache_of(2), *a, *b;
+    const char *path = tu_path("sock");
+    int err = 0;
+
+    cr_assert_eq(sfs_cache_serve(c, path), 0);
+    a = sfs_cache_attach(path, 0, &err);
+    cr_assert_not_null(a, "attach: %s", strerror(-err));
+    b = sfs_cache_attach(path, 0, &err);
+    cr_assert_null(b, "an attach without a free process record was let in");
+    cr_assert_eq(err, -EUSERS, "%s, not EUSERS", strerror(-err));
+    sfs_cache_close(a);
+    do {
+        b = sfs_cache_attach(path, 0, &err);
+        if (!b) {
+            cr_assert_eq(err, -EUSERS, "%s, not EUSERS", strerror(-err));
+            usleep(10000);
+        }
+    } while (!b);
+    sfs_cache_close(b);
+    sfs_cache_close(c);
+}

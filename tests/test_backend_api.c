@@ -1,0 +1,192 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * test_backend_api.c - the backend API's contract at its edges: every call
+ * refuses a missing backend or array with -EINVAL and takes an empty batch
+ * as done; a spec is refused with -EINVAL and a line naming what is wrong
+ * (no spec, a shard size results cannot carry, fault wrappers nested too
+ * deep, each posix, fault and peer option's bad values); a read-only open
+ * stays read-only whatever its spec says; and a fault wrapper passes touch
+ * and listing through to the store it wraps.
+ */
+#include "testutil.h"
+
+#include <shardfs/backend.h>
+
+#include <criterion/criterion.h>
+#include <errno.h>
+#include <limits.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+
+#define SHARD 4096u
+
+static char g_store[128];
+
+static void setup(void)
+{
+    snprintf(g_store, sizeof(g_store), "%s", tu_path("store"));
+    cr_assert_eq(tu_store_write(g_store, 1, 3, 2, SHARD, NULL, NULL, false), 0);
+}
+
+static void teardown(void)
+{
+    char cmd[256];
+
+    snprintf(cmd, sizeof(cmd), "rm -rf '%s'", g_store);
+    if (system(cmd) != 0) {
+        /* a leftover in the test's own directory */
+    }
+}
+
+TestSuite(backend_api, .init = setup, .fini = teardown, .timeout = 30);
+
+static struct sfs_backend *open_ok(const char *spec, bool read_only)
+{
+    struct sfs_backend_params p = {.shard_size = SHARD, .read_only = read_only};
+    char err[256] = "";
+    int e = 0;
+    struct sfs_backend *be = sfs_backend_open(spec, &p, err, sizeof(err), &e);
+
+    cr_assert_not_null(be, "%s: %s (%d)", spec, err, e);
+    return be;
+}
+
+/* spec (with shard_size) is refused with -EINVAL and a line naming want. */
+static void refused(const char *spec, uint64_t shard_size, const char *want)
+{
+    struct sfs_backend_params p = {.shard_size = shard_size};
+    char err[256] = "";
+    int e = 0;
+
+    cr_assert_null(sfs_backend_open(spec, &p, err, sizeof(err), &e), "%s was opened",
+                   spec ? spec : "(null)");
+    cr_assert_eq(e, -EINVAL, "%s: %s, not EINVAL", spec ? spec : "(null)", strerror(-e));
+    cr_assert(strstr(err, want), "%s: the error '%s' does not name '%s'", spec ? spec : "(null)",
+              err, want);
+}
+
+Test(backend_api, every_call_refuses_a_missing_backend_or_array)
+{
+    struct sfs_backend *be = open_ok("mem:", false);
+    struct sfs_block_id id = tu_block(1);
+    struct sfs_key k = tu_key(1, 0);
+    struct sfs_block_stamp st;
+    bool present;
+    char buf[SHARD];
+
+    cr_assert_eq(sfs_backend_load(NULL, NULL, 0), -EINVAL);
+    cr_assert_eq(sfs_backend_load(be, NULL, 1), -EINVAL);
+    cr_assert_eq(sfs_backend_load(be, NULL, 0), 0, "an empty batch is done");
+    cr_assert_eq(sfs_backend_dump(NULL, NULL, 0), -EINVAL);
+    cr_assert_eq(sfs_backend_dump(be, NULL, 1), -EINVAL);
+    cr_assert_eq(sfs_backend_dump(be, NULL, 0), 0);
+    cr_assert_eq(sfs_backend_exists(NULL, &k, 1, &present), -EINVAL);
+    cr_assert_eq(sfs_backend_exists(be, NULL, 1, &present), -EINVAL);
+    cr_assert_eq(sfs_backend_exists(be, &k, 1, NULL), -EINVAL);
+    cr_assert_eq(sfs_backend_exists(be, NULL, 0, NULL), 0);
+    cr_assert_eq(sfs_backend_shard_count(NULL, &id), -EINVAL);
+    cr_assert_eq(sfs_backend_shard_count(be, NULL), -EINVAL);
+    cr_assert_eq(sfs_backend_stamp(NULL, &id, &st), -EINVAL);
+    cr_assert_eq(sfs_backend_stamp(be, &id, NULL), -EINVAL);
+    cr_assert_eq(sfs_backend_touch(NULL, &id, 1), -EINVAL);
+    cr_assert_eq(sfs_backend_touch(be, NULL, 1), -EINVAL);
+    cr_assert_eq(sfs_backend_touch(be, NULL, 0), 0);
+    cr_assert_eq(sfs_backend_remove(NULL, &k), -EINVAL);
+    cr_assert_eq(sfs_backend_remove(be, NULL), -EINVAL);
+    cr_assert_eq(sfs_backend_list(NULL, NULL, NULL), -EINVAL);
+    cr_assert_eq(sfs_backend_list(be, NULL, NULL), -EINVAL);
+    cr_assert_eq(sfs_backend_load_sync(NULL, &k, buf, SHARD), -EINVAL);
+    cr_assert_eq(sfs_backend_load_sync(be, NULL, buf, SHARD), -EINVAL);
+    cr_assert_eq(sfs_backend_dump_sync(be, &k, NULL, SHARD), -EINVAL);
+    sfs_backend_close(NULL); /* nothing to close */
+    sfs_backend_close(be);
+}
+
+Test(backend_api, a_bad_spec_is_refused_naming_what_is_wrong)
+{
+    char spec[512], nested[512] = "";
+
+    refused(NULL, SHARD, "no backend spec");
+    refused("mem:", (uint64_t)INT_MAX + 1, "2 GiB");
+    for (int i = 0; i < 10; i++)
+        strcat(nested, "fault::");
+    strcat(nested, "mem:");
+    refused(nested, SHARD, "nested too deeply");
+
+    snprintf(spec, sizeof(spec), "posix:%s?dir_prefix=x", g_store);
+    refused(spec, SHARD, "dir_prefix");
+    snprintf(spec, sizeof(spec), "posix:%s?depth=99999999", g_store);
+    refused(spec, SHARD, "depth");
+    snprintf(spec, sizeof(spec), "posix:%s?sync=yes", g_store);
+    refused(spec, SHARD, "sync");
+    snprintf(spec, sizeof(spec), "posix:%s?read_only=2", g_store);
+    refused(spec, SHARD, "read_only");
+
+    refused("fault:eio:mem:", SHARD, "no '=value'");
+    refused("fault:latency_us=x:mem:", SHARD, "latency_us");
+    refused("fault:latency_us=99999999999999:mem:", SHARD, "latency_us");
+    refused("fault:seed=1x:mem:", SHARD, "seed");
+    refused("fault:stall_ms=999999999999:mem:", SHARD, "stall_ms");
+    refused("fault:short=nan:mem:", SHARD, "short");
+
+    /* The peer tier's options (sizes with a suffix; each value checked). */
+    refused("peer:listen", SHARD, "expected key=value");
+    refused("peer:listen=127.0.0.1:1,members=,capacity=1M:mem:", SHARD, "empty or too long");
+    refused("peer:listen=127.0.0.1:1,capacity=1M,slot=0:mem:", SHARD, "'slot'");
+    refused("peer:listen=127.0.0.1:1,capacity=1M,slot=x:mem:", SHARD, "'slot'");
+    refused("peer:listen=127.0.0.1:1,capacity=1q:mem:", SHARD, "'capacity'");
+    refused("peer:listen=127.0.0.1:1,capacity=1Kx:mem:", SHARD, "'capacity'");
+    refused("peer:listen=127.0.0.1:1,capacity=99999999999999999999:mem:", SHARD, "'capacity'");
+    refused("peer:listen=127.0.0.1:1,capacity=99999999999T:mem:", SHARD, "'capacity'");
+    refused("peer:listen=127.0.0.1:1,capacity=1g,ways=0:mem:", SHARD, "'ways'");
+    refused("peer:listen=127.0.0.1:1,capacity=1t,deadline_ms=0:mem:", SHARD, "'deadline_ms'");
+}
+
+/* A read-only open (the daemon's -o ro) stays read-only whatever its spec
+ * says (read_only=0), and a spec's read_only=1 makes any open read-only:
+ * dumps and removes are -EROFS, loads work. */
+Test(backend_api, a_read_only_open_stays_read_only)
+{
+    struct sfs_key k = tu_key(1, 0);
+    char spec[512], buf[SHARD];
+    struct sfs_backend *be;
+
+    snprintf(spec, sizeof(spec), "posix:%s?read_only=0", g_store);
+    be = open_ok(spec, true);
+    memset(buf, 1, sizeof(buf));
+    cr_assert_eq(sfs_backend_dump_sync(be, &k, buf, SHARD), -EROFS);
+    cr_assert_eq(sfs_backend_remove(be, &k), -EROFS);
+    cr_assert_eq(sfs_backend_load_sync(be, &k, buf, SHARD), (int)SHARD);
+    cr_assert_eq(tu_check(&k, buf, SHARD), -1, "a load through a read-only open");
+    sfs_backend_close(be);
+    snprintf(spec, sizeof(spec), "posix:%s?read_only=1", g_store);
+    be = open_ok(spec, false);
+    cr_assert_eq(sfs_backend_dump_sync(be, &k, buf, SHARD), -EROFS);
+    sfs_backend_close(be);
+}
+
+static int count_block(const struct sfs_block_id *b, void *arg)
+{
+    (void)b;
+    (*(int *)arg)++;
+    return 0;
+}
+
+/* A fault wrapper lists the blocks of the store it wraps, and passes a
+ * touch through (0, as the store answers). */
+Test(backend_api, a_fault_wrapper_passes_touch_and_listing_through)
+{
+    struct sfs_block_id ids[2] = {tu_block(1), tu_block(2)};
+    char spec[512];
+    struct sfs_backend *be;
+    int n = 0;
+
+    snprintf(spec, sizeof(spec), "fault:seed=3:posix:%s?direct=0", g_store);
+    be = open_ok(spec, false);
+    cr_assert_eq(sfs_backend_list(be, count_block, &n), 0);
+    cr_assert_eq(n, 3, "listed %d blocks through the wrapper, not 3", n);
+    cr_assert_eq(sfs_backend_touch(be, ids, 2), 0);
+    sfs_backend_close(be);
+}
