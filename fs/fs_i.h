@@ -14,6 +14,7 @@
  *              and listings; extended attributes
  *   wait.c     reads parked until another's load settles (the settler)
  *   usage.c    the learned hot set: usage counts, the usage file, warm restart
+ *   storefile.c  files read and written by name in the store, within a deadline
  *   revalidate.c  -o revalidate: drops blocks another host replaced
  *   attr.c     attributes and entry replies; loads.c backend loads into
  *              leased slots, prefetch, the answer of a settled read
@@ -373,6 +374,18 @@ void fs_usage_stop(struct fs *fs);
 /* A read of the mount used a shard of block: count it (striped lock: no
  * line shared by reads of different blocks, bar a 1/64 stripe collision). */
 void fs_usage_note(struct fs *fs, const struct sfs_block_id *block);
+
+/* storefile.c: the files the daemon opens by name in the store directory,
+ * each open and read or write on a thread of its own, waited for at most
+ * timeout_ns (then -ETIMEDOUT, the thread abandoned to finish or to die with
+ * the daemon). Read: path's whole content (a regular file, at most max
+ * bytes) into *buf (malloc'd) and *len; 0, -ENOENT, -EINVAL (*why says
+ * why) or -ETIMEDOUT. Replace: buf (owned, freed) becomes path's content by
+ * path.tmp, fsync and rename; 0, -errno, -ETIMEDOUT, or -EBUSY while an
+ * earlier abandoned write is still in the store. */
+int fs_store_file_read(const char *path, uint64_t max, int64_t timeout_ns, uint8_t **buf,
+                       size_t *len, const char **why);
+int fs_store_file_replace(const char *path, uint8_t *buf, size_t len, int64_t timeout_ns);
 
 /* loads.c: backend loads into leased slots (below read.c, wait.c, write.c). */
 /* As owner of lease: load the shard asynchronously. Consumes the lease (and
