@@ -69,6 +69,16 @@ struct fs_obj {
     struct sfs_key key; /* block for FS_BLOCK/FS_SHARDDIR; block and shard for FS_SHARD */
 };
 
+/* The old version a retired node's open files read (pagecache.c): refs
+ * (fs.lock) are the node's and those of the reads being answered from it,
+ * whose replies the kernel may complete (and the reader close) before our
+ * writev returns. */
+struct fs_snap {
+    uint32_t refs;
+    uint32_t len;
+    uint8_t bytes[];
+};
+
 /* One table entry. Every field is protected by fs.lock. */
 struct fs_node {
     fuse_ino_t ino;
@@ -89,11 +99,10 @@ struct fs_node {
      * change of the key retires it (pagecache.c, "Versions"). */
     uint32_t nreaders;
     /* Retired: no longer its shard's node (off the by_obj chains: a lookup
-     * makes a new one); its open files read snap (snap_len bytes of the
-     * version they read), or fail ESTALE when snap is NULL. */
+     * makes a new one); its open files read snap (the version they read),
+     * or fail ESTALE when snap is NULL. */
     bool retired;
-    uint8_t *snap;
-    uint32_t snap_len;
+    struct fs_snap *snap;
 };
 
 /* A pin taken off its node, to be dropped: its pages invalidated, then its
@@ -355,16 +364,17 @@ int fs_reader_open(struct fs *fs, fuse_ino_t ino);
 /* Its release: true when it was the last of a retired node, whose pages
  * nobody can read any more (invalidate them). */
 bool fs_reader_close(struct fs *fs, fuse_ino_t ino);
-/* Whether ino is retired: 1 with *snap and *len (the version its open files
- * read; NULL: none, they fail ESTALE), else 0. The snapshot lives while an
- * open file of ino does: a read of one may use it unlocked. */
-int fs_node_retired(struct fs *fs, fuse_ino_t ino, const uint8_t **snap, uint32_t *len);
+/* Whether ino is retired: 1, and when snap is not NULL *snap (the version
+ * its open files read, a reference taken: fs_snap_put it; NULL: none, they
+ * fail ESTALE), else 0. */
+int fs_node_retired(struct fs *fs, fuse_ino_t ino, struct fs_snap **snap);
+void fs_snap_put(struct fs *fs, struct fs_snap *snap);
 /* Retire ino (a change of its key while page-cache files are open on it):
- * *snap (len bytes, malloc'd, or NULL) becomes what they read, unless the
- * snapshots' budget is spent (then freed and set NULL). The kernel's entry
+ * *snap (malloc'd, one reference, or NULL) becomes what they read, unless
+ * the snapshots' budget is spent (then freed and set NULL). The kernel's entry
  * of the name may still lead to ino: its open answers ESTALE, and the
  * kernel looks the name up again (LOOKUP_REVAL), finding the new node. */
-void fs_node_retire(struct fs *fs, fuse_ino_t ino, uint8_t **snap, uint32_t len);
+void fs_node_retire(struct fs *fs, fuse_ino_t ino, struct fs_snap **snap);
 /* Take the pin off key's inode, if it has one: 1 (and *out), else 0. */
 int fs_pin_take(struct fs *fs, const struct sfs_key *key, struct fs_pinned *out);
 /* Under fs->lock: take off at most max pins that must go (a writer or a

@@ -248,9 +248,10 @@ static void node_maybe_free(struct fs *fs, struct fs_node *n)
 
     if (n->nlookup > 0 || n->nwriters > 0 || n->nreaders > 0)
         return;
-    if (n->retired) {
-        fs->snap_bytes -= n->snap ? n->snap_len : 0;
-        free(n->snap);
+    if (n->snap) {
+        fs->snap_bytes -= n->snap->len;
+        if (--n->snap->refs == 0)
+            free(n->snap);
     }
     if (n->pinned) {
         /* The kernel forgot the inode, and its pages went with it. */
@@ -527,8 +528,9 @@ bool fs_reader_close(struct fs *fs, fuse_ino_t ino)
     if (n && n->nreaders > 0) {
         last = --n->nreaders == 0 && n->retired;
         if (last && n->snap) {
-            fs->snap_bytes -= n->snap_len;
-            free(n->snap);
+            fs->snap_bytes -= n->snap->len;
+            if (--n->snap->refs == 0) /* else a read's reply still uses it */
+                free(n->snap);
             n->snap = NULL;
         }
         node_maybe_free(fs, n);
@@ -537,7 +539,7 @@ bool fs_reader_close(struct fs *fs, fuse_ino_t ino)
     return last;
 }
 
-int fs_node_retired(struct fs *fs, fuse_ino_t ino, const uint8_t **snap, uint32_t *len)
+int fs_node_retired(struct fs *fs, fuse_ino_t ino, struct fs_snap **snap)
 {
     struct fs_node *n;
     int r = 0;
@@ -545,17 +547,31 @@ int fs_node_retired(struct fs *fs, fuse_ino_t ino, const uint8_t **snap, uint32_
     pthread_mutex_lock(&fs->lock);
     n = node_by_ino(fs, ino);
     if (n && n->retired) {
-        if (snap)
+        if (snap) {
             *snap = n->snap;
-        if (len)
-            *len = n->snap_len;
+            if (n->snap)
+                n->snap->refs++;
+        }
         r = 1;
     }
     pthread_mutex_unlock(&fs->lock);
     return r;
 }
 
-void fs_node_retire(struct fs *fs, fuse_ino_t ino, uint8_t **snap, uint32_t len)
+void fs_snap_put(struct fs *fs, struct fs_snap *snap)
+{
+    bool last;
+
+    if (!snap)
+        return;
+    pthread_mutex_lock(&fs->lock);
+    last = --snap->refs == 0;
+    pthread_mutex_unlock(&fs->lock);
+    if (last)
+        free(snap);
+}
+
+void fs_node_retire(struct fs *fs, fuse_ino_t ino, struct fs_snap **snap)
 {
     struct fs_node *n, **pp;
 
@@ -569,14 +585,13 @@ void fs_node_retire(struct fs *fs, fuse_ino_t ino, uint8_t **snap, uint32_t len)
         pthread_mutex_unlock(&fs->lock);
         return;
     }
-    if (*snap && fs->snap_bytes + len > (uint64_t)fs->pc_max * fs->shard_size) {
+    if (*snap && fs->snap_bytes + (*snap)->len > (uint64_t)fs->pc_max * fs->shard_size) {
         free(*snap); /* past the budget: its files fail ESTALE */
         *snap = NULL;
     }
     n->retired = true;
     n->snap = *snap;
-    n->snap_len = len;
-    fs->snap_bytes += *snap ? len : 0;
+    fs->snap_bytes += *snap ? (*snap)->len : 0;
     for (pp = &fs->by_obj[fs_obj_hash(&n->obj) & (fs->nbuckets - 1)]; *pp; pp = &(*pp)->next_obj)
         if (*pp == n) {
             *pp = n->next_obj;

@@ -82,11 +82,14 @@ static void drop_one(struct fs *fs, const struct fs_pinned *p, bool change, bool
          * is about to change), new lookups get a new inode. */
         uint32_t len = sfs_cache_length(fs->cache, &p->lease);
         const void *data = sfs_cache_data(fs->cache, &p->lease);
-        uint8_t *snap = NULL;
+        struct fs_snap *snap = NULL;
 
-        if (!gone && data && (snap = malloc(len ? len : 1)))
-            memcpy(snap, data, len);
-        fs_node_retire(fs, p->ino, &snap, len);
+        if (!gone && data && (snap = malloc(sizeof(*snap) + len))) {
+            snap->refs = 1;
+            snap->len = len;
+            memcpy(snap->bytes, data, len);
+        }
+        fs_node_retire(fs, p->ino, &snap);
         if (!snap && fs->se) /* nothing to read: their next read fails ESTALE */
             fuse_lowlevel_notify_inval_inode(fs->se, p->ino, 0, 0);
         sfs_cache_release(fs->cache, &p->lease);
@@ -131,24 +134,24 @@ static void reply_slot(struct fs *fs, fuse_req_t req, const struct sfs_lease *l,
 void fs_read_answer(struct fs *fs, fuse_req_t req, fuse_ino_t ino, const struct sfs_key *key,
                     const struct sfs_lease *l, off_t off, size_t size)
 {
-    const uint8_t *snap;
-    uint32_t len;
+    struct fs_snap *snap;
 
     /* After the lease: a retirement that comes later copies this same
      * version (the slot cannot change while l is held). */
-    if (fs->pc_max && ino && fs_node_retired(fs, ino, &snap, &len)) {
+    if (fs->pc_max && ino && fs_node_retired(fs, ino, &snap)) {
         if (l)
             sfs_cache_release(fs->cache, l);
         if (!snap) {
             fuse_reply_err(req, ESTALE);
             return;
         }
-        if ((uint64_t)off >= len)
+        if ((uint64_t)off >= snap->len)
             size = 0;
-        else if (size > len - (uint64_t)off)
-            size = len - (size_t)off;
+        else if (size > snap->len - (uint64_t)off)
+            size = snap->len - (size_t)off;
         CTR_ADD(fs, read_bytes, size);
-        fuse_reply_buf(req, size ? (const char *)snap + off : NULL, size);
+        fuse_reply_buf(req, size ? (const char *)snap->bytes + off : NULL, size);
+        fs_snap_put(fs, snap);
         return;
     }
     reply_slot(fs, req, l, off, size);

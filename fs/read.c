@@ -68,7 +68,7 @@ static void read_shard(fuse_req_t req, struct fs *fs, fuse_ino_t ino, const stru
         size = fs->shard_size - (size_t)off;
     if (off == 0)
         fs_usage_note(fs, &key.block); /* one use per read of the shard from its start */
-    if (ino && fs_node_retired(fs, ino, NULL, NULL)) {
+    if (ino && fs_node_retired(fs, ino, NULL)) {
         /* Its version is no longer the key's: no Get (pagecache.c). */
         fs_read_answer(fs, req, ino, &key, NULL, off, size);
         return;
