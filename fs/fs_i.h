@@ -107,6 +107,9 @@ struct fs_counters {
     _Atomic uint64_t reval_sweeps;      /* revalidation sweeps done (revalidate.c) */
     _Atomic uint64_t reval_invalidated; /* blocks a sweep invalidated */
     _Atomic uint64_t reval_removed;     /* shards those invalidations removed */
+    _Atomic uint64_t store_bytes;       /* the collector's count of the store's block bytes */
+    _Atomic uint64_t store_evicted;     /* blocks the collector removed from the store */
+    _Atomic uint64_t store_evicted_bytes; /* their bytes */
 };
 
 /* Readahead markers: a direct-mapped set of hashes of shards that readahead
@@ -184,6 +187,10 @@ struct fs {
      * with no directory, or no memory for the table). */
     struct fs_usage *usage;
     uint32_t warm_pin_s; /* -o warm_pin: seconds the warm-up pins what it warms (0: no) */
+    uint64_t store_capacity; /* -o store_capacity: bytes (0: off) */
+    /* -o store_capacity (storecap.c): the collector; NULL: off. Set before
+     * the session starts, cleared after it ended. */
+    struct fs_storecap *storecap;
 
     /* -o revalidate (revalidate.c): the sweep thread. Its table and since
      * are the thread's alone. */
@@ -218,6 +225,10 @@ struct fs {
 #define REAP_INTERVAL_NS         (200 * 1000 * 1000ll)
 #define STOP_GRACE_NS            (2 * 1000 * 1000 * 1000ll) /* loads in flight get this to finish */
 #define SFS_ATTACH_UIDS_MAX      64                         /* uids in -o attach_uids */
+
+/* -o store_capacity: the collector's watermarks, percent of it. */
+#define DEFAULT_STORE_HIGH_PCT 95
+#define DEFAULT_STORE_LOW_PCT  90
 
 /* -o revalidate: the period on a store hosts share, and its bound. */
 #define DEFAULT_REVALIDATE_MS 1000
@@ -532,6 +543,9 @@ struct fs_options {
     char *peer_ways;     /* N */
     char *peer_slot;     /* SIZE: max payload (default the shard size) */
     char *peer_key;      /* the members' key file (required with peer_listen) */
+    char *store_capacity; /* SIZE: bound of the store's block bytes (storecap.c) */
+    char *store_high;     /* PCT of it: the collector starts above */
+    char *store_low;      /* PCT of it: and stops at */
     char *backend;     /* the first non-option argument */
     unsigned max_read;
     bool max_read_set;
@@ -552,6 +566,8 @@ struct fs_config {
     unsigned warm_pct; /* -o warm: percent of capacity warmed at mount (0: off) */
     uint32_t warm_pin_s; /* -o warm_pin: pin the warmed blocks this long (0: no) */
     int64_t revalidate_ms; /* -o revalidate: sweep period (0: off; -1: the store's default) */
+    uint64_t store_capacity; /* -o store_capacity: bytes (0: off) */
+    unsigned store_high_pct, store_low_pct; /* its watermarks, low < high */
     char socket[sizeof(((struct sockaddr_un *)0)->sun_path)];
     bool default_socket;
     /* Who may attach besides root and our uid (-o attach_uids, attach_gid). */

@@ -137,6 +137,7 @@ int main(int argc, char *argv[])
     fs.ro = o.ro;
     fs.wait_ns = cfg.wait_ns;
     fs.readahead = cfg.readahead;
+    fs.store_capacity = cfg.store_capacity;
     fs.nslots = (uint32_t)(cfg.cache.capacity / cfg.cache.shard_size); /* < 2^30 (validate) */
     /* Pins: page_cache / shard_size, >= 1 (options.c), at most half the
      * slots (options.c) and PC_MAX_PINS leases. */
@@ -175,6 +176,17 @@ int main(int argc, char *argv[])
             fprintf(stderr, "shardfs: BACKEND_DIR %s: %s\n", o.backend,
                     errbuf[0] ? errbuf : strerror(-err));
         goto out_table;
+    }
+    if (cfg.store_capacity) {
+        struct sfs_block_stamp st;
+
+        if (sfs_backend_stamp(fs.be, NULL, &st) == -EOPNOTSUPP) {
+            fprintf(stderr,
+                    "shardfs: store_capacity=%s: BACKEND_DIR %s has no block files to "
+                    "bound\n",
+                    o.store_capacity, o.backend);
+            goto out_backend;
+        }
     }
     if (cfg.no_fallback) /* its one line says it all: the data plane's own is noise */
         sfs_set_log(fs_log_msg, NULL, co.debug ? LOG_DEBUG : LOG_CRIT);
