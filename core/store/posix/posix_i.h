@@ -115,6 +115,8 @@ int sfs_posix_stamp(struct sfs_backend *be, const struct sfs_block_id *block,
                     struct sfs_block_stamp *out);
 int sfs_posix_list(struct sfs_backend *be, int (*fn)(const struct sfs_block_id *, void *),
                    void *arg);
+/* posix_query.c: the backend's scan (shardfs/backend.h). */
+int sfs_posix_scan(struct sfs_backend *be, sfs_scan_fn *fn, void *arg);
 
 /* posix_load.c: the backend's load (its sfs_backend_ops). */
 int sfs_posix_load(struct sfs_backend *be, struct sfs_io **ios, size_t n);
@@ -155,5 +157,8 @@ void sfs_posix_commit_init(struct posix_backend *p);
 /* posix_commit.c: the backend's dump and remove (its sfs_backend_ops). */
 int sfs_posix_dump(struct sfs_backend *be, struct sfs_io **ios, size_t n);
 int sfs_posix_remove(struct sfs_backend *be, const struct sfs_key *key);
+/* posix_commit.c: the backend's evict (shardfs/backend.h). */
+int sfs_posix_evict(struct sfs_backend *be, const struct sfs_block_id *block,
+                    const struct sfs_block_stamp *expect, uint64_t *freed);
 
 #endif /* SHARDFS_POSIX_I_H */
