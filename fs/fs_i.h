@@ -13,6 +13,7 @@
  *              readahead; open files and storing shards; changing the tree
  *              and listings; extended attributes
  *   wait.c     reads parked until another's load settles (the settler)
+ *   storecap.c -o store_capacity: the collector that bounds the store
  *   usage.c    the learned hot set: usage counts, the usage file, warm restart
  *   revalidate.c  -o revalidate: drops blocks another host replaced
  *   attr.c     attributes and entry replies; loads.c backend loads into
@@ -384,6 +385,20 @@ void fs_usage_stop(struct fs *fs);
 /* A read of the mount used a shard of block: count it (striped lock: no
  * line shared by reads of different blocks, bar a 1/64 stripe collision). */
 void fs_usage_note(struct fs *fs, const struct sfs_block_id *block);
+
+/* The uses the hot set counts for block now (decayed; 0: none, or no hot set). */
+uint32_t fs_usage_count(struct fs *fs, const struct sfs_block_id *block);
+
+/* storecap.c: -o store_capacity, the collector (above usage.c). */
+/* Start the collector when fs->store_capacity is set (else 0, nothing):
+ * its first pass scans the store at once. 0 or -errno. */
+int fs_storecap_start(struct fs *fs, unsigned high_pct, unsigned low_pct);
+/* Stop it: false when it was still in the store after grace_ns (a hung
+ * store; left detached: do not close the backend). */
+bool fs_storecap_stop(struct fs *fs, int64_t grace_ns);
+/* The mount committed bytes to the store: count them, and start a pass when
+ * that takes the count past the high watermark. */
+void fs_storecap_note(struct fs *fs, uint64_t bytes);
 
 /* loads.c: backend loads into leased slots (below read.c, wait.c, write.c). */
 /* As owner of lease: load the shard asynchronously. Consumes the lease (and

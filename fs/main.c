@@ -87,7 +87,7 @@ int main(int argc, char *argv[])
     char errbuf[256] = "";
     int ret = 1, err = 0, ready_fd = -1;
     unsigned abandoned = 0;
-    bool reval_stuck = false; /* a revalidation sweep still in the backend */
+    bool reval_stuck = false; /* a revalidation sweep or the collector still in the backend */
 
     memset(&co, 0, sizeof(co));
     memset(&fs, 0, sizeof(fs));
@@ -261,6 +261,17 @@ int main(int argc, char *argv[])
                 "shardfs: revalidation thread: %s (blocks other hosts replace are "
                 "served until evicted)\n",
                 strerror(-err));
+    /* The store's bound: its first pass scans the store in the background. */
+    err = fs_storecap_start(&fs, cfg.store_high_pct, cfg.store_low_pct);
+    if (err < 0) {
+        fprintf(stderr, "shardfs: store_capacity: collector thread: %s\n", strerror(-err));
+        reval_stuck = !fs_reval_stop(&fs, STOP_GRACE_NS / 4);
+        fs_pagecache_stop(&fs);
+        fs_usage_stop(&fs);
+        fs_waitq_stop(&fs);
+        fs_reaper_stop(&reaper);
+        goto out_unmount;
+    }
     if (ready_fd >= 0) {
         fs_daemonize_done(ready_fd);
         ready_fd = -1;
@@ -281,7 +292,8 @@ int main(int argc, char *argv[])
     err = fs_loop_start(&loop);
     if (err < 0) {
         fprintf(stderr, "shardfs: session thread: %s\n", strerror(-err));
-        reval_stuck = !fs_reval_stop(&fs, STOP_GRACE_NS / 4);
+        reval_stuck = !fs_storecap_stop(&fs, STOP_GRACE_NS / 4);
+        reval_stuck |= !fs_reval_stop(&fs, STOP_GRACE_NS / 4);
         fs_pagecache_stop(&fs);
         fs_usage_stop(&fs);
         fs_waitq_stop(&fs);
@@ -331,6 +343,14 @@ int main(int argc, char *argv[])
                    "stopping: the revalidation sweep is still in the backend (a hung store); "
                    "exiting without it",
                    NULL);
+    /* The same for the store's collector (a scan has no deadline). */
+    if (!fs_storecap_stop(&fs, STOP_GRACE_NS / 4)) {
+        reval_stuck = true;
+        fs_log_msg(LOG_WARNING,
+                   "stopping: the store collector is still in the backend (a hung store); "
+                   "exiting without it",
+                   NULL);
+    }
     fs_pagecache_stop(&fs); /* pins stay until the cache closes */
     fs_waitq_stop(&fs);     /* parked reads: EIO, the session ended */
     abandoned = fs_loads_stop(&fs, loop.grace_left_ns);
