@@ -18,6 +18,7 @@
 #include "testutil.h"
 
 #include <shardfs/cache.h>
+#include <shardfs/rank.h>
 
 #include <criterion/criterion.h>
 #include <dirent.h>
@@ -247,6 +248,45 @@ Test(fs_storecap, writes_behind_the_daemon_are_bound_at_its_next_pass)
     /* A rank's commits, or another host's: the daemon sees none of them. */
     cr_assert_eq(tu_store_write(S.store, 100, 80, 1, SHARD, NULL, NULL, false), 0);
     wait_bound();
+    cr_assert_eq(fsfx_stop(&S.fx, false, 10.0), 0);
+}
+
+Test(fs_storecap, a_store_filled_by_a_rank_ends_within_its_bound)
+{
+    static uint8_t bufs[8][SHARD];
+    struct sfs_rank_config cfg;
+    struct sfs_rank *rk;
+    char spec[256];
+    int err = 0;
+
+    start(OPTS);
+    sfs_rank_config_init(&cfg);
+    snprintf(spec, sizeof(spec), "posix:%s", S.store);
+    cfg.mount_point = S.fx.mnt;
+    cfg.backend = spec;
+    cfg.copier = SFS_COPIER_HOST;
+    rk = sfs_rank_open(&cfg, &err);
+    cr_assert_not_null(rk, "sfs_rank_open: %s", strerror(-err));
+    /* 80 one-shard blocks, 8 a task: the rank commits them itself. */
+    for (uint64_t b0 = 300; b0 < 380; b0 += 8) {
+        struct sfs_rank_entry e[8];
+        struct sfs_task *t;
+        int st = 0;
+
+        for (int i = 0; i < 8; i++) {
+            struct sfs_key k = tu_key(b0 + (uint64_t)i, 0);
+
+            tu_fill(&k, bufs[i], SHARD);
+            e[i] = (struct sfs_rank_entry){.block = k.block, .shard = 0, .addr = bufs[i]};
+        }
+        cr_assert_eq(sfs_rank_dump(rk, e, 8, &t), 0);
+        cr_assert_eq(sfs_rank_wait(t, 30000, &st), 0);
+        sfs_rank_task_free(t);
+        cr_assert_eq(st, 0, "dump of blocks %llu..: %d", (unsigned long long)b0, st);
+    }
+    sfs_rank_close(rk);
+    wait_bound();
+    cr_assert_geq(fsfx_stat(&S.fx, "shardfs_store_evicted_blocks_total"), 80 + 1 - 32);
     cr_assert_eq(fsfx_stop(&S.fx, false, 10.0), 0);
 }
 
