@@ -111,6 +111,7 @@ struct fs_counters {
     _Atomic uint64_t store_bytes;       /* the collector's count of the store's block bytes */
     _Atomic uint64_t store_evicted;     /* blocks the collector removed from the store */
     _Atomic uint64_t store_evicted_bytes; /* their bytes */
+    _Atomic uint64_t store_collector;   /* 1: this daemon holds the store's collector lease */
 };
 
 /* Readahead markers: a direct-mapped set of hashes of shards that readahead

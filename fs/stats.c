@@ -157,6 +157,9 @@ size_t fs_stats_text(struct fs *fs, char *buf, size_t len)
       L(store_bytes));
     G("store_capacity_bytes", "The bound of the store's block bytes (-o store_capacity; 0: none).",
       fs->store_capacity);
+    G("store_collector",
+      "1 while this daemon is the store's collector (one a store; -o store_capacity).",
+      L(store_collector));
     C("store_evicted_blocks_total", "Blocks the collector removed from the store.",
       L(store_evicted));
     C("store_evicted_bytes_total", "Bytes of the blocks the collector removed from the store.",

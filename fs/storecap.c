@@ -30,6 +30,14 @@
  * old block (an open file keeps its bytes) or a miss. The cache's copies
  * stay until CLOCK takes them: they are the bytes the store held.
  *
+ * Several hosts (or daemons) on one store with the bound: one collects at a
+ * time. The store decides: a store-wide lease (sfs_backend_lease, a file at
+ * the store's root renewed at every pass and every third of its ttl during
+ * one) names the collector; the others stand by, and take over a ttl
+ * (COLLECT_LEASE_PERIODS periods) after it stops renewing (killed, hung) or
+ * at once when it stops cleanly. A collector killed mid-pass leaves whole
+ * files only: each removal is one unlink.
+ *
  * Calls usage.c (the counts) and log.c; main.c, write.c and stats.c call it.
  */
 #include "fs_i.h"
@@ -47,6 +55,11 @@
  * (100..COLLECT_PERIOD_MS) passes every N ms, so that a test sees the
  * writes of ranks without waiting 10 s. */
 #define COLLECT_PERIOD_ENV "SHARDFS_TEST_STORE_PERIOD_MS"
+/* The store's collector lease (sfs_backend_lease): lost this long after its
+ * holder's last renewal, in periods; renewed at least every third of it. */
+#define COLLECT_LEASE_PERIODS 3
+#define COLLECT_LEASE_ROLE    "collector"
+#define COLLECT_RENEW_EVERY   1024 /* files scanned between two looks at the clock */
 
 struct cand {
     struct sfs_block_scan b;
@@ -57,6 +70,7 @@ struct fs_storecap {
     struct fs *fs;
     uint64_t high, low; /* bytes: the watermarks */
     uint32_t period_ms;
+    uint32_t lease_ms; /* the lease's ttl */
 
     pthread_t thread;
     pthread_mutex_t lock;
@@ -70,6 +84,10 @@ struct fs_storecap {
     uint64_t total;            /* this pass's sum */
     struct sfs_block_id *busy; /* blocks with a leased slot, sorted; at most nslots */
     size_t nbusy, capbusy;
+    int64_t renewed;  /* sfs_now_ns of the last renewal of the lease */
+    uint64_t scanned; /* files this pass */
+    bool lost;        /* this pass lost the lease: it removes nothing more */
+    bool standby;     /* the last look found another collector's lease */
 };
 
 static int64_t last_use(const struct sfs_block_scan *b)
@@ -119,6 +137,42 @@ static void sift_down(struct cand *h, size_t n, size_t i)
     }
 }
 
+/*
+ * Is this daemon the store's collector? Takes or renews the lease; a
+ * backend without leases (-EOPNOTSUPP: no shared directory) or one that
+ * cannot answer collects alone, as before leases: each removal is safe
+ * anyway (the commit lock, the stamp). Logs each change of role.
+ */
+static bool hold_lease(struct fs_storecap *sc)
+{
+    int r = sfs_backend_lease(sc->fs->be, COLLECT_LEASE_ROLE, sc->lease_ms);
+    bool standby = r == 0;
+
+    if (r < 0 && r != -EOPNOTSUPP && !sc->standby)
+        fs_log(LOG_WARNING, "store_capacity: the store's collector lease: %s (collecting)",
+               strerror(-r));
+    if (standby != sc->standby)
+        fs_log(LOG_NOTICE, "store_capacity: %s",
+               standby ? "another host or daemon collects "
+                         "this store: standing by"
+                       : "collecting this store");
+    sc->standby = standby;
+    sc->renewed = sfs_now_ns();
+    atomic_store_explicit(&sc->fs->ctr.store_collector, !standby, memory_order_relaxed);
+    return !standby;
+}
+
+/* Mid-pass: renew the lease when a third of its ttl has gone; false (and
+ * lost set) when another took it. */
+static bool still_held(struct fs_storecap *sc)
+{
+    if (sfs_now_ns() - sc->renewed < (int64_t)sc->lease_ms * 1000000 / COLLECT_LEASE_PERIODS)
+        return true;
+    if (!hold_lease(sc))
+        sc->lost = true;
+    return !sc->lost;
+}
+
 static int scan_fn(const struct sfs_block_scan *b, void *arg)
 {
     struct fs_storecap *sc = arg;
@@ -132,6 +186,8 @@ static int scan_fn(const struct sfs_block_scan *b, void *arg)
         sc->heap[0] = c;
         sift_down(sc->heap, sc->n, 0);
     }
+    if (++sc->scanned % COLLECT_RENEW_EVERY == 0 && !still_held(sc))
+        return 1;
     /* Relaxed reads of stop: the pass ends early at a stop. */
     return __atomic_load_n(&sc->stop, __ATOMIC_RELAXED) ? 1 : 0;
 }
@@ -189,6 +245,10 @@ static bool pass(struct fs_storecap *sc)
 
     sc->n = 0;
     sc->total = 0;
+    sc->scanned = 0;
+    sc->lost = false;
+    if (!hold_lease(sc))
+        return false; /* another collects: stand by */
     r = sfs_backend_scan(fs->be, scan_fn, sc);
     if (r < 0) {
         fs_log(LOG_WARNING, "store_capacity: the scan of the store failed: %s", strerror(-r));
@@ -205,7 +265,7 @@ static bool pass(struct fs_storecap *sc)
         struct cand *c = &sc->heap[i];
         uint64_t freed = 0;
 
-        if (__atomic_load_n(&sc->stop, __ATOMIC_RELAXED))
+        if (__atomic_load_n(&sc->stop, __ATOMIC_RELAXED) || !still_held(sc))
             return false;
         if (keep(sc, &c->b.id))
             continue;
@@ -245,7 +305,7 @@ static void *collect_main(void *arg)
             ;
         /* Still above high (every cold block kept: pinned, leased, being
          * committed): kicks wait for the period, not one scan a write. */
-        stuck = sc->total > sc->high;
+        stuck = sc->total > sc->high || sc->standby;
         pthread_mutex_lock(&sc->lock);
         clock_gettime(CLOCK_MONOTONIC, &ts);
         ts.tv_sec += sc->period_ms / 1000;
@@ -296,6 +356,7 @@ int fs_storecap_start(struct fs *fs, unsigned high_pct, unsigned low_pct)
     sc->high = fs->store_capacity / 100 * high_pct + fs->store_capacity % 100 * high_pct / 100;
     sc->low = fs->store_capacity / 100 * low_pct + fs->store_capacity % 100 * low_pct / 100;
     sc->period_ms = period_ms();
+    sc->lease_ms = COLLECT_LEASE_PERIODS * sc->period_ms;
     sc->heap = calloc(COLLECT_HEAP, sizeof(*sc->heap));
     sc->capbusy = ci.nslots;
     sc->busy = calloc(sc->capbusy ? sc->capbusy : 1, sizeof(*sc->busy));
@@ -347,6 +408,9 @@ bool fs_storecap_stop(struct fs *fs, int64_t grace_ns)
         pthread_detach(sc->thread);
         return false;
     }
+    /* Another host's or daemon's to take at once, not a ttl later. */
+    if (!sc->standby)
+        sfs_backend_lease(fs->be, COLLECT_LEASE_ROLE, 0);
     pthread_cond_destroy(&sc->cond);
     pthread_mutex_destroy(&sc->lock);
     free(sc->busy);

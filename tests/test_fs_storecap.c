@@ -492,3 +492,74 @@ Test(fs_storecap, a_sigkill_keeps_the_bound_and_the_ranking)
 {
     restart_keeps_the_ranking(true);
 }
+
+/* ---------------------------------------------------------------------------
+ * Two daemons on one store, both with the bound (two hosts on a shared
+ * store in miniature; test_shared_store.c has the real thing): one collects
+ * at a time, and the other takes over when the first is killed.
+ */
+
+static struct fsfx second(void)
+{
+    struct fsfx f;
+
+    memset(&f, 0, sizeof(f));
+    f.bin = S.fx.bin;
+    snprintf(f.mnt, sizeof(f.mnt), "%s", tu_path("mnt2"));
+    snprintf(f.sock, sizeof(f.sock), "%s", tu_path("sock2"));
+    snprintf(f.log, sizeof(f.log), "%s", tu_path("log2"));
+    return f;
+}
+
+/* Wait up to 30 s for exactly one of a, b to say it collects: 0 (a) or 1 (b). */
+static int the_collector(struct fsfx *a, struct fsfx *b)
+{
+    double t0 = fsfx_now_s();
+    long long x = -1, y = -1;
+
+    while (fsfx_now_s() - t0 < 30.0) {
+        x = a ? fsfx_stat(a, "shardfs_store_collector") : 0;
+        y = b ? fsfx_stat(b, "shardfs_store_collector") : 0;
+        if (x + y == 1)
+            return x == 1 ? 0 : 1;
+        fsfx_sleep_ms(50);
+    }
+    cr_assert_fail("collectors: %lld and %lld 30 s on", x, y);
+    return -1;
+}
+
+Test(fs_storecap, two_daemons_on_one_store_collect_one_at_a_time)
+{
+    struct fsfx b = second();
+    struct fsfx *d[2] = {&S.fx, &b};
+    int st, who, r;
+
+    start(OPTS);
+    r = fsfx_start(&b, S.store, OPTS, 20.0, &st);
+    cr_assert_eq(r, 0, "second mount: %s (status %#x), see %s", strerror(-r), st, b.log);
+    who = the_collector(&S.fx, &b);
+    for (uint64_t n = 1; n <= 80; n++)
+        write_mount(n);
+    wait_bound();
+    cr_assert_eq(fsfx_stat(d[1 - who], "shardfs_store_evicted_blocks_total"), 0,
+                 "the standby removed blocks");
+    cr_assert_eq(fsfx_stat(d[1 - who], "shardfs_store_collector"), 0, "two collectors");
+    /* The collector killed: the other takes over within the lease's ttl. */
+    kill(d[who]->pid, SIGKILL);
+    cr_assert_eq(waitpid(d[who]->pid, &st, 0), d[who]->pid);
+    d[who]->pid = 0;
+    fsfx_sh("fusermount3 -uz %s 2>/dev/null", d[who]->mnt);
+    cr_assert_eq(the_collector(who == 0 ? NULL : &S.fx, who == 1 ? NULL : &b), 1 - who);
+    cr_assert_eq(tu_store_write(S.store, 500, 40, 1, SHARD, NULL, NULL, false), 0);
+    {
+        double t0 = fsfx_now_s();
+
+        while (store_bytes() > CAP && fsfx_now_s() - t0 < 30.0)
+            fsfx_sleep_ms(50);
+    }
+    cr_assert_leq(store_bytes(), CAP, "the survivor did not keep the bound");
+    cr_assert_gt(fsfx_stat(d[1 - who], "shardfs_store_evicted_blocks_total"), 0);
+    if (b.pid)
+        cr_assert_eq(fsfx_stop(&b, false, 10.0), 0);
+    fsfx_cleanup(&b, NULL);
+}

@@ -9,7 +9,10 @@
  * eviction removes a block only when its file is still the one the scan
  * stamped, waits for a commit that holds the block's lock and then keeps
  * what that commit wrote, leaves a reader that has the file open the whole
- * old block, and changes nothing on a read-only backend.
+ * old block, and changes nothing on a read-only backend. The store-wide
+ * lease (sfs_backend_lease) has one holder among the backends on a store
+ * (two backends here stand for two hosts), passes on when its holder
+ * stops renewing it, and goes when dropped.
  */
 #include <shardfs/backend.h>
 
@@ -220,4 +223,31 @@ Test(store_evict, a_read_only_backend_removes_nothing)
     be = open_be("mem:", S_SMALL, false);
     cr_assert_eq(sfs_backend_scan(be, scan_fn, &(struct seen){0}), -EOPNOTSUPP);
     sfs_backend_close(be);
+}
+
+Test(store_evict, a_store_wide_lease_has_one_holder_and_passes_on_when_stale)
+{
+    struct sfs_backend *a = open_spec("%s", g_root), *b = open_spec("%s", g_root);
+    struct timespec old[2] = {{0, UTIME_OMIT}, {0, 0}};
+    char path[400];
+
+    snprintf(path, sizeof(path), "%s/.shardfs_lease.collector", g_root);
+    cr_assert_eq(sfs_backend_lease(a, "collector", 60000), 1);
+    cr_assert_eq(sfs_backend_lease(b, "collector", 60000), 0, "two holders");
+    cr_assert_eq(sfs_backend_lease(a, "collector", 60000), 1, "the holder's renewal");
+    cr_assert_eq(sfs_backend_lease(b, "collector", 60000), 0);
+    /* Its holder stopped renewing it an hour ago (killed, hung). */
+    old[1].tv_sec = time(NULL) - 3600;
+    cr_assert_eq(utimensat(AT_FDCWD, path, old, 0), 0);
+    cr_assert_eq(sfs_backend_lease(b, "collector", 60000), 1, "a stale lease was not taken");
+    cr_assert_eq(sfs_backend_lease(a, "collector", 60000), 0, "the old holder still holds it");
+    /* Dropped by its holder only. */
+    cr_assert_eq(sfs_backend_lease(a, "collector", 0), 0);
+    cr_assert_eq(access(path, F_OK), 0, "dropped by one that did not hold it");
+    cr_assert_eq(sfs_backend_lease(b, "collector", 0), 0);
+    cr_assert_eq(access(path, F_OK), -1);
+    cr_assert_eq(sfs_backend_lease(a, "collector", 60000), 1);
+    cr_assert_eq(sfs_backend_lease(a, "../x", 60000), -EINVAL);
+    sfs_backend_close(a);
+    sfs_backend_close(b);
 }

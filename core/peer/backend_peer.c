@@ -280,6 +280,11 @@ static int peer_evict(struct sfs_backend *be, const struct sfs_block_id *block,
     return sfs_be_evict(((struct peer_backend *)be)->inner, block, expect, freed);
 }
 
+static int peer_lease(struct sfs_backend *be, const char *role, uint32_t ttl_ms)
+{
+    return sfs_be_lease(((struct peer_backend *)be)->inner, role, ttl_ms);
+}
+
 static int peer_stamp(struct sfs_backend *be, const struct sfs_block_id *block,
                       struct sfs_block_stamp *out)
 {
@@ -382,6 +387,7 @@ static const struct sfs_backend_ops peer_ops = {
     .stamp = peer_stamp,
     .scan = peer_scan,
     .evict = peer_evict,
+    .lease = peer_lease,
     .touch = peer_touch,
     .remove = peer_remove,
     .list = peer_list,

@@ -372,6 +372,13 @@ int sfs_backend_evict(struct sfs_backend *be, const struct sfs_block_id *block,
     return sfs_be_evict(be, block, expect, freed ? freed : &dummy);
 }
 
+int sfs_backend_lease(struct sfs_backend *be, const char *role, uint32_t ttl_ms)
+{
+    if (!be || !role)
+        return -EINVAL;
+    return sfs_be_lease(be, role, ttl_ms);
+}
+
 int sfs_backend_touch(struct sfs_backend *be, const struct sfs_block_id *blocks, size_t n)
 {
     if (!be || (n && !blocks))

@@ -430,6 +430,11 @@ static int fault_evict(struct sfs_backend *be, const struct sfs_block_id *block,
     return sfs_be_evict(((struct fault_backend *)be)->inner, block, expect, freed);
 }
 
+static int fault_lease(struct sfs_backend *be, const char *role, uint32_t ttl_ms)
+{
+    return sfs_be_lease(((struct fault_backend *)be)->inner, role, ttl_ms);
+}
+
 static int fault_stamp(struct sfs_backend *be, const struct sfs_block_id *block,
                        struct sfs_block_stamp *out)
 {
@@ -481,6 +486,7 @@ static const struct sfs_backend_ops fault_ops = {
     .stamp = fault_stamp,
     .scan = fault_scan,
     .evict = fault_evict,
+    .lease = fault_lease,
     .touch = fault_touch,
     .remove = fault_remove,
     .list = fault_list,

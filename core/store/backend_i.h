@@ -124,6 +124,11 @@ static inline int sfs_be_evict(struct sfs_backend *be, const struct sfs_block_id
     return be->ops->evict ? be->ops->evict(be, block, expect, freed) : -EOPNOTSUPP;
 }
 
+static inline int sfs_be_lease(struct sfs_backend *be, const char *role, uint32_t ttl_ms)
+{
+    return be->ops->lease ? be->ops->lease(be, role, ttl_ms) : -EOPNOTSUPP;
+}
+
 static inline int sfs_be_touch(struct sfs_backend *be, const struct sfs_block_id *blocks, size_t n)
 {
     return be->ops->touch ? be->ops->touch(be, blocks, n) : 0;

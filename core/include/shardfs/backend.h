@@ -121,6 +121,7 @@ struct sfs_backend_ops {
     int (*scan)(struct sfs_backend *be, sfs_scan_fn *fn, void *arg);
     int (*evict)(struct sfs_backend *be, const struct sfs_block_id *block,
                  const struct sfs_block_stamp *expect, uint64_t *freed);
+    int (*lease)(struct sfs_backend *be, const char *role, uint32_t ttl_ms);
 };
 
 /* Every backend starts with this header. */
@@ -184,6 +185,16 @@ SFS_API int sfs_backend_scan(struct sfs_backend *be, sfs_scan_fn *fn, void *arg)
  */
 SFS_API int sfs_backend_evict(struct sfs_backend *be, const struct sfs_block_id *block,
                               const struct sfs_block_stamp *expect, uint64_t *freed);
+/*
+ * A store-wide lease on a role (e.g. "collector"): one holder at a time
+ * among every host and process on the store, decided by the store (posix:
+ * a file at its root; docs/eviction.md). Each call takes or renews it: 1
+ * when this backend holds it now, 0 when another holder's lease is live
+ * (renewed within ttl_ms, on the store's clock), -errno; ttl_ms 0 drops
+ * it if held. A holder that dies or stops renewing loses it ttl_ms after
+ * its last call. -EOPNOTSUPP: a backend without a shared directory (mem).
+ */
+SFS_API int sfs_backend_lease(struct sfs_backend *be, const char *role, uint32_t ttl_ms);
 /* A hint: these blocks will be read soon (readahead / WILLNEED). 0 or -errno. */
 SFS_API int sfs_backend_touch(struct sfs_backend *be, const struct sfs_block_id *blocks, size_t n);
 
