@@ -375,6 +375,7 @@ int fs_storecap_start(struct fs *fs, unsigned high_pct, unsigned low_pct)
         pthread_mutex_destroy(&sc->lock);
         goto out_free;
     }
+    pthread_setname_np(sc->thread, "sfs-storecap"); /* for top, and bench_storecap's CPU */
     fs->storecap = sc;
     return 0;
 out_free:
