@@ -153,7 +153,7 @@ size_t fs_stats_text(struct fs *fs, char *buf, size_t len)
     C("revalidate_removed_total", "Resident shards those invalidations removed.", L(reval_removed));
     G("store_bytes",
       "Bytes of the store's block files, as the collector last counted them "
-      "(-o store_capacity; 0: off).",
+      "(-o store_capacity; 0: off, or never counted while standing by).",
       L(store_bytes));
     G("store_capacity_bytes", "The bound of the store's block bytes (-o store_capacity; 0: none).",
       fs->store_capacity);

@@ -60,6 +60,9 @@
 #define COLLECT_LEASE_PERIODS 3
 #define COLLECT_LEASE_ROLE    "collector"
 #define COLLECT_RENEW_EVERY   1024 /* files scanned between two looks at the clock */
+/* Blocks with a leased slot one look records (16 B each): more leased at
+ * once and the pass removes nothing (it cannot tell which they are). */
+#define COLLECT_BUSY_MAX 65536
 
 struct cand {
     struct sfs_block_scan b;
@@ -84,6 +87,7 @@ struct fs_storecap {
     uint64_t total;            /* this pass's sum */
     struct sfs_block_id *busy; /* blocks with a leased slot, sorted; at most nslots */
     size_t nbusy, capbusy;
+    bool busy_over;   /* the last look found more than capbusy leased slots */
     int64_t renewed;  /* sfs_now_ns of the last renewal of the lease */
     uint64_t scanned; /* files this pass */
     bool lost;        /* this pass lost the lease: it removes nothing more */
@@ -197,7 +201,7 @@ static int cmp_id(const void *a, const void *b)
     return memcmp(a, b, sizeof(struct sfs_block_id));
 }
 
-/* Runs under a bucket lock: only appends (capbusy >= nslots: never grows). */
+/* Runs under a bucket lock: only appends, within capbusy (never grows). */
 static int busy_fn(const struct sfs_key *key, uint32_t slot, bool accessed, bool leased, void *arg)
 {
     struct fs_storecap *sc = arg;
@@ -206,6 +210,8 @@ static int busy_fn(const struct sfs_key *key, uint32_t slot, bool accessed, bool
     (void)accessed;
     if (leased && sc->nbusy < sc->capbusy)
         sc->busy[sc->nbusy++] = key->block;
+    else if (leased)
+        sc->busy_over = true;
     return 0;
 }
 
@@ -215,6 +221,7 @@ static void busy_snapshot(struct fs_storecap *sc)
     uint32_t cursor = 0;
 
     sc->nbusy = 0;
+    sc->busy_over = false;
     sfs_cache_sample(sc->fs->cache, &cursor, 0, busy_fn, sc);
     if (sc->nbusy > 1)
         qsort(sc->busy, sc->nbusy, sizeof(*sc->busy), cmp_id);
@@ -260,6 +267,13 @@ static bool pass(struct fs_storecap *sc)
     if (sc->total <= sc->high)
         return false;
     busy_snapshot(sc);
+    if (sc->busy_over) {
+        fs_log(LOG_WARNING,
+               "store_capacity: more than %d slots leased at once: nothing removed "
+               "this pass",
+               COLLECT_BUSY_MAX);
+        return false;
+    }
     qsort(sc->heap, sc->n, sizeof(*sc->heap), cmp_cold);
     for (size_t i = 0; i < sc->n && sc->total > sc->low; i++) {
         struct cand *c = &sc->heap[i];
@@ -358,7 +372,7 @@ int fs_storecap_start(struct fs *fs, unsigned high_pct, unsigned low_pct)
     sc->period_ms = period_ms();
     sc->lease_ms = COLLECT_LEASE_PERIODS * sc->period_ms;
     sc->heap = calloc(COLLECT_HEAP, sizeof(*sc->heap));
-    sc->capbusy = ci.nslots;
+    sc->capbusy = ci.nslots < COLLECT_BUSY_MAX ? ci.nslots : COLLECT_BUSY_MAX;
     sc->busy = calloc(sc->capbusy ? sc->capbusy : 1, sizeof(*sc->busy));
     if (!sc->heap || !sc->busy) {
         r = -ENOMEM;
