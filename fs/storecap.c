@@ -7,13 +7,16 @@
  * time, one stat a file) and, as it goes, sums the block files' bytes on
  * disk and keeps the COLLECT_HEAP coldest of them in a max-heap (the
  * hottest of the kept at its root, replaced by any colder one): memory
- * bounded by the heap, whatever the store holds. When the sum is above the
- * high watermark, the kept blocks are removed coldest first until it is at
- * the low one; a pass that runs out of kept blocks first is followed at
- * once by another (at most COLLECT_PASSES in a row). Passes run at mount,
- * every COLLECT_PERIOD_MS, and as soon as the mount's own writes take the
- * running count past the high watermark (fs_storecap_note): writes the
- * daemon does not see (ranks, other hosts) are counted at the next pass.
+ * bounded by the heap, whatever the store holds, sorted coldest first.
+ * When the count is above the high watermark, the kept blocks are removed
+ * coldest first until it is at the low one; a pass that runs out of kept
+ * blocks first is followed at once by another (at most COLLECT_PASSES in
+ * a row). A scan runs at mount and every COLLECT_PERIOD_MS. Between scans,
+ * the mount's own commits add to the running count (fs_storecap_note), and
+ * one that takes it past the high watermark starts a pass at once that
+ * goes on down the last scan's list, without scanning again: a burst of
+ * writes costs a removal each, not a scan each. Writes the daemon does not
+ * see (ranks, other hosts) are counted at the next scan.
  *
  * Coldest: the fewest uses in the learned hot set (usage.c: decayed counts,
  * kept across restarts in the usage file), then the oldest of the file's
@@ -84,7 +87,9 @@ struct fs_storecap {
     /* The thread's own. */
     struct cand *heap; /* COLLECT_HEAP, a max-heap by coldness (hottest kept at 0) */
     size_t n;
-    uint64_t total;            /* this pass's sum */
+    uint64_t total;            /* this pass's count of the store's bytes */
+    size_t next;               /* heap[next]: the next candidate (heap sorted coldest first) */
+    int64_t scanned_ns;        /* sfs_now_ns of the last scan */
     struct sfs_block_id *busy; /* blocks with a leased slot, sorted; at most nslots */
     size_t nbusy, capbusy;
     bool busy_over;   /* the last look found more than capbusy leased slots */
@@ -241,29 +246,56 @@ static int cmp_cold(const void *a, const void *b)
     return hotter(x, y) ? 1 : hotter(y, x) ? -1 : 0;
 }
 
-/* One pass: scan, then remove coldest first down to low. True when it ran
- * out of kept blocks above low having removed some (another pass may find
- * more). */
-static bool pass(struct fs_storecap *sc)
+/* Scan the store: the sum, and the COLLECT_HEAP coldest sorted coldest
+ * first (sc->next = 0). 0, or -1 (an error logged, a stop, the lease lost). */
+static int scan_store(struct fs_storecap *sc)
 {
-    struct fs *fs = sc->fs;
-    bool removed = false;
     int r;
 
     sc->n = 0;
+    sc->next = 0;
     sc->total = 0;
     sc->scanned = 0;
+    r = sfs_backend_scan(sc->fs->be, scan_fn, sc);
+    if (r < 0)
+        fs_log(LOG_WARNING, "store_capacity: the scan of the store failed: %s", strerror(-r));
+    if (r != 0) {
+        sc->n = 0; /* a partial heap ranks nothing */
+        return -1;
+    }
+    qsort(sc->heap, sc->n, sizeof(*sc->heap), cmp_cold);
+    sc->scanned_ns = sfs_now_ns();
+    atomic_store_explicit(&sc->fs->ctr.store_bytes, sc->total, memory_order_relaxed);
+    return 0;
+}
+
+/*
+ * One pass: remove the coldest first down to low. rescan: scan the store
+ * first; otherwise (a kick from the mount's writes within a period of the
+ * last scan) go on down the last scan's list from where the last pass
+ * stopped, with the running count (the scan's, plus the mount's commits
+ * since, minus the removals), as far as blocks unused then and since go
+ * (colder than any block written since, which the list lacks): a burst of
+ * writes costs one removal each, not one scan each. True when a scan may
+ * find more above low (the caller scans again).
+ */
+static bool pass(struct fs_storecap *sc, bool rescan)
+{
+    struct fs *fs = sc->fs;
+    bool removed = false, fresh = false;
+    int r;
+
     sc->lost = false;
     if (!hold_lease(sc))
         return false; /* another collects: stand by */
-    r = sfs_backend_scan(fs->be, scan_fn, sc);
-    if (r < 0) {
-        fs_log(LOG_WARNING, "store_capacity: the scan of the store failed: %s", strerror(-r));
-        return false;
+    if (rescan || sc->next >= sc->n ||
+        sfs_now_ns() - sc->scanned_ns >= (int64_t)sc->period_ms * 1000000) {
+        if (scan_store(sc) < 0)
+            return false;
+        fresh = true;
+    } else {
+        sc->total = atomic_load_explicit(&fs->ctr.store_bytes, memory_order_relaxed);
     }
-    if (r > 0)
-        return false; /* stopping */
-    atomic_store_explicit(&fs->ctr.store_bytes, sc->total, memory_order_relaxed);
     if (sc->total <= sc->high)
         return false;
     busy_snapshot(sc);
@@ -274,13 +306,19 @@ static bool pass(struct fs_storecap *sc)
                COLLECT_BUSY_MAX);
         return false;
     }
-    qsort(sc->heap, sc->n, sizeof(*sc->heap), cmp_cold);
-    for (size_t i = 0; i < sc->n && sc->total > sc->low; i++) {
-        struct cand *c = &sc->heap[i];
+    for (; sc->next < sc->n && sc->total > sc->low; sc->next++) {
+        struct cand *c = &sc->heap[sc->next];
         uint64_t freed = 0;
 
         if (__atomic_load_n(&sc->stop, __ATOMIC_RELAXED) || !still_held(sc))
             return false;
+        /* Going on down an older list: the blocks the mount wrote since,
+         * not on it, rank as unused and newest; only a block colder than
+         * them, unused then and since, may go before a scan sees them. */
+        if (!fresh && c->uses)
+            break;
+        if (!fresh && fs_usage_count(fs, &c->b.id))
+            continue;
         if (keep(sc, &c->b.id))
             continue;
         r = sfs_backend_evict(fs->be, &c->b.id, &c->b.stamp, &freed);
@@ -298,10 +336,17 @@ static bool pass(struct fs_storecap *sc)
         sc->total -= freed < sc->total ? freed : sc->total;
         CTR_ADD(fs, store_evicted, 1);
         CTR_ADD(fs, store_evicted_bytes, freed);
-        atomic_store_explicit(&fs->ctr.store_bytes, sc->total, memory_order_relaxed);
+        /* The running count: the mount's commits since the last store are
+         * added by fs_storecap_note (relaxed: a gauge). */
+        atomic_fetch_sub_explicit(
+            &fs->ctr.store_bytes,
+            freed < atomic_load_explicit(&fs->ctr.store_bytes, memory_order_relaxed) ? freed : 0,
+            memory_order_relaxed);
         removed = true;
     }
-    return removed && sc->total > sc->low;
+    /* Out of candidates above low: scan again, unless a fresh scan's list
+     * removed nothing (every cold block kept). */
+    return sc->total > sc->low && (!fresh || (removed && sc->next >= sc->n));
 }
 
 static void *collect_main(void *arg)
@@ -311,11 +356,15 @@ static void *collect_main(void *arg)
 
     bool stuck;
 
+    bool kicked = false;
+
     pthread_mutex_lock(&sc->lock);
     while (!sc->stop) {
+        kicked = sc->kick;
         sc->kick = false;
         pthread_mutex_unlock(&sc->lock);
-        for (int i = 0; i < COLLECT_PASSES && pass(sc); i++)
+        /* A kick goes on down the last scan's list; the period scans. */
+        for (int i = 0; i < COLLECT_PASSES && pass(sc, i > 0 || !kicked); i++)
             ;
         /* Still above high (every cold block kept: pinned, leased, being
          * committed): kicks wait for the period, not one scan a write. */
