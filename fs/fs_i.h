@@ -110,7 +110,7 @@ struct fs_counters {
     _Atomic uint64_t reval_removed;     /* shards those invalidations removed */
     _Atomic uint64_t store_bytes;       /* the collector's count of the store's block bytes */
     _Atomic uint64_t store_evicted;     /* blocks the collector removed from the store */
-    _Atomic uint64_t store_evicted_bytes; /* their bytes */
+    _Atomic uint64_t store_freed;       /* their bytes */
     _Atomic uint64_t store_collector;   /* 1: this daemon holds the store's collector lease */
 };
 
@@ -189,6 +189,7 @@ struct fs {
      * with no directory, or no memory for the table). */
     struct fs_usage *usage;
     uint32_t warm_pin_s; /* -o warm_pin: seconds the warm-up pins what it warms (0: no) */
+
     uint64_t store_capacity; /* -o store_capacity: bytes (0: off) */
     /* -o store_capacity (storecap.c): the collector; NULL: off. Set before
      * the session starts, cleared after it ended. */
@@ -559,9 +560,11 @@ struct fs_options {
     char *peer_ways;     /* N */
     char *peer_slot;     /* SIZE: max payload (default the shard size) */
     char *peer_key;      /* the members' key file (required with peer_listen) */
+
     char *store_capacity; /* SIZE: bound of the store's block bytes (storecap.c) */
     char *store_high;     /* PCT of it: the collector starts above */
     char *store_low;      /* PCT of it: and stops at */
+
     char *backend;     /* the first non-option argument */
     unsigned max_read;
     bool max_read_set;
@@ -582,7 +585,8 @@ struct fs_config {
     unsigned warm_pct; /* -o warm: percent of capacity warmed at mount (0: off) */
     uint32_t warm_pin_s; /* -o warm_pin: pin the warmed blocks this long (0: no) */
     int64_t revalidate_ms; /* -o revalidate: sweep period (0: off; -1: the store's default) */
-    uint64_t store_capacity; /* -o store_capacity: bytes (0: off) */
+
+    uint64_t store_capacity;                /* -o store_capacity: bytes (0: off) */
     unsigned store_high_pct, store_low_pct; /* its watermarks, low < high */
     char socket[sizeof(((struct sockaddr_un *)0)->sun_path)];
     bool default_socket;

@@ -163,7 +163,7 @@ size_t fs_stats_text(struct fs *fs, char *buf, size_t len)
     C("store_evicted_blocks_total", "Blocks the collector removed from the store.",
       L(store_evicted));
     C("store_evicted_bytes_total", "Bytes of the blocks the collector removed from the store.",
-      L(store_evicted_bytes));
+      L(store_freed));
     G("pinned_bytes", "Bytes of the slots pins hold (user.shardfs.pin, the rank API).",
       sfs_cache_pinned_bytes(fs->cache));
     emit_partitions(&t, fs->cache);

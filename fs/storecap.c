@@ -335,7 +335,7 @@ static bool pass(struct fs_storecap *sc, bool rescan)
         }
         sc->total -= freed < sc->total ? freed : sc->total;
         CTR_ADD(fs, store_evicted, 1);
-        CTR_ADD(fs, store_evicted_bytes, freed);
+        CTR_ADD(fs, store_freed, freed);
         /* The running count: the mount's commits since the last store are
          * added by fs_storecap_note (relaxed: a gauge). */
         atomic_fetch_sub_explicit(
