@@ -81,16 +81,17 @@ struct fs_storecap {
     pthread_t thread;
     pthread_mutex_t lock;
     pthread_cond_t cond; /* CLOCK_MONOTONIC: stop or kick was set */
-    bool stop;           /* lock */
+    bool stop;           /* set under lock; read relaxed between blocks too (__atomic) */
     bool kick;           /* lock: a write took the count past high */
 
     /* The thread's own. */
-    struct cand *heap; /* COLLECT_HEAP, a max-heap by coldness (hottest kept at 0) */
+    struct cand *heap; /* COLLECT_HEAP: during a scan a max-heap of the coldest seen
+                        * (the hottest of them at 0), then sorted coldest first */
     size_t n;
     uint64_t total;            /* this pass's count of the store's bytes */
     size_t next;               /* heap[next]: the next candidate (heap sorted coldest first) */
     int64_t scanned_ns;        /* sfs_now_ns of the last scan */
-    struct sfs_block_id *busy; /* blocks with a leased slot, sorted; at most nslots */
+    struct sfs_block_id *busy; /* blocks with a leased slot, sorted; at most capbusy */
     size_t nbusy, capbusy;
     bool busy_over;   /* the last look found more than capbusy leased slots */
     int64_t renewed;  /* sfs_now_ns of the last renewal of the lease */

@@ -271,7 +271,7 @@ Test(fs_storecap, a_store_filled_by_a_rank_ends_within_its_bound)
     for (uint64_t b0 = 300; b0 < 380; b0 += 8) {
         struct sfs_rank_entry e[8];
         struct sfs_task *t;
-        int st = 0;
+        int st[8];
 
         for (int i = 0; i < 8; i++) {
             struct sfs_key k = tu_key(b0 + (uint64_t)i, 0);
@@ -280,9 +280,10 @@ Test(fs_storecap, a_store_filled_by_a_rank_ends_within_its_bound)
             e[i] = (struct sfs_rank_entry){.block = k.block, .shard = 0, .addr = bufs[i]};
         }
         cr_assert_eq(sfs_rank_dump(rk, e, 8, &t), 0);
-        cr_assert_eq(sfs_rank_wait(t, 30000, &st), 0);
+        cr_assert_eq(sfs_rank_wait(t, 30000, st), 0);
         sfs_rank_task_free(t);
-        cr_assert_eq(st, 0, "dump of blocks %llu..: %d", (unsigned long long)b0, st);
+        for (int i = 0; i < 8; i++)
+            cr_assert_eq(st[i], 0, "dump of block %llu: %d", (unsigned long long)b0 + i, st[i]);
     }
     sfs_rank_close(rk);
     wait_bound();
