@@ -382,8 +382,10 @@ void fs_op_read(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off, struct f
  * (not with save false: -o ro). Never fails the mount: on any error the
  * daemon runs without a hot set (fs->usage stays NULL). */
 void fs_usage_start(struct fs *fs, const char *spec, unsigned warm_pct, bool save);
-/* Stop the threads, write the file a last time, free (safe when NULL). */
-void fs_usage_stop(struct fs *fs);
+/* Stop the threads, write the file a last time, free (safe when NULL);
+ * free_it false: leave the table where it is (a thread left to the exit,
+ * the store's collector, may still read its counts). */
+void fs_usage_stop(struct fs *fs, bool free_it);
 /* A read of the mount used a shard of block: count it (striped lock: no
  * line shared by reads of different blocks, bar a 1/64 stripe collision). */
 void fs_usage_note(struct fs *fs, const struct sfs_block_id *block);

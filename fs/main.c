@@ -88,6 +88,7 @@ int main(int argc, char *argv[])
     int ret = 1, err = 0, ready_fd = -1;
     unsigned abandoned = 0;
     bool reval_stuck = false; /* a revalidation sweep or the collector still in the backend */
+    bool cap_stuck = false;   /* the collector still in the backend */
 
     memset(&co, 0, sizeof(co));
     memset(&fs, 0, sizeof(fs));
@@ -267,7 +268,7 @@ int main(int argc, char *argv[])
         fprintf(stderr, "shardfs: store_capacity: collector thread: %s\n", strerror(-err));
         reval_stuck = !fs_reval_stop(&fs, STOP_GRACE_NS / 4);
         fs_pagecache_stop(&fs);
-        fs_usage_stop(&fs);
+        fs_usage_stop(&fs, true);
         fs_waitq_stop(&fs);
         fs_reaper_stop(&reaper);
         goto out_unmount;
@@ -293,9 +294,9 @@ int main(int argc, char *argv[])
     if (err < 0) {
         fprintf(stderr, "shardfs: session thread: %s\n", strerror(-err));
         reval_stuck = !fs_storecap_stop(&fs, STOP_GRACE_NS / 4);
+        fs_usage_stop(&fs, !reval_stuck); /* a stuck collector still reads it */
         reval_stuck |= !fs_reval_stop(&fs, STOP_GRACE_NS / 4);
         fs_pagecache_stop(&fs);
-        fs_usage_stop(&fs);
         fs_waitq_stop(&fs);
         fs_reaper_stop(&reaper);
         goto out_unmount;
@@ -335,7 +336,16 @@ int main(int argc, char *argv[])
      * backend that is stuck must not keep us (and the mount) alive: what is
      * left is abandoned, its slots failed so that no rank waits on a load
      * that will never come. */
-    fs_usage_stop(&fs); /* no more warm loads; the usage file written */
+    /* The store's collector reads the usage counts: it stops first. One
+     * stuck in a hung store (a scan has no deadline) is left to the exit,
+     * the backend open and the usage table not freed. */
+    cap_stuck = !fs_storecap_stop(&fs, STOP_GRACE_NS / 4);
+    if (cap_stuck)
+        fs_log_msg(LOG_WARNING,
+                   "stopping: the store collector is still in the backend (a hung store); "
+                   "exiting without it",
+                   NULL);
+    fs_usage_stop(&fs, !cap_stuck); /* no more warm loads; the usage file written */
     /* A sweep stuck in a hung store is left to the exit, the backend open. */
     reval_stuck = !fs_reval_stop(&fs, STOP_GRACE_NS / 4);
     if (reval_stuck)
@@ -343,14 +353,7 @@ int main(int argc, char *argv[])
                    "stopping: the revalidation sweep is still in the backend (a hung store); "
                    "exiting without it",
                    NULL);
-    /* The same for the store's collector (a scan has no deadline). */
-    if (!fs_storecap_stop(&fs, STOP_GRACE_NS / 4)) {
-        reval_stuck = true;
-        fs_log_msg(LOG_WARNING,
-                   "stopping: the store collector is still in the backend (a hung store); "
-                   "exiting without it",
-                   NULL);
-    }
+    reval_stuck |= cap_stuck;
     fs_pagecache_stop(&fs); /* pins stay until the cache closes */
     fs_waitq_stop(&fs);     /* parked reads: EIO, the session ended */
     abandoned = fs_loads_stop(&fs, loop.grace_left_ns);

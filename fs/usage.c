@@ -775,7 +775,7 @@ fail:
     free(u);
 }
 
-void fs_usage_stop(struct fs *fs)
+void fs_usage_stop(struct fs *fs, bool free_it)
 {
     struct fs_usage *u = fs->usage;
 
@@ -790,6 +790,8 @@ void fs_usage_stop(struct fs *fs)
     if (u->sampler_started)
         pthread_join(u->sampler, NULL);
     usage_save(u);
+    if (!free_it)
+        return; /* a thread left to the exit still reads the counts */
     fs->usage = NULL;
     for (int i = 0; i < USE_STRIPES; i++)
         pthread_mutex_destroy(&u->stripes[i].lock);
