@@ -13,6 +13,7 @@
  *              readahead; open files and storing shards; changing the tree
  *              and listings; extended attributes
  *   wait.c     reads parked until another's load settles (the settler)
+ *   storecap.c -o store_capacity: the collector that bounds the store
  *   usage.c    the learned hot set: usage counts, the usage file, warm restart
  *   storefile.c  files read and written by name in the store, within a deadline
  *   revalidate.c  -o revalidate: drops blocks another host replaced
@@ -129,6 +130,10 @@ struct fs_counters {
     _Atomic uint64_t reval_sweeps;      /* revalidation sweeps done (revalidate.c) */
     _Atomic uint64_t reval_invalidated; /* blocks a sweep invalidated */
     _Atomic uint64_t reval_removed;     /* shards those invalidations removed */
+    _Atomic uint64_t store_bytes;       /* the collector's count of the store's block bytes */
+    _Atomic uint64_t store_evicted;     /* blocks the collector removed from the store */
+    _Atomic uint64_t store_freed;       /* their bytes */
+    _Atomic uint64_t store_collector;   /* 1: this daemon holds the store's collector lease */
 };
 
 /* Readahead markers: a direct-mapped set of hashes of shards that readahead
@@ -208,6 +213,11 @@ struct fs {
     struct fs_usage *usage;
     uint32_t warm_pin_s; /* -o warm_pin: seconds the warm-up pins what it warms (0: no) */
 
+    uint64_t store_capacity; /* -o store_capacity: bytes (0: off) */
+    /* -o store_capacity (storecap.c): the collector; NULL: off. Set before
+     * the session starts, cleared after it ended. */
+    struct fs_storecap *storecap;
+
     /* -o revalidate (revalidate.c): the sweep thread. Its table and since
      * are the thread's alone. */
     struct fs_reval {
@@ -252,6 +262,10 @@ void __gcov_dump(void);
 #define REAP_INTERVAL_NS         (200 * 1000 * 1000ll)
 #define STOP_GRACE_NS            (2 * 1000 * 1000 * 1000ll) /* loads in flight get this to finish */
 #define SFS_ATTACH_UIDS_MAX      64                         /* uids in -o attach_uids */
+
+/* -o store_capacity: the collector's watermarks, percent of it. */
+#define DEFAULT_STORE_HIGH_PCT 95
+#define DEFAULT_STORE_LOW_PCT  90
 
 /* -o revalidate: the period on a store hosts share, and its bound. */
 #define DEFAULT_REVALIDATE_MS 1000
@@ -429,8 +443,10 @@ void fs_op_read(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off, struct f
  * (not with save false: -o ro). Never fails the mount: on any error the
  * daemon runs without a hot set (fs->usage stays NULL). */
 void fs_usage_start(struct fs *fs, const char *spec, unsigned warm_pct, bool save);
-/* Stop the threads, write the file a last time, free (safe when NULL). */
-void fs_usage_stop(struct fs *fs);
+/* Stop the threads, write the file a last time, free (safe when NULL);
+ * free_it false: leave the table where it is (a thread left to the exit,
+ * the store's collector, may still read its counts). */
+void fs_usage_stop(struct fs *fs, bool free_it);
 /* A read of the mount used a shard of block: count it (striped lock: no
  * line shared by reads of different blocks, bar a 1/64 stripe collision). */
 void fs_usage_note(struct fs *fs, const struct sfs_block_id *block);
@@ -446,6 +462,20 @@ void fs_usage_note(struct fs *fs, const struct sfs_block_id *block);
 int fs_store_file_read(const char *path, uint64_t max, int64_t timeout_ns, uint8_t **buf,
                        size_t *len, const char **why);
 int fs_store_file_replace(const char *path, uint8_t *buf, size_t len, int64_t timeout_ns);
+
+/* The uses the hot set counts for block now (decayed; 0: none, or no hot set). */
+uint32_t fs_usage_count(struct fs *fs, const struct sfs_block_id *block);
+
+/* storecap.c: -o store_capacity, the collector (above usage.c). */
+/* Start the collector when fs->store_capacity is set (else 0, nothing):
+ * its first pass scans the store at once. 0 or -errno. */
+int fs_storecap_start(struct fs *fs, unsigned high_pct, unsigned low_pct);
+/* Stop it: false when it was still in the store after grace_ns (a hung
+ * store; left detached: do not close the backend). */
+bool fs_storecap_stop(struct fs *fs, int64_t grace_ns);
+/* The mount committed bytes to the store: count them, and start a pass when
+ * that takes the count past the high watermark. */
+void fs_storecap_note(struct fs *fs, uint64_t bytes);
 
 /* loads.c: backend loads into leased slots (below read.c, wait.c, write.c). */
 /* As owner of lease: load the shard asynchronously. Consumes the lease (and
@@ -602,6 +632,11 @@ struct fs_options {
     char *peer_ways;     /* N */
     char *peer_slot;     /* SIZE: max payload (default the shard size) */
     char *peer_key;      /* the members' key file (required with peer_listen) */
+
+    char *store_capacity; /* SIZE: bound of the store's block bytes (storecap.c) */
+    char *store_high;     /* PCT of it: the collector starts above */
+    char *store_low;      /* PCT of it: and stops at */
+
     char *backend;     /* the first non-option argument */
     unsigned max_read;
     bool max_read_set;
@@ -622,6 +657,9 @@ struct fs_config {
     unsigned warm_pct; /* -o warm: percent of capacity warmed at mount (0: off) */
     uint32_t warm_pin_s; /* -o warm_pin: pin the warmed blocks this long (0: no) */
     int64_t revalidate_ms; /* -o revalidate: sweep period (0: off; -1: the store's default) */
+
+    uint64_t store_capacity;                /* -o store_capacity: bytes (0: off) */
+    unsigned store_high_pct, store_low_pct; /* its watermarks, low < high */
     char socket[sizeof(((struct sockaddr_un *)0)->sun_path)];
     bool default_socket;
     /* Who may attach besides root and our uid (-o attach_uids, attach_gid). */

@@ -29,7 +29,8 @@
  * A bad file (short, corrupt, foreign, another version) is ignored with one
  * log line; the mount never fails for it.
  *
- * Calls loads.c and log.c; read.c and main.c call it.
+ * Calls loads.c and log.c; read.c, storecap.c (the counts rank the store's
+ * blocks) and main.c call it.
  */
 #include "fs_i.h"
 
@@ -156,6 +157,29 @@ static void use_add(struct fs_usage *u, const uint8_t *id, uint32_t v)
     victim->count = v;
     st->dirty = true;
     pthread_mutex_unlock(&st->lock);
+}
+
+uint32_t fs_usage_count(struct fs *fs, const struct sfs_block_id *block)
+{
+    struct fs_usage *u = fs->usage;
+    uint32_t set, n = 0;
+    struct use_stripe *st;
+    struct use_ent *e;
+
+    if (!u)
+        return 0;
+    set = (uint32_t)block_hash(block->b) & (USE_SETS - 1);
+    st = &u->stripes[set % USE_STRIPES];
+    e = &u->ents[(size_t)set * USE_WAYS];
+    pthread_mutex_lock(&st->lock);
+    for (int w = 0; w < USE_WAYS; w++) {
+        if (e[w].count && memcmp(e[w].id, block->b, SFS_BLOCK_ID_LEN) == 0) {
+            n = e[w].count;
+            break;
+        }
+    }
+    pthread_mutex_unlock(&st->lock);
+    return n;
 }
 
 void fs_usage_note(struct fs *fs, const struct sfs_block_id *block)
@@ -671,7 +695,7 @@ fail:
     free(u);
 }
 
-void fs_usage_stop(struct fs *fs)
+void fs_usage_stop(struct fs *fs, bool free_it)
 {
     struct fs_usage *u = fs->usage;
 
@@ -686,6 +710,8 @@ void fs_usage_stop(struct fs *fs)
     if (u->sampler_started)
         pthread_join(u->sampler, NULL);
     usage_save(u);
+    if (!free_it)
+        return; /* a thread left to the exit still reads the counts */
     fs->usage = NULL;
     for (int i = 0; i < USE_STRIPES; i++)
         pthread_mutex_destroy(&u->stripes[i].lock);

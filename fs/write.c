@@ -90,9 +90,10 @@ static int store_shard(struct fs *fs, const struct sfs_key *key, const void *buf
         memcpy(data, buf, len);
         r = sfs_backend_dump_sync(fs->be, key, data, len);
     }
-    if (r == (int)len)
+    if (r == (int)len) {
         CTR_ADD(fs, writes, 1);
-    else
+        fs_storecap_note(fs, len);
+    } else
         CTR_ADD(fs, backend_errors, 1);
     /* Published only when the store has every byte; a publish refused
      * (-EPERM) is the writer's error too. */
