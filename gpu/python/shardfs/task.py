@@ -296,11 +296,13 @@ class EntriesV:
     instead of a list of triples): entry i is (blocks[i], shards[i]) made of
     counts[i] pieces, the next ones of `pieces`, a C-contiguous buffer of
     (address, bytes) pairs of uint64 (struct sfs_rank_piece[], e.g. a numpy
-    array of shape (k, 2) and dtype uint64). Every column is checked by
-    builtins over it (no Python code per entry or piece): block ids are 16
+    array of shape (k, 2) and dtype uint64). The columns are checked by
+    builtins over them (no Python code per entry or piece): block ids are 16
     bytes, shards in range, 1 to PIECES_MAX pieces per entry that add up to
-    the pairs given, every address and length non-zero. The pieces are
-    copied at once: the buffer may be reused after this returns."""
+    the pairs given. Each piece (no null address, no empty piece, at most a
+    shard per entry) is checked by the library when the task is queued, an
+    InvalidArgument then. The pieces are copied at once: the buffer may be
+    reused after this returns."""
 
     __slots__ = ("_n", "_arr", "_pieces")
 
@@ -333,14 +335,10 @@ class EntriesV:
             raise InvalidArgument(f"{what}: {total} pieces counted, {flat.nbytes} bytes of "
                                   f"pairs given ({total * _PIECE.size} expected)")
         raw = bytearray(flat)
-        words = memoryview(raw).cast("Q")
-        addrs, lens = words[0::2], words[1::2]
-        if min(addrs) == 0 or min(lens) == 0 or max(lens) >= 1 << 63:
-            raise InvalidArgument(f"{what}: a piece has a null address or a length of 0 or "
-                                  ">= 2**63")
         self._pieces = (_lib.Piece * total).from_buffer(raw)  # pins raw: its address stays
         base = ctypes.addressof(self._pieces)
-        ptrs = itertools.accumulate(counts[:-1], lambda a, c: a + c * _PIECE.size, initial=base)
+        ptrs = map(base.__add__, map(_PIECE.size.__mul__,
+                                     itertools.accumulate(counts[:-1], initial=0)))
         cols = list(itertools.chain.from_iterable(zip(blocks, shards, counts, ptrs)))
         arr = bytearray(_ENTRYV.size * n)
         off = 0

@@ -359,15 +359,18 @@ class ShardfsOffloadingWorker(OffloadingWorker):
             if gsize == 0:
                 continue
             end = off + gsize * nrefs
-            p = ptrs[off:end].reshape(nrefs, gsize).T.ravel()  # block by block, refs in order
-            n = sizes[off:end].reshape(nrefs, gsize).T.ravel()
+            p = ptrs[off:end].reshape(nrefs, gsize).T  # block by block, refs in order
+            n = sizes[off:end].reshape(nrefs, gsize).T
             off = end
-            joins = np.zeros(gsize * nrefs, dtype=bool)  # a page that goes on its neighbour
-            joins[1:] = p[1:] == p[:-1] + n[:-1]
-            joins[::nrefs] = False  # a block's first page starts its first piece
-            start = ~joins.reshape(gsize, nrefs)
+            joins = p[:, 1:] == p[:, :-1] + n[:, :-1]  # a page that goes on the one before
+            if not joins.any():  # vLLM's layer tensors: no page follows another
+                rows.append(np.stack((p.ravel(), n.ravel()), axis=1))
+                counts += [nrefs] * gsize
+                continue
+            start = np.ones((gsize, nrefs), dtype=bool)  # a block's first page starts a piece
+            start[:, 1:] = ~joins
             at = np.flatnonzero(start)
-            rows.append(np.stack((p[at], np.add.reduceat(n, at)), axis=1))
+            rows.append(np.stack((p.ravel()[at], np.add.reduceat(n.ravel(), at)), axis=1))
             counts += start.sum(axis=1).tolist()
         if len(counts) != len(blocks):
             raise ValueError(f"shardfs.vllm: {len(blocks)} blocks for {len(counts)} chunks of "
