@@ -77,14 +77,21 @@ def make_spec(config):
 
 class KVCache:
     """`layers` int8 tensors of NUM_BLOCKS pages of `page` bytes (vLLM's
-    canonical tensors, one data ref each), filled from `seed`."""
+    canonical tensors, one data ref each), filled from `seed`. With
+    `block_major`, the layer tensors are views of one tensor of NUM_BLOCKS
+    rows of `layers` pages: a block's pages of successive layers adjacent."""
 
-    def __init__(self, page, layers, seed=0):
+    def __init__(self, page, layers, seed=0, block_major=False):
         from vllm.v1.kv_offload.base import CanonicalKVCacheRef, CanonicalKVCaches, CanonicalKVCacheTensor
 
         g = torch.Generator().manual_seed(seed)
-        self.tensors = [torch.randint(-128, 127, (NUM_BLOCKS, page), dtype=torch.int8, generator=g)
-                        for _ in range(layers)]
+        if block_major:
+            self.whole = torch.randint(-128, 127, (NUM_BLOCKS, layers, page), dtype=torch.int8,
+                                       generator=g)
+            self.tensors = [self.whole[:, i, :] for i in range(layers)]
+        else:
+            self.tensors = [torch.randint(-128, 127, (NUM_BLOCKS, page), dtype=torch.int8,
+                                          generator=g) for _ in range(layers)]
         self.caches = CanonicalKVCaches(
             tensors=[CanonicalKVCacheTensor(tensor=t, page_size_bytes=page) for t in self.tensors],
             group_data_refs=[[CanonicalKVCacheRef(tensor_idx=i, page_size_bytes=page)
