@@ -22,7 +22,9 @@ Claims:
   * the daemon killed: lookups miss, stores are dropped, loads fail as
     results; restarted: the same blocks hit and load, stores go again;
   * two engine instances (processes): what A stored B finds and loads with
-    no backend load (the mount's /stats), and the reverse;
+    no backend load (the mount's /stats), and the reverse; the other
+    engine's result comes back in a file, whole, even unbuffered with its
+    stdout unread until it exits (stdout is only for logs);
   * keys are vLLM's block hashes: xxhash without PYTHONHASHSEED is refused
     with a log line (the tier is off: no lookups answer, nothing stored);
   * TP: each worker stores its slice as its own shard, and a block is a hit
@@ -275,15 +277,55 @@ class DaemonGone(VllmCase):
 
 
 class TwoEngines(VllmCase):
-    def other(self, what, seed, first, n):
-        env = dict(os.environ)
+    def other(self, what, seed, first, n, env=None, read_late=False):
+        """Another engine (fixture_vllm.py in a process of its own): its result
+        comes back in a file, whole; its stdout and stderr are only logs, kept
+        for a failure's message. read_late: its stdout and stderr are a pipe
+        read only once it has exited."""
+        env = dict(os.environ if env is None else env)
         env.pop("PYTHONHASHSEED", None)
         pkg = os.path.dirname(os.path.dirname(os.path.abspath(svllm.__file__)))
         env["PYTHONPATH"] = os.pathsep.join([pkg, HERE])
-        out = subprocess.run([sys.executable, os.path.join(HERE, "fixture_vllm.py"), self.d.sock,
-                              self.d.store, what, str(seed), str(first), str(n), str(PAGE),
-                              str(LAYERS)], env=env, stdout=subprocess.PIPE, check=True, timeout=120)
-        return json.loads(out.stdout.decode().strip().splitlines()[-1])
+        self.runs = getattr(self, "runs", 0) + 1
+        result = os.path.join(self.d.dir, f"other-{self.runs}.json")
+        logs = os.path.join(self.d.dir, f"other-{self.runs}.log")
+        argv = [sys.executable, os.path.join(HERE, "fixture_vllm.py"), result, self.d.sock,
+                self.d.store, what, str(seed), str(first), str(n), str(PAGE), str(LAYERS)]
+        if read_late:
+            p = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+            try:
+                rc = p.wait(timeout=120)
+            except subprocess.TimeoutExpired:
+                p.kill()
+                p.wait()
+                self.fail("the other engine blocked writing to its stdout, unread: it must not "
+                          "need a reader")
+            finally:
+                log = p.stdout.read().decode(errors="replace")
+                p.stdout.close()
+        else:
+            with open(logs, "wb") as f:
+                rc = subprocess.run(argv, env=env, stdout=f, stderr=subprocess.STDOUT,
+                                    timeout=120).returncode
+            with open(logs, errors="replace") as f:
+                log = f.read()
+        self.assertEqual(rc, 0, f"the other engine ({what}) ended with {rc}:\n{log[-3000:]}")
+        self.assertTrue(os.path.exists(result), f"the other engine ({what}) left no result:\n"
+                        f"{log[-3000:]}")
+        with open(result) as f:
+            return json.load(f)
+
+    def test_the_result_does_not_need_stdout_read(self):
+        """Unbuffered (PYTHONUNBUFFERED=1: a short write to the fd is lost
+        silently) and with nobody reading its stdout until it exits, the
+        other engine's result comes back whole."""
+        env = dict(os.environ, PYTHONUNBUFFERED="1")
+        a = self.other("store", seed=16, first=0, n=6, env=env, read_late=True)
+        self.assertEqual(a["stored"], 6)
+        b = self.other("load", seed=16, first=0, n=6, env=env, read_late=True)
+        self.assertEqual(b["hits"], [True] * 6)
+        self.assertTrue(b["success"])
+        self.assertEqual(b["blocks"], a["blocks"])
 
     def test_what_one_engine_stored_the_other_loads_from_memory(self):
         a = self.other("store", seed=5, first=0, n=6)
