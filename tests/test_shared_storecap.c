@@ -100,6 +100,7 @@ struct reader {
     pthread_t t;
     int h;
     _Atomic bool *stop;
+    _Atomic bool host_killed; /* its host's daemon is being killed: stop reading */
     unsigned whole, misses, bad;
     long bad_n;
 };
@@ -114,6 +115,10 @@ static void *reader_main(void *arg)
         struct sfs_key k = tu_key(b, 0);
         long n = fsfx_read_all(fsfx_shard_path(&H[r->h].fx, b, 0), buf, SHARD + 1);
 
+        /* A read its host's SIGKILL cut (ECONNABORTED, ENOTCONN) says
+         * nothing about the store: this reader is done. */
+        if (atomic_load(&r->host_killed))
+            break;
         if (n == (long)SHARD && tu_check(&k, buf, SHARD) == -1)
             r->whole++;
         else if (n == -ENOENT)
@@ -213,6 +218,7 @@ static int run(struct glfx *g)
         while (fsfx_stat(&H[who].fx, "shardfs_store_evicted_blocks_total") == before &&
                fsfx_now_s() - t0 < 30.0)
             ;
+        atomic_store(&rd[who].host_killed, true);
         kill(H[who].fx.pid, SIGKILL);
         waitpid(H[who].fx.pid, &st, 0);
         H[who].fx.pid = 0;
