@@ -268,7 +268,10 @@ static void bfd_ready_locked(struct posix_backend *p, struct block_fd *b)
     while (io) {
         struct sfs_io *next = io_next(io);
 
-        io->priv[PRIV_FLAGS] = (void *)(uintptr_t)(b->direct ? F_DIRECT : 0);
+        /* The mode of this open; the retries a reopen counts stay (the
+         * bound on reads again of a file stale at every read). */
+        io->priv[PRIV_FLAGS] =
+            (void *)((io_flags(io) & ~(uintptr_t)F_DIRECT) | (b->direct ? F_DIRECT : 0));
         sfs_posix_pend_push_tail(p, io);
         io = next;
     }
