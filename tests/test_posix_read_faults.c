@@ -5,14 +5,15 @@
  * and so are -EIO and -ENOENT on a remote store (GlusterFS's answers to a
  * file renamed over); a lasting one ends as a miss; -EAGAIN is retried; an
  * O_DIRECT read the file system refuses goes buffered, said once; on a
- * local store an -EIO is the load's error.
+ * local store an -EIO is the load's error; ring mode's opens and stats of
+ * a block file likewise.
  *
  * Key idea: a local file system never fails these reads, so the test build
  * replaces a read's result at the "load:read" result point
- * (sfs_testpoint_arm_fail) and the store poses as remote by the test hook
- * SHARDFS_POSIX_REMOTE. Every load that succeeds is checked byte by byte
- * against the block file's contents; every one runs in ring mode and in
- * sync-open mode (SHARDFS_POSIX_SYNC_OPEN), whose reopens differ.
+ * (sfs_testpoint_arm_fail; "load:open" and "load:stat" for the opens) and the store poses as remote
+ * by the test hook SHARDFS_POSIX_REMOTE. Every load that succeeds is checked byte by byte against
+ * the block file's contents; every one runs in ring mode and in sync-open mode
+ * (SHARDFS_POSIX_SYNC_OPEN), whose reopens differ.
  */
 #include "backendfx.h"
 #include "testpoint_i.h"
@@ -187,4 +188,45 @@ Test(posix_read_faults, direct_refused_at_the_read_ring)
 Test(posix_read_faults, direct_refused_at_the_read_sync)
 {
     direct_refused_at_read(true);
+}
+
+/* Ring mode's open of a block file (its OPENAT2 and STATX, failed on
+ * demand at "load:open" and "load:stat"): a stale open is looked up again,
+ * a lasting one (or a remote store's -EIO) a miss within the bound; a
+ * stale stat a miss; a local -EIO at either the load's error. */
+static int load_open_failing(struct sfs_backend *be, const char *point, uint32_t shard, int err,
+                             unsigned n)
+{
+    int r;
+
+    cr_assert_eq(sfs_testpoint_arm_fail(point, err, n), 0);
+    r = load_checked(be, 5, shard);
+    last_hits = sfs_testpoint_hits(point);
+    cr_assert_geq(last_hits, 1, "%s was not passed", point);
+    sfs_testpoint_disarm_all();
+    return r;
+}
+
+Test(posix_read_faults, failed_opens_ring)
+{
+    write_block(0, 5, NSHARDS, S_SMALL);
+    struct sfs_backend *be = open_posix(false, false);
+
+    cr_assert_eq(load_open_failing(be, "load:open", 0, ESTALE, 2), (int)S_SMALL);
+    cr_assert_eq(load_open_failing(be, "load:open", 1, ESTALE, 1000), -ENOENT);
+    cr_assert_leq(last_hits, 20, "%u opens of a name stale at every one", last_hits);
+    cr_assert_eq(load_open_failing(be, "load:open", 2, EIO, 1), -EIO);
+    cr_assert_eq(load_open_failing(be, "load:open", 2, EACCES, 1), -EACCES);
+    cr_assert_eq(load_open_failing(be, "load:stat", 3, ESTALE, 1), -ENOENT);
+    cr_assert_eq(load_open_failing(be, "load:stat", 3, EIO, 1), -EIO);
+    for (uint32_t s = 0; s < NSHARDS; s++)
+        cr_assert_eq(load_checked(be, 5, s), (int)S_SMALL);
+    sfs_backend_close(be);
+
+    be = open_posix(false, true);
+    cr_assert_eq(load_open_failing(be, "load:open", 0, EIO, 3), (int)S_SMALL,
+                 "a remote store's -EIO at the open is a stale name");
+    cr_assert_eq(load_open_failing(be, "load:open", 1, EIO, 1000), -ENOENT);
+    cr_assert_eq(load_open_failing(be, "load:stat", 2, EIO, 1), -ENOENT);
+    sfs_backend_close(be);
 }
