@@ -116,12 +116,24 @@ struct sfs_cache *tu_cache(uint32_t nslots, uint32_t nreserved, uint64_t shard_s
     return c;
 }
 
+#ifdef SFS_COVERAGE
+void __gcov_dump(void); /* libgcov's: write this process's counters now */
+#endif
+
+_Noreturn void tu_exit(int code)
+{
+#ifdef SFS_COVERAGE
+    __gcov_dump();
+#endif
+    _exit(code);
+}
+
 pid_t tu_fork(int (*fn)(void *arg), void *arg)
 {
     pid_t pid = fork();
 
     if (pid == 0)
-        _exit(fn(arg));
+        tu_exit(fn(arg));
     return pid;
 }
 
