@@ -284,3 +284,30 @@ Test(posix_shapes, a_copy_that_fails_is_tried_again_then_given_up)
     closedir(d);
     cr_assert_eq(n, 1, "%d files in the store's directory: a temporary was left", n);
 }
+
+/* A remove of a shard the store does not hold: past the block file's end,
+ * or of a block with no file; -ENOENT, and the file as it was. A commit
+ * in sync-open mode (no ring: the caller's thread commits) stores alike. */
+Test(posix_shapes, a_remove_of_nothing_and_a_sync_commit)
+{
+    struct sfs_key k5 = tu_key(BLOCK, 5), other = tu_key(BLOCK + 7, 0);
+    struct sfs_backend_params prm = {.shard_size = SHARD};
+    char spec[256], err[256] = "";
+    int e = 0;
+
+    cr_assert_eq(sfs_backend_remove(P.be, &k5), -ENOENT);
+    cr_assert_eq(sfs_backend_remove(P.be, &other), -ENOENT);
+    cr_assert_eq(file_size(), 2 * (off_t)SHARD);
+    assert_shard(0, OLD, "after a remove of nothing");
+    assert_shard(1, OLD, "after a remove of nothing");
+
+    sfs_backend_close(P.be);
+    setenv("SHARDFS_POSIX_SYNC_OPEN", "1", 1);
+    snprintf(spec, sizeof(spec), "posix:%s?direct=0", P.store);
+    P.be = sfs_backend_open(spec, &prm, err, sizeof(err), &e);
+    unsetenv("SHARDFS_POSIX_SYNC_OPEN");
+    cr_assert_not_null(P.be, "open %s: %s (%d)", spec, err, e);
+    dump_new(1);
+    assert_shard(0, OLD, "the shard a sync commit kept");
+    assert_shard(1, NEU, "after a sync commit");
+}
