@@ -245,3 +245,54 @@ Test(backend_api, a_posix_start_that_fails_unwinds_every_step)
     cr_assert_eq(tu_check(&k, buf, SHARD), -1);
     sfs_backend_close(be);
 }
+
+static int stop_at_first(const struct sfs_block_id *b, void *arg)
+{
+    (void)b;
+    (*(int *)arg)++;
+    return 7;
+}
+
+/* Sync-open mode (no ring: the caller's thread asks the file system): a
+ * listing skips what is not a block file (a directory with a block's name)
+ * and stops where fn says, with fn's value; stamps of a block present and
+ * of one absent; a store with no data directory lists nothing. */
+Test(backend_api, sync_open_lists_and_stamps)
+{
+    struct sfs_block_id one = tu_block(1), none = tu_block(99);
+    struct sfs_block_stamp st;
+    char spec[512], dir[400], hex[SFS_BLOCK_HEX_LEN + 1];
+    struct sfs_backend *be;
+    int n = 0;
+
+    tu_block_hex(77, hex);
+    snprintf(dir, sizeof(dir), "%s/data/%s", g_store, hex);
+    cr_assert_eq(mkdir(dir, 0755), 0, "mkdir %s: %s", dir, strerror(errno));
+    setenv("SHARDFS_POSIX_SYNC_OPEN", "1", 1);
+    snprintf(spec, sizeof(spec), "posix:%s?direct=0", g_store);
+    be = open_ok(spec, false);
+    unsetenv("SHARDFS_POSIX_SYNC_OPEN");
+    cr_assert_eq(sfs_backend_list(be, count_block, &n), 0);
+    cr_assert_eq(n, 3, "listed %d, not the 3 block files", n);
+    n = 0;
+    cr_assert_eq(sfs_backend_list(be, stop_at_first, &n), 7);
+    cr_assert_eq(n, 1, "the listing went on after fn said stop");
+    cr_assert_eq(sfs_backend_stamp(be, &one, &st), 0);
+    cr_assert_not(st.flags & SFS_STAMP_ABSENT);
+    cr_assert_eq(st.size, 2 * SHARD);
+    cr_assert_eq(sfs_backend_stamp(be, &none, &st), 0);
+    cr_assert(st.flags & SFS_STAMP_ABSENT);
+    sfs_backend_close(be);
+
+    /* No data directory at all: an empty store. */
+    snprintf(dir, sizeof(dir), "%s", tu_path("empty"));
+    cr_assert_eq(mkdir(dir, 0755), 0);
+    snprintf(spec, sizeof(spec), "posix:%s?direct=0", dir);
+    be = open_ok(spec, false);
+    n = 0;
+    cr_assert_eq(sfs_backend_list(be, count_block, &n), 0);
+    cr_assert_eq(n, 0);
+    sfs_backend_close(be);
+    snprintf(spec, sizeof(spec), "rm -rf '%s'", dir);
+    cr_assert_eq(system(spec), 0);
+}
