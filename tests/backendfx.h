@@ -10,6 +10,8 @@
 #ifndef SHARDFS_BACKENDFX_H
 #define SHARDFS_BACKENDFX_H
 
+#include "testutil.h"
+
 #include <shardfs/backend.h>
 
 #include <criterion/criterion.h>

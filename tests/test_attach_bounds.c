@@ -8,7 +8,8 @@
  * directory; a group makes the socket 0660 and that group's. Attached
  * processes are bounded per uid (max_per_uid) and by the cache's process
  * records (max_procs): a peer over a bound is refused -EUSERS, and one
- * that leaves frees its place.
+ * that leaves frees its place. A server out of descriptors pauses its
+ * accepts, says so, and serves the waiting peer once it has them again.
  */
 #include "testutil.h"
 
@@ -16,10 +17,13 @@
 
 #include <criterion/criterion.h>
 #include <errno.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
+#include <syslog.h>
 #include <unistd.h>
 
 #define SHARD 4096u
@@ -169,4 +173,81 @@ Test(attach_bounds, attaches_are_bounded_by_the_process_records, .timeout = 30)
     } while (!b);
     sfs_cache_close(b);
     sfs_cache_close(c);
+}
+
+/* The server of the next test, in a child: its descriptors capped at the
+ * ones it holds (no accept can succeed) until it has said it pauses. */
+struct no_fds {
+    const char *path;
+    int ready[2], done[2];
+};
+
+static atomic_int pausing;
+
+static void count_pause(int level, const char *msg, void *arg)
+{
+    (void)level;
+    (void)arg;
+    if (strstr(msg, "accept") && strstr(msg, "pausing"))
+        atomic_fetch_add(&pausing, 1);
+}
+
+static int serve_without_fds(void *arg)
+{
+    struct no_fds *x = arg;
+    struct sfs_cache_config cfg = {
+        .shard_size = SHARD, .nslots = 8, .no_reserved = true, .hugepages = SFS_HUGEPAGES_OFF};
+    struct rlimit old, low;
+    int err = 0, probe;
+    char b = 1;
+
+    struct sfs_cache *c = sfs_cache_create(&cfg, &err);
+    TU_CK(c);
+    sfs_set_log(count_pause, NULL, LOG_DEBUG);
+    TU_CK(sfs_cache_serve(c, x->path) == 0);
+    /* The lowest free descriptor: every one below it is taken, so a limit
+     * there leaves the process none to make. */
+    probe = dup(0);
+    TU_CK(probe >= 0);
+    close(probe);
+    TU_CK(getrlimit(RLIMIT_NOFILE, &old) == 0);
+    low = old;
+    low.rlim_cur = (rlim_t)probe;
+    TU_CK(setrlimit(RLIMIT_NOFILE, &low) == 0);
+    TU_CK(write(x->ready[1], &b, 1) == 1);
+    for (int i = 0; !atomic_load(&pausing); i++) {
+        TU_CK(i < 10000); /* 10 s: the accept never failed */
+        usleep(1000);
+    }
+    TU_CK(setrlimit(RLIMIT_NOFILE, &old) == 0);
+    TU_CK(read(x->done[0], &b, 1) == 1);
+    sfs_set_log(NULL, NULL, 0);
+    sfs_cache_close(c);
+    return atomic_load(&pausing) >= 1 ? 0 : 3;
+}
+
+Test(attach_bounds, a_server_out_of_descriptors_pauses_then_serves, .timeout = 30)
+{
+    struct no_fds x = {.path = tu_path("sock")};
+    struct sfs_cache *a;
+    int err = 0;
+    char b;
+
+    cr_assert_eq(pipe(x.ready), 0);
+    cr_assert_eq(pipe(x.done), 0);
+    pid_t pid = tu_fork(serve_without_fds, &x);
+    cr_assert_gt(pid, 0);
+    close(x.ready[1]);
+    close(x.done[0]);
+    cr_assert_eq(read(x.ready[0], &b, 1), 1, "the server did not start");
+    /* Queued in the backlog while the server has no descriptor for it. */
+    a = sfs_cache_attach(x.path, 0, &err);
+    cr_assert_not_null(a, "the attach waiting for the server's descriptors: %s", strerror(-err));
+    struct sfs_key k = tu_key(3, 1);
+    cr_assert_eq(tu_load(a, &k), SFS_OWNER);
+    sfs_cache_close(a);
+    cr_assert_eq(write(x.done[1], &b, 1), 1);
+    cr_assert_eq(tu_wait_for(pid, 10ll * 1000 * 1000 * 1000), 0, "the server child failed");
+    close(x.ready[0]);
+    close(x.done[1]);
 }

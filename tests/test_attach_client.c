@@ -277,3 +277,24 @@ Test(attach_client, a_process_record_that_is_not_the_clients)
     expect_refused(&sc, -1, -EBADMSG, "a process record never claimed");
     sfs_cache_close(c);
 }
+
+/* The attach's own arguments: no path, a path no socket address holds, a
+ * path with no server; and no handle has no connection. */
+Test(attach_client, paths_the_attach_refuses)
+{
+    char longpath[200];
+    int err = 0;
+
+    cr_assert_null(sfs_cache_attach(NULL, 0, &err));
+    cr_assert_eq(err, -EINVAL);
+    memset(longpath, 'x', sizeof(longpath) - 1);
+    longpath[0] = '/';
+    longpath[sizeof(longpath) - 1] = '\0';
+    err = 0;
+    cr_assert_null(sfs_cache_attach(longpath, 0, &err));
+    cr_assert_eq(err, -ENAMETOOLONG);
+    err = 0;
+    cr_assert_null(sfs_cache_attach(tu_path("nobody.sock"), -1, &err));
+    cr_assert_eq(err, -ENOENT);
+    cr_assert_eq(sfs_cache_conn_fd(NULL), -1);
+}

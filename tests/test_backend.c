@@ -52,7 +52,7 @@ static ssize_t read_disk(unsigned dir_prefix, uint64_t block, uint32_t n, void *
     return r;
 }
 
-/* In a forked child: the store at g_root, or _exit(2). */
+/* In a forked child: the store at g_root, or tu_exit(2). */
 static struct sfs_backend *child_open(void)
 {
     struct sfs_backend_params p = {.shard_size = S_SMALL};
@@ -60,7 +60,7 @@ static struct sfs_backend *child_open(void)
     struct sfs_backend *be = sfs_backend_open(g_root, &p, NULL, 0, &e);
 
     if (!be)
-        _exit(2);
+        tu_exit(2);
     return be;
 }
 
@@ -433,7 +433,7 @@ Test(backend, posix_concurrent_dumps_processes, .timeout = 30)
 
             dumper_thread(&a);
             sfs_backend_close(a.be);
-            _exit(a.errors ? 1 : 0);
+            tu_exit(a.errors ? 1 : 0);
         }
     }
     for (int i = 0; i < 4; i++) {
@@ -501,7 +501,7 @@ Test(backend, posix_sigkill_mid_dump_never_torn, .timeout = 30)
                 sfs_backend_dump(be, ios, 4);
                 batch_wait(&bt);
                 if (i == 0 && write(ready[1], "r", 1) != 1)
-                    _exit(3);
+                    tu_exit(3);
             }
         }
         close(ready[1]);

@@ -8,11 +8,13 @@
  * stays read-only whatever its spec says; and a fault wrapper passes touch
  * and listing through to the store it wraps.
  */
+#include "testpoint_i.h"
 #include "testutil.h"
 
 #include <shardfs/backend.h>
 
 #include <criterion/criterion.h>
+#include <dirent.h>
 #include <errno.h>
 #include <limits.h>
 #include <stdio.h>
@@ -189,4 +191,108 @@ Test(backend_api, a_fault_wrapper_passes_touch_and_listing_through)
     cr_assert_eq(n, 3, "listed %d blocks through the wrapper, not 3", n);
     cr_assert_eq(sfs_backend_touch(be, ids, 2), 0);
     sfs_backend_close(be);
+}
+
+static int open_fds(void)
+{
+    DIR *d = opendir("/proc/self/fd");
+    int n = 0;
+
+    cr_assert_not_null(d);
+    while (readdir(d))
+        n++;
+    closedir(d);
+    return n;
+}
+
+/* The posix backend's start failing at each of its steps (failed on demand
+ * at result points of the test build: io_uring refused by the kernel, the
+ * helpers or the completion thread that cannot start): the open fails with
+ * that errno and says which step, and leaves no descriptor behind. */
+Test(backend_api, a_posix_start_that_fails_unwinds_every_step)
+{
+    static const struct {
+        const char *point, *says;
+        int err;
+    } steps[] = {
+        {"posix:ring_init", "io_uring setup", EPERM},
+        {"posix:call_init", "helpers", ENOMEM},
+        {"posix:reaper", "completion thread", EAGAIN},
+    };
+    struct sfs_backend_params prm = {.shard_size = SHARD};
+    char spec[256];
+
+    snprintf(spec, sizeof(spec), "posix:%s", g_store);
+    for (size_t i = 0; i < sizeof(steps) / sizeof(steps[0]); i++) {
+        char err[256] = "";
+        int e = 0, before = open_fds();
+
+        cr_assert_eq(sfs_testpoint_arm_fail(steps[i].point, steps[i].err, 1), 0);
+        cr_assert_null(sfs_backend_open(spec, &prm, err, sizeof(err), &e), "%s", steps[i].point);
+        cr_assert_eq(sfs_testpoint_hits(steps[i].point), 1, "%s was not passed", steps[i].point);
+        sfs_testpoint_disarm_all();
+        cr_assert_eq(e, -steps[i].err, "%s: %d", steps[i].point, e);
+        cr_assert(strstr(err, steps[i].says), "%s: the reason does not say the step: %s",
+                  steps[i].point, err);
+        cr_assert_eq(open_fds(), before, "%s: %d descriptors left behind", steps[i].point,
+                     open_fds() - before);
+    }
+    struct sfs_backend *be = sfs_backend_open(spec, &prm, NULL, 0, &(int){0});
+    cr_assert_not_null(be, "the start after the failures");
+    struct sfs_key k = tu_key(1, 1);
+    uint8_t buf[SHARD];
+    cr_assert_eq(sfs_backend_load_sync(be, &k, buf, SHARD), (int)SHARD);
+    cr_assert_eq(tu_check(&k, buf, SHARD), -1);
+    sfs_backend_close(be);
+}
+
+static int stop_at_first(const struct sfs_block_id *b, void *arg)
+{
+    (void)b;
+    (*(int *)arg)++;
+    return 7;
+}
+
+/* Sync-open mode (no ring: the caller's thread asks the file system): a
+ * listing skips what is not a block file (a directory with a block's name)
+ * and stops where fn says, with fn's value; stamps of a block present and
+ * of one absent; a store with no data directory lists nothing. */
+Test(backend_api, sync_open_lists_and_stamps)
+{
+    struct sfs_block_id one = tu_block(1), none = tu_block(99);
+    struct sfs_block_stamp st;
+    char spec[512], dir[400], hex[SFS_BLOCK_HEX_LEN + 1];
+    struct sfs_backend *be;
+    int n = 0;
+
+    tu_block_hex(77, hex);
+    snprintf(dir, sizeof(dir), "%s/data/%s", g_store, hex);
+    cr_assert_eq(mkdir(dir, 0755), 0, "mkdir %s: %s", dir, strerror(errno));
+    setenv("SHARDFS_POSIX_SYNC_OPEN", "1", 1);
+    snprintf(spec, sizeof(spec), "posix:%s?direct=0", g_store);
+    be = open_ok(spec, false);
+    unsetenv("SHARDFS_POSIX_SYNC_OPEN");
+    cr_assert_eq(sfs_backend_list(be, count_block, &n), 0);
+    cr_assert_eq(n, 3, "listed %d, not the 3 block files", n);
+    n = 0;
+    cr_assert_eq(sfs_backend_list(be, stop_at_first, &n), 7);
+    cr_assert_eq(n, 1, "the listing went on after fn said stop");
+    cr_assert_eq(sfs_backend_stamp(be, &one, &st), 0);
+    cr_assert_not(st.flags & SFS_STAMP_ABSENT);
+    cr_assert_eq(st.size, 2 * SHARD);
+    cr_assert_eq(sfs_backend_stamp(be, &none, &st), 0);
+    cr_assert(st.flags & SFS_STAMP_ABSENT);
+    sfs_backend_close(be);
+
+    /* No data directory at all: an empty store. */
+    snprintf(dir, sizeof(dir), "%s", tu_path("empty"));
+    cr_assert_eq(mkdir(dir, 0755), 0);
+    snprintf(spec, sizeof(spec), "posix:%s?direct=0", dir);
+    be = open_ok(spec, false);
+    n = 0;
+    cr_assert_eq(sfs_backend_list(be, count_block, &n), 0);
+    cr_assert_eq(n, 0);
+    sfs_backend_close(be);
+    snprintf(spec, sizeof(spec), "rm -rf '%s'", dir);
+    cr_assert_eq(system(spec), 0);
 }

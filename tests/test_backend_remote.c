@@ -183,11 +183,11 @@ static int killed_holder(const struct sfs_backend_params *bp, uint64_t b, const 
         setenv("SHARDFS_POSIX_REMOTE", "1", 1);
         be = sfs_backend_open(g_root, bp, NULL, 0, &e);
         if (!be)
-            _exit(2);
+            tu_exit(2);
         sfs_testpoint_arm(point, SFS_TP_KILL, NULL, NULL);
         fill(&id, 1, 2, buf, S_SMALL);
         sfs_backend_dump_sync(be, &k, buf, S_SMALL);
-        _exit(0); /* the point was not reached */
+        tu_exit(0); /* the point was not reached */
     }
     waitpid(pid, &st, 0);
     return st;
@@ -464,10 +464,10 @@ static pid_t host_mid_commit(const struct sfs_backend_params *bp, const char *ho
         struct sfs_backend *be = fuse_host_be(bp, host, dir);
 
         if (!be)
-            _exit(2);
+            tu_exit(2);
         sfs_testpoint_arm("commit:written", act, NULL, NULL);
         fill(&id, 1, version, buf, S_SMALL);
-        _exit(sfs_backend_dump_sync(be, &k, buf, S_SMALL) == (int)S_SMALL ? 0 : 3);
+        tu_exit(sfs_backend_dump_sync(be, &k, buf, S_SMALL) == (int)S_SMALL ? 0 : 3);
     }
     waitpid(pid, st, WUNTRACED);
     return pid;

@@ -142,6 +142,18 @@ Test(fs_start, every_bad_option_value_is_refused_with_one_line)
         {"peer_listen=127.0.0.1:1,peer_key=a:b", "cannot be named"},
         {"peer_listen=127.0.0.1:1", "needs -o peer_key"},
         {"default_permissions,no_default_permissions", "pick one"},
+        {"hugepages=sometimes", "hugepages=sometimes"},
+        {"reserved=16", "reserved=16"},
+        {"reserved=x", "reserved=x"},
+        {"wait_timeout=0", "wait_timeout=0"},
+        {"wait_timeout=86401", "wait_timeout=86401"},
+        {"readahead=x", "readahead=x"},
+        {"max_read=1024", "max_read=1024"},
+        /* Good values of the options checked before a bad one do not
+         * hide it. */
+        {"max_read=8192,hugepages=auto,reserved=1,numa_node=0,attach_gid=0,"
+         "peer_listen=127.0.0.1:1",
+         "needs -o peer_key"},
     };
     char args[2048], longsock[300];
 

@@ -205,7 +205,7 @@ Test(fs_write, child_closing_an_inherited_fd_stores_nothing, .timeout = 60)
         if (kid == 0) {
             if (s == 1)
                 execl("/bin/true", "true", (char *)NULL); /* closes nothing: fd is inherited */
-            _exit(0);
+            tu_exit(0);
         }
         cr_assert_eq(tu_wait(kid), 0);
         assert_stays(BLOCK, s, V_OLD, s ? "after a child's exec" : "after a child's exit");
@@ -262,11 +262,11 @@ Test(fs_write, writer_killed_mid_copy_stores_nothing, .timeout = 60)
         int fd = open(fsfx_shard_path(&W.fx, BLOCK, 0), O_WRONLY | O_TRUNC);
 
         if (fd < 0 || pwrite(fd, buf, SHARD - 4096, 0) != (ssize_t)(SHARD - 4096))
-            _exit(1);
+            tu_exit(1);
         if (write(pipefd[1], "x", 1) != 1)
-            _exit(1);
+            tu_exit(1);
         pause();
-        _exit(2);
+        tu_exit(2);
     }
     close(pipefd[1]);
     cr_assert_eq(read(pipefd[0], &c, 1), 1, "the writer did not get going");
@@ -364,7 +364,7 @@ Test(fs_write, readers_see_the_old_or_the_new_whole_shard, .timeout = 120)
                 pid_t kid = fork();
 
                 if (kid == 0)
-                    _exit(0);
+                    tu_exit(0);
                 cr_assert_eq(tu_wait(kid), 0);
             }
             fsfx_sleep_ms(1);

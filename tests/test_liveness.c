@@ -474,7 +474,7 @@ static int own_then(struct live_shm *m, enum then then)
         pid_t helper = (pid_t)syscall(SYS_fork);
         if (helper == 0) {
             sleep(20);
-            _exit(0);
+            tu_exit(0);
         }
         atomic_store(&m->pid, helper);
     }
@@ -483,7 +483,7 @@ static int own_then(struct live_shm *m, enum then then)
         pid_t helper = fork();
         if (helper == 0) {
             sleep(20);
-            _exit(0);
+            tu_exit(0);
         }
         atomic_store(&m->pid, helper);
     }
@@ -517,11 +517,11 @@ static int own_in_pid_namespace(void *arg)
         if (mount("none", "/", NULL, MS_REC | MS_PRIVATE, NULL) < 0 ||
             mount("proc", "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC, NULL) < 0) {
             fprintf(stderr, "mount proc: %s\n", strerror(errno));
-            _exit(3);
+            tu_exit(3);
         }
         if (getpid() != 1)
-            _exit(4);
-        _exit(own_then(m, THEN_PARK));
+            tu_exit(4);
+        tu_exit(own_then(m, THEN_PARK));
     }
     atomic_store(&m->pid, pid); /* as this (the parent's) namespace sees it */
     int st;
@@ -660,7 +660,7 @@ static int reuse_in_pid_namespace(void *arg)
     if (init == 0) { /* pid 1 of the new namespace */
         pid_t a = fork();
         if (a == 0)
-            _exit(reuse_owner(m));
+            tu_exit(reuse_owner(m));
         while (atomic_load(&m->go) < 1)
             usleep(1000);
         kill(a, SIGKILL);
@@ -672,18 +672,18 @@ static int reuse_in_pid_namespace(void *arg)
         if (fd < 0 || write(fd, num, (size_t)n) != n) {
             atomic_store(&m->rc, -errno);
             atomic_store(&m->step, -2);
-            _exit(0);
+            tu_exit(0);
         }
         close(fd);
         pid_t b = fork();
         if (b == 0) {
             if (getpid() != a)
-                _exit(30);
-            _exit(reuse_successor(m));
+                tu_exit(30);
+            tu_exit(reuse_successor(m));
         }
         int st = 0;
         waitpid(b, &st, 0);
-        _exit(WIFEXITED(st) ? WEXITSTATUS(st) : 40);
+        tu_exit(WIFEXITED(st) ? WEXITSTATUS(st) : 40);
     }
     int st = 0;
     waitpid(init, &st, 0);
@@ -1100,7 +1100,7 @@ static pid_t mount_daemon(const char *bin, const char *spec, const char *mnt, co
             dup2(fd, 2);
         }
         execl(bin, "shardfs", "-f", "-o", o, spec, mnt, (char *)NULL);
-        _exit(127);
+        tu_exit(127);
     }
     for (int64_t end = sfs_now_ns() + 10 * SEC; !mounted(mnt);) {
         int st;

@@ -944,6 +944,27 @@ Test(peer, spec_errors, .timeout = 10)
     }
 }
 
+/* A listen address another socket holds: the open fails with the bind's
+ * errno and says which address. */
+Test(peer, listen_address_in_use, .timeout = 10)
+{
+    struct sfs_backend_params p = {.shard_size = PAY};
+    struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+    socklen_t alen = sizeof(a);
+    char spec[128], err[256] = "";
+    int e = 0, lfd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+
+    cr_assert_geq(lfd, 0);
+    cr_assert_eq(bind(lfd, (struct sockaddr *)&a, sizeof(a)), 0);
+    cr_assert_eq(listen(lfd, 4), 0);
+    cr_assert_eq(getsockname(lfd, (struct sockaddr *)&a, &alen), 0);
+    snprintf(spec, sizeof(spec), "peer:listen=127.0.0.1:%u,capacity=1M:mem:", ntohs(a.sin_port));
+    cr_assert_null(sfs_backend_open(spec, &p, err, sizeof(err), &e), "%s", spec);
+    cr_assert_eq(e, -EADDRINUSE, "%s: %d (%s)", spec, e, err);
+    cr_assert(strstr(err, "listen on"), "%s: the reason does not name the listen: %s", spec, err);
+    close(lfd);
+}
+
 /* Writers on both hosts rewrite a few keys in a tiny region (4 buckets x 2
  * ways: constant collisions, evictions and conditional-write races across
  * the wire) while readers on both hosts load them. Every payload names its

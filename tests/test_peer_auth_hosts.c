@@ -93,7 +93,7 @@ static struct loot intruder_on_b(const char *keyfile)
         close(p[0]);
         if (!pw || peerfx_in_netns(H.ns[1], &saved) < 0 || setgroups(0, NULL) < 0 ||
             setgid(pw->pw_gid) < 0 || setuid(pw->pw_uid) < 0 || getuid() == 0)
-            _exit(2);
+            tu_exit(2);
         /* The key is the daemons' alone. */
         if (keyfile) {
             int fd = open(keyfile, O_RDONLY);
@@ -107,7 +107,7 @@ static struct loot intruder_on_b(const char *keyfile)
 
             intrude(&l, &k, MEMBER[peerfx_owner_of(700 + b, 0, 2)]);
         }
-        _exit(write(p[1], &l, sizeof(l)) == (ssize_t)sizeof(l) ? 0 : 3);
+        tu_exit(write(p[1], &l, sizeof(l)) == (ssize_t)sizeof(l) ? 0 : 3);
     }
     close(p[1]);
     cr_assert_eq(read(p[0], &l, sizeof(l)), (ssize_t)sizeof(l), "the intruder reported nothing");

@@ -322,7 +322,7 @@ static pid_t xs_child(int i, const char *addr, const char *members, bool write_o
                  members, peerfx_key_path(), 8u * (PEER_HDR_SIZE + XS_PAY));
         be = sfs_backend_open(spec, &p, NULL, 0, &e);
         if (!be)
-            _exit(2);
+            tu_exit(2);
         /* Two writers and two readers (the stopped writer: one writer). */
         for (int j = 0; j < nt; j++) {
             t[j] = (struct xs_thread){.be = be, .x = x, .seed = 11u + (unsigned)(i * 8 + j)};
@@ -331,7 +331,7 @@ static pid_t xs_child(int i, const char *addr, const char *members, bool write_o
         for (int j = 0; j < nt; j++)
             pthread_join(th[j], NULL);
         sfs_backend_close(be);
-        _exit(0);
+        tu_exit(0);
     }
     peerfx_back_to(saved);
     cr_assert_gt(pid, 0);

@@ -12,11 +12,13 @@
  * itself besides the backend's loads. A hole in the middle needs a file
  * system that punches holes; that test skips without.
  */
+#include "testpoint_i.h"
 #include "testutil.h"
 
 #include <shardfs/backend.h>
 
 #include <criterion/criterion.h>
+#include <dirent.h>
 #include <linux/falloc.h>
 #include <errno.h>
 #include <fcntl.h>
@@ -226,4 +228,86 @@ Test(posix_shapes, a_remove_keeps_a_hole_before_the_cut)
     assert_shard(1, ZERO, "after the remove");
     hole = hole_from(SHARD, &known);
     cr_assert(hole || !known, "the remove filled the hole with data");
+}
+
+/* A file system without an in-kernel copy (copy_file_range answers -EXDEV,
+ * -EOPNOTSUPP, ...: failed on demand at the "commit:copy" result point):
+ * a commit copies the shards it keeps by read and write, every byte kept;
+ * a copy that fails otherwise is not a commit. */
+Test(posix_shapes, a_commit_without_an_in_kernel_copy_keeps_every_byte)
+{
+    static const int no_copy[] = {EXDEV, EOPNOTSUPP, ENOSYS, EINVAL};
+
+    for (size_t i = 0; i < sizeof(no_copy) / sizeof(no_copy[0]); i++) {
+        cr_assert_eq(sfs_testpoint_arm_fail("commit:copy", no_copy[i], 1000), 0);
+        dump_new(i % 2);
+        cr_assert_geq(sfs_testpoint_hits("commit:copy"), 1, "the commit copied nothing");
+        sfs_testpoint_disarm_all();
+        assert_shard(i % 2, NEU, "after a commit copied by hand");
+        assert_shard((i + 1) % 2, i == 0 ? OLD : NEU, "the shard the commit kept");
+    }
+    cr_assert_eq(file_size(), 2 * (off_t)SHARD);
+}
+
+/* The copy of the committed file fails (-EIO: read as the file replaced
+ * under the commit by another host): nothing was changed yet, so the
+ * commit starts again; one that fails at every try is given up after the
+ * stale-handle budget (3 s) with -EIO, the block file as it was and no
+ * temporary left beside it. */
+Test(posix_shapes, a_copy_that_fails_is_tried_again_then_given_up)
+{
+    char dir[600];
+    DIR *d;
+    struct dirent *de;
+    int n = 0;
+
+    cr_assert_eq(sfs_testpoint_arm_fail("commit:copy", EIO, 2), 0);
+    dump_new(0);
+    cr_assert_geq(sfs_testpoint_hits("commit:copy"), 3, "the commit was not tried again");
+    sfs_testpoint_disarm_all();
+    assert_shard(0, NEU, "after a copy that failed twice");
+    assert_shard(1, OLD, "the shard that commit kept");
+
+    cr_assert_eq(sfs_testpoint_arm_fail("commit:copy", EIO, 1u << 30), 0);
+    struct sfs_key k = tu_key(BLOCK, 1), nk = tu_key(BLOCK + 1000, 1);
+    tu_fill(&nk, P.buf, SHARD);
+    cr_assert_eq(sfs_backend_dump_sync(P.be, &k, P.buf, SHARD), -EIO);
+    sfs_testpoint_disarm_all();
+    assert_shard(0, NEU, "after a commit given up");
+    assert_shard(1, OLD, "the shard of the commit given up");
+    cr_assert_eq(file_size(), 2 * (off_t)SHARD);
+    snprintf(dir, sizeof(dir), "%s/data", P.store);
+    d = opendir(dir);
+    cr_assert_not_null(d);
+    while ((de = readdir(d)))
+        n += de->d_name[0] != '.';
+    closedir(d);
+    cr_assert_eq(n, 1, "%d files in the store's directory: a temporary was left", n);
+}
+
+/* A remove of a shard the store does not hold: past the block file's end,
+ * or of a block with no file; -ENOENT, and the file as it was. A commit
+ * in sync-open mode (no ring: the caller's thread commits) stores alike. */
+Test(posix_shapes, a_remove_of_nothing_and_a_sync_commit)
+{
+    struct sfs_key k5 = tu_key(BLOCK, 5), other = tu_key(BLOCK + 7, 0);
+    struct sfs_backend_params prm = {.shard_size = SHARD};
+    char spec[256], err[256] = "";
+    int e = 0;
+
+    cr_assert_eq(sfs_backend_remove(P.be, &k5), -ENOENT);
+    cr_assert_eq(sfs_backend_remove(P.be, &other), -ENOENT);
+    cr_assert_eq(file_size(), 2 * (off_t)SHARD);
+    assert_shard(0, OLD, "after a remove of nothing");
+    assert_shard(1, OLD, "after a remove of nothing");
+
+    sfs_backend_close(P.be);
+    setenv("SHARDFS_POSIX_SYNC_OPEN", "1", 1);
+    snprintf(spec, sizeof(spec), "posix:%s?direct=0", P.store);
+    P.be = sfs_backend_open(spec, &prm, err, sizeof(err), &e);
+    unsetenv("SHARDFS_POSIX_SYNC_OPEN");
+    cr_assert_not_null(P.be, "open %s: %s (%d)", spec, err, e);
+    dump_new(1);
+    assert_shard(0, OLD, "the shard a sync commit kept");
+    assert_shard(1, NEU, "after a sync commit");
 }

@@ -396,7 +396,7 @@ static pid_t spawn_writer(const struct hosts *H, int w, uint64_t writer)
     if (pid == 0)
         sfs_set_log(log_stderr, NULL, LOG_WARNING);
     if (pid == 0)
-        _exit(w < 2 * WRITERS ? writer_main(H, w % 2, writer)
+        tu_exit(w < 2 * WRITERS ? writer_main(H, w % 2, writer)
                               : rank_writer_main(H, w - 2 * WRITERS, writer));
     return pid;
 }
@@ -469,11 +469,11 @@ static int run_hosts(const struct hosts *H)
         readers[h] = fork();
         if (readers[h] == 0) {
             sfs_set_log(log_stderr, NULL, LOG_WARNING);
-            _exit(reader_main(H, h));
+            tu_exit(reader_main(H, h));
         }
         readers[2 + h] = fork();
         if (readers[2 + h] == 0)
-            _exit(fs_reader_main(H, h));
+            tu_exit(fs_reader_main(H, h));
     }
     end = fsfx_now_s() + H->seconds;
     while (fsfx_now_s() < end) {
@@ -732,7 +732,7 @@ static int run_hosts_child(const struct hosts *H)
 
     if (pid == 0) {
         setpgid(0, 0); /* its writers and readers too: one kill ends all */
-        _exit(run_hosts(H));
+        tu_exit(run_hosts(H));
     }
     setpgid(pid, pid);
     while (waitpid(pid, &st, WNOHANG) == 0) {

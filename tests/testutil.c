@@ -199,6 +199,18 @@ static bool tu_quiet_same(const struct tu_quiet *a, const struct tu_quiet *b)
     return true;
 }
 
+#ifdef SFS_COVERAGE
+void __gcov_dump(void); /* libgcov's: write this process's counters now */
+#endif
+
+_Noreturn void tu_exit(int code)
+{
+#ifdef SFS_COVERAGE
+    __gcov_dump();
+#endif
+    _exit(code);
+}
+
 pid_t tu_fork(int (*fn)(void *arg), void *arg)
 {
     int64_t give_up = sfs_now_ns() + 2000000000ll; /* then fork as before */
@@ -222,7 +234,7 @@ pid_t tu_fork(int (*fn)(void *arg), void *arg)
             if (read(gate[0], &go, 1) != 1 || go != 'g')
                 _exit(127); /* forked in a bad window: nothing ran here */
             close(gate[0]);
-            _exit(fn(arg));
+            tu_exit(fn(arg));
         }
         close(gate[0]);
         /* Still the same sleepers, none of which ran: the fork was clean. */

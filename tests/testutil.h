@@ -45,7 +45,11 @@ struct sfs_cache *tu_cache(uint32_t nslots, uint32_t nreserved, uint64_t shard_s
         }                                                                                          \
     } while (0)
 
-/* Fork a child that runs fn(arg) and _exits with its return value. */
+/* _exit(code) for a forked child; the coverage build (SFS_COVERAGE) writes
+ * the child's counters first, which _exit alone would lose: the core code
+ * the suite runs in its children counts. */
+_Noreturn void tu_exit(int code);
+/* Fork a child that runs fn(arg) and leaves by tu_exit with its return value. */
 pid_t tu_fork(int (*fn)(void *arg), void *arg);
 /* Print every thread's stack of process pid on stderr (gdb, when it is
  * installed; nothing otherwise), for a test that found it hung: the log then

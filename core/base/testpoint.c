@@ -21,6 +21,8 @@ struct tp {
     sfs_tp_fn *fn;
     void *arg;
     unsigned hits;
+    int err;       /* SFS_TP_FAIL: the errno to inject */
+    unsigned left; /* SFS_TP_FAIL: passes still to fail */
 };
 
 static struct tp table[SFS_TP_MAX];
@@ -83,6 +85,38 @@ void sfs_testpoint_disarm_all(void)
     pthread_mutex_unlock(&tp_mu);
 }
 
+int sfs_testpoint_arm_fail(const char *name, int err, unsigned n)
+{
+    int r;
+
+    if (err <= 0 || n == 0)
+        return -EINVAL;
+    r = sfs_testpoint_arm(name, SFS_TP_FAIL, NULL, NULL);
+    if (r == 0) {
+        pthread_mutex_lock(&tp_mu);
+        struct tp *t = find(name);
+        t->err = err;
+        t->left = n;
+        pthread_mutex_unlock(&tp_mu);
+    }
+    return r;
+}
+
+int sfs_testpoint_result(const char *name, int res)
+{
+    pthread_mutex_lock(&tp_mu);
+    struct tp *t = find(name);
+    if (t && t->action == SFS_TP_FAIL) {
+        t->hits++;
+        if (t->left) {
+            t->left--;
+            res = -t->err;
+        }
+    }
+    pthread_mutex_unlock(&tp_mu);
+    return res;
+}
+
 unsigned sfs_testpoint_hits(const char *name)
 {
     unsigned n = 0;
@@ -127,6 +161,7 @@ void sfs_testpoint_hit(const char *name)
         if (t.fn)
             t.fn(name, t.arg);
         break;
+    case SFS_TP_FAIL: /* acts in sfs_testpoint_result() only */
     case SFS_TP_OFF:
         break;
     }

@@ -58,6 +58,7 @@
  * beneath the root posix_path.c.
  */
 #include "posix_i.h"
+#include "testpoint_i.h"
 
 #include <fcntl.h>
 #include <stdlib.h>
@@ -178,7 +179,10 @@ struct sfs_backend *sfs_posix_open(const char *root, const struct sfs_posix_opts
     p->remote_fs = sfs_posix_remote_fs(p->root_fd);
     p->host_lock_fd =
         p->remote_fs && sfs_posix_fuse_fs(p->root_fd) ? sfs_posix_host_locks_open(p) : -1;
-    ret = io_uring_queue_init(o->depth, &p->ring, 0);
+    /* Tests: a kernel that refuses io_uring (kernel.io_uring_disabled). */
+    ret = SFS_TEST_RESULT("posix:ring_init", 0);
+    if (ret == 0)
+        ret = io_uring_queue_init(o->depth, &p->ring, 0);
     if (ret < 0) {
         sfs_errf(errbuf, errlen, "posix: io_uring setup with depth=%u failed (errno %d)", o->depth,
                  -ret);
@@ -186,7 +190,9 @@ struct sfs_backend *sfs_posix_open(const char *root, const struct sfs_posix_opts
     }
     p->ring_open = ring_can_open(p);
     if (p->ring_open) {
-        ret = sfs_posix_call_init(p);
+        ret = SFS_TEST_RESULT("posix:call_init", 0);
+        if (ret == 0)
+            ret = sfs_posix_call_init(p);
         if (ret < 0) {
             sfs_errf(errbuf, errlen, "posix: cannot set up the helpers (errno %d)", -ret);
             goto out_exit_ring_only;
@@ -194,7 +200,10 @@ struct sfs_backend *sfs_posix_open(const char *root, const struct sfs_posix_opts
     }
     pthread_mutex_init(&p->sq_lock, NULL);
     pthread_cond_init(&p->idle_cond, NULL);
-    ret = sfs_posix_reaper_start(p);
+    /* Tests: a process out of threads. */
+    ret = SFS_TEST_RESULT("posix:reaper", 0);
+    if (ret == 0)
+        ret = sfs_posix_reaper_start(p);
     if (ret < 0) {
         sfs_errf(errbuf, errlen, "posix: cannot start the completion thread (errno %d)", -ret);
         goto out_exit_ring;

@@ -132,7 +132,9 @@ static int copy_range(int src, int dst, uint64_t off, uint64_t len)
 
     while ((uint64_t)in < end) {
         size_t chunk = end - (uint64_t)in > (1u << 30) ? (1u << 30) : (size_t)(end - (uint64_t)in);
-        ssize_t r = copy_file_range(src, &in, dst, &out, chunk, 0);
+        /* Tests: a file system without an in-kernel copy (-EXDEV, ...). */
+        int fail = SFS_TEST_RESULT("commit:copy", 0);
+        ssize_t r = fail < 0 ? (errno = -fail, -1) : copy_file_range(src, &in, dst, &out, chunk, 0);
 
         if (r > 0)
             continue;

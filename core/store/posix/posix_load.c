@@ -15,6 +15,7 @@
  * -EIO when it is not a regular file; else -errno.
  */
 #include "posix_ring_i.h"
+#include "testpoint_i.h"
 #include "util_i.h"
 
 #include <sched.h>
@@ -245,6 +246,8 @@ static enum cqe_verdict handle_cqe(struct posix_backend *p, struct sfs_io *io, i
     uintptr_t got = (uintptr_t)io->priv[PRIV_DONE];
     uintptr_t flags = io_flags(io);
 
+    /* Tests: a read's failure a local file system never gives. */
+    res = SFS_TEST_RESULT("load:read", res);
     if (res == -EAGAIN || res == -EINTR) {
         if ((flags >> F_RETRY_SHIFT) < IO_RETRY_MAX) {
             io->priv[PRIV_FLAGS] = (void *)(flags + (1u << F_RETRY_SHIFT));

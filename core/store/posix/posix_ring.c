@@ -18,6 +18,7 @@
  * in the caller's thread (sfs_posix_open_block_read).
  */
 #include "posix_ring_i.h"
+#include "testpoint_i.h"
 #include "util_i.h"
 
 #include <fcntl.h>
@@ -268,7 +269,10 @@ static void bfd_ready_locked(struct posix_backend *p, struct block_fd *b)
     while (io) {
         struct sfs_io *next = io_next(io);
 
-        io->priv[PRIV_FLAGS] = (void *)(uintptr_t)(b->direct ? F_DIRECT : 0);
+        /* The mode of this open; the retries a reopen counts stay (the
+         * bound on reads again of a file stale at every read). */
+        io->priv[PRIV_FLAGS] =
+            (void *)((io_flags(io) & ~(uintptr_t)F_DIRECT) | (b->direct ? F_DIRECT : 0));
         sfs_posix_pend_push_tail(p, io);
         io = next;
     }
@@ -289,6 +293,16 @@ void sfs_posix_bfd_cqe_locked(struct posix_backend *p, struct block_fd *b, unsig
         return;
     }
     if (tag == TAG_OPEN) {
+#ifdef SFS_TEST_HOOKS
+        /* Tests: an open that fails as no local file system fails one. */
+        int fail = SFS_TEST_RESULT("load:open", 0);
+
+        if (fail < 0) {
+            if (res >= 0)
+                close(res);
+            res = fail;
+        }
+#endif
         if (res == -EINVAL && b->direct) {
             /* The fs refuses O_DIRECT: remember, open again buffered. */
             sfs_posix_direct_refused(p);
@@ -319,6 +333,7 @@ void sfs_posix_bfd_cqe_locked(struct posix_backend *p, struct block_fd *b, unsig
     }
     /* TAG_STAT: anything but a regular file (a FIFO, a device, a
      * directory) is no block we can read. */
+    res = SFS_TEST_RESULT("load:stat", res);
     if (res < 0 || !S_ISREG(b->stx.stx_mode)) {
         /* A stale handle (above) at the stat: a miss too. */
         bool stale = res == -ESTALE || (res == -EIO && p->remote_fs);

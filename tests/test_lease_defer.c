@@ -1,0 +1,180 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * test_lease_defer.c - a release that cannot reach its bucket's lock
+ * (a holder stopped inside it) is recorded, not waited for and not lost.
+ *
+ * Key idea: a thread of this process takes a bucket's lock in a Get and
+ * stays there (held at the "get:locked" test point, which also forces the
+ * locked paths); a release of a lease on a key of that bucket then gives
+ * up after its bounded wait, marks its entry dropped and returns 0. The
+ * lease stays counted on the slot until a later release of this process,
+ * or its close, drops it under the lock: the slot must then be free of it
+ * exactly once (the key removable), and the dropped lease must no longer
+ * be a lease its holder may release.
+ */
+#include "cache_i.h"
+#include "slot_i.h"
+#include "testpoint_i.h"
+#include "testutil.h"
+
+#include <criterion/criterion.h>
+#include <errno.h>
+#include <pthread.h>
+#include <semaphore.h>
+#include <stdatomic.h>
+
+#define SHARD 4096u
+
+TestSuite(lease_defer, .timeout = 30);
+
+/* The Get holding the bucket lock: the holder's thread stays at the point
+ * until let go; the test's own Gets pass it (taking counted leases on the
+ * locked path, not lock-free hits, which a release frees without a lock). */
+struct holder {
+    struct sfs_cache *c;
+    struct sfs_key key;
+    struct sfs_lease l;
+    int r;
+    _Atomic int arrived;
+    sem_t in_lock, go;
+};
+
+static _Thread_local bool am_holder;
+
+static void hold_in_lock(const char *name, void *arg)
+{
+    struct holder *h = arg;
+
+    (void)name;
+    if (am_holder && atomic_fetch_add(&h->arrived, 1) == 0) {
+        sem_post(&h->in_lock);
+        while (sem_wait(&h->go) < 0)
+            ;
+    }
+}
+
+static void *holder_get(void *arg)
+{
+    struct holder *h = arg;
+
+    am_holder = true;
+    h->r = sfs_cache_get(h->c, &h->key, 0, 0, &h->l);
+    return NULL;
+}
+
+/* Arm the point: from now on Gets and releases take their locked paths. */
+static void arm(struct holder *h, struct sfs_cache *c, const struct sfs_key *key)
+{
+    *h = (struct holder){.c = c, .key = *key};
+    cr_assert_eq(sem_init(&h->in_lock, 0, 0), 0);
+    cr_assert_eq(sem_init(&h->go, 0, 0), 0);
+    cr_assert_eq(sfs_testpoint_arm("get:locked", SFS_TP_CALL, hold_in_lock, h), 0);
+}
+
+/* Start a Get of h's key on another thread and return once it holds the
+ * key's bucket lock. */
+static pthread_t hold_bucket(struct holder *h)
+{
+    pthread_t th;
+
+    cr_assert_eq(pthread_create(&th, NULL, holder_get, h), 0);
+    while (sem_wait(&h->in_lock) < 0)
+        ;
+    return th;
+}
+
+static void let_go(struct holder *h, pthread_t th)
+{
+    sem_post(&h->go);
+    pthread_join(th, NULL);
+    sfs_testpoint_disarm_all();
+    sem_destroy(&h->in_lock);
+    sem_destroy(&h->go);
+}
+
+/* Deferred, then finished by this process's next release. */
+Test(lease_defer, release_past_a_held_lock_is_dropped_by_the_next_release)
+{
+    struct sfs_cache *c = tu_cache(4, 0, SHARD);
+    struct sfs_key k = tu_key(1, 0);
+    struct sfs_lease a, b;
+    struct holder h;
+
+    cr_assert(c);
+    cr_assert_eq(tu_load(c, &k), SFS_OWNER);
+    arm(&h, c, &k);
+    cr_assert_eq(sfs_cache_get(c, &k, 0, 0, &a), SFS_HIT);
+    cr_assert_eq(sfs_cache_get(c, &k, 0, 0, &b), SFS_HIT);
+    uint32_t s = a.slot;
+    cr_assert_eq(tu_leases_on(c, s), 2);
+
+    pthread_t th = hold_bucket(&h);
+    /* The locked path (forced by the armed point) finds the lock held. */
+    cr_assert_eq(sfs_cache_release(c, &a), 0, "a release past a held lock is recorded");
+    cr_assert_eq(atomic_load(&c->deferred), 1u);
+    cr_assert(atomic_load(&c->leases[a.entry]) & ENTRY_DROP);
+    cr_assert_eq(tu_leases_on(c, s), 2, "still counted until dropped under the lock");
+    cr_assert_eq(sfs_cache_release(c, &a), -EINVAL, "a dropped lease is no longer ours");
+    cr_assert_eq(atomic_load(&c->deferred), 1u, "the second release changed nothing");
+    let_go(&h, th);
+    cr_assert_eq(h.r, SFS_HIT);
+    cr_assert_eq(tu_leases_on(c, s), 3, "b, the holder's, and the deferred one");
+
+    /* The holder's release finishes ours first. */
+    cr_assert_eq(sfs_cache_release(c, &h.l), 0);
+    cr_assert_eq(atomic_load(&c->deferred), 0u);
+    cr_assert_eq(atomic_load(&c->leases[a.entry]), SFS_ENTRY_FREE);
+    cr_assert_eq(tu_leases_on(c, s), 1, "only b is left");
+    cr_assert_eq(sfs_cache_remove(c, &k), -EBUSY);
+    cr_assert_eq(sfs_cache_release(c, &b), 0);
+    cr_assert_eq(tu_leases_on(c, s), 0);
+    cr_assert_eq(sfs_cache_remove(c, &k), 0);
+    sfs_cache_close(c);
+}
+
+/* A deferred release whose lock is still held at the next release stays
+ * deferred (tried, never waited for); the one after the holder let go
+ * drops it. */
+Test(lease_defer, deferred_release_waits_for_a_reachable_lock)
+{
+    struct sfs_cache *c = tu_cache(4, 0, SHARD);
+    struct sfs_key k = tu_key(2, 0);
+    struct sfs_key other;
+    struct sfs_lease a, o1, o2;
+    struct holder h;
+
+    cr_assert(c);
+    cr_assert_eq(tu_load(c, &k), SFS_OWNER);
+    arm(&h, c, &k);
+    cr_assert_eq(sfs_cache_get(c, &k, 0, 0, &a), SFS_HIT);
+    uint32_t bk = atomic_load(&c->slots[a.slot].bucket);
+    /* A key of another bucket. */
+    for (uint64_t n = 3;; n++) {
+        cr_assert_lt(n, 64, "no key of another bucket");
+        other = tu_key(n, 0);
+        cr_assert_eq(tu_load(c, &other), SFS_OWNER);
+        cr_assert_eq(sfs_cache_get(c, &other, 0, 0, &o1), SFS_HIT);
+        if (atomic_load(&c->slots[o1.slot].bucket) != bk)
+            break;
+        cr_assert_eq(sfs_cache_release(c, &o1), 0);
+        cr_assert_eq(sfs_cache_remove(c, &other), 0);
+    }
+    cr_assert_eq(sfs_cache_get(c, &other, 0, 0, &o2), SFS_HIT);
+
+    pthread_t th = hold_bucket(&h);
+    cr_assert_eq(sfs_cache_release(c, &a), 0);
+    cr_assert_eq(atomic_load(&c->deferred), 1u);
+    /* Another bucket's release: the deferred one's lock is still held. */
+    cr_assert_eq(sfs_cache_release(c, &o1), 0);
+    cr_assert_eq(atomic_load(&c->deferred), 1u, "a held lock is tried, not waited for");
+    cr_assert_eq(tu_leases_on(c, a.slot), 1);
+    let_go(&h, th);
+    cr_assert_eq(h.r, SFS_HIT);
+    cr_assert_eq(sfs_cache_release(c, &o2), 0);
+    cr_assert_eq(atomic_load(&c->deferred), 0u);
+    cr_assert_eq(tu_leases_on(c, a.slot), 1, "the holder's lease alone");
+    cr_assert_eq(sfs_cache_release(c, &h.l), 0);
+    cr_assert_eq(sfs_cache_remove(c, &k), 0);
+    cr_assert_eq(sfs_cache_remove(c, &other), 0);
+    sfs_cache_close(c);
+}
