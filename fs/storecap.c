@@ -46,10 +46,13 @@
 #include "fs_i.h"
 
 #include <errno.h>
+#include <fcntl.h>
 #include <inttypes.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <syslog.h>
+#include <unistd.h>
 
 #define COLLECT_HEAP      4096  /* the coldest blocks one pass keeps (56 B each) */
 #define COLLECT_PASSES    64    /* passes in a row while above the low watermark */
@@ -99,6 +102,59 @@ struct fs_storecap {
     bool lost;        /* this pass lost the lease: it removes nothing more */
     bool standby;     /* the last look found another collector's lease */
 };
+
+#ifndef SFS_TEST_HOOKS
+#define period_ms()          ((uint32_t)COLLECT_PERIOD_MS)
+#define test_removal_wait()  ((void)0)
+#define test_removal_noted() ((void)0)
+#else
+/* The test build only: SHARDFS_TEST_STORE_REMOVE_MS=N (1..1000) waits N ms
+ * before each removal's look at the lease (a pass long enough for a test to
+ * stop its collector mid-pass), and SHARDFS_TEST_STORE_REMOVALS=FILE appends
+ * a line "<pid>" to FILE after each removal (O_APPEND: the daemons on one
+ * store share it, in the order of their removals). */
+static void test_removal_wait(void)
+{
+    const char *e = getenv("SHARDFS_TEST_STORE_REMOVE_MS");
+    unsigned long v = e ? strtoul(e, NULL, 10) : 0;
+
+    if (v >= 1 && v <= 1000)
+        {
+        struct timespec ts = {(time_t)(v / 1000), (long)(v % 1000) * 1000000};
+
+        while (nanosleep(&ts, &ts) < 0 && errno == EINTR)
+            ;
+    }
+}
+
+static void test_removal_noted(void)
+{
+    const char *e = getenv("SHARDFS_TEST_STORE_REMOVALS");
+    char line[24];
+    int fd, n;
+
+    if (!e || !*e)
+        return;
+    fd = open(e, O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC, 0644);
+    if (fd < 0)
+        return;
+    n = snprintf(line, sizeof(line), "%d\n", (int)getpid());
+    if (write(fd, line, (size_t)n) != n)
+        fs_log(LOG_WARNING, "store_capacity: the test's removal log: %s", strerror(errno));
+    close(fd);
+}
+
+static uint32_t period_ms(void)
+{
+    const char *e = getenv(COLLECT_PERIOD_ENV);
+    char *end;
+    unsigned long v = e ? strtoul(e, &end, 10) : 0;
+
+    if (!e || !*e || *end != '\0' || v < 100 || v > COLLECT_PERIOD_MS)
+        return COLLECT_PERIOD_MS;
+    return (uint32_t)v;
+}
+#endif
 
 static int64_t last_use(const struct sfs_block_scan *b)
 {
@@ -311,6 +367,7 @@ static bool pass(struct fs_storecap *sc, bool rescan)
         struct cand *c = &sc->heap[sc->next];
         uint64_t freed = 0;
 
+        test_removal_wait();
         if (__atomic_load_n(&sc->stop, __ATOMIC_RELAXED) || !still_held(sc))
             return false;
         /* Going on down an older list: the blocks the mount wrote since,
@@ -335,6 +392,7 @@ static bool pass(struct fs_storecap *sc, bool rescan)
             continue;
         }
         sc->total -= freed < sc->total ? freed : sc->total;
+        test_removal_noted();
         CTR_ADD(fs, store_evicted, 1);
         CTR_ADD(fs, store_freed, freed);
         /* The running count: the mount's commits since the last store are
@@ -387,20 +445,6 @@ static void *collect_main(void *arg)
     return NULL;
 }
 
-#ifndef SFS_TEST_HOOKS
-#define period_ms() ((uint32_t)COLLECT_PERIOD_MS)
-#else
-static uint32_t period_ms(void)
-{
-    const char *e = getenv(COLLECT_PERIOD_ENV);
-    char *end;
-    unsigned long v = e ? strtoul(e, &end, 10) : 0;
-
-    if (!e || !*e || *end != '\0' || v < 100 || v > COLLECT_PERIOD_MS)
-        return COLLECT_PERIOD_MS;
-    return (uint32_t)v;
-}
-#endif
 
 int fs_storecap_start(struct fs *fs, unsigned high_pct, unsigned low_pct)
 {

@@ -83,6 +83,24 @@ static int write_tmp(struct posix_backend *p, const char *tmp, struct timespec *
     return 0;
 }
 
+#ifndef SFS_TEST_HOOKS
+#define test_break_wait() ((void)0)
+#else
+/* The test build only: SHARDFS_TEST_LEASE_BREAK_MS=N (1..5000) waits N ms
+ * between finding a lease stale and breaking it, so that a test's standbys
+ * all find it stale before the first breaks it. */
+static void test_break_wait(void)
+{
+    const char *e = getenv("SHARDFS_TEST_LEASE_BREAK_MS");
+    unsigned long v = e ? strtoul(e, NULL, 10) : 0;
+    struct timespec ts = {(time_t)(v / 1000), (long)(v % 1000) * 1000000};
+
+    if (v >= 1 && v <= 5000)
+        while (nanosleep(&ts, &ts) < 0 && errno == EINTR)
+            ;
+}
+#endif
+
 static int64_t ts_ns(const struct timespec *t)
 {
     return (int64_t)t->tv_sec * 1000000000 + t->tv_nsec;
@@ -141,6 +159,7 @@ int sfs_posix_lease(struct sfs_backend *be, const char *role, uint32_t ttl_ms)
         unlinkat(p->root_fd, tmp, 0);
         return 0; /* another's, live */
     }
+    test_break_wait();
     /* Another's, stale: ours over it, then whose it is now. */
     if (renameat(p->root_fd, tmp, p->root_fd, name) < 0) {
         r = -errno;
