@@ -621,14 +621,16 @@ Test(fs_storecap, a_stale_lease_goes_to_one_standby_and_its_old_holder_stops)
 {
     struct fsfx *f[3] = {&S.fx, &S.more[0], &S.more[1]};
     static int pids[4096];
-    char log[128];
+    char log[128], brk[128];
     int st, who = -1, n, at_stop, r;
     double t0;
 
     snprintf(log, sizeof(log), "%s", tu_path("removals"));
+    snprintf(brk, sizeof(brk), "%s", tu_path("breaks"));
     cr_assert_eq(setenv("SHARDFS_TEST_STORE_REMOVALS", log, 1), 0);
+    cr_assert_eq(setenv("SHARDFS_TEST_LEASE_LOG", brk, 1), 0);
     cr_assert_eq(setenv("SHARDFS_TEST_STORE_REMOVE_MS", "20", 1), 0);
-    cr_assert_eq(setenv("SHARDFS_TEST_LEASE_BREAK_MS", "500", 1), 0);
+    cr_assert_eq(setenv("SHARDFS_TEST_LEASE_BREAK_MS", "1500", 1), 0);
     S.more[0] = nth(1);
     S.more[1] = nth(2);
     for (int i = 0; i < 3; i++) {
@@ -668,6 +670,24 @@ Test(fs_storecap, a_stale_lease_goes_to_one_standby_and_its_old_holder_stops)
     }
     cr_assert_eq(fsfx_stat(f[who], "shardfs_store_collector"), 0,
                  "the old collector still says it collects");
+    /* The race was run: one standby broke the lease, the other found it
+     * taken (held 1.5 s between its look and its break, within which the
+     * other's look, every 200 ms, found it stale too). */
+    {
+        FILE *lf = fopen(brk, "r");
+        char what[16];
+        int pid, broke = 0, late = 0;
+
+        cr_assert_not_null(lf, "no takeover logged in %s", brk);
+        while (fscanf(lf, "%15s %d", what, &pid) == 2) {
+            cr_assert_neq(pid, f[who]->pid);
+            broke += strcmp(what, "broke") == 0;
+            late += strcmp(what, "late") == 0 && pid != f[who]->pid;
+        }
+        fclose(lf);
+        cr_assert_eq(broke, 1, "standbys that broke the lease: %d", broke);
+        cr_assert_geq(late, 1, "the standbys did not race for the lease");
+    }
     for (int i = 0; i < 3; i++)
         cr_assert_eq(fsfx_stop(f[i], false, 10.0), 0, "daemon %d's unmount", i);
 }

@@ -100,7 +100,8 @@ static int write_tmp(struct posix_backend *p, const char *tmp, struct timespec *
 }
 
 #ifndef SFS_TEST_HOOKS
-#define test_break_wait() ((void)0)
+#define test_break_wait()      ((void)0)
+#define test_break_noted(what) ((void)0)
 #else
 /* The test build only: SHARDFS_TEST_LEASE_BREAK_MS=N (1..5000) waits N ms
  * between finding a lease stale and breaking it, so that a test's standbys
@@ -114,6 +115,26 @@ static void test_break_wait(void)
     if (v >= 1 && v <= 5000)
         while (nanosleep(&ts, &ts) < 0 && errno == EINTR)
             ;
+}
+
+/* SHARDFS_TEST_LEASE_LOG=FILE: append "<what> <pid>" to FILE at the end
+ * of each break of a stale lease ("broke", or "late": another was first),
+ * so that a test sees its takers raced. */
+static void test_break_noted(const char *what)
+{
+    const char *e = getenv("SHARDFS_TEST_LEASE_LOG");
+    char line[48];
+    int fd, n;
+
+    if (!e || !*e)
+        return;
+    fd = open(e, O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC, 0644);
+    if (fd < 0)
+        return;
+    n = snprintf(line, sizeof(line), "%s %d\n", what, (int)getpid());
+    if (write(fd, line, (size_t)n) != n)
+        sfs_log(LOG_WARNING, "posix: the test's lease log: %s", strerror(errno));
+    close(fd);
 }
 #endif
 
@@ -265,9 +286,15 @@ int sfs_posix_lease(struct sfs_backend *be, const char *role, uint32_t ttl_ms)
         r = break_seen(p, name, brk, &st);
         if (r <= 0) {
             unlinkat(p->root_fd, tmp, 0);
+            if (r == 0) {
+                test_break_noted("late");
+                sfs_log(LOG_NOTICE, "posix: the store's %s lease: another took it over first",
+                        role);
+            }
             return r;
         }
         unlinkat(p->root_fd, brk, 0);
+        test_break_noted("broke");
         sfs_log(LOG_NOTICE, "posix: broke the store's %s lease of %s (%lld ms without renewal)",
                 role, tok, (long long)((ts_ns(&now) - ts_ns(&st.st_mtim)) / 1000000));
     }
