@@ -35,21 +35,27 @@
  *
  * Several hosts (or daemons) on one store with the bound: one collects at a
  * time. The store decides: a store-wide lease (sfs_backend_lease, a file at
- * the store's root renewed at every pass and every third of its ttl during
- * one) names the collector; the others stand by, and take over a ttl
- * (COLLECT_LEASE_PERIODS periods) after it stops renewing (killed, hung) or
- * at once when it stops cleanly. A collector killed mid-pass leaves whole
- * files only: each removal is one unlink.
+ * the store's root) names the collector, which looks that it still holds it
+ * at every pass, every COLLECT_RENEW_EVERY files of a scan and before each
+ * removal (a stat; renewed every quarter of its ttl); the others stand by,
+ * and one of them takes over a ttl (COLLECT_LEASE_PERIODS periods) after it
+ * stops renewing (killed, hung, stopped) or at once when it stops cleanly.
+ * A collector stopped past the ttl and continued finds at its next look
+ * that it lost the lease, and removes nothing more. A collector killed
+ * mid-pass leaves whole files only: each removal is one unlink.
  *
  * Calls usage.c (the counts) and log.c; main.c, write.c and stats.c call it.
  */
 #include "fs_i.h"
 
 #include <errno.h>
+#include <fcntl.h>
 #include <inttypes.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <syslog.h>
+#include <unistd.h>
 
 #define COLLECT_HEAP      4096  /* the coldest blocks one pass keeps (56 B each) */
 #define COLLECT_PASSES    64    /* passes in a row while above the low watermark */
@@ -59,7 +65,8 @@
  * writes of ranks without waiting 10 s. */
 #define COLLECT_PERIOD_ENV "SHARDFS_TEST_STORE_PERIOD_MS"
 /* The store's collector lease (sfs_backend_lease): lost this long after its
- * holder's last renewal, in periods; renewed at least every third of it. */
+ * holder's last renewal, in periods (the test build's shorter period gives
+ * a shorter ttl: 3 x 200 ms in test_fs_storecap). */
 #define COLLECT_LEASE_PERIODS 3
 #define COLLECT_LEASE_ROLE    "collector"
 #define COLLECT_RENEW_EVERY   1024 /* files scanned between two looks at the clock */
@@ -94,11 +101,63 @@ struct fs_storecap {
     struct sfs_block_id *busy; /* blocks with a leased slot, sorted; at most capbusy */
     size_t nbusy, capbusy;
     bool busy_over;   /* the last look found more than capbusy leased slots */
-    int64_t renewed;  /* sfs_now_ns of the last renewal of the lease */
     uint64_t scanned; /* files this pass */
     bool lost;        /* this pass lost the lease: it removes nothing more */
     bool standby;     /* the last look found another collector's lease */
 };
+
+#ifndef SFS_TEST_HOOKS
+#define period_ms()          ((uint32_t)COLLECT_PERIOD_MS)
+#define test_removal_wait()  ((void)0)
+#define test_removal_noted() ((void)0)
+#else
+/* The test build only: SHARDFS_TEST_STORE_REMOVE_MS=N (1..1000) waits N ms
+ * before each removal's look at the lease (a pass long enough for a test to
+ * stop its collector mid-pass), and SHARDFS_TEST_STORE_REMOVALS=FILE appends
+ * a line "<pid>" to FILE after each removal (O_APPEND: the daemons on one
+ * store share it, in the order of their removals). */
+static void test_removal_wait(void)
+{
+    const char *e = getenv("SHARDFS_TEST_STORE_REMOVE_MS");
+    unsigned long v = e ? strtoul(e, NULL, 10) : 0;
+
+    if (v >= 1 && v <= 1000)
+        {
+        struct timespec ts = {(time_t)(v / 1000), (long)(v % 1000) * 1000000};
+
+        while (nanosleep(&ts, &ts) < 0 && errno == EINTR)
+            ;
+    }
+}
+
+static void test_removal_noted(void)
+{
+    const char *e = getenv("SHARDFS_TEST_STORE_REMOVALS");
+    char line[24];
+    int fd, n;
+
+    if (!e || !*e)
+        return;
+    fd = open(e, O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC, 0644);
+    if (fd < 0)
+        return;
+    n = snprintf(line, sizeof(line), "%d\n", (int)getpid());
+    if (write(fd, line, (size_t)n) != n)
+        fs_log(LOG_WARNING, "store_capacity: the test's removal log: %s", strerror(errno));
+    close(fd);
+}
+
+static uint32_t period_ms(void)
+{
+    const char *e = getenv(COLLECT_PERIOD_ENV);
+    char *end;
+    unsigned long v = e ? strtoul(e, &end, 10) : 0;
+
+    if (!e || !*e || *end != '\0' || v < 100 || v > COLLECT_PERIOD_MS)
+        return COLLECT_PERIOD_MS;
+    return (uint32_t)v;
+}
+#endif
 
 static int64_t last_use(const struct sfs_block_scan *b)
 {
@@ -148,18 +207,23 @@ static void sift_down(struct cand *h, size_t n, size_t i)
 }
 
 /*
- * Is this daemon the store's collector? Takes or renews the lease; a
- * backend without leases (-EOPNOTSUPP: no shared directory) or one that
- * cannot answer collects alone, as before leases: each removal is safe
- * anyway (the commit lock, the stamp). Logs each change of role.
+ * Is this daemon the store's collector? Takes the lease, or (held) checks
+ * that the store's lease file is still ours and renews it (the backend
+ * renews a quarter of the ttl after its last renewal: a check costs one
+ * stat). Called at each pass, every COLLECT_RENEW_EVERY files of a scan and
+ * before each removal, so a collector that lost the lease (stopped past
+ * its ttl, then continued) removes nothing more. A backend without leases
+ * (-EOPNOTSUPP: no shared directory) collects alone; one that cannot
+ * answer (-errno) stands by this time: two collectors at once never.
+ * Logs each change of role.
  */
 static bool hold_lease(struct fs_storecap *sc)
 {
     int r = sfs_backend_lease(sc->fs->be, COLLECT_LEASE_ROLE, sc->lease_ms);
-    bool standby = r == 0;
+    bool standby = r != 1 && r != -EOPNOTSUPP;
 
     if (r < 0 && r != -EOPNOTSUPP && !sc->standby)
-        fs_log(LOG_WARNING, "store_capacity: the store's collector lease: %s (collecting)",
+        fs_log(LOG_WARNING, "store_capacity: the store's collector lease: %s (standing by)",
                strerror(-r));
     if (standby != sc->standby)
         fs_log(LOG_NOTICE, "store_capacity: %s",
@@ -167,18 +231,15 @@ static bool hold_lease(struct fs_storecap *sc)
                          "this store: standing by"
                        : "collecting this store");
     sc->standby = standby;
-    sc->renewed = sfs_now_ns();
     atomic_store_explicit(&sc->fs->ctr.store_collector, !standby, memory_order_relaxed);
     return !standby;
 }
 
-/* Mid-pass: renew the lease when a third of its ttl has gone; false (and
- * lost set) when another took it. */
+/* Mid-pass: still the collector? False (and lost set) once another took
+ * the lease: the pass removes nothing more. */
 static bool still_held(struct fs_storecap *sc)
 {
-    if (sfs_now_ns() - sc->renewed < (int64_t)sc->lease_ms * 1000000 / COLLECT_LEASE_PERIODS)
-        return true;
-    if (!hold_lease(sc))
+    if (!sc->lost && !hold_lease(sc))
         sc->lost = true;
     return !sc->lost;
 }
@@ -311,6 +372,7 @@ static bool pass(struct fs_storecap *sc, bool rescan)
         struct cand *c = &sc->heap[sc->next];
         uint64_t freed = 0;
 
+        test_removal_wait();
         if (__atomic_load_n(&sc->stop, __ATOMIC_RELAXED) || !still_held(sc))
             return false;
         /* Going on down an older list: the blocks the mount wrote since,
@@ -335,6 +397,7 @@ static bool pass(struct fs_storecap *sc, bool rescan)
             continue;
         }
         sc->total -= freed < sc->total ? freed : sc->total;
+        test_removal_noted();
         CTR_ADD(fs, store_evicted, 1);
         CTR_ADD(fs, store_freed, freed);
         /* The running count: the mount's commits since the last store are
@@ -387,20 +450,6 @@ static void *collect_main(void *arg)
     return NULL;
 }
 
-#ifndef SFS_TEST_HOOKS
-#define period_ms() ((uint32_t)COLLECT_PERIOD_MS)
-#else
-static uint32_t period_ms(void)
-{
-    const char *e = getenv(COLLECT_PERIOD_ENV);
-    char *end;
-    unsigned long v = e ? strtoul(e, &end, 10) : 0;
-
-    if (!e || !*e || *end != '\0' || v < 100 || v > COLLECT_PERIOD_MS)
-        return COLLECT_PERIOD_MS;
-    return (uint32_t)v;
-}
-#endif
 
 int fs_storecap_start(struct fs *fs, unsigned high_pct, unsigned low_pct)
 {

@@ -11,8 +11,11 @@
  * unmount and a SIGKILL of the daemon; pinned and leased blocks never go;
  * readers that check every byte during it see whole shards or misses. Bad
  * values of the option and its watermarks are refused at start with one
- * line that names them. The collector's period is cut to 200 ms
- * (SHARDFS_TEST_STORE_PERIOD_MS, the test build's hook).
+ * line that names them. Two and three daemons on one store collect one at
+ * a time, also when standbys race for a stale lease and the old collector
+ * comes back late. The collector's period is cut to 200 ms
+ * (SHARDFS_TEST_STORE_PERIOD_MS, the test build's hook), and with it the
+ * lease's ttl (three periods).
  */
 #include "fsfixture.h"
 #include "testutil.h"
@@ -48,6 +51,7 @@
 static struct {
     char store[128];
     struct fsfx fx;
+    struct fsfx more[2]; /* a third and second daemon, where a test starts them */
 } S;
 
 static void setup(void)
@@ -65,8 +69,18 @@ static void setup(void)
 
 static void teardown(void)
 {
-    if (S.fx.pid)
+    for (int i = 0; i < 2; i++) {
+        if (S.more[i].pid) {
+            kill(S.more[i].pid, SIGCONT);
+            fsfx_stop(&S.more[i], true, 10.0);
+        }
+        if (S.more[i].bin)
+            fsfx_cleanup(&S.more[i], NULL);
+    }
+    if (S.fx.pid) {
+        kill(S.fx.pid, SIGCONT);
         fsfx_stop(&S.fx, true, 10.0);
+    }
     fsfx_cleanup(&S.fx, S.store);
 }
 
@@ -563,4 +577,117 @@ Test(fs_storecap, two_daemons_on_one_store_collect_one_at_a_time)
     if (b.pid)
         cr_assert_eq(fsfx_stop(&b, false, 10.0), 0);
     fsfx_cleanup(&b, NULL);
+}
+
+/* ---------------------------------------------------------------------------
+ * Three daemons on one store: the collector stopped (SIGSTOP, not killed)
+ * mid-pass past the lease's ttl, so that both standbys find the lease stale
+ * at once (the test build's SHARDFS_TEST_LEASE_BREAK_MS holds each between
+ * finding it stale and breaking it); then the old collector continued while
+ * the new one still collects. Each removal appends the remover's pid to one
+ * file (SHARDFS_TEST_STORE_REMOVALS; SHARDFS_TEST_STORE_REMOVE_MS makes a
+ * pass last): from the stop on, one daemon alone removes, and the old
+ * collector nothing.
+ */
+
+static struct fsfx nth(int i)
+{
+    struct fsfx f;
+
+    memset(&f, 0, sizeof(f));
+    f.bin = S.fx.bin;
+    snprintf(f.mnt, sizeof(f.mnt), "%s", tu_path(i == 1 ? "mnt2" : "mnt3"));
+    snprintf(f.sock, sizeof(f.sock), "%s", tu_path(i == 1 ? "sock2" : "sock3"));
+    snprintf(f.log, sizeof(f.log), "%s", tu_path(i == 1 ? "log2" : "log3"));
+    return f;
+}
+
+/* The pids of the removals file, in its order, from line `from` on. */
+static int removals(const char *path, int from, int *pids, int max)
+{
+    FILE *f = fopen(path, "r");
+    int n = 0, line = 0, pid;
+
+    if (!f)
+        return 0;
+    while (fscanf(f, "%d", &pid) == 1)
+        if (line++ >= from && n < max)
+            pids[n++] = pid;
+    fclose(f);
+    return n;
+}
+
+Test(fs_storecap, a_stale_lease_goes_to_one_standby_and_its_old_holder_stops)
+{
+    struct fsfx *f[3] = {&S.fx, &S.more[0], &S.more[1]};
+    static int pids[4096];
+    char log[128], brk[128];
+    int st, who = -1, n, at_stop, r;
+    double t0;
+
+    snprintf(log, sizeof(log), "%s", tu_path("removals"));
+    snprintf(brk, sizeof(brk), "%s", tu_path("breaks"));
+    cr_assert_eq(setenv("SHARDFS_TEST_STORE_REMOVALS", log, 1), 0);
+    cr_assert_eq(setenv("SHARDFS_TEST_LEASE_LOG", brk, 1), 0);
+    cr_assert_eq(setenv("SHARDFS_TEST_STORE_REMOVE_MS", "20", 1), 0);
+    cr_assert_eq(setenv("SHARDFS_TEST_LEASE_BREAK_MS", "1500", 1), 0);
+    S.more[0] = nth(1);
+    S.more[1] = nth(2);
+    for (int i = 0; i < 3; i++) {
+        r = fsfx_start(f[i], S.store, OPTS, 20.0, &st);
+        cr_assert_eq(r, 0, "mount %d: %s (status %#x), see %s", i, strerror(-r), st, f[i]->log);
+    }
+    /* The collector: the one that removes the first of 100 blocks over. */
+    cr_assert_eq(tu_store_write(S.store, 1000, 132, 1, SHARD, NULL, NULL, false), 0);
+    for (t0 = fsfx_now_s(); who < 0 && fsfx_now_s() - t0 < 30.0; fsfx_sleep_ms(10))
+        if (removals(log, 0, pids, 4) >= 4)
+            for (int i = 0; i < 3; i++)
+                if (f[i]->pid == pids[3])
+                    who = i;
+    cr_assert_geq(who, 0, "nobody collects (see %s)", f[0]->log);
+    cr_assert_eq(kill(f[who]->pid, SIGSTOP), 0);
+    cr_assert_eq(waitpid(f[who]->pid, &st, WUNTRACED), f[who]->pid);
+    cr_assert(WIFSTOPPED(st));
+    at_stop = removals(log, 0, pids, 4096);
+    /* More above the bound, for the new collector's whole pass. */
+    cr_assert_eq(tu_store_write(S.store, 2000, 100, 1, SHARD, NULL, NULL, false), 0);
+    /* Past the ttl (3 periods of 200 ms) and the standbys' break: a new
+     * collector removes; then the old one continues, mid-pass. */
+    for (t0 = fsfx_now_s(); removals(log, at_stop, pids, 1) == 0 && fsfx_now_s() - t0 < 30.0;)
+        fsfx_sleep_ms(10);
+    cr_assert_gt(removals(log, at_stop, pids, 1), 0, "no standby took over");
+    cr_assert_eq(kill(f[who]->pid, SIGCONT), 0);
+    for (t0 = fsfx_now_s(); store_bytes() > CAP && fsfx_now_s() - t0 < 60.0;)
+        fsfx_sleep_ms(50);
+    cr_assert_leq(store_bytes(), CAP, "the store was not brought within its bound");
+    fsfx_sleep_ms(1000);
+    n = removals(log, at_stop, pids, 4096);
+    for (int i = 0; i < n; i++) {
+        cr_assert_neq(pids[i], f[who]->pid,
+                      "the old collector removed a block (removal %d after its stop)", i);
+        cr_assert_eq(pids[i], pids[0], "two collectors: %d and %d (removal %d after the stop)",
+                     pids[0], pids[i], i);
+    }
+    cr_assert_eq(fsfx_stat(f[who], "shardfs_store_collector"), 0,
+                 "the old collector still says it collects");
+    /* The race was run: one standby broke the lease, the other found it
+     * taken (held 1.5 s between its look and its break, within which the
+     * other's look, every 200 ms, found it stale too). */
+    {
+        FILE *lf = fopen(brk, "r");
+        char what[16];
+        int pid, broke = 0, late = 0;
+
+        cr_assert_not_null(lf, "no takeover logged in %s", brk);
+        while (fscanf(lf, "%15s %d", what, &pid) == 2) {
+            cr_assert_neq(pid, f[who]->pid);
+            broke += strcmp(what, "broke") == 0;
+            late += strcmp(what, "late") == 0 && pid != f[who]->pid;
+        }
+        fclose(lf);
+        cr_assert_eq(broke, 1, "standbys that broke the lease: %d", broke);
+        cr_assert_geq(late, 1, "the standbys did not race for the lease");
+    }
+    for (int i = 0; i < 3; i++)
+        cr_assert_eq(fsfx_stop(f[i], false, 10.0), 0, "daemon %d's unmount", i);
 }

@@ -17,6 +17,7 @@
 #include <shardfs/backend.h>
 
 #include "backendfx.h"
+#include "testpoint_i.h"
 
 #include <criterion/criterion.h>
 
@@ -250,4 +251,52 @@ Test(store_evict, a_store_wide_lease_has_one_holder_and_passes_on_when_stale)
     cr_assert_eq(sfs_backend_lease(a, "../x", 60000), -EINVAL);
     sfs_backend_close(a);
     sfs_backend_close(b);
+}
+
+/*
+ * Two takers of one stale lease: b finds it stale, and before b breaks it
+ * (the point lease:break) c finds it stale too, breaks it and holds it.
+ * b's rename then takes c's new file off the name, sees it is not the
+ * file it found stale, and puts it back: c alone holds it, b stands by,
+ * and the old holder a learns it lost it at its next look.
+ */
+static struct sfs_backend *g_c;
+static int g_c_took = -1;
+
+static void c_breaks_first(const char *name, void *arg)
+{
+    (void)arg;
+    sfs_testpoint_arm(name, SFS_TP_OFF, NULL, NULL); /* c's own break runs through */
+    g_c_took = sfs_backend_lease(g_c, "collector", 60000);
+}
+
+Test(store_evict, two_takers_of_a_stale_lease_one_wins)
+{
+    struct sfs_backend *a = open_spec("%s", g_root), *b = open_spec("%s", g_root);
+    struct timespec old[2] = {{0, UTIME_OMIT}, {0, 0}};
+    char path[400];
+    DIR *d;
+    struct dirent *de;
+
+    g_c = open_spec("%s", g_root);
+    snprintf(path, sizeof(path), "%s/.shardfs_lease.collector", g_root);
+    cr_assert_eq(sfs_backend_lease(a, "collector", 60000), 1);
+    old[1].tv_sec = time(NULL) - 3600;
+    cr_assert_eq(utimensat(AT_FDCWD, path, old, 0), 0);
+    cr_assert_eq(sfs_testpoint_arm("lease:break", SFS_TP_CALL, c_breaks_first, NULL), 0);
+    cr_assert_eq(sfs_backend_lease(b, "collector", 60000), 0, "both takers hold the lease");
+    cr_assert_eq(g_c_took, 1, "the first taker did not take the stale lease");
+    cr_assert_eq(sfs_backend_lease(g_c, "collector", 60000), 1, "the winner lost it");
+    cr_assert_eq(sfs_backend_lease(b, "collector", 60000), 0);
+    cr_assert_eq(sfs_backend_lease(a, "collector", 60000), 0, "the old holder still holds it");
+    /* Nothing left beside the lease itself. */
+    d = opendir(g_root);
+    cr_assert_not_null(d);
+    while ((de = readdir(d)) != NULL)
+        cr_assert(strncmp(de->d_name, ".shardfs_lease.collector.", 25) != 0, "left behind: %s",
+                  de->d_name);
+    closedir(d);
+    sfs_backend_close(a);
+    sfs_backend_close(b);
+    sfs_backend_close(g_c);
 }

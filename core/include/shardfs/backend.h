@@ -188,11 +188,15 @@ SFS_API int sfs_backend_evict(struct sfs_backend *be, const struct sfs_block_id 
 /*
  * A store-wide lease on a role (e.g. "collector"): one holder at a time
  * among every host and process on the store, decided by the store (posix:
- * a file at its root; docs/eviction.md). Each call takes or renews it: 1
- * when this backend holds it now, 0 when another holder's lease is live
- * (renewed within ttl_ms, on the store's clock), -errno; ttl_ms 0 drops
- * it if held. A holder that dies or stops renewing loses it ttl_ms after
- * its last call. -EOPNOTSUPP: a backend without a shared directory (mem).
+ * a file at its root; docs/eviction.md). Each call takes it, or checks
+ * that this backend still holds it and renews it: 1 when this backend
+ * holds it now, 0 when another holds it (renewed within ttl_ms, on the
+ * store's clock) or took it over, -errno; ttl_ms 0 drops it if held. A
+ * holder that dies or stops calling loses it ttl_ms after its last
+ * renewal, to one taker alone, and learns it at its next call. A check
+ * costs one stat (posix): call it before each act the lease guards. One
+ * thread per backend calls it. -EOPNOTSUPP: a backend without a shared
+ * directory (mem).
  */
 SFS_API int sfs_backend_lease(struct sfs_backend *be, const char *role, uint32_t ttl_ms);
 /* A hint: these blocks will be read soon (readahead / WILLNEED). 0 or -errno. */

@@ -71,8 +71,14 @@ struct posix_backend {
     atomic_int_fast64_t sweep_ns;  /* when this backend last swept (sfs_now_ns), 0: never */
 
     /* posix_lease.c: this backend's token in store-wide leases; set at
-     * its first call. Leases are taken by one thread (a collector's). */
+     * its first call. Leases are taken by one thread (a collector's).
+     * The lease held: its role, its file (the inode this backend linked
+     * under the lease's name) and when it was last renewed (sfs_now_ns). */
     char lease_token[96];
+    char lease_role[33];
+    dev_t lease_dev;
+    ino_t lease_ino;
+    int64_t lease_renewed_ns;
 };
 
 /* Helpers of the synchronous calls alive at once: also how many calls can be

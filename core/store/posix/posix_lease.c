@@ -5,27 +5,41 @@
  * decided by the store, as a block's owner file decides its writer.
  *
  * The lease is a file at the store's root, .shardfs_lease.<name>, holding
- * its holder's token (host, pid, a random word). It is live while its
- * mtime, on the file system's clock, is younger than the ttl: the holder
- * renews it by setting its mtime to now at every call. Ages are measured
- * against the mtime of a probe file the caller creates (the file system's
- * clock, as the sweep of stale temporary files measures), so host clocks
- * need not agree.
+ * its holder's token (host, pid, a random word); its holder knows it by its
+ * inode. It is live while its mtime, on the file system's clock, is younger
+ * than the ttl: the holder renews it by setting its mtime to now, a quarter
+ * of the ttl after the last renewal. Ages are measured against the mtime of
+ * a file the caller creates (the file system's clock, as the sweep of stale
+ * temporary files measures), so host clocks need not agree. One holder at a
+ * time, whatever the timing (docs/eviction.md argues it for local file
+ * systems and GlusterFS): a daemon holds the lease while the name holds
+ * the inode it linked there, and each step below changes what the name
+ * holds only by an operation the store decides for one caller alone.
  *   - No file: the caller writes its token into a temporary file and links
  *     it to the lease's name; link(2) fails with EEXIST when another got
- *     there first (atomic on local, NFS and FUSE stores alike).
- *   - A file with the caller's token: renewed; held.
+ *     there first.
+ *   - Held (the caller's inode under the name): a stat checks it, at every
+ *     call (the collector calls before each removal), and renews it.
+ *     Another inode, or none: lost, for good.
  *   - Another's, live: not held (stand by).
  *   - Another's, older than the ttl (its holder died or hangs): the caller
- *     renames its own token file over it, then reads it back. Two callers
- *     breaking the same stale lease at once may both see their token for a
- *     moment; the later rename wins, and the other finds out at its next
- *     call (its token gone): so at most one ttl with two holders, after a
- *     holder's death. Callers that remove whole files under a lock (the
- *     collector) stay safe through it.
- * Drop (ttl 0): unlink it if it still holds the caller's token.
+ *     renames the file away to a name of its own (.<token>.brk). Of several
+ *     takers, one rename takes that file off the name; the others' find
+ *     nothing (ENOENT) or a newer file. The caller checks that the file it
+ *     moved is the one it found stale (the same inode and mtime): then it
+ *     links its own file to the free name (EEXIST: another that found no
+ *     file was first) and removes the stale one. Otherwise (renewed since,
+ *     or a newer holder's) it links it back under the name (unless a newer
+ *     one is there) and stands by: a holder whose file was off the name for
+ *     that moment sees it lost at its next look, and takes it again (its
+ *     token) at its next call when it was put back.
+ * Drop (ttl 0): the caller's file is renamed away and removed (another's,
+ * moved by mistake, is put back).
+ * A taker or a holder killed between its rename and its unlink leaves a
+ * .brk or .tmp file at the root: a few bytes, named by its token.
  */
 #include "posix_i.h"
+#include "testpoint_i.h"
 #include "util_i.h"
 
 #include <errno.h>
@@ -63,7 +77,8 @@ static int read_token(struct posix_backend *p, const char *name, char *out, size
 
 /* A file of ours, holding our token, at tmp: its fd's mtime is the file
  * system's now. 0 or -errno. */
-static int write_tmp(struct posix_backend *p, const char *tmp, struct timespec *now)
+static int write_tmp(struct posix_backend *p, const char *tmp, struct timespec *now,
+                     struct stat *out)
 {
     size_t len = strlen(p->lease_token);
     struct stat st;
@@ -80,21 +95,134 @@ static int write_tmp(struct posix_backend *p, const char *tmp, struct timespec *
     }
     close(fd);
     *now = st.st_mtim;
+    *out = st;
     return 0;
 }
+
+#ifndef SFS_TEST_HOOKS
+#define test_break_wait()      ((void)0)
+#define test_break_noted(what) ((void)0)
+#else
+/* The test build only: SHARDFS_TEST_LEASE_BREAK_MS=N (1..5000) waits N ms
+ * between finding a lease stale and breaking it, so that a test's standbys
+ * all find it stale before the first breaks it. */
+static void test_break_wait(void)
+{
+    const char *e = getenv("SHARDFS_TEST_LEASE_BREAK_MS");
+    unsigned long v = e ? strtoul(e, NULL, 10) : 0;
+    struct timespec ts = {(time_t)(v / 1000), (long)(v % 1000) * 1000000};
+
+    if (v >= 1 && v <= 5000)
+        while (nanosleep(&ts, &ts) < 0 && errno == EINTR)
+            ;
+}
+
+/* SHARDFS_TEST_LEASE_LOG=FILE: append "<what> <pid>" to FILE at the end
+ * of each break of a stale lease ("broke", or "late": another was first),
+ * so that a test sees its takers raced. */
+static void test_break_noted(const char *what)
+{
+    const char *e = getenv("SHARDFS_TEST_LEASE_LOG");
+    char line[48];
+    int fd, n;
+
+    if (!e || !*e)
+        return;
+    fd = open(e, O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC, 0644);
+    if (fd < 0)
+        return;
+    n = snprintf(line, sizeof(line), "%s %d\n", what, (int)getpid());
+    if (write(fd, line, (size_t)n) != n)
+        sfs_log(LOG_WARNING, "posix: the test's lease log: %s", strerror(errno));
+    close(fd);
+}
+#endif
 
 static int64_t ts_ns(const struct timespec *t)
 {
     return (int64_t)t->tv_sec * 1000000000 + t->tv_nsec;
 }
 
+/* The lease's name holds our file (the inode we linked): 1, 0, -errno. */
+static int is_ours(struct posix_backend *p, const char *name)
+{
+    struct stat st;
+
+    if (fstatat(p->root_fd, name, &st, AT_SYMLINK_NOFOLLOW) < 0)
+        return errno == ENOENT ? 0 : -errno;
+    return st.st_dev == p->lease_dev && st.st_ino == p->lease_ino;
+}
+
+/* Ours now: the lease's name holds the file st describes. */
+static void hold(struct posix_backend *p, const char *role, const struct stat *st)
+{
+    snprintf(p->lease_role, sizeof(p->lease_role), "%s", role);
+    p->lease_dev = st->st_dev;
+    p->lease_ino = st->st_ino;
+    p->lease_renewed_ns = sfs_now_ns();
+}
+
+/* Held: check that the name still holds our file, and renew it (its
+ * mtime to the file system's now) a quarter of the ttl after the last
+ * renewal. 1 (held), 0 (lost: another broke it), -errno. */
+static int keep_held(struct posix_backend *p, const char *name, uint32_t ttl_ms)
+{
+    struct stat st;
+    int fd, r = is_ours(p, name);
+
+    if (r <= 0 || sfs_now_ns() - p->lease_renewed_ns < (int64_t)ttl_ms * 1000000 / 4)
+        return r;
+    fd = openat(p->root_fd, name, O_WRONLY | O_CLOEXEC | O_NOFOLLOW);
+    if (fd < 0)
+        return errno == ENOENT ? 0 : -errno;
+    if (fstat(fd, &st) < 0 || futimens(fd, NULL) < 0) {
+        r = -errno;
+        close(fd);
+        return r;
+    }
+    close(fd);
+    if (st.st_dev != p->lease_dev || st.st_ino != p->lease_ino)
+        return 0;
+    /* Renewed our file: still under the name (a taker may have moved it
+     * away between our look and the renewal)? */
+    r = is_ours(p, name);
+    if (r == 1)
+        p->lease_renewed_ns = sfs_now_ns();
+    return r;
+}
+
+/* Move the lease's file away to brk (ours alone: only one rename of a
+ * file can take it from the name), then check that it is the file `seen`
+ * describes (the same inode, not renewed since). 1: it is, and brk holds
+ * it; 0: another moved it first (nothing at brk), or it is another file,
+ * put back under the name unless a newer one is there already. */
+static int break_seen(struct posix_backend *p, const char *name, const char *brk,
+                      const struct stat *seen)
+{
+    struct stat st;
+
+    if (renameat(p->root_fd, name, p->root_fd, brk) < 0)
+        return errno == ENOENT ? 0 : -errno;
+    if (fstatat(p->root_fd, brk, &st, AT_SYMLINK_NOFOLLOW) == 0 && st.st_dev == seen->st_dev &&
+        st.st_ino == seen->st_ino && ts_ns(&st.st_mtim) == ts_ns(&seen->st_mtim))
+        return 1;
+    /* Not the file seen stale: renewed since, or a newer holder's. Back
+     * under the name, unless a newer one is there (its holder, whose file
+     * is no longer under the name, finds out at its next look). */
+    if (linkat(p->root_fd, brk, p->root_fd, name, 0) < 0 && errno != EEXIST)
+        sfs_log(LOG_WARNING, "posix: putting back the store's lease %s: %s", name, strerror(errno));
+    unlinkat(p->root_fd, brk, 0);
+    return 0;
+}
+
 int sfs_posix_lease(struct sfs_backend *be, const char *role, uint32_t ttl_ms)
 {
     struct posix_backend *p = (struct posix_backend *)be;
     char name[sizeof(LEASE_PREFIX) + LEASE_NAME_MAX], tmp[sizeof(name) + 96 + 8];
-    char tok[sizeof(p->lease_token)];
+    char brk[sizeof(tmp)], tok[sizeof(p->lease_token)];
     struct timespec now = {0, 0};
-    struct stat st;
+    struct stat st, mine = {0};
+    bool held;
     int r;
 
     if (!role || !*role || strlen(role) > LEASE_NAME_MAX || strchr(role, '/'))
@@ -105,52 +233,75 @@ int sfs_posix_lease(struct sfs_backend *be, const char *role, uint32_t ttl_ms)
         snprintf(p->lease_token, sizeof(p->lease_token), "%s.%d.%016llx", p->host, (int)getpid(),
                  (unsigned long long)(sfs_now_ns() ^ ((uint64_t)(uintptr_t)p << 16)));
     snprintf(name, sizeof(name), LEASE_PREFIX "%s", role);
+    snprintf(tmp, sizeof(tmp), "%s.%s.tmp", name, p->lease_token);
+    snprintf(brk, sizeof(brk), "%s.%s.brk", name, p->lease_token);
+    held = p->lease_ino && strcmp(p->lease_role, role) == 0;
+    if (ttl_ms == 0) { /* drop: our file away from the name, then removed */
+        if (held && renameat(p->root_fd, name, p->root_fd, brk) == 0) {
+            if (fstatat(p->root_fd, brk, &st, AT_SYMLINK_NOFOLLOW) == 0 &&
+                (st.st_dev != p->lease_dev || st.st_ino != p->lease_ino))
+                linkat(p->root_fd, brk, p->root_fd, name, 0); /* another's: put back */
+            unlinkat(p->root_fd, brk, 0);
+        }
+        p->lease_ino = 0;
+        return 0;
+    }
+    if (held) {
+        r = keep_held(p, name, ttl_ms);
+        if (r == 0) {
+            p->lease_ino = 0;
+            sfs_log(LOG_NOTICE, "posix: lost the store's %s lease (another took it over)", role);
+        }
+        return r;
+    }
+    p->lease_ino = 0;
     r = read_token(p, name, tok, sizeof(tok), &st);
     if (r < 0 && r != -ENOENT)
         return r;
-    if (ttl_ms == 0) { /* drop */
-        if (r == 0 && strcmp(tok, p->lease_token) == 0)
-            unlinkat(p->root_fd, name, 0);
-        return 0;
-    }
     if (r == 0 && strcmp(tok, p->lease_token) == 0) {
-        /* Ours: renew (mtime = the file system's now). */
-        int fd = openat(p->root_fd, name, O_WRONLY | O_CLOEXEC | O_NOFOLLOW);
-
-        if (fd < 0)
-            return -errno;
-        r = futimens(fd, NULL) < 0 ? -errno : 1;
-        close(fd);
+        /* Ours (put back after a taker moved it by mistake): held again. */
+        hold(p, role, &st);
+        p->lease_renewed_ns = 0; /* renew now */
+        r = keep_held(p, name, ttl_ms);
+        if (r <= 0)
+            p->lease_ino = 0;
         return r;
     }
-    snprintf(tmp, sizeof(tmp), "%s.%s.tmp", name, p->lease_token);
     r = r == 0 ? 0 : -ENOENT; /* the lease file: there, or not */
     {
-        int w = write_tmp(p, tmp, &now);
+        int w = write_tmp(p, tmp, &now, &mine);
 
         if (w < 0)
             return w;
     }
-    if (r == -ENOENT) {
-        /* None: link ours to the name; EEXIST: another was first. */
-        r = linkat(p->root_fd, tmp, p->root_fd, name, 0) == 0 ? 1 : errno == EEXIST ? 0 : -errno;
-        unlinkat(p->root_fd, tmp, 0);
-        return r;
-    }
-    if (ts_ns(&now) - ts_ns(&st.st_mtim) < (int64_t)ttl_ms * 1000000) {
+    if (r == 0 && ts_ns(&now) - ts_ns(&st.st_mtim) < (int64_t)ttl_ms * 1000000) {
         unlinkat(p->root_fd, tmp, 0);
         return 0; /* another's, live */
     }
-    /* Another's, stale: ours over it, then whose it is now. */
-    if (renameat(p->root_fd, tmp, p->root_fd, name) < 0) {
-        r = -errno;
-        unlinkat(p->root_fd, tmp, 0);
-        return r;
+    if (r == 0) {
+        /* Another's, stale: ours to break if our rename takes that very
+         * file off the name. */
+        test_break_wait();
+        SFS_TEST_POINT("lease:break");
+        r = break_seen(p, name, brk, &st);
+        if (r <= 0) {
+            unlinkat(p->root_fd, tmp, 0);
+            if (r == 0) {
+                test_break_noted("late");
+                sfs_log(LOG_NOTICE, "posix: the store's %s lease: another took it over first",
+                        role);
+            }
+            return r;
+        }
+        unlinkat(p->root_fd, brk, 0);
+        test_break_noted("broke");
+        sfs_log(LOG_NOTICE, "posix: broke the store's %s lease of %s (%lld ms without renewal)",
+                role, tok, (long long)((ts_ns(&now) - ts_ns(&st.st_mtim)) / 1000000));
     }
-    sfs_log(LOG_NOTICE, "posix: took over the store's %s lease from %s (%lld ms without renewal)",
-            role, tok, (long long)((ts_ns(&now) - ts_ns(&st.st_mtim)) / 1000000));
-    r = read_token(p, name, tok, sizeof(tok), &st);
-    if (r < 0)
-        return r == -ENOENT ? 0 : r;
-    return strcmp(tok, p->lease_token) == 0;
+    /* No lease under the name: link ours to it; EEXIST: another was first. */
+    r = linkat(p->root_fd, tmp, p->root_fd, name, 0) == 0 ? 1 : errno == EEXIST ? 0 : -errno;
+    unlinkat(p->root_fd, tmp, 0);
+    if (r == 1)
+        hold(p, role, &mine);
+    return r;
 }
