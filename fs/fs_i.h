@@ -240,7 +240,7 @@ void __gcov_dump(void);
 #define FS_BLKSIZE    (128u << 10) /* st_blksize of a shard (at most shard_size): attr.c */
 #define ENTRY_TIMEOUT 1.0
 #define ATTR_TIMEOUT  1.0
-#define STATS_MAX     (16u << 10) /* bytes of the /stats text */
+#define STATS_MAX     (32u << 10) /* bytes of the /stats text */
 
 /* Relaxed: statistics. */
 #define CTR_ADD(fs, name, v) atomic_fetch_add_explicit(&(fs)->ctr.name, (v), memory_order_relaxed)

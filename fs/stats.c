@@ -64,6 +64,71 @@ static void emit_partitions(struct textbuf *t, struct sfs_cache *c)
         out(t, "shardfs_partition_evictions_total{partition=\"%u\"} %" PRIu64 "\n", i, ev[i]);
 }
 
+static const char *const tier_names[SFS_TIERS] = {"memory", "peer", "store", "miss"};
+
+/* shardfs_served_total{tier} and shardfs_class_served_total{class,tier}:
+ * where each read was served from, in all and by requester class. */
+static void emit_served(struct textbuf *t, struct sfs_cache *c)
+{
+    struct sfs_served sv[32];
+    unsigned n = sfs_cache_served(c, sv, 32);
+    uint64_t all[SFS_TIERS] = {0};
+
+    for (unsigned i = 0; i < n; i++)
+        for (int k = 0; k < SFS_TIERS; k++)
+            all[k] += sv[i].tier[k];
+    out(t, "# HELP shardfs_served_total Reads (Gets of the mount and the ranks) by where they "
+           "were served from: memory (a hit, or a wait on another's load), the peer tier, the "
+           "store, or a miss.\n# TYPE shardfs_served_total counter\n");
+    for (int k = 0; k < SFS_TIERS; k++)
+        out(t, "shardfs_served_total{tier=\"%s\"} %" PRIu64 "\n", tier_names[k], all[k]);
+    out(t, "# HELP shardfs_class_served_total shardfs_served_total by requester class (the "
+           "mount, rank, or an engine adapter's name).\n"
+           "# TYPE shardfs_class_served_total counter\n");
+    for (unsigned i = 0; i < n; i++)
+        for (int k = 0; k < SFS_TIERS; k++)
+            out(t, "shardfs_class_served_total{class=\"%s\",tier=\"%s\"} %" PRIu64 "\n", sv[i].name,
+                tier_names[k], sv[i].tier[k]);
+    out(t, "# HELP shardfs_attached_processes Processes attached to the cache now, by requester "
+           "class (the daemon is one, class mount).\n"
+           "# TYPE shardfs_attached_processes gauge\n");
+    for (unsigned i = 0; i < n; i++)
+        out(t, "shardfs_attached_processes{class=\"%s\"} %u\n", sv[i].name, sv[i].attached);
+}
+
+/* One Prometheus histogram: cumulative _bucket{le}, _sum and _count. */
+static void emit_hist(struct textbuf *t, const char *name, const char *help,
+                      const struct sfs_hist *h)
+{
+    uint64_t cum = 0;
+
+    out(t, "# HELP %s %s\n# TYPE %s histogram\n", name, help, name);
+    for (unsigned b = 0; b < SFS_HIST_BUCKETS; b++) {
+        cum += h->bucket[b];
+        if (b < SFS_HIST_BUCKETS - 1)
+            out(t, "%s_bucket{le=\"%g\"} %" PRIu64 "\n", name, (double)sfs_hist_bound_ns(b) / 1e9,
+                cum);
+        else
+            out(t, "%s_bucket{le=\"+Inf\"} %" PRIu64 "\n", name, cum);
+    }
+    out(t, "%s_sum %.9f\n%s_count %" PRIu64 "\n", name, (double)h->sum_ns / 1e9, name, cum);
+}
+
+static void emit_hists(struct textbuf *t, struct fs *fs)
+{
+    struct sfs_hist h;
+
+    sfs_cache_hist(fs->cache, SFS_HIST_LOAD, &h);
+    emit_hist(t, "shardfs_load_duration_seconds",
+              "Backend loads of the mount's and the ranks' misses, submit to completion.", &h);
+    sfs_cache_hist(fs->cache, SFS_HIST_WAIT, &h);
+    emit_hist(t, "shardfs_wait_duration_seconds",
+              "Waits of readers (mount and ranks) for a load another started.", &h);
+    if (sfs_backend_peer_hist(fs->be, &h) == 0)
+        emit_hist(t, "shardfs_peer_get_duration_seconds",
+                  "The daemon's peer tier gets, one observation per key of a batch.", &h);
+}
+
 size_t fs_stats_text(struct fs *fs, char *buf, size_t len)
 {
     struct textbuf t = {.p = buf, .cap = len};
@@ -156,6 +221,8 @@ size_t fs_stats_text(struct fs *fs, char *buf, size_t len)
     emit_partitions(&t, fs->cache);
     G("shard_size_bytes", "Bytes per shard.", ci.shard_size);
     G("slots", "Slots in the cache.", ci.nslots);
+    emit_served(&t, fs->cache);
+    emit_hists(&t, fs);
 #undef C
 #undef G
 #undef L
