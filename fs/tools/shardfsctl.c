@@ -198,8 +198,7 @@ static int cmd_check(const char *mnt, double timeout_s)
     }
     c = sfs_cache_attach(sock, -1, &err); /* query-only: the control plane alone */
     if (!c) {
-        printf("shardfsctl: %s: the cache does not attach at %s: %s\n", mnt, sock,
-               strerror(-err));
+        printf("shardfsctl: %s: the cache does not attach at %s: %s\n", mnt, sock, strerror(-err));
         return EXIT_DOWN;
     }
     sfs_cache_info(c, &ci);
