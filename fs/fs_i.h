@@ -104,6 +104,8 @@ struct fs_counters {
     _Atomic uint64_t prefetch_accepted; /* shards user.shardfs.prefetch started loading */
     _Atomic uint64_t readahead_started; /* shards readahead started loading */
     _Atomic uint64_t warmed;            /* shards the warm restart started loading */
+    _Atomic uint64_t warm_total;        /* shards the warm restart means to load (its budget,
+                                         * then what it started once it ends) */
     _Atomic uint64_t reval_sweeps;      /* revalidation sweeps done (revalidate.c) */
     _Atomic uint64_t reval_invalidated; /* blocks a sweep invalidated */
     _Atomic uint64_t reval_removed;     /* shards those invalidations removed */
@@ -244,6 +246,7 @@ void __gcov_dump(void);
 
 /* Relaxed: statistics. */
 #define CTR_ADD(fs, name, v) atomic_fetch_add_explicit(&(fs)->ctr.name, (v), memory_order_relaxed)
+#define CTR_SET(fs, name, v) atomic_store_explicit(&(fs)->ctr.name, (v), memory_order_relaxed)
 
 static inline struct fs *fs_of(fuse_req_t req)
 {

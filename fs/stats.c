@@ -210,6 +210,11 @@ size_t fs_stats_text(struct fs *fs, char *buf, size_t len)
         }
     }
     C("warmed_total", "Shard loads started by the warm restart (-o warm).", L(warmed));
+    G("warm_shards_done", "Shard loads the warm restart started so far (-o warm).", L(warmed));
+    G("warm_shards_total",
+      "Shard loads the warm restart means to start: its budget while it runs, what it started "
+      "once it ends (done = total: finished).",
+      L(warm_total));
     C("revalidate_sweeps_total", "Revalidation sweeps of the resident blocks (-o revalidate).",
       L(reval_sweeps));
     C("revalidate_invalidated_total",

@@ -583,6 +583,18 @@ static bool warm_budget_spent(const struct warm_budget *wb)
     return true;
 }
 
+/* A log line at each 10 % step of the warm-up (started <= total shards). */
+static void warm_progress(uint64_t started, uint64_t total, unsigned *step)
+{
+    unsigned pct = total ? (unsigned)(started * 100 / total) : 100;
+
+    if (pct / 10 <= *step)
+        return;
+    *step = pct / 10;
+    fs_log(LOG_INFO, "warm restart: %u %% (%" PRIu64 " of %" PRIu64 " shards started)", pct,
+           started, total);
+}
+
 static void *warm_main(void *arg)
 {
     struct fs_usage *u = arg;
@@ -595,7 +607,10 @@ static void *warm_main(void *arg)
     uint8_t *take = NULL;
     uint32_t take_n = 0;
 
+    unsigned step = 0;
+
     warm_budget_init(&wb, fs, u->nregular, u->warm_pct);
+    CTR_SET(fs, warm_total, wb.total);
     if (inflight > USE_MAX_INFLIGHT)
         inflight = USE_MAX_INFLIGHT;
     for (size_t i = 0; i < u->nwarm && !warm_budget_spent(&wb); i++) {
@@ -644,11 +659,16 @@ static void *warm_main(void *arg)
             if (k > 0) {
                 started += (uint64_t)k;
                 CTR_ADD(fs, warmed, (uint64_t)k);
+                warm_progress(started, wb.total, &step);
             }
         }
     }
 out:
     free(take);
+    /* Ended: what it started is the whole of it, so the progress reads 100 %. */
+    CTR_SET(fs, warm_total, started);
+    if (started && !atomic_load_explicit(&u->stop, memory_order_relaxed))
+        warm_progress(started, started, &step);
     fs_log(LOG_INFO,
            "warm restart: %" PRIu64 " loads started for %zu blocks (%" PRIu64 " of %" PRIu64
            " shards budgeted, %u domain%s)",

@@ -280,3 +280,33 @@ Test(fs_metrics, a_rank_is_counted_under_the_class_it_names)
     free(buf);
     cr_assert_eq(fswarm_stop_term(&M.fx, 10.0), 0);
 }
+
+/* Warm restart's progress: the daemon learns 4 hot blocks of 2 shards,
+ * stops (the usage file), and mounts with a budget of exactly those 8
+ * shards (13 % of 64 slots): /stats counts the warm-up to done = total = 8,
+ * and the log has one line at each 10 % step it crossed, up to 100 %. */
+Test(fs_metrics, warm_up_progress_is_in_stats_and_logged_by_tens)
+{
+    int st = 0, r;
+
+    start(M.store);
+    for (int round = 0; round < 5; round++)
+        for (uint64_t b = 0; b < 4; b++)
+            for (uint32_t s = 0; s < NSH; s++)
+                cr_assert_eq(read_shard(b, s), 0);
+    cr_assert_eq(fswarm_stop_term(&M.fx, 10.0), 0);
+    r = fsfx_start(&M.fx, M.store, "hugepages=off,capacity=4M,shard_size=64K,readahead=0,warm=13",
+                   10.0, &st);
+    cr_assert_eq(r, 0, "daemon did not mount (%s, status %d), see %s", strerror(-r), st, M.fx.log);
+    for (int i = 0; i < 1500 && fsfx_log_lines_with(&M.fx, "warm restart: 100 %") == 0; i++)
+        fsfx_sleep_ms(10);
+    cr_assert_eq(fsfx_stat(&M.fx, "shardfs_warm_shards_done"), 4 * NSH);
+    cr_assert_eq(fsfx_stat(&M.fx, "shardfs_warm_shards_total"), 4 * NSH);
+    /* 8 shards, 12.5 % each: the steps 10, 20, 30, 50, 60, 70, 80, 100. */
+    cr_assert_eq(fsfx_log_lines_with(&M.fx, " shards started)"), 8, "see %s", M.fx.log);
+    cr_assert_eq(fsfx_log_lines_with(&M.fx, "warm restart: 100 % (8 of 8 shards started)"), 1,
+                 "see %s", M.fx.log);
+    cr_assert_eq(fsfx_log_lines_with(&M.fx, "warm restart: 50 % (4 of 8 shards started)"), 1,
+                 "see %s", M.fx.log);
+    cr_assert_eq(fswarm_stop_term(&M.fx, 10.0), 0);
+}
