@@ -9,7 +9,9 @@
  * exactly one, under the mount's class. Two readers of one slow load: the
  * owner counts the store, the parked reader memory, and the wait histogram
  * one wait. A rank that names its class ("vllm") is counted under it. The
- * histograms are cumulative with +Inf equal to _count.
+ * histograms are cumulative with +Inf equal to _count. The warm restart's
+ * progress reaches done = total with a log line at each 10 % step. The
+ * Grafana dashboard in packaging/grafana queries only metrics /stats has.
  *
  * Real mounts (tests/fsfixture.h) on a posix store, readahead off so that
  * only the reads load. Skips without FUSE.
@@ -308,5 +310,42 @@ Test(fs_metrics, warm_up_progress_is_in_stats_and_logged_by_tens)
                  "see %s", M.fx.log);
     cr_assert_eq(fsfx_log_lines_with(&M.fx, "warm restart: 50 % (4 of 8 shards started)"), 1,
                  "see %s", M.fx.log);
+    cr_assert_eq(fswarm_stop_term(&M.fx, 10.0), 0);
+}
+
+/* packaging/grafana/shardfs.json queries only metrics a daemon shows: every
+ * shardfs_ name in it has a sample line in a fresh mount's /stats. */
+Test(fs_metrics, every_metric_the_grafana_dashboard_queries_is_in_stats)
+{
+    static char json[64 << 10], stats[64 << 10];
+    char path[512];
+    long nj, ns;
+    int checked = 0;
+
+    snprintf(path, sizeof(path), "%s/packaging/grafana/shardfs.json", SHARDFS_SOURCE_DIR);
+    nj = fsfx_read_all(path, json, sizeof(json) - 1);
+    cr_assert_gt(nj, 0, "%s: %s", path, strerror((int)-nj));
+    json[nj] = '\0';
+    start(M.store);
+    snprintf(path, sizeof(path), "%s/stats", M.fx.mnt);
+    ns = fsfx_read_all(path, stats + 1, sizeof(stats) - 2);
+    cr_assert_gt(ns, 0);
+    stats[0] = '\n'; /* every sample line starts after a newline */
+    stats[ns + 1] = '\0';
+    for (const char *p = strstr(json, "shardfs_"); p; p = strstr(p, "shardfs_")) {
+        char name[96], line[100];
+        size_t n = strspn(p, "abcdefghijklmnopqrstuvwxyz0123456789_");
+
+        cr_assert_lt(n, sizeof(name));
+        memcpy(name, p, n);
+        name[n] = '\0';
+        p += n;
+        snprintf(line, sizeof(line), "\n%s ", name);
+        bool plain = strstr(stats, line) != NULL;
+        snprintf(line, sizeof(line), "\n%s{", name);
+        cr_assert(plain || strstr(stats, line), "the dashboard queries %s, not in /stats", name);
+        checked++;
+    }
+    cr_assert_gt(checked, 10, "the dashboard names %d metrics", checked);
     cr_assert_eq(fswarm_stop_term(&M.fx, 10.0), 0);
 }
