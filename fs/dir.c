@@ -123,7 +123,12 @@ static int block_listing(struct fs *fs, const struct sfs_block_id *block, uint32
 static int take_try(struct fs *fs, const struct sfs_key *key, void *arg)
 {
     struct fs_take *t = arg;
-    int r = sfs_cache_get(fs->cache, key, SFS_GET_WRITE, t->deadline, t->lease);
+    int r;
+
+    /* Our page-cache pin, each try (a reader may have pinned it anew): the
+     * files open on it fail ESTALE from now on, never read the old bytes. */
+    fs_pin_drop(fs, key, true);
+    r = sfs_cache_get(fs->cache, key, SFS_GET_WRITE, t->deadline, t->lease);
 
     if (r == SFS_OWNER)
         return 0;
@@ -148,7 +153,7 @@ static int remove_try(struct fs *fs, const struct sfs_key *key, void *arg)
     (void)arg;
     /* Our page-cache pin (its pages invalidated first), each try: a reader
      * may have pinned it anew. */
-    fs_pin_drop(fs, key);
+    fs_pin_drop(fs, key, true);
     return sfs_cache_remove(fs->cache, key);
 }
 

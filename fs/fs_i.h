@@ -13,7 +13,9 @@
  *              readahead; open files and storing shards; changing the tree
  *              and listings; extended attributes
  *   wait.c     reads parked until another's load settles (the settler)
+ *   storecap.c -o store_capacity: the collector that bounds the store
  *   usage.c    the learned hot set: usage counts, the usage file, warm restart
+ *   storefile.c  files read and written by name in the store, within a deadline
  *   revalidate.c  -o revalidate: drops blocks another host replaced
  *   attr.c     attributes and entry replies; loads.c backend loads into
  *              leased slots, prefetch, the answer of a settled read
@@ -68,6 +70,16 @@ struct fs_obj {
     struct sfs_key key; /* block for FS_BLOCK/FS_SHARDDIR; block and shard for FS_SHARD */
 };
 
+/* The old version a retired node's open files read (pagecache.c): refs
+ * (fs.lock) are the node's and those of the reads being answered from it,
+ * whose replies the kernel may complete (and the reader close) before our
+ * writev returns. */
+struct fs_snap {
+    uint32_t refs;
+    uint32_t len;
+    uint8_t bytes[];
+};
+
 /* One table entry. Every field is protected by fs.lock. */
 struct fs_node {
     fuse_ino_t ino;
@@ -83,6 +95,15 @@ struct fs_node {
     bool pinned;
     struct sfs_lease pin;
     struct fs_node *pin_prev, *pin_next; /* fs->pins, oldest first */
+    /* -o page_cache: open files whose reads the kernel's page cache serves
+     * (not direct_io). While > 0 the node keeps the version they read: a
+     * change of the key retires it (pagecache.c, "Versions"). */
+    uint32_t nreaders;
+    /* Retired: no longer its shard's node (off the by_obj chains: a lookup
+     * makes a new one); its open files read snap (the version they read),
+     * or fail ESTALE when snap is NULL. */
+    bool retired;
+    struct fs_snap *snap;
 };
 
 /* A pin taken off its node, to be dropped: its pages invalidated, then its
@@ -90,6 +111,8 @@ struct fs_node {
 struct fs_pinned {
     fuse_ino_t ino;
     struct sfs_lease lease;
+    bool readers; /* the node had open page-cache files (nreaders > 0) */
+    bool changed; /* a rank wants the slot (the watcher's): a change */
 };
 
 /* Counters the daemon keeps itself (the cache keeps the shared ones).
@@ -109,6 +132,10 @@ struct fs_counters {
     _Atomic uint64_t reval_sweeps;      /* revalidation sweeps done (revalidate.c) */
     _Atomic uint64_t reval_invalidated; /* blocks a sweep invalidated */
     _Atomic uint64_t reval_removed;     /* shards those invalidations removed */
+    _Atomic uint64_t store_bytes;       /* the collector's count of the store's block bytes */
+    _Atomic uint64_t store_evicted;     /* blocks the collector removed from the store */
+    _Atomic uint64_t store_freed;       /* their bytes */
+    _Atomic uint64_t store_collector;   /* 1: this daemon holds the store's collector lease */
 };
 
 /* Readahead markers: a direct-mapped set of hashes of shards that readahead
@@ -142,6 +169,7 @@ struct fs {
     struct fs_handle *handles;           /* lock: open files (write.c) */
     struct fs_node *pin_head, *pin_tail; /* lock: pinned nodes, oldest first (pagecache.c) */
     uint32_t npins;                      /* lock: how many */
+    uint64_t snap_bytes;                 /* lock: bytes of retired nodes' snapshots */
 
     /* The page-cache watcher (pagecache.c): sleeps on cond (with fs->lock,
      * CLOCK_MONOTONIC) while nothing is pinned, else looks every
@@ -186,6 +214,11 @@ struct fs {
      * with no directory, or no memory for the table). */
     struct fs_usage *usage;
     uint32_t warm_pin_s; /* -o warm_pin: seconds the warm-up pins what it warms (0: no) */
+
+    uint64_t store_capacity; /* -o store_capacity: bytes (0: off) */
+    /* -o store_capacity (storecap.c): the collector; NULL: off. Set before
+     * the session starts, cleared after it ended. */
+    struct fs_storecap *storecap;
 
     /* -o revalidate (revalidate.c): the sweep thread. Its table and since
      * are the thread's alone. */
@@ -232,6 +265,10 @@ void __gcov_dump(void);
 #define STOP_GRACE_NS            (2 * 1000 * 1000 * 1000ll) /* loads in flight get this to finish */
 #define SFS_ATTACH_UIDS_MAX      64                         /* uids in -o attach_uids */
 
+/* -o store_capacity: the collector's watermarks, percent of it. */
+#define DEFAULT_STORE_HIGH_PCT 95
+#define DEFAULT_STORE_LOW_PCT  90
+
 /* -o revalidate: the period on a store hosts share, and its bound. */
 #define DEFAULT_REVALIDATE_MS 1000
 #define MAX_REVALIDATE_MS     3600000
@@ -263,6 +300,8 @@ static inline bool fs_stopping(struct fs *fs)
 struct fs_handle {
     struct fs_obj obj;
     bool writable;
+    bool cached;          /* a shard open for reading through the page cache (nreaders) */
+    fuse_ino_t ino;       /* cached: the node it was opened on */
     pthread_mutex_t lock; /* the write handle's fields below */
     uint8_t *buf;         /* write handles: the whole shard */
     uint64_t *written;    /* lock: one bit per byte of buf written through this open file */
@@ -342,9 +381,28 @@ bool fs_shard_exists(struct fs *fs, const struct sfs_key *key);
 int fs_shard_present(struct fs *fs, const struct sfs_key *key);
 
 /* Page-cache mode (-o page_cache), the inode table's side (names.c). */
-/* After answering a read of key from lease l: keep l as the pin of key's
- * inode unless it has one. True: l is kept (do not release it). */
-bool fs_pin_keep(struct fs *fs, const struct sfs_key *key, const struct sfs_lease *l);
+/* After answering a read of key from lease l: keep l as the pin of inode
+ * ino (0: key's current inode) unless it has one or is retired. True: l is
+ * kept (do not release it). */
+bool fs_pin_keep(struct fs *fs, fuse_ino_t ino, const struct sfs_key *key,
+                 const struct sfs_lease *l);
+/* An open for reading through the page cache of ino: 0, or -ESTALE when ino
+ * is retired (the kernel looks the name up again). */
+int fs_reader_open(struct fs *fs, fuse_ino_t ino);
+/* Its release: true when it was the last of a retired node, whose pages
+ * nobody can read any more (invalidate them). */
+bool fs_reader_close(struct fs *fs, fuse_ino_t ino);
+/* Whether ino is retired: 1, and when snap is not NULL *snap (the version
+ * its open files read, a reference taken: fs_snap_put it; NULL: none, they
+ * fail ESTALE), else 0. */
+int fs_node_retired(struct fs *fs, fuse_ino_t ino, struct fs_snap **snap);
+void fs_snap_put(struct fs *fs, struct fs_snap *snap);
+/* Retire ino (a change of its key while page-cache files are open on it):
+ * *snap (malloc'd, one reference, or NULL) becomes what they read, unless
+ * the snapshots' budget is spent (then freed and set NULL). The kernel's entry
+ * of the name may still lead to ino: its open answers ESTALE, and the
+ * kernel looks the name up again (LOOKUP_REVAL), finding the new node. */
+void fs_node_retire(struct fs *fs, fuse_ino_t ino, struct fs_snap **snap);
 /* Take the pin off key's inode, if it has one: 1 (and *out), else 0. */
 int fs_pin_take(struct fs *fs, const struct sfs_key *key, struct fs_pinned *out);
 /* Under fs->lock: take off at most max pins that must go (a writer or a
@@ -352,9 +410,18 @@ int fs_pin_take(struct fs *fs, const struct sfs_key *key, struct fs_pinned *out)
 size_t fs_pins_collect_locked(struct fs *fs, struct fs_pinned *out, size_t max);
 
 /* pagecache.c: the page-cache mode's pins and their watcher. */
-/* Drop key's pin, if any: invalidate its inode's pages, release the lease.
- * Before anything that changes or removes the key. No-op when the mode is off. */
-void fs_pin_drop(struct fs *fs, const struct sfs_key *key);
+/* Before anything that changes (gone: false) or removes (gone: true) the
+ * key: take its pin off, if any, and release it after its inode's pages are
+ * invalidated, or, while page-cache files are open on the inode, after the
+ * inode is retired (they go on reading the version they read, a copy of it;
+ * after a remove, or past the budget, they fail ESTALE). No-op when the
+ * mode is off. */
+void fs_pin_drop(struct fs *fs, const struct sfs_key *key, bool gone);
+/* Answer a read of key on inode ino (0: a direct_io file) from lease l, or
+ * from ino's snapshot when ino is retired; then keep l as the pin or release
+ * it. */
+void fs_read_answer(struct fs *fs, fuse_req_t req, fuse_ino_t ino, const struct sfs_key *key,
+                    const struct sfs_lease *l, off_t off, size_t size);
 
 /* -o revalidate (revalidate.c). The period: opt_ms when >= 0, else
  * DEFAULT_REVALIDATE_MS on a store hosts share (sfs_backend_stamp says
@@ -364,9 +431,6 @@ void fs_pin_drop(struct fs *fs, const struct sfs_key *key);
 uint32_t fs_reval_period(struct sfs_backend *be, int64_t opt_ms);
 int fs_reval_start(struct fs *fs, uint32_t period_ms);
 bool fs_reval_stop(struct fs *fs, int64_t grace_ns);
-/* After replying to a read of key from lease l: keep it as a pin (page-cache
- * mode) or release it. */
-void fs_read_release(struct fs *fs, const struct sfs_key *key, const struct sfs_lease *l);
 /* Start / stop the watcher (main; no-ops when the mode is off). */
 int fs_pagecache_start(struct fs *fs);
 void fs_pagecache_stop(struct fs *fs);
@@ -382,20 +446,45 @@ void fs_op_read(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off, struct f
  * (not with save false: -o ro). Never fails the mount: on any error the
  * daemon runs without a hot set (fs->usage stays NULL). */
 void fs_usage_start(struct fs *fs, const char *spec, unsigned warm_pct, bool save);
-/* Stop the threads, write the file a last time, free (safe when NULL). */
-void fs_usage_stop(struct fs *fs);
+/* Stop the threads, write the file a last time, free (safe when NULL);
+ * free_it false: leave the table where it is (a thread left to the exit,
+ * the store's collector, may still read its counts). */
+void fs_usage_stop(struct fs *fs, bool free_it);
 /* A read of the mount used a shard of block: count it (striped lock: no
  * line shared by reads of different blocks, bar a 1/64 stripe collision). */
 void fs_usage_note(struct fs *fs, const struct sfs_block_id *block);
 
+/* storefile.c: the files the daemon opens by name in the store directory,
+ * each open and read or write on a thread of its own, waited for at most
+ * timeout_ns (then -ETIMEDOUT, the thread abandoned to finish or to die with
+ * the daemon). Read: path's whole content (a regular file, at most max
+ * bytes) into *buf (malloc'd) and *len; 0, -ENOENT, -EINVAL (*why says
+ * why) or -ETIMEDOUT. Replace: buf (owned, freed) becomes path's content by
+ * path.tmp, fsync and rename; 0, -errno, -ETIMEDOUT, or -EBUSY while an
+ * earlier abandoned write is still in the store. */
+int fs_store_file_read(const char *path, uint64_t max, int64_t timeout_ns, uint8_t **buf,
+                       size_t *len, const char **why);
+int fs_store_file_replace(const char *path, uint8_t *buf, size_t len, int64_t timeout_ns);
+
+/* The uses the hot set counts for block now (decayed; 0: none, or no hot set). */
+uint32_t fs_usage_count(struct fs *fs, const struct sfs_block_id *block);
+
+/* storecap.c: -o store_capacity, the collector (above usage.c). */
+/* Start the collector when fs->store_capacity is set (else 0, nothing):
+ * its first pass scans the store at once. 0 or -errno. */
+int fs_storecap_start(struct fs *fs, unsigned high_pct, unsigned low_pct);
+/* Stop it: false when it was still in the store after grace_ns (a hung
+ * store; left detached: do not close the backend). */
+bool fs_storecap_stop(struct fs *fs, int64_t grace_ns);
+/* The mount committed bytes to the store: count them, and start a pass when
+ * that takes the count past the high watermark. */
+void fs_storecap_note(struct fs *fs, uint64_t bytes);
+
 /* loads.c: backend loads into leased slots (below read.c, wait.c, write.c). */
 /* As owner of lease: load the shard asynchronously. Consumes the lease (and
  * answers req, when given) whatever happens. */
-void fs_load_start(struct fs *fs, fuse_req_t req, const struct sfs_key *key,
+void fs_load_start(struct fs *fs, fuse_req_t req, fuse_ino_t ino, const struct sfs_key *key,
                    const struct sfs_lease *lease, off_t off, size_t size);
-/* Answer a read from a Ready slot; the caller releases the lease after. */
-void fs_reply_slot(struct fs *fs, fuse_req_t req, const struct sfs_lease *l, off_t off,
-                   size_t size);
 /*
  * After the session loop: wait up to grace_ns for the loads in flight, then
  * abandon the rest: each one's slot is failed with -ECANCELED (waiters in
@@ -421,7 +510,7 @@ bool fs_ra_mark_take(struct fs *fs, const struct sfs_key *key);
 /* Answer a parked read whose wait ended with r (what sfs_cache_wait()
  * returns, or -ESHUTDOWN / -ENOMEM): the bytes, the error, or a load of its
  * own when it became owner. Consumes the lease. */
-void fs_read_settled(struct fs *fs, fuse_req_t req, const struct sfs_key *key,
+void fs_read_settled(struct fs *fs, fuse_req_t req, fuse_ino_t ino, const struct sfs_key *key,
                      const struct sfs_lease *l, off_t off, size_t size, int r);
 /* Synchronous: copy the shard's current bytes into buf (via the cache, so
  * the load is shared with concurrent readers). Returns 0 or -errno. */
@@ -451,7 +540,7 @@ int fs_waitq_start(struct fs *fs);
 void fs_waitq_stop(struct fs *fs);
 /* Park req (a waiter on l's slot, lease consumed) until the slot settles or
  * deadline (CLOCK_MONOTONIC ns). Returns at once; the settler answers. */
-void fs_waitq_park(struct fs *fs, fuse_req_t req, const struct sfs_key *key,
+void fs_waitq_park(struct fs *fs, fuse_req_t req, fuse_ino_t ino, const struct sfs_key *key,
                    const struct sfs_lease *lease, off_t off, size_t size, int64_t deadline);
 
 /* write.c: open files, storing shards. */
@@ -546,6 +635,11 @@ struct fs_options {
     char *peer_ways;     /* N */
     char *peer_slot;     /* SIZE: max payload (default the shard size) */
     char *peer_key;      /* the members' key file (required with peer_listen) */
+
+    char *store_capacity; /* SIZE: bound of the store's block bytes (storecap.c) */
+    char *store_high;     /* PCT of it: the collector starts above */
+    char *store_low;      /* PCT of it: and stops at */
+
     char *backend;     /* the first non-option argument */
     unsigned max_read;
     bool max_read_set;
@@ -566,6 +660,9 @@ struct fs_config {
     unsigned warm_pct; /* -o warm: percent of capacity warmed at mount (0: off) */
     uint32_t warm_pin_s; /* -o warm_pin: pin the warmed blocks this long (0: no) */
     int64_t revalidate_ms; /* -o revalidate: sweep period (0: off; -1: the store's default) */
+
+    uint64_t store_capacity;                /* -o store_capacity: bytes (0: off) */
+    unsigned store_high_pct, store_low_pct; /* its watermarks, low < high */
     char socket[sizeof(((struct sockaddr_un *)0)->sun_path)];
     bool default_socket;
     /* Who may attach besides root and our uid (-o attach_uids, attach_gid). */

@@ -34,6 +34,7 @@
 struct load_op {
     struct fs *fs;
     fuse_req_t req;
+    fuse_ino_t ino; /* req's inode when read through the page cache, else 0 */
     struct sfs_lease lease;
     off_t off;
     size_t size;
@@ -81,25 +82,6 @@ static int reader_errno(int err)
     return err == -ENOENT ? ENOENT : EIO;
 }
 
-void fs_reply_slot(struct fs *fs, fuse_req_t req, const struct sfs_lease *l, off_t off, size_t size)
-{
-    const char *data = sfs_cache_data(fs->cache, l);
-    uint32_t len = sfs_cache_length(fs->cache, l);
-
-    if (!data) {
-        fuse_reply_err(req, EIO);
-        return;
-    }
-    if ((uint64_t)off >= len) {
-        fuse_reply_buf(req, NULL, 0);
-        return;
-    }
-    if (size > len - (uint64_t)off)
-        size = len - (size_t)off;
-    CTR_ADD(fs, read_bytes, size);
-    fuse_reply_buf(req, data + off, size);
-}
-
 static void loads_unlink(struct fs *fs, struct load_op *op)
 {
     if (op->prev)
@@ -143,14 +125,12 @@ static void load_done(struct sfs_io *io)
         if (err)
             fuse_reply_err(op->req, reader_errno(err));
         else
-            fs_reply_slot(fs, op->req, &op->lease, op->off, op->size);
+            fs_read_answer(fs, op->req, op->ino, &op->io.key, &op->lease, op->off, op->size);
     }
     if (op->batch)
         batch_put(fs, op->batch);
-    else if (op->req && !err)
-        fs_read_release(fs, &op->io.key, &op->lease); /* or kept as a pin */
-    else
-        sfs_cache_release(fs->cache, &op->lease);
+    else if (!op->req || err)
+        sfs_cache_release(fs->cache, &op->lease); /* else released or kept as a pin */
     pthread_mutex_lock(&fs->load_lock);
     loads_unlink(fs, op);
     if (--fs->nloads == 0)
@@ -161,7 +141,7 @@ static void load_done(struct sfs_io *io)
 
 /* As owner of lease: load the shard asynchronously. Consumes the lease (and
  * answers req, when given) whatever happens. */
-static void start_load_in(struct fs *fs, fuse_req_t req, const struct sfs_key *key,
+static void start_load_in(struct fs *fs, fuse_req_t req, fuse_ino_t ino, const struct sfs_key *key,
                           const struct sfs_lease *lease, off_t off, size_t size,
                           struct prefetch_batch *batch)
 {
@@ -183,6 +163,7 @@ static void start_load_in(struct fs *fs, fuse_req_t req, const struct sfs_key *k
     }
     op->fs = fs;
     op->req = req;
+    op->ino = ino;
     op->lease = *lease;
     op->off = off;
     op->size = size;
@@ -212,10 +193,10 @@ static void start_load_in(struct fs *fs, fuse_req_t req, const struct sfs_key *k
     }
 }
 
-void fs_load_start(struct fs *fs, fuse_req_t req, const struct sfs_key *key,
+void fs_load_start(struct fs *fs, fuse_req_t req, fuse_ino_t ino, const struct sfs_key *key,
                    const struct sfs_lease *lease, off_t off, size_t size)
 {
-    start_load_in(fs, req, key, lease, off, size, NULL);
+    start_load_in(fs, req, ino, key, lease, off, size, NULL);
 }
 
 void fs_loads_expire(struct fs *fs, int64_t now)
@@ -349,7 +330,7 @@ int fs_prefetch_shards(struct fs *fs, const struct sfs_block_id *block, uint32_t
         atomic_fetch_add_explicit(&fs->prefetch_pinned, 1, memory_order_relaxed);
         /* Relaxed: batch_put's acq_rel orders the leases[] stores. */
         atomic_fetch_add_explicit(&b->pending, 1, memory_order_relaxed);
-        start_load_in(fs, NULL, &k, &l, 0, 0, b);
+        start_load_in(fs, NULL, 0, &k, &l, 0, 0, b);
         started++;
     }
     batch_put(fs, b); /* the starter's reference */
@@ -375,17 +356,16 @@ static int wait_slot(struct fs *fs, const struct sfs_lease *l, int64_t deadline)
     }
 }
 
-void fs_read_settled(struct fs *fs, fuse_req_t req, const struct sfs_key *key,
+void fs_read_settled(struct fs *fs, fuse_req_t req, fuse_ino_t ino, const struct sfs_key *key,
                      const struct sfs_lease *l, off_t off, size_t size, int r)
 {
     if (r == SFS_WAIT_OWNER) {
         /* The owner died or gave the slot back: ours to fill now. */
-        fs_load_start(fs, req, key, l, off, size);
+        fs_load_start(fs, req, ino, key, l, off, size);
         return;
     }
     if (r == SFS_WAIT_READY) {
-        fs_reply_slot(fs, req, l, off, size);
-        fs_read_release(fs, key, l); /* or kept as the page cache's pin */
+        fs_read_answer(fs, req, ino, key, l, off, size); /* releases l, or keeps it as a pin */
         return;
     } else if (r == -ETIMEDOUT) {
         CTR_ADD(fs, wait_timeouts, 1);

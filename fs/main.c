@@ -87,7 +87,8 @@ int main(int argc, char *argv[])
     char errbuf[256] = "";
     int ret = 1, err = 0, ready_fd = -1;
     unsigned abandoned = 0;
-    bool reval_stuck = false; /* a revalidation sweep still in the backend */
+    bool reval_stuck = false; /* a revalidation sweep or the collector still in the backend */
+    bool cap_stuck = false;   /* the collector still in the backend */
 
     memset(&co, 0, sizeof(co));
     memset(&fs, 0, sizeof(fs));
@@ -137,6 +138,7 @@ int main(int argc, char *argv[])
     fs.ro = o.ro;
     fs.wait_ns = cfg.wait_ns;
     fs.readahead = cfg.readahead;
+    fs.store_capacity = cfg.store_capacity;
     fs.nslots = (uint32_t)(cfg.cache.capacity / cfg.cache.shard_size); /* < 2^30 (validate) */
     /* Pins: page_cache / shard_size, >= 1 (options.c), at most half the
      * slots (options.c) and PC_MAX_PINS leases. */
@@ -175,6 +177,17 @@ int main(int argc, char *argv[])
             fprintf(stderr, "shardfs: BACKEND_DIR %s: %s\n", o.backend,
                     errbuf[0] ? errbuf : strerror(-err));
         goto out_table;
+    }
+    if (cfg.store_capacity) {
+        struct sfs_block_stamp st;
+
+        if (sfs_backend_stamp(fs.be, NULL, &st) == -EOPNOTSUPP) {
+            fprintf(stderr,
+                    "shardfs: store_capacity=%s: BACKEND_DIR %s has no block files to "
+                    "bound\n",
+                    o.store_capacity, o.backend);
+            goto out_backend;
+        }
     }
     if (cfg.no_fallback) /* its one line says it all: the data plane's own is noise */
         sfs_set_log(fs_log_msg, NULL, co.debug ? LOG_DEBUG : LOG_CRIT);
@@ -250,6 +263,17 @@ int main(int argc, char *argv[])
                 "shardfs: revalidation thread: %s (blocks other hosts replace are "
                 "served until evicted)\n",
                 strerror(-err));
+    /* The store's bound: its first pass scans the store in the background. */
+    err = fs_storecap_start(&fs, cfg.store_high_pct, cfg.store_low_pct);
+    if (err < 0) {
+        fprintf(stderr, "shardfs: store_capacity: collector thread: %s\n", strerror(-err));
+        reval_stuck = !fs_reval_stop(&fs, STOP_GRACE_NS / 4);
+        fs_pagecache_stop(&fs);
+        fs_usage_stop(&fs, true);
+        fs_waitq_stop(&fs);
+        fs_reaper_stop(&reaper);
+        goto out_unmount;
+    }
     if (ready_fd >= 0) {
         fs_daemonize_done(ready_fd);
         ready_fd = -1;
@@ -270,9 +294,10 @@ int main(int argc, char *argv[])
     err = fs_loop_start(&loop);
     if (err < 0) {
         fprintf(stderr, "shardfs: session thread: %s\n", strerror(-err));
-        reval_stuck = !fs_reval_stop(&fs, STOP_GRACE_NS / 4);
+        reval_stuck = !fs_storecap_stop(&fs, STOP_GRACE_NS / 4);
+        fs_usage_stop(&fs, !reval_stuck); /* a stuck collector still reads it */
+        reval_stuck |= !fs_reval_stop(&fs, STOP_GRACE_NS / 4);
         fs_pagecache_stop(&fs);
-        fs_usage_stop(&fs);
         fs_waitq_stop(&fs);
         fs_reaper_stop(&reaper);
         goto out_unmount;
@@ -313,7 +338,16 @@ int main(int argc, char *argv[])
      * backend that is stuck must not keep us (and the mount) alive: what is
      * left is abandoned, its slots failed so that no rank waits on a load
      * that will never come. */
-    fs_usage_stop(&fs); /* no more warm loads; the usage file written */
+    /* The store's collector reads the usage counts: it stops first. One
+     * stuck in a hung store (a scan has no deadline) is left to the exit,
+     * the backend open and the usage table not freed. */
+    cap_stuck = !fs_storecap_stop(&fs, STOP_GRACE_NS / 4);
+    if (cap_stuck)
+        fs_log_msg(LOG_WARNING,
+                   "stopping: the store collector is still in the backend (a hung store); "
+                   "exiting without it",
+                   NULL);
+    fs_usage_stop(&fs, !cap_stuck); /* no more warm loads; the usage file written */
     /* A sweep stuck in a hung store is left to the exit, the backend open. */
     reval_stuck = !fs_reval_stop(&fs, STOP_GRACE_NS / 4);
     if (reval_stuck)
@@ -321,6 +355,7 @@ int main(int argc, char *argv[])
                    "stopping: the revalidation sweep is still in the backend (a hung store); "
                    "exiting without it",
                    NULL);
+    reval_stuck |= cap_stuck;
     fs_pagecache_stop(&fs); /* pins stay until the cache closes */
     fs_waitq_stop(&fs);     /* parked reads: EIO, the session ended */
     abandoned = fs_loads_stop(&fs, loop.grace_left_ns);

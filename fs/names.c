@@ -128,6 +128,7 @@ void fs_table_destroy(struct fs *fs)
         while (n) {
             struct fs_node *next = n->next_ino;
 
+            free(n->snap);
             free(n);
             n = next;
         }
@@ -185,8 +186,10 @@ static void table_grow(struct fs *fs)
 
             n->next_ino = bi[hi];
             bi[hi] = n;
-            n->next_obj = bo[ho];
-            bo[ho] = n;
+            if (!n->retired) { /* a retired node is off the name's chain for good */
+                n->next_obj = bo[ho];
+                bo[ho] = n;
+            }
             n = next;
         }
     }
@@ -243,8 +246,13 @@ static void node_maybe_free(struct fs *fs, struct fs_node *n)
 {
     struct fs_node **pp;
 
-    if (n->nlookup > 0 || n->nwriters > 0)
+    if (n->nlookup > 0 || n->nwriters > 0 || n->nreaders > 0)
         return;
+    if (n->snap) {
+        fs->snap_bytes -= n->snap->len;
+        if (--n->snap->refs == 0)
+            free(n->snap);
+    }
     if (n->pinned) {
         /* The kernel forgot the inode, and its pages went with it. */
         pin_unlink(fs, n);
@@ -415,16 +423,18 @@ bool fs_shard_exists(struct fs *fs, const struct sfs_key *key)
  * Page-cache pins (-o page_cache; pagecache.c says why).
  */
 
-bool fs_pin_keep(struct fs *fs, const struct sfs_key *key, const struct sfs_lease *l)
+bool fs_pin_keep(struct fs *fs, fuse_ino_t ino, const struct sfs_key *key,
+                 const struct sfs_lease *l)
 {
     struct fs_obj o = fs_make_obj(FS_SHARD, &key->block, key->shard);
     struct fs_node *n;
     bool kept = false;
 
     pthread_mutex_lock(&fs->lock);
-    n = node_by_obj(fs, &o);
-    /* No node: the kernel holds no inode, so no page of it either. */
-    if (n && !n->pinned) {
+    n = ino ? node_by_ino(fs, ino) : node_by_obj(fs, &o);
+    /* No node: the kernel holds no inode, so no page of it either. A
+     * retired one is read from its snapshot, never from the slot. */
+    if (n && !n->pinned && !n->retired) {
         n->pinned = true;
         n->pin = *l;
         n->pin_prev = fs->pin_tail;
@@ -453,6 +463,8 @@ int fs_pin_take(struct fs *fs, const struct sfs_key *key, struct fs_pinned *out)
     if (n && n->pinned) {
         out->ino = n->ino;
         out->lease = n->pin;
+        out->readers = n->nreaders > 0;
+        out->changed = true;
         pin_unlink(fs, n);
         r = 1;
     }
@@ -468,13 +480,134 @@ size_t fs_pins_collect_locked(struct fs *fs, struct fs_pinned *out, size_t max)
     size_t k = 0;
 
     for (; n && k < max; n = next) {
+        bool wanted = sfs_cache_write_wanted(fs->cache, &n->pin);
+
         next = n->pin_next;
-        if (fs->npins > fs->pc_max || sfs_cache_write_wanted(fs->cache, &n->pin)) {
+        /* Beyond the budget, not a pin of an inode with files open: a
+         * read(2) of one may be half served from its pages, and without
+         * the pin the key could change before the rest is fetched. */
+        if (wanted || (fs->npins > fs->pc_max && n->nreaders == 0)) {
             out[k].ino = n->ino;
             out[k].lease = n->pin;
+            out[k].readers = n->nreaders > 0;
+            out[k].changed = wanted;
             pin_unlink(fs, n);
             k++;
         }
     }
     return k;
+}
+
+/* ---------------------------------------------------------------------------
+ * Versions (-o page_cache; pagecache.c says why): a node with files open
+ * through the page cache keeps the version they read; a change retires it.
+ */
+
+int fs_reader_open(struct fs *fs, fuse_ino_t ino)
+{
+    struct fs_node *n;
+    int r = -ESTALE;
+
+    pthread_mutex_lock(&fs->lock);
+    n = node_by_ino(fs, ino);
+    if (n && !n->retired) {
+        n->nreaders++;
+        r = 0;
+    }
+    pthread_mutex_unlock(&fs->lock);
+    return r;
+}
+
+bool fs_reader_close(struct fs *fs, fuse_ino_t ino)
+{
+    struct fs_node *n;
+    bool last = false;
+
+    pthread_mutex_lock(&fs->lock);
+    n = node_by_ino(fs, ino);
+    if (n && n->nreaders > 0) {
+        last = --n->nreaders == 0 && n->retired;
+        if (last && n->snap) {
+            fs->snap_bytes -= n->snap->len;
+            if (--n->snap->refs == 0) /* else a read's reply still uses it */
+                free(n->snap);
+            n->snap = NULL;
+        }
+        node_maybe_free(fs, n);
+    }
+    pthread_mutex_unlock(&fs->lock);
+    return last;
+}
+
+int fs_node_retired(struct fs *fs, fuse_ino_t ino, struct fs_snap **snap)
+{
+    struct fs_node *n;
+    int r = 0;
+
+    pthread_mutex_lock(&fs->lock);
+    n = node_by_ino(fs, ino);
+    if (n && n->retired) {
+        if (snap) {
+            *snap = n->snap;
+            if (n->snap)
+                n->snap->refs++;
+        }
+        r = 1;
+    }
+    pthread_mutex_unlock(&fs->lock);
+    return r;
+}
+
+void fs_snap_put(struct fs *fs, struct fs_snap *snap)
+{
+    bool last;
+
+    if (!snap)
+        return;
+    pthread_mutex_lock(&fs->lock);
+    last = --snap->refs == 0;
+    pthread_mutex_unlock(&fs->lock);
+    if (last)
+        free(snap);
+}
+
+void fs_node_retire(struct fs *fs, fuse_ino_t ino, struct fs_snap **snap)
+{
+    struct fs_node *n, **pp;
+
+    pthread_mutex_lock(&fs->lock);
+    n = node_by_ino(fs, ino);
+    if (!n || n->retired || n->nreaders == 0) {
+        /* Forgotten, or its files closed meanwhile: nothing keeps the old
+         * version. Its pages go with the inode (or are invalidated). */
+        free(*snap);
+        *snap = NULL;
+        pthread_mutex_unlock(&fs->lock);
+        return;
+    }
+    if (*snap && fs->snap_bytes + (*snap)->len > (uint64_t)fs->pc_max * fs->shard_size) {
+        free(*snap); /* past the budget: its files fail ESTALE */
+        *snap = NULL;
+    }
+    n->retired = true;
+    n->snap = *snap;
+    fs->snap_bytes += *snap ? (*snap)->len : 0;
+    for (pp = &fs->by_obj[fs_obj_hash(&n->obj) & (fs->nbuckets - 1)]; *pp; pp = &(*pp)->next_obj)
+        if (*pp == n) {
+            *pp = n->next_obj;
+            break;
+        }
+    n->next_obj = NULL;
+    /* The write handles are counted per name, not per version: the name's
+     * new node carries them (a lookup makes it when none is needed now). */
+    if (n->nwriters || n->ndirty) {
+        struct fs_node *m = node_get(fs, &n->obj);
+
+        if (m) {
+            m->nwriters = n->nwriters;
+            m->ndirty = n->ndirty;
+            n->nwriters = n->ndirty = 0;
+        }
+    }
+    pthread_mutex_unlock(&fs->lock);
 }

@@ -66,6 +66,9 @@ static const struct fuse_opt opt_table[] = {
     OPT("peer_ways=%s", peer_ways),
     OPT("peer_slot=%s", peer_slot),
     OPT("peer_key=%s", peer_key),
+    OPT("store_capacity=%s", store_capacity),
+    OPT("store_high=%s", store_high),
+    OPT("store_low=%s", store_low),
     FUSE_OPT_KEY("ro", KEY_RO),
     FUSE_OPT_KEY("max_read=", KEY_MAX_READ),
     FUSE_OPT_KEY("default_permissions", KEY_PERMS_ON),
@@ -130,11 +133,17 @@ void fs_usage(const char *prog)
            "    -o peer_slot=SIZE      max payload of a slot (default the shard size)\n"
            "    -o peer_key=FILE       the members' shared key (mode 0600, root's; required\n"
            "                           with peer_listen)\n"
+           "    -o store_capacity=SIZE keep the store's block files within SIZE bytes: past\n"
+           "                           store_high %% of it, remove the coldest blocks down\n"
+           "                           to store_low %% (default 0: off; docs/eviction.md)\n"
+           "    -o store_high=PCT      the collector starts above PCT %% (default %d)\n"
+           "    -o store_low=PCT       and stops at PCT %% (default %d, below store_high)\n"
            "    -o ro                  read-only: every change is EROFS\n"
            "    -o no_default_permissions  the kernel does not check modes and owners\n"
            "                           (default: it does; see shardfs(8), PERMISSIONS)\n"
            "\n",
-           prog, DEFAULT_WAIT_S, DEFAULT_READAHEAD, DEFAULT_WARM_PCT, DEFAULT_REVALIDATE_MS);
+           prog, DEFAULT_WAIT_S, DEFAULT_READAHEAD, DEFAULT_WARM_PCT, DEFAULT_REVALIDATE_MS,
+           DEFAULT_STORE_HIGH_PCT, DEFAULT_STORE_LOW_PCT);
 }
 
 static int opt_proc(void *data, const char *arg, int key, struct fuse_args *outargs)
@@ -339,6 +348,46 @@ refuse:
          capacity, lim.memory.bytes, lim.memory.where);
 }
 
+/*
+ * -o store_capacity=SIZE, store_high=PCT, store_low=PCT: the bound of the
+ * store's block bytes and the collector's watermarks (storecap.c). Off (0)
+ * by default; the watermarks mean nothing without it, and a read-only
+ * daemon removes nothing, so either is refused rather than ignored.
+ */
+static int check_store_capacity(const struct fs_options *o, struct fs_config *cfg)
+{
+    uint64_t v;
+
+    cfg->store_high_pct = DEFAULT_STORE_HIGH_PCT;
+    cfg->store_low_pct = DEFAULT_STORE_LOW_PCT;
+    if (o->store_capacity) {
+        if (!parse_size(o->store_capacity, &v))
+            FAIL("store_capacity=%s: not a size (a number with an optional K, M, G or T suffix)",
+                 o->store_capacity);
+        if (v && v < cfg->cache.shard_size)
+            FAIL("store_capacity=%s: smaller than one shard (shard_size=%" PRIu64 "; 0: off)",
+                 o->store_capacity, cfg->cache.shard_size);
+        cfg->store_capacity = v;
+    }
+    if (!cfg->store_capacity && (o->store_high || o->store_low))
+        FAIL("store_high, store_low: need -o store_capacity=SIZE");
+    if (o->store_high) {
+        if (!parse_uint(o->store_high, 100, &v) || v < 2)
+            FAIL("store_high=%s: out of range (2..100 percent of store_capacity)", o->store_high);
+        cfg->store_high_pct = (unsigned)v;
+    }
+    if (o->store_low) {
+        if (!parse_uint(o->store_low, 99, &v) || v == 0)
+            FAIL("store_low=%s: out of range (1..99 percent of store_capacity)", o->store_low);
+        cfg->store_low_pct = (unsigned)v;
+    }
+    if (cfg->store_low_pct >= cfg->store_high_pct)
+        FAIL("store_low=%u: not below store_high=%u", cfg->store_low_pct, cfg->store_high_pct);
+    if (cfg->store_capacity && o->ro)
+        FAIL("store_capacity=%s and ro: a read-only daemon removes nothing", o->store_capacity);
+    return 0;
+}
+
 static int validate(const struct fs_options *o, const char *mnt, struct fs_config *cfg)
 {
     uint64_t v;
@@ -491,6 +540,8 @@ static int validate(const struct fs_options *o, const char *mnt, struct fs_confi
                  MAX_REVALIDATE_MS);
         cfg->revalidate_ms = (int64_t)v;
     }
+    if (check_store_capacity(o, cfg) < 0)
+        return -1;
     if (o->numa_node) {
         if (!parse_uint(o->numa_node, 1023, &v))
             FAIL("numa_node=%s: out of range (0..1023)", o->numa_node);
@@ -657,5 +708,8 @@ void fs_options_free(struct fs_options *o)
     free(o->warm_pin);
     free(o->revalidate);
     free(o->numa_node);
+    free(o->store_capacity);
+    free(o->store_high);
+    free(o->store_low);
     free(o->backend);
 }

@@ -36,6 +36,27 @@
  * eviction never meets a page-cached shard (it is leased). The watcher also
  * keeps the pins within the budget, dropping the oldest first.
  *
+ * Versions. That alone let one read(2) return two versions: the kernel
+ * serves a read(2) from several page-cache lookups and fetches a missing
+ * page with a FUSE read of its own, and a change between two of them (pages
+ * invalidated, new bytes stored) gave the read the old bytes first and the
+ * new ones after. No FUSE read says which read(2) it serves, and pages of
+ * one inode are shared by all its readers, so the daemon cannot serve the
+ * rest of an old read the old bytes and a later read the new ones from one
+ * inode. So an inode with files open through the page cache (its node's
+ * nreaders) keeps its version: a change of the key retires it instead
+ * (names.c: off its name's chains, so a lookup makes a new inode for the
+ * new bytes), with a copy of the old bytes taken under the pin before the
+ * lease goes, and its pages kept. Every later FUSE read of that inode is
+ * answered from the copy (a read already answered from the slot took its
+ * lease first, so it has the old bytes too), its open files read the whole
+ * old version until they close, and a new open of it answers ESTALE, on
+ * which the kernel looks the name up again and opens the new inode. A
+ * remove retires without a copy (its files fail ESTALE); so does a change
+ * past the copies' budget (page_cache bytes). A pin of an inode with open
+ * files is not dropped for the budget: without the pin the key could change
+ * under a read(2) half served from the pages.
+ *
  * Invalidations are made by the watcher and by handlers that change a key
  * (FLUSH, fsync, setattr, unlink, create): never under a lock the kernel
  * holds for the same inode's pages, but they need another worker to answer
@@ -44,13 +65,36 @@
 #include "fs_i.h"
 
 #include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <time.h>
 
 #define PC_BATCH 64 /* pins one pass of the watcher drops at most */
 
-static void drop_one(struct fs *fs, const struct fs_pinned *p)
+/* gone: the key is being removed (no version to keep); change: it is being
+ * rewritten (or a rank wants it); neither: only the pin goes (the budget). */
+static void drop_one(struct fs *fs, const struct fs_pinned *p, bool change, bool gone)
 {
+    if ((change || gone) && p->readers) {
+        /* Files are open on the inode, and a read(2) of one may be half
+         * served from its pages: they keep this version (a copy: the slot
+         * is about to change), new lookups get a new inode. */
+        uint32_t len = sfs_cache_length(fs->cache, &p->lease);
+        const void *data = sfs_cache_data(fs->cache, &p->lease);
+        struct fs_snap *snap = NULL;
+
+        if (!gone && data && (snap = malloc(sizeof(*snap) + len))) {
+            snap->refs = 1;
+            snap->len = len;
+            memcpy(snap->bytes, data, len);
+        }
+        fs_node_retire(fs, p->ino, &snap);
+        if (!snap && fs->se) /* nothing to read: their next read fails ESTALE */
+            fuse_lowlevel_notify_inval_inode(fs->se, p->ino, 0, 0);
+        sfs_cache_release(fs->cache, &p->lease);
+        return;
+    }
     /* Pages first, then the lease: -ENOENT (the kernel forgot the inode,
      * and its pages with it) and a session that ended are fine. */
     if (fs->se)
@@ -58,17 +102,60 @@ static void drop_one(struct fs *fs, const struct fs_pinned *p)
     sfs_cache_release(fs->cache, &p->lease);
 }
 
-void fs_pin_drop(struct fs *fs, const struct sfs_key *key)
+void fs_pin_drop(struct fs *fs, const struct sfs_key *key, bool gone)
 {
     struct fs_pinned p;
 
     if (fs->pc_max && fs_pin_take(fs, key, &p))
-        drop_one(fs, &p);
+        drop_one(fs, &p, true, gone);
 }
 
-void fs_read_release(struct fs *fs, const struct sfs_key *key, const struct sfs_lease *l)
+/* Answer a read from a Ready slot. */
+static void reply_slot(struct fs *fs, fuse_req_t req, const struct sfs_lease *l, off_t off,
+                       size_t size)
 {
-    if (fs->pc_max && fs_pin_keep(fs, key, l))
+    const char *data = sfs_cache_data(fs->cache, l);
+    uint32_t len = sfs_cache_length(fs->cache, l);
+
+    if (!data) {
+        fuse_reply_err(req, EIO);
+        return;
+    }
+    if ((uint64_t)off >= len) {
+        fuse_reply_buf(req, NULL, 0);
+        return;
+    }
+    if (size > len - (uint64_t)off)
+        size = len - (size_t)off;
+    CTR_ADD(fs, read_bytes, size);
+    fuse_reply_buf(req, data + off, size);
+}
+
+void fs_read_answer(struct fs *fs, fuse_req_t req, fuse_ino_t ino, const struct sfs_key *key,
+                    const struct sfs_lease *l, off_t off, size_t size)
+{
+    struct fs_snap *snap;
+
+    /* After the lease: a retirement that comes later copies this same
+     * version (the slot cannot change while l is held). */
+    if (fs->pc_max && ino && fs_node_retired(fs, ino, &snap)) {
+        if (l)
+            sfs_cache_release(fs->cache, l);
+        if (!snap) {
+            fuse_reply_err(req, ESTALE);
+            return;
+        }
+        if ((uint64_t)off >= snap->len)
+            size = 0;
+        else if (size > snap->len - (uint64_t)off)
+            size = snap->len - (size_t)off;
+        CTR_ADD(fs, read_bytes, size);
+        fuse_reply_buf(req, size ? (const char *)snap->bytes + off : NULL, size);
+        fs_snap_put(fs, snap);
+        return;
+    }
+    reply_slot(fs, req, l, off, size);
+    if (fs->pc_max && fs_pin_keep(fs, ino, key, l))
         return;
     sfs_cache_release(fs->cache, l);
 }
@@ -77,14 +164,15 @@ static void *watch_main(void *arg)
 {
     struct fs *fs = arg;
     struct fs_pinned batch[PC_BATCH];
+    size_t n = 0;
 
     pthread_mutex_lock(&fs->lock);
     while (!fs->pcw.stop) {
-        size_t n;
-
         if (fs->npins == 0) {
             pthread_cond_wait(&fs->pcw.cond, &fs->lock);
-        } else if (fs->npins <= fs->pc_max) {
+        } else if (fs->npins <= fs->pc_max || n < PC_BATCH) {
+            /* (Beyond the budget, the pins of inodes with open files stay
+             * until those close: look again later, not at once.) */
             struct timespec ts;
 
             clock_gettime(CLOCK_MONOTONIC, &ts);
@@ -102,7 +190,7 @@ static void *watch_main(void *arg)
             continue;
         pthread_mutex_unlock(&fs->lock);
         for (size_t i = 0; i < n; i++)
-            drop_one(fs, &batch[i]);
+            drop_one(fs, &batch[i], batch[i].changed, false);
         pthread_mutex_lock(&fs->lock);
     }
     pthread_mutex_unlock(&fs->lock);

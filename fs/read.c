@@ -49,8 +49,9 @@ static int get_errno(struct fs *fs, int r)
     return r == -ENOENT ? ENOENT : EIO;
 }
 
-static void read_shard(fuse_req_t req, struct fs *fs, const struct sfs_key *keyp, size_t size,
-                       off_t off)
+/* ino: the inode of a file read through the page cache, else 0. */
+static void read_shard(fuse_req_t req, struct fs *fs, fuse_ino_t ino, const struct sfs_key *keyp,
+                       size_t size, off_t off)
 {
     /* A copy: once req is answered, a RELEASE may free the handle keyp is in. */
     const struct sfs_key key = *keyp;
@@ -67,13 +68,18 @@ static void read_shard(fuse_req_t req, struct fs *fs, const struct sfs_key *keyp
         size = fs->shard_size - (size_t)off;
     if (off == 0)
         fs_usage_note(fs, &key.block); /* one use per read of the shard from its start */
+    if (ino && fs_node_retired(fs, ino, NULL)) {
+        /* Its version is no longer the key's: no Get (pagecache.c). */
+        fs_read_answer(fs, req, ino, &key, NULL, off, size);
+        return;
+    }
     r = sfs_cache_get(fs->cache, &key, 0, sfs_deadline_after(fs->wait_ns), &l);
     if (r < 0) {
         fuse_reply_err(req, get_errno(fs, r));
         return;
     }
     if (r == SFS_OWNER) {
-        fs_load_start(fs, req, &key, &l, off, size);
+        fs_load_start(fs, req, ino, &key, &l, off, size);
         read_ahead(fs, &key); /* after ours: our load goes first */
         return;
     }
@@ -85,13 +91,12 @@ static void read_shard(fuse_req_t req, struct fs *fs, const struct sfs_key *keyp
         }
         /* No worker sleeps on another's load: the settler (wait.c) answers
          * when the slot settles, and this worker takes the next request. */
-        fs_waitq_park(fs, req, &key, &l, off, size, sfs_deadline_after(fs->wait_ns));
+        fs_waitq_park(fs, req, ino, &key, &l, off, size, sfs_deadline_after(fs->wait_ns));
         return;
     }
     /* A hit on a shard readahead loaded: move the window on. */
     ra = fs->readahead && fs_ra_mark_take(fs, &key);
-    fs_reply_slot(fs, req, &l, off, size);
-    fs_read_release(fs, &key, &l); /* or kept as the page cache's pin */
+    fs_read_answer(fs, req, ino, &key, &l, off, size); /* releases l, or keeps it as a pin */
     if (ra)
         read_ahead(fs, &key);
 }
@@ -134,5 +139,5 @@ void fs_op_read(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off, struct f
         pthread_mutex_unlock(&h->lock);
         return;
     }
-    read_shard(req, fs, &h->obj.key, size, off);
+    read_shard(req, fs, h->cached ? ino : 0, &h->obj.key, size, off);
 }

@@ -183,7 +183,7 @@ static bool invalidate(struct fs *fs, const struct reval_rec *r, uint32_t nshard
         struct sfs_key k = {.block = r->id, .shard = n};
         int ret;
 
-        fs_pin_drop(fs, &k); /* the kernel's pages first (page-cache mode) */
+        fs_pin_drop(fs, &k, false); /* the kernel's pages first (page-cache mode) */
         ret = sfs_cache_remove(fs->cache, &k);
         if (ret == 0)
             removed++;

@@ -221,6 +221,19 @@ size_t fs_stats_text(struct fs *fs, char *buf, size_t len)
       "Blocks a sweep invalidated: their file changed, went, or was not yet trusted.",
       L(reval_invalidated));
     C("revalidate_removed_total", "Resident shards those invalidations removed.", L(reval_removed));
+    G("store_bytes",
+      "Bytes of the store's block files, as the collector last counted them "
+      "(-o store_capacity; 0: off, or never counted while standing by).",
+      L(store_bytes));
+    G("store_capacity_bytes", "The bound of the store's block bytes (-o store_capacity; 0: none).",
+      fs->store_capacity);
+    G("store_collector",
+      "1 while this daemon is the store's collector (one a store; -o store_capacity).",
+      L(store_collector));
+    C("store_evicted_blocks_total", "Blocks the collector removed from the store.",
+      L(store_evicted));
+    C("store_evicted_bytes_total", "Bytes of the blocks the collector removed from the store.",
+      L(store_freed));
     G("pinned_bytes", "Bytes of the slots pins hold (user.shardfs.pin, the rank API).",
       sfs_cache_pinned_bytes(fs->cache));
     emit_partitions(&t, fs->cache);

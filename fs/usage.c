@@ -29,7 +29,8 @@
  * A bad file (short, corrupt, foreign, another version) is ignored with one
  * log line; the mount never fails for it.
  *
- * Calls loads.c and log.c; read.c and main.c call it.
+ * Calls loads.c and log.c; read.c, storecap.c (the counts rank the store's
+ * blocks) and main.c call it.
  */
 #include "fs_i.h"
 
@@ -57,6 +58,9 @@
 #define USE_HALF_LIFE_ENV  "SHARDFS_TEST_USAGE_HALF_LIFE_S"
 #define USE_HALF_LIFE_S    600   /* counts halve this often */
 #define USE_MAX_INFLIGHT   64    /* warm loads in flight at once (also <= nslots / 8) */
+/* The usage file's read (at start) and write (periodic, at stop) wait this
+ * long for the store, then go on without it (storefile.c). */
+#define USE_IO_TIMEOUT_NS (5 * 1000 * 1000 * 1000ll)
 
 /* The file: a 40-byte header, count entries of 24 bytes, an 8-byte FNV-1a
  * 64 checksum of everything before it. Little-endian. docs/fs.md. */
@@ -155,6 +159,29 @@ static void use_add(struct fs_usage *u, const uint8_t *id, uint32_t v)
     pthread_mutex_unlock(&st->lock);
 }
 
+uint32_t fs_usage_count(struct fs *fs, const struct sfs_block_id *block)
+{
+    struct fs_usage *u = fs->usage;
+    uint32_t set, n = 0;
+    struct use_stripe *st;
+    struct use_ent *e;
+
+    if (!u)
+        return 0;
+    set = (uint32_t)block_hash(block->b) & (USE_SETS - 1);
+    st = &u->stripes[set % USE_STRIPES];
+    e = &u->ents[(size_t)set * USE_WAYS];
+    pthread_mutex_lock(&st->lock);
+    for (int w = 0; w < USE_WAYS; w++) {
+        if (e[w].count && memcmp(e[w].id, block->b, SFS_BLOCK_ID_LEN) == 0) {
+            n = e[w].count;
+            break;
+        }
+    }
+    pthread_mutex_unlock(&st->lock);
+    return n;
+}
+
 void fs_usage_note(struct fs *fs, const struct sfs_block_id *block)
 {
     if (fs->usage)
@@ -196,51 +223,24 @@ static int cmp_hot(const void *a, const void *b)
 }
 
 /* Read and check the file; on success *out (malloc'd, *n entries, counts >
- * 0). Returns 0, -ENOENT (no file: silent), or -EINVAL with *why set. */
+ * 0). Returns 0, -ENOENT (no file: silent), or -EINVAL or -ETIMEDOUT (the
+ * store did not answer within USE_IO_TIMEOUT_NS) with *why set. */
 static int usage_read(struct fs_usage *u, struct use_ent **out, size_t *n, const char **why)
 {
-    /* O_NONBLOCK | O_NOFOLLOW, then a regular-file check: a FIFO, a device
-     * or a symlink at the name never holds or redirects the daemon. */
-    int fd = open(u->path, O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_NOCTTY | O_CLOEXEC);
     uint8_t *buf = NULL;
-    struct stat st;
-    uint64_t size, shard_size, sum;
+    size_t size;
+    uint64_t shard_size, sum;
     uint32_t version, id_len, count, ent_size;
-    size_t got = 0;
-    int r = -EINVAL;
+    int r;
 
-    *why = "unreadable";
-    if (fd < 0) {
-        if (errno == ELOOP)
-            *why = "not a regular file";
-        return errno == ENOENT ? -ENOENT : -EINVAL;
-    }
-    if (fstat(fd, &st) < 0 || !S_ISREG(st.st_mode)) {
-        *why = "not a regular file";
-        goto out;
-    }
-    size = (uint64_t)st.st_size;
+    /* On a thread of its own, opened O_NONBLOCK | O_NOFOLLOW and used only
+     * as a regular file (storefile.c): a FIFO, a device or a symlink at the
+     * name, or a store that stopped answering, never holds the start. */
+    r = fs_store_file_read(u->path, USE_MAX_FILE, USE_IO_TIMEOUT_NS, &buf, &size, why);
+    if (r < 0)
+        return r;
+    r = -EINVAL;
     if (size < USE_HDR + 8) {
-        *why = "truncated";
-        goto out;
-    }
-    if (size > USE_MAX_FILE) {
-        *why = "larger than any usage file";
-        goto out;
-    }
-    buf = malloc(size);
-    if (!buf)
-        goto out;
-    while (got < size) {
-        ssize_t k = read(fd, buf + got, size - got);
-
-        if (k < 0 && errno == EINTR)
-            continue;
-        if (k <= 0)
-            break;
-        got += (size_t)k;
-    }
-    if (got != size) {
         *why = "truncated";
         goto out;
     }
@@ -299,46 +299,11 @@ static int usage_read(struct fs_usage *u, struct use_ent **out, size_t *n, const
     r = 0;
 out:
     free(buf);
-    close(fd);
     return r;
 }
 
-static int write_all(int fd, const void *p, size_t n)
-{
-    const uint8_t *b = p;
-
-    while (n) {
-        ssize_t k = write(fd, b, n);
-
-        if (k < 0 && errno == EINTR)
-            continue;
-        if (k <= 0)
-            return k < 0 ? -errno : -EIO;
-        b += k;
-        n -= (size_t)k;
-    }
-    return 0;
-}
-
-/* Create the temporary file tmp exclusively (O_CREAT | O_EXCL follows no
- * link and opens nothing that exists): whatever a crash, or anyone, left at
- * the name (a FIFO that would hold the open until a reader came, a symlink
- * that would redirect the write, an old file) is unlinked first, never
- * opened. Returns the fd or -errno. */
-static int create_tmp(const char *tmp)
-{
-    for (int tries = 0; tries < 2; tries++) {
-        int fd = open(tmp, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC, 0644);
-
-        if (fd >= 0)
-            return fd;
-        if (errno != EEXIST || unlink(tmp) < 0)
-            return -errno;
-    }
-    return -EEXIST;
-}
-
-/* Write the table: tmp + fsync + rename + fsync of the directory. Does
+/* Write the table (storefile.c: tmp + fsync + rename + fsync of the
+ * directory, within USE_IO_TIMEOUT_NS). Does
  * nothing when no count changed since the last save (force: unless the
  * table is empty). Errors: one log line. */
 static void usage_save(struct fs_usage *u)
@@ -346,10 +311,9 @@ static void usage_save(struct fs_usage *u)
     size_t cap = (size_t)USE_SETS * USE_WAYS, n = 0;
     uint8_t *buf;
     bool dirty = false;
-    char tmp[PATH_MAX + 8], dir[PATH_MAX];
     uint32_t v32;
     uint64_t v64;
-    int fd, r;
+    int r;
 
     if (!u->save)
         return;
@@ -400,33 +364,13 @@ static void usage_save(struct fs_usage *u)
     v64 = htole64(fnv1a(buf, USE_HDR + n * USE_ENT));
     memcpy(buf + USE_HDR + n * USE_ENT, &v64, 8);
 
-    snprintf(tmp, sizeof(tmp), "%s.tmp", u->path);
-    fd = create_tmp(tmp);
-    r = fd < 0 ? fd : write_all(fd, buf, USE_HDR + n * USE_ENT + 8);
-    if (r == 0 && fsync(fd) < 0)
-        r = -errno;
-    if (fd >= 0)
-        close(fd);
-    if (r == 0 && rename(tmp, u->path) < 0)
-        r = -errno;
-    if (r < 0) {
-        unlink(tmp);
-        fs_log(LOG_WARNING, "usage file %s not written: %s", u->path, strerror(-r));
-    } else {
-        char *slash;
-
-        snprintf(dir, sizeof(dir), "%s", u->path);
-        slash = strrchr(dir, '/');
-        if (slash) {
-            *slash = '\0';
-            fd = open(dir[0] ? dir : "/", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-            if (fd >= 0) {
-                fsync(fd); /* the rename is durable; a failure here loses nothing else */
-                close(fd);
-            }
-        }
-    }
-    free(buf);
+    /* Owns buf; on a thread of its own, within USE_IO_TIMEOUT_NS. */
+    r = fs_store_file_replace(u->path, buf, USE_HDR + n * USE_ENT + 8, USE_IO_TIMEOUT_NS);
+    if (r < 0)
+        fs_log(LOG_WARNING, "usage file %s not written: %s", u->path,
+               r == -ETIMEDOUT ? "the store did not answer in time"
+               : r == -EBUSY   ? "an earlier write is still waiting on the store"
+                               : strerror(-r));
 }
 
 /* ---------------------------------------------------------------------------
@@ -739,7 +683,7 @@ void fs_usage_start(struct fs *fs, const char *spec, unsigned warm_pct, bool sav
     atomic_init(&u->stop, false);
 
     r = usage_read(u, &file, &nfile, &why);
-    if (r == -EINVAL)
+    if (r == -EINVAL || r == -ETIMEDOUT)
         fs_log(LOG_WARNING, "usage file %s ignored: %s", u->path, why);
     if (r == 0) {
         for (size_t i = 0; i < nfile; i++)
@@ -771,7 +715,7 @@ fail:
     free(u);
 }
 
-void fs_usage_stop(struct fs *fs)
+void fs_usage_stop(struct fs *fs, bool free_it)
 {
     struct fs_usage *u = fs->usage;
 
@@ -786,6 +730,8 @@ void fs_usage_stop(struct fs *fs)
     if (u->sampler_started)
         pthread_join(u->sampler, NULL);
     usage_save(u);
+    if (!free_it)
+        return; /* a thread left to the exit still reads the counts */
     fs->usage = NULL;
     for (int i = 0; i < USE_STRIPES; i++)
         pthread_mutex_destroy(&u->stripes[i].lock);

@@ -37,6 +37,7 @@
  * settler once taken off it. */
 struct fs_waiter {
     fuse_req_t req;
+    fuse_ino_t ino; /* its inode when read through the page cache, else 0 */
     struct sfs_key key;
     struct sfs_lease lease; /* the waiter's own, from its Get */
     off_t off;
@@ -78,7 +79,7 @@ static void settle_now(struct fs *fs, struct fs_waiter *w, int r)
     }
     pthread_mutex_unlock(&q->lock);
     sfs_cache_observe(fs->cache, SFS_HIST_WAIT, sfs_now_ns() - w->start_ns);
-    fs_read_settled(fs, w->req, &w->key, &w->lease, w->off, w->size, r);
+    fs_read_settled(fs, w->req, w->ino, &w->key, &w->lease, w->off, w->size, r);
     free(w);
 }
 
@@ -136,7 +137,7 @@ static void *settler_main(void *arg)
             struct fs_waiter *w = done;
 
             done = w->next;
-            fs_read_settled(fs, w->req, &w->key, &w->lease, w->off, w->size, w->result);
+            fs_read_settled(fs, w->req, w->ino, &w->key, &w->lease, w->off, w->size, w->result);
             free(w);
         }
         if (exit_now)
@@ -195,7 +196,7 @@ void fs_waitq_stop(struct fs *fs)
     q->started = false;
 }
 
-void fs_waitq_park(struct fs *fs, fuse_req_t req, const struct sfs_key *key,
+void fs_waitq_park(struct fs *fs, fuse_req_t req, fuse_ino_t ino, const struct sfs_key *key,
                    const struct sfs_lease *lease, off_t off, size_t size, int64_t deadline)
 {
     struct fs_waitq *q = &fs->waitq;
@@ -204,6 +205,7 @@ void fs_waitq_park(struct fs *fs, fuse_req_t req, const struct sfs_key *key,
 
     if (w) {
         *w = (struct fs_waiter){.req = req,
+                                .ino = ino,
                                 .key = *key,
                                 .lease = *lease,
                                 .off = off,
@@ -221,7 +223,7 @@ void fs_waitq_park(struct fs *fs, fuse_req_t req, const struct sfs_key *key,
     pthread_mutex_unlock(&q->lock);
     if (!w || stopped) {
         free(w);
-        fs_read_settled(fs, req, key, lease, off, size, w ? -ESHUTDOWN : -ENOMEM);
+        fs_read_settled(fs, req, ino, key, lease, off, size, w ? -ESHUTDOWN : -ENOMEM);
         return;
     }
     sfs_bell_ring(&q->bell);

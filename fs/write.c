@@ -48,7 +48,7 @@ static int take_for_store(struct fs *fs, const struct sfs_key *key, void *arg)
     /* Our own page-cache pin would make the slot busy: drop it (the
      * kernel's pages of the old bytes go with it). Again each try: a reader
      * may have pinned it anew. */
-    fs_pin_drop(fs, key);
+    fs_pin_drop(fs, key, false);
     r = sfs_cache_get(fs->cache, key, SFS_GET_WRITE, t->deadline, t->lease);
     if (r >= 0 && r != SFS_OWNER) {
         sfs_cache_release(fs->cache, t->lease); /* not ours to write: try again */
@@ -90,9 +90,10 @@ static int store_shard(struct fs *fs, const struct sfs_key *key, const void *buf
         memcpy(data, buf, len);
         r = sfs_backend_dump_sync(fs->be, key, data, len);
     }
-    if (r == (int)len)
+    if (r == (int)len) {
         CTR_ADD(fs, writes, 1);
-    else
+        fs_storecap_note(fs, len);
+    } else
         CTR_ADD(fs, backend_errors, 1);
     /* Published only when the store has every byte; a publish refused
      * (-EPERM) is the writer's error too. */
@@ -349,12 +350,26 @@ void fs_op_open(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi)
     fi->direct_io =
         !(fs->pc_max && o.kind == FS_SHARD && !h->writable && !fs_has_write_handles(fs, &o));
     fi->keep_cache = !fi->direct_io;
+    if (!fi->direct_io) {
+        /* Counted on its node, which keeps the version it reads; an old
+         * version's node opens no more files (ESTALE: the kernel looks the
+         * name up again and finds the new one). */
+        r = fs_reader_open(fs, ino);
+        if (r < 0) {
+            handle_free(h);
+            goto out_err;
+        }
+        h->cached = true;
+        h->ino = ino;
+    }
     /* Closing a reader has nothing to store: spare the FLUSH round trip. */
     fi->noflush = !h->writable;
     handle_track(fs, h);
     if (fuse_reply_open(req, fi) != 0) {
         if (h->writable)
             fs_writers_add(fs, &o, -1, h->dirty ? -1 : 0);
+        if (h->cached && fs_reader_close(fs, ino) && fs->se)
+            fuse_lowlevel_notify_inval_inode(fs->se, ino, 0, 0);
         handle_free(h);
     }
     return;
@@ -534,8 +549,11 @@ void fs_op_release(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi)
         fs_writers_add(fs, &h->obj, -1, h->dirty ? -1 : 0);
         pthread_mutex_unlock(&h->lock);
     }
-    handle_free(h);
     fuse_reply_err(req, 0);
+    /* The last file of an old version: nobody can read its pages again. */
+    if (h && h->cached && fs_reader_close(fs, h->ino) && fs->se)
+        fuse_lowlevel_notify_inval_inode(fs->se, h->ino, 0, 0);
+    handle_free(h);
 }
 
 /* ftruncate(2) of a write handle to size (the file keeps its size; cut bytes

@@ -11,6 +11,12 @@
  * us that way, the core's Get+copy+Release 1.5-2). The task is complete
  * when sfs_rank_load returns; sfs_rank_wait reports it as any other.
  *
+ * A load of at most RANK_INLINE_KEYS_MAX entries but more bytes is tried
+ * the same way, all but the copy: its Ready keys go to the copier thread
+ * in one push, which copies them while sfs_rank_load returns (the call
+ * stays short); one hand-off instead of two, which on a host short of
+ * CPUs is a wake-up less to wait for.
+ *
  * Anything else goes the pipeline, losing nothing: the try stops at the
  * first key that is not a hit. Every key it Got is handed to the dispatcher
  * with its role (item->pregot), which routes it without a second Get --
@@ -39,8 +45,7 @@
 static bool inline_eligible(struct sfs_rank *rk, size_t n)
 {
     return !rank_inline_off(rk) && !rank_blocking_waits(rk) && n <= RANK_INLINE_KEYS_MAX &&
-           (uint64_t)n * rk->shard_size <= RANK_INLINE_BYTES_MAX && rk->copier &&
-           rk->copier->ops->load_inline &&
+           rk->copier && rk->copier->ops->load_inline &&
            /* Acquire: pairs with the dispatcher's release after a dump's
             * walk (its Gets are seen). */
            atomic_load_explicit(&rk->dumps_unwalked, memory_order_acquire) == 0 &&
@@ -98,10 +103,11 @@ bool sfs_inline_load(struct sfs_rank *rk, struct sfs_task *t)
         got[i]->step = STEP_COPY_OUT;
         got[i]->qn.next = i + 1 < n ? &got[i + 1]->qn : NULL;
     }
-    /* Not on this thread (a CUDA copier whose device is not this thread's
-     * current one, or whose inline stream another thread is using): the
-     * copier thread copies the run, one hand-off instead of two. */
-    if (sfs_copier_inline(rk, got, n) < 0)
+    /* Too many bytes to copy in the call, or not on this thread (a CUDA
+     * copier whose device is not this thread's current one, or whose
+     * inline stream another thread is using): the copier thread copies the
+     * run, one hand-off instead of two. */
+    if ((uint64_t)n * rk->shard_size > RANK_INLINE_BYTES_MAX || sfs_copier_inline(rk, got, n) < 0)
         rank_push_copy_chain(rk, got[0], got[n - 1]);
     /* The dispatcher's reference is never used (the completion reference
      * goes with the last entry). */

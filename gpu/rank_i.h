@@ -384,8 +384,9 @@ void sfs_link_leave(struct sfs_rank *rk);
 /* inline.c (called by task.c): try load task t (counted active, not
  * queued) on the calling thread. True: it is complete, or its every key is
  * a Ready lease handed to the copier thread (a copier that cannot copy on
- * this thread). False: the caller queues it for the dispatcher, which
- * routes the keys the try Got (item->pregot) and walks the rest. */
+ * this thread, or more than RANK_INLINE_BYTES_MAX of shards). False: the
+ * caller queues it for the dispatcher, which routes the keys the try Got
+ * (item->pregot) and walks the rest. */
 bool sfs_inline_load(struct sfs_rank *rk, struct sfs_task *t);
 
 /* memmap.c (called by task.c): 0 when [addr, addr + len) is memory this

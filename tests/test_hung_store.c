@@ -107,10 +107,17 @@ static void hung_interrupted(fuse_req_t req, void *data)
     fuse_reply_err(req, EINTR);
 }
 
+/* NULL: every lookup hangs; else only those of names that start with it
+ * (the others: ENOENT). Set before hungfs is forked. */
+static const char *hung_only;
+
 static void hung_lookup(fuse_req_t req, fuse_ino_t parent, const char *name)
 {
     (void)parent;
-    (void)name;
+    if (hung_only && strncmp(name, hung_only, strlen(hung_only)) != 0) {
+        fuse_reply_err(req, ENOENT);
+        return;
+    }
     /* No reply: the request stays with the kernel's caller until it is
      * interrupted (then EINTR) or this process dies (then ENOTCONN). */
     fuse_req_interrupt_func(req, hung_interrupted, NULL);
@@ -587,4 +594,95 @@ Test(hung_store, synchronous_backend_calls_have_a_deadline)
     int r = kid_wait(kid(sync_calls_body, NULL), 30.0);
 
     cr_expect_eq(r, 0, "the backend calls %s", r == -1 ? "hung" : "did not answer as expected");
+}
+
+/* ---- a store whose usage file does not answer ---- */
+
+/* The store's root is hungfs itself, which hangs the lookups of the usage
+ * file's names (.shardfs_usage, .shardfs_usage.tmp) and answers ENOENT to
+ * the rest: the daemon's read of the file at start and its write at stop
+ * each wait for the store at most 5 s (fs/storefile.c), then go on without
+ * it. Without that bound the mount never answered, or the stop never
+ * ended. */
+static void usage_setup(void)
+{
+    double t0;
+
+    if (!fsfx_usable())
+        cr_skip_test("no usable /dev/fuse or fusermount3: FUSE tests skipped");
+    memset(&H, 0, sizeof(H));
+    snprintf(H.store, sizeof(H.store), "%s", tu_path("ustore"));
+    snprintf(H.fx.mnt, sizeof(H.fx.mnt), "%s", tu_path("umnt"));
+    snprintf(H.fx.sock, sizeof(H.fx.sock), "%s", tu_path("usock"));
+    snprintf(H.fx.log, sizeof(H.fx.log), "%s", tu_path("ulog"));
+    H.fx.bin = getenv("SHARDFS_TEST_DAEMON") && *getenv("SHARDFS_TEST_DAEMON")
+                   ? getenv("SHARDFS_TEST_DAEMON")
+                   : SHARDFS_BIN;
+    mkdir(H.store, 0755);
+    mkdir(H.fx.mnt, 0755);
+    snprintf(H.hung_dir, sizeof(H.hung_dir), "%s", H.store);
+    hung_only = ".shardfs_usage";
+    H.hungfs = tu_fork(hungfs_main, NULL);
+    t0 = now_s();
+    while (!mounted_at(H.hung_dir) && now_s() - t0 < 10)
+        sleep_ms(20);
+    cr_assert(mounted_at(H.hung_dir), "hungfs did not mount");
+}
+
+TestSuite(hung_usage, .init = usage_setup, .fini = teardown, .timeout = 90);
+
+static int stat_root_body(void *arg)
+{
+    struct stat st;
+
+    (void)arg;
+    return stat(H.fx.mnt, &st) == 0 && S_ISDIR(st.st_mode) ? 0 : 1;
+}
+
+Test(hung_usage, a_usage_file_that_does_not_answer_holds_neither_start_nor_stop)
+{
+    char spec[300];
+    struct sfs_cache *c;
+    struct sfs_key k = tu_key(7, 0);
+    struct sfs_lease l;
+    double t0;
+    pid_t pid;
+    int st = 0, r;
+
+    snprintf(spec, sizeof(spec), "posix:%s", H.store);
+    t0 = now_s();
+    /* revalidate=0: no sweep of the hung store (its own bound: the suite
+     * above). */
+    r = fsfx_start(&H.fx, spec, "hugepages=off,capacity=8M,shard_size=64K,readahead=0,revalidate=0",
+                   20.0, &st);
+    cr_assert_eq(r, 0, "daemon did not mount (%s, status %d), see %s", strerror(-r), st, H.fx.log);
+    /* The mount answers (in a child: without the bound it never would). */
+    pid = kid(stat_root_body, NULL);
+    cr_assert_eq(kid_wait(pid, 20.0), 0, "the mount did not answer %.1f s after the start",
+                 now_s() - t0);
+    cr_expect_geq(fsfx_log_lines_with(&H.fx, "the store did not answer in time"), 1);
+
+    /* A key the sampler counts (a slot leased across a tick), so the stop
+     * has a table to write. */
+    c = sfs_cache_attach(H.fx.sock, 0, &r);
+    cr_assert_not_null(c, "attach %s: %s", H.fx.sock, strerror(-r));
+    cr_assert_eq(sfs_cache_get(c, &k, 0, sfs_deadline_after(5000000000ll), &l), SFS_OWNER);
+    tu_fill(&k, sfs_cache_data(c, &l), SHARD);
+    cr_assert_eq(sfs_cache_publish(c, &l, SHARD, 0), 0);
+    sleep_ms(2500); /* the lease stays held across two sampler ticks */
+    cr_assert_eq(sfs_cache_release(c, &l), 0);
+    sfs_cache_close(c);
+
+    t0 = now_s();
+    kill(H.fx.pid, SIGTERM);
+    while (waitpid(H.fx.pid, &st, WNOHANG) != H.fx.pid && now_s() - t0 < 30)
+        sleep_ms(10);
+    if (now_s() - t0 >= 30) {
+        kill(H.fx.pid, SIGKILL);
+        waitpid(H.fx.pid, &st, 0);
+    }
+    H.fx.pid = 0;
+    cr_expect_lt(now_s() - t0, 15.0, "SIGTERM took %.1f s", now_s() - t0);
+    cr_expect(WIFEXITED(st) && WEXITSTATUS(st) == 0, "daemon status 0x%x", st);
+    cr_expect_geq(fsfx_log_lines_with(&H.fx, "not written: the store did not answer in time"), 1);
 }

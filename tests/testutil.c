@@ -6,6 +6,7 @@
 
 #include <criterion/criterion.h>
 
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <limits.h>
@@ -16,6 +17,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <sys/syscall.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -116,13 +118,125 @@ struct sfs_cache *tu_cache(uint32_t nslots, uint32_t nreserved, uint64_t shard_s
     return c;
 }
 
+/*
+ * Forking a process whose other threads may be inside malloc.
+ *
+ * glibc's fork() takes malloc's locks around the fork, so the child finds
+ * them free. GCC 12's ASan runtime does not do that for its own allocator:
+ * a child forked while another thread of the parent held one of its locks
+ * (the attach server answering an earlier child, say) inherits it held by
+ * a thread that does not exist there, and every thread of the child that
+ * then allocates in that size class waits for ever (seen: a rank whose
+ * threads all sat in SizeClassAllocator64::GetFromAllocator). So tu_fork
+ * forks only while every other thread of the parent sleeps, and proves it
+ * afterwards: a thread that was sleeping before the fork and did not run
+ * until after it (its CPU time unchanged) held no allocator lock at the
+ * fork. Until the parent says so through a pipe, the child runs nothing of
+ * the test; a child forked in a window where another thread ran is told to
+ * _exit at once, and the fork is made again. A parent whose threads never
+ * all sleep within the bound is forked as before.
+ */
+#define TU_QUIET_MAX 64
+
+struct tu_quiet {
+    int n;
+    pid_t tid[TU_QUIET_MAX];
+    unsigned long long ran_ns[TU_QUIET_MAX];
+};
+
+/* The other threads of this process: each asleep ('S'), with its CPU time
+ * so far. False when one is not asleep, or there are too many to track. */
+static bool tu_quiet_look(struct tu_quiet *q)
+{
+    pid_t self = (pid_t)syscall(SYS_gettid);
+    DIR *d = opendir("/proc/self/task");
+    struct dirent *de;
+    bool quiet = d != NULL;
+
+    q->n = 0;
+    while (quiet && (de = readdir(d))) {
+        pid_t tid = (pid_t)atoi(de->d_name);
+        char path[64], buf[512], *p;
+        unsigned long long ran = 0;
+        FILE *f;
+
+        if (tid <= 0 || tid == self)
+            continue;
+        if (q->n == TU_QUIET_MAX)
+            quiet = false;
+        snprintf(path, sizeof(path), "/proc/self/task/%d/stat", (int)tid);
+        f = fopen(path, "re");
+        p = f && fgets(buf, sizeof(buf), f) ? strrchr(buf, ')') : NULL;
+        if (f)
+            fclose(f);
+        if (!p || p[1] != ' ' || p[2] != 'S') {
+            quiet = false; /* running, or gone since readdir */
+            break;
+        }
+        snprintf(path, sizeof(path), "/proc/self/task/%d/schedstat", (int)tid);
+        f = fopen(path, "re");
+        if (!f || fscanf(f, "%llu", &ran) != 1)
+            quiet = false;
+        if (f)
+            fclose(f);
+        if (quiet) {
+            q->tid[q->n] = tid;
+            q->ran_ns[q->n++] = ran;
+        }
+    }
+    if (d)
+        closedir(d);
+    return quiet;
+}
+
+static bool tu_quiet_same(const struct tu_quiet *a, const struct tu_quiet *b)
+{
+    if (a->n != b->n)
+        return false;
+    for (int i = 0; i < a->n; i++)
+        if (a->tid[i] != b->tid[i] || a->ran_ns[i] != b->ran_ns[i])
+            return false;
+    return true;
+}
+
 pid_t tu_fork(int (*fn)(void *arg), void *arg)
 {
-    pid_t pid = fork();
+    int64_t give_up = sfs_now_ns() + 2000000000ll; /* then fork as before */
 
-    if (pid == 0)
-        _exit(fn(arg));
-    return pid;
+    for (;;) {
+        struct tu_quiet before, after;
+        bool quiet = tu_quiet_look(&before);
+        int gate[2];
+        pid_t pid;
+        char go;
+
+        if (!quiet && sfs_now_ns() < give_up) {
+            usleep(200);
+            continue;
+        }
+        if (pipe2(gate, O_CLOEXEC) < 0)
+            return -1;
+        pid = fork();
+        if (pid == 0) {
+            close(gate[1]);
+            if (read(gate[0], &go, 1) != 1 || go != 'g')
+                _exit(127); /* forked in a bad window: nothing ran here */
+            close(gate[0]);
+            _exit(fn(arg));
+        }
+        close(gate[0]);
+        /* Still the same sleepers, none of which ran: the fork was clean. */
+        go = pid < 0 || !quiet || (tu_quiet_look(&after) && tu_quiet_same(&before, &after))
+                 ? 'g'
+                 : 'x';
+        if (pid > 0 && write(gate[1], &go, 1) != 1)
+            go = 'x'; /* the child reads EOF and exits: reaped below */
+        close(gate[1]);
+        if (go == 'g' || pid < 0)
+            return pid;
+        while (waitpid(pid, NULL, 0) < 0 && errno == EINTR)
+            ;
+    }
 }
 
 void tu_dump_stacks(pid_t pid)

@@ -565,6 +565,23 @@ int sfs_cache_pinned(struct sfs_cache *c, const struct sfs_key *key)
     return r;
 }
 
+int sfs_cache_block_pinned(struct sfs_cache *c, const struct sfs_block_id *block)
+{
+    uint64_t w[2];
+    uint32_t user;
+    int64_t e;
+
+    if (!c || !block)
+        return -EINVAL;
+    if (!c->npins)
+        return 0;
+    block_words(block->b, w);
+    e = pin_lookup(c, w, &user);
+    /* An entry that kept changing is taken for a pin: the caller keeps
+     * the block (a pin is never broken on a guess). */
+    return e == PIN_UNKNOWN || e > sfs_now_ns();
+}
+
 uint64_t sfs_cache_pinned_bytes(struct sfs_cache *c)
 {
     if (!c)

@@ -287,6 +287,22 @@ static int peer_exists(struct sfs_backend *be, const struct sfs_key *keys, size_
 }
 
 /* The inner's: the peer tier holds copies, the store the versions. */
+static int peer_scan(struct sfs_backend *be, sfs_scan_fn *fn, void *arg)
+{
+    return sfs_be_scan(((struct peer_backend *)be)->inner, fn, arg);
+}
+
+static int peer_evict(struct sfs_backend *be, const struct sfs_block_id *block,
+                      const struct sfs_block_stamp *expect, uint64_t *freed)
+{
+    return sfs_be_evict(((struct peer_backend *)be)->inner, block, expect, freed);
+}
+
+static int peer_lease(struct sfs_backend *be, const char *role, uint32_t ttl_ms)
+{
+    return sfs_be_lease(((struct peer_backend *)be)->inner, role, ttl_ms);
+}
+
 static int peer_stamp(struct sfs_backend *be, const struct sfs_block_id *block,
                       struct sfs_block_stamp *out)
 {
@@ -387,6 +403,9 @@ static const struct sfs_backend_ops peer_ops = {
     .exists = peer_exists,
     .shard_count = peer_shard_count,
     .stamp = peer_stamp,
+    .scan = peer_scan,
+    .evict = peer_evict,
+    .lease = peer_lease,
     .touch = peer_touch,
     .remove = peer_remove,
     .list = peer_list,

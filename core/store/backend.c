@@ -357,6 +357,30 @@ int sfs_backend_stamp(struct sfs_backend *be, const struct sfs_block_id *block,
     return sfs_be_stamp(be, block, out);
 }
 
+int sfs_backend_scan(struct sfs_backend *be, sfs_scan_fn *fn, void *arg)
+{
+    if (!be || !fn)
+        return -EINVAL;
+    return sfs_be_scan(be, fn, arg);
+}
+
+int sfs_backend_evict(struct sfs_backend *be, const struct sfs_block_id *block,
+                      const struct sfs_block_stamp *expect, uint64_t *freed)
+{
+    uint64_t dummy;
+
+    if (!be || !block || !expect)
+        return -EINVAL;
+    return sfs_be_evict(be, block, expect, freed ? freed : &dummy);
+}
+
+int sfs_backend_lease(struct sfs_backend *be, const char *role, uint32_t ttl_ms)
+{
+    if (!be || !role)
+        return -EINVAL;
+    return sfs_be_lease(be, role, ttl_ms);
+}
+
 int sfs_backend_touch(struct sfs_backend *be, const struct sfs_block_id *blocks, size_t n)
 {
     if (!be || (n && !blocks))

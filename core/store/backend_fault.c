@@ -419,6 +419,22 @@ static int fault_shard_count(struct sfs_backend *be, const struct sfs_block_id *
     return sfs_be_shard_count(((struct fault_backend *)be)->inner, block);
 }
 
+static int fault_scan(struct sfs_backend *be, sfs_scan_fn *fn, void *arg)
+{
+    return sfs_be_scan(((struct fault_backend *)be)->inner, fn, arg);
+}
+
+static int fault_evict(struct sfs_backend *be, const struct sfs_block_id *block,
+                       const struct sfs_block_stamp *expect, uint64_t *freed)
+{
+    return sfs_be_evict(((struct fault_backend *)be)->inner, block, expect, freed);
+}
+
+static int fault_lease(struct sfs_backend *be, const char *role, uint32_t ttl_ms)
+{
+    return sfs_be_lease(((struct fault_backend *)be)->inner, role, ttl_ms);
+}
+
 static int fault_stamp(struct sfs_backend *be, const struct sfs_block_id *block,
                        struct sfs_block_stamp *out)
 {
@@ -468,6 +484,9 @@ static const struct sfs_backend_ops fault_ops = {
     .exists = fault_exists,
     .shard_count = fault_shard_count,
     .stamp = fault_stamp,
+    .scan = fault_scan,
+    .evict = fault_evict,
+    .lease = fault_lease,
     .touch = fault_touch,
     .remove = fault_remove,
     .list = fault_list,

@@ -115,6 +115,22 @@ static inline int sfs_be_stamp(struct sfs_backend *be, const struct sfs_block_id
     return be->ops->stamp ? be->ops->stamp(be, block, out) : -EOPNOTSUPP;
 }
 
+static inline int sfs_be_scan(struct sfs_backend *be, sfs_scan_fn *fn, void *arg)
+{
+    return be->ops->scan ? be->ops->scan(be, fn, arg) : -EOPNOTSUPP;
+}
+
+static inline int sfs_be_evict(struct sfs_backend *be, const struct sfs_block_id *block,
+                               const struct sfs_block_stamp *expect, uint64_t *freed)
+{
+    return be->ops->evict ? be->ops->evict(be, block, expect, freed) : -EOPNOTSUPP;
+}
+
+static inline int sfs_be_lease(struct sfs_backend *be, const char *role, uint32_t ttl_ms)
+{
+    return be->ops->lease ? be->ops->lease(be, role, ttl_ms) : -EOPNOTSUPP;
+}
+
 static inline int sfs_be_touch(struct sfs_backend *be, const struct sfs_block_id *blocks, size_t n)
 {
     return be->ops->touch ? be->ops->touch(be, blocks, n) : 0;

@@ -49,7 +49,7 @@ fi
 cd "$root"
 failed=()
 ran=0
-for name in bench_cache bench_wake bench_clock bench_admit bench_rank bench_posix bench_cold bench_shared bench_fs bench_warm bench_peer bench_peer_lo; do
+for name in bench_cache bench_wake bench_clock bench_admit bench_rank bench_posix bench_cold bench_shared bench_fs bench_warm bench_storecap bench_peer bench_peer_lo; do
     # bench_shared is bench_cold --shared: two hosts on one GlusterFS volume
     # (docs/shared-store.md). --quick runs it briefly (8 MiB, one round, about 10 s);
     # it exits 77 where glusterd cannot run and removes its volume and

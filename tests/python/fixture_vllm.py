@@ -8,9 +8,18 @@ canonical block layout, device pointers from vLLM's resolve_device_pointers.
 Run as a program it is a second engine instance (a process of its own) for
 the sharing tests:
 
-    python fixture_vllm.py SOCKET STORE store|load SEED FIRST N   -> prints a JSON line
+    python fixture_vllm.py RESULT SOCKET STORE store|load SEED FIRST N PAGE LAYERS
+
+It writes its result, a JSON object, to the file RESULT (whole or not at
+all: a temporary file renamed), never to stdout: stdout and stderr are for
+logs. A result on stdout was lost in part: with PYTHONUNBUFFERED=1, Python's
+sys.stdout writes straight to the fd and drops what a short write() leaves
+(CPython gh-85393), and a pipe write that blocks (the parent not reading
+yet) is cut short when the kernel interrupts it, as it does right after a
+Rank's close (its io_uring ring's teardown).
 """
 import json
+import os
 import sys
 import time
 
@@ -77,14 +86,21 @@ def make_spec(config):
 
 class KVCache:
     """`layers` int8 tensors of NUM_BLOCKS pages of `page` bytes (vLLM's
-    canonical tensors, one data ref each), filled from `seed`."""
+    canonical tensors, one data ref each), filled from `seed`. With
+    `block_major`, the layer tensors are views of one tensor of NUM_BLOCKS
+    rows of `layers` pages: a block's pages of successive layers adjacent."""
 
-    def __init__(self, page, layers, seed=0):
+    def __init__(self, page, layers, seed=0, block_major=False):
         from vllm.v1.kv_offload.base import CanonicalKVCacheRef, CanonicalKVCaches, CanonicalKVCacheTensor
 
         g = torch.Generator().manual_seed(seed)
-        self.tensors = [torch.randint(-128, 127, (NUM_BLOCKS, page), dtype=torch.int8, generator=g)
-                        for _ in range(layers)]
+        if block_major:
+            self.whole = torch.randint(-128, 127, (NUM_BLOCKS, layers, page), dtype=torch.int8,
+                                       generator=g)
+            self.tensors = [self.whole[:, i, :] for i in range(layers)]
+        else:
+            self.tensors = [torch.randint(-128, 127, (NUM_BLOCKS, page), dtype=torch.int8,
+                                          generator=g) for _ in range(layers)]
         self.caches = CanonicalKVCaches(
             tensors=[CanonicalKVCacheTensor(tensor=t, page_size_bytes=page) for t in self.tensors],
             group_data_refs=[[CanonicalKVCacheRef(tensor_idx=i, page_size_bytes=page)
@@ -163,13 +179,24 @@ def load(manager, worker, cache, hashes, block_ids, job_id):
     return res
 
 
+def write_result(path, out):
+    """`out` as JSON in `path`, whole or not at all (written, synced, renamed)."""
+    tmp = f"{path}.{os.getpid()}.tmp"
+    with open(tmp, "w") as f:
+        json.dump(out, f)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
 def main(argv):
-    """A second engine: store or load blocks of prompt SEED, print a JSON line."""
+    """A second engine: store or load blocks of prompt SEED, write the result to RESULT."""
     import engines
 
     why = engines.why_not("vllm")
     if why:
         raise SystemExit(f"vLLM: {why}")
+    result, argv = argv[0], argv[1:]
     sock, st, what, seed, first, n = argv[0], argv[1], argv[2], int(argv[3]), int(argv[4]), int(argv[5])
     page, layers = int(argv[6]), int(argv[7])
     spec = make_spec(offloading_config(extra_config(sock, st), page, layers))
@@ -188,7 +215,7 @@ def main(argv):
         out["blocks"] = [cache.block(i).hex() for i in ids]
     worker.shutdown()
     manager.shutdown()
-    print(json.dumps(out), flush=True)
+    write_result(result, out)
     return 0
 
 

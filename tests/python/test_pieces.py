@@ -184,6 +184,72 @@ class DumpAfter(unittest.TestCase):
         self.assertEqual(r.lookup([blk]), [True])
 
 
+class Columns(unittest.TestCase):
+    """shardfs.EntriesV: vectored entries in columns, checked by builtins."""
+
+    def setUp(self):
+        self.r = shardfs.Rank(socket=D.sock, backend=D.store)
+        self.addCleanup(self.r.close)
+
+    def test_columns_and_triples_read_each_other(self):
+        half = SHARD // 2
+        src = np.frombuffer(bytes(range(256)) * (3 * SHARD // 256), dtype=np.uint8).copy()
+        base = src.ctypes.data
+        blks = [hashlib.md5(f"columns-{i}".encode()).digest() for i in range(3)]
+        # Block i: its second half first in memory, then its first half.
+        rows = [(base + i * SHARD + half, half, base + i * SHARD, half) for i in range(3)]
+        pieces = np.array(rows, dtype=np.uint64).reshape(6, 2)
+        ev = shardfs.EntriesV(blks, 0, [2, 2, 2], pieces)
+        self.assertEqual(len(ev), 3)
+        pieces[:] = 0  # copied when made: the buffer may be reused
+        self.assertEqual(self.r.dumpv(ev).wait(), [0, 0, 0])
+        out = np.zeros(3 * SHARD, dtype=np.uint8)
+        ob = out.ctypes.data
+        self.assertEqual(self.r.load([(b, 0, ob + i * SHARD) for i, b in enumerate(blks)]).wait(),
+                         [0, 0, 0])
+        for i in range(3):
+            row = src[i * SHARD:(i + 1) * SHARD]
+            self.assertEqual(out[i * SHARD:(i + 1) * SHARD].tobytes(),
+                             row[half:].tobytes() + row[:half].tobytes())
+        back = np.zeros(3 * SHARD, dtype=np.uint8)
+        bb = back.ctypes.data
+        one = np.array([(bb + i * SHARD, SHARD) for i in range(3)], dtype=np.uint64)
+        self.assertEqual(self.r.loadv(shardfs.EntriesV(blks, [0, 0, 0], [1, 1, 1], one)).wait(),
+                         [0, 0, 0])
+        self.assertEqual(back.tobytes(), out.tobytes())
+
+    def test_bad_columns_are_refused_before_the_library(self):
+        buf = np.zeros(SHARD, dtype=np.uint8)
+        a = buf.ctypes.data
+        blk = hashlib.md5(b"columns-bad").digest()
+        good = np.array([[a, SHARD]], dtype=np.uint64)
+        bad = {
+            "no entries": ([], 0, [], np.empty((0, 2), np.uint64)),
+            "zero pieces": ([blk], 0, [0], good),
+            "too many pieces": ([blk], 0, [513], good),
+            "counts against pairs": ([blk, blk], 0, [1, 1], good),
+            "a short id": ([b"short"], 0, [1], good),
+            "a shard out of range": ([blk], -1, [1], good),
+            "not contiguous": ([blk], 0, [1], np.zeros((2, 4), np.uint64)[:, ::2]),
+        }
+        for what, args in bad.items():
+            with self.subTest(what), self.assertRaises(shardfs.InvalidArgument):
+                shardfs.EntriesV(*args)
+        # The pieces themselves: the library's check when the task is queued.
+        pieces = {
+            "a null address": [[0, SHARD]],
+            "a length of 0": [[a, 0]],
+            "more than a shard": [[a, SHARD], [a, 1]],
+        }
+        for what, rows in pieces.items():
+            ev = shardfs.EntriesV([blk], 0, [len(rows)], np.array(rows, dtype=np.uint64))
+            with self.subTest(what), self.assertRaises(shardfs.InvalidArgument):
+                self.r.loadv(ev)
+            with self.subTest(what), self.assertRaises(shardfs.InvalidArgument):
+                self.r.dumpv(ev)
+        self.assertEqual(self.r.lookup([blk]), [False], "nothing queued")
+
+
 class OnePageFormat(unittest.TestCase):
     """layer_first: SGLang's zero-copy meta gives K0 V0 K1 V1 ..., its flat
     page K0 K1 ... V0 V1 ...: both paths store the former."""

@@ -22,7 +22,9 @@ Claims:
   * the daemon killed: lookups miss, stores are dropped, loads fail as
     results; restarted: the same blocks hit and load, stores go again;
   * two engine instances (processes): what A stored B finds and loads with
-    no backend load (the mount's /stats), and the reverse;
+    no backend load (the mount's /stats), and the reverse; the other
+    engine's result comes back in a file, whole, even unbuffered with its
+    stdout unread until it exits (stdout is only for logs);
   * keys are vLLM's block hashes: xxhash without PYTHONHASHSEED is refused
     with a log line (the tier is off: no lookups answer, nothing stored);
   * TP: each worker stores its slice as its own shard, and a block is a hit
@@ -68,12 +70,13 @@ class VllmCase(fixture.OwnDaemonCase):
     shard_size = PAGE * LAYERS
     missing = MISSING
 
-    def engine(self, page=PAGE, layers=LAYERS, seed=1, **kw):
+    def engine(self, page=PAGE, layers=LAYERS, seed=1, block_major=False, **kw):
+        kw_cache = {"block_major": block_major}
         extra = fv.extra_config(self.d.sock, self.d.store, **kw.pop("extra", {}))
         spec = fv.make_spec(fv.offloading_config(extra, page, layers, **kw))
         manager = spec.get_manager()
         self.addCleanup(manager.shutdown)
-        cache = fv.KVCache(page, layers, seed)
+        cache = fv.KVCache(page, layers, seed, block_major=kw_cache.get("block_major", False))
         worker = spec.get_worker(cache.caches)
         self.addCleanup(worker.shutdown)
         return spec, manager, worker, cache
@@ -149,6 +152,51 @@ class RoundTrip(VllmCase):
         self.assertEqual(calls, ["dumpv", "loadv"])
         for s, t in zip([1, 2, 3, 4], [9, 10, 11, 12]):
             self.assertEqual(cache.block(t), cache.block(s))
+
+    def spy_calls(self, worker):
+        """The Rank calls a worker makes, by name, in order."""
+        r = worker.link.get()
+        calls = []
+        for name in ("load", "dump", "loadv", "dumpv"):
+            def spy(entries, *a, _name=name, _fn=getattr(r, name), **kw):
+                calls.append(_name)
+                return _fn(entries, *a, **kw)
+            setattr(r, name, spy)
+        return calls
+
+    def test_adjacent_pages_of_a_block_go_as_one_range(self):
+        """Layer tensors that are views of one block-major tensor: a block's
+        pages follow each other, merged into one range of the shard."""
+        spec, manager, worker, cache = self.engine(page=PAGE, layers=LAYERS, seed=16,
+                                                   block_major=True)
+        calls = self.spy_calls(worker)
+        hashes = fv.block_hashes(seed=16, n=4)
+        self.assertEqual(len(fv.store(spec, manager, worker, cache, hashes, [1, 2, 3, 4], job_id=1)), 4)
+        self.assertTrue(fv.load(manager, worker, cache, hashes, [9, 10, 11, 12], job_id=2).success)
+        self.assertEqual(calls, ["dump", "load"])
+        for s, t in zip([1, 2, 3, 4], [9, 10, 11, 12]):
+            self.assertEqual(cache.block(t), cache.block(s))
+
+    def test_the_columns_of_a_job_merge_only_adjacent_pages(self):
+        """_columns: pages in vLLM's order (data ref, then block), per block
+        the refs in order, a page that starts where the one before it ends
+        merged into it, never across blocks."""
+        from vllm.v1.kv_offload.base import DevicePointers
+
+        import numpy as np
+
+        # Two blocks, three refs; block 0: refs 0 and 1 adjacent, block 1:
+        # refs 1 and 2 adjacent; block 1's ref 0 follows block 0's ref 2.
+        ptrs = np.array([1000, 5000,  # ref 0, blocks 0 and 1
+                         1100, 6000,  # ref 1
+                         3000, 6100],  # ref 2
+                        dtype=np.uint64)
+        sizes = np.array([100, 100, 100, 100, 100, 100], dtype=np.uint64)
+        dp = DevicePointers(ptrs=ptrs, sizes=sizes, group_block_counts=(2,),
+                            group_data_ref_counts=(3,), block_indices=(0,))
+        counts, pieces = svllm.ShardfsOffloadingWorker._columns(dp, [b"a" * 16, b"b" * 16])
+        self.assertEqual(counts, [2, 2])
+        self.assertEqual(pieces.tolist(), [[1000, 200], [3000, 100], [5000, 100], [6000, 200]])
 
     def test_a_chunk_moved_in_part_has_holes(self):
         """Two GPU blocks per offloaded block (2 layers of PAGE: the shard is
@@ -229,15 +277,55 @@ class DaemonGone(VllmCase):
 
 
 class TwoEngines(VllmCase):
-    def other(self, what, seed, first, n):
-        env = dict(os.environ)
+    def other(self, what, seed, first, n, env=None, read_late=False):
+        """Another engine (fixture_vllm.py in a process of its own): its result
+        comes back in a file, whole; its stdout and stderr are only logs, kept
+        for a failure's message. read_late: its stdout and stderr are a pipe
+        read only once it has exited."""
+        env = dict(os.environ if env is None else env)
         env.pop("PYTHONHASHSEED", None)
         pkg = os.path.dirname(os.path.dirname(os.path.abspath(svllm.__file__)))
         env["PYTHONPATH"] = os.pathsep.join([pkg, HERE])
-        out = subprocess.run([sys.executable, os.path.join(HERE, "fixture_vllm.py"), self.d.sock,
-                              self.d.store, what, str(seed), str(first), str(n), str(PAGE),
-                              str(LAYERS)], env=env, stdout=subprocess.PIPE, check=True, timeout=120)
-        return json.loads(out.stdout.decode().strip().splitlines()[-1])
+        self.runs = getattr(self, "runs", 0) + 1
+        result = os.path.join(self.d.dir, f"other-{self.runs}.json")
+        logs = os.path.join(self.d.dir, f"other-{self.runs}.log")
+        argv = [sys.executable, os.path.join(HERE, "fixture_vllm.py"), result, self.d.sock,
+                self.d.store, what, str(seed), str(first), str(n), str(PAGE), str(LAYERS)]
+        if read_late:
+            p = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+            try:
+                rc = p.wait(timeout=120)
+            except subprocess.TimeoutExpired:
+                p.kill()
+                p.wait()
+                self.fail("the other engine blocked writing to its stdout, unread: it must not "
+                          "need a reader")
+            finally:
+                log = p.stdout.read().decode(errors="replace")
+                p.stdout.close()
+        else:
+            with open(logs, "wb") as f:
+                rc = subprocess.run(argv, env=env, stdout=f, stderr=subprocess.STDOUT,
+                                    timeout=120).returncode
+            with open(logs, errors="replace") as f:
+                log = f.read()
+        self.assertEqual(rc, 0, f"the other engine ({what}) ended with {rc}:\n{log[-3000:]}")
+        self.assertTrue(os.path.exists(result), f"the other engine ({what}) left no result:\n"
+                        f"{log[-3000:]}")
+        with open(result) as f:
+            return json.load(f)
+
+    def test_the_result_does_not_need_stdout_read(self):
+        """Unbuffered (PYTHONUNBUFFERED=1: a short write to the fd is lost
+        silently) and with nobody reading its stdout until it exits, the
+        other engine's result comes back whole."""
+        env = dict(os.environ, PYTHONUNBUFFERED="1")
+        a = self.other("store", seed=16, first=0, n=6, env=env, read_late=True)
+        self.assertEqual(a["stored"], 6)
+        b = self.other("load", seed=16, first=0, n=6, env=env, read_late=True)
+        self.assertEqual(b["hits"], [True] * 6)
+        self.assertTrue(b["success"])
+        self.assertEqual(b["blocks"], a["blocks"])
 
     def test_what_one_engine_stored_the_other_loads_from_memory(self):
         a = self.other("store", seed=5, first=0, n=6)

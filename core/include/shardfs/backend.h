@@ -95,6 +95,15 @@ static inline bool sfs_block_stamp_same(const struct sfs_block_stamp *a,
            (a->flags & SFS_STAMP_ABSENT) == (b->flags & SFS_STAMP_ABSENT);
 }
 
+/* One block file as a scan of the store sees it (sfs_backend_scan). */
+struct sfs_block_scan {
+    struct sfs_block_id id;
+    struct sfs_block_stamp stamp; /* as sfs_backend_stamp's (never SFS_STAMP_ABSENT) */
+    uint64_t bytes;               /* what it takes on disk: st_blocks * 512 */
+    int64_t atime_ns;             /* its last access, the file system's clock (relatime: coarse) */
+};
+typedef int sfs_scan_fn(const struct sfs_block_scan *b, void *arg);
+
 struct sfs_backend_ops {
     const char *name;
     int (*load)(struct sfs_backend *be, struct sfs_io **ios, size_t n);
@@ -109,6 +118,10 @@ struct sfs_backend_ops {
     /* Added last (older backends leave it NULL: -EOPNOTSUPP). */
     int (*stamp)(struct sfs_backend *be, const struct sfs_block_id *block,
                  struct sfs_block_stamp *out);
+    int (*scan)(struct sfs_backend *be, sfs_scan_fn *fn, void *arg);
+    int (*evict)(struct sfs_backend *be, const struct sfs_block_id *block,
+                 const struct sfs_block_stamp *expect, uint64_t *freed);
+    int (*lease)(struct sfs_backend *be, const char *role, uint32_t ttl_ms);
 };
 
 /* Every backend starts with this header. */
@@ -149,6 +162,39 @@ SFS_API int sfs_backend_shard_count(struct sfs_backend *be, const struct sfs_blo
 SFS_API int sfs_backend_stamp(struct sfs_backend *be, const struct sfs_block_id *block,
                               struct sfs_block_stamp *out);
 
+/*
+ * Visit every block file of the store with its stamp, its bytes on disk and
+ * its access time, in the caller's thread, one directory at a time
+ * (opendir/readdir, one stat each): memory bounded by two open directories,
+ * whatever the store holds; no deadline (a hung store holds the caller).
+ * Stops when fn returns non-zero and returns that value; 0, -errno of a
+ * directory, -EOPNOTSUPP for a backend without block files (mem). Wrapping
+ * backends (fault, peer) answer for their inner one.
+ */
+SFS_API int sfs_backend_scan(struct sfs_backend *be, sfs_scan_fn *fn, void *arg);
+/*
+ * Remove a whole block from the store for a collector bounding it: under
+ * the block's commit lock (a commit in flight, of this host or of another
+ * where the lock crosses hosts, ends first and none starts meanwhile),
+ * and only when its file is still the one `expect` stamps. One unlink of
+ * the whole file: a reader that has it open reads the whole old block, a
+ * later one misses. 0 (*freed: its bytes on disk), -ESTALE (a commit
+ * changed it since the stamp: left), -EBUSY (the lock could not be had:
+ * left), -ENOENT (gone), -EROFS, -ETIMEDOUT (the backend's deadline),
+ * -EOPNOTSUPP (no block files), or another -errno.
+ */
+SFS_API int sfs_backend_evict(struct sfs_backend *be, const struct sfs_block_id *block,
+                              const struct sfs_block_stamp *expect, uint64_t *freed);
+/*
+ * A store-wide lease on a role (e.g. "collector"): one holder at a time
+ * among every host and process on the store, decided by the store (posix:
+ * a file at its root; docs/eviction.md). Each call takes or renews it: 1
+ * when this backend holds it now, 0 when another holder's lease is live
+ * (renewed within ttl_ms, on the store's clock), -errno; ttl_ms 0 drops
+ * it if held. A holder that dies or stops renewing loses it ttl_ms after
+ * its last call. -EOPNOTSUPP: a backend without a shared directory (mem).
+ */
+SFS_API int sfs_backend_lease(struct sfs_backend *be, const char *role, uint32_t ttl_ms);
 /* A hint: these blocks will be read soon (readahead / WILLNEED). 0 or -errno. */
 SFS_API int sfs_backend_touch(struct sfs_backend *be, const struct sfs_block_id *blocks, size_t n);
 

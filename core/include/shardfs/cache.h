@@ -424,6 +424,10 @@ SFS_API int sfs_cache_pin_as(struct sfs_cache *c, const struct sfs_block_id *blo
 /* 1 if key is resident and its block's pin lasts, 0 if not, or -errno. */
 SFS_API int sfs_cache_pinned(struct sfs_cache *c, const struct sfs_key *key);
 
+/* 1 if block's pin lasts, resident or not (a store collector keeps it), 0
+ * if not, -EINVAL. Lock-free. */
+SFS_API int sfs_cache_block_pinned(struct sfs_cache *c, const struct sfs_block_id *block);
+
 /* Bytes of the slots pins hold now (expired pins swept first). */
 SFS_API uint64_t sfs_cache_pinned_bytes(struct sfs_cache *c);
 

@@ -137,6 +137,9 @@ static const struct sfs_backend_ops posix_ops = {
     .list = sfs_posix_list,
     .close = posix_close,
     .stamp = sfs_posix_stamp,
+    .scan = sfs_posix_scan,
+    .evict = sfs_posix_evict,
+    .lease = sfs_posix_lease,
 };
 
 struct sfs_backend *sfs_posix_open(const char *root, const struct sfs_posix_opts *o,

@@ -81,6 +81,10 @@
  * truncates the block file to n * shard_size, dropping shard n and every
  * later shard, by the same tmp + rename commit; when that leaves 0 bytes the
  * block file is unlinked. -ENOENT if shard n is not there.
+ *
+ * Evict (a collector bounding the store, sfs_backend_evict): the whole block
+ * file unlinked under the same lock, only while it is the file the
+ * collector's scan stamped (evict_block, at the end).
  */
 #include "posix_remote_i.h"
 #include "util_i.h"
@@ -545,4 +549,120 @@ int sfs_posix_remove(struct sfs_backend *be, const struct sfs_key *key)
     if (p->o.read_only)
         return -EROFS;
     return commit_deadline(p, &key->block, NULL, 0, key->shard);
+}
+
+/*
+ * Evict (a collector bounding the store): the whole block file, under its
+ * commit lock, only if it is still the file the collector's scan stamped.
+ * The lock is the commit's own (sfs_posix_hold_block): a commit in flight
+ * on this host, or on another where the lock crosses hosts (flock over NFS,
+ * the owner file of a FUSE store), ends before it, and none starts until
+ * the unlink is done; a block a commit changed meanwhile is no longer the
+ * scan's file (-ESTALE) and stays, since it was just written. Without the
+ * lock nothing is removed (-EBUSY): a commit goes on without a lock it
+ * cannot have, a collector never does. The unlink drops the name only: a
+ * reader that opened the file (a load in flight) reads the whole old block
+ * from its descriptor, a later open misses; a block file is never written
+ * after its rename, so there is no third view.
+ */
+static int evict_block(struct posix_backend *p, const struct sfs_block_id *id,
+                       const struct sfs_block_stamp *expect, struct posix_job *gate,
+                       uint64_t *freed)
+{
+    char rel[PATH_REL_MAX], lock[PATH_REL_MAX];
+    struct sfs_block_stamp now;
+    struct block_hold hold;
+    struct remote_commit rc;
+    struct stat st;
+    int ret;
+
+    sfs_posix_block_rel(p, id, false, rel);
+    sfs_posix_block_rel(p, id, true, lock);
+    if (fstatat(p->root_fd, rel, &st, AT_SYMLINK_NOFOLLOW) < 0)
+        return sfs_posix_errno_of_open(errno);
+    sfs_posix_hold_block(p, lock, &hold);
+    sfs_posix_remote_begin(p, hold.lfd, &rc);
+    if (hold.lfd < 0 || (p->host_lock_fd >= 0 && !hold.owned)) {
+        ret = -EBUSY;
+        goto out_abort;
+    }
+    if (fstatat(p->root_fd, rel, &st, AT_SYMLINK_NOFOLLOW) < 0) {
+        ret = sfs_posix_errno_of_open(errno);
+        goto out_abort;
+    }
+    if (!S_ISREG(st.st_mode)) {
+        ret = -ENOENT;
+        goto out_abort;
+    }
+    memset(&now, 0, sizeof(now));
+    now.dev = (uint64_t)st.st_dev;
+    now.ino = (uint64_t)st.st_ino;
+    now.size = (uint64_t)st.st_size;
+    now.mtime_ns = (int64_t)st.st_mtim.tv_sec * 1000000000 + st.st_mtim.tv_nsec;
+    now.ctime_ns = (int64_t)st.st_ctim.tv_sec * 1000000000 + st.st_ctim.tv_nsec;
+    if (!sfs_block_stamp_same(&now, expect)) {
+        ret = -ESTALE;
+        goto out_abort;
+    }
+    SFS_TEST_POINT("evict:locked");
+    if (gate && !sfs_posix_call_commit(p, gate)) {
+        ret = -ETIMEDOUT; /* the caller gave up: nothing changes */
+        goto out_abort;
+    }
+    if (unlinkat(p->root_fd, rel, 0) < 0) {
+        ret = sfs_posix_errno_of_open(errno);
+        goto out_abort;
+    }
+    *freed = (uint64_t)st.st_blocks * 512;
+    sfs_posix_remote_removed(p, &rc, rel);
+    ret = 0;
+    goto out_release;
+
+out_abort:
+    sfs_posix_remote_abort(p, &rc);
+out_release:
+    sfs_posix_release_block(p, lock, &hold);
+    return ret;
+}
+
+/* A job of posix_call.c: one eviction. */
+struct evict_job {
+    struct posix_job h;
+    struct sfs_block_id id;
+    struct sfs_block_stamp expect;
+    uint64_t freed;
+};
+
+static int evict_fn(struct posix_backend *p, struct posix_job *j)
+{
+    struct evict_job *e = (struct evict_job *)j;
+
+    return evict_block(p, &e->id, &e->expect, j, &e->freed);
+}
+
+int sfs_posix_evict(struct sfs_backend *be, const struct sfs_block_id *block,
+                    const struct sfs_block_stamp *expect, uint64_t *freed)
+{
+    struct posix_backend *p = (struct posix_backend *)be;
+    struct evict_job *e;
+    int ret;
+
+    *freed = 0;
+    if (p->o.read_only)
+        return -EROFS;
+    if (!p->ring_open)
+        return evict_block(p, block, expect, NULL, freed);
+    e = calloc(1, sizeof(*e));
+    if (!e)
+        return -ENOMEM;
+    e->h.fn = evict_fn;
+    e->id = *block;
+    e->expect = *expect;
+    ret = sfs_posix_call(p, &e->h);
+    if (ret < 0)
+        return ret; /* the job is no longer ours */
+    ret = e->h.result;
+    *freed = e->freed;
+    sfs_posix_job_free(&e->h);
+    return ret;
 }

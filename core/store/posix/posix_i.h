@@ -7,7 +7,8 @@
  * posix_load.c, over the ring's queue and block-file opens posix_ring.c
  * (their shared parts: posix_ring_i.h); exists, shard_count and list
  * posix_query.c; dumps and removes (the tmp + rename commit) posix_commit.c;
- * the synchronous calls' helpers posix_call.c; naming and opening a block
+ * the synchronous calls' helpers posix_call.c; store-wide leases (one
+ * collector a store) posix_lease.c; naming and opening a block
  * file posix_path.c, which all of them call. Calls go downward:
  * backend_posix.c -> posix_load.c -> posix_ring.c -> posix_path.c, and
  * backend_posix.c -> posix_query.c / posix_commit.c -> posix_call.c.
@@ -68,6 +69,10 @@ struct posix_backend {
     atomic_uint_fast64_t tmp_seq;  /* the next temporary name's counter */
     int64_t tmp_age_ns;            /* immutable: a temporary file older than this is stale */
     atomic_int_fast64_t sweep_ns;  /* when this backend last swept (sfs_now_ns), 0: never */
+
+    /* posix_lease.c: this backend's token in store-wide leases; set at
+     * its first call. Leases are taken by one thread (a collector's). */
+    char lease_token[96];
 };
 
 /* Helpers of the synchronous calls alive at once: also how many calls can be
@@ -115,6 +120,8 @@ int sfs_posix_stamp(struct sfs_backend *be, const struct sfs_block_id *block,
                     struct sfs_block_stamp *out);
 int sfs_posix_list(struct sfs_backend *be, int (*fn)(const struct sfs_block_id *, void *),
                    void *arg);
+/* posix_query.c: the backend's scan (shardfs/backend.h). */
+int sfs_posix_scan(struct sfs_backend *be, sfs_scan_fn *fn, void *arg);
 
 /* posix_load.c: the backend's load (its sfs_backend_ops). */
 int sfs_posix_load(struct sfs_backend *be, struct sfs_io **ios, size_t n);
@@ -155,5 +162,10 @@ void sfs_posix_commit_init(struct posix_backend *p);
 /* posix_commit.c: the backend's dump and remove (its sfs_backend_ops). */
 int sfs_posix_dump(struct sfs_backend *be, struct sfs_io **ios, size_t n);
 int sfs_posix_remove(struct sfs_backend *be, const struct sfs_key *key);
+/* posix_lease.c: the backend's lease (shardfs/backend.h). */
+int sfs_posix_lease(struct sfs_backend *be, const char *role, uint32_t ttl_ms);
+/* posix_commit.c: the backend's evict (shardfs/backend.h). */
+int sfs_posix_evict(struct sfs_backend *be, const struct sfs_block_id *block,
+                    const struct sfs_block_stamp *expect, uint64_t *freed);
 
 #endif /* SHARDFS_POSIX_I_H */

@@ -1,8 +1,8 @@
 /* SPDX-License-Identifier: MIT */
 /*
  * posix_query.c - the posix backend's questions about the store: the stat
- * of a block file (exists, shard_count, stamp) and the listing of every
- * block.
+ * of a block file (exists, shard_count, stamp), the listing of every
+ * block, and the scan of every block file's stat (a collector's).
  * Each is a synchronous call: in ring mode it runs on a helper of
  * posix_call.c with the backend's deadline, so a hung file system holds a
  * helper, never the caller past its deadline. Files that are not regular
@@ -156,10 +156,14 @@ int sfs_posix_stamp(struct sfs_backend *be, const struct sfs_block_id *block,
     return block_stats(p, NULL, block, 1, out);
 }
 
+/* A walk's visit of one entry named like a block file: dfd its directory. */
+typedef int walk_fn(int dfd, const char *name, const struct sfs_block_id *id, void *arg);
+
 /* Visit the block files of one directory. prefix: the hex the names must
- * start with (dir_prefix layout), or NULL. */
-static int list_dir(struct posix_backend *p, const char *sub, const char *prefix,
-                    int (*fn)(const struct sfs_block_id *, void *), void *arg)
+ * start with (dir_prefix layout), or NULL. One open directory, read in
+ * readdir's pages: memory bounded whatever the directory holds. */
+static int walk_dir(struct posix_backend *p, const char *sub, const char *prefix, walk_fn *fn,
+                    void *arg)
 {
     int dfd = openat(p->root_fd, sub, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
     struct dirent *de;
@@ -183,7 +187,7 @@ static int list_dir(struct posix_backend *p, const char *sub, const char *prefix
             continue;
         if (de->d_type != DT_REG && de->d_type != DT_UNKNOWN)
             continue;
-        ret = fn(&id, arg);
+        ret = fn(dirfd(d), de->d_name, &id, arg);
         if (ret)
             break;
     }
@@ -191,15 +195,15 @@ static int list_dir(struct posix_backend *p, const char *sub, const char *prefix
     return ret;
 }
 
-static int list_all(struct posix_backend *p, int (*fn)(const struct sfs_block_id *, void *),
-                    void *arg)
+/* Every directory of the layout in turn (at most two open at once). */
+static int walk_all(struct posix_backend *p, walk_fn *fn, void *arg)
 {
     struct dirent *de;
     DIR *d;
     int dfd, ret = 0;
 
     if (p->o.dir_prefix == 0)
-        return list_dir(p, "data", NULL, fn, arg);
+        return walk_dir(p, "data", NULL, fn, arg);
     dfd = openat(p->root_fd, ".", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
     if (dfd < 0)
         return -errno;
@@ -216,12 +220,73 @@ static int list_all(struct posix_backend *p, int (*fn)(const struct sfs_block_id
             ok = sfs_hex_lower_val(de->d_name[i]) >= 0;
         if (!ok || (de->d_type != DT_DIR && de->d_type != DT_UNKNOWN))
             continue;
-        ret = list_dir(p, de->d_name, de->d_name, fn, arg);
+        ret = walk_dir(p, de->d_name, de->d_name, fn, arg);
         if (ret)
             break;
     }
     closedir(d);
     return ret;
+}
+
+struct list_visit {
+    int (*fn)(const struct sfs_block_id *, void *);
+    void *arg;
+};
+
+static int list_one(int dfd, const char *name, const struct sfs_block_id *id, void *arg)
+{
+    struct list_visit *v = arg;
+
+    (void)dfd;
+    (void)name;
+    return v->fn(id, v->arg);
+}
+
+static int list_all(struct posix_backend *p, int (*fn)(const struct sfs_block_id *, void *),
+                    void *arg)
+{
+    struct list_visit v = {fn, arg};
+
+    return walk_all(p, list_one, &v);
+}
+
+struct scan_visit {
+    struct posix_backend *p;
+    sfs_scan_fn *fn;
+    void *arg;
+};
+
+/* One stat per block file, never following a link (a link is no block file
+ * of the store's own: its bytes are counted where they lie, if anywhere). */
+static int scan_one(int dfd, const char *name, const struct sfs_block_id *id, void *arg)
+{
+    struct scan_visit *v = arg;
+    struct sfs_block_scan b;
+    struct stat st;
+
+    if (fstatat(dfd, name, &st, AT_SYMLINK_NOFOLLOW) < 0 || !S_ISREG(st.st_mode))
+        return 0; /* gone since the readdir (a commit's unlink), or not a file */
+    memset(&b, 0, sizeof(b));
+    b.id = *id;
+    b.stamp.flags = v->p->remote_fs ? SFS_STAMP_REMOTE : 0;
+    b.stamp.dev = (uint64_t)st.st_dev;
+    b.stamp.ino = (uint64_t)st.st_ino;
+    b.stamp.size = (uint64_t)st.st_size;
+    b.stamp.mtime_ns = (int64_t)st.st_mtim.tv_sec * 1000000000 + st.st_mtim.tv_nsec;
+    b.stamp.ctime_ns = (int64_t)st.st_ctim.tv_sec * 1000000000 + st.st_ctim.tv_nsec;
+    b.atime_ns = (int64_t)st.st_atim.tv_sec * 1000000000 + st.st_atim.tv_nsec;
+    b.bytes = (uint64_t)st.st_blocks * 512;
+    return v->fn(&b, v->arg);
+}
+
+/* The caller's thread, no deadline (shardfs/backend.h): a scan of millions
+ * of files outlasts any one call's deadline, and a collector is the only
+ * caller, on a thread of its own. */
+int sfs_posix_scan(struct sfs_backend *be, sfs_scan_fn *fn, void *arg)
+{
+    struct scan_visit v = {(struct posix_backend *)be, fn, arg};
+
+    return walk_all(v.p, scan_one, &v);
 }
 
 /* A job of posix_call.c: the ids of every block of the store, gathered by

@@ -14,9 +14,10 @@ whole story.
 from ._version import __version__
 from .errors import (InvalidArgument, PinBudgetExceeded, PinsDisabled, RankClosed, ShardfsError,
                      WaitTimeout)
-from .rank import Entries, Rank, Task, block_hex, block_id, cuda_devices
+from .rank import Entries, EntriesV, Rank, Task, block_hex, block_id, cuda_devices
 
 __all__ = [
-    "__version__", "Rank", "Task", "Entries", "ShardfsError", "InvalidArgument", "RankClosed",
-    "WaitTimeout", "PinBudgetExceeded", "PinsDisabled", "block_id", "block_hex", "cuda_devices",
+    "__version__", "Rank", "Task", "Entries", "EntriesV", "ShardfsError", "InvalidArgument",
+    "RankClosed", "WaitTimeout", "PinBudgetExceeded", "PinsDisabled", "block_id", "block_hex",
+    "cuda_devices",
 ]

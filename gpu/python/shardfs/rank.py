@@ -31,10 +31,11 @@ import threading
 from . import _lib
 from .errors import (InvalidArgument, PinBudgetExceeded, PinsDisabled, RankClosed, ShardfsError,
                      check)
-from .task import (_ENTRY, _MAX_SHARD, Task, _pack, _shard_index, block_hex, block_id,
-                   pack_vectored)
+from .task import (_ENTRY, _MAX_SHARD, EntriesV, Task, _pack, _shard_index, block_hex,
+                   block_id, pack_vectored)
 
-__all__ = ["Rank", "Task", "Entries", "block_id", "block_hex", "cuda_devices", "PIN_MAX_SECONDS"]
+__all__ = ["Rank", "Task", "Entries", "EntriesV", "block_id", "block_hex", "cuda_devices",
+           "PIN_MAX_SECONDS"]
 
 # SFS_PIN_MAX_SECONDS (shardfs/cache.h): the longest pin, 366 days.
 PIN_MAX_SECONDS = 366 * 24 * 3600
@@ -626,14 +627,18 @@ class Rank:
         if getattr(_lib.lib(), fn_name, None) is None:
             raise ShardfsError(errno.ENOTSUP, f"{kind}: the library at {_lib.path()} is older "
                                f"than 0.3 (no {fn_name})")
-        arr, n, pieces = pack_vectored(entries, kind)
+        if type(entries) is EntriesV:  # columns, checked and packed when made
+            arr, n, pieces = entries._arr, entries._n, entries._pieces
+        else:
+            arr, n, pieces = pack_vectored(entries, kind)
         return self._queue(fn_name, arr, n, (pieces, keep), kind, extra)
 
     def loadv(self, entries, keep=None):
         """Queue a load of shards made of pieces: each entry is (block,
         shard, [(address, bytes), ...]), 1 to 512 pieces whose bytes add up
         to at most shard_size; piece k receives the shard's bytes that follow
-        piece k-1's (sfs_rank_loadv). Addresses are raw: the caller vouches
+        piece k-1's (sfs_rank_loadv); or an EntriesV, the same in columns.
+        Addresses are raw: the caller vouches
         for them and keeps them valid until the task is done; `keep` (any
         object) is held by the Task until then. Returns a Task."""
         return self._submitv("sfs_rank_loadv", entries, keep, "loadv")

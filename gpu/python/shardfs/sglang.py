@@ -43,6 +43,13 @@ Extra config (the same JSON object):
     shardfs_backend    a full backend spec instead
     dir_prefix         hex characters of directory per block file (the
                        daemon's -o dir_prefix; default 0, "data/")
+    store_capacity_gb  the bound the deployment expects on the store (GiB),
+                       as SGLang's file backend users bound theirs: the
+                       daemon owns the bound (-o store_capacity), which an
+                       adapter cannot set, so the adapter reads the daemon's
+                       shardfs_store_capacity_bytes and logs once whether it
+                       enforces this one (a warning when it does not);
+                       .store_capacity_bytes holds what it read
 
 The host pool is host memory, so the rank copies to host memory (device
 None). MLA models: the TP ranks load the same blocks, rank tp_rank of
@@ -67,7 +74,7 @@ import logging
 import threading
 import time
 
-from . import _pages, _pieces
+from . import _pages, _pieces, _storebound
 from .errors import InvalidArgument, RankClosed
 from .rank import Rank
 
@@ -196,6 +203,10 @@ class ShardfsStorage(_Base):
         spec = extra.get("shardfs_backend")
         if spec is None and extra.get("shardfs_store"):
             spec = f"posix:{extra['shardfs_store']}?dir_prefix={int(extra.get('dir_prefix', 0))}"
+        want = _storebound.gib(extra.get("store_capacity_gb"), "ShardfsStorage",
+                               "store_capacity_gb")
+        self.store_capacity_bytes = _storebound.check(log, "ShardfsStorage", want, bool(want),
+                                                      mount=mount, socket=socket)
         self.storage_config = storage_config
         self.suffix = key_suffix(storage_config)
         self.tp_suffix = key_suffix(storage_config, shared=False)  # Mamba states: per TP rank

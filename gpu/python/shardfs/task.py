@@ -284,3 +284,73 @@ def pack_vectored(entries, what):
             _PIECE.pack_into(raw, k * _PIECE.size, addr, size)
             k += 1
     return (_lib.EntryV * n).from_buffer(arr), n, flat
+
+
+@functools.lru_cache(maxsize=_CHUNK + 1)
+def _entriesv_struct(n):
+    return struct.Struct("=" + "16sIIQ" * n)
+
+
+class EntriesV:
+    """A vectored task's entries in columns (Rank.loadv / Rank.dumpv take it
+    instead of a list of triples): entry i is (blocks[i], shards[i]) made of
+    counts[i] pieces, the next ones of `pieces`, a C-contiguous buffer of
+    (address, bytes) pairs of uint64 (struct sfs_rank_piece[], e.g. a numpy
+    array of shape (k, 2) and dtype uint64). The columns are checked by
+    builtins over them (no Python code per entry or piece): block ids are 16
+    bytes, shards in range, 1 to PIECES_MAX pieces per entry that add up to
+    the pairs given. Each piece (no null address, no empty piece, at most a
+    shard per entry) is checked by the library when the task is queued, an
+    InvalidArgument then. The pieces are copied at once: the buffer may be
+    reused after this returns."""
+
+    __slots__ = ("_n", "_arr", "_pieces")
+
+    def __init__(self, blocks, shards, counts, pieces):
+        what = "entriesv"
+        blocks = list(blocks)
+        n = len(blocks)
+        if n == 0:
+            raise InvalidArgument(f"{what}: no entries")
+        if set(map(type, blocks)) != {bytes} or set(map(len, blocks)) != {_lib.BLOCK_ID_LEN}:
+            blocks = [block_id(b) for b in blocks]
+        if isinstance(shards, int):
+            shards = [_shard_index(shards)] * n
+        else:
+            shards = [_shard_index(s) for s in shards]
+        counts = [int(c) for c in counts]
+        if len(shards) != n or len(counts) != n:
+            raise InvalidArgument(f"{what}: {n} block ids, {len(shards)} shard indices and "
+                                  f"{len(counts)} piece counts")
+        if min(counts) < 1 or max(counts) > _lib.PIECES_MAX:
+            raise InvalidArgument(f"{what}: 1 to {_lib.PIECES_MAX} pieces per entry, not "
+                                  f"{min(counts) if min(counts) < 1 else max(counts)}")
+        try:
+            flat = memoryview(pieces).cast("B")
+        except (TypeError, ValueError):
+            raise InvalidArgument(f"{what}: pieces must be a C-contiguous buffer of "
+                                  "(address, bytes) uint64 pairs") from None
+        total = sum(counts)
+        if flat.nbytes != total * _PIECE.size:
+            raise InvalidArgument(f"{what}: {total} pieces counted, {flat.nbytes} bytes of "
+                                  f"pairs given ({total * _PIECE.size} expected)")
+        raw = bytearray(flat)
+        self._pieces = (_lib.Piece * total).from_buffer(raw)  # pins raw: its address stays
+        base = ctypes.addressof(self._pieces)
+        ptrs = map(base.__add__, map(_PIECE.size.__mul__,
+                                     itertools.accumulate(counts[:-1], initial=0)))
+        cols = list(itertools.chain.from_iterable(zip(blocks, shards, counts, ptrs)))
+        arr = bytearray(_ENTRYV.size * n)
+        off = 0
+        while off < n:
+            k = min(_CHUNK, n - off)
+            _entriesv_struct(k).pack_into(arr, off * _ENTRYV.size, *cols[4 * off:4 * (off + k)])
+            off += k
+        self._n = n
+        self._arr = (_lib.EntryV * n).from_buffer(arr)
+
+    def __len__(self):
+        return self._n
+
+    def __repr__(self):
+        return f"<shardfs.EntriesV of {self._n} entries, {len(self._pieces)} pieces>"

@@ -36,9 +36,12 @@ those and opens the query-only role):
     shardfs_load_depth, shardfs_key_timeout_ms  rank options
     timeout_ms         UCM's per-call deadline: the rank's key_timeout_ms
                        unless shardfs_key_timeout_ms is given
-    posix_capacity_gb, posix_gc_enable  accepted; the store is not bounded
-                       by the adapter (the daemon owns the store's bound),
-                       which is logged once
+    posix_capacity_gb, posix_gc_enable  the store's bound is the daemon's
+                       (-o store_capacity), which an adapter cannot set: the
+                       adapter reads the daemon's shardfs_store_capacity_bytes
+                       and logs once whether it enforces the engine's bound
+                       (a warning when it does not); .store_capacity_bytes
+                       holds what it read (0: none, None: unknown)
 
 Errors. UCM's connector catches RuntimeError only, so every error that
 leaves this store is a ShardfsUcmError (a RuntimeError; .errno and .cause
@@ -58,7 +61,7 @@ import functools
 import logging
 import os
 
-from . import _pieces
+from . import _pieces, _storebound
 from .errors import InvalidArgument, RankClosed, ShardfsError
 from .rank import Rank, cuda_devices
 
@@ -175,10 +178,11 @@ class ShardfsStore(_UcmBase):
             options["key_timeout_ms"] = int(config["shardfs_key_timeout_ms"])
         elif config.get("timeout_ms"):
             options["key_timeout_ms"] = int(config["timeout_ms"])
-        if config.get("posix_capacity_gb") or config.get("posix_gc_enable"):
-            log.warning("ShardfsStore: posix_capacity_gb=%s, posix_gc_enable=%s: the store is not "
-                        "bounded by this adapter; the shardfs daemon owns the store's bound",
-                        config.get("posix_capacity_gb"), config.get("posix_gc_enable"))
+        want = _storebound.gib(config.get("posix_capacity_gb"), "ShardfsStore",
+                               "posix_capacity_gb")
+        self.store_capacity_bytes = _storebound.check(
+            log, "ShardfsStore", want, bool(want) or bool(config.get("posix_gc_enable")),
+            mount=mount, socket=socket)
         if device_id < 0:
             device, rank = -1, 0  # the scheduler: lookups only
         elif mode == "cuda" or (mode == "auto" and cuda_devices() > 0):

@@ -48,10 +48,13 @@ by itself when the daemon returns.
 import ctypes
 import errno
 import hashlib
+import itertools
 import logging
 import os
 import threading
 import time
+
+import numpy as np
 
 from vllm.v1.kv_offload.base import (  # vLLM's experimental API: pinned in docs/engines.md
     LoadStoreSpec,
@@ -67,6 +70,7 @@ from vllm.v1.kv_offload.base import (  # vLLM's experimental API: pinned in docs
 from . import _lib
 from .errors import ShardfsError
 from .rank import Rank
+from .task import EntriesV
 
 log = logging.getLogger("shardfs.vllm")
 
@@ -342,6 +346,39 @@ class ShardfsOffloadingWorker(OffloadingWorker):
             raise ValueError(f"shardfs.vllm: {len(blocks)} blocks for {k} chunks of pages")
         return out
 
+    @staticmethod
+    def _columns(device_ptrs, blocks):
+        """One block per chunk (no holes): the job's pieces in columns,
+        (counts per block, uint64 array of (address, bytes) rows), in the
+        order of _layout, adjacent pages merged; numpy over vLLM's pointer
+        arrays, no Python code per block or page."""
+        ptrs = np.asarray(device_ptrs.ptrs, dtype=np.uint64)
+        sizes = np.asarray(device_ptrs.sizes, dtype=np.uint64)
+        counts, rows = [], []
+        off = 0
+        for gsize, nrefs in zip(device_ptrs.group_block_counts, device_ptrs.group_data_ref_counts):
+            if gsize == 0:
+                continue
+            end = off + gsize * nrefs
+            p = ptrs[off:end].reshape(nrefs, gsize).T  # block by block, refs in order
+            n = sizes[off:end].reshape(nrefs, gsize).T
+            off = end
+            joins = p[:, 1:] == p[:, :-1] + n[:, :-1]  # a page that goes on the one before
+            if not joins.any():  # vLLM's layer tensors: no page follows another
+                rows.append(np.stack((p.ravel(), n.ravel()), axis=1))
+                counts += [nrefs] * gsize
+                continue
+            start = np.ones((gsize, nrefs), dtype=bool)  # a block's first page starts a piece
+            start[:, 1:] = ~joins
+            at = np.flatnonzero(start)
+            rows.append(np.stack((p.ravel()[at], np.add.reduceat(n.ravel(), at)), axis=1))
+            counts += start.sum(axis=1).tolist()
+        if len(counts) != len(blocks):
+            raise ValueError(f"shardfs.vllm: {len(blocks)} blocks for {len(counts)} chunks of "
+                             "pages")
+        pieces = np.ascontiguousarray(np.concatenate(rows) if rows else np.empty((0, 2), np.uint64))
+        return counts, pieces
+
     def _submit(self, job_id, device_ptrs, spec, load):
         blocks = spec.blocks
         job = _Job(load, blocks, int(device_ptrs.sizes.sum()))
@@ -353,6 +390,16 @@ class ShardfsOffloadingWorker(OffloadingWorker):
             return True
         try:
             size = r.shard_size
+            cols = self._columns(device_ptrs, blocks) if self.spec.blocks_per_chunk == 1 else None
+            if cols is not None:
+                counts, pieces = cols
+                if pieces.shape[0] == len(blocks) and bool((pieces[:, 1] == size).all()):
+                    entries = list(zip(blocks, itertools.repeat(self.shard), pieces[:, 0].tolist()))
+                    job.task = r.load(entries) if load else r.dump(entries)  # straight to the page
+                else:
+                    entries = EntriesV(blocks, self.shard, counts, pieces)
+                    job.task = r.loadv(entries) if load else r.dumpv(entries)
+                return True
             layout = self._layout(device_ptrs, blocks)
             if all(len(p) == 1 and p[0][1] == size and p[0][2] == 0 for _, p in layout):
                 entries = [(blk, self.shard, p[0][0]) for blk, p in layout]  # straight to the page

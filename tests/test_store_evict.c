@@ -1,0 +1,253 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * test_store_evict.c - the store's side of a bounded store: the scan of
+ * every block file (sfs_backend_scan) and the eviction of a whole block
+ * (sfs_backend_evict) in the posix backend.
+ *
+ * The scan visits each block file once with its bytes on disk, whatever the
+ * layout, and nothing else (temporary and lock files, directories). An
+ * eviction removes a block only when its file is still the one the scan
+ * stamped, waits for a commit that holds the block's lock and then keeps
+ * what that commit wrote, leaves a reader that has the file open the whole
+ * old block, and changes nothing on a read-only backend. The store-wide
+ * lease (sfs_backend_lease) has one holder among the backends on a store
+ * (two backends here stand for two hosts), passes on when its holder
+ * stops renewing it, and goes when dropped.
+ */
+#include <shardfs/backend.h>
+
+#include "backendfx.h"
+
+#include <criterion/criterion.h>
+
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <ftw.h>
+#include <pthread.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/file.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+TestSuite(store_evict, .init = mkroot, .fini = rmroot, .timeout = 30);
+
+struct seen {
+    uint32_t n;
+    uint64_t bytes;
+    struct sfs_block_scan last[64];
+};
+
+static int scan_fn(const struct sfs_block_scan *b, void *arg)
+{
+    struct seen *s = arg;
+
+    if (s->n < 64)
+        s->last[s->n] = *b;
+    s->n++;
+    s->bytes += b->bytes;
+    return 0;
+}
+
+static const struct sfs_block_scan *find(const struct seen *s, uint64_t blk)
+{
+    struct sfs_block_id id = mkid(blk);
+
+    for (uint32_t i = 0; i < s->n && i < 64; i++)
+        if (memcmp(&s->last[i].id, &id, sizeof(id)) == 0)
+            return &s->last[i];
+    return NULL;
+}
+
+static void scan_layout(unsigned prefix)
+{
+    struct sfs_backend *be = open_spec("posix:%s?dir_prefix=%u", g_root, prefix);
+    struct sfs_block_id id = mkid(1);
+    struct seen s = {0};
+    char path[400], other[450];
+
+    for (uint64_t b = 1; b <= 10; b++)
+        write_block(prefix, b, (uint32_t)b, S_SMALL);
+    /* Leftovers of commits and strangers: not block files. */
+    block_path(prefix, &id, path, sizeof(path), false);
+    snprintf(other, sizeof(other), "%s.tmp.h.1.1", path);
+    close(open(other, O_CREAT | O_WRONLY, 0644));
+    snprintf(other, sizeof(other), "%s.lock", path);
+    close(open(other, O_CREAT | O_WRONLY, 0644));
+    cr_assert_eq(sfs_backend_scan(be, scan_fn, &s), 0);
+    cr_assert_eq(s.n, 10, "prefix %u: %u files", prefix, s.n);
+    for (uint64_t b = 1; b <= 10; b++) {
+        const struct sfs_block_scan *f = find(&s, b);
+
+        cr_assert_not_null(f, "block %llu not scanned", (unsigned long long)b);
+        cr_assert_eq(f->stamp.size, b * S_SMALL);
+        cr_assert_geq(f->bytes, b * S_SMALL, "bytes on disk %llu", (unsigned long long)f->bytes);
+        cr_assert(!(f->stamp.flags & SFS_STAMP_ABSENT));
+    }
+    sfs_backend_close(be);
+}
+
+Test(store_evict, scan_visits_every_block_file_once_with_its_bytes)
+{
+    scan_layout(0);
+    rmroot();
+    mkroot();
+    scan_layout(2);
+}
+
+static struct sfs_block_scan scan_one(struct sfs_backend *be, uint64_t blk)
+{
+    struct seen s = {0};
+    const struct sfs_block_scan *f;
+
+    cr_assert_eq(sfs_backend_scan(be, scan_fn, &s), 0);
+    f = find(&s, blk);
+    cr_assert_not_null(f);
+    return *f;
+}
+
+Test(store_evict, a_block_rewritten_since_the_scan_stays)
+{
+    struct sfs_backend *be = open_spec("%s", g_root);
+    struct sfs_block_scan old;
+    uint64_t freed = 1;
+    char *buf = xalloc(S_SMALL);
+
+    write_block(0, 7, 2, S_SMALL);
+    old = scan_one(be, 7);
+    fill(&old.id, 1, 1, buf, S_SMALL);
+    cr_assert_eq(sfs_backend_dump_sync(be, &(struct sfs_key){old.id, 1}, buf, S_SMALL),
+                 (int)S_SMALL);
+    cr_assert_eq(sfs_backend_evict(be, &old.id, &old.stamp, &freed), -ESTALE);
+    cr_assert_eq(freed, 0);
+    cr_assert_eq(file_size(0, 7), 2 * S_SMALL, "a fresh commit was removed");
+    /* With the stamp of what is there now, it goes, and loads miss. */
+    old = scan_one(be, 7);
+    cr_assert_eq(sfs_backend_evict(be, &old.id, &old.stamp, &freed), 0);
+    cr_assert_geq(freed, 2 * S_SMALL);
+    cr_assert_eq(file_size(0, 7), -1);
+    cr_assert_eq(sfs_backend_load_sync(be, &(struct sfs_key){old.id, 0}, buf, S_SMALL), -ENOENT);
+    cr_assert_eq(sfs_backend_evict(be, &old.id, &old.stamp, &freed), -ENOENT);
+    free(buf);
+    sfs_backend_close(be);
+}
+
+Test(store_evict, a_reader_with_the_file_open_reads_the_whole_old_block)
+{
+    struct sfs_backend *be = open_spec("%s", g_root);
+    struct sfs_block_id id = mkid(3);
+    struct sfs_block_scan b;
+    char path[400];
+    char *buf = xalloc(S_SMALL);
+    int fd;
+
+    write_block(0, 3, 4, S_SMALL);
+    b = scan_one(be, 3);
+    block_path(0, &id, path, sizeof(path), false);
+    fd = open(path, O_RDONLY);
+    cr_assert_geq(fd, 0);
+    cr_assert_eq(sfs_backend_evict(be, &id, &b.stamp, NULL), 0);
+    for (uint32_t n = 0; n < 4; n++) {
+        cr_assert_eq(pread(fd, buf, S_SMALL, (off_t)n * S_SMALL), (ssize_t)S_SMALL);
+        cr_assert(matches(&id, n, 0, buf, S_SMALL), "shard %u torn after the eviction", n);
+    }
+    close(fd);
+    free(buf);
+    sfs_backend_close(be);
+}
+
+struct evict_arg {
+    struct sfs_backend *be;
+    struct sfs_block_scan b;
+    int ret;
+};
+
+static void *evict_thread(void *arg)
+{
+    struct evict_arg *a = arg;
+
+    a->ret = sfs_backend_evict(a->be, &a->b.id, &a->b.stamp, NULL);
+    return NULL;
+}
+
+/* A commit holds the block's lock (as posix_commit.c takes it): the
+ * eviction waits for it, then keeps what it committed. */
+Test(store_evict, an_eviction_waits_for_a_commit_in_flight_and_keeps_its_block)
+{
+    struct sfs_backend *be = open_spec("%s", g_root);
+    struct evict_arg a = {.be = be};
+    struct sfs_block_id id = mkid(5);
+    char path[400], lock[450], tmp[450];
+    pthread_t t;
+    int lfd, fd;
+
+    write_block(0, 5, 1, S_SMALL);
+    a.b = scan_one(be, 5);
+    block_path(0, &id, path, sizeof(path), false);
+    snprintf(lock, sizeof(lock), "%s.lock", path);
+    lfd = open(lock, O_CREAT | O_RDWR | O_CLOEXEC, 0644);
+    cr_assert_geq(lfd, 0);
+    cr_assert_eq(flock(lfd, LOCK_EX), 0);
+    cr_assert_eq(pthread_create(&t, NULL, evict_thread, &a), 0);
+    usleep(100 * 1000); /* whether it waits yet or not, it must wait */
+    /* The commit: a new file renamed over the block, then the lock let go
+     * the way a commit lets it go (unlinked first). */
+    snprintf(tmp, sizeof(tmp), "%s.tmp.test.1.1", path);
+    fd = open(tmp, O_CREAT | O_WRONLY, 0644);
+    cr_assert_geq(fd, 0);
+    cr_assert_eq(ftruncate(fd, 2 * S_SMALL), 0);
+    close(fd);
+    cr_assert_eq(rename(tmp, path), 0);
+    unlink(lock);
+    close(lfd);
+    pthread_join(t, NULL);
+    cr_assert_eq(a.ret, -ESTALE, "evict: %d", a.ret);
+    cr_assert_eq(file_size(0, 5), 2 * S_SMALL, "the committed block was removed");
+    sfs_backend_close(be);
+}
+
+Test(store_evict, a_read_only_backend_removes_nothing)
+{
+    struct sfs_backend *be;
+    struct sfs_block_scan b;
+
+    write_block(0, 9, 1, S_SMALL);
+    be = open_be(g_root, S_SMALL, true);
+    b = scan_one(be, 9);
+    cr_assert_eq(sfs_backend_evict(be, &b.id, &b.stamp, NULL), -EROFS);
+    cr_assert_eq(file_size(0, 9), S_SMALL);
+    sfs_backend_close(be);
+    be = open_be("mem:", S_SMALL, false);
+    cr_assert_eq(sfs_backend_scan(be, scan_fn, &(struct seen){0}), -EOPNOTSUPP);
+    sfs_backend_close(be);
+}
+
+Test(store_evict, a_store_wide_lease_has_one_holder_and_passes_on_when_stale)
+{
+    struct sfs_backend *a = open_spec("%s", g_root), *b = open_spec("%s", g_root);
+    struct timespec old[2] = {{0, UTIME_OMIT}, {0, 0}};
+    char path[400];
+
+    snprintf(path, sizeof(path), "%s/.shardfs_lease.collector", g_root);
+    cr_assert_eq(sfs_backend_lease(a, "collector", 60000), 1);
+    cr_assert_eq(sfs_backend_lease(b, "collector", 60000), 0, "two holders");
+    cr_assert_eq(sfs_backend_lease(a, "collector", 60000), 1, "the holder's renewal");
+    cr_assert_eq(sfs_backend_lease(b, "collector", 60000), 0);
+    /* Its holder stopped renewing it an hour ago (killed, hung). */
+    old[1].tv_sec = time(NULL) - 3600;
+    cr_assert_eq(utimensat(AT_FDCWD, path, old, 0), 0);
+    cr_assert_eq(sfs_backend_lease(b, "collector", 60000), 1, "a stale lease was not taken");
+    cr_assert_eq(sfs_backend_lease(a, "collector", 60000), 0, "the old holder still holds it");
+    /* Dropped by its holder only. */
+    cr_assert_eq(sfs_backend_lease(a, "collector", 0), 0);
+    cr_assert_eq(access(path, F_OK), 0, "dropped by one that did not hold it");
+    cr_assert_eq(sfs_backend_lease(b, "collector", 0), 0);
+    cr_assert_eq(access(path, F_OK), -1);
+    cr_assert_eq(sfs_backend_lease(a, "collector", 60000), 1);
+    cr_assert_eq(sfs_backend_lease(a, "../x", 60000), -EINVAL);
+    sfs_backend_close(a);
+    sfs_backend_close(b);
+}
