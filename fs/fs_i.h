@@ -468,6 +468,8 @@ int fs_store_file_replace(const char *path, uint8_t *buf, size_t len, int64_t ti
 
 /* The uses the hot set counts for block now (decayed; 0: none, or no hot set). */
 uint32_t fs_usage_count(struct fs *fs, const struct sfs_block_id *block);
+/* The max hottest blocks by decayed use count, hottest first: how many. */
+unsigned fs_usage_hottest(struct fs *fs, struct sfs_block_id *ids, uint32_t *counts, unsigned max);
 
 /* storecap.c: -o store_capacity, the collector (above usage.c). */
 /* Start the collector when fs->store_capacity is set (else 0, nothing):

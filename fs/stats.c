@@ -114,6 +114,24 @@ static void emit_hist(struct textbuf *t, const char *name, const char *help,
     out(t, "%s_sum %.9f\n%s_count %" PRIu64 "\n", name, (double)h->sum_ns / 1e9, name, cum);
 }
 
+/* shardfs_hot_block_uses{block}: the 5 hottest blocks of the learned hot
+ * set (decayed use counts, the warm restart's ranking). */
+static void emit_hottest(struct textbuf *t, struct fs *fs)
+{
+    struct sfs_block_id ids[5];
+    uint32_t counts[5];
+    unsigned n = fs_usage_hottest(fs, ids, counts, 5);
+
+    out(t, "# HELP shardfs_hot_block_uses The hottest blocks of the learned hot set: decayed "
+           "use counts (mount reads and the sampler).\n# TYPE shardfs_hot_block_uses gauge\n");
+    for (unsigned i = 0; i < n; i++) {
+        char hex[SFS_BLOCK_HEX_LEN + 1];
+
+        sfs_block_to_hex(&ids[i], hex);
+        out(t, "shardfs_hot_block_uses{block=\"%s\"} %u\n", hex, counts[i]);
+    }
+}
+
 static void emit_hists(struct textbuf *t, struct fs *fs)
 {
     struct sfs_hist h;
@@ -241,6 +259,7 @@ size_t fs_stats_text(struct fs *fs, char *buf, size_t len)
     G("slots", "Slots in the cache.", ci.nslots);
     emit_served(&t, fs->cache);
     emit_hists(&t, fs);
+    emit_hottest(&t, fs);
 #undef C
 #undef G
 #undef L

@@ -182,6 +182,39 @@ uint32_t fs_usage_count(struct fs *fs, const struct sfs_block_id *block)
     return n;
 }
 
+unsigned fs_usage_hottest(struct fs *fs, struct sfs_block_id *ids, uint32_t *counts, unsigned max)
+{
+    struct fs_usage *u = fs->usage;
+    unsigned n = 0;
+
+    /* Bounded: one pass over the table, a stripe's lock at a time. */
+    for (uint32_t stripe = 0; u && stripe < USE_STRIPES; stripe++) {
+        pthread_mutex_lock(&u->stripes[stripe].lock);
+        for (uint32_t set = stripe; set < USE_SETS; set += USE_STRIPES) {
+            const struct use_ent *e = &u->ents[(size_t)set * USE_WAYS];
+
+            for (int w = 0; w < USE_WAYS; w++) {
+                unsigned i = n < max ? n++ : max;
+
+                if (i == max && (max == 0 || e[w].count <= counts[max - 1]))
+                    continue; /* not among the hottest max */
+                i = i == max ? max - 1 : i;
+                while (i > 0 && counts[i - 1] < e[w].count) { /* insertion, hottest first */
+                    counts[i] = counts[i - 1];
+                    ids[i] = ids[i - 1];
+                    i--;
+                }
+                counts[i] = e[w].count;
+                memcpy(ids[i].b, e[w].id, SFS_BLOCK_ID_LEN);
+            }
+        }
+        pthread_mutex_unlock(&u->stripes[stripe].lock);
+    }
+    while (n > 0 && counts[n - 1] == 0)
+        n--; /* empty entries are no blocks */
+    return n;
+}
+
 void fs_usage_note(struct fs *fs, const struct sfs_block_id *block)
 {
     if (fs->usage)

@@ -168,6 +168,16 @@ Test(fs_metrics, each_tier_counts_the_reads_served_from_it)
     cr_assert_eq(served("memory"), 1);
     cr_assert_eq(served("peer"), 0, "no peer tier configured");
 
+    /* The hot set's hottest block is the one read twice. */
+    {
+        char hex[SFS_BLOCK_HEX_LEN + 1], name[128];
+
+        tu_block_hex(1, hex);
+        snprintf(name, sizeof(name), "shardfs_hot_block_uses{block=\"%s\"}", hex);
+        cr_assert_geq(fsfx_stat(&M.fx, name), 2, "%s", name); /* the sampler may add */
+        cr_assert_eq(fsfx_sh("grep -c '^shardfs_hot_block_uses{' %s/stats | grep -qx 1", M.fx.mnt),
+                     0, "one block was read");
+    }
     /* The mount's class holds them all. */
     cr_assert_eq(class_served("mount", "store"), 1);
     cr_assert_eq(class_served("mount", "memory"), 1);

@@ -245,6 +245,7 @@ Test(shardfsctl, top_shows_rates_and_q_or_ctrl_c_restore_the_terminal, .timeout 
         cr_assert(reads_shown(), "no read rate on the screen with a reader running, see %s", M.out);
         cr_assert(out_has("class"), "no class table");
         cr_assert(out_has("mount "), "the mount's class is not listed");
+        cr_assert(out_has("hottest blocks"), "no hottest blocks with a reader running");
         /* 80 columns: no line of the screen is wider. */
         cr_assert_eq(fsfx_sh("awk 'length > 80 { exit 1 }' %s", M.out), 0);
         keys(round == 0 ? "q" : "C-c");

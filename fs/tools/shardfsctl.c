@@ -388,6 +388,14 @@ static void render(struct screen *sc, const char *mnt, const struct snap *prev,
     if (peer)
         add(sc, "peer tier: hits/s %.0f  misses/s %.0f", rate(prev, cur, "shardfs_peer_hits_total"),
             rate(prev, cur, "shardfs_peer_misses_total"));
+    const char *hot = "shardfs_hot_block_uses{block=\"";
+    int nhot = 0;
+    for (unsigned i = 0; i < cur->n && nhot < 3; i++) {
+        if (strncmp(cur->vals[i].key, hot, strlen(hot)) != 0)
+            continue;
+        add(sc, "%s %.32s %8.0f uses", nhot++ ? "              " : "hottest blocks",
+            cur->vals[i].key + strlen(hot), cur->vals[i].v);
+    }
     add(sc, "%.0f slots of %s   warmed %.0f", get(cur, "shardfs_slots", NULL),
         human(get(cur, "shardfs_shard_size_bytes", NULL), a, sizeof(a)),
         get(cur, "shardfs_warmed_total", NULL));
