@@ -135,6 +135,8 @@ int fs_child_obj(struct fs *fs, const struct fs_obj *parent, const char *name, b
         if (check_exists) {
             int r = fs_shard_present(fs, &out->key);
 
+            if (r == 0) /* a name the store lacks: the mount's miss (its read never Gets) */
+                sfs_cache_count_served(fs->cache, SFS_TIER_MISS);
             if (r <= 0)
                 return r < 0 ? r : -ENOENT; /* -ETIMEDOUT: a hung store */
         }

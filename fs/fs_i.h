@@ -127,6 +127,8 @@ struct fs_counters {
     _Atomic uint64_t prefetch_accepted; /* shards user.shardfs.prefetch started loading */
     _Atomic uint64_t readahead_started; /* shards readahead started loading */
     _Atomic uint64_t warmed;            /* shards the warm restart started loading */
+    _Atomic uint64_t warm_total;        /* shards the warm restart means to load (its budget,
+                                         * then what it started once it ends) */
     _Atomic uint64_t reval_sweeps;      /* revalidation sweeps done (revalidate.c) */
     _Atomic uint64_t reval_invalidated; /* blocks a sweep invalidated */
     _Atomic uint64_t reval_removed;     /* shards those invalidations removed */
@@ -277,10 +279,11 @@ void __gcov_dump(void);
 #define FS_BLKSIZE    (128u << 10) /* st_blksize of a shard (at most shard_size): attr.c */
 #define ENTRY_TIMEOUT 1.0
 #define ATTR_TIMEOUT  1.0
-#define STATS_MAX     (16u << 10) /* bytes of the /stats text */
+#define STATS_MAX     (32u << 10) /* bytes of the /stats text */
 
 /* Relaxed: statistics. */
 #define CTR_ADD(fs, name, v) atomic_fetch_add_explicit(&(fs)->ctr.name, (v), memory_order_relaxed)
+#define CTR_SET(fs, name, v) atomic_store_explicit(&(fs)->ctr.name, (v), memory_order_relaxed)
 
 static inline struct fs *fs_of(fuse_req_t req)
 {
@@ -465,6 +468,8 @@ int fs_store_file_replace(const char *path, uint8_t *buf, size_t len, int64_t ti
 
 /* The uses the hot set counts for block now (decayed; 0: none, or no hot set). */
 uint32_t fs_usage_count(struct fs *fs, const struct sfs_block_id *block);
+/* The max hottest blocks by decayed use count, hottest first: how many. */
+unsigned fs_usage_hottest(struct fs *fs, struct sfs_block_id *ids, uint32_t *counts, unsigned max);
 
 /* storecap.c: -o store_capacity, the collector (above usage.c). */
 /* Start the collector when fs->store_capacity is set (else 0, nothing):

@@ -44,6 +44,8 @@ struct load_op {
     struct load_op *prev, *next;  /* fs->load_lock */
     bool completing;              /* fs->load_lock: load_done() is handling it */
     bool abandoned;               /* fs->load_lock: fs_loads_stop() handled it */
+    bool for_read;                /* a reader's load (counted as served), not a prefetch */
+    int64_t start_ns;             /* submitted (the load latency histogram) */
 };
 
 /*
@@ -112,6 +114,11 @@ static void load_done(struct sfs_io *io)
 
     if (io->result != (int)io->len)
         CTR_ADD(fs, backend_errors, 1);
+    sfs_cache_observe(fs->cache, SFS_HIST_LOAD, sfs_now_ns() - op->start_ns);
+    if (op->for_read && io->result == (int)io->len)
+        sfs_cache_count_served(fs->cache, sfs_io_from_peer(io) ? SFS_TIER_PEER : SFS_TIER_STORE);
+    else if (op->for_read && io->result == -ENOENT)
+        sfs_cache_count_served(fs->cache, SFS_TIER_MISS);
     /* What the slot's waiters see is what this reader gets. */
     err = sfs_cache_settle(fs->cache, &op->lease, io->result, io->len, 0);
     if (op->req) {
@@ -162,6 +169,8 @@ static void start_load_in(struct fs *fs, fuse_req_t req, fuse_ino_t ino, const s
     op->size = size;
     op->batch = batch;
     op->deadline = sfs_deadline_after(fs->wait_ns);
+    op->for_read = req != NULL;
+    op->start_ns = sfs_now_ns();
     op->io.key = *key;
     op->io.buf = data;
     op->io.len = (uint32_t)fs->shard_size;

@@ -210,6 +210,7 @@ int main(int argc, char *argv[])
                 strerror(-err));
         goto out_backend;
     }
+    sfs_cache_set_class(fs.cache, "mount"); /* the class label of the mount's reads */
     sfs_cache_set_touch_hook(fs.cache, touch_hook, fs.be);
     err = sfs_cache_serve_opts(fs.cache, cfg.socket, &cfg.serve);
     if (err < 0) {

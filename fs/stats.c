@@ -64,6 +64,89 @@ static void emit_partitions(struct textbuf *t, struct sfs_cache *c)
         out(t, "shardfs_partition_evictions_total{partition=\"%u\"} %" PRIu64 "\n", i, ev[i]);
 }
 
+static const char *const tier_names[SFS_TIERS] = {"memory", "peer", "store", "miss"};
+
+/* shardfs_served_total{tier} and shardfs_class_served_total{class,tier}:
+ * where each read was served from, in all and by requester class. */
+static void emit_served(struct textbuf *t, struct sfs_cache *c)
+{
+    struct sfs_served sv[32];
+    unsigned n = sfs_cache_served(c, sv, 32);
+    uint64_t all[SFS_TIERS] = {0};
+
+    for (unsigned i = 0; i < n; i++)
+        for (int k = 0; k < SFS_TIERS; k++)
+            all[k] += sv[i].tier[k];
+    out(t, "# HELP shardfs_served_total Reads (Gets of the mount and the ranks) by where they "
+           "were served from: memory (a hit, or a wait on another's load), the peer tier, the "
+           "store, or a miss.\n# TYPE shardfs_served_total counter\n");
+    for (int k = 0; k < SFS_TIERS; k++)
+        out(t, "shardfs_served_total{tier=\"%s\"} %" PRIu64 "\n", tier_names[k], all[k]);
+    out(t, "# HELP shardfs_class_served_total shardfs_served_total by requester class (the "
+           "mount, rank, or an engine adapter's name).\n"
+           "# TYPE shardfs_class_served_total counter\n");
+    for (unsigned i = 0; i < n; i++)
+        for (int k = 0; k < SFS_TIERS; k++)
+            out(t, "shardfs_class_served_total{class=\"%s\",tier=\"%s\"} %" PRIu64 "\n", sv[i].name,
+                tier_names[k], sv[i].tier[k]);
+    out(t, "# HELP shardfs_attached_processes Processes attached to the cache now, by requester "
+           "class (the daemon is one, class mount).\n"
+           "# TYPE shardfs_attached_processes gauge\n");
+    for (unsigned i = 0; i < n; i++)
+        out(t, "shardfs_attached_processes{class=\"%s\"} %u\n", sv[i].name, sv[i].attached);
+}
+
+/* One Prometheus histogram: cumulative _bucket{le}, _sum and _count. */
+static void emit_hist(struct textbuf *t, const char *name, const char *help,
+                      const struct sfs_hist *h)
+{
+    uint64_t cum = 0;
+
+    out(t, "# HELP %s %s\n# TYPE %s histogram\n", name, help, name);
+    for (unsigned b = 0; b < SFS_HIST_BUCKETS; b++) {
+        cum += h->bucket[b];
+        if (b < SFS_HIST_BUCKETS - 1)
+            out(t, "%s_bucket{le=\"%g\"} %" PRIu64 "\n", name, (double)sfs_hist_bound_ns(b) / 1e9,
+                cum);
+        else
+            out(t, "%s_bucket{le=\"+Inf\"} %" PRIu64 "\n", name, cum);
+    }
+    out(t, "%s_sum %.9f\n%s_count %" PRIu64 "\n", name, (double)h->sum_ns / 1e9, name, cum);
+}
+
+/* shardfs_hot_block_uses{block}: the 5 hottest blocks of the learned hot
+ * set (decayed use counts, the warm restart's ranking). */
+static void emit_hottest(struct textbuf *t, struct fs *fs)
+{
+    struct sfs_block_id ids[5];
+    uint32_t counts[5];
+    unsigned n = fs_usage_hottest(fs, ids, counts, 5);
+
+    out(t, "# HELP shardfs_hot_block_uses The hottest blocks of the learned hot set: decayed "
+           "use counts (mount reads and the sampler).\n# TYPE shardfs_hot_block_uses gauge\n");
+    for (unsigned i = 0; i < n; i++) {
+        char hex[SFS_BLOCK_HEX_LEN + 1];
+
+        sfs_block_to_hex(&ids[i], hex);
+        out(t, "shardfs_hot_block_uses{block=\"%s\"} %u\n", hex, counts[i]);
+    }
+}
+
+static void emit_hists(struct textbuf *t, struct fs *fs)
+{
+    struct sfs_hist h;
+
+    sfs_cache_hist(fs->cache, SFS_HIST_LOAD, &h);
+    emit_hist(t, "shardfs_load_duration_seconds",
+              "Backend loads of the mount's and the ranks' misses, submit to completion.", &h);
+    sfs_cache_hist(fs->cache, SFS_HIST_WAIT, &h);
+    emit_hist(t, "shardfs_wait_duration_seconds",
+              "Waits of readers (mount and ranks) for a load another started.", &h);
+    if (sfs_backend_peer_hist(fs->be, &h) == 0)
+        emit_hist(t, "shardfs_peer_get_duration_seconds",
+                  "The daemon's peer tier gets, one observation per key of a batch.", &h);
+}
+
 size_t fs_stats_text(struct fs *fs, char *buf, size_t len)
 {
     struct textbuf t = {.p = buf, .cap = len};
@@ -145,6 +228,11 @@ size_t fs_stats_text(struct fs *fs, char *buf, size_t len)
         }
     }
     C("warmed_total", "Shard loads started by the warm restart (-o warm).", L(warmed));
+    G("warm_shards_done", "Shard loads the warm restart started so far (-o warm).", L(warmed));
+    G("warm_shards_total",
+      "Shard loads the warm restart means to start: its budget while it runs, what it started "
+      "once it ends (done = total: finished).",
+      L(warm_total));
     C("revalidate_sweeps_total", "Revalidation sweeps of the resident blocks (-o revalidate).",
       L(reval_sweeps));
     C("revalidate_invalidated_total",
@@ -169,6 +257,9 @@ size_t fs_stats_text(struct fs *fs, char *buf, size_t len)
     emit_partitions(&t, fs->cache);
     G("shard_size_bytes", "Bytes per shard.", ci.shard_size);
     G("slots", "Slots in the cache.", ci.nslots);
+    emit_served(&t, fs->cache);
+    emit_hists(&t, fs);
+    emit_hottest(&t, fs);
 #undef C
 #undef G
 #undef L

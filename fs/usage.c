@@ -182,6 +182,39 @@ uint32_t fs_usage_count(struct fs *fs, const struct sfs_block_id *block)
     return n;
 }
 
+unsigned fs_usage_hottest(struct fs *fs, struct sfs_block_id *ids, uint32_t *counts, unsigned max)
+{
+    struct fs_usage *u = fs->usage;
+    unsigned n = 0;
+
+    /* Bounded: one pass over the table, a stripe's lock at a time. */
+    for (uint32_t stripe = 0; u && stripe < USE_STRIPES; stripe++) {
+        pthread_mutex_lock(&u->stripes[stripe].lock);
+        for (uint32_t set = stripe; set < USE_SETS; set += USE_STRIPES) {
+            const struct use_ent *e = &u->ents[(size_t)set * USE_WAYS];
+
+            for (int w = 0; w < USE_WAYS; w++) {
+                unsigned i = n < max ? n++ : max;
+
+                if (i == max && (max == 0 || e[w].count <= counts[max - 1]))
+                    continue; /* not among the hottest max */
+                i = i == max ? max - 1 : i;
+                while (i > 0 && counts[i - 1] < e[w].count) { /* insertion, hottest first */
+                    counts[i] = counts[i - 1];
+                    ids[i] = ids[i - 1];
+                    i--;
+                }
+                counts[i] = e[w].count;
+                memcpy(ids[i].b, e[w].id, SFS_BLOCK_ID_LEN);
+            }
+        }
+        pthread_mutex_unlock(&u->stripes[stripe].lock);
+    }
+    while (n > 0 && counts[n - 1] == 0)
+        n--; /* empty entries are no blocks */
+    return n;
+}
+
 void fs_usage_note(struct fs *fs, const struct sfs_block_id *block)
 {
     if (fs->usage)
@@ -527,6 +560,18 @@ static bool warm_budget_spent(const struct warm_budget *wb)
     return true;
 }
 
+/* A log line at each 10 % step of the warm-up (started <= total shards). */
+static void warm_progress(uint64_t started, uint64_t total, unsigned *step)
+{
+    unsigned pct = total ? (unsigned)(started * 100 / total) : 100;
+
+    if (pct / 10 <= *step)
+        return;
+    *step = pct / 10;
+    fs_log(LOG_INFO, "warm restart: %u %% (%" PRIu64 " of %" PRIu64 " shards started)", pct,
+           started, total);
+}
+
 static void *warm_main(void *arg)
 {
     struct fs_usage *u = arg;
@@ -539,7 +584,10 @@ static void *warm_main(void *arg)
     uint8_t *take = NULL;
     uint32_t take_n = 0;
 
+    unsigned step = 0;
+
     warm_budget_init(&wb, fs, u->nregular, u->warm_pct);
+    CTR_SET(fs, warm_total, wb.total);
     if (inflight > USE_MAX_INFLIGHT)
         inflight = USE_MAX_INFLIGHT;
     for (size_t i = 0; i < u->nwarm && !warm_budget_spent(&wb); i++) {
@@ -588,11 +636,16 @@ static void *warm_main(void *arg)
             if (k > 0) {
                 started += (uint64_t)k;
                 CTR_ADD(fs, warmed, (uint64_t)k);
+                warm_progress(started, wb.total, &step);
             }
         }
     }
 out:
     free(take);
+    /* Ended: what it started is the whole of it, so the progress reads 100 %. */
+    CTR_SET(fs, warm_total, started);
+    if (started && !atomic_load_explicit(&u->stop, memory_order_relaxed))
+        warm_progress(started, started, &step);
     fs_log(LOG_INFO,
            "warm restart: %" PRIu64 " loads started for %zu blocks (%" PRIu64 " of %" PRIu64
            " shards budgeted, %u domain%s)",

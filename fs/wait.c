@@ -44,6 +44,7 @@ struct fs_waiter {
     size_t size;
     int64_t deadline; /* CLOCK_MONOTONIC ns: ETIMEDOUT after */
     int result;       /* what the sweep found (settler only) */
+    int64_t start_ns; /* parked (the wait histogram) */
     struct fs_waiter *next;
 };
 
@@ -77,6 +78,7 @@ static void settle_now(struct fs *fs, struct fs_waiter *w, int r)
         }
     }
     pthread_mutex_unlock(&q->lock);
+    sfs_cache_observe(fs->cache, SFS_HIST_WAIT, sfs_now_ns() - w->start_ns);
     fs_read_settled(fs, w->req, w->ino, &w->key, &w->lease, w->off, w->size, r);
     free(w);
 }
@@ -208,7 +210,8 @@ void fs_waitq_park(struct fs *fs, fuse_req_t req, fuse_ino_t ino, const struct s
                                 .lease = *lease,
                                 .off = off,
                                 .size = size,
-                                .deadline = deadline};
+                                .deadline = deadline,
+                                .start_ns = sfs_now_ns()};
     }
     pthread_mutex_lock(&q->lock);
     stopped = q->stop || !q->started;

@@ -150,6 +150,7 @@ int sfs_link_attach(struct sfs_rank *rk)
         return -EPROTO;
     }
     rk->shard_size = (uint32_t)info.shard_size;
+    sfs_cache_set_class(rk->cache, rk->cls[0] ? rk->cls : "rank");
     return 0;
 }
 

@@ -200,6 +200,7 @@ static void route(struct sfs_rank *rk, struct rank_item *it, struct load_batch *
             sfs_own_token_put(rk);
         rank_ctr_add(rk, RC_WAITS, 1);
         it->step = STEP_WAIT;
+        it->start_ns = sfs_now_ns();
         it->deadline_ns = deadline ? deadline : sfs_deadline_after(rk->key_timeout_ns);
 #ifdef SFS_BENCH_BASELINES
         if (rk->blocking_waits) {

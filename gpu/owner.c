@@ -207,6 +207,14 @@ static void load_done(struct sfs_io *io)
     int res;
 
     sfs_own_token_put(rk);
+    sfs_cache_observe(rk->cache, SFS_HIST_LOAD, sfs_now_ns() - it->start_ns);
+    if (it->kind != ITEM_PREFETCH) {
+        if (io->result == (int)io->len)
+            sfs_cache_count_served(rk->cache,
+                                   sfs_io_from_peer(io) ? SFS_TIER_PEER : SFS_TIER_STORE);
+        else if (io->result == -ENOENT)
+            sfs_cache_count_served(rk->cache, SFS_TIER_MISS);
+    }
     if (!own_unlist(rk, it)) {
         own_late(it, io->result, io->len);
         return;
@@ -241,6 +249,8 @@ bool sfs_own_prep_load(struct rank_item *it)
     struct sfs_rank *rk = it->rank;
 
     if (!rk->be) {
+        if (it->kind != ITEM_PREFETCH)
+            sfs_cache_count_served(rk->cache, SFS_TIER_MISS);
         sfs_own_token_put(rk);
         sfs_cache_fail(rk->cache, &it->lease, -ENOENT);
         sfs_item_done(it, -ENOENT);
@@ -260,6 +270,9 @@ void sfs_own_submit_loads(struct sfs_rank *rk, struct sfs_io **ios, size_t n)
     if (n == 0)
         return;
     rank_ctr_add(rk, RC_OWNER_LOADS, n);
+    int64_t now = sfs_now_ns();
+    for (size_t i = 0; i < n; i++)
+        ((struct rank_item *)ios[i]->arg)->start_ns = now;
     own_list(rk, ios, n); /* before: the backend may answer inline */
     r = sfs_backend_load(rk->be, ios, n);
     if (r >= (int)n)

@@ -14,6 +14,7 @@
 
 #include <errno.h>
 #include <stdlib.h>
+#include <stdio.h>
 #include <string.h>
 #include <syslog.h>
 #include <time.h>
@@ -289,6 +290,16 @@ void sfs_rank_close(struct sfs_rank *rk)
 /* ---------------------------------------------------------------------------
  * Counters and accessors.
  */
+
+int sfs_rank_set_class(struct sfs_rank *rk, const char *name)
+{
+    int r = sfs_cache_set_class(NULL, name);
+
+    if (!rk || r < 0)
+        return -EINVAL;
+    snprintf(rk->cls, sizeof(rk->cls), "%s", name);
+    return sfs_cache_set_class(rk->cache, name);
+}
 
 void sfs_rank_stats(struct sfs_rank *rk, struct sfs_rank_stats *o)
 {

@@ -91,6 +91,7 @@ struct rank_item {
     int64_t deadline_ns; /* STEP_WAIT, a bounced dump taking its slot, or a task's owner
                             load in the backend: when it gives up (-ETIMEDOUT) */
     struct sfs_io io;
+    int64_t start_ns; /* its wait, or its backend load, began (the histograms) */
     /* A task's owner load in the backend (owner.c): on rk->own_* from its
      * submit to its completion or its deadline. */
     struct rank_item *own_prev, *own_next; /* under rk->own_mu */
@@ -150,6 +151,9 @@ enum rank_ctr {
 
 struct sfs_rank {
     struct sfs_cache *cache;
+    /* The requester class named in the cache's /stats ("rank" unless
+     * sfs_rank_set_class said otherwise); given to each attach. */
+    char cls[SFS_CLASS_LEN];
     struct sfs_backend *be;    /* NULL: no backend */
     struct sfs_copier *copier; /* NULL in the scheduler role */
     uint32_t shard_size; /* 1..RANK_SHARD_MAX, checked once, at open */

@@ -72,6 +72,7 @@ static void set_add(struct watch_set *ws, struct sfs_fifo *q)
  * (loading may block on a depth token, which a watcher must never do). */
 bool sfs_watch_settled(struct sfs_rank *rk, struct rank_item *it, int r)
 {
+    sfs_cache_observe(rk->cache, SFS_HIST_WAIT, sfs_now_ns() - it->start_ns);
     switch (r) {
     case SFS_WAIT_READY:
         it->step = STEP_COPY_OUT;

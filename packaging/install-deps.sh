@@ -7,13 +7,14 @@
 # (installing the package does not need it running). python3-matplotlib
 # draws docs/PERFORMANCE.md's plots (tests/bench/plots.py). libssl-dev: the
 # peer tier's MACs (SHA-256 of libcrypto). gdb: a test whose process hangs
-# prints every thread's stack before it fails (tu_dump_stacks).
+# prints every thread's stack before it fails (tu_dump_stacks). tmux: the
+# test of `shardfsctl top` runs it in a detached 80x24 terminal.
 set -euo pipefail
 
 pkgs=(build-essential cmake pkg-config git
       libfuse3-dev fuse3 liburing-dev libnuma-dev libcriterion-dev libssl-dev
       attr util-linux procps python3 python3-numpy python3-torch python3-matplotlib
-      clang libclang-rt-14-dev gdb
+      clang libclang-rt-14-dev gdb tmux
       glusterfs-server glusterfs-client)
 
 missing=()

@@ -145,4 +145,8 @@ Test(peer_auth_hosts, a_local_user_on_a_member_host_can_neither_read_nor_write_s
     cr_assert_neq(stat(fsfx_block_file(H.store[1], 700), &st), 0,
                   "host B's store has the block: the test proves nothing");
     cr_assert_eq(fsfx_stat(&H.fx[1], "shardfs_peer_hits_total"), NB);
+    /* Where B's reads were served from: the peer tier, each one get. */
+    cr_assert_eq(fsfx_stat(&H.fx[1], "shardfs_served_total{tier=\"peer\"}"), NB);
+    cr_assert_eq(fsfx_stat(&H.fx[1], "shardfs_served_total{tier=\"store\"}"), 0);
+    cr_assert_geq(fsfx_stat(&H.fx[1], "shardfs_peer_get_duration_seconds_count"), NB);
 }

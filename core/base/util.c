@@ -102,3 +102,25 @@ int sfs_robust_mutex_init(pthread_mutex_t *m)
     pthread_mutexattr_destroy(&a);
     return -r;
 }
+
+/* Histogram buckets, shared by the cache's histograms and the peer tier's
+ * (seconds in /stats: 10 us to 10 s, then +Inf). */
+static const int64_t bounds_ns[SFS_HIST_BUCKETS - 1] = {
+    10000,     25000,      50000,      100000,     250000,     500000,    1000000,
+    2500000,   5000000,    10000000,   25000000,   50000000,   100000000, 250000000,
+    500000000, 1000000000, 2500000000, 5000000000, 10000000000};
+
+int64_t sfs_hist_bound_ns(unsigned i)
+{
+    return i < SFS_HIST_BUCKETS - 1 ? bounds_ns[i] : INT64_MAX;
+}
+
+unsigned sfs_hist_bucket(int64_t ns)
+{
+    unsigned i = 0;
+
+    /* Bounded: SFS_HIST_BUCKETS - 1 comparisons. */
+    while (i < SFS_HIST_BUCKETS - 1 && ns > bounds_ns[i])
+        i++;
+    return i;
+}

@@ -15,6 +15,8 @@
 
 /* Log one line through the callback sfs_set_log() installed; silent when
  * none is, or when level is above its maximum. */
+/* The histogram bucket of an observation of ns (sfs_hist_bound_ns). */
+unsigned sfs_hist_bucket(int64_t ns);
 void sfs_log(int level, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 
 /* A PTHREAD_PROCESS_SHARED, PTHREAD_MUTEX_ROBUST mutex. 0 or -errno. */

@@ -215,3 +215,25 @@ bool sfs_chain_unlink(struct sfs_cache *c, uint32_t b, uint32_t s)
     }
 }
 
+/*
+ * Take the header's proc_lock, with bucket_lock's deadline meaning (0:
+ * LOCK_WAIT_NS; LOCK_TRY: only if free). The retired counters it guards need
+ * no repair after a dead holder: a fold cut short loses that one record's
+ * last counts, nothing else.
+ */
+int sfs_proc_lock(struct sfs_cache *c, int64_t deadline_ns)
+{
+    pthread_mutex_t *m = &c->hdr->proc_lock;
+    int r = pthread_mutex_trylock(m);
+
+    if (r == EBUSY) {
+        if (deadline_ns < 0)
+            return -EBUSY;
+        r = sfs_robust_lock_until(m, deadline_ns);
+    }
+    if (r == EOWNERDEAD) {
+        pthread_mutex_consistent(m);
+        r = 0;
+    }
+    return -r;
+}

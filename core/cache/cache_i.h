@@ -178,6 +178,13 @@ struct sfs_cache *sfs_cache_attach_fds(int ctl_fd, const int *seg_fds, uint32_t 
 /* server.c: stop serving (the handle's close calls it). */
 void sfs_server_stop(struct sfs_server *s);
 
+/* bucket.c: take the header's proc_lock (deadline as bucket_lock's). */
+int sfs_proc_lock(struct sfs_cache *c, int64_t deadline_ns);
+/* served.c: a record's served counts and histograms at claim, and at its
+ * fold (under proc_lock; v: the counters the fold took). */
+void sfs_served_clear(struct sfs_proc_rec *p);
+void sfs_served_fold(struct sfs_cache *c, struct sfs_proc_rec *p, const int64_t *v);
+
 static inline void sfs_ctr_add(struct sfs_cache *c, enum sfs_ctr i, int64_t v)
 {
     /* Single writer (this process): relaxed is enough; readers sum. */

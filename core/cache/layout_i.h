@@ -36,7 +36,7 @@
  * have owners (a pin entry's user, the header's pin_users, pin_user_budget
  * and pin_max_s, a slot's pin byte instead of SLOT_F_PINNED)
  * (docs/layout.md). */
-#define SFS_LAYOUT_VERSION 8u
+#define SFS_LAYOUT_VERSION 9u
 #define SFS_NIL            UINT32_MAX /* "no slot / no bucket" in links */
 #define SFS_CACHELINE      64
 /* Eviction domains: at most this many (-o partitions). */
@@ -230,6 +230,21 @@ struct sfs_proc_rec {
     _Atomic uint32_t release_waiting;
     uint8_t pad0[SFS_CACHELINE - 28];
     alignas(SFS_CACHELINE) _Atomic int64_t ctr[CTR_COUNT]; /* written by the owner only */
+    /* served.c: the record's requester class (written by the owner; read
+     * as untrusted bytes), where its loads came from ([SFS_TIER_MEMORY]
+     * unused: derived) and its histograms (bucket counts, then the sum in
+     * ns). Written by the owner's threads (relaxed fetch_add), zeroed at
+     * claim, folded into the header's classes and retired_hist. */
+    alignas(SFS_CACHELINE) char cls[SFS_CLASS_LEN];
+    _Atomic int64_t served[SFS_TIERS];
+    _Atomic uint64_t hist[SFS_HIST_KINDS][SFS_HIST_BUCKETS + 1];
+};
+
+/* Served counts of the processes gone, by class (name "" : unused). */
+#define SFS_CLASSES 16
+struct sfs_class_rec {
+    char name[SFS_CLASS_LEN];
+    int64_t served[SFS_TIERS];
 };
 
 /*
@@ -321,6 +336,10 @@ struct sfs_header {
     /* Counters of reaped or detached processes, folded in under proc_lock. */
     alignas(SFS_CACHELINE) pthread_mutex_t proc_lock; /* robust, pshared */
     int64_t retired[CTR_COUNT];
+    /* served.c: what the gone processes served, by class, and their
+     * histograms; under proc_lock like retired. */
+    struct sfs_class_rec classes[SFS_CLASSES];
+    uint64_t retired_hist[SFS_HIST_KINDS][SFS_HIST_BUCKETS + 1];
 };
 
 #define SFS_ALIGN_UP(x, a) (((x) + ((a)-1)) & ~((uint64_t)(a)-1))

@@ -28,34 +28,11 @@ static int64_t ctr_sum(int64_t a, int64_t b)
     return (int64_t)((uint64_t)a + (uint64_t)b);
 }
 
-/*
- * Take the header's proc_lock, with bucket_lock's deadline meaning (0:
- * LOCK_WAIT_NS; LOCK_TRY: only if free). The retired counters it guards need
- * no repair after a dead holder: a fold cut short loses that one record's
- * last counts, nothing else.
- */
-static int proc_lock(struct sfs_cache *c, int64_t deadline_ns)
-{
-    pthread_mutex_t *m = &c->hdr->proc_lock;
-    int r = pthread_mutex_trylock(m);
-
-    if (r == EBUSY) {
-        if (deadline_ns < 0)
-            return -EBUSY;
-        r = sfs_robust_lock_until(m, deadline_ns);
-    }
-    if (r == EOWNERDEAD) {
-        pthread_mutex_consistent(m);
-        r = 0;
-    }
-    return -r;
-}
-
 /* Fold record p's counters into the retired totals; -ETIMEDOUT / -EBUSY
  * when proc_lock stayed out of reach (nothing folded). */
 static int fold_counters(struct sfs_cache *c, struct sfs_proc_rec *p, int64_t deadline_ns)
 {
-    int r = proc_lock(c, deadline_ns);
+    int r = sfs_proc_lock(c, deadline_ns);
 
     if (r < 0)
         return r;
@@ -64,11 +41,14 @@ static int fold_counters(struct sfs_cache *c, struct sfs_proc_rec *p, int64_t de
     atomic_fetch_add_explicit(&p->ctr[CTR_REQUESTS],
                               (int64_t)hits_sum(c, (uint32_t)(p - c->procs), true),
                               memory_order_relaxed);
+    int64_t v[CTR_COUNT];
+
     for (int i = 0; i < CTR_COUNT; i++) {
         /* Relaxed: the record's writer is gone or is us. */
-        c->hdr->retired[i] = ctr_sum(c->hdr->retired[i],
-                                     atomic_exchange_explicit(&p->ctr[i], 0, memory_order_relaxed));
+        v[i] = atomic_exchange_explicit(&p->ctr[i], 0, memory_order_relaxed);
+        c->hdr->retired[i] = ctr_sum(c->hdr->retired[i], v[i]);
     }
+    sfs_served_fold(c, p, v);
     pthread_mutex_unlock(&c->hdr->proc_lock);
     return 0;
 }
@@ -131,6 +111,7 @@ static int claim(struct sfs_cache *c, int pid, int device_id, uint32_t kind, uin
         uint32_t gen = atomic_fetch_add_explicit(&p->gen, 1, memory_order_relaxed) + 1;
         for (int k = 0; k < CTR_COUNT; k++)
             atomic_store_explicit(&p->ctr[k], 0, memory_order_relaxed);
+        sfs_served_clear(p);
         /* Release: gen, pid and counters visible before anyone sees it alive. */
         atomic_store_explicit(&p->state, PROC_ALIVE, memory_order_release);
         *out_i = i;
@@ -305,7 +286,7 @@ void sfs_cache_stats(struct sfs_cache *c, struct sfs_stats *out)
     /* Under proc_lock a fold is never seen half-done; past LOCK_WAIT_NS (a
      * stopped holder) the sum is taken without it, a snapshot as good as
      * any counter read one by one. */
-    bool locked = proc_lock(c, 0) == 0;
+    bool locked = sfs_proc_lock(c, 0) == 0;
 
     for (int i = 0; i < CTR_COUNT; i++)
         acc[i] = c->hdr->retired[i];

@@ -33,6 +33,7 @@
 
 #include "peer_backend_i.h"
 #include "peer_net_i.h"
+#include "util_i.h"
 
 #include <errno.h>
 #include <netdb.h>
@@ -182,6 +183,19 @@ static void forward(struct peer_backend *pb, struct sfs_io *io, bool dump)
     }
 }
 
+const char sfs_peer_io_tag = 'p';
+
+/* Each of the n keys of one get batch waited ns for it. */
+static void observe_get(struct peer_backend *pb, int64_t ns, size_t n)
+{
+    if (ns < 0)
+        ns = 0;
+    /* Relaxed: counters read by /stats. */
+    atomic_fetch_add_explicit(&pb->get_hist[sfs_hist_bucket(ns)], n, memory_order_relaxed);
+    atomic_fetch_add_explicit(&pb->get_hist[SFS_HIST_BUCKETS], (uint64_t)ns * n,
+                              memory_order_relaxed);
+}
+
 static void *worker_main(void *arg)
 {
     struct peer_backend *pb = arg;
@@ -213,11 +227,15 @@ static void *worker_main(void *arg)
         if (!pb->qhead)
             pb->qtail = NULL;
         pthread_mutex_unlock(&pb->qlock);
+        int64_t t0 = peer_mono_ns();
+
         peer_tier_get_batch(pb, keys, k, bufs, lens, res);
+        observe_get(pb, peer_mono_ns() - t0, k);
         for (size_t i = 0; i < k; i++) {
             if (res[i] == PEER_HIT) {
                 CTR_ADD(pb, hits, 1);
                 batch[i]->result = (int)batch[i]->len;
+                batch[i]->priv[3] = (void *)&sfs_peer_io_tag; /* sfs_io_from_peer() */
                 batch[i]->done(batch[i]);
             } else {
                 peer_count_miss(pb, res[i]);
@@ -478,6 +496,19 @@ fail:
     return NULL;
 }
 
+int sfs_backend_peer_hist(struct sfs_backend *be, struct sfs_hist *out)
+{
+    struct peer_backend *pb = (struct peer_backend *)be;
+
+    if (!be || be->ops != &peer_ops)
+        return -ENOENT;
+    /* Relaxed: a snapshot of counters. */
+    for (int b = 0; b < SFS_HIST_BUCKETS; b++)
+        out->bucket[b] = atomic_load_explicit(&pb->get_hist[b], memory_order_relaxed);
+    out->sum_ns = atomic_load_explicit(&pb->get_hist[SFS_HIST_BUCKETS], memory_order_relaxed);
+    return 0;
+}
+
 int sfs_backend_peer_stats(struct sfs_backend *be, struct sfs_peer_stats *out)
 {
     struct peer_backend *pb = (struct peer_backend *)be;
@@ -526,7 +557,10 @@ int sfs_backend_peer_batch_get(struct sfs_backend *be, const struct sfs_key *key
         free(res);
         return -ENOMEM;
     }
+    int64_t t0 = peer_mono_ns();
+
     peer_tier_get_batch(pb, keys, n, bufs, lens, res);
+    observe_get(pb, peer_mono_ns() - t0, n);
     for (size_t i = 0; i < n; i++) {
         results[i] = res[i] == PEER_HIT ? (int)len : -ENOENT;
         if (res[i] == PEER_HIT)

@@ -65,6 +65,8 @@ struct peer_backend {
         _Atomic uint64_t hits, misses, clean_torn, clean_other_key, clean_length, clean_unreachable,
             bytes_read, bytes_written, writes, lost_writes, round_trips;
     } st; /* relaxed counters (CTR_ADD) */
+    /* Get latency: bucket counts, then the sum in ns (relaxed fetch_adds). */
+    _Atomic uint64_t get_hist[SFS_HIST_BUCKETS + 1];
 };
 
 /* Relaxed: counters read by /stats, no ordering with anything. */

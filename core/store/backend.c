@@ -317,6 +317,8 @@ int sfs_backend_load(struct sfs_backend *be, struct sfs_io **ios, size_t n)
         return 0;
     if (n > INT_MAX)
         return -E2BIG;
+    for (size_t i = 0; i < n; i++)
+        ios[i]->priv[3] = NULL; /* the peer tier marks what it answers */
     return sfs_be_load(be, ios, n);
 }
 
@@ -463,4 +465,9 @@ int sfs_backend_dump_sync(struct sfs_backend *be, const struct sfs_key *key, con
                           uint32_t len)
 {
     return submit_sync(be, key, (void *)buf, len, true);
+}
+
+bool sfs_io_from_peer(const struct sfs_io *io)
+{
+    return io && io->priv[3] == (const void *)&sfs_peer_io_tag;
 }

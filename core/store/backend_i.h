@@ -56,6 +56,8 @@ struct sfs_peer_opts {
 
 /* Parse the peer options of s (after "peer:"); *inner points at the inner
  * spec on success. 0 or -EINVAL with a reason. */
+/* backend_peer.c: the mark a peer hit leaves in its io's priv[3]. */
+extern const char sfs_peer_io_tag;
 int sfs_peer_parse(const char *s, struct sfs_peer_opts *o, const char **inner, char *errbuf,
                    size_t errlen);
 

@@ -168,6 +168,7 @@ check "apt-get install ./dist/*.deb" \
 check "dpkg says the four are installed" \
   bash -c "[ \$(dpkg-query -W -f='\${db:Status-Status}\n' ${ourpkgs[*]} | grep -c '^installed\$') = 4 ]"
 for f in /usr/sbin/shardfs /usr/sbin/mount.fuse.shardfs /usr/bin/shardfs-load \
+         /usr/bin/shardfsctl /usr/share/man/man8/shardfsctl.8.gz \
          /lib/systemd/system/shardfs@.service /usr/share/man/man8/shardfs.8.gz \
          /usr/share/man/man3/rank.3.gz /usr/include/shardfs/rank.h /usr/include/shardfs/cache.h \
          /usr/include/shardfs/backend.h /usr/include/shardfs/fault.h \
@@ -218,6 +219,7 @@ if check "/usr/sbin/shardfs mounts a store" \
   check "shard 2 read through the mount matches the store" cmp "$tmp/shard2" "$mnt/block/$block/shard/2"
   check "/usr/bin/shardfs-load verifies the block through 2 ranks" \
     /usr/bin/shardfs-load -m "$mnt" -b "$store" -r 2 -n 1 -V "$block"
+  check "/usr/bin/shardfsctl check says the daemon answers" /usr/bin/shardfsctl check "$mnt"
   # The package's own API against the daemon, from its installed place; the
   # placeholder package (no Rank) says so and is not counted.
   cp tests/install/load.py "$tmp/load.py"

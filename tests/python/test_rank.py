@@ -212,6 +212,21 @@ class OneRank(fixture.RankCase):
             self.assertEqual(r.shard_size, SIZE)
             self.assertEqual(r.copier, "host")
 
+    def test_class_name_counts_this_ranks_reads_under_it_in_stats(self):
+        block = fixture.block(0, b"class")
+        fixture.write_block(D.store, block, 1, SIZE)
+        with self.assertRaises(shardfs.InvalidArgument):
+            shardfs.Rank(mount=D.mnt, backend=D.store, class_name="no spaces")
+        with shardfs.Rank(mount=D.mnt, backend=D.store, class_name="pyclass") as r:
+            dst = bytearray(SIZE)
+            self.assertEqual(r.load([(block, 0, dst)]).wait(), [0])
+            self.assertEqual(r.load([(block, 0, dst)]).wait(), [0])
+        with open(os.path.join(D.mnt, "stats")) as f:
+            text = f.read()
+        for tier, n in (("store", 1), ("memory", 1), ("miss", 0)):
+            line = f'shardfs_class_served_total{{class="pyclass",tier="{tier}"}} {n}\n'
+            self.assertIn(line, text)
+
     def test_wait_timeout_then_wait(self):
         b = fixture.block(1, b"slow")
         fixture.write_block(D.store, b, 1, SIZE)

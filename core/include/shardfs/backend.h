@@ -223,6 +223,15 @@ struct sfs_peer_stats {
 /* A snapshot of be's peer counters; -ENOENT when be is not a peer backend. */
 SFS_API int sfs_backend_peer_stats(struct sfs_backend *be, struct sfs_peer_stats *out);
 
+/* The peer tier's get latency: one observation per key of each batch
+ * sent to the owners (the batch's round trip). -ENOENT when be is not a
+ * peer backend. */
+SFS_API int sfs_backend_peer_hist(struct sfs_backend *be, struct sfs_hist *out);
+
+/* After a load's done(): did the peer tier answer it (rather than the store
+ * behind it)? Valid for loads submitted by sfs_backend_load(). */
+SFS_API bool sfs_io_from_peer(const struct sfs_io *io);
+
 /*
  * HiCache's batch API over the peer tier alone (not its inner backend),
  * synchronous. Keys are grouped by owner host; each owner gets one round

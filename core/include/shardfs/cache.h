@@ -518,6 +518,58 @@ SFS_API void sfs_cache_stats(struct sfs_cache *c, struct sfs_stats *out);
 /* Counters of this process alone. */
 SFS_API void sfs_cache_stats_local(struct sfs_cache *c, struct sfs_stats *out);
 
+/*
+ * Where reads were served from, by requester class, and latency histograms
+ * (the daemon's /stats). A Get is served from MEMORY when it found the
+ * shard Ready or waited for another's load (derived from the counters above:
+ * the hit path counts nothing more); the process that loaded a key counts
+ * where its load came from: the PEER tier, the STORE, or a MISS (the store
+ * had no such shard).
+ */
+enum sfs_tier { SFS_TIER_MEMORY, SFS_TIER_PEER, SFS_TIER_STORE, SFS_TIER_MISS, SFS_TIERS };
+/* What a histogram times: a load from the backend (submit to completion),
+ * and a waiter's wait for another's load. */
+enum sfs_hist_kind { SFS_HIST_LOAD, SFS_HIST_WAIT, SFS_HIST_KINDS };
+#define SFS_HIST_BUCKETS 20 /* bucket i holds <= sfs_hist_bound_ns(i); the last is +Inf */
+#define SFS_CLASS_LEN    16 /* a class name: 1..15 of [A-Za-z0-9_.-], NUL-terminated */
+
+/* Not cumulative: bucket[i] counts observations in (bound(i-1), bound(i)]. */
+struct sfs_hist {
+    uint64_t bucket[SFS_HIST_BUCKETS];
+    uint64_t sum_ns;
+};
+
+struct sfs_served {
+    char name[SFS_CLASS_LEN];
+    uint64_t tier[SFS_TIERS];
+    uint32_t attached; /* processes of the class attached now */
+};
+
+/* Upper bound of histogram bucket i in ns; INT64_MAX for the last. */
+SFS_API int64_t sfs_hist_bound_ns(unsigned i);
+
+/* Name this process's requester class ("mount", "rank", an engine
+ * adapter's name), shown as the class label in /stats. Written into this
+ * process's own record; nothing goes over the attach socket. c NULL: only
+ * checks the name. Returns 0, or -EINVAL for a name that is not 1..15 of
+ * [A-Za-z0-9_.-]. */
+SFS_API int sfs_cache_set_class(struct sfs_cache *c, const char *name);
+
+/* The owner of a load says where it came from (PEER, STORE or MISS; MEMORY
+ * is derived and ignored here). Relaxed counters of this process's record. */
+SFS_API void sfs_cache_count_served(struct sfs_cache *c, enum sfs_tier t);
+
+/* One observation of ns into this process's histogram k. */
+SFS_API void sfs_cache_observe(struct sfs_cache *c, enum sfs_hist_kind k, int64_t ns);
+
+/* Served counts by class, of every process that was ever attached: fills at
+ * most max entries, returns how many (classes past the table's room are
+ * counted as "other"). */
+SFS_API unsigned sfs_cache_served(struct sfs_cache *c, struct sfs_served *out, unsigned max);
+
+/* Histogram k of every process that was ever attached. */
+SFS_API void sfs_cache_hist(struct sfs_cache *c, enum sfs_hist_kind k, struct sfs_hist *out);
+
 /* Geometry, for callers that size buffers. */
 struct sfs_cache_info {
     uint64_t shard_size;

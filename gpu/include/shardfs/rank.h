@@ -304,6 +304,16 @@ struct sfs_rank_stats {
 
 SFS_API void sfs_rank_stats(struct sfs_rank *rank, struct sfs_rank_stats *out);
 
+/*
+ * Name this rank's requester class, the class label of the daemon's
+ * shardfs_class_served_total: "rank" by default; an engine adapter passes
+ * its name ("vllm", "sglang", "ucm"). Written into this process's record in
+ * the cache (kept across a re-attach); the attach protocol is unchanged.
+ * Call it after open, before loads. Returns 0, or -EINVAL for a name that is
+ * not 1..15 of [A-Za-z0-9_.-]. Added in 0.4.
+ */
+SFS_API int sfs_rank_set_class(struct sfs_rank *rank, const char *name);
+
 /* Geometry of the attached cache and which copier runs ("host", "cuda"). */
 SFS_API uint64_t sfs_rank_shard_size(struct sfs_rank *rank);
 SFS_API const char *sfs_rank_copier_name(struct sfs_rank *rank);

@@ -127,10 +127,12 @@ def _prototypes(lib):
         "sfs_rank_shard_size": (ctypes.c_uint64, [P]),
         "sfs_rank_copier_name": (ctypes.c_char_p, [P]),
         "sfs_rank_cuda_devices": (ctypes.c_int, []),
+        "sfs_rank_set_class": (ctypes.c_int, [P, ctypes.c_char_p]),
     }
     # New in SHARDFS_RANK_0.2 (pin) and 0.3 (the vectored calls): Rank.pin
     # and Rank.loadv/dumpv (and dumpv's after=) say when they are missing.
-    optional = {"sfs_rank_pin", "sfs_rank_loadv", "sfs_rank_dumpv", "sfs_rank_dumpv_after"}
+    optional = {"sfs_rank_pin", "sfs_rank_loadv", "sfs_rank_dumpv", "sfs_rank_dumpv_after",
+                "sfs_rank_set_class"}  # 0.4
     for name, (res, args) in sig.items():
         if name in optional and not hasattr(lib, name):
             continue

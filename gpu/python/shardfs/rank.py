@@ -24,6 +24,7 @@ on the parent's Rank raises RankClosed instead of hanging.
 import ctypes
 import errno
 import os
+import re
 import sys
 import threading
 
@@ -328,7 +329,10 @@ class Rank:
         rank=None: device % world with a device, else 0 (struct
         sfs_rank_config's rank_index < 0).
     Extra keywords: load_depth, rotate, prealloc, workers, key_timeout_ms
-        (struct sfs_rank_config; defaults are the library's).
+        (struct sfs_rank_config; defaults are the library's); class_name:
+        the requester class the daemon's /stats counts this rank's reads
+        under (sfs_rank_set_class; "rank" by default; the adapters pass
+        "ucm", "sglang", "vllm"), 1..15 of [A-Za-z0-9_.-].
     """
 
     def __init__(self, mount=None, socket=None, backend=None, device=None, rank=None, world=1,
@@ -374,6 +378,11 @@ class Rank:
             cfg.copier = _lib.COPIER_CUDA if device >= 0 else _lib.COPIER_AUTO
         # < 0: the library takes device_id % world (rank=None with a device).
         cfg.rank_index = -1 if rank is None else rank
+        class_name = options.pop("class_name", None)
+        if class_name is not None and not (isinstance(class_name, str) and
+                                           re.fullmatch(r"[A-Za-z0-9_.-]{1,15}", class_name)):
+            raise InvalidArgument(f"Rank: class_name={class_name!r}: expected 1..15 of "
+                                  f"[A-Za-z0-9_.-]")
         for name, val in options.items():
             if name in ("rotate", "prealloc"):
                 if not isinstance(val, bool):
@@ -396,6 +405,8 @@ class Rank:
             raise ShardfsError(err.value or errno.EIO,
                                f"cannot open a rank on {where} with backend {backend!r}{hint}")
         self._ptr = ptr
+        if class_name is not None and hasattr(lib, "sfs_rank_set_class"):
+            lib.sfs_rank_set_class(ptr, class_name.encode())  # checked above: cannot fail
         self.device = device
         if rank is None:
             rank = device % world if device is not None and device >= 0 else 0

@@ -224,7 +224,7 @@ class ShardfsStorage(_Base):
                                for r in range(self.split)] if self.split > 1 else [self.suffix]
         rank, world = (storage_config.tp_rank, storage_config.tp_size) if mla else (0, 1)
         self.rank = Rank(mount=mount, socket=socket, backend=spec, device=None,
-                         rank=rank, world=max(1, world))
+                         rank=rank, world=max(1, world), class_name="sglang")
         self.shard_size = self.rank.shard_size
         self.mem_pool_host = None
         self.registered_pools = {}

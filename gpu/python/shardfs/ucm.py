@@ -191,7 +191,7 @@ class ShardfsStore(_UcmBase):
             device, rank = None, device_id % world
         self.rank_options = options
         self.rank = Rank(mount=mount, socket=socket, backend=spec, device=device, rank=rank,
-                         world=world, **options)
+                         world=world, **{"class_name": "ucm", **options})
         self.shard_size = self.rank.shard_size
         want = config.get("shard_size")
         if want is not None and int(want) != self.shard_size:

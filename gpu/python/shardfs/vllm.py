@@ -149,7 +149,8 @@ class _Link:
             return None
         self.next_try = now + RETRY_OPEN_S
         try:
-            self.rank = Rank(mount=self.mount, socket=self.socket, backend=self.backend, **self.kw)
+            self.rank = Rank(mount=self.mount, socket=self.socket, backend=self.backend,
+                             **{"class_name": "vllm", **self.kw})
         except ShardfsError as e:
             self.gone(e)
             return None
