@@ -9,7 +9,9 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <limits.h>
+#include <pthread.h>
 #include <stdarg.h>
+#include <stdatomic.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -17,28 +19,55 @@
 #include <time.h>
 #include <unistd.h>
 
-static sfs_log_fn *log_fn;
-static void *log_arg;
-static int log_max = LOG_INFO;
+/*
+ * The log sink: a function, its argument and a level, installed together.
+ * Other threads may log while sfs_set_log() replaces it, so a line reads
+ * the sink through one pointer, once: it goes to one sink whole, the old or
+ * the new, never the new function with the old argument, and never a
+ * function already taken away (read twice, a NULL installed in between was
+ * called: a test's server thread died of it). Sinks are never freed: each
+ * keeps the one it replaced, so a line still being written to an old one
+ * is safe, and every sink stays reachable (no leak to report). A process
+ * sets its log a few times.
+ */
+struct log_sink {
+    sfs_log_fn *fn; /* NULL: silent */
+    void *arg;
+    int max;
+    struct log_sink *older;
+};
+
+static struct log_sink sink_silent = {.fn = NULL, .max = LOG_INFO};
+static _Atomic(struct log_sink *) log_sink = &sink_silent;
+static pthread_mutex_t log_set_mu = PTHREAD_MUTEX_INITIALIZER;
 
 void sfs_set_log(sfs_log_fn *fn, void *arg, int max_level)
 {
-    log_fn = fn;
-    log_arg = arg;
-    log_max = max_level;
+    struct log_sink *s = malloc(sizeof(*s));
+
+    if (!s)
+        return; /* out of memory: the sink stays what it was */
+    *s = (struct log_sink){.fn = fn, .arg = arg, .max = max_level};
+    pthread_mutex_lock(&log_set_mu);
+    s->older = atomic_load_explicit(&log_sink, memory_order_relaxed);
+    /* Release: a logger that loads s sees its fields. */
+    atomic_store_explicit(&log_sink, s, memory_order_release);
+    pthread_mutex_unlock(&log_set_mu);
 }
 
 void sfs_log(int level, const char *fmt, ...)
 {
+    /* Acquire: pairs with sfs_set_log's release store. */
+    const struct log_sink *s = atomic_load_explicit(&log_sink, memory_order_acquire);
     char buf[512];
     va_list ap;
 
-    if (!log_fn || level > log_max)
+    if (!s->fn || level > s->max)
         return;
     va_start(ap, fmt);
     vsnprintf(buf, sizeof(buf), fmt, ap);
     va_end(ap);
-    log_fn(level, buf, log_arg);
+    s->fn(level, buf, s->arg);
 }
 
 int64_t sfs_now_ns(void)

@@ -92,7 +92,9 @@ enum {
 };
 
 /* Log callback: syslog levels (LOG_ERR ... LOG_DEBUG). The library is silent
- * unless one is set. Process-wide. */
+ * unless one is set. Process-wide; it may be replaced while other threads
+ * log: each line goes whole to the old callback (with its argument) or to
+ * the new one. */
 typedef void sfs_log_fn(int level, const char *msg, void *arg);
 SFS_API void sfs_set_log(sfs_log_fn *fn, void *arg, int max_level);
 
