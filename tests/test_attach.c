@@ -5,11 +5,12 @@
  *
  * Good attaches come from forked children (a data rank and a query-only
  * scheduler). Bad input comes in two kinds: on the socket (garbage, a short
- * hello, a hello of another format or protocol, a silent client), where the
- * client must be refused and the server must keep serving; and in the region
- * itself (another format word, a bad magic, bad geometry, a truncated memfd,
- * an index out of range), where attach or the operation must return an
- * error, never crash.
+ * hello, a hello of another format or protocol, a silent client, bytes
+ * after the hello), where the client must be refused or detached and the
+ * server must keep serving; and in the region itself (another format word, a
+ * bad magic, each geometry field out of bounds or out of step, a truncated
+ * memfd, an index out of range), where attach or the operation must return
+ * an error, never crash.
  */
 #include "attach_wire.h"
 #include "testutil.h"
@@ -264,6 +265,39 @@ Test(attach, silent_client_does_not_stall_server, .timeout = 30)
     sfs_cache_close(c);
 }
 
+/* A welcomed client sends nothing more: bytes after its hello are a breach
+ * that ends the attachment as a close does. The server hangs up, declares
+ * the record dead and reaps it, while the client still holds its end. */
+Test(attach, bytes_after_the_hello_end_the_attachment, .timeout = 30)
+{
+    const char *path;
+    struct sfs_cache *c = served(&path);
+    struct hello h = {.magic = HELLO_MAGIC, .proto = PROTO_VERSION, .format = sfs_layout_format()};
+    struct welcome w;
+    char cbuf[CMSG_SPACE(sizeof(int))];
+    struct iovec iov = {.iov_base = &w, .iov_len = sizeof(w)};
+    struct msghdr msg = {
+        .msg_iov = &iov, .msg_iovlen = 1, .msg_control = cbuf, .msg_controllen = sizeof(cbuf)};
+    int s = raw_connect(path), fd;
+    char b;
+
+    cr_assert_eq(send(s, &h, sizeof(h), 0), (ssize_t)sizeof(h));
+    cr_assert_eq(recvmsg(s, &msg, MSG_WAITALL | MSG_CMSG_CLOEXEC), (ssize_t)sizeof(w));
+    cr_assert_eq(w.status, 0);
+    cr_assert_eq(w.nfds, 1, "a query-only welcome: the control fd alone");
+    cr_assert_not_null(CMSG_FIRSTHDR(&msg));
+    memcpy(&fd, CMSG_DATA(CMSG_FIRSTHDR(&msg)), sizeof(fd));
+    close(fd);
+    cr_assert_eq(atomic_load(&c->procs[w.proc].state), PROC_ALIVE);
+    cr_assert_eq(send(s, "more", 4, MSG_NOSIGNAL), 4);
+    cr_assert_eq(recv(s, &b, 1, 0), 0, "the server kept the connection");
+    tu_wait_reaped(c, 1);
+    cr_assert_eq(atomic_load(&c->procs[w.proc].state), PROC_FREE);
+    close(s);
+    good_attach(path);
+    sfs_cache_close(c);
+}
+
 /* ---------------------------------------------------------------------------
  * Bad regions.
  */
@@ -347,6 +381,41 @@ static void bad_offset(struct sfs_header *h)
     h->off_slots += 64;
 }
 
+/* Each field of the geometry past the bounds a create gives it, or out of
+ * step with the others: one editor each. */
+#define EDIT(name, stmt)                                                                           \
+    static void name(struct sfs_header *h)                                                         \
+    {                                                                                              \
+        stmt;                                                                                      \
+    }
+EDIT(zero_shard, h->shard_size = 0)
+EDIT(reserved_all, h->nreserved = h->nslots)
+EDIT(zero_buckets, h->nbuckets = 0)
+EDIT(zero_procs, h->max_procs = 0)
+EDIT(many_procs, h->max_procs = 4097)
+EDIT(zero_leases, h->max_leases = 0)
+EDIT(many_leases, h->max_leases = (1u << 24) + 1)
+EDIT(zero_per_seg, h->slots_per_segment = 0)
+EDIT(per_seg_past_slots, h->slots_per_segment = h->nslots + 1)
+EDIT(zero_domains, h->npartitions = 0)
+EDIT(many_domains, h->npartitions = 65)
+EDIT(domains_past_slots, h->npartitions = h->nslots + 1)
+EDIT(few_pins, h->npins = 32)
+EDIT(many_pins, h->npins = 1u << 17)
+EDIT(pins_not_pow2, h->npins = 96)
+EDIT(pin_budget_past_slots, h->pin_budget = h->nslots + 1)
+EDIT(user_budget_past_budget, h->pin_user_budget = h->pin_budget + 1)
+EDIT(long_pins, h->pin_max_s = SFS_PIN_MAX_SECONDS + 1)
+EDIT(domain_end_short, h->part_end[0] -= 1)
+EDIT(domain_rend_past, h->part_rend[0] += 1)
+EDIT(stride_off, h->stride += 64)
+EDIT(huge_stride, h->stride = 1ull << 61)
+EDIT(segment_off, h->segment_size += 2u << 20)
+EDIT(segments_off, h->nsegments += 1)
+EDIT(hits_moved, h->off_hits += 64)
+EDIT(other_format, h->format ^= 1)
+#undef EDIT
+
 static int attach_copy(struct sfs_cache *c, size_t n, void (*fn)(struct sfs_header *))
 {
     int err = 0;
@@ -394,6 +463,36 @@ Test(attach, corrupt_header_copies_are_refused, .timeout = 30)
     cr_assert_eq(attach_copy(c, c->ctl_len, bad_nbuckets), -EBADMSG);
     cr_assert_eq(attach_copy(c, c->ctl_len, bad_region_size), -EBADMSG);
     cr_assert_eq(attach_copy(c, c->ctl_len, bad_offset), -EBADMSG);
+    void (*const edits[])(struct sfs_header *) = {
+        zero_shard,
+        reserved_all,
+        zero_buckets,
+        zero_procs,
+        many_procs,
+        zero_leases,
+        many_leases,
+        zero_per_seg,
+        per_seg_past_slots,
+        zero_domains,
+        many_domains,
+        domains_past_slots,
+        few_pins,
+        many_pins,
+        pins_not_pow2,
+        pin_budget_past_slots,
+        user_budget_past_budget,
+        long_pins,
+        domain_end_short,
+        domain_rend_past,
+        stride_off,
+        huge_stride,
+        segment_off,
+        segments_off,
+        hits_moved,
+    };
+    for (size_t i = 0; i < sizeof(edits) / sizeof(edits[0]); i++)
+        cr_assert_eq(attach_copy(c, c->ctl_len, edits[i]), -EBADMSG, "edit %zu", i);
+    cr_assert_eq(attach_copy(c, c->ctl_len, other_format), -EPROTO);
     sfs_cache_close(c);
 }
 
