@@ -10,7 +10,9 @@
  * lease stays counted on the slot until a later release of this process,
  * or its close, drops it under the lock: the slot must then be free of it
  * exactly once (the key removable), and the dropped lease must no longer
- * be a lease its holder may release.
+ * be a lease its holder may release. The server's reaper meets the same
+ * held lock when a dead process's lease sits behind it: it leaves the
+ * record DEAD and finishes it on its next periodic pass.
  */
 #include "cache_i.h"
 #include "slot_i.h"
@@ -22,6 +24,7 @@
 #include <pthread.h>
 #include <semaphore.h>
 #include <stdatomic.h>
+#include <unistd.h>
 
 #define SHARD 4096u
 
@@ -176,5 +179,75 @@ Test(lease_defer, deferred_release_waits_for_a_reachable_lock)
     cr_assert_eq(sfs_cache_release(c, &h.l), 0);
     cr_assert_eq(sfs_cache_remove(c, &k), 0);
     cr_assert_eq(sfs_cache_remove(c, &other), 0);
+    sfs_cache_close(c);
+}
+
+/* ---------------------------------------------------------------------------
+ * A reap whose bucket lock is out of reach: the server's reaper tries each
+ * lock, never waits; the record stays DEAD, and the reaper's next pass
+ * (every 200 ms, with no connection closing to prompt it) finishes it.
+ */
+
+struct owner_child {
+    struct sfs_key key;
+    int up[2], down[2];
+};
+
+/* Own the key (a counted lease), say so, and exit holding it when told. */
+static int own_and_exit(struct sfs_cache *c, void *arg)
+{
+    struct owner_child *o = arg;
+    struct sfs_lease l;
+    char b = 1;
+
+    TU_CK(sfs_cache_get(c, &o->key, 0, 0, &l) == SFS_OWNER);
+    TU_CK(write(o->up[1], &b, 1) == 1);
+    TU_CK(read(o->down[0], &b, 1) == 1);
+    tu_exit(0); /* the handle, its lease and its record left to the server */
+}
+
+Test(lease_defer, a_reap_past_a_held_lock_is_finished_by_the_next_pass)
+{
+    struct sfs_cache *c = tu_cache(8, 0, SHARD);
+    const char *path = tu_path("defer");
+    struct owner_child o = {.key = tu_key(9, 0)};
+    struct holder h;
+    struct sfs_stats st;
+    char b = 1;
+
+    cr_assert(c);
+    cr_assert_eq(sfs_cache_serve(c, path), 0);
+    cr_assert_eq(pipe(o.up), 0);
+    cr_assert_eq(pipe(o.down), 0);
+    pid_t pid = tu_fork_attached(path, 0, own_and_exit, &o);
+    cr_assert_eq(read(o.up[0], &b, 1), 1, "the child did not take the key");
+    uint32_t s = SFS_NIL;
+    for (uint32_t i = 0; i < c->nslots; i++)
+        if (atomic_load(&c->slots[i].state) == SFS_STATE_LOADING)
+            s = i;
+    cr_assert_neq(s, SFS_NIL);
+
+    /* A thread of ours holds the key's bucket lock; the child exits. */
+    arm(&h, c, &o.key);
+    cr_assert_eq(sfs_testpoint_arm("reap:record", SFS_TP_CALL, NULL, NULL), 0);
+    pthread_t th = hold_bucket(&h);
+    cr_assert_eq(write(o.down[1], &b, 1), 1);
+    cr_assert_eq(tu_wait(pid), 0);
+    for (int i = 0; sfs_testpoint_hits("reap:record") == 0; i++) {
+        cr_assert_lt(i, 3000, "the server never tried to reap the record");
+        usleep(1000);
+    }
+    sfs_cache_stats(c, &st);
+    cr_assert_eq(st.reaped, 0, "reaped past a held bucket lock");
+    cr_assert_eq(tu_leases_on(c, s), 1, "the dead owner's lease is still counted");
+
+    /* The lock is free again: the next pass reaps, and nothing else asks. */
+    let_go(&h, th);
+    cr_assert_eq(h.r, SFS_OWNER, "the holder takes the dead owner's load over");
+    tu_wait_reaped(c, 1);
+    cr_assert_eq(tu_leases_on(c, s), 1, "the holder's lease alone");
+    cr_assert_eq(sfs_cache_fail(c, &h.l, -EIO), 0);
+    cr_assert_eq(sfs_cache_release(c, &h.l), 0);
+    cr_assert_eq(tu_leases_on(c, s), 0);
     sfs_cache_close(c);
 }
