@@ -10,7 +10,9 @@
  * server must keep serving; and in the region itself (another format word, a
  * bad magic, each geometry field out of bounds or out of step, a truncated
  * memfd, an index out of range), where attach or the operation must return
- * an error, never crash.
+ * an error, never crash. An attach by descriptors takes every descriptor it
+ * is given, on success and on failure; a child forked by an attached
+ * process does not keep its parent's attachment.
  */
 #include "attach_wire.h"
 #include "testutil.h"
@@ -19,6 +21,7 @@
 #include <criterion/criterion.h>
 
 #include <errno.h>
+#include <fcntl.h>
 #include <stdio.h>
 #include <string.h>
 #include <sys/mman.h>
@@ -518,6 +521,141 @@ Test(attach, corrupt_chain_index_is_ebadmsg, .timeout = 30)
     atomic_store(&c->buckets[b].head, head);
     cr_assert_eq(sfs_cache_get(c, &k, 0, 0, &l), SFS_HIT);
     cr_assert_eq(sfs_cache_release(c, &l), 0);
+    sfs_cache_close(c);
+}
+
+/* ---------------------------------------------------------------------------
+ * Attaching by descriptors (sfs_cache_attach_fds): it takes every
+ * descriptor it is given, on success and on failure.
+ */
+
+static bool fd_open(int fd)
+{
+    return fcntl(fd, F_GETFD) >= 0;
+}
+
+static int dup_ok(int fd)
+{
+    int d = dup(fd);
+
+    cr_assert_geq(d, 0);
+    return d;
+}
+
+Test(attach, attach_by_descriptors_takes_every_descriptor, .timeout = 30)
+{
+    struct sfs_cache_config cfg = {.shard_size = SHARD,
+                                   .nslots = 8,
+                                   .no_reserved = true,
+                                   .hugepages = SFS_HUGEPAGES_OFF,
+                                   .max_procs = 2};
+    int err = 0;
+    struct sfs_cache *c = sfs_cache_create(&cfg, &err), *a, *b;
+    int ctl, seg;
+
+    cr_assert_not_null(c, "%s", strerror(-err));
+    cr_assert_eq(c->nsegments, 1);
+    /* Query-only: the control plane alone; the segment given is closed. */
+    ctl = dup_ok(c->ctl_fd);
+    seg = dup_ok(c->seg_fds[0]);
+    a = sfs_cache_attach_fds(ctl, &seg, 1, -1, &err);
+    cr_assert_not_null(a, "%s", strerror(-err));
+    cr_assert(!fd_open(seg), "a query-only attach kept a segment");
+    cr_assert_null(sfs_cache_data(a, &(struct sfs_lease){0}));
+    /* Both records are taken (the creator's and a's): refused, and every
+     * descriptor given is closed. */
+    ctl = dup_ok(c->ctl_fd);
+    seg = dup_ok(c->seg_fds[0]);
+    b = sfs_cache_attach_fds(ctl, &seg, 1, 0, &err);
+    cr_assert_null(b);
+    cr_assert_eq(err, -EUSERS, "%s", strerror(-err));
+    cr_assert(!fd_open(ctl) && !fd_open(seg), "a refused attach kept a descriptor");
+    /* The same without a place for the error. */
+    ctl = dup_ok(c->ctl_fd);
+    cr_assert_null(sfs_cache_attach_fds(ctl, NULL, 0, -1, NULL));
+    cr_assert(!fd_open(ctl));
+    /* Segments short of the count: -EBADMSG, all closed. */
+    sfs_cache_close(a);
+    ctl = dup_ok(c->ctl_fd);
+    a = sfs_cache_attach_fds(ctl, NULL, 0, 0, &err);
+    cr_assert_null(a);
+    cr_assert_eq(err, -EBADMSG, "%s", strerror(-err));
+    cr_assert(!fd_open(ctl));
+    /* And with them: a data handle that shares the bytes. */
+    struct sfs_key k = tu_key(4, 0);
+    struct sfs_lease l;
+
+    cr_assert_eq(tu_load(c, &k), SFS_OWNER);
+    ctl = dup_ok(c->ctl_fd);
+    seg = dup_ok(c->seg_fds[0]);
+    a = sfs_cache_attach_fds(ctl, &seg, 1, 0, &err);
+    cr_assert_not_null(a, "%s", strerror(-err));
+    cr_assert_eq(sfs_cache_get(a, &k, 0, 0, &l), SFS_HIT);
+    cr_assert_eq(tu_check(&k, sfs_cache_data(a, &l), SHARD), -1);
+    cr_assert_eq(sfs_cache_release(a, &l), 0);
+    sfs_cache_close(a);
+    /* No such socket, and no place for the error. */
+    cr_assert_null(sfs_cache_attach(tu_path("none"), 0, NULL));
+    cr_assert_null(sfs_cache_attach(NULL, 0, &err));
+    cr_assert_eq(err, -EINVAL);
+    sfs_cache_close(c);
+}
+
+/* A process that forks while attached: the child does not keep the
+ * parent's attachment (its copy of the connection is closed at the fork),
+ * so the parent's close is its leaving, whatever the child does. */
+struct forked {
+    int fd; /* the parent's connection */
+    int up[2], down[2];
+};
+
+/* The child: the copy of the connection is closed; it lives on until the
+ * parent has seen the server free the record. */
+static int conn_closed_in_child(void *arg)
+{
+    struct forked *f = arg;
+    char b = 1;
+
+    TU_CK(!fd_open(f->fd));
+    TU_CK(write(f->up[1], &b, 1) == 1);
+    TU_CK(read(f->down[0], &b, 1) == 1);
+    return 0;
+}
+
+Test(attach, a_forked_child_does_not_keep_the_attachment, .timeout = 30)
+{
+    const char *path;
+    struct sfs_cache *c = served(&path);
+    int err = 0;
+    struct sfs_cache *a = sfs_cache_attach(path, -1, &err);
+    struct forked f;
+    char b = 1;
+
+    cr_assert_not_null(a, "%s", strerror(-err));
+    f.fd = sfs_cache_conn_fd(a);
+    cr_assert_geq(f.fd, 0);
+    cr_assert_eq(sfs_cache_conn_fd(NULL), -1);
+    cr_assert_eq(sfs_cache_conn_fd(c), -1, "the creator has no connection");
+    cr_assert_eq(pipe(f.up), 0);
+    cr_assert_eq(pipe(f.down), 0);
+    pid_t pid = tu_fork(conn_closed_in_child, &f);
+    close(f.up[1]); /* a child that fails its check is an EOF, not a hang */
+    close(f.down[0]);
+    cr_assert_eq(read(f.up[0], &b, 1), 1, "the child kept the connection");
+    cr_assert(fd_open(f.fd), "the parent's connection was closed");
+    uint32_t me = a->me;
+
+    cr_assert_eq(atomic_load(&c->procs[me].state), PROC_ALIVE);
+    sfs_cache_close(a);
+    /* The server sees the close, the child alive, and frees the record. */
+    for (int i = 0; atomic_load(&c->procs[me].state) != PROC_FREE; i++) {
+        cr_assert_lt(i, 3000, "the record was never freed");
+        usleep(1000);
+    }
+    cr_assert_eq(write(f.down[1], &b, 1), 1);
+    cr_assert_eq(tu_wait(pid), 0);
+    close(f.up[0]);
+    close(f.down[1]);
     sfs_cache_close(c);
 }
 
