@@ -1,0 +1,298 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * test_leases.c - the leased entry points given what is not a lease of
+ * theirs, and the waits at their edges: a lease out of range, released
+ * already, or a waiter's where an owner's is needed; an error or a length
+ * word that a hostile process forged; the data of a query-only handle; a
+ * waiter whose owner let go unpublished (it takes the load over); a wait
+ * with no deadline, or one already past; the outcomes' errnos; wait_any's
+ * refusals, a doorbell alone, and more keys than one futex_waitv takes.
+ */
+#include "testutil.h"
+#include "cache_i.h" /* a slot's words, forged as a hostile process would */
+
+#include <criterion/criterion.h>
+
+#include <errno.h>
+#include <pthread.h>
+#include <string.h>
+#include <unistd.h>
+
+#define SHARD 4096u
+
+TestSuite(leases, .timeout = 30);
+
+static void refused_everywhere(struct sfs_cache *c, const struct sfs_lease *l, const char *what)
+{
+    cr_assert_eq(sfs_cache_publish(c, l, SHARD, 0), -EINVAL, "%s", what);
+    cr_assert_eq(sfs_cache_settle(c, l, SHARD, SHARD, 0), -EINVAL, "%s", what);
+    cr_assert_eq(sfs_cache_fail(c, l, -EIO), -EINVAL, "%s", what);
+    cr_assert_eq(sfs_cache_error(c, l), -EINVAL, "%s", what);
+    cr_assert_eq(sfs_cache_length(c, l), 0, "%s", what);
+    cr_assert_not(sfs_cache_write_wanted(c, l), "%s", what);
+    cr_assert_eq(sfs_cache_wait(c, l, 0), -EINVAL, "%s", what);
+    cr_assert_eq(sfs_cache_release(c, l), -EINVAL, "%s", what);
+}
+
+Test(leases, what_is_not_a_lease_is_refused)
+{
+    struct sfs_cache *c = tu_cache(16, 0, SHARD);
+    struct sfs_key k = tu_key(1, 0);
+    struct sfs_lease l;
+
+    cr_assert_not_null(c);
+    cr_assert_eq(tu_load(c, &k), SFS_OWNER);
+    cr_assert_eq(sfs_cache_get(NULL, &k, 0, 0, &l), -EINVAL);
+    cr_assert_eq(sfs_cache_get(c, NULL, 0, 0, &l), -EINVAL);
+    cr_assert_eq(sfs_cache_get(c, &k, 0, 0, NULL), -EINVAL);
+
+    refused_everywhere(c, NULL, "no lease");
+    refused_everywhere(NULL, &(struct sfs_lease){0, 0}, "no cache");
+    refused_everywhere(c, &(struct sfs_lease){.slot = c->nslots + 5}, "a slot out of range");
+    refused_everywhere(c, &(struct sfs_lease){.entry = c->max_leases}, "an entry out of range");
+    cr_assert_null(sfs_cache_data(c, NULL));
+    cr_assert_null(sfs_cache_data(NULL, &l));
+    cr_assert_null(sfs_cache_data(c, &(struct sfs_lease){.slot = c->nslots}));
+
+    /* A lease released is no lease: a lock-free hit's, and a counted one
+     * (the locked path). */
+    cr_assert_eq(sfs_cache_get(c, &k, 0, 0, &l), SFS_HIT);
+    cr_assert_eq(sfs_cache_release(c, &l), 0);
+    refused_everywhere(c, &l, "a hit released");
+    cr_assert_eq(sfs_cache_get(c, &k, SFS_GET_PEEK, 0, &l), SFS_HIT);
+    cr_assert_eq(sfs_cache_release(c, &l), 0);
+    cr_assert_eq(sfs_cache_release(c, &l), -EINVAL);
+    sfs_cache_close(c);
+}
+
+Test(leases, only_the_owners_lease_settles_a_load)
+{
+    struct sfs_cache *c = tu_cache(16, 0, SHARD);
+    struct sfs_key k = tu_key(2, 0);
+    struct sfs_lease own, w;
+
+    cr_assert_not_null(c);
+    cr_assert_eq(sfs_cache_get(c, &k, 0, 0, &own), SFS_OWNER);
+    /* Our own process's second Get: a waiter, not a second owner. */
+    cr_assert_eq(sfs_cache_get(c, &k, 0, 0, &w), SFS_WAITER);
+    cr_assert_eq(sfs_cache_publish(c, &w, SHARD, 0), -EPERM);
+    cr_assert_eq(sfs_cache_fail(c, &w, -EIO), -EPERM);
+    /* An error must be one; a length at most a shard. */
+    cr_assert_eq(sfs_cache_fail(c, &own, 0), -EINVAL);
+    cr_assert_eq(sfs_cache_fail(c, &own, EIO), -EINVAL);
+    cr_assert_eq(sfs_cache_publish(c, &own, SHARD + 1, 0), -EINVAL);
+    cr_assert_eq(sfs_cache_error(c, &w), 0, "Loading: no error");
+    cr_assert_eq(tu_publish(c, &k, &own), 0);
+    cr_assert_eq(sfs_cache_publish(c, &own, SHARD, 0), -EPERM, "published already");
+    cr_assert_eq(sfs_cache_fail(c, &own, -EIO), -EPERM, "published already");
+    cr_assert_eq(sfs_cache_wait(c, &w, 0), SFS_WAIT_READY);
+    cr_assert_eq(sfs_cache_length(c, &w), SHARD);
+    /* A length word forged past the shard reads as nothing. */
+    uint32_t len = atomic_load(&c->slots[w.slot].length);
+
+    atomic_store(&c->slots[w.slot].length, SHARD + 1);
+    cr_assert_eq(sfs_cache_length(c, &w), 0);
+    atomic_store(&c->slots[w.slot].length, len);
+    cr_assert_eq(sfs_cache_release(c, &w), 0);
+    cr_assert_eq(sfs_cache_release(c, &own), 0);
+    sfs_cache_close(c);
+}
+
+Test(leases, a_failed_loads_error)
+{
+    struct sfs_cache *c = tu_cache(16, 0, SHARD);
+    struct sfs_key k = tu_key(3, 0);
+    struct sfs_lease own, w;
+
+    cr_assert_not_null(c);
+    cr_assert_eq(sfs_cache_get(c, &k, 0, 0, &own), SFS_OWNER);
+    cr_assert_eq(sfs_cache_get(c, &k, 0, 0, &w), SFS_WAITER);
+    /* A short read settles as -EIO; a write's error is the writer's alone. */
+    cr_assert_eq(sfs_cache_settle(c, &own, 100, SHARD, SFS_PUBLISH_WRITTEN), -EIO);
+    cr_assert_eq(sfs_cache_state(c, &k), SFS_STATE_LOADING);
+    cr_assert_eq(sfs_cache_settle(c, &own, -ENOENT, SHARD, 0), -ENOENT);
+    int st = sfs_cache_wait(c, &w, 0);
+
+    cr_assert_eq(st, SFS_WAIT_FAILED);
+    cr_assert_eq(sfs_cache_wait_errno(c, &w, st), -ENOENT);
+    cr_assert_eq(sfs_cache_wait_errno(c, &w, SFS_WAIT_READY), 0);
+    cr_assert_eq(sfs_cache_wait_errno(c, &w, -ETIMEDOUT), -ETIMEDOUT);
+    cr_assert_eq(sfs_cache_wait_errno(c, &w, SFS_WAIT_OWNER), -EINVAL);
+    cr_assert_eq(sfs_cache_wait_errno(c, &w, 99), -EINVAL);
+    /* An error word forged non-negative still reads as an error. */
+    atomic_store(&c->slots[w.slot].error, 5);
+    cr_assert_eq(sfs_cache_error(c, &w), -EIO);
+    cr_assert_eq(sfs_cache_wait_errno(c, &w, SFS_WAIT_FAILED), -EIO);
+    cr_assert_eq(sfs_cache_release(c, &w), 0);
+    cr_assert_eq(sfs_cache_release(c, &own), 0);
+    sfs_cache_close(c);
+}
+
+/* A query-only handle holds leases but no bytes. */
+Test(leases, a_query_only_handle_has_no_data)
+{
+    struct sfs_cache *c = tu_cache(16, 0, SHARD);
+    struct sfs_key k = tu_key(4, 0);
+    struct sfs_lease l;
+    int err = 0;
+
+    cr_assert_not_null(c);
+    cr_assert_eq(tu_load(c, &k), SFS_OWNER);
+    struct sfs_cache *q = sfs_cache_attach_fds(dup(c->ctl_fd), NULL, 0, -1, &err);
+
+    cr_assert_not_null(q, "%s", strerror(-err));
+    cr_assert_eq(sfs_cache_get(q, &k, 0, 0, &l), SFS_HIT);
+    cr_assert_null(sfs_cache_data(q, &l));
+    cr_assert_eq(sfs_cache_length(q, &l), SHARD);
+    cr_assert_null(sfs_cache_segment(q, 0, NULL));
+    cr_assert_eq(sfs_cache_release(q, &l), 0);
+    sfs_cache_close(q);
+    sfs_cache_close(c);
+}
+
+/* ---------------------------------------------------------------------------
+ * Waits.
+ */
+
+Test(leases, a_waiter_takes_over_a_load_let_go_unpublished)
+{
+    struct sfs_cache *c = tu_cache(16, 0, SHARD);
+    struct sfs_key k = tu_key(5, 0);
+    struct sfs_lease own, w;
+    struct sfs_stats st;
+
+    cr_assert_not_null(c);
+    cr_assert_eq(sfs_cache_get(c, &k, 0, 0, &own), SFS_OWNER);
+    cr_assert_eq(sfs_cache_get(c, &k, 0, 0, &w), SFS_WAITER);
+    /* A deadline already past: no sleep. */
+    cr_assert_eq(sfs_cache_wait(c, &w, 1), -ETIMEDOUT);
+    cr_assert_eq(sfs_cache_release(c, &own), 0);
+    cr_assert_eq(sfs_cache_state(c, &k), SFS_STATE_IDLE);
+    cr_assert_eq(sfs_cache_wait(c, &w, 0), SFS_WAIT_OWNER);
+    cr_assert_eq(sfs_cache_state(c, &k), SFS_STATE_LOADING);
+    cr_assert_eq(tu_publish(c, &k, &w), 0);
+    cr_assert_eq(sfs_cache_release(c, &w), 0);
+    sfs_cache_stats(c, &st);
+    cr_assert_eq(st.takeovers, 1);
+    cr_assert(sfs_cache_exists(c, &k));
+    sfs_cache_close(c);
+}
+
+struct publisher {
+    struct sfs_cache *c;
+    struct sfs_key key;
+    struct sfs_lease l;
+    int r;
+};
+
+static void *publish_later(void *arg)
+{
+    struct publisher *p = arg;
+
+    usleep(20000); /* not a condition of the test: either order passes */
+    p->r = tu_publish(p->c, &p->key, &p->l);
+    return NULL;
+}
+
+Test(leases, a_wait_without_a_deadline_ends_at_the_publish)
+{
+    struct sfs_cache *c = tu_cache(16, 0, SHARD);
+    struct publisher p = {.c = c, .key = tu_key(6, 0)};
+    struct sfs_lease w;
+    pthread_t th;
+
+    cr_assert_not_null(c);
+    cr_assert_eq(sfs_cache_get(c, &p.key, 0, 0, &p.l), SFS_OWNER);
+    cr_assert_eq(sfs_cache_get(c, &p.key, 0, 0, &w), SFS_WAITER);
+    cr_assert_eq(pthread_create(&th, NULL, publish_later, &p), 0);
+    cr_assert_eq(sfs_cache_wait(c, &w, 0), SFS_WAIT_READY);
+    pthread_join(th, NULL);
+    cr_assert_eq(p.r, 0);
+    cr_assert_eq(tu_check(&p.key, sfs_cache_data(c, &w), SHARD), -1);
+    cr_assert_eq(sfs_cache_release(c, &w), 0);
+    cr_assert_eq(sfs_cache_release(c, &p.l), 0);
+    sfs_cache_close(c);
+}
+
+Test(leases, wait_any_refusals_and_a_doorbell_alone)
+{
+    struct sfs_cache *c = tu_cache(16, 0, SHARD);
+    struct sfs_key k = tu_key(7, 0);
+    struct sfs_lease l[2];
+    uint32_t bell = 0;
+    int out = -1;
+
+    cr_assert_not_null(c);
+    cr_assert_eq(sfs_cache_get(c, &k, 0, 0, &l[0]), SFS_OWNER);
+    cr_assert_eq(sfs_cache_get(c, &k, 0, 0, &l[1]), SFS_WAITER);
+    cr_assert_eq(sfs_cache_wait_any(NULL, l, 1, 0, &out), -EINVAL);
+    cr_assert_eq(sfs_cache_wait_any(c, NULL, 1, 0, &out), -EINVAL);
+    cr_assert_eq(sfs_cache_wait_any(c, &l[1], 1, 0, NULL), -EINVAL);
+    cr_assert_eq(sfs_cache_wait_any_bell(c, NULL, 0, 0, &out, NULL, 0), -EINVAL,
+                 "nothing to wait for");
+    cr_assert_eq(sfs_cache_wait_any(c, l, SFS_WAIT_ANY_MAX + 1, 0, &out), -EINVAL);
+    struct sfs_lease bad[2] = {l[1], {.slot = c->nslots}};
+
+    cr_assert_eq(sfs_cache_wait_any(c, bad, 2, 0, &out), -EINVAL);
+    /* A bell alone: rung already, the wait returns n at once; not rung, it
+     * ends at its deadline. */
+    cr_assert_eq(sfs_cache_wait_any_bell(c, NULL, 0, 1, &out, &bell, 0), -ETIMEDOUT);
+    sfs_bell_ring(&bell);
+    cr_assert_eq(sfs_cache_wait_any_bell(c, NULL, 0, 0, &out, &bell, 0), 0);
+    cr_assert_eq(sfs_cache_wait_any_bell(c, &l[1], 1, 0, &out, &bell, 0), 1);
+    /* A deadline already past. */
+    cr_assert_eq(sfs_cache_wait_any(c, &l[1], 1, 1, &out), -ETIMEDOUT);
+    cr_assert_eq(sfs_cache_fail(c, &l[0], -EIO), 0);
+    cr_assert_eq(sfs_cache_wait_any(c, &l[1], 1, 0, &out), 0);
+    cr_assert_eq(out, SFS_WAIT_FAILED);
+    cr_assert_eq(sfs_cache_release(c, &l[1]), 0);
+    cr_assert_eq(sfs_cache_release(c, &l[0]), 0);
+    sfs_cache_close(c);
+}
+
+/* SFS_WAIT_ANY_MAX keys and a bell: more words than one futex_waitv takes.
+ * The wait sleeps on a window of them that rotates, and every pass looks
+ * at all: the last key's publish ends it. */
+struct many {
+    struct sfs_cache *c;
+    struct sfs_key keys[SFS_WAIT_ANY_MAX];
+    struct sfs_lease own[SFS_WAIT_ANY_MAX], w[SFS_WAIT_ANY_MAX];
+};
+
+static void *publish_last(void *arg)
+{
+    struct many *m = arg;
+
+    usleep(20000); /* not a condition of the test: either order passes */
+    tu_publish(m->c, &m->keys[SFS_WAIT_ANY_MAX - 1], &m->own[SFS_WAIT_ANY_MAX - 1]);
+    return NULL;
+}
+
+Test(leases, wait_any_over_more_keys_than_one_futex_call)
+{
+    static struct many m;
+    uint32_t bell = 0;
+    int out = -1;
+    pthread_t th;
+
+    m.c = tu_cache(2 * SFS_WAIT_ANY_MAX, 0, SHARD);
+    cr_assert_not_null(m.c);
+    for (int i = 0; i < SFS_WAIT_ANY_MAX; i++) {
+        m.keys[i] = tu_key(100 + (uint64_t)i, 0);
+        cr_assert_eq(sfs_cache_get(m.c, &m.keys[i], 0, 0, &m.own[i]), SFS_OWNER);
+        cr_assert_eq(sfs_cache_get(m.c, &m.keys[i], 0, 0, &m.w[i]), SFS_WAITER);
+    }
+    cr_assert_eq(pthread_create(&th, NULL, publish_last, &m), 0);
+    int r = sfs_cache_wait_any_bell(m.c, m.w, SFS_WAIT_ANY_MAX,
+                                    sfs_deadline_after(10ll * 1000000000), &out, &bell, 0);
+    pthread_join(th, NULL);
+    cr_assert_eq(r, SFS_WAIT_ANY_MAX - 1);
+    cr_assert_eq(out, SFS_WAIT_READY);
+    for (int i = 0; i < SFS_WAIT_ANY_MAX; i++) {
+        if (i < SFS_WAIT_ANY_MAX - 1)
+            cr_assert_eq(sfs_cache_fail(m.c, &m.own[i], -EIO), 0);
+        cr_assert_eq(sfs_cache_release(m.c, &m.w[i]), 0);
+        cr_assert_eq(sfs_cache_release(m.c, &m.own[i]), 0);
+    }
+    sfs_cache_close(m.c);
+}
