@@ -581,6 +581,29 @@ Test(attach, attach_by_descriptors_takes_every_descriptor, .timeout = 30)
     cr_assert_null(a);
     cr_assert_eq(err, -EBADMSG, "%s", strerror(-err));
     cr_assert(!fd_open(ctl));
+    /* Segments past the count, one that is no descriptor, one shorter than
+     * a segment: refused, every descriptor closed. */
+    int two[2];
+
+    ctl = dup_ok(c->ctl_fd);
+    two[0] = dup_ok(c->seg_fds[0]);
+    two[1] = dup_ok(c->seg_fds[0]);
+    cr_assert_null(sfs_cache_attach_fds(ctl, two, 2, 0, &err));
+    cr_assert_eq(err, -EBADMSG, "%s", strerror(-err));
+    cr_assert(!fd_open(ctl) && !fd_open(two[0]) && !fd_open(two[1]));
+    ctl = dup_ok(c->ctl_fd);
+    seg = dup_ok(c->seg_fds[0]);
+    close(seg);
+    cr_assert_null(sfs_cache_attach_fds(ctl, &seg, 1, 0, &err));
+    cr_assert_eq(err, -EBADF, "%s", strerror(-err));
+    cr_assert(!fd_open(ctl));
+    ctl = dup_ok(c->ctl_fd);
+    seg = memfd_create("test-short-seg", MFD_CLOEXEC);
+    cr_assert_geq(seg, 0);
+    cr_assert_eq(ftruncate(seg, 4096), 0);
+    cr_assert_null(sfs_cache_attach_fds(ctl, &seg, 1, 0, &err));
+    cr_assert_eq(err, -EBADMSG, "%s", strerror(-err));
+    cr_assert(!fd_open(ctl) && !fd_open(seg));
     /* And with them: a data handle that shares the bytes. */
     struct sfs_key k = tu_key(4, 0);
     struct sfs_lease l;

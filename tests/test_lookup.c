@@ -9,12 +9,14 @@
  * whose callback calls back into the cache.
  */
 #include "testutil.h"
-#include "slot_i.h" /* bucket_of: keys that share a bucket */
+#include "slot_i.h"  /* bucket_of: keys that share a bucket */
+#include "cache_i.h" /* a creator's control memfd */
 
 #include <criterion/criterion.h>
 
 #include <errno.h>
 #include <string.h>
+#include <unistd.h>
 
 #define SHARD 4096u
 
@@ -102,6 +104,56 @@ Test(lookup, configurations_a_create_refuses)
     struct sfs_cache *c = sfs_cache_create(&cfg, &err);
 
     cr_assert_not_null(c, "%s", strerror(-err));
+    sfs_cache_close(c);
+}
+
+/* The geometry a create derives: buckets rounded up to a power of two;
+ * a segment of a slot count that is not a power of two holds the power of
+ * two below it, unless one segment holds every slot. */
+Test(lookup, geometry_a_create_derives)
+{
+    struct sfs_cache_config cfg = base_cfg();
+    struct sfs_cache_info info;
+    int err = 0;
+
+    cfg.nbuckets = 100;
+    cfg.segment_size = 3 * SHARD; /* 3 slots a segment: 2 */
+    struct sfs_cache *c = sfs_cache_create(&cfg, &err);
+
+    cr_assert_not_null(c, "%s", strerror(-err));
+    sfs_cache_info(c, &info);
+    cr_assert_eq(info.nbuckets, 128);
+    cr_assert_eq(info.nsegments, 8);
+    sfs_cache_close(c);
+    cfg.segment_size = 16 * SHARD + 1; /* every slot in one segment */
+    c = sfs_cache_create(&cfg, &err);
+    cr_assert_not_null(c, "%s", strerror(-err));
+    sfs_cache_info(c, &info);
+    cr_assert_eq(info.nsegments, 1);
+    sfs_cache_close(c);
+    cfg.nslots = 12;
+    cfg.segment_size = 0; /* the default: one segment of 12 slots */
+    c = sfs_cache_create(&cfg, &err);
+    cr_assert_not_null(c, "%s", strerror(-err));
+    sfs_cache_info(c, &info);
+    cr_assert_eq(info.nsegments, 1);
+    sfs_cache_close(c);
+}
+
+/* Only the serving process reaps: it alone saw the processes go. */
+Test(lookup, reap_is_the_creators)
+{
+    struct sfs_cache *c = tu_cache(16, 0, SHARD);
+    int err = 0;
+
+    cr_assert_not_null(c);
+    struct sfs_cache *a = sfs_cache_attach_fds(dup(c->ctl_fd), NULL, 0, -1, &err);
+
+    cr_assert_not_null(a, "%s", strerror(-err));
+    cr_assert_eq(sfs_cache_reap(NULL), -EINVAL);
+    cr_assert_eq(sfs_cache_reap(a), 0);
+    cr_assert_eq(sfs_cache_reap(c), 0, "nothing dead");
+    sfs_cache_close(a);
     sfs_cache_close(c);
 }
 
