@@ -17,6 +17,7 @@
 #include "attach_wire.h"
 #include "testutil.h"
 #include "cache_i.h" /* the header and the control memfd of a handle */
+#include "slot_i.h"  /* bucket_of: a key of a given bucket */
 
 #include <criterion/criterion.h>
 
@@ -521,6 +522,68 @@ Test(attach, corrupt_chain_index_is_ebadmsg, .timeout = 30)
     atomic_store(&c->buckets[b].head, head);
     cr_assert_eq(sfs_cache_get(c, &k, 0, 0, &l), SFS_HIT);
     cr_assert_eq(sfs_cache_release(c, &l), 0);
+    sfs_cache_close(c);
+}
+
+static int visit_none(const struct sfs_key *k, int state, void *arg)
+{
+    (void)k;
+    (void)state;
+    ++*(int *)arg;
+    return 0;
+}
+
+static int sample_none(const struct sfs_key *k, uint32_t s, bool acc, bool leased, void *arg)
+{
+    (void)k;
+    (void)s;
+    (void)acc;
+    (void)leased;
+    ++*(int *)arg;
+    return 0;
+}
+
+/* A chain forged into a cycle (a slot that links to itself): every walk is
+ * bounded, the lock-free one gives up, and a Get or State of a key the walk
+ * would have to pass is -EBADMSG, never a hang. */
+Test(attach, a_chain_forged_into_a_cycle_is_ebadmsg, .timeout = 30)
+{
+    struct sfs_cache *c = tu_cache(8, 0, SHARD);
+    struct sfs_key k = tu_key(5, 0), other;
+    struct sfs_lease l;
+    int n = 0;
+
+    cr_assert_not_null(c);
+    cr_assert_eq(tu_load(c, &k), SFS_OWNER);
+    uint32_t s = 0;
+
+    while (s < c->nslots && atomic_load(&c->slots[s].state) != SFS_STATE_READY)
+        s++;
+    cr_assert_lt(s, c->nslots);
+    uint32_t b = atomic_load(&c->slots[s].bucket);
+
+    cr_assert_lt(b, c->nbuckets);
+    for (uint64_t i = 6;; i++) {
+        cr_assert_lt(i, 100000, "no other key of the bucket");
+        other = tu_key(i, 0);
+        if (bucket_of(c, &other) == b)
+            break;
+    }
+    atomic_store(&c->slots[s].next, s);
+    cr_assert_eq(sfs_cache_get(c, &other, 0, 0, &l), -EBADMSG);
+    cr_assert_eq(sfs_cache_get(c, &other, SFS_GET_PEEK, 0, &l), -EBADMSG);
+    cr_assert_eq(sfs_cache_state(c, &other), -EBADMSG);
+    cr_assert_eq(sfs_cache_remove(c, &other), -EBADMSG);
+    cr_assert_geq(sfs_cache_touch(c, &other.block, 1), 0);
+    cr_assert_eq(sfs_cache_foreach(c, ~0u, visit_none, &n), 0);
+    uint32_t cursor = 0;
+
+    cr_assert_eq(sfs_cache_sample(c, &cursor, 0, sample_none, &n), 0);
+    /* The key at the head is still found. */
+    cr_assert_eq(sfs_cache_get(c, &k, 0, 0, &l), SFS_HIT);
+    cr_assert_eq(sfs_cache_release(c, &l), 0);
+    atomic_store(&c->slots[s].next, SFS_NIL);
+    cr_assert_eq(sfs_cache_state(c, &other), -ENOENT);
     sfs_cache_close(c);
 }
 

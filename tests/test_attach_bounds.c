@@ -4,16 +4,14 @@
  * the bounds it keeps on who attaches: a socket path too long for an
  * address, in a directory that does not exist, is a file, belongs to
  * another user or is writable by others without the sticky bit is refused
- * before anything is created; a relative path serves from the current
- * directory; a group makes the socket 0660 and that group's. Attached
- * processes are bounded per uid (max_per_uid) and by the cache's process
- * records (max_procs): a peer over a bound is refused -EUSERS, and one
- * that leaves frees its place; one process holds at most 16 handles. A
- * server out of descriptors pauses its accepts, says so, and serves the
- * waiting peer once it has them again; one without descriptors to start is
- * -EMFILE and leaves nothing behind. Peers of other users (a forked child
- * with other effective ids) attach by a listed uid or by the allowed group,
- * primary or supplementary, and are refused -EACCES otherwise.
+ * before anything is created, and a directory at the path is not replaced; a relative path serves
+ * from the current directory; a group makes the socket 0660 and that group's. Attached processes
+ * are bounded per uid (max_per_uid) and by the cache's process records (max_procs): a peer over a
+ * bound is refused -EUSERS, and one that leaves frees its place; one process holds at most 16
+ * handles. A server out of descriptors pauses its accepts, says so, and serves the waiting peer
+ * once it has them again; one without descriptors to start is -EMFILE and leaves nothing behind.
+ * Peers of other users (a forked child with other effective ids) attach by a listed uid or by the
+ * allowed group, primary or supplementary, and are refused -EACCES otherwise.
  */
 #include "testutil.h"
 
@@ -86,7 +84,16 @@ Test(attach_bounds, a_socket_path_the_server_cannot_own_is_refused, .timeout = 3
         refused(c, path, -EPERM, "a directory of another user");
         cr_assert_eq(chown(dir, 0, 0), 0);
     }
+    /* A directory at the socket's path is not replaced. */
+    snprintf(path, sizeof(path), "%s/taken", dir);
+    cr_assert_eq(mkdir(path, 0755), 0);
+    cr_assert_eq(sfs_cache_serve(c, path), -EADDRINUSE);
+    struct stat st;
+    cr_assert_eq(stat(path, &st), 0);
+    cr_assert(S_ISDIR(st.st_mode), "the directory was replaced");
+    cr_assert_eq(rmdir(path), 0);
     /* The directory is fine again: served. */
+    snprintf(path, sizeof(path), "%s/sock", dir);
     cr_assert_eq(sfs_cache_serve(c, path), 0);
     sfs_cache_close(c);
     unlink(path);
