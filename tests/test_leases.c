@@ -6,7 +6,9 @@
  * word that a hostile process forged; the data of a query-only handle; a
  * waiter whose owner let go unpublished (it takes the load over); a wait
  * with no deadline, or one already past; the outcomes' errnos; wait_any's
- * refusals, a doorbell alone, and more keys than one futex_waitv takes.
+ * refusals, a doorbell alone, and more keys than one futex_waitv takes;
+ * a thread's spare entry, which follows the thread to the handle it uses
+ * and goes with a handle closed under it.
  */
 #include "testutil.h"
 #include "cache_i.h" /* a slot's words, forged as a hostile process would */
@@ -15,6 +17,7 @@
 
 #include <errno.h>
 #include <pthread.h>
+#include <semaphore.h>
 #include <string.h>
 #include <unistd.h>
 
@@ -295,4 +298,137 @@ Test(leases, wait_any_over_more_keys_than_one_futex_call)
         cr_assert_eq(sfs_cache_release(m.c, &m.own[i]), 0);
     }
     sfs_cache_close(m.c);
+}
+
+/* ---------------------------------------------------------------------------
+ * A thread's spare entry. Each thread keeps one freed entry of the last
+ * handle it used; a thread that moved to another handle gives it back
+ * after SPARE_SWITCH frees there, and one whose handle was closed by
+ * another thread lets it go with the handle.
+ */
+
+struct spare_thread {
+    struct sfs_cache *c[2];
+    struct sfs_key k[2];
+    int phase; /* which handle the next step uses; -1: exit */
+    int fails;
+    sem_t go, done;
+};
+
+static void *spare_main(void *arg)
+{
+    struct spare_thread *t = arg;
+
+    for (;;) {
+        while (sem_wait(&t->go) < 0)
+            ;
+        if (t->phase < 0)
+            break;
+        /* Once on handle 0 (keeps a spare of it); 64 times on handle 1. */
+        int n = t->phase == 0 ? 1 : 64;
+
+        for (int i = 0; i < n; i++) {
+            struct sfs_lease l;
+
+            if (sfs_cache_get(t->c[t->phase], &t->k[t->phase], 0, 0, &l) != SFS_HIT ||
+                sfs_cache_release(t->c[t->phase], &l) != 0)
+                t->fails++;
+        }
+        sem_post(&t->done);
+    }
+    return NULL;
+}
+
+static void step(struct spare_thread *t, int phase)
+{
+    t->phase = phase;
+    sem_post(&t->go);
+    while (phase >= 0 && sem_wait(&t->done) < 0)
+        ;
+}
+
+/* Two leases of c at once, as this thread: true when both are had. */
+static bool two_leases(struct sfs_cache *c, const struct sfs_key *k)
+{
+    struct sfs_lease a, b;
+
+    cr_assert_eq(sfs_cache_get(c, k, 0, 0, &a), SFS_HIT);
+    int r = sfs_cache_get(c, k, 0, 0, &b);
+
+    cr_assert(r == SFS_HIT || r == -ENOBUFS, "%d", r);
+    if (r == SFS_HIT)
+        cr_assert_eq(sfs_cache_release(c, &b), 0);
+    cr_assert_eq(sfs_cache_release(c, &a), 0);
+    return r == SFS_HIT;
+}
+
+static struct sfs_cache *two_entry_cache(void)
+{
+    struct sfs_cache_config cfg = {.shard_size = SHARD,
+                                   .nslots = 8,
+                                   .no_reserved = true,
+                                   .max_leases = 2, /* no hit lines: every lease counted */
+                                   .hugepages = SFS_HUGEPAGES_OFF};
+    int err = 0;
+    struct sfs_cache *c = sfs_cache_create(&cfg, &err);
+
+    cr_assert_not_null(c, "%s", strerror(-err));
+    return c;
+}
+
+Test(leases, a_threads_spare_entry_follows_it_or_goes_with_its_handle)
+{
+    struct spare_thread t = {.k = {tu_key(1, 0), tu_key(2, 0)}};
+    pthread_t th;
+
+    for (int i = 0; i < 2; i++) {
+        t.c[i] = two_entry_cache();
+        cr_assert_eq(tu_load(t.c[i], &t.k[i]), SFS_OWNER);
+    }
+    cr_assert_eq(sem_init(&t.go, 0, 0), 0);
+    cr_assert_eq(sem_init(&t.done, 0, 0), 0);
+    cr_assert_eq(pthread_create(&th, NULL, spare_main, &t), 0);
+    cr_assert(two_leases(t.c[0], &t.k[0]));
+    /* The thread keeps one of handle 0's two entries: we get one. */
+    step(&t, 0);
+    cr_assert_not(two_leases(t.c[0], &t.k[0]), "the thread's spare was not kept");
+    /* It moves to handle 1: after SPARE_SWITCH frees there, handle 0's
+     * entry is back. */
+    step(&t, 1);
+    cr_assert(two_leases(t.c[0], &t.k[0]), "the spare did not follow the thread");
+    /* Its spare of handle 0 again; handle 0 closed under it; it moves on
+     * (the spare goes with the closed handle), and exits. */
+    step(&t, 0);
+    sfs_cache_close(t.c[0]);
+    step(&t, 1);
+    cr_assert_not(two_leases(t.c[1], &t.k[1]), "the thread keeps a spare of handle 1 now");
+    step(&t, -1);
+    pthread_join(th, NULL);
+    cr_assert_eq(t.fails, 0);
+    cr_assert(two_leases(t.c[1], &t.k[1]), "an exited thread kept handle 1's entry");
+    sfs_cache_close(t.c[1]);
+}
+
+/* A thread that exits holding a spare of a handle closed before it. */
+Test(leases, a_spare_of_a_closed_handle_at_thread_exit)
+{
+    struct spare_thread t = {.k = {tu_key(1, 0), tu_key(2, 0)}};
+    pthread_t th;
+
+    t.c[0] = two_entry_cache();
+    cr_assert_eq(tu_load(t.c[0], &t.k[0]), SFS_OWNER);
+    cr_assert_eq(sem_init(&t.go, 0, 0), 0);
+    cr_assert_eq(sem_init(&t.done, 0, 0), 0);
+    cr_assert_eq(pthread_create(&th, NULL, spare_main, &t), 0);
+    step(&t, 0);
+    sfs_cache_close(t.c[0]);
+    step(&t, -1);
+    pthread_join(th, NULL);
+    cr_assert_eq(t.fails, 0);
+    /* A new handle (maybe at the closed one's address) is whole. */
+    struct sfs_cache *c = two_entry_cache();
+
+    cr_assert_eq(tu_load(c, &t.k[0]), SFS_OWNER);
+    cr_assert(two_leases(c, &t.k[0]));
+    sfs_cache_close(c);
 }
