@@ -8,10 +8,12 @@
  * with no deadline, or one already past; the outcomes' errnos; wait_any's
  * refusals, a doorbell alone, and more keys than one futex_waitv takes;
  * a thread's spare entry, which follows the thread to the handle it uses
- * and goes with a handle closed under it.
+ * and goes with a handle closed under it; a Get on a cache whose every
+ * slot is leased, asleep until a release gives it the released slot.
  */
 #include "testutil.h"
 #include "cache_i.h" /* a slot's words, forged as a hostile process would */
+#include "testpoint_i.h"
 
 #include <criterion/criterion.h>
 
@@ -431,4 +433,67 @@ Test(leases, a_spare_of_a_closed_handle_at_thread_exit)
     cr_assert_eq(tu_load(c, &t.k[0]), SFS_OWNER);
     cr_assert(two_leases(c, &t.k[0]));
     sfs_cache_close(c);
+}
+
+/* ---------------------------------------------------------------------------
+ * A Get on a cache whose every slot is leased sleeps for a release (the
+ * "evict:release_sleep" point says it is about to), and the release wakes
+ * it: it takes the released slot, evicting that key.
+ */
+
+struct full_get {
+    struct sfs_cache *c;
+    struct sfs_key key;
+    struct sfs_lease l;
+    int r;
+    sem_t asleep;
+};
+
+static void about_to_sleep(const char *name, void *arg)
+{
+    (void)name;
+    sem_post(&((struct full_get *)arg)->asleep);
+}
+
+static void *get_on_full(void *arg)
+{
+    struct full_get *g = arg;
+
+    g->r = sfs_cache_get(g->c, &g->key, 0, sfs_deadline_after(20ll * 1000000000), &g->l);
+    return NULL;
+}
+
+Test(leases, a_get_on_a_full_cache_sleeps_until_a_release)
+{
+    struct full_get g = {.c = tu_cache(4, 0, SHARD), .key = tu_key(99, 0)};
+    struct sfs_lease held[4];
+    struct sfs_key k[4];
+    pthread_t th;
+
+    cr_assert_not_null(g.c);
+    for (int i = 0; i < 4; i++) {
+        k[i] = tu_key(80 + (uint64_t)i, 0);
+        cr_assert_eq(sfs_cache_get(g.c, &k[i], 0, 0, &held[i]), SFS_OWNER);
+        cr_assert_eq(tu_publish(g.c, &k[i], &held[i]), 0);
+    }
+    cr_assert_eq(sem_init(&g.asleep, 0, 0), 0);
+    cr_assert_eq(sfs_testpoint_arm("get:full", SFS_TP_CALL, NULL, NULL), 0);
+    cr_assert_eq(sfs_testpoint_arm("evict:release_sleep", SFS_TP_CALL, about_to_sleep, &g), 0);
+    cr_assert_eq(pthread_create(&th, NULL, get_on_full, &g), 0);
+    while (sem_wait(&g.asleep) < 0)
+        ;
+    cr_assert_geq(sfs_testpoint_hits("get:full"), 1);
+    cr_assert_eq(sfs_cache_state(g.c, &g.key), -ENOENT, "a slot was found full");
+    cr_assert_eq(sfs_cache_release(g.c, &held[2]), 0);
+    pthread_join(th, NULL);
+    sfs_testpoint_disarm_all();
+    cr_assert_eq(g.r, SFS_OWNER, "%d", g.r);
+    cr_assert_eq(sfs_cache_state(g.c, &k[2]), -ENOENT, "the released key was the victim");
+    cr_assert_eq(tu_publish(g.c, &g.key, &g.l), 0);
+    cr_assert_eq(sfs_cache_release(g.c, &g.l), 0);
+    for (int i = 0; i < 4; i++)
+        if (i != 2)
+            cr_assert_eq(sfs_cache_release(g.c, &held[i]), 0);
+    sem_destroy(&g.asleep);
+    sfs_cache_close(g.c);
 }
