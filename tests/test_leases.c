@@ -378,6 +378,23 @@ static struct sfs_cache *two_entry_cache(void)
     return c;
 }
 
+static void spare_start(struct spare_thread *t, pthread_t *th)
+{
+    t->fails = 0;
+    cr_assert_eq(sem_init(&t->go, 0, 0), 0);
+    cr_assert_eq(sem_init(&t->done, 0, 0), 0);
+    cr_assert_eq(pthread_create(th, NULL, spare_main, t), 0);
+}
+
+static void spare_stop(struct spare_thread *t, pthread_t th)
+{
+    step(t, -1);
+    pthread_join(th, NULL);
+    cr_assert_eq(t->fails, 0);
+    sem_destroy(&t->go);
+    sem_destroy(&t->done);
+}
+
 Test(leases, a_threads_spare_entry_follows_it_or_goes_with_its_handle)
 {
     struct spare_thread t = {.k = {tu_key(1, 0), tu_key(2, 0)}};
@@ -387,26 +404,26 @@ Test(leases, a_threads_spare_entry_follows_it_or_goes_with_its_handle)
         t.c[i] = two_entry_cache();
         cr_assert_eq(tu_load(t.c[i], &t.k[i]), SFS_OWNER);
     }
-    cr_assert_eq(sem_init(&t.go, 0, 0), 0);
-    cr_assert_eq(sem_init(&t.done, 0, 0), 0);
-    cr_assert_eq(pthread_create(&th, NULL, spare_main, &t), 0);
     cr_assert(two_leases(t.c[0], &t.k[0]));
-    /* The thread keeps one of handle 0's two entries: we get one. */
+    /* A thread keeps one of handle 0's two entries: we get one. */
+    spare_start(&t, &th);
     step(&t, 0);
     cr_assert_not(two_leases(t.c[0], &t.k[0]), "the thread's spare was not kept");
     /* It moves to handle 1: after SPARE_SWITCH frees there, handle 0's
-     * entry is back. */
+     * entry is back, and the thread keeps one of handle 1's. */
     step(&t, 1);
     cr_assert(two_leases(t.c[0], &t.k[0]), "the spare did not follow the thread");
-    /* Its spare of handle 0 again; handle 0 closed under it; it moves on
-     * (the spare goes with the closed handle), and exits. */
+    cr_assert_not(two_leases(t.c[1], &t.k[1]));
+    spare_stop(&t, th);
+    cr_assert(two_leases(t.c[1], &t.k[1]), "an exited thread kept handle 1's entry");
+    /* Another thread's spare of handle 0; handle 0 closed under it: when
+     * the thread moves on, its spare goes with the closed handle. */
+    spare_start(&t, &th);
     step(&t, 0);
     sfs_cache_close(t.c[0]);
     step(&t, 1);
     cr_assert_not(two_leases(t.c[1], &t.k[1]), "the thread keeps a spare of handle 1 now");
-    step(&t, -1);
-    pthread_join(th, NULL);
-    cr_assert_eq(t.fails, 0);
+    spare_stop(&t, th);
     cr_assert(two_leases(t.c[1], &t.k[1]), "an exited thread kept handle 1's entry");
     sfs_cache_close(t.c[1]);
 }
@@ -419,14 +436,10 @@ Test(leases, a_spare_of_a_closed_handle_at_thread_exit)
 
     t.c[0] = two_entry_cache();
     cr_assert_eq(tu_load(t.c[0], &t.k[0]), SFS_OWNER);
-    cr_assert_eq(sem_init(&t.go, 0, 0), 0);
-    cr_assert_eq(sem_init(&t.done, 0, 0), 0);
-    cr_assert_eq(pthread_create(&th, NULL, spare_main, &t), 0);
+    spare_start(&t, &th);
     step(&t, 0);
     sfs_cache_close(t.c[0]);
-    step(&t, -1);
-    pthread_join(th, NULL);
-    cr_assert_eq(t.fails, 0);
+    spare_stop(&t, th);
     /* A new handle (maybe at the closed one's address) is whole. */
     struct sfs_cache *c = two_entry_cache();
 
