@@ -14,17 +14,21 @@
  * allowed group, primary or supplementary, and are refused -EACCES otherwise.
  */
 #include "testutil.h"
+#include "attach_i.h" /* the descriptor transport */
 
 #include <shardfs/cache.h>
 
 #include <criterion/criterion.h>
+#include <dirent.h>
 #include <errno.h>
 #include <grp.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <sys/resource.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
 #include <syslog.h>
 #include <unistd.h>
@@ -442,4 +446,87 @@ static int serve_short_of_fds(void *arg)
 Test(attach_bounds, a_server_without_descriptors_to_start_is_emfile, .timeout = 30)
 {
     cr_assert_eq(tu_wait(tu_fork(serve_short_of_fds, (void *)tu_path("sock"))), 0);
+}
+
+/* ---------------------------------------------------------------------------
+ * The descriptor transport itself (fdpass.c): at most FDS_PER_MSG a
+ * message; a receiver keeps what it asked for and closes the rest; a
+ * message cut short, or with more descriptors than its buffer holds, is
+ * -EBADMSG and leaves nothing open.
+ */
+
+/* Descriptors open in this process. */
+static int open_fds(void)
+{
+    DIR *d = opendir("/proc/self/fd");
+    int n = 0;
+
+    cr_assert_not_null(d);
+    while (readdir(d))
+        n++;
+    closedir(d);
+    return n;
+}
+
+/* Send len bytes and n copies of fd in one message (n up to 200). */
+static void send_copies(int s, const void *buf, size_t len, int fd, int n)
+{
+    static union {
+        char buf[CMSG_SPACE(sizeof(int) * 200)];
+        struct cmsghdr align;
+    } u;
+    int fds[200];
+    struct iovec iov = {.iov_base = (void *)buf, .iov_len = len};
+    struct msghdr msg = {.msg_iov = &iov,
+                         .msg_iovlen = 1,
+                         .msg_control = u.buf,
+                         .msg_controllen = CMSG_SPACE(sizeof(int) * (size_t)n)};
+    struct cmsghdr *cm = CMSG_FIRSTHDR(&msg);
+
+    for (int i = 0; i < n; i++)
+        fds[i] = fd;
+    cm->cmsg_level = SOL_SOCKET;
+    cm->cmsg_type = SCM_RIGHTS;
+    cm->cmsg_len = CMSG_LEN(sizeof(int) * (size_t)n);
+    memcpy(CMSG_DATA(cm), fds, sizeof(int) * (size_t)n);
+    cr_assert_eq(sendmsg(s, &msg, MSG_NOSIGNAL), (ssize_t)len);
+}
+
+Test(attach_bounds, the_descriptor_transport_keeps_what_it_asked_for, .timeout = 30)
+{
+    int sp[2], fd = memfd_create("test-fdpass", MFD_CLOEXEC), got[FDS_PER_MSG], p[2];
+    char buf[4];
+    int many[FDS_PER_MSG + 1];
+
+    cr_assert_geq(fd, 0);
+    cr_assert_eq(socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sp), 0);
+    for (unsigned i = 0; i <= FDS_PER_MSG; i++)
+        many[i] = fd;
+    cr_assert_eq(sfs_fds_send(sp[0], "abcd", 4, many, FDS_PER_MSG + 1), -EINVAL);
+    int before = open_fds();
+
+    /* Three sent, one asked for: one kept, two closed. */
+    send_copies(sp[0], "abcd", 4, fd, 3);
+    cr_assert_eq(sfs_fds_recv(sp[1], buf, 4, got, 1), 1);
+    cr_assert_eq(open_fds(), before + 1);
+    close(got[0]);
+    /* More than the receiver's buffer holds: -EBADMSG, none kept. */
+    send_copies(sp[0], "abcd", 4, fd, 150);
+    cr_assert_eq(sfs_fds_recv(sp[1], buf, 4, got, FDS_PER_MSG), -EBADMSG);
+    cr_assert_eq(open_fds(), before);
+    /* A message cut short by the sender's close: -EBADMSG, none kept. */
+    send_copies(sp[0], "ab", 2, fd, 2);
+    cr_assert_eq(shutdown(sp[0], SHUT_WR), 0);
+    cr_assert_eq(sfs_fds_recv(sp[1], buf, 4, got, FDS_PER_MSG), -EBADMSG);
+    cr_assert_eq(open_fds(), before);
+    /* Not a socket; a peer gone. */
+    cr_assert_eq(pipe(p), 0);
+    cr_assert_eq(sfs_fds_recv(p[0], buf, 4, got, 1), -ENOTSOCK);
+    cr_assert_eq(sfs_fds_send(p[1], "abcd", 4, NULL, 0), -ENOTSOCK);
+    close(sp[1]);
+    cr_assert_eq(sfs_fds_send(sp[0], "abcd", 4, &fd, 1), -EPIPE);
+    close(p[0]);
+    close(p[1]);
+    close(sp[0]);
+    close(fd);
 }
