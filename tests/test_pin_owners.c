@@ -5,15 +5,18 @@
  * share of the budget (pin_user_pct) at pin time and as its blocks' shards
  * load later, so root's pin still finds room; no pin outlives pin_max. The
  * pin table and the user table are bounded (-ENOSPC); a block named twice
- * in a batch is one pin; the pin queries refuse bad arguments.
+ * in a batch is one pin; the pin queries refuse bad arguments; a writer
+ * killed mid-write is repaired by the next.
  * The uids here are the core's arguments; docs/security.md and
  * test_fs_pins.c show the mount passing a real unprivileged requester's.
  */
+#include "testpoint_i.h"
 #include "testutil.h"
 
 #include <criterion/criterion.h>
 
 #include <errno.h>
+#include <signal.h>
 #include <string.h>
 
 #define SHARD 4096u
@@ -240,5 +243,45 @@ Test(pin_owners, pin_queries_refuse_bad_arguments, .timeout = 30)
     cr_assert_eq(sl[1], 7, "written past max");
     cr_assert_eq(sfs_cache_partition_slots(c, sl, 2), 2);
     cr_assert_eq(sl[1], 32);
+    sfs_cache_close(c);
+}
+
+/* A process killed while it writes a pin entry (its seq odd, the pin lock
+ * held): lock-free readers take the half-written entry for a pin (a pin
+ * is never broken on a guess); the next writer finds the lock's holder
+ * dead, frees the entry and pins. */
+struct half_pin {
+    uint64_t block;
+};
+
+static int pin_and_die_mid_write(struct sfs_cache *c, void *arg)
+{
+    struct half_pin *h = arg;
+
+    TU_CK(sfs_testpoint_arm("pin:half_written", SFS_TP_KILL, NULL, NULL) == 0);
+    (void)pin(c, h->block, 600, ALICE);
+    return 1; /* not reached: killed inside the pin */
+}
+
+Test(pin_owners, a_pin_writer_killed_mid_write_is_repaired, .timeout = 30)
+{
+    struct sfs_cache *c = cache_owners(64, 0, 0);
+    const char *path = tu_path("pin");
+    struct half_pin h = {.block = 40};
+    struct sfs_block_id x = tu_block(40);
+
+    cr_assert_eq(sfs_cache_serve(c, path), 0);
+    cr_assert_eq(tu_wait(tu_fork_attached(path, 0, pin_and_die_mid_write, &h)), 128 + SIGKILL);
+    cr_assert_eq(sfs_cache_block_pinned(c, &x), 1, "a half-written entry reads as a pin");
+    /* A load meanwhile: not pinned by a guess (nothing charged). */
+    cr_assert_eq(tu_load(c, &(struct sfs_key){x, 0}), SFS_OWNER);
+    cr_assert_eq(pinned(c, 40), 0);
+    cr_assert_eq(sfs_cache_pinned_bytes(c), 0);
+    /* The next writer repairs: the half-written entry is free again. */
+    cr_assert_eq(tu_load(c, &(struct sfs_key){tu_block(41), 0}), SFS_OWNER);
+    cr_assert_eq(pin(c, 41, 600, BOB), 1);
+    cr_assert_eq(sfs_cache_block_pinned(c, &x), 0);
+    cr_assert_eq(pin(c, 40, 600, ALICE), 1);
+    cr_assert_eq(pinned(c, 40), 1);
     sfs_cache_close(c);
 }

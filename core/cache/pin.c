@@ -107,6 +107,7 @@ static void pin_write(struct sfs_pin_rec *p, const uint8_t *block, int64_t expir
      * of the new fields see the odd seq on their re-read. */
     atomic_fetch_add_explicit(&p->seq, 1, memory_order_relaxed);
     atomic_thread_fence(memory_order_release);
+    SFS_TEST_POINT("pin:half_written"); /* a writer dead here: the next one repairs */
     __atomic_store_n((key_word *)p->block, w[0], __ATOMIC_RELAXED);
     __atomic_store_n((key_word *)(p->block + 8), w[1], __ATOMIC_RELAXED);
     atomic_store_explicit(&p->expiry_ns, expiry, memory_order_relaxed);
