@@ -12,7 +12,8 @@
  * exactly once (the key removable), and the dropped lease must no longer
  * be a lease its holder may release. The server's reaper meets the same
  * held lock when a dead process's lease sits behind it: it leaves the
- * record DEAD and finishes it on its next periodic pass.
+ * record DEAD and finishes it on its next periodic pass; an eviction
+ * tries the victim's held lock, never waits for it.
  */
 #include "cache_i.h"
 #include "slot_i.h"
@@ -249,5 +250,40 @@ Test(lease_defer, a_reap_past_a_held_lock_is_finished_by_the_next_pass)
     cr_assert_eq(sfs_cache_fail(c, &h.l, -EIO), 0);
     cr_assert_eq(sfs_cache_release(c, &h.l), 0);
     cr_assert_eq(tu_leases_on(c, s), 0);
+    sfs_cache_close(c);
+}
+
+/* ---------------------------------------------------------------------------
+ * An eviction whose victim's bucket lock is out of reach: the victim is
+ * tried, never waited for; a Get with no deadline gives up -ENOSPC, and
+ * takes the slot once the lock is free.
+ */
+Test(lease_defer, a_victim_behind_a_held_lock_is_not_waited_for)
+{
+    struct sfs_cache *c = tu_cache(1, 0, SHARD);
+    struct sfs_key victim = tu_key(1, 0), fresh;
+    struct sfs_lease l;
+    struct holder h;
+
+    cr_assert(c);
+    cr_assert_eq(tu_load(c, &victim), SFS_OWNER);
+    uint32_t bv = atomic_load(&c->slots[0].bucket);
+    for (uint64_t n = 2;; n++) {
+        cr_assert_lt(n, 1000, "no key of another bucket");
+        fresh = tu_key(n, 0);
+        if (bucket_of(c, &fresh) != bv)
+            break;
+    }
+    arm(&h, c, &victim);
+    pthread_t th = hold_bucket(&h);
+    cr_assert_eq(sfs_cache_get(c, &fresh, 0, 0, &l), -ENOSPC,
+                 "the only victim's lock is held: no slot now");
+    let_go(&h, th);
+    cr_assert_eq(h.r, SFS_HIT);
+    cr_assert_eq(sfs_cache_release(c, &h.l), 0);
+    cr_assert_eq(sfs_cache_get(c, &fresh, 0, 0, &l), SFS_OWNER);
+    cr_assert_eq(sfs_cache_state(c, &victim), -ENOENT, "the victim was evicted");
+    cr_assert_eq(tu_publish(c, &fresh, &l), 0);
+    cr_assert_eq(sfs_cache_release(c, &l), 0);
     sfs_cache_close(c);
 }
