@@ -13,7 +13,8 @@
  * be a lease its holder may release. The server's reaper meets the same
  * held lock when a dead process's lease sits behind it: it leaves the
  * record DEAD and finishes it on its next periodic pass; an eviction
- * tries the victim's held lock, never waits for it.
+ * tries the victim's held lock, never waits for it, and so does the
+ * hot-set sampler.
  */
 #include "cache_i.h"
 #include "slot_i.h"
@@ -285,5 +286,54 @@ Test(lease_defer, a_victim_behind_a_held_lock_is_not_waited_for)
     cr_assert_eq(sfs_cache_state(c, &victim), -ENOENT, "the victim was evicted");
     cr_assert_eq(tu_publish(c, &fresh, &l), 0);
     cr_assert_eq(sfs_cache_release(c, &l), 0);
+    sfs_cache_close(c);
+}
+
+/* The hot-set sampler never queues behind a Get: a bucket whose lock is
+ * held is skipped (seen at the next sample), the others are visited. */
+static int count_ready(const struct sfs_key *k, uint32_t s, bool acc, bool leased, void *arg)
+{
+    unsigned *n = arg;
+
+    (void)k;
+    (void)s;
+    (void)acc;
+    n[0]++;
+    n[1] += leased;
+    return 0;
+}
+
+Test(lease_defer, the_sampler_skips_a_bucket_whose_lock_is_held)
+{
+    struct sfs_cache *c = tu_cache(16, 0, SHARD);
+    struct sfs_key held = tu_key(1, 0), other;
+    struct sfs_lease l;
+    struct holder h;
+    uint32_t cursor = 0;
+    unsigned n[2] = {0, 0};
+
+    cr_assert(c);
+    cr_assert_eq(tu_load(c, &held), SFS_OWNER);
+    for (uint64_t i = 2;; i++) {
+        cr_assert_lt(i, 1000, "no key of another bucket");
+        other = tu_key(i, 0);
+        if (bucket_of(c, &other) != bucket_of(c, &held))
+            break;
+    }
+    cr_assert_eq(tu_load(c, &other), SFS_OWNER);
+    arm(&h, c, &held);
+    /* A counted lease (the armed point forces the locked path) on other. */
+    cr_assert_eq(sfs_cache_get(c, &other, 0, 0, &l), SFS_HIT);
+    pthread_t th = hold_bucket(&h);
+    cr_assert_eq(sfs_cache_sample(c, &cursor, 0, count_ready, n), 0);
+    cr_assert_eq(n[0], 1, "the held bucket's key was visited, or the other was not");
+    cr_assert_eq(n[1], 1, "the counted lease is a lease");
+    let_go(&h, th);
+    cr_assert_eq(sfs_cache_release(c, &h.l), 0);
+    cr_assert_eq(sfs_cache_release(c, &l), 0);
+    n[0] = n[1] = 0;
+    cr_assert_eq(sfs_cache_sample(c, &cursor, 0, count_ready, n), 0);
+    cr_assert_eq(n[0], 2);
+    cr_assert_eq(n[1], 0);
     sfs_cache_close(c);
 }
