@@ -363,3 +363,32 @@ Test(admission, bad_mode_refused, .timeout = 10)
     cr_assert_null(sfs_cache_create(&cfg, &err));
     cr_assert_eq(err, -EINVAL);
 }
+
+/* The suite's switch (SHARDFS_TEST_ADMISSION=scan, test builds only):
+ * a CLOCK cache is created SCAN; one asked for SCAN stays so; any other
+ * value changes nothing. */
+Test(admission, the_suites_switch_to_scan, .timeout = 10)
+{
+    struct sfs_cache *c;
+
+    cr_assert_eq(setenv("SHARDFS_TEST_ADMISSION", "scan", 1), 0);
+    c = tu_cache(8, 0, SHARD);
+    cr_assert(c->admit_scan, "a CLOCK cache under the switch is not SCAN");
+    sfs_cache_close(c);
+    struct sfs_cache_config cfg = {.shard_size = SHARD,
+                                   .nslots = 8,
+                                   .no_reserved = true,
+                                   .hugepages = SFS_HUGEPAGES_OFF,
+                                   .admission = SFS_ADMIT_SCAN};
+    int err = 0;
+
+    c = sfs_cache_create(&cfg, &err);
+    cr_assert_not_null(c, "%s", strerror(-err));
+    cr_assert(c->admit_scan);
+    sfs_cache_close(c);
+    cr_assert_eq(setenv("SHARDFS_TEST_ADMISSION", "clock", 1), 0);
+    c = tu_cache(8, 0, SHARD);
+    cr_assert_not(c->admit_scan);
+    sfs_cache_close(c);
+    cr_assert_eq(unsetenv("SHARDFS_TEST_ADMISSION"), 0);
+}

@@ -2,8 +2,11 @@
 /*
  * test_dataplane.c - the data plane's memory (core/cache/dataplane.c): a
  * cache bound to a NUMA node, a binding the kernel refuses (said, not
- * fatal), and huge pages asked for beyond what the machine has free (AUTO
- * falls back to ordinary memfds and says so; ON refuses with -ENOMEM).
+ * fatal), huge pages asked for beyond what the machine has free (AUTO
+ * falls back to ordinary memfds and says so; ON refuses with -ENOMEM), a
+ * data plane past the process's file size, descriptor or address-space
+ * limit (the kernel's errno, no descriptor left open), and one prefaulted
+ * at create.
  *
  * Key idea: a hugetlb mapping reserves its pages at mmap, all or none, so a
  * data plane larger than the free pool fails there, whatever the pool's
@@ -16,9 +19,13 @@
 #include <criterion/criterion.h>
 #include <errno.h>
 #include <numa.h>
+#include <signal.h>
+#include <stdio.h>
 #include <stdatomic.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <syslog.h>
+#include <unistd.h>
 
 #define SHARD (1024u * 1024)
 
@@ -144,5 +151,190 @@ Test(dataplane, no_config_is_the_defaults)
     cr_assert_eq(sfs_cache_get(c, &k, 0, 0, &l), SFS_HIT);
     cr_assert_eq(tu_check(&k, sfs_cache_data(c, &l), info.shard_size), -1);
     cr_assert_eq(sfs_cache_release(c, &l), 0);
+    sfs_cache_close(c);
+}
+
+/* ---------------------------------------------------------------------------
+ * A data plane past the process's limits: the create fails with the
+ * kernel's errno, in every huge-page mode (AUTO says it falls back, then
+ * fails the same way), and leaves no descriptor open. In forked children:
+ * the limits are the process's; each is lowered for the create alone.
+ */
+
+/* 8 slots of 1 MiB (one segment of 8 MiB) and a small control plane. */
+static struct sfs_cache_config small_ctl(int hugepages)
+{
+    return (struct sfs_cache_config){.shard_size = SHARD,
+                                     .nslots = 8,
+                                     .no_reserved = true,
+                                     .max_procs = 2,
+                                     .max_leases = 64,
+                                     .hugepages = hugepages};
+}
+
+/* The lowest free descriptor. */
+static int lowest_free_fd(void)
+{
+    int fd = dup(0);
+
+    if (fd >= 0)
+        close(fd);
+    return fd;
+}
+
+/* sfs_cache_create under limit `res` at `cur`: its -errno (0: created). */
+static int create_limited(int res, rlim_t cur, int hugepages)
+{
+    struct sfs_cache_config cfg = small_ctl(hugepages);
+    struct rlimit old, low;
+    int err = 0;
+
+    if (getrlimit(res, &old) < 0)
+        return 1;
+    low = old;
+    low.rlim_cur = cur;
+    if (setrlimit(res, &low) < 0)
+        return 1;
+    struct sfs_cache *c = sfs_cache_create(&cfg, &err);
+    if (setrlimit(res, &old) < 0)
+        return 1;
+    if (c) {
+        sfs_cache_close(c);
+        return 0;
+    }
+    return err;
+}
+
+static int sizes_of(uint64_t *ctl, uint64_t *seg)
+{
+    struct sfs_cache_config cfg = small_ctl(SFS_HUGEPAGES_OFF);
+    struct sfs_cache_info info;
+    size_t len = 0;
+    int err = 0;
+    struct sfs_cache *c = sfs_cache_create(&cfg, &err);
+
+    TU_CK(c);
+    sfs_cache_info(c, &info);
+    TU_CK(sfs_cache_segment(c, 0, &len) != NULL);
+    TU_CK(sfs_cache_segment(c, info.nsegments, NULL) == NULL);
+    *ctl = info.control_bytes;
+    *seg = len;
+    sfs_cache_close(c);
+    return 0;
+}
+
+static const int modes[] = {SFS_HUGEPAGES_OFF, SFS_HUGEPAGES_AUTO, SFS_HUGEPAGES_ON};
+
+static int past_file_size(void *arg)
+{
+    uint64_t ctl, seg;
+    int fd0 = lowest_free_fd();
+
+    (void)arg;
+    TU_CK(sizes_of(&ctl, &seg) == 0);
+    TU_CK(ctl < seg);
+    signal(SIGXFSZ, SIG_IGN); /* the ftruncate's EFBIG, not the signal */
+    sfs_set_log(count_log, NULL, LOG_DEBUG);
+    for (size_t i = 0; i < sizeof(modes) / sizeof(modes[0]); i++) {
+        atomic_store(&fallback_lines, 0);
+        /* Room for the control plane, not for a segment. */
+        int r = create_limited(RLIMIT_FSIZE, ctl, modes[i]);
+        if (r != -EFBIG)
+            fprintf(stderr, "mode %d: %s\n", modes[i], strerror(-r));
+        TU_CK(r == -EFBIG);
+        TU_CK(atomic_load(&fallback_lines) == (modes[i] == SFS_HUGEPAGES_AUTO));
+        /* Not even for the control plane. */
+        TU_CK(create_limited(RLIMIT_FSIZE, ctl / 2, modes[i]) == -EFBIG);
+        TU_CK(lowest_free_fd() == fd0);
+    }
+    sfs_set_log(NULL, NULL, 0);
+    return 0;
+}
+
+Test(dataplane, a_data_plane_past_the_file_size_limit_is_efbig)
+{
+    cr_assert_eq(tu_wait(tu_fork(past_file_size, NULL)), 0);
+}
+
+static int without_descriptors(void *arg)
+{
+    int fd0 = lowest_free_fd();
+
+    (void)arg;
+    for (size_t i = 0; i < sizeof(modes) / sizeof(modes[0]); i++) {
+        /* One for the control plane, none for a segment; then none. */
+        TU_CK(create_limited(RLIMIT_NOFILE, (rlim_t)fd0 + 1, modes[i]) == -EMFILE);
+        TU_CK(create_limited(RLIMIT_NOFILE, (rlim_t)fd0, modes[i]) == -EMFILE);
+        TU_CK(lowest_free_fd() == fd0);
+    }
+    return 0;
+}
+
+Test(dataplane, a_data_plane_without_descriptors_is_emfile)
+{
+    cr_assert_eq(tu_wait(tu_fork(without_descriptors, NULL)), 0);
+}
+
+/* The address space this process uses now, in bytes (VmSize). */
+static uint64_t vm_size(void)
+{
+    FILE *f = fopen("/proc/self/status", "re");
+    char line[256];
+    unsigned long long kb = 0;
+
+    if (!f)
+        return 0;
+    while (fgets(line, sizeof(line), f))
+        if (sscanf(line, "VmSize: %llu kB", &kb) == 1)
+            break;
+    fclose(f);
+    return (uint64_t)kb * 1024;
+}
+
+static int past_address_space(void *arg)
+{
+    uint64_t ctl, seg;
+    int fd0 = lowest_free_fd();
+
+    (void)arg;
+    TU_CK(sizes_of(&ctl, &seg) == 0);
+    for (size_t i = 0; i < sizeof(modes) / sizeof(modes[0]); i++) {
+        uint64_t vm = vm_size();
+
+        TU_CK(vm > 0);
+        /* Room for the control plane and a little more, not for the 8 MiB
+         * segment. */
+        int r = create_limited(RLIMIT_AS, vm + ctl + (1u << 20), modes[i]);
+        if (r != -ENOMEM)
+            fprintf(stderr, "mode %d: %s\n", modes[i], strerror(-r));
+        TU_CK(r == -ENOMEM);
+        TU_CK(lowest_free_fd() == fd0);
+    }
+    return 0;
+}
+
+Test(dataplane, a_data_plane_past_the_address_space_limit_is_enomem)
+{
+#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
+    /* Their runtimes map memory of their own at any time: a limit on the
+     * address space would fail them, not the create. */
+    cr_skip_test("an address-space limit under a sanitizer's runtime");
+#endif
+    cr_assert_eq(tu_wait(tu_fork(past_address_space, NULL)), 0);
+}
+
+/* Ordinary pages prefaulted at create, as asked. */
+Test(dataplane, populated_at_create)
+{
+    struct sfs_cache_config cfg = {.shard_size = SHARD,
+                                   .nslots = 4,
+                                   .no_reserved = true,
+                                   .hugepages = SFS_HUGEPAGES_OFF,
+                                   .populate = true};
+    int err = 0;
+    struct sfs_cache *c = sfs_cache_create(&cfg, &err);
+
+    cr_assert_not_null(c, "%s", strerror(-err));
+    check_data_works(c);
     sfs_cache_close(c);
 }

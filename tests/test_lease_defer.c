@@ -10,7 +10,11 @@
  * lease stays counted on the slot until a later release of this process,
  * or its close, drops it under the lock: the slot must then be free of it
  * exactly once (the key removable), and the dropped lease must no longer
- * be a lease its holder may release.
+ * be a lease its holder may release. The server's reaper meets the same
+ * held lock when a dead process's lease sits behind it: it leaves the
+ * record DEAD and finishes it on its next periodic pass; an eviction
+ * tries the victim's held lock, never waits for it, and so does the
+ * hot-set sampler.
  */
 #include "cache_i.h"
 #include "slot_i.h"
@@ -22,6 +26,7 @@
 #include <pthread.h>
 #include <semaphore.h>
 #include <stdatomic.h>
+#include <unistd.h>
 
 #define SHARD 4096u
 
@@ -176,5 +181,159 @@ Test(lease_defer, deferred_release_waits_for_a_reachable_lock)
     cr_assert_eq(sfs_cache_release(c, &h.l), 0);
     cr_assert_eq(sfs_cache_remove(c, &k), 0);
     cr_assert_eq(sfs_cache_remove(c, &other), 0);
+    sfs_cache_close(c);
+}
+
+/* ---------------------------------------------------------------------------
+ * A reap whose bucket lock is out of reach: the server's reaper tries each
+ * lock, never waits; the record stays DEAD, and the reaper's next pass
+ * (every 200 ms, with no connection closing to prompt it) finishes it.
+ */
+
+struct owner_child {
+    struct sfs_key key;
+    int up[2], down[2];
+};
+
+/* Own the key (a counted lease), say so, and exit holding it when told. */
+static int own_and_exit(struct sfs_cache *c, void *arg)
+{
+    struct owner_child *o = arg;
+    struct sfs_lease l;
+    char b = 1;
+
+    TU_CK(sfs_cache_get(c, &o->key, 0, 0, &l) == SFS_OWNER);
+    TU_CK(write(o->up[1], &b, 1) == 1);
+    TU_CK(read(o->down[0], &b, 1) == 1);
+    tu_exit(0); /* the handle, its lease and its record left to the server */
+}
+
+Test(lease_defer, a_reap_past_a_held_lock_is_finished_by_the_next_pass)
+{
+    struct sfs_cache *c = tu_cache(8, 0, SHARD);
+    const char *path = tu_path("defer");
+    struct owner_child o = {.key = tu_key(9, 0)};
+    struct holder h;
+    struct sfs_stats st;
+    char b = 1;
+
+    cr_assert(c);
+    cr_assert_eq(sfs_cache_serve(c, path), 0);
+    cr_assert_eq(pipe(o.up), 0);
+    cr_assert_eq(pipe(o.down), 0);
+    pid_t pid = tu_fork_attached(path, 0, own_and_exit, &o);
+    cr_assert_eq(read(o.up[0], &b, 1), 1, "the child did not take the key");
+    uint32_t s = SFS_NIL;
+    for (uint32_t i = 0; i < c->nslots; i++)
+        if (atomic_load(&c->slots[i].state) == SFS_STATE_LOADING)
+            s = i;
+    cr_assert_neq(s, SFS_NIL);
+
+    /* A thread of ours holds the key's bucket lock; the child exits. */
+    arm(&h, c, &o.key);
+    cr_assert_eq(sfs_testpoint_arm("reap:record", SFS_TP_CALL, NULL, NULL), 0);
+    pthread_t th = hold_bucket(&h);
+    cr_assert_eq(write(o.down[1], &b, 1), 1);
+    cr_assert_eq(tu_wait(pid), 0);
+    for (int i = 0; sfs_testpoint_hits("reap:record") == 0; i++) {
+        cr_assert_lt(i, 3000, "the server never tried to reap the record");
+        usleep(1000);
+    }
+    sfs_cache_stats(c, &st);
+    cr_assert_eq(st.reaped, 0, "reaped past a held bucket lock");
+    cr_assert_eq(tu_leases_on(c, s), 1, "the dead owner's lease is still counted");
+
+    /* The lock is free again: the next pass reaps, and nothing else asks. */
+    let_go(&h, th);
+    cr_assert_eq(h.r, SFS_OWNER, "the holder takes the dead owner's load over");
+    tu_wait_reaped(c, 1);
+    cr_assert_eq(tu_leases_on(c, s), 1, "the holder's lease alone");
+    cr_assert_eq(sfs_cache_fail(c, &h.l, -EIO), 0);
+    cr_assert_eq(sfs_cache_release(c, &h.l), 0);
+    cr_assert_eq(tu_leases_on(c, s), 0);
+    sfs_cache_close(c);
+}
+
+/* ---------------------------------------------------------------------------
+ * An eviction whose victim's bucket lock is out of reach: the victim is
+ * tried, never waited for; a Get with no deadline gives up -ENOSPC, and
+ * takes the slot once the lock is free.
+ */
+Test(lease_defer, a_victim_behind_a_held_lock_is_not_waited_for)
+{
+    struct sfs_cache *c = tu_cache(1, 0, SHARD);
+    struct sfs_key victim = tu_key(1, 0), fresh;
+    struct sfs_lease l;
+    struct holder h;
+
+    cr_assert(c);
+    cr_assert_eq(tu_load(c, &victim), SFS_OWNER);
+    uint32_t bv = atomic_load(&c->slots[0].bucket);
+    for (uint64_t n = 2;; n++) {
+        cr_assert_lt(n, 1000, "no key of another bucket");
+        fresh = tu_key(n, 0);
+        if (bucket_of(c, &fresh) != bv)
+            break;
+    }
+    arm(&h, c, &victim);
+    pthread_t th = hold_bucket(&h);
+    cr_assert_eq(sfs_cache_get(c, &fresh, 0, 0, &l), -ENOSPC,
+                 "the only victim's lock is held: no slot now");
+    let_go(&h, th);
+    cr_assert_eq(h.r, SFS_HIT);
+    cr_assert_eq(sfs_cache_release(c, &h.l), 0);
+    cr_assert_eq(sfs_cache_get(c, &fresh, 0, 0, &l), SFS_OWNER);
+    cr_assert_eq(sfs_cache_state(c, &victim), -ENOENT, "the victim was evicted");
+    cr_assert_eq(tu_publish(c, &fresh, &l), 0);
+    cr_assert_eq(sfs_cache_release(c, &l), 0);
+    sfs_cache_close(c);
+}
+
+/* The hot-set sampler never queues behind a Get: a bucket whose lock is
+ * held is skipped (seen at the next sample), the others are visited. */
+static int count_ready(const struct sfs_key *k, uint32_t s, bool acc, bool leased, void *arg)
+{
+    unsigned *n = arg;
+
+    (void)k;
+    (void)s;
+    (void)acc;
+    n[0]++;
+    n[1] += leased;
+    return 0;
+}
+
+Test(lease_defer, the_sampler_skips_a_bucket_whose_lock_is_held)
+{
+    struct sfs_cache *c = tu_cache(16, 0, SHARD);
+    struct sfs_key held = tu_key(1, 0), other;
+    struct sfs_lease l;
+    struct holder h;
+    uint32_t cursor = 0;
+    unsigned n[2] = {0, 0};
+
+    cr_assert(c);
+    cr_assert_eq(tu_load(c, &held), SFS_OWNER);
+    for (uint64_t i = 2;; i++) {
+        cr_assert_lt(i, 1000, "no key of another bucket");
+        other = tu_key(i, 0);
+        if (bucket_of(c, &other) != bucket_of(c, &held))
+            break;
+    }
+    cr_assert_eq(tu_load(c, &other), SFS_OWNER);
+    arm(&h, c, &held);
+    /* A counted lease (the armed point forces the locked path) on other. */
+    cr_assert_eq(sfs_cache_get(c, &other, 0, 0, &l), SFS_HIT);
+    pthread_t th = hold_bucket(&h);
+    cr_assert_eq(sfs_cache_sample(c, &cursor, 0, count_ready, n), 0);
+    cr_assert_eq(n[0], 1, "the held bucket's key was visited, or the other was not");
+    cr_assert_eq(n[1], 1, "the counted lease is a lease");
+    let_go(&h, th);
+    cr_assert_eq(sfs_cache_release(c, &h.l), 0);
+    cr_assert_eq(sfs_cache_release(c, &l), 0);
+    n[0] = n[1] = 0;
+    cr_assert_eq(sfs_cache_sample(c, &cursor, 0, count_ready, n), 0);
+    cr_assert_eq(n[0], 2);
+    cr_assert_eq(n[1], 0);
     sfs_cache_close(c);
 }

@@ -107,6 +107,7 @@ static void pin_write(struct sfs_pin_rec *p, const uint8_t *block, int64_t expir
      * of the new fields see the odd seq on their re-read. */
     atomic_fetch_add_explicit(&p->seq, 1, memory_order_relaxed);
     atomic_thread_fence(memory_order_release);
+    SFS_TEST_POINT("pin:half_written"); /* a writer dead here: the next one repairs */
     __atomic_store_n((key_word *)p->block, w[0], __ATOMIC_RELAXED);
     __atomic_store_n((key_word *)(p->block + 8), w[1], __ATOMIC_RELAXED);
     atomic_store_explicit(&p->expiry_ns, expiry, memory_order_relaxed);
@@ -310,7 +311,8 @@ static void walk_block(struct sfs_cache *c, const uint8_t *block, slot_fn *fn, v
 
         if (bucket_lock(c, b, 0) < 0)
             continue;
-        SFS_CHAIN_EACH(c, b, s) {
+        SFS_CHAIN_EACH(c, b, s)
+        {
             struct sfs_slot_rec *sl = &c->slots[s];
             uint64_t v[2];
 
@@ -505,12 +507,17 @@ int sfs_cache_pin_as(struct sfs_cache *c, const struct sfs_block_id *blocks, siz
             r = -ENOSPC;
             goto out;
         }
+        if (taken[ent[i] - c->pins]) {
+            ent[i] = NULL; /* the block again: counted, charged and pinned once */
+            continue;
+        }
         taken[ent[i] - c->pins] = 1;
     }
     /* The budgets, all or nothing: charge the unpinned resident shards now,
      * to the cache's budget and to the user's. */
     for (size_t i = 0; i < n; i++)
-        walk_block(c, blocks[i].b, count_unflagged_fn, &need);
+        if (ent[i])
+            walk_block(c, blocks[i].b, count_unflagged_fn, &need);
     if (need && !pin_charge(c, user, need)) {
         r = -EDQUOT;
         goto out;
@@ -521,6 +528,8 @@ int sfs_cache_pin_as(struct sfs_cache *c, const struct sfs_block_id *blocks, siz
      * (the slots already pinned stay charged to whom they were). */
     int64_t expiry = now + (int64_t)seconds * 1000000000ll;
     for (size_t i = 0; i < n; i++) {
+        if (!ent[i])
+            continue;
         uint32_t was = atomic_load_explicit(&ent[i]->user, memory_order_relaxed);
         bool fresh = atomic_load_explicit(&ent[i]->expiry_ns, memory_order_relaxed) == 0;
 
@@ -537,7 +546,8 @@ int sfs_cache_pin_as(struct sfs_cache *c, const struct sfs_block_id *blocks, siz
     }
     struct flag_ctx f = {.user = user, .reserved = need, .pinned = 0};
     for (size_t i = 0; i < n; i++)
-        walk_block(c, blocks[i].b, flag_fn, &f);
+        if (ent[i])
+            walk_block(c, blocks[i].b, flag_fn, &f);
     if (f.reserved)
         pin_uncharge(c, user, f.reserved); /* evicted or duplicated since the count */
     r = (int)f.pinned;

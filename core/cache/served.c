@@ -93,16 +93,19 @@ void sfs_served_clear(struct sfs_proc_rec *p)
             atomic_store_explicit(&p->hist[k][b], 0, memory_order_relaxed);
 }
 
-/* The header's entry for name: found, or a free one taken, or "other"'s. */
+/* The header's entry for name: found, or a free one taken, or "other"'s.
+ * The last entry is kept for "other": a class past the table's room is
+ * counted there, never under another class's name. */
 static struct sfs_class_rec *class_entry(struct sfs_cache *c, const char *name)
 {
     struct sfs_class_rec *free_e = NULL, *other = NULL;
+    struct sfs_class_rec *last = &c->hdr->classes[SFS_CLASSES - 1];
 
     for (int i = 0; i < SFS_CLASSES; i++) {
         struct sfs_class_rec *e = &c->hdr->classes[i];
 
         if (e->name[0] == '\0') {
-            if (!free_e)
+            if (!free_e && e != last)
                 free_e = e;
             continue;
         }
@@ -115,7 +118,12 @@ static struct sfs_class_rec *class_entry(struct sfs_cache *c, const char *name)
         memcpy(free_e->name, name, strlen(name) + 1);
         return free_e;
     }
-    return other ? other : &c->hdr->classes[SFS_CLASSES - 1]; /* the last absorbs the rest */
+    if (other)
+        return other;
+    /* Free, or a name that no fold wrote there (the header is shared
+     * memory): "other" from now on. */
+    memcpy(last->name, "other", sizeof("other"));
+    return last;
 }
 
 void sfs_served_fold(struct sfs_cache *c, struct sfs_proc_rec *p, const int64_t *v)

@@ -403,9 +403,10 @@ SFS_API void sfs_cache_set_touch_hook(struct sfs_cache *c, sfs_touch_hook_fn *fn
  * nothing; -ENOSPC: the pin table has no entry left near a block's hash;
  * -EPERM: this cache has no pins (pin_budget_pct < 0); -EINVAL: bad
  * arguments or seconds above SFS_PIN_MAX_SECONDS. Returns the shards pinned
- * now (unpin: 0). "Resident" is Ready or being loaded: a Prealloc'd (Idle)
- * or failed slot holds nothing and is neither pinned nor charged; it is
- * pinned when a Get loads it while the pin lasts.
+ * now (unpin: 0); a block named twice in a batch counts once. "Resident"
+ * is Ready or being loaded: a Prealloc'd (Idle) or failed slot holds
+ * nothing and is neither pinned nor charged; it is pinned when a Get loads
+ * it while the pin lasts.
  */
 #define SFS_PIN_MAX_SECONDS (366u * 24 * 3600)
 SFS_API int sfs_cache_pin(struct sfs_cache *c, const struct sfs_block_id *blocks, size_t n,
