@@ -45,6 +45,7 @@ enum fake_mode {
     M_BADSUM,    /* a get: the payload does not match its header */
     M_CLOSE,     /* the answer, then the connection closed */
     M_RESET,     /* the answer, then the connection reset */
+    M_RESET_CUT, /* half the answer, then the connection reset */
     M_UNASKED,   /* the answer and one byte more */
 };
 
@@ -182,6 +183,7 @@ static bool fake_answer(struct fake *f, int fd, const struct peer_req *q, unsign
         peer_rep_enc(f->out, &rep);
         break;
     case M_CUT:
+    case M_RESET_CUT:
         n /= 2;
         break;
     case M_CUT_FIXED:
@@ -200,7 +202,7 @@ static bool fake_answer(struct fake *f, int fd, const struct peer_req *q, unsign
         break;
     }
     fake_send(fd, f->out, n);
-    if (m == M_RESET) {
+    if (m == M_RESET || m == M_RESET_CUT) {
         /* Closed now, abortively: the client's next read is a reset. */
         setsockopt(fd, SOL_SOCKET, SO_LINGER, &lg, sizeof(lg));
         return false;
@@ -332,12 +334,20 @@ static void fake_stop(struct fake *f)
     free(f);
 }
 
-/* c after a failed call: closed, and marked down (the next call fails at
+/* c after a failed call: closed, and marked down (the next calls fail at
  * once, without a connection); then made new for the next case. */
 static void assert_failed_and_renew(struct peer_conn *c, const char *addr, const char *what)
 {
+    struct peer_slot_hdr hdrs[WAYS];
+    uint64_t after[WAYS];
+    uint8_t b[8];
+
     cr_assert_eq(c->fd, -1, "%s: the connection stayed open", what);
-    cr_assert_eq(peer_conn_open(c, addr, 2000), -EHOSTUNREACH, "%s: not marked down", what);
+    cr_assert_eq(peer_conn_read_hdrs(c, addr, 2000, 0, hdrs, after), -EHOSTUNREACH,
+                 "%s: not marked down", what);
+    cr_assert_eq(peer_conn_read_slot(c, addr, 2000, 0, 0, sizeof(b), hdrs, after, b), -EHOSTUNREACH,
+                 "%s: not marked down", what);
+    cr_assert_eq(c->fd, -1);
     peer_conn_close(c);
     peer_conn_init(c);
 }
@@ -393,6 +403,10 @@ Test(peer_wire, a_hello_cut_short_or_of_no_geometry_is_refused, .timeout = 30)
         cr_assert_eq(peer_conn_open(&c, addr, 2000), -EHOSTUNREACH);
         assert_failed_and_renew(&c, addr, "nobody listening");
     }
+    /* An address nothing answers from (no route, or no host behind it):
+     * failed by the deadline. */
+    cr_assert_lt(peer_conn_open(&c, "10.255.255.1:7", 200), 0);
+    assert_failed_and_renew(&c, "10.255.255.1:7", "no host");
 }
 
 Test(peer_wire, a_member_that_cannot_prove_the_key_is_refused, .timeout = 30)
@@ -667,4 +681,49 @@ Test(peer_wire, a_member_that_dropped_the_connection_is_dialled_again, .timeout 
         peer_conn_close(&c);
         fake_stop(f);
     }
+}
+
+/* More than the sockets hold at once: 64 writes and 64 gets of a slot
+ * each, pipelined to a member that reads one request at a time; every one
+ * is answered. A batch on a connection that is not open answers nothing. */
+Test(peer_wire, a_batch_larger_than_the_sockets_buffers_is_answered, .timeout = 60)
+{
+    enum { N = 128 };
+    static struct peer_slot_hdr hdrs[N][WAYS];
+    static uint64_t after[N][WAYS];
+    static uint8_t bufs[N / 2][PAY];
+    static struct peer_call k[N];
+    struct fake *f = fake_start(0, M_OK, ~0u);
+    struct peer_batch *b = calloc(1, sizeof(*b));
+    struct peer_conn c;
+
+    fake_run(f);
+    peer_conn_init(&c);
+    cr_assert_eq(peer_conn_open(&c, f->addr, 2000), 0);
+    for (unsigned i = 0; i < N; i++) {
+        bool w = i % 2 == 0;
+
+        k[i] = (struct peer_call){.hdrs = hdrs[i], .after = after[i]};
+        k[i].q = peer_req_for(w ? PEER_OP_WRITE : PEER_OP_READ_GET, &f->h, &c.g);
+        k[i].q.len = PAY;
+        if (w) {
+            k[i].q.nways = 1;
+            k[i].payload = f->pay;
+        } else {
+            k[i].buf = bufs[i / 2];
+        }
+    }
+    *b = (struct peer_batch){.c = &c, .member = f->addr, .calls = k, .n = N};
+    cr_assert_eq(peer_conn_batch_run(b, 1, 5000), N);
+    for (unsigned i = 1; i < N; i += 2) {
+        cr_assert_eq(k[i].err, 0);
+        cr_assert_eq(peer_call_judge(&k[i], WAYS, &f->h, PAY, bufs[i / 2]), PEER_HIT);
+    }
+    cr_assert_eq(atomic_load(&f->reqs), N);
+    peer_conn_close(&c);
+    cr_assert_eq(peer_conn_batch_run(b, 1, 2000), 0);
+    for (unsigned i = 0; i < N; i++)
+        cr_assert_eq(k[i].err, -EHOSTUNREACH);
+    free(b);
+    fake_stop(f);
 }
