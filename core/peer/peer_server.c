@@ -175,7 +175,8 @@ static int serve_one(struct peer_server *s, int fd, unsigned slot, uint8_t *buf,
         n += put_hdr(buf + n, &h, after) + (way >= 0 ? q.len : 0);
         break;
     }
-    case PEER_OP_WRITE: {
+    default: {
+        /* PEER_OP_WRITE: peer_req_check let no other op through. */
         struct peer_hash h = {q.hash_lo, q.hash_hi};
 
         ret = peer_slot_write(s->r, q.bucket, q.way, q.expect, &h, buf, q.len, q.stamp);
