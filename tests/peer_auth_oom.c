@@ -62,7 +62,7 @@ static int failures;
         }                                                                                          \
     } while (0)
 
-enum { STEP_KEY, STEP_LOAD, STEP_CLIENT, STEP_SERVER, STEP_TAG, STEPS };
+enum { STEP_KEY, STEP_LOAD, STEP_CLIENT, STEP_SERVER, STEP_TAG, STEP_TAG_OK, STEPS };
 
 int main(void)
 {
@@ -120,13 +120,26 @@ int main(void)
             case STEP_SERVER:
                 ret = peer_auth_server(k, hw, sizeof(hw), msg, proof, &ss);
                 break;
-            default: /* a write's tag: over its image and its payload */
+            case STEP_TAG: /* a write's tag: over its image and its payload */
                 fail_at = -1;
                 ret = peer_auth_client(k, hw, sizeof(hw), msg, want, &cs);
                 allocs = 0;
                 fail_at = n;
                 if (ret == 0)
                     ret = peer_req_tag(&cs, img, big, sizeof(big), tag);
+                break;
+            default: /* the server's check of that tag: a refusal (-ENOMEM
+                      * here), never a pass */
+                fail_at = -1;
+                ret = peer_auth_client(k, hw, sizeof(hw), msg, want, &cs);
+                if (ret == 0)
+                    ret = peer_auth_server(k, hw, sizeof(hw), msg, proof, &ss);
+                if (ret == 0)
+                    ret = peer_req_tag(&cs, img, big, sizeof(big), tag);
+                allocs = 0;
+                fail_at = n;
+                if (ret == 0)
+                    ret = peer_req_tag_ok(&ss, img, big, sizeof(big), tag) ? 0 : -ENOMEM;
                 break;
             }
             fail_at = -1;

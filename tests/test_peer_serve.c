@@ -329,6 +329,14 @@ Test(peer_serve, a_stream_cut_or_malformed_ends_without_an_answer, .timeout = 30
         n = stream_end(&st, out, sizeof(out));
         cr_assert_eq(n, first, "case %d: %zu bytes", c, n);
     }
+    /* A client gone before the hello: the stream ends, nothing held. */
+    {
+        int sv[2];
+
+        cr_assert_eq(socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv), 0);
+        close(sv[0]);
+        cr_assert_eq(peer_serve_stream(&r, NULL, sv[1]), 0);
+    }
     cr_assert_eq(way_of(&r, &h), -1, "a write cut short touched a slot");
     cr_assert_eq(peer_local_get(&r, &h, NULL, PAY), PEER_MISS_EMPTY);
     peer_region_destroy(&r);

@@ -39,7 +39,7 @@ enum fake_mode {
     M_STATUS,    /* a status the request does not allow */
     M_AGAIN,     /* a write: -EAGAIN, seq 42 */
     M_CUT,       /* half the answer, then the connection closed */
-    M_CUT_FIXED, /* a get: its answer cut inside the headers, then closed */
+    M_CUT_FIXED, /* cut inside the first header (after a whole rep), then closed */
     M_CUT_PAY,   /* a get: all but the payload's last half, then closed */
     M_EXTRA,     /* a get: a miss, then payload bytes anyway */
     M_BADSUM,    /* a get: the payload does not match its header */
@@ -187,7 +187,8 @@ static bool fake_answer(struct fake *f, int fd, const struct peer_req *q, unsign
         n /= 2;
         break;
     case M_CUT_FIXED:
-        n = PEER_REP_WIRE + PEER_HDR_WIRE + 10;
+        if (n > PEER_REP_WIRE + 10)
+            n = PEER_REP_WIRE + 10;
         break;
     case M_CUT_PAY:
         n -= q->len / 2;
@@ -443,10 +444,10 @@ Test(peer_wire, a_wrong_answer_fails_the_call, .timeout = 60)
     struct peer_slot_hdr hdrs[PEER_BATCH_MAX * WAYS], hdr;
     uint64_t after[PEER_BATCH_MAX * WAYS], found = 0, buckets[PEER_BATCH_MAX + 1] = {0};
     static uint8_t buf[PAY];
-    const enum fake_mode modes[] = {M_OK, M_MAGIC, M_STATUS, M_CUT};
-    const int want[] = {0, -EPROTO, -EPROTO, -ECONNRESET};
+    const enum fake_mode modes[] = {M_OK, M_MAGIC, M_STATUS, M_CUT, M_CUT_FIXED};
+    const int want[] = {0, -EPROTO, -EPROTO, -ECONNRESET, -ECONNRESET};
 
-    for (size_t i = 0; i < 4; i++) {
+    for (size_t i = 0; i < 5; i++) {
         struct fake *f = fake_start(0, modes[i], 1); /* request 0: the first call's */
         struct peer_conn c;
         int r;
@@ -479,10 +480,12 @@ Test(peer_wire, a_wrong_answer_fails_the_call, .timeout = 60)
         atomic_store(&f->reqs, 0);
         cr_assert_eq(peer_conn_write(&c, f->addr, 2000, 3, 0, 0, &f->h, f->pay, PAY, 1, &found), 0);
         r = peer_conn_write(&c, f->addr, 2000, 3, 0, 0, &f->h, f->pay, PAY, 1, &found);
-        /* A write's answer is its rep alone: cut, it is an answer that
-         * never came on a connection used before, and the write goes once
-         * more on a new one (which this member answers). */
-        cr_assert_eq(r, modes[i] == M_CUT ? 0 : want[i], "write, mode %zu: %d", i, r);
+        /* A write's answer is its rep alone: cut in half, it is an
+         * answer that never came on a connection used before, and the
+         * write goes once more on a new one (which this member answers);
+         * M_CUT_FIXED leaves the whole rep, the answer. */
+        cr_assert_eq(r, modes[i] == M_CUT || modes[i] == M_CUT_FIXED ? 0 : want[i],
+                     "write, mode %zu: %d", i, r);
         if (modes[i] == M_CUT)
             cr_assert_eq(atomic_load(&f->conns), 5, "the write was not sent again");
         if (r < 0)
