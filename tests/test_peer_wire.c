@@ -727,6 +727,11 @@ Test(peer_wire, a_batch_larger_than_the_sockets_buffers_is_answered, .timeout = 
     cr_assert_eq(peer_conn_batch_run(b, 1, 2000), 0);
     for (unsigned i = 0; i < N; i++)
         cr_assert_eq(k[i].err, -EHOSTUNREACH);
+    /* A single get too (the one-call path). */
+    *b = (struct peer_batch){.c = &c, .member = f->addr, .calls = &k[1], .n = 1};
+    cr_assert_eq(peer_conn_batch_run(b, 1, 2000), 0);
+    cr_assert_eq(k[1].err, -EHOSTUNREACH);
+    cr_assert_eq(peer_call_judge(&k[1], WAYS, &f->h, PAY, bufs[0]), PEER_MISS_UNREACHABLE);
     free(b);
     fake_stop(f);
 }
