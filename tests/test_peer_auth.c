@@ -372,3 +372,37 @@ Test(peer_auth, a_captured_write_replayed_is_refused, .timeout = 30)
     srv_stop(&x);
     peer_key_free(k);
 }
+
+/* --- the key file's owner --- */
+
+/* A key file owned by another uid is refused; one owned by the daemon's
+ * own (not root) uid is its own. */
+Test(peer_auth, the_key_file_belongs_to_root_or_the_daemon, .timeout = 10)
+{
+    struct peer_key *k = NULL;
+    char err[256] = "";
+    const char *p = key_file(32, 0600);
+
+    if (geteuid() != 0)
+        cr_skip_test("needs root to give the file away");
+    cr_assert_eq(chown(p, 4321, 4321), 0);
+    cr_assert_eq(peer_key_load(p, &k, err, sizeof(err)), -EPERM);
+    cr_assert_null(k);
+    cr_assert(strstr(err, "owned by uid 4321"), "%s", err);
+    /* The daemon running as that uid reads it. */
+    cr_assert_eq(seteuid(4321), 0);
+    err[0] = '\0';
+    cr_assert_eq(peer_key_load(p, &k, err, sizeof(err)), 0, "%s", err);
+    cr_assert_eq(seteuid(0), 0);
+    peer_key_free(k);
+    unlink(p);
+    /* Bytes of a key outside the bounds. */
+    {
+        uint8_t b[PEER_KEY_MAX + 1] = {0};
+
+        cr_assert_eq(peer_key_from(b, PEER_KEY_MIN - 1, &k), -EINVAL);
+        cr_assert_null(k);
+        cr_assert_eq(peer_key_from(b, PEER_KEY_MAX + 1, &k), -EINVAL);
+        cr_assert_null(k);
+    }
+}

@@ -315,7 +315,7 @@ int peer_server_allow(struct peer_server *s, char *const *members, size_t n);
 /* Serve one connected stream fd (the hello, the handshake with a key, then
  * requests until it ends or one is refused) as a server's connection
  * thread does, in the caller's thread; closes fd. 0 or -ENOMEM. (The fuzz
- * target of the request loop.) */
+ * target of the request loop, and test_peer_serve's entry.) */
 int peer_serve_stream(struct peer_region *r, const struct peer_key *key, int fd);
 
 /* One connection to a member, with a deadline per call. */

@@ -175,7 +175,8 @@ static int serve_one(struct peer_server *s, int fd, unsigned slot, uint8_t *buf,
         n += put_hdr(buf + n, &h, after) + (way >= 0 ? q.len : 0);
         break;
     }
-    case PEER_OP_WRITE: {
+    default: {
+        /* PEER_OP_WRITE: peer_req_check let no other op through. */
         struct peer_hash h = {q.hash_lo, q.hash_hi};
 
         ret = peer_slot_write(s->r, q.bucket, q.way, q.expect, &h, buf, q.len, q.stamp);
@@ -234,15 +235,13 @@ static void *conn_main(void *arg)
     struct peer_server *s = ca->s;
     int fd = ca->fd;
     const struct peer_geometry *g = &s->r->g;
-    size_t cap = PEER_REP_WIRE + (size_t)g->ways * PEER_HDR_WIRE;
-    /* READ_SLOT, READ_GET: the headers, one more and a payload. */
-    size_t cap2 = PEER_REP_WIRE + ((size_t)g->ways + 1) * PEER_HDR_WIRE + g->max_payload;
+    /* READ_SLOT, READ_GET: the headers, one more and a payload (more
+     * than READ_HDRS's headers alone). */
+    size_t cap = PEER_REP_WIRE + ((size_t)g->ways + 1) * PEER_HDR_WIRE + g->max_payload;
     /* READ_HDRS_MULTI: at most 64 x 64 x 72 bytes (288 KiB). */
     size_t cap3 = PEER_REP_WIRE + (size_t)PEER_BATCH_MAX * g->ways * PEER_HDR_WIRE;
     uint8_t *buf;
 
-    if (cap2 > cap)
-        cap = cap2;
     if (cap3 > cap)
         cap = cap3;
     /* Zeroed: a payload copy shorter than asked (the slot changed under
