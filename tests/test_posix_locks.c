@@ -4,8 +4,8 @@
  * (posix_lock.c), where the store does not behave: a lock file that is no
  * regular file, a lock the file system refuses or answers stale, a lock
  * held past the poll of a remote store, a lock file replaced while we
- * waited, a host lock directory that cannot be made, owner files that
- * fail, change or are broken under their writer,
+ * waited, another user's lock file, a host lock directory that cannot be
+ * made, owner files that fail, change or are broken under their writer,
  * temporary names already taken, the sweep of every kind of leftover, and
  * a host name that needs quoting.
  *
@@ -24,6 +24,7 @@
 #include <signal.h>
 #include <stdatomic.h>
 #include <sys/file.h>
+#include <sys/fsuid.h>
 #include <sys/wait.h>
 #include <syslog.h>
 #include <time.h>
@@ -694,4 +695,47 @@ Test(posix_locks, a_host_name_that_needs_quoting_is_filtered)
         cr_assert(reads_as(be, 11, (uint32_t)i, 1));
         sfs_backend_close(be);
     }
+}
+
+/*
+ * Another user's lock file on a shared remote store (a writer that may
+ * not write it): locked all the same, read-only, and its record neither
+ * read nor written (it could not be kept, nor cleared after a refusal):
+ * every commit goes through, as without a record. The writer is this process with the
+ * file-system identity of nobody (setfsuid), its backend's threads made
+ * under it; root only.
+ */
+Test(posix_locks, another_users_lock_file_is_locked_without_a_record)
+{
+    struct sfs_backend *be = open_as(true, false, NULL, 4000);
+    char data[400], lock[450];
+    struct stat st;
+
+    cr_assert_eq(dump(be, 12, 0, 1), (int)S_SMALL);
+    sfs_backend_close(be);
+    if (geteuid() != 0)
+        cr_skip_test("needs root to act as another user");
+    path_of(12, ".lock", lock);
+    snprintf(data, sizeof(data), "%s/data", g_root);
+    cr_assert_eq(chmod(g_root, 0777), 0);
+    cr_assert_eq(chmod(data, 0777), 0);
+    setfsgid(65534);
+    setfsuid(65534);
+    cr_assert_eq((int)setfsuid((uid_t)-1), 65534);
+    be = open_as(true, false, NULL, 4000);
+    int r1 = dump(be, 12, 1, 1), r2 = dump(be, 12, 2, 1), r3 = dump(be, 12, 3, 1);
+    sfs_backend_close(be);
+    setfsuid(0);
+    setfsgid(0);
+    cr_assert_eq(r1, (int)S_SMALL, "another user's lock file failed the commit");
+    /* Refused (-EIO) once the retries were spent, each, when the record
+     * it could not keep was read. */
+    cr_assert_eq(r2, (int)S_SMALL, "the next commit was refused (%d)", r2);
+    cr_assert_eq(r3, (int)S_SMALL, "the commit after was refused (%d)", r3);
+    cr_assert_eq(stat(lock, &st), 0);
+    cr_assert_eq(st.st_uid, 0u, "the lock file was replaced");
+    be = open_as(true, false, NULL, 4000);
+    for (uint32_t i = 0; i < 4; i++)
+        cr_assert(reads_as(be, 12, i, 1), "shard %u", i);
+    sfs_backend_close(be);
 }
