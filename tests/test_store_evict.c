@@ -11,8 +11,10 @@
  * what that commit wrote, leaves a reader that has the file open the whole
  * old block, and changes nothing on a read-only backend. The store-wide
  * lease (sfs_backend_lease) has one holder among the backends on a store
- * (two backends here stand for two hosts), passes on when its holder
- * stops renewing it, and goes when dropped.
+ * (two backends here stand for two hosts), is renewed by its holder's
+ * calls, passes on when its holder stops renewing it (and only then: a
+ * lease renewed before its break stays), is taken back by its holder when
+ * put back after a taker moved it, and goes when dropped by its holder.
  */
 #include <shardfs/backend.h>
 
@@ -220,6 +222,7 @@ Test(store_evict, a_read_only_backend_removes_nothing)
     b = scan_one(be, 9);
     cr_assert_eq(sfs_backend_evict(be, &b.id, &b.stamp, NULL), -EROFS);
     cr_assert_eq(file_size(0, 9), S_SMALL);
+    cr_assert_eq(sfs_backend_lease(be, "collector", 60000), -EROFS, "a read-only lease");
     sfs_backend_close(be);
     be = open_be("mem:", S_SMALL, false);
     cr_assert_eq(sfs_backend_scan(be, scan_fn, &(struct seen){0}), -EOPNOTSUPP);
@@ -299,4 +302,121 @@ Test(store_evict, two_takers_of_a_stale_lease_one_wins)
     sfs_backend_close(a);
     sfs_backend_close(b);
     sfs_backend_close(g_c);
+}
+
+static struct stat lease_stat(const char *path)
+{
+    struct stat st;
+
+    cr_assert_eq(stat(path, &st), 0, "%s: %s", path, strerror(errno));
+    return st;
+}
+
+/*
+ * The holder's own calls: each one a quarter of the ttl after the last
+ * renews the lease (its mtime to the store's now); a lease moved off its
+ * name (a taker's rename) is lost at the holder's next look, and taken
+ * again, with its token, once it is back; a drop that finds another's
+ * file under the name puts it back; a role that cannot name a file is
+ * refused.
+ */
+Test(store_evict, a_held_lease_is_renewed_lost_and_taken_back)
+{
+    struct sfs_backend *a = open_spec("%s", g_root), *b = open_spec("%s", g_root);
+    struct timespec old[2] = {{0, UTIME_OMIT}, {0, 0}};
+    char path[400], aside[420];
+    struct stat st;
+    ino_t ino;
+
+    snprintf(path, sizeof(path), "%s/.shardfs_lease.collector", g_root);
+    snprintf(aside, sizeof(aside), "%s.aside", path);
+    cr_assert_eq(sfs_backend_lease(a, "", 60000), -EINVAL);
+    cr_assert_eq(sfs_backend_lease(a, "a-role-name-longer-than-32-chars!", 60000), -EINVAL);
+    cr_assert_eq(sfs_backend_lease(a, "collector", 60000), 1);
+    ino = lease_stat(path).st_ino;
+
+    /* Renewed: an hour old, then a call past a quarter of its ttl (1 ms). */
+    old[1].tv_sec = time(NULL) - 3600;
+    cr_assert_eq(utimensat(AT_FDCWD, path, old, 0), 0);
+    usleep(2000);
+    cr_assert_eq(sfs_backend_lease(a, "collector", 1), 1);
+    st = lease_stat(path);
+    cr_assert_gt(st.st_mtim.tv_sec, time(NULL) - 600, "the holder's call did not renew it");
+    cr_assert_eq(st.st_ino, ino);
+
+    /* Moved off its name: lost; put back: taken again. */
+    cr_assert_eq(rename(path, aside), 0);
+    usleep(2000);
+    cr_assert_eq(sfs_backend_lease(a, "collector", 1), 0, "a lease off its name is still held");
+    cr_assert_eq(rename(aside, path), 0);
+    cr_assert_eq(sfs_backend_lease(a, "collector", 60000), 1, "its own lease not taken back");
+    cr_assert_eq(lease_stat(path).st_ino, ino);
+    cr_assert_eq(sfs_backend_lease(b, "collector", 60000), 0);
+
+    /* b's file under the name while a believes it holds it: a's drop
+     * leaves b's in place. */
+    cr_assert_eq(rename(path, aside), 0);
+    usleep(2000);
+    cr_assert_eq(sfs_backend_lease(b, "collector", 60000), 1);
+    ino = lease_stat(path).st_ino;
+    cr_assert_eq(sfs_backend_lease(a, "collector", 0), 0);
+    cr_assert_eq(lease_stat(path).st_ino, ino, "a drop removed another's lease");
+    cr_assert_eq(sfs_backend_lease(b, "collector", 60000), 1, "a drop took another's lease");
+    unlink(aside);
+    sfs_backend_close(a);
+    sfs_backend_close(b);
+}
+
+/* At lease:break: the stale lease renewed by its holder (rather late), or
+ * dropped, between the taker's look and its break. */
+static void holder_renews(const char *name, void *arg)
+{
+    (void)name;
+    utimensat(AT_FDCWD, arg, NULL, 0);
+}
+
+static void holder_drops(const char *name, void *arg)
+{
+    char aside[420];
+
+    (void)name;
+    /* Kept aside, not removed: a new file could reuse its inode number. */
+    snprintf(aside, sizeof(aside), "%s.aside", (const char *)arg);
+    rename(arg, aside);
+}
+
+/*
+ * A lease found stale whose holder renews it before the taker breaks it
+ * is not broken: the taker puts it back and stands by, the holder keeps
+ * it. One dropped meanwhile is not taken by that call (another may have
+ * been first); the next call takes it.
+ */
+Test(store_evict, a_stale_lease_renewed_or_dropped_before_its_break)
+{
+    struct sfs_backend *a = open_spec("%s", g_root), *b = open_spec("%s", g_root);
+    struct timespec old[2] = {{0, UTIME_OMIT}, {0, 0}};
+    static char path[400];
+    ino_t ino;
+
+    snprintf(path, sizeof(path), "%s/.shardfs_lease.collector", g_root);
+    cr_assert_eq(sfs_backend_lease(a, "collector", 60000), 1);
+    ino = lease_stat(path).st_ino;
+    old[1].tv_sec = time(NULL) - 3600;
+    cr_assert_eq(utimensat(AT_FDCWD, path, old, 0), 0);
+    cr_assert_eq(sfs_testpoint_arm("lease:break", SFS_TP_CALL, holder_renews, path), 0);
+    cr_assert_eq(sfs_backend_lease(b, "collector", 60000), 0, "a renewed lease was broken");
+    sfs_testpoint_disarm_all();
+    cr_assert_eq(lease_stat(path).st_ino, ino, "the renewed lease was not put back");
+    cr_assert_eq(sfs_backend_lease(a, "collector", 60000), 1, "its holder lost it");
+
+    cr_assert_eq(utimensat(AT_FDCWD, path, old, 0), 0);
+    cr_assert_eq(sfs_testpoint_arm("lease:break", SFS_TP_CALL, holder_drops, path), 0);
+    cr_assert_eq(sfs_backend_lease(b, "collector", 60000), 0);
+    sfs_testpoint_disarm_all();
+    cr_assert_eq(sfs_backend_lease(b, "collector", 60000), 1, "a free lease was not taken");
+    cr_assert_eq(sfs_backend_lease(a, "collector", 60000), 0);
+    strcat(path, ".aside");
+    unlink(path);
+    sfs_backend_close(a);
+    sfs_backend_close(b);
 }
