@@ -14,7 +14,8 @@
  * (two backends here stand for two hosts), is renewed by its holder's
  * calls, passes on when its holder stops renewing it (and only then: a
  * lease renewed before its break stays), is taken back by its holder when
- * put back after a taker moved it, and goes when dropped by its holder.
+ * put back after a taker moved it, and goes when dropped by its holder;
+ * what is not a regular file at its name is no lease and holds no caller.
  */
 #include <shardfs/backend.h>
 
@@ -419,4 +420,27 @@ Test(store_evict, a_stale_lease_renewed_or_dropped_before_its_break)
     unlink(path);
     sfs_backend_close(a);
     sfs_backend_close(b);
+}
+
+/*
+ * What is no lease file at the lease's name: a directory is an error
+ * (the lease cannot be had), and a FIFO too, at once: the look never
+ * waits for a writer to open it (it held the collector's thread for
+ * good). Neither is touched.
+ */
+Test(store_evict, a_fifo_or_a_directory_at_the_lease_name_holds_no_collector)
+{
+    struct sfs_backend *a = open_spec("%s", g_root);
+    char path[400];
+    struct stat st;
+
+    snprintf(path, sizeof(path), "%s/.shardfs_lease.collector", g_root);
+    cr_assert_eq(mkdir(path, 0755), 0);
+    cr_assert_lt(sfs_backend_lease(a, "collector", 60000), 0, "a directory held as the lease");
+    cr_assert(stat(path, &st) == 0 && S_ISDIR(st.st_mode));
+    cr_assert_eq(rmdir(path), 0);
+    cr_assert_eq(mkfifo(path, 0644), 0);
+    cr_assert_lt(sfs_backend_lease(a, "collector", 60000), 0, "a FIFO held as the lease");
+    cr_assert(stat(path, &st) == 0 && S_ISFIFO(st.st_mode));
+    sfs_backend_close(a);
 }
