@@ -27,6 +27,7 @@
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <libgen.h>
 #include <ftw.h>
 #include <pthread.h>
 #include <stdarg.h>
@@ -210,6 +211,80 @@ Test(store_evict, an_eviction_waits_for_a_commit_in_flight_and_keeps_its_block)
     pthread_join(t, NULL);
     cr_assert_eq(a.ret, -ESTALE, "evict: %d", a.ret);
     cr_assert_eq(file_size(0, 5), 2 * S_SMALL, "the committed block was removed");
+    sfs_backend_close(be);
+}
+
+/* At lock:flocked (the eviction holds the block's lock): the block file
+ * removed meanwhile, or replaced by a FIFO (arg: its path). */
+static void block_removed(const char *name, void *arg)
+{
+    (void)name;
+    unlink(arg);
+}
+
+static void block_made_fifo(const char *name, void *arg)
+{
+    (void)name;
+    unlink(arg);
+    mkfifo(arg, 0644);
+}
+
+/*
+ * The block removed (another collector, a remove of shard 0) or replaced
+ * by what is no block file while the eviction waited for its lock: gone
+ * (-ENOENT), nothing else removed. On a remote store an eviction records
+ * the block removed in its lock file, drops the second name of the file
+ * it removed, and a later commit of the block starts from nothing.
+ */
+Test(store_evict, a_block_gone_while_its_eviction_waited_and_a_remote_eviction)
+{
+    struct sfs_backend *be = open_spec("%s", g_root);
+    struct sfs_block_id id = mkid(11);
+    static char path[400];
+    char dir[400];
+    struct sfs_block_scan b;
+    struct dirent *de;
+    struct stat st;
+    char *buf = xalloc(S_SMALL);
+    DIR *d;
+
+    block_path(0, &id, path, sizeof(path), false);
+    write_block(0, 11, 2, S_SMALL);
+    b = scan_one(be, 11);
+    cr_assert_eq(sfs_testpoint_arm("lock:flocked", SFS_TP_CALL, block_removed, path), 0);
+    cr_assert_eq(sfs_backend_evict(be, &id, &b.stamp, NULL), -ENOENT);
+    write_block(0, 11, 2, S_SMALL);
+    b = scan_one(be, 11);
+    cr_assert_eq(sfs_testpoint_arm("lock:flocked", SFS_TP_CALL, block_made_fifo, path), 0);
+    cr_assert_eq(sfs_backend_evict(be, &id, &b.stamp, NULL), -ENOENT);
+    sfs_testpoint_disarm_all();
+    cr_assert(stat(path, &st) == 0 && S_ISFIFO(st.st_mode), "the FIFO was removed");
+    cr_assert_eq(unlink(path), 0);
+    sfs_backend_close(be);
+
+    setenv("SHARDFS_POSIX_REMOTE", "1", 1);
+    be = open_spec("%s", g_root);
+    unsetenv("SHARDFS_POSIX_REMOTE");
+    for (uint32_t n = 0; n < 2; n++) { /* shard by shard: each commit links its second name */
+        fill(&id, n, 1, buf, S_SMALL);
+        cr_assert_eq(sfs_backend_dump_sync(be, &(struct sfs_key){id, n}, buf, S_SMALL),
+                     (int)S_SMALL);
+    }
+    b = scan_one(be, 11);
+    cr_assert_eq(sfs_backend_evict(be, &id, &b.stamp, NULL), 0);
+    cr_assert_eq(file_size(0, 11), -1);
+    snprintf(dir, sizeof(dir), "%s", path);
+    d = opendir(dirname(dir));
+    cr_assert_not_null(d);
+    while ((de = readdir(d)))
+        cr_assert_null(strstr(de->d_name, ".ref."), "a second name is left: %s", de->d_name);
+    closedir(d);
+    /* Started from nothing: shard 0 alone, shard 1 a miss. */
+    fill(&id, 0, 2, buf, S_SMALL);
+    cr_assert_eq(sfs_backend_dump_sync(be, &(struct sfs_key){id, 0}, buf, S_SMALL), (int)S_SMALL);
+    cr_assert_eq(file_size(0, 11), (off_t)S_SMALL);
+    cr_assert_eq(sfs_backend_load_sync(be, &(struct sfs_key){id, 1}, buf, S_SMALL), -ENOENT);
+    free(buf);
     sfs_backend_close(be);
 }
 
