@@ -4,7 +4,8 @@
  * refuses a missing backend or array with -EINVAL and takes an empty batch
  * as done; a spec is refused with -EINVAL and a line naming what is wrong
  * (no spec, a shard size results cannot carry, fault wrappers nested too
- * deep, each posix, fault and peer option's bad values); a read-only open
+ * deep, each posix, fault and peer option's bad values, a posix root that
+ * is missing, a file or a symlink loop); a read-only open
  * stays read-only whatever its spec says; and a fault wrapper passes touch
  * and listing through to the store it wraps.
  */
@@ -16,6 +17,7 @@
 #include <criterion/criterion.h>
 #include <dirent.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -117,6 +119,31 @@ Test(backend_api, a_bad_spec_is_refused_naming_what_is_wrong)
     strcat(nested, "mem:");
     refused(nested, SHARD, "nested too deeply");
 
+    /* Roots that are no directory to open, each said as what it is. */
+    {
+        struct sfs_backend_params p = {.shard_size = SHARD};
+        static const char *says[] = {"does not exist", "is not a directory",
+                                     "cannot open directory"};
+        char path[3][300], err[256];
+        int e;
+
+        snprintf(path[0], sizeof(path[0]), "%s/none", g_store);
+        snprintf(path[1], sizeof(path[1]), "%s/file", g_store);
+        snprintf(path[2], sizeof(path[2]), "%s/loop", g_store);
+        close(open(path[1], O_WRONLY | O_CREAT, 0644));
+        cr_assert_eq(symlink(path[2], path[2]), 0);
+        for (int i = 0; i < 3; i++) {
+            err[0] = '\0';
+            e = 0;
+            snprintf(spec, sizeof(spec), "posix:%s", path[i]);
+            cr_assert_null(sfs_backend_open(spec, &p, err, sizeof(err), &e), "%s", path[i]);
+            cr_assert_lt(e, 0);
+            cr_assert(strstr(err, says[i]), "%s: '%s' does not say '%s'", path[i], err, says[i]);
+        }
+        unlink(path[1]);
+        unlink(path[2]);
+    }
+
     snprintf(spec, sizeof(spec), "posix:%s?dir_prefix=x", g_store);
     refused(spec, SHARD, "dir_prefix");
     snprintf(spec, sizeof(spec), "posix:%s?depth=99999999", g_store);
@@ -208,7 +235,8 @@ static int open_fds(void)
 /* The posix backend's start failing at each of its steps (failed on demand
  * at result points of the test build: io_uring refused by the kernel, the
  * helpers or the completion thread that cannot start): the open fails with
- * that errno and says which step, and leaves no descriptor behind. */
+ * that errno and says which step, and leaves no descriptor behind, on a
+ * FUSE store (its host lock directory open) too. */
 Test(backend_api, a_posix_start_that_fails_unwinds_every_step)
 {
     static const struct {
@@ -220,23 +248,38 @@ Test(backend_api, a_posix_start_that_fails_unwinds_every_step)
         {"posix:reaper", "completion thread", EAGAIN},
     };
     struct sfs_backend_params prm = {.shard_size = SHARD};
-    char spec[256];
+    char spec[256], locks[300];
 
     snprintf(spec, sizeof(spec), "posix:%s", g_store);
-    for (size_t i = 0; i < sizeof(steps) / sizeof(steps[0]); i++) {
+    snprintf(locks, sizeof(locks), "%s.locks", g_store);
+    /* Each step as a plain store, then as a FUSE store (its host lock
+     * directory held open too). */
+    for (size_t n = 0; n < 2 * sizeof(steps) / sizeof(steps[0]); n++) {
         char err[256] = "";
         int e = 0, before = open_fds();
+        bool fuse = n >= sizeof(steps) / sizeof(steps[0]);
+        size_t i = n % (sizeof(steps) / sizeof(steps[0]));
+
+        if (fuse) {
+            setenv("SHARDFS_POSIX_REMOTE", "1", 1);
+            setenv("SHARDFS_POSIX_HOST_LOCKS", "1", 1);
+            setenv("SHARDFS_LOCK_DIR", locks, 1);
+        }
 
         cr_assert_eq(sfs_testpoint_arm_fail(steps[i].point, steps[i].err, 1), 0);
         cr_assert_null(sfs_backend_open(spec, &prm, err, sizeof(err), &e), "%s", steps[i].point);
         cr_assert_eq(sfs_testpoint_hits(steps[i].point), 1, "%s was not passed", steps[i].point);
         sfs_testpoint_disarm_all();
+        unsetenv("SHARDFS_POSIX_REMOTE");
+        unsetenv("SHARDFS_POSIX_HOST_LOCKS");
+        unsetenv("SHARDFS_LOCK_DIR");
         cr_assert_eq(e, -steps[i].err, "%s: %d", steps[i].point, e);
         cr_assert(strstr(err, steps[i].says), "%s: the reason does not say the step: %s",
                   steps[i].point, err);
         cr_assert_eq(open_fds(), before, "%s: %d descriptors left behind", steps[i].point,
                      open_fds() - before);
     }
+    rmdir(locks);
     struct sfs_backend *be = sfs_backend_open(spec, &prm, NULL, 0, &(int){0});
     cr_assert_not_null(be, "the start after the failures");
     struct sfs_key k = tu_key(1, 1);
