@@ -6,8 +6,10 @@
  * (no spec, a shard size results cannot carry, fault wrappers nested too
  * deep, each posix, fault and peer option's bad values, a posix root that
  * is missing, a file or a symlink loop); a read-only open
- * stays read-only whatever its spec says; and a fault wrapper passes touch
- * and listing through to the store it wraps.
+ * stays read-only whatever its spec says; a fault wrapper passes touch
+ * and listing through to the store it wraps; and names in a posix store
+ * that are no block file (symlinks out or in a loop, a file where a block
+ * directory should be) are absent, never followed nor an error.
  */
 #include "testpoint_i.h"
 #include "testutil.h"
@@ -338,4 +340,63 @@ Test(backend_api, sync_open_lists_and_stamps)
     sfs_backend_close(be);
     snprintf(spec, sizeof(spec), "rm -rf '%s'", dir);
     cr_assert_eq(system(spec), 0);
+}
+
+/* Names in the store that are no block file we may read: a symlink out of
+ * the store, a symlink loop, a block directory that is a file (dir_prefix
+ * layout). Each is absent to a stamp, exists and shard_count, never an
+ * error and never followed; a listing of that layout skips the file where
+ * a directory should be, and a block file in another prefix's directory. */
+Test(backend_api, names_that_are_no_block_file_are_absent)
+{
+    struct sfs_block_id out = tu_block(201), loop = tu_block(202), under = tu_block(203);
+    char spec[512], path[400], hex[SFS_BLOCK_HEX_LEN + 1], other[SFS_BLOCK_HEX_LEN + 1];
+    struct sfs_block_stamp st;
+    struct sfs_backend *be;
+    struct sfs_key k;
+    bool present = true;
+    int n = 0;
+
+    tu_block_hex(201, hex);
+    snprintf(path, sizeof(path), "%s/data/%s", g_store, hex);
+    cr_assert_eq(symlink("/etc/hostname", path), 0);
+    tu_block_hex(202, hex);
+    snprintf(path, sizeof(path), "%s/data/%s", g_store, hex);
+    cr_assert_eq(symlink(path, path), 0);
+    snprintf(spec, sizeof(spec), "posix:%s?direct=0", g_store);
+    be = open_ok(spec, false);
+    for (int i = 0; i < 2; i++) {
+        const struct sfs_block_id *b = i ? &loop : &out;
+
+        cr_assert_eq(sfs_backend_stamp(be, b, &st), 0);
+        cr_assert(st.flags & SFS_STAMP_ABSENT, "a symlink %s is a block", i ? "loop" : "out");
+        k = (struct sfs_key){*b, 0};
+        cr_assert_eq(sfs_backend_exists(be, &k, 1, &present), 0);
+        cr_assert_not(present);
+        cr_assert_eq(sfs_backend_shard_count(be, b), -ENOENT);
+    }
+    sfs_backend_close(be);
+
+    /* dir_prefix=2: block 203's directory is a file; a block file of
+     * block 1 put in block 203's prefix directory is no block there. */
+    tu_block_hex(203, hex);
+    tu_block_hex(1, other);
+    snprintf(path, sizeof(path), "%s/%.2s", g_store, hex);
+    close(open(path, O_WRONLY | O_CREAT, 0644));
+    if (strncmp(hex, other, 2) != 0) {
+        snprintf(path, sizeof(path), "%s/%.2s", g_store, other);
+        cr_assert_eq(mkdir(path, 0755), 0);
+        snprintf(path, sizeof(path), "%s/%.2s/%s", g_store, other, hex);
+        close(open(path, O_WRONLY | O_CREAT, 0644));
+    }
+    snprintf(spec, sizeof(spec), "posix:%s?direct=0&dir_prefix=2", g_store);
+    be = open_ok(spec, false);
+    cr_assert_eq(sfs_backend_stamp(be, &under, &st), 0);
+    cr_assert(st.flags & SFS_STAMP_ABSENT);
+    k = (struct sfs_key){under, 0};
+    cr_assert_eq(sfs_backend_exists(be, &k, 1, &present), 0);
+    cr_assert_not(present);
+    cr_assert_eq(sfs_backend_list(be, count_block, &n), 0);
+    cr_assert_eq(n, 0, "listed %d blocks of a store with none in its layout", n);
+    sfs_backend_close(be);
 }
