@@ -73,6 +73,13 @@ static void refused(const char *spec, uint64_t shard_size, const char *want)
               err, want);
 }
 
+static int scan_none(const struct sfs_block_scan *b, void *arg)
+{
+    (void)b;
+    (void)arg;
+    return 0;
+}
+
 Test(backend_api, every_call_refuses_a_missing_backend_or_array)
 {
     struct sfs_backend *be = open_ok("mem:", false);
@@ -80,7 +87,7 @@ Test(backend_api, every_call_refuses_a_missing_backend_or_array)
     struct sfs_key k = tu_key(1, 0);
     struct sfs_block_stamp st;
     bool present;
-    char buf[SHARD];
+    char buf[SHARD + 1];
 
     cr_assert_eq(sfs_backend_load(NULL, NULL, 0), -EINVAL);
     cr_assert_eq(sfs_backend_load(be, NULL, 1), -EINVAL);
@@ -106,6 +113,24 @@ Test(backend_api, every_call_refuses_a_missing_backend_or_array)
     cr_assert_eq(sfs_backend_load_sync(NULL, &k, buf, SHARD), -EINVAL);
     cr_assert_eq(sfs_backend_load_sync(be, NULL, buf, SHARD), -EINVAL);
     cr_assert_eq(sfs_backend_dump_sync(be, &k, NULL, SHARD), -EINVAL);
+    cr_assert_eq(sfs_backend_scan(NULL, scan_none, NULL), -EINVAL);
+    cr_assert_eq(sfs_backend_scan(be, NULL, NULL), -EINVAL);
+    cr_assert_eq(sfs_backend_evict(NULL, &id, &st, NULL), -EINVAL);
+    cr_assert_eq(sfs_backend_evict(be, NULL, &st, NULL), -EINVAL);
+    cr_assert_eq(sfs_backend_evict(be, &id, NULL, NULL), -EINVAL);
+    cr_assert_eq(sfs_backend_lease(NULL, "collector", 1000), -EINVAL);
+    cr_assert_eq(sfs_backend_lease(be, NULL, 1000), -EINVAL);
+    /* A buffer of no bytes, or of more than a shard: each io refused. */
+    for (int dump = 0; dump < 2; dump++) {
+        uint32_t lens[2] = {0, SHARD + 1};
+
+        for (int i = 0; i < 2; i++) {
+            int r = dump ? sfs_backend_dump_sync(be, &k, buf, lens[i])
+                         : sfs_backend_load_sync(be, &k, buf, lens[i]);
+
+            cr_assert_eq(r, -EINVAL, "%s of %u bytes: %d", dump ? "dump" : "load", lens[i], r);
+        }
+    }
     sfs_backend_close(NULL); /* nothing to close */
     sfs_backend_close(be);
 }
