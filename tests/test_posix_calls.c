@@ -5,8 +5,9 @@
  * at most the backend's timeout. With every helper stuck, a call still
  * queued at its deadline answers -ETIMEDOUT and never runs; a commit
  * stuck before its commit point stores nothing once its caller gave up;
- * one stuck past it is waited for once more, then given up; a process
- * that cannot start a helper answers -EAGAIN at once.
+ * one stuck past it is waited for once more, then given up; an eviction
+ * or a remove whose caller gave up removes nothing; a process that
+ * cannot start a helper answers -EAGAIN at once.
  *
  * Key idea: a commit is held in its helper at a test point
  * ("commit:written", before the commit point; "commit:pending", past it)
@@ -24,9 +25,10 @@ TestSuite(posix_calls, .init = mkroot, .fini = rmroot, .timeout = 60);
 
 #define HELPERS 8 /* POSIX_HELPERS_MAX */
 
-static atomic_int held, go;
+static atomic_int held, go, left;
 
-/* The point's action: count this helper as held, wait for go. */
+/* The point's action: count this helper as held, wait for go, count it as
+ * gone on. */
 static void hold_here(const char *name, void *arg)
 {
     (void)name;
@@ -34,6 +36,7 @@ static void hold_here(const char *name, void *arg)
     atomic_fetch_add(&held, 1);
     while (!atomic_load(&go))
         usleep(1000);
+    atomic_fetch_add(&left, 1);
 }
 
 static struct sfs_backend *open_posix(uint32_t timeout_ms)
@@ -177,4 +180,53 @@ Test(posix_calls, no_helper_to_start_is_eagain)
     cr_assert(matches(&k.block, 0, 1, buf, S_SMALL));
     free(buf);
     sfs_backend_close(be);
+}
+
+/* The stamp of block b as a scan gives it. */
+static struct sfs_block_stamp stamp_of(struct sfs_backend *be, uint64_t b)
+{
+    struct sfs_block_id id = mkid(b);
+    struct sfs_block_stamp st;
+
+    cr_assert_eq(sfs_backend_stamp(be, &id, &st), 0);
+    return st;
+}
+
+/*
+ * An eviction held under the block's lock past its caller's deadline (a
+ * hung store), and a remove of a block's shard 0 (an unlink of the whole
+ * file) held before it: the caller gets -ETIMEDOUT, told nothing was
+ * removed, and nothing is, once the store answers.
+ */
+Test(posix_calls, an_eviction_or_a_remove_whose_caller_gave_up_removes_nothing)
+{
+    struct sfs_backend *be = open_posix(1000);
+    struct sfs_block_id id = mkid(500);
+    struct sfs_key k = mkkey(500, 0);
+    struct sfs_block_stamp st;
+
+    cr_assert_eq(dump(be, 500, 0), (int)S_SMALL);
+    st = stamp_of(be, 500);
+    atomic_store(&held, 0);
+    atomic_store(&go, 0);
+    cr_assert_eq(sfs_testpoint_arm("evict:locked", SFS_TP_CALL, hold_here, NULL), 0);
+    cr_assert_eq(sfs_backend_evict(be, &id, &st, NULL), -ETIMEDOUT);
+    while (!atomic_load(&held)) /* held there, however slow the machine */
+        usleep(1000);
+    atomic_store(&left, 0);
+    atomic_store(&go, 1);
+    while (!atomic_load(&left)) /* it holds the block's lock until it goes on */
+        usleep(1000);
+    sfs_testpoint_disarm_all();
+
+    atomic_store(&held, 0);
+    atomic_store(&go, 0);
+    cr_assert_eq(sfs_testpoint_arm("commit:open_committed", SFS_TP_CALL, hold_here, NULL), 0);
+    cr_assert_eq(sfs_backend_remove(be, &k), -ETIMEDOUT);
+    while (!atomic_load(&held))
+        usleep(1000);
+    atomic_store(&go, 1);
+    sfs_backend_close(be); /* waits a grace for both helpers, now free */
+    sfs_testpoint_disarm_all();
+    cr_assert_eq(file_size(0, 500), (off_t)S_SMALL, "removed after its caller gave up");
 }
