@@ -326,7 +326,8 @@ static int stop_at_first(const struct sfs_block_id *b, void *arg)
 /* Sync-open mode (no ring: the caller's thread asks the file system): a
  * listing skips what is not a block file (a directory with a block's name)
  * and stops where fn says, with fn's value; stamps of a block present and
- * of one absent; a store with no data directory lists nothing. */
+ * of one absent; an eviction; a store with no data directory lists
+ * nothing. */
 Test(backend_api, sync_open_lists_and_stamps)
 {
     struct sfs_block_id one = tu_block(1), none = tu_block(99);
@@ -352,6 +353,19 @@ Test(backend_api, sync_open_lists_and_stamps)
     cr_assert_eq(st.size, 2 * SHARD);
     cr_assert_eq(sfs_backend_stamp(be, &none, &st), 0);
     cr_assert(st.flags & SFS_STAMP_ABSENT);
+    /* An eviction, in the caller's thread; a dump of less than a shard
+     * and a load of nothing, refused. */
+    cr_assert_eq(sfs_backend_stamp(be, &one, &st), 0);
+    cr_assert_eq(sfs_backend_evict(be, &one, &st, NULL), 0);
+    cr_assert_eq(sfs_backend_stamp(be, &one, &st), 0);
+    cr_assert(st.flags & SFS_STAMP_ABSENT, "the evicted block is there");
+    {
+        struct sfs_key k = tu_key(2, 0);
+        uint8_t buf[SHARD];
+
+        cr_assert_eq(sfs_backend_dump_sync(be, &k, buf, SHARD - 1), -EINVAL);
+        cr_assert_eq(sfs_backend_load_sync(be, &k, buf, 0), -EINVAL);
+    }
     sfs_backend_close(be);
 
     /* No data directory at all: an empty store. */
