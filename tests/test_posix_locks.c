@@ -461,8 +461,9 @@ Test(posix_locks, owner_files_refused_stale_live_or_taken_over)
  * with our pid left is passed over for the next counter, and when every
  * one tried is taken the dump fails (-EEXIST), the block unchanged; a
  * create the store fails (ENOSPC) fails the dump with it, a stale one is
- * made again; so is a stale directory create, and a failed one fails the
- * dump. None of these leaves a temporary file of its own behind.
+ * made again; so is a stale directory create (one stale for good is
+ * given up after the retries, -EIO), and a failed one fails the dump.
+ * None of these leaves a temporary file of its own behind.
  */
 Test(posix_locks, temporary_names_taken_or_failing)
 {
@@ -500,6 +501,9 @@ Test(posix_locks, temporary_names_taken_or_failing)
     cr_assert_eq(sfs_testpoint_hits("commit:mkdir"), 3);
     cr_assert_eq(sfs_testpoint_arm_fail("commit:mkdir", ENOSPC, 1), 0);
     cr_assert_eq(dump(be, 7, 1, 1), -ENOSPC);
+    /* Stale for good: given up after the retries (-EIO), nothing made. */
+    cr_assert_eq(sfs_testpoint_arm_fail("commit:mkdir", ESTALE, 1000000), 0);
+    cr_assert_eq(dump(be, 7, 1, 1), -EIO);
     sfs_testpoint_disarm_all();
     cr_assert(reads_as(be, 6, 0, 1) && reads_as(be, 6, 1, 1) && reads_as(be, 7, 0, 1));
     cr_assert_eq(file_size(0, 7), (off_t)S_SMALL);
