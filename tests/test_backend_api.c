@@ -162,7 +162,7 @@ Test(backend_api, a_bad_spec_is_refused_naming_what_is_wrong)
         for (int i = 0; i < 3; i++) {
             err[0] = '\0';
             e = 0;
-            snprintf(spec, sizeof(spec), "posix:%s", path[i]);
+            snprintf(spec, sizeof(spec), "posix:%.300s", path[i]);
             cr_assert_null(sfs_backend_open(spec, &p, err, sizeof(err), &e), "%s", path[i]);
             cr_assert_lt(e, 0);
             cr_assert(strstr(err, says[i]), "%s: '%s' does not say '%s'", path[i], err, says[i]);
