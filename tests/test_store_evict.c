@@ -497,6 +497,37 @@ Test(store_evict, a_stale_lease_renewed_or_dropped_before_its_break)
     sfs_backend_close(b);
 }
 
+/* At lease:link (b about to link its file to the free name): a takes the
+ * lease first. */
+static struct sfs_backend *g_first;
+static int g_first_took = -1;
+
+static void other_links_first(const char *name, void *arg)
+{
+    (void)arg;
+    sfs_testpoint_arm(name, SFS_TP_OFF, NULL, NULL); /* a's own link runs through */
+    g_first_took = sfs_backend_lease(g_first, "collector", 60000);
+}
+
+/*
+ * Two takers of a free lease: the one whose link comes second finds the
+ * name taken (EEXIST) and stands by; the first holds it.
+ */
+Test(store_evict, two_takers_of_a_free_lease_one_wins)
+{
+    struct sfs_backend *b = open_spec("%s", g_root);
+
+    g_first = open_spec("%s", g_root);
+    cr_assert_eq(sfs_testpoint_arm("lease:link", SFS_TP_CALL, other_links_first, NULL), 0);
+    cr_assert_eq(sfs_backend_lease(b, "collector", 60000), 0, "both takers hold the lease");
+    sfs_testpoint_disarm_all();
+    cr_assert_eq(g_first_took, 1, "the first taker did not take the free lease");
+    cr_assert_eq(sfs_backend_lease(g_first, "collector", 60000), 1, "the winner lost it");
+    cr_assert_eq(sfs_backend_lease(b, "collector", 60000), 0);
+    sfs_backend_close(b);
+    sfs_backend_close(g_first);
+}
+
 /*
  * What is no lease file at the lease's name: a directory is an error
  * (the lease cannot be had), and a FIFO too, at once: the look never

@@ -303,6 +303,7 @@ int sfs_posix_lease(struct sfs_backend *be, const char *role, uint32_t ttl_ms)
                 role, tok, (long long)((ts_ns(&now) - ts_ns(&st.st_mtim)) / 1000000));
     }
     /* No lease under the name: link ours to it; EEXIST: another was first. */
+    SFS_TEST_POINT("lease:link");
     r = linkat(p->root_fd, tmp, p->root_fd, name, 0) == 0 ? 1 : errno == EEXIST ? 0 : -errno;
     unlinkat(p->root_fd, tmp, 0);
     if (r == 1)
