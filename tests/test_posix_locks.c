@@ -325,7 +325,7 @@ Test(posix_locks, a_host_lock_directory_that_cannot_be_made_locks_on_the_store)
  * writer done: gone); at "own:judged" or "commit:written", rewritten once
  * (a writer that took it over meanwhile). */
 struct owner_play {
-    char own[450];
+    char own[450], text[128];
     int hits;
     bool rewrite, changed;
 };
@@ -357,6 +357,18 @@ static void tp_owner_taken(const char *name, void *arg)
         snprintf(text, sizeof(text), "otherhost 00000000000000aa 77 %d\n", o->hits);
         put_owner(o->own, text);
     }
+}
+
+static void tp_read_owner(const char *name, void *arg)
+{
+    struct owner_play *o = arg;
+    int fd = open(o->own, O_RDONLY);
+    ssize_t n = fd >= 0 ? read(fd, o->text, sizeof(o->text) - 1) : -1;
+
+    (void)name;
+    o->text[n > 0 ? n : 0] = '\0';
+    if (fd >= 0)
+        close(fd);
 }
 
 static void tp_owner_changes(const char *name, void *arg)
@@ -426,10 +438,18 @@ Test(posix_locks, owner_files_refused_stale_live_or_taken_over)
     sfs_testpoint_disarm_all();
     cr_assert_eq(stat(own, &st), 0, "a live owner file was broken");
 
-    /* Judged stale, changed before its break (not broken), then gone. */
+    /* Judged stale, changed before its break (not broken), then gone. A
+     * dead writer of our own lock domain's, so judged at its first look:
+     * its host and domain read from one of ours. */
     memset(&o, 0, sizeof(o));
     memcpy(o.own, own, sizeof(o.own));
-    put_owner(own, "otherhost 00000000000000aa 77 0\n");
+    cr_assert_eq(sfs_testpoint_arm("commit:written", SFS_TP_CALL, tp_read_owner, &o), 0);
+    cr_assert_eq(dump(be, 5, s++, 1), (int)S_SMALL);
+    sfs_testpoint_disarm_all();
+    char *sp = strchr(o.text, ' ');
+    cr_assert(sp && (sp = strchr(sp + 1, ' ')), "no owner file while we commit: '%s'", o.text);
+    strcpy(sp, " 1 0\n"); /* pid 1: never one of our writers */
+    put_owner(own, o.text);
     watch_log("broke a stale owner file");
     cr_assert_eq(sfs_testpoint_arm("own:taken", SFS_TP_CALL, tp_owner_taken, &o), 0);
     cr_assert_eq(sfs_testpoint_arm("own:judged", SFS_TP_CALL, tp_owner_changes, &o), 0);
