@@ -285,6 +285,62 @@ Test(posix_shapes, a_copy_that_fails_is_tried_again_then_given_up)
     cr_assert_eq(n, 1, "%d files in the store's directory: a temporary was left", n);
 }
 
+/* Files in the store's block directory, the block file included. */
+static int files_in_store(void)
+{
+    char dir[600];
+    struct dirent *de;
+    DIR *d;
+    int n = 0;
+
+    snprintf(dir, sizeof(dir), "%s/data", P.store);
+    d = opendir(dir);
+    cr_assert_not_null(d);
+    while ((de = readdir(d)))
+        n += de->d_name[0] != '.';
+    closedir(d);
+    return n;
+}
+
+/* The rename of a commit fails: a stale handle (another host's rename
+ * meanwhile) is renamed again and commits; any other error fails the dump
+ * with it, the block file as it was and no temporary left; on a remote
+ * store, nor the second name the commit linked for its record. */
+Test(posix_shapes, a_rename_that_fails_is_tried_again_or_fails_the_dump)
+{
+    struct sfs_backend_params prm = {.shard_size = SHARD};
+    char spec[256], err[256] = "";
+    int e = 0;
+
+    cr_assert_eq(sfs_testpoint_arm_fail("commit:rename", ESTALE, 2), 0);
+    dump_new(0);
+    cr_assert_eq(sfs_testpoint_hits("commit:rename"), 3, "a stale rename was not tried again");
+    sfs_testpoint_disarm_all();
+    assert_shard(0, NEU, "after a stale rename");
+    assert_shard(1, OLD, "the shard that commit kept");
+
+    for (int remote = 0; remote < 2; remote++) {
+        struct sfs_key k = tu_key(BLOCK, 1), nk = tu_key(BLOCK + 1000, 1);
+
+        if (remote) {
+            sfs_backend_close(P.be);
+            setenv("SHARDFS_POSIX_REMOTE", "1", 1);
+            snprintf(spec, sizeof(spec), "posix:%s?direct=0", P.store);
+            P.be = sfs_backend_open(spec, &prm, err, sizeof(err), &e);
+            unsetenv("SHARDFS_POSIX_REMOTE");
+            cr_assert_not_null(P.be, "open %s: %s (%d)", spec, err, e);
+        }
+        tu_fill(&nk, P.buf, SHARD);
+        cr_assert_eq(sfs_testpoint_arm_fail("commit:rename", EIO, 1), 0);
+        cr_assert_eq(sfs_backend_dump_sync(P.be, &k, P.buf, SHARD), -EIO);
+        sfs_testpoint_disarm_all();
+        assert_shard(1, OLD, "after a failed rename");
+        cr_assert_eq(file_size(), 2 * (off_t)SHARD);
+        /* The block file; on a remote store its lock file too (it stays). */
+        cr_assert_eq(files_in_store(), 1 + remote, "a failed commit left files beside the block");
+    }
+}
+
 /* A remove of a shard the store does not hold: past the block file's end,
  * or of a block with no file; -ENOENT, and the file as it was. A commit
  * in sync-open mode (no ring: the caller's thread commits) stores alike. */

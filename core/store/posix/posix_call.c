@@ -28,6 +28,7 @@
  * helper may use it).
  */
 #include "posix_i.h"
+#include "testpoint_i.h"
 
 #include <errno.h>
 #include <signal.h>
@@ -149,7 +150,8 @@ int sfs_posix_call(struct posix_backend *p, struct posix_job *j)
         pthread_attr_setdetachstate(&at, PTHREAD_CREATE_DETACHED);
         sigfillset(&all);
         pthread_sigmask(SIG_SETMASK, &all, &old);
-        if (pthread_create(&t, &at, helper_main, p) == 0)
+        /* Tests: a process out of threads ("call:helper"). */
+        if (SFS_TEST_RESULT("call:helper", 0) == 0 && pthread_create(&t, &at, helper_main, p) == 0)
             p->call_threads++;
         pthread_sigmask(SIG_SETMASK, &old, NULL);
         pthread_attr_destroy(&at);

@@ -122,6 +122,19 @@ static int pwrite_all(int fd, const void *buf, size_t len, uint64_t off)
     return 0;
 }
 
+/* renameat(tmp, rel) beneath the root; in the test build, failed on
+ * demand at "commit:rename" (a stale handle, an error of a remote store). */
+static int rename_rel(struct posix_backend *p, const char *tmp, const char *rel)
+{
+    int fail = SFS_TEST_RESULT("commit:rename", 0);
+
+    if (fail < 0) {
+        errno = -fail;
+        return -1;
+    }
+    return renameat(p->root_fd, tmp, p->root_fd, rel);
+}
+
 /* Copy bytes [off, off + len) of src to the same offsets of dst. */
 static int copy_range(int src, int dst, uint64_t off, uint64_t len)
 {
@@ -362,7 +375,7 @@ static int commit_block_once(struct posix_backend *p, const struct sfs_block_id 
     *gated = true;
     sfs_posix_remote_pending(p, &rc, rel, tmp, fd, size);
     SFS_TEST_POINT("commit:pending");
-    for (int64_t start = sfs_now_ns(); renameat(p->root_fd, tmp, p->root_fd, rel) < 0;) {
+    for (int64_t start = sfs_now_ns(); rename_rel(p, tmp, rel) < 0;) {
         if (errno != ESTALE || !sfs_posix_stale_backoff(start, STALE_BUDGET_NS, &rename_us)) {
             ret = -errno;
             goto out_unlink_tmp;

@@ -54,23 +54,27 @@
 #define LEASE_PREFIX   ".shardfs_lease."
 #define LEASE_NAME_MAX 32
 
-/* The lease file's content: the token, at most this long. */
+/* The lease file's content: the token, at most this long. What is not a
+ * regular file at the name is no lease: -EIO, and a FIFO there never
+ * holds the open (O_NONBLOCK) until a writer comes. */
 static int read_token(struct posix_backend *p, const char *name, char *out, size_t len,
                       struct stat *st)
 {
-    int fd = openat(p->root_fd, name, O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
-    ssize_t n;
+    int fd = openat(p->root_fd, name, O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK | O_NOCTTY);
+    ssize_t n = -1;
+    int e = 0;
 
     if (fd < 0)
         return -errno;
-    n = pread(fd, out, len - 1, 0);
-    if (n < 0 || fstat(fd, st) < 0) {
-        int e = -errno;
-
-        close(fd);
-        return e;
-    }
+    if (fstat(fd, st) < 0)
+        e = -errno;
+    else if (!S_ISREG(st->st_mode))
+        e = -EIO;
+    else if ((n = pread(fd, out, len - 1, 0)) < 0)
+        e = -errno;
     close(fd);
+    if (e < 0)
+        return e;
     out[n] = '\0';
     return 0;
 }
@@ -299,6 +303,7 @@ int sfs_posix_lease(struct sfs_backend *be, const char *role, uint32_t ttl_ms)
                 role, tok, (long long)((ts_ns(&now) - ts_ns(&st.st_mtim)) / 1000000));
     }
     /* No lease under the name: link ours to it; EEXIST: another was first. */
+    SFS_TEST_POINT("lease:link");
     r = linkat(p->root_fd, tmp, p->root_fd, name, 0) == 0 ? 1 : errno == EEXIST ? 0 : -errno;
     unlinkat(p->root_fd, tmp, 0);
     if (r == 1)

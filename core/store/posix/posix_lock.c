@@ -24,6 +24,20 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+/* 0, or in the test build -1 with errno while the result point name is
+ * armed to fail: a system call's failure that no local file system gives
+ * on demand (a stale handle, a lock manager missing, a full store). */
+static int test_fails(const char *name)
+{
+    int fail = SFS_TEST_RESULT(name, 0);
+
+    if (fail < 0) {
+        errno = -fail;
+        return -1;
+    }
+    return 0;
+}
+
 int sfs_posix_ensure_dir(struct posix_backend *p, const char *rel, size_t dlen)
 {
     char dir[PATH_REL_MAX];
@@ -31,7 +45,7 @@ int sfs_posix_ensure_dir(struct posix_backend *p, const char *rel, size_t dlen)
 
     memcpy(dir, rel, dlen);
     dir[dlen] = '\0';
-    while (mkdirat(p->root_fd, dir, 0755) < 0 && errno != EEXIST) {
+    while ((test_fails("commit:mkdir") || mkdirat(p->root_fd, dir, 0755) < 0) && errno != EEXIST) {
         if (errno != ESTALE || ++tries > STALE_TRIES)
             return -errno;
     }
@@ -66,6 +80,12 @@ bool sfs_posix_stale_backoff(int64_t start_ns, int64_t budget_ns, unsigned *us)
     return true;
 }
 
+/* flock(fd, op) (in the test build, failed at "lock:flock" on demand). */
+static int flock_op(int fd, int op)
+{
+    return test_fails("lock:flock") ? -1 : flock(fd, op);
+}
+
 /* flock(LOCK_EX) of fd: blocking on a local file system; on a remote one
  * (p->remote_fs), polled without blocking for at most a quarter of the
  * deadline (LOCK_POLL_MAX_NS at most). A blocking flock on a FUSE client
@@ -82,13 +102,13 @@ static int flock_ex(struct posix_backend *p, int fd, bool remote)
     int r;
 
     if (!remote) {
-        while ((r = flock(fd, LOCK_EX)) < 0 && errno == EINTR)
+        while ((r = flock_op(fd, LOCK_EX)) < 0 && errno == EINTR)
             ;
         return r;
     }
     if (budget > LOCK_POLL_MAX_NS)
         budget = LOCK_POLL_MAX_NS;
-    while ((r = flock(fd, LOCK_EX | LOCK_NB)) < 0 && (errno == EWOULDBLOCK || errno == EINTR)) {
+    while ((r = flock_op(fd, LOCK_EX | LOCK_NB)) < 0 && (errno == EWOULDBLOCK || errno == EINTR)) {
         if (errno == EWOULDBLOCK && !sfs_posix_stale_backoff(start, budget, &us)) {
             errno = EWOULDBLOCK;
             return -1;
@@ -132,7 +152,9 @@ static int open_lock_file(int dirfd, const char *rel)
     /* O_NOFOLLOW: a link planted at the lock's name never makes us create
      * a file outside the store. O_NONBLOCK: a FIFO there (in a host lock
      * directory anyone may write to) never holds the open. */
-    int fd = openat(dirfd, rel, O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK, 0644);
+    int fd = test_fails("lock:open")
+                 ? -1
+                 : openat(dirfd, rel, O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK, 0644);
 
     /* Another user's lock file: lock it all the same, without a record. */
     if (fd < 0 && errno == EACCES)
@@ -161,6 +183,8 @@ static int lock_in(struct posix_backend *p, int dirfd, const char *lock_rel, boo
             close(fd);
             return -1;
         }
+        if (r == 0)
+            SFS_TEST_POINT("lock:flocked"); /* tests: its path moved on meanwhile */
         if (r == 0 && fstat(fd, &a) == 0 && fstatat(dirfd, lock_rel, &b, 0) == 0 &&
             a.st_ino == b.st_ino && a.st_dev == b.st_dev) {
             /* A lock left by a killed writer is taken over: fresh again
@@ -335,8 +359,10 @@ bool sfs_posix_own_block(struct posix_backend *p, const char *lock_rel, char tok
     n = snprintf(token, OWN_TOKEN_MAX, "%s %016llx %ld %llu\n", p->host,
                  (unsigned long long)p->lock_domain, (long)getpid(), (unsigned long long)seq);
     for (;;) {
-        int fd =
-            openat(p->root_fd, own, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC | O_NOFOLLOW, 0644);
+        int fd = test_fails("own:create")
+                     ? -1
+                     : openat(p->root_fd, own, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC | O_NOFOLLOW,
+                              0644);
 
         if (fd >= 0) {
             bool ok = write(fd, token, (size_t)n) == n;
@@ -363,6 +389,7 @@ bool sfs_posix_own_block(struct posix_backend *p, const char *lock_rel, char tok
             if (own_ours(p, seen) || now - since >= budget / 2) {
                 char again[OWN_TOKEN_MAX];
 
+                SFS_TEST_POINT("own:judged");
                 /* Broken only if it is still the one judged stale. */
                 if (own_read(p, own, again) && strcmp(again, seen) == 0) {
                     sfs_log(LOG_INFO, "posix: %s: broke a stale owner file (%.*s)", own,
@@ -401,7 +428,10 @@ int sfs_posix_create_tmp(struct posix_backend *p, const char *rel, char tmp[PATH
 
         if (n < 0 || n >= PATH_REL_MAX)
             return -ENAMETOOLONG;
-        fd = openat(p->root_fd, tmp, O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC | O_NOFOLLOW, 0644);
+        fd =
+            test_fails("commit:tmp")
+                ? -1
+                : openat(p->root_fd, tmp, O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC | O_NOFOLLOW, 0644);
         if (fd >= 0)
             return fd;
         if (errno != EEXIST && errno != ESTALE)

@@ -126,7 +126,12 @@ void sfs_posix_remote_begin(struct posix_backend *p, int lfd, struct remote_comm
 {
     memset(rc, 0, sizeof(*rc));
     rc->lfd = lfd;
-    rc->on = lfd >= 0 && p->remote_fs;
+    /* Another user's lock file, held read-only (open_lock_file), has no
+     * record for us: we could not keep it, nor clear it after a refusal,
+     * so each of our partial commits would be refused against its owner's
+     * last commit. The commit goes as without a record (none read, none
+     * written, no second name). */
+    rc->on = lfd >= 0 && p->remote_fs && (fcntl(lfd, F_GETFL) & O_ACCMODE) == O_RDWR;
     if (rc->on)
         rc->have_rec = sfs_posix_lock_record_read(lfd, &rc->rec);
 }
