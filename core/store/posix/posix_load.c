@@ -11,7 +11,8 @@
  * batch: a cached descriptor would keep reading a block file that a commit
  * has since replaced.
  * Result: len; -ENOENT when the block file is missing or ends before the
- * shard's end (a partial shard is a miss, never a short read passed on);
+ * shard's end (a partial shard is a miss, never a short read passed on),
+ * or the shard lies wholly in a hole of it (posix_path.c);
  * -EIO when it is not a regular file; else -errno.
  */
 #include "posix_ring_i.h"
@@ -104,7 +105,7 @@ int sfs_posix_load(struct sfs_backend *be, struct sfs_io **ios, size_t n)
             }
         }
         if (!bfd) {
-            bool asked = direct;
+            bool asked = direct, holes = false;
             int fd = -ENOMEM;
 
             if (p->ring_open) {
@@ -118,7 +119,7 @@ int sfs_posix_load(struct sfs_backend *be, struct sfs_io **ios, size_t n)
                     opens_tail = bfd;
                 }
             } else {
-                fd = sfs_posix_open_block_read(p, &io->key.block, &direct);
+                fd = sfs_posix_open_block_read(p, &io->key.block, &direct, &holes);
                 if (fd >= 0 && !(bfd = calloc(1, sizeof(*bfd)))) {
                     close(fd);
                     fd = -ENOMEM;
@@ -127,6 +128,7 @@ int sfs_posix_load(struct sfs_backend *be, struct sfs_io **ios, size_t n)
                     bfd->fd = fd;
                     bfd->step = BFD_READY;
                     bfd->direct = direct;
+                    bfd->holes = holes;
                 }
             }
             if (!bfd) {
@@ -206,7 +208,7 @@ static enum cqe_verdict bfd_start_waiting(struct posix_backend *p, struct sfs_io
 static enum cqe_verdict estale_reopen_locked(struct posix_backend *p, struct sfs_io *io)
 {
     uintptr_t flags = io_flags(io);
-    bool direct = (flags & F_DIRECT) != 0;
+    bool direct = (flags & F_DIRECT) != 0, holes = false;
     struct block_fd *b;
     int fd;
 
@@ -220,7 +222,7 @@ static enum cqe_verdict estale_reopen_locked(struct posix_backend *p, struct sfs
     if (p->ring_open)
         return bfd_start_waiting(p, io);
     /* Sync mode: a blocking open under sq_lock, as the O_DIRECT fallback. */
-    fd = sfs_posix_open_block_read(p, &io->key.block, &direct);
+    fd = sfs_posix_open_block_read(p, &io->key.block, &direct, &holes);
     b = fd >= 0 ? calloc(1, sizeof(*b)) : NULL;
     if (!b) {
         if (fd >= 0)
@@ -233,6 +235,7 @@ static enum cqe_verdict estale_reopen_locked(struct posix_backend *p, struct sfs
     b->refs = 1;
     b->step = BFD_READY;
     b->direct = direct;
+    b->holes = holes;
     io->priv[PRIV_FD] = b;
     if (!direct)
         io->priv[PRIV_FLAGS] = (void *)(io_flags(io) & ~(uintptr_t)F_DIRECT);
@@ -268,8 +271,8 @@ static enum cqe_verdict handle_cqe(struct posix_backend *p, struct sfs_io *io, i
         } else {
             /* Sync mode: a blocking open under sq_lock, at most once per
              * load in flight when the fallback is first discovered. */
-            bool direct = false;
-            int fd = sfs_posix_open_block_read(p, &io->key.block, &direct);
+            bool direct = false, holes = false;
+            int fd = sfs_posix_open_block_read(p, &io->key.block, &direct, &holes);
             struct block_fd *b = fd >= 0 ? calloc(1, sizeof(*b)) : NULL;
 
             if (!b) {
@@ -281,6 +284,7 @@ static enum cqe_verdict handle_cqe(struct posix_backend *p, struct sfs_io *io, i
             b->fd = fd;
             b->refs = 1;
             b->step = BFD_READY;
+            b->holes = holes;
             io->priv[PRIV_FD] = b;
             return CQE_RESUBMIT;
         }
@@ -312,7 +316,17 @@ static enum cqe_verdict handle_cqe(struct posix_backend *p, struct sfs_io *io, i
     }
     got += (uintptr_t)res;
     if (got >= io->len) {
+        struct block_fd *b = io_bfd(io);
+
+        /* A shard in a hole (a block file that lost the shards before one
+         * written alone: posix_path.c) is a miss, not zeros. Asked only
+         * of a file with holes, and of a shard that read as all zeros: one
+         * lseek, on the store's rare sparse files. */
+        uint64_t off = (uint64_t)io->key.shard * p->be.shard_size;
+
         io->result = (int)io->len;
+        if (b && b->holes && sfs_posix_read_in_hole(b->fd, off, io->buf, io->len))
+            io->result = -ENOENT;
         return CQE_FINISH;
     }
     io->priv[PRIV_DONE] = (void *)got;

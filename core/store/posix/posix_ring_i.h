@@ -59,6 +59,7 @@ struct block_fd {
     enum bfd_step step;
     bool direct;                          /* O_DIRECT asked of this open */
     bool touch;                           /* a touch's open: FADVISE, then close */
+    bool holes;                           /* the file may have holes (posix_path.c) */
     unsigned char stale;                  /* opens retried after -ESTALE (< IO_RETRY_MAX) */
     struct sfs_io *wait_head, *wait_tail; /* loads waiting for BFD_READY */
     struct block_fd *next;                /* local list / bfd pending list */
@@ -102,8 +103,10 @@ struct block_fd *sfs_posix_bfd_alloc(struct posix_backend *p, const struct sfs_b
  * once per backend. */
 void sfs_posix_direct_refused(struct posix_backend *p);
 /* Sync mode: open a block file for reading in the caller's thread; *direct
- * says whether O_DIRECT was used. Returns the fd or -errno. */
-int sfs_posix_open_block_read(struct posix_backend *p, const struct sfs_block_id *id, bool *direct);
+ * says whether O_DIRECT was used, *holes whether the file may have holes.
+ * Returns the fd or -errno. */
+int sfs_posix_open_block_read(struct posix_backend *p, const struct sfs_block_id *id, bool *direct,
+                              bool *holes);
 /* The rest take sq_lock (held by the caller). Queue the read of the rest of
  * io; false when the submission queue has no entry free. */
 bool sfs_posix_prep_read_locked(struct posix_backend *p, struct sfs_io *io);
