@@ -12,7 +12,8 @@
  * written, zeros or not, reads back. The collector's race with a rank is
  * made deterministic by its order: the rank looks the block up, the
  * collector removes it (waited for), then the rank dumps the shard it
- * lacked.
+ * lacked. The collector also sweeps, at its start, the .tmp and .brk
+ * files that takers of its lease killed mid-step left at the store's root.
  */
 #include "fsfixture.h"
 #include "testutil.h"
@@ -206,5 +207,40 @@ Test(fs_holes, a_ranks_partial_dump_after_the_collector_removed_the_block)
     cr_assert(present[0]);
     expect_mount(7, 2, 1);
     sfs_rank_close(rk);
+    cr_assert_eq(fsfx_stop(&S.fx, false, 10.0), 0);
+}
+
+/* A name at the store's root. */
+static const char *at_root(const char *name)
+{
+    static char path[256];
+
+    snprintf(path, sizeof(path), "%s/%s", S.store, name);
+    return path;
+}
+
+Test(fs_holes, the_collector_sweeps_its_leases_leftovers_at_start)
+{
+    static const char *const left[] = {
+        ".shardfs_lease.collector.deadhost.4242.00000000deadbeef.tmp",
+        ".shardfs_lease.collector.deadhost.4243.00000000deadbeef.brk",
+    };
+    const char *keep = ".shardfs_lease.collector.notatoken.brk";
+    double t0;
+
+    for (size_t i = 0; i < 2; i++)
+        close(open(at_root(left[i]), O_WRONLY | O_CREAT, 0644));
+    close(open(at_root(keep), O_WRONLY | O_CREAT, 0644));
+    /* Past the lease's ttl (three 200 ms periods) by the time it starts:
+     * their ctimes age, they cannot be set back. */
+    fsfx_sleep_ms(1000);
+    start(OPTS ",store_capacity=1M");
+    t0 = fsfx_now_s();
+    while ((access(at_root(left[0]), F_OK) == 0 || access(at_root(left[1]), F_OK) == 0) &&
+           fsfx_now_s() - t0 < 30.0)
+        fsfx_sleep_ms(50);
+    cr_assert_neq(access(at_root(left[0]), F_OK), 0, "a killed taker's .tmp stayed");
+    cr_assert_neq(access(at_root(left[1]), F_OK), 0, "a killed taker's .brk stayed");
+    cr_assert_eq(access(at_root(keep), F_OK), 0, "a file not named by a token went");
     cr_assert_eq(fsfx_stop(&S.fx, false, 10.0), 0);
 }

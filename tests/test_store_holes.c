@@ -11,7 +11,9 @@
  * shard written as zeros is data, also after a later commit copied it
  * (the in-kernel copy, and the read/write fallback). A file system
  * without SEEK_DATA (the test point posix:seek_data) reads as before:
- * zeros.
+ * zeros. The lease's leftovers (.tmp and .brk files of killed takers) are
+ * swept by the next holder once older than the lease's ttl; young ones,
+ * and other files, stay.
  */
 #include <shardfs/backend.h>
 
@@ -20,12 +22,14 @@
 
 #include <criterion/criterion.h>
 
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <time.h>
 #include <unistd.h>
 
 static void init(void)
@@ -181,4 +185,61 @@ Test(store_holes, without_seek_data_a_hole_reads_as_zeros_as_before)
     cr_assert(exists(be, 1));
     cr_assert_eq(load(be, 2, false), (int)S_SMALL);
     sfs_backend_close(be);
+}
+
+/* ------------------------------------------------------------------------
+ * The lease's leftovers.
+ */
+
+static void plant(const char *name)
+{
+    char path[512];
+    int fd;
+
+    snprintf(path, sizeof(path), "%s/%s", g_root, name);
+    fd = open(path, O_WRONLY | O_CREAT | O_EXCL, 0644);
+    cr_assert_geq(fd, 0, "%s: %s", path, strerror(errno));
+    cr_assert_eq(write(fd, "x", 1), 1);
+    close(fd);
+}
+
+static bool there(const char *name)
+{
+    char path[512];
+
+    snprintf(path, sizeof(path), "%s/%s", g_root, name);
+    return access(path, F_OK) == 0;
+}
+
+#define LEFT_TMP   ".shardfs_lease.collector.deadhost.4242.00000000deadbeef.tmp"
+#define LEFT_BRK   ".shardfs_lease.collector.deadhost.4243.00000000deadbeef.brk"
+#define YOUNG_TMP  ".shardfs_lease.collector.livehost.4244.00000000feedf00d.tmp"
+#define OTHER_ROLE ".shardfs_lease.other.deadhost.4245.00000000deadbeef.brk"
+#define STRANGER   ".shardfs_lease.collector.notatoken.tmp"
+
+Test(store_holes, a_new_holder_sweeps_the_leases_stale_leftovers)
+{
+    struct sfs_backend *a = open_spec("%s", g_root), *b = open_spec("%s", g_root);
+
+    plant(LEFT_TMP);
+    plant(LEFT_BRK);
+    plant(OTHER_ROLE);
+    plant(STRANGER);
+    /* Older than b's ttl below (1 s) by then: their ctimes cannot be set
+     * back, so they age. */
+    usleep(1500 * 1000);
+    plant(YOUNG_TMP);
+    /* a's ttl is a minute: nothing is that old, nothing goes. */
+    cr_assert_eq(sfs_backend_lease(a, "collector", 60000), 1);
+    cr_assert(there(LEFT_TMP) && there(LEFT_BRK) && there(YOUNG_TMP), "swept too young");
+    cr_assert_eq(sfs_backend_lease(a, "collector", 0), 0);
+    /* b takes it with a ttl of 1 s: the two that old go. */
+    cr_assert_eq(sfs_backend_lease(b, "collector", 1000), 1);
+    cr_assert(!there(LEFT_TMP), "a killed taker's .tmp stayed");
+    cr_assert(!there(LEFT_BRK), "a killed taker's .brk stayed");
+    cr_assert(there(OTHER_ROLE), "another role's file went");
+    cr_assert(there(STRANGER), "a file not named by a token went");
+    cr_assert_eq(sfs_backend_lease(b, "collector", 0), 0);
+    sfs_backend_close(a);
+    sfs_backend_close(b);
 }

@@ -80,6 +80,7 @@ struct posix_backend {
     dev_t lease_dev;
     ino_t lease_ino;
     int64_t lease_renewed_ns;
+    int64_t lease_swept_ns; /* when its holder last swept the lease's leftovers */
 };
 
 /* Helpers of the synchronous calls alive at once: also how many calls can be
