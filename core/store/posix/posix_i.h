@@ -168,14 +168,14 @@ int sfs_posix_open_block_file(struct posix_backend *p, const char *rel, int flag
 /* Holes (a shard in one is a miss: docs/layout.md). May a file of size
  * bytes and blocks512 512-byte blocks on disk have holes? Does the range
  * [off, off + len) of fd lie wholly in a hole (SEEK_DATA finds no data in
- * it; a file system without SEEK_DATA: never)? And were the len bytes read
- * at off into buf read from a hole (all zeros, and the range in a hole)? */
+ * it; a file system without SEEK_DATA: never)? And are the len bytes at
+ * buf all zeros (only such a shard read can be a hole's)? */
 bool sfs_posix_may_have_holes(uint64_t size, uint64_t blocks512);
 /* lseek(fd, off, SEEK_DATA): the offset, or -1 with errno (ENXIO: no data
  * at or past off). */
 off_t sfs_posix_seek_data(int fd, uint64_t off);
 bool sfs_posix_range_in_hole(int fd, uint64_t off, uint64_t len);
-bool sfs_posix_read_in_hole(int fd, uint64_t off, const void *buf, size_t len);
+bool sfs_posix_all_zero(const void *buf, size_t len);
 
 /* posix_lock.c: set up the temporary names (host, counter) and the age
  * past which a temporary file is stale. Never fails. */

@@ -320,17 +320,41 @@ static enum cqe_verdict handle_cqe(struct posix_backend *p, struct sfs_io *io, i
 
         /* A shard in a hole (a block file that lost the shards before one
          * written alone: posix_path.c) is a miss, not zeros. Asked only
-         * of a file with holes, and of a shard that read as all zeros: one
-         * lseek, on the store's rare sparse files. */
-        uint64_t off = (uint64_t)io->key.shard * p->be.shard_size;
-
+         * of a file with holes, and of a shard that read as all zeros,
+         * after the lock (holes_checked): one lseek, on the store's rare
+         * sparse files. */
         io->result = (int)io->len;
-        if (b && b->holes && sfs_posix_read_in_hole(b->fd, off, io->buf, io->len))
-            io->result = -ENOENT;
+        if (b && b->holes && sfs_posix_all_zero(io->buf, io->len))
+            io->priv[PRIV_FLAGS] = (void *)(flags | F_HOLE);
         return CQE_FINISH;
     }
     io->priv[PRIV_DONE] = (void *)got;
     return CQE_RESUBMIT;
+}
+
+/* Reaper, without sq_lock (a seek may wait on the file system; submitters
+ * never wait for it): the finished loads marked F_HOLE ask SEEK_DATA of
+ * their shard's range and miss when it is a hole; then they let go of
+ * their block files. */
+static void holes_checked(struct posix_backend *p, struct sfs_io *finished)
+{
+    bool any = false;
+
+    for (struct sfs_io *io = finished; io; io = io_next(io)) {
+        if (!(io_flags(io) & F_HOLE))
+            continue;
+        any = true;
+        if (sfs_posix_range_in_hole(io_fd(io), (uint64_t)io->key.shard * p->be.shard_size, io->len))
+            io->result = -ENOENT;
+    }
+    if (!any)
+        return;
+    pthread_mutex_lock(&p->sq_lock);
+    for (struct sfs_io *io = finished; io; io = io_next(io)) {
+        if (io_flags(io) & F_HOLE)
+            sfs_posix_io_put_fd_locked(p, io);
+    }
+    pthread_mutex_unlock(&p->sq_lock);
 }
 
 static void *reaper_main(void *arg)
@@ -375,7 +399,8 @@ static void *reaper_main(void *arg)
             switch (handle_cqe(p, io, cqe->res)) {
             case CQE_FINISH:
                 p->inflight--;
-                sfs_posix_io_put_fd_locked(p, io);
+                if (!(io_flags(io) & F_HOLE)) /* else holes_checked lets go of it */
+                    sfs_posix_io_put_fd_locked(p, io);
                 io_set_next(io, finished);
                 finished = io;
                 break;
@@ -402,6 +427,7 @@ static void *reaper_main(void *arg)
         if (p->inflight == 0 && !p->pend_head && !p->bpend_head)
             pthread_cond_broadcast(&p->idle_cond);
         pthread_mutex_unlock(&p->sq_lock);
+        holes_checked(p, finished);
 
         sfs_posix_finish_list(p, finished);
     }

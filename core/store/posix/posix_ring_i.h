@@ -21,9 +21,10 @@ enum {
     PRIV_FD = 0,   /* struct block_fd * shared by the batch's loads of a block */
     PRIV_NEXT = 1, /* pending / waiting / local list link */
     PRIV_DONE = 2, /* bytes read so far (uintptr_t) */
-    PRIV_FLAGS = 3 /* F_DIRECT | retries << F_RETRY_SHIFT */
+    PRIV_FLAGS = 3 /* F_DIRECT | F_HOLE | retries << F_RETRY_SHIFT */
 };
 #define F_DIRECT      1u
+#define F_HOLE        2u /* read whole as zeros from a file with holes: ask SEEK_DATA */
 #define F_RETRY_SHIFT 8
 
 /* What a completion is for: the low two bits of its user_data (sfs_io and
