@@ -98,8 +98,12 @@ static bool shard_is_data(struct posix_backend *p, struct hole_cursor *c,
     if (a >= c->hole_lo && b <= c->hole_hi)
         return false;
     d = sfs_posix_seek_data(c->fd, a);
-    if (d < 0 && errno != ENXIO)
-        return true; /* it cannot tell: data, as before */
+    if (d < 0 && errno != ENXIO) {
+        /* It cannot tell: data, as before (and so every shard of it). */
+        c->data_lo = 0;
+        c->data_hi = UINT64_MAX;
+        return true;
+    }
     if (d < 0 || (uint64_t)d >= b) {
         c->hole_lo = a;
         c->hole_hi = d < 0 ? UINT64_MAX : (uint64_t)d;
