@@ -62,38 +62,123 @@ static int cmp_u32(const void *a, const void *b)
     return x < y ? -1 : x > y;
 }
 
-/* What a shard directory lists: 0..count-1 from the backend, then the
- * resident (Ready or Loading) shards at or past count, sorted and unique.
- * Only the resident ones are kept (*extra, malloc'd): at most the cache's
- * slots, never the block's size. The backend part stops at
- * MAX_LISTED_SHARDS (every shard stays reachable by name; docs/fs.md). */
+/* What a shard directory lists: 0..count-1 from the backend less the
+ * runs of shards it says are holes (a block file that lost the shards
+ * before one written alone: docs/layout.md), then the resident (Ready or
+ * Loading) shards in those runs or at or past count, sorted and unique.
+ * Only the resident ones are kept (extra, malloc'd): at most the cache's
+ * slots, never the block's size; the holes as runs (gaps), at most
+ * MAX_LISTED_GAPS of them (a listing stops at the run past them). The
+ * backend part stops at MAX_LISTED_SHARDS (every shard stays reachable by
+ * name; docs/fs.md). */
 #define MAX_LISTED_SHARDS (1u << 20)
+#define MAX_LISTED_GAPS   (1u << 16)
+#define GAP_PROBE         1024u /* keys asked of the backend at once */
 
-static int block_listing(struct fs *fs, const struct sfs_block_id *block, uint32_t *countp,
-                         uint32_t **extra, size_t *nextra)
+struct listing {
+    uint32_t count;  /* the backend's shards: 0..count-1 */
+    uint32_t *gaps;  /* [start, end) pairs of absent shards below count, in order */
+    size_t ngaps;    /* pairs */
+    uint32_t holes;  /* shards in the gaps */
+    uint32_t *extra; /* resident shards in a gap or at or past count */
+    size_t nextra;
+};
+
+static void listing_free(struct listing *l)
+{
+    free(l->gaps);
+    free(l->extra);
+}
+
+/* The runs of shards below l->count that the backend's block file holds as
+ * holes (asked only when its stamp says it has holes). */
+static int listing_gaps(struct fs *fs, const struct sfs_block_id *block, struct listing *l)
+{
+    struct sfs_key *k = malloc(GAP_PROBE * sizeof(*k));
+    bool *present = malloc(GAP_PROBE * sizeof(*present));
+    size_t cap = 0;
+    int r = k && present ? 0 : -ENOMEM;
+
+    for (uint32_t first = 0; r == 0 && first < l->count; first += GAP_PROBE) {
+        uint32_t n = l->count - first < GAP_PROBE ? l->count - first : GAP_PROBE;
+
+        for (uint32_t i = 0; i < n; i++)
+            k[i] = (struct sfs_key){.block = *block, .shard = first + i};
+        r = sfs_backend_exists(fs->be, k, n, present);
+        for (uint32_t i = 0; r == 0 && i < n; i++) {
+            uint32_t sh = first + i;
+
+            if (present[i])
+                continue;
+            if (l->ngaps && l->gaps[2 * l->ngaps - 1] == sh) {
+                l->gaps[2 * l->ngaps - 1]++;
+            } else if (l->ngaps == MAX_LISTED_GAPS) {
+                l->count = sh; /* the listing stops here */
+                break;
+            } else {
+                if (l->ngaps == cap) {
+                    size_t c = cap ? cap * 2 : 16;
+                    uint32_t *g = realloc(l->gaps, 2 * c * sizeof(*g));
+
+                    if (!g) {
+                        r = -ENOMEM;
+                        break;
+                    }
+                    l->gaps = g;
+                    cap = c;
+                }
+                l->gaps[2 * l->ngaps] = sh;
+                l->gaps[2 * l->ngaps + 1] = sh + 1;
+                l->ngaps++;
+            }
+            l->holes++;
+        }
+    }
+    free(k);
+    free(present);
+    return r;
+}
+
+static bool in_gap(const struct listing *l, uint32_t sh)
+{
+    for (size_t g = 0; g < l->ngaps && l->gaps[2 * g] <= sh; g++)
+        if (sh < l->gaps[2 * g + 1])
+            return true;
+    return false;
+}
+
+static int block_listing(struct fs *fs, const struct sfs_block_id *block, struct listing *l)
 {
     struct block_scan s = {.block = *block};
-    int count = sfs_backend_shard_count(fs->be, block);
+    struct sfs_block_stamp st;
+    int count = sfs_backend_shard_count(fs->be, block), r = 0;
     size_t u = 0;
 
+    memset(l, 0, sizeof(*l));
     if (count < 0)
         count = 0;
     if ((uint32_t)count > MAX_LISTED_SHARDS)
         count = (int)MAX_LISTED_SHARDS;
-    sfs_cache_foreach(fs->cache, (1u << SFS_STATE_READY) | (1u << SFS_STATE_LOADING), scan_block_cb,
-                      &s);
-    if (s.err) {
+    l->count = (uint32_t)count;
+    if (count > 0 && sfs_backend_stamp(fs->be, block, &st) == 0 && (st.flags & SFS_STAMP_HOLES))
+        r = listing_gaps(fs, block, l);
+    if (r == 0)
+        sfs_cache_foreach(fs->cache, (1u << SFS_STATE_READY) | (1u << SFS_STATE_LOADING),
+                          scan_block_cb, &s);
+    if (r == 0 && s.err)
+        r = s.err;
+    if (r < 0) {
         free(s.idx);
-        return s.err;
+        listing_free(l);
+        return r;
     }
     if (s.n)
         qsort(s.idx, s.n, sizeof(*s.idx), cmp_u32);
     for (size_t i = 0; i < s.n; i++)
-        if (s.idx[i] >= (uint32_t)count && (u == 0 || s.idx[u - 1] != s.idx[i]))
+        if ((s.idx[i] >= l->count || in_gap(l, s.idx[i])) && (u == 0 || s.idx[u - 1] != s.idx[i]))
             s.idx[u++] = s.idx[i];
-    *countp = (uint32_t)count;
-    *extra = s.idx;
-    *nextra = u;
+    l->extra = s.idx;
+    l->nextra = u;
     return 0;
 }
 
@@ -246,8 +331,7 @@ void fs_op_rmdir(fuse_req_t req, fuse_ino_t parent, const char *name)
 {
     struct fs *fs = fs_of(req);
     struct fs_obj p, o;
-    uint32_t *idx = NULL, count = 0;
-    size_t n = 0;
+    struct listing l = {0};
     int r = fs_resolve(fs, parent, &p);
 
     if (r == 0)
@@ -259,10 +343,10 @@ void fs_op_rmdir(fuse_req_t req, fuse_ino_t parent, const char *name)
     /* A virtual directory: "removing" an empty one succeeds (so rm -r
      * works); one with shards is not empty. */
     if (r == 0)
-        r = block_listing(fs, &o.key.block, &count, &idx, &n);
-    if (r == 0 && count + n > 0)
+        r = block_listing(fs, &o.key.block, &l);
+    if (r == 0 && l.count - l.holes + l.nextra > 0)
         r = -ENOTEMPTY;
-    free(idx);
+    listing_free(&l);
     fuse_reply_err(req, -r);
 }
 
@@ -304,18 +388,16 @@ struct dir_ent {
 struct dir_handle {
     struct dir_ent *ents; /* ".", "..", and a small listing's names */
     size_t n, cap;
-    /* A shard directory: entries n .. n+count-1 are shards 0..count-1,
-     * then extra[0..nextra). */
-    uint32_t count;
-    uint32_t *extra;
-    size_t nextra;
+    /* A shard directory: entries n .. n+count-holes-1 are shards
+     * 0..count-1 outside the gaps, then extra[0..nextra). */
+    struct listing l;
 };
 
 static void dir_free(struct dir_handle *d)
 {
     if (d) {
         free(d->ents);
-        free(d->extra);
+        listing_free(&d->l);
     }
     free(d);
 }
@@ -424,7 +506,7 @@ void fs_op_opendir(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi)
         r = dir_add(d, "shard", true);
         break;
     case FS_SHARDDIR:
-        r = block_listing(fs, &o.key.block, &d->count, &d->extra, &d->nextra);
+        r = block_listing(fs, &o.key.block, &d->l);
         break;
     default:
         r = -ENOTDIR;
@@ -446,14 +528,16 @@ void fs_op_readdir(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off,
                    struct fuse_file_info *fi)
 {
     struct dir_handle *d = (struct dir_handle *)(uintptr_t)fi->fh;
+    size_t pos = 0, total, listed, g = 0;
+    uint32_t sh = 0;
     char *buf;
-    size_t pos = 0, total;
 
     if (!d) {
         fuse_reply_err(req, EBADF);
         return;
     }
-    total = d->n + d->count + d->nextra;
+    listed = d->l.count - d->l.holes;
+    total = d->n + listed + d->l.nextra;
     if (off < 0 || (size_t)off >= total) {
         fuse_reply_buf(req, NULL, 0);
         return;
@@ -472,10 +556,20 @@ void fs_op_readdir(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off,
         if (i < d->n) {
             name = d->ents[i].name;
             st.st_mode = d->ents[i].dir ? S_IFDIR : S_IFREG;
-        } else if (i - d->n < d->count) {
-            snprintf(num, sizeof(num), "%zu", i - d->n);
+        } else if (i - d->n < listed) {
+            /* The (i - n)th shard outside the gaps: found by a walk over
+             * the gaps at the first, the next one after it. */
+            if (i == (size_t)off || i == d->n) {
+                sh = (uint32_t)(i - d->n);
+                for (g = 0; g < d->l.ngaps && sh >= d->l.gaps[2 * g]; g++)
+                    sh += d->l.gaps[2 * g + 1] - d->l.gaps[2 * g];
+            } else {
+                for (sh++; g < d->l.ngaps && sh == d->l.gaps[2 * g]; g++)
+                    sh = d->l.gaps[2 * g + 1];
+            }
+            snprintf(num, sizeof(num), "%" PRIu32, sh);
         } else {
-            snprintf(num, sizeof(num), "%" PRIu32, d->extra[i - d->n - d->count]);
+            snprintf(num, sizeof(num), "%" PRIu32, d->l.extra[i - d->n - listed]);
         }
         need = fuse_add_direntry(req, buf + pos, size - pos, name, &st, (off_t)(i + 1));
 

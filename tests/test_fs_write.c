@@ -506,8 +506,9 @@ Test(fs_write, commit_keeps_the_holes_of_a_sparse_block, .timeout = 120)
     close(fd);
     start_spec(NULL, NULL);
 
+    /* Shard 0 lies in the hole: absent, so created. */
     fill_new(BLOCK, 0, buf);
-    fd = open_shard(BLOCK, 0, O_WRONLY | O_TRUNC);
+    fd = open_shard(BLOCK, 0, O_WRONLY | O_CREAT | O_TRUNC);
     write_at(fd, buf, 0, SHARD);
     cr_assert_eq(close(fd), 0, "storing shard 0: %s", strerror(errno));
     assert_version(BLOCK, 0, V_NEW, "shard 0");

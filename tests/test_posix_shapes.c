@@ -5,7 +5,8 @@
  * extended by truncate), a partial last shard (a writer that stopped
  * mid-shard), a gap a dump past the end leaves. Each commit (dump or
  * remove) keeps every byte it does not replace, and keeps holes as holes;
- * a partial shard is a miss, never a short read passed on.
+ * a partial shard is a miss, never a short read passed on, and so is a
+ * shard in a hole (never zeros).
  *
  * The store is a directory of this test (the UCM layout, shard n of block
  * b holding tu_fill's bytes of (b, n)); the checks read the block file
@@ -98,15 +99,40 @@ static bool hole_from(off_t off, bool *known)
     return d < 0 && errno == ENXIO;
 }
 
+/* Shard s lies wholly in a hole of the file (SEEK_DATA finds no data in
+ * it; never where the file system does not report holes). */
+static bool shard_in_hole(uint32_t s)
+{
+    int fd = open(P.file, O_RDONLY | O_CLOEXEC);
+    off_t d;
+
+    cr_assert_geq(fd, 0);
+    d = lseek(fd, (off_t)s * SHARD, SEEK_DATA);
+    close(fd);
+    return d < 0 ? errno == ENXIO : d >= ((off_t)s + 1) * SHARD;
+}
+
 /* Shard s loads as version `neu` (tu_fill of (BLOCK + 1000, s)), old
- * (tu_fill of (BLOCK, s)) or zeros (zero). */
-enum ver { OLD, NEU, ZERO };
+ * (tu_fill of (BLOCK, s)) or zeros (zero); GAP: shard s is in a gap of the
+ * file, a miss where it is a hole (and zeros where the file system has
+ * written zeros for it instead). */
+enum ver { OLD, NEU, ZERO, GAP };
 
 static void assert_shard(uint32_t s, enum ver v, const char *when)
 {
     static const char *name[] = {"old", "new", "zeros"};
     struct sfs_key k = tu_key(BLOCK, s), n = tu_key(BLOCK + 1000, s);
     int r = sfs_backend_load_sync(P.be, &k, P.buf, SHARD);
+    bool present = true;
+
+    if (v == GAP && shard_in_hole(s)) {
+        cr_assert_eq(r, -ENOENT, "%s: load of shard %u in a hole: %d", when, s, r);
+        cr_assert_eq(sfs_backend_exists(P.be, &k, 1, &present), 0);
+        cr_assert_not(present, "%s: shard %u in a hole exists", when, s);
+        return;
+    }
+    if (v == GAP)
+        v = ZERO;
 
     cr_assert_eq(r, (int)SHARD, "%s: load of shard %u: %d", when, s, r);
     if (v == ZERO)
@@ -127,8 +153,8 @@ static void dump_new(uint32_t s)
 }
 
 /* Shards 2 and 3 a hole (the file extended by truncate): a dump of shard 0
- * keeps shard 1's bytes and leaves 2 and 3 holes reading as zeros; a remove
- * of shard 2 cuts the file to two shards. */
+ * keeps shard 1's bytes and leaves 2 and 3 holes, which are misses; a
+ * remove of shard 2 cuts the file to two shards. */
 Test(posix_shapes, a_tail_of_holes_stays_holes_across_a_commit)
 {
     struct sfs_block_id id = tu_block(BLOCK);
@@ -140,8 +166,8 @@ Test(posix_shapes, a_tail_of_holes_stays_holes_across_a_commit)
     dump_new(0);
     assert_shard(0, NEU, "after the dump");
     assert_shard(1, OLD, "after the dump");
-    assert_shard(2, ZERO, "after the dump");
-    assert_shard(3, ZERO, "after the dump");
+    assert_shard(2, GAP, "after the dump");
+    assert_shard(3, GAP, "after the dump");
     cr_assert_eq(file_size(), 4 * (off_t)SHARD, "the commit changed the file's size");
     hole = hole_from(2 * (off_t)SHARD, &known);
     cr_assert(hole || !known, "the commit filled the tail of holes with data");
@@ -185,9 +211,9 @@ Test(posix_shapes, a_partial_last_shard_is_a_miss_and_kept_by_a_commit)
 }
 
 /* A dump past the end (shard 4 of a two-shard block) leaves shards 2 and 3
- * as a gap of zeros (holes where the file system has them), and the block
- * counts five shards. */
-Test(posix_shapes, a_dump_past_the_end_leaves_a_gap_of_zeros)
+ * as a gap (holes where the file system has them: misses), and the block's
+ * file spans five shards. */
+Test(posix_shapes, a_dump_past_the_end_leaves_a_gap_of_misses)
 {
     struct sfs_block_id id = tu_block(BLOCK);
     bool known = false, hole;
@@ -196,8 +222,8 @@ Test(posix_shapes, a_dump_past_the_end_leaves_a_gap_of_zeros)
     cr_assert_eq(sfs_backend_shard_count(P.be, &id), 5);
     assert_shard(0, OLD, "after the dump");
     assert_shard(1, OLD, "after the dump");
-    assert_shard(2, ZERO, "after the dump");
-    assert_shard(3, ZERO, "after the dump");
+    assert_shard(2, GAP, "after the dump");
+    assert_shard(3, GAP, "after the dump");
     assert_shard(4, NEU, "after the dump");
     hole = hole_from(4 * (off_t)SHARD, &known);
     cr_assert_not(hole, "the new shard 4 is not data");
@@ -220,12 +246,12 @@ Test(posix_shapes, a_remove_keeps_a_hole_before_the_cut)
         cr_skip_test("the store's file system cannot punch holes: %s", strerror(errno));
     }
     close(fd);
-    assert_shard(1, ZERO, "after the punch");
+    assert_shard(1, GAP, "after the punch");
     cr_assert_eq(sfs_backend_remove(P.be, &k2), 0);
     cr_assert_eq(sfs_backend_shard_count(P.be, &id), 2);
     cr_assert_eq(file_size(), 2 * (off_t)SHARD);
     assert_shard(0, OLD, "after the remove");
-    assert_shard(1, ZERO, "after the remove");
+    assert_shard(1, GAP, "after the remove");
     hole = hole_from(SHARD, &known);
     cr_assert(hole || !known, "the remove filled the hole with data");
 }

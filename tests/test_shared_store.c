@@ -452,7 +452,7 @@ static int run_hosts(const struct hosts *H)
      * their loads: blocks not yet written). A block that vanishes after
      * this is still caught. And a rank commits one shard at a time: a shard
      * committed alone into a new block file leaves the shards before it as
-     * a hole, which reads as zeros, not as a miss (docs/shared-store.md). */
+     * a hole, a miss (docs/shared-store.md) the end checks would count. */
     {
         struct sfs_backend *be = be_open(H->store[0]);
 

@@ -86,6 +86,9 @@ struct sfs_block_stamp {
 };
 #define SFS_STAMP_ABSENT 1u /* no block file (every other field 0) */
 #define SFS_STAMP_REMOTE 2u /* the store is on a file system hosts share (NFS, FUSE, ...) */
+/* The block file has fewer bytes on disk than its size: some of its shards
+ * may lie in holes, which are misses (exists says which; docs/layout.md). */
+#define SFS_STAMP_HOLES 4u
 
 static inline bool sfs_block_stamp_same(const struct sfs_block_stamp *a,
                                         const struct sfs_block_stamp *b)
@@ -148,7 +151,8 @@ SFS_API int sfs_backend_dump(struct sfs_backend *be, struct sfs_io **ios, size_t
 SFS_API int sfs_backend_exists(struct sfs_backend *be, const struct sfs_key *keys, size_t n,
                                bool *present);
 
-/* How many shards the block has in the store, -ENOENT if none. */
+/* How many shards the block's file spans in the store, -ENOENT if none: a
+ * shard among them that lies in a hole (SFS_STAMP_HOLES) is a miss. */
 SFS_API int sfs_backend_shard_count(struct sfs_backend *be, const struct sfs_block_id *block);
 
 /*

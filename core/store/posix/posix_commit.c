@@ -68,7 +68,11 @@
  * Ages are measured against the file system's clock (the mtime of the
  * sweeper's own new temporary file), so host clocks need not agree.
  * Dumping shard n of a block that has fewer than n shards leaves a hole: the
- * shards in between read as zeros (the layout cannot mark them absent).
+ * layout cannot mark the shards in between absent, so a shard that lies
+ * wholly in a hole is a miss to loads and exists (posix_path.c). Every
+ * shard a commit stores is data: written by pwrite, or copied from the old
+ * file's data extents (copy_file_range shares or copies them, the fallback
+ * writes them), so written zeros are never a hole.
  * Holes are kept by every later commit: copying the whole file would turn
  * them into allocated zeros (writing shard 0 of a block whose shard 16384
  * exists would allocate 1 GiB at 64 KiB shards, and fail ENOSPC on a small
@@ -294,7 +298,7 @@ static int commit_block_once(struct posix_backend *p, const struct sfs_block_id 
     /* The committed block is read as the loads read it: beneath the root,
      * regular files only, never waiting on a FIFO. */
     SFS_TEST_POINT("commit:open_committed");
-    src = sfs_posix_open_block_file(p, rel, O_RDONLY);
+    src = sfs_posix_open_block_file(p, rel, O_RDONLY, NULL);
     if (src >= 0 && fstat(src, &st) < 0) {
         ret = -errno;
         *why = "the stat of the committed file";

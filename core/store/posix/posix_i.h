@@ -22,6 +22,7 @@
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdbool.h>
+#include <sys/stat.h>
 
 struct block_fd;
 struct posix_job;
@@ -79,6 +80,7 @@ struct posix_backend {
     dev_t lease_dev;
     ino_t lease_ino;
     int64_t lease_renewed_ns;
+    int64_t lease_swept_ns; /* when its holder last swept the lease's leftovers */
 };
 
 /* Helpers of the synchronous calls alive at once: also how many calls can be
@@ -159,8 +161,21 @@ bool sfs_posix_fuse_fs(int dirfd);
  * (then the block locks are taken on the store, logged). Sets store_id. */
 int sfs_posix_host_locks_open(struct posix_backend *p);
 /* sfs_posix_open_beneath() of a block file, which must be a regular file
- * (else -EIO), with O_NONBLOCK cleared again. Returns the fd or -errno. */
-int sfs_posix_open_block_file(struct posix_backend *p, const char *rel, int flags);
+ * (else -EIO), with O_NONBLOCK cleared again; out (may be NULL): its stat.
+ * Returns the fd or -errno. */
+int sfs_posix_open_block_file(struct posix_backend *p, const char *rel, int flags,
+                              struct stat *out);
+/* Holes (a shard in one is a miss: docs/layout.md). May a file of size
+ * bytes and blocks512 512-byte blocks on disk have holes? Does the range
+ * [off, off + len) of fd lie wholly in a hole (SEEK_DATA finds no data in
+ * it; a file system without SEEK_DATA: never)? And are the len bytes at
+ * buf all zeros (only such a shard read can be a hole's)? */
+bool sfs_posix_may_have_holes(uint64_t size, uint64_t blocks512);
+/* lseek(fd, off, SEEK_DATA): the offset, or -1 with errno (ENXIO: no data
+ * at or past off). */
+off_t sfs_posix_seek_data(int fd, uint64_t off);
+bool sfs_posix_range_in_hole(int fd, uint64_t off, uint64_t len);
+bool sfs_posix_all_zero(const void *buf, size_t len);
 
 /* posix_lock.c: set up the temporary names (host, counter) and the age
  * past which a temporary file is stale. Never fails. */

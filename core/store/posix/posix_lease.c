@@ -36,12 +36,19 @@
  * Drop (ttl 0): the caller's file is renamed away and removed (another's,
  * moved by mistake, is put back).
  * A taker or a holder killed between its rename and its unlink leaves a
- * .brk or .tmp file at the root: a few bytes, named by its token.
+ * .brk or .tmp file at the root: a few bytes, named by its token. The
+ * holder sweeps them (sweep_leftovers): when it takes the lease, and at a
+ * renewal at most every SWEEP_TTLS ttls. It removes another token's file
+ * only once its ctime (its creation, or the rename that made it a .brk) is
+ * older than the ttl on the file system's clock: a live taker's file lives
+ * for a few system calls, and one stopped past the ttl has lost its turn
+ * anyway (its break then finds nothing at its .brk: it stands by).
  */
 #include "posix_i.h"
 #include "testpoint_i.h"
 #include "util_i.h"
 
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <stdio.h>
@@ -53,6 +60,8 @@
 
 #define LEASE_PREFIX   ".shardfs_lease."
 #define LEASE_NAME_MAX 32
+/* The holder sweeps leftovers at most once in this many ttls. */
+#define SWEEP_TTLS 4
 
 /* The lease file's content: the token, at most this long. What is not a
  * regular file at the name is no lease: -EIO, and a FIFO there never
@@ -147,6 +156,66 @@ static int64_t ts_ns(const struct timespec *t)
     return (int64_t)t->tv_sec * 1000000000 + t->tv_nsec;
 }
 
+/* A token as sfs_posix_lease makes them: <host>.<pid>.<16 hex>. */
+static bool token_like(const char *t, size_t len)
+{
+    size_t i = len, digits = 0;
+
+    if (len < 20 || t[len - 17] != '.')
+        return false;
+    for (i = len - 16; i < len; i++)
+        if (!((t[i] >= '0' && t[i] <= '9') || (t[i] >= 'a' && t[i] <= 'f')))
+            return false;
+    for (i = len - 18; i > 0 && t[i] >= '0' && t[i] <= '9'; i--)
+        digits++;
+    return digits > 0 && t[i] == '.' && i > 0;
+}
+
+/* Remove the .tmp and .brk files of role's lease (name) that other tokens
+ * left at the root, once older than the ttl: their takers or holders were
+ * killed between two steps. now: the file system's clock. */
+static void sweep_leftovers(struct posix_backend *p, const char *name, const struct timespec *now,
+                            uint32_t ttl_ms)
+{
+    size_t nlen = strlen(name), mine = strlen(p->lease_token);
+    int dfd = openat(p->root_fd, ".", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    unsigned swept = 0;
+    struct dirent *de;
+    DIR *d;
+
+    p->lease_swept_ns = sfs_now_ns();
+    if (dfd < 0)
+        return;
+    d = fdopendir(dfd);
+    if (!d) {
+        close(dfd);
+        return;
+    }
+    while ((de = readdir(d)) != NULL) {
+        const char *n = de->d_name;
+        size_t len = strlen(n), tlen;
+        struct stat st;
+
+        if (len < nlen + 6 || strncmp(n, name, nlen) != 0 || n[nlen] != '.' ||
+            (strcmp(n + len - 4, ".tmp") != 0 && strcmp(n + len - 4, ".brk") != 0))
+            continue;
+        tlen = len - nlen - 5;
+        if (!token_like(n + nlen + 1, tlen) ||
+            (tlen == mine && strncmp(n + nlen + 1, p->lease_token, mine) == 0))
+            continue; /* not a leftover, or ours */
+        SFS_TEST_POINT("lease:sweep");
+        if (fstatat(dirfd(d), n, &st, AT_SYMLINK_NOFOLLOW) < 0 || !S_ISREG(st.st_mode) ||
+            ts_ns(now) - ts_ns(&st.st_ctim) <= (int64_t)ttl_ms * 1000000)
+            continue;
+        if (unlinkat(dirfd(d), n, 0) == 0)
+            swept++;
+    }
+    closedir(d);
+    if (swept)
+        sfs_log(LOG_NOTICE, "posix: swept %u file(s) left by killed takers of the store's lease %s",
+                swept, name);
+}
+
 /* The lease's name holds our file (the inode we linked): 1, 0, -errno. */
 static int is_ours(struct posix_backend *p, const char *name)
 {
@@ -179,7 +248,8 @@ static int keep_held(struct posix_backend *p, const char *name, uint32_t ttl_ms)
     fd = openat(p->root_fd, name, O_WRONLY | O_CLOEXEC | O_NOFOLLOW);
     if (fd < 0)
         return errno == ENOENT ? 0 : -errno;
-    if (fstat(fd, &st) < 0 || futimens(fd, NULL) < 0) {
+    /* The stat after the renewal: its mtime is the file system's now. */
+    if (futimens(fd, NULL) < 0 || fstat(fd, &st) < 0) {
         r = -errno;
         close(fd);
         return r;
@@ -190,8 +260,11 @@ static int keep_held(struct posix_backend *p, const char *name, uint32_t ttl_ms)
     /* Renewed our file: still under the name (a taker may have moved it
      * away between our look and the renewal)? */
     r = is_ours(p, name);
-    if (r == 1)
+    if (r == 1) {
         p->lease_renewed_ns = sfs_now_ns();
+        if (p->lease_renewed_ns - p->lease_swept_ns >= (int64_t)ttl_ms * 1000000 * SWEEP_TTLS)
+            sweep_leftovers(p, name, &st.st_mtim, ttl_ms);
+    }
     return r;
 }
 
@@ -212,8 +285,9 @@ static int break_seen(struct posix_backend *p, const char *name, const char *brk
         return 1;
     /* Not the file seen stale: renewed since, or a newer holder's. Back
      * under the name, unless a newer one is there (its holder, whose file
-     * is no longer under the name, finds out at its next look). */
-    if (linkat(p->root_fd, brk, p->root_fd, name, 0) < 0 && errno != EEXIST)
+     * is no longer under the name, finds out at its next look). Nothing at
+     * brk: a holder swept it, this taker having stopped past the ttl. */
+    if (linkat(p->root_fd, brk, p->root_fd, name, 0) < 0 && errno != EEXIST && errno != ENOENT)
         sfs_log(LOG_WARNING, "posix: putting back the store's lease %s: %s", name, strerror(errno));
     unlinkat(p->root_fd, brk, 0);
     return 0;
@@ -303,10 +377,15 @@ int sfs_posix_lease(struct sfs_backend *be, const char *role, uint32_t ttl_ms)
                 role, tok, (long long)((ts_ns(&now) - ts_ns(&st.st_mtim)) / 1000000));
     }
     /* No lease under the name: link ours to it; EEXIST: another was first. */
+    /* ENOENT: our own file was swept, as a stopped taker's: stand by. */
     SFS_TEST_POINT("lease:link");
-    r = linkat(p->root_fd, tmp, p->root_fd, name, 0) == 0 ? 1 : errno == EEXIST ? 0 : -errno;
+    r = linkat(p->root_fd, tmp, p->root_fd, name, 0) == 0 ? 1 : -errno;
+    if (r == -EEXIST || r == -ENOENT)
+        r = 0;
     unlinkat(p->root_fd, tmp, 0);
-    if (r == 1)
+    if (r == 1) {
         hold(p, role, &mine);
+        sweep_leftovers(p, name, &now, ttl_ms);
+    }
     return r;
 }

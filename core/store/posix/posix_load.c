@@ -11,7 +11,8 @@
  * batch: a cached descriptor would keep reading a block file that a commit
  * has since replaced.
  * Result: len; -ENOENT when the block file is missing or ends before the
- * shard's end (a partial shard is a miss, never a short read passed on);
+ * shard's end (a partial shard is a miss, never a short read passed on),
+ * or the shard lies wholly in a hole of it (posix_path.c);
  * -EIO when it is not a regular file; else -errno.
  */
 #include "posix_ring_i.h"
@@ -104,7 +105,7 @@ int sfs_posix_load(struct sfs_backend *be, struct sfs_io **ios, size_t n)
             }
         }
         if (!bfd) {
-            bool asked = direct;
+            bool asked = direct, holes = false;
             int fd = -ENOMEM;
 
             if (p->ring_open) {
@@ -118,7 +119,7 @@ int sfs_posix_load(struct sfs_backend *be, struct sfs_io **ios, size_t n)
                     opens_tail = bfd;
                 }
             } else {
-                fd = sfs_posix_open_block_read(p, &io->key.block, &direct);
+                fd = sfs_posix_open_block_read(p, &io->key.block, &direct, &holes);
                 if (fd >= 0 && !(bfd = calloc(1, sizeof(*bfd)))) {
                     close(fd);
                     fd = -ENOMEM;
@@ -127,6 +128,7 @@ int sfs_posix_load(struct sfs_backend *be, struct sfs_io **ios, size_t n)
                     bfd->fd = fd;
                     bfd->step = BFD_READY;
                     bfd->direct = direct;
+                    bfd->holes = holes;
                 }
             }
             if (!bfd) {
@@ -206,7 +208,7 @@ static enum cqe_verdict bfd_start_waiting(struct posix_backend *p, struct sfs_io
 static enum cqe_verdict estale_reopen_locked(struct posix_backend *p, struct sfs_io *io)
 {
     uintptr_t flags = io_flags(io);
-    bool direct = (flags & F_DIRECT) != 0;
+    bool direct = (flags & F_DIRECT) != 0, holes = false;
     struct block_fd *b;
     int fd;
 
@@ -220,7 +222,7 @@ static enum cqe_verdict estale_reopen_locked(struct posix_backend *p, struct sfs
     if (p->ring_open)
         return bfd_start_waiting(p, io);
     /* Sync mode: a blocking open under sq_lock, as the O_DIRECT fallback. */
-    fd = sfs_posix_open_block_read(p, &io->key.block, &direct);
+    fd = sfs_posix_open_block_read(p, &io->key.block, &direct, &holes);
     b = fd >= 0 ? calloc(1, sizeof(*b)) : NULL;
     if (!b) {
         if (fd >= 0)
@@ -233,6 +235,7 @@ static enum cqe_verdict estale_reopen_locked(struct posix_backend *p, struct sfs
     b->refs = 1;
     b->step = BFD_READY;
     b->direct = direct;
+    b->holes = holes;
     io->priv[PRIV_FD] = b;
     if (!direct)
         io->priv[PRIV_FLAGS] = (void *)(io_flags(io) & ~(uintptr_t)F_DIRECT);
@@ -268,8 +271,8 @@ static enum cqe_verdict handle_cqe(struct posix_backend *p, struct sfs_io *io, i
         } else {
             /* Sync mode: a blocking open under sq_lock, at most once per
              * load in flight when the fallback is first discovered. */
-            bool direct = false;
-            int fd = sfs_posix_open_block_read(p, &io->key.block, &direct);
+            bool direct = false, holes = false;
+            int fd = sfs_posix_open_block_read(p, &io->key.block, &direct, &holes);
             struct block_fd *b = fd >= 0 ? calloc(1, sizeof(*b)) : NULL;
 
             if (!b) {
@@ -281,6 +284,7 @@ static enum cqe_verdict handle_cqe(struct posix_backend *p, struct sfs_io *io, i
             b->fd = fd;
             b->refs = 1;
             b->step = BFD_READY;
+            b->holes = holes;
             io->priv[PRIV_FD] = b;
             return CQE_RESUBMIT;
         }
@@ -312,11 +316,45 @@ static enum cqe_verdict handle_cqe(struct posix_backend *p, struct sfs_io *io, i
     }
     got += (uintptr_t)res;
     if (got >= io->len) {
+        struct block_fd *b = io_bfd(io);
+
+        /* A shard in a hole (a block file that lost the shards before one
+         * written alone: posix_path.c) is a miss, not zeros. Asked only
+         * of a file with holes, and of a shard that read as all zeros,
+         * after the lock (holes_checked): one lseek, on the store's rare
+         * sparse files. */
         io->result = (int)io->len;
+        if (b && b->holes && sfs_posix_all_zero(io->buf, io->len))
+            io->priv[PRIV_FLAGS] = (void *)(flags | F_HOLE);
         return CQE_FINISH;
     }
     io->priv[PRIV_DONE] = (void *)got;
     return CQE_RESUBMIT;
+}
+
+/* Reaper, without sq_lock (a seek may wait on the file system; submitters
+ * never wait for it): the finished loads marked F_HOLE ask SEEK_DATA of
+ * their shard's range and miss when it is a hole; then they let go of
+ * their block files. */
+static void holes_checked(struct posix_backend *p, struct sfs_io *finished)
+{
+    bool any = false;
+
+    for (struct sfs_io *io = finished; io; io = io_next(io)) {
+        if (!(io_flags(io) & F_HOLE))
+            continue;
+        any = true;
+        if (sfs_posix_range_in_hole(io_fd(io), (uint64_t)io->key.shard * p->be.shard_size, io->len))
+            io->result = -ENOENT;
+    }
+    if (!any)
+        return;
+    pthread_mutex_lock(&p->sq_lock);
+    for (struct sfs_io *io = finished; io; io = io_next(io)) {
+        if (io_flags(io) & F_HOLE)
+            sfs_posix_io_put_fd_locked(p, io);
+    }
+    pthread_mutex_unlock(&p->sq_lock);
 }
 
 static void *reaper_main(void *arg)
@@ -361,7 +399,8 @@ static void *reaper_main(void *arg)
             switch (handle_cqe(p, io, cqe->res)) {
             case CQE_FINISH:
                 p->inflight--;
-                sfs_posix_io_put_fd_locked(p, io);
+                if (!(io_flags(io) & F_HOLE)) /* else holes_checked lets go of it */
+                    sfs_posix_io_put_fd_locked(p, io);
                 io_set_next(io, finished);
                 finished = io;
                 break;
@@ -388,6 +427,7 @@ static void *reaper_main(void *arg)
         if (p->inflight == 0 && !p->pend_head && !p->bpend_head)
             pthread_cond_broadcast(&p->idle_cond);
         pthread_mutex_unlock(&p->sq_lock);
+        holes_checked(p, finished);
 
         sfs_posix_finish_list(p, finished);
     }

@@ -11,6 +11,7 @@
  * through here, so a commit reads the block it rewrites as a load does.
  */
 #include "posix_i.h"
+#include "testpoint_i.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -89,7 +90,7 @@ int sfs_posix_open_beneath(struct posix_backend *p, const char *rel, int flags)
  * -EIO. O_NONBLOCK is cleared again on success: io_uring would otherwise
  * answer -EAGAIN for every read not already in the page cache. Returns the
  * fd or -errno. */
-int sfs_posix_open_block_file(struct posix_backend *p, const char *rel, int flags)
+int sfs_posix_open_block_file(struct posix_backend *p, const char *rel, int flags, struct stat *out)
 {
     struct stat st;
     int fd = sfs_posix_open_beneath(p, rel, flags), ret;
@@ -109,10 +110,76 @@ int sfs_posix_open_block_file(struct posix_backend *p, const char *rel, int flag
         ret = -errno;
         goto out_close;
     }
+    if (out)
+        *out = st;
     return fd;
 out_close:
     close(fd);
     return ret;
+}
+
+/*
+ * Holes. A block file has one place per shard and no mark of a shard's
+ * absence: a commit that finds no block file (the collector removed it, or
+ * an unlink through the mount) and writes shard n alone leaves shards
+ * 0..n-1 as a hole, which reads as zeros. A shard that lies wholly in a
+ * hole is a miss (docs/layout.md). Written bytes, zeros too, are data: a
+ * commit writes every shard it stores (pwrite, or an in-kernel copy of
+ * the old file's data extents, which shares or copies extents and never
+ * punches a hole). Asked only of a file with fewer bytes on disk than its
+ * size (sfs_posix_may_have_holes), so a dense file costs nothing more.
+ */
+bool sfs_posix_may_have_holes(uint64_t size, uint64_t blocks512)
+{
+    return blocks512 < (size + 511) / 512;
+}
+
+#ifdef SFS_TEST_HOOKS
+/* The test build only: SHARDFS_TEST_NO_SEEK_DATA=1 makes the store a file
+ * system without SEEK_DATA (its seeks fail EINVAL), for a daemon's tests
+ * of blocks spanning more shards than a test can write (a sparse file
+ * whose span reads as zeros there). */
+static bool test_no_seek_data(void)
+{
+    static atomic_int v = -1;
+    int x = atomic_load_explicit(&v, memory_order_relaxed);
+
+    if (x < 0) {
+        const char *e = getenv("SHARDFS_TEST_NO_SEEK_DATA");
+
+        x = e && *e == '1';
+        atomic_store_explicit(&v, x, memory_order_relaxed);
+    }
+    return x == 1;
+}
+#else
+#define test_no_seek_data() false
+#endif
+
+off_t sfs_posix_seek_data(int fd, uint64_t off)
+{
+    /* Tests: a file system without SEEK_DATA (-EINVAL: its answer), or
+     * one whose seek fails. */
+    int fail = test_no_seek_data() ? -EINVAL : SFS_TEST_RESULT("posix:seek_data", 0);
+
+    return fail < 0 ? (errno = -fail, (off_t)-1) : lseek(fd, (off_t)off, SEEK_DATA);
+}
+
+bool sfs_posix_range_in_hole(int fd, uint64_t off, uint64_t len)
+{
+    off_t d = sfs_posix_seek_data(fd, off);
+
+    if (d < 0)
+        return errno == ENXIO; /* no data at or past off; else it cannot tell: data */
+    return (uint64_t)d >= off + len;
+}
+
+bool sfs_posix_all_zero(const void *buf, size_t len)
+{
+    const unsigned char *c = buf;
+
+    /* A byte not zero is data; only a shard of zeros asks the file. */
+    return len > 0 && c[0] == 0 && memcmp(c, c + 1, len - 1) == 0;
 }
 
 bool sfs_posix_fuse_fs(int dirfd)

@@ -11,6 +11,7 @@
 #include "posix_i.h"
 
 #include <dirent.h>
+#include <errno.h>
 #include <fcntl.h>
 #include <limits.h>
 #include <stdlib.h>
@@ -49,65 +50,156 @@ int sfs_posix_block_stat(struct posix_backend *p, const struct sfs_block_id *id,
         out->size = (uint64_t)st.st_size;
         out->mtime_ns = (int64_t)st.st_mtim.tv_sec * 1000000000 + st.st_mtim.tv_nsec;
         out->ctime_ns = (int64_t)st.st_ctim.tv_sec * 1000000000 + st.st_ctim.tv_nsec;
+        if (sfs_posix_may_have_holes((uint64_t)st.st_size, (uint64_t)st.st_blocks))
+            out->flags |= SFS_STAMP_HOLES;
     }
     return 0;
 }
 
-/* A job of posix_call.c: the stamps of n block files. */
+/* Which shards of a block file with holes are data: one open of the file
+ * for a run of keys of its block, and what its seeks learned (a hole
+ * [hole_lo, hole_hi), a data extent [data_lo, data_hi)), so a run of keys
+ * in order (a shard directory's listing) costs about two seeks per extent,
+ * not one per shard. */
+struct hole_cursor {
+    int fd; /* -1: none open */
+    struct sfs_block_id id;
+    uint64_t size;
+    uint64_t hole_lo, hole_hi, data_lo, data_hi;
+};
+
+/* Is shard of block id data in its file (true), or in a hole or past the
+ * end of the file opened now (false)? A file system that cannot tell
+ * answers data. */
+static bool shard_is_data(struct posix_backend *p, struct hole_cursor *c,
+                          const struct sfs_block_id *id, uint32_t shard)
+{
+    uint64_t S = p->be.shard_size, a = (uint64_t)shard * S, b = a + S;
+    off_t d, h;
+
+    if (c->fd < 0 || memcmp(&c->id, id, sizeof(*id)) != 0) {
+        char rel[PATH_REL_MAX];
+        struct stat st;
+
+        if (c->fd >= 0)
+            close(c->fd);
+        memset(c, 0, sizeof(*c));
+        c->id = *id;
+        sfs_posix_block_rel(p, id, false, rel);
+        c->fd = sfs_posix_open_block_file(p, rel, O_RDONLY, &st);
+        if (c->fd < 0)
+            return false; /* gone since its stat: a miss, as a load's */
+        c->size = (uint64_t)st.st_size;
+    }
+    if (b > c->size)
+        return false;
+    if (a >= c->data_lo && a < c->data_hi)
+        return true;
+    if (a >= c->hole_lo && b <= c->hole_hi)
+        return false;
+    d = sfs_posix_seek_data(c->fd, a);
+    if (d < 0 && errno != ENXIO) {
+        /* It cannot tell: data, as before (and so every shard of it). */
+        c->data_lo = 0;
+        c->data_hi = UINT64_MAX;
+        return true;
+    }
+    if (d < 0 || (uint64_t)d >= b) {
+        c->hole_lo = a;
+        c->hole_hi = d < 0 ? UINT64_MAX : (uint64_t)d;
+        return false;
+    }
+    h = lseek(c->fd, d, SEEK_HOLE);
+    if (h > d) {
+        c->data_lo = (uint64_t)d;
+        c->data_hi = (uint64_t)h;
+    }
+    return true;
+}
+
+/* A job of posix_call.c: the stamps of n block files, and with shards
+ * (exists) whether each shard is there. */
 struct stats_job {
     struct posix_job h;
     size_t n;
     struct sfs_block_id *ids;       /* n, in this block */
     struct sfs_block_stamp *stamps; /* n, in this block */
+    uint32_t *shards;               /* n, in this block; NULL: stamps only */
+    bool *present;                  /* n, in this block, with shards */
 };
+
+/* The stamps (and with shards, the answers of exists) of s's keys: a run
+ * of keys of one block stats its file once. */
+static int stats_run(struct posix_backend *p, struct stats_job *s)
+{
+    struct hole_cursor c = {.fd = -1};
+    uint64_t S = p->be.shard_size;
+    int ret = 0;
+
+    for (size_t i = 0; i < s->n; i++) {
+        if (i > 0 && s->shards && memcmp(&s->ids[i], &s->ids[i - 1], sizeof(s->ids[i])) == 0)
+            s->stamps[i] = s->stamps[i - 1];
+        else if ((ret = sfs_posix_block_stat(p, &s->ids[i], &s->stamps[i])) < 0)
+            break;
+        if (!s->shards)
+            continue;
+        s->present[i] = s->stamps[i].size >= ((uint64_t)s->shards[i] + 1) * S;
+        if (s->present[i] && (s->stamps[i].flags & SFS_STAMP_HOLES))
+            s->present[i] = shard_is_data(p, &c, &s->ids[i], s->shards[i]);
+    }
+    if (c.fd >= 0)
+        close(c.fd);
+    return ret;
+}
 
 static int stats_fn(struct posix_backend *p, struct posix_job *j)
 {
-    struct stats_job *s = (struct stats_job *)j;
-
-    for (size_t i = 0; i < s->n; i++) {
-        int ret = sfs_posix_block_stat(p, &s->ids[i], &s->stamps[i]);
-
-        if (ret < 0)
-            return ret;
-    }
-    return 0;
+    return stats_run(p, (struct stats_job *)j);
 }
 
 /* The stamps of n block files (keys[i].block, or *block when keys is NULL),
- * on a helper with the backend's deadline (ring mode), or here. Returns 0
- * or -errno (-ETIMEDOUT: the file system did not answer in time). */
+ * and with present (keys given) whether each key's shard is there, on a
+ * helper with the backend's deadline (ring mode), or here. Returns 0 or
+ * -errno (-ETIMEDOUT: the file system did not answer in time). */
 static int block_stats(struct posix_backend *p, const struct sfs_key *keys,
-                       const struct sfs_block_id *block, size_t n, struct sfs_block_stamp *stamps)
+                       const struct sfs_block_id *block, size_t n, struct sfs_block_stamp *stamps,
+                       bool *present)
 {
+    size_t each = sizeof(struct sfs_block_id) + sizeof(*stamps) + sizeof(uint32_t) + sizeof(bool);
     struct stats_job *s;
     int ret;
 
-    if (!p->ring_open) {
-        for (size_t i = 0; i < n; i++) {
-            ret = sfs_posix_block_stat(p, keys ? &keys[i].block : block, &stamps[i]);
-            if (ret < 0)
-                return ret;
-        }
-        return 0;
-    }
-    if (n > (SIZE_MAX - sizeof(*s)) / (sizeof(*s->ids) + sizeof(*s->stamps)))
+    if (n > (SIZE_MAX - sizeof(*s)) / each)
         return -ENOMEM;
-    s = calloc(1, sizeof(*s) + n * (sizeof(*s->ids) + sizeof(*s->stamps)));
+    s = calloc(1, sizeof(*s) + n * each);
     if (!s)
         return -ENOMEM;
     s->h.fn = stats_fn;
     s->n = n;
     s->stamps = (struct sfs_block_stamp *)(s + 1);
     s->ids = (struct sfs_block_id *)(s->stamps + n);
-    for (size_t i = 0; i < n; i++)
+    if (present) {
+        s->shards = (uint32_t *)(s->ids + n);
+        s->present = (bool *)(s->shards + n);
+    }
+    for (size_t i = 0; i < n; i++) {
         s->ids[i] = keys ? keys[i].block : *block;
-    ret = sfs_posix_call(p, &s->h);
-    if (ret < 0)
-        return ret; /* the job is no longer ours */
-    ret = s->h.result;
-    if (ret == 0)
+        if (present)
+            s->shards[i] = keys[i].shard;
+    }
+    if (!p->ring_open) {
+        ret = stats_run(p, s);
+    } else {
+        ret = sfs_posix_call(p, &s->h);
+        if (ret < 0)
+            return ret; /* the job is no longer ours */
+        ret = s->h.result;
+    }
+    if (ret == 0) {
         memcpy(stamps, s->stamps, n * sizeof(*stamps));
+        if (present)
+            memcpy(present, s->present, n * sizeof(*present));
+    }
     sfs_posix_job_free(&s->h);
     return ret;
 }
@@ -120,9 +212,8 @@ int sfs_posix_exists(struct sfs_backend *be, const struct sfs_key *keys, size_t 
 
     if (!st)
         return -ENOMEM;
-    ret = block_stats(p, keys, NULL, n, st);
-    for (size_t i = 0; ret == 0 && i < n; i++)
-        present[i] = st[i].size >= ((uint64_t)keys[i].shard + 1) * be->shard_size;
+    /* A shard is there when its file spans it and it is not in a hole. */
+    ret = block_stats(p, keys, NULL, n, st, present);
     if (st != &one)
         free(st);
     return ret;
@@ -133,7 +224,7 @@ int sfs_posix_shard_count(struct sfs_backend *be, const struct sfs_block_id *blo
     struct posix_backend *p = (struct posix_backend *)be;
     struct sfs_block_stamp st;
     uint64_t count;
-    int ret = block_stats(p, NULL, block, 1, &st);
+    int ret = block_stats(p, NULL, block, 1, &st, NULL);
 
     if (ret < 0)
         return ret;
@@ -153,7 +244,7 @@ int sfs_posix_stamp(struct sfs_backend *be, const struct sfs_block_id *block,
         out->flags = p->remote_fs ? SFS_STAMP_REMOTE : 0;
         return 0;
     }
-    return block_stats(p, NULL, block, 1, out);
+    return block_stats(p, NULL, block, 1, out, NULL);
 }
 
 /* A walk's visit of one entry named like a block file: dfd its directory. */
@@ -276,6 +367,8 @@ static int scan_one(int dfd, const char *name, const struct sfs_block_id *id, vo
     b.stamp.ctime_ns = (int64_t)st.st_ctim.tv_sec * 1000000000 + st.st_ctim.tv_nsec;
     b.atime_ns = (int64_t)st.st_atim.tv_sec * 1000000000 + st.st_atim.tv_nsec;
     b.bytes = (uint64_t)st.st_blocks * 512;
+    if (sfs_posix_may_have_holes(b.stamp.size, (uint64_t)st.st_blocks))
+        b.stamp.flags |= SFS_STAMP_HOLES;
     return v->fn(&b, v->arg);
 }
 

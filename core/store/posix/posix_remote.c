@@ -95,7 +95,7 @@ static int recorded_file(struct posix_backend *p, const char *rel, const struct 
     if (!p->remote_fs || rec->size == 0 || (uint64_t)st->st_ino == rec->ino ||
         !commit_keeps_old(cs, rec->size) || sfs_posix_ref_rel(rel, rec->ino, ref) < 0)
         return src;
-    fd = sfs_posix_open_block_file(p, ref, O_RDONLY);
+    fd = sfs_posix_open_block_file(p, ref, O_RDONLY, NULL);
     if (fd < 0)
         return src;
     if (fstat(fd, &rs) < 0 || (uint64_t)rs.st_ino != rec->ino || (uint64_t)rs.st_size < rec->size ||

@@ -66,21 +66,28 @@ void sfs_posix_direct_refused(struct posix_backend *p)
 }
 
 /* Sync mode: open a block file for reading in the caller's thread; *direct
- * says whether O_DIRECT was used. Returns the fd or -errno. */
-int sfs_posix_open_block_read(struct posix_backend *p, const struct sfs_block_id *id, bool *direct)
+ * says whether O_DIRECT was used, *holes whether the file may have holes.
+ * Returns the fd or -errno. */
+int sfs_posix_open_block_read(struct posix_backend *p, const struct sfs_block_id *id, bool *direct,
+                              bool *holes)
 {
     char rel[PATH_REL_MAX];
-    int fd;
+    struct stat st;
+    int fd = -EINVAL;
 
     sfs_posix_block_rel(p, id, false, rel);
     if (*direct) {
-        fd = sfs_posix_open_block_file(p, rel, O_RDONLY | O_DIRECT);
-        if (fd != -EINVAL)
-            return fd;
-        sfs_posix_direct_refused(p);
-        *direct = false;
+        fd = sfs_posix_open_block_file(p, rel, O_RDONLY | O_DIRECT, &st);
+        if (fd == -EINVAL) {
+            sfs_posix_direct_refused(p);
+            *direct = false;
+        }
     }
-    return sfs_posix_open_block_file(p, rel, O_RDONLY);
+    if (fd == -EINVAL)
+        fd = sfs_posix_open_block_file(p, rel, O_RDONLY, &st);
+    if (fd >= 0)
+        *holes = sfs_posix_may_have_holes((uint64_t)st.st_size, (uint64_t)st.st_blocks);
+    return fd;
 }
 
 /* Caller holds sq_lock. Queue the read of the rest of io. False when the
@@ -118,7 +125,9 @@ static bool prep_bfd_locked(struct posix_backend *p, struct block_fd *b)
         tag = TAG_OPEN;
         break;
     case BFD_STAT:
-        io_uring_prep_statx(sqe, b->fd, "", AT_EMPTY_PATH, STATX_TYPE, &b->stx);
+        /* The size and the blocks too: a file with holes (posix_path.c). */
+        io_uring_prep_statx(sqe, b->fd, "", AT_EMPTY_PATH, STATX_TYPE | STATX_SIZE | STATX_BLOCKS,
+                            &b->stx);
         tag = TAG_STAT;
         break;
     case BFD_FADV:
@@ -341,6 +350,10 @@ void sfs_posix_bfd_cqe_locked(struct posix_backend *p, struct block_fd *b, unsig
         bfd_fail_locked(p, b, stale ? -ENOENT : res < 0 ? res : -EIO, finished);
         return;
     }
+    /* A file system that does not say its size and blocks: asked as one
+     * with holes (a read of zeros then asks SEEK_DATA). */
+    b->holes = (b->stx.stx_mask & (STATX_SIZE | STATX_BLOCKS)) != (STATX_SIZE | STATX_BLOCKS) ||
+               sfs_posix_may_have_holes(b->stx.stx_size, b->stx.stx_blocks);
     /* fcntl(F_SETFL) does not reach the file system: it never waits. */
     fl = fcntl(b->fd, F_GETFL);
     if (fl < 0 || fcntl(b->fd, F_SETFL, fl & ~O_NONBLOCK) < 0) {
@@ -408,7 +421,7 @@ int sfs_posix_touch(struct sfs_backend *be, const struct sfs_block_id *blocks, s
         int fd;
 
         sfs_posix_block_rel(p, &blocks[i], false, rel);
-        fd = sfs_posix_open_block_file(p, rel, O_RDONLY);
+        fd = sfs_posix_open_block_file(p, rel, O_RDONLY, NULL);
         if (fd < 0)
             continue; /* a hint: absent blocks have nothing to read ahead */
         posix_fadvise(fd, 0, 0, POSIX_FADV_WILLNEED);

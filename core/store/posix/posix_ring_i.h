@@ -21,9 +21,10 @@ enum {
     PRIV_FD = 0,   /* struct block_fd * shared by the batch's loads of a block */
     PRIV_NEXT = 1, /* pending / waiting / local list link */
     PRIV_DONE = 2, /* bytes read so far (uintptr_t) */
-    PRIV_FLAGS = 3 /* F_DIRECT | retries << F_RETRY_SHIFT */
+    PRIV_FLAGS = 3 /* F_DIRECT | F_HOLE | retries << F_RETRY_SHIFT */
 };
 #define F_DIRECT      1u
+#define F_HOLE        2u /* read whole as zeros from a file with holes: ask SEEK_DATA */
 #define F_RETRY_SHIFT 8
 
 /* What a completion is for: the low two bits of its user_data (sfs_io and
@@ -59,6 +60,7 @@ struct block_fd {
     enum bfd_step step;
     bool direct;                          /* O_DIRECT asked of this open */
     bool touch;                           /* a touch's open: FADVISE, then close */
+    bool holes;                           /* the file may have holes (posix_path.c) */
     unsigned char stale;                  /* opens retried after -ESTALE (< IO_RETRY_MAX) */
     struct sfs_io *wait_head, *wait_tail; /* loads waiting for BFD_READY */
     struct block_fd *next;                /* local list / bfd pending list */
@@ -102,8 +104,10 @@ struct block_fd *sfs_posix_bfd_alloc(struct posix_backend *p, const struct sfs_b
  * once per backend. */
 void sfs_posix_direct_refused(struct posix_backend *p);
 /* Sync mode: open a block file for reading in the caller's thread; *direct
- * says whether O_DIRECT was used. Returns the fd or -errno. */
-int sfs_posix_open_block_read(struct posix_backend *p, const struct sfs_block_id *id, bool *direct);
+ * says whether O_DIRECT was used, *holes whether the file may have holes.
+ * Returns the fd or -errno. */
+int sfs_posix_open_block_read(struct posix_backend *p, const struct sfs_block_id *id, bool *direct,
+                              bool *holes);
 /* The rest take sq_lock (held by the caller). Queue the read of the rest of
  * io; false when the submission queue has no entry free. */
 bool sfs_posix_prep_read_locked(struct posix_backend *p, struct sfs_io *io);
