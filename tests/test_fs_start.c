@@ -435,3 +435,88 @@ Test(fs_start, a_usage_file_it_cannot_use_is_ignored_with_its_reason)
     usage_file("SFSUSAGE", 16, 2, 0);
     start_and_stop("", 0);
 }
+
+/* A step of the start after the checks that fails (the test build fails it
+ * on demand: SHARDFS_TEST_START_FAIL, as a thread that cannot start, a
+ * session libfuse cannot make or a mount the kernel refuses would) ends the
+ * start with exit status 1 and the step's one line; what the start had
+ * made is undone: no
+ * mount is left, the socket is removed. A revalidation thread that cannot
+ * start does not fail the mount: it serves, saying that blocks other hosts
+ * replace are served until evicted. */
+Test(fs_start, a_step_that_fails_after_the_checks_undoes_the_start)
+{
+    static const struct {
+        const char *step, *want; /* want NULL: libfuse's own reason (none here) */
+        bool foreground;
+    } steps[] = {
+        {"session", NULL, true},
+        {"signals", "signal handlers", true},
+        {"mount", "mount failed", true},
+        {"reaper", "reaper thread", true},
+        {"settler", "settler thread", true},
+        {"pagecache", "page-cache thread", true},
+        {"storecap", "collector thread", true},
+        {"loop", "session thread", true},
+    };
+    char out[256], line[1024], dir[160], sock[200];
+    struct stat st;
+
+    if (!fsfx_usable())
+        cr_skip_test("no usable /dev/fuse or fusermount3: FUSE tests skipped");
+    snprintf(out, sizeof(out), "%s", tu_path("err"));
+    /* The socket in a directory of its own (in /tmp its warning would be
+     * one more line). */
+    snprintf(dir, sizeof(dir), "%s", tu_path("sockdir"));
+    cr_assert_eq(mkdir(dir, 0700), 0);
+    snprintf(sock, sizeof(sock), "%s/sock", dir);
+    for (size_t i = 0; i < sizeof(steps) / sizeof(steps[0]); i++) {
+        int lines = 0, rc;
+        bool found = false;
+        FILE *f;
+
+        rc = fsfx_sh("SHARDFS_TEST_START_FAIL=%s %s %s -o socket=%s,hugepages=off,shard_size=64K,"
+                     "capacity=1M,revalidate=50 %s %s >/dev/null 2>%s",
+                     steps[i].step, fsfx_daemon_bin(SHARDFS_BIN), steps[i].foreground ? "-f" : "",
+                     sock, S.store, S.mnt, out);
+        cr_assert_eq(rc, 1, "%s: exit status %d", steps[i].step, rc);
+        f = fopen(out, "re");
+        cr_assert_not_null(f);
+        while (fgets(line, sizeof(line), f)) {
+            lines++;
+            found = found || (steps[i].want && strstr(line, steps[i].want));
+        }
+        fclose(f);
+        cr_assert_eq(lines, steps[i].want ? 1 : 0, "%s: %d lines of error (the last: %s)",
+                     steps[i].step, lines, line);
+        cr_assert(!steps[i].want || found, "%s: the error does not name '%s' (it is: %s)",
+                  steps[i].step, steps[i].want, line);
+        cr_assert(!fsfx_is_mounted(S.mnt), "%s: the mount was left behind", steps[i].step);
+        cr_assert_eq(lstat(sock, &st), -1, "%s: the socket was left behind", steps[i].step);
+    }
+    unlink(out);
+    rmdir(dir);
+}
+
+Test(fs_start, a_revalidation_thread_that_cannot_start_does_not_fail_the_mount)
+{
+    char p[256];
+    int r, status = 0;
+
+    if (!fsfx_usable())
+        cr_skip_test("no usable /dev/fuse or fusermount3: FUSE tests skipped");
+    snprintf(S.fx.mnt, sizeof(S.fx.mnt), "%s", S.mnt);
+    snprintf(S.fx.sock, sizeof(S.fx.sock), "%s", S.sock);
+    S.fx.bin = fsfx_daemon_bin(SHARDFS_BIN);
+    setenv("SHARDFS_TEST_START_FAIL", "revalidate", 1);
+    r = fsfx_start(&S.fx, S.store, "hugepages=off,shard_size=64K,capacity=1M,revalidate=50", 10.0,
+                   &status);
+    unsetenv("SHARDFS_TEST_START_FAIL");
+    cr_assert_eq(r, 0, "the mount did not appear (%s, status %d)", strerror(-r), status);
+    snprintf(p, sizeof(p), "%s/stats", S.mnt);
+    cr_assert_eq(access(p, R_OK), 0, "the mount serves");
+    fsfx_sleep_ms(200); /* four periods: a sweep would have run */
+    cr_assert_eq(fsfx_stat(&S.fx, "shardfs_revalidate_sweeps_total"), 0);
+    cr_assert_eq(fsfx_stop(&S.fx, false, 10.0), 0);
+    cr_assert_eq(fsfx_log_lines_with(&S.fx, "served until evicted"), 1);
+}
