@@ -294,11 +294,6 @@ int main(int argc, char *argv[])
         fs_reaper_stop(&reaper);
         goto out_unmount;
     }
-    if (ready_fd >= 0) {
-        fs_daemonize_done(ready_fd);
-        ready_fd = -1;
-    }
-
     loop.se = se;
     loop.single = co.singlethread;
     loop.clone_fd = (unsigned)co.clone_fd;
@@ -321,6 +316,12 @@ int main(int argc, char *argv[])
         fs_waitq_stop(&fs);
         fs_reaper_stop(&reaper);
         goto out_unmount;
+    }
+    /* Started, all of it: the daemonizing parent may return 0 now (not
+     * before the session's thread, which is the last thing that can fail). */
+    if (ready_fd >= 0) {
+        fs_daemonize_done(ready_fd);
+        ready_fd = -1;
     }
     if (!fs_loop_wait(&loop, STOP_GRACE_NS)) {
         /* A handler is stuck in the backend (a hung store, a dump that

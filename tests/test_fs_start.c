@@ -439,8 +439,8 @@ Test(fs_start, a_usage_file_it_cannot_use_is_ignored_with_its_reason)
 /* A step of the start after the checks that fails (the test build fails it
  * on demand: SHARDFS_TEST_START_FAIL, as a thread that cannot start, a
  * session libfuse cannot make or a mount the kernel refuses would) ends the
- * start with exit status 1 and the step's one line; what the start had
- * made is undone: no
+ * start with exit status 1 and the step's one line, in the foreground and
+ * through the daemonizing parent; what the start had made is undone: no
  * mount is left, the socket is removed. A revalidation thread that cannot
  * start does not fail the mount: it serves, saying that blocks other hosts
  * replace are served until evicted. */
@@ -458,6 +458,7 @@ Test(fs_start, a_step_that_fails_after_the_checks_undoes_the_start)
         {"pagecache", "page-cache thread", true},
         {"storecap", "collector thread", true},
         {"loop", "session thread", true},
+        {"loop", "session thread", false},
     };
     char out[256], line[1024], dir[160], sock[200];
     struct stat st;
