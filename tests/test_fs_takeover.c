@@ -17,6 +17,11 @@
  * look found the slot Loading under a live owner (the daemon itself), so
  * the read waited out its deadline. Found by test_shared_store with its
  * rank writers in the kill rotation (docs/shared-store.md).
+ *
+ * An update of the shard (truncate(2), which copies its current bytes
+ * before storing it) waits behind such a load the same way, and starts from
+ * what the load gave: the owner's bytes, the store's when the owner gave it
+ * back, or the owner's failure.
  */
 #include "fsfixture.h"
 #include "testutil.h"
@@ -35,9 +40,11 @@
 #error "SHARDFS_BIN must name the daemon binary (tests/CMakeLists.txt)"
 #endif
 
-#define SHARD  (64u << 10)
-#define BLOCK  3u
-#define WAIT_S 20 /* the mount's wait_timeout: what a held read would wait */
+#define SHARD       (64u << 10)
+#define BLOCK       3u
+#define WAIT_S      20 /* the mount's wait_timeout: what a held read would wait */
+#define OWNERS_BYTE 0xa5
+#define KEPT        100 /* bytes an update by truncate(2) keeps */
 
 static struct {
     char store[128];
@@ -88,7 +95,14 @@ static int own_key(struct sfs_cache *c, void *arg)
         return 2;
     if (read(T.go[0], &b, 1) != 1)
         return 3;
-    sfs_cache_release(c, &l); /* no publish: the slot goes back to Idle */
+    if (b == 'p') { /* publish bytes of its own (not the store's) */
+        memset(sfs_cache_data(c, &l), OWNERS_BYTE, SHARD);
+        if (sfs_cache_publish(c, &l, SHARD, 0) != 0)
+            return 4;
+    } else if (b == 'f' && sfs_cache_fail(c, &l, -EIO) != 0) {
+        return 5;
+    }
+    sfs_cache_release(c, &l); /* 'g': no publish, the slot goes back to Idle */
     pause();                  /* alive: only the release may free the read */
     return 0;
 }
@@ -164,4 +178,78 @@ Test(fs_takeover, a_parked_read_takes_over_a_load_given_back_unpublished)
     owner_and_parked_reader(&owner, &reader);
     cr_assert_eq(write(T.go[1], "g", 1), 1);
     reader_gets_the_bytes(reader);
+}
+
+/* An update of a shard (truncate(2) to KEPT bytes: it copies the current
+ * bytes, then stores the shard) behind another process's load of it waits
+ * for that load like a read does, and starts from what the load gave: the
+ * owner's published bytes, the store's when the owner gave the slot back
+ * (the update loads it itself), or the owner's failure (EIO, nothing
+ * stored). The exit status of the forked truncate: 0 or its errno. */
+static int truncate_shard(void *arg)
+{
+    (void)arg;
+    return truncate(fsfx_shard_path(&T.fx, BLOCK, 0), KEPT) == 0 ? 0 : errno;
+}
+
+/* The owner holding the key Loading, a truncate of it waiting; then the
+ * owner does `what` ('p', 'g', 'f': see own_key); the truncate's status. */
+static int update_behind_owner(char what)
+{
+    pid_t upd;
+    int r;
+
+    T.owner = tu_fork_attached(T.fx.sock, 0, own_key, NULL);
+    for (int i = 0; i < 1000 && fsfx_stat(&T.fx, "shardfs_owner_loads_total") < 1; i++)
+        fsfx_sleep_ms(10);
+    cr_assert_eq(fsfx_stat(&T.fx, "shardfs_owner_loads_total"), 1, "the owner took no load");
+    upd = tu_fork(truncate_shard, NULL);
+    await_waits(1);
+    cr_assert_eq(write(T.go[1], &what, 1), 1);
+    r = tu_wait_for(upd, (int64_t)WAIT_S / 2 * 1000000000ll);
+    cr_assert_neq(r, -1, "the update was still waiting %d s later", WAIT_S / 2);
+    return r;
+}
+
+/* Shard (BLOCK, 0) through the mount: `head`'s first KEPT bytes (NULL: the
+ * store's first version), zeros after; or the store's bytes when !kept. */
+static void assert_shard(const uint8_t *head, bool cut)
+{
+    static uint8_t buf[SHARD], want[SHARD];
+    struct sfs_key k = tu_key(BLOCK, 0);
+    long n = fsfx_read_all(fsfx_shard_path(&T.fx, BLOCK, 0), buf, SHARD);
+
+    cr_assert_eq(n, (long)SHARD, "read: %ld", n);
+    tu_fill(&k, want, SHARD);
+    if (head)
+        memcpy(want, head, KEPT);
+    if (cut)
+        memset(want + KEPT, 0, SHARD - KEPT);
+    cr_assert_eq(memcmp(buf, want, SHARD), 0, "the shard's bytes");
+}
+
+Test(fs_takeover, an_update_behind_a_load_starts_from_the_owners_bytes)
+{
+    uint8_t owners[KEPT];
+
+    cr_assert_eq(update_behind_owner('p'), 0, "truncate behind a published load");
+    memset(owners, OWNERS_BYTE, sizeof(owners));
+    assert_shard(owners, true);
+    cr_assert_eq(fsfx_stat(&T.fx, "shardfs_backend_loads_total"), 0, "nothing read the store");
+}
+
+Test(fs_takeover, an_update_behind_a_load_given_back_loads_it_itself)
+{
+    cr_assert_eq(update_behind_owner('g'), 0, "truncate behind a load given back");
+    assert_shard(NULL, true);
+    cr_assert_eq(fsfx_stat(&T.fx, "shardfs_backend_loads_total"), 1, "the update loaded it");
+}
+
+Test(fs_takeover, an_update_behind_a_failed_load_fails_and_stores_nothing)
+{
+    cr_assert_eq(update_behind_owner('f'), EIO, "truncate behind a failed load");
+    kill(T.owner, SIGKILL); /* done: the read below loads the store's bytes again */
+    tu_wait(T.owner);
+    T.owner = 0;
+    assert_shard(NULL, false);
 }
