@@ -4,11 +4,13 @@
  * before anything is created, with exit status 1 and one line on stderr
  * that names what is wrong; what the start takes from the system (the
  * store directory's owner and modes for the tree, the default socket's
- * path under /run/shardfs) is what a mount then shows.
+ * path under /run/shardfs) is what a mount then shows. A step after the
+ * checks that fails (a cache it cannot create, a mount, a thread) leaves
+ * nothing behind, and the daemonizing parent says so.
  *
  * The refusals run the daemon binary in the foreground and read its stderr;
- * none mounts. The last two tests mount a small store with the fixture.
- * Needs /dev/fuse and fusermount3 for those two; skips without.
+ * none mounts. The tests that mount use the fixture or a real mount point.
+ * Needs /dev/fuse and fusermount3 for those; skips without.
  */
 #include "fsfixture.h"
 #include "testutil.h"
@@ -520,4 +522,61 @@ Test(fs_start, a_revalidation_thread_that_cannot_start_does_not_fail_the_mount)
     cr_assert_eq(fsfx_stat(&S.fx, "shardfs_revalidate_sweeps_total"), 0);
     cr_assert_eq(fsfx_stop(&S.fx, false, 10.0), 0);
     cr_assert_eq(fsfx_log_lines_with(&S.fx, "served until evicted"), 1);
+}
+
+/* The huge pages the machine has free, in bytes (HugePages_Free less the
+ * reserved ones, times Hugepagesize); -1 when /proc/meminfo does not say. */
+static long long huge_free_bytes(void)
+{
+    long long free_pages = -1, rsvd = 0, size_kb = -1, v;
+    char line[256];
+    FILE *f = fopen("/proc/meminfo", "re");
+
+    if (!f)
+        return -1;
+    while (fgets(line, sizeof(line), f)) {
+        if (sscanf(line, "HugePages_Free: %lld", &v) == 1)
+            free_pages = v;
+        else if (sscanf(line, "HugePages_Rsvd: %lld", &v) == 1)
+            rsvd = v;
+        else if (sscanf(line, "Hugepagesize: %lld kB", &v) == 1)
+            size_kb = v;
+    }
+    fclose(f);
+    if (free_pages < 0 || size_kb <= 0)
+        return -1;
+    return (free_pages > rsvd ? free_pages - rsvd : 0) * size_kb * 1024;
+}
+
+/* hugepages=on with more capacity than the machine has huge pages free: a
+ * cache the start cannot create, refused (its last line says so) with
+ * nothing left behind: no mount, no socket. */
+Test(fs_start, a_cache_it_cannot_create_is_refused)
+{
+    long long free_b = huge_free_bytes(), cap;
+    char out[256], line[1024] = "", last[1024] = "";
+    struct stat st;
+    FILE *f;
+    int rc;
+
+    if (free_b < 0)
+        cr_skip_test("no huge page figures in /proc/meminfo");
+    cap = free_b + (4ll << 20); /* 2 huge pages of 2M (or 1 of 1G) more than free */
+    if (cap > (1ll << 30))
+        cr_skip_test("%lld bytes of huge pages free: more than this test should ask for", free_b);
+    snprintf(out, sizeof(out), "%s", tu_path("err"));
+    rc = fsfx_sh("%s -f -o socket=%s,hugepages=on,shard_size=64K,capacity=%lldK %s %s "
+                 ">/dev/null 2>%s",
+                 fsfx_daemon_bin(SHARDFS_BIN), S.sock, cap >> 10, S.store, S.mnt, out);
+    cr_assert_eq(rc, 1, "exit status %d", rc);
+    f = fopen(out, "re");
+    cr_assert_not_null(f);
+    while (fgets(line, sizeof(line), f))
+        snprintf(last, sizeof(last), "%s", line);
+    fclose(f);
+    unlink(out);
+    cr_assert(strstr(last, "cannot create the cache") && strstr(last, "hugepages=on"),
+              "the refusal's line: %s", last);
+    cr_assert(!fsfx_is_mounted(S.mnt), "a mount was left behind");
+    cr_assert_eq(lstat(S.sock, &st), -1, "the socket was left behind");
 }
