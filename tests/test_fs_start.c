@@ -580,3 +580,55 @@ Test(fs_start, a_cache_it_cannot_create_is_refused)
     cr_assert(!fsfx_is_mounted(S.mnt), "a mount was left behind");
     cr_assert_eq(lstat(S.sock, &st), -1, "the socket was left behind");
 }
+
+/* Mount read-write, read a shard until the hot set counts it (so the stop
+ * has a usage file to write), stop; the daemon's exit status. */
+static int read_and_stop(void)
+{
+    static char buf[64 << 10];
+    int r, status = 0;
+
+    unlink(S.fx.log);
+    snprintf(S.fx.mnt, sizeof(S.fx.mnt), "%s", S.mnt);
+    snprintf(S.fx.sock, sizeof(S.fx.sock), "%s", S.sock);
+    S.fx.bin = fsfx_daemon_bin(SHARDFS_BIN);
+    r = fsfx_start(&S.fx, S.store, "hugepages=off,shard_size=64K,capacity=1M", 10.0, &status);
+    cr_assert_eq(r, 0, "the mount did not appear (%s, status %d)", strerror(-r), status);
+    cr_assert_eq(fsfx_read_all(fsfx_shard_path(&S.fx, 1, 0), buf, sizeof(buf)), (long)sizeof(buf));
+    for (int i = 0; i < 500 && fsfx_sh("grep -q '^shardfs_hot_block_uses{' %s/stats", S.mnt); i++)
+        fsfx_sleep_ms(10);
+    cr_assert_eq(fsfx_sh("grep -q '^shardfs_hot_block_uses{' %s/stats", S.mnt), 0,
+                 "the read was not counted");
+    return fsfx_stop(&S.fx, false, 10.0);
+}
+
+/* A usage file the stop cannot write (a directory at its name, or at its
+ * temporary name) is reported with one log line, and the stop goes on: exit
+ * status 0, the directory as it was, no temporary file left. */
+Test(fs_start, a_usage_file_it_cannot_write_is_reported_and_the_stop_goes_on)
+{
+    char path[256], tmp[300];
+    struct stat st;
+
+    if (!fsfx_usable())
+        cr_skip_test("no usable /dev/fuse or fusermount3: FUSE tests skipped");
+    cr_assert_eq(tu_store_write(S.store, 1, 1, 1, 64 << 10, NULL, NULL, false), 0);
+    snprintf(path, sizeof(path), "%s/.shardfs_usage", S.store);
+    snprintf(tmp, sizeof(tmp), "%s.tmp", path);
+
+    cr_assert_eq(mkdir(path, 0755), 0);
+    cr_assert_eq(read_and_stop(), 0);
+    cr_assert_eq(fsfx_log_lines_with(&S.fx, "not written: Is a directory"), 1,
+                 "the failed write was not reported, see %s", S.fx.log);
+    cr_assert(stat(path, &st) == 0 && S_ISDIR(st.st_mode), "the directory was replaced");
+    cr_assert_eq(lstat(tmp, &st), -1, "the temporary file was left behind");
+    cr_assert_eq(rmdir(path), 0);
+
+    cr_assert_eq(mkdir(tmp, 0755), 0);
+    cr_assert_eq(read_and_stop(), 0);
+    cr_assert_eq(fsfx_log_lines_with(&S.fx, "not written: Is a directory"), 1,
+                 "the failed write was not reported, see %s", S.fx.log);
+    cr_assert(stat(tmp, &st) == 0 && S_ISDIR(st.st_mode), "the directory was replaced");
+    cr_assert_eq(lstat(path, &st), -1, "a usage file was written without its temporary file");
+    cr_assert_eq(rmdir(tmp), 0);
+}
