@@ -151,6 +151,18 @@ Test(fs_start, every_bad_option_value_is_refused_with_one_line)
         {"wait_timeout=86401", "wait_timeout=86401"},
         {"readahead=x", "readahead=x"},
         {"max_read=1024", "max_read=1024"},
+        {"max_read=", "out of range (4096..1048576)"},
+        {"max_read=99999999999999999999999", "max_read=99999999999999999999999"},
+        {"max_read=2097152", "max_read=2097152"},
+        {"capacity=32K", "smaller than one shard"},
+        {"shard_size=16M,capacity=64T", "larger than this machine's memory"},
+        {"page_cache=1KB", "smaller than one shard"},
+        {"store_capacity=32K", "store_capacity=32K"},
+        {"store_high=90", "need -o store_capacity"},
+        {"dir_prefix=33", "dir_prefix=33"},
+        {"dir_prefix=", "dir_prefix="},
+        {"partition_budget=12345678901234567:1", "not a list of weights"},
+        {"peer_listen=127.0.0.1:1,peers=a:b", "cannot be named"},
         /* Good values of the options checked before a bad one do not
          * hide it. */
         {"max_read=8192,hugepages=auto,reserved=1,numa_node=0,attach_gid=0,"
@@ -179,6 +191,16 @@ Test(fs_start, every_bad_option_value_is_refused_with_one_line)
         snprintf(args, sizeof(args), "-o socket=%s,attach_uids=%s %s %s", S.sock, uids, S.store,
                  S.mnt);
         expect_refused(args, "more than");
+    }
+    /* More than 64 partition weights. */
+    {
+        char w[512] = "";
+
+        for (int i = 0; i < 65; i++)
+            snprintf(w + strlen(w), sizeof(w) - strlen(w), "%s1", i ? ":" : "");
+        snprintf(args, sizeof(args), "-o socket=%s,capacity=64M,partition_budget=%s %s %s", S.sock,
+                 w, S.store, S.mnt);
+        expect_refused(args, "more than 64 weights");
     }
     /* Arguments: one too many; no mount point; page_cache without the
      * multi-threaded loop. */
@@ -631,4 +653,35 @@ Test(fs_start, a_usage_file_it_cannot_write_is_reported_and_the_stop_goes_on)
     cr_assert(stat(tmp, &st) == 0 && S_ISDIR(st.st_mode), "the directory was replaced");
     cr_assert_eq(lstat(path, &st), -1, "a usage file was written without its temporary file");
     cr_assert_eq(rmdir(tmp), 0);
+}
+
+/* What libfuse refuses of the command line: an -o without its argument
+ * (our line after libfuse's), an option neither knows (libfuse's line, when
+ * the session is made, after the cache and the socket: both undone). */
+Test(fs_start, options_libfuse_refuses_end_the_start)
+{
+    char out[256], cmd[2048], text[4096] = "";
+    struct stat st;
+    size_t n;
+    FILE *f;
+
+    snprintf(out, sizeof(out), "%s", tu_path("err"));
+    for (int i = 0; i < 2; i++) {
+        snprintf(cmd, sizeof(cmd),
+                 "%s -f -o socket=%s,hugepages=off,shard_size=64K,capacity=1M %s %s %s "
+                 ">/dev/null 2>%s",
+                 fsfx_daemon_bin(SHARDFS_BIN), S.sock, S.store, S.mnt,
+                 i == 0 ? "-o" : "-o no_such_option=1", out);
+        cr_assert_eq(fsfx_sh("%s", cmd), 1, "exit status of: %s", cmd);
+        f = fopen(out, "re");
+        cr_assert_not_null(f);
+        n = fread(text, 1, sizeof(text) - 1, f);
+        text[n] = '\0';
+        fclose(f);
+        cr_assert(strstr(text, i == 0 ? "bad options (see --help)" : "no_such_option"),
+                  "the errors of '%s' (they are: %s)", cmd, text);
+        cr_assert(!fsfx_is_mounted(S.mnt), "a mount was left behind");
+        cr_assert_eq(lstat(S.sock, &st), -1, "the socket was left behind");
+    }
+    unlink(out);
 }
