@@ -7,8 +7,8 @@
  * shards of their own, a store that cannot take the key's slot (a rank holds
  * it: EBUSY; every slot leased: EAGAIN), a load that fails an open for
  * update, and a stop with a shard half written (its bytes are lost, and the
- * log says so); and what it answers at its edges (reads at a shard's end,
- * the attributes' names).
+ * log says so); and what it answers at its edges (one name per block and
+ * shard, reads at a shard's end, the attributes' names).
  *
  * Each test mounts a small posix store (UCM layout, shard n of block b holds
  * tu_fill's bytes of (b, n)) with the daemon binary and checks every answer
@@ -145,6 +145,42 @@ static void assert_kept_then_zeros(uint64_t b, uint32_t s, size_t kept, const ch
 /* ---------------------------------------------------------------------------
  * The tree: only shards change.
  */
+
+/* Each block and shard has one name: the block's lowercase hex and the
+ * shard's decimal number without leading zeros. Another spelling of an
+ * existing one (uppercase, a leading zero), a number past 32 bits or ten
+ * digits, and names with other characters are ENOENT. */
+Test(fs_refusals, a_block_or_shard_has_one_name)
+{
+    static const char *const shards[] = {"01", "00", "1x", "-1", "4294967296", "12345678901"};
+    char hex[SFS_BLOCK_HEX_LEN + 1], p[256];
+    struct stat st;
+
+    store_write(BLOCK, 2);
+    start(NULL, NULL);
+    tu_block_hex(BLOCK, hex);
+    snprintf(p, sizeof(p), "block/%s", hex);
+    cr_assert_eq(stat(at(p), &st), 0, "the block's name: %s", strerror(errno));
+    cr_assert_eq(stat(fsfx_shard_path(&R.fx, BLOCK, 1), &st), 0, "shard 1: %s", strerror(errno));
+    {
+        size_t l = strcspn(hex, "abcdef"); /* a letter: its uppercase is another name */
+        const char other[] = {(char)(hex[l] - 'a' + 'A'), 'g', '-'};
+
+        cr_assert_lt(l, (size_t)SFS_BLOCK_HEX_LEN, "no letter in %s", hex);
+        for (size_t j = 0; j < sizeof(other); j++) {
+            char alt[SFS_BLOCK_HEX_LEN + 1];
+
+            memcpy(alt, hex, sizeof(alt));
+            alt[l] = other[j];
+            snprintf(p, sizeof(p), "block/%s", alt);
+            REFUSED(stat(at(p), &st), ENOENT);
+        }
+    }
+    for (size_t i = 0; i < sizeof(shards) / sizeof(shards[0]); i++) {
+        snprintf(p, sizeof(p), "block/%s/shard/%s", hex, shards[i]);
+        REFUSED(stat(at(p), &st), ENOENT);
+    }
+}
 
 /* Directories exist by name alone (mkdir is EEXIST or ENOENT), /block is
  * not removable, a block directory with shards is not empty and one with
