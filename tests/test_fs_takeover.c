@@ -21,7 +21,9 @@
  * An update of the shard (truncate(2), which copies its current bytes
  * before storing it) waits behind such a load the same way, and starts from
  * what the load gave: the owner's bytes, the store's when the owner gave it
- * back, or the owner's failure.
+ * back, or the owner's failure. A parked read whose owner holds the load
+ * past wait_timeout fails ETIMEDOUT; reads parked on more slots than the
+ * settler's one wait covers are all answered.
  */
 #include "fsfixture.h"
 #include "testutil.h"
@@ -30,6 +32,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <signal.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -252,4 +255,91 @@ Test(fs_takeover, an_update_behind_a_failed_load_fails_and_stores_nothing)
     tu_wait(T.owner);
     T.owner = 0;
     assert_shard(NULL, false);
+}
+
+/* The mount started again with these options (the store as it is). */
+static void restart(const char *opts)
+{
+    if (T.fx.pid)
+        cr_assert_eq(fsfx_stop(&T.fx, false, 10.0), 0);
+    cr_assert_eq(fsfx_start(&T.fx, T.store, opts, 20.0, NULL), 0, "mount (log: %s)", T.fx.log);
+}
+
+/* A read parked behind an owner that neither publishes nor gives the slot
+ * back (alive, holding it) fails ETIMEDOUT at wait_timeout, counted; the
+ * owner's load is not disturbed. */
+Test(fs_takeover, a_parked_read_behind_a_held_load_times_out)
+{
+    pid_t owner, reader;
+
+    restart("capacity=4M,shard_size=64K,readahead=0,wait_timeout=1");
+    owner_and_parked_reader(&owner, &reader);
+    cr_assert_eq(tu_wait_for(reader, 10ll * 1000000000), 2, "the parked read did not fail");
+    cr_assert_eq(fsfx_stat(&T.fx, "shardfs_fs_wait_timeouts_total"), 1);
+    cr_assert_eq(fsfx_stat(&T.fx, "shardfs_takeovers_total"), 0);
+    cr_assert_eq(fsfx_stat(&T.fx, "shardfs_backend_loads_total"), 0);
+}
+
+#define MANY 130 /* parked reads on distinct slots: more than one wait set (128) */
+
+/* The owner of MANY keys: takes them all, publishes every one when told. */
+static int own_many(struct sfs_cache *c, void *arg)
+{
+    static struct sfs_lease l[MANY];
+    char b;
+
+    (void)arg;
+    for (uint32_t i = 0; i < MANY; i++) {
+        struct sfs_key k = tu_key(BLOCK, i);
+
+        if (sfs_cache_get(c, &k, 0, 0, &l[i]) != SFS_OWNER)
+            return 2;
+    }
+    if (read(T.go[0], &b, 1) != 1)
+        return 3;
+    for (uint32_t i = 0; i < MANY; i++) {
+        struct sfs_key k = tu_key(BLOCK, i);
+
+        if (tu_publish(c, &k, &l[i]) != 0)
+            return 4;
+        sfs_cache_release(c, &l[i]);
+    }
+    pause();
+    return 0;
+}
+
+/* A read of shard (BLOCK, arg): 0 for its right bytes, 1 for wrong ones,
+ * 2 for an error. */
+static int read_shard_n(void *arg)
+{
+    uint32_t s = (uint32_t)(uintptr_t)arg;
+    struct sfs_key k = tu_key(BLOCK, s);
+    static char buf[SHARD + 1];
+    long n = fsfx_read_all(fsfx_shard_path(&T.fx, BLOCK, s), buf, sizeof(buf));
+
+    if (n != (long)SHARD)
+        return 2;
+    return tu_check(&k, buf, SHARD) == -1 ? 0 : 1;
+}
+
+/* More reads parked on distinct slots than the settler's one wait covers
+ * (SFS_WAIT_ANY_MAX): the ones beyond it are looked at by polling, and
+ * every read gets its bytes once the owner publishes. */
+Test(fs_takeover, reads_parked_beyond_one_wait_set_are_all_answered)
+{
+    static pid_t readers[MANY];
+
+    cr_assert_eq(tu_store_write(T.store, BLOCK, 1, MANY, SHARD, NULL, NULL, false), 0);
+    restart("capacity=16M,shard_size=64K,readahead=0,wait_timeout=20");
+    T.owner = tu_fork_attached(T.fx.sock, 0, own_many, NULL);
+    for (int i = 0; i < 1000 && fsfx_stat(&T.fx, "shardfs_owner_loads_total") < MANY; i++)
+        fsfx_sleep_ms(10);
+    cr_assert_eq(fsfx_stat(&T.fx, "shardfs_owner_loads_total"), MANY, "the owner took no load");
+    for (uint32_t i = 0; i < MANY; i++)
+        readers[i] = tu_fork(read_shard_n, (void *)(uintptr_t)i);
+    await_waits(MANY);
+    cr_assert_eq(write(T.go[1], "p", 1), 1);
+    for (uint32_t i = 0; i < MANY; i++)
+        cr_assert_eq(tu_wait_for(readers[i], 10ll * 1000000000), 0, "read of shard %u", i);
+    cr_assert_eq(fsfx_stat(&T.fx, "shardfs_fs_wait_timeouts_total"), 0);
 }
