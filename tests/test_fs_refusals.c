@@ -605,7 +605,9 @@ Test(fs_refusals, reads_at_the_end_of_a_shard)
 /* listxattr names what getxattr answers (the root's socket, a shard's
  * state; nothing for a block), and is ERANGE for a buffer too small; the
  * mount's own attributes cannot be removed (ENOTSUP), others are absent
- * (ENODATA); a bad pin value, a fault spec too long, are EINVAL. */
+ * (ENODATA); a bad pin value, touch or prefetch value, a fault spec too long
+ * or on a store without faults, are EINVAL; an attribute set where it is
+ * not one is ENOTSUP. */
 Test(fs_refusals, the_attributes_names_and_their_refusals)
 {
     char names[256], blk[256], hex[SFS_BLOCK_HEX_LEN + 1], big[300];
@@ -635,8 +637,30 @@ Test(fs_refusals, the_attributes_names_and_their_refusals)
     REFUSED(setxattr(at(blk), SFS_XATTR_PIN, "12345678901", 11, 0), EINVAL);
     cr_assert_eq(setxattr(at(blk), SFS_XATTR_PIN, "0\n", 2, 0), 0, "unpin with a newline: %s",
                  strerror(errno));
+    REFUSED(setxattr(at(blk), SFS_XATTR_PIN, "9999999999", 10, 0), EINVAL); /* past the most */
     memset(big, 'x', sizeof(big));
     REFUSED(setxattr(R.fx.mnt, "user.shardfs.fault", big, sizeof(big), 0), EINVAL);
+    /* Not a fault store: its spec is refused, "off" with a newline too. */
+    REFUSED(setxattr(R.fx.mnt, "user.shardfs.fault", "off\n", 4, 0), EINVAL);
+
+    /* touch and prefetch take "1", with an optional newline, only. */
+    cr_assert_eq(setxattr(at(blk), SFS_XATTR_TOUCH, "1\n", 2, 0), 0, "%s", strerror(errno));
+    cr_assert_eq(setxattr(at(blk), SFS_XATTR_PREFETCH, "1\n", 2, 0), 0, "%s", strerror(errno));
+    REFUSED(setxattr(at(blk), SFS_XATTR_TOUCH, "2", 1, 0), EINVAL);
+    REFUSED(setxattr(at(blk), SFS_XATTR_TOUCH, "1x", 2, 0), EINVAL);
+    REFUSED(setxattr(at(blk), SFS_XATTR_PREFETCH, "0\n", 2, 0), EINVAL);
+    REFUSED(setxattr(at(blk), SFS_XATTR_PREFETCH, "11\n", 3, 0), EINVAL);
+    /* Each name where it is not one: not supported there. */
+    REFUSED(setxattr(shard, SFS_XATTR_TOUCH, "1", 1, 0), ENOTSUP);
+    REFUSED(setxattr(at(blk), "user.shardfs.fault", "off", 3, 0), ENOTSUP);
+    REFUSED(setxattr(shard, "user.other", "1", 1, 0), ENOTSUP);
+    REFUSED((int)getxattr(at(blk), SFS_XATTR_SOCKET, names, sizeof(names)), ENODATA);
+    for (size_t i = 0; i < 4; i++) {
+        static const char *const ours[] = {SFS_XATTR_TOUCH, SFS_XATTR_PREFETCH, SFS_XATTR_PIN,
+                                           SFS_XATTR_SOCKET};
+
+        REFUSED(removexattr(i == 3 ? R.fx.mnt : at(blk), ours[i]), ENOTSUP);
+    }
     cr_assert_eq(fsfx_stop(&R.fx, false, 10.0), 0);
 }
 
