@@ -583,7 +583,8 @@ Test(fs_refusals, a_stop_with_a_shard_half_written_says_its_bytes_are_lost)
  */
 
 /* A read past a shard's end answers nothing, one across it the bytes up to
- * the end. */
+ * the end: through a reader's file and through one open for update (which
+ * reads what it holds). A read of /stats past its text answers nothing. */
 Test(fs_refusals, reads_at_the_end_of_a_shard)
 {
     static uint8_t buf[256], want[SHARD];
@@ -593,11 +594,17 @@ Test(fs_refusals, reads_at_the_end_of_a_shard)
     store_write(BLOCK, 1);
     start("capacity=2M", NULL);
     tu_fill(&k, want, SHARD);
-    fd = open(fsfx_shard_path(&R.fx, BLOCK, 0), O_RDONLY | O_CLOEXEC);
+    for (int rw = 0; rw < 2; rw++) {
+        fd = open(fsfx_shard_path(&R.fx, BLOCK, 0), (rw ? O_RDWR : O_RDONLY) | O_CLOEXEC);
+        cr_assert_geq(fd, 0, "open: %s", strerror(errno));
+        cr_assert_eq(pread(fd, buf, sizeof(buf), SHARD + 10), 0, "a read past the end");
+        cr_assert_eq(pread(fd, buf, sizeof(buf), SHARD - 10), 10, "a read across the end");
+        cr_assert_eq(memcmp(buf, want + SHARD - 10, 10), 0, "the last 10 bytes");
+        cr_assert_eq(close(fd), 0, "close: %s", strerror(errno));
+    }
+    fd = open(at("stats"), O_RDONLY | O_CLOEXEC);
     cr_assert_geq(fd, 0);
-    cr_assert_eq(pread(fd, buf, sizeof(buf), SHARD + 10), 0, "a read past the end");
-    cr_assert_eq(pread(fd, buf, sizeof(buf), SHARD - 10), 10, "a read across the end");
-    cr_assert_eq(memcmp(buf, want + SHARD - 10, 10), 0, "the last 10 bytes");
+    cr_assert_eq(pread(fd, buf, sizeof(buf), 1 << 20), 0, "a read of /stats past its text");
     close(fd);
     cr_assert_eq(fsfx_stop(&R.fx, false, 10.0), 0);
 }
