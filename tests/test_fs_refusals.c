@@ -376,6 +376,56 @@ Test(fs_refusals, writes_past_the_end_fsync_and_ftruncate)
     cr_assert_eq(fsfx_stop(&R.fx, false, 10.0), 0);
 }
 
+/* ftruncate(2) of a file open for update before any write: below the
+ * shard's size it is a whole shard of its own, stored at once (the kept
+ * bytes, zeros after; a second cut stored at close); at the shard's size it
+ * changes nothing. After writes
+ * to a file that started empty (O_TRUNC), setting the shard's size makes
+ * the bytes never written zeros (cp of a sparse file). Modes and times are
+ * accepted and change nothing (touch, chmod; /stats too). */
+Test(fs_refusals, ftruncate_before_writes_and_attributes_that_change_nothing)
+{
+    static uint8_t buf[SHARD], want[SHARD];
+    struct sfs_key k2 = tu_key(BLOCK, 2);
+    struct stat st;
+    int fd;
+
+    store_write(BLOCK, 3);
+    start("capacity=2M", NULL);
+    fd = open(fsfx_shard_path(&R.fx, BLOCK, 0), O_WRONLY | O_CLOEXEC);
+    cr_assert_geq(fd, 0, "open: %s", strerror(errno));
+    cr_assert_eq(ftruncate(fd, 100), 0, "ftruncate before writes: %s", strerror(errno));
+    assert_kept_then_zeros(BLOCK, 0, 100, "ftruncate before writes, before close");
+    /* A second cut is one after writes: the cut bytes are written zeros. */
+    cr_assert_eq(ftruncate(fd, 50), 0, "a second ftruncate: %s", strerror(errno));
+    cr_assert_eq(close(fd), 0, "close: %s", strerror(errno));
+    assert_kept_then_zeros(BLOCK, 0, 50, "two ftruncates before writes");
+
+    fd = open(fsfx_shard_path(&R.fx, BLOCK, 1), O_WRONLY | O_CLOEXEC);
+    cr_assert_geq(fd, 0, "open: %s", strerror(errno));
+    cr_assert_eq(ftruncate(fd, SHARD), 0, "ftruncate to the shard's size: %s", strerror(errno));
+    cr_assert_eq(close(fd), 0, "close: %s", strerror(errno));
+    assert_kept_then_zeros(BLOCK, 1, SHARD, "ftruncate to the shard's size");
+
+    fd = open(fsfx_shard_path(&R.fx, BLOCK, 2), O_WRONLY | O_TRUNC | O_CLOEXEC);
+    cr_assert_geq(fd, 0, "open: %s", strerror(errno));
+    tu_fill(&k2, want, 10);
+    cr_assert_eq(pwrite(fd, want, 10, 0), 10);
+    cr_assert_eq(ftruncate(fd, SHARD), 0, "ftruncate after writes: %s", strerror(errno));
+    cr_assert_eq(close(fd), 0, "close after a sparse write: %s", strerror(errno));
+    assert_kept_then_zeros(BLOCK, 2, 10, "a sparse write");
+
+    cr_assert_eq(utimensat(AT_FDCWD, fsfx_shard_path(&R.fx, BLOCK, 2), NULL, 0), 0, "touch: %s",
+                 strerror(errno));
+    cr_assert_eq(chmod(fsfx_shard_path(&R.fx, BLOCK, 2), 0600), 0, "chmod: %s", strerror(errno));
+    cr_assert_eq(stat(fsfx_shard_path(&R.fx, BLOCK, 2), &st), 0);
+    cr_assert_eq(st.st_mode & 07777, 0644, "a mode changed: %o", st.st_mode & 07777);
+    cr_assert_eq(utimensat(AT_FDCWD, at("stats"), NULL, 0), 0, "touch /stats: %s", strerror(errno));
+    read_shard(BLOCK, 2, true, buf);
+    cr_assert(tu_all_bytes(buf + 10, SHARD - 10, 0), "touch or chmod changed the bytes");
+    cr_assert_eq(fsfx_stop(&R.fx, false, 10.0), 0);
+}
+
 /* An open for update starts from the stored bytes: a load that fails fails
  * the open (EIO). A store that failed is final for ftruncate too. */
 Test(fs_refusals, a_failed_load_or_store_fails_open_and_ftruncate)
