@@ -685,3 +685,35 @@ Test(fs_start, options_libfuse_refuses_end_the_start)
     }
     unlink(out);
 }
+
+/* The session's loop as the FUSE options ask: single-threaded (-s), or
+ * multi-threaded with libfuse's bounds on its workers (max_idle_threads,
+ * max_threads). Each daemonized start returns 0 once the mount serves; a
+ * read through it answers the shard's bytes, and an unmount ends it. */
+Test(fs_start, the_loop_runs_as_the_fuse_options_ask)
+{
+    static const char *const how[] = {"-s -o ", "-o max_idle_threads=2,max_threads=4,"};
+    static char buf[64 << 10], want[64 << 10];
+    struct sfs_key k = tu_key(1, 0);
+
+    if (!fsfx_usable())
+        cr_skip_test("no usable /dev/fuse or fusermount3: FUSE tests skipped");
+    cr_assert_eq(tu_store_write(S.store, 1, 1, 1, sizeof(buf), NULL, NULL, false), 0);
+    tu_fill(&k, want, sizeof(want));
+    snprintf(S.fx.mnt, sizeof(S.fx.mnt), "%s", S.mnt); /* the teardown's: detach if left */
+    for (size_t i = 0; i < sizeof(how) / sizeof(how[0]); i++) {
+        int rc = fsfx_sh("%s %ssocket=%s,hugepages=off,shard_size=64K,capacity=1M %s %s "
+                         ">/dev/null 2>&1",
+                         fsfx_daemon_bin(SHARDFS_BIN), how[i], S.sock, S.store, S.mnt);
+
+        cr_assert_eq(rc, 0, "%s: the daemonized start exited %d", how[i], rc);
+        cr_assert(fsfx_is_mounted(S.mnt), "%s: not mounted when the start returned", how[i]);
+        cr_assert_eq(fsfx_read_all(fsfx_shard_path(&S.fx, 1, 0), buf, sizeof(buf)),
+                     (long)sizeof(buf), "%s: a read", how[i]);
+        cr_assert_eq(memcmp(buf, want, sizeof(buf)), 0, "%s: the shard's bytes", how[i]);
+        cr_assert_eq(fsfx_sh("fusermount3 -u '%s'", S.mnt), 0, "%s: unmount", how[i]);
+        for (int t = 0; t < 500 && access(S.sock, F_OK) == 0; t++)
+            fsfx_sleep_ms(10); /* the daemon removes its socket as it exits */
+        cr_assert_neq(access(S.sock, F_OK), 0, "%s: the daemon did not exit", how[i]);
+    }
+}
