@@ -23,7 +23,8 @@
  * what the load gave: the owner's bytes, the store's when the owner gave it
  * back, or the owner's failure. A parked read whose owner holds the load
  * past wait_timeout fails ETIMEDOUT; reads parked on more slots than the
- * settler's one wait covers are all answered.
+ * settler's one wait covers are all answered. A shard an owner published
+ * short reads up to its length.
  */
 #include "fsfixture.h"
 #include "testutil.h"
@@ -98,9 +99,9 @@ static int own_key(struct sfs_cache *c, void *arg)
         return 2;
     if (read(T.go[0], &b, 1) != 1)
         return 3;
-    if (b == 'p') { /* publish bytes of its own (not the store's) */
+    if (b == 'p' || b == 'h') { /* publish bytes of its own (not the store's); 'h': half */
         memset(sfs_cache_data(c, &l), OWNERS_BYTE, SHARD);
-        if (sfs_cache_publish(c, &l, SHARD, 0) != 0)
+        if (sfs_cache_publish(c, &l, b == 'h' ? SHARD / 2 : SHARD, 0) != 0)
             return 4;
     } else if (b == 'f' && sfs_cache_fail(c, &l, -EIO) != 0) {
         return 5;
@@ -342,4 +343,28 @@ Test(fs_takeover, reads_parked_beyond_one_wait_set_are_all_answered)
     for (uint32_t i = 0; i < MANY; i++)
         cr_assert_eq(tu_wait_for(readers[i], 10ll * 1000000000), 0, "read of shard %u", i);
     cr_assert_eq(fsfx_stat(&T.fx, "shardfs_fs_wait_timeouts_total"), 0);
+}
+
+/* A shard an owner published shorter than a whole one (SHARD / 2 bytes):
+ * reads through the mount end at its bytes, as at a shard's end. */
+Test(fs_takeover, a_short_shard_reads_up_to_its_length)
+{
+    static uint8_t buf[256];
+    int fd;
+
+    T.owner = tu_fork_attached(T.fx.sock, 0, own_key, NULL);
+    for (int i = 0; i < 1000 && fsfx_stat(&T.fx, "shardfs_owner_loads_total") < 1; i++)
+        fsfx_sleep_ms(10);
+    cr_assert_eq(fsfx_stat(&T.fx, "shardfs_owner_loads_total"), 1, "the owner took no load");
+    cr_assert_eq(write(T.go[1], "h", 1), 1);
+    fd = open(fsfx_shard_path(&T.fx, BLOCK, 0), O_RDONLY | O_CLOEXEC);
+    cr_assert_geq(fd, 0, "open: %s", strerror(errno));
+    /* The owner's bytes (a read before the publish waits for it). */
+    cr_assert_eq(pread(fd, buf, 10, 0), 10);
+    cr_assert(tu_all_bytes(buf, 10, OWNERS_BYTE), "not the owner's bytes");
+    cr_assert_eq(pread(fd, buf, sizeof(buf), SHARD / 2 + 10), 0, "a read past its length");
+    cr_assert_eq(pread(fd, buf, sizeof(buf), SHARD / 2 - 10), 10, "a read across its length");
+    cr_assert(tu_all_bytes(buf, 10, OWNERS_BYTE), "its last bytes");
+    close(fd);
+    cr_assert_eq(fsfx_stat(&T.fx, "shardfs_backend_loads_total"), 0, "the store was read");
 }
