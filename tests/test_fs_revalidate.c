@@ -268,3 +268,41 @@ Test(fs_revalidate, page_cached_shards_are_dropped_too)
     assert_version(BLOCK, 0, 2, "after the commit");
     cr_assert_eq(fsfx_stop(&R.fx, false, 10.0), 0);
 }
+
+/* A shard loading (a rank owns its load) when its block is invalidated may
+ * be filled from the old version: the block stays untrusted while only that
+ * load is resident (nothing judged: its owner holds it), and the first sweep
+ * after it is published drops it, so the mount then serves the new
+ * version. */
+Test(fs_revalidate, a_shard_loading_through_an_invalidation_is_dropped_once_loaded)
+{
+    struct sfs_key k1 = tu_key(BLOCK, 1);
+    struct sfs_lease l;
+    struct sfs_cache *c;
+    int err = 0;
+
+    store_write(BLOCK, 2, 1);
+    fsfx_sleep_ms(TRUST_AGE_MS);
+    start(NULL);
+    assert_version(BLOCK, 0, 1, "first read");
+    wait_sweeps(2);
+    cr_assert_eq(stat_of("shardfs_revalidate_invalidated_total"), 0);
+
+    c = sfs_cache_attach(R.fx.sock, 0, &err);
+    cr_assert_not_null(c, "attach %s: %s", R.fx.sock, strerror(-err));
+    cr_assert_eq(sfs_cache_get(c, &k1, 0, 0, &l), SFS_OWNER);
+    store_write(BLOCK, 2, 2);
+    wait_stat("shardfs_revalidate_invalidated_total", 1);
+    cr_assert_eq(stat_of("shardfs_revalidate_removed_total"), 1, "only the Ready shard");
+    wait_sweeps(2); /* only the load is resident: carried, not judged */
+    cr_assert_eq(stat_of("shardfs_revalidate_invalidated_total"), 1);
+
+    /* The owner's load read the old version. */
+    cr_assert_eq(tu_publish(c, &k1, &l), 0);
+    cr_assert_eq(sfs_cache_release(c, &l), 0);
+    wait_stat("shardfs_revalidate_removed_total", 2);
+    assert_version(BLOCK, 1, 2, "after the load was dropped");
+    assert_version(BLOCK, 0, 2, "after the commit");
+    sfs_cache_close(c);
+    cr_assert_eq(fsfx_stop(&R.fx, false, 10.0), 0);
+}
