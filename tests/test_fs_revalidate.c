@@ -306,3 +306,33 @@ Test(fs_revalidate, a_shard_loading_through_an_invalidation_is_dropped_once_load
     sfs_cache_close(c);
     cr_assert_eq(fsfx_stop(&R.fx, false, 10.0), 0);
 }
+
+/* A block first seen while its only shard is loading is judged once the
+ * load is published, by when its shards were claimed: an old file is then
+ * trusted as it is (nothing removed), a file the other host replaces after
+ * that is reloaded. */
+Test(fs_revalidate, a_block_first_seen_loading_is_judged_once_loaded)
+{
+    struct sfs_key k0 = tu_key(BLOCK, 0);
+    struct sfs_lease l;
+    struct sfs_cache *c;
+    int err = 0;
+
+    store_write(BLOCK, 1, 1);
+    fsfx_sleep_ms(TRUST_AGE_MS);
+    start(NULL);
+    c = sfs_cache_attach(R.fx.sock, 0, &err);
+    cr_assert_not_null(c, "attach %s: %s", R.fx.sock, strerror(-err));
+    cr_assert_eq(sfs_cache_get(c, &k0, 0, 0, &l), SFS_OWNER);
+    wait_sweeps(2); /* seen loading only: not judged */
+    cr_assert_eq(tu_publish(c, &k0, &l), 0);
+    cr_assert_eq(sfs_cache_release(c, &l), 0);
+    wait_sweeps(2);
+    cr_assert_eq(stat_of("shardfs_revalidate_invalidated_total"), 0, "an old file is trusted");
+    cr_assert_eq(stat_of("shardfs_revalidate_removed_total"), 0);
+    store_write(BLOCK, 1, 2);
+    wait_stat("shardfs_revalidate_removed_total", 1);
+    assert_version(BLOCK, 0, 2, "after the commit");
+    sfs_cache_close(c);
+    cr_assert_eq(fsfx_stop(&R.fx, false, 10.0), 0);
+}
