@@ -38,6 +38,23 @@
 #define SHARDFS_VERSION "0.1.0"
 #endif
 
+/* The test build only: SHARDFS_TEST_START_FAIL=STEP fails that step of
+ * the start with EAGAIN, as a thread that cannot start or a session libfuse
+ * cannot make would, so that the unwinding after each step is tested. STEP
+ * is one of: session, signals, mount, reaper, settler, pagecache,
+ * revalidate, storecap, loop. The steps' own functions are not called then
+ * (nothing of theirs is left to undo, as after their own failures). */
+#ifndef SFS_TEST_HOOKS
+#define start_fault(step) 0
+#else
+static int start_fault(const char *step)
+{
+    const char *e = getenv("SHARDFS_TEST_START_FAIL");
+
+    return e && strcmp(e, step) == 0 ? -EAGAIN : 0;
+}
+#endif
+
 static void touch_hook(const struct sfs_block_id *blocks, size_t n, void *arg)
 {
     sfs_backend_touch(arg, blocks, n);
@@ -218,11 +235,11 @@ int main(int argc, char *argv[])
         goto out_cache;
     }
 
-    se = fuse_session_new(&args, &fs_ops, sizeof(fs_ops), &fs);
+    se = start_fault("session") ? NULL : fuse_session_new(&args, &fs_ops, sizeof(fs_ops), &fs);
     if (!se)
         goto out_cache; /* libfuse printed the reason */
     fs.se = se;
-    if (fuse_set_signal_handlers(se) != 0) {
+    if (start_fault("signals") || fuse_set_signal_handlers(se) != 0) {
         fprintf(stderr, "shardfs: cannot set signal handlers\n");
         goto out_session;
     }
@@ -230,22 +247,22 @@ int main(int argc, char *argv[])
         fprintf(stderr, "shardfs: cannot set the SIGHUP handler\n");
         goto out_signals;
     }
-    if (fuse_session_mount(se, co.mountpoint) != 0) {
+    if (start_fault("mount") || fuse_session_mount(se, co.mountpoint) != 0) {
         fprintf(stderr, "shardfs: MOUNTPOINT %s: mount failed\n", co.mountpoint);
         goto out_signals;
     }
-    err = fs_reaper_start(&reaper, fs.cache);
+    err = start_fault("reaper") ? -EAGAIN : fs_reaper_start(&reaper, fs.cache);
     if (err < 0) {
         fprintf(stderr, "shardfs: reaper thread: %s\n", strerror(-err));
         goto out_unmount;
     }
-    err = fs_waitq_start(&fs);
+    err = start_fault("settler") ? -EAGAIN : fs_waitq_start(&fs);
     if (err < 0) {
         fprintf(stderr, "shardfs: settler thread: %s\n", strerror(-err));
         fs_reaper_stop(&reaper);
         goto out_unmount;
     }
-    err = fs_pagecache_start(&fs);
+    err = start_fault("pagecache") ? -EAGAIN : fs_pagecache_start(&fs);
     if (err < 0) {
         fprintf(stderr, "shardfs: page-cache thread: %s\n", strerror(-err));
         fs_waitq_stop(&fs);
@@ -257,14 +274,17 @@ int main(int argc, char *argv[])
     fs.warm_pin_s = cfg.warm_pin_s;
     fs_usage_start(&fs, o.backend, cfg.warm_pct, !o.ro);
     /* Another host's commits (a shared store): never fails the mount. */
-    err = fs_reval_start(&fs, fs_reval_period(fs.be, cfg.revalidate_ms));
+    err = start_fault("revalidate")
+              ? -EAGAIN
+              : fs_reval_start(&fs, fs_reval_period(fs.be, cfg.revalidate_ms));
     if (err < 0)
         fprintf(stderr,
                 "shardfs: revalidation thread: %s (blocks other hosts replace are "
                 "served until evicted)\n",
                 strerror(-err));
     /* The store's bound: its first pass scans the store in the background. */
-    err = fs_storecap_start(&fs, cfg.store_high_pct, cfg.store_low_pct);
+    err = start_fault("storecap") ? -EAGAIN
+                                  : fs_storecap_start(&fs, cfg.store_high_pct, cfg.store_low_pct);
     if (err < 0) {
         fprintf(stderr, "shardfs: store_capacity: collector thread: %s\n", strerror(-err));
         reval_stuck = !fs_reval_stop(&fs, STOP_GRACE_NS / 4);
@@ -274,11 +294,6 @@ int main(int argc, char *argv[])
         fs_reaper_stop(&reaper);
         goto out_unmount;
     }
-    if (ready_fd >= 0) {
-        fs_daemonize_done(ready_fd);
-        ready_fd = -1;
-    }
-
     loop.se = se;
     loop.single = co.singlethread;
     loop.clone_fd = (unsigned)co.clone_fd;
@@ -291,7 +306,7 @@ int main(int argc, char *argv[])
     loop.max_threads = co.max_threads && co.max_threads != 10 && co.max_threads <= 100000
                            ? co.max_threads
                            : DEFAULT_MAX_THREADS;
-    err = fs_loop_start(&loop);
+    err = start_fault("loop") ? -EAGAIN : fs_loop_start(&loop);
     if (err < 0) {
         fprintf(stderr, "shardfs: session thread: %s\n", strerror(-err));
         reval_stuck = !fs_storecap_stop(&fs, STOP_GRACE_NS / 4);
@@ -301,6 +316,12 @@ int main(int argc, char *argv[])
         fs_waitq_stop(&fs);
         fs_reaper_stop(&reaper);
         goto out_unmount;
+    }
+    /* Started, all of it: the daemonizing parent may return 0 now (not
+     * before the session's thread, which is the last thing that can fail). */
+    if (ready_fd >= 0) {
+        fs_daemonize_done(ready_fd);
+        ready_fd = -1;
     }
     if (!fs_loop_wait(&loop, STOP_GRACE_NS)) {
         /* A handler is stuck in the backend (a hung store, a dump that

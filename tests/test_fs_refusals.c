@@ -7,8 +7,8 @@
  * shards of their own, a store that cannot take the key's slot (a rank holds
  * it: EBUSY; every slot leased: EAGAIN), a load that fails an open for
  * update, and a stop with a shard half written (its bytes are lost, and the
- * log says so); and what it answers at its edges (reads at a shard's end,
- * the attributes' names).
+ * log says so); and what it answers at its edges (one name per block and
+ * shard, reads at a shard's end, the attributes' names).
  *
  * Each test mounts a small posix store (UCM layout, shard n of block b holds
  * tu_fill's bytes of (b, n)) with the daemon binary and checks every answer
@@ -145,6 +145,42 @@ static void assert_kept_then_zeros(uint64_t b, uint32_t s, size_t kept, const ch
 /* ---------------------------------------------------------------------------
  * The tree: only shards change.
  */
+
+/* Each block and shard has one name: the block's lowercase hex and the
+ * shard's decimal number without leading zeros. Another spelling of an
+ * existing one (uppercase, a leading zero), a number past 32 bits or ten
+ * digits, and names with other characters are ENOENT. */
+Test(fs_refusals, a_block_or_shard_has_one_name)
+{
+    static const char *const shards[] = {"01", "00", "1x", "-1", "4294967296", "12345678901"};
+    char hex[SFS_BLOCK_HEX_LEN + 1], p[256];
+    struct stat st;
+
+    store_write(BLOCK, 2);
+    start(NULL, NULL);
+    tu_block_hex(BLOCK, hex);
+    snprintf(p, sizeof(p), "block/%s", hex);
+    cr_assert_eq(stat(at(p), &st), 0, "the block's name: %s", strerror(errno));
+    cr_assert_eq(stat(fsfx_shard_path(&R.fx, BLOCK, 1), &st), 0, "shard 1: %s", strerror(errno));
+    {
+        size_t l = strcspn(hex, "abcdef"); /* a letter: its uppercase is another name */
+        const char other[] = {(char)(hex[l] - 'a' + 'A'), 'g', '-'};
+
+        cr_assert_lt(l, (size_t)SFS_BLOCK_HEX_LEN, "no letter in %s", hex);
+        for (size_t j = 0; j < sizeof(other); j++) {
+            char alt[SFS_BLOCK_HEX_LEN + 1];
+
+            memcpy(alt, hex, sizeof(alt));
+            alt[l] = other[j];
+            snprintf(p, sizeof(p), "block/%s", alt);
+            REFUSED(stat(at(p), &st), ENOENT);
+        }
+    }
+    for (size_t i = 0; i < sizeof(shards) / sizeof(shards[0]); i++) {
+        snprintf(p, sizeof(p), "block/%s/shard/%s", hex, shards[i]);
+        REFUSED(stat(at(p), &st), ENOENT);
+    }
+}
 
 /* Directories exist by name alone (mkdir is EEXIST or ENOENT), /block is
  * not removable, a block directory with shards is not empty and one with
@@ -337,6 +373,56 @@ Test(fs_refusals, writes_past_the_end_fsync_and_ftruncate)
     cr_assert_eq(memcmp(buf, want, SHARD), 0, "not the written quarter then zeros, on disk");
     read_shard(BLOCK, 1, false, buf);
     cr_assert_eq(memcmp(buf, want, SHARD), 0, "not the written quarter then zeros, mounted");
+    cr_assert_eq(fsfx_stop(&R.fx, false, 10.0), 0);
+}
+
+/* ftruncate(2) of a file open for update before any write: below the
+ * shard's size it is a whole shard of its own, stored at once (the kept
+ * bytes, zeros after; a second cut stored at close); at the shard's size it
+ * changes nothing. After writes
+ * to a file that started empty (O_TRUNC), setting the shard's size makes
+ * the bytes never written zeros (cp of a sparse file). Modes and times are
+ * accepted and change nothing (touch, chmod; /stats too). */
+Test(fs_refusals, ftruncate_before_writes_and_attributes_that_change_nothing)
+{
+    static uint8_t buf[SHARD], want[SHARD];
+    struct sfs_key k2 = tu_key(BLOCK, 2);
+    struct stat st;
+    int fd;
+
+    store_write(BLOCK, 3);
+    start("capacity=2M", NULL);
+    fd = open(fsfx_shard_path(&R.fx, BLOCK, 0), O_WRONLY | O_CLOEXEC);
+    cr_assert_geq(fd, 0, "open: %s", strerror(errno));
+    cr_assert_eq(ftruncate(fd, 100), 0, "ftruncate before writes: %s", strerror(errno));
+    assert_kept_then_zeros(BLOCK, 0, 100, "ftruncate before writes, before close");
+    /* A second cut is one after writes: the cut bytes are written zeros. */
+    cr_assert_eq(ftruncate(fd, 50), 0, "a second ftruncate: %s", strerror(errno));
+    cr_assert_eq(close(fd), 0, "close: %s", strerror(errno));
+    assert_kept_then_zeros(BLOCK, 0, 50, "two ftruncates before writes");
+
+    fd = open(fsfx_shard_path(&R.fx, BLOCK, 1), O_WRONLY | O_CLOEXEC);
+    cr_assert_geq(fd, 0, "open: %s", strerror(errno));
+    cr_assert_eq(ftruncate(fd, SHARD), 0, "ftruncate to the shard's size: %s", strerror(errno));
+    cr_assert_eq(close(fd), 0, "close: %s", strerror(errno));
+    assert_kept_then_zeros(BLOCK, 1, SHARD, "ftruncate to the shard's size");
+
+    fd = open(fsfx_shard_path(&R.fx, BLOCK, 2), O_WRONLY | O_TRUNC | O_CLOEXEC);
+    cr_assert_geq(fd, 0, "open: %s", strerror(errno));
+    tu_fill(&k2, want, 10);
+    cr_assert_eq(pwrite(fd, want, 10, 0), 10);
+    cr_assert_eq(ftruncate(fd, SHARD), 0, "ftruncate after writes: %s", strerror(errno));
+    cr_assert_eq(close(fd), 0, "close after a sparse write: %s", strerror(errno));
+    assert_kept_then_zeros(BLOCK, 2, 10, "a sparse write");
+
+    cr_assert_eq(utimensat(AT_FDCWD, fsfx_shard_path(&R.fx, BLOCK, 2), NULL, 0), 0, "touch: %s",
+                 strerror(errno));
+    cr_assert_eq(chmod(fsfx_shard_path(&R.fx, BLOCK, 2), 0600), 0, "chmod: %s", strerror(errno));
+    cr_assert_eq(stat(fsfx_shard_path(&R.fx, BLOCK, 2), &st), 0);
+    cr_assert_eq(st.st_mode & 07777, 0644, "a mode changed: %o", st.st_mode & 07777);
+    cr_assert_eq(utimensat(AT_FDCWD, at("stats"), NULL, 0), 0, "touch /stats: %s", strerror(errno));
+    read_shard(BLOCK, 2, true, buf);
+    cr_assert(tu_all_bytes(buf + 10, SHARD - 10, 0), "touch or chmod changed the bytes");
     cr_assert_eq(fsfx_stop(&R.fx, false, 10.0), 0);
 }
 
@@ -547,7 +633,8 @@ Test(fs_refusals, a_stop_with_a_shard_half_written_says_its_bytes_are_lost)
  */
 
 /* A read past a shard's end answers nothing, one across it the bytes up to
- * the end. */
+ * the end: through a reader's file and through one open for update (which
+ * reads what it holds). A read of /stats past its text answers nothing. */
 Test(fs_refusals, reads_at_the_end_of_a_shard)
 {
     static uint8_t buf[256], want[SHARD];
@@ -557,11 +644,17 @@ Test(fs_refusals, reads_at_the_end_of_a_shard)
     store_write(BLOCK, 1);
     start("capacity=2M", NULL);
     tu_fill(&k, want, SHARD);
-    fd = open(fsfx_shard_path(&R.fx, BLOCK, 0), O_RDONLY | O_CLOEXEC);
+    for (int rw = 0; rw < 2; rw++) {
+        fd = open(fsfx_shard_path(&R.fx, BLOCK, 0), (rw ? O_RDWR : O_RDONLY) | O_CLOEXEC);
+        cr_assert_geq(fd, 0, "open: %s", strerror(errno));
+        cr_assert_eq(pread(fd, buf, sizeof(buf), SHARD + 10), 0, "a read past the end");
+        cr_assert_eq(pread(fd, buf, sizeof(buf), SHARD - 10), 10, "a read across the end");
+        cr_assert_eq(memcmp(buf, want + SHARD - 10, 10), 0, "the last 10 bytes");
+        cr_assert_eq(close(fd), 0, "close: %s", strerror(errno));
+    }
+    fd = open(at("stats"), O_RDONLY | O_CLOEXEC);
     cr_assert_geq(fd, 0);
-    cr_assert_eq(pread(fd, buf, sizeof(buf), SHARD + 10), 0, "a read past the end");
-    cr_assert_eq(pread(fd, buf, sizeof(buf), SHARD - 10), 10, "a read across the end");
-    cr_assert_eq(memcmp(buf, want + SHARD - 10, 10), 0, "the last 10 bytes");
+    cr_assert_eq(pread(fd, buf, sizeof(buf), 1 << 20), 0, "a read of /stats past its text");
     close(fd);
     cr_assert_eq(fsfx_stop(&R.fx, false, 10.0), 0);
 }
@@ -569,7 +662,9 @@ Test(fs_refusals, reads_at_the_end_of_a_shard)
 /* listxattr names what getxattr answers (the root's socket, a shard's
  * state; nothing for a block), and is ERANGE for a buffer too small; the
  * mount's own attributes cannot be removed (ENOTSUP), others are absent
- * (ENODATA); a bad pin value, a fault spec too long, are EINVAL. */
+ * (ENODATA); a bad pin value, touch or prefetch value, a fault spec too long
+ * or on a store without faults, are EINVAL; an attribute set where it is
+ * not one is ENOTSUP. */
 Test(fs_refusals, the_attributes_names_and_their_refusals)
 {
     char names[256], blk[256], hex[SFS_BLOCK_HEX_LEN + 1], big[300];
@@ -599,8 +694,30 @@ Test(fs_refusals, the_attributes_names_and_their_refusals)
     REFUSED(setxattr(at(blk), SFS_XATTR_PIN, "12345678901", 11, 0), EINVAL);
     cr_assert_eq(setxattr(at(blk), SFS_XATTR_PIN, "0\n", 2, 0), 0, "unpin with a newline: %s",
                  strerror(errno));
+    REFUSED(setxattr(at(blk), SFS_XATTR_PIN, "9999999999", 10, 0), EINVAL); /* past the most */
     memset(big, 'x', sizeof(big));
     REFUSED(setxattr(R.fx.mnt, "user.shardfs.fault", big, sizeof(big), 0), EINVAL);
+    /* Not a fault store: its spec is refused, "off" with a newline too. */
+    REFUSED(setxattr(R.fx.mnt, "user.shardfs.fault", "off\n", 4, 0), EINVAL);
+
+    /* touch and prefetch take "1", with an optional newline, only. */
+    cr_assert_eq(setxattr(at(blk), SFS_XATTR_TOUCH, "1\n", 2, 0), 0, "%s", strerror(errno));
+    cr_assert_eq(setxattr(at(blk), SFS_XATTR_PREFETCH, "1\n", 2, 0), 0, "%s", strerror(errno));
+    REFUSED(setxattr(at(blk), SFS_XATTR_TOUCH, "2", 1, 0), EINVAL);
+    REFUSED(setxattr(at(blk), SFS_XATTR_TOUCH, "1x", 2, 0), EINVAL);
+    REFUSED(setxattr(at(blk), SFS_XATTR_PREFETCH, "0\n", 2, 0), EINVAL);
+    REFUSED(setxattr(at(blk), SFS_XATTR_PREFETCH, "11\n", 3, 0), EINVAL);
+    /* Each name where it is not one: not supported there. */
+    REFUSED(setxattr(shard, SFS_XATTR_TOUCH, "1", 1, 0), ENOTSUP);
+    REFUSED(setxattr(at(blk), "user.shardfs.fault", "off", 3, 0), ENOTSUP);
+    REFUSED(setxattr(shard, "user.other", "1", 1, 0), ENOTSUP);
+    REFUSED((int)getxattr(at(blk), SFS_XATTR_SOCKET, names, sizeof(names)), ENODATA);
+    for (size_t i = 0; i < 4; i++) {
+        static const char *const ours[] = {SFS_XATTR_TOUCH, SFS_XATTR_PREFETCH, SFS_XATTR_PIN,
+                                           SFS_XATTR_SOCKET};
+
+        REFUSED(removexattr(i == 3 ? R.fx.mnt : at(blk), ours[i]), ENOTSUP);
+    }
     cr_assert_eq(fsfx_stop(&R.fx, false, 10.0), 0);
 }
 

@@ -4,11 +4,13 @@
  * before anything is created, with exit status 1 and one line on stderr
  * that names what is wrong; what the start takes from the system (the
  * store directory's owner and modes for the tree, the default socket's
- * path under /run/shardfs) is what a mount then shows.
+ * path under /run/shardfs) is what a mount then shows. A step after the
+ * checks that fails (a cache it cannot create, a mount, a thread) leaves
+ * nothing behind, and the daemonizing parent says so.
  *
  * The refusals run the daemon binary in the foreground and read its stderr;
- * none mounts. The last two tests mount a small store with the fixture.
- * Needs /dev/fuse and fusermount3 for those two; skips without.
+ * none mounts. The tests that mount use the fixture or a real mount point.
+ * Needs /dev/fuse and fusermount3 for those; skips without.
  */
 #include "fsfixture.h"
 #include "testutil.h"
@@ -149,6 +151,18 @@ Test(fs_start, every_bad_option_value_is_refused_with_one_line)
         {"wait_timeout=86401", "wait_timeout=86401"},
         {"readahead=x", "readahead=x"},
         {"max_read=1024", "max_read=1024"},
+        {"max_read=", "out of range (4096..1048576)"},
+        {"max_read=99999999999999999999999", "max_read=99999999999999999999999"},
+        {"max_read=2097152", "max_read=2097152"},
+        {"capacity=32K", "smaller than one shard"},
+        {"shard_size=16M,capacity=64T", "larger than this machine's memory"},
+        {"page_cache=1KB", "smaller than one shard"},
+        {"store_capacity=32K", "store_capacity=32K"},
+        {"store_high=90", "need -o store_capacity"},
+        {"dir_prefix=33", "dir_prefix=33"},
+        {"dir_prefix=", "dir_prefix="},
+        {"partition_budget=12345678901234567:1", "not a list of weights"},
+        {"peer_listen=127.0.0.1:1,peers=a:b", "cannot be named"},
         /* Good values of the options checked before a bad one do not
          * hide it. */
         {"max_read=8192,hugepages=auto,reserved=1,numa_node=0,attach_gid=0,"
@@ -177,6 +191,16 @@ Test(fs_start, every_bad_option_value_is_refused_with_one_line)
         snprintf(args, sizeof(args), "-o socket=%s,attach_uids=%s %s %s", S.sock, uids, S.store,
                  S.mnt);
         expect_refused(args, "more than");
+    }
+    /* More than 64 partition weights. */
+    {
+        char w[512] = "";
+
+        for (int i = 0; i < 65; i++)
+            snprintf(w + strlen(w), sizeof(w) - strlen(w), "%s1", i ? ":" : "");
+        snprintf(args, sizeof(args), "-o socket=%s,capacity=64M,partition_budget=%s %s %s", S.sock,
+                 w, S.store, S.mnt);
+        expect_refused(args, "more than 64 weights");
     }
     /* Arguments: one too many; no mount point; page_cache without the
      * multi-threaded loop. */
@@ -434,4 +458,262 @@ Test(fs_start, a_usage_file_it_cannot_use_is_ignored_with_its_reason)
     start_and_stop("foreign block-id format", 1);
     usage_file("SFSUSAGE", 16, 2, 0);
     start_and_stop("", 0);
+}
+
+/* A step of the start after the checks that fails (the test build fails it
+ * on demand: SHARDFS_TEST_START_FAIL, as a thread that cannot start, a
+ * session libfuse cannot make or a mount the kernel refuses would) ends the
+ * start with exit status 1 and the step's one line, in the foreground and
+ * through the daemonizing parent; what the start had made is undone: no
+ * mount is left, the socket is removed. A revalidation thread that cannot
+ * start does not fail the mount: it serves, saying that blocks other hosts
+ * replace are served until evicted. */
+Test(fs_start, a_step_that_fails_after_the_checks_undoes_the_start)
+{
+    static const struct {
+        const char *step, *want; /* want NULL: libfuse's own reason (none here) */
+        bool foreground;
+    } steps[] = {
+        {"session", NULL, true},
+        {"signals", "signal handlers", true},
+        {"mount", "mount failed", true},
+        {"reaper", "reaper thread", true},
+        {"settler", "settler thread", true},
+        {"pagecache", "page-cache thread", true},
+        {"storecap", "collector thread", true},
+        {"loop", "session thread", true},
+        {"loop", "session thread", false},
+    };
+    char out[256], line[1024], dir[160], sock[200];
+    struct stat st;
+
+    if (!fsfx_usable())
+        cr_skip_test("no usable /dev/fuse or fusermount3: FUSE tests skipped");
+    snprintf(out, sizeof(out), "%s", tu_path("err"));
+    /* The socket in a directory of its own (in /tmp its warning would be
+     * one more line). */
+    snprintf(dir, sizeof(dir), "%s", tu_path("sockdir"));
+    cr_assert_eq(mkdir(dir, 0700), 0);
+    snprintf(sock, sizeof(sock), "%s/sock", dir);
+    for (size_t i = 0; i < sizeof(steps) / sizeof(steps[0]); i++) {
+        int lines = 0, rc;
+        bool found = false;
+        FILE *f;
+
+        rc = fsfx_sh("SHARDFS_TEST_START_FAIL=%s %s %s -o socket=%s,hugepages=off,shard_size=64K,"
+                     "capacity=1M,revalidate=50 %s %s >/dev/null 2>%s",
+                     steps[i].step, fsfx_daemon_bin(SHARDFS_BIN), steps[i].foreground ? "-f" : "",
+                     sock, S.store, S.mnt, out);
+        cr_assert_eq(rc, 1, "%s: exit status %d", steps[i].step, rc);
+        f = fopen(out, "re");
+        cr_assert_not_null(f);
+        while (fgets(line, sizeof(line), f)) {
+            lines++;
+            found = found || (steps[i].want && strstr(line, steps[i].want));
+        }
+        fclose(f);
+        cr_assert_eq(lines, steps[i].want ? 1 : 0, "%s: %d lines of error (the last: %s)",
+                     steps[i].step, lines, line);
+        cr_assert(!steps[i].want || found, "%s: the error does not name '%s' (it is: %s)",
+                  steps[i].step, steps[i].want, line);
+        cr_assert(!fsfx_is_mounted(S.mnt), "%s: the mount was left behind", steps[i].step);
+        cr_assert_eq(lstat(sock, &st), -1, "%s: the socket was left behind", steps[i].step);
+    }
+    unlink(out);
+    rmdir(dir);
+}
+
+Test(fs_start, a_revalidation_thread_that_cannot_start_does_not_fail_the_mount)
+{
+    char p[256];
+    int r, status = 0;
+
+    if (!fsfx_usable())
+        cr_skip_test("no usable /dev/fuse or fusermount3: FUSE tests skipped");
+    snprintf(S.fx.mnt, sizeof(S.fx.mnt), "%s", S.mnt);
+    snprintf(S.fx.sock, sizeof(S.fx.sock), "%s", S.sock);
+    S.fx.bin = fsfx_daemon_bin(SHARDFS_BIN);
+    setenv("SHARDFS_TEST_START_FAIL", "revalidate", 1);
+    r = fsfx_start(&S.fx, S.store, "hugepages=off,shard_size=64K,capacity=1M,revalidate=50", 10.0,
+                   &status);
+    unsetenv("SHARDFS_TEST_START_FAIL");
+    cr_assert_eq(r, 0, "the mount did not appear (%s, status %d)", strerror(-r), status);
+    snprintf(p, sizeof(p), "%s/stats", S.mnt);
+    cr_assert_eq(access(p, R_OK), 0, "the mount serves");
+    fsfx_sleep_ms(200); /* four periods: a sweep would have run */
+    cr_assert_eq(fsfx_stat(&S.fx, "shardfs_revalidate_sweeps_total"), 0);
+    cr_assert_eq(fsfx_stop(&S.fx, false, 10.0), 0);
+    cr_assert_eq(fsfx_log_lines_with(&S.fx, "served until evicted"), 1);
+}
+
+/* The huge pages the machine has free, in bytes (HugePages_Free less the
+ * reserved ones, times Hugepagesize); -1 when /proc/meminfo does not say. */
+static long long huge_free_bytes(void)
+{
+    long long free_pages = -1, rsvd = 0, size_kb = -1, v;
+    char line[256];
+    FILE *f = fopen("/proc/meminfo", "re");
+
+    if (!f)
+        return -1;
+    while (fgets(line, sizeof(line), f)) {
+        if (sscanf(line, "HugePages_Free: %lld", &v) == 1)
+            free_pages = v;
+        else if (sscanf(line, "HugePages_Rsvd: %lld", &v) == 1)
+            rsvd = v;
+        else if (sscanf(line, "Hugepagesize: %lld kB", &v) == 1)
+            size_kb = v;
+    }
+    fclose(f);
+    if (free_pages < 0 || size_kb <= 0)
+        return -1;
+    return (free_pages > rsvd ? free_pages - rsvd : 0) * size_kb * 1024;
+}
+
+/* hugepages=on with more capacity than the machine has huge pages free: a
+ * cache the start cannot create, refused (its last line says so) with
+ * nothing left behind: no mount, no socket. */
+Test(fs_start, a_cache_it_cannot_create_is_refused)
+{
+    long long free_b = huge_free_bytes(), cap;
+    char out[256], line[1024] = "", last[1024] = "";
+    struct stat st;
+    FILE *f;
+    int rc;
+
+    if (free_b < 0)
+        cr_skip_test("no huge page figures in /proc/meminfo");
+    cap = free_b + (4ll << 20); /* 2 huge pages of 2M (or 1 of 1G) more than free */
+    if (cap > (1ll << 30))
+        cr_skip_test("%lld bytes of huge pages free: more than this test should ask for", free_b);
+    snprintf(out, sizeof(out), "%s", tu_path("err"));
+    rc = fsfx_sh("%s -f -o socket=%s,hugepages=on,shard_size=64K,capacity=%lldK %s %s "
+                 ">/dev/null 2>%s",
+                 fsfx_daemon_bin(SHARDFS_BIN), S.sock, cap >> 10, S.store, S.mnt, out);
+    cr_assert_eq(rc, 1, "exit status %d", rc);
+    f = fopen(out, "re");
+    cr_assert_not_null(f);
+    while (fgets(line, sizeof(line), f))
+        snprintf(last, sizeof(last), "%s", line);
+    fclose(f);
+    unlink(out);
+    cr_assert(strstr(last, "cannot create the cache") && strstr(last, "hugepages=on"),
+              "the refusal's line: %s", last);
+    cr_assert(!fsfx_is_mounted(S.mnt), "a mount was left behind");
+    cr_assert_eq(lstat(S.sock, &st), -1, "the socket was left behind");
+}
+
+/* Mount read-write, read a shard until the hot set counts it (so the stop
+ * has a usage file to write), stop; the daemon's exit status. */
+static int read_and_stop(void)
+{
+    static char buf[64 << 10];
+    int r, status = 0;
+
+    unlink(S.fx.log);
+    snprintf(S.fx.mnt, sizeof(S.fx.mnt), "%s", S.mnt);
+    snprintf(S.fx.sock, sizeof(S.fx.sock), "%s", S.sock);
+    S.fx.bin = fsfx_daemon_bin(SHARDFS_BIN);
+    r = fsfx_start(&S.fx, S.store, "hugepages=off,shard_size=64K,capacity=1M", 10.0, &status);
+    cr_assert_eq(r, 0, "the mount did not appear (%s, status %d)", strerror(-r), status);
+    cr_assert_eq(fsfx_read_all(fsfx_shard_path(&S.fx, 1, 0), buf, sizeof(buf)), (long)sizeof(buf));
+    for (int i = 0; i < 500 && fsfx_sh("grep -q '^shardfs_hot_block_uses{' %s/stats", S.mnt); i++)
+        fsfx_sleep_ms(10);
+    cr_assert_eq(fsfx_sh("grep -q '^shardfs_hot_block_uses{' %s/stats", S.mnt), 0,
+                 "the read was not counted");
+    return fsfx_stop(&S.fx, false, 10.0);
+}
+
+/* A usage file the stop cannot write (a directory at its name, or at its
+ * temporary name) is reported with one log line, and the stop goes on: exit
+ * status 0, the directory as it was, no temporary file left. */
+Test(fs_start, a_usage_file_it_cannot_write_is_reported_and_the_stop_goes_on)
+{
+    char path[256], tmp[300];
+    struct stat st;
+
+    if (!fsfx_usable())
+        cr_skip_test("no usable /dev/fuse or fusermount3: FUSE tests skipped");
+    cr_assert_eq(tu_store_write(S.store, 1, 1, 1, 64 << 10, NULL, NULL, false), 0);
+    snprintf(path, sizeof(path), "%s/.shardfs_usage", S.store);
+    snprintf(tmp, sizeof(tmp), "%s.tmp", path);
+
+    cr_assert_eq(mkdir(path, 0755), 0);
+    cr_assert_eq(read_and_stop(), 0);
+    cr_assert_eq(fsfx_log_lines_with(&S.fx, "not written: Is a directory"), 1,
+                 "the failed write was not reported, see %s", S.fx.log);
+    cr_assert(stat(path, &st) == 0 && S_ISDIR(st.st_mode), "the directory was replaced");
+    cr_assert_eq(lstat(tmp, &st), -1, "the temporary file was left behind");
+    cr_assert_eq(rmdir(path), 0);
+
+    cr_assert_eq(mkdir(tmp, 0755), 0);
+    cr_assert_eq(read_and_stop(), 0);
+    cr_assert_eq(fsfx_log_lines_with(&S.fx, "not written: Is a directory"), 1,
+                 "the failed write was not reported, see %s", S.fx.log);
+    cr_assert(stat(tmp, &st) == 0 && S_ISDIR(st.st_mode), "the directory was replaced");
+    cr_assert_eq(lstat(path, &st), -1, "a usage file was written without its temporary file");
+    cr_assert_eq(rmdir(tmp), 0);
+}
+
+/* What libfuse refuses of the command line: an -o without its argument
+ * (our line after libfuse's), an option neither knows (libfuse's line, when
+ * the session is made, after the cache and the socket: both undone). */
+Test(fs_start, options_libfuse_refuses_end_the_start)
+{
+    char out[256], cmd[2048], text[4096] = "";
+    struct stat st;
+    size_t n;
+    FILE *f;
+
+    snprintf(out, sizeof(out), "%s", tu_path("err"));
+    for (int i = 0; i < 2; i++) {
+        snprintf(cmd, sizeof(cmd),
+                 "%s -f -o socket=%s,hugepages=off,shard_size=64K,capacity=1M %s %s %s "
+                 ">/dev/null 2>%s",
+                 fsfx_daemon_bin(SHARDFS_BIN), S.sock, S.store, S.mnt,
+                 i == 0 ? "-o" : "-o no_such_option=1", out);
+        cr_assert_eq(fsfx_sh("%s", cmd), 1, "exit status of: %s", cmd);
+        f = fopen(out, "re");
+        cr_assert_not_null(f);
+        n = fread(text, 1, sizeof(text) - 1, f);
+        text[n] = '\0';
+        fclose(f);
+        cr_assert(strstr(text, i == 0 ? "bad options (see --help)" : "no_such_option"),
+                  "the errors of '%s' (they are: %s)", cmd, text);
+        cr_assert(!fsfx_is_mounted(S.mnt), "a mount was left behind");
+        cr_assert_eq(lstat(S.sock, &st), -1, "the socket was left behind");
+    }
+    unlink(out);
+}
+
+/* The session's loop as the FUSE options ask: single-threaded (-s), or
+ * multi-threaded with libfuse's bounds on its workers (max_idle_threads,
+ * max_threads). Each daemonized start returns 0 once the mount serves; a
+ * read through it answers the shard's bytes, and an unmount ends it. */
+Test(fs_start, the_loop_runs_as_the_fuse_options_ask)
+{
+    static const char *const how[] = {"-s -o ", "-o max_idle_threads=2,max_threads=4,"};
+    static char buf[64 << 10], want[64 << 10];
+    struct sfs_key k = tu_key(1, 0);
+
+    if (!fsfx_usable())
+        cr_skip_test("no usable /dev/fuse or fusermount3: FUSE tests skipped");
+    cr_assert_eq(tu_store_write(S.store, 1, 1, 1, sizeof(buf), NULL, NULL, false), 0);
+    tu_fill(&k, want, sizeof(want));
+    snprintf(S.fx.mnt, sizeof(S.fx.mnt), "%s", S.mnt); /* the teardown's: detach if left */
+    for (size_t i = 0; i < sizeof(how) / sizeof(how[0]); i++) {
+        int rc = fsfx_sh("%s %ssocket=%s,hugepages=off,shard_size=64K,capacity=1M %s %s "
+                         ">/dev/null 2>&1",
+                         fsfx_daemon_bin(SHARDFS_BIN), how[i], S.sock, S.store, S.mnt);
+
+        cr_assert_eq(rc, 0, "%s: the daemonized start exited %d", how[i], rc);
+        cr_assert(fsfx_is_mounted(S.mnt), "%s: not mounted when the start returned", how[i]);
+        cr_assert_eq(fsfx_read_all(fsfx_shard_path(&S.fx, 1, 0), buf, sizeof(buf)),
+                     (long)sizeof(buf), "%s: a read", how[i]);
+        cr_assert_eq(memcmp(buf, want, sizeof(buf)), 0, "%s: the shard's bytes", how[i]);
+        cr_assert_eq(fsfx_sh("fusermount3 -u '%s'", S.mnt), 0, "%s: unmount", how[i]);
+        for (int t = 0; t < 500 && access(S.sock, F_OK) == 0; t++)
+            fsfx_sleep_ms(10); /* the daemon removes its socket as it exits */
+        cr_assert_neq(access(S.sock, F_OK), 0, "%s: the daemon did not exit", how[i]);
+    }
 }
