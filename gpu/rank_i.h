@@ -79,6 +79,7 @@ struct rank_item {
     uint8_t step;          /* enum item_step */
     bool leased;
     bool bounce;    /* dump through a private buffer (key leased elsewhere) */
+    bool behind;    /* a write-behind dump whose entry ended: its store write runs on */
     uint8_t pregot; /* load: PREGOT_* -- the submitting thread's inline try already Got it */
     struct sfs_key key;
     struct sfs_lease lease;
@@ -118,6 +119,7 @@ struct sfs_task {
     struct sfs_rank *rank;
     struct sfs_wq_node qn; /* in rank->tq */
     int kind;              /* ITEM_LOAD or ITEM_DUMP */
+    bool behind;           /* a dump submitted in SFS_DUMP_WRITE_BEHIND mode */
     size_t n;
     struct sfs_rank_entry *entries;
     struct sfs_rank_piece *pieces; /* the vectored entries' pieces; NULL: none */
@@ -163,6 +165,13 @@ struct sfs_rank {
     bool rotate;
     bool prealloc;
     bool query_only;
+    /* enum sfs_rank_dump_mode, for tasks submitted from now on. */
+    _Atomic int dump_mode;
+    /* Write-behind store writes that failed (their log lines are spaced out). */
+    _Atomic uint64_t behind_failed;
+    /* Test build: SHARDFS_RANK_BEHIND_HOLD_FD, a descriptor each background
+     * store write reads a byte from before it starts (owner.c); -1: none. */
+    int behind_hold_fd;
 #ifdef SFS_BENCH_BASELINES
     /* The benchmarks' baselines (rank_blocking_waits(), rank_inline_off()). */
     bool blocking_waits; /* SHARDFS_RANK_BLOCKING_WAITS (loadqueue.c) */
@@ -305,6 +314,12 @@ static inline void rank_push_work(struct sfs_rank *rk, struct rank_item *it)
 /* complete.c: the end of an item or a task; calls nothing above it. */
 void sfs_item_done(struct rank_item *it, int status);
 void sfs_item_dump_copied(struct rank_item *it);
+/* A write-behind dump's bytes are in its slot: publish it Ready and end its
+ * entry (status 0), keeping the lease for the background store write, which
+ * sfs_item_behind_done() ends. -errno: not published (the caller ends the
+ * item with it). */
+int sfs_item_publish_behind(struct rank_item *it);
+void sfs_item_behind_done(struct rank_item *it, int result);
 /* An owner load past its deadline: its entry ends with `status` now, the
  * lease stays (the backend may still write the slot). The caller holds a
  * task reference and an active count for the load, which
