@@ -150,38 +150,92 @@ void sfs_item_dump_copied(struct rank_item *it)
         sfs_item_done(it, r);
         return;
     }
-    if (it->task->behind && !it->bounce) { /* a bounced one does it once it has its slot */
-        int r = sfs_item_publish_behind(it);
-
-        if (r < 0) {
-            sfs_item_done(it, r);
-            return;
-        }
-    }
     it->step = STEP_DUMP_SUBMIT;
+    if (it->task->behind && !it->bounce) { /* a bounced one does it once it has its slot */
+        int r = sfs_item_publish_behind(it, false);
+
+        if (r < 0)
+            sfs_item_done(it, r);
+        return; /* held, or handed to a worker */
+    }
     rank_push_work(rk, it);
+}
+
+/* Hand a chain of held items (linked by own_next) to the workers. */
+static void push_held(struct sfs_rank *rk, struct rank_item *it)
+{
+    while (it) {
+        struct rank_item *next = it->own_next;
+
+        it->own_next = NULL;
+        rank_push_work(rk, it);
+        it = next;
+    }
+}
+
+void sfs_task_no_hold(struct sfs_task *t)
+{
+    struct rank_item *held;
+
+    pthread_mutex_lock(&t->mu);
+    t->no_hold = true;
+    held = t->held_head;
+    t->held_head = t->held_tail = NULL;
+    t->nheld = 0;
+    pthread_mutex_unlock(&t->mu);
+    push_held(t->rank, held);
 }
 
 /* The entry ends now, as an expired load's does (sfs_item_expire), and the
  * item lives on with a task reference and an active count of its own, so
  * close and a re-attach wait for the store write; sfs_item_behind_done()
- * drops them with the lease. */
-int sfs_item_publish_behind(struct rank_item *it)
+ * drops them with the lease. An item of the copier is handed to a worker
+ * here: held back while the task still copies (and no dump of it bounced,
+ * and fewer than RANK_BEHIND_HOLD_MAX are held), all at once when its last
+ * entry ends. A worker's (a bounced dump that took its slot) writes it
+ * itself. */
+int sfs_item_publish_behind(struct rank_item *it, bool worker)
 {
     struct sfs_rank *rk = it->rank;
     struct sfs_task *t = it->task;
+    struct rank_item *held = NULL;
+    bool hold, finished;
     int r = sfs_cache_publish(rk->cache, &it->lease, rk->shard_size, SFS_PUBLISH_WRITTEN);
 
     if (r < 0)
         return r;
-    pthread_mutex_lock(&t->mu);
-    t->refs++;
-    pthread_mutex_unlock(&t->mu);
     pthread_mutex_lock(&rk->mu);
     rk->active++;
     pthread_mutex_unlock(&rk->mu);
     it->behind = true;
-    entry_end(rk, t, it->idx, 0);
+    it->own_next = NULL;
+    pthread_mutex_lock(&t->mu);
+    t->refs++;
+    t->status[it->idx] = 0;
+    finished = --t->pending == 0;
+    hold = !worker && !finished && !t->no_hold && t->nheld < RANK_BEHIND_HOLD_MAX;
+    if (hold) {
+        if (t->held_tail)
+            t->held_tail->own_next = it;
+        else
+            t->held_head = it;
+        t->held_tail = it;
+        t->nheld++;
+    } else if (!worker || finished) {
+        held = t->held_head;
+        t->held_head = t->held_tail = NULL;
+        t->nheld = 0;
+    }
+    if (finished)
+        pthread_cond_broadcast(&t->cv);
+    pthread_mutex_unlock(&t->mu);
+    if (!worker && !hold)
+        rank_push_work(rk, it);
+    push_held(rk, held);
+    if (finished) {
+        sfs_rank_active_put(rk);
+        sfs_task_unref(t); /* the completion reference; ours keeps it */
+    }
     return 0;
 }
 

@@ -409,7 +409,7 @@ static void submit_dump(struct rank_item *it)
     if (it->bounce && !bounce_take_slot(it))
         return;
     if (it->task->behind && !it->behind) {
-        r = sfs_item_publish_behind(it);
+        r = sfs_item_publish_behind(it, true);
         if (r < 0) {
             sfs_item_done(it, r);
             return;
