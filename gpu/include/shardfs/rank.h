@@ -74,8 +74,8 @@ struct sfs_rank_config {
     bool prealloc;
     /* enum sfs_rank_copier (default AUTO). */
     int copier;
-    /* Worker threads that submit write-through dumps and load keys taken
-     * over from a dead owner (default 4; 0 is taken as 4). Keys other ranks
+    /* Worker threads that submit dumps (and write-behind dumps' store
+     * writes) and load keys taken over from a dead owner (default 4; 0 is taken as 4). Keys other ranks
      * are loading are not waited on by these: watcher threads, started as
      * needed, each sleep on up to SFS_WAIT_ANY_MAX of them at once, so no
      * waiting key is held behind another. (Named `waiters` in 0.1.0; same
