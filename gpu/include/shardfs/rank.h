@@ -75,11 +75,11 @@ struct sfs_rank_config {
     /* enum sfs_rank_copier (default AUTO). */
     int copier;
     /* Worker threads that submit dumps (and write-behind dumps' store
-     * writes) and load keys taken over from a dead owner (default 4; 0 is taken as 4). Keys other ranks
-     * are loading are not waited on by these: watcher threads, started as
-     * needed, each sleep on up to SFS_WAIT_ANY_MAX of them at once, so no
-     * waiting key is held behind another. (Named `waiters` in 0.1.0; same
-     * place in the struct.) */
+     * writes) and load keys taken over from a dead owner (default 4; 0 is
+     * taken as 4). Keys other ranks are loading are not waited on by these:
+     * watcher threads, started as needed, each sleep on up to
+     * SFS_WAIT_ANY_MAX of them at once, so no waiting key is held behind
+     * another. (Named `waiters` in 0.1.0; same place in the struct.) */
     unsigned workers;
     /* Deadline for one key, ms: a key another rank is loading, this rank's
      * own backend load of a key (a store that stops answering), or a cache
