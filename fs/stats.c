@@ -181,6 +181,15 @@ size_t fs_stats_text(struct fs *fs, char *buf, size_t len)
     C("prealloc_total", "Idle slots placed by Prealloc.", s.prealloc);
     C("touched_total", "Slots marked by Touch.", s.touched);
     C("reaped_total", "Dead processes reaped.", s.reaped);
+    {
+        struct sfs_behind_stats wb;
+
+        sfs_cache_behind_stats(fs->cache, &wb);
+        C("write_behind_total",
+          "Write-behind dumps of the ranks whose background store write ended well.", wb.written);
+        C("write_behind_failed_total",
+          "Write-behind dumps whose background store write failed: in memory only.", wb.failed);
+    }
     C("fs_reads_total", "Read requests on shard files.", L(reads));
     C("fs_read_bytes_total", "Bytes answered to reads of shard files.", L(read_bytes));
     C("fs_writes_total", "Shards stored through the mount.", L(writes));

@@ -106,6 +106,7 @@ struct batch {
     size_t n;       /* items */
     size_t ncopies; /* copies */
     bool dump;      /* every item STEP_COPY_IN; else every item STEP_COPY_OUT */
+    bool behind;    /* dump: every item a write-behind dump's (ops->dump_behind) */
 };
 
 /* The copier thread's batches: one being filled, and with a pipelining
@@ -377,7 +378,9 @@ static void batch_run(struct sfs_rank *rk, struct copier_state *st)
         return;
     batch_prepare(rk, b);
     if (!ops->start) {
-        (b->dump ? ops->dump : ops->load)(rk->copier, b->copies, b->ncopies);
+        (!b->dump                        ? ops->load
+         : b->behind && ops->dump_behind ? ops->dump_behind
+                                         : ops->dump)(rk->copier, b->copies, b->ncopies);
         batch_release(rk, b);
         return;
     }
@@ -403,6 +406,9 @@ static void batch_add(struct sfs_rank *rk, struct copier_state *st, struct rank_
         batch_run(rk, st);
         b = &st->b[st->fill];
     }
+    if (b->n == 0)
+        b->behind = true;
+    b->behind = b->behind && dump && it->task->behind;
     b->dump = dump;
     b->first[b->n] = (uint32_t)b->ncopies;
     b->items[b->n++] = it;

@@ -4,15 +4,21 @@
  * destinations. Used when there is no GPU, when the library was built
  * without CUDA, and for the scheduler-free test and benchmark paths.
  *
- * A load batch of HOST_STREAM_MIN bytes or more is copied with
+ * A load batch, or a batch of write-behind dumps, of HOST_STREAM_MIN bytes
+ * or more is copied with
  * non-temporal stores (x86-64): memcpy of each piece (32 KiB pages of a
  * vLLM block) stays below glibc's own streaming threshold, so every
  * destination line is read before it is written: half as much memory
  * traffic again, for bytes that leave the caches before anyone reads them (a batch
  * of a few MiB, on its way to a GPU or to a KV cache the size of RAM).
- * Dumps keep memcpy: the slot they write is read at once by the store's
- * write. Pieces under 4 KiB, and the ends of a piece not 16-byte aligned,
- * go through memcpy.
+ * Write-through dumps keep memcpy: the slot they write is read at once by
+ * the store's write. A write-behind dump's store write starts only once
+ * its task has ended (complete.c holds it back), after the rest of a batch
+ * this big went through the caches, so its batch is streamed too: 64 x
+ * 512 KiB write-behind dumps, best of 30, back to back on a loaded 2-CPU
+ * host: 5.08-5.13 ms with memcpy, 4.52-4.63 ms streamed, numpy's copy of
+ * the same bytes 4.58-4.71 ms. Pieces under 4 KiB, and the ends of a piece
+ * not 16-byte aligned, go through memcpy.
  */
 #include "copier_i.h"
 
@@ -104,6 +110,7 @@ static const struct sfs_copier_ops host_ops = {
     .host_memory = true,
     .load = host_load,
     .dump = host_copy,
+    .dump_behind = host_load, /* streamed as a load is: nobody reads the slots soon */
     .close = host_close,
     .load_inline = host_copy, /* memcpy: any thread */
 };

@@ -75,6 +75,11 @@ struct sfs_copier_ops {
      * no batch can still be given it (any thread, the copier open or not). */
     int (*gate_open)(struct sfs_copier *cp, void *event, void **gate);
     void (*gate_close)(void *gate);
+    /* Optional (NULL: dump). A dump batch of write-behind dumps only, whose
+     * slots nobody reads soon (their store writes start once their task
+     * ended): as dump, but the destinations need not stay in the caches.
+     * Only a copier without start is given one. */
+    int (*dump_behind)(struct sfs_copier *cp, struct sfs_copy *v, size_t n);
 };
 
 /* The most copies one load_inline call gets (rank_i.h's RANK_INLINE_KEYS_MAX). */

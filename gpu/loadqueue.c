@@ -356,6 +356,8 @@ static void dispatch_dump(struct sfs_rank *rk, struct rank_item *it)
         }
         it->bounce = true;
         rank_ctr_add(rk, RC_DUMPS_BOUNCED, 1);
+        if (it->task->behind)
+            sfs_task_no_hold(it->task);
         it->step = STEP_COPY_IN;
         rank_push_copy(rk, it);
         return;

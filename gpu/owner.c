@@ -18,6 +18,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 /* ---------------------------------------------------------------------------
  * Depth tokens: backend requests in flight.
@@ -324,6 +325,12 @@ static void dump_done(struct sfs_io *io)
     int res = io->result;
 
     sfs_own_token_put(rk);
+    if (it->behind) { /* Ready since its publish: nothing to settle */
+        if (res >= 0 && res != (int)io->len)
+            res = -EIO; /* short */
+        sfs_item_behind_done(it, res < 0 ? res : 0);
+        return;
+    }
     if (!it->bounce)
         res = sfs_cache_settle(rk->cache, &it->lease, res, io->len, SFS_PUBLISH_WRITTEN);
     else if (res >= 0 && res != (int)io->len)
@@ -375,7 +382,24 @@ static bool bounce_take_slot(struct rank_item *it)
     return true;
 }
 
-/* A worker thread: the bytes are in it->buf; write them through. */
+/* Test build: a background store write waits for a byte (or EOF) on the
+ * descriptor SHARDFS_RANK_BEHIND_HOLD_FD names, so a test holds it exactly
+ * as long as it needs. */
+static void behind_hold(struct sfs_rank *rk)
+{
+#ifdef SFS_TEST_HOOKS
+    char b;
+
+    if (rk->behind_hold_fd >= 0)
+        while (read(rk->behind_hold_fd, &b, 1) < 0 && errno == EINTR)
+            ;
+#else
+    (void)rk;
+#endif
+}
+
+/* A worker thread: the bytes are in it->buf; write them through (a
+ * write-behind dump: publish first, unless the copier did). */
 static void submit_dump(struct rank_item *it)
 {
     struct sfs_rank *rk = it->rank;
@@ -384,13 +408,25 @@ static void submit_dump(struct rank_item *it)
 
     if (it->bounce && !bounce_take_slot(it))
         return;
+    if (it->task->behind && !it->behind) {
+        r = sfs_item_publish_behind(it, true);
+        if (r < 0) {
+            sfs_item_done(it, r);
+            return;
+        }
+    }
+    if (it->behind)
+        behind_hold(rk);
     sfs_own_token_get(rk);
     io_prep(it, dump_done);
     rank_ctr_add(rk, RC_DUMPS, 1);
     r = sfs_backend_dump(rk->be, &iop, 1);
     if (r < 0) {
         sfs_own_token_put(rk);
-        sfs_item_done(it, r); /* released unpublished: Idle (sfs_cache_settle()) */
+        if (it->behind)
+            sfs_item_behind_done(it, r);
+        else
+            sfs_item_done(it, r); /* released unpublished: Idle (sfs_cache_settle()) */
     }
 }
 

@@ -126,6 +126,12 @@ struct sfs_rank *rank_open_0_2(const struct sfs_rank_config *cfg, int *err)
     pthread_condattr_destroy(&ca);
     pthread_rwlock_init(&rk->link_rw, NULL);
     rk->link_stop_fd = -1;
+    rk->behind_hold_fd = -1;
+#ifdef SFS_TEST_HOOKS
+    /* Test hook: hold each write-behind store write (owner.c). */
+    if (getenv("SHARDFS_RANK_BEHIND_HOLD_FD"))
+        rk->behind_hold_fd = atoi(getenv("SHARDFS_RANK_BEHIND_HOLD_FD"));
+#endif
     r = sfs_workq_init(&rk->tq);
     if (r == 0 && (r = sfs_workq_init(&rk->ready)) < 0)
         sfs_workq_destroy(&rk->tq);
@@ -299,6 +305,15 @@ int sfs_rank_set_class(struct sfs_rank *rk, const char *name)
         return -EINVAL;
     snprintf(rk->cls, sizeof(rk->cls), "%s", name);
     return sfs_cache_set_class(rk->cache, name);
+}
+
+int sfs_rank_set_dump_mode(struct sfs_rank *rk, int mode)
+{
+    if (!rk || (mode != SFS_DUMP_WRITE_THROUGH && mode != SFS_DUMP_WRITE_BEHIND))
+        return -EINVAL;
+    /* Relaxed: read at each submit (task.c); no other memory goes with it. */
+    atomic_store_explicit(&rk->dump_mode, mode, memory_order_relaxed);
+    return 0;
 }
 
 void sfs_rank_stats(struct sfs_rank *rk, struct sfs_rank_stats *o)

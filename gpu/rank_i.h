@@ -79,6 +79,7 @@ struct rank_item {
     uint8_t step;          /* enum item_step */
     bool leased;
     bool bounce;    /* dump through a private buffer (key leased elsewhere) */
+    bool behind;    /* a write-behind dump whose entry ended: its store write runs on */
     uint8_t pregot; /* load: PREGOT_* -- the submitting thread's inline try already Got it */
     struct sfs_key key;
     struct sfs_lease lease;
@@ -93,7 +94,9 @@ struct rank_item {
     struct sfs_io io;
     int64_t start_ns; /* its wait, or its backend load, began (the histograms) */
     /* A task's owner load in the backend (owner.c): on rk->own_* from its
-     * submit to its completion or its deadline. */
+     * submit to its completion or its deadline. A write-behind dump held
+     * back (complete.c): own_next links its task's held chain (under the
+     * task's mu). */
     struct rank_item *own_prev, *own_next; /* under rk->own_mu */
     bool expired; /* under rk->own_mu: failed at its deadline; the load ends alone */
 };
@@ -118,6 +121,14 @@ struct sfs_task {
     struct sfs_rank *rank;
     struct sfs_wq_node qn; /* in rank->tq */
     int kind;              /* ITEM_LOAD or ITEM_DUMP */
+    bool behind;           /* a dump submitted in SFS_DUMP_WRITE_BEHIND mode */
+    /* Write-behind: store writes held back until the task completes (so
+     * they do not share the CPUs with its copies), at most
+     * RANK_BEHIND_HOLD_MAX; no_hold once a dump of the task bounced (it may
+     * wait for a held one's lease). Under mu. */
+    struct rank_item *held_head, *held_tail;
+    unsigned nheld;
+    bool no_hold;
     size_t n;
     struct sfs_rank_entry *entries;
     struct sfs_rank_piece *pieces; /* the vectored entries' pieces; NULL: none */
@@ -163,6 +174,13 @@ struct sfs_rank {
     bool rotate;
     bool prealloc;
     bool query_only;
+    /* enum sfs_rank_dump_mode, for tasks submitted from now on. */
+    _Atomic int dump_mode;
+    /* Write-behind store writes that failed (their log lines are spaced out). */
+    _Atomic uint64_t behind_failed;
+    /* Test build: SHARDFS_RANK_BEHIND_HOLD_FD, a descriptor each background
+     * store write reads a byte from before it starts (owner.c); -1: none. */
+    int behind_hold_fd;
 #ifdef SFS_BENCH_BASELINES
     /* The benchmarks' baselines (rank_blocking_waits(), rank_inline_off()). */
     bool blocking_waits; /* SHARDFS_RANK_BLOCKING_WAITS (loadqueue.c) */
@@ -258,6 +276,9 @@ static inline void rank_ctr_add(struct sfs_rank *rk, enum rank_ctr c, uint64_t v
 /* The core's logger (util.c, linked into this library). */
 void sfs_log(int level, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 
+/* Write-behind store writes a task holds back at most (complete.c). */
+#define RANK_BEHIND_HOLD_MAX 64u
+
 /* A backend reports bytes moved in an int (struct sfs_io): a bigger shard
  * would read as an error. sfs_rank_open() refuses a cache past it. */
 #define RANK_SHARD_MAX ((uint32_t)INT32_MAX)
@@ -305,6 +326,15 @@ static inline void rank_push_work(struct sfs_rank *rk, struct rank_item *it)
 /* complete.c: the end of an item or a task; calls nothing above it. */
 void sfs_item_done(struct rank_item *it, int status);
 void sfs_item_dump_copied(struct rank_item *it);
+/* A write-behind dump's bytes are in its slot: publish it Ready and end its
+ * entry (status 0), keeping the lease for the background store write, which
+ * sfs_item_behind_done() ends. The copier's items (worker false) go to a
+ * worker from here; a worker (a bounced dump) writes its own. -errno: not
+ * published (the caller ends the item with it). */
+int sfs_item_publish_behind(struct rank_item *it, bool worker);
+void sfs_item_behind_done(struct rank_item *it, int result);
+/* A dump of task t bounced: hand on its held store writes, hold no more. */
+void sfs_task_no_hold(struct sfs_task *t);
 /* An owner load past its deadline: its entry ends with `status` now, the
  * lease stays (the backend may still write the slot). The caller holds a
  * task reference and an active count for the load, which

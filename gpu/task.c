@@ -107,6 +107,10 @@ static int submit_entered(struct sfs_rank *rk, struct entries_in in, size_t n, i
         memcpy(t->entries, in.plain, n * sizeof(*in.plain));
     t->rank = rk;
     t->kind = kind;
+    /* Relaxed: the mode the caller set before this call (same thread), or
+     * either one when another thread changes it meanwhile. */
+    t->behind = kind == ITEM_DUMP &&
+                atomic_load_explicit(&rk->dump_mode, memory_order_relaxed) == SFS_DUMP_WRITE_BEHIND;
     t->n = n;
     t->pending = n;
     t->refs = 3; /* caller, dispatcher, completion */

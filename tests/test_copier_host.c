@@ -85,6 +85,18 @@ Test(copier_host, a_load_batch_of_over_a_mib_is_copied_exactly)
     cp->ops->close(cp);
 }
 
+Test(copier_host, a_write_behind_dump_batch_of_over_a_mib_is_copied_exactly)
+{
+    int err = 0;
+    struct sfs_copier *cp = sfs_copier_host_open(&err);
+
+    cr_assert_not_null(cp);
+    cr_assert_not_null(cp->ops->dump_behind);
+    round_trip(cp->ops->dump_behind, cp, 8); /* 8 x 214 KiB: streamed */
+    round_trip(cp->ops->dump_behind, cp, 1); /* under a MiB: memcpy */
+    cp->ops->close(cp);
+}
+
 Test(copier_host, small_batches_dumps_and_inline_loads_are_copied_exactly)
 {
     int err = 0;

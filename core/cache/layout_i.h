@@ -82,6 +82,8 @@ enum sfs_ctr {
     CTR_PREALLOC,
     CTR_TOUCHED,
     CTR_REAPED,
+    CTR_BEHIND_WRITTEN, /* write-behind dumps whose background store write ended well */
+    CTR_BEHIND_FAILED,  /* ... and failed (the shard stays in memory only) */
     CTR_COUNT
 };
 

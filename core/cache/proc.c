@@ -280,9 +280,9 @@ static void fill_stats(struct sfs_cache *c, const int64_t *acc, struct sfs_stats
     o->reaped = (uint64_t)acc[CTR_REAPED];
 }
 
-void sfs_cache_stats(struct sfs_cache *c, struct sfs_stats *out)
+/* Every process's counters, the gone ones' included, into acc. */
+static void sum_all(struct sfs_cache *c, int64_t *acc)
 {
-    int64_t acc[CTR_COUNT] = {0};
     /* Under proc_lock a fold is never seen half-done; past LOCK_WAIT_NS (a
      * stopped holder) the sum is taken without it, a snapshot as good as
      * any counter read one by one. */
@@ -294,7 +294,34 @@ void sfs_cache_stats(struct sfs_cache *c, struct sfs_stats *out)
         sum_proc(c, i, acc);
     if (locked)
         pthread_mutex_unlock(&c->hdr->proc_lock);
+}
+
+void sfs_cache_stats(struct sfs_cache *c, struct sfs_stats *out)
+{
+    int64_t acc[CTR_COUNT] = {0};
+
+    sum_all(c, acc);
     fill_stats(c, acc, out);
+}
+
+void sfs_cache_count_behind(struct sfs_cache *c, int result)
+{
+    if (c)
+        sfs_ctr_add(c, result < 0 ? CTR_BEHIND_FAILED : CTR_BEHIND_WRITTEN, 1);
+}
+
+void sfs_cache_behind_stats(struct sfs_cache *c, struct sfs_behind_stats *out)
+{
+    int64_t acc[CTR_COUNT] = {0};
+
+    if (!out)
+        return;
+    memset(out, 0, sizeof(*out));
+    if (!c)
+        return;
+    sum_all(c, acc);
+    out->written = (uint64_t)acc[CTR_BEHIND_WRITTEN];
+    out->failed = (uint64_t)acc[CTR_BEHIND_FAILED];
 }
 
 void sfs_cache_stats_local(struct sfs_cache *c, struct sfs_stats *out)

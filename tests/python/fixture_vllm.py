@@ -70,9 +70,9 @@ def offloading_config(extra, page_bytes, layers, world=1, rank=0, replicated=Fal
         replicated_layout=replicated)
 
 
-def extra_config(sock, store, **kw):
+def extra_config(sock, store_dir, **kw):
     d = {"spec_name": "ShardfsOffloadingSpec", "spec_module_path": "shardfs.vllm",
-         "shardfs_socket": sock, "shardfs_store": store}
+         "shardfs_socket": sock, "shardfs_store": store_dir}
     d.update(kw)
     return d
 

@@ -227,6 +227,19 @@ class OneRank(fixture.RankCase):
             line = f'shardfs_class_served_total{{class="pyclass",tier="{tier}"}} {n}\n'
             self.assertIn(line, text)
 
+    def test_dump_mode_write_behind_and_a_bad_one(self):
+        with self.assertRaises(shardfs.InvalidArgument):
+            shardfs.Rank(mount=D.mnt, backend=D.store, dump_mode="sometimes")
+        block = fixture.block(0, b"behind")
+        src = bytes(range(256)) * (SIZE // 256)
+        with shardfs.Rank(mount=D.mnt, backend=D.store, dump_mode="write-behind") as r:
+            self.assertEqual(r.dump_mode, "write-behind")
+            self.assertEqual(r.dump([(block, 0, src)]).wait(), [0])
+        # Closed: every background store write ended.
+        path = os.path.join(D.store, "data", block.hex())
+        with open(path, "rb") as f:
+            self.assertEqual(f.read(SIZE), src)
+
     def test_wait_timeout_then_wait(self):
         b = fixture.block(1, b"slow")
         fixture.write_block(D.store, b, 1, SIZE)

@@ -30,7 +30,12 @@ Claims:
   * TP: each worker stores its slice as its own shard, and a block is a hit
     only when every slice is there; MLA (replicated): one shard per block,
     stored once, every rank loads the same bytes;
-  * the wrong shard size fails at the worker, naming the size to mount with.
+  * the wrong shard size fails at the worker, naming the size to mount with;
+  * stores are write-behind by default: a job ends once its blocks are in
+    the node's cache, loadable from memory, and the store gets the exact
+    bytes after (/stats counts the background writes); a failed background
+    write is counted and the block stays loadable; "store": "write-through"
+    ends a job once the store has the blocks.
 """
 import ctypes
 import errno
@@ -202,7 +207,9 @@ class RoundTrip(VllmCase):
         """Two GPU blocks per offloaded block (2 layers of PAGE: the shard is
         layer 0's two pages, then layer 1's): a job that starts in the middle
         of a chunk moves its pages only; a store's holes are zeros."""
-        spec, manager, worker, cache = self.engine(page=PAGE, layers=2, seed=15, blocks_per_chunk=2)
+        # Write-through: the store holds the bytes when the job ends.
+        spec, manager, worker, cache = self.engine(page=PAGE, layers=2, seed=15, blocks_per_chunk=2,
+                                                   extra={"store": "write-through"})
         hashes = fv.block_hashes(seed=15, n=3)
         keys = fv.keys_of(hashes)
         out = manager.prepare_store(keys[:2], None)
@@ -251,6 +258,68 @@ class RoundTrip(VllmCase):
     def test_the_wrong_shard_size_names_the_size_to_mount_with(self):
         with self.assertRaisesRegex(ValueError, rf"-o shard_size={PAGE * 2}\b"):
             self.engine(page=PAGE, layers=2)
+
+
+class StoreModes(VllmCase):
+    """The extra config's "store": write-behind (the default) ends a store
+    job once its blocks are Ready in the node's cache, the store's copy
+    following; write-through once the store has them too."""
+
+    def block_file(self, spec, key):
+        return os.path.join(self.d.store, "data", spec.block_of(key).hex())
+
+    def store_holds(self, spec, cache, hashes, src):
+        for key, s in zip(fv.keys_of(hashes), src):
+            try:
+                with open(self.block_file(spec, key), "rb") as f:
+                    if f.read() != cache.block(s):
+                        return False
+            except FileNotFoundError:
+                return False
+        return True
+
+    def test_write_behind_is_the_default_and_the_store_follows(self):
+        spec, manager, worker, cache = self.engine(seed=21)
+        self.assertEqual(spec.store_mode, "write-behind")
+        self.assertEqual(worker.link.get().dump_mode, "write-behind")
+        hashes = fv.block_hashes(seed=21, n=4)
+        src, dst = [0, 1, 2, 3], [8, 9, 10, 11]
+        self.assertEqual(len(fv.store(spec, manager, worker, cache, hashes, src, job_id=1)), 4)
+        loads = self.d.stats().get("shardfs_owner_loads_total", 0)
+        self.assertTrue(fv.load(manager, worker, cache, hashes, dst, job_id=2).success)
+        for s, t in zip(src, dst):
+            self.assertEqual(cache.block(t), cache.block(s))
+        self.assertEqual(self.d.stats().get("shardfs_owner_loads_total", 0), loads)  # memory
+        until(lambda: self.d.stats().get("shardfs_write_behind_total", 0) >= 4,
+              "the background store writes")
+        self.assertTrue(self.store_holds(spec, cache, hashes, src))
+        self.assertEqual(self.d.stats().get("shardfs_write_behind_failed_total", 0), 0)
+
+    def test_write_through_on_request(self):
+        spec, manager, worker, cache = self.engine(seed=22, extra={"store": "write-through"})
+        self.assertEqual(worker.link.get().dump_mode, "write-through")
+        hashes = fv.block_hashes(seed=22, n=3)
+        self.assertEqual(len(fv.store(spec, manager, worker, cache, hashes, [0, 1, 2], job_id=1)), 3)
+        self.assertTrue(self.store_holds(spec, cache, hashes, [0, 1, 2]))
+        self.assertEqual(self.d.stats().get("shardfs_write_behind_total", 0), 0)
+
+    def test_a_failed_background_write_is_counted_and_the_block_stays_loadable(self):
+        spec, manager, worker, cache = self.engine(
+            seed=23, extra={"shardfs_backend": f"fault:eio=1:{self.d.store}"})
+        hashes = fv.block_hashes(seed=23, n=3)
+        self.assertEqual(len(fv.store(spec, manager, worker, cache, hashes, [0, 1, 2], job_id=1)), 3)
+        until(lambda: self.d.stats().get("shardfs_write_behind_failed_total", 0) >= 3,
+              "the failed background writes counted in /stats")
+        for key in fv.keys_of(hashes):
+            self.assertFalse(os.path.exists(self.block_file(spec, key)))
+        res = fv.load(manager, worker, cache, hashes, [8, 9, 10], job_id=2)
+        self.assertTrue(res.success)
+        for s, t in zip([0, 1, 2], [8, 9, 10]):
+            self.assertEqual(cache.block(t), cache.block(s))
+
+    def test_an_unknown_store_mode_is_refused(self):
+        with self.assertRaisesRegex(ValueError, r"store='sometimes'"):
+            self.engine(extra={"store": "sometimes"})
 
 
 class DaemonGone(VllmCase):

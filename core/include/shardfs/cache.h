@@ -522,6 +522,25 @@ SFS_API void sfs_cache_stats(struct sfs_cache *c, struct sfs_stats *out);
 SFS_API void sfs_cache_stats_local(struct sfs_cache *c, struct sfs_stats *out);
 
 /*
+ * Write-behind dumps (libshardfs-rank's sfs_rank_set_dump_mode(), docs/rank.md):
+ * a shard published Ready before the store had it, whose store write then
+ * ran in the background. `written`: those writes that ended with the store
+ * holding the shard; `failed`: those that failed, leaving the shard in
+ * memory only (the daemon's shardfs_write_behind_failed_total). Summed over
+ * every process that was ever attached. (ABI: new in SHARDFS_RANK_0.5.)
+ */
+struct sfs_behind_stats {
+    uint64_t written;
+    uint64_t failed;
+};
+
+SFS_API void sfs_cache_behind_stats(struct sfs_cache *c, struct sfs_behind_stats *out);
+
+/* The writer of a write-behind dump counts how its background store write
+ * ended (result < 0: failed), in this process's record. */
+SFS_API void sfs_cache_count_behind(struct sfs_cache *c, int result);
+
+/*
  * Where reads were served from, by requester class, and latency histograms
  * (the daemon's /stats). A Get is served from MEMORY when it found the
  * shard Ready or waited for another's load (derived from the counters above:

@@ -74,12 +74,12 @@ struct sfs_rank_config {
     bool prealloc;
     /* enum sfs_rank_copier (default AUTO). */
     int copier;
-    /* Worker threads that submit write-through dumps and load keys taken
-     * over from a dead owner (default 4; 0 is taken as 4). Keys other ranks
-     * are loading are not waited on by these: watcher threads, started as
-     * needed, each sleep on up to SFS_WAIT_ANY_MAX of them at once, so no
-     * waiting key is held behind another. (Named `waiters` in 0.1.0; same
-     * place in the struct.) */
+    /* Worker threads that submit dumps (and write-behind dumps' store
+     * writes) and load keys taken over from a dead owner (default 4; 0 is
+     * taken as 4). Keys other ranks are loading are not waited on by these:
+     * watcher threads, started as needed, each sleep on up to
+     * SFS_WAIT_ANY_MAX of them at once, so no waiting key is held behind
+     * another. (Named `waiters` in 0.1.0; same place in the struct.) */
     unsigned workers;
     /* Deadline for one key, ms: a key another rank is loading, this rank's
      * own backend load of a key (a store that stops answering), or a cache
@@ -161,9 +161,43 @@ SFS_API int sfs_rank_load(struct sfs_rank *rank, const struct sfs_rank_entry *en
  * dumped once its slot can be taken; -ETIMEDOUT, with nothing stored, when
  * it stays leased past key_timeout_ms. Several entries with the same key
  * commit in an unspecified order. Returns as sfs_rank_load().
+ * sfs_rank_set_dump_mode(SFS_DUMP_WRITE_BEHIND) ends the entry at the
+ * publish instead, the backend dump following in the background.
  */
 SFS_API int sfs_rank_dump(struct sfs_rank *rank, const struct sfs_rank_entry *entries, size_t n,
                           struct sfs_task **task);
+
+/* How a dump's entry ends (sfs_rank_set_dump_mode()). */
+enum sfs_rank_dump_mode {
+    SFS_DUMP_WRITE_THROUGH = 0, /* once the backend has the shard (the default) */
+    SFS_DUMP_WRITE_BEHIND = 1,  /* once the slot is published Ready; the store write follows */
+};
+
+/*
+ * Choose how the dumps this rank submits from now on end (a task submitted
+ * before the call keeps the mode it was submitted with).
+ *
+ * SFS_DUMP_WRITE_BEHIND: an entry completes (status 0) as soon as its bytes
+ * are in the key's slot and the slot is published Ready: every rank and
+ * engine of the node loads it from memory at once. The backend dump then
+ * runs in the background while this rank keeps its lease on the slot, so
+ * the CLOCK hand cannot evict it and another writer of the key (a dump of
+ * any rank, a write through the mount) waits for the slot as it waits for
+ * any lease: writes of a key still commit one at a time, in the cache's
+ * order. When the background write ends the lease goes, and the cache and
+ * the store hold the same bytes. A background write that fails is logged
+ * and counted (sfs_cache_behind_stats(); the daemon's
+ * shardfs_write_behind_failed_total) and leaves the shard Ready in memory
+ * only: until the slot is evicted or rewritten readers get these bytes, and
+ * after an eviction a load gets what the store still has (the older
+ * version, or a miss). sfs_rank_close() waits for the background writes
+ * (each bounded by the backend's deadline, key_timeout_ms for a posix
+ * store); a rank killed during one leaves its lease to the daemon's reaper:
+ * the shard stays Ready, the store lacks it. Without a backend the two
+ * modes are one. Returns 0, -EINVAL for a bad rank or mode.
+ * (ABI: new in SHARDFS_RANK_0.5.)
+ */
+SFS_API int sfs_rank_set_dump_mode(struct sfs_rank *rank, int mode);
 
 /* One piece of a shard, for the vectored calls: len bytes at addr (device or
  * host memory, as for an entry's addr). */

@@ -16,8 +16,11 @@ dynamic loader (ldconfig's cache, LD_LIBRARY_PATH). Nothing else is
 searched: a build tree's library is used by naming it in SHARDFS_LIB.
 """
 import ctypes
+import errno
 import os
 import threading
+
+from .errors import InvalidArgument, ShardfsError
 
 SONAME = "libshardfs-rank.so.0"
 BLOCK_ID_LEN = 16
@@ -26,6 +29,37 @@ BLOCK_ID_LEN = 16
 COPIER_AUTO = 0
 COPIER_HOST = 1
 COPIER_CUDA = 2
+# enum sfs_rank_dump_mode, by the names Rank(dump_mode=...) takes.
+DUMP_MODES = {"write-through": 0, "write-behind": 1}
+
+
+def dump_mode(name, handle):
+    """The value of dump mode `name` for library `handle`: InvalidArgument
+    for an unknown name, ENOTSUP for write-behind from a library older than
+    0.5 (sfs_rank_set_dump_mode)."""
+    if name not in DUMP_MODES:
+        raise InvalidArgument(f"Rank: dump_mode={name!r}: expected one of "
+                              f"{', '.join(map(repr, DUMP_MODES))}")
+    if DUMP_MODES[name] and not hasattr(handle, "sfs_rank_set_dump_mode"):
+        raise ShardfsError(errno.ENOTSUP, f"Rank: dump_mode={name!r}: the library at {path()} "
+                           "is older than 0.5 and writes dumps through")
+    return DUMP_MODES[name]
+
+
+def c_path(name, val):
+    """A path (or backend spec) as the C string the library reads, or None:
+    a str, bytes or os.PathLike without a NUL (C would read up to it)."""
+    if val is None:
+        return None
+    try:
+        raw = os.fsencode(val)
+    except TypeError:
+        raise InvalidArgument(f"Rank: {name}={val!r}: expected a path (str, bytes or "
+                              "os.PathLike)") from None
+    if b"\0" in raw:
+        raise InvalidArgument(f"Rank: {name}={val!r}: a path with a NUL byte (C would cut it "
+                              "there)")
+    return raw
 
 
 class BlockId(ctypes.Structure):
@@ -128,11 +162,13 @@ def _prototypes(lib):
         "sfs_rank_copier_name": (ctypes.c_char_p, [P]),
         "sfs_rank_cuda_devices": (ctypes.c_int, []),
         "sfs_rank_set_class": (ctypes.c_int, [P, ctypes.c_char_p]),
+        "sfs_rank_set_dump_mode": (ctypes.c_int, [P, ctypes.c_int]),
     }
     # New in SHARDFS_RANK_0.2 (pin) and 0.3 (the vectored calls): Rank.pin
     # and Rank.loadv/dumpv (and dumpv's after=) say when they are missing.
     optional = {"sfs_rank_pin", "sfs_rank_loadv", "sfs_rank_dumpv", "sfs_rank_dumpv_after",
-                "sfs_rank_set_class"}  # 0.4
+                "sfs_rank_set_class",  # 0.4
+                "sfs_rank_set_dump_mode"}  # 0.5
     for name, (res, args) in sig.items():
         if name in optional and not hasattr(lib, name):
             continue

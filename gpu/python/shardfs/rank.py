@@ -55,22 +55,6 @@ _INT_MAX = (1 << 31) - 1
 _INT_MIN = -(1 << 31)
 
 
-def _c_path(name, val):
-    """A path (or backend spec) as the C string the library reads, or None:
-    a str, bytes or os.PathLike without a NUL (C would read up to it)."""
-    if val is None:
-        return None
-    try:
-        raw = os.fsencode(val)
-    except TypeError:
-        raise InvalidArgument(f"Rank: {name}={val!r}: expected a path (str, bytes or "
-                              "os.PathLike)") from None
-    if b"\0" in raw:
-        raise InvalidArgument(f"Rank: {name}={val!r}: a path with a NUL byte (C would cut it "
-                              "there)")
-    return raw
-
-
 _tensor_type = None
 
 
@@ -332,7 +316,8 @@ class Rank:
         (struct sfs_rank_config; defaults are the library's); class_name:
         the requester class the daemon's /stats counts this rank's reads
         under (sfs_rank_set_class; "rank" by default; the adapters pass
-        "ucm", "sglang", "vllm"), 1..15 of [A-Za-z0-9_.-].
+        "ucm", "sglang", "vllm"), 1..15 of [A-Za-z0-9_.-]; dump_mode:
+        "write-through" (default) or "write-behind" (docs/python.md).
     """
 
     def __init__(self, mount=None, socket=None, backend=None, device=None, rank=None, world=1,
@@ -366,7 +351,7 @@ class Rank:
         cfg = _lib.RankConfig()
         lib.sfs_rank_config_init(ctypes.byref(cfg))
         # Keep the encoded strings alive for the call.
-        self._strings = [_c_path(name, s) for name, s in
+        self._strings = [_lib.c_path(name, s) for name, s in
                          (("socket", socket), ("mount", mount), ("backend", backend))]
         cfg.socket_path, cfg.mount_point, cfg.backend = self._strings
         cfg.local_rank_size = world
@@ -378,6 +363,8 @@ class Rank:
             cfg.copier = _lib.COPIER_CUDA if device >= 0 else _lib.COPIER_AUTO
         # < 0: the library takes device_id % world (rank=None with a device).
         cfg.rank_index = -1 if rank is None else rank
+        dump_mode = options.pop("dump_mode", "write-through")
+        mode = _lib.dump_mode(dump_mode, lib)  # refused before anything is opened
         class_name = options.pop("class_name", None)
         if class_name is not None and not (isinstance(class_name, str) and
                                            re.fullmatch(r"[A-Za-z0-9_.-]{1,15}", class_name)):
@@ -405,6 +392,9 @@ class Rank:
             raise ShardfsError(err.value or errno.EIO,
                                f"cannot open a rank on {where} with backend {backend!r}{hint}")
         self._ptr = ptr
+        if mode:
+            lib.sfs_rank_set_dump_mode(ptr, mode)  # checked above: cannot fail
+        self.dump_mode = dump_mode
         if class_name is not None and hasattr(lib, "sfs_rank_set_class"):
             lib.sfs_rank_set_class(ptr, class_name.encode())  # checked above: cannot fail
         self.device = device

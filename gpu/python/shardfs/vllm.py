@@ -38,6 +38,12 @@ is the library's zeros. The library takes up to 512 pieces per entry (an
 80-layer model with K and V apart is 160): a KV group whose data refs times
 blocks per chunk exceed that is refused at worker start, naming the counts.
 
+Stores are write-behind unless the extra config says `"store":
+"write-through"`: a store job completes once its blocks are Ready in the
+node's cache, where every engine loads them from at once; the rank library
+writes them to the store in the background, holding each slot until the
+store has it (docs/engines.md argues the default).
+
 Failures never raise into vLLM: a load's statuses are per block (logged,
 counted in `ShardfsOffloadingWorker.failed_blocks`); a job with any failed
 block reports `success=False`, and the connector recomputes its request.
@@ -80,6 +86,19 @@ log = logging.getLogger("shardfs.vllm")
 CRYPTO_ALGOS = ("sha256", "sha256_cbor")
 SEEDED_ALGOS = ("xxhash", "xxhash_cbor")
 RETRY_OPEN_S = 1.0
+#: kv_connector_extra_config's "store": when a stored block counts as stored.
+#: write-behind (the default): once it is Ready in the node's cache (every
+#: engine loads it from there at once), the store's copy following in the
+#: background; write-through: once the store has it too.
+STORE_MODES = ("write-behind", "write-through")
+
+
+def _store_mode(extra):
+    mode = extra.get("store", "write-behind")
+    if mode not in STORE_MODES:
+        raise ValueError(f"shardfs.vllm: kv_connector_extra_config's store={mode!r}: "
+                         f"expected one of {', '.join(STORE_MODES)}")
+    return mode
 
 
 def hash_sharing(algo, seed):
@@ -291,8 +310,18 @@ class ShardfsOffloadingWorker(OffloadingWorker):
                                  f"library's vectored entries (0.3); {_lib.path()} is older")
         self._zeros = None  # the holes of a dump, read (shard_size zeros)
         self._sink = None  # the holes of a load, written and never read
+        self.store_mode = spec.store_mode
+        if self.store_mode != "write-through":
+            try:
+                handle = _lib.lib()
+            except OSError:
+                handle = None
+            if handle is not None and getattr(handle, "sfs_rank_set_dump_mode", None) is None:
+                log.warning("shardfs: store=%s needs the rank library 0.5; %s is older: "
+                            "stores are write-through", self.store_mode, _lib.path())
+                self.store_mode = "write-through"
         self.link = _Link(spec.extra_config, device=gpu[0] if gpu else None, rank=par.rank,
-                          world=par.world_size)
+                          world=par.world_size, dump_mode=self.store_mode)
         self.jobs = {}
         self.done_now = []
         self.failed_blocks = 0
@@ -497,13 +526,17 @@ class ShardfsOffloadingSpec(OffloadingSpec):
     cache is), `shardfs_store` (the daemon's BACKEND_DIR; with `dir_prefix`,
     default 0) or `shardfs_backend` (a backend spec), and optionally
     `prefix_caching_hash_algo` (the engine's --prefix-caching-hash-algo when
-    vLLM's config is not reachable from here)."""
+    vLLM's config is not reachable from here), and `store`: "write-behind"
+    (the default: a stored block is complete once it is Ready in the node's
+    cache, as vLLM's CPU tier's is once copied; the store's copy follows) or
+    "write-through" (complete once the store has it too)."""
 
     def __init__(self, config):
         super().__init__(config)
         self.replicated_layout = bool(config.replicated_layout)
         self.blocks_per_chunk = int(config.cache.blocks_per_chunk)
         algo = _hash_algo(self.extra_config)
+        self.store_mode = _store_mode(self.extra_config)
         self.shared, why = hash_sharing(algo, os.environ.get("PYTHONHASHSEED"))
         if self.shared:
             log.info("shardfs: %s", why)
