@@ -50,8 +50,9 @@
 static struct {
     struct fsfx fx;
     char store[128];
-    char run[96];  /* the socket directory */
-    char pod[128]; /* an empty directory: the pod's root is a tmpfs on it */
+    char run[96];   /* the socket directory */
+    char pod[128];  /* an empty directory: the pod's root is a tmpfs on it */
+    pid_t pod_init; /* a pod's init while it runs: teardown kills it */
 } M;
 
 static void setup(void)
@@ -76,6 +77,8 @@ static void setup(void)
 
 static void teardown(void)
 {
+    if (M.pod_init > 0)
+        kill(M.pod_init, SIGKILL); /* a failed test's pod: its shim is reaped below */
     if (M.fx.pid > 0)
         fsfx_stop(&M.fx, true, 10.0);
     fsfx_cleanup(&M.fx, M.store);
@@ -119,6 +122,7 @@ struct pod_spec {
 
 static int pod_spec_body_fd = -1; /* the workload's report pipe */
 static int pod_hold_fd = -1;      /* and its hold pipe */
+static int pod_hold_wr = -1;      /* the test's end of it: the pod closes its copy */
 
 /* The workload reports its result (once) and waits for the hold pipe. */
 static void pod_report(int v)
@@ -192,6 +196,7 @@ static int pod_shim(void *arg)
     char ch = 'u';
     int st;
 
+    close(pod_hold_wr);
     if (unshare(CLONE_NEWUSER | CLONE_NEWNS | CLONE_NEWNET | CLONE_NEWPID) < 0)
         return 10;
     if (write(a->up, &ch, 1) != 1 || read(a->down, &ch, 1) != 1 || ch != 'm')
@@ -237,6 +242,7 @@ static void pod_start(struct pod *p, struct pod_spec *sp)
     cr_assert_eq(pipe(hold), 0);
     pod_spec_body_fd = rep[1];
     pod_hold_fd = hold[0];
+    pod_hold_wr = hold[1];
     struct shim_arg a = {.sp = sp, .up = up[1], .down = down[0]};
     p->shim = tu_fork(pod_shim, &a);
     cr_assert_gt(p->shim, 0);
@@ -261,6 +267,7 @@ static void pod_start(struct pod *p, struct pod_spec *sp)
     cr_assert_eq(read(up[0], &p->init, sizeof(p->init)), (ssize_t)sizeof(p->init),
                  "the pod's shim exited early: %d", tu_wait(p->shim));
     close(up[0]);
+    M.pod_init = p->init;
     p->report = rep[0];
     p->hold = hold[1];
 }
@@ -282,6 +289,7 @@ static void pod_kill(struct pod *p)
 {
     cr_assert_eq(kill(p->init, SIGKILL), 0);
     tu_wait_for(p->shim, 30ll * 1000000000);
+    M.pod_init = 0;
     close(p->report);
     close(p->hold);
 }
@@ -291,6 +299,7 @@ static int pod_end(struct pod *p)
 {
     close(p->hold);
     int st = tu_wait_for(p->shim, 30ll * 1000000000);
+    M.pod_init = 0;
     close(p->report);
     return st;
 }
@@ -483,5 +492,85 @@ Test(container, a_pods_root_is_not_the_hosts_root)
     start(NULL);
     pod_start(&p, &sp);
     cr_assert_eq(pod_result(&p), EACCES);
+    cr_assert_eq(pod_end(&p), 0);
+}
+
+/* Load block 0 and pin it for 600 s; report sfs_rank_pin's result (or
+ * another step's error) and hold the rank. */
+static int body_pin(void *arg)
+{
+    struct sfs_block_id b = tu_block(0);
+    struct sfs_rank *rk;
+    int err = 0, r;
+
+    (void)arg;
+    rk = pod_rank(pod_sock(), NULL, &err);
+    if (!rk) {
+        pod_report(-1000 + err);
+        return 1;
+    }
+    r = pod_load(rk, 0, 1, 0);
+    if (r == 0)
+        r = pod_load(rk, 0, 1, 1);
+    pod_report(r < 0 ? r - 2000 : sfs_rank_pin(rk, &b, 1, 600));
+    pod_wait_hold();
+    sfs_rank_close(rk);
+    return 0;
+}
+
+/* The child becomes uid (and gid) and sets user.shardfs.pin on block b
+ * through the mount; its exit status is the errno (0: set). */
+struct as_user {
+    uid_t uid;
+    uint64_t b;
+    const char *secs;
+};
+
+static int pin_as_body(void *arg)
+{
+    const struct as_user *a = arg;
+
+    if (setgroups(0, NULL) < 0 || setgid(a->uid) < 0 || setuid(a->uid) < 0)
+        return 100;
+    if (setxattr(fsfx_block_dir(&M.fx, a->b), SFS_XATTR_PIN, a->secs, strlen(a->secs), 0) == 0)
+        return 0;
+    return errno;
+}
+
+static int pin_as(uid_t uid, uint64_t b, const char *secs)
+{
+    struct as_user a = {uid, b, secs};
+
+    return tu_wait_for(tu_fork(pin_as_body, &a), 30ll * 1000000000);
+}
+
+/* user.shardfs.state of shard (b, s). */
+static const char *state(uint64_t b, uint32_t s)
+{
+    static char v[64];
+    ssize_t n = getxattr(fsfx_shard_path(&M.fx, b, s), "user.shardfs.state", v, sizeof(v) - 1);
+
+    v[n < 0 ? 0 : n] = '\0';
+    return v;
+}
+
+/* A pin the pod's rank makes is its host user's (POD_UID), as a pin that
+ * user sets through the mount is: that user may change it, another may
+ * not. Not root's, though the rank's euid in the pod is 0. */
+Test(container, a_pods_pin_belongs_to_its_host_uid)
+{
+    struct pod p;
+    struct pod_spec sp = {.body = body_pin};
+    char opt[96];
+
+    snprintf(opt, sizeof(opt), "attach_uids=%u,pin_budget=50,pin_user_share=25", POD_UID);
+    start(opt);
+    pod_start(&p, &sp);
+    int v = pod_result(&p);
+    cr_assert_eq(v, NSH, "the pod's rank pinned: %d", v);
+    cr_assert_str_eq(state(0, 0), "ready,pinned");
+    cr_assert_eq(pin_as(POD_UID + 1, 0, "0"), EPERM, "another user removed the pod's pin");
+    cr_assert_eq(pin_as(POD_UID, 0, "0"), 0, "the pod's host user cannot remove its pin");
+    cr_assert_str_eq(state(0, 0), "ready");
     cr_assert_eq(pod_end(&p), 0);
 }

@@ -286,7 +286,7 @@ static void welcome_one(struct sfs_server *s, struct conn *k)
     }
     /* The record is claimed here, for this connection, and reaped when it
      * closes: one record per connection, none without one. */
-    int r = sfs_proc_claim_for(c, k->pid, h->device_id, &k->rec, &k->gen);
+    int r = sfs_proc_claim_for(c, k->pid, k->uid, h->device_id, &k->rec, &k->gen);
     if (r < 0) {
         sfs_log(LOG_WARNING, "attach: refused pid %d: no free process record (%u in use)", k->pid,
                 c->max_procs);
