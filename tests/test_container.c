@@ -574,3 +574,112 @@ Test(container, a_pods_pin_belongs_to_its_host_uid)
     cr_assert_str_eq(state(0, 0), "ready");
     cr_assert_eq(pod_end(&p), 0);
 }
+
+/* ---------------------------------------------------------------------------
+ * The daemon in a pod of its own: a pid namespace where no peer's pid
+ * exists, so SO_PEERCRED gives every peer pid 0.
+ */
+
+#define MANY 17 /* one more than a process's handles (the server's MAX_PER_PROC) */
+
+struct ns_server {
+    const char *sock;
+    int ready, hold; /* writes one byte once serving; serves until hold closes */
+    int hold_wr;     /* the test's end of hold */
+};
+
+static int ns_server_init(void *arg)
+{
+    const struct ns_server *a = arg;
+    struct sfs_cache *c = tu_cache(64, 0, SHARD);
+    char ch = 'r';
+
+    if (!c || sfs_cache_serve(c, a->sock) < 0 || write(a->ready, &ch, 1) != 1)
+        return 1;
+    while (read(a->hold, &ch, 1) < 0 && errno == EINTR)
+        ;
+    sfs_cache_close(c);
+    return 0;
+}
+
+static int ns_server_shim(void *arg)
+{
+    close(((const struct ns_server *)arg)->hold_wr);
+    if (unshare(CLONE_NEWPID) < 0)
+        return 10;
+    return tu_wait(tu_fork(ns_server_init, arg));
+}
+
+struct attacher {
+    const char *sock;
+    int handles; /* how many to attach */
+    int report, hold, hold_wr;
+};
+
+/* Attach a->handles handles; report how many attached, then the error of
+ * the first that did not (0: none), and hold them. */
+static int attacher_body(void *arg)
+{
+    const struct attacher *a = arg;
+    int v[2] = {0, 0};
+    char ch;
+
+    close(a->hold_wr);
+    for (int i = 0; i < a->handles; i++) {
+        int err = 0;
+
+        if (sfs_cache_attach(a->sock, 0, &err))
+            v[0]++;
+        else if (!v[1])
+            v[1] = err;
+    }
+    if (write(a->report, v, sizeof(v)) != sizeof(v))
+        return 1;
+    while (read(a->hold, &ch, 1) < 0 && errno == EINTR)
+        ;
+    return 0;
+}
+
+/* Processes the daemon cannot see by pid are still told apart: MANY of
+ * them attach (before, all were "pid 0", one process to the per-process
+ * cap, and the 17th was refused -EUSERS), and one process still gets at
+ * most its cap of handles. */
+Test(container, a_daemon_in_its_own_pid_namespace_tells_processes_apart)
+{
+    int ready[2], hold[2], rep[2], v[2];
+    pid_t srv, kids[MANY + 1];
+    char ch;
+
+    cr_assert_eq(pipe(ready), 0);
+    cr_assert_eq(pipe(hold), 0);
+    cr_assert_eq(pipe(rep), 0);
+    struct ns_server s = {.sock = M.fx.sock, .ready = ready[1], .hold = hold[0], .hold_wr = hold[1]};
+    srv = tu_fork(ns_server_shim, &s);
+    close(ready[1]);
+    if (read(ready[0], &ch, 1) != 1) {
+        int st = tu_wait(srv);
+        if (st == 10)
+            cr_skip_test("cannot unshare a pid namespace");
+        cr_assert_fail("the server in its pid namespace exited with %d", st);
+    }
+    struct attacher a = {.sock = M.fx.sock, .handles = 1, .report = rep[1], .hold = hold[0], .hold_wr = hold[1]};
+    for (int i = 0; i < MANY; i++) {
+        kids[i] = tu_fork(attacher_body, &a);
+        cr_assert_eq(read(rep[0], v, sizeof(v)), (ssize_t)sizeof(v));
+        cr_assert_eq(v[0], 1, "process %d of %d was refused: %s", i + 1, MANY, strerror(-v[1]));
+    }
+    a.handles = MANY;
+    kids[MANY] = tu_fork(attacher_body, &a);
+    cr_assert_eq(read(rep[0], v, sizeof(v)), (ssize_t)sizeof(v));
+    /* Others of uid 0 hold MANY handles, under the cache's max_procs (64). */
+    cr_assert_eq(v[0], 16, "one process attached %d handles", v[0]);
+    cr_assert_eq(v[1], -EUSERS);
+    close(hold[1]);
+    for (int i = 0; i <= MANY; i++)
+        cr_assert_eq(tu_wait_for(kids[i], 30ll * 1000000000), 0);
+    cr_assert_eq(tu_wait_for(srv, 30ll * 1000000000), 0);
+    close(hold[0]);
+    close(rep[0]);
+    close(rep[1]);
+    close(ready[0]);
+}
