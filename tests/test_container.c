@@ -683,3 +683,45 @@ Test(container, a_daemon_in_its_own_pid_namespace_tells_processes_apart)
     close(rep[1]);
     close(ready[0]);
 }
+
+/* The rank finds the daemon by its mount point, whose xattr names the
+ * socket by the daemon's path: found where the pod binds the socket
+ * directory at that same path, -ENOENT where it binds it elsewhere (the
+ * rank then names the socket itself). */
+static int body_by_mount(void *arg)
+{
+    bool same_path = *(const bool *)arg;
+    struct sfs_rank *rk;
+    int err = 0, r;
+
+    rk = pod_rank(NULL, "/mnt", &err);
+    if (!rk) {
+        pod_report(err);
+        return 0;
+    }
+    r = pod_load(rk, 0, NBLOCKS, 1);
+    sfs_rank_close(rk);
+    if (r == 0 && !same_path)
+        r = 1; /* attached: should not have */
+    pod_report(r);
+    return 0;
+}
+
+Test(container, a_pod_finds_the_socket_by_the_mount_where_bound_at_the_same_path)
+{
+    struct pod p;
+    bool same = true;
+    struct pod_spec sp = {.same_path = true, .body = body_by_mount, .arg = &same};
+    char opt[64];
+
+    snprintf(opt, sizeof(opt), "attach_uids=%u", POD_UID);
+    start(opt);
+    pod_start(&p, &sp);
+    cr_assert_eq(pod_result(&p), 0, "by the mount, with the socket directory at its path");
+    cr_assert_eq(pod_end(&p), 0);
+    same = false;
+    sp.same_path = false;
+    pod_start(&p, &sp);
+    cr_assert_eq(pod_result(&p), -ENOENT, "by the mount, with the socket directory elsewhere");
+    cr_assert_eq(pod_end(&p), 0);
+}
