@@ -470,8 +470,7 @@ Test(container, a_rank_in_a_pod_attaches_loads_dumps_and_is_reaped_with_it)
     read_check(0, 1);
 }
 
-/* Not allowed: the pod's host uid is neither root nor listed, whatever it
- * is inside (uid 0): the socket's mode (0600) keeps it out. */
+/* Open a rank and close it; report the errno (0: it attached). */
 static int body_refused(void *arg)
 {
     int err = 0;
@@ -484,6 +483,8 @@ static int body_refused(void *arg)
     return 0;
 }
 
+/* Not allowed: the pod's host uid is neither root nor listed, whatever it
+ * is inside (uid 0); the socket's mode (0600) keeps it out. */
 Test(container, a_pods_root_is_not_the_hosts_root)
 {
     struct pod p;
@@ -653,7 +654,8 @@ Test(container, a_daemon_in_its_own_pid_namespace_tells_processes_apart)
     cr_assert_eq(pipe(ready), 0);
     cr_assert_eq(pipe(hold), 0);
     cr_assert_eq(pipe(rep), 0);
-    struct ns_server s = {.sock = M.fx.sock, .ready = ready[1], .hold = hold[0], .hold_wr = hold[1]};
+    struct ns_server s = {
+        .sock = M.fx.sock, .ready = ready[1], .hold = hold[0], .hold_wr = hold[1]};
     srv = tu_fork(ns_server_shim, &s);
     close(ready[1]);
     if (read(ready[0], &ch, 1) != 1) {
@@ -662,7 +664,8 @@ Test(container, a_daemon_in_its_own_pid_namespace_tells_processes_apart)
             cr_skip_test("cannot unshare a pid namespace");
         cr_assert_fail("the server in its pid namespace exited with %d", st);
     }
-    struct attacher a = {.sock = M.fx.sock, .handles = 1, .report = rep[1], .hold = hold[0], .hold_wr = hold[1]};
+    struct attacher a = {
+        .sock = M.fx.sock, .handles = 1, .report = rep[1], .hold = hold[0], .hold_wr = hold[1]};
     for (int i = 0; i < MANY; i++) {
         kids[i] = tu_fork(attacher_body, &a);
         cr_assert_eq(read(rep[0], v, sizeof(v)), (ssize_t)sizeof(v));
@@ -723,5 +726,19 @@ Test(container, a_pod_finds_the_socket_by_the_mount_where_bound_at_the_same_path
     sp.same_path = false;
     pod_start(&p, &sp);
     cr_assert_eq(pod_result(&p), -ENOENT, "by the mount, with the socket directory elsewhere");
+    cr_assert_eq(pod_end(&p), 0);
+}
+
+/* attach_gid is a host gid too: the pod's gid 0 is host gid POD_UID. */
+Test(container, a_pods_group_is_its_host_gid)
+{
+    struct pod p;
+    struct pod_spec sp = {.body = body_refused};
+    char opt[64];
+
+    snprintf(opt, sizeof(opt), "attach_gid=%u", POD_UID);
+    start(opt);
+    pod_start(&p, &sp);
+    cr_assert_eq(pod_result(&p), 0, "the pod's group was refused");
     cr_assert_eq(pod_end(&p), 0);
 }
