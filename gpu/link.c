@@ -130,6 +130,15 @@ int sfs_link_attach(struct sfs_rank *rk)
         path = sock;
     }
     rk->cache = sfs_cache_attach(path, rk->query_only ? -1 : rk->device_id, &r);
+    if (!rk->cache && r == -ENOENT && rk->mount_point)
+        /* The mount is here, the socket it names is not: a container that
+         * has the daemon's mount but its socket directory elsewhere, or
+         * not at all. The path is the daemon's, so it must be bound at the
+         * same path (or socket_path configured). */
+        sfs_log(LOG_ERR,
+                "rank %d: %s names the socket %s, which this process does not see: bind the "
+                "daemon's socket directory at the same path, or configure socket_path",
+                rk->device_id, rk->mount_point, path);
     if (!rk->cache)
         return r;
     sfs_cache_info(rk->cache, &info);

@@ -32,6 +32,7 @@
 #include <sys/eventfd.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/statfs.h>
 #include <sys/un.h>
 #include <unistd.h>
 
@@ -66,6 +67,7 @@ struct conn {
     int fd;
     int pidfd; /* -1: the kernel gave none */
     pid_t pid; /* SO_PEERCRED, in the daemon's pid namespace: for logs */
+    uint64_t proc; /* which process, for the per-process cap (peer_proc); 0: unknown */
     uid_t uid;
     int device_id;
     uint32_t rec, gen; /* CONN_ATTACHED: the process record claimed for it */
@@ -162,14 +164,37 @@ static unsigned count_uid(const struct sfs_server *s, uid_t uid, enum conn_state
     return n;
 }
 
-/* Attached connections of one peer pid (bounded by SERVER_MAX_CONNS). */
-static unsigned count_pid(const struct sfs_server *s, pid_t pid)
+/* Attached connections of one peer process (bounded by SERVER_MAX_CONNS);
+ * none for a process we cannot tell apart (proc 0). */
+static unsigned count_proc(const struct sfs_server *s, uint64_t proc)
 {
     unsigned n = 0;
 
-    for (unsigned i = 0; i < SERVER_MAX_CONNS; i++)
-        n += s->conns[i].state == CONN_ATTACHED && s->conns[i].pid == pid;
+    for (unsigned i = 0; proc && i < SERVER_MAX_CONNS; i++)
+        n += s->conns[i].state == CONN_ATTACHED && s->conns[i].proc == proc;
     return n;
+}
+
+/*
+ * Which process a peer is. Its pid, where our pid namespace has one; but a
+ * daemon in a pid namespace of its own (a pod without the host's) sees pid
+ * 0 for every peer outside it, and those must not count as one process.
+ * The pidfd's inode then: on pidfs (Linux 6.9+) it names one process for
+ * the life of the system. 0 when neither is known: the per-process cap does
+ * not apply, the per-uid cap still does.
+ */
+#define SFS_PIDFS_MAGIC 0x50494446u /* statfs f_type of a pidfd on pidfs */
+static uint64_t peer_proc(pid_t pid, int pidfd)
+{
+    struct statfs fs;
+    struct stat st;
+
+    if (pid > 0)
+        return (uint64_t)pid;
+    if (pidfd >= 0 && fstatfs(pidfd, &fs) == 0 && (uint32_t)fs.f_type == SFS_PIDFS_MAGIC &&
+        fstat(pidfd, &st) == 0)
+        return (uint64_t)st.st_ino | 1ull << 63; /* never a pid */
+    return 0;
 }
 
 static void detach_one(struct sfs_server *s, struct conn *k, const char *why);
@@ -217,12 +242,20 @@ static void accept_one(struct sfs_server *s, int sock)
         close(sock);
         return;
     }
+    /* A pidfd of the peer (Linux 6.5+): from the welcome on it turns
+     * readable when the process exits, even if a child it forked still holds
+     * the connection; and it tells peers apart that have no pid here. */
+    int pidfd = -1;
+    socklen_t plen = sizeof(pidfd);
+    if (getsockopt(sock, SOL_SOCKET, SO_PEERPIDFD, &pidfd, &plen) < 0)
+        pidfd = -1;
     memset(k, 0, sizeof(*k));
     k->seq = seq;
     k->state = CONN_HELLO;
     k->fd = sock;
-    k->pidfd = -1;
+    k->pidfd = pidfd;
     k->pid = cred.pid;
+    k->proc = peer_proc(cred.pid, pidfd);
     k->uid = cred.uid;
     k->deadline = sfs_now_ns() + HELLO_TIMEOUT_NS;
 }
@@ -276,7 +309,7 @@ static void welcome_one(struct sfs_server *s, struct conn *k)
         return;
     }
     if (count_uid(s, k->uid, CONN_ATTACHED) >= s->max_per_uid ||
-        count_pid(s, k->pid) >= MAX_PER_PROC) {
+        count_proc(s, k->proc) >= MAX_PER_PROC) {
         sfs_log(LOG_WARNING,
                 "attach: refused pid %d uid %u: at most %u handles a process, %u a uid", k->pid,
                 k->uid, MAX_PER_PROC, s->max_per_uid);
@@ -286,7 +319,7 @@ static void welcome_one(struct sfs_server *s, struct conn *k)
     }
     /* The record is claimed here, for this connection, and reaped when it
      * closes: one record per connection, none without one. */
-    int r = sfs_proc_claim_for(c, k->pid, h->device_id, &k->rec, &k->gen);
+    int r = sfs_proc_claim_for(c, k->pid, k->uid, h->device_id, &k->rec, &k->gen);
     if (r < 0) {
         sfs_log(LOG_WARNING, "attach: refused pid %d: no free process record (%u in use)", k->pid,
                 c->max_procs);
@@ -320,18 +353,15 @@ static void welcome_one(struct sfs_server *s, struct conn *k)
         detach_one(s, k, "welcome not sent");
         return;
     }
-    /* A pidfd of the peer (Linux 6.5+): it turns readable when the process
-     * exits, even if a child it forked still holds the connection. */
-    int pidfd = -1;
-    socklen_t plen = sizeof(pidfd);
-    if (getsockopt(k->fd, SOL_SOCKET, SO_PEERPIDFD, &pidfd, &plen) == 0 && pidfd >= 0) {
+    /* The peer's pidfd (taken at accept) now watches for its exit. */
+    if (k->pidfd >= 0) {
         struct epoll_event ev = {.events = EPOLLIN,
                                  .data.u64 = EV_PIDFD | EV_DATA(k - s->conns, k->seq)};
 
-        if (epoll_ctl(s->ep, EPOLL_CTL_ADD, pidfd, &ev) == 0)
-            k->pidfd = pidfd;
-        else
-            close(pidfd);
+        if (epoll_ctl(s->ep, EPOLL_CTL_ADD, k->pidfd, &ev) < 0) {
+            close(k->pidfd);
+            k->pidfd = -1;
+        }
     }
     sfs_log(LOG_INFO, "attach: pid %d uid %u device %d%s", k->pid, k->uid, h->device_id,
             data ? "" : " (query-only)");

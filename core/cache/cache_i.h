@@ -74,6 +74,10 @@ struct sfs_cache {
     uint32_t me;
     uint32_t my_gen;
     struct sfs_proc_rec *self;
+    /* Our uid as the daemon sees it (the record's, copied at adopt): the
+     * owner of our pins. Not geteuid(), which in a user namespace is the
+     * namespace's name for us (a pod's root is 0 there). */
+    uint32_t uid;
 
     /* Free entries of our lease table: a lock-free stack, process-local
      * (see entry_alloc in slot_i.h). */
@@ -163,9 +167,11 @@ int sfs_ctl_init(struct sfs_cache *c, const struct sfs_cache_config *cfg);
 int sfs_ctl_validate(struct sfs_cache *c);
 int sfs_proc_register(struct sfs_cache *c, int device_id);
 /* The server's side of connection-held records (proc.c): claim one for a
- * client (pid for logs), and declare it dead when the connection closes.
+ * client (pid for logs; uid, its SO_PEERCRED, owns its pins), and declare
+ * it dead when the connection closes.
  * The client adopts the record the welcome names. */
-int sfs_proc_claim_for(struct sfs_cache *c, int pid, int device_id, uint32_t *i, uint32_t *gen);
+int sfs_proc_claim_for(struct sfs_cache *c, int pid, uint32_t uid, int device_id, uint32_t *i,
+                       uint32_t *gen);
 bool sfs_proc_mark_dead(struct sfs_cache *c, uint32_t i, uint32_t gen);
 int sfs_proc_adopt(struct sfs_cache *c, uint32_t i, uint32_t gen);
 void sfs_cache_free_handle(struct sfs_cache *c);

@@ -34,9 +34,10 @@
  * the header; 7: a lease table's first entries are hit lines (uncounted
  * leases of lock-free hits, placed by slot) and header.procs_used; 8: pins
  * have owners (a pin entry's user, the header's pin_users, pin_user_budget
- * and pin_max_s, a slot's pin byte instead of SLOT_F_PINNED)
- * (docs/layout.md). */
-#define SFS_LAYOUT_VERSION 9u
+ * and pin_max_s, a slot's pin byte instead of SLOT_F_PINNED); 9: a
+ * process record's requester class, served counts and histograms; 10: a
+ * process record's uid (docs/layout.md). */
+#define SFS_LAYOUT_VERSION 10u
 #define SFS_NIL            UINT32_MAX /* "no slot / no bucket" in links */
 #define SFS_CACHELINE      64
 /* Eviction domains: at most this many (-o partitions). */
@@ -222,6 +223,11 @@ struct sfs_proc_rec {
     _Atomic int32_t pid; /* the claimer's view of the pid, for logs only */
     int32_t device_id;   /* as attached (-1: query-only) */
     uint32_t kind;       /* enum sfs_proc_kind; written by the claimer */
+    /* The process's uid in the daemon's user namespace (the server's
+     * SO_PEERCRED of the connection, or the creator's euid), whatever the
+     * process's own namespace calls it: a pin it makes is this user's.
+     * Written by the claimer before ALIVE. */
+    uint32_t uid;
     /* Entries [0, lease_hwm) of the record's lease table were ever used:
      * raised by the owner before it writes an entry beyond (release), reset
      * at claim; bounds what repair reads of this table. */
@@ -230,7 +236,7 @@ struct sfs_proc_rec {
      * share of the header's release_waiters, which the reaper takes back
      * from a process killed in that sleep. Written by the owner only. */
     _Atomic uint32_t release_waiting;
-    uint8_t pad0[SFS_CACHELINE - 28];
+    uint8_t pad0[SFS_CACHELINE - 32];
     alignas(SFS_CACHELINE) _Atomic int64_t ctr[CTR_COUNT]; /* written by the owner only */
     /* served.c: the record's requester class (written by the owner; read
      * as untrusted bytes), where its loads came from ([SFS_TIER_MEMORY]

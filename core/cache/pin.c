@@ -431,7 +431,7 @@ static uint32_t user_get(struct sfs_cache *c, uint32_t uid)
 int sfs_cache_pin(struct sfs_cache *c, const struct sfs_block_id *blocks, size_t n,
                   uint32_t seconds)
 {
-    return sfs_cache_pin_as(c, blocks, n, seconds, (uint32_t)geteuid());
+    return sfs_cache_pin_as(c, blocks, n, seconds, c ? c->uid : 0); /* NULL: -EINVAL there */
 }
 
 int sfs_cache_pin_as(struct sfs_cache *c, const struct sfs_block_id *blocks, size_t n,

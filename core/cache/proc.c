@@ -82,8 +82,8 @@ static int fold_counters(struct sfs_cache *c, struct sfs_proc_rec *p, int64_t de
  * not attached through a connection (tests, tools); so no transition is
  * left half-done by a process that others would have to detect.
  */
-static int claim(struct sfs_cache *c, int pid, int device_id, uint32_t kind, uint32_t *out_i,
-                 uint32_t *out_gen)
+static int claim(struct sfs_cache *c, int pid, uint32_t uid, int device_id, uint32_t kind,
+                 uint32_t *out_i, uint32_t *out_gen)
 {
     /* Bounded: one pass over max_procs records. */
     for (uint32_t i = 0; i < c->max_procs; i++) {
@@ -108,6 +108,7 @@ static int claim(struct sfs_cache *c, int pid, int device_id, uint32_t kind, uin
         atomic_store_explicit(&p->pid, pid, memory_order_relaxed);
         p->device_id = device_id;
         p->kind = kind;
+        p->uid = uid;
         uint32_t gen = atomic_fetch_add_explicit(&p->gen, 1, memory_order_relaxed) + 1;
         for (int k = 0; k < CTR_COUNT; k++)
             atomic_store_explicit(&p->ctr[k], 0, memory_order_relaxed);
@@ -123,6 +124,9 @@ static int claim(struct sfs_cache *c, int pid, int device_id, uint32_t kind, uin
 
 static void adopt(struct sfs_cache *c, uint32_t i, uint32_t gen)
 {
+    /* Read once: the record is ours from here, and its claimer wrote the
+     * uid before the release store of ALIVE our caller loaded (acquire). */
+    c->uid = c->procs[i].uid;
     c->me = i;
     c->my_gen = gen;
     c->self = &c->procs[i];
@@ -133,16 +137,17 @@ static void adopt(struct sfs_cache *c, uint32_t i, uint32_t gen)
 int sfs_proc_register(struct sfs_cache *c, int device_id)
 {
     uint32_t i, gen;
-    int r = claim(c, getpid(), device_id, PROC_KIND_HANDLE, &i, &gen);
+    int r = claim(c, getpid(), (uint32_t)geteuid(), device_id, PROC_KIND_HANDLE, &i, &gen);
 
     if (r == 0)
         adopt(c, i, gen);
     return r;
 }
 
-int sfs_proc_claim_for(struct sfs_cache *c, int pid, int device_id, uint32_t *i, uint32_t *gen)
+int sfs_proc_claim_for(struct sfs_cache *c, int pid, uint32_t uid, int device_id, uint32_t *i,
+                       uint32_t *gen)
 {
-    return claim(c, pid, device_id, PROC_KIND_CONN, i, gen);
+    return claim(c, pid, uid, device_id, PROC_KIND_CONN, i, gen);
 }
 
 int sfs_proc_adopt(struct sfs_cache *c, uint32_t i, uint32_t gen)

@@ -414,12 +414,15 @@ SFS_API int sfs_cache_pin(struct sfs_cache *c, const struct sfs_block_id *blocks
 
 /*
  * sfs_cache_pin() on behalf of user uid (sfs_cache_pin() is this with the
- * calling process's euid): a pin belongs to the user who made it, and only
- * that user or root (uid 0) changes or removes it (-EPERM for the whole
- * batch otherwise; a pin root renews becomes root's). A user's pinned
- * shards stay within pin_user_pct of the pin budget (-EDQUOT), but root's;
- * seconds above the cache's pin_max_seconds is -EINVAL; -ENOSPC also when
- * SFS_PIN_USERS other users hold pins.
+ * calling process's uid as the cache's creator sees it: the attach
+ * socket's peer uid, which for a process in a user namespace is its mapped
+ * host uid, not the namespace's own; the creator's euid): a pin belongs to
+ * the user who made it, and only that user or root (uid 0) changes or
+ * removes it (-EPERM for the whole batch otherwise; a pin root renews
+ * becomes root's). A user's pinned shards stay within pin_user_pct of the
+ * pin budget (-EDQUOT), but root's; seconds above the cache's
+ * pin_max_seconds is -EINVAL; -ENOSPC also when SFS_PIN_USERS other users
+ * hold pins.
  */
 SFS_API int sfs_cache_pin_as(struct sfs_cache *c, const struct sfs_block_id *blocks, size_t n,
                              uint32_t seconds, uint32_t uid);

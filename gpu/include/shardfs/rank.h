@@ -123,7 +123,8 @@ SFS_API void sfs_rank_config_init(struct sfs_rank_config *cfg);
  * local_rank_size among others), -ENODEV when
  * copier = CUDA and the device does not exist (or the library was built
  * without CUDA), -ENODATA when the mount point has no socket xattr, or the
- * attach / backend error.
+ * attach / backend error (-ENOENT when the socket the mount point names,
+ * a path in the daemon's mount namespace, is not there in ours).
  */
 SFS_API struct sfs_rank *sfs_rank_open(const struct sfs_rank_config *cfg, int *err);
 
