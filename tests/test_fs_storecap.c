@@ -302,7 +302,8 @@ Test(fs_storecap, a_run_shows_its_progress_in_stats_and_the_log)
     wait_bound();
     for (int i = 0; i < 3000 && fsfx_stat(&S.fx, "shardfs_store_collector_pass_running") != 0; i++)
         fsfx_sleep_ms(10);
-    cr_assert_eq(fsfx_stat(&S.fx, "shardfs_store_collector_pass_running"), 0, "the run never ended");
+    cr_assert_eq(fsfx_stat(&S.fx, "shardfs_store_collector_pass_running"), 0,
+                 "the run never ended");
     /* One run: its removals are all the collector's. */
     done = fsfx_stat(&S.fx, "shardfs_store_collector_removed_bytes");
     cr_assert_eq(fsfx_stat(&S.fx, "shardfs_store_collector_to_remove_bytes"), goal);

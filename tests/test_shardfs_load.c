@@ -67,8 +67,8 @@ static void setup(void)
     }
     cr_assert_eq(fclose(f), 0);
     {
-        int st = 0, r = fsfx_start(&L.fx, L.store, "hugepages=off,capacity=8M,shard_size=64K",
-                                   20.0, &st);
+        int st = 0,
+            r = fsfx_start(&L.fx, L.store, "hugepages=off,capacity=8M,shard_size=64K", 20.0, &st);
 
         cr_assert_eq(r, 0, "daemon did not mount (status %d), see %s", st, L.fx.log);
     }
@@ -134,8 +134,8 @@ Test(shardfs_load, piped_it_prints_the_ranks_lines_and_no_bar)
  * longer than 80 columns), trailing blanks dropped. */
 static void capture(void)
 {
-    cr_assert_eq(
-        fsfx_sh("tmux -L %s capture-pane -p -J -t t | sed 's/ *$//' >%s", L.tmux, L.out), 0);
+    cr_assert_eq(fsfx_sh("tmux -L %s capture-pane -p -J -t t | sed 's/ *$//' >%s", L.tmux, L.out),
+                 0);
 }
 
 Test(shardfs_load, on_a_terminal_it_draws_a_bar_that_ends_full, .timeout = 90)
