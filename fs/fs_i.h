@@ -136,6 +136,9 @@ struct fs_counters {
     _Atomic uint64_t store_evicted;     /* blocks the collector removed from the store */
     _Atomic uint64_t store_freed;       /* their bytes */
     _Atomic uint64_t store_collector;   /* 1: this daemon holds the store's collector lease */
+    _Atomic uint64_t store_running;     /* 1 while a collection removes (storecap.c) */
+    _Atomic uint64_t store_to_remove;   /* bytes the last collection set out to remove */
+    _Atomic uint64_t store_removed;     /* bytes it removed so far */
 };
 
 /* Readahead markers: a direct-mapped set of hashes of shards that readahead

@@ -261,6 +261,16 @@ size_t fs_stats_text(struct fs *fs, char *buf, size_t len)
       L(store_evicted));
     C("store_evicted_bytes_total", "Bytes of the blocks the collector removed from the store.",
       L(store_freed));
+    G("store_collector_pass_running",
+      "1 while the collector removes blocks: from the pass that finds the store above "
+      "store_high until it is at store_low or keeps the rest.",
+      L(store_running));
+    G("store_collector_to_remove_bytes",
+      "Bytes the collector's latest run sets out to remove (the store's count above store_low); "
+      "kept after it ends.",
+      L(store_to_remove));
+    G("store_collector_removed_bytes",
+      "Bytes the collector's latest run removed so far; kept after it ends.", L(store_removed));
     G("pinned_bytes", "Bytes of the slots pins hold (user.shardfs.pin, the rank API).",
       sfs_cache_pinned_bytes(fs->cache));
     emit_partitions(&t, fs->cache);

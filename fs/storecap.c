@@ -44,6 +44,12 @@
  * that it lost the lease, and removes nothing more. A collector killed
  * mid-pass leaves whole files only: each removal is one unlink.
  *
+ * A run: the passes in a row from the one that finds the count above the
+ * high watermark. It shows its progress as the warm-up does: in /stats (a
+ * gauge while it runs, the bytes above the low watermark it sets out to
+ * remove, the bytes removed so far) and in the log, a line as it starts,
+ * one at each 10 % of those bytes, and one with its totals as it ends.
+ *
  * Calls usage.c (the counts) and log.c; main.c, write.c and stats.c call it.
  */
 #include "fs_i.h"
@@ -104,6 +110,14 @@ struct fs_storecap {
     uint64_t scanned; /* files this pass */
     bool lost;        /* this pass lost the lease: it removes nothing more */
     bool standby;     /* the last look found another collector's lease */
+
+    /* The run under way (passes in a row that found the count above high). */
+    bool running;
+    uint64_t to_remove; /* bytes: the count above low at its start, grown by later passes' */
+    uint64_t removed;   /* bytes removed so far */
+    uint64_t nremoved;  /* blocks removed so far */
+    unsigned step;      /* the last 10 % step logged */
+    int64_t run_ns;     /* sfs_now_ns at its start */
 };
 
 #ifndef SFS_TEST_HOOKS
@@ -331,6 +345,71 @@ static int scan_store(struct fs_storecap *sc)
     return 0;
 }
 
+/* Progress of a run, as the warm-up shows its own: the gauges of /stats
+ * (relaxed: read only by /stats) and a log line at each 10 % step. */
+static void run_show(struct fs_storecap *sc)
+{
+    struct fs *fs = sc->fs;
+    unsigned pct =
+        sc->removed >= sc->to_remove ? 100 : (unsigned)(sc->removed * 100 / sc->to_remove);
+
+    atomic_store_explicit(&fs->ctr.store_to_remove, sc->to_remove, memory_order_relaxed);
+    atomic_store_explicit(&fs->ctr.store_removed, sc->removed, memory_order_relaxed);
+    if (pct / 10 <= sc->step)
+        return;
+    sc->step = pct / 10;
+    fs_log(LOG_INFO,
+           "store_capacity: %u %% (%" PRIu64 " of %" PRIu64 " bytes removed, %" PRIu64 " blocks)",
+           pct, sc->removed, sc->to_remove, sc->nremoved);
+}
+
+/* A pass found the count above high (sc->total > sc->high > sc->low): a run
+ * starts, or the one under way sets out to remove what was written since. */
+static void run_note(struct fs_storecap *sc)
+{
+    struct fs *fs = sc->fs;
+    uint64_t goal = sc->removed + (sc->total - sc->low);
+
+    if (sc->running) {
+        if (goal > sc->to_remove)
+            sc->to_remove = goal;
+        run_show(sc);
+        return;
+    }
+    sc->running = true;
+    sc->to_remove = sc->total - sc->low;
+    sc->removed = 0;
+    sc->nremoved = 0;
+    sc->step = 0;
+    sc->run_ns = sfs_now_ns();
+    atomic_store_explicit(&fs->ctr.store_running, 1, memory_order_relaxed);
+    run_show(sc);
+    fs_log(LOG_INFO,
+           "store_capacity: the store holds %" PRIu64 " bytes, above store_high (%" PRIu64
+           "): removing the coldest blocks down to store_low (%" PRIu64 "), %" PRIu64 " bytes",
+           sc->total, sc->high, sc->low, sc->to_remove);
+}
+
+/* The run ends: its totals, once. */
+static void run_end(struct fs_storecap *sc)
+{
+    struct fs *fs = sc->fs;
+    int64_t ms = (sfs_now_ns() - sc->run_ns) / 1000000;
+
+    if (!sc->running)
+        return;
+    sc->running = false;
+    atomic_store_explicit(&fs->ctr.store_running, 0, memory_order_relaxed);
+    fs_log(LOG_INFO,
+           "store_capacity: removed %" PRIu64 " blocks, %" PRIu64 " of %" PRIu64
+           " bytes, in %" PRId64 ".%03" PRId64 " s; the store holds %" PRIu64
+           " bytes (store_low %" PRIu64 ")%s",
+           sc->nremoved, sc->removed, sc->to_remove, ms / 1000, ms % 1000, sc->total, sc->low,
+           __atomic_load_n(&sc->stop, __ATOMIC_RELAXED) ? "; stopped"
+           : sc->lost                                   ? "; another collector took the lease"
+                                                        : "");
+}
+
 /*
  * One pass: remove the coldest first down to low. rescan: scan the store
  * first; otherwise (a kick from the mount's writes within a period of the
@@ -360,6 +439,7 @@ static bool pass(struct fs_storecap *sc, bool rescan)
     }
     if (sc->total <= sc->high)
         return false;
+    run_note(sc);
     busy_snapshot(sc);
     if (sc->busy_over) {
         fs_log(LOG_WARNING,
@@ -407,6 +487,9 @@ static bool pass(struct fs_storecap *sc, bool rescan)
             freed < atomic_load_explicit(&fs->ctr.store_bytes, memory_order_relaxed) ? freed : 0,
             memory_order_relaxed);
         removed = true;
+        sc->removed += freed;
+        sc->nremoved++;
+        run_show(sc);
     }
     /* Out of candidates above low: scan again, unless a fresh scan's list
      * removed nothing (every cold block kept). */
@@ -430,6 +513,7 @@ static void *collect_main(void *arg)
         /* A kick goes on down the last scan's list; the period scans. */
         for (int i = 0; i < COLLECT_PASSES && pass(sc, i > 0 || !kicked); i++)
             ;
+        run_end(sc);
         /* Still above high (every cold block kept: pinned, leased, being
          * committed): kicks wait for the period, not one scan a write. */
         stuck = sc->total > sc->high || sc->standby;

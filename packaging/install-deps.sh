@@ -9,11 +9,12 @@
 # peer tier's MACs (SHA-256 of libcrypto). gdb: a test whose process hangs
 # prints every thread's stack before it fails (tu_dump_stacks). tmux: the
 # test of `shardfsctl top` runs it in a detached 80x24 terminal.
+# python3-yaml: test_k8s.py reads the manifests of packaging/k8s/.
 set -euo pipefail
 
 pkgs=(build-essential cmake pkg-config git
       libfuse3-dev fuse3 liburing-dev libnuma-dev libcriterion-dev libssl-dev
-      attr util-linux procps python3 python3-numpy python3-torch python3-matplotlib
+      attr util-linux procps python3 python3-numpy python3-torch python3-matplotlib python3-yaml
       clang libclang-rt-14-dev gdb tmux
       glusterfs-server glusterfs-client)
 

@@ -13,7 +13,8 @@
  * values of the option and its watermarks are refused at start with one
  * line that names them. Two and three daemons on one store collect one at
  * a time, also when standbys race for a stale lease and the old collector
- * comes back late. The collector's period is cut to 200 ms
+ * comes back late. A run shows its progress in /stats and in the log. The
+ * collector's period is cut to 200 ms
  * (SHARDFS_TEST_STORE_PERIOD_MS, the test build's hook), and with it the
  * lease's ttl (three periods).
  */
@@ -262,6 +263,75 @@ Test(fs_storecap, writes_behind_the_daemon_are_bound_at_its_next_pass)
     /* A rank's commits, or another host's: the daemon sees none of them. */
     cr_assert_eq(tu_store_write(S.store, 100, 80, 1, SHARD, NULL, NULL, false), 0);
     wait_bound();
+    cr_assert_eq(fsfx_stop(&S.fx, false, 10.0), 0);
+}
+
+/* The log holds exactly one line with s. */
+static void log_once(const char *s)
+{
+    int n = fsfx_log_lines_with(&S.fx, s);
+
+    cr_assert_eq(n, 1, "%d lines with '%s' in %s", n, s, S.fx.log);
+}
+
+/* A run shows its progress: a gauge while it runs and the bytes it removed
+ * of those it set out to remove, in /stats; a line as it starts, one at
+ * each 10 % step, one with its totals. Each removal waits 50 ms (the test
+ * build's hook), so a look at /stats finds the run under way. */
+Test(fs_storecap, a_run_shows_its_progress_in_stats_and_the_log)
+{
+    long long run = 0, goal = 0, done = 0;
+    char line[96];
+
+    cr_assert_eq(tu_store_write(S.store, 100, 80, 1, SHARD, NULL, NULL, false), 0);
+    cr_assert_eq(setenv("SHARDFS_TEST_STORE_REMOVE_MS", "50", 1), 0);
+    start(OPTS);
+    for (int i = 0; i < 3000; i++) {
+        run = fsfx_stat(&S.fx, "shardfs_store_collector_pass_running");
+        goal = fsfx_stat(&S.fx, "shardfs_store_collector_to_remove_bytes");
+        done = fsfx_stat(&S.fx, "shardfs_store_collector_removed_bytes");
+        if (run == 1 && done > 0 && done < goal)
+            break;
+        fsfx_sleep_ms(10);
+    }
+    cr_assert(run == 1 && done > 0 && done < goal,
+              "no run seen under way: running %lld, %lld of %lld bytes (see %s)", run, done, goal,
+              S.fx.log);
+    /* 81 blocks of 64 KiB on disk, low = 90 % of 2 MiB. */
+    cr_assert_eq(goal, 81 * (long long)SHARD - (long long)(CAP / 100 * 90 + CAP % 100 * 90 / 100));
+    wait_bound();
+    for (int i = 0; i < 3000 && fsfx_stat(&S.fx, "shardfs_store_collector_pass_running") != 0; i++)
+        fsfx_sleep_ms(10);
+    cr_assert_eq(fsfx_stat(&S.fx, "shardfs_store_collector_pass_running"), 0,
+                 "the run never ended");
+    /* One run: its removals are all the collector's. */
+    done = fsfx_stat(&S.fx, "shardfs_store_collector_removed_bytes");
+    cr_assert_eq(fsfx_stat(&S.fx, "shardfs_store_collector_to_remove_bytes"), goal);
+    cr_assert_geq(done, goal);
+    cr_assert_eq(done, fsfx_stat(&S.fx, "shardfs_store_evicted_bytes_total"));
+    log_once("above store_high");
+    /* Each removal is under 10 % of the goal: every step is logged once, in
+     * order, the last at 100 %. */
+    {
+        FILE *f = fopen(S.fx.log, "re");
+        char l[512];
+        unsigned step = 0, pct;
+
+        cr_assert_not_null(f);
+        while (fgets(l, sizeof(l), f)) {
+            char *p = strstr(l, "store_capacity: ");
+
+            if (!p || sscanf(p, "store_capacity: %u %% (", &pct) != 1)
+                continue;
+            cr_assert_eq(pct / 10, step + 1, "a step missed or twice: %s(see %s)", l, S.fx.log);
+            step = pct / 10;
+        }
+        fclose(f);
+        cr_assert_eq(step, 10, "the last step logged is %u0 %% (see %s)", step, S.fx.log);
+    }
+    snprintf(line, sizeof(line), "store_capacity: removed %lld blocks, %lld of %lld bytes",
+             fsfx_stat(&S.fx, "shardfs_store_evicted_blocks_total"), done, goal);
+    log_once(line);
     cr_assert_eq(fsfx_stop(&S.fx, false, 10.0), 0);
 }
 
