@@ -105,6 +105,7 @@ VLLM_PARTS = {
     "OffloadingConnector": "vllm.distributed.kv_transfer.kv_connector.v1.offloading_connector",
     "CPUOffloadingSpec": "vllm.v1.kv_offload.cpu.spec",
     "kv_cache_utils": "vllm.v1.core.kv_cache_utils",
+    "Scheduler": "vllm.v1.core.sched.scheduler",
 }
 WHY_VLLM_PARTS = {}
 
