@@ -19,6 +19,7 @@
 
 #include <criterion/criterion.h>
 #include <ctype.h>
+#include <sched.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <stdio.h>
@@ -30,6 +31,7 @@
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/un.h>
+#include <sys/wait.h>
 #include <sys/xattr.h>
 #include <unistd.h>
 
@@ -611,6 +613,17 @@ static int read_and_stop(void)
     int r, status = 0;
 
     unlink(S.fx.log);
+/* A mount copied into another mount namespace (a container made while it
+ * was mounted: `unshare -m`, `ip netns exec`) outlives its unmount here:
+ * the kernel keeps the connection for the copy and the daemon keeps
+ * serving it, until it is stopped (SIGTERM), when the copy's reads fail
+ * (ENOTCONN). The test fixture's stop handles it the same way. */
+Test(fs_start, a_copy_in_another_mount_namespace_is_served_until_a_stop)
+{
+    int r, status = 0, ready[2], go[2], answer[2];
+    char c = 0, path[300];
+    pid_t child;
+
     snprintf(S.fx.mnt, sizeof(S.fx.mnt), "%s", S.mnt);
     snprintf(S.fx.sock, sizeof(S.fx.sock), "%s", S.sock);
     S.fx.bin = fsfx_daemon_bin(SHARDFS_BIN);
@@ -716,4 +729,53 @@ Test(fs_start, the_loop_runs_as_the_fuse_options_ask)
             fsfx_sleep_ms(10); /* the daemon removes its socket as it exits */
         cr_assert_neq(access(S.sock, F_OK), 0, "%s: the daemon did not exit", how[i]);
     }
+    cr_assert_eq(pipe(ready), 0);
+    cr_assert_eq(pipe(go), 0);
+    cr_assert_eq(pipe(answer), 0);
+    snprintf(path, sizeof(path), "%s/stats", S.mnt);
+    child = fork();
+    cr_assert_geq(child, 0);
+    if (child == 0) {
+        /* The container: a copy of every mount, this one included. Each
+         * time told, it answers whether it can read the daemon's stats. */
+        char ok = unshare(CLONE_NEWNS) == 0 ? 'u' : 'x';
+
+        close(ready[0]);
+        close(go[1]); /* the parent's close of it ends this child */
+        close(answer[0]);
+        if (write(ready[1], &ok, 1) != 1)
+            _exit(1);
+        while (read(go[0], &c, 1) == 1) {
+            int fd = open(path, O_RDONLY);
+            char buf[64];
+
+            ok = fd >= 0 && read(fd, buf, sizeof(buf)) > 0 ? 'y' : 'n';
+            if (fd >= 0)
+                close(fd);
+            if (write(answer[1], &ok, 1) != 1)
+                _exit(1);
+        }
+        _exit(0);
+    }
+    close(ready[1]);
+    close(go[0]);
+    close(answer[1]);
+    cr_assert_eq(read(ready[0], &c, 1), 1);
+    cr_assert_eq(c, 'u', "unshare(CLONE_NEWNS) failed in the child");
+    cr_assert_eq(fsfx_sh("fusermount3 -u %s", S.mnt), 0, "the unmount here");
+    cr_assert(!fsfx_is_mounted(S.mnt));
+    fsfx_sleep_ms(300);
+    cr_assert_eq(waitpid(S.fx.pid, &status, WNOHANG), 0, "the daemon left with its copy still mounted");
+    cr_assert_eq(write(go[1], "?", 1), 1);
+    cr_assert_eq(read(answer[0], &c, 1), 1);
+    cr_assert_eq(c, 'y', "the copy in the other namespace is not served");
+    r = fsfx_stop(&S.fx, false, 10.0);
+    cr_assert_eq(r, 0, "the stop: %d", r);
+    cr_assert_eq(write(go[1], "?", 1), 1);
+    cr_assert_eq(read(answer[0], &c, 1), 1);
+    cr_assert_eq(c, 'n', "the copy still answers after the daemon stopped");
+    close(go[1]);
+    cr_assert_eq(waitpid(child, &status, 0), child);
+    close(ready[0]);
+    close(answer[0]);
 }

@@ -732,11 +732,24 @@ Test(fs_storecap, a_stale_lease_goes_to_one_standby_and_its_old_holder_stops)
     cr_assert_leq(store_bytes(), CAP, "the store was not brought within its bound");
     fsfx_sleep_ms(1000);
     n = removals(log, at_stop, pids, 4096);
-    for (int i = 0; i < n; i++) {
-        cr_assert_neq(pids[i], f[who]->pid,
-                      "the old collector removed a block (removal %d after its stop)", i);
-        cr_assert_eq(pids[i], pids[0], "two collectors: %d and %d (removal %d after the stop)",
-                     pids[0], pids[i], i);
+    {
+        /* The old holder may finish the one removal it had checked its
+         * lease for when it was stopped (a lease cannot fence a paused
+         * process; docs/eviction.md): at most that one, and nothing after
+         * it looked again. Every other removal is the one new collector's. */
+        int old = 0, next = -1;
+
+        for (int i = 0; i < n; i++) {
+            if (pids[i] == f[who]->pid) {
+                old++;
+                continue;
+            }
+            if (next < 0)
+                next = pids[i];
+            cr_assert_eq(pids[i], next, "two new collectors: %d and %d (removal %d after the stop)",
+                         next, pids[i], i);
+        }
+        cr_assert_leq(old, 1, "the old collector removed %d blocks after its stop", old);
     }
     cr_assert_eq(fsfx_stat(f[who], "shardfs_store_collector"), 0,
                  "the old collector still says it collects");
@@ -758,6 +771,10 @@ Test(fs_storecap, a_stale_lease_goes_to_one_standby_and_its_old_holder_stops)
         cr_assert_eq(broke, 1, "standbys that broke the lease: %d", broke);
         cr_assert_geq(late, 1, "the standbys did not race for the lease");
     }
-    for (int i = 0; i < 3; i++)
-        cr_assert_eq(fsfx_stop(f[i], false, 10.0), 0, "daemon %d's unmount", i);
+    for (int i = 0; i < 3; i++) {
+        r = fsfx_stop(f[i], false, 10.0);
+        if (r != 0)
+            fsfx_sh("echo '--- daemon %d (pid was %d) log:' >&2; tail -40 %s >&2", i, f[i]->pid, f[i]->log);
+        cr_assert_eq(r, 0, "daemon %d's unmount: %d (-1: not within 10 s; see %s)", i, r, f[i]->log);
+    }
 }

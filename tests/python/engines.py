@@ -24,6 +24,11 @@ naming it):
     it is replaced by a module that sends the same calls to Python's
     logging. `ucm.integration.vllm.ucm_connector` needs vLLM (torch >= 2 and
     CUDA wheels of several GB): not importable here.
+  * vLLM's scheduler and OffloadingConnector need torch >= 2: not here,
+    but in the environment of tests/python/vllm-venv.sh (PyPI's torch 2.14
+    on the CPU against the machine's CUDA 13 libraries), where
+    `run.py --env vllm` runs test_vllm_engine and test_vllm (the ctest
+    `python_vllm`).
 """
 import importlib
 import importlib.util
@@ -105,6 +110,7 @@ VLLM_PARTS = {
     "OffloadingConnector": "vllm.distributed.kv_transfer.kv_connector.v1.offloading_connector",
     "CPUOffloadingSpec": "vllm.v1.kv_offload.cpu.spec",
     "kv_cache_utils": "vllm.v1.core.kv_cache_utils",
+    "Scheduler": "vllm.v1.core.sched.scheduler",
 }
 WHY_VLLM_PARTS = {}
 

@@ -248,6 +248,11 @@ class Daemon:
         if is_mounted(self.mnt):
             if subprocess.run(["fusermount3", "-u", self.mnt], stderr=subprocess.DEVNULL).returncode:
                 self.proc.send_signal(signal.SIGTERM)
+            else:
+                try:  # unmounted here, still served: a copy in another mount namespace
+                    self.proc.wait(min(3.0, timeout / 2))
+                except subprocess.TimeoutExpired:
+                    self.proc.send_signal(signal.SIGTERM)
         try:
             self.proc.wait(timeout)
         except subprocess.TimeoutExpired:

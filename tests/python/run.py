@@ -3,12 +3,13 @@
 """Run the Python tests (tests/python/test_*.py) with unittest and close with
 one plain line, `N passed, N failed`, that ctest and people can read.
 
-    /usr/bin/python3 tests/python/run.py [-k PATTERN] [test_module ...]
+    /usr/bin/python3 tests/python/run.py [--env vllm] [-k PATTERN] [test_module ...]
 
 It runs itself again in the engines' environment (tests/python/engines-venv.sh
 makes it once and caches it; SHARDFS_ENGINES=0 does not), so the engine tests
 import SGLang's and UCM's real packages; tests/python/engines.py says which
-parts of them import here.
+parts of them import here. With `--env vllm`, it runs in vllm-venv.sh's
+environment instead: vLLM's scheduler and connector on PyPI's torch 2.
 
 Skipped tests are listed with their reason before that line (they count in
 neither number). Exit status 0 when none failed. The package is imported
@@ -35,21 +36,33 @@ class Result(unittest.TextTestResult):
         self.passed += 1
 
 
-def engines_python():
-    """The interpreter of the engines' environment (engines-venv.sh makes
-    it, cached), or None, saying why, when it cannot be made."""
+def engines_python(script="engines-venv.sh"):
+    """The interpreter of the engines' environment (the script makes it,
+    cached), or None, saying why, when it cannot be made."""
     try:
-        out = subprocess.run(["bash", os.path.join(HERE, "engines-venv.sh")], check=True,
-                             stdout=subprocess.PIPE, timeout=900)
+        out = subprocess.run(["bash", os.path.join(HERE, script)], check=True,
+                             stdout=subprocess.PIPE, timeout=1800)
         return out.stdout.decode().strip().splitlines()[-1]
-    except (OSError, subprocess.SubprocessError) as e:
-        print(f"engines-venv.sh failed ({e}): the engine tests skip", flush=True)
+    except (OSError, subprocess.SubprocessError, IndexError) as e:
+        print(f"{script} failed ({e}): the engine tests skip", flush=True)
         return None
 
 
 def main(argv):
     sys.dont_write_bytecode = True  # no __pycache__ in the source tree
-    if os.environ.get("SHARDFS_ENGINES", "1") != "0" and not os.environ.get("SHARDFS_IN_ENGINES"):
+    if argv[:2] == ["--env", "vllm"]:
+        # vLLM's scheduler and connector, on PyPI's torch 2 (vllm-venv.sh).
+        argv = argv[2:]
+        if not os.environ.get("SHARDFS_IN_ENGINES"):
+            py = engines_python("vllm-venv.sh")
+            if py:
+                with open(os.path.join(os.path.dirname(os.path.dirname(py)), "ld-library-path")) as f:
+                    ld = f.read().strip()
+                os.environ["LD_LIBRARY_PATH"] = ":".join(
+                    p for p in (ld, os.environ.get("LD_LIBRARY_PATH")) if p)
+                os.environ["SHARDFS_IN_ENGINES"] = "vllm"
+                os.execv(py, [py, os.path.abspath(__file__)] + argv)
+    elif os.environ.get("SHARDFS_ENGINES", "1") != "0" and not os.environ.get("SHARDFS_IN_ENGINES"):
         py = engines_python()
         if py:  # again, in the environment with SGLang and UCM installed
             os.environ["SHARDFS_IN_ENGINES"] = "1"

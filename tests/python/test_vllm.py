@@ -20,7 +20,8 @@ Claims:
   * a failed load is reported per block (the other blocks of its job load)
     and as success=False for the job, never as an exception;
   * the daemon killed: lookups miss, stores are dropped, loads fail as
-    results; restarted: the same blocks hit and load, stores go again;
+    results once the worker's rank has seen it (until then they are served,
+    byte-exact, from the cache's memory it still maps); restarted: the same blocks hit and load, stores go again;
   * two engine instances (processes): what A stored B finds and loads with
     no backend load (the mount's /stats), and the reverse; the other
     engine's result comes back in a file, whole, even unbuffered with its
@@ -323,6 +324,16 @@ class StoreModes(VllmCase):
 
 
 class DaemonGone(VllmCase):
+    @staticmethod
+    def sees_gone(spec, worker, key):
+        r = worker.link.rank
+        if r is None:
+            return True
+        try:
+            return not r.lookup([spec.block_of(key)])[0]
+        except OSError:
+            return True
+
     def test_killed_and_restarted_under_a_running_engine(self):
         spec, manager, worker, cache = self.engine()
         hashes = fv.block_hashes(seed=3, n=4)
@@ -332,6 +343,10 @@ class DaemonGone(VllmCase):
             self.assertEqual(fv.lookup(manager, hashes), [False] * 4)
         self.assertIsNone(fv.store(spec, manager, worker, cache, fv.block_hashes(seed=4, n=2),
                                    [4, 5], job_id=2))
+        # Until the worker's rank has seen the daemon go (its watcher, on its
+        # own thread), a load is still served from the cache's memory, which
+        # it keeps mapped: the right bytes. Once seen, loads fail as results.
+        until(lambda: self.sees_gone(spec, worker, hashes[0]), "the worker's rank sees the kill")
         res = fv.load(manager, worker, cache, hashes, [8, 9, 10, 11], job_id=3)
         self.assertFalse(res.success)
         self.d.start()
