@@ -19,9 +19,9 @@
 
 #include <criterion/criterion.h>
 #include <ctype.h>
-#include <sched.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <sched.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
