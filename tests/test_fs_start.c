@@ -613,17 +613,6 @@ static int read_and_stop(void)
     int r, status = 0;
 
     unlink(S.fx.log);
-/* A mount copied into another mount namespace (a container made while it
- * was mounted: `unshare -m`, `ip netns exec`) outlives its unmount here:
- * the kernel keeps the connection for the copy and the daemon keeps
- * serving it, until it is stopped (SIGTERM), when the copy's reads fail
- * (ENOTCONN). The test fixture's stop handles it the same way. */
-Test(fs_start, a_copy_in_another_mount_namespace_is_served_until_a_stop)
-{
-    int r, status = 0, ready[2], go[2], answer[2];
-    char c = 0, path[300];
-    pid_t child;
-
     snprintf(S.fx.mnt, sizeof(S.fx.mnt), "%s", S.mnt);
     snprintf(S.fx.sock, sizeof(S.fx.sock), "%s", S.sock);
     S.fx.bin = fsfx_daemon_bin(SHARDFS_BIN);
@@ -729,6 +718,24 @@ Test(fs_start, the_loop_runs_as_the_fuse_options_ask)
             fsfx_sleep_ms(10); /* the daemon removes its socket as it exits */
         cr_assert_neq(access(S.sock, F_OK), 0, "%s: the daemon did not exit", how[i]);
     }
+}
+
+/* A mount copied into another mount namespace (a container made while it
+ * was mounted: `unshare -m`, `ip netns exec`) outlives its unmount here:
+ * the kernel keeps the connection for the copy and the daemon keeps
+ * serving it, until it is stopped (SIGTERM), when the copy's reads fail
+ * (ENOTCONN). The test fixture's stop handles it the same way. */
+Test(fs_start, a_copy_in_another_mount_namespace_is_served_until_a_stop)
+{
+    int r, status = 0, ready[2], go[2], answer[2];
+    char c = 0, path[300];
+    pid_t child;
+
+    snprintf(S.fx.mnt, sizeof(S.fx.mnt), "%s", S.mnt);
+    snprintf(S.fx.sock, sizeof(S.fx.sock), "%s", S.sock);
+    S.fx.bin = fsfx_daemon_bin(SHARDFS_BIN);
+    r = fsfx_start(&S.fx, S.store, "hugepages=off,shard_size=64K,capacity=1M", 10.0, &status);
+    cr_assert_eq(r, 0, "the mount did not appear (%s, status %d)", strerror(-r), status);
     cr_assert_eq(pipe(ready), 0);
     cr_assert_eq(pipe(go), 0);
     cr_assert_eq(pipe(answer), 0);
