@@ -534,8 +534,7 @@ int main(int argc, char **argv)
         "the store holds up to the high mark plus the writes of one pass (\"most blocks "
         "seen\", sampled every 64 accesses). The models remove synchronously at the high "
         "mark; \"LRU at that bound\" is the LRU model given the collector's peak as its high "
-        "mark, the comparison without the collector's lag. Not measured here: the collector's "
-        "effect on concurrent loads' throughput.\n\nCommand: "
+        "mark, the comparison without the collector's lag.\n\nCommand: "
         "`BUILD/tests/bench/bench_storecap --md docs/PERFORMANCE.md` "
         "(a Release or RelWithDebInfo build with -DSHARDFS_BENCH=ON; as root, for the mounts)\n\n");
     if (failed)
