@@ -354,6 +354,11 @@ static void holes_checked(struct posix_backend *p, struct sfs_io *finished)
         if (io_flags(io) & F_HOLE)
             sfs_posix_io_put_fd_locked(p, io);
     }
+    /* A last reference let go here queues its file's close on the ring:
+     * submitted now, not left for the next load to carry (nor, at the
+     * backend's close, never: the handle and its descriptor leaked). */
+    sfs_posix_drain_pending_locked(p);
+    sfs_posix_submit_locked(p);
     pthread_mutex_unlock(&p->sq_lock);
 }
 
