@@ -7,7 +7,8 @@
  * stuck before its commit point stores nothing once its caller gave up;
  * one stuck past it is waited for once more, then given up; an eviction
  * or a remove whose caller gave up removes nothing; a process that
- * cannot start a helper answers -EAGAIN at once.
+ * cannot start a helper answers -EAGAIN at once. A call runs at its
+ * caller's nice value, whatever helpers earlier calls started.
  *
  * Key idea: a commit is held in its helper at a test point
  * ("commit:written", before the commit point; "commit:pending", past it)
@@ -20,6 +21,7 @@
 
 #include <pthread.h>
 #include <stdatomic.h>
+#include <sys/resource.h>
 
 TestSuite(posix_calls, .init = mkroot, .fini = rmroot, .timeout = 60);
 
@@ -229,4 +231,56 @@ Test(posix_calls, an_eviction_or_a_remove_whose_caller_gave_up_removes_nothing)
     sfs_backend_close(be); /* waits a grace for both helpers, now free */
     sfs_testpoint_disarm_all();
     cr_assert_eq(file_size(0, 500), (off_t)S_SMALL, "removed after its caller gave up");
+}
+
+static atomic_int nice_seen;
+
+static void record_nice(const char *name, void *arg)
+{
+    (void)name;
+    (void)arg;
+    atomic_store(&nice_seen, getpriority(PRIO_PROCESS, 0)); /* Linux: this thread's */
+}
+
+struct nice_dumper {
+    struct sfs_backend *be;
+    uint64_t block;
+    int nice, r;
+};
+
+static void *nice_dump_thread(void *arg)
+{
+    struct nice_dumper *d = arg;
+
+    d->r = setpriority(PRIO_PROCESS, 0, d->nice) == 0 ? dump(d->be, d->block, 0) : -errno;
+    return NULL;
+}
+
+/*
+ * A rank's background store writes call from threads it runs nicer than
+ * the application's: their commits must run at that nice on the helper,
+ * and a call of the application's after them at its own, in whichever
+ * order the helpers were started.
+ */
+Test(posix_calls, a_call_runs_at_its_callers_nice)
+{
+    struct sfs_backend *be = open_posix(5000);
+    int base = getpriority(PRIO_PROCESS, 0);
+    int nicer = base + 5 > 19 ? 19 : base + 5;
+
+    cr_assert_neq(nicer, base, "the test runs at nice 19 already");
+    cr_assert_eq(sfs_testpoint_arm("commit:written", SFS_TP_CALL, record_nice, NULL), 0);
+    for (uint64_t b = 400; b < 404; b++) {
+        struct nice_dumper d = {.be = be, .block = b, .nice = b % 2 ? base : nicer};
+        pthread_t t;
+
+        atomic_store(&nice_seen, 99);
+        cr_assert_eq(pthread_create(&t, NULL, nice_dump_thread, &d), 0);
+        pthread_join(t, NULL);
+        cr_assert_geq(d.r, 0, "block %lu: %d", (unsigned long)b, d.r);
+        cr_assert_eq(atomic_load(&nice_seen), d.nice, "block %lu: a caller at nice %d, its commit at %d",
+                     (unsigned long)b, d.nice, atomic_load(&nice_seen));
+    }
+    sfs_testpoint_disarm_all();
+    sfs_backend_close(be);
 }

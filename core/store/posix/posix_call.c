@@ -26,6 +26,16 @@
  * when some are still stuck, leaves the backend's memory and root
  * descriptor to them (a leak bounded by one backend, never freed while a
  * helper may use it).
+ *
+ * A job runs at its caller's nice value: a rank's write-behind store writes
+ * come from threads it runs at a lower priority, and their commits must not
+ * run at the application's. Linux keeps a nice value per thread, a helper
+ * inherits its creator's, and an unprivileged thread cannot lower its own
+ * again once raised: so a helper keeps the nice it was started with and
+ * takes only jobs of that nice, and a call starts a helper (inheriting its
+ * own) when none of its nice is idle. One exception keeps the bound: when
+ * all POSIX_HELPERS_MAX helpers are of other nice values, the first idle one
+ * takes the job rather than letting it time out.
  */
 #include "posix_i.h"
 #include "testpoint_i.h"
@@ -33,6 +43,7 @@
 #include <errno.h>
 #include <signal.h>
 #include <stdlib.h>
+#include <sys/resource.h>
 #include <time.h>
 
 #define HELPER_IDLE_NS (5ll * 1000000000)
@@ -52,33 +63,81 @@ void sfs_posix_job_free(struct posix_job *j)
     free(j);
 }
 
+/* The calling thread's nice value, as an index of call_*_at (0 .. 39). */
+static int nice_index(void)
+{
+    int n;
+
+    errno = 0;
+    n = getpriority(PRIO_PROCESS, 0); /* Linux: the calling thread's */
+    if (n == -1 && errno)
+        n = 0;
+    n += 20;
+    return n < 0 ? 0 : n >= POSIX_NICE_LEVELS ? POSIX_NICE_LEVELS - 1 : n;
+}
+
+/* The first queued job a helper of nice index `at` takes, unlinked; NULL when
+ * none: one of its own nice, else one whose nice no helper has. */
+static struct posix_job *take_job(struct posix_backend *p, int at)
+{
+    struct posix_job **pp, *prev = NULL, **orphan = NULL, *orphan_prev = NULL, *j;
+
+    for (pp = &p->call_head; *pp; prev = *pp, pp = &(*pp)->next) {
+        if ((*pp)->nice == at)
+            break;
+        if (!orphan && p->call_alive_at[(*pp)->nice] == 0) {
+            orphan = pp;
+            orphan_prev = prev;
+        }
+    }
+    if (!*pp) {
+        if (!orphan)
+            return NULL;
+        pp = orphan;
+        prev = orphan_prev;
+    }
+    j = *pp;
+    *pp = j->next;
+    if (p->call_tail == j)
+        p->call_tail = prev;
+    return j;
+}
+
+/* A helper's start: counted in call_alive_at[at] by the call that starts it,
+ * whose nice the helper inherits. */
+struct helper_start {
+    struct posix_backend *p;
+    int at;
+};
+
 static void *helper_main(void *arg)
 {
-    struct posix_backend *p = arg;
+    struct helper_start *hs = arg;
+    struct posix_backend *p = hs->p;
+    int at = hs->at;
 
+    free(hs);
     pthread_mutex_lock(&p->call_lock);
     for (;;) {
         struct posix_job *j;
         int r;
 
-        while (!p->call_head && !p->call_stop) {
+        while (!(j = take_job(p, at)) && !p->call_stop) {
             struct timespec ts;
             int e;
 
             /* CLOCK_MONOTONIC: call_cond is set up with it (posix_call_init). */
             ts_of(sfs_now_ns() + HELPER_IDLE_NS, &ts);
-            p->call_idle++;
+            p->call_idle_at[at]++;
             e = pthread_cond_timedwait(&p->call_cond, &p->call_lock, &ts);
-            p->call_idle--;
-            if (e == ETIMEDOUT && !p->call_head)
+            p->call_idle_at[at]--;
+            if (e == ETIMEDOUT && !(j = take_job(p, at)))
                 goto out;
+            if (j)
+                break;
         }
-        if (!p->call_head)
+        if (!j)
             goto out; /* stopping */
-        j = p->call_head;
-        p->call_head = j->next;
-        if (!p->call_head)
-            p->call_tail = NULL;
         j->state = JOB_RUNNING;
         pthread_mutex_unlock(&p->call_lock);
 
@@ -96,10 +155,43 @@ static void *helper_main(void *arg)
         pthread_cond_broadcast(&p->call_done);
     }
 out:
+    p->call_alive_at[at]--;
     p->call_threads--;
     pthread_cond_broadcast(&p->call_done);
     pthread_mutex_unlock(&p->call_lock);
     return NULL;
+}
+
+/* Start a helper at the calling thread's nice (index `at`), under
+ * call_lock: true when it runs. */
+static bool start_helper(struct posix_backend *p, int at)
+{
+    struct helper_start *hs = malloc(sizeof(*hs));
+    sigset_t all, old;
+    pthread_attr_t attr;
+    pthread_t t;
+    bool ok;
+
+    if (!hs)
+        return false;
+    *hs = (struct helper_start){p, at};
+    /* Helpers take no signals (they belong to the application's threads)
+     * and are never joined: one may be stuck for good. */
+    pthread_attr_init(&attr);
+    pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
+    sigfillset(&all);
+    pthread_sigmask(SIG_SETMASK, &all, &old);
+    /* Tests: a process out of threads ("call:helper"). */
+    ok = SFS_TEST_RESULT("call:helper", 0) == 0 && pthread_create(&t, &attr, helper_main, hs) == 0;
+    pthread_sigmask(SIG_SETMASK, &old, NULL);
+    pthread_attr_destroy(&attr);
+    if (!ok) {
+        free(hs);
+        return false;
+    }
+    p->call_threads++;
+    p->call_alive_at[at]++;
+    return true;
 }
 
 int sfs_posix_call_init(struct posix_backend *p)
@@ -133,30 +225,18 @@ int sfs_posix_call(struct posix_backend *p, struct posix_job *j)
 
     j->state = JOB_QUEUED;
     j->next = NULL;
+    j->nice = nice_index();
     pthread_mutex_lock(&p->call_lock);
     if (p->call_tail)
         p->call_tail->next = j;
     else
         p->call_head = j;
     p->call_tail = j;
-    if (p->call_idle == 0 && p->call_threads < POSIX_HELPERS_MAX) {
-        sigset_t all, old;
-        pthread_attr_t at;
-        pthread_t t;
-
-        /* Helpers take no signals (they belong to the application's
-         * threads) and are never joined: one may be stuck for good. */
-        pthread_attr_init(&at);
-        pthread_attr_setdetachstate(&at, PTHREAD_CREATE_DETACHED);
-        sigfillset(&all);
-        pthread_sigmask(SIG_SETMASK, &all, &old);
-        /* Tests: a process out of threads ("call:helper"). */
-        if (SFS_TEST_RESULT("call:helper", 0) == 0 && pthread_create(&t, &at, helper_main, p) == 0)
-            p->call_threads++;
-        pthread_sigmask(SIG_SETMASK, &old, NULL);
-        pthread_attr_destroy(&at);
-    } else {
-        pthread_cond_signal(&p->call_cond);
+    if (p->call_idle_at[j->nice] > 0 || p->call_threads >= POSIX_HELPERS_MAX ||
+        !start_helper(p, j->nice)) {
+        /* Every idle helper looks: one of the job's nice takes it, or any
+         * one when no helper has its nice. */
+        pthread_cond_broadcast(&p->call_cond);
     }
     ts_of(deadline, &ts);
     while (j->state != JOB_DONE) {

@@ -32,6 +32,12 @@ struct posix_job;
 #define PATH_REL_MAX   160
 #define POSIX_HOST_MAX 40
 
+/* Helpers of the synchronous calls alive at once: also how many calls can be
+ * stuck in a hung file system at once (posix_call.c). */
+#define POSIX_HELPERS_MAX 8u
+/* Linux's nice values, -20..19. */
+#define POSIX_NICE_LEVELS 40
+
 struct posix_backend {
     struct sfs_backend be;
     int root_fd; /* O_PATH directory; immutable after open */
@@ -62,8 +68,11 @@ struct posix_backend {
     struct posix_job *call_head; /* call_lock: jobs not yet taken */
     struct posix_job *call_tail; /* call_lock */
     unsigned call_threads;       /* call_lock: helpers alive, <= POSIX_HELPERS_MAX */
-    unsigned call_idle;          /* call_lock: helpers waiting for a job */
-    bool call_stop;              /* call_lock */
+    /* call_lock: helpers alive and waiting for a job, by nice value (index
+     * nice + 20): a job runs at its caller's (posix_call.c). */
+    unsigned char call_alive_at[POSIX_NICE_LEVELS];
+    unsigned char call_idle_at[POSIX_NICE_LEVELS];
+    bool call_stop; /* call_lock */
 
     /* posix_commit.c: temporary names and their sweep. */
     char host[POSIX_HOST_MAX + 1]; /* immutable: this host's name, [A-Za-z0-9_-] only */
@@ -83,9 +92,6 @@ struct posix_backend {
     int64_t lease_swept_ns; /* when its holder last swept the lease's leftovers */
 };
 
-/* Helpers of the synchronous calls alive at once: also how many calls can be
- * stuck in a hung file system at once (posix_call.c). */
-#define POSIX_HELPERS_MAX 8u
 
 /* One synchronous call, run by a helper. Allocated by the caller as one
  * block (with its inputs and outputs); fn must touch nothing outside it but
@@ -95,12 +101,15 @@ struct posix_job {
     void (*drop)(struct posix_job *j); /* frees what the job points to, or NULL */
     int result;                        /* fn's return, once done */
     int state;                         /* call_lock */
+    int nice;                          /* its caller's, the helper's that runs it */
     struct posix_job *next;            /* call_lock: queue link */
 };
 
 /* posix_call.c. Set up the helpers' lock and conditions: 0 or -errno. */
 int sfs_posix_call_init(struct posix_backend *p);
-/* Run j on a helper and wait until the backend's deadline. Returns 0 when j
+/* Run j on a helper and wait until the backend's deadline, at the calling
+ * thread's nice value (a background writer's call stays in the background).
+ * Returns 0 when j
  * ran (j->result holds fn's return; the caller frees j with
  * sfs_posix_job_free), or -ETIMEDOUT (deadline) / -EAGAIN (no helper could
  * be started): then j is no longer the caller's. */
