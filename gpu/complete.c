@@ -161,14 +161,14 @@ void sfs_item_dump_copied(struct rank_item *it)
     rank_push_work(rk, it);
 }
 
-/* Hand a chain of held items (linked by own_next) to the workers. */
+/* Hand a chain of held items (linked by own_next) to the background threads. */
 static void push_held(struct sfs_rank *rk, struct rank_item *it)
 {
     while (it) {
         struct rank_item *next = it->own_next;
 
         it->own_next = NULL;
-        rank_push_work(rk, it);
+        rank_push_behind(rk, it);
         it = next;
     }
 }
@@ -189,11 +189,11 @@ void sfs_task_no_hold(struct sfs_task *t)
 /* The entry ends now, as an expired load's does (sfs_item_expire), and the
  * item lives on with a task reference and an active count of its own, so
  * close and a re-attach wait for the store write; sfs_item_behind_done()
- * drops them with the lease. An item of the copier is handed to a worker
- * here: held back while the task still copies (and no dump of it bounced,
- * and fewer than RANK_BEHIND_HOLD_MAX are held), all at once when its last
- * entry ends. A worker's (a bounced dump that took its slot) writes it
- * itself. */
+ * drops them with the lease. An item of the copier is handed to a
+ * background thread here (rank_push_behind): held back while the task still
+ * copies (and no dump of it bounced, and fewer than RANK_BEHIND_HOLD_MAX are
+ * held), all at once when its last entry ends. A worker's (a bounced dump
+ * that took its slot) is handed over by that worker (owner.c). */
 int sfs_item_publish_behind(struct rank_item *it, bool worker)
 {
     struct sfs_rank *rk = it->rank;
@@ -226,11 +226,13 @@ int sfs_item_publish_behind(struct rank_item *it, bool worker)
         t->held_head = t->held_tail = NULL;
         t->nheld = 0;
     }
-    if (finished)
+    if (finished) {
+        t->done_ns = sfs_now_ns();
         pthread_cond_broadcast(&t->cv);
+    }
     pthread_mutex_unlock(&t->mu);
     if (!worker && !hold)
-        rank_push_work(rk, it);
+        rank_push_behind(rk, it);
     push_held(rk, held);
     if (finished) {
         sfs_rank_active_put(rk);

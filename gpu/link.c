@@ -228,6 +228,7 @@ static int rank_relink(struct sfs_rank *rk)
     sfs_workq_restart(&rk->tq);
     sfs_workq_restart(&rk->ready);
     sfs_workq_restart(&rk->work);
+    sfs_workq_restart(&rk->behind);
     /* Relaxed: the threads that read it are started below (pthread_create
      * orders this store before them); the callers hold link_rw. */
     atomic_store_explicit(&rk->link_lost, false, memory_order_relaxed);

@@ -75,6 +75,7 @@ static void rank_free(struct sfs_rank *rk)
         sfs_workq_destroy(&rk->tq);
         sfs_workq_destroy(&rk->ready);
         sfs_workq_destroy(&rk->work);
+        sfs_workq_destroy(&rk->behind);
     }
     pthread_mutex_destroy(&rk->mu);
     pthread_cond_destroy(&rk->idle_cv);
@@ -138,6 +139,11 @@ struct sfs_rank *rank_open_0_2(const struct sfs_rank_config *cfg, int *err)
     if (r == 0 && (r = sfs_workq_init(&rk->work)) < 0) {
         sfs_workq_destroy(&rk->tq);
         sfs_workq_destroy(&rk->ready);
+    }
+    if (r == 0 && (r = sfs_workq_init(&rk->behind)) < 0) {
+        sfs_workq_destroy(&rk->tq);
+        sfs_workq_destroy(&rk->ready);
+        sfs_workq_destroy(&rk->work);
     }
     if (r < 0) {
         *err = r;

@@ -129,6 +129,12 @@ struct sfs_task {
     struct rank_item *held_head, *held_tail;
     unsigned nheld;
     bool no_hold;
+    /* Write-behind: the task's end was seen (a wait or a done() returned it,
+     * or the task was freed), and when it ended (sfs_now_ns). The store
+     * writes of an ended task wait for the first, RANK_BEHIND_GRACE_NS at
+     * most (owner.c). Under mu. */
+    bool seen;
+    int64_t done_ns;
     size_t n;
     struct sfs_rank_entry *entries;
     struct sfs_rank_piece *pieces; /* the vectored entries' pieces; NULL: none */
@@ -198,6 +204,7 @@ struct sfs_rank {
     struct sfs_workq tq;    /* tasks for the dispatcher (struct sfs_task) */
     struct sfs_workq ready; /* items ready to copy (copier thread) */
     struct sfs_workq work;  /* dumps to submit, takeover loads (worker threads) */
+    struct sfs_workq behind; /* write-behind store writes (background threads) */
     /* Dump tasks submitted and not yet walked by the dispatcher (whose Gets
      * take their keys for writing). A small load runs inline only when it
      * is 0, so a load never overtakes an earlier dump of this rank. */
@@ -244,6 +251,8 @@ struct sfs_rank {
     struct sfs_releaser *releaser; /* copier.c; NULL: none */
     pthread_t *worker_threads;
     unsigned nworker_threads; /* started */
+    pthread_t *behind_threads; /* nworkers of them, at RANK_BEHIND_NICE */
+    unsigned nbehind_threads;  /* started */
     bool dispatcher_started, copier_started;
     bool queues_ready; /* tq, ready and work initialised */
 
@@ -278,6 +287,13 @@ void sfs_log(int level, const char *fmt, ...) __attribute__((format(printf, 2, 3
 
 /* Write-behind store writes a task holds back at most (complete.c). */
 #define RANK_BEHIND_HOLD_MAX 64u
+/* How much nicer than the process the background store writes run (owner.c):
+ * on a busy host they take the CPU time the application's threads leave, and
+ * still get a share (nice 10 weighs a tenth of nice 0), never starve. */
+#define RANK_BEHIND_NICE 10
+/* How long the store writes of an ended write-behind task wait for its end
+ * to be seen (owner.c): the waiter's wake-up goes first. */
+#define RANK_BEHIND_GRACE_NS (2ll * 1000000)
 
 /* A backend reports bytes moved in an int (struct sfs_io): a bigger shard
  * would read as an error. sfs_rank_open() refuses a cache past it. */
@@ -321,6 +337,13 @@ static inline void rank_push_copy(struct sfs_rank *rk, struct rank_item *it)
 static inline void rank_push_work(struct sfs_rank *rk, struct rank_item *it)
 {
     sfs_workq_push(&rk->work, &it->qn);
+}
+
+/* Hand a published write-behind dump to a background thread for its store
+ * write. Any thread. */
+static inline void rank_push_behind(struct sfs_rank *rk, struct rank_item *it)
+{
+    sfs_workq_push(&rk->behind, &it->qn);
 }
 
 /* complete.c: the end of an item or a task; calls nothing above it. */

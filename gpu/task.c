@@ -222,6 +222,17 @@ int sfs_rank_dumpv_after(struct sfs_rank *rk, const struct sfs_rank_entryv *entr
                   task);
 }
 
+/* The task's end is seen by its user: its write-behind store writes may
+ * start (owner.c waits for this). Under t->mu. */
+static void task_seen(struct sfs_task *t)
+{
+    if (!t->seen) {
+        t->seen = true;
+        if (t->behind)
+            pthread_cond_broadcast(&t->cv);
+    }
+}
+
 int sfs_rank_wait(struct sfs_task *t, int timeout_ms, int *status)
 {
     struct timespec ts;
@@ -247,6 +258,8 @@ int sfs_rank_wait(struct sfs_task *t, int timeout_ms, int *status)
     }
     if (r == 0 && status)
         memcpy(status, t->status, t->n * sizeof(*status));
+    if (r == 0)
+        task_seen(t);
     pthread_mutex_unlock(&t->mu);
     return r;
 }
@@ -259,6 +272,8 @@ bool sfs_rank_task_done(struct sfs_task *t)
         return false;
     pthread_mutex_lock(&t->mu);
     done = t->pending == 0;
+    if (done)
+        task_seen(t);
     pthread_mutex_unlock(&t->mu);
     return done;
 }
@@ -270,6 +285,10 @@ size_t sfs_rank_task_size(struct sfs_task *t)
 
 void sfs_rank_task_free(struct sfs_task *t)
 {
-    if (t)
-        sfs_task_unref(t);
+    if (!t)
+        return;
+    pthread_mutex_lock(&t->mu);
+    task_seen(t); /* nobody looks any more */
+    pthread_mutex_unlock(&t->mu);
+    sfs_task_unref(t);
 }

@@ -15,6 +15,8 @@
 
 #include <criterion/criterion.h>
 
+#include <dirent.h>
+
 #include <errno.h>
 #include <fcntl.h>
 #include <poll.h>
@@ -23,6 +25,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <sys/syscall.h>
 #include <unistd.h>
 
 #define NK 4 /* keys a writer dumps: blocks 0..NK-1, shard 0 (one per worker) */
@@ -333,6 +336,137 @@ Test(rank_behind, entry_ends_before_the_store_has_it_and_close_waits, .timeout =
         assert_resident(&e, i, 0);
     }
     behind_stats_wait(&e, NK, 0);
+    env_down(&e);
+}
+
+/* The nice value of a thread (field 19 of /proc/PID/task/TID/stat). */
+static int thread_nice(pid_t pid, const char *tid)
+{
+    char path[96], buf[1024], *p;
+    int nice = 99;
+    FILE *f;
+
+    snprintf(path, sizeof(path), "/proc/%d/task/%s/stat", (int)pid, tid);
+    f = fopen(path, "r");
+    if (!f)
+        return 99;
+    if (fgets(buf, sizeof(buf), f) && (p = strrchr(buf, ')')) &&
+        sscanf(p + 2, "%*c %*d %*d %*d %*d %*d %*u %*u %*u %*u %*u %*u %*u %*d %*d %*d %d",
+               &nice) != 1)
+        nice = 99;
+    fclose(f);
+    return nice;
+}
+
+/* How many threads of pid are in read(fd), and the nice of the last. */
+static int threads_reading(pid_t pid, int fd, int *nice)
+{
+    char dir[64], path[64 + 256 + 16], want[48], buf[256];
+    struct dirent *de;
+    DIR *d;
+    int n = 0;
+
+    snprintf(dir, sizeof(dir), "/proc/%d/task", (int)pid);
+    snprintf(want, sizeof(want), "%ld 0x%x ", (long)SYS_read, fd);
+    d = opendir(dir);
+    if (!d)
+        return 0;
+    while ((de = readdir(d))) {
+        FILE *f;
+
+        if (de->d_name[0] == '.')
+            continue;
+        snprintf(path, sizeof(path), "%s/%s/syscall", dir, de->d_name);
+        f = fopen(path, "r");
+        if (!f)
+            continue;
+        if (fgets(buf, sizeof(buf), f) && strncmp(buf, want, strlen(want)) == 0) {
+            n++;
+            *nice = thread_nice(pid, de->d_name);
+        }
+        fclose(f);
+    }
+    closedir(d);
+    return n;
+}
+
+Test(rank_behind, store_writes_run_nicer_than_the_application, .timeout = 120)
+{
+    /* The writer's store writes are held in the test hook's read(): each
+     * is then in a background thread, whose nice must be 10 above the
+     * writer's own (19 at most). */
+    struct env e;
+    int hold[2], nice = 99, n = 0;
+    struct writer w = {.mode = SFS_DUMP_WRITE_BEHIND};
+
+    up(&e);
+    cr_assert_eq(pipe(hold), 0);
+    w.sock = e.sock;
+    w.hold_fd = hold[0];
+    snprintf(w.spec, sizeof(w.spec), "%s", e.dir);
+    pid_t pid = writer_start(&w);
+
+    close(hold[0]);
+    cr_assert_eq(writer_says(&w, 20000), 'd');
+    for (int i = 0; i < 2000 && (n = threads_reading(pid, w.hold_fd, &nice)) == 0; i++)
+        usleep(10000);
+    cr_assert_geq(n, 1, "no store write reached the hold");
+    char main_tid[16];
+    int base, want;
+
+    snprintf(main_tid, sizeof(main_tid), "%d", (int)pid);
+    base = thread_nice(pid, main_tid);
+    want = base + 10 > 19 ? 19 : base + 10;
+    cr_assert_eq(nice, want, "a store write runs at nice %d, the writer at %d", nice, base);
+    writer_close(&w);
+    for (int i = 0; i < NK; i++)
+        cr_assert_eq(write(hold[1], "g", 1), 1);
+    cr_assert_eq(writer_says(&w, 20000), 'c');
+    writer_end(&w, pid);
+    close(hold[1]);
+    behind_stats_wait(&e, NK, 0);
+    env_down(&e);
+}
+
+Test(rank_behind, store_writes_of_a_task_nobody_looks_at_start_after_a_grace, .timeout = 120)
+{
+    /* A task's store writes wait for its end to be seen (a wait or a
+     * done() that returns it), at most a short grace: a task nobody waits
+     * for, polls or frees still reaches the store. */
+    struct env e;
+    struct sfs_rank_entry ent[NK];
+    struct sfs_task *t;
+    int st[NK];
+    uint8_t *src = malloc((size_t)NK * SHARD);
+    bool all = false;
+
+    up(&e);
+    cr_assert(src);
+    struct sfs_rank *rk = rank_here(&e, e.dir, 0, 0);
+
+    cr_assert_eq(sfs_rank_set_dump_mode(rk, SFS_DUMP_WRITE_BEHIND), 0);
+    for (int i = 0; i < NK; i++) {
+        struct sfs_key k = tu_key(i, 0);
+
+        tu_fill(&k, src + (size_t)i * SHARD, SHARD);
+        ent[i] = (struct sfs_rank_entry){k.block, 0, src + (size_t)i * SHARD};
+    }
+    cr_assert_eq(sfs_rank_dump(rk, ent, NK, &t), 0);
+    for (int r = 0; r < 1000 && !all; r++) {
+        all = true;
+        for (int i = 0; i < NK; i++)
+            all = all && store_has(&e, i, 0);
+        if (!all)
+            usleep(10000);
+    }
+    cr_assert(all, "the store writes of a task nobody looked at did not start");
+    cr_assert_eq(sfs_rank_wait(t, 20000, st), 0);
+    for (int i = 0; i < NK; i++)
+        cr_assert_eq(st[i], 0);
+    sfs_rank_task_free(t);
+    sfs_rank_close(rk);
+    behind_stats_wait(&e, NK, 0);
+    free(src);
     env_down(&e);
 }
 
