@@ -76,6 +76,23 @@ class VllmCase(fixture.OwnDaemonCase):
     shard_size = PAGE * LAYERS
     missing = MISSING
 
+    def store_file_size(self, blk, want):
+        """The size of block blk's store file once it is `want` bytes, or
+        the last size seen at the deadline: stores are write-behind, their
+        file writes follow the job's end."""
+        path = os.path.join(self.d.store, "data", blk)
+
+        def size():
+            try:
+                return os.path.getsize(path)
+            except FileNotFoundError:
+                return -1
+        try:
+            until(lambda: size() == want, f"store file {blk} of {want} bytes")
+        except AssertionError:
+            pass  # the caller's assert says what it found
+        return size()
+
     def engine(self, page=PAGE, layers=LAYERS, seed=1, block_major=False, **kw):
         kw_cache = {"block_major": block_major}
         extra = fv.extra_config(self.d.sock, self.d.store, **kw.pop("extra", {}))
@@ -480,8 +497,7 @@ class Parallel(VllmCase):
             self.assertEqual([c.block(5), c.block(6)], [c.block(0), c.block(1)])
         self.assertNotEqual(c0.block(5), c1.block(5))
         blk = out.store_spec.blocks[0].hex()
-        self.assertEqual(os.path.getsize(os.path.join(self.d.store, "data", blk)),
-                         2 * self.shard_size)
+        self.assertEqual(self.store_file_size(blk, 2 * self.shard_size), 2 * self.shard_size)
 
     def test_mla_stores_one_shard_and_every_rank_loads_it(self):
         s0, m0, w0, c0 = self.engine(seed=12, world=2, rank=0, replicated=True)
@@ -496,7 +512,7 @@ class Parallel(VllmCase):
             self.assertEqual([c.block(7), c.block(8)], [c0.block(0), c0.block(1)])
         self.assertEqual(self.d.stats().get("shardfs_bytes_read_total", 0), loads)
         blk = s0.block_of(fv.keys_of(hashes)[0]).hex()
-        self.assertEqual(os.path.getsize(os.path.join(self.d.store, "data", blk)), self.shard_size)
+        self.assertEqual(self.store_file_size(blk, self.shard_size), self.shard_size)
 
 
 if __name__ == "__main__":
