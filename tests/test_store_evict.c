@@ -389,6 +389,41 @@ static struct stat lease_stat(const char *path)
 }
 
 /*
+ * A file system may give a freed inode number to the next file it makes:
+ * after a taker broke a paused holder's lease and removed its file, a
+ * later holder's file can come under the name with the paused holder's
+ * old inode number. The holder then must not count it as its own: it
+ * checks its token too. Modelled here by another token written into the
+ * holder's file in place (the same inode), at its renewal and between two.
+ */
+Test(store_evict, a_lease_file_with_our_inode_but_another_token_is_not_ours)
+{
+    struct sfs_backend *a = open_spec("%s", g_root);
+    const char other[] = "another-host.4242.0123456789abcdef";
+    char path[400];
+    int fd;
+
+    snprintf(path, sizeof(path), "%s/.shardfs_lease.collector", g_root);
+    for (int at_renewal = 0; at_renewal < 2; at_renewal++) {
+        cr_assert_eq(sfs_backend_lease(a, "collector", 60000), 1);
+        ino_t ino = lease_stat(path).st_ino;
+
+        fd = open(path, O_WRONLY | O_TRUNC);
+        cr_assert_geq(fd, 0);
+        cr_assert_eq(write(fd, other, strlen(other)), (ssize_t)strlen(other));
+        close(fd);
+        cr_assert_eq(lease_stat(path).st_ino, ino);
+        if (at_renewal)
+            usleep(2000); /* past a quarter of a 1 ms ttl: the call renews */
+        cr_assert_eq(sfs_backend_lease(a, "collector", at_renewal ? 1 : 60000), 0,
+                     "another's token under our inode number counted as ours (%s)",
+                     at_renewal ? "at a renewal" : "between renewals");
+        cr_assert_eq(unlink(path), 0);
+    }
+    sfs_backend_close(a);
+}
+
+/*
  * The holder's own calls: each one a quarter of the ttl after the last
  * renews the lease (its mtime to the store's now); a lease moved off its
  * name (a taker's rename) is lost at the holder's next look, and taken

@@ -18,9 +18,11 @@
  *   - No file: the caller writes its token into a temporary file and links
  *     it to the lease's name; link(2) fails with EEXIST when another got
  *     there first.
- *   - Held (the caller's inode under the name): a stat checks it, at every
- *     call (the collector calls before each removal), and renews it.
- *     Another inode, or none: lost, for good.
+ *   - Held (the caller's inode under the name, holding its token): a look
+ *     checks it, at every call (the collector calls before each removal),
+ *     and renews it. Another inode, another token (a file system may give
+ *     a broken lease's freed inode number to a later holder's file), or
+ *     none: lost, for good.
  *   - Another's, live: not held (stand by).
  *   - Another's, older than the ttl (its holder died or hangs): the caller
  *     renames the file away to a name of its own (.<token>.brk). Of several
@@ -216,14 +218,21 @@ static void sweep_leftovers(struct posix_backend *p, const char *name, const str
                 swept, name);
 }
 
-/* The lease's name holds our file (the inode we linked): 1, 0, -errno. */
+/* The lease's name holds our file: the inode we linked, holding our token.
+ * The inode alone is not enough: a file system may give a freed inode
+ * number to the next file, so after a taker broke our file and removed it,
+ * another holder's file may come under the name with our old number.
+ * 1, 0, -errno. */
 static int is_ours(struct posix_backend *p, const char *name)
 {
+    char tok[sizeof(p->lease_token)];
     struct stat st;
+    int r = read_token(p, name, tok, sizeof(tok), &st);
 
-    if (fstatat(p->root_fd, name, &st, AT_SYMLINK_NOFOLLOW) < 0)
-        return errno == ENOENT ? 0 : -errno;
-    return st.st_dev == p->lease_dev && st.st_ino == p->lease_ino;
+    if (r < 0)
+        return r == -ENOENT || r == -EIO || r == -ELOOP ? 0 : r; /* not a regular file */
+    return st.st_dev == p->lease_dev && st.st_ino == p->lease_ino &&
+           strcmp(tok, p->lease_token) == 0;
 }
 
 /* Ours now: the lease's name holds the file st describes. */
@@ -245,7 +254,7 @@ static int keep_held(struct posix_backend *p, const char *name, uint32_t ttl_ms)
 
     if (r <= 0 || sfs_now_ns() - p->lease_renewed_ns < (int64_t)ttl_ms * 1000000 / 4)
         return r;
-    fd = openat(p->root_fd, name, O_WRONLY | O_CLOEXEC | O_NOFOLLOW);
+    fd = openat(p->root_fd, name, O_RDWR | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK | O_NOCTTY);
     if (fd < 0)
         return errno == ENOENT ? 0 : -errno;
     /* The stat after the renewal: its mtime is the file system's now. */
@@ -254,9 +263,17 @@ static int keep_held(struct posix_backend *p, const char *name, uint32_t ttl_ms)
         close(fd);
         return r;
     }
-    close(fd);
-    if (st.st_dev != p->lease_dev || st.st_ino != p->lease_ino)
-        return 0;
+    {
+        char tok[sizeof(p->lease_token)];
+        ssize_t n = S_ISREG(st.st_mode) ? pread(fd, tok, sizeof(tok) - 1, 0) : -1;
+
+        close(fd);
+        if (n < 0 || st.st_dev != p->lease_dev || st.st_ino != p->lease_ino)
+            return 0;
+        tok[n] = '\0';
+        if (strcmp(tok, p->lease_token) != 0)
+            return 0; /* our old inode number, another's file */
+    }
     /* Renewed our file: still under the name (a taker may have moved it
      * away between our look and the renewal)? */
     r = is_ours(p, name);
