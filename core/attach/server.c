@@ -88,6 +88,7 @@ struct sfs_server {
     gid_t gid;
     bool has_gid;
     unsigned max_per_uid;
+    int64_t hello_timeout_ns; /* HELLO_TIMEOUT_NS (tests: SHARDFS_TEST_HELLO_TIMEOUT_MS) */
     int64_t accept_resume; /* server thread: accepts paused until then (0: not) */
     /* The reaper: frees the leases of records the server declared dead, off
      * the epoll thread (a reap takes bucket locks; attaches never wait on
@@ -257,7 +258,7 @@ static void accept_one(struct sfs_server *s, int sock)
     k->pid = cred.pid;
     k->proc = peer_proc(cred.pid, pidfd);
     k->uid = cred.uid;
-    k->deadline = sfs_now_ns() + HELLO_TIMEOUT_NS;
+    k->deadline = sfs_now_ns() + s->hello_timeout_ns;
 }
 
 static void accept_all(struct sfs_server *s)
@@ -472,7 +473,7 @@ static int expire_hellos(struct sfs_server *s)
             if (k->state != CONN_HELLO)
                 continue;
             sfs_log(LOG_WARNING, "attach: refused pid %d: no hello within %lld ms (%zu bytes)",
-                    k->pid, HELLO_TIMEOUT_NS / 1000000, k->got);
+                    k->pid, (long long)(s->hello_timeout_ns / 1000000), k->got);
             refuse(k->fd, -ETIMEDOUT);
             conn_close(s, k);
         } else if (k->deadline < next) {
@@ -597,6 +598,13 @@ int sfs_cache_serve_opts(struct sfs_cache *c, const char *path, const struct sfs
     s->stop_fd = -1;
     s->ep = -1;
     s->max_per_uid = c->max_procs;
+    s->hello_timeout_ns = HELLO_TIMEOUT_NS;
+#ifdef SFS_TEST_HOOKS
+    /* Tests only: a longer hello deadline, so that a test can hold many
+     * hellos pending without racing it. */
+    if (getenv("SHARDFS_TEST_HELLO_TIMEOUT_MS"))
+        s->hello_timeout_ns = atoll(getenv("SHARDFS_TEST_HELLO_TIMEOUT_MS")) * 1000000;
+#endif
     for (unsigned i = 0; i < SERVER_MAX_CONNS; i++) {
         s->conns[i].fd = -1;
         s->conns[i].pidfd = -1;
