@@ -10,12 +10,14 @@
  * The uids here are the core's arguments; docs/security.md and
  * test_fs_pins.c show the mount passing a real unprivileged requester's.
  */
+#include "cache_i.h" /* the header: its pin counters */
 #include "testpoint_i.h"
 #include "testutil.h"
 
 #include <criterion/criterion.h>
 
 #include <errno.h>
+#include <stdatomic.h>
 #include <signal.h>
 #include <string.h>
 
@@ -283,5 +285,16 @@ Test(pin_owners, a_pin_writer_killed_mid_write_is_repaired, .timeout = 30)
     cr_assert_eq(sfs_cache_block_pinned(c, &x), 0);
     cr_assert_eq(pin(c, 40, 600, ALICE), 1);
     cr_assert_eq(pinned(c, 40), 1);
+    /* The entry counts are the table's again: the dead writer had counted
+     * the entry it never finished. */
+    cr_assert_eq(atomic_load(&c->hdr->pins_used), 2, "pins_used %u for 2 entries",
+                 atomic_load(&c->hdr->pins_used));
+    for (uint32_t u = 0; u < SFS_PIN_USERS; u++) {
+        uint32_t uid = atomic_load(&c->hdr->pin_users[u].uid);
+
+        if (uid == ALICE || uid == BOB)
+            cr_assert_eq(atomic_load(&c->hdr->pin_users[u].pins), 1, "uid %u: %u entries", uid,
+                         atomic_load(&c->hdr->pin_users[u].pins));
+    }
     sfs_cache_close(c);
 }

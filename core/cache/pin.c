@@ -269,6 +269,31 @@ void sfs_pin_on_unlink(struct sfs_cache *c, struct sfs_slot_rec *sl)
  * The table's writers: pin, unpin, sweep (pin_lock held).
  */
 
+/* The entry counts, pins_used and each user's, from the table (pin_lock
+ * held, after a writer died in it): a writer counts an entry before it
+ * writes it and uncounts it after, so one killed in between leaves them
+ * off by one for good (pins_used above 0 makes every load look the table
+ * up). Both are changed under pin_lock only, so the table is their truth.
+ * Bound: the table, once. */
+static void pin_recount(struct sfs_cache *c)
+{
+    uint32_t used = 0, per[SFS_PIN_USERS] = {0};
+
+    for (uint32_t i = 0; i < c->npins; i++) {
+        struct sfs_pin_rec *p = &c->pins[i];
+        uint32_t u = atomic_load_explicit(&p->user, memory_order_relaxed);
+
+        if (atomic_load_explicit(&p->expiry_ns, memory_order_relaxed) == 0)
+            continue;
+        used++;
+        if (u >= 1 && u <= SFS_PIN_USERS)
+            per[u - 1]++;
+    }
+    atomic_store_explicit(&c->hdr->pins_used, used, memory_order_relaxed);
+    for (uint32_t u = 0; u < SFS_PIN_USERS; u++)
+        atomic_store_explicit(&c->hdr->pin_users[u].pins, per[u], memory_order_relaxed);
+}
+
 static int pin_lock(struct sfs_cache *c)
 {
     pthread_mutex_t *m = &c->hdr->pin_lock;
@@ -286,6 +311,7 @@ static int pin_lock(struct sfs_cache *c)
                 pin_write(p, NULL, 0, 0);
             }
         }
+        pin_recount(c);
         pthread_mutex_consistent(m);
         r = 0;
     }
