@@ -8,7 +8,8 @@
  * one stuck past it is waited for once more, then given up; an eviction
  * or a remove whose caller gave up removes nothing; a process that
  * cannot start a helper answers -EAGAIN at once. A call runs at its
- * caller's nice value, whatever helpers earlier calls started.
+ * caller's nice value, whatever helpers earlier calls started, and one
+ * of another nice is taken by an idle helper when all are of others.
  *
  * Key idea: a commit is held in its helper at a test point
  * ("commit:written", before the commit point; "commit:pending", past it)
@@ -281,6 +282,49 @@ Test(posix_calls, a_call_runs_at_its_callers_nice)
         cr_assert_eq(atomic_load(&nice_seen), d.nice, "block %lu: a caller at nice %d, its commit at %d",
                      (unsigned long)b, d.nice, atomic_load(&nice_seen));
     }
+    sfs_testpoint_disarm_all();
+    sfs_backend_close(be);
+}
+
+/*
+ * With all 8 helpers started by calls of one nice value and idle, a call of
+ * another nice can start none: an idle helper takes it (at the helper's
+ * nice) rather than let it wait for its deadline.
+ */
+Test(posix_calls, with_every_helper_of_another_nice_one_takes_the_call)
+{
+    struct sfs_backend *be = open_posix(2000);
+    static struct dumper d[HELPERS];
+    pthread_t t[HELPERS];
+    int base = getpriority(PRIO_PROCESS, 0);
+    int nicer = base + 5 > 19 ? 19 : base + 5;
+
+    cr_assert_neq(nicer, base, "the test runs at nice 19 already");
+    /* Eight calls at once, each held in its helper: eight helpers of our
+     * nice, idle once let go (for 5 s, far longer than this test). */
+    atomic_store(&held, 0);
+    atomic_store(&go, 0);
+    cr_assert_eq(sfs_testpoint_arm("commit:written", SFS_TP_CALL, hold_here, NULL), 0);
+    for (int i = 0; i < HELPERS; i++) {
+        d[i] = (struct dumper){.be = be, .block = 500 + (uint64_t)i};
+        cr_assert_eq(pthread_create(&t[i], NULL, dump_thread, &d[i]), 0);
+    }
+    while (atomic_load(&held) < HELPERS)
+        usleep(1000);
+    atomic_store(&go, 1);
+    for (int i = 0; i < HELPERS; i++) {
+        pthread_join(t[i], NULL);
+        cr_assert_geq(d[i].r, 0, "caller %d: %d", i, d[i].r);
+    }
+    cr_assert_eq(sfs_testpoint_arm("commit:written", SFS_TP_CALL, record_nice, NULL), 0);
+    struct nice_dumper n = {.be = be, .block = 510, .nice = nicer};
+    pthread_t nt;
+
+    atomic_store(&nice_seen, 99);
+    cr_assert_eq(pthread_create(&nt, NULL, nice_dump_thread, &n), 0);
+    pthread_join(nt, NULL);
+    cr_assert_geq(n.r, 0, "a call of another nice with every helper idle: %d", n.r);
+    cr_assert_eq(atomic_load(&nice_seen), base, "run by one of the idle helpers");
     sfs_testpoint_disarm_all();
     sfs_backend_close(be);
 }
