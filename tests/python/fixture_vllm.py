@@ -12,11 +12,11 @@ the sharing tests:
 
 It writes its result, a JSON object, to the file RESULT (whole or not at
 all: a temporary file renamed), never to stdout: stdout and stderr are for
-logs. A result on stdout was lost in part: with PYTHONUNBUFFERED=1, Python's
-sys.stdout writes straight to the fd and drops what a short write() leaves
-(CPython gh-85393), and a pipe write that blocks (the parent not reading
-yet) is cut short when the kernel interrupts it, as it does right after a
-Rank's close (its io_uring ring's teardown).
+logs. With PYTHONUNBUFFERED=1, Python's sys.stdout writes straight to the
+fd and drops what a short write() leaves, and a pipe write that blocks (the
+parent not reading yet) may be cut short by any interruption of the process.
+(A Rank's close once was one: its io_uring ring, made in the opening
+thread, interrupted that thread at its teardown; test_rank_close.)
 """
 import json
 import os

@@ -61,6 +61,7 @@
 #include "testpoint_i.h"
 
 #include <fcntl.h>
+#include <signal.h>
 #include <stdlib.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -127,6 +128,46 @@ static bool ring_can_open(struct posix_backend *p)
     return ok;
 }
 
+/* The ring is made, and probed, by a thread of its own that ends at
+ * once. The kernel's teardown of a ring queues work with a signal-like
+ * notification (TWA_SIGNAL) to every live task that used it, its creator
+ * included: made in the caller's thread (an application's, opening a
+ * rank), the close would interrupt whatever that thread is blocked in then
+ * (a pipe write half done returns short; test_rank_close). The ring's
+ * users are the backend's own threads, ended before it is torn down. */
+struct ring_init_arg {
+    struct posix_backend *p;
+    unsigned depth;
+    int ret;
+};
+
+static void *ring_init_main(void *arg)
+{
+    struct ring_init_arg *a = arg;
+
+    a->ret = io_uring_queue_init(a->depth, &a->p->ring, 0);
+    if (a->ret == 0)
+        a->p->ring_open = ring_can_open(a->p);
+    return NULL;
+}
+
+static int ring_init(struct posix_backend *p, unsigned depth)
+{
+    struct ring_init_arg a = {.p = p, .depth = depth};
+    sigset_t all, old;
+    pthread_t t;
+    int r;
+
+    sigfillset(&all); /* the application's signals are not for it */
+    pthread_sigmask(SIG_SETMASK, &all, &old);
+    r = pthread_create(&t, NULL, ring_init_main, &a);
+    pthread_sigmask(SIG_SETMASK, &old, NULL);
+    if (r != 0)
+        return -r;
+    pthread_join(t, NULL);
+    return a.ret;
+}
+
 static const struct sfs_backend_ops posix_ops = {
     .name = "posix",
     .load = sfs_posix_load,
@@ -182,13 +223,12 @@ struct sfs_backend *sfs_posix_open(const char *root, const struct sfs_posix_opts
     /* Tests: a kernel that refuses io_uring (kernel.io_uring_disabled). */
     ret = SFS_TEST_RESULT("posix:ring_init", 0);
     if (ret == 0)
-        ret = io_uring_queue_init(o->depth, &p->ring, 0);
+        ret = ring_init(p, o->depth);
     if (ret < 0) {
         sfs_errf(errbuf, errlen, "posix: io_uring setup with depth=%u failed (errno %d)", o->depth,
                  -ret);
         goto out_close_root;
     }
-    p->ring_open = ring_can_open(p);
     if (p->ring_open) {
         ret = SFS_TEST_RESULT("posix:call_init", 0);
         if (ret == 0)
