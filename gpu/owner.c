@@ -554,6 +554,35 @@ int sfs_own_prefetch(struct sfs_rank *rk, const struct sfs_key *keys, size_t n)
  * stop call these).
  */
 
+/* rk->nworkers threads running fn: *out their array, *started how many
+ * began (a failure leaves those for threads_stop). 0 or -errno. */
+static int threads_start(struct sfs_rank *rk, void *(*fn)(void *), pthread_t **out,
+                         unsigned *started)
+{
+    *out = calloc(rk->nworkers, sizeof(**out));
+    if (!*out)
+        return -ENOMEM;
+    for (unsigned i = 0; i < rk->nworkers; i++) {
+        int r = pthread_create(&(*out)[i], NULL, fn, rk);
+
+        if (r)
+            return -r;
+        (*started)++;
+    }
+    return 0;
+}
+
+/* Stop q (its consumers drain it, then end) and join its threads. */
+static void threads_stop(struct sfs_workq *q, pthread_t **t, unsigned *n)
+{
+    sfs_workq_stop(q);
+    for (unsigned i = 0; i < *n; i++)
+        pthread_join((*t)[i], NULL);
+    *n = 0;
+    free(*t);
+    *t = NULL;
+}
+
 int sfs_own_workers_start(struct sfs_rank *rk)
 {
     int r;
@@ -565,25 +594,10 @@ int sfs_own_workers_start(struct sfs_rank *rk)
             return -r;
         rk->expirer_started = true;
     }
-    rk->worker_threads = calloc(rk->nworkers, sizeof(*rk->worker_threads));
-    if (!rk->worker_threads)
-        return -ENOMEM;
-    for (unsigned i = 0; i < rk->nworkers; i++) {
-        r = pthread_create(&rk->worker_threads[i], NULL, worker_main, rk);
-        if (r)
-            return -r;
-        rk->nworker_threads++;
-    }
-    rk->behind_threads = calloc(rk->nworkers, sizeof(*rk->behind_threads));
-    if (!rk->behind_threads)
-        return -ENOMEM;
-    for (unsigned i = 0; i < rk->nworkers; i++) {
-        r = pthread_create(&rk->behind_threads[i], NULL, behind_main, rk);
-        if (r)
-            return -r;
-        rk->nbehind_threads++;
-    }
-    return 0;
+    r = threads_start(rk, worker_main, &rk->worker_threads, &rk->nworker_threads);
+    if (r == 0)
+        r = threads_start(rk, behind_main, &rk->behind_threads, &rk->nbehind_threads);
+    return r;
 }
 
 /* The watchers are stopped (they hand takeovers to the workers): drain the
@@ -599,16 +613,6 @@ void sfs_own_workers_stop(struct sfs_rank *rk)
         pthread_join(rk->expirer, NULL);
         rk->expirer_started = false;
     }
-    sfs_workq_stop(&rk->work);
-    for (unsigned i = 0; i < rk->nworker_threads; i++)
-        pthread_join(rk->worker_threads[i], NULL);
-    rk->nworker_threads = 0;
-    free(rk->worker_threads);
-    rk->worker_threads = NULL;
-    sfs_workq_stop(&rk->behind);
-    for (unsigned i = 0; i < rk->nbehind_threads; i++)
-        pthread_join(rk->behind_threads[i], NULL);
-    rk->nbehind_threads = 0;
-    free(rk->behind_threads);
-    rk->behind_threads = NULL;
+    threads_stop(&rk->work, &rk->worker_threads, &rk->nworker_threads);
+    threads_stop(&rk->behind, &rk->behind_threads, &rk->nbehind_threads);
 }

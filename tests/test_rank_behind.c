@@ -107,6 +107,21 @@ static pid_t writer_start(struct writer *w)
     return pid;
 }
 
+/* A write-behind writer on e over its store, its store writes held on the
+ * pipe hold (hold[1] the test's end: a byte lets one write go). */
+static pid_t held_writer_start(struct env *e, struct writer *w, int hold[2])
+{
+    pid_t pid;
+
+    cr_assert_eq(pipe(hold), 0);
+    w->sock = e->sock;
+    w->hold_fd = hold[0];
+    snprintf(w->spec, sizeof(w->spec), "%s", e->dir);
+    pid = writer_start(w);
+    close(hold[0]);
+    return pid;
+}
+
 /* The next byte the writer reports, within 20 s ('?' when none came). */
 static char writer_says(struct writer *w, int ms)
 {
@@ -295,13 +310,7 @@ Test(rank_behind, entry_ends_before_the_store_has_it_and_close_waits, .timeout =
     struct sfs_stats cs;
 
     up(&e);
-    cr_assert_eq(pipe(hold), 0);
-    w.sock = e.sock;
-    w.hold_fd = hold[0];
-    snprintf(w.spec, sizeof(w.spec), "%s", e.dir);
-    pid_t pid = writer_start(&w);
-
-    close(hold[0]);
+    pid_t pid = held_writer_start(&e, &w, hold);
     /* Every entry ended with status 0 while no store write has started. */
     cr_assert_eq(writer_says(&w, 20000), 'd');
     for (int i = 0; i < NK; i++)
@@ -400,13 +409,7 @@ Test(rank_behind, store_writes_run_nicer_than_the_application, .timeout = 120)
     struct writer w = {.mode = SFS_DUMP_WRITE_BEHIND};
 
     up(&e);
-    cr_assert_eq(pipe(hold), 0);
-    w.sock = e.sock;
-    w.hold_fd = hold[0];
-    snprintf(w.spec, sizeof(w.spec), "%s", e.dir);
-    pid_t pid = writer_start(&w);
-
-    close(hold[0]);
+    pid_t pid = held_writer_start(&e, &w, hold);
     cr_assert_eq(writer_says(&w, 20000), 'd');
     for (int i = 0; i < 2000 && (n = threads_reading(pid, w.hold_fd, &nice)) == 0; i++)
         usleep(10000);
@@ -550,13 +553,7 @@ Test(rank_behind, writer_killed_mid_write_leaves_the_shard_in_memory, .timeout =
     struct writer w = {.mode = SFS_DUMP_WRITE_BEHIND};
 
     up(&e);
-    cr_assert_eq(pipe(hold), 0);
-    w.sock = e.sock;
-    w.hold_fd = hold[0];
-    snprintf(w.spec, sizeof(w.spec), "%s", e.dir);
-    pid_t pid = writer_start(&w);
-
-    close(hold[0]);
+    pid_t pid = held_writer_start(&e, &w, hold);
     cr_assert_eq(writer_says(&w, 20000), 'd');
     kill(pid, SIGKILL);
     cr_assert_eq(tu_wait(pid), 128 + SIGKILL);
