@@ -8,7 +8,7 @@
  * one rank to it through the socket (NRANKS); application threads load, dump and
  * prefetch overlapping tasks at once over a fault backend with latency, so
  * hits, owners, waiters and hand-offs between the library's threads all
- * happen. Small tasks (4 keys) between the big ones take the inline path
+ * happen; the hot phase's dumps are write-behind (the background threads). Small tasks (4 keys) between the big ones take the inline path
  * on the application threads when their keys are Ready, and hand their
  * keys on to the dispatcher when not. Then a rank whose loads outlast its
  * key timeout: entries fail at their deadlines while the backend still
@@ -318,6 +318,11 @@ int main(void)
     }
     for (int i = 0; i < 4; i++)
         pthread_join(th[i], NULL);
+    /* The hot phase's dumps are write-behind: their store writes run on
+     * the background threads, after each task's end is seen or its grace. */
+    for (int r = 0; r < NRANKS; r++)
+        if (sfs_rank_set_dump_mode(ranks[r], SFS_DUMP_WRITE_BEHIND) < 0)
+            return 1;
     for (int i = 0; i < 4; i++) {
         apps[i] = (struct app){.rank = ranks[i % NRANKS], .id = i};
         pthread_create(&th[i], NULL, i == 3 ? hot_dumper : hot_loader, &apps[i]);
