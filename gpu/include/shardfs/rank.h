@@ -74,9 +74,10 @@ struct sfs_rank_config {
     bool prealloc;
     /* enum sfs_rank_copier (default AUTO). */
     int copier;
-    /* Worker threads that submit dumps (and write-behind dumps' store
-     * writes) and load keys taken over from a dead owner (default 4; 0 is
-     * taken as 4). Keys other ranks are loading are not waited on by these:
+    /* Worker threads that submit dumps and load keys taken over from a
+     * dead owner (default 4; 0 is taken as 4), and as many background
+     * threads for write-behind dumps' store writes, 10 nicer than the
+     * thread that opened the rank. Keys other ranks are loading are not waited on by these:
      * watcher threads, started as needed, each sleep on up to
      * SFS_WAIT_ANY_MAX of them at once, so no waiting key is held behind
      * another. (Named `waiters` in 0.1.0; same place in the struct.) */
