@@ -71,17 +71,28 @@ static void item_release(struct rank_item *it)
     }
 }
 
-/* Record entry idx's status; the last entry completes the task. */
+static void push_held(struct sfs_rank *rk, struct rank_item *it);
+
+/* Record entry idx's status; the last entry completes the task, and hands
+ * on the write-behind items held on it (a failure can be the last entry to
+ * end: those items then leave here, never from a publish). */
 static void entry_end(struct sfs_rank *rk, struct sfs_task *t, uint32_t idx, int status)
 {
+    struct rank_item *held = NULL;
     bool finished;
 
     pthread_mutex_lock(&t->mu);
     t->status[idx] = status;
     finished = --t->pending == 0;
-    if (finished)
+    if (finished) {
+        t->done_ns = sfs_now_ns();
+        held = t->held_head;
+        t->held_head = t->held_tail = NULL;
+        t->nheld = 0;
         pthread_cond_broadcast(&t->cv);
+    }
     pthread_mutex_unlock(&t->mu);
+    push_held(rk, held); /* each holds a task reference of its own */
     if (finished) {
         sfs_rank_active_put(rk);
         sfs_task_unref(t); /* the completion reference */

@@ -473,6 +473,54 @@ Test(rank_behind, store_writes_of_a_task_nobody_looks_at_start_after_a_grace, .t
     env_down(&e);
 }
 
+/*
+ * A write-behind task whose last entry to end is a failure, not a publish:
+ * 15 of the 16 slots are leased here (loads this process owns), so the
+ * task's first key takes the last free slot, is copied, published and held
+ * back on the task, and its other keys find no slot until their deadline.
+ * The held store write must still run once the task ends, and close must
+ * not wait for it forever.
+ */
+Test(rank_behind, a_task_ended_by_a_failure_still_writes_its_held_blocks, .timeout = 120)
+{
+    struct env e;
+    struct sfs_lease held[15];
+    struct sfs_rank_entry ent[3];
+    struct sfs_task *t;
+    int st[3];
+    uint8_t *src = malloc(3 * (size_t)SHARD);
+
+    up(&e);
+    cr_assert(src);
+    for (int i = 0; i < 15; i++) {
+        struct sfs_key k = tu_key(2000 + (uint64_t)i, 0);
+
+        cr_assert_eq(sfs_cache_get(e.c, &k, 0, 0, &held[i]), SFS_OWNER);
+    }
+    struct sfs_rank *rk = rank_here(&e, e.dir, 0, 300); /* key timeout 300 ms */
+
+    cr_assert_eq(sfs_rank_set_dump_mode(rk, SFS_DUMP_WRITE_BEHIND), 0);
+    for (int i = 0; i < 3; i++) {
+        struct sfs_key k = tu_key((uint64_t)i, 0);
+
+        tu_fill(&k, src + (size_t)i * SHARD, SHARD);
+        ent[i] = (struct sfs_rank_entry){k.block, 0, src + (size_t)i * SHARD};
+    }
+    cr_assert_eq(sfs_rank_dump(rk, ent, 3, &t), 0);
+    cr_assert_eq(sfs_rank_wait(t, 20000, st), 0);
+    cr_assert_eq(st[0], 0, "the first key: %s", strerror(-st[0]));
+    cr_assert_lt(st[1], 0, "the second key found a slot");
+    cr_assert_lt(st[2], 0, "the third key found a slot");
+    sfs_rank_task_free(t);
+    behind_stats_wait(&e, 1, 0); /* the held block's store write ran */
+    cr_assert(store_has(&e, 0, 0), "the held block is not in the store");
+    for (int i = 0; i < 15; i++)
+        publish_owned(e.c, 2000 + (uint64_t)i, &held[i]);
+    sfs_rank_close(rk);
+    free(src);
+    env_down(&e);
+}
+
 Test(rank_behind, failed_store_write_is_counted_and_stays_loadable, .timeout = 120)
 {
     struct env e;
