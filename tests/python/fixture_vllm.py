@@ -15,8 +15,8 @@ all: a temporary file renamed), never to stdout: stdout and stderr are for
 logs. With PYTHONUNBUFFERED=1, Python's sys.stdout writes straight to the
 fd and drops what a short write() leaves, and a pipe write that blocks (the
 parent not reading yet) may be cut short by any interruption of the process.
-(A Rank's close once was one: its io_uring ring, made in the opening
-thread, interrupted that thread at its teardown; test_rank_close.)
+(A Rank's close is not one: its io_uring ring is made by a library thread,
+so its teardown interrupts no application thread; test_rank_close.)
 """
 import json
 import os
